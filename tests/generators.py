@@ -1,0 +1,127 @@
+"""Hypothesis strategies: random patterns (IR) and small event streams."""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from yfpp.events import Event
+from yfpp.pattern import (
+    Aggregate,
+    Arith,
+    Compare,
+    Component,
+    Contiguity,
+    Index,
+    Kind,
+    Length,
+    Literal,
+    Not,
+    Or,
+    Pattern,
+    Ref,
+)
+
+TYPES = ["A", "B", "C"]
+CONTIGUITIES = list(Contiguity)
+
+
+@st.composite
+def streams(draw, max_events: int = 10, types=TYPES) -> list[Event]:
+    n = draw(st.integers(0, max_events))
+    ts = 0
+    out = []
+    for seq in range(n):
+        ts += draw(st.sampled_from([0, 0, 1, 1, 2]))
+        attrs = {"x": draw(st.integers(0, 3)), "k": draw(st.integers(0, 1))}
+        y = draw(st.sampled_from([None, 0, 1, 2, "s"]))
+        if y is not None:
+            attrs["y"] = y
+        out.append(Event(draw(st.sampled_from(types)), ts, attrs, seq))
+    return out
+
+
+def _single_preds(draw, v: str, earlier: list[Component]) -> list:
+    c = Literal(draw(st.integers(0, 3)))
+    options = [
+        Compare(">", Ref(v, "x"), c),
+        Compare("=", Ref(v, "x"), c),
+        Compare("!=", Ref(v, "y"), c),
+        Not(Compare("=", Ref(v, "y"), c)),
+        Or((Compare("<", Ref(v, "x"), c), Compare("=", Ref(v, "y"), Literal(1)))),
+    ]
+    for u in earlier:
+        if u.kind is Kind.KLEENE:
+            options += [
+                Compare(">=", Ref(v, "x"), Ref(u.var, "x", Index.LAST)),
+                Compare(">", Ref(v, "x"), Ref(u.var, "x")),  # ∀ over u's events
+                Compare("<=", Ref(v, "x"), Aggregate("max", u.var, "x", upto_prev=False)),
+                Compare(">=", Length(u.var), Literal(2)),
+            ]
+        else:
+            options += [
+                Compare(">=", Ref(v, "x"), Ref(u.var, "x")),
+                Compare("<", Ref(v, "x"), Arith("+", Ref(u.var, "x"), Literal(1))),
+                Compare("=", Ref(v, "y"), Ref(u.var, "y")),
+            ]
+    return draw(st.lists(st.sampled_from(options), max_size=2, unique=True))
+
+
+def _kleene_preds(draw, v: str, earlier: list[Component]) -> list:
+    c = Literal(draw(st.integers(0, 3)))
+    options = [
+        Compare(">", Ref(v, "x", Index.EACH), Ref(v, "x", Index.PREV)),
+        Compare(">=", Ref(v, "x"), Ref(v, "x", Index.FIRST)),
+        Compare(">", Ref(v, "x"), Aggregate("avg", v, "x")),
+        Compare("<=", Ref(v, "x"), Aggregate("min", v, "x")),
+        Compare("=", Ref(v, "x", Index.FIRST), c),
+        Compare("<", Ref(v, "x"), c),
+        Compare(">=", Length(v), Literal(2)),
+        Compare(">", Ref(v, "x", Index.LAST), c),
+        Compare(">", Aggregate("sum", v, "x", upto_prev=False), c),
+        Compare("<", Aggregate("count", v, "y", upto_prev=False), Literal(3)),
+    ]
+    for u in earlier:
+        if u.kind is not Kind.KLEENE:
+            options.append(Compare(">=", Ref(v, "x"), Ref(u.var, "x")))
+    return draw(st.lists(st.sampled_from(options), max_size=2, unique=True))
+
+
+def _negation_preds(draw, n: str, before: Component, after: Component | None) -> list:
+    c = Literal(draw(st.integers(0, 3)))
+    options = [Compare("=", Ref(n, "x"), c), Compare("!=", Ref(n, "y"), c), Compare("=", Ref(n, "x"), Ref(before.var, "x"))]
+    if after is not None and after.kind is not Kind.KLEENE:
+        options.append(Compare("<", Ref(n, "x"), Ref(after.var, "x")))
+    return draw(st.lists(st.sampled_from(options), max_size=2, unique=True))
+
+
+@st.composite
+def patterns(draw, allow_negation: bool = True, max_positives: int = 3) -> Pattern:
+    n_pos = draw(st.integers(1, max_positives))
+    window = draw(st.one_of(st.none(), st.integers(0, 6)))
+    mixed = draw(st.booleans())
+    strategy = draw(st.sampled_from(CONTIGUITIES))
+    keyed = draw(st.booleans())
+    comps: list[Component] = []
+    where: list = []
+    positives: list[Component] = []
+    for i in range(n_pos):
+        if i > 0 and allow_negation and draw(st.integers(0, 3)) == 0:
+            n = Component(f"n{i}", draw(st.sampled_from(TYPES)), Kind.NEGATED)
+            comps.append(n)
+            where += _negation_preds(draw, n.var, positives[-1], None)
+        kind = draw(st.sampled_from([Kind.SINGLE, Kind.SINGLE, Kind.KLEENE]))
+        contig = draw(st.sampled_from(CONTIGUITIES)) if mixed else strategy
+        inner = draw(st.sampled_from(CONTIGUITIES)) if mixed and kind is Kind.KLEENE else None
+        etype = draw(st.sampled_from(TYPES + [None]))
+        c = Component(f"v{i}", etype, kind, contig, inner)
+        preds = _kleene_preds(draw, c.var, positives) if kind is Kind.KLEENE else _single_preds(draw, c.var, positives)
+        where += preds
+        comps.append(c)
+        positives.append(c)
+    trailing = allow_negation and window is not None and draw(st.integers(0, 4)) == 0
+    if trailing:
+        n = Component("nt", draw(st.sampled_from(TYPES)), Kind.NEGATED)
+        comps.append(n)
+        where += _negation_preds(draw, n.var, positives[-1], None)
+    policy = "all" if trailing else draw(st.sampled_from(["all", "all", "non_overlapping"]))
+    return Pattern(tuple(comps), tuple(where), ("k",) if keyed else (), window, policy).validate()

@@ -1,0 +1,281 @@
+"""Pattern IR (SPEC §2): the plain data both query languages compile to.
+
+A :class:`Pattern` is a sequence of :class:`Component` s plus global WHERE
+conjuncts, an equivalence list, a window and an output policy.  Predicates
+are expression trees (:data:`Expr`); they are compiled to callables by
+``yfpp.predicates`` and never evaluated from text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Union
+
+from yfpp.errors import PatternError
+
+
+class Contiguity(str, Enum):
+    """Event selection strategy between two positive components (SPEC §2)."""
+
+    STRICT = "strict"
+    PARTITION = "partition"
+    SKIP_TILL_NEXT = "skip_till_next"
+    SKIP_TILL_ANY = "skip_till_any"
+
+
+class Kind(str, Enum):
+    SINGLE = "single"
+    KLEENE = "kleene"
+    NEGATED = "negated"
+
+
+class Index(str, Enum):
+    """Which bound event(s) of a variable a reference reads.
+
+    ``EACH`` is ``v.attr`` / ``v[i].attr``: the current iteration inside the
+    variable's own Kleene component, every bound event outside it.
+    """
+
+    EACH = "each"
+    FIRST = "first"  # v[1]
+    PREV = "prev"  # v[i-1]
+    LAST = "last"  # v[v.len]
+
+
+# --- expressions -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Literal:
+    value: Any
+
+
+@dataclass(frozen=True)
+class Ref:
+    """``var[index].attr``; ``attr`` may be an attribute or ``ts``/``type``/``seq``."""
+
+    var: str
+    attr: str
+    index: Index = Index.EACH
+
+
+@dataclass(frozen=True)
+class Length:
+    """``v.len``: number of events bound to a Kleene variable."""
+
+    var: str
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """``func(v[..i-1].attr)`` (``upto_prev``) or ``func(v[..].attr)``."""
+
+    func: str  # avg min max sum count
+    var: str
+    attr: str
+    upto_prev: bool = True
+
+
+@dataclass(frozen=True)
+class Arith:
+    op: str  # + - * / %
+    left: Expr
+    right: Expr
+
+
+@dataclass(frozen=True)
+class Neg:
+    operand: Expr
+
+
+@dataclass(frozen=True)
+class Compare:
+    op: str  # = != < <= > >=
+    left: Expr
+    right: Expr
+
+
+@dataclass(frozen=True)
+class And:
+    operands: tuple[Expr, ...]
+
+
+@dataclass(frozen=True)
+class Or:
+    operands: tuple[Expr, ...]
+
+
+@dataclass(frozen=True)
+class Not:
+    operand: Expr
+
+
+@dataclass(frozen=True)
+class XPathTest:
+    """An XPath 2.0 predicate evaluated on the element of ``var``'s event.
+
+    ``source`` is the XPath text (the bracket content), compiled once by
+    ``xpath_ext`` through elementpath or its fast path.
+    """
+
+    var: str
+    source: str
+    namespaces: tuple[tuple[str, str], ...] = ()
+
+
+Expr = Union[Literal, Ref, Length, Aggregate, Arith, Neg, Compare, And, Or, Not, XPathTest]
+
+AGGREGATE_FUNCS = frozenset({"avg", "min", "max", "sum", "count"})
+COMPARE_OPS = frozenset({"=", "!=", "<", "<=", ">", ">="})
+ARITH_OPS = frozenset({"+", "-", "*", "/", "%"})
+
+
+def children(expr: Expr) -> tuple[Expr, ...]:
+    """The direct sub-expressions of ``expr``."""
+    if isinstance(expr, (Arith, Compare)):
+        return (expr.left, expr.right)
+    if isinstance(expr, (And, Or)):
+        return expr.operands
+    if isinstance(expr, (Not, Neg)):
+        return (expr.operand,)
+    return ()
+
+
+def walk(expr: Expr):
+    """Pre-order iteration over every node of ``expr``."""
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(reversed(children(node)))
+
+
+def variables(expr: Expr) -> set[str]:
+    """The variables an expression mentions."""
+    return {n.var for n in walk(expr) if isinstance(n, (Ref, Length, Aggregate, XPathTest))}
+
+
+def conjuncts(expr: Expr) -> list[Expr]:
+    """Split a top-level conjunction into its conjuncts."""
+    if isinstance(expr, And):
+        out: list[Expr] = []
+        for op in expr.operands:
+            out.extend(conjuncts(op))
+        return out
+    return [expr]
+
+
+# --- pattern ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Component:
+    """One pattern component.  ``event_type`` ``None`` is the any-type."""
+
+    var: str
+    event_type: str | None
+    kind: Kind = Kind.SINGLE
+    contiguity: Contiguity = Contiguity.SKIP_TILL_NEXT
+    inner_contiguity: Contiguity | None = None
+
+    @property
+    def inner(self) -> Contiguity:
+        return self.inner_contiguity or self.contiguity
+
+    @property
+    def positive(self) -> bool:
+        return self.kind is not Kind.NEGATED
+
+
+@dataclass(frozen=True)
+class Emit:
+    """``RETURN type(name = expr, …)``: the event a match builds."""
+
+    event_type: str
+    attrs: tuple[tuple[str, Expr], ...]
+
+
+@dataclass(frozen=True)
+class Pattern:
+    components: tuple[Component, ...]
+    where: tuple[Expr, ...] = ()
+    partition_by: tuple[str, ...] = ()
+    window: float | None = None
+    policy: str = "all"
+    emit: Emit | None = None
+    source: str = field(default="", compare=False)
+
+    @property
+    def positives(self) -> tuple[Component, ...]:
+        return tuple(c for c in self.components if c.positive)
+
+    def component(self, var: str) -> Component:
+        for c in self.components:
+            if c.var == var:
+                return c
+        raise PatternError(f"unknown variable {var!r}")
+
+    def validate(self) -> "Pattern":
+        """Check the structural rules of SPEC §2; raise :class:`PatternError`."""
+        validate(self)
+        return self
+
+
+POLICIES = ("all", "non_overlapping")
+
+
+def validate(p: Pattern) -> None:
+    if not p.components:
+        raise PatternError("a pattern needs at least one component")
+    seen: set[str] = set()
+    for c in p.components:
+        if c.var in seen:
+            raise PatternError(f"variable {c.var!r} is declared twice")
+        seen.add(c.var)
+    if not p.components[0].positive:
+        raise PatternError(
+            f"leading negation ~{p.components[0].var} is not supported: a pattern must start with a positive component"
+        )
+    if not p.positives:
+        raise PatternError("a pattern needs at least one positive component")
+    for a, b in zip(p.components, p.components[1:]):
+        if not a.positive and not b.positive:
+            raise PatternError(f"two negations in a row (~{a.var}, ~{b.var}): merge them into one")
+    if not p.components[-1].positive:
+        if p.window is None:
+            raise PatternError(
+                f"trailing negation ~{p.components[-1].var} needs a window (WITHIN): without one it could never be decided"
+            )
+        if p.policy == "non_overlapping":
+            raise PatternError("a trailing negation cannot be combined with the non_overlapping policy")
+    if p.policy not in POLICIES:
+        raise PatternError(f"unknown output policy {p.policy!r} (expected one of {', '.join(POLICIES)})")
+    if p.window is not None and p.window < 0:
+        raise PatternError("the window must not be negative")
+    kleene = {c.var for c in p.components if c.kind is Kind.KLEENE}
+    order = {c.var: i for i, c in enumerate(p.components)}
+    exprs = list(p.where) + ([e for _, e in p.emit.attrs] if p.emit else [])
+    for expr in exprs:
+        for node in walk(expr):
+            if isinstance(node, (Ref, Length, Aggregate, XPathTest)):
+                if node.var not in order:
+                    raise PatternError(f"unknown variable {node.var!r} in predicate")
+            if isinstance(node, Ref) and node.index is not Index.EACH and node.var not in kleene:
+                raise PatternError(
+                    f"{node.var}[…] indexes a single-event variable: only Kleene variables (declared with +) have iterations"
+                )
+            if isinstance(node, (Length, Aggregate)) and node.var not in kleene:
+                what = f"{node.var}.len" if isinstance(node, Length) else f"{node.func}({node.var}[..])"
+                raise PatternError(f"{what} needs a Kleene variable; {node.var!r} binds a single event")
+            if isinstance(node, Aggregate) and node.func not in AGGREGATE_FUNCS:
+                raise PatternError(f"unknown aggregate {node.func!r}")
+    for expr in p.where:
+        negs = [v for v in variables(expr) if not p.component(v).positive]
+        if len(negs) > 1:
+            raise PatternError(f"a predicate may mention one negated variable, not {sorted(negs)}")
+    if p.emit:
+        for name, expr in p.emit.attrs:
+            for v in variables(expr):
+                if not p.component(v).positive:
+                    raise PatternError(f"RETURN attribute {name!r} refers to negated variable {v!r}")
