@@ -1,0 +1,362 @@
+"""SASE+ front end (SPEC §3.1): query text → :class:`yfpp.pattern.Pattern`.
+
+The grammar (``sase_grammar.lark``) is parsed with lark's LALR parser and the
+tree is turned into the IR by a :class:`lark.Transformer`; no text is ever
+evaluated.  Documented extensions beyond the SIGMOD 2008 syntax:
+
+* ``OUTPUT all | non_overlapping`` after ``WITHIN`` sets the output policy;
+* ``RETURN name`` without parentheses emits an event with no attributes;
+* several strategy calls mix strategies, e.g.
+  ``WHERE strict_contiguity(a, b) skip_till_any_match(c) {…}``: each call sets
+  the contiguity of the components it lists (a listed Kleene variable also
+  gets it as inner contiguity); unlisted ones keep skip_till_next_match.
+  With a single call its argument list is only checked, and the strategy
+  applies to every positive component.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass, replace
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from lark import Lark, Token, Transformer, Tree, v_args
+from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
+from lark.lexer import PatternStr
+
+from yfpp.errors import PatternError, QuerySyntaxError
+from yfpp.pattern import (
+    AGGREGATE_FUNCS,
+    Aggregate,
+    And,
+    Arith,
+    Component,
+    Compare,
+    Contiguity,
+    Emit,
+    Expr,
+    Index,
+    Kind,
+    Length,
+    Literal,
+    Neg,
+    Not,
+    Or,
+    Pattern,
+    Ref,
+    conjuncts,
+    walk,
+)
+
+_PARSER = Lark(
+    Path(__file__).with_name("sase_grammar.lark").read_text(encoding="utf-8"),
+    parser="lalr",
+    propagate_positions=True,  # tree positions for PatternError messages
+)
+
+_STRATEGIES = {
+    "strict_contiguity": Contiguity.STRICT,
+    "partition_contiguity": Contiguity.PARTITION,
+    "skip_till_next_match": Contiguity.SKIP_TILL_NEXT,
+    "skip_till_any_match": Contiguity.SKIP_TILL_ANY,
+}
+_UNIT_SECONDS = {
+    "ms": Decimal("0.001"),
+    **dict.fromkeys(("s", "sec", "secs", "second", "seconds"), Decimal(1)),
+    **dict.fromkeys(("min", "mins", "minute", "minutes"), Decimal(60)),
+    **dict.fromkeys(("h", "hr", "hrs", "hour", "hours"), Decimal(3600)),
+    **dict.fromkeys(("d", "day", "days"), Decimal(86400)),
+}
+_TERMINAL_TEXT = {
+    "NAME": "a name",
+    "NUMBER": "a number",
+    "PERCENT": "a percentage",
+    "STRING": "a string",
+    "UNIT": "a time unit (ms, s, min, h, d)",
+    "$END": "end of query",
+}
+
+
+def parse_sase(text: str) -> Pattern:
+    """Parse a SASE+ query into a validated :class:`Pattern`.
+
+    Raises :class:`QuerySyntaxError` for text that does not parse and
+    :class:`PatternError` for a well-formed but invalid pattern.
+    """
+    try:
+        tree = _PARSER.parse(text)
+    except UnexpectedInput as e:
+        raise _syntax_error(e, text) from None
+    builder = _Builder()
+    try:
+        pattern: Pattern = builder.transform(tree)
+    except VisitError as e:
+        raise e.orig_exc from None
+    _check_uses(pattern, builder.uses)
+    return replace(pattern, source=text).validate()
+
+
+# --- errors ----------------------------------------------------------------
+
+
+def _describe(name: str) -> str:
+    """A readable form of a lark terminal name: ``RPAR`` → ``')'``."""
+    if name in _TERMINAL_TEXT:
+        return _TERMINAL_TEXT[name]
+    pattern = _PARSER.get_terminal(name).pattern
+    return f"'{pattern.value}'" if isinstance(pattern, PatternStr) else name
+
+
+def _syntax_error(e: UnexpectedInput, text: str) -> QuerySyntaxError:
+    """Turn a lark error into a :class:`QuerySyntaxError` with position and expectations."""
+    if isinstance(e, UnexpectedCharacters):
+        return QuerySyntaxError(
+            f"unexpected character {text[e.pos_in_stream]!r}",
+            text, e.line, e.column, [_describe(t) for t in e.allowed or ()],
+        )
+    assert isinstance(e, UnexpectedToken)
+    expected = [_describe(t) for t in e.accepts or e.expected]
+    token = e.token
+    if token.type == "$END":
+        body = text.rstrip()
+        line, column = body.count("\n") + 1, len(body) - body.rfind("\n")
+        return QuerySyntaxError("unexpected end of query", text, line, column, expected)
+    message = f"unexpected {token.value!r}"
+    keywords = [x.strip("'") for x in expected if x.startswith("'") and x[1:2].isalpha()]
+    guess = difflib.get_close_matches(token.value.upper(), [k.upper() for k in keywords], n=1)
+    if token.type == "NAME" and guess:
+        message += f" (did you mean {guess[0]}?)"
+    return QuerySyntaxError(message, text, token.line, token.column, expected)
+
+
+def _error(token: Token | Tree, message: str) -> PatternError:
+    """A :class:`PatternError` that says where (``token`` may be a tree with positions)."""
+    where = token if isinstance(token, Token) else token.meta
+    return PatternError(f"line {where.line}, column {where.column}: {message}")
+
+
+# --- tree → IR -------------------------------------------------------------
+
+
+class _Strategy(NamedTuple):
+    contiguity: Contiguity
+    args: list[Token]
+
+
+@dataclass(frozen=True)
+class _Equiv:
+    """An equivalence test ``[a1, …]``: only valid as a conjunct of WHERE."""
+
+    attrs: tuple[str, ...]
+    token: Token
+
+
+def _number(text: str) -> int | float:
+    return int(text) if text.isdigit() else float(text)
+
+
+@v_args(inline=True)
+class _Builder(Transformer[Token, Pattern]):
+    """Builds the IR; ``uses`` records where each variable reference was written."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.uses: list[tuple[Ref | Length | Aggregate, Token, bool]] = []
+
+    def _use(self, node: Any, var: Token, indexed: bool = False) -> Any:
+        self.uses.append((node, var, indexed))
+        return node
+
+    # query structure
+    def start(
+        self,
+        components: list[Component],
+        where: tuple[list[_Strategy], Expr | None] | None,
+        window: float | None,
+        policy: str | None,
+        emit: Emit | None,
+    ) -> Pattern:
+        strategies, body = where or ([], None)
+        components = _apply_strategies(components, strategies)
+        partition_by: list[str] = []
+        preds: list[Expr] = []
+        for conjunct in conjuncts(body) if body is not None else []:
+            if isinstance(conjunct, _Equiv):
+                partition_by += [a for a in conjunct.attrs if a not in partition_by]
+            else:
+                preds.append(conjunct)
+        for expr in preds + [e for _, e in (emit.attrs if emit else ())]:
+            for node in walk(expr):
+                if isinstance(node, _Equiv):
+                    raise _error(node.token, "an equivalence test [...] must be a conjunct of WHERE (joined with AND)")
+        return Pattern(
+            components=tuple(components),
+            where=tuple(preds),
+            partition_by=tuple(partition_by),
+            window=window,
+            policy=policy or "all",
+            emit=emit,
+        )
+
+    def pattern(self, *components: Component) -> list[Component]:
+        return list(components)
+
+    def single(self, event_type: str | None, var: Token) -> Component:
+        return Component(str(var), event_type and str(event_type))
+
+    def kleene(self, event_type: str | None, var: Token) -> Component:
+        return Component(str(var), event_type and str(event_type), Kind.KLEENE)
+
+    def negated(self, component: Component) -> Component:
+        return replace(component, kind=Kind.NEGATED)
+
+    def any_type(self) -> None:
+        return None
+
+    def where(self, *items: _Strategy | Expr | None) -> tuple[list[_Strategy], Expr | None]:
+        strategies = [i for i in items if isinstance(i, _Strategy)]
+        bodies = [i for i in items if not isinstance(i, _Strategy)]
+        return strategies, bodies[0] if bodies else None
+
+    def strategy(self, name: Token, *args: Token) -> _Strategy:
+        return _Strategy(_STRATEGIES[name.lower()], list(args))
+
+    def strategy_name(self, token: Token) -> Token:
+        return token
+
+    def within(self, number: Token, unit: Token | None) -> float:
+        if unit is None:
+            return _number(number)
+        return float(Decimal(number) * _UNIT_SECONDS[unit.lower()])
+
+    def policy(self, token: Token) -> str:
+        return token.lower()
+
+    def emit(self, name: Token, *attrs: tuple[str, Expr]) -> Emit:
+        return Emit(str(name), attrs)
+
+    def emit_attr(self, name: Token, expr: Expr) -> tuple[str, Expr]:
+        return str(name), expr
+
+    # expressions
+    def or_expr(self, *operands: Expr) -> Or:
+        return Or(operands)
+
+    def and_expr(self, *operands: Expr) -> And:
+        return And(operands)
+
+    def not_(self, operand: Expr) -> Not:
+        return Not(operand)
+
+    def equiv(self, *attrs: Token) -> _Equiv:
+        return _Equiv(tuple(dict.fromkeys(map(str, attrs))), attrs[0])
+
+    def compare(self, left: Expr, op: str, right: Expr) -> Compare:
+        return Compare("!=" if op == "<>" else op, left, right)
+
+    def arith(self, left: Expr, op: str, right: Expr) -> Arith:
+        return Arith(op, left, right)
+
+    def comp_op(self, token: Token) -> str:
+        return str(token)
+
+    add_op = mul_op = comp_op
+
+    def neg(self, operand: Expr) -> Expr:
+        if isinstance(operand, Literal) and isinstance(operand.value, (int, float)):
+            return Literal(-operand.value)
+        return Neg(operand)
+
+    def number(self, token: Token) -> Literal:
+        return Literal(_number(token))
+
+    def percent(self, token: Token) -> Literal:
+        return Literal(float(Decimal(token[:-1]) / 100))
+
+    def string(self, token: Token) -> Literal:
+        return Literal(re.sub(r"\\(.)", r"\1", token[1:-1], flags=re.S))
+
+    def true(self) -> Literal:
+        return Literal(True)
+
+    def false(self) -> Literal:
+        return Literal(False)
+
+    def attr_ref(self, var: Token, attr: Token) -> Ref | Length:
+        node = Length(str(var)) if attr.lower() == "len" else Ref(str(var), str(attr))
+        return self._use(node, var)
+
+    def indexed_ref(self, var: Token, index: Tree, attr: Token) -> Ref:
+        return self._use(Ref(str(var), str(attr), _index(var, index)), var, indexed=True)
+
+    def aggregate(self, func: Token, var: Token, upto: Tree | None, attr: Token) -> Aggregate:
+        if func.lower() not in AGGREGATE_FUNCS:
+            known = ", ".join(sorted(AGGREGATE_FUNCS))
+            raise _error(func, f"unknown aggregate {str(func)!r}: use one of {known}")
+        if upto is not None:
+            i, one = upto.children
+            if i.lower() != "i" or one != "1":
+                raise _error(i, f"aggregate range {var}[..{i}-{one}] is not supported: use {var}[..i-1] or {var}[..]")
+        return self._use(Aggregate(func.lower(), str(var), str(attr), upto is not None), var)
+
+
+def _index(var: Token, index: Tree) -> Index:
+    """The :class:`Index` of ``var[index]``: 1, i, i-1 or var.len."""
+    parts = [str(t) for t in index.children]
+    if index.data == "index_number" and parts == ["1"]:
+        return Index.FIRST
+    if index.data == "index_name" and parts[0].lower() == "i":
+        return Index.EACH
+    if index.data == "index_prev" and parts[0].lower() == "i" and parts[1] == "1":
+        return Index.PREV
+    if index.data == "index_last" and parts[0] == var and parts[1].lower() == "len":
+        return Index.LAST
+    written = {"index_prev": "-", "index_last": "."}.get(index.data, "").join(parts)
+    raise _error(index, f"unsupported index {var}[{written}]: use {var}[1], {var}[i], {var}[i-1] or {var}[{var}.len]")
+
+
+def _apply_strategies(components: list[Component], strategies: list[_Strategy]) -> list[Component]:
+    """Set each positive component's contiguity from the WHERE strategy call(s)."""
+    declared = [c.var for c in components]
+    for strategy in strategies:
+        for arg in strategy.args:
+            if arg not in declared:
+                names = ", ".join(declared)
+                raise _error(arg, f"unknown variable {str(arg)!r} in strategy arguments (declared: {names})")
+    if len(strategies) <= 1:
+        chosen = strategies[0].contiguity if strategies else Contiguity.SKIP_TILL_NEXT
+        by_var = dict.fromkeys(declared, chosen)
+    else:
+        by_var = {}
+        for strategy in strategies:
+            for arg in strategy.args:
+                if arg in by_var:
+                    raise _error(arg, f"variable {str(arg)!r} is given two strategies")
+                by_var[str(arg)] = strategy.contiguity
+    return [
+        replace(c, contiguity=by_var.get(c.var, Contiguity.SKIP_TILL_NEXT)) if c.positive else c
+        for c in components
+    ]
+
+
+def _check_uses(pattern: Pattern, uses: list[tuple[Any, Token, bool]]) -> None:
+    """Reject references to undeclared variables and iteration syntax on single variables, with positions."""
+    kinds = {c.var: c.kind for c in pattern.components}
+    for node, var, indexed in uses:
+        if var not in kinds:
+            raise _error(var, f"unknown variable {str(var)!r} (declared: {', '.join(kinds)})")
+        if kinds[var] is Kind.KLEENE:
+            continue
+        if indexed:
+            raise _error(
+                var,
+                f"{var}[…] indexes single-event variable {str(var)!r}: "
+                f"only Kleene variables (TYPE+ {var}[]) have iterations",
+            )
+        if isinstance(node, Length):
+            raise _error(var, f"{var}.len needs a Kleene variable; {str(var)!r} binds a single event")
+        if isinstance(node, Aggregate):
+            raise _error(var, f"{node.func}({var}[..]) needs a Kleene variable; {str(var)!r} binds a single event")
