@@ -9,6 +9,7 @@ them silently.  Matching itself is the :class:`~yfpp.runtime.Runtime`'s.
 from __future__ import annotations
 
 import heapq
+import sys
 from itertools import count
 from typing import Any, Iterable, Mapping
 
@@ -35,7 +36,7 @@ class Engine:
     def __init__(self, *, max_delay: float = 0.0, dead_letters: DeadLetters | None = None, policy: str | None = None):
         self.runtime = Runtime()
         self.max_delay = max_delay
-        self.dead_letters = dead_letters if dead_letters is not None else DeadLetters()
+        self.dead_letters = dead_letters if dead_letters is not None else DeadLetters(sys.stderr)
         self.default_policy = policy
         self.queries: dict[int, QueryPlan] = {}
         self._ids = count()

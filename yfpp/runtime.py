@@ -73,6 +73,7 @@ class Counters:
     runs_touched: int = 0
     live_runs: int = 0
     peak_runs: int = 0
+    peak_buffer: int = 0
     matches: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
 
@@ -108,6 +109,7 @@ class Runtime:
         self.tick = 0
         self.now = float("-inf")
         self._roots = count()
+        self._branches = count(1)
         self._order = count()
         self._dispatch: dict[str, list[tuple[State, bool]]] = {}
         self._starters: dict[str, list[QueryPlan]] = {}
@@ -275,9 +277,11 @@ class Runtime:
                 moves.append(("stay", blocked))
         if not moves:
             return
-        split = len(moves) > 1
+        # Dewey versions: one branch (the run that stays, else the take) keeps the
+        # run's version; every other branch gets it extended by a fresh number.
+        keeper = len(moves) - 1 if moves[-1][0] == "stay" else 0
         for j, (kind, arg) in enumerate(moves):
-            version = r.version + (j,) if split else r.version
+            version = r.version if j == keeper else r.version + (next(self._branches),)
             if kind == "stay":
                 r.version = version
                 r.blocked = arg
@@ -489,6 +493,7 @@ class Runtime:
                 floor = min(floor, min(r.first_seq for r in runs))
             oldest[st.plan] = floor
         self.counters.live_runs = live
+        self.counters.peak_buffer = max(self.counters.peak_buffer, self.buffer.size)
         for plan in self.plans:
             floor = oldest.get(plan, _NO_RUN)
             for c in plan.comps:

@@ -1,0 +1,206 @@
+"""The ``yfpp`` command line: ``run``, ``generate`` (and more as they land)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any, Iterable, TextIO
+
+from yfpp.dead_letters import DeadLetters
+from yfpp.engine import Engine
+from yfpp.errors import YfppError
+from yfpp.events import Event
+from yfpp.query_text import load_queries, parse_query
+
+RUN_EXAMPLES = """\
+examples:
+  yfpp run -q queries/shoplifting.sase -i yfpp/data/sample_rfid.xml
+  yfpp run -q "[tag_id]&&//shelf//!register//exit&&(12 hours)" -i feed.jsonl --stats
+  yfpp run -q queries/stock.sase -i ticks.xml --policy non_overlapping -o matches.jsonl
+  cat feed.xml | yfpp run -q queries/shoplifting.xpe -i - --format xml
+"""
+
+GENERATE_EXAMPLES = """\
+examples:
+  yfpp generate stock --events 100000 --p-up 0.55 -o ticks.xml
+  yfpp generate rfid --events 5000 --theft-rate 0.05 -o feed.jsonl
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except YfppError as e:
+        print(f"yfpp: error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="yfpp",
+        description="Match event patterns (SASE+ or extended XPath) over XML / JSON-lines streams, many queries at once.",
+        epilog="Run 'yfpp COMMAND --help' for a command's options and examples.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser(
+        "run",
+        help="match queries over an input stream on this machine",
+        description="Match queries over an event stream; print one JSON line per match (SPEC §5).",
+        epilog=RUN_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    run.add_argument("-q", "--query", action="extend", nargs="+", required=True, metavar="QUERY_OR_FILE",
+                     help="query text or a query file (.sase, .xpe, or any file: language from the text); repeatable")
+    run.add_argument("-i", "--input", required=True, help="input file (.xml, .jsonl, optionally .gz) or - for stdin")
+    run.add_argument("--format", choices=["xml", "jsonl"], help="input format (default: from the extension or content)")
+    run.add_argument("-o", "--output", help="write matches here instead of stdout")
+    run.add_argument("--policy", choices=["all", "non_overlapping"], help="output policy for every query (default: each query's own, else all)")
+    run.add_argument("--ts-field", default="ts", help="timestamp field name (default: ts)")
+    run.add_argument("--ts-unit", default="s", help="timestamp unit: s, ms, us, ns, min, h (default: s)")
+    run.add_argument("--max-delay", type=float, default=0.0, help="reorder buffer for out-of-order events, in seconds (default 0)")
+    run.add_argument("--dead-letters", metavar="FILE", help="write malformed and late records here as JSON lines (default: stderr)")
+    run.add_argument("--stats", action="store_true", help="print events/s, peak runs, buffer size and matches per query to stderr")
+    run.add_argument("--progress", choices=["auto", "always", "never"], default="auto",
+                     help="progress line on stderr (auto: when stderr is a terminal)")
+    run.set_defaults(func=cmd_run)
+
+    gen = sub.add_parser(
+        "generate",
+        help="write a synthetic stock or RFID stream",
+        description="Write a synthetic stream: the SIGMOD 2008 §6 stock ticks, or an RFID shelf/register/exit feed.",
+        epilog=GENERATE_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    gen.add_argument("kind", choices=["stock", "rfid"])
+    gen.add_argument("--events", type=int, default=10000, help="number of events (default 10000)")
+    gen.add_argument("-o", "--output", default="-", help="output file (.xml or .jsonl; default stdout)")
+    gen.add_argument("--format", choices=["xml", "jsonl"], help="output format (default: from the extension, else jsonl)")
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--symbols", type=int, default=2, help="stock: number of symbols")
+    gen.add_argument("--p-up", type=float, default=0.5, help="stock: probability that a price goes up")
+    gen.add_argument("--tags", type=int, default=20, help="rfid: tag lifecycles under way at once")
+    gen.add_argument("--zones", type=int, default=5, help="rfid: number of shelf zones")
+    gen.add_argument("--doors", type=int, default=2, help="rfid: number of exit doors")
+    gen.add_argument("--theft-rate", type=float, default=0.1, help="rfid: fraction of tags that skip the register")
+    gen.set_defaults(func=cmd_generate)
+    return parser
+
+
+# --- run ----------------------------------------------------------------------------------
+
+
+def build_engine(query_args: Iterable[str], **engine_opts: Any) -> Engine:
+    engine = Engine(**engine_opts)
+    for arg in query_args:
+        for name, text, language in load_queries(arg):
+            try:
+                engine.register(parse_query(text, language), name=name)
+            except YfppError as e:
+                raise YfppError(f"query {name!r}: {e}") from e
+    return engine
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from yfpp.readers import read_events
+
+    dead = DeadLetters(args.dead_letters if args.dead_letters else sys.stderr)
+    engine = build_engine(args.query, max_delay=args.max_delay, dead_letters=dead, policy=args.policy)
+    events = read_events(args.input, args.format, ts_field=args.ts_field, ts_unit=args.ts_unit, dead_letters=dead)
+    show = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
+    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    started = time.perf_counter()
+    try:
+        n = write_matches(engine, events, out, Progress(sys.stderr) if show else None)
+    finally:
+        if args.output:
+            out.close()
+        dead.close()
+    if args.stats:
+        print_stats(engine, n, time.perf_counter() - started, dead, sys.stderr)
+    return 0
+
+
+def write_matches(engine: Engine, events: Iterable[Event], out: TextIO, progress: "Progress | None") -> int:
+    """Stream events through the engine, writing matches as JSON lines; return the event count."""
+    n = 0
+    dumps = json.dumps
+    for ev in events:
+        n += 1
+        for m in engine.process(ev):
+            out.write(dumps(m) + "\n")
+        if progress is not None and n % 4096 == 0:
+            progress.update(n, engine)
+    for m in engine.flush():
+        out.write(dumps(m) + "\n")
+    if progress is not None:
+        progress.done(n, engine)
+    return n
+
+
+class Progress:
+    """A one-line progress display: events, rate, live runs, matches."""
+
+    def __init__(self, stream: TextIO, every: float = 0.5):
+        self.stream = stream
+        self.every = every
+        self.start = self.last = time.perf_counter()
+
+    def update(self, n: int, engine: Engine, force: bool = False) -> None:
+        now = time.perf_counter()
+        if not force and now - self.last < self.every:
+            return
+        self.last = now
+        c = engine.stats
+        rate = n / max(now - self.start, 1e-9)
+        self.stream.write(f"\r{n:,} events  {rate:,.0f} ev/s  {c.live_runs:,} runs  {sum(c.matches.values()):,} matches ")
+        self.stream.flush()
+
+    def done(self, n: int, engine: Engine) -> None:
+        self.update(n, engine, force=True)
+        self.stream.write("\n")
+
+
+def print_stats(engine: Engine, n: int, elapsed: float, dead: DeadLetters, stream: TextIO) -> None:
+    c = engine.stats
+    lines = [
+        f"events            {n:,}",
+        f"elapsed           {elapsed:.3f} s",
+        f"events/s          {n / max(elapsed, 1e-9):,.0f}",
+        f"runs created      {c.runs_created:,}",
+        f"runs touched/ev   {c.runs_touched / max(n, 1):.2f}",
+        f"peak runs         {c.peak_runs:,}",
+        f"peak buffer       {c.peak_buffer:,} entries",
+        f"dead letters      {dead.count:,}" + (f"  ({dict(dead.by_reason)})" if dead.count else ""),
+        "matches per query:",
+    ]
+    for plan in engine.queries.values():
+        lines.append(f"  {plan.name:<24} {c.matches.get(plan.name, 0):,}")
+    stream.write("\n".join(lines) + "\n")
+
+
+# --- generate -----------------------------------------------------------------------------
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from yfpp.generate import generate_rfid, generate_stock, write_events
+
+    if args.kind == "stock":
+        records = generate_stock(args.events, symbols=args.symbols, p_up=args.p_up, seed=args.seed)
+    else:
+        records = generate_rfid(args.events, tags=args.tags, zones=args.zones, doors=args.doors,
+                                theft_rate=args.theft_rate, seed=args.seed)
+    out = sys.stdout if args.output == "-" else args.output
+    fmt = args.format or (None if args.output != "-" else "jsonl")
+    write_events(records, out, fmt)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""The dead-letter output: records the engine could not use (SPEC §1).
+
+Readers report malformed records here, the engine reports late events. A report is
+counted (``count``, and ``by_reason`` keyed by the reason's category: the text
+before its first ``:``, so ``"bad JSON: Expecting value"`` counts as ``"bad JSON"``)
+and, when an output is given, written at once as one JSON line
+``{"seq": …, "position": …, "reason": …, "raw": …}`` and flushed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from typing import TextIO
+
+
+class DeadLetters:
+    """Counts reported records and writes them to ``out`` (a path or a text stream), if given.
+
+    A path is opened (and truncated) here and closed by :meth:`close`; a stream
+    passed in is flushed but never closed.
+    """
+
+    def __init__(self, out: str | os.PathLike[str] | TextIO | None = None):
+        self.count = 0
+        self.by_reason: Counter[str] = Counter()
+        self._owned = isinstance(out, (str, os.PathLike))
+        self._out: TextIO | None = open(out, "w", encoding="utf-8") if self._owned else out  # type: ignore[arg-type]
+
+    def report(self, seq: int, position: str, reason: str, raw: str | None = None) -> None:
+        """Record one dead letter: its ``seq``, where it was (``"line 12"``), why, and its text."""
+        self.count += 1
+        self.by_reason[reason.split(":", 1)[0]] += 1
+        if self._out is not None:
+            record = {"seq": seq, "position": position, "reason": reason, "raw": raw}
+            self._out.write(json.dumps(record, ensure_ascii=False) + "\n")
+            self._out.flush()
+
+    def close(self) -> None:
+        if self._owned and self._out is not None:
+            self._out.close()
+        self._out = None
+
+    def __enter__(self) -> "DeadLetters":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

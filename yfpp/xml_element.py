@@ -1,0 +1,43 @@
+"""The XML element of an event that did not come from XML (used lazily by ``Event.element``).
+
+``element_for(Event("shelf", 10.0, {"tag_id": 7, "zone": "Z1"}))`` is
+``<shelf ts="10.0" tag_id="7" zone="Z1"/>``, so XPath predicates such as
+``[@zone='Z1']`` work on JSON input too. Values are written as ``str(value)``,
+except booleans as ``true``/``false`` (XML Schema); characters XML cannot hold
+become U+FFFD. ``ts`` is the event's ts in seconds unless an attribute is named
+``ts``. A name that is not an XML name (``1x``, ``a b``, ``a:b``…) becomes a child
+``<attr name="1x">value</attr>``; a type that is not an XML name gives the tag
+``event`` (a step's name test cannot match it anyway).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from lxml import etree
+
+from yfpp.events import Event
+
+_NAME = re.compile(r"[^\W\d][\w.\-]*\Z")
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def xml_text(value: Any) -> str:
+    """An attribute value as XML text."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return _NOT_XML.sub("\ufffd", str(value))
+
+
+def element_for(event: Event) -> Any:
+    """A standalone lxml element ``<type attr="value" …/>`` for ``event``."""
+    el = etree.Element(event.type if _NAME.match(event.type) else "event")
+    if "ts" not in event.attrs:
+        el.set("ts", xml_text(event.ts))
+    for name, value in event.attrs.items():
+        if _NAME.match(name):
+            el.set(name, xml_text(value))
+        else:
+            etree.SubElement(el, "attr", name=xml_text(name)).text = xml_text(value)
+    return el
