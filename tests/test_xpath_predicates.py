@@ -1,0 +1,178 @@
+"""XPath 2.0 predicates: the fast path agrees with elementpath on the element."""
+
+from __future__ import annotations
+
+import elementpath
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from lxml import etree
+
+from xpath_ext.xpath_predicates import _boolean, compile_xpath_test, parse_expression
+from yfpp.errors import QuerySyntaxError
+from yfpp.events import Event
+
+_ERRORS = (elementpath.ElementPathError, ArithmeticError, TypeError, ValueError)
+
+
+def oracle(source: str, element: etree._Element) -> bool:
+    """The predicate ``[source]`` on ``element`` by plain elementpath; an error is false."""
+    try:
+        return bool(elementpath.select(element, f"self::*[{source}]", fragment=True))
+    except _ERRORS:
+        return False
+
+
+def agree(source: str, ev: Event) -> None:
+    """compile_xpath_test gives the oracle's answer, or rejects (a static error in a
+    constant part, e.g. ``0 = '7'``) what could never be true."""
+    try:
+        test = compile_xpath_test(source)
+    except QuerySyntaxError:
+        assert not oracle(source, ev.element)
+        return
+    assert test(ev) == oracle(source, ev.element)
+
+
+def event(attrs: dict[str, str], typed: dict | None = None) -> Event:
+    element = etree.Element("e", attrs)
+    return Event("e", 0.0, typed if typed is not None else dict(attrs), 0, element)
+
+
+# --- generated predicates and attribute values ------------------------------
+
+NAMES = ("a", "b", "c")
+TRICKY = (
+    "7", "07", "-3", "+5", " 7 ", "\t8\n", "3.5", ".5", "5.", "1e3", "1E-2", "2.5e+1", "INF", "-INF", "+INF",
+    "NaN", "inf", "nan", "Infinity", "1_000", "\xa05", "", "true", "abc", "Z1", "1-2", "0", "-0", "0.0",
+    "9007199254740993", "1e400", "x y",
+)  # fmt: skip
+values = st.one_of(
+    st.sampled_from(TRICKY),
+    st.integers(-1000, 1000).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.text(alphabet="ab 0123456789.-+eE", max_size=5),
+)
+attributes = st.dictionaries(st.sampled_from(NAMES), values)
+
+literals = st.one_of(
+    st.integers(-20, 20).map(str).filter(lambda s: not s.startswith("-")),
+    st.sampled_from(["0", "3", "7", "1000", "9007199254740993"]),
+    st.sampled_from(["3.5", "0.5", ".5", "7.0", "0.0", "1.0"]),
+    st.sampled_from(["1e3", "7E0", "0.5e1", "1e400"]),
+    st.sampled_from(["'7'", "'07'", "'abc'", "''", "'Z1'", "\"3.5\"", "'NaN'"]),
+)
+attribute = st.sampled_from(NAMES).map(lambda n: "@" + n)
+
+
+def arithmetic(operand: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
+    op = st.sampled_from(["+", "-", "*", "div", "mod", "idiv"])
+    return st.tuples(operand, op, operand).map(lambda t: f"({t[0]} {t[1]} {t[2]})")
+
+
+numeric = st.recursive(st.one_of(attribute, literals), arithmetic, max_leaves=4)
+comparison = st.tuples(numeric, st.sampled_from(["=", "!=", "<", "<=", ">", ">=", "eq", "lt"]), numeric).map(
+    lambda t: f"{t[0]} {t[1]} {t[2]}"
+)
+
+
+def connectives(operand: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
+    return st.one_of(
+        st.tuples(operand, st.sampled_from(["and", "or"]), operand).map(lambda t: f"{t[0]} {t[1]} {t[2]}"),
+        operand.map(lambda s: f"not({s})"),
+        operand.map(lambda s: f"({s})"),
+    )
+
+
+predicates = st.recursive(st.one_of(comparison, attribute), connectives, max_leaves=5)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(predicates, attributes)
+def test_compiled_predicate_agrees_with_elementpath(source: str, attrs: dict[str, str]) -> None:
+    agree(source, event(attrs))
+
+
+@settings(max_examples=300, deadline=None)
+@given(numeric, attributes)
+def test_numeric_predicates_are_positional(source: str, attrs: dict[str, str]) -> None:
+    agree(source, event(attrs))
+
+
+# --- which forms take the fast path -----------------------------------------
+
+FAST = [
+    "@a = 'x'", "@a > 3", "3 < @a", "@a >= 2.5", "@a = 1e3", "@a != @b", "@a < @b",
+    "@a + @b > 10", "(@a - 1) * 2 div @b <= 0", "@a", "not(@a)", "@a and (@b or not(@c = 'z'))",
+]  # fmt: skip
+SLOW = ["count(@*) = 2", "@a eq 3", "-@a > 1", "@a mod 2 = 0", "1 + 2 = @a", "2", "@a + 1", "local-name() = 'e'", "@*"]
+
+
+@pytest.mark.parametrize("source", FAST)
+def test_common_forms_take_the_fast_path(source: str) -> None:
+    assert _boolean(parse_expression(source)) is not None
+
+
+@pytest.mark.parametrize("source", SLOW)
+def test_other_forms_fall_back_to_elementpath(source: str) -> None:
+    assert _boolean(parse_expression(source)) is None
+
+
+# --- the comparison rules, spelt out ---------------------------------------
+
+CASES = [
+    ("@a = '07'", {"a": "07"}, True),  # string literal: compare the raw text
+    ("@a = '7'", {"a": "07"}, False),
+    ("@a = 7", {"a": "07"}, True),  # numeric literal: cast the text to xs:double
+    ("@a > 3", {"a": "abc"}, False),  # cast error: the predicate is false …
+    ("not(@a > 3)", {"a": "abc"}, False),  # … as a whole, not just the comparison
+    ("@b or @a > 3", {"a": "abc", "b": ""}, True),  # `or` stops at a true left operand
+    ("@a > 3", {}, False),  # missing attribute: empty sequence
+    ("not(@a > 3)", {}, True),
+    ("@a + @b > 1", {"a": "abc"}, False),  # empty operand: empty result, no cast
+    ("@a < @b", {"a": "10", "b": "9"}, False),  # elementpath orders two attributes as numbers
+    ("@a = @b", {"a": "1.0", "b": "1"}, False),  # … and equates them as strings
+    ("@a", {"a": ""}, True),  # existence
+    ("@a div 0 > 1", {"a": "2"}, True),  # xs:double division: INF
+    ("@a = 'x'", {"a": " x"}, False),
+    ("@a > 3", {"a": " 7 "}, True),
+]
+
+
+@pytest.mark.parametrize(("source", "attrs", "expected"), CASES)
+def test_comparison_rules(source: str, attrs: dict[str, str], expected: bool) -> None:
+    ev = event(attrs)
+    assert compile_xpath_test(source)(ev) is expected
+    assert oracle(source, ev.element) is expected
+
+
+def test_the_element_text_counts_not_the_typed_attribute() -> None:
+    ev = event({"a": "07"}, typed={"a": 7})
+    assert compile_xpath_test("@a = '07'")(ev)
+    assert not compile_xpath_test("@a = '7'")(ev)
+
+
+def test_attributes_only_not_child_elements() -> None:
+    element = etree.fromstring("<shelf><qty>5</qty></shelf>")
+    ev = Event("shelf", 0.0, {"qty": 5}, 0, element)
+    assert not compile_xpath_test("@qty = 5")(ev)
+    assert compile_xpath_test("qty = 5")(ev)
+
+
+def test_compiled_once_per_source() -> None:
+    assert compile_xpath_test("@a > 1") is compile_xpath_test("@a > 1")
+
+
+def test_namespaces() -> None:
+    element = etree.Element("e", {"{urn:x}a": "1"})
+    ev = Event("e", 0.0, {}, 0, element)
+    assert compile_xpath_test("@x:a = 1", (("x", "urn:x"),))(ev)
+    with pytest.raises(QuerySyntaxError):
+        compile_xpath_test("@x:a = 1")
+
+
+@pytest.mark.parametrize(("source", "line", "column"), [("@a ==3", 1, 5), ("@a and\n (@b ?)", 2, 6), ("foo(@a)", 1, 1)])
+def test_syntax_errors(source: str, line: int, column: int) -> None:
+    with pytest.raises(QuerySyntaxError) as info:
+        compile_xpath_test(source)
+    assert (info.value.line, info.value.column) == (line, column)

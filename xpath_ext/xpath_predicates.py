@@ -1,0 +1,231 @@
+"""XPath 2.0 predicates on an event's element (SPEC §3.2), compiled once.
+
+:func:`compile_xpath_test` parses the bracket text with elementpath and
+returns ``event -> bool``, the predicate's truth on ``event.element`` (the
+context item, position 1 of 1): a single number means ``position() = n``,
+anything else its effective boolean value; a dynamic error (an attribute
+that cannot be cast to a number, …) makes the predicate false.
+
+The fast path turns the common forms — general comparisons ``= != < <= > >=``
+between attributes (``@a``), literals and arithmetic (``+ - * div``) on
+attributes, ``and``/``or``/``not(…)``, ``@a`` existence — into closures that
+read the raw attribute text from the element and compare exactly as
+elementpath does: they build the same values (``UntypedAtomic`` for an
+attribute, the literal's own value) and apply the same Python operators,
+conversions and evaluation order.  The attribute text is read from
+``event.element`` rather than the reader's typed ``event.attrs``: the typed
+values lose what XPath sees (``@a = '07'`` on ``a="07"`` typed as 7;
+"attributes" that came from child elements, which ``@a`` does not see).  Everything else is evaluated by
+elementpath on the pre-parsed token.
+"""
+
+from __future__ import annotations
+
+import operator
+from decimal import Decimal
+from functools import lru_cache
+from typing import Any, Callable
+
+from elementpath import ElementPathError, XPath2Parser, XPathContext, XPathToken
+from elementpath.datatypes import NumericProxy, UntypedAtomic
+from elementpath.helpers import get_double
+
+from yfpp.errors import QuerySyntaxError
+from yfpp.events import Event
+
+Namespaces = tuple[tuple[str, str], ...]
+Test = Callable[[Event], bool]
+_Fn = Callable[[Any], Any]  # element -> value (None: the empty sequence)
+
+#: Errors that make a predicate false: elementpath's and those of the Python
+#: operations both paths share (decimal.InvalidOperation is an ArithmeticError).
+_ERRORS = (ElementPathError, ArithmeticError, TypeError, ValueError)
+
+_COMPARE = {"=": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
+_LITERALS = ("(integer)", "(decimal)", "(float)", "(string)")
+
+
+def parse_expression(source: str, namespaces: Namespaces = ()) -> XPathToken:
+    """Parse XPath 2.0 text; raises :class:`elementpath.ElementPathError`
+    (also for a Python error elementpath lets out of its static evaluation)."""
+    try:
+        return XPath2Parser(namespaces=dict(namespaces)).parse(source)
+    except ElementPathError:
+        raise
+    except _ERRORS as err:
+        raise ElementPathError(f"a constant part cannot be evaluated: {err!r}") from None
+
+
+def error_location(err: ElementPathError) -> tuple[str, int, int]:
+    """``(message, line, column)`` of an elementpath error, 1-based."""
+    line, column = err.token.position if err.token is not None else (1, 1)
+    return err.message, line, column
+
+
+@lru_cache(maxsize=4096)
+def compile_xpath_test(source: str, namespaces: Namespaces = ()) -> Test:
+    """``event -> bool`` for the predicate ``[source]``; bad XPath → QuerySyntaxError."""
+    try:
+        token = parse_expression(source, namespaces)
+    except ElementPathError as err:
+        message, line, column = error_location(err)
+        raise QuerySyntaxError(f"invalid XPath predicate: {message}", source, line, column) from None
+    fast = _boolean(token)
+    if fast is not None:
+        return _fast_test(fast)
+    return _elementpath_test(token, dict(namespaces))
+
+
+def _fast_test(fast: Callable[[Any], bool]) -> Test:
+    def test(event: Event) -> bool:
+        try:
+            return fast(event.element)
+        except _ERRORS:
+            return False
+
+    return test
+
+
+def _elementpath_test(token: XPathToken, namespaces: dict[str, str]) -> Test:
+    def test(event: Event) -> bool:
+        try:
+            context = XPathContext(event.element, namespaces=namespaces, fragment=True)
+            items = list(token.select(context))
+            if len(items) == 1 and isinstance(items[0], NumericProxy):
+                return bool(items[0] == context.position)
+            return token.boolean_value(items)
+        except _ERRORS:
+            return False
+
+    return test
+
+
+# --- fast path: token -> closure over the element, or None (unsupported) ----
+
+
+def _boolean(tok: XPathToken) -> Callable[[Any], bool] | None:
+    """A closure for a boolean-valued token (its effective boolean value)."""
+    sym = tok.symbol
+    if sym == "(" and len(tok) == 1:
+        return _boolean(tok[0])
+    if sym == "@":
+        name = _attribute_name(tok)
+        return None if name is None else (lambda el: el.get(name) is not None)
+    if sym == "not" and tok.label == "function" and len(tok) == 1:
+        arg = _boolean(tok[0])
+        return None if arg is None else (lambda el: not arg(el))
+    if sym in ("and", "or") and len(tok) == 2:
+        left, right = _boolean(tok[0]), _boolean(tok[1])
+        if left is None or right is None:
+            return None
+        if sym == "and":
+            return lambda el: left(el) and right(el)
+        return lambda el: left(el) or right(el)
+    if sym in _COMPARE and len(tok) == 2:
+        return _comparison(_COMPARE[sym], tok[0], tok[1])
+    return None
+
+
+def _comparison(op: Callable[[Any, Any], Any], ltok: XPathToken, rtok: XPathToken) -> Callable[[Any], bool] | None:
+    """A general comparison of two single values, as elementpath's
+    ``iter_comparison_data`` does it: both sides evaluated, left first; an
+    empty side → false; str with a number → type error."""
+    left, right = _value(ltok), _value(rtok)
+    if left is None or right is None or (ltok.symbol in _LITERALS and rtok.symbol in _LITERALS):
+        return None
+
+    def compare(el: Any) -> bool:
+        x, y = left(el), right(el)
+        if x is None or y is None:
+            return False
+        if isinstance(x, str):
+            if not isinstance(y, (str, UntypedAtomic)):
+                raise TypeError(f"cannot compare {type(x)!r} and {type(y)!r}")
+        elif isinstance(y, str) and not isinstance(x, UntypedAtomic):
+            raise TypeError(f"cannot compare {type(x)!r} and {type(y)!r}")
+        elif isinstance(x, float) and isinstance(y, Decimal):
+            y = float(y)
+        elif isinstance(x, Decimal) and isinstance(y, float):
+            x = float(x)
+        return bool(op(x, y))
+
+    return compare
+
+
+def _value(tok: XPathToken) -> _Fn | None:
+    """A closure for a single-valued token: ``UntypedAtomic`` for ``@a``, the
+    literal's value, a float for arithmetic; None for the empty sequence."""
+    sym = tok.symbol
+    if sym == "(" and len(tok) == 1:
+        return _value(tok[0])
+    if sym in _LITERALS:
+        value = tok.value
+        return lambda el: value
+    if sym == "@":
+        name = _attribute_name(tok)
+        if name is None:
+            return None
+
+        def attribute(el: Any) -> UntypedAtomic | None:
+            raw = el.get(name)
+            return None if raw is None else UntypedAtomic(raw)
+
+        return attribute
+    if sym in ("+", "-", "*", "div") and len(tok) == 2:
+        return _arithmetic(sym, tok[0], tok[1])
+    return None
+
+
+def _arithmetic(sym: str, ltok: XPathToken, rtok: XPathToken) -> _Fn | None:
+    """Binary arithmetic with an attribute or arithmetic operand (so the result
+    is an xs:double), as elementpath's ``get_operands``: an empty left operand
+    gives the empty sequence before the right one is evaluated; untyped
+    operands are cast with the parser's xs:double rules."""
+    if ltok.symbol in _LITERALS and rtok.symbol in _LITERALS:
+        return None  # integer/decimal arithmetic: elementpath
+    if "(string)" in (ltok.symbol, rtok.symbol):
+        return None
+    left, right = _value(ltok), _value(rtok)
+    if left is None or right is None:
+        return None
+    xsd_version = ltok.parser.xsd_version
+
+    def number(v: Any) -> float:
+        return get_double(v.value, xsd_version) if isinstance(v, UntypedAtomic) else float(v)
+
+    def arithmetic(el: Any) -> float | None:
+        x = left(el)
+        if x is None:
+            return None
+        y = right(el)
+        if y is None:
+            return None
+        a, b = number(x), number(y)
+        if sym == "+":
+            return a + b
+        if sym == "-":
+            return a - b
+        if sym == "*":
+            return a * b
+        return _divide(a, b)
+
+    return arithmetic
+
+
+def _divide(a: float, b: float) -> float:
+    """xs:double ``div`` as elementpath computes it (a zero divisor included)."""
+    if b != 0:
+        return a / b
+    if a == 0:
+        return float("nan")
+    negative = str(b).startswith("-")
+    if a > 0:
+        return float("-inf") if negative else float("inf")
+    return float("inf") if negative else float("-inf")
+
+
+def _attribute_name(tok: XPathToken) -> str | None:
+    """``a`` for ``@a`` (no prefix, no wildcard), else None."""
+    if len(tok) == 1 and tok[0].symbol == "(name)" and ":" not in tok[0].value:
+        return str(tok[0].value)
+    return None
