@@ -6,7 +6,7 @@ deterministic for a given ``seed`` and use constant memory.
 * :func:`generate_stock` — the stock stream of the SIGMOD 2008 paper (§6).
   Each event's ``symbol`` is uniform in 1..symbols; that symbol's price then
   moves up with probability ``p_up``, down or stays with (1 − p_up)/2 each, by a
-  step uniform in 1..5, clamped to [1, 1000] (initial prices uniform in
+  step uniform in 1..5, reflected at the bounds of [1, 1000] (initial prices uniform in
   [1, 1000]); ``volume`` is uniform in [1, 1000]. ``ts`` = ``id`` = the event's
   index, so a window of W ts units holds W + 1 events, about (W + 1)/symbols of
   them of one symbol.
@@ -44,6 +44,16 @@ SAMPLE_SIZE, SAMPLE_SEED = 300, 4
 Record = dict[str, Any]
 
 
+def _reflect(price: int, low: int = 1, high: int = 1000) -> int:
+    """Keep a random-walk price in [low, high] by reflecting at the bounds (a clamped
+    walk would sit on the bound, and ``price % 500 = 0`` would hold for long stretches)."""
+    if price > high:
+        return 2 * high - price
+    if price < low:
+        return 2 * low - price
+    return price
+
+
 def generate_stock(n_events: int, *, symbols: int = 2, p_up: float = 0.5, seed: int = 0) -> Iterator[Record]:
     """``n_events`` stock ticks ``{"type": "stock", "ts", "id", "symbol", "price", "volume"}``."""
     rng = random.Random(seed)
@@ -54,9 +64,9 @@ def generate_stock(n_events: int, *, symbols: int = 2, p_up: float = 0.5, seed: 
         r = rng.random()
         step = rng.randint(1, 5)
         if r < p_up:
-            prices[s] = min(1000, prices[s] + step)
+            prices[s] = _reflect(prices[s] + step)
         elif r < p_down:
-            prices[s] = max(1, prices[s] - step)
+            prices[s] = _reflect(prices[s] - step)
         yield {"type": "stock", "ts": i, "id": i, "symbol": s + 1, "price": prices[s], "volume": rng.randint(1, 1000)}
 
 

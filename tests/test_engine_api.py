@@ -1,0 +1,160 @@
+"""The Engine API (SPEC §6): registration, stream order, late events, pruning."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from yfpp.dead_letters import DeadLetters
+from yfpp.engine import Engine
+from yfpp.errors import PatternError, QuerySyntaxError, YfppError
+from yfpp.events import Event
+
+SHOP = "PATTERN SEQ(shelf a, ~register b, exit c) WHERE [tag_id] WITHIN 100"
+
+
+def feed(eng: Engine, records: list[dict]) -> list[dict]:
+    out = []
+    for r in records:
+        out += eng.process(r)
+    return out + eng.flush()
+
+
+def test_register_knows_the_language_and_names_matches():
+    eng = Engine()
+    eng.register(SHOP, name="sase")
+    eng.register("[tag_id]&&//shelf//!register//exit&&(100)", name="xpath")
+    qid = eng.register("PATTERN SEQ(shelf a, exit c) WHERE [tag_id]")
+    out = feed(eng, [{"type": "shelf", "ts": 1, "tag_id": 1}, {"type": "exit", "ts": 2, "tag_id": 1}])
+    assert sorted(m["query"] for m in out) == sorted(["sase", "xpath", str(qid)])
+    by = {m["query"]: m for m in out}
+    assert by["sase"]["bindings"] == {"a": [0], "c": [1]}
+    assert by["xpath"]["bindings"] == {"e1": [0], "e2": [1]}
+    assert by["sase"]["start"] == 1 and by["sase"]["end"] == 2
+
+
+def test_bad_queries_raise_clear_errors():
+    eng = Engine()
+    with pytest.raises(QuerySyntaxError) as e:
+        eng.register("PATTERN SEQ(shelf a exit c)")
+    assert e.value.line == 1 and e.value.column > 1
+    with pytest.raises(PatternError, match="window"):
+        eng.register("PATTERN SEQ(shelf a, ~register b)")
+    with pytest.raises(YfppError):
+        eng.unregister(12345)
+
+
+def test_unregister_stops_matches_and_frees_runs():
+    eng = Engine()
+    keep = eng.register("PATTERN SEQ(shelf a, exit c) WHERE [tag_id]", name="keep")
+    gone = eng.register("PATTERN SEQ(shelf a, exit c) WHERE skip_till_any_match(a, c) { [tag_id] }", name="gone")
+    eng.process({"type": "shelf", "ts": 1, "tag_id": 1})
+    eng.unregister(gone)
+    out = feed(eng, [{"type": "exit", "ts": 2, "tag_id": 1}])
+    assert [m["query"] for m in out] == ["keep"]
+    assert keep in eng.queries and gone not in eng.queries
+
+
+def test_query_added_mid_stream_sees_only_later_events():
+    eng = Engine()
+    eng.process({"type": "shelf", "ts": 1, "tag_id": 1})
+    eng.register("PATTERN SEQ(shelf a, exit c) WHERE [tag_id]", name="late")
+    out = feed(eng, [{"type": "exit", "ts": 2, "tag_id": 1}, {"type": "shelf", "ts": 3, "tag_id": 1}, {"type": "exit", "ts": 4, "tag_id": 1}])
+    assert [m["bindings"] for m in out] == [{"a": [2], "c": [3]}]
+
+
+def test_late_event_goes_to_dead_letters_with_seq():
+    sink = io.StringIO()
+    eng = Engine(dead_letters=DeadLetters(sink))
+    eng.register("PATTERN SEQ(a x, b y)", name="q")
+    assert feed(eng, [{"type": "a", "ts": 5}, {"type": "b", "ts": 3}, {"type": "b", "ts": 6}]) == [
+        {"query": "q", "bindings": {"x": [0], "y": [2]}, "start": 5, "end": 6}
+    ]
+    letters = [json.loads(x) for x in sink.getvalue().splitlines()]
+    assert [(d["seq"], d["reason"].split(":")[0]) for d in letters] == [(1, "late event")]
+    assert eng.dead_letters.count == 1
+
+
+def test_reorder_buffer_puts_events_in_ts_order():
+    eng = Engine(max_delay=10, dead_letters=DeadLetters())
+    eng.register("PATTERN SEQ(a x, b y) WHERE strict_contiguity(x, y)", name="q")
+    out = []
+    for r in [{"type": "b", "ts": 6}, {"type": "a", "ts": 5}, {"type": "c", "ts": 30}]:
+        out += eng.process(r)
+    # a (seq 1, ts 5) then b (seq 0, ts 6) once reordered: strict contiguity holds
+    assert [m["bindings"] for m in out] == [{"x": [1], "y": [0]}]
+    assert eng.flush() == []
+    assert eng.dead_letters.count == 0
+
+
+def test_equal_timestamps_are_ordered_by_seq():
+    eng = Engine()
+    eng.register("PATTERN SEQ(a x, b y) WHERE strict_contiguity(x, y)", name="q")
+    out = feed(eng, [{"type": "a", "ts": 1}, {"type": "b", "ts": 1}, {"type": "b", "ts": 1}])
+    assert [m["bindings"] for m in out] == [{"x": [0], "y": [1]}]
+
+
+def test_process_accepts_events_with_their_own_seq():
+    eng = Engine()
+    eng.register("PATTERN SEQ(a x, b y)", name="q")
+    out = feed(eng, [Event("a", 1.0, {}, 10), Event("b", 2.0, {}, 17)])
+    assert out[0]["bindings"] == {"x": [10], "y": [17]}
+
+
+def test_window_is_inclusive_and_prunes_runs():
+    eng = Engine()
+    eng.register("PATTERN SEQ(a x, b y) WHERE skip_till_any_match(x, y) WITHIN 10", name="q")
+    out = feed(eng, [{"type": "a", "ts": 0}, {"type": "b", "ts": 10}, {"type": "b", "ts": 10.5}])
+    assert [m["bindings"] for m in out] == [{"x": [0], "y": [1]}]
+
+
+def test_memory_stays_flat_on_a_long_windowed_stream():
+    eng = Engine()
+    eng.register("PATTERN SEQ(a x, b y) WHERE skip_till_any_match(x, y) { [k] } WITHIN 20", name="q")
+    for i in range(20_000):
+        eng.process({"type": "ab"[i % 2], "ts": i, "k": i % 7})
+    assert eng.stats.live_runs < 40
+    assert eng.runtime.buffer.size < 200
+    assert eng.stats.matches["q"] == 9_997  # each a meets the b 7 events later (same k)
+
+
+def test_buffer_shares_events_between_runs():
+    eng = Engine()
+    eng.register("PATTERN SEQ(a x, b+ y[], c z) WHERE skip_till_any_match(x, y, z)", name="q")
+    out = feed(eng, [{"type": t, "ts": i} for i, t in enumerate("abbbc")])
+    assert len(out) == 7  # every non-empty subset of the three b's
+    # the a is stored once although seven runs selected it
+    assert eng.runtime.buffer.size <= 1 + 3 + 3
+
+
+def test_non_overlapping_policy_from_the_query_and_the_engine():
+    recs = [{"type": t, "ts": i, "k": 1} for i, t in enumerate("aabab")]
+    per_query = Engine()
+    per_query.register("PATTERN SEQ(a x, b y) WHERE skip_till_any_match(x, y) { [k] } OUTPUT non_overlapping", name="q")
+    engine_wide = Engine(policy="non_overlapping")
+    engine_wide.register("PATTERN SEQ(a x, b y) WHERE skip_till_any_match(x, y) { [k] }", name="q")
+    for eng in (per_query, engine_wide):
+        assert [m["bindings"] for m in feed(eng, recs)] == [{"x": [0], "y": [2]}, {"x": [3], "y": [4]}]
+
+
+def test_return_builds_the_emitted_event():
+    eng = Engine()
+    eng.register(
+        "PATTERN SEQ(stock+ a[], stock b) WHERE { [symbol] AND a[i].price > a[i-1].price } "
+        "RETURN rise(symbol = b.symbol, n = a.len, top = max(a[..].price), prices = a.price, gone = b.nothing)",
+        name="q",
+    )
+    out = feed(eng, [{"type": "stock", "ts": i, "symbol": 1, "price": p} for i, p in enumerate([1, 2, 3, 1])])
+    longest = max(out, key=lambda m: len(m["bindings"]["a"]))
+    assert longest["emit"] == {"type": "rise", "attrs": {"symbol": 1, "n": 3, "top": 3, "prices": [1, 2, 3], "gone": None}}
+
+
+def test_advance_time_fires_trailing_negation_deadlines():
+    eng = Engine()
+    eng.register(SHOP.replace("exit c", "exit c, ~register d").replace("~register b, ", ""), name="q")
+    assert eng.process({"type": "shelf", "ts": 0, "tag_id": 1}) == []
+    assert eng.process({"type": "exit", "ts": 1, "tag_id": 1}) == []
+    assert eng.advance_time(100) == []
+    assert [m["bindings"] for m in eng.advance_time(100.01)] == [{"a": [0], "c": [1]}]
