@@ -28,6 +28,12 @@ examples:
   yfpp generate rfid --events 5000 --theft-rate 0.05 -o feed.jsonl
 """
 
+EXPLAIN_EXAMPLES = """\
+examples:
+  yfpp explain -q queries/sharing.xpe
+  yfpp explain -q queries/sharing.xpe --dot nfa.dot --png nfa.png
+"""
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
@@ -90,6 +96,18 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--doors", type=int, default=2, help="rfid: number of exit doors")
     gen.add_argument("--theft-rate", type=float, default=0.1, help="rfid: fraction of tags that skip the register")
     gen.set_defaults(func=cmd_generate)
+
+    exp = sub.add_parser(
+        "explain",
+        help="show the shared NFA of a set of queries",
+        description="Merge the queries into one shared NFA and print it: nodes, edges, which queries share what.",
+        epilog=EXPLAIN_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    exp.add_argument("-q", "--query", action="extend", nargs="+", required=True, metavar="QUERY_OR_FILE")
+    exp.add_argument("--dot", metavar="FILE", help="also write the graph in Graphviz DOT")
+    exp.add_argument("--png", metavar="FILE", help="also draw it (Graphviz dot if installed, else matplotlib)")
+    exp.set_defaults(func=cmd_explain)
     return parser
 
 
@@ -183,6 +201,29 @@ def print_stats(engine: Engine, n: int, elapsed: float, dead: DeadLetters, strea
     for plan in engine.queries.values():
         lines.append(f"  {plan.name:<24} {c.matches.get(plan.name, 0):,}")
     stream.write("\n".join(lines) + "\n")
+
+
+# --- explain ------------------------------------------------------------------------------
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from yfpp.explain import as_dot, as_text, nfa_graph, write_picture
+
+    engine = build_engine(args.query)
+    g = nfa_graph(engine)
+    print(as_text(engine, g))
+    dot = as_dot(g)
+    if args.dot:
+        Path(args.dot).write_text(dot, encoding="utf-8")
+    if args.png:
+        try:
+            how = write_picture(g, dot, Path(args.png))
+        except RuntimeError as e:
+            raise YfppError(str(e)) from e
+        print(f"drew {args.png} with {how}", file=sys.stderr)
+    return 0
 
 
 # --- generate -----------------------------------------------------------------------------

@@ -8,6 +8,7 @@ them silently.  Matching itself is the :class:`~yfpp.runtime.Runtime`'s.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import sys
 from itertools import count
@@ -51,7 +52,7 @@ class Engine:
         pattern = parse_query(query) if isinstance(query, str) else query.validate()
         policy = policy or self.default_policy
         if policy is not None and policy != pattern.policy:
-            pattern = Pattern(**{**pattern.__dict__, "policy": policy}).validate()
+            pattern = dataclasses.replace(pattern, policy=policy).validate()
         qid = next(self._ids)
         plan = compile_pattern(pattern, name if name is not None else str(qid))
         self.queries[qid] = plan

@@ -302,10 +302,11 @@ class Reference:
             q = self.pos[k + 1]
             moved = RefRun(k + 1, False, run.binds, [])
             if all(self.ignorable(q.contiguity, moved, x, self.begins(k + 1, moved, x)) for x in run.ignored):
-                if self.begins(k + 1, moved, e):
+                began = self.begins(k + 1, moved, e)
+                if began:
                     out += self._after_bind(k + 1, self._bind(moved, q.var, e), done)
-                elif not take and not ignore and self.ignorable(q.contiguity, moved, e, False):
-                    out.append(moved)
+                if not take and not ignore and self.ignorable(q.contiguity, moved, e, began):
+                    out.append(moved)  # the opportunistic move: q's own edges decide e
         return out
 
     def completions(self, events: list[Event]) -> list[dict[str, list[Event]]]:

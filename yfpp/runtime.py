@@ -1,31 +1,37 @@
-"""The NFA^b runtime (SIGMOD 2008 §4): runs, dispatch, negation, output policy.
+"""The NFA^b runtime over the shared NFA (SIGMOD 2008 §4, YFilter++ §6).
 
-Runs live in buckets keyed by NFA state and partition key.  An event visits
-only the states that can react to it: states whose begin/take/proceed edges
-test its type (or any type), strict-contiguity states (every event moves or
-kills their runs) and partition-contiguity states (every event of the run's
-partition does) — and within a state only the bucket of the event's key.
-Matches are stored once in the shared versioned :class:`MatchBuffer`.
+Runs wait in states of the shared NFA (``yfpp.shared_nfa``) and are stored so
+that an event touches only runs it can move:
 
-The runtime is organised around states, not queries: a state belongs to a
-query plan today; a shared NFA can hand it states serving many queries
-without changing the runtime's interface.
+* ``keyed``   — runs of keyed states, by equivalence attributes → key value →
+                state: an event looks up its own key, then keeps the states
+                that react to its type (partition-contiguity states always do);
+* ``unkeyed`` — runs of states without an equivalence list, by state; an
+                event visits the states that react to its type;
+* ``strict``  — strict-contiguity states: every event moves or kills their runs.
+
+Starting runs goes through the root level's transition table (type, then
+indexed predicates).  Matches are stored once in the shared versioned
+:class:`MatchBuffer`; what differs between queries that share a node —
+window, negations, RETURN, registration time — is checked when a run reaches
+a node where queries accept (post-processing, YFilter++ §6.4–§6.5).
 """
 
 from __future__ import annotations
 
 import heapq
 from bisect import bisect_left, bisect_right
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from itertools import count
-from typing import Any, Iterable
+from typing import Any
 
 from yfpp.events import MISSING, Event
 from yfpp.match_buffer import MatchBuffer, Version
-from yfpp.nfa_compiler import ComponentPlan, NegationPlan, QueryPlan, State
+from yfpp.nfa_compiler import NegationPlan, QueryPlan
 from yfpp.pattern import Contiguity
 from yfpp.predicates import kleene_start, kleene_take
+from yfpp.shared_nfa import Node, SharedNFA, State
 
 STRICT, PARTITION, STNM, STAM = (
     Contiguity.STRICT,
@@ -33,14 +39,16 @@ STRICT, PARTITION, STNM, STAM = (
     Contiguity.SKIP_TILL_NEXT,
     Contiguity.SKIP_TILL_ANY,
 )
+_NONE: frozenset = frozenset()
+_NO_RUN = 1 << 62  # seq floor when a tree has no live run
 
 
 class Run:
     """One partial match: where it waits, what it has bound, where its events are."""
 
-    __slots__ = ("state", "vec", "entry", "version", "first_ts", "first_seq", "key", "tick", "ptick", "blocked")
+    __slots__ = ("state", "vec", "entry", "version", "first_ts", "first_seq", "key", "born", "tick", "ptick", "blocked")
 
-    def __init__(self, state, vec, entry, version, first_ts, first_seq, key, tick=0, ptick=0):
+    def __init__(self, state, vec, entry, version, first_ts, first_seq, key, born, tick=0, ptick=0):
         self.state: State = state
         self.vec: tuple = vec
         self.entry = entry
@@ -48,9 +56,10 @@ class Run:
         self.first_ts: float = first_ts
         self.first_seq: int = first_seq
         self.key: Any = key
-        self.tick: int = tick  # engine tick of the last begin/take into a Kleene component
+        self.born: int = born  # tick of the event that started the run
+        self.tick: int = tick  # tick of the last begin/take into a Kleene node
         self.ptick: int = ptick  # partition tick at that moment
-        self.blocked: bool = False  # ignored an event the next component could begin with
+        self.blocked: frozenset = _NONE  # skip-till-next children this run can no longer proceed to
 
 
 @dataclass
@@ -88,72 +97,90 @@ def partition_key(ev: Event, attrs: tuple[str, ...]) -> Any:
     return None if MISSING in vals else vals
 
 
-def _type_ok(t: str | None, ev: Event) -> bool:
-    return t is None or t == ev.type
+def _touch_all(st: State) -> bool:
+    """Strict states, and partition states with no equivalence list: every event moves or kills."""
+    return st.contiguity is STRICT or (st.contiguity is PARTITION and not st.node.partition_by)
 
 
 class Runtime:
-    """Runs queries compiled to NFA^b plans over one ordered event stream."""
+    """Runs every registered query, merged into one shared NFA, over one ordered stream."""
 
     SWEEP_EVERY = 256
 
     def __init__(self) -> None:
-        self.plans: dict[QueryPlan, str] = {}
+        self.nfa = SharedNFA()
+        self.plans: list[QueryPlan] = []
         self.buffer = MatchBuffer()
-        self.buckets: dict[State, dict[Any, list[Run]]] = {}
+        self.keyed: dict[tuple[str, ...], dict[Any, dict[State, list[Run]]]] = {}
+        self.unkeyed: dict[State, list[Run]] = {}
+        self.strict: dict[State, list[Run]] = {}
+        self.dead: set[State] = set()
         self.neg_store: dict[NegationPlan, dict[Any, tuple[list[int], list[Event]]]] = {}
+        self.negs_by_type: dict[str | None, list[tuple[QueryPlan, NegationPlan]]] = defaultdict(list)
         self.pending: dict[QueryPlan, dict[Any, list[Pending]]] = {}
         self.deadlines: list[tuple[float, int, Pending]] = []
         self.pticks: dict[tuple[str, ...], dict[Any, int]] = {}
+        self.ptick_users: Counter = Counter()
         self.counters = Counters()
         self.tick = 0
         self.now = float("-inf")
         self._roots = count()
         self._branches = count(1)
         self._order = count()
-        self._dispatch: dict[str, list[tuple[State, bool]]] = {}
-        self._starters: dict[str, list[QueryPlan]] = {}
-        self._negs: dict[str, list[tuple[QueryPlan, NegationPlan]]] = {}
+        self._reacts: dict[tuple[int, str], bool] = {}
 
     # --- registration ---------------------------------------------------------------
 
     def add(self, plan: QueryPlan) -> None:
-        self.plans[plan] = plan.name
-        for st in plan.states:
-            self.buckets[st] = {}
+        """Register a compiled query; it sees only events processed from now on."""
+        plan.since_tick = self.tick
+        self.nfa.add(plan)
+        self.plans.append(plan)
         for neg in plan.negations:
+            self.negs_by_type[neg.event_type].append((plan, neg))
             if neg.upper is not None:
                 self.neg_store[neg] = {}
         if plan.trailing is not None:
             self.pending[plan] = {}
-        if plan.partition_by and any(c.kleene and c.next and c.next.contiguity is PARTITION for c in plan.comps):
+        if self._needs_pticks(plan):
+            self.ptick_users[plan.partition_by] += 1
             self.pticks.setdefault(plan.partition_by, {})
-        self._dispatch.clear()
+        if plan.partition_by:
+            self.keyed.setdefault(plan.partition_by, {})
+        self._reacts.clear()
 
     def remove(self, plan: QueryPlan) -> None:
-        del self.plans[plan]
-        for st in plan.states:
-            self.counters.live_runs -= sum(len(b) for b in self.buckets.pop(st).values())
+        """Unregister: the query emits nothing more; states only it used are freed at the next sweep."""
+        self.plans.remove(plan)
+        for st in self.nfa.remove(plan):
+            self.dead.add(st)
         for neg in plan.negations:
+            self.negs_by_type[neg.event_type].remove((plan, neg))
             self.neg_store.pop(neg, None)
         for group in self.pending.pop(plan, {}).values():
             for p in group:
                 p.killed = True
-        for c in plan.comps:
-            self.buffer.drop(c)
-        self._dispatch.clear()
+        if self._needs_pticks(plan):
+            self.ptick_users[plan.partition_by] -= 1
+            if not self.ptick_users[plan.partition_by]:
+                del self.ptick_users[plan.partition_by], self.pticks[plan.partition_by]
+        for node in plan.nodes:
+            if not node.users:
+                self.buffer.drop(node)
+        self._reacts.clear()
 
-    def _build_dispatch(self, etype: str) -> None:
-        states: list[tuple[State, bool]] = []
-        for st in self.buckets:
-            c = st.contiguity
-            if c is STRICT or (c is PARTITION and not st.plan.partition_by):
-                states.append((st, True))
-            elif c is PARTITION or etype in st.move_types or None in st.move_types:
-                states.append((st, False))
-        self._dispatch[etype] = states
-        self._starters[etype] = [p for p in self.plans if _type_ok(p.first.event_type, _TypeProbe(etype))]
-        self._negs[etype] = [(p, n) for p in self.plans for n in p.negations if _type_ok(n.event_type, _TypeProbe(etype))]
+    @staticmethod
+    def _needs_pticks(plan: QueryPlan) -> bool:
+        return bool(plan.partition_by) and any(
+            a.kleene and b.contiguity is PARTITION for a, b in zip(plan.specs, plan.specs[1:])
+        )
+
+    def _reacts_to(self, st: State, etype: str) -> bool:
+        k = (st.id, etype)
+        r = self._reacts.get(k)
+        if r is None:
+            r = self._reacts[k] = st.reacts_to(etype)
+        return r
 
     # --- the per-event step -----------------------------------------------------------
 
@@ -165,8 +192,6 @@ class Runtime:
         cnt.events += 1
         out: list[dict] = self._expire(ev.ts) if self.deadlines else []
         etype = ev.type
-        if etype not in self._dispatch:
-            self._build_dispatch(etype)
         keys: dict[tuple[str, ...], Any] = {}
 
         def key_of(attrs: tuple[str, ...]) -> Any:
@@ -179,46 +204,48 @@ class Runtime:
             k = key_of(attrs)
             if k is not None:
                 ticks[k] = ticks.get(k, 0) + 1
-        for plan, neg in self._negs[etype]:
-            self._see_negated(plan, neg, ev, key_of(plan.partition_by))
+        for etest in (etype, None):
+            for plan, neg in self.negs_by_type.get(etest, ()):
+                self._see_negated(plan, neg, ev, key_of(plan.partition_by))
 
         fresh: list[Run] = []
         accepted: list[tuple[QueryPlan, Any, dict]] = []
-        for st, touch_all in self._dispatch[etype]:
-            plan = st.plan
-            ek = key_of(plan.partition_by)
-            buckets = self.buckets[st]
-            if touch_all:
-                runs = [r for b in buckets.values() for r in b]
-                buckets.clear()
-            else:
-                if plan.partition_by and ek is None:
-                    continue
-                runs = buckets.pop(ek, None)
-                if not runs:
-                    continue
+        touched: list[tuple[list[Run], Any]] = []
+        if self.strict:
+            for st, runs in self.strict.items():
+                touched.append((runs, key_of(st.node.partition_by)))
+            self.strict = {}
+        for attrs, by_key in self.keyed.items():
+            k = key_of(attrs)
+            states = by_key.get(k) if k is not None else None
+            if not states:
+                continue
+            for st in [s for s in states if s.contiguity is PARTITION or self._reacts_to(s, etype)]:
+                touched.append((states.pop(st), k))
+            if not states:
+                del by_key[k]
+        if self.unkeyed:
+            for st in [s for s in self.unkeyed if self._reacts_to(s, etype)]:
+                touched.append((self.unkeyed.pop(st), None))
+        for runs, ek in touched:
             cnt.runs_touched += len(runs)
             cnt.live_runs -= len(runs)
             for r in runs:
-                self._step(r, ev, ek, fresh, accepted)
-        for plan in self._starters[etype]:
-            ek = key_of(plan.partition_by)
-            if plan.partition_by and ek is None:
+                if r.state not in self.dead:
+                    self._step(r, ev, ek, fresh, accepted)
+        for node in self.nfa.starters.candidates(ev):
+            ek = key_of(node.partition_by)
+            if node.partition_by and ek is None:
                 continue
-            comp = plan.first
-            if self._begins(comp, plan.empty_vec, ev.ts, ek, ev, ek):
-                base = Run(None, plan.empty_vec, None, (next(self._roots),), ev.ts, ev.seq, ek)
-                self._enter(comp, base, base.version, ev, fresh, accepted)
+            vec = (None,) * (node.index + 1)
+            if self._begins(node, vec, ev.ts, ek, ev, ek):
+                base = Run(None, vec, None, (next(self._roots),), ev.ts, ev.seq, ek, self.tick)
+                self._enter(node, base, base.version, ev, fresh, accepted)
 
         if accepted:
             out.extend(self._accept(accepted, fresh))
         for r in fresh:
-            b = self.buckets[r.state]
-            lst = b.get(r.key)
-            if lst is None:
-                b[r.key] = [r]
-            else:
-                lst.append(r)
+            self._store(r)
         cnt.runs_created += len(fresh)
         cnt.live_runs += len(fresh)
         if cnt.live_runs > cnt.peak_runs:
@@ -227,57 +254,93 @@ class Runtime:
             self.sweep()
         return out
 
-    def _begins(self, comp: ComponentPlan, vec: tuple, first_ts: float, rkey: Any, ev: Event, ek: Any) -> bool:
-        """The begin condition of ``comp`` (type, equivalence, window, predicates) — no negation."""
-        if comp.event_type is not None and comp.event_type != ev.type:
+    def _store(self, r: Run) -> None:
+        st = r.state
+        if _touch_all(st):
+            store = self.strict
+        elif st.node.partition_by:
+            store = self.keyed[st.node.partition_by].setdefault(r.key, {})
+        else:
+            store = self.unkeyed
+        lst = store.get(st)
+        if lst is None:
+            store[st] = [r]
+        else:
+            lst.append(r)
+
+    @staticmethod
+    def _begins(node: Node, vec: tuple, first_ts: float, rkey: Any, ev: Event, ek: Any) -> bool:
+        """The begin condition of ``node`` (type, equivalence, window, predicates)."""
+        if node.event_type is not None and node.event_type != ev.type:
             return False
         if rkey is not None and ek != rkey:
             return False
-        w = comp.plan.window
+        w = node.window
         if w is not None and ev.ts - first_ts > w:
             return False
-        for p in comp.begin:
+        for p in node.begin:
+            if not p(ev, vec):
+                return False
+        return True
+
+    @staticmethod
+    def _takes(node: Node, r: Run, ev: Event, ek: Any) -> bool:
+        if node.event_type is not None and node.event_type != ev.type:
+            return False
+        if r.key is not None and ek != r.key:
+            return False
+        w = node.window
+        if w is not None and ev.ts - r.first_ts > w:
+            return False
+        vec = r.vec
+        for p in node.take:
             if not p(ev, vec):
                 return False
         return True
 
     def _step(self, r: Run, ev: Event, ek: Any, fresh: list[Run], accepted: list) -> None:
         st = r.state
-        comp = st.comp
-        w = st.plan.window
+        w = st.node.window
         if w is not None and ev.ts - r.first_ts > w:
             return  # pruned by the window: no move can hold any more
         moves: list[tuple[str, Any]] = []
         if st.mode == "wait":
-            begin = self._begins(comp, r.vec, r.first_ts, r.key, ev, ek)
-            if begin:
-                moves.append(("begin", comp))
-            if _ignores(comp.contiguity, begin, ek, r.key):
-                moves.append(("stay", False))
+            for child in st.table.candidates(ev):
+                if self._begins(child, r.vec, r.first_ts, r.key, ev, ek):
+                    moves.append(("begin", child))
+            if _ignores(st.contiguity, bool(moves), ek, r.key):
+                moves.append(("stay", r.blocked))
         else:
-            take = self._takes(comp, r, ev, ek)
-            ignore = _ignores(comp.inner, take, ek, r.key)
+            node = st.node
+            take = self._takes(node, r, ev, ek)
+            ignore = _ignores(node.inner, take, ek, r.key)
             if take:
                 moves.append(("take", None))
-            nxt = comp.next
             blocked = r.blocked
-            if nxt is not None:
-                check_stnm = ignore and nxt.contiguity is STNM and not r.blocked
-                can_proceed = self._retro_ok(r, nxt, ek) and self._final_ok(comp, r.vec)
-                if can_proceed or check_stnm:
-                    bq = self._begins(nxt, r.vec, r.first_ts, r.key, ev, ek)
-                    if check_stnm and bq:
-                        blocked = True
+            if node.waits:
+                final = None
+                for wait in node.waits.values():
+                    c = wait.contiguity
+                    check_block = c is STNM and ignore and wait.child not in blocked
+                    can_proceed = self._retro_ok(r, wait, ek)
                     if can_proceed:
-                        if bq:
-                            moves.append(("begin", nxt))
-                        elif not take and not ignore and _ignores(nxt.contiguity, False, ek, r.key):
-                            moves.append(("wait", nxt))
+                        if final is None:
+                            final = self._final_ok(node, r.vec)
+                        can_proceed = final
+                    if not (can_proceed or check_block):
+                        continue
+                    began = [q for q in wait.table.candidates(ev) if self._begins(q, r.vec, r.first_ts, r.key, ev, ek)]
+                    if check_block and began:
+                        blocked = blocked | {wait.child}
+                    if can_proceed:
+                        moves.extend(("begin", q) for q in began)
+                        if not take and not ignore and _ignores(c, bool(began), ek, r.key):
+                            moves.append(("wait", wait))
             if ignore:
                 moves.append(("stay", blocked))
         if not moves:
             return
-        # Dewey versions: one branch (the run that stays, else the take) keeps the
+        # Dewey versions: one branch (the run that stays, else the first) keeps the
         # run's version; every other branch gets it extended by a fresh number.
         keeper = len(moves) - 1 if moves[-1][0] == "stay" else 0
         for j, (kind, arg) in enumerate(moves):
@@ -289,46 +352,82 @@ class Runtime:
             elif kind == "begin":
                 self._enter(arg, r, version, ev, fresh, accepted)
             elif kind == "take":
-                self._take(comp, r, version, ev, fresh, accepted)
-            else:  # opportunistic move: wait at the next component, which ignores ev
-                fresh.append(Run(arg.wait, r.vec, r.entry, version, r.first_ts, r.first_seq, r.key))
+                self._take(st.node, r, version, ev, fresh, accepted)
+            else:  # opportunistic move: wait for the next component, which ignored ev
+                fresh.append(Run(arg, r.vec, r.entry, version, r.first_ts, r.first_seq, r.key, r.born))
 
-    def _takes(self, comp: ComponentPlan, r: Run, ev: Event, ek: Any) -> bool:
-        if comp.event_type is not None and comp.event_type != ev.type:
-            return False
-        if r.key is not None and ek != r.key:
-            return False
-        w = comp.plan.window
-        if w is not None and ev.ts - r.first_ts > w:
-            return False
-        vec = r.vec
-        for p in comp.take:
-            if not p(ev, vec):
-                return False
-        return True
-
-    def _retro_ok(self, r: Run, nxt: ComponentPlan, ek: Any) -> bool:
-        """Were all events the run ignored inside its Kleene ignorable by ``nxt``'s contiguity?"""
-        c = nxt.contiguity
+    def _retro_ok(self, r: Run, wait: State, ek: Any) -> bool:
+        """Were all events the run ignored inside its Kleene ignorable under ``wait``'s contiguity?"""
+        c = wait.contiguity
         if c is STAM:
             return True
         if c is STNM:
-            return not r.blocked
-        plan = r.state.plan
-        if c is STRICT or not plan.partition_by:
+            return wait.child not in r.blocked
+        attrs = wait.node.partition_by
+        if c is STRICT or not attrs:
             return self.tick - 1 == r.tick
-        seen = self.pticks[plan.partition_by].get(r.key, 0)
+        seen = self.pticks[attrs].get(r.key, 0)
         return seen - (1 if ek == r.key else 0) == r.ptick
 
     @staticmethod
-    def _final_ok(comp: ComponentPlan, vec: tuple) -> bool:
-        for p in comp.final:
+    def _final_ok(node: Node, vec: tuple) -> bool:
+        for p in node.final:
             if not p(None, vec):
                 return False
         return True
 
-    def _negation_ok(self, negs: list[NegationPlan], vec: tuple, key: Any) -> bool:
-        for neg in negs:
+    def _enter(self, node: Node, r: Run, version: Version, ev: Event, fresh: list[Run], accepted: list) -> None:
+        """Begin ``node`` with ``ev`` (from a wait state, a proceed, or a new run)."""
+        entry = self.buffer.add(node, node.index, ev, version, r.entry)
+        i = node.index
+        val = kleene_start(ev, node.agg_slots, node.keep_events) if node.kleene else ev
+        vec = r.vec[:i] + (val,)  # a run's vec ends with a free slot for the node it may begin
+        if node.kleene:
+            self._arrive_inside(node, vec, entry, version, r, fresh, accepted)
+            return
+        if node.accepts:
+            self._complete(node, vec, entry, version, r, accepted)
+        for wait in node.waits.values():
+            fresh.append(Run(wait, vec + (None,), entry, version, r.first_ts, r.first_seq, r.key, r.born))
+
+    def _take(self, node: Node, r: Run, version: Version, ev: Event, fresh: list[Run], accepted: list) -> None:
+        entry = self.buffer.add(node, node.index, ev, version, r.entry)
+        i = node.index
+        vec = r.vec[:i] + (kleene_take(r.vec[i], ev, node.agg_slots),)
+        self._arrive_inside(node, vec, entry, version, r, fresh, accepted)
+
+    def _arrive_inside(self, node: Node, vec, entry, version, r: Run, fresh: list[Run], accepted: list) -> None:
+        ptick = self.pticks[node.partition_by].get(r.key, 0) if node.partition_by in self.pticks else 0
+        run = Run(node.inside, vec + (None,), entry, version, r.first_ts, r.first_seq, r.key, r.born, self.tick, ptick)
+        fresh.append(run)
+        if node.accepts and self._final_ok(node, vec):
+            self._complete(node, vec, entry, version, r, accepted)
+
+    def _complete(self, node: Node, vec: tuple, entry, version: Version, r: Run, accepted: list) -> None:
+        """A run bound the last component of the queries accepting at ``node``: post-process per query."""
+        binds = None
+        last_ts = entry.event.ts
+        for plan in node.accepts:
+            if r.born <= plan.since_tick:
+                continue  # started before the query was registered
+            if plan.window is not None and last_ts - r.first_ts > plan.window:
+                continue
+            if not self._negation_ok(plan, vec, r.key):
+                continue
+            if binds is None:
+                binds = MatchBuffer.extract(entry, version)
+            match = self._match(plan, binds, vec)
+            if plan.trailing is not None:
+                p = Pending(plan, r.key, vec, entry.event.seq, r.first_ts + plan.window, match)
+                self.pending[plan].setdefault(r.key, []).append(p)
+                heapq.heappush(self.deadlines, (p.deadline, next(self._order), p))
+            else:
+                accepted.append((plan, r.key, match))
+
+    def _negation_ok(self, plan: QueryPlan, vec: tuple, key: Any) -> bool:
+        for neg in plan.negations:
+            if neg.upper is None:
+                continue
             bucket = self.neg_store[neg].get(key)
             if not bucket:
                 continue
@@ -341,58 +440,13 @@ class Runtime:
                     return False
         return True
 
-    def _enter(self, comp: ComponentPlan, r: Run, version: Version, ev: Event, fresh: list[Run], accepted: list) -> None:
-        """Begin ``comp`` with ``ev`` (from a wait state, a proceed, or a new run)."""
-        entry = self.buffer.add(comp, comp.index, ev, version, r.entry)
-        i = comp.index
-        val = kleene_start(ev, comp.agg_slots, comp.keep_events) if comp.kleene else ev
-        vec = r.vec[:i] + (val,) + r.vec[i + 1 :]
-        if comp.neg_at_begin and not self._negation_ok(comp.neg_at_begin, vec, r.key):
-            return
-        if comp.kleene:
-            self._arrive_inside(comp, vec, entry, version, r, fresh, accepted)
-        elif comp.next is None:
-            self._complete(comp.plan, vec, entry, version, r, accepted)
-        else:
-            fresh.append(Run(comp.next.wait, vec, entry, version, r.first_ts, r.first_seq, r.key))
-
-    def _take(self, comp: ComponentPlan, r: Run, version: Version, ev: Event, fresh: list[Run], accepted: list) -> None:
-        entry = self.buffer.add(comp, comp.index, ev, version, r.entry)
-        i = comp.index
-        vec = r.vec[:i] + (kleene_take(r.vec[i], ev, comp.agg_slots),) + r.vec[i + 1 :]
-        self._arrive_inside(comp, vec, entry, version, r, fresh, accepted)
-
-    def _arrive_inside(self, comp, vec, entry, version, r: Run, fresh: list[Run], accepted: list) -> None:
-        plan = comp.plan
-        ptick = 0
-        if comp.next is not None and comp.next.contiguity is PARTITION and plan.partition_by:
-            ptick = self.pticks[plan.partition_by].get(r.key, 0)
-        fresh.append(Run(comp.inside, vec, entry, version, r.first_ts, r.first_seq, r.key, self.tick, ptick))
-        if comp.next is None and self._final_ok(comp, vec):
-            if not comp.neg_at_final or self._negation_ok(comp.neg_at_final, vec, r.key):
-                self._complete(plan, vec, entry, version, r, accepted)
-
-    def _complete(self, plan: QueryPlan, vec, entry, version, r: Run, accepted: list) -> None:
-        """A run reached the final state."""
-        match = self._match(plan, entry, version, vec)
-        if plan.trailing is not None:
-            last = entry.event
-            p = Pending(plan, r.key, vec, last.seq, r.first_ts + plan.window, match)
-            self.pending[plan].setdefault(r.key, []).append(p)
-            heapq.heappush(self.deadlines, (p.deadline, next(self._order), p))
-            return
-        accepted.append((plan, r.key, match))
-
-    def _match(self, plan: QueryPlan, entry, version: Version, vec: tuple) -> dict:
-        binds: dict[str, list[int]] = {c.var: [] for c in plan.comps}
-        names = [c.var for c in plan.comps]
-        start = end = None
-        for unit, e in MatchBuffer.extract(entry, version):
-            binds[names[unit]].append(e.seq)
-            if start is None:
-                start = e.ts
-            end = e.ts
-        m = {"query": plan.name, "bindings": binds, "start": start, "end": end}
+    @staticmethod
+    def _match(plan: QueryPlan, binds: list[tuple[int, Event]], vec: tuple) -> dict:
+        names = plan.var_names
+        seqs: dict[str, list[int]] = {v: [] for v in names}
+        for unit, e in binds:
+            seqs[names[unit]].append(e.seq)
+        m = {"query": plan.name, "bindings": seqs, "start": binds[0][1].ts, "end": binds[-1][1].ts}
         if plan.emit is not None:
             etype, attrs = plan.emit
             m["emit"] = {"type": etype, "attrs": {k: _plain(g(None, vec)) for k, g in attrs}}
@@ -434,31 +488,37 @@ class Runtime:
 
     def _accept(self, accepted: list[tuple[QueryPlan, Any, dict]], fresh: list[Run]) -> list[dict]:
         out = []
-        chosen: dict[tuple[QueryPlan, Any], dict] = {}
+        chosen: dict[tuple[int, Any], tuple[QueryPlan, dict]] = {}
         for plan, key, m in accepted:
             if plan.policy == "non_overlapping":
-                cur = chosen.get((plan, key))
-                if cur is None or _overlap_rank(plan, m) < _overlap_rank(plan, cur):
-                    chosen[(plan, key)] = m
+                cur = chosen.get((id(plan), key))
+                if cur is None or _overlap_rank(plan, m) < _overlap_rank(plan, cur[1]):
+                    chosen[(id(plan), key)] = (plan, m)
             else:
                 out.append(m)
                 self.counters.matches[plan.name] += 1
-        for (plan, key), m in chosen.items():
+        for (_, key), (plan, m) in chosen.items():
             out.append(m)
             self.counters.matches[plan.name] += 1
             self._discard(plan, key, fresh)
         return out
 
     def _discard(self, plan: QueryPlan, key: Any, fresh: list[Run]) -> None:
-        """non_overlapping: drop every run of ``plan``'s partition ``key`` (all began at or before now)."""
-        for st in plan.states:
-            b = self.buckets[st]
-            if plan.partition_by:
-                self.counters.live_runs -= len(b.pop(key, ()))
-            else:
-                self.counters.live_runs -= sum(len(x) for x in b.values())
-                b.clear()
-        fresh[:] = [r for r in fresh if r.state.plan is not plan or (plan.partition_by and r.key != key)]
+        """non_overlapping: drop every run of ``plan``'s partition ``key`` (all began at or before now).
+
+        Such a query's nodes are private to it (its signature includes the query)."""
+        nodes = set(plan.nodes)
+        for st, runs in list(self.strict.items()):
+            if st.node in nodes:
+                self.strict[st] = [r for r in runs if plan.partition_by and r.key != key]
+        if plan.partition_by:
+            states = self.keyed[plan.partition_by].get(key, {})
+            for st in [s for s in states if s.node in nodes]:
+                self.counters.live_runs -= len(states.pop(st))
+        else:
+            for st in [s for s in self.unkeyed if s.node in nodes]:
+                self.counters.live_runs -= len(self.unkeyed.pop(st))
+        fresh[:] = [r for r in fresh if r.state.node not in nodes or (plan.partition_by and r.key != key)]
 
     def advance_time(self, ts: float) -> list[dict]:
         """The stream time moves to ``ts`` with no event: deadlines before it fire."""
@@ -473,58 +533,59 @@ class Runtime:
     # --- pruning ----------------------------------------------------------------------
 
     def sweep(self) -> None:
-        """Drop runs past their window; prune buffer stacks and negation stores no run can reach."""
+        """Drop runs of removed states and past their window; prune what no run can reach."""
         now = self.now
-        oldest: dict[QueryPlan, int] = {}
+        floor: dict[Node, int] = {}
         live = 0
-        for st, buckets in self.buckets.items():
-            w = st.plan.window
-            floor = oldest.get(st.plan, _NO_RUN)
-            for k in list(buckets):
-                runs = buckets[k]
-                if w is not None:
-                    runs = [r for r in runs if now - r.first_ts <= w]
-                    if runs:
-                        buckets[k] = runs
-                    else:
-                        del buckets[k]
-                        continue
+
+        def keep(st: State, runs: list[Run]) -> list[Run]:
+            nonlocal live
+            if st in self.dead:
+                return []
+            w = st.node.window
+            if w is not None:
+                runs = [r for r in runs if now - r.first_ts <= w]
+            if runs:
                 live += len(runs)
-                floor = min(floor, min(r.first_seq for r in runs))
-            oldest[st.plan] = floor
+                root = _root(st.node)
+                floor[root] = min(floor.get(root, _NO_RUN), min(r.first_seq for r in runs))
+            return runs
+
+        for store in [self.strict, self.unkeyed, *(s for by_key in self.keyed.values() for s in by_key.values())]:
+            for st in list(store):
+                runs = keep(st, store[st])
+                if runs:
+                    store[st] = runs
+                else:
+                    del store[st]
+        for by_key in self.keyed.values():
+            for k in [k for k, s in by_key.items() if not s]:
+                del by_key[k]
+        self.dead.clear()
         self.counters.live_runs = live
-        self.counters.peak_buffer = max(self.counters.peak_buffer, self.buffer.size)
+        for node in self.nfa.nodes():
+            self.buffer.prune_before(node, floor.get(_root(node), _NO_RUN))
         for plan in self.plans:
-            floor = oldest.get(plan, _NO_RUN)
-            for c in plan.comps:
-                self.buffer.prune_before(c, floor)
+            cut_seq = floor.get(plan.nodes[0], _NO_RUN)
             for neg in plan.negations:
                 if neg.upper is None:
                     continue
                 store = self.neg_store[neg]
                 for k in list(store):
                     seqs, events = store[k]
-                    cut = bisect_left(seqs, floor)
+                    cut = bisect_left(seqs, cut_seq)
                     if cut:
                         del seqs[:cut], events[:cut]
                     if not seqs:
                         del store[k]
+        self.counters.peak_buffer = max(self.counters.peak_buffer, self.buffer.size)
 
-    def state_count(self) -> int:
-        return len(self.buckets)
+    @property
+    def live_states(self) -> int:
+        return len(self.nfa.states)
 
 
 # --- helpers ------------------------------------------------------------------------
-
-
-class _TypeProbe:
-    __slots__ = ("type",)
-
-    def __init__(self, t: str):
-        self.type = t
-
-
-_NO_RUN = 1 << 62  # seq floor when a plan has no live run
 
 
 def _ignores(c: Contiguity, moved: bool, ek: Any, rkey: Any) -> bool:
@@ -537,6 +598,12 @@ def _ignores(c: Contiguity, moved: bool, ek: Any, rkey: Any) -> bool:
     return False
 
 
+def _root(node: Node) -> Node:
+    while node.parent is not None:
+        node = node.parent
+    return node
+
+
 def _last_seq(v) -> int:
     return v.seq if isinstance(v, Event) else v.last.seq
 
@@ -546,11 +613,10 @@ def _first_seq(v) -> int:
 
 
 def _overlap_rank(plan: QueryPlan, m: dict) -> tuple:
-    lists = [m["bindings"][c.var] for c in plan.comps]
+    lists = [m["bindings"][v] for v in plan.var_names]
     flat = sorted(s for lst in lists for s in lst)
     return (flat[0], flat, lists)
 
 
 def _plain(v: Any) -> Any:
     return None if v is MISSING else v
-

@@ -1,0 +1,157 @@
+"""One shared NFA: the union of each query alone, sharing, live add/remove, indexes."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.generators import patterns, streams
+from yfpp.engine import Engine
+from yfpp.events import Event
+from yfpp.pattern import Pattern, variables
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SETTINGS = settings(max_examples=600, deadline=None, suppress_health_check=list(HealthCheck))
+
+
+def _canon(m: dict) -> tuple:
+    return (m["query"], tuple((k, tuple(v)) for k, v in m["bindings"].items()))
+
+
+def alone(pattern: Pattern, name: str, events: list[Event]) -> list[tuple]:
+    eng = Engine()
+    eng.register(pattern, name=name)
+    return [_canon(m) for m in _feed(eng, events)]
+
+
+def _feed(eng: Engine, events: list[Event], actions: dict | None = None) -> list[dict]:
+    out = []
+    for e in events:
+        for act in (actions or {}).get(e.seq, ()):
+            act(eng)
+        out += eng.process(Event(e.type, e.ts, dict(e.attrs), e.seq))
+    return out + eng.flush()
+
+
+@st.composite
+def query_families(draw) -> list[Pattern]:
+    """Patterns that share a prefix with a base pattern and differ after it, or in window/negation/policy."""
+    base = draw(patterns(max_positives=3))
+    family = [base]
+    for _ in range(draw(st.integers(1, 4))):
+        other = draw(patterns(max_positives=3))
+        cut = draw(st.integers(1, len(base.components)))
+        comps = base.components[:cut] + tuple(c for c in other.components if c.var not in {b.var for b in base.components[:cut]})
+        if not comps[-1].positive and (base.window is None and other.window is None):
+            comps = comps[:-1]
+        names = {c.var for c in comps}
+        where = tuple(w for w in base.where + other.where if variables(w) <= names)
+        window = draw(st.sampled_from([base.window, other.window, None, 3]))
+        if not comps[-1].positive and window is None:
+            window = 4
+        policy = draw(st.sampled_from(["all", base.policy]))
+        if not comps[-1].positive:
+            policy = "all"
+        try:
+            family.append(Pattern(comps, where, base.partition_by, window, policy).validate())
+        except Exception:
+            continue
+    return family
+
+
+def _valid(p: Pattern) -> bool:
+    try:
+        Engine().register(p)
+        return True
+    except Exception:
+        return False
+
+
+@SETTINGS
+@given(query_families(), streams(max_events=10))
+def test_shared_engine_gives_the_union_of_each_query_alone(family, events):
+    family = [p for p in family if _valid(p)]
+    eng = Engine()
+    want: Counter = Counter()
+    for i, p in enumerate(family):
+        eng.register(p, name=f"q{i}")
+        want.update(alone(p, f"q{i}", events))
+    got = Counter(_canon(m) for m in _feed(eng, events))
+    assert got == want
+
+
+@SETTINGS
+@given(query_families(), streams(max_events=10), st.data())
+def test_queries_added_and_removed_mid_stream(family, events, data):
+    family = [p for p in family if _valid(p)]
+    n = len(events)
+    plan = [(data.draw(st.integers(0, n)), data.draw(st.integers(0, n + 1))) for _ in family]
+    actions: dict[int, list] = {}
+    ids: dict[int, int] = {}
+    for i, (add_at, remove_at) in enumerate(plan):
+        remove_at = max(add_at, remove_at)
+
+        def add(eng, i=i):
+            ids[i] = eng.register(family[i], name=f"q{i}")
+
+        def remove(eng, i=i):
+            eng.unregister(ids[i])
+
+        actions.setdefault(add_at, []).append(add)
+        if remove_at < n:
+            actions.setdefault(remove_at, []).append(remove)
+    got = Counter(_canon(m) for m in _feed(Engine(), events, actions))
+    want: Counter = Counter()
+    for i, p in enumerate(family):
+        add_at, remove_at = plan[i]
+        remove_at = max(add_at, remove_at)
+        window = [e for e in events if add_at <= e.seq < remove_at] if remove_at < n else [e for e in events if e.seq >= add_at]
+        for q, binds in alone(p, f"q{i}", window):
+            if remove_at < n and not p.components[-1].positive:
+                continue  # trailing negation: its deadline may fall after the removal
+            want[(q, binds)] += 1
+    trailing = {f"q{i}" for i, p in enumerate(family) if not p.components[-1].positive and plan[i][1] < n}
+    got = Counter({k: v for k, v in got.items() if k[0] not in trailing})
+    assert got == want
+
+
+def test_identical_prefixes_share_nodes_and_runs():
+    eng = Engine()
+    for q in ["[id]/a/b", "[id]/a/c", "[id]/a/!b/c", "[id]/a//!b/c", "[id]/a/*/c", "[id]/a//c", "[id]/a/*/*/c", "[id]/a/b/c"]:
+        eng.register(q)
+    nfa = eng.runtime.nfa
+    assert len(nfa.roots) == 1
+    # a; after a: /b /c /* //c; after /b: /c; after /*: /c /*; after /*/*: /c
+    assert len(list(nfa.nodes())) == 9
+    eng.process({"type": "a", "ts": 0, "id": 1})
+    # one run per wait state after a: the partition-contiguity children (b, c, *) share one,
+    # the skip-till-any child (c) has another — not one run per query
+    assert eng.stats.live_runs == 2
+
+def test_equality_and_range_indexes_find_the_one_subscription():
+    eng = Engine()
+    for k in range(2000):
+        eng.register(f"[tag_id]&&//shelf[@zone='Z{k}']//exit[@door='D{k}']&&(1 hour)", name=f"x{k}")
+        eng.register(f"PATTERN SEQ(shelf a, exit c) WHERE {{ [tag_id] AND a.zone = 'Z{k}' AND c.door = 'D{k}' }} WITHIN 1 hour", name=f"s{k}")
+        eng.register(f"PATTERN SEQ(shelf a, exit c) WHERE {{ [tag_id] AND a.level > {k} AND c.door = 'D{k}' }} WITHIN 1 hour", name=f"r{k}")
+    out = eng.process({"type": "shelf", "ts": 0, "tag_id": 1, "zone": "Z17", "level": 3})
+    assert out == [] and eng.stats.runs_created == 2 + 3  # Z17 twice; level > 0, 1, 2
+    out = eng.process({"type": "exit", "ts": 5, "tag_id": 1, "door": "D17"})
+    assert sorted(m["query"] for m in out) == ["s17", "x17"]
+    out = eng.process({"type": "exit", "ts": 6, "tag_id": 1, "door": "D2"})
+    assert [m["query"] for m in out] == ["r2"]
+
+
+def test_explain_prints_the_shared_nfa_and_writes_dot(tmp_path, capsys):
+    from yfpp.cli import main
+
+    dot = tmp_path / "nfa.dot"
+    assert main(["explain", "-q", str(ROOT / "queries/sharing.xpe"), "--dot", str(dot)]) == 0
+    out = capsys.readouterr().out
+    assert "accepts q2, q3, q4" in out and "8 queries, 20 components → 9 NFA nodes" in out
+    text = dot.read_text()
+    assert text.startswith("digraph yfpp {") and text.count("->") == 9

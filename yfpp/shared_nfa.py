@@ -1,0 +1,339 @@
+"""One shared NFA for every registered query (YFilter, YFilter++ §4.2, §5, §6).
+
+Queries are merged into a trie of :class:`Node` s: a node is a positive
+component reached by a chain of component signatures (type test, kind,
+contiguity, canonical predicates, equivalence key, Kleene state layout —
+``ComponentSpec.signature``).  Queries that agree up to a component share
+its node, and so the runs in it.  A node records the queries that end there
+(``accepts``); what differs between queries sharing nodes is checked per query
+at acceptance by the runtime.
+
+Runs wait in :class:`State` s:
+
+* ``in`` — inside a Kleene node (take / ignore / proceed);
+* ``wait`` — after a node, waiting to begin one of its children.  Children
+  under strict, partition or skip-till-any contiguity share one wait state per
+  contiguity: whether a run may ignore an event does not depend on the child.
+  Under skip-till-next each child has its own (ignore iff *that* child cannot
+  begin).
+
+Each wait state, and the root level, finds the children an event can begin
+through a :class:`TransitionTable`: children grouped by event type (``None``
+for any type), and within a type indexed by an equality or range predicate on
+an attribute when the child has one — so an event of type ``exit`` with
+``door = 'D17'`` finds the one child ``exit[@door='D17']`` among ten thousand
+without testing the others.
+"""
+
+from __future__ import annotations
+
+import re
+from bisect import bisect_left, bisect_right, insort
+from collections import Counter
+from dataclasses import dataclass, field
+from itertools import count
+from typing import Any, Hashable, Iterable, Iterator
+
+from yfpp.events import MISSING, Event
+from yfpp.nfa_compiler import ComponentSpec, QueryPlan
+from yfpp.pattern import Compare, Contiguity, Index, Literal, Ref, XPathTest
+from yfpp.predicates import AggSlot, Check, is_number
+from yfpp.xml_element import xml_text
+
+_ids = count()
+
+
+@dataclass(eq=False)
+class Node:
+    """A positive component shared by every query whose prefix leads here."""
+
+    parent: "Node | None"
+    signature: Hashable
+    index: int
+    event_type: str | None
+    kleene: bool
+    contiguity: Contiguity
+    inner: Contiguity
+    begin: tuple[Check, ...]
+    take: tuple[Check, ...]
+    final: tuple[Check, ...]
+    agg_slots: tuple[AggSlot, ...]
+    keep_events: bool
+    partition_by: tuple[str, ...]
+    index_key: tuple | None  # how a TransitionTable can find this node, if at all
+    id: int = field(default_factory=lambda: next(_ids))
+    children: dict[Hashable, "Node"] = field(default_factory=dict)
+    waits: dict[Hashable, "State"] = field(default_factory=dict)  # contiguity or child -> wait state
+    inside: "State | None" = None
+    accepts: list[QueryPlan] = field(default_factory=list)
+    users: int = 0  # queries through this node
+    windows: Counter = field(default_factory=Counter)  # window -> queries through here with it
+
+    @property
+    def window(self) -> float | None:
+        """Runs here live as long as the largest window of the queries through here."""
+        if not self.windows or self.windows[None]:
+            return None
+        return max(w for w in self.windows if w is not None)
+
+    def wait_states(self) -> Iterable["State"]:
+        return self.waits.values()
+
+    def __repr__(self) -> str:
+        return f"<node {self.id} {self.event_type or '*'}{'+' if self.kleene else ''}>"
+
+
+class TransitionTable:
+    """The nodes an event may begin, by type and by indexed predicate."""
+
+    def __init__(self) -> None:
+        self.by_type: dict[str | None, _TypeGroup] = {}
+        self.types: Counter = Counter()
+
+    def add(self, node: Node) -> None:
+        self.by_type.setdefault(node.event_type, _TypeGroup()).add(node)
+        self.types[node.event_type] += 1
+
+    def remove(self, node: Node) -> None:
+        group = self.by_type[node.event_type]
+        group.remove(node)
+        self.types[node.event_type] -= 1
+        if not self.types[node.event_type]:
+            del self.types[node.event_type]
+            del self.by_type[node.event_type]
+
+    def candidates(self, ev: Event) -> Iterator[Node]:
+        group = self.by_type.get(ev.type)
+        if group is not None:
+            yield from group.candidates(ev)
+        group = self.by_type.get(None)
+        if group is not None:
+            yield from group.candidates(ev)
+
+    def __len__(self) -> int:
+        return sum(self.types.values())
+
+
+class _TypeGroup:
+    def __init__(self) -> None:
+        self.plain: list[Node] = []
+        self.eq: dict[str, dict[Any, list[Node]]] = {}
+        self.xeq: dict[str, dict[str, list[Node]]] = {}
+        self.ranges: dict[tuple[str, str], tuple[list[tuple[Any, int]], dict[int, Node]]] = {}
+
+    def add(self, node: Node) -> None:
+        key = node.index_key
+        if key is None:
+            self.plain.append(node)
+        elif key[0] == "range":
+            _, attr, op, c = key
+            keys, nodes = self.ranges.setdefault((attr, op), ([], {}))
+            insort(keys, (c, node.id))
+            nodes[node.id] = node
+        else:
+            kind, attr, value = key
+            table = self.eq if kind == "eq" else self.xeq
+            table.setdefault(attr, {}).setdefault(value, []).append(node)
+
+    def remove(self, node: Node) -> None:
+        key = node.index_key
+        if key is None:
+            self.plain.remove(node)
+        elif key[0] == "range":
+            _, attr, op, c = key
+            keys, nodes = self.ranges[(attr, op)]
+            keys.pop(bisect_left(keys, (c, node.id)))
+            del nodes[node.id]
+        else:
+            kind, attr, value = key
+            table = self.eq if kind == "eq" else self.xeq
+            lst = table[attr][value]
+            lst.remove(node)
+            if not lst:
+                del table[attr][value]
+
+    def candidates(self, ev: Event) -> Iterator[Node]:
+        yield from self.plain
+        for attr, table in self.eq.items():
+            v = ev.attrs.get(attr, MISSING)
+            if v is not MISSING:
+                try:
+                    yield from table.get(v, ())
+                except TypeError:  # unhashable value
+                    pass
+        for attr, table in self.xeq.items():
+            text = _attribute_text(ev, attr)
+            if text is not None:
+                yield from table.get(text, ())
+        for (attr, op), (keys, nodes) in self.ranges.items():
+            v = ev.attrs.get(attr, MISSING)
+            if not is_number(v):
+                continue
+            if op == ">":  # v > c
+                sel = keys[: bisect_left(keys, (v, -1))]
+            elif op == ">=":
+                sel = keys[: bisect_right(keys, (v, float("inf")))]
+            elif op == "<":
+                sel = keys[bisect_right(keys, (v, float("inf"))) :]
+            else:
+                sel = keys[bisect_left(keys, (v, -1)) :]
+            for _, nid in sel:
+                yield nodes[nid]
+
+
+def _attribute_text(ev: Event, attr: str) -> str | None:
+    """What XPath's ``@attr`` reads: the XML attribute text (None if absent)."""
+    el = ev._element
+    if el is not None:
+        return el.get(attr)
+    v = ev.attrs.get(attr, MISSING)
+    return None if v is MISSING else xml_text(v)
+
+
+_XPATH_EQ = re.compile(r"""\s*@([A-Za-z_][\w.\-]*)\s*=\s*(?:'([^']*)'|"([^"]*)")\s*\Z""")
+_FLIP = {">": "<", ">=": "<=", "<": ">", "<=": ">=", "=": "="}
+
+
+def index_key(spec: ComponentSpec) -> tuple | None:
+    """An equality (preferred) or range conjunct of ``spec``'s begin condition on its own event."""
+    me = f"#{spec.index}"
+    found: list[tuple] = []
+    for expr, _ in spec.begin:
+        if isinstance(expr, XPathTest) and expr.var == me and not expr.namespaces:
+            m = _XPATH_EQ.match(expr.source)
+            if m:
+                found.append(("xeq", m.group(1), m.group(2) if m.group(2) is not None else m.group(3)))
+        elif isinstance(expr, Compare) and expr.op in _FLIP:
+            left, right, op = expr.left, expr.right, expr.op
+            if isinstance(left, Literal):
+                left, right, op = right, left, _FLIP[op]
+            if not (isinstance(left, Ref) and left.var == me and isinstance(right, Literal)):
+                continue
+            if left.index not in (Index.EACH, Index.FIRST) or left.attr in ("ts", "type", "seq"):
+                continue
+            v = right.value
+            if op == "=" and (is_number(v) or type(v) is str):
+                found.append(("eq", left.attr, v))
+            elif op != "=" and is_number(v):
+                found.append(("range", left.attr, op, v))
+    found.sort(key=lambda k: k[0] == "range")
+    return found[0] if found else None
+
+
+@dataclass(eq=False)
+class State:
+    """Where runs wait: inside Kleene ``node``, or after ``node`` for ``table``'s children."""
+
+    node: Node | None  # None: the root level (no runs wait there)
+    mode: str  # "wait" | "in"
+    contiguity: Contiguity
+    table: TransitionTable = field(default_factory=TransitionTable)
+    child: Node | None = None  # the one child of a skip-till-next wait state
+    id: int = field(default_factory=lambda: next(_ids))
+
+    def reacts_to(self, etype: str) -> bool:
+        """Can an event of this type begin, take or proceed here?"""
+        if self.mode == "in":
+            node = self.node
+            if node.event_type is None or node.event_type == etype:
+                return True
+            return any(w.table.types.get(etype) or w.table.types.get(None) for w in node.wait_states())
+        return bool(self.table.types.get(etype) or self.table.types.get(None))
+
+    def __repr__(self) -> str:
+        return f"<{self.mode} {self.node!r} {self.contiguity.value}>"
+
+
+class SharedNFA:
+    """The trie of nodes; registering walks it and appends what is missing."""
+
+    def __init__(self) -> None:
+        self.roots: dict[Hashable, Node] = {}
+        self.starters = TransitionTable()
+        self.states: set[State] = set()
+
+    def add(self, plan: QueryPlan) -> None:
+        """Merge ``plan``'s components into the trie (time proportional to the query)."""
+        private = plan if plan.policy == "non_overlapping" else None
+        parent: Node | None = None
+        for spec in plan.specs:
+            sig = spec.signature(plan.partition_by, private)
+            siblings = parent.children if parent else self.roots
+            node = siblings.get(sig)
+            if node is None:
+                node = self._new_node(parent, spec, sig, plan.partition_by)
+                siblings[sig] = node
+            node.users += 1
+            node.windows[plan.window] += 1
+            plan.nodes.append(node)
+            parent = node
+        parent.accepts.append(plan)
+
+    def _new_node(self, parent: Node | None, spec: ComponentSpec, sig: Hashable, partition_by) -> Node:
+        node = Node(
+            parent=parent,
+            signature=sig,
+            index=spec.index,
+            event_type=spec.event_type,
+            kleene=spec.kleene,
+            contiguity=spec.contiguity,
+            inner=spec.inner,
+            begin=tuple(c for _, c in spec.begin),
+            take=tuple(c for _, c in spec.take),
+            final=tuple(c for _, c in spec.final),
+            agg_slots=spec.agg_slots,
+            keep_events=spec.keep_events,
+            partition_by=partition_by,
+            index_key=index_key(spec),
+        )
+        if node.kleene:
+            node.inside = State(node, "in", node.inner)
+            self.states.add(node.inside)
+        if parent is None:
+            self.starters.add(node)
+        else:
+            wait_key = node.id if node.contiguity is Contiguity.SKIP_TILL_NEXT else node.contiguity
+            wait = parent.waits.get(wait_key)
+            if wait is None:
+                child = node if node.contiguity is Contiguity.SKIP_TILL_NEXT else None
+                wait = parent.waits[wait_key] = State(parent, "wait", node.contiguity, child=child)
+                self.states.add(wait)
+            wait.table.add(node)
+        return node
+
+    def remove(self, plan: QueryPlan) -> list[State]:
+        """Take ``plan`` out; return the states that no query uses any more."""
+        plan.nodes[-1].accepts.remove(plan)
+        dropped: list[State] = []
+        for node in reversed(plan.nodes):
+            node.users -= 1
+            node.windows[plan.window] -= 1
+            if not node.windows[plan.window]:
+                del node.windows[plan.window]
+            if node.users:
+                continue
+            parent = node.parent
+            if node.inside is not None:
+                dropped.append(node.inside)
+            if parent is None:
+                del self.roots[node.signature]
+                self.starters.remove(node)
+            else:
+                del parent.children[node.signature]
+                wait_key = node.id if node.contiguity is Contiguity.SKIP_TILL_NEXT else node.contiguity
+                wait = parent.waits[wait_key]
+                wait.table.remove(node)
+                if not len(wait.table):
+                    del parent.waits[wait_key]
+                    dropped.append(wait)
+        self.states.difference_update(dropped)
+        return dropped
+
+    # --- figures for `yfpp explain` ----------------------------------------------
+
+    def nodes(self) -> Iterator[Node]:
+        stack = list(self.roots.values())
+        while stack:
+            n = stack.pop()
+            yield n
+            stack.extend(n.children.values())
