@@ -34,15 +34,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 from xpath_ext.xpath_predicates import error_location, parse_expression
 from yfpp.errors import QuerySyntaxError
 from yfpp.pattern import And, Component, Contiguity, Expr, Kind, Or, Pattern, XPathTest
-
-#: Window units in seconds: SPEC §3.1's list plus the SASE+ parser's variants.
-UNITS = {
-    "ms": 0.001,
-    "s": 1.0, "sec": 1.0, "secs": 1.0, "second": 1.0, "seconds": 1.0,
-    "min": 60.0, "mins": 60.0, "minute": 60.0, "minutes": 60.0,
-    "h": 3600.0, "hr": 3600.0, "hrs": 3600.0, "hour": 3600.0, "hours": 3600.0,
-    "d": 86400.0, "day": 86400.0, "days": 86400.0,
-}  # fmt: skip
+from yfpp.units import UNIT_SECONDS, window_seconds
 
 _LARK = Lark.open("xpath_grammar.lark", rel_to=__file__, parser="lalr", maybe_placeholders=True)
 
@@ -84,12 +76,11 @@ def parse_xpath(text: str) -> Pattern:
 
 def _window(tree: Tree, text: str) -> float:
     number, unit = tree.children
-    value = float(number)
     if unit is None:
-        return value
-    if unit.lower() not in UNITS:
-        _fail(f"unknown time unit {str(unit)!r}", text, unit, [repr(u) for u in UNITS] + ["')'"])
-    return value * UNITS[unit.lower()]
+        return float(number)
+    if unit.lower() not in UNIT_SECONDS:
+        _fail(f"unknown time unit {str(unit)!r}", text, unit, [repr(u) for u in UNIT_SECONDS] + ["')'"])
+    return window_seconds(number, unit)
 
 
 def _step(tree: Tree, text: str) -> _Step:

@@ -50,6 +50,7 @@ from yfpp.pattern import (
     conjuncts,
     walk,
 )
+from yfpp.units import window_seconds
 
 _PARSER = Lark(
     Path(__file__).with_name("sase_grammar.lark").read_text(encoding="utf-8"),
@@ -62,13 +63,6 @@ _STRATEGIES = {
     "partition_contiguity": Contiguity.PARTITION,
     "skip_till_next_match": Contiguity.SKIP_TILL_NEXT,
     "skip_till_any_match": Contiguity.SKIP_TILL_ANY,
-}
-_UNIT_SECONDS = {
-    "ms": Decimal("0.001"),
-    **dict.fromkeys(("s", "sec", "secs", "second", "seconds"), Decimal(1)),
-    **dict.fromkeys(("min", "mins", "minute", "minutes"), Decimal(60)),
-    **dict.fromkeys(("h", "hr", "hrs", "hour", "hours"), Decimal(3600)),
-    **dict.fromkeys(("d", "day", "days"), Decimal(86400)),
 }
 _TERMINAL_TEXT = {
     "NAME": "a name",
@@ -230,7 +224,7 @@ class _Builder(Transformer[Token, Pattern]):
     def within(self, number: Token, unit: Token | None) -> float:
         if unit is None:
             return _number(number)
-        return float(Decimal(number) * _UNIT_SECONDS[unit.lower()])
+        return window_seconds(number, unit)
 
     def policy(self, token: Token) -> str:
         return token.lower()
