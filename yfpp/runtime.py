@@ -105,7 +105,7 @@ def _touch_all(st: State) -> bool:
 class Runtime:
     """Runs every registered query, merged into one shared NFA, over one ordered stream."""
 
-    SWEEP_EVERY = 256
+    SWEEP_EVERY = 256  # events between sweeps, at least
 
     def __init__(self) -> None:
         self.nfa = SharedNFA()
@@ -128,6 +128,7 @@ class Runtime:
         self._branches = count(1)
         self._order = count()
         self._reacts: dict[tuple[int, str], bool] = {}
+        self._next_sweep = self.SWEEP_EVERY
 
     # --- registration ---------------------------------------------------------------
 
@@ -250,7 +251,7 @@ class Runtime:
         cnt.live_runs += len(fresh)
         if cnt.live_runs > cnt.peak_runs:
             cnt.peak_runs = cnt.live_runs
-        if self.tick % self.SWEEP_EVERY == 0:
+        if self.tick >= self._next_sweep:
             self.sweep()
         return out
 
@@ -579,6 +580,9 @@ class Runtime:
                     if not seqs:
                         del store[k]
         self.counters.peak_buffer = max(self.counters.peak_buffer, self.buffer.size)
+        # amortised: a sweep costs O(runs + stores), so the next one waits at least that many events
+        stores = len(self.strict) + len(self.unkeyed) + sum(len(b) for b in self.keyed.values())
+        self._next_sweep = self.tick + max(self.SWEEP_EVERY, live + stores)
 
     @property
     def live_states(self) -> int:

@@ -68,13 +68,14 @@ class Node:
     accepts: list[QueryPlan] = field(default_factory=list)
     users: int = 0  # queries through this node
     windows: Counter = field(default_factory=Counter)  # window -> queries through here with it
+    window: float | None = None  # the largest of them (None: unbounded): runs here live that long
 
-    @property
-    def window(self) -> float | None:
-        """Runs here live as long as the largest window of the queries through here."""
-        if not self.windows or self.windows[None]:
-            return None
-        return max(w for w in self.windows if w is not None)
+    def count_window(self, window: float | None, delta: int) -> None:
+        self.windows[window] += delta
+        if not self.windows[window]:
+            del self.windows[window]
+        bounded = [w for w in self.windows if w is not None]
+        self.window = None if None in self.windows or not bounded else max(bounded)
 
     def wait_states(self) -> Iterable["State"]:
         return self.waits.values()
@@ -264,7 +265,7 @@ class SharedNFA:
                 node = self._new_node(parent, spec, sig, plan.partition_by)
                 siblings[sig] = node
             node.users += 1
-            node.windows[plan.window] += 1
+            node.count_window(plan.window, +1)
             plan.nodes.append(node)
             parent = node
         parent.accepts.append(plan)
@@ -307,9 +308,7 @@ class SharedNFA:
         dropped: list[State] = []
         for node in reversed(plan.nodes):
             node.users -= 1
-            node.windows[plan.window] -= 1
-            if not node.windows[plan.window]:
-                del node.windows[plan.window]
+            node.count_window(plan.window, -1)
             if node.users:
                 continue
             parent = node.parent
