@@ -28,7 +28,8 @@ def test_register_knows_the_language_and_names_matches():
     eng.register("[tag_id]&&//shelf//!register//exit&&(100)", name="xpath")
     qid = eng.register("PATTERN SEQ(shelf a, exit c) WHERE [tag_id]")
     out = feed(eng, [{"type": "shelf", "ts": 1, "tag_id": 1}, {"type": "exit", "ts": 2, "tag_id": 1}])
-    assert sorted(m["query"] for m in out) == sorted(["sase", "xpath", str(qid)])
+    assert sorted(str(m["query"]) for m in out) == sorted(["sase", "xpath", str(qid)])
+    assert qid in {m["query"] for m in out}  # an unnamed query is named by its id
     by = {m["query"]: m for m in out}
     assert by["sase"]["bindings"] == {"a": [0], "c": [1]}
     assert by["xpath"]["bindings"] == {"e1": [0], "e2": [1]}
@@ -158,3 +159,12 @@ def test_advance_time_fires_trailing_negation_deadlines():
     assert eng.process({"type": "exit", "ts": 1, "tag_id": 1}) == []
     assert eng.advance_time(100) == []
     assert [m["bindings"] for m in eng.advance_time(100.01)] == [{"a": [0], "c": [1]}]
+
+
+def test_malformed_dict_is_reported_and_the_stream_goes_on():
+    sink = io.StringIO()
+    eng = Engine(dead_letters=DeadLetters(sink))
+    eng.register("PATTERN SEQ(a x, b y)", name="q")
+    out = feed(eng, [{"type": "a", "ts": 1}, {"ts": 2}, {"type": "b", "ts": "soon"}, {"type": "b", "ts": 3}])
+    assert [m["bindings"] for m in out] == [{"x": [0], "y": [3]}]
+    assert [json.loads(x)["seq"] for x in sink.getvalue().splitlines()] == [1, 2]

@@ -199,7 +199,7 @@ def print_stats(engine: Engine, n: int, elapsed: float, dead: DeadLetters, strea
         "matches per query:",
     ]
     for plan in engine.queries.values():
-        lines.append(f"  {plan.name:<24} {c.matches.get(plan.name, 0):,}")
+        lines.append(f"  {str(plan.name):<24} {c.matches.get(plan.name, 0):,}")
     stream.write("\n".join(lines) + "\n")
 
 

@@ -54,7 +54,7 @@ class Engine:
         if policy is not None and policy != pattern.policy:
             pattern = dataclasses.replace(pattern, policy=policy).validate()
         qid = next(self._ids)
-        plan = compile_pattern(pattern, name if name is not None else str(qid))
+        plan = compile_pattern(pattern, name if name is not None else qid)
         self.queries[qid] = plan
         self.runtime.add(plan)
         return qid
@@ -70,7 +70,12 @@ class Engine:
 
     def process(self, event: Event | Mapping[str, Any]) -> list[dict]:
         """Feed one event; return the matches it completes (and deadlines it passes)."""
-        ev = event if isinstance(event, Event) else Event.from_dict(event)
+        if isinstance(event, Event):
+            ev = event
+        else:
+            ev = self._from_record(event)
+            if ev is None:
+                return []
         if ev.seq < 0:
             ev.seq = self._next_seq
         self._next_seq = ev.seq + 1
@@ -82,6 +87,17 @@ class Engine:
             return self.runtime.process(ev)
         heapq.heappush(self._held, (ev.ts, ev.seq, ev))
         return self._release(ev.ts - self.max_delay)
+
+    def _from_record(self, record: Mapping[str, Any]) -> Event | None:
+        """A plain dict as an Event, or None after reporting it as malformed."""
+        etype, ts = record.get("type"), record.get("ts")
+        if isinstance(etype, str) and type(ts) in (int, float) and ts == ts:
+            return Event.from_dict(record)
+        seq = self._next_seq
+        self._next_seq += 1
+        why = "missing or non-string type" if not isinstance(etype, str) else "missing or non-numeric ts"
+        self.dead_letters.report(seq, f"seq {seq}", f"malformed record: {why}", repr(dict(record))[:500])
+        return None
 
     def _release(self, upto: float) -> list[dict]:
         out: list[dict] = []

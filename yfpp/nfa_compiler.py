@@ -99,7 +99,7 @@ class ComponentSpec:
 class QueryPlan:
     """One registered query: its component chain and its acceptance checks."""
 
-    name: str
+    name: str | int
     pattern: Pattern
     specs: list[ComponentSpec]
     negations: list[NegationPlan]
@@ -120,7 +120,7 @@ class QueryPlan:
 # --- passes ---------------------------------------------------------------------
 
 
-def compile_pattern(pattern: Pattern, name: str, xpath_compiler: Callable | None = None) -> QueryPlan:
+def compile_pattern(pattern: Pattern, name: str | int, xpath_compiler: Callable | None = None) -> QueryPlan:
     """The NFA^b plan of a validated pattern."""
     specs = structure(pattern)
     scope = make_scope(pattern, specs)
