@@ -23,7 +23,7 @@ from itertools import product
 from typing import Any, Callable, Iterator
 
 from yfpp.errors import PatternError
-from yfpp.events import MISSING, Event
+from yfpp.events import MISSING, PSEUDO_ATTRS, Event
 from yfpp.pattern import (
     Aggregate,
     And,
@@ -54,16 +54,18 @@ def is_number(v: Any) -> bool:
 _CMP = {"=": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 
 
-def compare(op: str, a: Any, b: Any) -> bool:
-    """``a op b``; false on MISSING and on a type mismatch."""
+def comparable(a: Any, b: Any, ordered: bool) -> bool:
+    """May ``a`` and ``b`` be compared (same kind, not MISSING; bools only for = and !=)?"""
     ta, tb = type(a), type(b)
-    if ta is tb or (ta in (int, float) and tb in (int, float)):
-        if ta is bool and op not in ("=", "!="):
-            return False
-        if a is MISSING:
-            return False
-        return _CMP[op](a, b)
-    return False
+    if ta is tb:
+        return a is not MISSING and not (ordered and ta is bool)
+    return (ta is int or ta is float) and (tb is int or tb is float)
+
+
+def compare_fn(op: str) -> Callable[[Any, Any], bool]:
+    """``a op b`` as a function: false on MISSING and on a type mismatch."""
+    fn, ordered = _CMP[op], op not in ("=", "!=")
+    return lambda a, b: comparable(a, b, ordered) and fn(a, b)
 
 
 def arith(op: str, a: Any, b: Any) -> Any:
@@ -254,11 +256,12 @@ class _Compiler:
 
     def _compare(self, e: Compare) -> Check:
         op, left, right = e.op, e.left, e.right
+        cmp = compare_fn(op)
         if isinstance(right, Literal) and not isinstance(left, Literal):
             get, lit = self.value(left), right.value
-            return lambda ev, vec: compare(op, get(ev, vec), lit)
+            return lambda ev, vec: cmp(get(ev, vec), lit)
         gl, gr = self.value(left), self.value(right)
-        return lambda ev, vec: compare(op, gl(ev, vec), gr(ev, vec))
+        return lambda ev, vec: cmp(gl(ev, vec), gr(ev, vec))
 
     def _xpath(self, e: XPathTest) -> Check:
         if self.xpath_compiler is None:
@@ -300,6 +303,13 @@ class _Compiler:
         if self.list_each and r.var in self.scope.kleene and r.index is Index.EACH:
             slot = self.scope.slot_of[r.var]
             return lambda ev, vec: [x.get(attr) for x in vec[slot].iter_events()]
+        place = self.place
+        if r.var == place.current and place.mode != "bound" and r.var not in self.cells and attr not in PSEUDO_ATTRS:
+            if place.mode == "event" or r.index is Index.EACH:  # the hot case: the event being tested
+                return lambda ev, vec: ev.attrs.get(attr, MISSING)
+            if r.index is Index.PREV:
+                slot = self.scope.slot_of[r.var]
+                return lambda ev, vec: vec[slot].last.attrs.get(attr, MISSING) if vec[slot] is not None else MISSING
         pick = self._event_of(r.var, r.index)
 
         def get(ev, vec):

@@ -228,12 +228,16 @@ class Runtime:
         if self.unkeyed:
             for st in [s for s in self.unkeyed if self._reacts_to(s, etype)]:
                 touched.append((self.unkeyed.pop(st), None))
+        dead = self.dead
         for runs, ek in touched:
             cnt.runs_touched += len(runs)
-            cnt.live_runs -= len(runs)
+            stays: list[Run] = []
             for r in runs:
-                if r.state not in self.dead:
-                    self._step(r, ev, ek, fresh, accepted)
+                if r.state not in dead:
+                    self._step(r, ev, ek, fresh, stays, accepted)
+            cnt.live_runs += len(stays) - len(runs)
+            if stays:  # same state and key as before: back into their store at once
+                self._store_many(stays)
         for node in self.nfa.starters.candidates(ev):
             ek = key_of(node.partition_by)
             if node.partition_by and ek is None:
@@ -246,7 +250,7 @@ class Runtime:
         if accepted:
             out.extend(self._accept(accepted, fresh))
         for r in fresh:
-            self._store(r)
+            self._store_many([r])
         cnt.runs_created += len(fresh)
         cnt.live_runs += len(fresh)
         if cnt.live_runs > cnt.peak_runs:
@@ -255,7 +259,9 @@ class Runtime:
             self.sweep()
         return out
 
-    def _store(self, r: Run) -> None:
+    def _store_many(self, runs: list[Run]) -> None:
+        """Store runs that all wait in the same state with the same key."""
+        r = runs[0]
         st = r.state
         if _touch_all(st):
             store = self.strict
@@ -265,9 +271,9 @@ class Runtime:
             store = self.unkeyed
         lst = store.get(st)
         if lst is None:
-            store[st] = [r]
+            store[st] = runs
         else:
-            lst.append(r)
+            lst.extend(runs)
 
     @staticmethod
     def _begins(node: Node, vec: tuple, first_ts: float, rkey: Any, ev: Event, ek: Any) -> bool:
@@ -299,7 +305,8 @@ class Runtime:
                 return False
         return True
 
-    def _step(self, r: Run, ev: Event, ek: Any, fresh: list[Run], accepted: list) -> None:
+    def _step(self, r: Run, ev: Event, ek: Any, fresh: list[Run], stays: list[Run], accepted: list) -> None:
+        """Every move ``r`` makes on ``ev``: new runs go to ``fresh``; ``r`` itself, if it stays, to ``stays``."""
         st = r.state
         w = st.node.window
         if w is not None and ev.ts - r.first_ts > w:
@@ -349,7 +356,7 @@ class Runtime:
             if kind == "stay":
                 r.version = version
                 r.blocked = arg
-                fresh.append(r)
+                stays.append(r)
             elif kind == "begin":
                 self._enter(arg, r, version, ev, fresh, accepted)
             elif kind == "take":

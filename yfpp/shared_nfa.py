@@ -32,7 +32,7 @@ from bisect import bisect_left, bisect_right, insort
 from collections import Counter
 from dataclasses import dataclass, field
 from itertools import count
-from typing import Any, Hashable, Iterable, Iterator
+from typing import Any, Hashable, Iterable, Iterator, Sequence
 
 from yfpp.events import MISSING, Event
 from yfpp.nfa_compiler import ComponentSpec, QueryPlan
@@ -103,13 +103,15 @@ class TransitionTable:
             del self.types[node.event_type]
             del self.by_type[node.event_type]
 
-    def candidates(self, ev: Event) -> Iterator[Node]:
+    def candidates(self, ev: Event) -> Sequence[Node]:
+        """Children of the event's type or of any type, narrowed by the predicate indexes."""
         group = self.by_type.get(ev.type)
-        if group is not None:
-            yield from group.candidates(ev)
-        group = self.by_type.get(None)
-        if group is not None:
-            yield from group.candidates(ev)
+        anyg = self.by_type.get(None)
+        if anyg is None:
+            return () if group is None else group.candidates(ev)
+        if group is None:
+            return anyg.candidates(ev)
+        return group.candidates(ev) + anyg.candidates(ev)
 
     def __len__(self) -> int:
         return sum(self.types.values())
@@ -153,19 +155,21 @@ class _TypeGroup:
             if not lst:
                 del table[attr][value]
 
-    def candidates(self, ev: Event) -> Iterator[Node]:
-        yield from self.plain
+    def candidates(self, ev: Event) -> Sequence[Node]:
+        if not (self.eq or self.xeq or self.ranges):
+            return self.plain
+        out = list(self.plain)
         for attr, table in self.eq.items():
             v = ev.attrs.get(attr, MISSING)
             if v is not MISSING:
                 try:
-                    yield from table.get(v, ())
+                    out += table.get(v, ())
                 except TypeError:  # unhashable value
                     pass
         for attr, table in self.xeq.items():
             text = _attribute_text(ev, attr)
             if text is not None:
-                yield from table.get(text, ())
+                out += table.get(text, ())
         for (attr, op), (keys, nodes) in self.ranges.items():
             v = ev.attrs.get(attr, MISSING)
             if not is_number(v):
@@ -178,8 +182,8 @@ class _TypeGroup:
                 sel = keys[bisect_right(keys, (v, float("inf"))) :]
             else:
                 sel = keys[bisect_left(keys, (v, -1)) :]
-            for _, nid in sel:
-                yield nodes[nid]
+            out += [nodes[nid] for _, nid in sel]
+        return out
 
 
 def _attribute_text(ev: Event, attr: str) -> str | None:
