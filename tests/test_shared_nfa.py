@@ -155,3 +155,17 @@ def test_explain_prints_the_shared_nfa_and_writes_dot(tmp_path, capsys):
     assert "accepts q2, q3, q4" in out and "8 queries, 20 components → 9 NFA nodes" in out
     text = dot.read_text()
     assert text.startswith("digraph yfpp {") and text.count("->") == 9
+
+
+def test_xpath_equality_index_reads_the_xml_attribute_text():
+    import io
+
+    from yfpp.readers import read_events
+
+    eng = Engine()
+    for z in ["07", "7", "Z1"]:
+        eng.register(f"[tag]//shelf[@zone='{z}']//exit", name=z)
+    xml = b'<s><shelf ts="1" tag="1" zone="07"/><shelf ts="2" tag="1"><zone>7</zone></shelf><exit ts="3" tag="1"/></s>'
+    out = [m for e in read_events(io.BytesIO(xml), "xml") for m in eng.process(e)]
+    # "07" is typed 7 as an attribute value, but @zone reads the text; a child element is no attribute
+    assert [m["query"] for m in out] == ["07"]
