@@ -6,7 +6,8 @@ with the Dewey version of the run that wrote it.  Runs that share a prefix
 share its entries; an event selected by several runs into the same unit is
 stored once.  A match is read back by walking predecessor pointers from the
 run's last entry, taking at each entry the pointer whose version is the
-longest prefix of the run's version.
+longest prefix of the run's version (a dict lookup per prefix length, so
+extraction is linear in the match length, not in the runs sharing an entry).
 
 Narrow interface: :meth:`MatchBuffer.add`, :meth:`MatchBuffer.extract`,
 :meth:`MatchBuffer.prune_before`.  The runtime never touches entries itself.
@@ -28,11 +29,7 @@ class Entry:
     def __init__(self, event: Event, unit: int):
         self.event = event
         self.unit = unit
-        self.preds: list[tuple[Version, Entry | None]] = []
-
-
-def _is_prefix(label: Version, version: Version) -> bool:
-    return version[: len(label)] == label
+        self.preds: dict[Version, Entry | None] = {}  # version label -> predecessor
 
 
 class MatchBuffer:
@@ -49,7 +46,7 @@ class MatchBuffer:
         else:
             entry = Entry(event, unit)
             st.append(entry)
-        entry.preds.append((version, pred))
+        entry.preds[version] = pred
         return entry
 
     @staticmethod
@@ -59,13 +56,14 @@ class MatchBuffer:
         node: Entry | None = entry
         while node is not None:
             out.append((node.unit, node.event))
-            best: tuple[Version, Entry | None] | None = None
-            for label, pred in node.preds:
-                if _is_prefix(label, version) and (best is None or len(label) > len(best[0])):
-                    best = (label, pred)
-            if best is None:
+            preds = node.preds
+            for k in range(len(version), 0, -1):  # the longest label that is a prefix of version
+                label = version if k == len(version) else version[:k]
+                if label in preds:
+                    node = preds[label]
+                    break
+            else:
                 raise AssertionError("versioned buffer: no compatible predecessor pointer")
-            node = best[1]
         out.reverse()
         return out
 
