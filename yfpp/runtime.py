@@ -78,7 +78,8 @@ class Pending:
 @dataclass
 class Counters:
     events: int = 0
-    runs_created: int = 0
+    runs_started: int = 0  # runs begun by an event at a root
+    runs_created: int = 0  # run objects made: starts, splits and every Kleene take
     runs_touched: int = 0
     live_runs: int = 0
     peak_runs: int = 0
@@ -244,6 +245,7 @@ class Runtime:
                 continue
             vec = (None,) * (node.index + 1)
             if self._begins(node, vec, ev.ts, ek, ev, ek):
+                cnt.runs_started += 1
                 base = Run(None, vec, None, (next(self._roots),), ev.ts, ev.seq, ek, self.tick)
                 self._enter(node, base, base.version, ev, fresh, accepted)
 
