@@ -176,3 +176,25 @@ def test_syntax_errors(source: str, line: int, column: int) -> None:
     with pytest.raises(QuerySyntaxError) as info:
         compile_xpath_test(source)
     assert (info.value.line, info.value.column) == (line, column)
+
+
+json_values = st.dictionaries(
+    st.sampled_from(NAMES),
+    st.one_of(st.integers(-10, 10), st.floats(allow_nan=False, allow_infinity=False, width=32), st.sampled_from(TRICKY), st.booleans()),
+)
+
+
+@settings(max_examples=600, deadline=None)
+@given(predicates, json_values)
+def test_events_without_an_element_read_what_their_built_element_would_say(source: str, attrs: dict) -> None:
+    """JSON events take the fast path on their typed values, with no element built; the
+    answer must be elementpath's on the element ``Event.element`` would build."""
+    from yfpp.xml_element import element_for
+
+    ev = Event("e", 1.0, dict(attrs), 0)
+    try:
+        test = compile_xpath_test(source)
+    except QuerySyntaxError:
+        return
+    got = test(ev)
+    assert got == oracle(source, element_for(Event("e", 1.0, dict(attrs), 0)))

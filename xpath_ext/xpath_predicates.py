@@ -32,6 +32,7 @@ from elementpath.helpers import get_double
 
 from yfpp.errors import QuerySyntaxError
 from yfpp.events import Event
+from yfpp.xml_element import AttributeView
 
 Namespaces = tuple[tuple[str, str], ...]
 Test = Callable[[Event], bool]
@@ -78,8 +79,9 @@ def compile_xpath_test(source: str, namespaces: Namespaces = ()) -> Test:
 
 def _fast_test(fast: Callable[[Any], bool]) -> Test:
     def test(event: Event) -> bool:
+        el = event._element  # the fast path reads only attributes: no element is built for JSON events
         try:
-            return fast(event.element)
+            return fast(el if el is not None else AttributeView(event))
         except _ERRORS:
             return False
 

@@ -110,13 +110,13 @@ class Runtime:
 
     def __init__(self) -> None:
         self.nfa = SharedNFA()
-        self.plans: list[QueryPlan] = []
         self.buffer = MatchBuffer()
         self.keyed: dict[tuple[str, ...], dict[Any, dict[State, list[Run]]]] = {}
         self.unkeyed: dict[State, list[Run]] = {}
         self.strict: dict[State, list[Run]] = {}
         self.dead: set[State] = set()
         self.neg_store: dict[NegationPlan, dict[Any, tuple[list[int], list[Event]]]] = {}
+        self.neg_root: dict[NegationPlan, Node] = {}  # the trie branch whose runs a store serves
         self.negs_by_type: dict[str | None, list[tuple[QueryPlan, NegationPlan]]] = defaultdict(list)
         self.pending: dict[QueryPlan, dict[Any, list[Pending]]] = {}
         self.deadlines: list[tuple[float, int, Pending]] = []
@@ -137,11 +137,11 @@ class Runtime:
         """Register a compiled query; it sees only events processed from now on."""
         plan.since_tick = self.tick
         self.nfa.add(plan)
-        self.plans.append(plan)
         for neg in plan.negations:
             self.negs_by_type[neg.event_type].append((plan, neg))
             if neg.upper is not None:
                 self.neg_store[neg] = {}
+                self.neg_root[neg] = plan.nodes[0]
         if plan.trailing is not None:
             self.pending[plan] = {}
         if self._needs_pticks(plan):
@@ -153,12 +153,12 @@ class Runtime:
 
     def remove(self, plan: QueryPlan) -> None:
         """Unregister: the query emits nothing more; states only it used are freed at the next sweep."""
-        self.plans.remove(plan)
         for st in self.nfa.remove(plan):
             self.dead.add(st)
         for neg in plan.negations:
             self.negs_by_type[neg.event_type].remove((plan, neg))
             self.neg_store.pop(neg, None)
+            self.neg_root.pop(neg, None)
         for group in self.pending.pop(plan, {}).values():
             for p in group:
                 p.killed = True
@@ -557,7 +557,7 @@ class Runtime:
                 runs = [r for r in runs if now - r.first_ts <= w]
             if runs:
                 live += len(runs)
-                root = _root(st.node)
+                root = st.node.root
                 floor[root] = min(floor.get(root, _NO_RUN), min(r.first_seq for r in runs))
             return runs
 
@@ -573,25 +573,25 @@ class Runtime:
                 del by_key[k]
         self.dead.clear()
         self.counters.live_runs = live
-        for node in self.nfa.nodes():
-            self.buffer.prune_before(node, floor.get(_root(node), _NO_RUN))
-        for plan in self.plans:
-            cut_seq = floor.get(plan.nodes[0], _NO_RUN)
-            for neg in plan.negations:
-                if neg.upper is None:
-                    continue
-                store = self.neg_store[neg]
-                for k in list(store):
-                    seqs, events = store[k]
-                    cut = bisect_left(seqs, cut_seq)
-                    if cut:
-                        del seqs[:cut], events[:cut]
-                    if not seqs:
-                        del store[k]
+        stacks = self.buffer.stacks()  # only stacks that hold entries: the cost follows live state
+        for node in stacks:
+            self.buffer.prune_before(node, floor.get(node.root, _NO_RUN))
+        buckets = 0
+        for neg, store in self.neg_store.items():
+            cut_seq = floor.get(self.neg_root[neg], _NO_RUN)
+            for k in list(store):
+                seqs, events = store[k]
+                cut = bisect_left(seqs, cut_seq)
+                if cut:
+                    del seqs[:cut], events[:cut]
+                if not seqs:
+                    del store[k]
+            buckets += len(store)
         self.counters.peak_buffer = max(self.counters.peak_buffer, self.buffer.size)
-        # amortised: a sweep costs O(runs + stores), so the next one waits at least that many events
+        # amortised: the next sweep waits at least as many events as this one visited objects
         stores = len(self.strict) + len(self.unkeyed) + sum(len(b) for b in self.keyed.values())
-        self._next_sweep = self.tick + max(self.SWEEP_EVERY, live + stores)
+        work = live + stores + len(stacks) + len(self.neg_store) + buckets
+        self._next_sweep = self.tick + max(self.SWEEP_EVERY, work)
 
     @property
     def live_states(self) -> int:
@@ -609,12 +609,6 @@ def _ignores(c: Contiguity, moved: bool, ek: Any, rkey: Any) -> bool:
     if c is PARTITION:
         return ek != rkey
     return False
-
-
-def _root(node: Node) -> Node:
-    while node.parent is not None:
-        node = node.parent
-    return node
 
 
 def _last_seq(v) -> int:

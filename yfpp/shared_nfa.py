@@ -38,7 +38,7 @@ from yfpp.events import MISSING, Event
 from yfpp.nfa_compiler import ComponentSpec, QueryPlan
 from yfpp.pattern import Compare, Contiguity, Index, Literal, Ref, XPathTest
 from yfpp.predicates import AggSlot, Check, is_number
-from yfpp.xml_element import xml_text
+from yfpp.xml_element import attribute_text
 
 _ids = count()
 
@@ -61,6 +61,7 @@ class Node:
     keep_events: bool
     partition_by: tuple[str, ...]
     index_key: tuple | None  # how a TransitionTable can find this node, if at all
+    root: "Node | None" = None  # the first node of this branch of the trie (itself for a root)
     id: int = field(default_factory=lambda: next(_ids))
     children: dict[Hashable, "Node"] = field(default_factory=dict)
     waits: dict[Hashable, "State"] = field(default_factory=dict)  # contiguity or child -> wait state
@@ -167,7 +168,7 @@ class _TypeGroup:
                 except TypeError:  # unhashable value
                     pass
         for attr, table in self.xeq.items():
-            text = _attribute_text(ev, attr)
+            text = attribute_text(ev, attr)
             if text is not None:
                 out += table.get(text, ())
         for (attr, op), (keys, nodes) in self.ranges.items():
@@ -184,15 +185,6 @@ class _TypeGroup:
                 sel = keys[bisect_left(keys, (v, -1)) :]
             out += [nodes[nid] for _, nid in sel]
         return out
-
-
-def _attribute_text(ev: Event, attr: str) -> str | None:
-    """What XPath's ``@attr`` reads: the XML attribute text (None if absent)."""
-    el = ev._element
-    if el is not None:
-        return el.get(attr)
-    v = ev.attrs.get(attr, MISSING)
-    return None if v is MISSING else xml_text(v)
 
 
 _XPATH_EQ = re.compile(r"""\s*@([A-Za-z_][\w.\-]*)\s*=\s*(?:'([^']*)'|"([^"]*)")\s*\Z""")
@@ -291,6 +283,7 @@ class SharedNFA:
             partition_by=partition_by,
             index_key=index_key(spec),
         )
+        node.root = parent.root if parent is not None else node
         if node.kleene:
             node.inside = State(node, "in", node.inner)
             self.states.add(node.inside)

@@ -41,3 +41,25 @@ def element_for(event: Event) -> Any:
         else:
             etree.SubElement(el, "attr", name=xml_text(name)).text = xml_text(value)
     return el
+
+
+def attribute_text(event: Event, name: str) -> str | None:
+    """What ``event.element.get(name)`` gives (XPath's ``@name``), without building the element."""
+    el = event._element
+    if el is not None:
+        return el.get(name)
+    if name in event.attrs:
+        return xml_text(event.attrs[name]) if _NAME.match(name) else None
+    return xml_text(event.ts) if name == "ts" else None
+
+
+class AttributeView:
+    """Stands in for the element of an event that has none, for code that only reads ``.get``."""
+
+    __slots__ = ("event",)
+
+    def __init__(self, event: Event):
+        self.event = event
+
+    def get(self, name: str) -> str | None:
+        return attribute_text(self.event, name)
