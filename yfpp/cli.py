@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import time
@@ -131,6 +132,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     dead = DeadLetters(args.dead_letters if args.dead_letters else sys.stderr)
     engine = build_engine(args.query, max_delay=args.max_delay, dead_letters=dead, policy=args.policy)
     events = read_events(args.input, args.format, ts_field=args.ts_field, ts_unit=args.ts_unit, dead_letters=dead)
+    # Runs, buffer entries and events form no reference cycles: keep the cyclic collector from
+    # rescanning millions of them (it took a third of the time on large runs).
+    gc.freeze()
+    gc.set_threshold(100_000, 50, 100)
     show = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     started = time.perf_counter()
