@@ -109,6 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--dot", metavar="FILE", help="also write the graph in Graphviz DOT")
     exp.add_argument("--png", metavar="FILE", help="also draw it (Graphviz dot if installed, else matplotlib)")
     exp.set_defaults(func=cmd_explain)
+
+    from yfpp.spark.cli import add_parser as add_spark_parser  # pyspark is imported only when 'spark' runs
+
+    add_spark_parser(sub)
     return parser
 
 

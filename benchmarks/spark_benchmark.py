@@ -1,0 +1,164 @@
+"""Spark benchmark: a keyed RFID workload with many subscriptions, local engine vs Spark.
+
+Workload: ``generate_rfid(N, zones=Q, doors=Q)`` written as XML feed files, and
+Q subscriptions ``[tag_id]&&//shelf[@zone='Zk']//exit[@door='Dk']&&(1 hour)``
+(k = 1..Q), all in one keyed group. Measured:
+
+* the local engine (``yfpp run``'s loop: read_events → Engine) on the same files;
+* ``yfpp.spark`` (read_events_df → match → count) on each master (local[1],
+  local[2] by default), each in a fresh process, after a warm-up job on the
+  bundled sample (session, JVM and Python worker start-up: reported apart).
+
+Prints a Markdown table and the command line; ``--out FILE`` also writes it.
+
+    python benchmarks/spark_benchmark.py                       # 2M events, 1000 subscriptions
+    python benchmarks/spark_benchmark.py --events 200000 --queries 100 --masters 'local[1]'
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from itertools import islice
+from pathlib import Path
+
+from yfpp.dead_letters import DeadLetters
+from yfpp.engine import Engine
+from yfpp.generate import generate_rfid, write_events
+from yfpp.readers import read_events
+
+DATA = Path(tempfile.gettempdir()) / "yfpp_spark_bench"  # large: kept out of the repository
+
+
+def queries(q: int) -> list[tuple[str, str]]:
+    return [(f"s{k}", f"[tag_id]&&//shelf[@zone='Z{k}']//exit[@door='D{k}']&&(1 hour)") for k in range(1, q + 1)]
+
+
+def feed_dir(events: int, q: int, files: int, seed: int) -> Path:
+    """The workload as ``files`` XML files under the temp directory (generated once, then reused)."""
+    d = DATA / f"rfid_n{events}_z{q}_f{files}_s{seed}"
+    if d.is_dir() and len(list(d.glob("*.xml"))) == files:
+        return d
+    d.mkdir(parents=True, exist_ok=True)
+    records = generate_rfid(events, zones=q, doors=q, seed=seed)
+    per = -(-events // files)
+    for i in range(files):
+        write_events(islice(records, per), d / f"part-{i:03d}.xml")
+    return d
+
+
+def tree_cpu_seconds() -> float:
+    """CPU seconds of this process and all its live descendants (JVM, Python workers) and their reaped children."""
+    stats: dict[int, list[str]] = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stats[int(pid)] = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+    tree, grew = {os.getpid()}, True
+    while grew:
+        new = {pid for pid, f in stats.items() if int(f[1]) in tree} - tree
+        tree |= new
+        grew = bool(new)
+    return sum(sum(int(x) for x in stats[pid][11:15]) for pid in tree if pid in stats) / os.sysconf("SC_CLK_TCK")
+
+
+def run_local(d: Path, q: int) -> dict:
+    eng = Engine(dead_letters=DeadLetters())
+    for name, text in queries(q):
+        eng.register(text, name=name)
+    started = time.perf_counter()
+    n = matches = 0
+    for f in sorted(d.glob("*.xml")):
+        for ev in read_events(f, dead_letters=DeadLetters()):
+            ev.seq = n  # global seq across files, as the Spark job numbers them
+            n += 1
+            matches += len(eng.process(ev))
+    matches += len(eng.flush())
+    return {"events": n, "matches": matches, "seconds": time.perf_counter() - started}
+
+
+def run_spark(d: Path, q: int, master: str, partitions: int) -> dict:
+    from pyspark.sql import SparkSession
+
+    from yfpp.spark import match, read_events_df
+
+    spark = (SparkSession.builder.master(master).config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false").config("spark.sql.shuffle.partitions", str(partitions))
+             .config("spark.driver.memory", "4g").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    started = time.perf_counter()
+    cpu_started = tree_cpu_seconds()
+    sample = Path(__file__).resolve().parent.parent / "yfpp" / "data" / "sample_rfid.xml"
+    match(spark, queries(2), read_events_df(spark, sample)).count()  # warm-up: JVM, Python workers, imports
+    warm = time.perf_counter() - started
+    started, cpu_started = time.perf_counter(), tree_cpu_seconds()
+    events = read_events_df(spark, d)
+    n = events.count()
+    read = time.perf_counter() - started
+    matches = match(spark, queries(q), events).count()
+    total = time.perf_counter() - started
+    cpu = tree_cpu_seconds() - cpu_started
+    spark.stop()
+    return {"events": n, "matches": matches, "seconds": total, "read_seconds": read, "warmup_seconds": warm, "cpu": cpu}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--events", type=int, default=2_000_000)
+    ap.add_argument("--queries", type=int, default=1000)
+    ap.add_argument("--files", type=int, default=8, help="feed files (one read task each)")
+    ap.add_argument("--masters", nargs="+", default=["local[1]", "local[2]"])
+    ap.add_argument("--partitions", type=int, default=8, help="shuffle partitions")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", help="also write the table (and the command) to this Markdown file")
+    ap.add_argument("--spark-child", metavar="MASTER", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    d = feed_dir(args.events, args.queries, args.files, args.seed)
+    if args.spark_child:
+        print(json.dumps(run_spark(d, args.queries, args.spark_child, args.partitions)))
+        return 0
+    load = [os.getloadavg()[0]]
+    before = tree_cpu_seconds()
+    rows = [("local engine (1 process)", {**run_local(d, args.queries), "cpu": tree_cpu_seconds() - before})]
+    load.append(os.getloadavg()[0])
+    print(f"local engine: {rows[0][1]}", file=sys.stderr)
+    for master in args.masters:
+        child = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--spark-child", master],
+                               capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+        if child.returncode:
+            sys.exit(f"Spark {master} failed:\n{child.stderr[-3000:]}")
+        rows.append((f"Spark {master}", json.loads(child.stdout.strip().splitlines()[-1])))
+        load.append(os.getloadavg()[0])
+        print(f"{master}: {rows[-1][1]}", file=sys.stderr)
+    base = rows[0][1]
+    first_spark = rows[1][1]["seconds"] if len(rows) > 1 else None
+    lines = [f"Keyed RFID workload: {base['events']:,} events in {args.files} XML files, {args.queries:,} subscriptions, "
+             f"{args.partitions} shuffle partitions, {os.cpu_count()} cores; 1-minute load average before and "
+             f"after each run: {' → '.join(f'{x:.1f}' for x in load)} (this machine is shared: read the timings with it).", "",
+             "| run | seconds | events/s | matches | read+seq (s) | µs/event over local | speed-up vs first Spark run "
+             "| warm-up (s) | CPU s (JVM + Python) | cores busy |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, r in rows:
+        over = "" if r is base else f"{(r['seconds'] - base['seconds']) / r['events'] * 1e6:+.1f}"
+        speed = "" if r is base or first_spark is None else f"{first_spark / r['seconds']:.2f}×"
+        read, warm = (f"{r['read_seconds']:.1f}", f"{r['warmup_seconds']:.1f}") if r is not base else ("", "")
+        lines.append(f"| {name} | {r['seconds']:.1f} | {r['events'] / r['seconds']:,.0f} | {r['matches']:,} | {read} | {over} "
+                     f"| {speed} | {warm} | {r['cpu']:.0f} | {r['cpu'] / r['seconds']:.2f} |")
+    if any(r["matches"] != base["matches"] for _, r in rows):
+        lines += ["", "**The match counts differ.**"]
+    lines += ["", "Command: `python benchmarks/spark_benchmark.py " + " ".join(sys.argv[1:]) + "`"]
+    table = "\n".join(lines)
+    print(table)
+    if args.out:
+        Path(args.out).write_text(table + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

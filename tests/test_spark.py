@@ -1,0 +1,225 @@
+"""yfpp on Spark (local[2]): batch and streaming matches equal the local engine's, as multisets."""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+import shutil
+import socket
+import threading
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyspark", reason="pyspark is not installed (pip install '.[spark]')")
+
+from pyspark.sql import SparkSession  # noqa: E402
+
+from yfpp.cli import main  # noqa: E402
+from yfpp.dead_letters import DeadLetters  # noqa: E402
+from yfpp.engine import Engine  # noqa: E402
+from yfpp.errors import InputError  # noqa: E402
+from yfpp.generate import generate_rfid, generate_stock, write_events  # noqa: E402
+from yfpp.readers import read_events  # noqa: E402
+from yfpp.spark import match, read_events_df, stream_matches  # noqa: E402
+from yfpp.spark.stream import read_stream, write_stream  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+RFID_QUERIES = {
+    "shop_sase": "PATTERN SEQ(shelf a, ~register b, exit c) WHERE [tag_id] WITHIN 1 hour",
+    "shop_xpath": "[tag_id]&&//shelf//!register//exit&&(1 hour)",
+    "out_xpath": "[tag_id]&&//shelf//exit&&(1 hour)",
+    "zone_xpath": "[tag_id]&&//shelf[@zone='Z1']//exit[@door='D1']&&(1 hour)",
+    "unkeyed": "//register//exit&&(60)",
+    "strict_keyed": "PATTERN SEQ(shelf a, exit c) WHERE strict_contiguity(a, c) {[tag_id]} WITHIN 10 min",
+    "quiet": "PATTERN SEQ(register a, ~exit b) WITHIN 100",
+    "quiet_tag": "PATTERN SEQ(shelf a, ~exit b) WHERE [tag_id] WITHIN 300",
+    "first_out": "PATTERN SEQ(shelf a, exit c) WHERE [tag_id] WITHIN 1 hour OUTPUT non_overlapping",
+    "theft": "PATTERN SEQ(shelf a, ~register b, exit c) WHERE [tag_id] WITHIN 12 hours RETURN theft(tag = a.tag_id, door = c.door)",
+    "same_zone": "PATTERN SEQ(shelf a, shelf b) WHERE [tag_id, zone] WITHIN 1 hour",
+}
+
+
+@pytest.fixture(scope="module")
+def spark():
+    session = (SparkSession.builder.master("local[2]").appName("yfpp-tests")
+               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", "4").getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+def local(queries: dict[str, str], path: Path) -> Counter:
+    """What ``yfpp run`` prints for ``path``, as a multiset of JSON lines."""
+    eng = Engine(dead_letters=DeadLetters())
+    for name, q in queries.items():
+        eng.register(q, name=name)
+    return Counter(json.dumps(m) for m in eng.process_all(read_events(path, dead_letters=DeadLetters())))
+
+
+def lines(df) -> Counter:
+    return Counter(r[0] for r in df.collect())
+
+
+@pytest.fixture(scope="module")
+def rfid(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("rfid")
+    records = list(generate_rfid(2000, tags=8, gap=12, seed=7))
+    write_events(records, d / "feed.xml")
+    write_events(records, d / "feed.jsonl")
+    return d
+
+
+@pytest.mark.parametrize("fmt", ["xml", "jsonl"])
+def test_batch_equals_engine_on_rfid(spark, rfid, fmt):
+    path = rfid / f"feed.{fmt}"
+    got = lines(match(spark, RFID_QUERIES, read_events_df(spark, path)).select("json"))
+    expected = local(RFID_QUERIES, path)
+    assert got == expected
+    assert {json.loads(x)["query"] for x in got} == set(RFID_QUERIES)
+
+
+def test_batch_stock_kleene_from_a_flat_dataframe(spark):
+    records = [{**r, "ts": float(r["ts"]), "seq": i} for i, r in enumerate(generate_stock(1500, symbols=3, seed=4))]
+    queries = {
+        "rise": "PATTERN SEQ(stock+ a[], stock b) WHERE [symbol] AND a[i].price > a[i-1].price "
+                "AND b.price < a[a.len].price WITHIN 20",
+        "pair": "PATTERN SEQ(stock a, stock b) WHERE strict_contiguity(a, b) { a.price < b.price } WITHIN 5",
+        "jump": "PATTERN SEQ(stock a, stock b) WHERE [symbol] AND b.price > a.price + 9",
+    }
+    df = spark.createDataFrame(records)  # attributes as columns, seq given
+    got = lines(match(spark, queries, df).select("json"))
+    eng = Engine(dead_letters=DeadLetters())
+    for name, q in queries.items():
+        eng.register(q, name=name)
+    expected = Counter(json.dumps(m) for m in eng.process_all({k: v for k, v in r.items() if k != "seq"} for r in records))
+    assert got == expected and len(expected) > 100
+
+
+def test_directory_seq_dead_letters_and_late_events(spark, tmp_path):
+    feeds = tmp_path / "feeds"
+    feeds.mkdir()
+    recs = [json.dumps(r) for r in generate_rfid(600, tags=6, seed=9)]
+    parts = [recs[:200], recs[200:400] + ["not json", '{"type": "exit", "ts": 3, "tag_id": 1}'], recs[400:]]
+    for i, part in enumerate(parts):
+        (feeds / f"part-{i}.jsonl").write_text("\n".join(part) + "\n")
+    whole = tmp_path / "whole.jsonl"
+    whole.write_text("".join((feeds / f"part-{i}.jsonl").read_text() for i in range(3)))
+    queries = {k: RFID_QUERIES[k] for k in ("shop_sase", "unkeyed", "quiet")}
+    events = read_events_df(spark, feeds)
+    assert lines(match(spark, queries, events).select("json")) == local(queries, whole)
+    buf = io.StringIO()
+    dead = DeadLetters(buf)  # the reader's malformed line, then the engine's late event
+    eng = Engine(dead_letters=dead)
+    kept = []
+    for ev in read_events(whole, dead_letters=dead):
+        eng.process(ev)
+        kept.append((ev.seq, ev.type))
+    letters = [json.loads(x) for x in buf.getvalue().splitlines()]
+    letters[0]["position"] = "part-1.jsonl line 201"  # the position within its file
+    got = events.where("reason is not null").select("seq", "position", "reason", "raw").orderBy("seq").collect()
+    assert [r.asDict() for r in got] == letters and [x["seq"] for x in letters] == [400, 401]
+    assert sorted((r.seq, r.type) for r in events.where("reason is null").collect()) == [k for k in kept if k[0] != 401]
+
+
+def test_cli_spark_writes_jsonl_parquet_and_counters(spark, tmp_path, capsys):
+    sample = ROOT / "yfpp" / "data" / "sample_rfid.xml"
+    query = str(ROOT / "queries" / "shoplifting.sase")
+    assert main(["spark", "-q", query, "-q", "//register//exit&&(60)", "-i", str(sample), "-o", str(tmp_path / "out")]) == 0
+    err = capsys.readouterr().err
+    assert main(["run", "-q", query, "-q", "//register//exit&&(60)", "-i", str(sample)]) == 0
+    expected = Counter(capsys.readouterr().out.splitlines())
+    assert lines(spark.read.text(str(tmp_path / "out" / "matches.jsonl"))) == expected
+    parquet = spark.read.parquet(str(tmp_path / "out" / "matches.parquet"))
+    assert dict(parquet.dtypes)["bindings"] == "map<string,array<bigint>>"
+    assert parquet.count() == sum(expected.values())
+    assert "shoplifting" in err and "matches per query" in err
+
+
+def split_feed(records: list[dict], folder: Path, parts: int) -> list[Path]:
+    folder.mkdir()
+    step = -(-len(records) // parts)
+    files = []
+    for i in range(parts):
+        files.append(folder / f"feed-{i}.jsonl")
+        write_events(records[i * step:(i + 1) * step], files[-1])
+    return files
+
+
+def run_stream(spark, queries: dict[str, str], inbox: Path, out: Path, checkpoint: Path, max_files: int | None = None) -> None:
+    q = write_stream(stream_matches(spark, queries, read_stream(spark, str(inbox), max_files=max_files)),
+                     str(out), str(checkpoint))
+    try:
+        q.processAllAvailable()
+    finally:
+        q.stop()
+
+
+STREAM_QUERIES = {k: RFID_QUERIES[k] for k in ("shop_sase", "out_xpath", "unkeyed", "quiet_tag", "first_out")}
+
+
+@pytest.fixture(scope="module")
+def feed(spark, tmp_path_factory) -> tuple[Path, Counter]:
+    """Three feed files, the last ending with a heartbeat (a much later event that lets deadlines pass),
+    and the batch job's matches over them."""
+    d = tmp_path_factory.mktemp("feed")
+    records = list(generate_rfid(900, tags=6, gap=15, seed=11))
+    records.append({"type": "heartbeat", "ts": records[-1]["ts"] + 10**6})
+    files = split_feed(records, d / "all", 3)
+    with files[1].open("a") as f:
+        f.write("not json\n")  # a dead letter: line 302 of file 1, seq 301 + 301
+    return d / "all", lines(match(spark, STREAM_QUERIES, read_events_df(spark, d / "all")).select("json"))
+
+
+def test_stream_over_three_micro_batches_equals_batch(spark, feed, tmp_path, capsys):
+    folder, batch = feed
+    inbox = tmp_path / "inbox"
+    shutil.copytree(folder, inbox)
+    run_stream(spark, STREAM_QUERIES, inbox, tmp_path / "out", tmp_path / "ck", max_files=1)
+    assert lines(spark.read.text(str(tmp_path / "out" / "matches.jsonl"))) == batch
+    (dead,) = [json.loads(r.value) for r in spark.read.text(str(tmp_path / "out" / "dead_letters.jsonl")).collect()]
+    assert dead["seq"] == 602 and dead["position"] == "feed-1.jsonl line 302"
+    log = capsys.readouterr().err
+    assert all(f"batch {i}:" in log for i in range(3))
+
+
+def test_stream_restarts_from_its_checkpoint(spark, feed, tmp_path):
+    folder, batch = feed
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    files = sorted(folder.iterdir())
+    for f in files[:2]:
+        shutil.copy(f, inbox)
+    run_stream(spark, STREAM_QUERIES, inbox, tmp_path / "out", tmp_path / "ck")
+    first = lines(spark.read.text(str(tmp_path / "out" / "matches.jsonl")))
+    shutil.copy(files[2], inbox)
+    run_stream(spark, STREAM_QUERIES, inbox, tmp_path / "out", tmp_path / "ck")  # a new query, same checkpoint
+    assert lines(spark.read.text(str(tmp_path / "out" / "matches.jsonl"))) == batch
+    assert 0 < sum(first.values()) < sum(batch.values())
+
+
+def test_socket_source_reads_lines_as_they_come():
+    from yfpp.spark.source import _SocketReader
+
+    server = socket.create_server(("localhost", 0))
+    port = server.getsockname()[1]
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        conn.sendall(b'{"type": "a", "ts": 1}\n{"type": "b", "ts": 0}\n{"type": "c", "ts"')
+        conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    reader = _SocketReader({"socket": f"localhost:{port}"})
+    rows, end = reader.read(reader.initialOffset())
+    rows = list(rows)
+    assert [(r[0], r[1], r[5] and r[5].split(":")[0]) for r in rows] == [(0, "a", None), (1, "b", "late event")]
+    assert end == {"seq": 2, "max_ts": 1.0}
+    assert pickle.loads(pickle.dumps(reader)).sock is None  # Spark pickles readers
+    with pytest.raises(InputError, match="cannot read a micro-batch again"):
+        reader.readBetweenOffsets({"seq": 0, "max_ts": None}, end)
+    reader.stop()
+    server.close()

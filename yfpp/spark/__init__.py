@@ -1,0 +1,24 @@
+"""yfpp on PySpark (``pip install 'yfpp[spark]'``; see docs/spark.md).
+
+* :func:`read_events_df` — XML / JSON-lines files as an event DataFrame with global seq numbers;
+* :func:`match` — the matches of queries over an event DataFrame (batch);
+* :func:`stream_matches` — the same over a streaming DataFrame, state kept per key.
+
+pyspark is imported only when one of these is first used.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_EXPORTS = {"match": "batch", "read_events_df": "batch", "stream_matches": "stream", "read_stream": "stream"}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'yfpp.spark' has no attribute {name!r}")
+    from importlib import import_module
+
+    return getattr(import_module(f"yfpp.spark.{_EXPORTS[name]}"), name)

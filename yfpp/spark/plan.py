@@ -1,0 +1,249 @@
+"""How queries are spread over Spark partitions (no pyspark import here).
+
+Queries are grouped so that each group can run on independent slices of the
+stream, one yfpp :class:`~yfpp.engine.Engine` per slice:
+
+* **keyed** — an equivalence list and no strict contiguity: the events of
+  one key value never meet another key's runs, so the group is partitioned by
+  the key. An event lacking a key attribute belongs to no partition.
+* **sliced** — every other query with a window and the ``all`` policy: the
+  stream is cut into time slices overlapping by the group's largest window
+  (see :class:`Slicing`). Strict contiguity is global (an event of any key,
+  or of none, kills a strict run), so a keyed strict query lands here.
+* **whole** — no window, or ``non_overlapping`` without a key (its output
+  depends on the whole history): one slice, one engine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pickle
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+from lxml import etree
+
+from yfpp.dead_letters import DeadLetters
+from yfpp.engine import Engine
+from yfpp.events import MISSING, Event
+from yfpp.pattern import Contiguity, Kind, Pattern
+
+Query = tuple[Any, Pattern]  # (name — or the engine's id for an unnamed query, pattern)
+
+#: The XML parser for an event's element shipped as text: as hardened as the reader's.
+_PARSER = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False, huge_tree=False)
+
+
+def effective_queries(queries: Mapping[str, str | Pattern] | Iterable[str | Pattern | tuple[str, str | Pattern]],
+                      policy: str | None = None) -> list[Query]:
+    """``[(name, pattern)]``, validated and compiled once here (errors surface on the driver).
+
+    ``queries`` is a mapping name → query, or a sequence of queries or
+    ``(name, query)`` pairs; an unnamed query is named by its position, as
+    :meth:`Engine.register` names it by its id. ``policy`` overrides every query's.
+    """
+    items = queries.items() if isinstance(queries, Mapping) else queries
+    engine = Engine(policy=policy)
+    for item in items:
+        name, query = item if isinstance(item, tuple) else (None, item)
+        engine.register(query, name=name)
+    return [(plan.name, plan.pattern) for plan in engine.queries.values()]
+
+
+def is_strict(p: Pattern) -> bool:
+    """Does a run of ``p`` depend on every event of the stream (strict contiguity anywhere)?"""
+    pos = p.positives
+    return any(c.contiguity is Contiguity.STRICT for c in pos[1:]) or any(
+        c.kind is Kind.KLEENE and c.inner is Contiguity.STRICT for c in pos)
+
+
+@dataclass(frozen=True)
+class Group:
+    """Queries that share one engine per partition or slice."""
+
+    queries: tuple[Query, ...]
+    key: tuple[str, ...] = ()  # the equivalence attributes (keyed groups)
+    window: float | None = None  # the largest window; None: unbounded
+    sliced: bool = False
+
+    def engine(self) -> Engine:
+        eng = Engine(dead_letters=DeadLetters())
+        for name, pattern in self.queries:
+            eng.register(pattern, name=name)
+        return eng
+
+    @property
+    def trailing_windows(self) -> list[float]:
+        """The windows of the queries that end in a negation (their deadlines)."""
+        return [p.window for _, p in self.queries if not p.components[-1].positive and p.window is not None]
+
+    def key_of(self, ev: Event) -> Any:
+        """The event's equivalence-key value (``None`` if it lacks one); ``()`` for unkeyed groups."""
+        vals = tuple(ev.get(a) for a in self.key)
+        return None if MISSING in vals else vals
+
+
+def _max_window(patterns: Iterable[Pattern]) -> float | None:
+    windows = [p.window for p in patterns]
+    return None if None in windows else max(windows)  # type: ignore[type-var]
+
+
+def group_queries(queries: Sequence[Query], *, streaming: bool = False) -> list[Group]:
+    """Keyed groups by equivalence list, then at most one sliced and one whole group.
+
+    ``streaming``: every ``non_overlapping`` query gets a group of its own (its
+    state is cut after each chosen match, see ``yfpp.spark.stream``), and
+    nothing is sliced (an unkeyed group is one state key).
+    """
+    keyed: dict[tuple[str, ...], list[Query]] = {}
+    sliced: list[Query] = []
+    whole: list[Query] = []
+    alone: list[Query] = []
+    for q in queries:
+        p = q[1]
+        if streaming and p.policy == "non_overlapping":
+            alone.append(q)
+        elif p.partition_by and not is_strict(p):
+            keyed.setdefault(p.partition_by, []).append(q)
+        elif p.window is None or p.policy == "non_overlapping" or streaming:
+            whole.append(q)
+        else:
+            sliced.append(q)
+    groups = [Group(tuple(qs), key, _max_window(p for _, p in qs)) for key, qs in keyed.items()]
+    if sliced:
+        groups.append(Group(tuple(sliced), (), _max_window(p for _, p in sliced), sliced=True))
+    if whole:
+        groups.append(Group(tuple(whole), (), _max_window(p for _, p in whole)))
+    for q in alone:
+        p = q[1]
+        groups.append(Group((q,), p.partition_by if not is_strict(p) else (), p.window))
+    return groups
+
+
+@dataclass(frozen=True)
+class Slicing:
+    """Time slices of length ``length`` from ``t0``, each extended by ``window``.
+
+    Slice ``i`` **owns** the matches whose first event has ``ts`` in
+    ``[t0 + i·length, t0 + (i+1)·length)`` and reads every event with ``ts`` in
+    ``[t0 + i·length, t0 + (i+1)·length + window]``: a match spans at most the
+    window (``last.ts − first.ts ≤ W``) and a trailing negation's witnesses
+    lie before ``first.ts + W``, so the slice sees everything its matches
+    depend on, and each match is kept by exactly one slice.
+    """
+
+    t0: float
+    length: float
+    window: float
+
+    def own(self, ts: float) -> int:
+        """The slice that owns a match starting at ``ts`` (also computed in SQL, same arithmetic)."""
+        return math.floor((ts - self.t0) / self.length)
+
+    def reads(self, ts: float) -> range:
+        """The slices that read an event at ``ts`` (``yfpp.spark.batch.routes`` computes the same in SQL).
+
+        ``ceil(…) − 1`` is the first slice whose extended end reaches ``ts``;
+        the ``1e-9`` (in slice lengths) keeps float rounding from losing it.
+        """
+        rel = ts - self.t0
+        return range(max(0, math.ceil((rel - self.window) / self.length - 1e-9) - 1), self.own(ts) + 1)
+
+    @staticmethod
+    def plan(t0: float, t1: float, window: float, slices: int) -> "Slicing | None":
+        """About ``slices`` slices over ``[t0, t1]``, each at least a window long; None: one slice."""
+        length = max(window, (t1 - t0) / max(slices, 1))
+        if length <= 0 or t1 - t0 < length:
+            return None
+        return Slicing(t0, length, window)
+
+
+# --- events as rows ---------------------------------------------------------------------
+
+
+class XmlEvent(Event):
+    """An event whose XML element travels as text and is parsed only when a predicate reads it."""
+
+    __slots__ = ("xml",)
+
+    def __init__(self, type: str, ts: float, attrs: dict[str, Any], seq: int, xml: str):
+        super().__init__(type, ts, attrs, seq)
+        self.xml = xml
+
+    @property
+    def element(self):
+        if self._element is None:
+            self._element = etree.fromstring(self.xml, _PARSER)
+        return self._element
+
+
+def make_event(type: str, ts: float, seq: int, attrs: str, xml: str | None) -> Event:
+    """The Event of one row (``attrs`` is a JSON object)."""
+    a = json.loads(attrs)
+    return Event(type, ts, a, seq) if xml is None else XmlEvent(type, ts, a, seq, xml)
+
+
+def match_id(m: dict) -> str:
+    """A match's identity: its query and bindings."""
+    return json.dumps([m["query"], m["bindings"]])
+
+
+def match_row(m: dict) -> tuple:
+    """``(query, bindings, start, end, emit JSON, SPEC §5 JSON line)``."""
+    emit = m.get("emit")
+    return (str(m["query"]), m["bindings"], m["start"], m["end"],
+            None if emit is None else json.dumps(emit), json.dumps(m))
+
+
+# --- streaming state ------------------------------------------------------------------
+
+
+def advance_key(grp: Group, state: Any, rows: list[tuple], wm_ms: int) -> list[dict]:
+    """One call of the streaming state function for a key (see ``yfpp.spark.stream``).
+
+    Replay the key's kept events and its new ``rows`` ``(ts, seq, type, attrs, xml)``
+    into a fresh engine, return the matches not emitted before, and update
+    ``state`` (a :class:`pyspark.sql.streaming.state.GroupState`: the kept
+    events and the ids of the emitted matches that a replay could make again)
+    and its timeout.
+    """
+    st = pickle.loads(state.get[0]) if state.exists else {"events": [], "emitted": {}}
+    kept = sorted(st["events"] + rows, key=lambda r: (r[0], r[1]))
+    evs = [make_event(t, ts, seq, a, x) for ts, seq, t, a, x in kept]
+    engine = grp.engine()
+    out = [m for ev in evs for m in engine.process(ev)]
+    wm = wm_ms / 1000 if wm_ms > 0 else None
+    if wm is not None:
+        out += engine.advance_time(wm)
+    emitted = st["emitted"]
+    cuts: dict[Any, int] = {}  # non_overlapping: key value → end of its last chosen match
+    new = []
+    non_overlapping = grp.queries[0][1].policy == "non_overlapping"
+    by_seq = {ev.seq: ev for ev in evs}
+    for m in out:
+        i = match_id(m)
+        if i not in emitted:
+            emitted[i] = m["start"]
+            new.append(m)
+        if non_overlapping:
+            seqs = [s for lst in m["bindings"].values() for s in lst]
+            k = grp.key_of(by_seq[min(seqs)])
+            cuts[k] = max(cuts.get(k, -1), max(seqs))
+    # Later events have ts ≥ max(last ts, watermark), and pending deadlines before both are decided.
+    now = max(kept[-1][0], wm) if wm is not None and kept else kept[-1][0] if kept else -math.inf
+    horizon = now - grp.window if grp.window is not None else -math.inf
+    keys = [grp.key_of(ev) for ev in evs]
+    keep = [r for r, k in zip(kept, keys) if r[0] >= horizon and r[1] > cuts.get(k, -1)]
+    if not keep:
+        state.remove()
+        return new
+    st = {"events": keep, "emitted": {i: s for i, s in emitted.items() if s >= horizon}}
+    state.update((pickle.dumps(st),))
+    wakeups = [r[0] + w for r in keep for w in grp.trailing_windows]  # possible deadlines
+    if grp.window is not None:
+        wakeups.append(keep[-1][0] + grp.window)  # every kept event has left the window
+    due = [math.floor(t * 1000) for t in wakeups if math.floor(t * 1000) >= wm_ms]
+    if due:
+        state.setTimeoutTimestamp(min(due))
+    return new
