@@ -42,7 +42,6 @@ import io
 import pstats
 import random
 import shlex
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -52,6 +51,7 @@ from pathlib import Path
 from yfpp.engine import Engine
 from yfpp.events import Event
 from yfpp.query_text import split_query_file
+from bench_common import GcTimer, commit, short_path
 
 ROOT = Path(__file__).resolve().parent.parent
 QUERIES = ROOT / "queries" / "sharing.xpe"
@@ -69,27 +69,7 @@ def fresh_events(stream: list[tuple[str, int, int]]) -> list[Event]:
     return [Event(t, ts, {"id": k}, ts) for t, ts, k in stream]
 
 
-class GcTimer:
-    """CPU time spent in the cyclic garbage collector (gc.callbacks), and full (gen 2) collections."""
 
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self.full = 0
-        self._t0 = 0.0
-
-    def __call__(self, phase: str, info: dict) -> None:
-        if phase == "start":
-            self._t0 = time.process_time()
-        else:
-            self.seconds += time.process_time() - self._t0
-            self.full += info["generation"] == 2
-
-    def __enter__(self) -> "GcTimer":
-        gc.callbacks.append(self)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        gc.callbacks.remove(self)
 
 
 @dataclass
@@ -171,17 +151,12 @@ def profile_shared(queries, stream, top: int) -> str:
     rows = ["| function | calls | own s | cumulative s | cumulative % |", "|---|---|---|---|---|"]
     items = sorted(st.stats.items(), key=lambda kv: kv[1][3], reverse=True)[:top]
     for (file, line, fn), (cc, nc, tt, ct, _) in items:
-        where = f"{_short(file)}:{line}({fn})" if line else fn
+        where = f"{short_path(file)}:{line}({fn})" if line else fn
         rows.append(f"| `{where}` | {nc:,} | {tt:.2f} | {ct:.2f} | {100 * ct / total:.0f} |")
     return f"profiled shared run: {total:.2f} s under cProfile\n\n" + "\n".join(rows)
 
 
-def _short(path: str) -> str:
-    p = Path(path)
-    try:
-        return str(p.resolve().relative_to(ROOT))
-    except ValueError:
-        return p.name
+
 
 
 def markdown(alone: list[Result], shared: Result) -> str:
@@ -215,14 +190,6 @@ def markdown(alone: list[Result], shared: Result) -> str:
     ]
     return "\n".join(lines)
 
-
-def commit() -> str:
-    """The checked-out commit (read-only git query), or ``?``."""
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-        return out.stdout.strip() or "?"
-    except OSError:
-        return "?"
 
 
 def main(argv: list[str] | None = None) -> int:

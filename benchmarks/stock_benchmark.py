@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ from typing import Iterable
 from yfpp.engine import Engine
 from yfpp.generate import generate_stock, write_events
 from yfpp.readers import read_events
+from bench_common import commit
 
 DATA = Path(__file__).resolve().parent / "data"
 PLOT = Path(__file__).resolve().parent / "stock.png"
@@ -186,14 +186,6 @@ def plot(rows: list[Row], out: Path = PLOT) -> None:
     fig.tight_layout()
     fig.savefig(out)
 
-
-def commit() -> str:
-    """The checked-out commit (read-only git query), or ``?``."""
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=DATA.parent, capture_output=True, text=True)
-        return out.stdout.strip() or "?"
-    except OSError:
-        return "?"
 
 
 def main(argv: list[str] | None = None) -> int:

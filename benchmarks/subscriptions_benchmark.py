@@ -74,6 +74,7 @@ from pathlib import Path
 from yfpp.engine import Engine
 from yfpp.events import Event
 from yfpp.generate import generate_rfid
+from bench_common import GcTimer, commit, short_path
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = {
@@ -107,25 +108,7 @@ def build_events(n_events: int, n: int, base: int, stream: str, seed: int) -> li
     return events
 
 
-class GcTimer:
-    """CPU time spent in the cyclic garbage collector (gc.callbacks), and full (gen 2) collections."""
 
-    def __init__(self) -> None:
-        self.seconds, self.full, self._t0 = 0.0, 0, 0.0
-
-    def __call__(self, phase: str, info: dict) -> None:
-        if phase == "start":
-            self._t0 = time.process_time()
-        else:
-            self.seconds += time.process_time() - self._t0
-            self.full += info["generation"] == 2
-
-    def __enter__(self) -> "GcTimer":
-        gc.callbacks.append(self)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        gc.callbacks.remove(self)
 
 
 def maxrss_kib() -> int:
@@ -182,17 +165,12 @@ def profile_rows(prof: cProfile.Profile, top: int) -> str:
     total = max(st.total_tt, 1e-9)
     rows = ["| function | calls | own s | cumulative s | cumulative % |", "|---|---|---|---|---|"]
     for (file, line, fn), (cc, nc, tt, ct, _) in sorted(st.stats.items(), key=lambda kv: kv[1][3], reverse=True)[:top]:
-        where = f"{_short(file)}:{line}({fn})" if line else fn
+        where = f"{short_path(file)}:{line}({fn})" if line else fn
         rows.append(f"| `{where}` | {nc:,} | {tt:.2f} | {ct:.2f} | {100 * ct / total:.0f} |")
     return f"{total:.2f} s under cProfile\n\n" + "\n".join(rows)
 
 
-def _short(path: str) -> str:
-    p = Path(path)
-    try:
-        return str(p.resolve().relative_to(ROOT))
-    except ValueError:
-        return p.name
+
 
 
 # --- driver ---------------------------------------------------------------------------
@@ -233,14 +211,6 @@ def table(rows: list[dict]) -> str:
                  f"CPU without GC {nogc:.2f}x — target <= {TARGET:g}x: {'met' if cpu <= TARGET else 'MISSED'}")
     return "\n".join(lines)
 
-
-def commit() -> str:
-    """The checked-out commit (read-only git query), or ``?``."""
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-        return out.stdout.strip() or "?"
-    except OSError:
-        return "?"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 from tests.generators import patterns, streams
 from yfpp.engine import Engine
 from yfpp.events import Event
-from yfpp.pattern import Kind
 from yfpp.reference import reference_matches
 
 SETTINGS = settings(max_examples=1500, deadline=None, suppress_health_check=list(HealthCheck))
