@@ -112,10 +112,6 @@ class QueryPlan:
     since_tick: int = 0  # runtime tick at registration: only runs born later count
     nodes: list = field(default_factory=list)  # the shared-NFA nodes it passes through
 
-    @property
-    def middle_negations(self) -> list[NegationPlan]:
-        return [n for n in self.negations if n.upper is not None]
-
 
 # --- passes ---------------------------------------------------------------------
 
