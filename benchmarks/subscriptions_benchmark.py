@@ -130,7 +130,7 @@ def worker(args) -> dict:
     rt = eng.runtime
     nodes = sum(1 for _ in rt.nfa.nodes())
     if args.sweep == "auto":
-        rt.SWEEP_EVERY = max(type(rt).SWEEP_EVERY, nodes + len(rt.plans))
+        rt.SWEEP_EVERY = max(type(rt).SWEEP_EVERY, nodes + len(eng.queries))
         rt._next_sweep = rt.tick + rt.SWEEP_EVERY
     out = {"n": args.n, "language": args.language, "stream": args.stream, "sweep": args.sweep, "events": len(events),
            "register_s": reg, "nodes": nodes, "states": rt.live_states}

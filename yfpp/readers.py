@@ -96,6 +96,15 @@ def _seconds(value: Any, unit: tuple[int, int]) -> float | None:
     return ts if math.isfinite(ts) else None
 
 
+def _pop_ts(fields: dict[str, Any], ts_field: str, unit: tuple[int, int], what: str) -> float | str:
+    """Remove the timestamp from ``fields``: seconds, or the reason the record is malformed."""
+    if ts_field not in fields:
+        return f"missing ts: no {what} {ts_field!r}"
+    raw_ts = fields.pop(ts_field)
+    ts = _seconds(raw_ts, unit)
+    return f"non-numeric ts: {raw_ts!r}" if ts is None else ts
+
+
 def _unit(ts_unit: str) -> tuple[int, int]:
     if ts_unit not in TS_UNITS:
         raise ValueError(f"unknown ts_unit {ts_unit!r}; expected one of {', '.join(TS_UNITS)}")
@@ -219,12 +228,9 @@ def _json_event(line: str, seq: int, ts_field: str, unit: tuple[int, int]) -> Ev
     type_ = record.pop("type", None)
     if not isinstance(type_, str) or not type_:
         return "missing type" if type_ is None else f"bad type: {type_!r}"
-    if ts_field not in record:
-        return f"missing ts: no field {ts_field!r}"
-    raw_ts = record.pop(ts_field)
-    ts = _seconds(raw_ts, unit)
-    if ts is None:
-        return f"non-numeric ts: {raw_ts!r}"
+    ts = _pop_ts(record, ts_field, unit, "field")
+    if isinstance(ts, str):
+        return ts
     attrs: dict[str, Any] = {}
     error = _flatten(record, "", attrs)
     return error or Event(type_, ts, attrs, seq)
@@ -350,12 +356,9 @@ def _xml_event(elem: Any, seq: int, ts_field: str, unit: tuple[int, int]) -> Eve
     for child in elem:
         if not len(child) and not child.attrib:
             attrs.setdefault(child.tag.rpartition("}")[2], typed_value((child.text or "").strip()))
-    if ts_field not in attrs:
-        return f"missing ts: no attribute or child {ts_field!r}"
-    raw_ts = attrs.pop(ts_field)
-    ts = _seconds(raw_ts, unit)
-    if ts is None:
-        return f"non-numeric ts: {raw_ts!r}"
+    ts = _pop_ts(attrs, ts_field, unit, "attribute or child")
+    if isinstance(ts, str):
+        return ts
     return Event(elem.tag.rpartition("}")[2], ts, attrs, seq, elem)
 
 
