@@ -31,7 +31,7 @@ class Engine:
     >>> eng.process({"type": "shelf", "ts": 1, "tag_id": 7})
     []
     >>> eng.process({"type": "exit", "ts": 5, "tag_id": 7})
-    [{'query': 'out', 'bindings': {'a': [0], 'c': [1]}, 'start': 1, 'end': 5}]
+    [{'query': 'out', 'id': '4e1110d1828aaf3b', 'bindings': {'a': [0], 'c': [1]}, 'start': 1, 'end': 5}]
     """
 
     def __init__(self, *, max_delay: float = 0.0, dead_letters: DeadLetters | None = None, policy: str | None = None):

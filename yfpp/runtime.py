@@ -28,6 +28,7 @@ from typing import Any
 
 from yfpp.events import MISSING, Event
 from yfpp.match_buffer import MatchBuffer, Version
+from yfpp.match_id import match_id
 from yfpp.nfa_compiler import NegationPlan, QueryPlan
 from yfpp.pattern import Contiguity
 from yfpp.predicates import kleene_start, kleene_take
@@ -456,7 +457,7 @@ class Runtime:
         seqs: dict[str, list[int]] = {v: [] for v in names}
         for unit, e in binds:
             seqs[names[unit]].append(e.seq)
-        m = {"query": plan.name, "bindings": seqs, "start": binds[0][1].ts, "end": binds[-1][1].ts}
+        m = {"query": plan.name, "id": match_id(plan.name, seqs), "bindings": seqs, "start": binds[0][1].ts, "end": binds[-1][1].ts}
         if plan.emit is not None:
             etype, attrs = plan.emit
             m["emit"] = {"type": etype, "attrs": {k: _plain(g(None, vec)) for k, g in attrs}}

@@ -184,11 +184,6 @@ def make_event(type: str, ts: float, seq: int, attrs: str, xml: str | None) -> E
     return Event(type, ts, a, seq) if xml is None else XmlEvent(type, ts, a, seq, xml)
 
 
-def match_id(m: dict) -> str:
-    """A match's identity: its query and bindings."""
-    return json.dumps([m["query"], m["bindings"]])
-
-
 def match_row(m: dict) -> tuple:
     """``(query, bindings, start, end, emit JSON, SPEC §5 JSON line)``."""
     emit = m.get("emit")
@@ -222,7 +217,7 @@ def advance_key(grp: Group, state: Any, rows: list[tuple], wm_ms: int) -> list[d
     non_overlapping = grp.queries[0][1].policy == "non_overlapping"
     by_seq = {ev.seq: ev for ev in evs}
     for m in out:
-        i = match_id(m)
+        i = m["id"]
         if i not in emitted:
             emitted[i] = m["start"]
             new.append(m)
