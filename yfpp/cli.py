@@ -121,8 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def build_engine(query_args: Iterable[str], **engine_opts: Any) -> Engine:
     engine = Engine(**engine_opts)
+    taken: dict[str, int] = {}
     for arg in query_args:
         for name, text, language in load_queries(arg):
+            taken[name] = taken.get(name, 0) + 1
+            if taken[name] > 1:  # two inline queries are both "q": the second is "q#2"
+                name = f"{name}#{taken[name]}"
             try:
                 engine.register(parse_query(text, language), name=name)
             except YfppError as e:

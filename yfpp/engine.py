@@ -4,15 +4,25 @@
 reorders within ``max_delay`` (default 0: no reordering) and reports late
 events to its :class:`~yfpp.dead_letters.DeadLetters` instead of dropping
 them silently.  Matching itself is the :class:`~yfpp.runtime.Runtime`'s.
+
+Stream order is ``(ts, seq)``: the reorder buffer releases events in that
+order (events whose ``seq`` is not an int — derived events — after the
+int-seq events of the same ts, in arrival order).  The *watermark* is the
+``(ts, seq)`` of the last event released, or ``ts - max_delay`` of the last
+:meth:`Engine.advance_time`; an event below it is late.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import heapq
+import json
+import math
+import numbers
 import sys
+from decimal import Decimal
 from itertools import count
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, TextIO
 
 from yfpp.dead_letters import DeadLetters
 from yfpp.errors import YfppError
@@ -21,6 +31,11 @@ from yfpp.nfa_compiler import QueryPlan, compile_pattern
 from yfpp.pattern import Pattern
 from yfpp.query_text import parse_query
 from yfpp.runtime import Runtime
+
+#: Default caps per query (per branch of the shared NFA, see docs/operations.md).
+MAX_RUNS_PER_QUERY = 250_000
+MAX_BUFFER_PER_QUERY = 1_000_000
+_LAST = float("inf")  # order key of a derived event's non-int seq: after the int seqs of its ts
 
 
 class Engine:
@@ -31,31 +46,69 @@ class Engine:
     >>> eng.process({"type": "shelf", "ts": 1, "tag_id": 7})
     []
     >>> eng.process({"type": "exit", "ts": 5, "tag_id": 7})
-    [{'query': 'out', 'id': '4e1110d1828aaf3b', 'bindings': {'a': [0], 'c': [1]}, 'start': 1, 'end': 5}]
+    [{'query': 'out', 'id': '4e1110d1828aaf3b', 'bindings': {'a': [0], 'c': [1]}, 'start': 1.0, 'end': 5.0}]
+
+    ``max_runs_per_query`` / ``max_buffer_per_query`` cap the live runs and the
+    buffered events of each query; over a cap the query's oldest runs are shed,
+    counted in ``stats.shed_runs`` and reported (a line on ``reports``, kept in
+    ``self.reports``).  ``reports`` also gets the "state is growing" warnings of
+    queries without a window.
     """
 
-    def __init__(self, *, max_delay: float = 0.0, dead_letters: DeadLetters | None = None, policy: str | None = None):
-        self.runtime = Runtime()
-        self.max_delay = max_delay
+    def __init__(
+        self,
+        *,
+        max_delay: float = 0.0,
+        dead_letters: DeadLetters | None = None,
+        policy: str | None = None,
+        max_runs_per_query: int = MAX_RUNS_PER_QUERY,
+        max_buffer_per_query: int = MAX_BUFFER_PER_QUERY,
+        reports: TextIO | None = sys.stderr,
+    ):
+        self.max_delay = _real(max_delay, "max_delay")
+        if self.max_delay < 0:
+            raise YfppError(f"max_delay must be a finite number >= 0, not {max_delay!r}")
+        for what, cap in (("max_runs_per_query", max_runs_per_query), ("max_buffer_per_query", max_buffer_per_query)):
+            if not isinstance(cap, numbers.Integral) or isinstance(cap, bool) or cap < 1:
+                raise YfppError(f"{what} must be an integer >= 1, not {cap!r}")
+        if policy not in (None, "all", "non_overlapping"):
+            raise YfppError(f"policy must be 'all' or 'non_overlapping', not {policy!r}")
+        self.runtime = Runtime(int(max_runs_per_query), int(max_buffer_per_query), self._failed, self._report)
         self.dead_letters = dead_letters if dead_letters is not None else DeadLetters(sys.stderr)
         self.default_policy = policy
         self.queries: dict[int, QueryPlan] = {}
+        self.sources: dict[int, tuple[Pattern, str | None, str | int | None]] = {}  # for checkpoints
+        self.reports: list[str] = []
+        self._report_stream = reports
+        self._names: set[str | int] = set()
         self._ids = count()
         self._next_seq = 0
-        self._held: list[tuple[float, int, Event]] = []  # reorder buffer
-        self._stream_time = float("-inf")  # ts of the last event released to the runtime
+        self._arrivals = count()
+        self._held: list[tuple[float, float, int, Event]] = []  # reorder buffer: (ts, seq key, arrival, event)
+        self._mark: tuple[float, float] = (float("-inf"), float("-inf"))  # the watermark, (ts, seq key)
 
     # --- queries --------------------------------------------------------------------
 
-    def register(self, query: str | Pattern, name: str | None = None, *, policy: str | None = None) -> int:
+    def register(self, query: str | Pattern, name: str | int | None = None, *, policy: str | None = None) -> int:
         """Compile and add a query (SASE+ text, extended-XPath text or a Pattern); return its id."""
-        pattern = parse_query(query) if isinstance(query, str) else query.validate()
+        if isinstance(query, str):
+            pattern = parse_query(query)
+        elif isinstance(query, Pattern):
+            pattern = query.validate()
+        else:
+            raise YfppError(f"register() takes query text or a Pattern, not {type(query).__name__}")
+        if name is not None and name in self._names:
+            raise YfppError(f"a query named {name!r} is already registered")
+        if policy not in (None, "all", "non_overlapping"):
+            raise YfppError(f"policy must be 'all' or 'non_overlapping', not {policy!r}")
         policy = policy or self.default_policy
         if policy is not None and policy != pattern.policy:
             pattern = dataclasses.replace(pattern, policy=policy).validate()
         qid = next(self._ids)
         plan = compile_pattern(pattern, name if name is not None else qid)
         self.queries[qid] = plan
+        self.sources[qid] = (pattern, query if isinstance(query, str) else None, name)
+        self._names.add(plan.name)
         self.runtime.add(plan)
         return qid
 
@@ -64,48 +117,91 @@ class Engine:
         plan = self.queries.pop(qid, None)
         if plan is None:
             raise YfppError(f"no query with id {qid}")
+        del self.sources[qid]
+        self._names.discard(plan.name)
         self.runtime.remove(plan)
 
     # --- events ---------------------------------------------------------------------
 
     def process(self, event: Event | Mapping[str, Any]) -> list[dict]:
-        """Feed one event; return the matches it completes (and deadlines it passes)."""
+        """Feed one event; return the matches it completes (and deadlines it passes).
+
+        A record with a missing or empty type, or a ts that is not a finite real
+        number, is reported to the dead letters (and returns ``[]``); so is a
+        late event, with its record so that it can be replayed.
+        """
         if isinstance(event, Event):
-            ev = event
-        else:
+            ev = self._checked(event)
+        elif isinstance(event, Mapping):
             ev = self._from_record(event)
-            if ev is None:
-                return []
-        if ev.seq < 0:
-            ev.seq = self._next_seq
-        self._next_seq = ev.seq + 1
-        if ev.ts < self._stream_time:
-            self.dead_letters.report(ev.seq, f"seq {ev.seq}", f"late event: ts {ev.ts} < stream time {self._stream_time} (max_delay {self.max_delay})")
+        else:
+            raise YfppError(f"process() takes an Event or a mapping, not {type(event).__name__}")
+        if ev is None:
+            return []
+        seq = ev.seq
+        if type(seq) is int:
+            if seq < 0:
+                ev.seq = seq = self._next_seq
+            if seq >= self._next_seq:
+                self._next_seq = seq + 1
+        key = (ev.ts, seq if type(seq) is int else _LAST)
+        if key < self._mark:
+            self.dead_letters.report(
+                seq, f"seq {seq}",
+                f"late event: ts {ev.ts} < stream time {self._mark[0]} (max_delay {self.max_delay})",
+                _raw(ev),
+            )
             return []
         if self.max_delay <= 0:
-            self._stream_time = ev.ts
+            self._mark = key
             return self.runtime.process(ev)
-        heapq.heappush(self._held, (ev.ts, ev.seq, ev))
+        heapq.heappush(self._held, (ev.ts, key[1], next(self._arrivals), ev))
         return self._release(ev.ts - self.max_delay)
+
+    def _checked(self, ev: Event) -> Event | None:
+        why = _bad_type(ev.type)
+        if why is None:
+            ts = _ts(ev.ts)
+            if ts is None:
+                why = "missing or non-numeric ts" if not _is_real(ev.ts) else f"non-finite ts {ev.ts!r}"
+            else:
+                ev.ts = ts
+                return ev
+        self.dead_letters.report(ev.seq, f"seq {ev.seq}", f"malformed record: {why}", _raw(ev))
+        return None
 
     def _from_record(self, record: Mapping[str, Any]) -> Event | None:
         """A plain dict as an Event, or None after reporting it as malformed."""
-        etype, ts = record.get("type"), record.get("ts")
-        if isinstance(etype, str) and type(ts) in (int, float) and ts == ts:
-            return Event.from_dict(record)
+        etype, raw_ts = record.get("type"), record.get("ts")
+        why = _bad_type(etype)
+        ts = _ts(raw_ts)
+        if why is None and ts is not None:
+            return Event(etype, ts, {k: v for k, v in record.items() if k != "type" and k != "ts"})
+        if why is None:
+            why = "missing or non-numeric ts" if not _is_real(raw_ts) else f"non-finite ts {raw_ts!r}"
         seq = self._next_seq
         self._next_seq += 1
-        why = "missing or non-string type" if not isinstance(etype, str) else "missing or non-numeric ts"
         self.dead_letters.report(seq, f"seq {seq}", f"malformed record: {why}", repr(dict(record))[:500])
         return None
 
     def _release(self, upto: float) -> list[dict]:
         out: list[dict] = []
-        while self._held and self._held[0][0] <= upto:
-            _, _, ev = heapq.heappop(self._held)
-            self._stream_time = ev.ts
+        held = self._held
+        while held and held[0][0] <= upto:
+            ts, sk, _, ev = heapq.heappop(held)
+            self._mark = (ts, sk)
             out.extend(self.runtime.process(ev))
         return out
+
+    def _failed(self, ev: Event, exc: Exception) -> None:
+        """The runtime rolled back an event whose processing raised: it is that record's dead letter."""
+        self.dead_letters.report(ev.seq, f"seq {ev.seq}", f"event failed: {type(exc).__name__}: {exc}"[:500], _raw(ev))
+
+    def _report(self, message: str) -> None:
+        self.reports.append(message)
+        if self._report_stream is not None:
+            self._report_stream.write(f"yfpp: warning: {message}\n")
+            self._report_stream.flush()
 
     def process_all(self, events: Iterable[Event | Mapping[str, Any]]) -> Iterable[dict]:
         """Feed a whole stream, yielding matches as they complete, then flush."""
@@ -114,9 +210,21 @@ class Engine:
         yield from self.flush()
 
     def advance_time(self, ts: float) -> list[dict]:
-        """Move stream time to ``ts`` with no event: held events and deadlines before it are released."""
-        out = self._release(ts - self.max_delay) if self._held else []
-        out.extend(self.runtime.advance_time(ts))
+        """The stream time moves to ``ts`` with no event, as an event at ``ts`` would move it.
+
+        Held events up to ``ts - max_delay`` are released, trailing-negation
+        deadlines before ``ts - max_delay`` fire (so none fires while the
+        reorder buffer may still hold an event that kills it), and the
+        watermark moves there: an event below it afterwards is late.
+        """
+        t = _ts(ts)
+        if t is None:
+            raise YfppError(f"advance_time() takes a finite real number, not {ts!r}")
+        mark = t - self.max_delay
+        out = self._release(mark) if self._held else []
+        if (mark, float("-inf")) > self._mark:
+            self._mark = (mark, float("-inf"))
+        out.extend(self.runtime.advance_time(mark))
         return out
 
     def flush(self) -> list[dict]:
@@ -128,3 +236,47 @@ class Engine:
     @property
     def stats(self):
         return self.runtime.counters
+
+    @property
+    def held(self) -> int:
+        """Events waiting in the reorder buffer."""
+        return len(self._held)
+
+
+def _is_real(v: Any) -> bool:
+    return isinstance(v, (numbers.Real, Decimal)) and not isinstance(v, bool)
+
+
+def _real(v: Any, what: str) -> float:
+    if not _is_real(v) or not math.isfinite(float(v)):
+        raise YfppError(f"{what} must be a finite number >= 0, not {v!r}")
+    return float(v)
+
+
+def _ts(v: Any) -> float | None:
+    """A timestamp as a float: any finite real number (int, float, Decimal, Fraction, numpy scalars)."""
+    if type(v) is float:
+        return v if math.isfinite(v) else None
+    if not _is_real(v):
+        return None
+    try:
+        f = float(v)
+    except (OverflowError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _bad_type(etype: Any) -> str | None:
+    if not isinstance(etype, str):
+        return "missing or non-string type"
+    if not etype:
+        return "empty type"
+    return None
+
+
+def _raw(ev: Event) -> str:
+    """The event as a JSON line ``yfpp run`` can read again (for replaying a dead letter)."""
+    return json.dumps({"type": ev.type, "ts": ev.ts, **ev.attrs}, default=str, ensure_ascii=False)[:100_000]
+
+
+

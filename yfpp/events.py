@@ -14,16 +14,20 @@ class Event:
     """One event: ``type``, ``ts``, ``attrs``, ``seq`` and, for XML input, its element.
 
     ``seq`` is the 0-based arrival position and the event's identity in every
-    output; it is ``-1`` until the engine (or a reader) assigns it.
+    output; it is ``-1`` until the engine (or a reader) assigns it.  ``pos`` is
+    the event's position in stream order (the order the reorder buffer releases
+    events), set by the runtime when it processes the event; every "before /
+    between / after" decision uses it, never ``seq``.
     """
 
-    __slots__ = ("type", "ts", "attrs", "seq", "_element")
+    __slots__ = ("type", "ts", "attrs", "seq", "pos", "_element")
 
     def __init__(self, type: str, ts: float, attrs: dict[str, Any] | None = None, seq: int = -1, element: Any = None):
         self.type = type
         self.ts = ts
         self.attrs = attrs if attrs is not None else {}
         self.seq = seq
+        self.pos = -1
         self._element = element
 
     def get(self, name: str) -> Any:

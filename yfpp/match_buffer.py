@@ -9,12 +9,14 @@ run's last entry, taking at each entry the pointer whose version is the
 longest prefix of the run's version (a dict lookup per prefix length, so
 extraction is linear in the match length, not in the runs sharing an entry).
 
-Narrow interface: :meth:`MatchBuffer.add`, :meth:`MatchBuffer.extract`,
+Entries of a stack are in stream order (``Event.pos``), so pruning pops from
+the left.  Narrow interface: :meth:`MatchBuffer.add`, :meth:`MatchBuffer.extract`,
 :meth:`MatchBuffer.prune_before`.  The runtime never touches entries itself.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
 from typing import Hashable
 
@@ -35,6 +37,7 @@ class Entry:
 class MatchBuffer:
     def __init__(self) -> None:
         self._stacks: dict[Hashable, deque[Entry]] = {}
+        self.size = 0  # entries held in all stacks
 
     def add(self, stack: Hashable, unit: int, event: Event, version: Version, pred: Entry | None) -> Entry:
         """Record that the run ``version`` selected ``event`` into ``unit`` after ``pred``."""
@@ -46,6 +49,7 @@ class MatchBuffer:
         else:
             entry = Entry(event, unit)
             st.append(entry)
+            self.size += 1
         entry.preds[version] = pred
         return entry
 
@@ -67,21 +71,45 @@ class MatchBuffer:
         out.reverse()
         return out
 
-    def prune_before(self, stack: Hashable, seq: int) -> None:
-        """Drop entries of ``stack`` whose event came before ``seq`` (no live run reaches them)."""
+    def prune_before(self, stack: Hashable, pos: int) -> int:
+        """Drop entries of ``stack`` whose event came before stream position ``pos``; return how many are left."""
         st = self._stacks.get(stack)
-        while st and st[0].event.seq < seq:
+        if st is None:
+            return 0
+        n = len(st)
+        while st and st[0].event.pos < pos:
             st.popleft()
-        if st is not None and not st:
+        self.size -= n - len(st)
+        if not st:
             del self._stacks[stack]
+        return len(st)
+
+    def count_from(self, stack: Hashable, pos: int) -> int:
+        """Entries of ``stack`` at stream position ``pos`` or later."""
+        st = self._stacks.get(stack)
+        if not st:
+            return 0
+        if st[0].event.pos >= pos:
+            return len(st)
+        return len(st) - bisect_left(st, pos, key=lambda e: e.event.pos)
+
+    def forget(self, event: Event) -> None:
+        """Drop the entries made for ``event`` (the last event): its processing was rolled back."""
+        for stack in [s for s, st in self._stacks.items() if st[-1].event is event]:
+            st = self._stacks[stack]
+            st.pop()
+            self.size -= 1
+            if not st:
+                del self._stacks[stack]
 
     def drop(self, stack: Hashable) -> None:
-        self._stacks.pop(stack, None)
+        st = self._stacks.pop(stack, None)
+        if st is not None:
+            self.size -= len(st)
 
     def stacks(self) -> list[Hashable]:
         return list(self._stacks)
 
-    @property
-    def size(self) -> int:
-        """Entries held in all stacks."""
-        return sum(len(s) for s in self._stacks.values())
+    def entries(self, stack: Hashable) -> deque[Entry]:
+        """The entries of ``stack``, oldest first (for checkpoints)."""
+        return self._stacks.get(stack, deque())
