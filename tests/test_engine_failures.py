@@ -1,0 +1,156 @@
+"""An event whose processing raises loses nothing (issue 8 item 3), and bad API input gets clear errors (item 10)."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from decimal import Decimal
+from fractions import Fraction
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.generators import patterns, streams
+from yfpp.dead_letters import DeadLetters
+from yfpp.engine import Engine
+from yfpp.errors import YfppError
+from yfpp.events import Event
+
+
+class Boom(Exception):
+    pass
+
+
+def _failing(check, bad: int):
+    def wrapped(ev, vec):
+        if ev is not None and ev.seq == bad:
+            raise Boom(f"predicate failed on seq {bad}")
+        return check(ev, vec)
+
+    return wrapped
+
+
+def inject(eng: Engine, bad: int) -> None:
+    """Every compiled predicate of the engine raises on the event with seq ``bad``."""
+    for node in eng.runtime.nfa.nodes():
+        node.begin = tuple(_failing(c, bad) for c in node.begin)
+        node.take = tuple(_failing(c, bad) for c in node.take)
+    for plan in eng.queries.values():
+        for neg in plan.negations:
+            neg.self_preds = tuple(_failing(c, bad) for c in neg.self_preds) + (_failing(lambda ev, vec: True, bad),)
+            neg.cross_preds = tuple(_failing(c, bad) for c in neg.cross_preds)
+
+
+def run(pats, events, bad: int | None = None):
+    eng = Engine(dead_letters=DeadLetters())
+    for i, p in enumerate(pats):
+        eng.register(p, name=f"q{i}")
+    if bad is not None:
+        inject(eng, bad)
+    out = []
+    for e in events:
+        out += eng.process(Event(e.type, e.ts, dict(e.attrs), e.seq))
+    state = (eng.stats.live_runs, eng.runtime.buffer.size, eng.stats.events, dict(eng.stats.matches))
+    out += eng.flush()
+    stored = sum(len(runs) for store in eng.runtime._stores() for runs in store.values())
+    assert stored == eng.stats.live_runs or eng.stats.live_runs == 0 and not stored
+    return sorted(json.dumps(m, sort_keys=True) for m in out), state, eng.dead_letters.count
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.data(), st.lists(patterns(), min_size=1, max_size=2), streams(max_events=10))
+def test_a_failing_predicate_costs_only_its_record(data, pats, events):
+    if not events:
+        return
+    bad = data.draw(st.sampled_from(events)).seq
+    got, state, letters = run(pats, events, bad)
+    if letters:  # the failure hit: exactly as if the event had not been in the stream
+        assert letters == 1
+        want, want_state, _ = run(pats, [e for e in events if e.seq != bad])
+    else:  # no predicate saw it
+        want, want_state, _ = run(pats, events)
+    assert got == want and state == want_state
+
+
+def test_failure_is_a_dead_letter_with_the_record_and_the_stream_goes_on():
+    sink = io.StringIO()
+    eng = Engine(dead_letters=DeadLetters(sink))
+    eng.register("PATTERN SEQ(a x, b y) WHERE skip_till_any_match(x, y) { [k] }", name="q")
+    out = eng.process({"type": "a", "ts": 1, "k": 1})
+    out += eng.process({"type": "b", "ts": 2, "k": [1, 2]})  # an unhashable key: the partition lookup raises
+    out += eng.process({"type": "b", "ts": 3, "k": 1})
+    assert [m["bindings"] for m in out] == [{"x": [0], "y": [2]}]
+    letter = json.loads(sink.getvalue())
+    assert letter["seq"] == 1 and letter["reason"].startswith("event failed: TypeError")
+    assert json.loads(letter["raw"]) == {"type": "b", "ts": 2.0, "k": [1, 2]}
+    assert eng.stats.failed == 1 and eng.stats.events == 2 and eng.stats.live_runs == 1
+
+
+def test_keyboard_interrupt_rolls_back_and_propagates():
+    eng = Engine(dead_letters=DeadLetters())
+    eng.register("PATTERN SEQ(a x, b y) WHERE skip_till_any_match(x, y) { x.v < y.v }", name="q")
+    eng.process({"type": "a", "ts": 1, "v": 1})
+    node = next(n for n in eng.runtime.nfa.nodes() if n.index == 1)
+    real = node.begin
+
+    def interrupt(ev, vec):
+        raise KeyboardInterrupt
+
+    node.begin = (interrupt,)
+    with pytest.raises(KeyboardInterrupt):
+        eng.process({"type": "b", "ts": 2, "v": 5})
+    node.begin = real
+    assert eng.stats.live_runs == 1 and eng.runtime.buffer.size == 1
+    assert [m["bindings"] for m in eng.process({"type": "b", "ts": 3, "v": 5})] == [{"x": [0], "y": [2]}]
+
+
+# --- the Python API refuses bad input clearly (item 10) ---------------------------------
+
+
+def test_bad_api_input_raises_yfpp_errors():
+    eng = Engine()
+    with pytest.raises(YfppError, match="Event or a mapping"):
+        eng.process(42)
+    with pytest.raises(YfppError, match="query text or a Pattern"):
+        eng.register(None)
+    eng.register("PATTERN SEQ(a x, b y)", name="q")
+    with pytest.raises(YfppError, match="already registered"):
+        eng.register("PATTERN SEQ(a x, c y)", name="q")
+    for bad in (math.nan, -1, math.inf, "5"):
+        with pytest.raises(YfppError, match="max_delay"):
+            Engine(max_delay=bad)
+    with pytest.raises(YfppError, match="max_runs_per_query"):
+        Engine(max_runs_per_query=0)
+    with pytest.raises(YfppError, match="advance_time"):
+        eng.advance_time(math.nan)
+
+
+def test_bad_records_are_dead_letters_with_a_clear_reason():
+    sink = io.StringIO()
+    eng = Engine(dead_letters=DeadLetters(sink))
+    eng.register("PATTERN SEQ(a x, b y)", name="q")
+    for rec in ({"type": "a", "ts": math.inf}, {"type": "", "ts": 1}, {"type": "a", "ts": math.nan}, {"type": "a", "ts": True}):
+        assert eng.process(rec) == []
+    assert eng.process(Event("a", math.inf)) == []
+    reasons = [json.loads(x)["reason"] for x in sink.getvalue().splitlines()]
+    assert reasons == [
+        "malformed record: non-finite ts inf",
+        "malformed record: empty type",
+        "malformed record: non-finite ts nan",
+        "malformed record: missing or non-numeric ts",
+        "malformed record: non-finite ts inf",
+    ]
+
+
+def test_ts_accepts_any_real_number():
+    eng = Engine()
+    eng.register("PATTERN SEQ(a x, b y) WITHIN 1", name="q")
+    eng.process({"type": "a", "ts": Decimal("1.5")})
+    out = eng.process({"type": "b", "ts": Fraction(5, 2)})
+    assert [(m["start"], m["end"]) for m in out] == [(1.5, 2.5)]
+    np = pytest.importorskip("numpy")
+    eng.process({"type": "a", "ts": np.int64(3)})
+    out = eng.process({"type": "b", "ts": np.float32(3.5)})
+    assert [(m["start"], m["end"]) for m in out] == [(3.0, 3.5)] and type(out[0]["end"]) is float
