@@ -10,7 +10,7 @@ import time
 from typing import Any, Iterable, TextIO
 
 from yfpp.dead_letters import DeadLetters
-from yfpp.engine import Engine
+from yfpp.engine import MAX_BUFFER_PER_QUERY, MAX_RUNS_PER_QUERY, Engine
 from yfpp.errors import YfppError
 from yfpp.events import Event
 from yfpp.query_text import load_queries, parse_query
@@ -63,8 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=RUN_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    run.add_argument("-q", "--query", action="extend", nargs="+", required=True, metavar="QUERY_OR_FILE",
-                     help="query text or a query file (.sase, .xpe, or any file: language from the text); repeatable")
+    run.add_argument("-q", "--query", action="extend", nargs="+", metavar="QUERY_OR_FILE",
+                     help="query text or a query file (.sase, .xpe, or any file: language from the text); repeatable "
+                          "(required unless --restore)")
     run.add_argument("-i", "--input", required=True, help="input file (.xml, .jsonl, optionally .gz) or - for stdin")
     run.add_argument("--format", choices=["xml", "jsonl"], help="input format (default: from the extension or content)")
     run.add_argument("-o", "--output", help="write matches here instead of stdout")
@@ -73,6 +74,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--ts-unit", default="s", help="timestamp unit: s, ms, us, ns, min, h (default: s)")
     run.add_argument("--max-delay", type=float, default=0.0, help="reorder buffer for out-of-order events, in seconds (default 0)")
     run.add_argument("--dead-letters", metavar="FILE", help="write malformed and late records here as JSON lines (default: stderr)")
+    run.add_argument("--max-runs-per-query", type=int, metavar="N",
+                     help=f"cap on each query's live runs; over it its oldest runs are shed and reported (default {MAX_RUNS_PER_QUERY:,})")
+    run.add_argument("--max-buffer-per-query", type=int, metavar="N",
+                     help=f"cap on each query's buffered events, same policy (default {MAX_BUFFER_PER_QUERY:,})")
+    run.add_argument("--checkpoint", metavar="FILE", help="write the engine's state to FILE (atomically) every --checkpoint-every events")
+    run.add_argument("--checkpoint-every", type=int, metavar="N", default=100_000, help="events between checkpoints (default 100,000)")
+    run.add_argument("--restore", metavar="FILE",
+                     help="resume from a checkpoint over the SAME input: its queries and options, skipping the records it consumed")
     run.add_argument("--stats", action="store_true", help="print events/s, peak runs, buffer size and matches per query to stderr")
     run.add_argument("--progress", choices=["auto", "always", "never"], default="auto",
                      help="progress line on stderr (auto: when stderr is a terminal)")
@@ -138,8 +147,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     from yfpp.readers import read_events
 
     dead = DeadLetters(args.dead_letters if args.dead_letters else sys.stderr)
-    engine = build_engine(args.query, max_delay=args.max_delay, dead_letters=dead, policy=args.policy)
-    events = read_events(args.input, args.format, ts_field=args.ts_field, ts_unit=args.ts_unit, dead_letters=dead)
+    caps = {"max_runs_per_query": args.max_runs_per_query, "max_buffer_per_query": args.max_buffer_per_query}
+    if args.checkpoint_every < 1:
+        raise YfppError("--checkpoint-every must be at least 1")
+    if args.restore:
+        from yfpp.checkpoint import SkipConsumed, read_checkpoint
+
+        if args.query:
+            raise YfppError("--restore takes the queries from the checkpoint: leave out -q")
+        engine = Engine.restore(read_checkpoint(args.restore), dead_letters=dead,
+                                **{k: v for k, v in caps.items() if v is not None})
+        skip = SkipConsumed(engine, dead)  # records the checkpoint consumed: neither matched nor reported again
+        events = skip.events(read_events(args.input, args.format, ts_field=args.ts_field, ts_unit=args.ts_unit, dead_letters=skip))
+    else:
+        if not args.query:
+            raise YfppError("give at least one query with -q (or --restore FILE)")
+        engine = build_engine(args.query, max_delay=args.max_delay, dead_letters=dead, policy=args.policy, **caps)
+        events = read_events(args.input, args.format, ts_field=args.ts_field, ts_unit=args.ts_unit, dead_letters=dead)
     # Runs, buffer entries and events form no reference cycles: keep the cyclic collector from
     # rescanning millions of them (it took a third of the time on large runs).
     gc.freeze()
@@ -148,7 +172,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     started = time.perf_counter()
     try:
-        n = write_matches(engine, events, out, Progress(sys.stderr) if show else None)
+        n = write_matches(engine, events, out, Progress(sys.stderr) if show else None,
+                          (args.checkpoint, args.checkpoint_every) if args.checkpoint else None)
     finally:
         if args.output:
             out.close()
@@ -158,16 +183,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def write_matches(engine: Engine, events: Iterable[Event], out: TextIO, progress: "Progress | None") -> int:
-    """Stream events through the engine, writing matches as JSON lines; return the event count."""
+def write_matches(engine: Engine, events: Iterable[Event], out: TextIO, progress: "Progress | None",
+                  checkpoint: tuple[str, int] | None = None) -> int:
+    """Stream events through the engine, writing matches as JSON lines; return the event count.
+
+    With ``checkpoint = (path, every)`` the engine's state is written to ``path`` every
+    ``every`` events, after the matches written so far are flushed.
+    """
     n = 0
     dumps = json.dumps
+    every = checkpoint[1] if checkpoint else 0
     for ev in events:
         n += 1
         for m in engine.process(ev):
             out.write(dumps(m) + "\n")
         if progress is not None and n % 4096 == 0:
             progress.update(n, engine)
+        if every and n % every == 0:
+            from yfpp.checkpoint import write_checkpoint
+
+            out.flush()
+            write_checkpoint(engine, checkpoint[0])
     for m in engine.flush():
         out.write(dumps(m) + "\n")
     if progress is not None:
@@ -210,10 +246,13 @@ def print_stats(engine: Engine, n: int, elapsed: float, dead: DeadLetters, strea
         f"peak runs         {c.peak_runs:,}",
         f"peak buffer       {c.peak_buffer:,} entries",
         f"dead letters      {dead.count:,}" + (f"  ({dict(dead.by_reason)})" if dead.count else ""),
+        f"failed events     {c.failed:,}  (rolled back, in the dead letters)",
+        f"runs shed         {sum(c.shed_runs.values()):,}  (over a per-query cap)",
         "matches per query:",
     ]
     for plan in engine.queries.values():
-        lines.append(f"  {str(plan.name):<24} {c.matches.get(plan.name, 0):,}")
+        shed = c.shed_runs.get(plan.name, 0)
+        lines.append(f"  {str(plan.name):<24} {c.matches.get(plan.name, 0):,}" + (f"  ({shed:,} runs shed)" if shed else ""))
     stream.write("\n".join(lines) + "\n")
 
 

@@ -19,6 +19,7 @@ import heapq
 import json
 import math
 import numbers
+import os
 import sys
 from decimal import Decimal
 from itertools import count
@@ -32,7 +33,9 @@ from yfpp.pattern import Pattern
 from yfpp.query_text import parse_query
 from yfpp.runtime import Runtime
 
-#: Default caps per query (per branch of the shared NFA, see docs/operations.md).
+#: Default caps per query (per branch of the shared NFA, see docs/operations.md); the environment
+#: variables YFPP_MAX_RUNS_PER_QUERY / YFPP_MAX_BUFFER_PER_QUERY override them (how `yfpp spark`
+#: passes its flags to the engines on the executors).
 MAX_RUNS_PER_QUERY = 250_000
 MAX_BUFFER_PER_QUERY = 1_000_000
 _LAST = float("inf")  # order key of a derived event's non-int seq: after the int seqs of its ts
@@ -61,16 +64,15 @@ class Engine:
         max_delay: float = 0.0,
         dead_letters: DeadLetters | None = None,
         policy: str | None = None,
-        max_runs_per_query: int = MAX_RUNS_PER_QUERY,
-        max_buffer_per_query: int = MAX_BUFFER_PER_QUERY,
+        max_runs_per_query: int | None = None,
+        max_buffer_per_query: int | None = None,
         reports: TextIO | None = sys.stderr,
     ):
         self.max_delay = _real(max_delay, "max_delay")
         if self.max_delay < 0:
             raise YfppError(f"max_delay must be a finite number >= 0, not {max_delay!r}")
-        for what, cap in (("max_runs_per_query", max_runs_per_query), ("max_buffer_per_query", max_buffer_per_query)):
-            if not isinstance(cap, numbers.Integral) or isinstance(cap, bool) or cap < 1:
-                raise YfppError(f"{what} must be an integer >= 1, not {cap!r}")
+        max_runs_per_query = _cap("max_runs_per_query", max_runs_per_query, MAX_RUNS_PER_QUERY)
+        max_buffer_per_query = _cap("max_buffer_per_query", max_buffer_per_query, MAX_BUFFER_PER_QUERY)
         if policy not in (None, "all", "non_overlapping"):
             raise YfppError(f"policy must be 'all' or 'non_overlapping', not {policy!r}")
         self.runtime = Runtime(int(max_runs_per_query), int(max_buffer_per_query), self._failed, self._report)
@@ -233,6 +235,21 @@ class Engine:
         out.extend(self.runtime.flush())
         return out
 
+    # --- checkpoints ----------------------------------------------------------------
+
+    def snapshot(self) -> dict:
+        """The whole engine state as versioned JSON-safe data (format: docs/operations.md)."""
+        from yfpp.checkpoint import snapshot
+
+        return snapshot(self)
+
+    @classmethod
+    def restore(cls, snapshot: dict, **engine_opts: Any) -> "Engine":
+        """An engine in the state of ``snapshot``; ``engine_opts`` (dead_letters, reports, …) override its options."""
+        from yfpp.checkpoint import restore
+
+        return restore(snapshot, **engine_opts)
+
     @property
     def stats(self):
         return self.runtime.counters
@@ -241,6 +258,16 @@ class Engine:
     def held(self) -> int:
         """Events waiting in the reorder buffer."""
         return len(self._held)
+
+
+def _cap(what: str, value: int | None, default: int) -> int:
+    """A cap: the value given, else the environment's YFPP_<WHAT>, else the default."""
+    if value is None:
+        env = os.environ.get(f"YFPP_{what.upper()}")
+        value = default if env is None else (int(env) if env.strip().isdigit() else env)
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
+        raise YfppError(f"{what} must be an integer >= 1, not {value!r}")
+    return int(value)
 
 
 def _is_real(v: Any) -> bool:

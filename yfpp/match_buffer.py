@@ -102,6 +102,13 @@ class MatchBuffer:
             if not st:
                 del self._stacks[stack]
 
+    def load(self, stack: Hashable, entries: list[Entry]) -> None:
+        """Set ``stack``'s entries (oldest first), as a checkpoint stored them."""
+        self.drop(stack)
+        if entries:
+            self._stacks[stack] = deque(entries)
+            self.size += len(entries)
+
     def drop(self, stack: Hashable) -> None:
         st = self._stacks.pop(stack, None)
         if st is not None:

@@ -43,6 +43,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--policy", choices=["all", "non_overlapping"], help="output policy for every query")
     p.add_argument("--ts-field", default="ts", help="timestamp field name (default: ts)")
     p.add_argument("--ts-unit", default="s", help="timestamp unit: s, ms, us, ns, min, h (default: s)")
+    p.add_argument("--max-runs-per-query", type=int, metavar="N", help="cap on each query's live runs per engine (see docs/operations.md)")
+    p.add_argument("--max-buffer-per-query", type=int, metavar="N", help="cap on each query's buffered events per engine")
     p.add_argument("--partitions", type=int,
                    help="shuffle partitions (default: spark.sql.shuffle.partitions if configured, else 2 × the cores)")
     p.add_argument("--stream", action="store_true", help="watch the input directory (or --socket) for new data")
@@ -77,6 +79,10 @@ def cmd_spark(args: argparse.Namespace) -> int:
         raise YfppError("yfpp spark needs PySpark: pip install 'yfpp[spark]'") from e
     owned = SparkSession.getActiveSession() is None
     builder = SparkSession.builder.appName("yfpp").config("spark.ui.showConsoleProgress", "false")  # counters on stderr
+    for cap in ("max_runs_per_query", "max_buffer_per_query"):  # the engines on the executors read these
+        if getattr(args, cap) is not None:
+            os.environ[f"YFPP_{cap.upper()}"] = str(getattr(args, cap))
+            builder = builder.config(f"spark.executorEnv.YFPP_{cap.upper()}", str(getattr(args, cap)))
     if args.master:
         builder = builder.master(args.master)
     if args.partitions:

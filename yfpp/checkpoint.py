@@ -1,0 +1,378 @@
+"""Checkpoints: the whole engine state as versioned, JSON-safe data (docs/operations.md).
+
+``snapshot(engine) -> dict`` and ``restore(data, **engine_opts) -> Engine``
+(``Engine.snapshot`` / ``Engine.restore``), ``write_checkpoint`` (atomic:
+temp file + rename) and ``read_checkpoint``.  Nothing is pickled: queries are
+kept as their pattern IR (plain dataclasses, encoded by class name from
+``yfpp.pattern`` only) and recompiled in registration order, which rebuilds
+the same shared NFA; runs, buffer entries and negation candidates then refer
+to its nodes as ``[query id, component index]``.  Events are stored once in a
+table and referred to by index.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import os
+import tempfile
+from collections import defaultdict
+from itertools import count
+from pathlib import Path
+from typing import Any
+
+from yfpp import pattern as ir
+from yfpp.errors import YfppError
+from yfpp.events import MISSING, Event
+from yfpp.match_buffer import Entry
+from yfpp.predicates import KleeneState
+from yfpp.runtime import Pending, Run
+
+FORMAT = "yfpp-checkpoint"
+VERSION = 1
+_IR_CLASSES = {c.__name__: c for c in vars(ir).values() if isinstance(c, type) and dataclasses.is_dataclass(c)}
+_IR_ENUMS = {c.__name__: c for c in vars(ir).values() if isinstance(c, type) and issubclass(c, enum.Enum) and c is not enum.Enum}
+
+
+# --- pattern IR <-> JSON ------------------------------------------------------------
+
+
+def encode_pattern(obj: Any) -> Any:
+    """A pattern IR value as JSON: dataclasses as ``{"$ir": name, fields…}``, enums as ``{"$enum": …}``."""
+    if dataclasses.is_dataclass(obj):
+        return {"$ir": type(obj).__name__, **{f.name: encode_pattern(getattr(obj, f.name)) for f in dataclasses.fields(obj)}}
+    if isinstance(obj, enum.Enum):
+        return {"$enum": type(obj).__name__, "value": obj.value}
+    if isinstance(obj, tuple):
+        return [encode_pattern(x) for x in obj]
+    return obj
+
+
+def decode_pattern(data: Any, as_tuple: bool = False) -> Any:
+    if isinstance(data, dict):
+        if "$enum" in data:
+            return _IR_ENUMS[data["$enum"]](data["value"])
+        cls = _IR_CLASSES.get(data.get("$ir"))
+        if cls is None:
+            raise YfppError(f"checkpoint: unknown pattern class {data.get('$ir')!r}")
+        return cls(**{k: decode_pattern(v, True) for k, v in data.items() if k != "$ir"})
+    if isinstance(data, list):
+        return tuple(decode_pattern(x, True) for x in data)
+    return data
+
+
+# --- snapshot -----------------------------------------------------------------------
+
+
+class _Writer:
+    """Numbers the events and buffer entries a snapshot refers to."""
+
+    def __init__(self, node_ref: dict) -> None:
+        self.node_ref = node_ref
+        self.events: list[dict] = []
+        self.entries: list[dict] = []
+        self._event_ids: dict[int, int] = {}
+        self._entry_ids: dict[int, int] = {}
+
+    def event(self, ev: Event) -> int:
+        i = self._event_ids.get(id(ev))
+        if i is None:
+            i = self._event_ids[id(ev)] = len(self.events)
+            rec = {"type": ev.type, "ts": ev.ts, "attrs": ev.attrs, "seq": ev.seq, "pos": ev.pos}
+            if ev._element is not None:
+                from lxml import etree
+
+                rec["xml"] = etree.tostring(ev._element, encoding="unicode", with_tail=False)
+            self.events.append(rec)
+        return i
+
+    def entry(self, e: Entry | None) -> int | None:
+        if e is None:
+            return None
+        i = self._entry_ids.get(id(e))
+        if i is None:
+            i = self._entry_ids[id(e)] = len(self.entries)
+            rec: dict = {"event": self.event(e.event), "unit": e.unit}
+            self.entries.append(rec)
+            rec["preds"] = [[list(v), self.entry(p)] for v, p in e.preds.items()]
+        return i
+
+    def value(self, v: Any) -> Any:
+        """A vec slot, partition key or aggregate: None/numbers/strings, MISSING, tuples, events, Kleene states."""
+        if v is None or isinstance(v, (bool, int, float, str)):
+            return v
+        if v is MISSING:
+            return {"$missing": True}
+        if isinstance(v, tuple):
+            return {"$tuple": [self.value(x) for x in v]}
+        if isinstance(v, Event):
+            return {"$event": self.event(v)}
+        if isinstance(v, KleeneState):
+            evs = list(v.iter_events()) if v.events is not None else None
+            return {"$kleene": [self.event(v.first), self.event(v.last), v.n, self.value(v.aggs),
+                                None if evs is None else [self.event(e) for e in evs]]}
+        raise YfppError(f"checkpoint: cannot store a value of type {type(v).__name__}: {v!r:.80}")
+
+    def run(self, r: Run, state_ref: list) -> dict:
+        return {
+            "state": state_ref, "vec": [self.value(x) for x in r.vec], "entry": self.entry(r.entry),
+            "version": list(r.version), "first_ts": r.first_ts, "first_pos": r.first_pos, "key": self.value(r.key),
+            "born": r.born, "tick": r.tick, "ptick": r.ptick, "blocked": [self.node_ref[n] for n in r.blocked],
+        }
+
+
+def _peek(engine_obj: Any, attr: str) -> int:
+    """The next value of an ``itertools.count`` attribute (left as it was)."""
+    n = next(getattr(engine_obj, attr))
+    setattr(engine_obj, attr, count(n))
+    return n
+
+
+def _node_refs(engine) -> dict:
+    """Every live node of the shared NFA -> ``[query id, component index]`` of the first query through it."""
+    refs: dict = {}
+    for qid, plan in engine.queries.items():
+        for i, node in enumerate(plan.nodes):
+            refs.setdefault(node, [qid, i])
+    return refs
+
+
+def _state_ref(st, node_ref: dict) -> list | None:
+    node = node_ref.get(st.node)
+    if node is None:
+        return None
+    if st.mode == "in":
+        return [node, "in"]
+    return [node, "wait", st.contiguity.value, node_ref[st.child] if st.child is not None else None]
+
+
+def snapshot(engine) -> dict:
+    """The engine's whole state as JSON-safe data (``FORMAT``, ``VERSION``; see docs/operations.md)."""
+    rt = engine.runtime
+    node_ref = _node_refs(engine)
+    w = _Writer(node_ref)
+    runs = []
+    for store in rt._stores():
+        for st, lst in store.items():
+            ref = _state_ref(st, node_ref) if st not in rt.dead else None
+            if ref is not None:
+                runs += [w.run(r, ref) for r in lst]
+    stacks = []
+    for node in rt.buffer.stacks():
+        if node in node_ref:
+            stacks.append([node_ref[node], [w.entry(e) for e in rt.buffer.entries(node)]])
+    neg_index = {neg: [qid, i] for qid, plan in engine.queries.items() for i, neg in enumerate(plan.negations)}
+    negations = []
+    for neg, store in rt.neg_store.items():
+        for key, (positions, events) in store.items():
+            negations.append([neg_index[neg], w.value(key), positions, [w.event(e) for e in events]])
+    plan_id = {plan: qid for qid, plan in engine.queries.items()}
+    pending = []
+    for deadline, order, p in sorted(rt.deadlines, key=lambda d: (d[0], d[1])):
+        if p.plan in plan_id and not p.killed:
+            pending.append({"query": plan_id[p.plan], "key": w.value(p.key), "vec": [w.value(x) for x in p.vec],
+                            "last_pos": p.last_pos, "deadline": deadline, "order": order, "match": p.match})
+    held = [[ts, sk, arrival, w.event(ev)] for ts, sk, arrival, ev in sorted(engine._held, key=lambda h: h[:3])]
+    c = rt.counters
+    data = {
+        "format": FORMAT,
+        "version": VERSION,
+        "options": {"max_delay": engine.max_delay, "policy": engine.default_policy,
+                    "max_runs_per_query": rt.max_runs, "max_buffer_per_query": rt.max_buffer},
+        "queries": [
+            {"id": qid, "name": name, "text": text, "since_tick": engine.queries[qid].since_tick, "pattern": encode_pattern(pat)}
+            for qid, (pat, text, name) in engine.sources.items()
+        ],
+        "next_query_id": _peek(engine, "_ids"),
+        "stream": {"next_seq": engine._next_seq, "watermark": list(engine._mark), "next_arrival": _peek(engine, "_arrivals"),
+                   "tick": rt.tick, "now": rt.now, "next_sweep": rt._next_sweep},
+        "held": held,
+        "runs": runs,
+        "buffer": stacks,
+        "negations": negations,
+        "pending": pending,
+        "partition_ticks": [[list(attrs), [[w.value(k), n] for k, n in ticks.items()]] for attrs, ticks in rt.pticks.items()],
+        "branches": [[node_ref[root], root.shed, root.reported] for root in rt.branch_queries if root in node_ref],
+        "versions": {"next_root": _peek(rt, "_roots"), "next_branch": _peek(rt, "_branches"), "next_order": _peek(rt, "_order")},
+        "counters": {
+            "events": c.events, "runs_started": c.runs_started, "runs_created": c.runs_created, "runs_touched": c.runs_touched,
+            "peak_runs": c.peak_runs, "peak_buffer": c.peak_buffer, "failed": c.failed,
+            "matches": [[k, v] for k, v in c.matches.items()], "shed_runs": [[k, v] for k, v in c.shed_runs.items()],
+        },
+        "dead_letters": {"count": engine.dead_letters.count, "by_reason": dict(engine.dead_letters.by_reason)},
+        "events": w.events,
+        "entries": w.entries,
+    }
+    return data
+
+
+# --- restore ------------------------------------------------------------------------
+
+
+class _Reader:
+    def __init__(self, data: dict) -> None:
+        self.events = [self._event(rec) for rec in data["events"]]
+        self.entries = [Entry(self.events[rec["event"]], rec["unit"]) for rec in data["entries"]]
+        for e, rec in zip(self.entries, data["entries"]):
+            e.preds = {tuple(v): (None if p is None else self.entries[p]) for v, p in rec["preds"]}
+
+    @staticmethod
+    def _event(rec: dict) -> Event:
+        element = None
+        if "xml" in rec:
+            from lxml import etree
+
+            parser = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False)
+            element = etree.fromstring(rec["xml"], parser)
+        ev = Event(rec["type"], rec["ts"], rec["attrs"], rec["seq"], element)
+        ev.pos = rec["pos"]
+        return ev
+
+    def value(self, v: Any) -> Any:
+        if not isinstance(v, dict):
+            return v
+        if "$missing" in v:
+            return MISSING
+        if "$tuple" in v:
+            return tuple(self.value(x) for x in v["$tuple"])
+        if "$event" in v:
+            return self.events[v["$event"]]
+        first, last, n, aggs, evs = v["$kleene"]
+        chain = None
+        for i in evs or ():
+            chain = (self.events[i], chain)
+        return KleeneState(self.events[first], self.events[last], n, self.value(aggs), chain if evs is not None else None)
+
+
+def restore(data: dict, **engine_opts: Any):
+    """A new Engine in the state ``data`` describes; ``engine_opts`` (dead_letters, reports…) override its options."""
+    from yfpp.engine import Engine
+
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise YfppError("not a yfpp checkpoint")
+    if data.get("version") != VERSION:
+        raise YfppError(f"checkpoint version {data.get('version')!r} is not supported (this yfpp reads version {VERSION})")
+    try:
+        return _restore(data, Engine, engine_opts)
+    except (KeyError, IndexError, TypeError, ValueError) as e:
+        raise YfppError(f"corrupt checkpoint: {type(e).__name__}: {e}") from e
+
+
+def _restore(data: dict, Engine, engine_opts: dict):
+    eng = Engine(**{**data["options"], **engine_opts})
+    rt = eng.runtime
+    for q in data["queries"]:
+        eng._ids = count(q["id"])
+        eng.register(decode_pattern(q["pattern"]), name=q["name"])
+        eng.sources[q["id"]] = (eng.sources[q["id"]][0], q["text"], q["name"])
+        eng.queries[q["id"]].since_tick = q["since_tick"]
+    eng._ids = count(data["next_query_id"])
+
+    def node_at(ref: list):
+        return eng.queries[ref[0]].nodes[ref[1]]
+
+    def state_at(ref: list):
+        node = node_at(ref[0])
+        if ref[1] == "in":
+            return node.inside
+        contiguity = ir.Contiguity(ref[2])
+        return node.waits[node_at(ref[3]).id if ref[3] is not None else contiguity]
+
+    rd = _Reader(data)
+    s = data["stream"]
+    eng._next_seq, eng._mark = s["next_seq"], tuple(s["watermark"])
+    eng._arrivals = count(s["next_arrival"])
+    rt.tick, rt.now, rt._next_sweep = s["tick"], s["now"], s["next_sweep"]
+    eng._held = [(ts, sk, arrival, rd.events[i]) for ts, sk, arrival, i in data["held"]]
+    for rec in data["runs"]:
+        r = Run(state_at(rec["state"]), tuple(rd.value(x) for x in rec["vec"]), None if rec["entry"] is None else rd.entries[rec["entry"]],
+                tuple(rec["version"]), rec["first_ts"], rec["first_pos"], rd.value(rec["key"]), rec["born"], rec["tick"], rec["ptick"])
+        r.blocked = frozenset(node_at(n) for n in rec["blocked"])
+        rt._store_many([r])
+        r.state.node.root.live += 1
+        rt.counters.live_runs += 1
+    for ref, entries in data["buffer"]:
+        rt.buffer.load(node_at(ref), [rd.entries[i] for i in entries])
+    for (qid, i), key, positions, events in data["negations"]:
+        rt.neg_store[eng.queries[qid].negations[i]][rd.value(key)] = (list(positions), [rd.events[j] for j in events])
+    for p in data["pending"]:
+        plan = eng.queries[p["query"]]
+        key = rd.value(p["key"])
+        pend = Pending(plan, key, tuple(rd.value(x) for x in p["vec"]), p["last_pos"], p["deadline"], p["match"])
+        rt.pending[plan].setdefault(key, []).append(pend)
+        rt.deadlines.append((p["deadline"], p["order"], pend))  # sorted: already a heap
+    for attrs, ticks in data["partition_ticks"]:
+        rt.pticks[tuple(attrs)] = {rd.value(k): n for k, n in ticks}
+    for ref, shed, reported in data["branches"]:
+        root = node_at(ref).root
+        root.shed, root.reported = shed, reported
+    v = data["versions"]
+    rt._roots, rt._branches, rt._order = count(v["next_root"]), count(v["next_branch"]), count(v["next_order"])
+    c, saved = rt.counters, data["counters"]
+    for k in ("events", "runs_started", "runs_created", "runs_touched", "peak_runs", "peak_buffer", "failed"):
+        setattr(c, k, saved[k])
+    c.matches = defaultdict(int, {k: n for k, n in saved["matches"]})
+    c.shed_runs = defaultdict(int, {k: n for k, n in saved["shed_runs"]})
+    dl = eng.dead_letters
+    dl.count += data["dead_letters"]["count"]
+    dl.by_reason.update(data["dead_letters"]["by_reason"])
+    return eng
+
+
+# --- resuming a feed ----------------------------------------------------------------
+
+
+class SkipConsumed:
+    """Re-reading the same input after a restore: drop what the checkpoint already consumed.
+
+    Stands in for the reader's dead-letter sink (reports of records before the
+    cut are not repeated) and filters its events (``seq`` below the restored
+    engine's next seq were processed, or are held in its reorder buffer).
+    """
+
+    def __init__(self, engine, dead_letters) -> None:
+        self.cut = engine._next_seq
+        self.dead_letters = dead_letters
+
+    def report(self, seq: int, position: str, reason: str, raw: str | None = None) -> None:
+        if seq >= self.cut:
+            self.dead_letters.report(seq, position, reason, raw)
+
+    def events(self, events):
+        cut = self.cut
+        for ev in events:
+            if ev.seq >= cut:
+                yield ev
+
+
+# --- files --------------------------------------------------------------------------
+
+
+def write_checkpoint(engine, path: str | os.PathLike[str], extra: dict | None = None) -> None:
+    """Write ``engine``'s snapshot (plus ``extra`` fields) to ``path`` atomically: a temp file, fsync, rename."""
+    data = snapshot(engine)
+    if extra:
+        data.update(extra)
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent or ".")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, separators=(",", ":"))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_checkpoint(path: str | os.PathLike[str]) -> dict:
+    """The checkpoint data in ``path`` (restore it with ``Engine.restore``)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except OSError as e:
+        raise YfppError(f"cannot read checkpoint {path}: {e.strerror}") from e
+    except ValueError as e:
+        raise YfppError(f"checkpoint {path} is not valid JSON: {e}") from e
