@@ -38,6 +38,7 @@ from yfpp.runtime import Runtime
 #: passes its flags to the engines on the executors).
 MAX_RUNS_PER_QUERY = 250_000
 MAX_BUFFER_PER_QUERY = 1_000_000
+STDERR: Any = type("Stderr", (), {"__repr__": lambda self: "sys.stderr"})()  # the default report stream, looked up when used
 _LAST = float("inf")  # order key of a derived event's non-int seq: after the int seqs of its ts
 
 
@@ -66,7 +67,7 @@ class Engine:
         policy: str | None = None,
         max_runs_per_query: int | None = None,
         max_buffer_per_query: int | None = None,
-        reports: TextIO | None = sys.stderr,
+        reports: TextIO | None | object = STDERR,
     ):
         self.max_delay = _real(max_delay, "max_delay")
         if self.max_delay < 0:
@@ -81,7 +82,7 @@ class Engine:
         self.queries: dict[int, QueryPlan] = {}
         self.sources: dict[int, tuple[Pattern, str | None, str | int | None]] = {}  # for checkpoints
         self.reports: list[str] = []
-        self._report_stream = reports
+        self._report_stream = sys.stderr if reports is STDERR else reports
         self._names: set[str | int] = set()
         self._ids = count()
         self._next_seq = 0

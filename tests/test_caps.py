@@ -1,0 +1,98 @@
+"""Bounded memory (issue 8 item 8): per-query caps on runs and buffered events, growth reports."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections import Counter
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.generators import patterns, streams
+from yfpp.cli import main
+from yfpp.dead_letters import DeadLetters
+from yfpp.engine import Engine
+from yfpp.events import Event
+
+RUNAWAY = "PATTERN SEQ(a x, b+ y[], c z) WHERE skip_till_any_match(x, y, z) WITHIN 1 hour"
+
+
+def runaway_feed(n_b: int = 1000) -> list[dict]:
+    return [{"type": "a", "ts": 0}] + [{"type": "b", "ts": 1 + i} for i in range(n_b)] + [{"type": "c", "ts": n_b + 1}]
+
+
+def test_runaway_kleene_is_capped_and_reported():
+    sink = io.StringIO()
+    eng = Engine(max_runs_per_query=2000, reports=sink, dead_letters=DeadLetters())
+    eng.register(RUNAWAY, name="runaway")
+    peak = 0
+    for r in runaway_feed():
+        eng.process(r)
+        peak = max(peak, eng.stats.live_runs)
+    eng.flush()
+    assert peak <= 2 * 2000 + 2  # one event can at most double the runs before the cap check
+    assert eng.stats.shed_runs["runaway"] > 2000
+    assert eng.runtime.buffer.size < 100
+    assert "query 'runaway': over max_runs_per_query=2,000" in sink.getvalue()
+    assert eng.reports and "runaway" in eng.reports[0]
+
+
+def test_buffer_cap_sheds_a_long_kleene():
+    sink = io.StringIO()
+    eng = Engine(max_buffer_per_query=300, reports=sink, dead_letters=DeadLetters())
+    eng.register("PATTERN SEQ(a x, b+ y[], c z)", name="long")
+    sizes = []
+    for i in range(2000):
+        eng.process({"type": "a" if i % 500 == 0 else "b", "ts": i})
+        sizes.append(eng.runtime.buffer.size)
+    assert max(sizes) <= 300 + 64 * 3  # checked every 64 events while over the cap
+    assert eng.stats.shed_runs["long"] > 0 and "over max_buffer_per_query=300" in sink.getvalue()
+
+
+def test_a_shared_run_is_counted_once_and_shed_for_every_query_of_its_branch():
+    sink = io.StringIO()
+    eng = Engine(max_runs_per_query=500, reports=sink, dead_letters=DeadLetters())
+    eng.register(RUNAWAY, name="to_c")
+    eng.register(RUNAWAY.replace("c z", "d z"), name="to_d")
+    eng.register("PATTERN SEQ(c x, d y)", name="other")
+    for r in runaway_feed(30):
+        eng.process(r)
+    assert eng.stats.shed_runs["to_c"] == eng.stats.shed_runs["to_d"] > 0 and eng.stats.shed_runs["other"] == 0
+    assert "query 'to_c', 'to_d': over max_runs_per_query=500" in sink.getvalue()
+
+
+def test_a_query_without_a_window_says_its_state_is_growing():
+    sink = io.StringIO()
+    eng = Engine(reports=sink, dead_letters=DeadLetters())
+    eng.register("PATTERN SEQ(a x, b y) WHERE skip_till_any_match(x, y)", name="forever")
+    eng.register("PATTERN SEQ(a x, b y) WHERE skip_till_any_match(x, y) WITHIN 10", name="windowed")
+    for i in range(12_000):
+        eng.process({"type": "a", "ts": i})
+    text = sink.getvalue()
+    assert "query 'forever' has no window (WITHIN) and its state is growing" in text and "windowed" not in text
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(patterns(), streams(max_events=12), st.integers(1, 4), st.integers(1, 6))
+def test_shedding_never_invents_a_match(pattern, events, max_runs, max_buffer):
+    def run(**caps):
+        eng = Engine(dead_letters=DeadLetters(), reports=None, **caps)
+        eng.register(pattern, name="q")
+        out = [m for e in events for m in eng.process(Event(e.type, e.ts, dict(e.attrs), e.seq))] + eng.flush()
+        return Counter(json.dumps(m, sort_keys=True) for m in out), eng
+
+    free, _ = run()
+    capped, eng = run(max_runs_per_query=max_runs, max_buffer_per_query=max_buffer)
+    assert not capped - free
+    if not eng.stats.shed_runs:
+        assert capped == free
+
+
+def test_cli_caps_and_stats(tmp_path, capsys):
+    feed = tmp_path / "feed.jsonl"
+    feed.write_text("".join(json.dumps(r) + "\n" for r in runaway_feed(200)))
+    assert main(["run", "-q", RUNAWAY, "-i", str(feed), "--max-runs-per-query", "1000", "--stats"]) == 0
+    err = capsys.readouterr().err
+    assert "yfpp: warning: query 'q': over max_runs_per_query=1,000" in err
+    assert "runs shed" in err and "runs shed)" in err
