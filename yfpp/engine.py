@@ -134,7 +134,10 @@ class Engine:
         late event, with its record so that it can be replayed.
         """
         if isinstance(event, Event):
-            ev = self._checked(event)
+            ev = event
+            ts = ev.ts
+            if not (type(ts) is float and ts - ts == 0.0 and type(ev.type) is str and ev.type):  # else not a finite float
+                ev = self._checked(ev)
         elif isinstance(event, Mapping):
             ev = self._from_record(event)
         else:
@@ -147,19 +150,21 @@ class Engine:
                 ev.seq = seq = self._next_seq
             if seq >= self._next_seq:
                 self._next_seq = seq + 1
-        key = (ev.ts, seq if type(seq) is int else _LAST)
-        if key < self._mark:
+            sk = seq
+        else:
+            sk = _LAST
+        ts = ev.ts
+        mark = self._mark
+        if ts <= mark[0] and (ts < mark[0] or sk < mark[1]):
             self.dead_letters.report(
-                seq, f"seq {seq}",
-                f"late event: ts {ev.ts} < stream time {self._mark[0]} (max_delay {self.max_delay})",
-                _raw(ev),
+                seq, f"seq {seq}", f"late event: ts {ts} < stream time {mark[0]} (max_delay {self.max_delay})", _raw(ev)
             )
             return []
         if self.max_delay <= 0:
-            self._mark = key
+            self._mark = (ts, sk)
             return self.runtime.process(ev)
-        heapq.heappush(self._held, (ev.ts, key[1], next(self._arrivals), ev))
-        return self._release(ev.ts - self.max_delay)
+        heapq.heappush(self._held, (ts, sk, next(self._arrivals), ev))
+        return self._release(ts - self.max_delay)
 
     def _checked(self, ev: Event) -> Event | None:
         why = _bad_type(ev.type)

@@ -244,7 +244,7 @@ class Runtime:
             if delta:
                 live += delta
                 runs[0].state.node.root.live += delta
-            if stays:  # same state and key as before: back into their store at once
+            if stays:  # same state and key as before: back into their store in one step
                 self._store_many(stays)
         cnt.live_runs = live
         for neg, ek in negated:
