@@ -20,6 +20,9 @@ events) under ``--out``.
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import resource
 
 from pyflink.table import EnvironmentSettings, TableEnvironment
 
@@ -61,6 +64,36 @@ def main() -> None:
                        C AS C.`type` = 'exit'
             )""")
     stmts.execute().wait()
+    print(json.dumps({"cpu_seconds": own_cpu() + descendants_cpu(os.getpid())}))
+
+
+def own_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def descendants_cpu(pid: int) -> float:
+    """CPU seconds of the live processes below ``pid`` (the JVM PyFlink started, still running now:
+    it is not waited for when Python exits, so the parent's RUSAGE_CHILDREN never sees it)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    children: dict[int, list[int]] = {}
+    cpu: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))
+        cpu[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    total, todo = 0.0, list(children.get(pid, []))
+    while todo:
+        p = todo.pop()
+        total += cpu.get(p, 0.0)
+        todo.extend(children.get(p, []))
+    return total
 
 
 if __name__ == "__main__":

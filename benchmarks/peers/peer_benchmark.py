@@ -4,7 +4,8 @@ For each number of queries N, the same JSON-lines RFID feed (``yfpp generate rfi
 position field ``n``) goes through ``yfpp run`` with N shoplifting subscriptions and through one Flink
 job with N MATCH_RECOGNIZE statements (``flink_job.py``, run with the Python of a virtual
 environment holding ``apache-flink``: ``pip install -e '.[peers]'`` there, see RESULTS.md).  Both
-are whole processes; their CPU seconds (process and children) are measured, and Flink's start-up —
+are whole processes; their CPU seconds are measured (yfpp's as a waited-for child; Flink's as the
+job script's own plus its JVM's, read from /proc by the script just before it exits), and Flink's start-up —
 the same job over an empty feed — is reported apart and subtracted.  The match sets must agree
 exactly (the script exits 1 otherwise).  Prints a table and draws ``benchmarks/peers.png``.
 
@@ -74,7 +75,8 @@ def run_yfpp(path: Path, n_queries: int, work: Path) -> tuple[float, set]:
 def run_flink(python: str, path: Path, n_queries: int, work: Path, tag: str) -> tuple[float, set]:
     out = work / f"flink_{tag}_{n_queries}"
     cmd = [python, str(HERE / "flink_job.py"), "--input", str(path), "--queries", str(n_queries), "--out", str(out)]
-    cpu = children_cpu(cmd, stdout=subprocess.DEVNULL)
+    done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    cpu = json.loads(done.stdout.strip().splitlines()[-1])["cpu_seconds"]
     found = set()
     for part in out.rglob("*"):
         if part.is_file() and not part.name.startswith("."):
