@@ -308,8 +308,12 @@ def _bad_type(etype: Any) -> str | None:
 
 
 def _raw(ev: Event) -> str:
-    """The event as a JSON line ``yfpp run`` can read again (for replaying a dead letter)."""
-    return json.dumps({"type": ev.type, "ts": ev.ts, **ev.attrs}, default=str, ensure_ascii=False)[:100_000]
+    return event_raw(ev.type, ev.ts, ev.attrs)
+
+
+def event_raw(etype: str, ts: float, attrs: Mapping[str, Any]) -> str:
+    """An event as a JSON line ``yfpp run`` can read again: the ``raw`` of a late or failed event's dead letter."""
+    return json.dumps({"type": etype, "ts": ts, **attrs}, default=str, ensure_ascii=False)[:100_000]
 
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import operator
 import os
 from functools import reduce
@@ -12,6 +13,7 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from yfpp.engine import event_raw
 from yfpp.events import PSEUDO_ATTRS
 from yfpp.spark import source
 from yfpp.spark.plan import Group, Slicing, effective_queries, group_queries, make_event, match_row
@@ -60,7 +62,11 @@ def read_events_df(spark: SparkSession, path: str | os.PathLike[str], format: st
         F.when(late, F.format_string("late event: ts %s < stream time %s (max_delay 0.0)", "ts", stream_time))
         .otherwise(F.col("reason")).alias("reason"),
         F.when(late, F.concat(F.lit("seq "), seq)).otherwise(F.col("position")).alias("position"),
-        "raw",
+        "raw", F.coalesce(late, F.lit(False)).alias("late"),  # null (no earlier ts) is not late
+    )
+    late_raw = F.udf(lambda t, ts, attrs: event_raw(t, ts, json.loads(attrs)), "string")  # the engine's raw of a late event
+    events = events.where(~F.col("late")).drop("late").unionByName(  # the UDF runs on the late rows only
+        events.where(F.col("late")).drop("late").withColumn("raw", late_raw("type", "ts", "attrs"))
     ).persist(StorageLevel.MEMORY_AND_DISK)
     if raw.is_cached:
         events.count()

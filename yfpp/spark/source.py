@@ -26,6 +26,7 @@ from lxml import etree
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition, SimpleDataSourceStreamReader
 
 from yfpp.dead_letters import DeadLetters
+from yfpp.engine import event_raw
 from yfpp.errors import InputError
 from yfpp.readers import read_events
 
@@ -144,7 +145,7 @@ class _Sequencer:
             n = pos + 1
             if reason is None and self.max_ts is not None and ts < self.max_ts:
                 reason = f"late event: ts {ts} < stream time {self.max_ts} (max_delay 0.0)"
-                position, raw = f"seq {seq}", None
+                position, raw = f"seq {seq}", event_raw(type_, ts, json.loads(attrs))
             elif ts is not None:
                 self.max_ts = ts if self.max_ts is None else max(ts, self.max_ts)
             out.append((seq, type_, ts, attrs, xml, reason, position, raw))
