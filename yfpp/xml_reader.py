@@ -46,7 +46,7 @@ from lxml import etree
 from yfpp.dead_letters import DeadLetters
 from yfpp.errors import InputError
 from yfpp.events import Event
-from yfpp.record_fields import ReaderOptions, pop_ts, pop_type, preview, typed_value
+from yfpp.record_fields import RAW_PREVIEW, ReaderOptions, pop_ts, pop_type, preview, typed_value
 
 _NAME = rb"[^\s<>/!?=\"'&]+"
 _START = re.compile(rb"<(" + _NAME + rb")((?:\s+[^\s<>/=\"']+\s*=\s*(?:\"[^\"<]*\"|'[^'<]*'))*)\s*(/?)>")
@@ -56,6 +56,7 @@ _XMLNS = re.compile(rb"""\s(xmlns(?::[^\s=]+)?\s*=\s*(?:"[^"\n]*"|'[^'\n]*'))"""
 _ENCODING = re.compile(rb"""\sencoding\s*=\s*["']([A-Za-z0-9._-]+)["']""")
 _DOCTYPE = re.compile(rb"<!DOCTYPE\s+" + _NAME + rb"\s*(.)", re.S)
 _BLANK = re.compile(rb"[ \t\r\n]*\Z")
+_SPACE = re.compile(rb"[ \t\r\n]*")
 _LINE_COL = re.compile(r", line \d+, column \d+$")
 _BATCH_END = b"</yfpp-batch>"
 _BLOCK = 1 << 16
@@ -193,7 +194,7 @@ class Splitter:
         self.pos = to
 
     def _bad(self, line: int, reason: str, raw: bytes | None) -> None:
-        self.out.append(Bad(line, reason, None if raw is None else preview(raw.rstrip(), self.cap if self.cap < 1024 else 1024)))
+        self.out.append(Bad(line, reason, None if raw is None else preview(raw.rstrip())))
 
     # -- between events --------------------------------------------------------------------
 
@@ -202,7 +203,7 @@ class Splitter:
         buf, pos, line, out, scope = self.buf, self.pos, self.line, self.out, self.wrapper_open
         if not self.skip_text:  # the hot path: blank space and a self-closing element, repeated
             match, count = _SPACE_EMPTY.match, buf.count
-            while (m := match(buf, pos)) is not None:
+            while (m := match(buf, pos)) is not None and m.end() - m.start(1) <= self.cap:
                 start, end = m.start(1), m.end()
                 line += count(b"\n", pos, start)
                 out.append(Chunk(buf[start:end], line, scope))
@@ -218,7 +219,8 @@ class Splitter:
             elif not _BLANK.match(buf, pos, end):
                 if i < 0 and not self.eof and end - pos <= self.cap:
                     return False  # the text may go on
-                self._bad(self.line, "malformed XML: text outside an event", buf[pos:end])
+                self._advance(_SPACE.match(buf, pos).end())
+                self._bad(self.line, "malformed XML: text outside an event", buf[self.pos:end])
                 self.skip_text = i < 0
             self._advance(end)
         if i < 0:
@@ -241,6 +243,12 @@ class Splitter:
         m = _START.match(buf, i)
         if m is None:
             return self._bad_markup(i)
+        if m.end() - i > self.cap:
+            self._bad(self.line, f"too large: a start tag over {self.cap:,} bytes", m[0])
+            self._advance(m.end())
+            if not m[3]:
+                self.skip_text = True  # its content, to the next '<', goes with it
+            return True
         if m[3]:
             self.out.append(Chunk(buf[i:m.end()], self.line, self.wrapper_open))
             self._advance(m.end())
@@ -313,10 +321,11 @@ class Splitter:
             j = len(buf)
             self.skip_text = not self.eof and not self.stack
         raw = buf[i:j]
+        reason = f"too large: markup over {self.cap:,} bytes" if self.skip_text else "malformed XML: bad markup"
         if self.stack:
-            self.broken = self.broken or f"malformed XML: bad markup at line {self.line}"
+            self.broken = self.broken or f"{reason} at line {self.line}"
         else:
-            self._bad(self.line, "malformed XML: bad markup", raw)
+            self._bad(self.line, reason, raw)
         self._advance(j)
         return True
 
@@ -400,7 +409,7 @@ class Splitter:
         if self.undecided:
             self._become_root()
             return False
-        self.skipping = preview(self.buf[self.start:self.start + 1024])
+        self.skipping = preview(self.buf[self.start:self.start + RAW_PREVIEW + 1])
         return True
 
     def _become_root(self) -> None:
