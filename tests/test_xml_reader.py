@@ -91,10 +91,11 @@ def test_rootless_feed_and_a_first_element_with_only_leaf_children_is_an_event()
     assert events == [(0, "exit", 2.0, {"tag_id": 7}), (1, "shelf", 3.0, {})] and dead == []
 
 
-def test_a_wrapper_inside_the_root_is_one_dead_letter_with_its_content():
-    events, dead = read('<s><e ts="1"/><batch><e ts="2"/></batch><e ts="3"/></s>')
-    assert [e[2] for e in events] == [1.0, 3.0]
-    assert [(d["seq"], d["reason"].split(":")[0], d["raw"]) for d in dead] == [(1, "missing ts", '<batch><e ts="2"/></batch>')]
+def test_a_wrapper_inside_the_root_is_reported_and_its_events_are_read():
+    events, dead = read('<s><e ts="1"/><batch><e ts="2"/></batch><e ts="3"/><heartbeat><n>1</n></heartbeat></s>')
+    assert [e[2] for e in events] == [1.0, 2.0, 3.0]
+    assert [(d["seq"], d["reason"].split(":")[0], d["raw"]) for d in dead] == [
+        (1, "malformed XML", "<batch>"), (3, "malformed XML", "</batch>"), (5, "missing ts", "<heartbeat><n>1</n></heartbeat>")]
 
 
 def test_text_stray_end_tags_and_an_unclosed_root_are_reported():

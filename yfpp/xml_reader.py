@@ -16,9 +16,9 @@ and counts lines. Each event element is parsed on its own, so a syntax error
 record: one dead letter at its true line. A malformed tag costs the text up to
 the next ``<`` (attribute values cannot contain ``<``). An element that is not
 closed is reported when an end tag of the root (or the end of the input)
-shows it, or — when the event carries the ts attribute — when a direct child
-carrying the ts attribute appears (that is taken as the next event); the
-reader then reads again from just after its start tag. Non-blank text and
+shows it — the reader then reads again from just after its start tag — or when
+an element carrying the ts attribute appears inside it: that is taken as the
+next event (so an event may not contain elements with a ts attribute). Non-blank text and
 stray end tags between events are dead letters too.
 
 Caps (:class:`~yfpp.record_fields.ReaderOptions`): an event element longer than
@@ -113,7 +113,6 @@ class Splitter:
         self.start = self.start_line = self.tag_end = self.tag_end_line = 0
         self.start_attrs = b""
         self.undecided = False  # a top-level element: event or root?
-        self.has_ts = False
         self.broken: str | None = None
         self.skipping: str | None = None  # the raw preview of an element over the cap (content dropped)
 
@@ -259,7 +258,6 @@ class Splitter:
         self.stack = [m[1]]
         self.extra = 0
         self.undecided = self.wrapper is None
-        self.has_ts = self._ts_attr.search(m[2]) is not None
         self.broken = self.skipping = None
         return True
 
@@ -364,8 +362,8 @@ class Splitter:
         if self.undecided and (depth > 1 or m[2].strip()):
             self._become_root()
             return True
-        if depth == 1 and self.has_ts and self._ts_attr.search(m[2]):
-            self._unclosed(i)
+        if self._ts_attr.search(m[2]) is not None:  # an event inside an event: the open one was not closed
+            self._unclosed(i, resume_here=True)
             return True
         if not m[3]:
             if len(self.stack) < self.max_depth:
@@ -419,14 +417,18 @@ class Splitter:
         self.stack = []
         self.pos, self.line = self.tag_end, self.tag_end_line
 
-    def _unclosed(self, i: int) -> None:
-        """The element being read is not closed: report it, re-read what followed its start tag."""
+    def _unclosed(self, i: int, resume_here: bool = False) -> None:
+        """The element being read is not closed: report it and go on at ``i`` (``resume_here``: the next
+        event starts there) or re-read what followed its start tag."""
         name = self.stack[0].decode("utf-8", "replace")
         reason = f"malformed XML: <{name}> at line {self.start_line} is not closed"
         self.stack = []
         if self.skipping is not None:
             self.out.append(Bad(self.start_line, reason, self.skipping))
             return  # its content was not kept: go on from here
+        if resume_here:
+            self._bad(self.start_line, reason, self.buf[self.start:i])
+            return
         self._bad(self.start_line, reason, self.buf[self.start:self.tag_end])
         self.pos, self.line = self.tag_end, self.tag_end_line
 
@@ -449,7 +451,7 @@ def _plain_event(el: Any, ts: str, rootless: bool, max_depth: int) -> bool:
     """Would the splitter read ``el`` (which has children) as one good event? (Else it reads it itself.)"""
     if rootless and any(len(c) or c.attrib for c in el if isinstance(c.tag, str)):
         return False  # a top-level element with element children: a root
-    if ts in el.attrib and any(ts in c.attrib for c in el if isinstance(c.tag, str)):
+    if any(ts in c.attrib for c in el.iterdescendants()):
         return False  # taken as an unclosed event followed by the next
     depth, level = 1, [el]
     while level:
