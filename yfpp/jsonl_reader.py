@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import zlib
 from typing import IO, Any, Iterator
 
@@ -32,13 +31,16 @@ from yfpp.events import Event
 from yfpp.record_fields import ReaderOptions, pop_ts, pop_type, preview
 
 _BLOCK = 1 << 16
-_SLOW = re.compile(rb"[0-9]{19}|\\u")
+_INEXACT = "inexact"  # _flatten's answer for a float that may be a rounded integer
+_BIG = float(1 << 63)
+_BLANK = object()  # a blank line: not a record
 
 
 def jsonl_events(f: IO[Any], owned: bool, opts: ReaderOptions, dl: DeadLetters) -> Iterator[Event]:
     """The events of a JSON-lines source (see the module docstring); dead letters go to ``dl``."""
     read = getattr(f, "read1", f.read)
     cap = opts.max_record_bytes
+    keys = (b'"%s"' % opts.ts_field.encode(), b'"%s"' % (opts.type_field or "type").encode())
     seq = lineno = 0
     carry = b""
     dropping = False  # inside a line over the cap: drop bytes up to its end
@@ -69,7 +71,7 @@ def jsonl_events(f: IO[Any], owned: bool, opts: ReaderOptions, dl: DeadLetters) 
                     carry, dropping = b"", True
             for line in lines:
                 lineno += 1
-                event = _json_event(line, seq, opts)
+                event = _json_event(line, seq, opts, keys)
                 if type(event) is Event:
                     yield event
                 elif event is not None:
@@ -92,35 +94,38 @@ def _line_end(data: bytes) -> int:
     return min(ends) + 1 if ends else -1
 
 
-def _json_event(line: bytes, seq: int, opts: ReaderOptions) -> Event | str | None:
-    """The event of one line, the reason it is a dead letter, or None for a blank line."""
+def _json_event(line: bytes, seq: int, opts: ReaderOptions, keys: tuple[bytes, bytes]) -> Event | str | None:
+    """The event of one line, the reason it is a dead letter, or None for a blank line.
+
+    ``keys`` are the quoted ts and type field names: a line naming either twice is parsed exactly.
+    """
     if len(line) > opts.max_record_bytes:
         return f"too large: a line over {opts.max_record_bytes:,} bytes"
-    type_field = opts.type_field or "type"
-    if (line.count(b"{") + line.count(b"[") > opts.max_depth or _SLOW.search(line)
-            or line.count(b'"%s"' % opts.ts_field.encode()) > 1 or line.count(b'"%s"' % type_field.encode()) > 1):
-        if not line.strip():
-            return None
-        record = _exact(line, (opts.ts_field, type_field))
+    if (line.count(b"{") + line.count(b"[") > opts.max_depth or b"\\u" in line
+            or line.count(keys[0]) > 1 or line.count(keys[1]) > 1):
+        record = _exact(line, opts)
     else:
         try:
             record = orjson.loads(line)
-        except orjson.JSONDecodeError as e:
-            if not line.strip():
-                return None
-            return f"bad encoding: {e}" if "UTF-8" in str(e) else f"bad JSON: {e}"
-    if type(record) is str:
-        return record
+        except orjson.JSONDecodeError:
+            record = _exact(line, opts)  # the reason, or an integer a 64-bit parser refuses
+    event = _event_of(record, seq, opts, exact=False)
+    return _event_of(_exact(line, opts), seq, opts, exact=True) if event is _INEXACT else event
+
+
+def _event_of(record: Any, seq: int, opts: ReaderOptions, exact: bool) -> Event | str | None:
+    """The event of a parsed line, the reason it is a dead letter, None for a blank line; :data:`_INEXACT`
+    when not ``exact`` and a float may be an integer orjson rounded."""
     if type(record) is not dict:
-        return "not an object"
-    type_, error = pop_type(record, type_field, "field")
+        return None if record is _BLANK else str(record) if type(record) is _Reason else "not an object"
+    type_, error = pop_type(record, opts.type_field or "type", "field")
     if error:
         return error
     ts = pop_ts(record, opts.ts_field, opts.unit, "field")
     if type(ts) is str:
         return ts
     attrs: dict[str, Any] = {}
-    error = _flatten(record, "", attrs, opts.max_depth)
+    error = _flatten(record, "", attrs, opts.max_depth, exact)
     return error or Event(type_, ts, attrs, seq)
 
 
@@ -128,8 +133,15 @@ class _Duplicate(ValueError):
     pass
 
 
-def _exact(line: bytes, unique: tuple[str, ...]) -> Any:
-    """The standard library's parse of ``line`` (exact integers, safe depth), or the reason it is a dead letter."""
+class _Reason(str):
+    """Why :func:`_exact` could not give a record (unlike a JSON string, which is a parsed line)."""
+
+
+def _exact(line: bytes, opts: ReaderOptions) -> Any:
+    """The standard library's parse of ``line`` (exact integers, safe depth, duplicate type/ts keys found),
+    the reason it is a dead letter, or :data:`_BLANK`."""
+    unique = (opts.ts_field, opts.type_field or "type")
+
     def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
         out = dict(items)
         if len(out) < len(items):
@@ -143,35 +155,41 @@ def _exact(line: bytes, unique: tuple[str, ...]) -> Any:
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError as e:
-        return f"bad encoding: {e}"
+        return _Reason(f"bad encoding: {e}")
+    if not text.strip():
+        return _BLANK
     try:
         return json.loads(text, parse_constant=_no_constant, object_pairs_hook=pairs)
     except _Duplicate as e:
-        return str(e)
+        return _Reason(e)
     except RecursionError:
-        return "too deep: nesting beyond what the parser allows"
+        return _Reason("too deep: nesting beyond what the parser allows")
     except ValueError as e:
-        return f"bad JSON: {e}"
+        return _Reason(f"bad JSON: {e}")
 
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def _flatten(obj: dict[str, Any], prefix: str, out: dict[str, Any], depth: int) -> str | None:
-    """Copy the scalars of ``obj`` into ``out`` with dotted names; the reason for a list, too deep, or an overflow."""
+def _flatten(obj: dict[str, Any], prefix: str, out: dict[str, Any], depth: int, exact: bool) -> str | None:
+    """Copy the scalars of ``obj`` into ``out`` with dotted names; the reason for a list, too deep, or an
+    overflow; :data:`_INEXACT` for a float of 2⁶³ or more (orjson may have rounded an integer)."""
     if depth <= 0:
         return "too deep: objects nested beyond the depth cap"
     for key, value in obj.items():
         name = prefix + key
         if type(value) is dict:
-            error = _flatten(value, name + ".", out, depth - 1)
+            error = _flatten(value, name + ".", out, depth - 1, exact)
             if error:
                 return error
         elif type(value) is list:
             return f"list value: attribute {name!r}"
         elif value is not None:
-            if type(value) is float and not math.isfinite(value):
-                return f"number out of range: attribute {name!r}"
+            if type(value) is float and not -_BIG < value < _BIG:
+                if not math.isfinite(value):
+                    return f"number out of range: attribute {name!r}"
+                if not exact:
+                    return _INEXACT
             out[name] = value
     return None
