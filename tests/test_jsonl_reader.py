@@ -79,6 +79,23 @@ def test_a_huge_line_is_capped_and_not_held_in_memory():
     assert len(dead[0]["raw"]) <= 1025 and peak < 10_000_000
 
 
+def test_a_capped_line_ending_at_a_read_boundary_does_not_end_the_stream():
+    class Blocks(io.RawIOBase):
+        def __init__(self, blocks):
+            self.blocks = list(blocks)
+
+        def readable(self):
+            return True
+
+        def read1(self, n=-1):
+            return self.blocks.pop(0) if self.blocks else b""
+
+    blocks = [b'{"type": "a", "ts": 1, "s": "' + b"x" * 300, b"x" * 300, b'"}\n', b'{"type": "a", "ts": 2}\n']
+    out = io.StringIO()
+    events = [e.ts for e in read_jsonl(Blocks(blocks), dead_letters=DeadLetters(out), max_record_bytes=200)]
+    assert events == [2.0] and json.loads(out.getvalue())["reason"].startswith("too large")
+
+
 def test_type_field():
     events, dead = read(b'{"kind": "shelf", "ts": 1, "type": "x"}\n{"ts": 2}\n', type_field="kind")
     assert events == [(0, "shelf", 1.0, {"type": "x"})] and reasons(dead) == [(1, "line 2", "missing type")]

@@ -50,17 +50,20 @@ def jsonl_events(f: IO[Any], owned: bool, opts: ReaderOptions, dl: DeadLetters) 
             data = read(_BLOCK)
             if isinstance(data, str):
                 data = data.encode("utf-8")
+            eof = not data
             if first and data:
                 first = False
                 data = data.removeprefix(b"\xef\xbb\xbf")
             if dropping:
                 end = _line_end(data)
-                if end < 0 and data:
+                if end < 0 and not eof:
                     continue
                 dropping, data = False, data[end:] if end >= 0 else b""
             block = carry + data
+            if not block and not eof:
+                continue
             lines = block.splitlines()
-            if not data or block[-1:] == b"\n":
+            if eof or block[-1:] == b"\n":
                 carry = b""
             else:
                 carry = lines.pop() + (b"\r" if block[-1:] == b"\r" else b"")
@@ -79,7 +82,7 @@ def jsonl_events(f: IO[Any], owned: bool, opts: ReaderOptions, dl: DeadLetters) 
                 else:
                     continue  # blank
                 seq += 1
-            if not data:
+            if eof:
                 return
     except (OSError, EOFError, zlib.error) as e:
         raise InputError(f"cannot read input after line {lineno}: {e}") from e
