@@ -57,6 +57,7 @@ _ENCODING = re.compile(rb"""\sencoding\s*=\s*["']([A-Za-z0-9._-]+)["']""")
 _DOCTYPE = re.compile(rb"<!DOCTYPE\s+" + _NAME + rb"\s*(.)", re.S)
 _BLANK = re.compile(rb"[ \t\r\n]*\Z")
 _SPACE = re.compile(rb"[ \t\r\n]*")
+_LEAD = re.compile(rb"(?:[ \t\r\n]*\n)?([ \t]*)<")
 _LINE_COL = re.compile(r", line \d+, column \d+$")
 _BATCH_END = b"</yfpp-batch>"
 _BLOCK = 1 << 16
@@ -93,6 +94,12 @@ class Splitter:
         self.cap = opts.max_record_bytes
         self.max_depth = opts.max_depth
         self.ts_field = opts.ts_field
+        # Is a parsed run of lines not plainly events? Text between them, an element with a ts attribute
+        # inside one, nesting over the cap, or (at top level) an element with element children that have
+        # attributes or children of their own (a root).
+        plain_test = "text()[normalize-space()] | */descendant::*[@*[name()=$ts]] | *" + "/*" * opts.max_depth
+        self._not_plain_in_root = etree.XPath(f"boolean({plain_test})")
+        self._not_plain_at_top = etree.XPath(f"boolean({plain_test} | */*[* or @*])")
         self._ts_attr = re.compile(rb"\s" + re.escape(opts.ts_field.encode()) + rb"\s*=")
         self.buf = b""
         self.pos = 0
@@ -107,6 +114,7 @@ class Splitter:
         self.skip_text = False  # dropping the rest of an oversized run of text or markup up to the next '<'
         self.out: list[Chunk | Region | Bad] = []
         self._parsers: dict[str | None, Any] = {}
+        self.indent: bytes | None = None  # the indentation of event start tags, as last seen
         # the element being read (self.stack non-empty)
         self.stack: list[bytes] = []
         self.extra = 0  # depth beyond max_depth (names not kept)
@@ -153,6 +161,9 @@ class Splitter:
                 pass
             if self.eof and not self.stopped:
                 self._finish()
+            elif self.stack and self.skipping is None and len(self.buf) - self.start < _BLOCK:
+                # leave a small unfinished element to the next block, where the fast path may take it
+                self.stack, self.pos, self.line = [], self.start, self.start_line
             if self.out:
                 yield self.out
                 self.out = []
@@ -164,9 +175,9 @@ class Splitter:
 
         Taken only when lxml accepts the lines as a sequence of elements with blank
         text between them, none over a cap, and each is what the splitter would call an
-        event (see :func:`_plain_event`); otherwise the splitter reads them.
+        event (see ``_not_plain``); otherwise the splitter reads them.
         """
-        cut = len(self.buf) if self.eof else self.buf.rfind(b"\n", self.pos) + 1
+        cut = len(self.buf) if self.eof else self._last_event_line()
         if cut - self.pos <= 0 or cut - self.pos > self.cap:
             return
         region = self.buf[self.pos:cut]
@@ -174,19 +185,35 @@ class Splitter:
             root = etree.fromstring(b"".join((self.wrapper_open, region, _BATCH_END)), self.parser())
         except etree.XMLSyntaxError:
             return
-        if (root.text and not root.text.isspace()) or not len(root):
+        if not len(root) or self._not_plain(root, ts=self.ts_field):
             return
-        ts, rootless, max_depth = self.ts_field, self.wrapper is None, self.max_depth
-        for el in root:
-            if el.tail and not el.tail.isspace():
-                return
-            if len(el) and not _plain_event(el, ts, rootless, max_depth):
-                return
         elements = list(root)
         for el in elements:
             root.remove(el)
         self.out.append(Region(elements, self.line))
         self._advance(cut)
+
+    def _not_plain(self, root: Any, ts: str) -> bool:
+        return (self._not_plain_at_top if self.wrapper is None else self._not_plain_in_root)(root, ts=ts)
+
+    def _learn_indent(self, space: int, tag: int) -> None:
+        """Remember the indentation of an event start tag at ``tag`` (blank space from ``space``), if it starts a line."""
+        nl = self.buf.rfind(b"\n", space, tag)
+        if nl >= 0:
+            self.indent = self.buf[nl + 1:tag]
+
+    def _last_event_line(self) -> int:
+        """Where the last line that starts a start tag at the indentation of the first tag begins (a
+        likely event boundary: the region before it holds whole events); 0 if there is none."""
+        buf, pos = self.buf, self.pos
+        m = _LEAD.match(buf, pos)
+        if m is None:
+            return 0
+        needle = b"\n" + (m[1] if self.indent is None else self.indent) + b"<"
+        cut = buf.rfind(needle, pos)
+        while cut >= 0 and buf[cut + len(needle):cut + len(needle) + 1] in (b"/", b"!", b"?", b""):
+            cut = buf.rfind(needle, pos, cut)
+        return cut + 1 if cut >= 0 else 0
 
     def _advance(self, to: int) -> None:
         self.line += self.buf.count(b"\n", self.pos, to)
@@ -201,13 +228,15 @@ class Splitter:
         """Read one thing between events; False when more input is needed."""
         buf, pos, line, out, scope = self.buf, self.pos, self.line, self.out, self.wrapper_open
         if not self.skip_text:  # the hot path: blank space and a self-closing element, repeated
-            match, count = _SPACE_EMPTY.match, buf.count
+            match, count, last = _SPACE_EMPTY.match, buf.count, None
             while (m := match(buf, pos)) is not None and m.end() - m.start(1) <= self.cap:
                 start, end = m.start(1), m.end()
                 line += count(b"\n", pos, start)
                 out.append(Chunk(buf[start:end], line, scope))
                 line += count(b"\n", start, end)
-                pos = end
+                pos, last = end, m
+            if last is not None:
+                self._learn_indent(last.start(), last.start(1))
             self.pos, self.line = pos, line
         i = buf.find(b"<", pos)
         end = i if i >= 0 else len(buf)
@@ -242,6 +271,7 @@ class Splitter:
         m = _START.match(buf, i)
         if m is None:
             return self._bad_markup(i)
+        self._learn_indent(pos, i)
         if m.end() - i > self.cap:
             self._bad(self.line, f"too large: a start tag over {self.cap:,} bytes", m[0])
             self._advance(m.end())
@@ -445,21 +475,6 @@ class Splitter:
 
 
 # --------------------------------------------------------------------------- parsing chunks
-
-
-def _plain_event(el: Any, ts: str, rootless: bool, max_depth: int) -> bool:
-    """Would the splitter read ``el`` (which has children) as one good event? (Else it reads it itself.)"""
-    if rootless and any(len(c) or c.attrib for c in el if isinstance(c.tag, str)):
-        return False  # a top-level element with element children: a root
-    if any(ts in c.attrib for c in el.iterdescendants()):
-        return False  # taken as an unclosed event followed by the next
-    depth, level = 1, [el]
-    while level:
-        level = [c for x in level for c in x if isinstance(c.tag, str)]
-        depth += bool(level)
-        if depth > max_depth:
-            return False
-    return True
 
 
 def _parser(encoding: str | None) -> Any:
