@@ -34,6 +34,9 @@ _BLOCK = 1 << 16
 _INEXACT = "inexact"  # _flatten's answer for a float that may be a rounded integer
 _BIG = float(1 << 63)
 _BLANK = object()  # a blank line: not a record
+# orjson 3.8 overflows the C stack on very deep input (100,000 levels): lines with more brackets than
+# this go to the standard library, which raises RecursionError instead
+_ORJSON_DEPTH = 500
 
 
 def jsonl_events(f: IO[Any], owned: bool, opts: ReaderOptions, dl: DeadLetters) -> Iterator[Event]:
@@ -104,7 +107,7 @@ def _json_event(line: bytes, seq: int, opts: ReaderOptions, keys: tuple[bytes, b
     """
     if len(line) > opts.max_record_bytes:
         return f"too large: a line over {opts.max_record_bytes:,} bytes"
-    if (line.count(b"{") + line.count(b"[") > opts.max_depth or b"\\u" in line
+    if (line.count(b"{") + line.count(b"[") > min(opts.max_depth, _ORJSON_DEPTH) or b"\\u" in line
             or line.count(keys[0]) > 1 or line.count(keys[1]) > 1):
         record = _exact(line, opts)
     else:
