@@ -20,6 +20,7 @@ from yfpp.service.server import RequestError, Service
 from yfpp.service.subscriptions import SubscriptionSpec
 
 HEARTBEAT = 15.0  #: seconds between SSE keep-alive comments
+POLL = 0.5  #: how often a quiet pull stream checks that its subscription and the service are still there
 
 
 def create_app(service: Service) -> FastAPI:
@@ -77,12 +78,17 @@ def create_app(service: Service) -> FastAPI:
         async def events() -> AsyncIterator[bytes]:
             try:
                 yield b": subscribed " + sub.id.encode() + b"\n\n"
-                while sub.id in service.subs:
+                quiet = 0.0
+                while sub.id in service.subs and not service.stopping.is_set():
                     try:
-                        batch = await asyncio.wait_for(box.take(), HEARTBEAT)
+                        batch = await asyncio.wait_for(box.take(), POLL)
                     except asyncio.TimeoutError:
-                        yield b": keep-alive\n\n"
+                        quiet += POLL
+                        if quiet >= HEARTBEAT:
+                            quiet = 0.0
+                            yield b": keep-alive\n\n"
                         continue
+                    quiet = 0.0
                     yield b"".join(f"id: {r['id']}\ndata: {json.dumps(r, separators=(',', ':'))}\n\n".encode()
                                    for r in batch)
                     sub.counters.delivered += len(batch)

@@ -82,7 +82,7 @@ class Service:
         self.http_socket: socket.socket | None = None
         self.feeds: list[TcpFeed] = []
         self._engine_thread: threading.Thread | None = None
-        self._stopping = threading.Event()
+        self.stopping = threading.Event()  #: set when shutdown begins: feeds and pull streams end
         self._last_ts = float("-inf")  # largest ts fed, and the wall time it came (for advance_idle)
         self._last_wall = time.monotonic()
         self._advanced = float("-inf")
@@ -126,7 +126,7 @@ class Service:
 
     async def stop(self) -> None:
         """Stop feeds, let the engine thread finish its inbox and checkpoint, give senders a second, close."""
-        self._stopping.set()
+        self.stopping.set()
         for feed in self.feeds:
             await asyncio.to_thread(feed.stop)
         if self._engine_thread is not None:
@@ -237,7 +237,7 @@ class Service:
     def put(self, ev: Event) -> None:
         """Hand one event to the engine thread (blocks while the inbox is full; FeedClosed when stopping)."""
         while True:
-            if self._stopping.is_set():
+            if self.stopping.is_set():
                 raise FeedClosed()
             try:
                 self.inbox.put(ev, timeout=0.5)
@@ -348,8 +348,10 @@ class Service:
 
 def _error_position(e: Exception) -> dict[str, Any]:
     """line, column, message (and what was expected) of a query error, for the JSON body."""
-    return {"line": getattr(e, "line", None), "column": getattr(e, "column", None),
-            "message": getattr(e, "message", None) or str(e).split("\n", 1)[0],
+    line, column = getattr(e, "line", None), getattr(e, "column", None)
+    first = str(e).split("\n", 1)[0]
+    return {"line": line, "column": column,
+            "message": getattr(e, "message", None) or first.removeprefix(f"line {line}, column {column}: "),
             "expected": getattr(e, "expected", None) or []}
 
 
@@ -357,7 +359,16 @@ def _error_position(e: Exception) -> dict[str, Any]:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's Server, made to stop cleanly on SIGTERM/SIGINT instead of re-raising the signal after shutdown."""
+    """uvicorn's Server, made to stop cleanly on SIGTERM/SIGINT instead of re-raising the signal after shutdown,
+    and to tell the service first (so feeds and pull streams end before uvicorn waits for connections)."""
+
+    def __init__(self, config: uvicorn.Config, service: Service):
+        super().__init__(config)
+        self.service = service
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.service.stopping.set()
+        await super().shutdown(sockets)
 
     @contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -378,7 +389,7 @@ def make_server(service: Service) -> _Server:
 
     config = uvicorn.Config(create_app(service), log_config=None, access_log=False, lifespan="on",
                             log_level=service.config.log_level, timeout_graceful_shutdown=3)
-    return _Server(config)
+    return _Server(config, service)
 
 
 def run(config: ServiceConfig) -> int:
