@@ -20,7 +20,9 @@ pytest.importorskip("fastapi", reason="the service needs pip install 'yfpp[serve
 
 from tests.service_helpers import TIMEOUT, LineListener, jsonl, send, wait_for  # noqa: E402
 from yfpp.engine import Engine  # noqa: E402
+from yfpp.errors import YfppError  # noqa: E402
 from yfpp.readers import read_events  # noqa: E402
+from yfpp.service import checkpoint  # noqa: E402
 from yfpp.service.client import Client, ServiceError  # noqa: E402
 from yfpp.service.config import ServiceConfig  # noqa: E402
 from yfpp.service.server import BackgroundService  # noqa: E402
@@ -311,3 +313,44 @@ def test_yfpp_serve_subscribe_unsubscribe_end_to_end(tmp_path, listeners):
         if serve.poll() is None:
             serve.kill()
             serve.communicate()
+
+
+@pytest.mark.skipif(not checkpoint.supported(), reason="Engine.snapshot/restore (issue 8) are not on this branch")
+def test_restart_from_checkpoint_neither_loses_nor_repeats(tmp_path, listeners):
+    """Stop mid-stream (a checkpoint on stop), restart, feed the rest: the results of one uninterrupted run."""
+    out = listeners()
+    lines = SAMPLE.read_bytes().splitlines(keepends=True)
+    cfg = config(tmp_path)
+    with BackgroundService(cfg) as svc:
+        Client(f"http://127.0.0.1:{svc.port}").subscribe(SHOPLIFTING, sink=out.url, name="shop")
+        send(svc.feed_port("jsonl"), b"".join(lines[:150]))
+        wait_for(lambda: svc.events_in == 150, what="150 events in")
+    assert (tmp_path / "state" / "engine-checkpoint.json").is_file()
+    with BackgroundService(cfg) as svc:
+        assert svc.restored and svc.health()["checkpoints"]
+        send(svc.feed_port("jsonl"), b"".join(lines[150:]))
+        want = expected(SHOPLIFTING, "shop")  # middle negation only: every match is out without a flush
+        out.wait_lines(len(want))
+        wait_for(lambda: svc.events_in == len(lines) - 150, what="the rest in")
+    assert out.results() == want
+
+
+def test_config_file_and_flag_errors(tmp_path):
+    toml = tmp_path / "s.toml"
+    toml.write_text('port = 0\njsonl_port = 0\nmax_delay = 2.5\nstate = ""\n')
+    cfg = ServiceConfig.load(str(toml), {"port": 0, "max_delay": None})
+    assert (cfg.port, cfg.jsonl_port, cfg.max_delay, cfg.state) == (0, 0, 2.5, "")
+    toml.write_text('prot = 1\n')
+    with pytest.raises(YfppError, match="unknown key.*prot"):
+        ServiceConfig.load(str(toml), {})
+    toml.write_text('port = "x"\n')
+    with pytest.raises(YfppError, match="port must be a port number"):
+        ServiceConfig.load(str(toml), {})
+    toml.write_text('port = [\n')
+    with pytest.raises(YfppError, match="s.toml"):
+        ServiceConfig.load(str(toml), {})
+    with BackgroundService(config(tmp_path)) as svc:  # a busy port is one clear error, before anything starts
+        port = svc.port
+        err = subprocess.run([sys.executable, "-m", "yfpp.cli", "serve", "--port", str(port), "--no-state"],
+                             env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=30)
+    assert err.returncode == 2 and err.stderr.startswith(f"yfpp: error: cannot listen on 127.0.0.1:{port}")
