@@ -197,6 +197,9 @@ class Service:
                 pattern = await asyncio.to_thread(parse_query, spec.query, spec.language)
             except YfppError as e:
                 raise RequestError(400, f"query: {e}", **_error_position(e)) from e
+            except (RecursionError, ValueError, OverflowError) as e:  # a parser limit, not the client's fault alone
+                log.warning("query refused by a parser limit", extra={"error": repr(e)[:300]})
+                raise RequestError(400, f"query: cannot be parsed ({type(e).__name__})") from e
             sid = self.registry.add(spec.model_dump())
             name = spec.name or sid
             try:
