@@ -354,3 +354,13 @@ def test_config_file_and_flag_errors(tmp_path):
         err = subprocess.run([sys.executable, "-m", "yfpp.cli", "serve", "--port", str(port), "--no-state"],
                              env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=30)
     assert err.returncode == 2 and err.stderr.startswith(f"yfpp: error: cannot listen on 127.0.0.1:{port}")
+
+
+def test_input_files_are_read_at_start_for_the_stored_subscriptions(tmp_path, listeners):
+    out = listeners()
+    with BackgroundService(config(tmp_path)) as svc:
+        Client(f"http://127.0.0.1:{svc.port}").subscribe(EXITS, sink=out.url, name="exits")
+    with BackgroundService(config(tmp_path, inputs=[str(SAMPLE)])) as svc:
+        want = expected(EXITS, "exits")
+        out.wait_lines(len(want))
+        assert out.results() == want
