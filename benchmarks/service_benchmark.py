@@ -37,6 +37,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -117,6 +118,7 @@ def start_service() -> tuple[subprocess.Popen, dict]:
             break
     else:
         raise SystemExit("the service did not start")
+    threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep draining its log
     return proc, info
 
 
