@@ -204,6 +204,8 @@ def test_bad_requests_get_clear_errors(tmp_path):
         with pytest.raises(ServiceError) as e:
             c.unsubscribe("s99")
         assert e.value.status == 404
+        api = json.loads(urllib.request.urlopen(url + "/openapi.json", timeout=TIMEOUT).read())  # open, like /docs
+        assert {"/subscriptions", "/subscriptions/{sid}", "/subscriptions/{sid}/matches", "/events"} <= set(api["paths"])
 
 
 def test_bad_feeds_are_dead_letters_and_the_stream_goes_on(tmp_path, listeners):
