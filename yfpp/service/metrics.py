@@ -26,7 +26,7 @@ class ServiceCollector:
         yield GaugeMetricFamily("yfpp_events_per_second", "events processed per second (last second)", value=s.rate)
         yield CounterMetricFamily("yfpp_dead_letters", "malformed, unreadable and late records", value=s.dead_letters.count)
         yield GaugeMetricFamily("yfpp_live_runs", "partial matches held by the engine", value=s.engine.stats.live_runs)
-        yield GaugeMetricFamily("yfpp_inbox_depth", "events waiting for the engine thread", value=s.inbox.qsize())
+        yield GaugeMetricFamily("yfpp_inbox_depth", "batches of events (up to 256 each) waiting for the engine thread", value=s.inbox.qsize())
         yield GaugeMetricFamily("yfpp_subscriptions", "registered subscriptions", value=len(s.subs))
         families = {
             "matches": CounterMetricFamily("yfpp_subscription_matches", "results produced", labels=["subscription", "name"]),

@@ -39,8 +39,7 @@ from yfpp.service.subscriptions import Subscription, SubscriptionSpec
 log = logging.getLogger("yfpp.service")
 
 _STOP = object()
-INBOX = 10_000  #: events waiting for the engine thread before feeds block
-BATCH = 512  #: events the engine thread processes per lock hold
+INBOX = 64  #: batches (of up to feeds.BATCH events) waiting for the engine thread before feeds block
 
 
 class RequestError(YfppError):
@@ -237,13 +236,13 @@ class Service:
 
     # --- events ------------------------------------------------------------------------
 
-    def put(self, ev: Event) -> None:
-        """Hand one event to the engine thread (blocks while the inbox is full; FeedClosed when stopping)."""
+    def put(self, batch: list[Event]) -> None:
+        """Hand events to the engine thread (blocks while the inbox is full; FeedClosed when stopping)."""
         while True:
             if self.stopping.is_set():
                 raise FeedClosed()
             try:
-                self.inbox.put(ev, timeout=0.5)
+                self.inbox.put(batch, timeout=0.5)
                 return
             except queue.Full:
                 continue
@@ -259,22 +258,16 @@ class Service:
         rate_t, rate_n = time.monotonic(), 0
         while True:
             try:
-                batch = [self.inbox.get(timeout=tick)]
+                item = self.inbox.get(timeout=tick)
             except queue.Empty:
-                batch = []
-            while batch and len(batch) < BATCH and batch[-1] is not _STOP:
-                try:
-                    batch.append(self.inbox.get_nowait())
-                except queue.Empty:
-                    break
-            stop = bool(batch) and batch[-1] is _STOP
-            if stop:
-                batch.pop()
+                item = None
+            stop = item is _STOP
             out: list[dict] = []
             with self.engine_lock:
-                for ev in batch:
-                    out.extend(self._process(ev))
-                if not batch:
+                if isinstance(item, list):
+                    for ev in item:
+                        out.extend(self._process(ev))
+                elif item is None:
                     out.extend(self._advance_idle())
             if out:
                 self.loop.call_soon_threadsafe(self._route, out)  # type: ignore[union-attr]
