@@ -8,8 +8,9 @@ Setup, all on 127.0.0.1:
   k sending to its own TCP listener; the listeners live in ``--receivers``
   receiver processes (asyncio, N/R listeners each) that record every result line
   with its arrival time;
-* with ``--faulty``, two more subscriptions of template k = 1: one whose sink is
-  a closed port (dead), one whose listener accepts and never reads (slow);
+* with ``--faulty``, two more subscriptions of ``PATTERN SEQ(shelf a)`` (a result
+  for every shelf reading, a third of the feed) with a queue of 1,000: one whose
+  sink is a closed port (dead), one whose listener accepts and never reads (slow);
 * one feeder connection writes the E events (``build_events`` of
   ``subscriptions_benchmark.py``, as JSON lines) in chunks of ``--chunk`` lines,
   noting when each chunk was written, unpaced or at ``--rate`` events/s.
@@ -50,6 +51,7 @@ from yfpp.engine import Engine  # noqa: E402
 from yfpp.service.client import Client  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
+FAULTY_QUERY = "PATTERN SEQ(shelf a)"
 
 
 # --- receivers (one process each) -------------------------------------------------------------
@@ -64,7 +66,10 @@ def receiver(count: int, conn, never_read: bool = False) -> None:
         def handler(i: int):
             async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
                 if never_read:
-                    await asyncio.sleep(3600)
+                    try:
+                        await asyncio.sleep(3600)
+                    except asyncio.CancelledError:
+                        return
                 while line := await reader.readline():
                     got[i].append((line, time.time()))
             return handle
@@ -154,7 +159,7 @@ def run(args) -> dict:
         for k in range(1, args.subs + 1):
             client.subscribe(TEMPLATES[args.language].format(k=k), sink=f"tcp://127.0.0.1:{ports[k - 1]}", name=f"q{k}")
         for name, port in faulty:
-            client.subscribe(TEMPLATES[args.language].format(k=1), sink=f"tcp://127.0.0.1:{port}", name=name, queue=1000)
+            client.subscribe(FAULTY_QUERY, sink=f"tcp://127.0.0.1:{port}", name=name, queue=1000)
         register_s = time.perf_counter() - t0
         cpu0 = cpu_seconds(proc.pid)
         sent_at: list[float] = []
