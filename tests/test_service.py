@@ -366,3 +366,16 @@ def test_input_files_are_read_at_start_for_the_stored_subscriptions(tmp_path, li
         want = expected(EXITS, "exits")
         out.wait_lines(len(want))
         assert out.results() == want
+
+
+def test_two_feeds_merge_in_ts_order_within_max_delay(tmp_path, listeners):
+    """Feed b runs ahead of feed a by less than max_delay: the reorder buffer puts them in ts order."""
+    out = listeners()
+    with BackgroundService(config(tmp_path, max_delay=0.5, advance_idle=0.2)) as svc:
+        Client(f"http://127.0.0.1:{svc.port}").subscribe("PATTERN SEQ(a x, b y)", sink=out.url)
+        send(svc.feed_port("jsonl"), jsonl([{"type": "b", "ts": t} for t in (0.2, 0.4, 0.6)]))
+        wait_for(lambda: svc.events_in == 3, what="feed b in")
+        send(svc.feed_port("xml"), b"".join(b'<a ts="%.1f"/>' % t for t in (0.1, 0.3, 0.5)))
+        # all held in the reorder buffer until the quiet feed's stream time (advance_idle) passes them
+        got = [(r["start"], r["end"]) for r in map(json.loads, out.wait_lines(3))]
+        assert got == [(0.1, 0.2), (0.3, 0.4), (0.5, 0.6)] and svc.dead_letters.count == 0
