@@ -245,7 +245,8 @@ def main() -> None:
         ax.set_xscale("log")
         ax.set_xlabel("end-to-end latency, ms (event written → result received)")
         ax.set_ylabel("fraction of results")
-        ax.set_title(f"yfpp serve: {args.subs:,} subscriptions, {r['events']:,} events")
+        fed = f"fed at {args.rate:,.0f} ev/s" if args.rate else "fed unpaced"
+        ax.set_title(f"yfpp serve: {args.subs:,} subscriptions, {r['events']:,} events, {fed}")
         ax.grid(True, which="both", alpha=0.3)
         fig.tight_layout()
         fig.savefig(args.plot, dpi=120)

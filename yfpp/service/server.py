@@ -39,6 +39,7 @@ from yfpp.service.subscriptions import Subscription, SubscriptionSpec
 log = logging.getLogger("yfpp.service")
 
 _STOP = object()
+SWITCH_INTERVAL = 0.0005  #: seconds a thread holds the GIL while another waits for it (Python's default: 0.005)
 INBOX = 64  #: batches (of up to feeds.BATCH events) waiting for the engine thread before feeds block
 
 
@@ -112,6 +113,9 @@ class Service:
     async def start(self) -> None:
         """Re-register stored subscriptions, then start the engine thread, the feeds and the senders."""
         self.loop = asyncio.get_running_loop()
+        # The engine thread is CPU-bound; the loop thread releases the GIL at every socket call and
+        # would wait up to the default 5 ms to get it back each time (thousands of sinks: seconds).
+        sys.setswitchinterval(SWITCH_INTERVAL)
         self._reload()
         self._engine_thread = threading.Thread(target=self._engine_loop, name="engine", daemon=True)
         self._engine_thread.start()

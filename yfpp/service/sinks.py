@@ -49,6 +49,7 @@ class Outbox:
         self.overflow = overflow
         self.counters = counters
         self.items: deque[dict] = deque()
+        self.in_flight = 0  #: results taken by the sender and not yet delivered or given back
         self._ready = asyncio.Event()
 
     def offer(self, result: dict) -> None:
@@ -62,13 +63,17 @@ class Outbox:
 
     async def take(self, most: int = BATCH) -> list[dict]:
         """Wait for at least one result; return up to ``most``, oldest first."""
+        self.in_flight = 0
         while not self.items:
             self._ready.clear()
             await self._ready.wait()
-        return [self.items.popleft() for _ in range(min(most, len(self.items)))]
+        batch = [self.items.popleft() for _ in range(min(most, len(self.items)))]
+        self.in_flight = len(batch)
+        return batch
 
     def give_back(self, batch: list[dict]) -> None:
         """Put an unsent batch back in front; what no longer fits is dropped and counted."""
+        self.in_flight = 0
         room = self.size - len(self.items)
         keep = batch[-room:] if room > 0 else []
         self.counters.dropped += len(batch) - len(keep)
@@ -140,6 +145,7 @@ class Sender:
                     await self.backoff.wait()
                     continue
                 counters.delivered += len(batch)
+                outbox.in_flight = 0
                 self.backoff.reset()
                 if failing:
                     log.info("sink recovered", extra={"sink": self.url})

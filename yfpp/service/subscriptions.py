@@ -84,7 +84,8 @@ class Subscription:
 
     @property
     def queued(self) -> int:
-        return (len(self.outbox.items) if self.outbox else 0) + sum(len(b.items) for b in self.listeners)
+        boxes = [self.outbox, *self.listeners] if self.outbox else self.listeners
+        return sum(len(b.items) + b.in_flight for b in boxes)
 
     def info(self) -> dict[str, Any]:
         c = self.counters
