@@ -132,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     from yfpp.spark.cli import add_parser as add_spark_parser  # pyspark is imported only when 'spark' runs
 
     add_spark_parser(sub)
+    from yfpp.service.cli import add_parsers as add_service_parsers  # server libraries imported only when 'serve' runs
+
+    add_service_parsers(sub)
     return parser
 
 

@@ -1,0 +1,97 @@
+"""Loopback helpers for the service tests: a TCP result listener, feeding, waiting — all bounded in time."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from typing import Any, Callable
+
+TIMEOUT = 10.0
+
+
+class LineListener:
+    """A TCP listener on 127.0.0.1 collecting the lines every connection sends (``read=False``: never reads)."""
+
+    def __init__(self, read: bool = True, rcvbuf: int | None = None):
+        self.sock = socket.socket()
+        if rcvbuf:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.read = read
+        self.lines: list[bytes] = []
+        self.conns: list[socket.socket] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"tcp://127.0.0.1:{self.port}"
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except (socket.timeout, OSError):
+                continue
+            self.conns.append(conn)
+            if self.read:
+                threading.Thread(target=self._read, args=(conn,), daemon=True).start()
+
+    def _read(self, conn: socket.socket) -> None:
+        conn.settimeout(0.2)
+        buf = b""
+        while not self._stop.is_set():
+            try:
+                data = conn.recv(65536)
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            if not data:
+                return
+            buf += data
+            *done, buf = buf.split(b"\n")
+            self.lines.extend(done)
+
+    def results(self) -> list[dict]:
+        return [json.loads(x) for x in list(self.lines)]
+
+    def wait_lines(self, n: int, timeout: float = TIMEOUT) -> list[bytes]:
+        wait_for(lambda: len(self.lines) >= n, timeout, f"{n} lines (have {len(self.lines)})")
+        return list(self.lines)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+        for c in self.conns:
+            c.close()
+        self.sock.close()
+
+
+def wait_for(cond: Callable[[], Any], timeout: float = TIMEOUT, what: str = "condition") -> Any:
+    end = time.monotonic() + timeout
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def send(port: int, data: bytes, close: bool = True) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT)
+    s.sendall(data)
+    if close:
+        s.close()
+    return s
+
+
+def jsonl(records: list[dict]) -> bytes:
+    return b"".join(json.dumps(r).encode() + b"\n" for r in records)

@@ -1,0 +1,381 @@
+"""``yfpp serve`` over real sockets on 127.0.0.1: subscriptions, feeds, sinks, restart, errors (each wait bounded)."""
+
+from __future__ import annotations
+
+import http.server
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi", reason="the service needs pip install 'yfpp[serve]'")
+
+from tests.service_helpers import TIMEOUT, LineListener, jsonl, send, wait_for  # noqa: E402
+from yfpp.engine import Engine  # noqa: E402
+from yfpp.errors import YfppError  # noqa: E402
+from yfpp.readers import read_events  # noqa: E402
+from yfpp.service import checkpoint  # noqa: E402
+from yfpp.service.client import Client, ServiceError  # noqa: E402
+from yfpp.service.config import ServiceConfig  # noqa: E402
+from yfpp.service.server import BackgroundService  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT / "yfpp" / "data" / "sample_rfid.jsonl"
+SHOPLIFTING = "\n".join(x for x in (ROOT / "queries" / "shoplifting.sase").read_text().splitlines()
+                        if not x.startswith("#"))
+EXITS = "[tag_id]&&//shelf//exit&&(1 hour)"
+
+
+def config(tmp_path: Path, **kw) -> ServiceConfig:
+    opts = dict(port=0, jsonl_port=0, xml_port=0, state=str(tmp_path / "state"),
+                dead_letters=str(tmp_path / "dead.jsonl"), log_level="warning")
+    opts.update(kw)
+    return ServiceConfig(**opts)
+
+
+def expected(query: str, name: str, records: list[bytes] | None = None) -> list[dict]:
+    """What ``yfpp run`` gives for ``query`` over the sample (or over ``records``)."""
+    eng = Engine()
+    eng.register(query, name=name)
+    src = SAMPLE if records is None else io.BytesIO(b"".join(records))
+    return list(eng.process_all(read_events(src, "jsonl")))
+
+
+@pytest.fixture
+def listeners():
+    made: list[LineListener] = []
+
+    def make(**kw) -> LineListener:
+        made.append(LineListener(**kw))
+        return made[-1]
+
+    yield make
+    for x in made:
+        x.close()
+
+
+def test_subscribe_feed_over_tcp_and_receive_on_tcp_sink_and_pull_stream(tmp_path, listeners):
+    out = listeners()
+    xml_out = listeners()
+    want = expected(SHOPLIFTING, "shop")
+    with BackgroundService(config(tmp_path)) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        shop = c.subscribe(SHOPLIFTING, sink=out.url, name="shop")
+        assert shop["id"] == "s1" and shop["language"] is None and shop["counters"]["matches"] == 0
+        c.subscribe(SHOPLIFTING, sink=xml_out.url, name="shop_xml", format="xml")
+        pulled = c.subscribe(EXITS, name="exits")  # no sink: pull stream only
+        got: list[dict] = []
+        stream = threading.Thread(target=lambda: got.extend(
+            r for _, r in zip(range(len(expected(EXITS, "exits"))), c.matches(pulled["id"], timeout=TIMEOUT))))
+        stream.start()
+        wait_for(lambda: svc.subs["s3"].listeners, what="the pull stream to attach")
+        send(svc.feed_port("jsonl"), SAMPLE.read_bytes())
+        assert out.wait_lines(len(want)) and [json.loads(x) for x in out.lines] == want
+        xml_lines = xml_out.wait_lines(len(want))
+        assert xml_lines[0].startswith(b'<match query="shop_xml" id="') and b'<bind var="a" seq="5"/>' in xml_lines[0]
+        stream.join(TIMEOUT)
+        assert got == expected(EXITS, "exits")
+        info = c.subscription("s1")
+        assert info["counters"]["matches"] == info["counters"]["delivered"] == len(want)
+        assert info["counters"]["dropped"] == 0 and info["counters"]["last_error"] is None
+        assert [s["id"] for s in c.subscriptions()] == ["s1", "s2", "s3"]
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{svc.port}/metrics", timeout=TIMEOUT).read().decode()
+        assert "yfpp_events_in_total 300.0" in metrics
+        assert f'yfpp_subscription_delivered_total{{name="shop",subscription="s1"}} {len(want)}.0' in metrics
+        assert 'yfpp_subscription_queue_depth{name="shop",subscription="s1"} 0.0' in metrics
+        assert c.health()["status"] == "ok"
+
+
+def test_add_and_remove_subscriptions_mid_feed(tmp_path, listeners):
+    lines = SAMPLE.read_bytes().splitlines(keepends=True)
+    parts = [lines[:100], lines[100:200], lines[200:]]
+    a_out, b_out = listeners(), listeners()
+    with BackgroundService(config(tmp_path)) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        a = c.subscribe(EXITS, sink=a_out.url, name="a")
+        fed = 0
+        for i, part in enumerate(parts):
+            if i == 1:
+                c.subscribe(EXITS, sink=b_out.url, name="b")
+            if i == 2:
+                c.unsubscribe(a["id"])
+            send(svc.feed_port("jsonl"), b"".join(part))
+            fed += len(part)
+            wait_for(lambda: svc.events_in == fed, what=f"{fed} events in")
+        # The same steps on an embedded engine.
+        eng = Engine()
+        names = {}
+        want: dict[str, list] = {"a": [], "b": []}
+        for i, part in enumerate(parts):
+            if i == 1:
+                names["b"] = eng.register(EXITS, name="b")
+            if i == 0:
+                names["a"] = eng.register(EXITS, name="a")
+            if i == 2:
+                eng.unregister(names.pop("a"))
+            for ev in read_events(io.BytesIO(b"".join(part)), "jsonl"):
+                ev.seq = -1
+                for m in eng.process(ev):
+                    want[m["query"]].append(m)
+        assert want["a"] and want["b"]
+        b_out.wait_lines(len(want["b"]))
+        a_out.wait_lines(len(want["a"]))
+        assert a_out.results() == want["a"] and b_out.results() == want["b"]
+        with pytest.raises(ServiceError) as e:
+            c.subscription(a["id"])
+        assert e.value.status == 404
+
+
+def test_dead_and_slow_sinks_do_not_delay_the_others(tmp_path, listeners):
+    good = listeners()
+    slow = listeners(read=False, rcvbuf=4096)
+    dead = listeners()
+    dead_url = dead.url
+    dead.close()  # nothing listens there any more
+    n = 30_000
+    records = [{"type": "tick", "ts": i, "v": i, "pad": "x" * 100} for i in range(n)]
+    with BackgroundService(config(tmp_path)) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        c.subscribe("PATTERN SEQ(tick t)", sink=dead_url, name="dead", queue=100)
+        c.subscribe("PATTERN SEQ(tick t)", sink=slow.url, name="slow", queue=100)
+        c.subscribe("PATTERN SEQ(tick t)", sink=good.url, name="good")
+        send(svc.feed_port("jsonl"), jsonl(records))
+        good.wait_lines(n, timeout=30)
+        assert [r["bindings"]["t"][0] for r in good.results()] == list(range(n))
+        d, s, g = (c.subscription(x)["counters"] for x in ("s1", "s2", "s3"))
+        assert g["delivered"] == n and g["dropped"] == 0
+        assert d["delivered"] == 0 and d["matches"] == n and "Connect" in d["last_error"]
+        assert d["dropped"] >= n - 100 and s["dropped"] > 0  # bounded queues, drops counted
+        assert s["matches"] == n and s["delivered"] + s["dropped"] + s["queued"] == n
+
+
+def test_restart_keeps_subscriptions(tmp_path, listeners):
+    out = listeners()
+    cfg = config(tmp_path)
+    with BackgroundService(cfg) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        c.subscribe(EXITS, sink=out.url, name="kept")
+        gone = c.subscribe(EXITS, name="gone")
+        c.unsubscribe(gone["id"])
+    with BackgroundService(cfg) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        assert [(s["id"], s["name"], s["sink"]) for s in c.subscriptions()] == [("s1", "kept", out.url)]
+        assert c.subscribe(EXITS, name="new")["id"] == "s3"  # ids are never reused
+        send(svc.feed_port("jsonl"), SAMPLE.read_bytes())
+        want = expected(EXITS, "kept")
+        out.wait_lines(len(want))
+        assert out.results() == want
+
+
+def test_bad_requests_get_clear_errors(tmp_path):
+    with BackgroundService(config(tmp_path, token="sesame", max_subscriptions=2, max_query_chars=200)) as svc:
+        url = f"http://127.0.0.1:{svc.port}"
+        with pytest.raises(ServiceError) as e:
+            Client(url).subscriptions()
+        assert e.value.status == 401
+        c = Client(url, token="sesame")
+        with pytest.raises(ServiceError) as e:
+            c.subscribe("PATTERN SEQ(shelf a, exit c WITHIN 1 hour")
+        assert e.value.status == 400
+        assert {k: e.value.body[k] for k in ("line", "column")} == {"line": 1, "column": 29}
+        assert "unexpected 'WITHIN'" in e.value.body["message"]
+        with pytest.raises(ServiceError) as e:
+            c.subscribe("PATTERN SEQ(a x)" + " " * 300)
+        assert e.value.status == 413
+        with pytest.raises(ServiceError) as e:
+            c.subscribe("PATTERN SEQ(a x)", sink="udp://127.0.0.1:1")
+        assert e.value.status == 422 and "tcp://HOST:PORT" in json.dumps(e.value.body)
+        c.subscribe("PATTERN SEQ(a x)", name="x")
+        with pytest.raises(ServiceError) as e:
+            c.subscribe("PATTERN SEQ(a x)", name="x")
+        assert e.value.status == 409
+        c.subscribe("PATTERN SEQ(a x)")
+        with pytest.raises(ServiceError) as e:
+            c.subscribe("PATTERN SEQ(a x)")
+        assert e.value.status == 409 and "limit" in e.value.body["error"]
+        with pytest.raises(ServiceError) as e:
+            c.unsubscribe("s99")
+        assert e.value.status == 404
+        api = json.loads(urllib.request.urlopen(url + "/openapi.json", timeout=TIMEOUT).read())  # open, like /docs
+        assert {"/subscriptions", "/subscriptions/{sid}", "/subscriptions/{sid}/matches", "/events"} <= set(api["paths"])
+
+
+def test_bad_feeds_are_dead_letters_and_the_stream_goes_on(tmp_path, listeners):
+    out = listeners()
+    with BackgroundService(config(tmp_path)) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        c.subscribe("PATTERN SEQ(a x)", sink=out.url, name="x")
+        send(svc.feed_port("jsonl"), b'{"type": "a", "ts": 1}\nnot json\n{"type": "a"}\n{"type": "a", "ts": 2}\n')
+        out.wait_lines(2)
+        assert c.post_events(b'{"type": "a", "ts": 3}\n{oops\n') == {"events": 1, "dead_letters": 1}
+        assert c.post_events(b'<a ts="4"/><a ts="5"/>', format="xml") == {"events": 2, "dead_letters": 0}
+        out.wait_lines(5)
+        assert [r["start"] for r in out.results()] == [1, 2, 3, 4, 5]
+        dead = [json.loads(x) for x in (tmp_path / "dead.jsonl").read_text().splitlines()]
+        assert [d["raw"] for d in dead] == ["not json", '{"type": "a"}', "{oops"]
+        assert re.fullmatch(r"jsonl feed 127\.0\.0\.1:\d+ line 2", dead[0]["position"])
+        assert dead[1]["position"].endswith(" line 3") and dead[2]["position"] == "POST /events line 2"
+        assert c.health()["dead_letters"] == 3
+
+
+def test_xml_feed_whose_root_never_closes_is_matched_as_it_arrives(tmp_path, listeners):
+    out = listeners()
+    with BackgroundService(config(tmp_path)) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        c.subscribe("PATTERN SEQ(shelf a, exit c) WHERE [tag_id]", sink=out.url)
+        conn = send(svc.feed_port("xml"), b'<stream><shelf ts="1" tag_id="7"/>\n<exit ts="2" tag_id="7"/>\n', close=False)
+        try:
+            assert json.loads(out.wait_lines(1)[0])["bindings"] == {"a": [0], "c": [1]}
+        finally:
+            conn.close()
+
+
+def test_advance_idle_fires_trailing_negations_on_a_quiet_feed(tmp_path, listeners):
+    out = listeners()
+    with BackgroundService(config(tmp_path, advance_idle=0.2)) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        c.subscribe("PATTERN SEQ(shelf a, ~exit b) WITHIN 1 second", sink=out.url, name="unsold")
+        send(svc.feed_port("jsonl"), b'{"type": "shelf", "ts": 100, "tag_id": 1}\n')
+        assert json.loads(out.wait_lines(1, timeout=5)[0])["bindings"] == {"a": [0]}
+
+
+class _Hook(http.server.BaseHTTPRequestHandler):
+    bodies: list[bytes] = []
+
+    def do_POST(self) -> None:
+        self.bodies.append(self.rfile.read(int(self.headers["content-length"])))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_webhook_and_file_sinks(tmp_path):
+    hook = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hook)
+    threading.Thread(target=hook.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
+    target = tmp_path / "results.jsonl"
+    want = expected(EXITS, "exits")
+    try:
+        with BackgroundService(config(tmp_path)) as svc:
+            c = Client(f"http://127.0.0.1:{svc.port}")
+            c.subscribe(EXITS, sink=f"http://127.0.0.1:{hook.server_address[1]}/hook", name="exits")
+            c.subscribe(EXITS, sink=f"file:{target}", name="exits_file")
+            c.post_events(SAMPLE.read_bytes())
+            got = wait_for(lambda: (lines := b"".join(_Hook.bodies).splitlines()) and len(lines) >= len(want) and lines)
+            assert [json.loads(x) for x in got] == want
+            wait_for(lambda: target.exists() and len(target.read_text().splitlines()) == len(want))
+    finally:
+        hook.shutdown()
+        hook.server_close()
+    assert [json.loads(x) for x in target.read_text().splitlines()] == expected(EXITS, "exits_file")
+
+
+def test_yfpp_serve_subscribe_unsubscribe_end_to_end(tmp_path, listeners):
+    """The newcomer's path of docs/service.md, as separate processes; SIGTERM ends it cleanly."""
+    out = listeners()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    serve = subprocess.Popen([sys.executable, "-m", "yfpp.cli", "serve", "--port", "0", "--jsonl-port", "0",
+                              "--state", str(tmp_path / "st")], cwd=tmp_path, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        started = None
+        for line in serve.stderr:
+            if '"service started"' in line:
+                started = json.loads(line)
+                break
+        assert started, "no 'service started' log line"
+        server = f"http://{started['http']}"
+        cli = [sys.executable, "-m", "yfpp.cli"]
+        sub = subprocess.run(cli + ["subscribe", "--server", server, "-q", str(ROOT / "queries" / "shoplifting.sase"),
+                                    "--sink", out.url], env=env, capture_output=True, text=True, timeout=30)
+        assert sub.returncode == 0 and sub.stdout == "s1\n", sub.stderr
+        bad = subprocess.run(cli + ["subscribe", "--server", server, "-q", "PATTERN SEQ(a x"],
+                             env=env, capture_output=True, text=True, timeout=30)
+        assert bad.returncode == 2 and bad.stderr.startswith("yfpp: error: HTTP 400: query: line 1, column 16")
+        send(started["feeds"]["jsonl"], SAMPLE.read_bytes())
+        want = expected(SHOPLIFTING, "shoplifting")
+        out.wait_lines(len(want))
+        assert out.results() == want
+        gone = subprocess.run(cli + ["unsubscribe", "--server", server, "s1"], env=env, capture_output=True,
+                              text=True, timeout=30)
+        assert gone.returncode == 0, gone.stderr
+        serve.send_signal(signal.SIGTERM)
+        rest = serve.communicate(timeout=TIMEOUT)[1]
+        assert serve.returncode == 0 and "Traceback" not in rest and '"service stopped"' in rest
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+            serve.communicate()
+
+
+@pytest.mark.skipif(not checkpoint.supported(), reason="Engine.snapshot/restore (issue 8) are not on this branch")
+def test_restart_from_checkpoint_neither_loses_nor_repeats(tmp_path, listeners):
+    """Stop mid-stream (a checkpoint on stop), restart, feed the rest: the results of one uninterrupted run."""
+    out = listeners()
+    lines = SAMPLE.read_bytes().splitlines(keepends=True)
+    cfg = config(tmp_path)
+    with BackgroundService(cfg) as svc:
+        Client(f"http://127.0.0.1:{svc.port}").subscribe(SHOPLIFTING, sink=out.url, name="shop")
+        send(svc.feed_port("jsonl"), b"".join(lines[:150]))
+        wait_for(lambda: svc.events_in == 150, what="150 events in")
+    assert (tmp_path / "state" / "engine-checkpoint.json").is_file()
+    with BackgroundService(cfg) as svc:
+        assert svc.restored and svc.health()["checkpoints"]
+        send(svc.feed_port("jsonl"), b"".join(lines[150:]))
+        want = expected(SHOPLIFTING, "shop")  # middle negation only: every match is out without a flush
+        out.wait_lines(len(want))
+        wait_for(lambda: svc.events_in == len(lines) - 150, what="the rest in")
+    assert out.results() == want
+
+
+def test_config_file_and_flag_errors(tmp_path):
+    toml = tmp_path / "s.toml"
+    toml.write_text('port = 0\njsonl_port = 0\nmax_delay = 2.5\nstate = ""\n')
+    cfg = ServiceConfig.load(str(toml), {"port": 0, "max_delay": None})
+    assert (cfg.port, cfg.jsonl_port, cfg.max_delay, cfg.state) == (0, 0, 2.5, "")
+    toml.write_text('prot = 1\n')
+    with pytest.raises(YfppError, match="unknown key.*prot"):
+        ServiceConfig.load(str(toml), {})
+    toml.write_text('port = "x"\n')
+    with pytest.raises(YfppError, match="port must be a port number"):
+        ServiceConfig.load(str(toml), {})
+    toml.write_text('port = [\n')
+    with pytest.raises(YfppError, match="s.toml"):
+        ServiceConfig.load(str(toml), {})
+    with BackgroundService(config(tmp_path)) as svc:  # a busy port is one clear error, before anything starts
+        port = svc.port
+        err = subprocess.run([sys.executable, "-m", "yfpp.cli", "serve", "--port", str(port), "--no-state"],
+                             env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=30)
+    assert err.returncode == 2 and err.stderr.startswith(f"yfpp: error: cannot listen on 127.0.0.1:{port}")
+
+
+def test_input_files_are_read_at_start_for_the_stored_subscriptions(tmp_path, listeners):
+    out = listeners()
+    with BackgroundService(config(tmp_path)) as svc:
+        Client(f"http://127.0.0.1:{svc.port}").subscribe(EXITS, sink=out.url, name="exits")
+    with BackgroundService(config(tmp_path, inputs=[str(SAMPLE)])) as svc:
+        want = expected(EXITS, "exits")
+        out.wait_lines(len(want))
+        assert out.results() == want
+
+
+def test_two_feeds_merge_in_ts_order_within_max_delay(tmp_path, listeners):
+    """Feed b runs ahead of feed a by less than max_delay: the reorder buffer puts them in ts order."""
+    out = listeners()
+    with BackgroundService(config(tmp_path, max_delay=0.5, advance_idle=0.2)) as svc:
+        Client(f"http://127.0.0.1:{svc.port}").subscribe("PATTERN SEQ(a x, b y)", sink=out.url)
+        send(svc.feed_port("jsonl"), jsonl([{"type": "b", "ts": t} for t in (0.2, 0.4, 0.6)]))
+        wait_for(lambda: svc.events_in == 3, what="feed b in")
+        send(svc.feed_port("xml"), b"".join(b'<a ts="%.1f"/>' % t for t in (0.1, 0.3, 0.5)))
+        # all held in the reorder buffer until the quiet feed's stream time (advance_idle) passes them
+        got = [(r["start"], r["end"]) for r in map(json.loads, out.wait_lines(3))]
+        assert got == [(0.1, 0.2), (0.3, 0.4), (0.5, 0.6)] and svc.dead_letters.count == 0

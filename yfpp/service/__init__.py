@@ -1,0 +1,8 @@
+"""``yfpp serve``: many subscriptions on live feeds in one long-running process (see docs/service.md).
+
+Modules: ``config`` (settings), ``server`` (the process: engine thread, feeds,
+routing), ``app`` (HTTP API), ``subscriptions``, ``sinks`` (destinations and
+their queues), ``feeds``, ``registry`` (SQLite), ``checkpoint``, ``metrics``,
+``logs``, ``client`` (Python client), ``cli`` (``serve``/``subscribe``/``unsubscribe``).
+The server side needs ``pip install 'yfpp[serve]'``; the client only the stdlib.
+"""

@@ -1,0 +1,122 @@
+"""The HTTP API (FastAPI): subscriptions, events in, the pull stream, health and metrics.
+
+FastAPI gives request validation through pydantic models and the OpenAPI page
+(``/docs``, ``/openapi.json``) for free; it runs on uvicorn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from yfpp.service import metrics
+from yfpp.service.server import RequestError, Service
+from yfpp.service.subscriptions import SubscriptionSpec
+
+HEARTBEAT = 15.0  #: seconds between SSE keep-alive comments
+POLL = 0.5  #: how often a quiet pull stream checks that its subscription and the service are still there
+
+
+def create_app(service: Service) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await service.start()
+        try:
+            yield
+        finally:
+            await service.stop()
+
+    app = FastAPI(title="yfpp serve", version="1",
+                  description="Subscriptions (SASE+ or extended XPath) on live event feeds; see docs/service.md.",
+                  lifespan=lifespan)
+    registry = metrics.registry_for(service)
+
+    def authorised(request: Request) -> None:
+        token = service.config.token
+        if token is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            raise RequestError(401, "missing or wrong bearer token (Authorization: Bearer TOKEN)")
+
+    @app.exception_handler(RequestError)
+    async def request_error(request: Request, e: RequestError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
+        return JSONResponse(e.body, status_code=e.status, headers=headers)
+
+    guarded = [Depends(authorised)]
+
+    @app.post("/subscriptions", status_code=201, dependencies=guarded, summary="Add a subscription")
+    async def add_subscription(spec: SubscriptionSpec) -> dict[str, Any]:
+        return (await service.subscribe(spec)).info()
+
+    @app.get("/subscriptions", dependencies=guarded, summary="List the subscriptions")
+    async def list_subscriptions() -> list[dict[str, Any]]:
+        return [s.info() for s in service.subs.values()]
+
+    @app.get("/subscriptions/{sid}", dependencies=guarded, summary="One subscription and its counters")
+    async def get_subscription(sid: str) -> dict[str, Any]:
+        return service.get(sid).info()
+
+    @app.delete("/subscriptions/{sid}", status_code=204, dependencies=guarded, summary="Remove a subscription")
+    async def delete_subscription(sid: str) -> Response:
+        await service.unsubscribe(sid)
+        return Response(status_code=204)
+
+    @app.get("/subscriptions/{sid}/matches", dependencies=guarded, summary="Results as Server-Sent Events",
+             response_class=StreamingResponse)
+    async def pull_matches(sid: str, request: Request) -> StreamingResponse:
+        sub = service.get(sid)
+        box = sub.listen()
+
+        async def events() -> AsyncIterator[bytes]:
+            try:
+                yield b": subscribed " + sub.id.encode() + b"\n\n"
+                quiet = 0.0
+                while sub.id in service.subs and not service.stopping.is_set():
+                    try:
+                        batch = await asyncio.wait_for(box.take(), POLL)
+                    except asyncio.TimeoutError:
+                        quiet += POLL
+                        if quiet >= HEARTBEAT:
+                            quiet = 0.0
+                            yield b": keep-alive\n\n"
+                        continue
+                    quiet = 0.0
+                    yield b"".join(f"id: {r['id']}\ndata: {json.dumps(r, separators=(',', ':'))}\n\n".encode()
+                                   for r in batch)
+                    sub.counters.delivered += len(batch)
+                    box.in_flight = 0
+            finally:
+                sub.listeners.discard(box)
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    @app.post("/events", status_code=202, dependencies=guarded, summary="Feed events (JSON lines or XML body)")
+    async def post_events(request: Request, format: str | None = None) -> dict[str, int]:
+        fmt = format or ("xml" if "xml" in request.headers.get("content-type", "") else "jsonl")
+        if fmt not in ("xml", "jsonl"):
+            raise RequestError(400, f"format must be xml or jsonl, got {fmt!r}")
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > service.config.max_body_bytes:
+                raise RequestError(413, f"body over {service.config.max_body_bytes} bytes; use a TCP feed for streams")
+        return await asyncio.to_thread(service.post_events, bytes(body), fmt)
+
+    @app.get("/health", summary="Liveness and a few figures")
+    async def health() -> dict[str, Any]:
+        return service.health()
+
+    @app.get("/metrics", summary="Prometheus metrics", response_class=Response)
+    async def prometheus() -> Response:
+        return Response(metrics.render(registry), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return app

@@ -1,0 +1,90 @@
+"""A small client of the ``yfpp serve`` HTTP API (stdlib only).
+
+>>> c = Client("http://127.0.0.1:8765")                       # doctest: +SKIP
+>>> sub = c.subscribe("PATTERN SEQ(shelf a, exit c)", sink="tcp://127.0.0.1:9000")  # doctest: +SKIP
+>>> c.unsubscribe(sub["id"])                                   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any, Iterator
+
+from yfpp.errors import YfppError
+
+
+class ServiceError(YfppError):
+    """The server refused a request: ``status`` and its JSON ``body`` (for query errors: line, column)."""
+
+    def __init__(self, status: int, body: Any):
+        self.status = status
+        self.body = body
+        text = body.get("error") if isinstance(body, dict) and "error" in body else json.dumps(body)
+        super().__init__(f"HTTP {status}: {text}")
+
+
+class Client:
+    def __init__(self, url: str, token: str | None = None, timeout: float = 10.0):
+        self.url = url.rstrip("/")
+        self.token = token
+        self.timeout = timeout
+
+    def _request(self, method: str, path: str, body: bytes | None = None, content_type: str = "application/json",
+                 timeout: float | None = None) -> Any:
+        req = urllib.request.Request(self.url + path, data=body, method=method)
+        if body is not None:
+            req.add_header("Content-Type", content_type)
+        if self.token:
+            req.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as r:
+                data = r.read()
+        except urllib.error.HTTPError as e:
+            raw = e.read()
+            try:
+                detail = json.loads(raw)
+            except ValueError:
+                detail = {"error": raw.decode("utf-8", "replace")}
+            raise ServiceError(e.code, detail) from None
+        except (urllib.error.URLError, OSError) as e:
+            reason = getattr(e, "reason", e)
+            raise YfppError(f"cannot reach {self.url}: {reason}") from None
+        return json.loads(data) if data else None
+
+    def subscribe(self, query: str, sink: str | None = None, name: str | None = None, **options: Any) -> dict[str, Any]:
+        """Add a subscription (options: language, format, policy, queue, overflow); return its description."""
+        spec = {"query": query, "sink": sink, "name": name, **options}
+        return self._request("POST", "/subscriptions", json.dumps({k: v for k, v in spec.items() if v is not None}).encode())
+
+    def unsubscribe(self, sid: str) -> None:
+        self._request("DELETE", f"/subscriptions/{sid}")
+
+    def subscriptions(self) -> list[dict[str, Any]]:
+        return self._request("GET", "/subscriptions")
+
+    def subscription(self, sid: str) -> dict[str, Any]:
+        return self._request("GET", f"/subscriptions/{sid}")
+
+    def post_events(self, data: bytes, format: str = "jsonl") -> dict[str, int]:
+        """Feed a body of JSON lines or XML; return how many events and dead letters it held."""
+        kind = "application/xml" if format == "xml" else "application/x-ndjson"
+        return self._request("POST", f"/events?format={format}", data, kind)
+
+    def health(self) -> dict[str, Any]:
+        return self._request("GET", "/health")
+
+    def matches(self, sid: str, timeout: float | None = None) -> Iterator[dict[str, Any]]:
+        """The pull stream of a subscription: results as they come (ends when the server closes it)."""
+        req = urllib.request.Request(f"{self.url}/subscriptions/{sid}/matches")
+        if self.token:
+            req.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            resp = urllib.request.urlopen(req, timeout=timeout or self.timeout)
+        except urllib.error.HTTPError as e:
+            raise ServiceError(e.code, json.loads(e.read() or b"{}")) from None
+        with resp:
+            for line in resp:
+                if line.startswith(b"data: "):
+                    yield json.loads(line[6:])

@@ -1,0 +1,75 @@
+"""``yfpp serve`` settings: defaults, a TOML file (``--config``) and command-line flags, in that order."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from yfpp.errors import YfppError
+
+
+@dataclasses.dataclass
+class ServiceConfig:
+    """Every setting of the service; the TOML keys are these field names."""
+
+    host: str = "127.0.0.1"  #: HTTP control API and TCP feeds bind here
+    port: int = 8765  #: HTTP port (0: any free port)
+    xml_port: int | None = None  #: TCP feed of XML elements (root-less, or a root that never closes)
+    jsonl_port: int | None = None  #: TCP feed of JSON lines
+    inputs: list[str] = dataclasses.field(default_factory=list)  #: files (or "-" for stdin) read once at start
+    input_format: str | None = None  #: format of ``inputs`` (default: from the extension or content)
+    ts_field: str = "ts"
+    ts_unit: str = "s"
+    max_delay: float = 0.0  #: reorder buffer that merges the feeds, in stream seconds
+    advance_idle: float | None = None  #: after this many wall seconds without events, stream time follows the wall clock
+    state: str | None = "yfpp-state"  #: directory of the SQLite registry and the checkpoint; None: nothing kept
+    checkpoint_every: float = 60.0  #: seconds between engine checkpoints (when the engine supports them)
+    dead_letters: str | None = None  #: file of dead letters (JSON lines); default stderr
+    token: str | None = None  #: bearer token required by the control API and POST /events
+    max_subscriptions: int = 10_000
+    max_query_chars: int = 65_536
+    max_body_bytes: int = 16 * 1024 * 1024  #: POST /events body cap
+    max_feed_connections: int = 64  #: concurrent TCP feed connections per port
+    queue_size: int = 10_000  #: default per-subscription sink queue (results)
+    log_level: str = "info"
+
+    @classmethod
+    def load(cls, path: str | None, overrides: dict[str, Any]) -> "ServiceConfig":
+        """Defaults, then the TOML file at ``path`` (if any), then ``overrides`` whose value is not None."""
+        values: dict[str, Any] = {}
+        if path:
+            try:
+                values = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+            except OSError as e:
+                raise YfppError(f"config {path}: {e.strerror}") from e
+            except tomllib.TOMLDecodeError as e:
+                raise YfppError(f"config {path}: {e}") from e
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise YfppError(f"config {path}: unknown key(s) {', '.join(unknown)}; known: {', '.join(known)}")
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        cfg = cls(**values)
+        cfg.check()
+        return cfg
+
+    def check(self) -> None:
+        """Refuse values that would fail later, with the setting's name."""
+        for name in ("port", "xml_port", "jsonl_port"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or not 0 <= v <= 65535):
+                raise YfppError(f"{name} must be a port number 0-65535, got {v!r}")
+        for name in ("max_subscriptions", "max_query_chars", "max_body_bytes", "max_feed_connections", "queue_size"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise YfppError(f"{name} must be a positive integer, got {v!r}")
+        if not (isinstance(self.max_delay, (int, float)) and self.max_delay >= 0):
+            raise YfppError(f"max_delay must be a number >= 0, got {self.max_delay!r}")
+        for name in ("advance_idle", "checkpoint_every"):
+            v = getattr(self, name)
+            if v is not None and not (isinstance(v, (int, float)) and v > 0):
+                raise YfppError(f"{name} must be a number > 0, got {v!r}")
+        if not isinstance(self.inputs, list):
+            raise YfppError("inputs must be a list of paths")

@@ -1,0 +1,188 @@
+"""Feeds in: TCP listeners (XML or JSON lines), files / stdin, HTTP bodies — all read by ``yfpp.readers``.
+
+Each source is read in its own thread by the same readers as ``yfpp run`` (so
+the same dead letters), and every event goes into the service's one inbox; the
+engine thread merges them in arrival order and its ``max_delay`` reorder
+buffer puts them in ts order.  Seq numbers are the engine's (global arrival
+order), not the reader's per-source record index.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import socket
+import socketserver
+import sys
+import threading
+from typing import Any, Callable
+
+from yfpp.dead_letters import DeadLetters
+from yfpp.errors import YfppError
+from yfpp.events import Event
+from yfpp.readers import read_events
+
+log = logging.getLogger("yfpp.service.feeds")
+
+
+class SharedDeadLetters(DeadLetters):
+    """The service's dead-letter output: reports from several threads, one whole line each."""
+
+    def __init__(self, out: Any):
+        super().__init__(out)
+        self._lock = threading.Lock()
+
+    def report(self, seq: int, position: str, reason: str, raw: str | None = None) -> None:
+        with self._lock:
+            super().report(seq, position, reason, raw)
+
+
+class SourceDeadLetters(DeadLetters):
+    """One source's dead letters: counted here and forwarded with the source's name in the position."""
+
+    def __init__(self, source: str, shared: DeadLetters):
+        super().__init__(None)
+        self.source = source
+        self.shared = shared
+
+    def report(self, seq: int, position: str, reason: str, raw: str | None = None) -> None:
+        super().report(seq, position, reason, raw)
+        self.shared.report(seq, f"{self.source} {position}", reason, raw)
+
+
+Put = Callable[[list[Event]], None]  #: hands a batch to the engine thread; raises FeedClosed when the service stops
+
+BATCH = 256  #: events handed over at once (fewer when the source has nothing more to read yet)
+
+
+class FeedClosed(Exception):
+    """The service is stopping: the feed stops reading."""
+
+
+class _FlushBeforeRead(io.RawIOBase):
+    """A raw stream over ``source`` that calls ``before_read`` each time it is about to read (and maybe wait).
+
+    Under a BufferedReader this is exactly "the buffered bytes are used up", so a
+    feed hands over its partial batch before it waits for more input: batching
+    never delays an event on a quiet feed.
+    """
+
+    def __init__(self, source: Any, before_read: Callable[[], None]):
+        self._read = getattr(source, "readinto1", None) or source.readinto
+        self._before_read = before_read
+        self.name = getattr(source, "name", "")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf: Any) -> int:
+        self._before_read()
+        return self._read(buf)
+
+
+def pump(source: Any, fmt: str | None, name: str, put: Put, shared: DeadLetters, read_opts: dict[str, Any]) -> tuple[int, int]:
+    """Read every event of ``source`` (a path, ``-`` or a binary stream) into ``put`` in batches;
+    return (events, dead letters). Never raises for bad input."""
+    dl = SourceDeadLetters(name, shared)
+    batch: list[Event] = []
+    n = 0
+
+    def hand_over() -> None:
+        if batch:
+            put(batch[:])
+            batch.clear()
+
+    if source == "-":
+        source = sys.stdin.buffer
+    if not isinstance(source, (str, os.PathLike)):
+        source = io.BufferedReader(_FlushBeforeRead(source, hand_over), 65536)
+    try:
+        for ev in read_events(source, fmt, dead_letters=dl, **read_opts):
+            batch.append(ev)
+            n += 1
+            if len(batch) >= BATCH:
+                hand_over()
+        hand_over()
+    except FeedClosed:
+        pass
+    except YfppError as e:  # unreadable input (InputError): one dead letter for the rest of the source
+        hand_over()
+        dl.report(-1, "input", f"unreadable input: {e}")
+    except OSError as e:  # the connection broke
+        hand_over()
+        log.info("feed ended", extra={"feed": name, "error": str(e)})
+    return n, dl.count
+
+
+class TcpFeed(socketserver.ThreadingTCPServer):
+    """A TCP listener: every connection is one stream of ``fmt`` read into ``put`` (a thread each)."""
+
+    daemon_threads = True
+    block_on_close = False
+    allow_reuse_address = True
+
+    def __init__(self, host: str, port: int, fmt: str, put: Put, shared: DeadLetters, read_opts: dict[str, Any],
+                 max_connections: int):
+        self.fmt, self.put, self.shared, self.read_opts = fmt, put, shared, read_opts
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self._open: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        try:
+            super().__init__((host, port), _FeedHandler)
+        except OSError as e:
+            raise YfppError(f"cannot listen for {fmt} feeds on {host}:{port}: {e.strerror or e}") from e
+        self.thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.2},
+                                       name=f"{fmt} feed :{self.port}", daemon=True)
+
+    @property
+    def port(self) -> int:
+        return self.server_address[1]
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        """Stop accepting, and end the open connections (their readers see end of input)."""
+        self.shutdown()
+        self.server_close()
+        with self._lock:
+            for s in self._open:
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+class _FeedHandler(socketserver.StreamRequestHandler):
+    server: TcpFeed
+
+    def handle(self) -> None:
+        srv = self.server
+        peer = "%s:%s" % self.client_address[:2]
+        if not srv._slots.acquire(blocking=False):
+            self.wfile.write(b"yfpp: too many feed connections\n")
+            log.warning("feed refused: too many connections", extra={"feed": f"tcp {peer}"})
+            return
+        with srv._lock:
+            srv._open.add(self.connection)
+        try:
+            name = f"{srv.fmt} feed {peer}"
+            log.info("feed connected", extra={"feed": name})
+            n, bad = pump(self.connection.makefile("rb", buffering=0), srv.fmt, name, srv.put, srv.shared, srv.read_opts)
+            log.info("feed closed", extra={"feed": name, "events": n, "dead_letters": bad})
+        finally:
+            with srv._lock:
+                srv._open.discard(self.connection)
+            srv._slots.release()
+
+
+def start_input(path: str, fmt: str | None, put: Put, shared: DeadLetters, read_opts: dict[str, Any]) -> threading.Thread:
+    """Read a file (or ``-``, stdin) once, in a thread."""
+    def run() -> None:
+        n, bad = pump(path, fmt, f"input {path}", put, shared, read_opts)
+        log.info("input read", extra={"feed": path, "events": n, "dead_letters": bad})
+
+    t = threading.Thread(target=run, name=f"input {path}", daemon=True)
+    t.start()
+    return t

@@ -1,0 +1,433 @@
+"""The service process: one Engine in one thread, feeds funnelling into it, results routed to subscriptions.
+
+Threads: the engine thread owns the Engine (every ``process``, ``advance_time``
+and checkpoint holds ``engine_lock``; live register/unregister take the same
+lock); each feed reads in its own thread and hands events over through the
+bounded ``inbox`` (a full inbox slows the feeds, never the sinks); the asyncio
+loop runs the HTTP API and every subscription's sender task.  The engine
+thread passes each batch of results to the loop, which queues them per
+subscription (see :mod:`yfpp.service.sinks`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import uvicorn
+
+from yfpp.engine import Engine
+from yfpp.errors import YfppError
+from yfpp.events import Event
+from yfpp.query_text import parse_query
+from yfpp.service import checkpoint
+from yfpp.service.config import ServiceConfig
+from yfpp.service.feeds import FeedClosed, SharedDeadLetters, TcpFeed, pump, start_input
+from yfpp.service.registry import Registry
+from yfpp.service.subscriptions import Subscription, SubscriptionSpec
+
+log = logging.getLogger("yfpp.service")
+
+_STOP = object()
+SWITCH_INTERVAL = 0.0005  #: seconds a thread holds the GIL while another waits for it (Python's default: 0.005)
+INBOX = 64  #: batches (of up to feeds.BATCH events) waiting for the engine thread before feeds block
+
+
+class RequestError(YfppError):
+    """A request the service refuses: HTTP ``status`` and a JSON ``body``."""
+
+    def __init__(self, status: int, error: str, **extra: Any):
+        super().__init__(error)
+        self.status = status
+        self.body = {"error": error, **extra}
+
+
+class Service:
+    """Everything ``yfpp serve`` runs; :meth:`bind` then (inside the loop) :meth:`start` / :meth:`stop`."""
+
+    def __init__(self, config: ServiceConfig):
+        self.config = config
+        state = Path(config.state) if config.state else None
+        if state is not None:
+            try:
+                state.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise YfppError(f"state directory {state}: {e.strerror or e}") from e
+        self.checkpoint_path = state / "engine-checkpoint.json" if state else None
+        self.registry = Registry(str(state / "subscriptions.sqlite") if state else None)
+        self.dead_letters = SharedDeadLetters(config.dead_letters or sys.stderr)
+        self.read_opts = {"ts_field": config.ts_field, "ts_unit": config.ts_unit}
+        engine_opts = {"max_delay": config.max_delay, "dead_letters": self.dead_letters}
+        restored = checkpoint.load(self.checkpoint_path, **engine_opts) if self.checkpoint_path else None
+        self.engine: Engine = restored or Engine(**engine_opts)
+        self.restored = restored is not None
+        self.engine_lock = threading.Lock()
+        self.inbox: queue.Queue = queue.Queue(INBOX)
+        self.subs: dict[str, Subscription] = {}
+        self.by_name: dict[str, Subscription] = {}
+        self.events_in = 0
+        self.rate = 0.0
+        self.started_at = time.time()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.http_socket: socket.socket | None = None
+        self.feeds: list[TcpFeed] = []
+        self._engine_thread: threading.Thread | None = None
+        self.stopping = threading.Event()  #: set when shutdown begins: feeds and pull streams end
+        self._last_ts = float("-inf")  # largest ts fed, and the wall time it came (for advance_idle)
+        self._last_wall = time.monotonic()
+        self._advanced = float("-inf")
+        self._claimed: set[Any] = set()  # names (or tokens) of subscriptions being registered
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    def bind(self) -> None:
+        """Open the HTTP and feed sockets (so a busy port is an error before anything starts)."""
+        cfg = self.config
+        try:
+            self.http_socket = socket.create_server((cfg.host, cfg.port), reuse_port=False)
+        except OSError as e:
+            raise YfppError(f"cannot listen on {cfg.host}:{cfg.port}: {e.strerror or e}") from e
+        for fmt, port in (("xml", cfg.xml_port), ("jsonl", cfg.jsonl_port)):
+            if port is not None:
+                self.feeds.append(TcpFeed(cfg.host, port, fmt, self.put, self.dead_letters, self.read_opts,
+                                          cfg.max_feed_connections))
+
+    @property
+    def port(self) -> int:
+        assert self.http_socket is not None
+        return self.http_socket.getsockname()[1]
+
+    def feed_port(self, fmt: str) -> int:
+        return next(f.port for f in self.feeds if f.fmt == fmt)
+
+    async def start(self) -> None:
+        """Re-register stored subscriptions, then start the engine thread, the feeds and the senders."""
+        self.loop = asyncio.get_running_loop()
+        # The engine thread is CPU-bound; the loop thread releases the GIL at every socket call and
+        # would wait up to the default 5 ms to get it back each time (thousands of sinks: seconds).
+        sys.setswitchinterval(SWITCH_INTERVAL)
+        self._reload()
+        self._engine_thread = threading.Thread(target=self._engine_loop, name="engine", daemon=True)
+        self._engine_thread.start()
+        for feed in self.feeds:
+            feed.start()
+        for path in self.config.inputs:
+            start_input(path, self.config.input_format, self.put, self.dead_letters, self.read_opts)
+        log.info("service started", extra={
+            "http": f"{self.config.host}:{self.port}", "restored_checkpoint": self.restored,
+            "feeds": {f.fmt: f.port for f in self.feeds}, "subscriptions": len(self.subs)})
+
+    async def stop(self) -> None:
+        """Stop feeds, let the engine thread finish its inbox and checkpoint, give senders a second, close."""
+        self.stopping.set()
+        for feed in self.feeds:
+            await asyncio.to_thread(feed.stop)
+        if self._engine_thread is not None:
+            await asyncio.to_thread(self._stop_engine_thread)
+        await self._drain(1.0)
+        for sub in list(self.subs.values()):
+            await sub.stop()
+        self.registry.close()
+        self.dead_letters.close()
+        log.info("service stopped", extra={"events_in": self.events_in})
+
+    def _stop_engine_thread(self) -> None:
+        while True:
+            try:
+                self.inbox.put(_STOP, timeout=0.5)
+                break
+            except queue.Full:
+                if not self._engine_thread.is_alive():  # type: ignore[union-attr]
+                    return
+        self._engine_thread.join()  # type: ignore[union-attr]
+
+    async def _drain(self, seconds: float) -> None:
+        """Wait up to ``seconds`` for the push destinations to empty their queues."""
+        end = time.monotonic() + seconds
+        while time.monotonic() < end and any(s.outbox and s.outbox.items for s in self.subs.values()):
+            await asyncio.sleep(0.02)
+
+    # --- subscriptions -----------------------------------------------------------------
+
+    def _reload(self) -> None:
+        """Subscriptions from the registry into the engine (keeping the restored engine's queries by name)."""
+        restored = {plan.name: qid for qid, plan in self.engine.queries.items()}
+        for sid, raw in self.registry.all():
+            spec = SubscriptionSpec.model_validate(raw)
+            name = spec.name or sid
+            try:
+                qid = restored.pop(name) if name in restored else self._register_pattern(
+                    parse_query(spec.query, spec.language), name, spec.policy)
+            except YfppError as e:
+                log.error("stored subscription no longer registers", extra={"subscription": sid, "error": str(e)})
+                continue
+            self._attach(Subscription(sid, spec, qid, self.config.queue_size))
+        for qid in restored.values():  # in the checkpoint but deleted since
+            self.engine.unregister(qid)
+
+    def _register_pattern(self, pattern: Any, name: str, policy: str | None) -> int:
+        with self.engine_lock:
+            return self.engine.register(pattern, name=name, policy=policy)
+
+    def _attach(self, sub: Subscription) -> None:
+        sub.start()
+        self.subs[sub.id] = sub
+        self.by_name[sub.name] = sub
+
+    async def subscribe(self, spec: SubscriptionSpec) -> Subscription:
+        """Validate, register on the running engine, persist; RequestError for what the client must fix."""
+        cfg = self.config
+        if len(spec.query) > cfg.max_query_chars:
+            raise RequestError(413, f"query is {len(spec.query)} characters; the limit is {cfg.max_query_chars}")
+        if len(self.subs) + len(self._claimed) >= cfg.max_subscriptions:
+            raise RequestError(409, f"subscription limit reached ({cfg.max_subscriptions})")
+        if spec.name is not None and (spec.name in self.by_name or spec.name in self._claimed):
+            raise RequestError(409, f"a subscription named {spec.name!r} exists")
+        claim = spec.name or object()
+        self._claimed.add(claim)
+        try:
+            try:
+                pattern = await asyncio.to_thread(parse_query, spec.query, spec.language)
+            except YfppError as e:
+                raise RequestError(400, f"query: {e}", **_error_position(e)) from e
+            except (RecursionError, ValueError, OverflowError) as e:  # a parser limit, not the client's fault alone
+                log.warning("query refused by a parser limit", extra={"error": repr(e)[:300]})
+                raise RequestError(400, f"query: cannot be parsed ({type(e).__name__})") from e
+            sid = self.registry.add(spec.model_dump())
+            name = spec.name or sid
+            try:
+                qid = await asyncio.to_thread(self._register_pattern, pattern, name, spec.policy)
+            except YfppError as e:
+                self.registry.remove(sid)
+                raise RequestError(400, f"query: {e}", **_error_position(e)) from e
+        finally:
+            self._claimed.discard(claim)
+        sub = Subscription(sid, spec, qid, cfg.queue_size)
+        self._attach(sub)
+        log.info("subscribed", extra={"subscription": sid, "query_name": name, "sink": spec.sink})
+        return sub
+
+    async def unsubscribe(self, sid: str) -> None:
+        sub = self.subs.get(sid)
+        if sub is None:
+            raise RequestError(404, f"no subscription {sid!r}")
+        del self.subs[sid]
+        self.by_name.pop(sub.name, None)
+        await asyncio.to_thread(self._unregister, sub.qid)
+        self.registry.remove(sid)
+        await sub.stop()
+        log.info("unsubscribed", extra={"subscription": sid, "query_name": sub.name})
+
+    def _unregister(self, qid: int) -> None:
+        with self.engine_lock:
+            self.engine.unregister(qid)
+
+    def get(self, sid: str) -> Subscription:
+        sub = self.subs.get(sid)
+        if sub is None:
+            raise RequestError(404, f"no subscription {sid!r}")
+        return sub
+
+    # --- events ------------------------------------------------------------------------
+
+    def put(self, batch: list[Event]) -> None:
+        """Hand events to the engine thread (blocks while the inbox is full; FeedClosed when stopping)."""
+        while True:
+            if self.stopping.is_set():
+                raise FeedClosed()
+            try:
+                self.inbox.put(batch, timeout=0.5)
+                return
+            except queue.Full:
+                continue
+
+    def post_events(self, body: bytes, fmt: str) -> dict[str, int]:
+        """A ``POST /events`` body: read it like a feed; say how many events and dead letters it held."""
+        n, bad = pump(io.BytesIO(body), fmt, "POST /events", self.put, self.dead_letters, self.read_opts)
+        return {"events": n, "dead_letters": bad}
+
+    def _engine_loop(self) -> None:
+        tick = min(self.config.advance_idle or 0.5, 0.5)
+        next_checkpoint = time.monotonic() + self.config.checkpoint_every
+        rate_t, rate_n = time.monotonic(), 0
+        while True:
+            try:
+                item = self.inbox.get(timeout=tick)
+            except queue.Empty:
+                item = None
+            stop = item is _STOP
+            out: list[dict] = []
+            with self.engine_lock:
+                if isinstance(item, list):
+                    for ev in item:
+                        out.extend(self._process(ev))
+                elif item is None:
+                    out.extend(self._advance_idle())
+            if out:
+                self.loop.call_soon_threadsafe(self._route, out)  # type: ignore[union-attr]
+            now = time.monotonic()
+            if now - rate_t >= 1.0:
+                self.rate = (self.events_in - rate_n) / (now - rate_t)
+                rate_t, rate_n = now, self.events_in
+            if stop or now >= next_checkpoint:
+                self.save_checkpoint()
+                next_checkpoint = now + self.config.checkpoint_every
+            if stop:
+                return
+
+    def _process(self, ev: Event) -> list[dict]:
+        ev.seq = -1  # the engine numbers events across all feeds
+        self.events_in += 1
+        if ev.ts > self._last_ts:
+            self._last_ts = ev.ts
+        self._last_wall = time.monotonic()
+        try:
+            return self.engine.process(ev)
+        except Exception as e:  # one record's failure is that record's problem
+            log.exception("engine failed on an event", extra={"event": repr(ev)[:300]})
+            self.dead_letters.report(ev.seq, f"seq {ev.seq}", f"engine error: {type(e).__name__}: {e}", repr(ev)[:500])
+            return []
+
+    def _advance_idle(self) -> list[dict]:
+        """With ``advance_idle``: once the feed was quiet that long, stream time follows the wall clock."""
+        idle = self.config.advance_idle
+        if idle is None or self._last_ts == float("-inf"):
+            return []
+        quiet = time.monotonic() - self._last_wall
+        if quiet < idle:
+            return []
+        target = self._last_ts + quiet
+        if target <= self._advanced:
+            return []
+        self._advanced = target
+        try:
+            return self.engine.advance_time(target)
+        except Exception:
+            log.exception("advance_time failed", extra={"ts": target})
+            return []
+
+    def _route(self, results: list[dict]) -> None:
+        """On the loop: each result to its subscription (results of a just-deleted one are dropped)."""
+        by_name = self.by_name
+        for r in results:
+            sub = by_name.get(r["query"])
+            if sub is not None:
+                sub.deliver(r)
+
+    def save_checkpoint(self) -> bool:
+        """Checkpoint the engine state now (engine thread, or with the engine stopped)."""
+        if self.checkpoint_path is None:
+            return False
+        with self.engine_lock:
+            try:
+                saved = checkpoint.save(self.engine, self.checkpoint_path)
+            except (OSError, TypeError, ValueError) as e:
+                log.error("checkpoint failed", extra={"path": str(self.checkpoint_path), "error": str(e)})
+                return False
+        if saved:
+            log.info("checkpoint written", extra={"path": str(self.checkpoint_path), "events_in": self.events_in})
+        return saved
+
+    def health(self) -> dict[str, Any]:
+        return {"status": "ok", "uptime_s": round(time.time() - self.started_at, 3), "events_in": self.events_in,
+                "events_per_s": round(self.rate, 1), "dead_letters": self.dead_letters.count,
+                "live_runs": self.engine.stats.live_runs, "subscriptions": len(self.subs),
+                "inbox": self.inbox.qsize(), "feeds": {f.fmt: f.port for f in self.feeds},
+                "checkpoints": checkpoint.supported() and self.checkpoint_path is not None}
+
+
+def _error_position(e: Exception) -> dict[str, Any]:
+    """line, column, message (and what was expected) of a query error, for the JSON body."""
+    line, column = getattr(e, "line", None), getattr(e, "column", None)
+    first = str(e).split("\n", 1)[0]
+    return {"line": line, "column": column,
+            "message": getattr(e, "message", None) or first.removeprefix(f"line {line}, column {column}: "),
+            "expected": getattr(e, "expected", None) or []}
+
+
+# --- running it ------------------------------------------------------------------------------
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's Server, made to stop cleanly on SIGTERM/SIGINT instead of re-raising the signal after shutdown,
+    and to tell the service first (so feeds and pull streams end before uvicorn waits for connections)."""
+
+    def __init__(self, config: uvicorn.Config, service: Service):
+        super().__init__(config)
+        self.service = service
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.service.stopping.set()
+        await super().shutdown(sockets)
+
+    @contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        old = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+
+
+def make_server(service: Service) -> _Server:
+    """The uvicorn server of ``service``'s app (bind first)."""
+    from yfpp.service.app import create_app
+
+    config = uvicorn.Config(create_app(service), log_config=None, access_log=False, lifespan="on",
+                            log_level=service.config.log_level, timeout_graceful_shutdown=3)
+    return _Server(config, service)
+
+
+def run(config: ServiceConfig) -> int:
+    """``yfpp serve``: run until SIGTERM / SIGINT; 0 on a clean stop."""
+    service = Service(config)
+    service.bind()
+    server = make_server(service)
+    asyncio.run(server.serve(sockets=[service.http_socket]))
+    return 0 if server.started else 1
+
+
+class BackgroundService:
+    """A service on its own thread and loop (tests, benchmarks): ``with BackgroundService(cfg) as svc: …``."""
+
+    def __init__(self, config: ServiceConfig, timeout: float = 10.0):
+        self.service = Service(config)
+        self.service.bind()
+        self.server = make_server(self.service)
+        self._thread = threading.Thread(target=lambda: asyncio.run(self.server.serve(sockets=[self.service.http_socket])),
+                                        name="service", daemon=True)
+        self._timeout = timeout
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.service.config.host}:{self.service.port}"
+
+    def __enter__(self) -> Service:
+        self._thread.start()
+        end = time.monotonic() + self._timeout
+        while not self.server.started:
+            if time.monotonic() > end or not self._thread.is_alive():
+                raise RuntimeError("service did not start")
+            time.sleep(0.01)
+        return self.service
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self._thread.join(self._timeout)
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

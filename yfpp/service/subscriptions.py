@@ -1,0 +1,99 @@
+"""A subscription: its request (validated by pydantic), its engine query and its destinations."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, field_validator
+
+from yfpp.service.sinks import Counters, Outbox, Sender, check_sink, sender_for
+
+_NAME = re.compile(r"[A-Za-z_][\w.\-]*\Z")
+
+
+class SubscriptionSpec(BaseModel):
+    """``POST /subscriptions`` body; also what the registry stores."""
+
+    model_config = {"extra": "forbid"}
+
+    query: str = Field(min_length=1, description="SASE+ or extended-XPath query text")
+    name: str | None = Field(None, max_length=200, description="query name in results (default: the id); unique")
+    language: Literal["sase", "xpath"] | None = Field(None, description="default: detected from the text")
+    sink: str | None = Field(None, description="tcp://HOST:PORT, http(s)://URL (webhook) or file:PATH; "
+                                               "none: results only on GET /subscriptions/{id}/matches")
+    format: Literal["json", "xml"] = Field("json", description="one JSON line or one XML element per result")
+    policy: Literal["all", "non_overlapping"] | None = Field(None, description="output policy (default: the query's)")
+    queue: int | None = Field(None, ge=1, le=1_000_000, description="results queued per destination (default: the server's)")
+    overflow: Literal["drop_oldest", "drop_newest"] = Field("drop_oldest", description="what a full queue drops")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str | None) -> str | None:
+        if v is not None and not _NAME.match(v):
+            raise ValueError("name must start with a letter or '_' and hold only letters, digits, '_', '.', '-'")
+        return v
+
+    @field_validator("sink")
+    @classmethod
+    def _sink(cls, v: str | None) -> str | None:
+        return None if v is None or v in ("", "pull") else check_sink(v)
+
+
+class Subscription:
+    """One registered subscription: engine query id, counters, push destination and pull listeners."""
+
+    def __init__(self, sid: str, spec: SubscriptionSpec, qid: int, queue_size: int):
+        self.id = sid
+        self.spec = spec
+        self.qid = qid
+        self.name = spec.name or sid
+        self.counters = Counters()
+        self.queue_size = spec.queue or queue_size
+        self.outbox: Outbox | None = None
+        self.task: asyncio.Task | None = None
+        self.listeners: set[Outbox] = set()
+
+    def start(self) -> None:
+        """Start the push destination's sender task (on the running loop)."""
+        if self.spec.sink is not None:
+            self.outbox = Outbox(self.queue_size, self.spec.overflow, self.counters)
+            sender: Sender = sender_for(self.spec.sink, self.spec.format)
+            self.task = asyncio.get_running_loop().create_task(sender.run(self.outbox), name=f"sink {self.id}")
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
+            self.task = None
+
+    def deliver(self, result: dict) -> None:
+        """A result from the engine: count it and queue it for every destination."""
+        self.counters.matches += 1
+        if self.outbox is not None:
+            self.outbox.offer(result)
+        for listener in self.listeners:
+            listener.offer(result)
+
+    def listen(self) -> Outbox:
+        """A new pull-stream listener's own bounded outbox (its drops count in ``dropped``)."""
+        box = Outbox(self.queue_size, self.spec.overflow, self.counters)
+        self.listeners.add(box)
+        return box
+
+    @property
+    def queued(self) -> int:
+        boxes = [self.outbox, *self.listeners] if self.outbox else self.listeners
+        return sum(len(b.items) + b.in_flight for b in boxes)
+
+    def info(self) -> dict[str, Any]:
+        c = self.counters
+        return {
+            "id": self.id, "name": self.name, "query": self.spec.query, "language": self.spec.language,
+            "sink": self.spec.sink, "format": self.spec.format, "policy": self.spec.policy,
+            "queue": self.queue_size, "overflow": self.spec.overflow,
+            "counters": {"matches": c.matches, "delivered": c.delivered, "dropped": c.dropped,
+                         "queued": self.queued, "listeners": len(self.listeners),
+                         "last_error": c.last_error, "last_error_at": c.last_error_at},
+        }
