@@ -22,7 +22,6 @@ from tests.service_helpers import TIMEOUT, LineListener, jsonl, send, wait_for  
 from yfpp.engine import Engine  # noqa: E402
 from yfpp.errors import YfppError  # noqa: E402
 from yfpp.readers import read_events  # noqa: E402
-from yfpp.service import checkpoint  # noqa: E402
 from yfpp.service.client import Client, ServiceError  # noqa: E402
 from yfpp.service.config import ServiceConfig  # noqa: E402
 from yfpp.service.server import BackgroundService  # noqa: E402
@@ -317,7 +316,6 @@ def test_yfpp_serve_subscribe_unsubscribe_end_to_end(tmp_path, listeners):
             serve.communicate()
 
 
-@pytest.mark.skipif(not checkpoint.supported(), reason="Engine.snapshot/restore (issue 8) are not on this branch")
 def test_restart_from_checkpoint_neither_loses_nor_repeats(tmp_path, listeners):
     """Stop mid-stream (a checkpoint on stop), restart, feed the rest: the results of one uninterrupted run."""
     out = listeners()
