@@ -24,16 +24,29 @@ from yfpp.engine import Engine  # noqa: E402
 from yfpp.generate import generate_rfid, write_events  # noqa: E402
 from yfpp.readers import read_events  # noqa: E402
 from yfpp.spark import read_events_df  # noqa: E402
+from yfpp.spark.cli import load  # noqa: E402
 
-QUERIES = ["PATTERN SEQ(shelf a, ~register b, exit c) WHERE [tag_id] WITHIN 1 hour", "//register//exit&&(60)"]
+QUERY_TEXT = """@query shop
+PATTERN SEQ(shelf a, ~register b, exit c) WHERE [tag_id] WITHIN 1 hour
+@query unkeyed
+//register//exit&&(60)
+"""
 
 
-def expected(files: list[Path]) -> tuple[Counter, list[dict]]:
+@pytest.fixture(scope="module")
+def queries(tmp_path_factory) -> str:
+    """A query file: a keyed query and an unkeyed (time-sliced) one."""
+    f = tmp_path_factory.mktemp("queries") / "two.queries"
+    f.write_text(QUERY_TEXT)
+    return str(f)
+
+
+def expected(queries: str, files: list[Path]) -> tuple[Counter, list[dict]]:
     """``yfpp run``'s matches and dead letters over ``files`` read one after the other (seq running on)."""
     buf = io.StringIO()
     eng = Engine(dead_letters=DeadLetters(buf))
-    for i, q in enumerate(QUERIES):
-        eng.register(q, name=f"q{i}")
+    for name, pattern in load([queries]):
+        eng.register(pattern, name=name)
     out: Counter = Counter()
     base = 0
     for f in files:
@@ -47,8 +60,8 @@ def expected(files: list[Path]) -> tuple[Counter, list[dict]]:
     return out, [json.loads(x) for x in buf.getvalue().splitlines()]
 
 
-def run_cli(capsys, *args: str) -> tuple[int, str]:
-    code = main(["spark", *[a for q in QUERIES for a in ("-q", q)], *args])
+def run_cli(capsys, queries: str, *args: str) -> tuple[int, str]:
+    code = main(["spark", "-q", queries, *args])
     return code, capsys.readouterr().err
 
 
@@ -75,34 +88,36 @@ def tree(tmp_path_factory) -> Path:
     return root
 
 
-def test_relative_nested_input_from_the_drivers_folder(spark, tree, monkeypatch, capsys):
+def test_relative_nested_input_from_the_drivers_folder(spark, queries, tree, monkeypatch, capsys):
     monkeypatch.chdir(tree)
     files = [tree / "feeds/day=1/part-0.jsonl", tree / "feeds/day=2/part-1.xml.gz", tree / "feeds/day=2/late/part-2.jsonl"]
-    want, _ = expected(files)
-    code, err = run_cli(capsys, "-i", "feeds", "-o", "out", "--stats")
+    want, _ = expected(queries, files)
+    code, err = run_cli(capsys, queries, "-i", "feeds", "-o", "out", "--stats")
     assert code == 0, err
     assert output(spark, tree / "out") == want and sum(want.values()) > 50
-    assert "rows per task" in err and err.count(" task ") == 4  # spark.sql.shuffle.partitions
-    code, err = run_cli(capsys, "-i", "feeds/day=*/*.jsonl", "-o", "glob")  # a glob: the two JSON-lines files
+    assert sum(ln.startswith("  task ") for ln in err.splitlines()) == 4  # spark.sql.shuffle.partitions
+    code, err = run_cli(capsys, queries, "-i", "feeds/day=*/late", "-o", "glob")  # a glob
     assert code == 0, err
-    assert output(spark, tree / "glob") == expected([files[0], files[2]])[0]
-    code, err = run_cli(capsys, "-i", (tree / "feeds" / "day=1").as_uri(), "-o", "uri")  # a file:// URI
+    assert output(spark, tree / "glob") == expected(queries, files[2:])[0]
+    code, err = run_cli(capsys, queries, "-i", (tree / "feeds" / "day=1").as_uri(), "-o", "uri")  # a file:// URI
     assert code == 0, err
-    assert output(spark, tree / "uri") == expected(files[:1])[0]
+    assert output(spark, tree / "uri") == expected(queries, files[:1])[0]
 
 
-def test_output_modes(spark, tree, monkeypatch, capsys):
+def test_output_modes(spark, queries, tree, monkeypatch, capsys):
     monkeypatch.chdir(tree)
     args = ("-i", "feeds/day=1", "-o", "modes")
-    assert run_cli(capsys, *args)[0] == 0
+    assert run_cli(capsys, queries, *args)[0] == 0
     once = output(spark, tree / "modes")
-    code, err = run_cli(capsys, *args)
+    code, err = run_cli(capsys, queries, *args)
     assert code == 2 and err.startswith("yfpp: error: ") and err.count("\n") == 1 and "--mode" in err
-    assert run_cli(capsys, *args, "--mode", "append", "--partition-by", "query")[0] != 0  # parquet layout differs
-    assert run_cli(capsys, *args, "--mode", "overwrite", "--partition-by", "query", "--conf", "spark.sql.files.maxPartitionBytes=1m")[0] == 0
+    assert run_cli(capsys, queries, *args, "--mode", "append")[0] == 0
+    assert output(spark, tree / "modes") == once + once
+    assert run_cli(capsys, queries, *args, "--mode", "overwrite", "--partition-by", "query", "--conf", "spark.sql.files.maxPartitionBytes=1m")[0] == 0
     assert output(spark, tree / "modes") == once
     parquet = spark.read.parquet(str(tree / "modes" / "matches.parquet"))
-    assert sorted(r.query for r in parquet.select("query").distinct().collect()) == ["q0", "q1"]
+    assert {r.query for r in parquet.select("query").distinct().collect()} == {"shop", "unkeyed"}
+    assert any(p.name.startswith("query=") for p in (tree / "modes" / "matches.parquet").iterdir())
 
 
 def test_jsonl_files_split_by_line_keep_seq_and_positions(spark, tmp_path):
@@ -132,7 +147,7 @@ def test_jsonl_files_split_by_line_keep_seq_and_positions(spark, tmp_path):
 
 
 @pytest.mark.parametrize("case", ["missing", "empty", "only_success", "only_empty_subdirs", "truncated_gzip"])
-def test_bad_inputs_are_one_error_line(spark, tmp_path, monkeypatch, capsys, case):
+def test_bad_inputs_are_one_error_line(spark, queries, tmp_path, monkeypatch, capsys, case):
     monkeypatch.chdir(tmp_path)
     d = tmp_path / "in"
     if case != "missing":
@@ -143,7 +158,8 @@ def test_bad_inputs_are_one_error_line(spark, tmp_path, monkeypatch, capsys, cas
         (d / "day=1").mkdir()
         (d / "day=2").mkdir()
     elif case == "truncated_gzip":  # listed by the driver, unreadable on the executor
-        (d / "feed.jsonl.gz").write_bytes(gzip.compress(b'{"type": "a", "ts": 1}\n' * 1000)[:200])
-    code, err = run_cli(capsys, "-i", "in", "-o", "out")
+        data = gzip.compress("".join(f'{{"type": "a", "ts": {i}, "x": {i * 7919 % 100003}}}\n' for i in range(5000)).encode())
+        (d / "feed.jsonl.gz").write_bytes(data[: len(data) // 2])
+    code, err = run_cli(capsys, queries, "-i", "in", "-o", "out")
     assert code == 2 and err.startswith("yfpp: error: ") and err.count("\n") == 1, err
     assert {"missing": "no such input", "truncated_gzip": "cannot read"}.get(case, "no input files") in err
