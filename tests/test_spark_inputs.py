@@ -71,18 +71,19 @@ def output(spark, out: Path) -> Counter:
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory) -> Path:
-    """``feeds/`` with Hive-style day folders (JSON lines, gzip XML), a nested folder, ``_SUCCESS`` and a hidden file."""
+    """``feeds/`` with Hive-style day folders (JSON lines, gzip XML), a nested folder, ``_SUCCESS`` and a hidden file;
+    path order (the order Spark reads them in) is time order."""
     root = tmp_path_factory.mktemp("tree")
     records = list(generate_rfid(1500, tags=6, gap=10, seed=5))
     feeds = root / "feeds"
     (feeds / "day=1").mkdir(parents=True)
-    (feeds / "day=2" / "late").mkdir(parents=True)
+    (feeds / "day=2" / "sub").mkdir(parents=True)
     write_events(records[:500], feeds / "day=1" / "part-0.jsonl")
     xml = io.BytesIO()
     write_events(records[500:1000], root / "tmp.xml")
     xml.write((root / "tmp.xml").read_bytes())
     (feeds / "day=2" / "part-1.xml.gz").write_bytes(gzip.compress(xml.getvalue()))
-    write_events(records[1000:], feeds / "day=2" / "late" / "part-2.jsonl")
+    write_events(records[1000:], feeds / "day=2" / "sub" / "part-2.jsonl")
     (feeds / "_SUCCESS").write_text("")
     (feeds / ".part-0.jsonl.crc").write_text("garbage")
     return root
@@ -90,13 +91,13 @@ def tree(tmp_path_factory) -> Path:
 
 def test_relative_nested_input_from_the_drivers_folder(spark, queries, tree, monkeypatch, capsys):
     monkeypatch.chdir(tree)
-    files = [tree / "feeds/day=1/part-0.jsonl", tree / "feeds/day=2/part-1.xml.gz", tree / "feeds/day=2/late/part-2.jsonl"]
+    files = [tree / "feeds/day=1/part-0.jsonl", tree / "feeds/day=2/part-1.xml.gz", tree / "feeds/day=2/sub/part-2.jsonl"]
     want, _ = expected(queries, files)
     code, err = run_cli(capsys, queries, "-i", "feeds", "-o", "out", "--stats")
     assert code == 0, err
     assert output(spark, tree / "out") == want and sum(want.values()) > 50
     assert sum(ln.startswith("  task ") for ln in err.splitlines()) == 4  # spark.sql.shuffle.partitions
-    code, err = run_cli(capsys, queries, "-i", "feeds/day=*/late", "-o", "glob")  # a glob
+    code, err = run_cli(capsys, queries, "-i", "feeds/day=*/sub", "-o", "glob")  # a glob
     assert code == 0, err
     assert output(spark, tree / "glob") == expected(queries, files[2:])[0]
     code, err = run_cli(capsys, queries, "-i", (tree / "feeds" / "day=1").as_uri(), "-o", "uri")  # a file:// URI
