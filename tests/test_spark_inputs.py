@@ -100,7 +100,7 @@ def test_relative_nested_input_from_the_drivers_folder(spark, queries, tree, mon
     code, err = run_cli(capsys, queries, "-i", "feeds/day=*/sub", "-o", "glob")  # a glob
     assert code == 0, err
     assert output(spark, tree / "glob") == expected(queries, files[2:])[0]
-    code, err = run_cli(capsys, queries, "-i", (tree / "feeds" / "day=1").as_uri(), "-o", "uri")  # a file:// URI
+    code, err = run_cli(capsys, queries, "-i", f"file://{tree}/feeds/day=1", "-o", "uri")  # a file:// URI (as_uri() would escape "=")
     assert code == 0, err
     assert output(spark, tree / "uri") == expected(queries, files[:1])[0]
 
