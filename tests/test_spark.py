@@ -1,4 +1,4 @@
-"""yfpp on Spark (local[2]): batch and streaming matches equal the local engine's, as multisets."""
+"""yfpp on Spark (a two-worker local cluster, tests/conftest.py): batch and streaming matches equal the local engine's, as multisets."""
 
 from __future__ import annotations
 
@@ -14,8 +14,6 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("pyspark", reason="pyspark is not installed (pip install '.[spark]')")
-
-from pyspark.sql import SparkSession  # noqa: E402
 
 from yfpp.cli import main  # noqa: E402
 from yfpp.dead_letters import DeadLetters  # noqa: E402
@@ -40,16 +38,6 @@ RFID_QUERIES = {
     "theft": "PATTERN SEQ(shelf a, ~register b, exit c) WHERE [tag_id] WITHIN 12 hours RETURN theft(tag = a.tag_id, door = c.door)",
     "same_zone": "PATTERN SEQ(shelf a, shelf b) WHERE [tag_id, zone] WITHIN 1 hour",
 }
-
-
-@pytest.fixture(scope="module")
-def spark():
-    session = (SparkSession.builder.master("local[2]").appName("yfpp-tests")
-               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", "4").getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
 
 
 def local(queries: dict[str, str], path: Path) -> Counter:
@@ -223,3 +211,17 @@ def test_socket_source_reads_lines_as_they_come():
         reader.readBetweenOffsets({"seq": 0, "max_ts": None}, end)
     reader.stop()
     server.close()
+
+
+def test_stream_from_ts_0_matches_everything_and_reports_late_rows(spark, tmp_path):
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    pairs = [r for i in range(400) for r in ({"type": "shelf", "ts": 2 * i, "tag_id": i},
+                                             {"type": "exit", "ts": 2 * i + 1, "tag_id": i})]
+    write_events(pairs[:400], inbox / "a.jsonl")
+    write_events(pairs[400:] + [{"type": "exit", "ts": 5, "tag_id": 2}], inbox / "b.jsonl")  # the last row is late
+    queries = {"out": "PATTERN SEQ(shelf a, exit c) WHERE [tag_id] WITHIN 10"}
+    run_stream(spark, queries, inbox, tmp_path / "out", tmp_path / "ck", max_files=1)
+    assert sum(lines(spark.read.text(str(tmp_path / "out" / "matches.jsonl"))).values()) == 400
+    (dead,) = [json.loads(r.value) for r in spark.read.text(str(tmp_path / "out" / "dead_letters.jsonl")).collect()]
+    assert dead["seq"] == 800 and dead["reason"].startswith("late event")

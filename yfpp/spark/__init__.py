@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-_EXPORTS = {"match": "batch", "read_events_df": "batch", "stream_matches": "stream", "read_stream": "stream"}
+_EXPORTS = {"match": "batch", "read_events_df": "read", "stream_matches": "stream", "read_stream": "stream"}
 
 __all__ = list(_EXPORTS)
 

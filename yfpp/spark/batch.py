@@ -1,21 +1,19 @@
-"""The batch pipeline: read events with global seq numbers, route them, match per partition."""
+"""The batch pipeline: route events to their groups, partitions and slices, match per partition."""
 
 from __future__ import annotations
 
 import json
 import operator
-import os
+import time
 from functools import reduce
 from typing import Any, Callable, Iterator
 
 import pyarrow as pa
-from pyspark import StorageLevel
+from pyspark import TaskContext
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from yfpp.engine import event_raw
 from yfpp.events import PSEUDO_ATTRS
-from yfpp.spark import source
 from yfpp.spark.plan import Group, Slicing, effective_queries, group_queries, make_event, match_row
 
 MATCH_SCHEMA = "query string, bindings map<string, array<bigint>>, start double, end double, emit string, json string"
@@ -24,54 +22,6 @@ _ARROW_SCHEMA = pa.schema([
     ("end", pa.float64()), ("emit", pa.string()), ("json", pa.string()),
 ])
 _EVENT_COLS = ("seq", "type", "ts", "attrs", "xml")
-
-
-def read_events_df(spark: SparkSession, path: str | os.PathLike[str], format: str | None = None, *,
-                   ts_field: str = "ts", ts_unit: str = "s") -> DataFrame:
-    """Every record of a file, or of a directory's files in name order, as a persisted DataFrame
-    (``unpersist()`` it when done).
-
-    Columns: ``seq`` (global: the record's index in its file plus the records
-    of the files before it), ``type``, ``ts``, ``attrs`` (a JSON object),
-    ``xml`` (the event's element, XML input only), and for a dead letter
-    ``reason``, ``position``, ``raw``. Malformed records and late events
-    (ts below the largest earlier ts, as ``yfpp run`` with ``max_delay`` 0)
-    are dead letters; :func:`match` skips them.
-    """
-    source.register(spark)
-    path = os.fspath(path)
-    opts = {"path": path, "ts_field": ts_field, "ts_unit": ts_unit, **({"format": format} if format else {})}
-    raw = spark.read.format("yfpp").options(**opts).load()
-    offsets: list[int] = [0]
-    before: list[float | None] = [None]  # the largest ts of the files before each file
-    n_files = len(source.list_files(path))
-    if n_files > 1:  # one pass for the record count and largest ts per file
-        raw = raw.persist(StorageLevel.MEMORY_AND_DISK)
-        stats = {r["file"]: (r["n"], r["t"]) for r in raw.groupBy("file").agg(F.count("*").alias("n"), F.max("ts").alias("t")).collect()}
-        for i in range(n_files - 1):
-            n, t = stats.get(i, (0, None))
-            offsets.append(offsets[-1] + n)
-            known = [x for x in (before[-1], t) if x is not None]
-            before.append(max(known) if known else None)
-    idx = F.col("file") + 1
-    seq = F.element_at(F.array(*[F.lit(o).cast("long") for o in offsets]), idx) + F.col("pos")
-    stream_time = F.greatest("prev_max", F.element_at(F.array(*[F.lit(b).cast("double") for b in before]), idx))
-    late = F.col("reason").isNull() & (F.col("ts") < stream_time)
-    events = raw.select(
-        seq.alias("seq"), "type", "ts", "attrs", "xml",
-        F.when(late, F.format_string("late event: ts %s < stream time %s (max_delay 0.0)", "ts", stream_time))
-        .otherwise(F.col("reason")).alias("reason"),
-        F.when(late, F.concat(F.lit("seq "), seq)).otherwise(F.col("position")).alias("position"),
-        "raw", F.coalesce(late, F.lit(False)).alias("late"),  # null (no earlier ts) is not late
-    )
-    late_raw = F.udf(lambda t, ts, attrs: event_raw(t, ts, json.loads(attrs)), "string")  # the engine's raw of a late event
-    events = events.where(~F.col("late")).drop("late").unionByName(  # the UDF runs on the late rows only
-        events.where(F.col("late")).drop("late").withColumn("raw", late_raw("type", "ts", "attrs"))
-    ).persist(StorageLevel.MEMORY_AND_DISK)
-    if raw.is_cached:
-        events.count()
-        raw.unpersist()
-    return events
 
 
 def events_only(df: DataFrame) -> DataFrame:
@@ -109,22 +59,37 @@ def key_hash(key: tuple[str, ...]) -> Column:
     return F.when(missing, F.lit(None).cast("long")).otherwise(F.xxhash64(*vals))
 
 
-def routes(groups: list[Group], slicings: dict[int, Slicing]) -> Column:
-    """For each event, the ``(g, s, h)`` = (group, slice, key hash) copies it is sent to."""
+def routes(groups: list[Group], slicings: dict[int, Slicing], n: int) -> Column:
+    """For each event, the ``(g, s, h, p)`` = (group, slice, key hash, task) copies it is sent to.
+
+    The task is chosen, not hashed: a keyed group's key hash modulo ``n``, a
+    sliced group's slices round-robin (there are about ``n`` of them, so every
+    task gets one), a whole group by its number.
+    """
     arrays = []
+    zero = F.lit(0).cast("long")
+
+    def route(g: int, s: Column, h: Column, p: Column) -> Column:
+        return F.struct(F.lit(g).cast("int").alias("g"), s.cast("long").alias("s"), h.alias("h"), p.cast("int").alias("p"))
+
     for g, grp in enumerate(groups):
-        gl = F.lit(g).cast("int")
         sl = slicings.get(g)
         if grp.key:
-            arrays.append(F.array(F.struct(gl.alias("g"), F.lit(0).cast("long").alias("s"), key_hash(grp.key).alias("h"))))
+            h = key_hash(grp.key)
+            arrays.append(F.array(route(g, zero, h, F.pmod(h, F.lit(n)))))
         elif sl is not None:
             rel = F.col("ts") - F.lit(sl.t0)
             own = F.floor(rel / F.lit(sl.length))
-            first = F.greatest(F.lit(0).cast("long"), F.ceil((rel - F.lit(sl.window)) / F.lit(sl.length) - F.lit(1e-9)) - 1)
-            arrays.append(F.transform(F.sequence(first, own), lambda s: F.struct(gl.alias("g"), s.cast("long").alias("s"), F.lit(0).cast("long").alias("h"))))
+            first = F.greatest(zero, F.ceil((rel - F.lit(sl.window)) / F.lit(sl.length) - F.lit(1e-9)) - 1)
+            arrays.append(F.transform(F.sequence(first, own), _slice_route(route, g, zero, n)))
         else:
-            arrays.append(F.array(F.struct(gl.alias("g"), F.lit(0).cast("long").alias("s"), F.lit(0).cast("long").alias("h"))))
+            arrays.append(F.array(route(g, zero, zero, F.lit(g % n))))
     return F.flatten(F.array(*arrays))
+
+
+def _slice_route(route: Callable[..., Column], g: int, zero: Column, n: int) -> Callable[[Column], Column]:
+    """The route of slice ``s`` of group ``g`` (a one-argument function: ``F.transform`` reads the arity)."""
+    return lambda s: route(g, s, zero, F.pmod(s + g, F.lit(n)))
 
 
 def match(spark: SparkSession, queries: Any, events_df: DataFrame, *, policy: str | None = None,
@@ -136,6 +101,15 @@ def match(spark: SparkSession, queries: Any, events_df: DataFrame, *, policy: st
     §5 line). ``queries``: as :func:`yfpp.spark.plan.effective_queries`.
     ``partitions``: shuffle partitions (default ``spark.sql.shuffle.partitions``).
     """
+    return match_with_stats(spark, queries, events_df, policy=policy, partitions=partitions) \
+        .where(F.col("query").isNotNull())
+
+
+def match_with_stats(spark: SparkSession, queries: Any, events_df: DataFrame, *, policy: str | None = None,
+                     partitions: int | None = None) -> DataFrame:
+    """:func:`match`'s rows plus one row per task with ``query`` null and in ``json``
+    ``{"task", "rows", "engines", "seconds"}``: the rows (event copies) it matched, the
+    engines it ran (one per group and slice), its Python time."""
     groups = group_queries(effective_queries(queries, policy))
     events = events_only(events_df)
     n = partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
@@ -146,38 +120,45 @@ def match(spark: SparkSession, queries: Any, events_df: DataFrame, *, policy: st
             sl = Slicing.plan(t0, t1, g.window, n) if g.sliced and t0 is not None else None
             if sl is not None:
                 slicings[i] = sl
-    routed = (events.select(F.explode(routes(groups, slicings)).alias("r"), *_EVENT_COLS)
+    routed = (events.select(F.explode(routes(groups, slicings, n)).alias("r"), *_EVENT_COLS)
               .select("r.*", *_EVENT_COLS).where(F.col("h").isNotNull())
-              .repartition(n, "g", "s", "h").sortWithinPartitions("g", "s", "ts", "seq")
+              .repartitionById(n, "p").sortWithinPartitions("g", "s", "ts", "seq")
               .select("g", "s", *_EVENT_COLS))
     return routed.mapInArrow(_runner(groups, slicings), MATCH_SCHEMA)
 
 
 def _runner(groups: list[Group], slicings: dict[int, Slicing]) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The mapInArrow function: one engine per (group, slice) run of a sorted partition."""
+    """The mapInArrow function: one engine per (group, slice) run of a sorted partition, then a stats row."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        started = time.process_time()
         rows: list[tuple] = []
         current, engine, sl = None, None, None
+        n_rows = n_engines = 0
 
         def keep(ms: list[dict], s: int) -> None:
             rows.extend(match_row(m) for m in ms if sl is None or sl.own(m["start"]) == s)
 
         for rb in batches:
             c = rb.to_pydict()
+            n_rows += rb.num_rows
             for g, s, seq, type_, ts, attrs, xml in zip(c["g"], c["s"], c["seq"], c["type"], c["ts"], c["attrs"], c["xml"]):
                 if (g, s) != current:
                     if engine is not None:
                         keep(engine.flush(), current[1])
                     current, engine, sl = (g, s), groups[g].engine(), slicings.get(g)
+                    n_engines += 1
                 keep(engine.process(make_event(type_, ts, seq, attrs, xml)), s)
             if len(rows) >= 4096:
                 yield _batch(rows)
                 rows.clear()
         if engine is not None:
             keep(engine.flush(), current[1])
-        if rows:
-            yield _batch(rows)
+        ctx = TaskContext.get()
+        task = {"task": ctx.partitionId() if ctx else None, "rows": n_rows, "engines": n_engines,
+                "seconds": round(time.process_time() - started, 3)}
+        rows.append((None, None, None, None, None, json.dumps(task)))
+        yield _batch(rows)
 
     return run
 

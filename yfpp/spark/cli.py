@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import sys
 import time
 from typing import Any
 
 from yfpp.errors import YfppError
+from yfpp.spark.inputs import qualify
 from yfpp.pattern import Pattern
 from yfpp.query_text import load_queries, parse_query
 
@@ -36,7 +39,8 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("-q", "--query", action="extend", nargs="+", required=True, metavar="QUERY_OR_FILE",
                    help="query text or a query file, as for 'yfpp run'; repeatable")
-    p.add_argument("-i", "--input", help="an .xml / .jsonl file or a directory of them (files in name order)")
+    p.add_argument("-i", "--input", help="a file, directory (read recursively, files in path order) or glob; "
+                                         "any URI Spark reads (file://, hdfs://, s3a://), relative paths from here")
     p.add_argument("-o", "--output", required=True, metavar="OUTDIR", help="output directory")
     p.add_argument("--master", help="Spark master, e.g. local[4] or spark://host:7077 (default: spark-submit's, else local[*])")
     p.add_argument("--format", choices=["xml", "jsonl"], help="input format (default: from each file's extension or content)")
@@ -45,6 +49,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--ts-unit", default="s", help="timestamp unit: s, ms, us, ns, min, h (default: s)")
     p.add_argument("--max-runs-per-query", type=int, metavar="N", help="cap on each query's live runs per engine (see docs/operations.md)")
     p.add_argument("--max-buffer-per-query", type=int, metavar="N", help="cap on each query's buffered events per engine")
+    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting; repeatable")
+    p.add_argument("--mode", choices=["error", "append", "overwrite"], default="error",
+                   help="batch: when the outputs exist — fail (default, Spark's errorifexists), append or overwrite")
+    p.add_argument("--table", help="batch: also save the matches' columns as this table (saveAsTable)")
+    p.add_argument("--partition-by", action="append", default=[], metavar="COLUMN",
+                   help="batch: partition matches.parquet (and --table) by this column, e.g. query; repeatable")
+    p.add_argument("--stats", action="store_true", help="batch: print the rows, engines and seconds of every matching task")
     p.add_argument("--partitions", type=int,
                    help="shuffle partitions (default: spark.sql.shuffle.partitions if configured, else 2 × the cores)")
     p.add_argument("--stream", action="store_true", help="watch the input directory (or --socket) for new data")
@@ -85,6 +96,11 @@ def cmd_spark(args: argparse.Namespace) -> int:
             builder = builder.config(f"spark.executorEnv.YFPP_{cap.upper()}", str(getattr(args, cap)))
     if args.master:
         builder = builder.master(args.master)
+    for kv in args.conf:
+        key, eq, value = kv.partition("=")
+        if not eq or not key:
+            raise YfppError(f"--conf takes KEY=VALUE, not {kv!r}")
+        builder = builder.config(key.strip(), value)
     if args.partitions:
         builder = builder.config("spark.sql.shuffle.partitions", str(args.partitions))
     spark = builder.getOrCreate()
@@ -92,35 +108,63 @@ def cmd_spark(args: argparse.Namespace) -> int:
         spark.conf.set("spark.sql.shuffle.partitions", str(2 * spark.sparkContext.defaultParallelism))
     try:
         return (stream if args.stream else batch)(spark, queries, args)
+    except YfppError:
+        raise
+    except Exception as e:  # a failed Spark job: one line, not a Java and Python traceback
+        raise YfppError(job_error(e)) from None
     finally:
         if owned:
             spark.stop()
 
 
+def job_error(e: BaseException) -> str:
+    """The one line that says why a Spark job failed: the reader's or file system's message."""
+    text = str(e)
+    for pattern in (r"yfpp\.errors\.\w+: (.+)", r"(?:FileNotFoundException|AccessDeniedException|IOException): (.+)",
+                    r"\[PATH_ALREADY_EXISTS\] (.+?)(?: SQLSTATE|$)", r"\[(?:PATH_NOT_FOUND|TABLE_OR_VIEW_ALREADY_EXISTS)\] (.+?)(?: SQLSTATE|$)"):
+        m = re.search(pattern, text, re.MULTILINE)
+        if m:
+            hint = " (--mode overwrite or append)" if "ALREADY_EXISTS" in pattern and "ALREADY_EXISTS" in text else ""
+            return m.group(1).strip() + hint
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(e).__name__)
+    return f"Spark job failed: {first}"
+
+
 def batch(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namespace) -> int:
     from pyspark.sql import functions as F
 
-    from yfpp.spark.batch import match, read_events_df
+    from yfpp.spark.batch import match_with_stats
+    from yfpp.spark.read import read_events_df
 
     started = time.perf_counter()
     events = read_events_df(spark, args.input, args.format, ts_field=args.ts_field, ts_unit=args.ts_unit)
-    matches = match(spark, queries, events, policy=args.policy, partitions=args.partitions).persist()
-    out = args.output
-    matches.select("json").write.mode("overwrite").text(os.path.join(out, "matches.jsonl"))
-    matches.drop("json").write.mode("overwrite").parquet(os.path.join(out, "matches.parquet"))
+    rows = match_with_stats(spark, queries, events, policy=args.policy, partitions=args.partitions).persist()
+    matches = rows.where(F.col("query").isNotNull())
+    out, mode = qualify(spark, args.output), {"error": "errorifexists"}.get(args.mode, args.mode)
+    matches.select("json").write.mode(mode).text(os.path.join(out, "matches.jsonl"))
+    columns = matches.drop("json").write.mode(mode).partitionBy(*args.partition_by)
+    columns.parquet(os.path.join(out, "matches.parquet"))
+    if args.table:
+        matches.drop("json").write.mode(mode).partitionBy(*args.partition_by).saveAsTable(args.table)
     dead = events.where(F.col("reason").isNotNull())
     dead.select(F.to_json(F.struct("seq", "position", "reason", "raw"), {"ignoreNullFields": "false"})) \
-        .write.mode("overwrite").text(os.path.join(out, "dead_letters.jsonl"))
+        .write.mode(mode).text(os.path.join(out, "dead_letters.jsonl"))
     counts = {r["query"]: r["count"] for r in matches.groupBy("query").count().collect()}
-    n_dead = dead.count()
-    n_events = events.count() - n_dead
+    kinds = {r["dead"]: r["count"] for r in events.groupBy(F.col("reason").isNotNull().alias("dead")).count().collect()}
+    n_dead, n_events = kinds.get(True, 0), kinds.get(False, 0)
     elapsed = time.perf_counter() - started
     lines = [f"events            {n_events:,}", f"elapsed           {elapsed:.3f} s",
              f"events/s          {n_events / max(elapsed, 1e-9):,.0f}", f"dead letters      {n_dead:,}",
              "matches per query:"]
     lines += [f"  {name:<24} {counts.get(name, 0):,}" for name in dict.fromkeys(n for n, _ in queries)]
+    if args.stats:
+        tasks = sorted((json.loads(r["json"]) for r in rows.where(F.col("query").isNull()).collect()),
+                       key=lambda t: t["task"])
+        lines.append("rows per task (matching):")
+        lines += [f"  task {t['task']:<4} {t['rows']:>12,} rows {t['engines']:>6,} engines {t['seconds']:>9.3f} s"
+                  for t in tasks]
     print("\n".join(lines), file=sys.stderr)
-    matches.unpersist()
+    rows.unpersist()
     events.unpersist()
     return 0
 
@@ -128,21 +172,36 @@ def batch(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namespa
 def stream(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namespace) -> int:
     from yfpp.spark.stream import read_stream, stream_matches, write_stream
 
-    events = read_stream(spark, None if args.socket else args.input, socket=args.socket, format=args.format,
+    out = qualify(spark, args.output)
+    events = read_stream(spark, None if args.socket else os.path.abspath(args.input), socket=args.socket, format=args.format,
                          ts_field=args.ts_field, ts_unit=args.ts_unit, max_files=args.max_files)
-    query = write_stream(stream_matches(spark, queries, events, policy=args.policy), args.output,
-                         args.checkpoint or os.path.join(args.output, "_checkpoint"),
+    query = write_stream(stream_matches(spark, queries, events, policy=args.policy), out,
+                         qualify(spark, args.checkpoint) if args.checkpoint else os.path.join(out, "_checkpoint"),
                          interval=f"{args.trigger} seconds" if args.trigger else None)
-    last_active = time.monotonic()
     try:
-        while not query.awaitTermination(1):
-            status = query.status
-            if status["isTriggerActive"] or status["isDataAvailable"]:
-                last_active = time.monotonic()
-            elif args.idle_stop is not None and time.monotonic() - last_active > args.idle_stop:
-                break
+        wait_idle(query, args.idle_stop)
     except KeyboardInterrupt:
         pass
     finally:
         query.stop()
     return 0
+
+
+def wait_idle(query: Any, idle_stop: float | None) -> None:
+    """Wait until ``query`` ends, or (``idle_stop``) until no micro-batch has read input for that long.
+
+    Activity is a finished micro-batch that read rows (its progress report), or
+    one running on new data now — not the trigger's polling, which never stops.
+    """
+    last_active, last_batch = time.monotonic(), None
+    while not query.awaitTermination(1):
+        progress = query.lastProgress
+        if progress is not None and progress["batchId"] != last_batch:
+            last_batch = progress["batchId"]
+            if progress["numInputRows"]:
+                last_active = time.monotonic()
+        status = query.status
+        if status["isTriggerActive"] and status["isDataAvailable"]:
+            last_active = time.monotonic()
+        elif idle_stop is not None and time.monotonic() - last_active > idle_stop:
+            return

@@ -194,21 +194,22 @@ def match_row(m: dict) -> tuple:
 # --- streaming state ------------------------------------------------------------------
 
 
-def advance_key(grp: Group, state: Any, rows: list[tuple], wm_ms: int) -> list[dict]:
+def advance_key(grp: Group, state: Any, rows: list[tuple], wm_ms: int, shift: float = 0.0) -> list[dict]:
     """One call of the streaming state function for a key (see ``yfpp.spark.stream``).
 
     Replay the key's kept events and its new ``rows`` ``(ts, seq, type, attrs, xml)``
     into a fresh engine, return the matches not emitted before, and update
     ``state`` (a :class:`pyspark.sql.streaming.state.GroupState`: the kept
     events and the ids of the emitted matches that a replay could make again)
-    and its timeout.
+    and its timeout. Spark's event time is ``ts + shift`` seconds (``wm_ms`` and
+    the timeouts are in that time; 0 means no watermark yet).
     """
     st = pickle.loads(state.get[0]) if state.exists else {"events": [], "emitted": {}}
     kept = sorted(st["events"] + rows, key=lambda r: (r[0], r[1]))
     evs = [make_event(t, ts, seq, a, x) for ts, seq, t, a, x in kept]
     engine = grp.engine()
     out = [m for ev in evs for m in engine.process(ev)]
-    wm = wm_ms / 1000 if wm_ms > 0 else None
+    wm = wm_ms / 1000 - shift if wm_ms > 0 else None
     if wm is not None:
         out += engine.advance_time(wm)
     emitted = st["emitted"]
@@ -238,7 +239,7 @@ def advance_key(grp: Group, state: Any, rows: list[tuple], wm_ms: int) -> list[d
     wakeups = [r[0] + w for r in keep for w in grp.trailing_windows]  # possible deadlines
     if grp.window is not None:
         wakeups.append(keep[-1][0] + grp.window)  # every kept event has left the window
-    due = [math.floor(t * 1000) for t in wakeups if math.floor(t * 1000) >= wm_ms]
+    due = [ms for ms in (math.floor((t + shift) * 1000) for t in wakeups) if ms >= wm_ms]
     if due:
         state.setTimeoutTimestamp(min(due))
     return new

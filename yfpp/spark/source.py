@@ -1,17 +1,9 @@
-"""Spark 4 Python data sources that run the project's hardened readers.
+"""The streaming Python data source ``yfpp_stream`` (Spark 4), running the project's readers.
 
-Spark's XML source reads one element name at a time, so it cannot give
-heterogeneous events in document order; these sources run
-:func:`yfpp.readers.read_events` on each file instead.
-
-* ``yfpp`` (batch): one partition per file (files of a directory in name
-  order). A row per record — events and malformed records alike — with the
-  file's index, the record's position in the file (the reader's seq) and the
-  largest ts before it in the file; :func:`yfpp.spark.batch.read_events_df`
-  turns these into global seq numbers and late-event reports.
-* ``yfpp_stream`` (streaming, read on the driver): new files of a directory
-  in name order, or lines from a socket (a demo: not replayable). It assigns
-  the global seq and flags late events itself, and keeps both in its offsets.
+New files of a local directory in name order, or lines from a socket (a demo:
+not replayable), read on the driver: the source assigns the global seq and
+flags late events itself, and keeps both in its offsets. (Batch input goes
+through Spark's file system layer instead: :mod:`yfpp.spark.read`.)
 """
 
 from __future__ import annotations
@@ -22,54 +14,14 @@ import os
 import socket
 from typing import Any, Iterator
 
-from lxml import etree
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition, SimpleDataSourceStreamReader
+from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
 
-from yfpp.dead_letters import DeadLetters
 from yfpp.engine import event_raw
 from yfpp.errors import InputError
-from yfpp.readers import read_events
+from yfpp.spark.parse import records
 
-#: Columns of the batch source.
-RAW_SCHEMA = ("file int, pos long, prev_max double, type string, ts double, attrs string, xml string, "
-              "reason string, position string, raw string")
 #: Columns of an event table (the stream source's, and read_events_df's result).
 EVENT_SCHEMA = "seq long, type string, ts double, attrs string, xml string, reason string, position string, raw string"
-
-
-class _Collect(DeadLetters):
-    """Dead letters kept as ``(pos, position, reason, raw)`` until the caller takes them."""
-
-    def __init__(self, where: str) -> None:
-        super().__init__()
-        self.where = where
-        self.items: list[tuple[int, str, str, str | None]] = []
-
-    def report(self, seq: int, position: str, reason: str, raw: str | None = None) -> None:
-        super().report(seq, position, reason, raw)
-        self.items.append((seq, f"{self.where} {position}" if self.where else position, reason, raw))
-
-
-def records(source: Any, options: dict[str, str], where: str = "") -> Iterator[tuple]:
-    """``(pos, type, ts, attrs JSON, xml, reason, position, raw)`` for every record of ``source``, in order.
-
-    ``where`` (a file name) prefixes the positions of dead letters.
-    """
-    dead = _Collect(where)
-    fmt = options.get("format") or None
-    events = read_events(source, fmt, ts_field=options.get("ts_field", "ts"), ts_unit=options.get("ts_unit", "s"),
-                         dead_letters=dead)
-    for ev in events:
-        yield from _drain(dead)
-        xml = etree.tostring(ev._element, encoding="unicode", with_tail=False) if ev._element is not None else None
-        yield ev.seq, ev.type, float(ev.ts), json.dumps(ev.attrs), xml, None, None, None
-    yield from _drain(dead)
-
-
-def _drain(dead: _Collect) -> Iterator[tuple]:
-    for pos, position, reason, raw in dead.items:
-        yield pos, None, None, None, None, reason, position, raw
-    dead.items.clear()
 
 
 def list_files(path: str) -> list[str]:
@@ -80,37 +32,6 @@ def list_files(path: str) -> list[str]:
         return [path]
     names = sorted(n for n in os.listdir(path) if not n.startswith((".", "_")))
     return [os.path.join(path, n) for n in names if os.path.isfile(os.path.join(path, n))]
-
-
-class YfppSource(DataSource):
-    """``spark.read.format("yfpp").option("path", …)``; options format, ts_field, ts_unit."""
-
-    @classmethod
-    def name(cls) -> str:
-        return "yfpp"
-
-    def schema(self) -> str:
-        return RAW_SCHEMA
-
-    def reader(self, schema: Any) -> DataSourceReader:
-        return _BatchReader(dict(self.options))
-
-
-class _BatchReader(DataSourceReader):
-    def __init__(self, options: dict[str, str]):
-        self.options = options
-
-    def partitions(self) -> list[InputPartition]:
-        return [InputPartition((i, f)) for i, f in enumerate(list_files(self.options["path"]))]
-
-    def read(self, partition: InputPartition) -> Iterator[tuple]:
-        index, path = partition.value
-        where = os.path.basename(path) if os.path.isdir(self.options["path"]) else ""
-        prev_max = None
-        for pos, type_, ts, attrs, xml, reason, position, raw in records(path, self.options, where):
-            yield index, pos, prev_max, type_, ts, attrs, xml, reason, position, raw
-            if ts is not None and (prev_max is None or ts > prev_max):
-                prev_max = ts
 
 
 class YfppStreamSource(DataSource):
@@ -225,6 +146,5 @@ class _SocketReader(SimpleDataSourceStreamReader):
 
 
 def register(spark: Any) -> None:
-    """Make ``yfpp`` and ``yfpp_stream`` known to ``spark``."""
-    spark.dataSource.register(YfppSource)
+    """Make ``yfpp_stream`` known to ``spark``."""
     spark.dataSource.register(YfppStreamSource)

@@ -41,6 +41,10 @@ OUTPUT_SCHEMA = "kind string, " + MATCH_SCHEMA
 _OUT_COLS = ["kind", "query", "bindings", "start", "end", "emit", "json"]
 _RECORD_COLS = ["seq", "type", "ts", "attrs", "xml", "reason", "position", "raw"]
 DEAD = -1  # the group number of dead letters (one state key, no state)
+#: Seconds added to ts for Spark's event time: its first watermark is 0 and it drops rows at or below
+#: the watermark, so an event at ts 0 (or below) would be lost without it. pandas holds event times in
+#: nanoseconds (up to 2262), so ts must lie within (-10^9, 8·10^9) seconds.
+SHIFT = 10**9
 
 # pyspark's worker concatenates our output frames; pandas warns when a column (emit) is all null.
 warnings.filterwarnings("ignore", "The behavior of DataFrame concatenation with empty or all-NA", FutureWarning)
@@ -63,8 +67,8 @@ def stream_matches(spark: SparkSession, queries: Any, events: DataFrame, *, poli
     groups = group_queries(effective_queries(queries, policy), streaming=True)
     routed = (events.select(F.explode(_routes(groups)).alias("r"), "*")
               .select("r.*", *_RECORD_COLS).where(F.col("h").isNotNull())
-              .withColumn("event_time", F.timestamp_seconds("ts"))
-              .withWatermark("event_time", "1 millisecond"))
+              .withColumn("event_time", F.when(F.col("reason").isNull(), F.timestamp_seconds(F.col("ts") + SHIFT)))
+              .withWatermark("event_time", "1 millisecond"))  # dead letters have no event time: never dropped
     return routed.groupBy("g", "h").applyInPandasWithState(
         _state_function(groups), OUTPUT_SCHEMA, "events binary", "append", "EventTimeTimeout")
 
@@ -88,7 +92,7 @@ def _state_function(groups: list[Group]) -> Callable[[tuple, Iterator[pd.DataFra
                     for r in pdf.itertuples(index=False)])
             return
         rows = [(float(r.ts), int(r.seq), r.type, r.attrs, r.xml) for pdf in pdfs for r in pdf.itertuples(index=False)]
-        found = advance_key(groups[g], state, rows, state.getCurrentWatermarkMs())
+        found = advance_key(groups[g], state, rows, state.getCurrentWatermarkMs(), SHIFT)
         if found:
             yield _frame([("match", *match_row(m)) for m in found])
 

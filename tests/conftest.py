@@ -1,0 +1,33 @@
+"""Shared fixtures: one Spark session per test session, on a real multi-process cluster.
+
+``local-cluster[2,1,1024]`` starts a standalone master and two workers (one
+core each) inside the driver's JVM; each worker launches its executor as a
+separate JVM whose working directory is its own work folder — not the
+driver's, so a relative input path only works if the driver resolves it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def spark():
+    pytest.importorskip("pyspark", reason="pyspark is not installed (pip install '.[spark]')")
+    import pyspark
+    from pyspark.sql import SparkSession
+
+    session = (SparkSession.builder.master("local-cluster[2,1,1024]").appName("yfpp-tests")
+               .config("spark.executor.memory", "512m").config("spark.driver.memory", "1g")
+               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", "4").config("spark.task.maxFailures", "1")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    app = session.sparkContext.applicationId
+    yield session
+    session.stop()
+    shutil.rmtree(Path(os.path.dirname(pyspark.__file__)) / "work" / app, ignore_errors=True)  # the executors' folders

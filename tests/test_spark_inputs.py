@@ -1,0 +1,166 @@
+"""`yfpp spark` inputs through Spark's file system layer, on the two-worker cluster of tests/conftest.py.
+
+The driver runs in a folder of its own (``monkeypatch.chdir``); the executors
+run in their work folders, so relative paths only work if the driver resolves
+them. Expected matches and dead letters come from the local engine over the
+same records in path order.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyspark", reason="pyspark is not installed (pip install '.[spark]')")
+
+from yfpp.cli import main  # noqa: E402
+from yfpp.dead_letters import DeadLetters  # noqa: E402
+from yfpp.engine import Engine  # noqa: E402
+from yfpp.generate import generate_rfid, write_events  # noqa: E402
+from yfpp.readers import read_events  # noqa: E402
+from yfpp.spark import read_events_df  # noqa: E402
+from yfpp.spark.cli import load  # noqa: E402
+
+QUERY_TEXT = """@query shop
+PATTERN SEQ(shelf a, ~register b, exit c) WHERE [tag_id] WITHIN 1 hour
+@query unkeyed
+//register//exit&&(60)
+"""
+
+
+@pytest.fixture(scope="module")
+def queries(tmp_path_factory) -> str:
+    """A query file: a keyed query and an unkeyed (time-sliced) one."""
+    f = tmp_path_factory.mktemp("queries") / "two.queries"
+    f.write_text(QUERY_TEXT)
+    return str(f)
+
+
+def expected(queries: str, files: list[Path]) -> tuple[Counter, list[dict]]:
+    """``yfpp run``'s matches and dead letters over ``files`` read one after the other (seq running on)."""
+    buf = io.StringIO()
+    eng = Engine(dead_letters=DeadLetters(buf))
+    for name, pattern in load([queries]):
+        eng.register(pattern, name=name)
+    out: Counter = Counter()
+    base = 0
+    for f in files:
+        n = 0
+        for ev in read_events(f, dead_letters=DeadLetters()):
+            n = ev.seq + 1
+            ev.seq += base
+            out.update(json.dumps(m) for m in eng.process(ev))
+        base += max(n, sum(1 for ln in f.read_text().splitlines() if ln.strip()) if f.suffix == ".jsonl" else n)
+    out.update(json.dumps(m) for m in eng.flush())
+    return out, [json.loads(x) for x in buf.getvalue().splitlines()]
+
+
+def run_cli(capsys, queries: str, *args: str) -> tuple[int, str]:
+    code = main(["spark", "-q", queries, *args])
+    return code, capsys.readouterr().err
+
+
+def output(spark, out: Path) -> Counter:
+    return Counter(r[0] for r in spark.read.text(str(out / "matches.jsonl")).collect())
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory) -> Path:
+    """``feeds/`` with Hive-style day folders (JSON lines, gzip XML), a nested folder, ``_SUCCESS`` and a hidden file;
+    path order (the order Spark reads them in) is time order."""
+    root = tmp_path_factory.mktemp("tree")
+    records = list(generate_rfid(1500, tags=6, gap=10, seed=5))
+    feeds = root / "feeds"
+    (feeds / "day=1").mkdir(parents=True)
+    (feeds / "day=2" / "sub").mkdir(parents=True)
+    write_events(records[:500], feeds / "day=1" / "part-0.jsonl")
+    xml = io.BytesIO()
+    write_events(records[500:1000], root / "tmp.xml")
+    xml.write((root / "tmp.xml").read_bytes())
+    (feeds / "day=2" / "part-1.xml.gz").write_bytes(gzip.compress(xml.getvalue()))
+    write_events(records[1000:], feeds / "day=2" / "sub" / "part-2.jsonl")
+    (feeds / "_SUCCESS").write_text("")
+    (feeds / ".part-0.jsonl.crc").write_text("garbage")
+    return root
+
+
+def test_relative_nested_input_from_the_drivers_folder(spark, queries, tree, monkeypatch, capsys):
+    monkeypatch.chdir(tree)
+    files = [tree / "feeds/day=1/part-0.jsonl", tree / "feeds/day=2/part-1.xml.gz", tree / "feeds/day=2/sub/part-2.jsonl"]
+    want, _ = expected(queries, files)
+    code, err = run_cli(capsys, queries, "-i", "feeds", "-o", "out", "--stats")
+    assert code == 0, err
+    assert output(spark, tree / "out") == want and sum(want.values()) > 50
+    assert sum(ln.startswith("  task ") for ln in err.splitlines()) == 4  # spark.sql.shuffle.partitions
+    code, err = run_cli(capsys, queries, "-i", "feeds/day=*/sub", "-o", "glob")  # a glob
+    assert code == 0, err
+    assert output(spark, tree / "glob") == expected(queries, files[2:])[0]
+    code, err = run_cli(capsys, queries, "-i", f"file://{tree}/feeds/day=1", "-o", "uri")  # a file:// URI (as_uri() would escape "=")
+    assert code == 0, err
+    assert output(spark, tree / "uri") == expected(queries, files[:1])[0]
+
+
+def test_output_modes(spark, queries, tree, monkeypatch, capsys):
+    monkeypatch.chdir(tree)
+    args = ("-i", "feeds/day=1", "-o", "modes")
+    assert run_cli(capsys, queries, *args)[0] == 0
+    once = output(spark, tree / "modes")
+    code, err = run_cli(capsys, queries, *args)
+    assert code == 2 and err.startswith("yfpp: error: ") and err.count("\n") == 1 and "--mode" in err
+    assert run_cli(capsys, queries, *args, "--mode", "append")[0] == 0
+    assert output(spark, tree / "modes") == once + once
+    assert run_cli(capsys, queries, *args, "--mode", "overwrite", "--partition-by", "query", "--conf", "spark.sql.files.maxPartitionBytes=1m")[0] == 0
+    assert output(spark, tree / "modes") == once
+    parquet = spark.read.parquet(str(tree / "modes" / "matches.parquet"))
+    assert {r.query for r in parquet.select("query").distinct().collect()} == {"shop", "unkeyed"}
+    assert any(p.name.startswith("query=") for p in (tree / "modes" / "matches.parquet").iterdir())
+
+
+def test_jsonl_files_split_by_line_keep_seq_and_positions(spark, tmp_path):
+    recs = [json.dumps(r) for r in generate_rfid(3000, tags=6, seed=3)]
+    recs[1700:1700] = ["", "not json", '{"type": "exit", "ts": 2, "tag_id": 1}']  # blank, malformed, late
+    feed = tmp_path / "feed.jsonl"
+    feed.write_text("\n".join(recs) + "\n")
+    spark.conf.set("spark.sql.files.maxPartitionBytes", "16k")
+    try:
+        events = read_events_df(spark, feed)
+        n_parts = spark.read.text(str(feed)).rdd.getNumPartitions()
+    finally:
+        spark.conf.unset("spark.sql.files.maxPartitionBytes")
+    assert n_parts > 5
+    buf = io.StringIO()
+    dead = DeadLetters(buf)
+    eng = Engine(dead_letters=dead)
+    kept = []
+    for ev in read_events(feed, dead_letters=dead):
+        eng.process(ev)
+        kept.append((ev.seq, ev.type, ev.ts))
+    letters = [json.loads(x) for x in buf.getvalue().splitlines()]
+    got = [r.asDict() for r in events.where("reason is not null").select("seq", "position", "reason", "raw").orderBy("seq").collect()]
+    assert got == letters and [x["position"] for x in letters] == ["line 1702", "seq 1701"]
+    assert sorted((r.seq, r.type, r.ts) for r in events.where("reason is null").collect()) == [k for k in kept if k[0] != 1701]
+    events.unpersist()
+
+
+@pytest.mark.parametrize("case", ["missing", "empty", "only_success", "only_empty_subdirs", "truncated_gzip"])
+def test_bad_inputs_are_one_error_line(spark, queries, tmp_path, monkeypatch, capsys, case):
+    monkeypatch.chdir(tmp_path)
+    d = tmp_path / "in"
+    if case != "missing":
+        d.mkdir()
+    if case == "only_success":
+        (d / "_SUCCESS").write_text("")
+    elif case == "only_empty_subdirs":
+        (d / "day=1").mkdir()
+        (d / "day=2").mkdir()
+    elif case == "truncated_gzip":  # listed by the driver, unreadable on the executor
+        data = gzip.compress("".join(f'{{"type": "a", "ts": {i}, "x": {i * 7919 % 100003}}}\n' for i in range(5000)).encode())
+        (d / "feed.jsonl.gz").write_bytes(data[: len(data) // 2])
+    code, err = run_cli(capsys, queries, "-i", "in", "-o", "out")
+    assert code == 2 and err.startswith("yfpp: error: ") and err.count("\n") == 1, err
+    assert {"missing": "no such input", "truncated_gzip": "cannot read"}.get(case, "no input files") in err

@@ -1,0 +1,153 @@
+"""Executor side of reading: the project's readers over the bytes Spark read (no pyspark import here).
+
+Spark reads the input through its own file system layer (any Hadoop URI) in
+one of two shapes, and :func:`parse_batches` (a ``mapInArrow`` function) runs
+:func:`yfpp.readers.read_events` over them:
+
+* a **whole file** per row (``binaryFile``): XML, gzip, or any file whose
+  name is not a plain JSON-lines name — parsed in one go;
+* the **lines of a split** of a plain JSON-lines file (``text``, split by
+  Spark at line boundaries), one row per line, the split named by its start
+  offset — parsed a batch of lines at a time, counting on across batches.
+
+Every record gives a row (events and malformed records alike) with its index
+``pos`` and line within its split and the largest ts before it in the split;
+after the last record of a split comes one summary row (``n`` = records,
+``line`` = lines, ``ts`` = largest ts) from which the driver computes global
+seq numbers and late events (:mod:`yfpp.spark.read`).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from typing import Any, Iterator
+
+import pyarrow as pa
+from lxml import etree
+
+from yfpp.dead_letters import DeadLetters
+from yfpp.readers import format_of, read_events
+
+#: Rows of :func:`parse_batches`: a record (``n`` null) or a split's summary (``n`` set).
+PARSED_SCHEMA = ("path string, block long, pos long, line long, prev_max double, type string, ts double, "
+                 "attrs string, xml string, reason string, position string, raw string, n long")
+_ARROW = pa.schema([
+    ("path", pa.string()), ("block", pa.int64()), ("pos", pa.int64()), ("line", pa.int64()), ("prev_max", pa.float64()),
+    ("type", pa.string()), ("ts", pa.float64()), ("attrs", pa.string()), ("xml", pa.string()), ("reason", pa.string()),
+    ("position", pa.string()), ("raw", pa.string()), ("n", pa.int64()),
+])
+_LINE = re.compile(r"line (\d+)")
+
+
+class _Collect(DeadLetters):
+    """Dead letters kept as ``(pos, position, reason, raw)`` until the caller takes them."""
+
+    def __init__(self, where: str = "") -> None:
+        super().__init__()
+        self.where = where
+        self.items: list[tuple[int, str, str, str | None]] = []
+
+    def report(self, seq: int, position: str, reason: str, raw: str | None = None) -> None:
+        super().report(seq, position, reason, raw)
+        self.items.append((seq, f"{self.where} {position}" if self.where else position, reason, raw))
+
+
+def records(source: Any, options: dict[str, str], where: str = "", format: str | None = None) -> Iterator[tuple]:
+    """``(pos, type, ts, attrs JSON, xml, reason, position, raw)`` for every record of ``source``, in order.
+
+    ``where`` (a file name) prefixes the positions of dead letters; ``format``
+    overrides ``options["format"]``.
+    """
+    dead = _Collect(where)
+    fmt = format or options.get("format") or None
+    events = read_events(source, fmt, ts_field=options.get("ts_field", "ts"), ts_unit=options.get("ts_unit", "s"),
+                         dead_letters=dead)
+    for ev in events:
+        yield from _drain(dead)
+        xml = etree.tostring(ev._element, encoding="unicode", with_tail=False) if ev._element is not None else None
+        yield ev.seq, ev.type, float(ev.ts), json.dumps(ev.attrs), xml, None, None, None
+    yield from _drain(dead)
+
+
+def _drain(dead: _Collect) -> Iterator[tuple]:
+    for pos, position, reason, raw in dead.items:
+        yield pos, None, None, None, None, reason, position, raw
+    dead.items.clear()
+
+
+class _Split:
+    """The running counts of one split: records, lines and the largest ts so far."""
+
+    def __init__(self, path: str, block: int):
+        self.path, self.block = path, block
+        self.n = self.lines = 0
+        self.max_ts: float | None = None
+
+    def rows(self, recs: Iterator[tuple]) -> Iterator[tuple]:
+        base_pos, base_line = self.n, self.lines
+        for pos, type_, ts, attrs, xml, reason, position, raw in recs:
+            line = None
+            if position is not None and (m := _LINE.search(position)):
+                line = int(m.group(1)) + base_line
+            yield (self.path, self.block, pos + base_pos, line, self.max_ts, type_, ts, attrs, xml, reason,
+                   position, raw, None)
+            self.n = pos + base_pos + 1
+            if ts is not None and (self.max_ts is None or ts > self.max_ts):
+                self.max_ts = ts
+
+    def summary(self) -> tuple:
+        return (self.path, self.block, -1, self.lines, None, None, self.max_ts, None, None, None, None, None, self.n)
+
+
+def parse_batches(options: dict[str, str]) -> Any:
+    """The ``mapInArrow`` function over ``(path, block, content, whole)`` rows (see the module docstring)."""
+
+    def rows(batches: Iterator[pa.RecordBatch]) -> Iterator[tuple]:
+        split: _Split | None = None
+        lines: list[bytes] = []
+        for rb in batches:
+            c = rb.to_pydict()
+            for path, block, content, whole in zip(c["path"], c["block"], c["content"], c["whole"]):
+                if split is None or (path, block) != (split.path, split.block):
+                    if split is not None:
+                        yield from _lines(split, lines, options)
+                        yield split.summary()
+                    split = _Split(path, block)
+                if whole:
+                    fmt = options.get("format") or format_of(path)
+                    yield from split.rows(records(io.BufferedReader(io.BytesIO(content)), options, format=fmt))
+                else:
+                    lines.append(content)
+            if split is not None:
+                yield from _lines(split, lines, options)
+        if split is not None:
+            yield split.summary()
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        out: list[tuple] = []
+        for row in rows(batches):
+            out.append(row)
+            if len(out) >= 8192:
+                yield _batch(out)
+                out.clear()
+        if out:
+            yield _batch(out)
+
+    return run
+
+
+def _lines(split: _Split, lines: list[bytes], options: dict[str, str]) -> Iterator[tuple]:
+    """The records of the JSON lines collected for ``split`` (they continue its earlier lines)."""
+    if not lines:
+        return
+    data, n = io.BufferedReader(io.BytesIO(b"\n".join(lines) + b"\n")), len(lines)
+    lines.clear()
+    yield from split.rows(records(data, options, format="jsonl"))
+    split.lines += n
+
+
+def _batch(rows: list[tuple]) -> pa.RecordBatch:
+    cols = list(zip(*rows))
+    return pa.RecordBatch.from_arrays([pa.array(col, f.type) for col, f in zip(cols, _ARROW)], schema=_ARROW)

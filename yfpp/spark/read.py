@@ -1,0 +1,101 @@
+"""Batch reading: an input path as an event DataFrame with global seq numbers and late-event reports.
+
+Spark reads the files on the executors (plain JSON lines split at line
+boundaries, everything else one task per file, see :mod:`yfpp.spark.parse`);
+one small aggregation over the persisted parse gives each split's record
+count and largest ts, from which the driver computes every split's first seq
+number and the largest ts before it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import reduce
+from typing import Any
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from yfpp.engine import event_raw
+from yfpp.spark import inputs
+from yfpp.spark.parse import PARSED_SCHEMA, parse_batches
+
+_OFFSETS_SCHEMA = "path string, block long, seq_base long, line_base long, before double, prefix string"
+
+
+def read_events_df(spark: SparkSession, path: str | os.PathLike[str], format: str | None = None, *,
+                   ts_field: str = "ts", ts_unit: str = "s") -> DataFrame:
+    """Every record of a file, a directory's files (recursively) or a glob's, in path order, as a
+    persisted DataFrame (``unpersist()`` it when done).
+
+    ``path``: any URI Spark reads, or a local path (relative: to the driver's
+    working directory). Columns: ``seq`` (global: the record's index in its
+    file plus the records of the files before it), ``type``, ``ts``, ``attrs``
+    (a JSON object), ``xml`` (the event's element, XML input only), and for a
+    dead letter ``reason``, ``position``, ``raw``. Malformed records and late
+    events (ts below the largest earlier ts, as ``yfpp run`` with
+    ``max_delay`` 0) are dead letters; :func:`yfpp.spark.match` skips them.
+    Raises :class:`~yfpp.errors.InputError` for a missing or empty input.
+    """
+    given = os.fspath(path)
+    files = inputs.list_files(spark, given)
+    opts = {"ts_field": ts_field, "ts_unit": ts_unit, **({"format": format} if format else {})}
+    split = [f for f in files if inputs.splittable(f, format)]
+    whole = [f for f in files if not inputs.splittable(f, format)]
+    parts = []
+    if whole:
+        parts.append(spark.read.format("binaryFile").option("recursiveFileLookup", "true").load(whole).select(
+            F.col("_metadata.file_path").alias("path"), F.lit(0).cast("long").alias("block"), "content",
+            F.lit(True).alias("whole")))
+    if split:
+        parts.append(spark.read.option("lineSep", "\n").option("recursiveFileLookup", "true").text(split).select(
+            F.col("_metadata.file_path").alias("path"), F.col("_metadata.file_block_start").alias("block"),
+            F.col("value").cast("binary").alias("content"), F.lit(False).alias("whole")))
+    parsed = reduce(DataFrame.union, parts).mapInArrow(parse_batches(opts), PARSED_SCHEMA) \
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    stats = parsed.where(F.col("n").isNotNull()).select("path", "block", "n", "line", "ts").collect()
+    offsets = spark.createDataFrame(split_offsets(stats, inputs.single_file(given, files)), _OFFSETS_SCHEMA)
+    r = parsed.where(F.col("n").isNull()).join(F.broadcast(offsets), ["path", "block"])
+    seq = F.col("seq_base") + F.col("pos")
+    stream_time = F.greatest("prev_max", "before")
+    late = F.col("reason").isNull() & (F.col("ts") < stream_time)
+    line = F.concat(F.lit("line "), (F.col("line") + F.col("line_base")).cast("string"))
+    position = F.concat("prefix", F.regexp_replace("position", r"^line \d+", line))
+    events = r.select(
+        seq.alias("seq"), "type", "ts", "attrs", "xml",
+        F.when(late, F.format_string("late event: ts %s < stream time %s (max_delay 0.0)", "ts", stream_time))
+        .otherwise(F.col("reason")).alias("reason"),
+        F.when(late, F.concat(F.lit("seq "), seq)).otherwise(position).alias("position"),
+        "raw", F.coalesce(late, F.lit(False)).alias("late"),  # null (no earlier ts) is not late
+    )
+    late_raw = F.udf(lambda t, ts, attrs: event_raw(t, ts, json.loads(attrs)), "string")  # the engine's raw of a late event
+    events = events.where(~F.col("late")).drop("late").unionByName(  # the UDF runs on the late rows only
+        events.where(F.col("late")).drop("late").withColumn("raw", late_raw("type", "ts", "attrs"))
+    ).persist(StorageLevel.MEMORY_AND_DISK)
+    events.count()
+    parsed.unpersist()
+    return events
+
+
+def split_offsets(stats: list[Any], single: bool) -> list[tuple]:
+    """``(path, block, seq_base, line_base, before, prefix)`` per split from the splits'
+    ``(path, block, n, line, ts)`` summaries: the records and largest ts of the
+    splits before it (path order), the lines before it in its file, and the
+    prefix of its dead letters' positions (its path below the files' common folder)."""
+    rows = sorted((s[0], s[1], s[2], s[3], s[4]) for s in stats)
+    paths = sorted({r[0] for r in rows})
+    common = os.path.commonprefix(paths).rpartition("/")[0] + "/" if paths else ""
+    out = []
+    seq, before, line_base, prev = 0, None, 0, None
+    for path, block, n, lines, ts in rows:
+        if path != prev:
+            line_base, prev = 0, path
+        prefix = "" if single else path[len(common):] + " "
+        out.append((path, block, seq, line_base, before, prefix))
+        seq += n
+        line_base += lines
+        if ts is not None and (before is None or ts > before):
+            before = ts
+    return out
