@@ -3,7 +3,9 @@
 ``Engine`` owns stream order: it assigns ``seq`` to events that have none,
 reorders within ``max_delay`` (default 0: no reordering) and reports late
 events to its :class:`~yfpp.dead_letters.DeadLetters` instead of dropping
-them silently.  Matching itself is the :class:`~yfpp.runtime.Runtime`'s.
+them silently.  Matching itself is the :class:`~yfpp.runtime.Runtime`'s;
+once a feedback query is registered, events go through
+:class:`~yfpp.feedback.Feedback`, which also processes the derived events.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any, Iterable, Mapping
 from yfpp.dead_letters import DeadLetters
 from yfpp.errors import YfppError
 from yfpp.events import Event
+from yfpp.feedback import MAX_DEPTH, MAX_DERIVED, Feedback
 from yfpp.nfa_compiler import QueryPlan, compile_pattern
 from yfpp.pattern import Pattern
 from yfpp.query_text import parse_query
@@ -34,10 +37,14 @@ class Engine:
     [{'query': 'out', 'id': '4e1110d1828aaf3b', 'bindings': {'a': [0], 'c': [1]}, 'start': 1, 'end': 5}]
     """
 
-    def __init__(self, *, max_delay: float = 0.0, dead_letters: DeadLetters | None = None, policy: str | None = None):
+    def __init__(self, *, max_delay: float = 0.0, dead_letters: DeadLetters | None = None, policy: str | None = None,
+                 full_events: bool = False, max_feedback_depth: int = MAX_DEPTH,
+                 max_derived_per_event: int = MAX_DERIVED):
         self.runtime = Runtime()
+        self.runtime.full_events = full_events
         self.max_delay = max_delay
         self.dead_letters = dead_letters if dead_letters is not None else DeadLetters(sys.stderr)
+        self.feedback = Feedback(self.runtime, self.dead_letters, max_feedback_depth, max_derived_per_event)
         self.default_policy = policy
         self.queries: dict[int, QueryPlan] = {}
         self._ids = count()
@@ -47,16 +54,25 @@ class Engine:
 
     # --- queries --------------------------------------------------------------------
 
-    def register(self, query: str | Pattern, name: str | None = None, *, policy: str | None = None) -> int:
-        """Compile and add a query (SASE+ text, extended-XPath text or a Pattern); return its id."""
+    def register(self, query: str | Pattern, name: str | None = None, *, policy: str | None = None,
+                 feedback: bool = False) -> int:
+        """Compile and add a query (SASE+ text, extended-XPath text or a Pattern); return its id.
+
+        ``feedback=True`` routes its result events back into the stream, as
+        its own ``FEEDBACK`` clause does (``yfpp.feedback``).
+        """
         pattern = parse_query(query) if isinstance(query, str) else query.validate()
         policy = policy or self.default_policy
         if policy is not None and policy != pattern.policy:
             pattern = dataclasses.replace(pattern, policy=policy).validate()
+        if feedback and not pattern.feedback:
+            pattern = dataclasses.replace(pattern, feedback=True).validate()
         qid = next(self._ids)
         plan = compile_pattern(pattern, name if name is not None else qid)
         self.queries[qid] = plan
         self.runtime.add(plan)
+        if pattern.feedback:
+            self.feedback.order[plan] = qid
         return qid
 
     def unregister(self, qid: int) -> None:
@@ -65,6 +81,7 @@ class Engine:
         if plan is None:
             raise YfppError(f"no query with id {qid}")
         self.runtime.remove(plan)
+        self.feedback.order.pop(plan, None)
 
     # --- events ---------------------------------------------------------------------
 
@@ -84,7 +101,7 @@ class Engine:
             return []
         if self.max_delay <= 0:
             self._stream_time = ev.ts
-            return self.runtime.process(ev)
+            return self._process(ev)
         heapq.heappush(self._held, (ev.ts, ev.seq, ev))
         return self._release(ev.ts - self.max_delay)
 
@@ -104,8 +121,11 @@ class Engine:
         while self._held and self._held[0][0] <= upto:
             _, _, ev = heapq.heappop(self._held)
             self._stream_time = ev.ts
-            out.extend(self.runtime.process(ev))
+            out.extend(self._process(ev))
         return out
+
+    def _process(self, ev: Event) -> list[dict]:
+        return self.feedback.process(ev) if self.feedback.order else self.runtime.process(ev)
 
     def process_all(self, events: Iterable[Event | Mapping[str, Any]]) -> Iterable[dict]:
         """Feed a whole stream, yielding matches as they complete, then flush."""
@@ -116,13 +136,13 @@ class Engine:
     def advance_time(self, ts: float) -> list[dict]:
         """Move stream time to ``ts`` with no event: held events and deadlines before it are released."""
         out = self._release(ts - self.max_delay) if self._held else []
-        out.extend(self.runtime.advance_time(ts))
+        out.extend(self.feedback.advance_time(ts) if self.feedback.order else self.runtime.advance_time(ts))
         return out
 
     def flush(self) -> list[dict]:
         """End of input: release held events, decide pending trailing negations."""
         out = self._release(float("inf"))
-        out.extend(self.runtime.flush())
+        out.extend(self.feedback.flush() if self.feedback.order else self.runtime.flush())
         return out
 
     @property

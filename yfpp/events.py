@@ -14,16 +14,20 @@ class Event:
     """One event: ``type``, ``ts``, ``attrs``, ``seq`` and, for XML input, its element.
 
     ``seq`` is the 0-based arrival position and the event's identity in every
-    output; it is ``-1`` until the engine (or a reader) assigns it.
+    output; it is ``-1`` until the engine (or a reader) assigns it.  A derived
+    event (``yfpp.feedback``) has a string ``seq``.  ``pos`` is the event's
+    stream position, set by the runtime: "before", "between" and pruning go by
+    ``pos``, never by ``seq``.
     """
 
-    __slots__ = ("type", "ts", "attrs", "seq", "_element")
+    __slots__ = ("type", "ts", "attrs", "seq", "pos", "_element")
 
     def __init__(self, type: str, ts: float, attrs: dict[str, Any] | None = None, seq: int = -1, element: Any = None):
         self.type = type
         self.ts = ts
         self.attrs = attrs if attrs is not None else {}
         self.seq = seq
+        self.pos = -1
         self._element = element
 
     def get(self, name: str) -> Any:
@@ -50,6 +54,10 @@ class Event:
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": self.type, "ts": self.ts, **self.attrs, "seq": self.seq}
+
+    def describe(self) -> dict[str, Any]:
+        """The event as a match lists it with full events (``Engine(full_events=True)``)."""
+        return {"seq": self.seq, "type": self.type, "ts": self.ts, "attrs": self.attrs}
 
     def __repr__(self) -> str:
         return f"Event({self.type!r}, ts={self.ts!r}, seq={self.seq}, {self.attrs!r})"

@@ -67,10 +67,10 @@ class MatchBuffer:
         out.reverse()
         return out
 
-    def prune_before(self, stack: Hashable, seq: int) -> None:
-        """Drop entries of ``stack`` whose event came before ``seq`` (no live run reaches them)."""
+    def prune_before(self, stack: Hashable, pos: int) -> None:
+        """Drop entries of ``stack`` whose event came before stream position ``pos`` (no live run reaches them)."""
         st = self._stacks.get(stack)
-        while st and st[0].event.seq < seq:
+        while st and st[0].event.pos < pos:
             st.popleft()
         if st is not None and not st:
             del self._stacks[stack]

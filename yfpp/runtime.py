@@ -41,7 +41,7 @@ STRICT, PARTITION, STNM, STAM = (
     Contiguity.SKIP_TILL_ANY,
 )
 _NONE: frozenset = frozenset()
-_NO_RUN = 1 << 62  # seq floor when a tree has no live run
+_NO_RUN = 1 << 62  # pos floor when a tree has no live run
 
 
 class Run:
@@ -55,7 +55,7 @@ class Run:
         self.entry = entry
         self.version: Version = version
         self.first_ts: float = first_ts
-        self.first_seq: int = first_seq
+        self.first_seq: int = first_seq  # the stream position (pos) of its first event
         self.key: Any = key
         self.born: int = born  # tick of the event that started the run
         self.tick: int = tick  # tick of the last begin/take into a Kleene node
@@ -70,7 +70,7 @@ class Pending:
     plan: QueryPlan
     key: Any
     vec: tuple
-    last_seq: int
+    last_seq: int  # pos of its last event
     deadline: float
     match: dict
     killed: bool = False
@@ -131,6 +131,8 @@ class Runtime:
         self._order = count()
         self._reacts: dict[tuple[int, str], bool] = {}
         self._next_sweep = self.SWEEP_EVERY
+        self.full_events = False  # matches list their bound events in full ("events")
+        self.fed: list[tuple[QueryPlan, dict, Any]] = []  # matches of feedback queries, drained by yfpp.feedback
 
     # --- registration ---------------------------------------------------------------
 
@@ -190,6 +192,7 @@ class Runtime:
     def process(self, ev: Event) -> list[dict]:
         """Advance every run by one event (already in stream order); return completed matches."""
         self.tick += 1
+        ev.pos = self.tick
         self.now = ev.ts
         cnt = self.counters
         cnt.events += 1
@@ -247,7 +250,7 @@ class Runtime:
             vec = (None,) * (node.index + 1)
             if self._begins(node, vec, ev.ts, ek, ev, ek):
                 cnt.runs_started += 1
-                base = Run(None, vec, None, (next(self._roots),), ev.ts, ev.seq, ek, self.tick)
+                base = Run(None, vec, None, (next(self._roots),), ev.ts, ev.pos, ek, self.tick)
                 self._enter(node, base, base.version, ev, fresh, accepted)
 
         if accepted:
@@ -429,11 +432,12 @@ class Runtime:
                 binds = MatchBuffer.extract(entry, version)
             match = self._match(plan, binds, vec)
             if plan.trailing is not None:
-                p = Pending(plan, r.key, vec, entry.event.seq, r.first_ts + plan.window, match)
+                p = Pending(plan, r.key, vec, entry.event.pos, r.first_ts + plan.window, match)
                 self.pending[plan].setdefault(r.key, []).append(p)
                 heapq.heappush(self.deadlines, (p.deadline, next(self._order), p))
             else:
-                accepted.append((plan, r.key, match))
+                ranked = plan.policy == "non_overlapping" or plan.pattern.feedback
+                accepted.append((plan, r.key, match, _rank(plan, binds) if ranked else None))
 
     def _negation_ok(self, plan: QueryPlan, vec: tuple, key: Any) -> bool:
         for neg in plan.negations:
@@ -443,25 +447,36 @@ class Runtime:
             if not bucket:
                 continue
             seqs, events = bucket
-            lo = _last_seq(vec[neg.lower])
-            hi = _first_seq(vec[neg.upper])
+            lo = _last_pos(vec[neg.lower])
+            hi = _first_pos(vec[neg.upper])
             for i in range(bisect_right(seqs, lo), bisect_left(seqs, hi)):
                 x = events[i]
                 if all(p(x, vec) for p in neg.cross_preds):
                     return False
         return True
 
-    @staticmethod
-    def _match(plan: QueryPlan, binds: list[tuple[int, Event]], vec: tuple) -> dict:
+    def _match(self, plan: QueryPlan, binds: list[tuple[int, Event]], vec: tuple) -> dict:
         names = plan.var_names
-        seqs: dict[str, list[int]] = {v: [] for v in names}
+        seqs: dict[str, list[int | str]] = {v: [] for v in names}
         for unit, e in binds:
             seqs[names[unit]].append(e.seq)
         m = {"query": plan.name, "id": match_id(plan.name, seqs), "bindings": seqs, "start": binds[0][1].ts, "end": binds[-1][1].ts}
         if plan.emit is not None:
             etype, attrs = plan.emit
             m["emit"] = {"type": etype, "attrs": {k: _plain(g(None, vec)) for k, g in attrs}}
+        if self.full_events:
+            events: dict[str, list[dict]] = {v: [] for v in names}
+            for unit, e in binds:
+                events[names[unit]].append(e.describe())
+            m["events"] = events
         return m
+
+    def _emitted(self, plan: QueryPlan, m: dict, rank: Any, out: list[dict]) -> None:
+        """Output match ``m``; a feedback query's also goes to ``fed`` (``rank``: its match order)."""
+        out.append(m)
+        self.counters.matches[plan.name] += 1
+        if plan.pattern.feedback:
+            self.fed.append((plan, m, rank))
 
     # --- negation, deadlines, policy --------------------------------------------------
 
@@ -475,11 +490,11 @@ class Runtime:
             b = store.get(ek)
             if b is None:
                 b = store[ek] = ([], [])
-            b[0].append(ev.seq)
+            b[0].append(ev.pos)
             b[1].append(ev)
             return
         for p in self.pending[plan].get(ek, ()):
-            if not p.killed and ev.seq > p.last_seq and ev.ts <= p.deadline:
+            if not p.killed and ev.pos > p.last_seq and ev.ts <= p.deadline:
                 if all(c(ev, p.vec) for c in neg.cross_preds):
                     p.killed = True
 
@@ -493,24 +508,21 @@ class Runtime:
                 if not group:
                     del self.pending[p.plan][p.key]
             if not p.killed:
-                out.append(p.match)
-                self.counters.matches[p.plan.name] += 1
+                self._emitted(p.plan, p.match, None, out)
         return out
 
-    def _accept(self, accepted: list[tuple[QueryPlan, Any, dict]], fresh: list[Run]) -> list[dict]:
-        out = []
-        chosen: dict[tuple[int, Any], tuple[QueryPlan, dict]] = {}
-        for plan, key, m in accepted:
+    def _accept(self, accepted: list[tuple[QueryPlan, Any, dict, Any]], fresh: list[Run]) -> list[dict]:
+        out: list[dict] = []
+        chosen: dict[tuple[int, Any], tuple[QueryPlan, dict, Any]] = {}
+        for plan, key, m, rank in accepted:
             if plan.policy == "non_overlapping":
                 cur = chosen.get((id(plan), key))
-                if cur is None or _overlap_rank(plan, m) < _overlap_rank(plan, cur[1]):
-                    chosen[(id(plan), key)] = (plan, m)
+                if cur is None or rank < cur[2]:
+                    chosen[(id(plan), key)] = (plan, m, rank)
             else:
-                out.append(m)
-                self.counters.matches[plan.name] += 1
-        for (_, key), (plan, m) in chosen.items():
-            out.append(m)
-            self.counters.matches[plan.name] += 1
+                self._emitted(plan, m, rank, out)
+        for (_, key), (plan, m, rank) in chosen.items():
+            self._emitted(plan, m, rank, out)
             self._discard(plan, key, fresh)
         return out
 
@@ -612,18 +624,20 @@ def _ignores(c: Contiguity, moved: bool, ek: Any, rkey: Any) -> bool:
     return False
 
 
-def _last_seq(v) -> int:
-    return v.seq if isinstance(v, Event) else v.last.seq
+def _last_pos(v) -> int:
+    return v.pos if isinstance(v, Event) else v.last.pos
 
 
-def _first_seq(v) -> int:
-    return v.seq if isinstance(v, Event) else v.first.seq
+def _first_pos(v) -> int:
+    return v.pos if isinstance(v, Event) else v.first.pos
 
 
-def _overlap_rank(plan: QueryPlan, m: dict) -> tuple:
-    lists = [m["bindings"][v] for v in plan.var_names]
-    flat = sorted(s for lst in lists for s in lst)
-    return (flat[0], flat, lists)
+def _rank(plan: QueryPlan, binds: list[tuple[int, Event]]) -> tuple:
+    """Match order (SPEC §2.4's tie-break): the bound events' positions, then per variable in pattern order."""
+    lists: list[list[int]] = [[] for _ in plan.var_names]
+    for unit, e in binds:
+        lists[unit].append(e.pos)
+    return ([e.pos for _, e in binds], lists)
 
 
 def _plain(v: Any) -> Any:
