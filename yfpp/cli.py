@@ -13,6 +13,7 @@ from yfpp.dead_letters import DeadLetters
 from yfpp.engine import Engine
 from yfpp.errors import YfppError
 from yfpp.events import Event
+from yfpp.feedback import MAX_DEPTH, MAX_DERIVED
 from yfpp.query_text import load_queries, parse_query
 
 RUN_EXAMPLES = """\
@@ -20,6 +21,7 @@ examples:
   yfpp run -q queries/shoplifting.sase -i yfpp/data/sample_rfid.xml
   yfpp run -q "[tag_id]&&//shelf//!register//exit&&(12 hours)" -i feed.jsonl --stats
   yfpp run -q queries/stock.sase -i ticks.xml --policy non_overlapping -o matches.jsonl
+  yfpp run -q queries/count.xpe -i yfpp/data/count_shelves.xml --events
   cat feed.xml | yfpp run -q queries/shoplifting.xpe -i - --format xml
 """
 
@@ -73,6 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--ts-unit", default="s", help="timestamp unit: s, ms, us, ns, min, h (default: s)")
     run.add_argument("--max-delay", type=float, default=0.0, help="reorder buffer for out-of-order events, in seconds (default 0)")
     run.add_argument("--dead-letters", metavar="FILE", help="write malformed and late records here as JSON lines (default: stderr)")
+    run.add_argument("--events", action="store_true",
+                     help="add each bound event in full (seq, type, ts, attrs; a derived event's provenance) to every match")
+    run.add_argument("--max-feedback-depth", type=int, default=MAX_DEPTH, metavar="N",
+                     help=f"feedback loop guard: drop derived events deeper than N in one cascade (default {MAX_DEPTH})")
+    run.add_argument("--max-derived", type=int, default=MAX_DERIVED, metavar="N",
+                     help=f"feedback loop guard: at most N derived events per input event (default {MAX_DERIVED})")
     run.add_argument("--stats", action="store_true", help="print events/s, peak runs, buffer size and matches per query to stderr")
     run.add_argument("--progress", choices=["auto", "always", "never"], default="auto",
                      help="progress line on stderr (auto: when stderr is a terminal)")
@@ -134,7 +142,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from yfpp.readers import read_events
 
     dead = DeadLetters(args.dead_letters if args.dead_letters else sys.stderr)
-    engine = build_engine(args.query, max_delay=args.max_delay, dead_letters=dead, policy=args.policy)
+    engine = build_engine(args.query, max_delay=args.max_delay, dead_letters=dead, policy=args.policy,
+                          full_events=args.events, max_feedback_depth=args.max_feedback_depth,
+                          max_derived_per_event=args.max_derived)
     events = read_events(args.input, args.format, ts_field=args.ts_field, ts_unit=args.ts_unit, dead_letters=dead)
     # Runs, buffer entries and events form no reference cycles: keep the cyclic collector from
     # rescanning millions of them (it took a third of the time on large runs).
@@ -206,6 +216,8 @@ def print_stats(engine: Engine, n: int, elapsed: float, dead: DeadLetters, strea
         f"peak runs         {c.peak_runs:,}",
         f"peak buffer       {c.peak_buffer:,} entries",
         f"dead letters      {dead.count:,}" + (f"  ({dict(dead.by_reason)})" if dead.count else ""),
+        *([f"derived events    {engine.feedback.derived:,}  ({engine.feedback.dropped:,} dropped by the loop guards)"]
+          if engine.feedback.order else []),
         "matches per query:",
     ]
     for plan in engine.queries.values():

@@ -36,6 +36,7 @@ from collections import deque
 from typing import Any
 
 from yfpp.dead_letters import DeadLetters
+from yfpp.errors import YfppError
 from yfpp.events import Event
 from yfpp.nfa_compiler import QueryPlan
 from yfpp.runtime import Runtime
@@ -69,8 +70,6 @@ class Feedback:
     def __init__(self, runtime: Runtime, dead_letters: DeadLetters, max_depth: int = MAX_DEPTH,
                  max_derived: int = MAX_DERIVED):
         if max_depth < 1 or max_derived < 1:
-            from yfpp.errors import YfppError
-
             raise YfppError("max_feedback_depth and max_derived_per_event must be at least 1")
         self.runtime = runtime
         self.dead_letters = dead_letters

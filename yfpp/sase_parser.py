@@ -204,10 +204,7 @@ class _Builder(Transformer[Token, Pattern]):
                 partition_by += [a for a in conjunct.attrs if a not in partition_by]
             else:
                 preds.append(conjunct)
-        for expr in preds + [e for _, e in (emit.attrs if emit else ())]:
-            for node in walk(expr):
-                if isinstance(node, _Equiv):
-                    raise _error(node.token, "an equivalence test [...] must be a conjunct of WHERE (joined with AND)")
+        _no_equivalence(preds)
         return Pattern(
             components=tuple(components),
             where=tuple(preds),
@@ -257,6 +254,7 @@ class _Builder(Transformer[Token, Pattern]):
 
     def result(self, name: Token, *rest: Any) -> tuple[Emit, bool]:
         *attrs, feedback = rest
+        _no_equivalence([e for _, e in attrs])
         return Emit(str(name), tuple(attrs)), feedback is not None
 
     def feedback(self, token: Token) -> Token:
@@ -340,6 +338,13 @@ def _index(var: Token, index: Tree) -> Index:
         return Index.LAST
     written = {"index_prev": "-", "index_last": "."}.get(index.data, "").join(parts)
     raise _error(index, f"unsupported index {var}[{written}]: use {var}[1], {var}[i], {var}[i-1] or {var}[{var}.len]")
+
+
+def _no_equivalence(exprs: list[Expr]) -> None:
+    for expr in exprs:
+        for node in walk(expr):
+            if isinstance(node, _Equiv):
+                raise _error(node.token, "an equivalence test [...] must be a conjunct of WHERE (joined with AND)")
 
 
 def _apply_strategies(components: list[Component], strategies: list[_Strategy]) -> list[Component]:
