@@ -221,3 +221,16 @@ def test_feedback_matches_reference(queries, events):
         return (q, tuple((k, tuple(v)) for k, v in b.items()))
 
     assert Counter(canon(m["query"], m["bindings"]) for m in got) == Counter(canon(q, b) for q, b in want)
+
+
+def test_composite_break_in_example(capsys):
+    assert main(["run", "-q", "queries/break_in.xpe", "-i", "yfpp/data/break_in.xml", "--events"]) == 0
+    out = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    by_id = {m["id"]: m for m in out}
+    (alert,) = [m for m in out if m["query"] == "break_in"]
+    forced, theft = by_id[alert["bindings"]["e1"][0]], by_id[alert["bindings"]["e2"][0]]
+    assert (forced["query"], theft["query"]) == ("door_forced", "theft")
+    assert alert["emit"] == {"type": "break_in", "attrs": {"zone": "Z2", "door": "D2", "tag_id": 8}}
+    assert alert["events"]["e2"][0]["from"] == {"query": "theft", "events": theft["bindings"]["e1"] + theft["bindings"]["e2"]}
+    # a theft in Z1 without a forced door, and one in Z3 too long after its door was forced, make no alert
+    assert sorted(m["emit"]["attrs"]["zone"] for m in out if m["query"] == "theft") == ["Z1", "Z2", "Z3"]
