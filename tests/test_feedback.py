@@ -19,6 +19,7 @@ from yfpp.engine import Engine
 from yfpp.errors import PatternError, QuerySyntaxError
 from yfpp.events import Event
 from yfpp.pattern import Arith, Emit, Index, Kind, Literal, Pattern, Ref
+from yfpp.query_text import load_queries
 from yfpp.readers import read_events
 from yfpp.reference import reference_feedback
 
@@ -39,7 +40,7 @@ def dead(sink: io.StringIO) -> list[dict]:
 
 def test_count_example_fires_at_the_51st_shelf_with_total_51():
     eng, sink = engine(full_events=True)
-    for name, text, language in __import__("yfpp.query_text", fromlist=["load_queries"]).load_queries(str(ROOT / "queries/count.xpe")):
+    for name, text, _ in load_queries(str(ROOT / "queries/count.xpe")):
         eng.register(text, name=name)
     events = list(read_events(str(ROOT / "yfpp/data/count_shelves.xml"), dead_letters=DeadLetters()))
     assert events[0].type == "count" and events[0].attrs == {"total": 0}
@@ -221,6 +222,26 @@ def test_feedback_matches_reference(queries, events):
         return (q, tuple((k, tuple(v)) for k, v in b.items()))
 
     assert Counter(canon(m["query"], m["bindings"]) for m in got) == Counter(canon(q, b) for q, b in want)
+    # the union of each query alone, "alone" being with the feedback queries it may feed on
+    feeders = [(n, p) for n, p in queries if p.feedback]
+    for name, p in queries:
+        if p.feedback:
+            continue
+        solo, _ = engine(max_feedback_depth=3, max_derived_per_event=5)
+        for n, q in feeders + [(name, p)]:
+            solo.register(q, name=n)
+        mine = [m for e in events for m in solo.process(Event(e.type, e.ts, dict(e.attrs), e.seq))] + solo.flush()
+        assert Counter(canon(name, m["bindings"]) for m in mine if m["query"] == name) == Counter(
+            canon(name, m["bindings"]) for m in got if m["query"] == name)
+
+
+def test_feedback_queries_share_the_nfa():
+    eng, _ = engine()
+    for q in ["[id]/a/b", "[id]/a/b => x(id = e1.id) feedback", "[id]/a/c => y(id = e1.id) feedback"]:
+        eng.register(q)
+    assert len(eng.runtime.nfa.roots) == 1 and len(list(eng.runtime.nfa.nodes())) == 3
+    out = eng.process({"type": "a", "ts": 0, "id": 1}) + eng.process({"type": "b", "ts": 1, "id": 1})
+    assert [m["query"] for m in out] == [0, 1]
 
 
 def test_composite_break_in_example(capsys):
