@@ -127,7 +127,7 @@ class Feedback:
         fed, self.runtime.fed = self.runtime.fed, []
         if not fed:
             return
-        fed.sort(key=lambda item: (self.order.get(item[0], -1), item[2] or ([], [])))
+        fed.sort(key=lambda item: (self.order.get(item[0], -1), item[2] or (0, [], [])))
         depth = getattr(cause, "depth", 0) + 1
         for plan, m, _ in fed:
             ev = derived_event(plan, m, depth, cause)

@@ -41,21 +41,21 @@ STRICT, PARTITION, STNM, STAM = (
     Contiguity.SKIP_TILL_ANY,
 )
 _NONE: frozenset = frozenset()
-_NO_RUN = 1 << 62  # pos floor when a tree has no live run
+_NO_RUN = 1 << 62  # seq floor when a tree has no live run
 
 
 class Run:
     """One partial match: where it waits, what it has bound, where its events are."""
 
-    __slots__ = ("state", "vec", "entry", "version", "first_ts", "first_seq", "key", "born", "tick", "ptick", "blocked")
+    __slots__ = ("state", "vec", "entry", "version", "first_ts", "first_pos", "key", "born", "tick", "ptick", "blocked")
 
-    def __init__(self, state, vec, entry, version, first_ts, first_seq, key, born, tick=0, ptick=0):
+    def __init__(self, state, vec, entry, version, first_ts, first_pos, key, born, tick=0, ptick=0):
         self.state: State = state
         self.vec: tuple = vec
         self.entry = entry
         self.version: Version = version
         self.first_ts: float = first_ts
-        self.first_seq: int = first_seq  # the stream position (pos) of its first event
+        self.first_pos: int = first_pos  # stream position of the run's first event
         self.key: Any = key
         self.born: int = born  # tick of the event that started the run
         self.tick: int = tick  # tick of the last begin/take into a Kleene node
@@ -70,7 +70,7 @@ class Pending:
     plan: QueryPlan
     key: Any
     vec: tuple
-    last_seq: int  # pos of its last event
+    last_pos: int
     deadline: float
     match: dict
     killed: bool = False
@@ -368,7 +368,7 @@ class Runtime:
             elif kind == "take":
                 self._take(st.node, r, version, ev, fresh, accepted)
             else:  # opportunistic move: wait for the next component, which ignored ev
-                fresh.append(Run(arg, r.vec, r.entry, version, r.first_ts, r.first_seq, r.key, r.born))
+                fresh.append(Run(arg, r.vec, r.entry, version, r.first_ts, r.first_pos, r.key, r.born))
 
     def _retro_ok(self, r: Run, wait: State, ek: Any) -> bool:
         """Were all events the run ignored inside its Kleene ignorable under ``wait``'s contiguity?"""
@@ -402,7 +402,7 @@ class Runtime:
         if node.accepts:
             self._complete(node, vec, entry, version, r, accepted)
         for wait in node.waits.values():
-            fresh.append(Run(wait, vec + (None,), entry, version, r.first_ts, r.first_seq, r.key, r.born))
+            fresh.append(Run(wait, vec + (None,), entry, version, r.first_ts, r.first_pos, r.key, r.born))
 
     def _take(self, node: Node, r: Run, version: Version, ev: Event, fresh: list[Run], accepted: list) -> None:
         entry = self.buffer.add(node, node.index, ev, version, r.entry)
@@ -412,7 +412,7 @@ class Runtime:
 
     def _arrive_inside(self, node: Node, vec, entry, version, r: Run, fresh: list[Run], accepted: list) -> None:
         ptick = self.pticks[node.partition_by].get(r.key, 0) if node.partition_by in self.pticks else 0
-        run = Run(node.inside, vec + (None,), entry, version, r.first_ts, r.first_seq, r.key, r.born, self.tick, ptick)
+        run = Run(node.inside, vec + (None,), entry, version, r.first_ts, r.first_pos, r.key, r.born, self.tick, ptick)
         fresh.append(run)
         if node.accepts and self._final_ok(node, vec):
             self._complete(node, vec, entry, version, r, accepted)
@@ -436,8 +436,7 @@ class Runtime:
                 self.pending[plan].setdefault(r.key, []).append(p)
                 heapq.heappush(self.deadlines, (p.deadline, next(self._order), p))
             else:
-                ranked = plan.policy == "non_overlapping" or plan.pattern.feedback
-                accepted.append((plan, r.key, match, _rank(plan, binds) if ranked else None))
+                accepted.append((plan, r.key, match, binds))
 
     def _negation_ok(self, plan: QueryPlan, vec: tuple, key: Any) -> bool:
         for neg in plan.negations:
@@ -446,10 +445,10 @@ class Runtime:
             bucket = self.neg_store[neg].get(key)
             if not bucket:
                 continue
-            seqs, events = bucket
+            positions, events = bucket
             lo = _last_pos(vec[neg.lower])
             hi = _first_pos(vec[neg.upper])
-            for i in range(bisect_right(seqs, lo), bisect_left(seqs, hi)):
+            for i in range(bisect_right(positions, lo), bisect_left(positions, hi)):
                 x = events[i]
                 if all(p(x, vec) for p in neg.cross_preds):
                     return False
@@ -471,12 +470,12 @@ class Runtime:
             m["events"] = events
         return m
 
-    def _emitted(self, plan: QueryPlan, m: dict, rank: Any, out: list[dict]) -> None:
-        """Output match ``m``; a feedback query's also goes to ``fed`` (``rank``: its match order)."""
+    def _emitted(self, plan: QueryPlan, m: dict, binds: list | None, out: list[dict]) -> None:
+        """Output match ``m``; a feedback query's also goes to ``fed``, ranked by its bound events (None: a deadline's)."""
         out.append(m)
         self.counters.matches[plan.name] += 1
         if plan.pattern.feedback:
-            self.fed.append((plan, m, rank))
+            self.fed.append((plan, m, binds and _overlap_rank(len(plan.var_names), binds)))
 
     # --- negation, deadlines, policy --------------------------------------------------
 
@@ -494,7 +493,7 @@ class Runtime:
             b[1].append(ev)
             return
         for p in self.pending[plan].get(ek, ()):
-            if not p.killed and ev.pos > p.last_seq and ev.ts <= p.deadline:
+            if not p.killed and ev.pos > p.last_pos and ev.ts <= p.deadline:
                 if all(c(ev, p.vec) for c in neg.cross_preds):
                     p.killed = True
 
@@ -511,18 +510,19 @@ class Runtime:
                 self._emitted(p.plan, p.match, None, out)
         return out
 
-    def _accept(self, accepted: list[tuple[QueryPlan, Any, dict, Any]], fresh: list[Run]) -> list[dict]:
+    def _accept(self, accepted: list[tuple[QueryPlan, Any, dict, list]], fresh: list[Run]) -> list[dict]:
         out: list[dict] = []
-        chosen: dict[tuple[int, Any], tuple[QueryPlan, dict, Any]] = {}
-        for plan, key, m, rank in accepted:
+        chosen: dict[tuple[int, Any], tuple[QueryPlan, dict, tuple, list]] = {}
+        for plan, key, m, binds in accepted:
             if plan.policy == "non_overlapping":
+                rank = _overlap_rank(len(plan.var_names), binds)
                 cur = chosen.get((id(plan), key))
                 if cur is None or rank < cur[2]:
-                    chosen[(id(plan), key)] = (plan, m, rank)
+                    chosen[(id(plan), key)] = (plan, m, rank, binds)
             else:
-                self._emitted(plan, m, rank, out)
-        for (_, key), (plan, m, rank) in chosen.items():
-            self._emitted(plan, m, rank, out)
+                self._emitted(plan, m, binds, out)
+        for (_, key), (plan, m, _, binds) in chosen.items():
+            self._emitted(plan, m, binds, out)
             self._discard(plan, key, fresh)
         return out
 
@@ -571,7 +571,7 @@ class Runtime:
             if runs:
                 live += len(runs)
                 root = st.node.root
-                floor[root] = min(floor.get(root, _NO_RUN), min(r.first_seq for r in runs))
+                floor[root] = min(floor.get(root, _NO_RUN), min(r.first_pos for r in runs))
             return runs
 
         for store in [self.strict, self.unkeyed, *(s for by_key in self.keyed.values() for s in by_key.values())]:
@@ -632,12 +632,13 @@ def _first_pos(v) -> int:
     return v.pos if isinstance(v, Event) else v.first.pos
 
 
-def _rank(plan: QueryPlan, binds: list[tuple[int, Event]]) -> tuple:
-    """Match order (SPEC §2.4's tie-break): the bound events' positions, then per variable in pattern order."""
-    lists: list[list[int]] = [[] for _ in plan.var_names]
+def _overlap_rank(n_vars: int, binds: list[tuple[int, Event]]) -> tuple:
+    """SPEC §2.4's order among matches completing together, by stream position (binds are in stream order)."""
+    flat = [e.pos for _, e in binds]
+    lists: list[list[int]] = [[] for _ in range(n_vars)]
     for unit, e in binds:
         lists[unit].append(e.pos)
-    return ([e.pos for _, e in binds], lists)
+    return (flat[0], flat, lists)
 
 
 def _plain(v: Any) -> Any:
