@@ -61,7 +61,7 @@ def test_count_example_fires_at_the_51st_shelf_with_total_51():
 
 
 def test_count_example_from_the_command_line(capsys):
-    assert main(["run", "-q", "queries/count.xpe", "-i", "yfpp/data/count_shelves.xml"]) == 0
+    assert main(["run", "-q", str(ROOT / "queries/count.xpe"), "-i", str(ROOT / "yfpp/data/count_shelves.xml")]) == 0
     out = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     over = [m for m in out if m["query"] == "count_over_50"]
     steps = {m["id"]: m for m in out if m["query"] == "count_step"}
@@ -245,7 +245,7 @@ def test_feedback_queries_share_the_nfa():
 
 
 def test_composite_break_in_example(capsys):
-    assert main(["run", "-q", "queries/break_in.xpe", "-i", "yfpp/data/break_in.xml", "--events"]) == 0
+    assert main(["run", "-q", str(ROOT / "queries/break_in.xpe"), "-i", str(ROOT / "yfpp/data/break_in.xml"), "--events"]) == 0
     out = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     by_id = {m["id"]: m for m in out}
     (alert,) = [m for m in out if m["query"] == "break_in"]

@@ -202,5 +202,5 @@ def test_feedback_is_refused_when_streaming_and_by_the_cli(capsys):
         group_queries(effective_queries({"f": "[k]&&//a//b(60) => c(k = e1.k) feedback"}), streaming=True)
     from yfpp.cli import main
 
-    assert main(["spark", "-q", "//a//b(60) => c feedback", "-i", "yfpp/data/sample_rfid.xml", "-o", "unused"]) == 2
+    assert main(["spark", "-q", "//a//b(60) => c feedback", "-i", "sample.xml", "-o", "unused"]) == 2
     assert capsys.readouterr().err.startswith("yfpp: error: query 'q': on Spark a feedback query needs an equivalence list")
