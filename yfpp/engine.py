@@ -35,6 +35,10 @@ class Engine:
     []
     >>> eng.process({"type": "exit", "ts": 5, "tag_id": 7})
     [{'query': 'out', 'id': '4e1110d1828aaf3b', 'bindings': {'a': [0], 'c': [1]}, 'start': 1, 'end': 5}]
+
+    ``full_events``: every match also lists its bound events in full
+    (``"events"``); ``max_feedback_depth`` / ``max_derived_per_event``: the
+    loop guards of feedback queries (``yfpp.feedback``).
     """
 
     def __init__(self, *, max_delay: float = 0.0, dead_letters: DeadLetters | None = None, policy: str | None = None,
