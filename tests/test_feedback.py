@@ -204,7 +204,10 @@ def feedback_queries(draw) -> list[tuple[str, Pattern]]:
             options = [("x", ref(pos[0], "x")), ("x", Arith("+", ref(pos[-1], "x"), Literal(1))),
                        ("k", ref(pos[0], "k")), ("y", ref(pos[-1], "y"))]
             attrs = draw(st.lists(st.sampled_from(options), max_size=3, unique_by=lambda a: a[0]))
-            p = replace(p, emit=Emit(draw(st.sampled_from(TYPES)), tuple(attrs)), feedback=True).validate()
+            # bias the result type towards the first component of some query: derived events begin runs
+            firsts = [q.components[0].event_type for q in pats if q.components[0].event_type is not None]
+            etype = draw(st.sampled_from(firsts + TYPES))
+            p = replace(p, emit=Emit(etype, tuple(attrs)), feedback=True).validate()
         out.append((f"q{i}", p))
     return out
 
