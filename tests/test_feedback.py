@@ -258,3 +258,12 @@ def test_composite_break_in_example(capsys):
     assert alert["events"]["e2"][0]["from"] == {"query": "theft", "events": theft["bindings"]["e1"] + theft["bindings"]["e2"]}
     # a theft in Z1 without a forced door, and one in Z3 too long after its door was forced, make no alert
     assert sorted(m["emit"]["attrs"]["zone"] for m in out if m["query"] == "theft") == ["Z1", "Z2", "Z3"]
+
+
+def test_a_kleene_attribute_feeds_back_as_a_list_and_a_space_separated_xml_attribute():
+    eng, _ = engine()
+    eng.register("//a+/b => c(xs = e1.x) feedback", name="k")
+    eng.register("//c[tokenize(@xs, ' ') = '1']", name="has_1")
+    out = [m for i, t in enumerate("aab") for m in eng.process({"type": t, "ts": i, "x": i + 1})]
+    assert [m["emit"]["attrs"]["xs"] for m in out if m["query"] == "k"] == [[1, 2], [2]]
+    assert [m["bindings"]["e1"] for m in out if m["query"] == "has_1"] == [[out[0]["id"]]]

@@ -95,7 +95,9 @@ class Feedback:
         return out
 
     def flush(self) -> list[dict]:
-        return self._until(math.inf, everything=True)
+        out = self._until(math.inf, everything=True)
+        out.extend(self.runtime.flush())  # nothing pending is left; whatever else the runtime does at the end
+        return out
 
     # --- cascades ---------------------------------------------------------------------
 
