@@ -225,3 +225,21 @@ def test_stream_from_ts_0_matches_everything_and_reports_late_rows(spark, tmp_pa
     assert sum(lines(spark.read.text(str(tmp_path / "out" / "matches.jsonl"))).values()) == 400
     (dead,) = [json.loads(r.value) for r in spark.read.text(str(tmp_path / "out" / "dead_letters.jsonl")).collect()]
     assert dead["seq"] == 800 and dead["reason"].startswith("late event")
+
+
+def test_feedback_on_spark_equals_run(spark, rfid, tmp_path, capsys):
+    qfile = tmp_path / "fb.xpe"
+    qfile.write_text(
+        "@query theft_fb\n[tag_id]&&//shelf//!register//exit&&(1 hour)&&=> theft(tag_id = e1.tag_id, zone = e1.zone) feedback\n"
+        "@query shelf_then_theft\n[tag_id]&&//shelf//theft&&(1 hour)&&=> seen_theft(tag_id = e1.tag_id) feedback\n"
+        "@query twice\n[tag_id]&&//theft//seen_theft&&(1 hour)\n"
+        "@query zone_pairs\n[zone]&&//shelf//shelf&&(30)\n")
+    feed = str(rfid / "feed.xml")
+    assert main(["spark", "-q", str(qfile), "-i", feed, "-o", str(tmp_path / "out")]) == 0
+    capsys.readouterr()
+    assert main(["run", "-q", str(qfile), "-i", feed]) == 0
+    expected = Counter(capsys.readouterr().out.splitlines())
+    assert lines(spark.read.text(str(tmp_path / "out" / "matches.jsonl"))) == expected
+    assert {json.loads(x)["query"] for x in expected} == {"theft_fb", "shelf_then_theft", "twice", "zone_pairs"}
+    parquet = spark.read.parquet(str(tmp_path / "out" / "matches.parquet"))
+    assert dict(parquet.dtypes)["bindings"] == "map<string,array<string>>"

@@ -15,6 +15,7 @@ import pytest
 
 from yfpp.dead_letters import DeadLetters
 from yfpp.engine import Engine
+from yfpp.errors import YfppError
 from yfpp.events import Event
 from yfpp.generate import generate_rfid, generate_stock
 from yfpp.spark.plan import Slicing, advance_key, effective_queries, group_queries, make_event
@@ -170,3 +171,36 @@ def test_xml_events_parse_their_element_only_when_read():
     assert ev.attrs == {"zone": 7} and ev._element is None
     assert ev.element.get("zone") == "07"
     assert make_event("shelf", 1.0, 3, "{}", None).element.get("ts") == "1.0"
+
+
+FEEDBACK = {
+    "theft_fb": "[tag_id]&&//shelf//!register//exit&&(1 hour)&&=> theft(tag_id = e1.tag_id, zone = e1.zone) feedback",
+    "back_at_shelf": "PATTERN SEQ(theft t, shelf s) WHERE [tag_id] WITHIN 1 hour",
+    "zone_pairs": "[zone]&&//shelf//shelf&&(60)",  # another partitioning, blind to theft events
+}
+
+
+def test_feedback_queries_that_keep_their_partition_key_are_accepted():
+    groups = group_queries(effective_queries(FEEDBACK))
+    by_query = {name: g for g in groups for name, _ in g.queries}
+    assert by_query["theft_fb"] is by_query["back_at_shelf"] and by_query["theft_fb"].key == ("tag_id",)
+
+
+@pytest.mark.parametrize("queries, message", [
+    ({"f": "//a//b(60) => c feedback"}, "needs an equivalence list and no strict step"),
+    ({"f": "[k]&&//a//b(60) => c(x = e1.x) feedback"}, "must keep the partition key .*add k = e1.k"),
+    ({"f": "[k]&&//a//b(60) => c(k = e1.k) feedback", "g": "//c//d(60)"}, "query 'g' would see the events query 'f' feeds back"),
+    ({"f": "[k]&&//a//b(60) => c(k = e1.k) feedback", "g": "//x/y(60)"}, "query 'g' would see"),  # strict: any event counts
+])
+def test_other_feedback_queries_are_refused(queries, message):
+    with pytest.raises(YfppError, match=message):
+        group_queries(effective_queries(queries))
+
+
+def test_feedback_is_refused_when_streaming_and_by_the_cli(capsys):
+    with pytest.raises(YfppError, match="batch jobs only"):
+        group_queries(effective_queries({"f": "[k]&&//a//b(60) => c(k = e1.k) feedback"}), streaming=True)
+    from yfpp.cli import main
+
+    assert main(["spark", "-q", "//a//b(60) => c feedback", "-i", "sample.xml", "-o", "unused"]) == 2
+    assert capsys.readouterr().err.startswith("yfpp: error: query 'q': on Spark a feedback query needs an equivalence list")

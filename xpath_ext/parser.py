@@ -20,11 +20,14 @@
   ``local-name() = 'c'`` (SPEC §2 allows no two negations in a row).
 - A trailing axis (``//shelf-sensor//``, the paper's Table 1 row A) adds
   nothing.
+- ``=> type(name = expr, …) [feedback]`` last: the result event, the SASE+
+  ``RETURN`` clause with the steps' variables (``e1.total + 1``); parsed by
+  :func:`yfpp.sase_parser.parse_result`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NoReturn
 
 from elementpath import ElementPathError
@@ -33,7 +36,8 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 
 from xpath_ext.xpath_predicates import error_location, parse_expression
 from yfpp.errors import QuerySyntaxError
-from yfpp.pattern import And, Component, Contiguity, Expr, Kind, Or, Pattern, XPathTest
+from yfpp.pattern import And, Component, Contiguity, Emit, Expr, Kind, Or, Pattern, XPathTest
+from yfpp.sase_parser import parse_result
 from yfpp.units import UNIT_SECONDS, window_seconds
 
 _LARK = Lark.open("xpath_grammar.lark", rel_to=__file__, parser="lalr", maybe_placeholders=True)
@@ -42,7 +46,7 @@ _TERMINALS = {
     "SLASH": "'/'", "DSLASH": "'//'", "BANG": "'!'", "PLUS": "'+'", "STAR": "'*'",
     "NAME": "a name", "NUMBER": "a number", "PREDICATE": "'[' predicate ']'",
     "LSQB": "'['", "RSQB": "']'", "LESSTHAN": "'<'", "MORETHAN": "'>'", "COMMA": "','",
-    "LPAR": "'('", "RPAR": "')'", "_SEP": "'&&'", "$END": "end of query",
+    "LPAR": "'('", "RPAR": "')'", "_SEP": "'&&'", "RESULT": "'=>' result event", "$END": "end of query",
 }  # fmt: skip
 
 
@@ -64,14 +68,18 @@ def parse_xpath(text: str) -> Pattern:
     partition_by: tuple[str, ...] = ()
     window: float | None = None
     steps: list[_Step] = []
+    result: tuple[Emit, bool] = (None, False)  # type: ignore[assignment]
     for part in tree.children:
         if part.data == "equivalence":
             partition_by = tuple(str(name) for name in part.children)
         elif part.data == "window":
             window = _window(part, text)
+        elif part.data == "result":
+            result = parse_result(text, part.children[0].start_pos + 2)
         else:
             steps = [_step(step, text) for step in part.children if isinstance(step, Tree) and step.data == "step"]
-    return _compile(steps, partition_by, window, text).validate()
+    pattern = _compile(steps, partition_by, window, text)
+    return replace(pattern, emit=result[0], feedback=result[1]).validate()
 
 
 def _window(tree: Tree, text: str) -> float:

@@ -13,6 +13,8 @@ from yfpp.dead_letters import DeadLetters
 from yfpp.engine import MAX_BUFFER_PER_QUERY, MAX_RUNS_PER_QUERY, Engine
 from yfpp.errors import InputError, YfppError
 from yfpp.events import Event
+from yfpp.feedback import MAX_DEPTH as MAX_FEEDBACK_DEPTH
+from yfpp.feedback import MAX_DERIVED
 from yfpp.query_text import load_queries, parse_query
 from yfpp.record_fields import MAX_DEPTH, MAX_RECORD_BYTES
 
@@ -21,6 +23,7 @@ examples:
   yfpp run -q queries/shoplifting.sase -i yfpp/data/sample_rfid.xml
   yfpp run -q "[tag_id]&&//shelf//!register//exit&&(12 hours)" -i feed.jsonl --stats
   yfpp run -q queries/stock.sase -i ticks.xml --policy non_overlapping -o matches.jsonl
+  yfpp run -q queries/count.xpe -i yfpp/data/count_shelves.xml --events
   cat feed.xml | yfpp run -q queries/shoplifting.xpe -i - --format xml
 """
 
@@ -92,6 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--checkpoint-every", type=int, metavar="N", default=100_000, help="events between checkpoints (default 100,000)")
     run.add_argument("--restore", metavar="FILE",
                      help="resume from a checkpoint over the SAME input: its queries and options, skipping the records it consumed")
+    run.add_argument("--events", action="store_true",
+                     help="add each bound event in full (seq, type, ts, attrs; a derived event's provenance) to every match")
+    run.add_argument("--max-feedback-depth", type=int, default=MAX_FEEDBACK_DEPTH, metavar="N",
+                     help=f"feedback loop guard: drop derived events deeper than N in one cascade (default {MAX_FEEDBACK_DEPTH})")
+    run.add_argument("--max-derived", type=int, default=MAX_DERIVED, metavar="N",
+                     help=f"feedback loop guard: at most N derived events per input event (default {MAX_DERIVED})")
     run.add_argument("--stats", action="store_true", help="print events/s, peak runs, buffer size and matches per query to stderr")
     run.add_argument("--progress", choices=["auto", "always", "never"], default="auto",
                      help="progress line on stderr (auto: when stderr is a terminal)")
@@ -161,6 +170,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     dead = DeadLetters(args.dead_letters if args.dead_letters else sys.stderr)
     caps = {"max_runs_per_query": args.max_runs_per_query, "max_buffer_per_query": args.max_buffer_per_query}
+    feedback_opts = {"full_events": args.events, "max_feedback_depth": args.max_feedback_depth,
+                     "max_derived_per_event": args.max_derived}
     if args.checkpoint_every < 1:
         raise YfppError("--checkpoint-every must be at least 1")
     if args.max_record_bytes < 1 or args.max_depth < 1:
@@ -172,12 +183,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.query:
             raise YfppError("--restore takes the queries from the checkpoint: leave out -q")
         engine = Engine.restore(read_checkpoint(args.restore), dead_letters=dead,
-                                **{k: v for k, v in caps.items() if v is not None})
+                                **{k: v for k, v in caps.items() if v is not None}, **feedback_opts)
         skip = SkipConsumed(engine, dead)  # records the checkpoint consumed: neither matched nor reported again
     elif not args.query:
         raise YfppError("give at least one query with -q (or --restore FILE)")
     else:
-        engine = build_engine(args.query, max_delay=args.max_delay, dead_letters=dead, policy=args.policy, **caps)
+        engine = build_engine(args.query, max_delay=args.max_delay, dead_letters=dead, policy=args.policy, **caps,
+                              **feedback_opts)
     try:
         reader = read_events(args.input, args.format, ts_field=args.ts_field, ts_unit=args.ts_unit, type_field=args.type_field,
                              max_record_bytes=args.max_record_bytes, max_depth=args.max_depth,
@@ -308,6 +320,8 @@ def print_stats(engine: Engine, n: int, elapsed: float, dead: DeadLetters, strea
         f"dead letters      {dead.count:,}" + (f"  ({dict(dead.by_reason)})" if dead.count else ""),
         f"failed events     {c.failed:,}  (rolled back, in the dead letters)",
         f"runs shed         {sum(c.shed_runs.values()):,}  (over a per-query cap)",
+        *([f"derived events    {engine.feedback.derived:,}  ({engine.feedback.dropped:,} dropped by the loop guards)"]
+          if engine.feedback.order else []),
         "matches per query:",
     ]
     for plan in engine.queries.values():

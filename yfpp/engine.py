@@ -3,7 +3,9 @@
 ``Engine`` owns stream order: it assigns ``seq`` to events that have none,
 reorders within ``max_delay`` (default 0: no reordering) and reports late
 events to its :class:`~yfpp.dead_letters.DeadLetters` instead of dropping
-them silently.  Matching itself is the :class:`~yfpp.runtime.Runtime`'s.
+them silently.  Matching itself is the :class:`~yfpp.runtime.Runtime`'s;
+once a feedback query is registered, events go through
+:class:`~yfpp.feedback.Feedback`, which also processes the derived events.
 
 Stream order is ``(ts, seq)``: the reorder buffer releases events in that
 order (events whose ``seq`` is not an int — derived events — after the
@@ -28,6 +30,7 @@ from typing import Any, Iterable, Mapping, TextIO
 from yfpp.dead_letters import DeadLetters
 from yfpp.errors import YfppError
 from yfpp.events import Event
+from yfpp.feedback import MAX_DEPTH, MAX_DERIVED, Feedback
 from yfpp.nfa_compiler import QueryPlan, compile_pattern
 from yfpp.pattern import Pattern
 from yfpp.query_text import parse_query
@@ -56,7 +59,10 @@ class Engine:
     buffered events of each query; over a cap the query's oldest runs are shed,
     counted in ``stats.shed_runs`` and reported (a line on ``reports``, kept in
     ``self.reports``).  ``reports`` also gets the "state is growing" warnings of
-    queries without a window.
+    queries without a window.  ``full_events``: every match also lists its
+    bound events in full (``"events"``); ``max_feedback_depth`` /
+    ``max_derived_per_event``: the loop guards of feedback queries
+    (``yfpp.feedback``).
     """
 
     def __init__(
@@ -68,6 +74,9 @@ class Engine:
         max_runs_per_query: int | None = None,
         max_buffer_per_query: int | None = None,
         reports: TextIO | None | object = STDERR,
+        full_events: bool = False,
+        max_feedback_depth: int = MAX_DEPTH,
+        max_derived_per_event: int = MAX_DERIVED,
     ):
         self.max_delay = _real(max_delay, "max_delay")
         if self.max_delay < 0:
@@ -77,7 +86,9 @@ class Engine:
         if policy not in (None, "all", "non_overlapping"):
             raise YfppError(f"policy must be 'all' or 'non_overlapping', not {policy!r}")
         self.runtime = Runtime(int(max_runs_per_query), int(max_buffer_per_query), self._failed, self._report)
+        self.runtime.full_events = full_events
         self.dead_letters = dead_letters if dead_letters is not None else DeadLetters(sys.stderr)
+        self.feedback = Feedback(self.runtime, self.dead_letters, max_feedback_depth, max_derived_per_event)
         self.default_policy = policy
         self.queries: dict[int, QueryPlan] = {}
         self.sources: dict[int, tuple[Pattern, str | None, str | int | None]] = {}  # for checkpoints
@@ -92,8 +103,13 @@ class Engine:
 
     # --- queries --------------------------------------------------------------------
 
-    def register(self, query: str | Pattern, name: str | int | None = None, *, policy: str | None = None) -> int:
-        """Compile and add a query (SASE+ text, extended-XPath text or a Pattern); return its id."""
+    def register(self, query: str | Pattern, name: str | int | None = None, *, policy: str | None = None,
+                 feedback: bool = False) -> int:
+        """Compile and add a query (SASE+ text, extended-XPath text or a Pattern); return its id.
+
+        ``feedback=True`` routes its result events back into the stream, as
+        its own ``FEEDBACK`` clause does (``yfpp.feedback``).
+        """
         if isinstance(query, str):
             pattern = parse_query(query)
         elif isinstance(query, Pattern):
@@ -107,12 +123,16 @@ class Engine:
         policy = policy or self.default_policy
         if policy is not None and policy != pattern.policy:
             pattern = dataclasses.replace(pattern, policy=policy).validate()
+        if feedback and not pattern.feedback:
+            pattern = dataclasses.replace(pattern, feedback=True).validate()
         qid = next(self._ids)
         plan = compile_pattern(pattern, name if name is not None else qid)
         self.queries[qid] = plan
         self.sources[qid] = (pattern, query if isinstance(query, str) else None, name)
         self._names.add(plan.name)
         self.runtime.add(plan)
+        if pattern.feedback:
+            self.feedback.order[plan] = qid
         return qid
 
     def unregister(self, qid: int) -> None:
@@ -123,6 +143,7 @@ class Engine:
         del self.sources[qid]
         self._names.discard(plan.name)
         self.runtime.remove(plan)
+        self.feedback.order.pop(plan, None)
 
     # --- events ---------------------------------------------------------------------
 
@@ -162,7 +183,7 @@ class Engine:
             return []
         if self.max_delay <= 0:
             self._mark = (ts, sk)
-            return self.runtime.process(ev)
+            return self._process(ev)
         heapq.heappush(self._held, (ts, sk, next(self._arrivals), ev))
         return self._release(ts - self.max_delay)
 
@@ -198,8 +219,11 @@ class Engine:
         while held and held[0][0] <= upto:
             ts, sk, _, ev = heapq.heappop(held)
             self._mark = (ts, sk)
-            out.extend(self.runtime.process(ev))
+            out.extend(self._process(ev))
         return out
+
+    def _process(self, ev: Event) -> list[dict]:
+        return self.feedback.process(ev) if self.feedback.order else self.runtime.process(ev)
 
     def _failed(self, ev: Event, exc: Exception) -> None:
         """The runtime rolled back an event whose processing raised: it is that record's dead letter."""
@@ -232,13 +256,13 @@ class Engine:
         out = self._release(mark) if self._held else []
         if (mark, float("-inf")) > self._mark:
             self._mark = (mark, float("-inf"))
-        out.extend(self.runtime.advance_time(mark))
+        out.extend(self.feedback.advance_time(mark) if self.feedback.order else self.runtime.advance_time(mark))
         return out
 
     def flush(self) -> list[dict]:
         """End of input: release held events, decide pending trailing negations."""
         out = self._release(float("inf"))
-        out.extend(self.runtime.flush())
+        out.extend(self.feedback.flush() if self.feedback.order else self.runtime.flush())
         return out
 
     # --- checkpoints ----------------------------------------------------------------

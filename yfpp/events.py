@@ -14,10 +14,10 @@ class Event:
     """One event: ``type``, ``ts``, ``attrs``, ``seq`` and, for XML input, its element.
 
     ``seq`` is the 0-based arrival position and the event's identity in every
-    output; it is ``-1`` until the engine (or a reader) assigns it.  ``pos`` is
-    the event's position in stream order (the order the reorder buffer releases
-    events), set by the runtime when it processes the event; every "before /
-    between / after" decision uses it, never ``seq``.
+    output; it is ``-1`` until the engine (or a reader) assigns it.  A derived
+    event (``yfpp.feedback``) has a string ``seq``.  ``pos`` is the event's
+    stream position, set by the runtime: "before", "between" and pruning go by
+    ``pos``, never by ``seq``.
     """
 
     __slots__ = ("type", "ts", "attrs", "seq", "pos", "_element")
@@ -54,6 +54,10 @@ class Event:
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": self.type, "ts": self.ts, **self.attrs, "seq": self.seq}
+
+    def describe(self) -> dict[str, Any]:
+        """The event as a match lists it with full events (``Engine(full_events=True)``)."""
+        return {"seq": self.seq, "type": self.type, "ts": self.ts, "attrs": self.attrs}
 
     def __repr__(self) -> str:
         return f"Event({self.type!r}, ts={self.ts!r}, seq={self.seq}, {self.attrs!r})"

@@ -204,6 +204,7 @@ class Pattern:
     window: float | None = None
     policy: str = "all"
     emit: Emit | None = None
+    feedback: bool = False  # the RETURN event is fed back into the engine's stream (yfpp.feedback)
     source: str = field(default="", compare=False)
 
     @property
@@ -274,6 +275,8 @@ def validate(p: Pattern) -> None:
         negs = [v for v in variables(expr) if not p.component(v).positive]
         if len(negs) > 1:
             raise PatternError(f"a predicate may mention one negated variable, not {sorted(negs)}")
+    if p.feedback and p.emit is None:
+        raise PatternError("a feedback query needs a result event: RETURN type(…) in SASE+, => type(…) in extended XPath")
     if p.emit:
         for name, expr in p.emit.attrs:
             for v in variables(expr):

@@ -389,3 +389,58 @@ class Reference:
 def reference_matches(pattern: Pattern, events: list[Event]) -> list[tuple[dict[str, list[int]], int]]:
     """Every match of ``pattern`` over ``events`` (in stream order, seq assigned)."""
     return Reference(pattern).matches(events)
+
+
+# --- recursive feedback (yfpp.feedback): re-evaluate every prefix ---------------------------
+
+
+def reference_feedback(
+    queries: list[tuple[str, Pattern]], events: list[Event], max_depth: int, max_derived: int
+) -> list[tuple[str, dict[str, list]]]:
+    """Every ``(query, bindings)`` of ``queries`` over ``events`` with feedback queries' results fed back.
+
+    After each event, every query's matches completed by it (the prefix's
+    matches that end there) are output in registration order, then match
+    order; a feedback query's are appended to a FIFO of derived events (ts of
+    the completing event, id the match id) processed before the next input
+    event — the same loop guards as the engine. Trailing negations are not
+    covered. Bindings hold input seqs and derived ids.
+    """
+    from collections import deque
+
+    from yfpp.match_id import match_id
+
+    stream: list[Event] = []  # copies with seq = stream position
+    ids: list[Any] = []  # public id of each position
+    found: list[tuple[str, dict[str, list]]] = []
+
+    def step(e: Event, public: Any, d: int) -> list[tuple[Event, Any, int]]:
+        stream.append(Event(e.type, e.ts, e.attrs, len(stream)))
+        ids.append(public)
+        derived = []
+        for name, p in queries:
+            done = [b for b, at in reference_matches(p, stream) if at == len(stream) - 1]
+            done.sort(key=lambda b: (sorted(s for v in b.values() for s in v), [b[c.var] for c in p.positives]))
+            for b in done:
+                binds = {v: [ids[s] for s in lst] for v, lst in b.items()}
+                found.append((name, binds))
+                if p.feedback and p.emit is not None:
+                    env = Env({v: [stream[s] for s in lst] for v, lst in b.items()}, {c.var for c in p.positives if c.kind is Kind.KLEENE})
+                    attrs = {k: value(x, env) for k, x in p.emit.attrs}
+                    attrs = {k: v for k, v in attrs.items() if v is not _NOVALUE}
+                    derived.append((Event(p.emit.event_type, e.ts, attrs), match_id(name, binds), d + 1))
+        return derived
+
+    for e in events:
+        made = 0
+        queue: deque = deque()
+        new = step(e, e.seq, 0)
+        while True:
+            for x in new:  # the guards admit derived events in order
+                if x[2] <= max_depth and made < max_derived:
+                    made += 1
+                    queue.append(x)
+            if not queue:
+                break
+            new = step(*queue.popleft())
+    return found

@@ -147,6 +147,8 @@ class Runtime:
         self._order = count()
         self._reacts: dict[tuple[int, str], bool] = {}
         self._next_sweep = self.SWEEP_EVERY
+        self.full_events = False  # matches list their bound events in full ("events")
+        self.fed: list[tuple[QueryPlan, dict, Any]] = []  # matches of feedback queries, drained by yfpp.feedback
 
     # --- registration ---------------------------------------------------------------
 
@@ -545,17 +547,28 @@ class Runtime:
                     return False
         return True
 
-    @staticmethod
-    def _match(plan: QueryPlan, binds: list[tuple[int, Event]], vec: tuple) -> dict:
+    def _match(self, plan: QueryPlan, binds: list[tuple[int, Event]], vec: tuple) -> dict:
         names = plan.var_names
-        seqs: dict[str, list[int]] = {v: [] for v in names}
+        seqs: dict[str, list[int | str]] = {v: [] for v in names}
         for unit, e in binds:
             seqs[names[unit]].append(e.seq)
         m = {"query": plan.name, "id": match_id(plan.name, seqs), "bindings": seqs, "start": binds[0][1].ts, "end": binds[-1][1].ts}
         if plan.emit is not None:
             etype, attrs = plan.emit
             m["emit"] = {"type": etype, "attrs": {k: _plain(g(None, vec)) for k, g in attrs}}
+        if self.full_events:
+            events: dict[str, list[dict]] = {v: [] for v in names}
+            for unit, e in binds:
+                events[names[unit]].append(e.describe())
+            m["events"] = events
         return m
+
+    def _emitted(self, plan: QueryPlan, m: dict, binds: list | None, out: list[dict]) -> None:
+        """Output match ``m``; a feedback query's also goes to ``fed``, ranked by its bound events (None: a deadline's)."""
+        out.append(m)
+        self.counters.matches[plan.name] += 1
+        if plan.pattern.feedback:
+            self.fed.append((plan, m, binds and _overlap_rank(len(plan.var_names), binds)))
 
     # --- negation, deadlines, policy --------------------------------------------------
 
@@ -583,25 +596,22 @@ class Runtime:
                 if not group:
                     del self.pending[p.plan][p.key]
             if not p.killed:
-                out.append(p.match)
-                self.counters.matches[p.plan.name] += 1
+                self._emitted(p.plan, p.match, None, out)
         return out
 
     def _accept(self, accepted: list[tuple[QueryPlan, Any, dict, list]], fresh: list[Run]) -> list[dict]:
-        out = []
-        chosen: dict[tuple[int, Any], tuple[QueryPlan, dict, tuple]] = {}
+        out: list[dict] = []
+        chosen: dict[tuple[int, Any], tuple[QueryPlan, dict, tuple, list]] = {}
         for plan, key, m, binds in accepted:
             if plan.policy == "non_overlapping":
                 rank = _overlap_rank(len(plan.var_names), binds)
                 cur = chosen.get((id(plan), key))
                 if cur is None or rank < cur[2]:
-                    chosen[(id(plan), key)] = (plan, m, rank)
+                    chosen[(id(plan), key)] = (plan, m, rank, binds)
             else:
-                out.append(m)
-                self.counters.matches[plan.name] += 1
-        for (_, key), (plan, m, _) in chosen.items():
-            out.append(m)
-            self.counters.matches[plan.name] += 1
+                self._emitted(plan, m, binds, out)
+        for (_, key), (plan, m, _, binds) in chosen.items():
+            self._emitted(plan, m, binds, out)
             self._discard(plan, key, fresh)
         return out
 

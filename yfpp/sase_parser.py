@@ -6,6 +6,8 @@ evaluated.  Documented extensions beyond the SIGMOD 2008 syntax:
 
 * ``OUTPUT all | non_overlapping`` after ``WITHIN`` sets the output policy;
 * ``RETURN name`` without parentheses emits an event with no attributes;
+* ``RETURN name(…) FEEDBACK`` routes the result event back into the stream
+  (``yfpp.feedback``);
 * several strategy calls mix strategies, e.g.
   ``WHERE strict_contiguity(a, b) skip_till_any_match(c) {…}``: each call sets
   the contiguity of the components it lists (a listed Kleene variable also
@@ -55,6 +57,7 @@ from yfpp.units import window_seconds
 _PARSER = Lark(
     Path(__file__).with_name("sase_grammar.lark").read_text(encoding="utf-8"),
     parser="lalr",
+    start=["start", "result"],
     propagate_positions=True,  # tree positions for PatternError messages
 )
 
@@ -81,7 +84,7 @@ def parse_sase(text: str) -> Pattern:
     :class:`PatternError` for a well-formed but invalid pattern.
     """
     try:
-        tree = _PARSER.parse(text)
+        tree = _PARSER.parse(text, start="start")
     except UnexpectedInput as e:
         raise _syntax_error(e, text) from None
     builder = _Builder()
@@ -91,6 +94,24 @@ def parse_sase(text: str) -> Pattern:
         raise e.orig_exc from None
     _check_uses(pattern, builder.uses)
     return replace(pattern, source=text).validate()
+
+
+def parse_result(text: str, offset: int = 0) -> tuple[Emit, bool]:
+    """A result-event clause ``type(name = expr, …) [FEEDBACK]`` written at ``offset`` of query ``text``.
+
+    Extended XPath's ``=> …`` clause: the same rule as SASE+ ``RETURN``, so
+    both languages share one expression syntax. Variables are checked by
+    :meth:`Pattern.validate`; errors are located in the whole ``text``.
+    """
+    padded = "".join(c if c == "\n" else " " for c in text[:offset]) + text[offset:]
+    try:
+        tree = _PARSER.parse(padded, start="result")
+    except UnexpectedInput as e:
+        raise _syntax_error(e, text) from None
+    try:
+        return _Builder().transform(tree)
+    except VisitError as e:
+        raise e.orig_exc from None
 
 
 # --- errors ----------------------------------------------------------------
@@ -171,8 +192,9 @@ class _Builder(Transformer[Token, Pattern]):
         where: tuple[list[_Strategy], Expr | None] | None,
         window: float | None,
         policy: str | None,
-        emit: Emit | None,
+        emit: tuple[Emit, bool] | None,
     ) -> Pattern:
+        emit, feedback = emit or (None, False)
         strategies, body = where or ([], None)
         components = _apply_strategies(components, strategies)
         partition_by: list[str] = []
@@ -182,10 +204,7 @@ class _Builder(Transformer[Token, Pattern]):
                 partition_by += [a for a in conjunct.attrs if a not in partition_by]
             else:
                 preds.append(conjunct)
-        for expr in preds + [e for _, e in (emit.attrs if emit else ())]:
-            for node in walk(expr):
-                if isinstance(node, _Equiv):
-                    raise _error(node.token, "an equivalence test [...] must be a conjunct of WHERE (joined with AND)")
+        _no_equivalence(preds)
         return Pattern(
             components=tuple(components),
             where=tuple(preds),
@@ -193,6 +212,7 @@ class _Builder(Transformer[Token, Pattern]):
             window=window,
             policy=policy or "all",
             emit=emit,
+            feedback=feedback,
         )
 
     def pattern(self, *components: Component) -> list[Component]:
@@ -229,8 +249,16 @@ class _Builder(Transformer[Token, Pattern]):
     def policy(self, token: Token) -> str:
         return token.lower()
 
-    def emit(self, name: Token, *attrs: tuple[str, Expr]) -> Emit:
-        return Emit(str(name), attrs)
+    def emit(self, result: tuple[Emit, bool]) -> tuple[Emit, bool]:
+        return result
+
+    def result(self, name: Token, *rest: Any) -> tuple[Emit, bool]:
+        *attrs, feedback = rest
+        _no_equivalence([e for _, e in attrs])
+        return Emit(str(name), tuple(attrs)), feedback is not None
+
+    def feedback(self, token: Token) -> Token:
+        return token
 
     def emit_attr(self, name: Token, expr: Expr) -> tuple[str, Expr]:
         return str(name), expr
@@ -310,6 +338,13 @@ def _index(var: Token, index: Tree) -> Index:
         return Index.LAST
     written = {"index_prev": "-", "index_last": "."}.get(index.data, "").join(parts)
     raise _error(index, f"unsupported index {var}[{written}]: use {var}[1], {var}[i], {var}[i-1] or {var}[{var}.len]")
+
+
+def _no_equivalence(exprs: list[Expr]) -> None:
+    for expr in exprs:
+        for node in walk(expr):
+            if isinstance(node, _Equiv):
+                raise _error(node.token, "an equivalence test [...] must be a conjunct of WHERE (joined with AND)")
 
 
 def _apply_strategies(components: list[Component], strategies: list[_Strategy]) -> list[Component]:

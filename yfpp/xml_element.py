@@ -24,9 +24,11 @@ _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
 
 def xml_text(value: Any) -> str:
-    """An attribute value as XML text."""
+    """An attribute value as XML text (a list — a derived event's Kleene attribute — space-separated)."""
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, list):
+        return " ".join(xml_text(v) for v in value)
     return _NOT_XML.sub("\ufffd", str(value))
 
 

@@ -21,6 +21,10 @@ _ARROW_SCHEMA = pa.schema([
     ("query", pa.string()), ("bindings", pa.map_(pa.string(), pa.list_(pa.int64()))), ("start", pa.float64()),
     ("end", pa.float64()), ("emit", pa.string()), ("json", pa.string()),
 ])
+# With feedback queries, bindings also hold derived events' ids (strings): seq numbers are written as text.
+ID_MATCH_SCHEMA = MATCH_SCHEMA.replace("array<bigint>", "array<string>")
+_ID_ARROW_SCHEMA = pa.schema([f if f.name != "bindings" else pa.field("bindings", pa.map_(pa.string(), pa.list_(pa.string())))
+                              for f in _ARROW_SCHEMA])
 _EVENT_COLS = ("seq", "type", "ts", "attrs", "xml")
 
 
@@ -111,6 +115,7 @@ def match_with_stats(spark: SparkSession, queries: Any, events_df: DataFrame, *,
     ``{"task", "rows", "engines", "seconds"}``: the rows (event copies) it matched, the
     engines it ran (one per group and slice), its Python time."""
     groups = group_queries(effective_queries(queries, policy))
+    derived_ids = any(p.feedback for g in groups for _, p in g.queries)  # bindings hold strings too
     events = events_only(events_df)
     n = partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
     slicings: dict[int, Slicing] = {}
@@ -124,11 +129,15 @@ def match_with_stats(spark: SparkSession, queries: Any, events_df: DataFrame, *,
               .select("r.*", *_EVENT_COLS).where(F.col("h").isNotNull())
               .repartitionById(n, "p").sortWithinPartitions("g", "s", "ts", "seq")
               .select("g", "s", *_EVENT_COLS))
+    if derived_ids:
+        return routed.mapInArrow(_runner(groups, slicings, _ID_ARROW_SCHEMA), ID_MATCH_SCHEMA)
     return routed.mapInArrow(_runner(groups, slicings), MATCH_SCHEMA)
 
 
-def _runner(groups: list[Group], slicings: dict[int, Slicing]) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+def _runner(groups: list[Group], slicings: dict[int, Slicing], schema: pa.Schema = _ARROW_SCHEMA,
+            ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The mapInArrow function: one engine per (group, slice) run of a sorted partition, then a stats row."""
+    as_text = schema is _ID_ARROW_SCHEMA
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         started = time.process_time()
@@ -137,7 +146,7 @@ def _runner(groups: list[Group], slicings: dict[int, Slicing]) -> Callable[[Iter
         n_rows = n_engines = 0
 
         def keep(ms: list[dict], s: int) -> None:
-            rows.extend(match_row(m) for m in ms if sl is None or sl.own(m["start"]) == s)
+            rows.extend(match_row(m, as_text) for m in ms if sl is None or sl.own(m["start"]) == s)
 
         for rb in batches:
             c = rb.to_pydict()
@@ -150,7 +159,7 @@ def _runner(groups: list[Group], slicings: dict[int, Slicing]) -> Callable[[Iter
                     n_engines += 1
                 keep(engine.process(make_event(type_, ts, seq, attrs, xml)), s)
             if len(rows) >= 4096:
-                yield _batch(rows)
+                yield _batch(rows, schema)
                 rows.clear()
         if engine is not None:
             keep(engine.flush(), current[1])
@@ -158,11 +167,11 @@ def _runner(groups: list[Group], slicings: dict[int, Slicing]) -> Callable[[Iter
         task = {"task": ctx.partitionId() if ctx else None, "rows": n_rows, "engines": n_engines,
                 "seconds": round(time.process_time() - started, 3)}
         rows.append((None, None, None, None, None, json.dumps(task)))
-        yield _batch(rows)
+        yield _batch(rows, schema)
 
     return run
 
 
-def _batch(rows: list[tuple]) -> pa.RecordBatch:
+def _batch(rows: list[tuple], schema: pa.Schema) -> pa.RecordBatch:
     cols = list(zip(*rows))
-    return pa.RecordBatch.from_arrays([pa.array(col, f.type) for col, f in zip(cols, _ARROW_SCHEMA)], schema=_ARROW_SCHEMA)
+    return pa.RecordBatch.from_arrays([pa.array(col, f.type) for col, f in zip(cols, schema)], schema=schema)

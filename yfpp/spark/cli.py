@@ -84,6 +84,9 @@ def cmd_spark(args: argparse.Namespace) -> int:
     queries = load(args.query)
     if not args.input and not (args.stream and args.socket):
         raise YfppError("give an input with -i (or --stream --socket HOST:PORT)")
+    from yfpp.spark.plan import effective_queries, group_queries
+
+    group_queries(effective_queries(queries, args.policy), streaming=args.stream)  # refuses unsupported feedback before Spark starts
     try:
         from pyspark.sql import SparkSession
     except ImportError as e:

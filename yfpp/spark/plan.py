@@ -12,6 +12,11 @@ stream, one yfpp :class:`~yfpp.engine.Engine` per slice:
   or of none, kills a strict run), so a keyed strict query lands here.
 * **whole** — no window, or ``non_overlapping`` without a key (its output
   depends on the whole history): one slice, one engine.
+
+Feedback queries (``yfpp.feedback``) run in their group's engines, so their
+derived events reach only the queries of their own partition:
+:func:`check_feedback` accepts them when that is all ``yfpp run`` would
+reach too (see its docstring) and refuses them otherwise.
 """
 
 from __future__ import annotations
@@ -26,8 +31,9 @@ from lxml import etree
 
 from yfpp.dead_letters import DeadLetters
 from yfpp.engine import Engine
+from yfpp.errors import YfppError
 from yfpp.events import MISSING, Event
-from yfpp.pattern import Contiguity, Kind, Pattern
+from yfpp.pattern import Contiguity, Index, Kind, Pattern, Ref
 
 Query = tuple[Any, Pattern]  # (name — or the engine's id for an unnamed query, pattern)
 
@@ -118,7 +124,62 @@ def group_queries(queries: Sequence[Query], *, streaming: bool = False) -> list[
     for q in alone:
         p = q[1]
         groups.append(Group((q,), p.partition_by if not is_strict(p) else (), p.window))
+    check_feedback(groups, streaming=streaming)
     return groups
+
+
+def check_feedback(groups: Sequence[Group], *, streaming: bool = False) -> None:
+    """Refuse feedback queries whose derived events a partitioned job would route differently from ``yfpp run``.
+
+    A feedback query is accepted when it is in a keyed group (an equivalence
+    list, no strict step), its result event keeps the partition key — for
+    each key attribute ``a`` an attribute ``a = v.a`` of a bound event, so
+    the derived event belongs to the partition of the events it came from —
+    and no query of another group can see a derived event: none tests its
+    type or any type, and none uses strict or partition contiguity.
+    Streaming jobs refuse feedback queries.
+    """
+    for grp in groups:
+        for name, p in grp.queries:
+            if not p.feedback:
+                continue
+            if streaming:
+                raise YfppError(f"query {name!r}: feedback queries run in batch jobs only, not with --stream")
+            if not grp.key:
+                raise YfppError(f"query {name!r}: on Spark a feedback query needs an equivalence list and no strict "
+                                "step, so that its derived events stay in the partition of the events they came from")
+            kept = {k for k, e in p.emit.attrs if _keeps(p, k, e)}
+            missing = [a for a in grp.key if a not in kept]
+            if missing:
+                want = ", ".join(f"{a} = {p.positives[0].var}.{a}" for a in missing)
+                raise YfppError(f"query {name!r}: on Spark a feedback query's result event must keep the partition "
+                                f"key of the events it came from: add {want} to its RETURN / => attributes")
+            derived = p.emit.event_type
+            for other in groups:
+                if other is grp:
+                    continue
+                for oname, op in other.queries:
+                    if _may_see(op, derived):
+                        raise YfppError(f"query {oname!r} would see the events query {name!r} feeds back, but runs in "
+                                        f"another Spark partitioning (equivalence list {list(op.partition_by)} vs "
+                                        f"{list(grp.key)}): give both the same equivalence list, or run 'yfpp run'")
+
+
+def _keeps(p: Pattern, attr: str, expr: Any) -> bool:
+    """Is ``expr`` the key attribute ``attr`` of one bound event?"""
+    if not isinstance(expr, Ref) or expr.attr != attr:
+        return False
+    kleene = p.component(expr.var).kind is Kind.KLEENE
+    return expr.index in ((Index.FIRST, Index.LAST) if kleene else (Index.EACH,))
+
+
+def _may_see(p: Pattern, event_type: str) -> bool:
+    """Could an event of ``event_type`` change ``p``'s matches (by its type, or by merely occurring)?"""
+    if any(c.event_type in (None, event_type) for c in p.components):
+        return True
+    pos = p.positives
+    return any(c.contiguity in (Contiguity.STRICT, Contiguity.PARTITION) for c in pos[1:]) or any(
+        c.kind is Kind.KLEENE and c.inner in (Contiguity.STRICT, Contiguity.PARTITION) for c in pos)
 
 
 @dataclass(frozen=True)
@@ -184,10 +245,11 @@ def make_event(type: str, ts: float, seq: int, attrs: str, xml: str | None) -> E
     return Event(type, ts, a, seq) if xml is None else XmlEvent(type, ts, a, seq, xml)
 
 
-def match_row(m: dict) -> tuple:
-    """``(query, bindings, start, end, emit JSON, SPEC §5 JSON line)``."""
+def match_row(m: dict, ids_as_text: bool = False) -> tuple:
+    """``(query, bindings, start, end, emit JSON, SPEC §5 JSON line)``; ``ids_as_text``: seq numbers as strings."""
     emit = m.get("emit")
-    return (str(m["query"]), m["bindings"], m["start"], m["end"],
+    binds = {v: [str(s) for s in ids] for v, ids in m["bindings"].items()} if ids_as_text else m["bindings"]
+    return (str(m["query"]), binds, m["start"], m["end"],
             None if emit is None else json.dumps(emit), json.dumps(m))
 
 

@@ -1,0 +1,269 @@
+"""Recursive feedback (yfpp.feedback): result events re-enter the stream, in order, within the loop guards."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from tests.generators import TYPES, patterns, streams
+from yfpp.cli import main
+from yfpp.dead_letters import DeadLetters
+from yfpp.engine import Engine
+from yfpp.errors import PatternError, QuerySyntaxError
+from yfpp.events import Event
+from yfpp.pattern import Arith, Emit, Index, Kind, Literal, Pattern, Ref
+from yfpp.query_text import load_queries
+from yfpp.readers import read_events
+from yfpp.reference import reference_feedback
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def engine(**opts) -> tuple[Engine, io.StringIO]:
+    sink = io.StringIO()
+    return Engine(dead_letters=DeadLetters(sink), **opts), sink
+
+
+def dead(sink: io.StringIO) -> list[dict]:
+    return [json.loads(line) for line in sink.getvalue().splitlines()]
+
+
+# --- the paper's count example (YFilter++ §6.2) ------------------------------------------
+
+
+def test_count_example_fires_at_the_51st_shelf_with_total_51():
+    eng, sink = engine(full_events=True)
+    for name, text, _ in load_queries(str(ROOT / "queries/count.xpe")):
+        eng.register(text, name=name)
+    events = list(read_events(str(ROOT / "yfpp/data/count_shelves.xml"), dead_letters=DeadLetters()))
+    assert events[0].type == "count" and events[0].attrs == {"total": 0}
+    first = None
+    steps = 0
+    for ev in events:
+        for m in eng.process(ev):
+            steps += m["query"] == "count_step"
+            if m["query"] == "count_over_50" and first is None:
+                first = (ev, m)
+    ev, m = first
+    assert (ev.seq, ev.type, ev.ts) == (51, "shelf", 255)  # the 51st shelf event completes the count past 50
+    (count,) = m["events"]["e1"]
+    assert count["type"] == "count" and count["attrs"] == {"total": 51} and count["ts"] == 255
+    assert count["from"] == {"query": "count_step", "events": [count["from"]["events"][0], 51]}
+    assert m["bindings"] == {"e1": [count["seq"]]} and isinstance(count["seq"], str)
+    assert steps == 60 and eng.flush() == [] and sink.getvalue() == ""
+
+
+def test_count_example_from_the_command_line(capsys):
+    assert main(["run", "-q", str(ROOT / "queries/count.xpe"), "-i", str(ROOT / "yfpp/data/count_shelves.xml")]) == 0
+    out = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    over = [m for m in out if m["query"] == "count_over_50"]
+    steps = {m["id"]: m for m in out if m["query"] == "count_step"}
+    assert len(over) == 10 and len(steps) == 60
+    # a derived event's id is the id of the match that built it
+    assert steps[over[0]["bindings"]["e1"][0]]["emit"] == {"type": "count", "attrs": {"total": 51}}
+    assert steps[over[0]["bindings"]["e1"][0]]["bindings"]["e2"] == [51]
+
+
+# --- syntax and API ------------------------------------------------------------------------
+
+
+def test_feedback_clause_in_both_languages_and_as_register_flag():
+    sase = "PATTERN SEQ(count c, shelf s) RETURN count(total = c.total + 1) FEEDBACK"
+    xpath = "//count/shelf && => count(total = e1.total + 1) feedback"
+    for text in (sase, xpath):
+        eng, _ = engine()
+        eng.register(text, name="step")
+        assert eng.queries[0].pattern.feedback and eng.queries[0].pattern.emit.event_type == "count"
+    eng, _ = engine()
+    eng.register("[zone]&&//theft//door&&(10 min)&&=> alarm(zone = e1.zone)", name="plain")
+    assert not eng.queries[0].pattern.feedback
+    eng.register("//a => b", name="flagged", feedback=True)
+    assert eng.queries[1].pattern.feedback
+    with pytest.raises(PatternError, match="feedback query needs a result event"):
+        eng.register("//a//b", feedback=True)
+    with pytest.raises(PatternError, match="unknown variable 'e3'"):
+        eng.register("//a//b => c(x = e3.x)")
+    with pytest.raises(QuerySyntaxError, match="column 14: unexpected '\\)'"):
+        eng.register("//a => c(x = )")
+    with pytest.raises(PatternError, match="equivalence test"):
+        eng.register("//a => c(x = [y])")
+
+
+def test_emit_without_feedback_is_output_only():
+    eng, _ = engine()
+    eng.register("[zone]&&//theft//door&&(10 min)&&=> alarm(zone = e1.zone, at = e2.ts)", name="alarm")
+    eng.register("//alarm", name="sees_alarm")
+    eng.process({"type": "theft", "ts": 0, "zone": "Z1"})
+    (m,) = eng.process({"type": "door", "ts": 60, "zone": "Z1"})
+    assert m["emit"] == {"type": "alarm", "attrs": {"zone": "Z1", "at": 60}}
+    assert eng.flush() == []
+
+
+def test_derived_events_follow_registration_order_before_the_next_input():
+    eng, _ = engine()
+    eng.register("//a => b(n = 1) feedback", name="first")
+    eng.register("//a => c(n = 2) feedback", name="second")
+    eng.register("//b/c", name="b_then_c")  # strict: c directly after b
+    eng.register("//c/b", name="c_then_b")
+    eng.register("//c/x", name="c_then_input")  # the next input event comes after both derived events
+    out = eng.process({"type": "a", "ts": 3})
+    assert [m["query"] for m in out] == ["first", "second", "b_then_c"]
+    assert out[2]["bindings"] == {"e1": [out[0]["id"]], "e2": [out[1]["id"]]}
+    assert [m["query"] for m in eng.process({"type": "x", "ts": 4})] == ["c_then_input"]
+
+
+def test_derived_events_are_seen_by_predicates_negations_and_windows():
+    eng, _ = engine()
+    eng.register("PATTERN SEQ(shelf a, exit c) WHERE [tag_id] WITHIN 100 RETURN out(tag_id = a.tag_id, zone = a.zone) FEEDBACK", name="out")
+    eng.register("[tag_id]&&//out[@zone='Z1']", name="z1")
+    eng.register("[tag_id]&&//shelf//!out//audit&&(1000)", name="unaudited_exit_free")
+    eng.process({"type": "shelf", "ts": 0, "tag_id": 1, "zone": "Z1"})
+    out = eng.process({"type": "exit", "ts": 5, "tag_id": 1})
+    assert [m["query"] for m in out] == ["out", "z1"]
+    assert eng.process({"type": "audit", "ts": 6, "tag_id": 1}) == []  # the derived out event lies between
+
+
+def test_trailing_negation_matches_feed_back_at_their_deadline():
+    eng, _ = engine(full_events=True)
+    eng.register("PATTERN SEQ(shelf a, ~register b) WHERE [tag_id] WITHIN 10 RETURN lost(tag_id = a.tag_id) FEEDBACK", name="lost")
+    eng.register("PATTERN SEQ(lost l, register r) WHERE [tag_id]", name="found_late")
+    eng.register("PATTERN SEQ(shelf a, ~lost b) WHERE [tag_id] WITHIN 30", name="never_lost")
+    eng.process({"type": "shelf", "ts": 0, "tag_id": 1})
+    out = eng.advance_time(11)
+    assert [m["query"] for m in out] == ["lost"]
+    assert eng.process({"type": "register", "ts": 12, "tag_id": 1})[0]["events"]["l"][0]["ts"] == 10  # the deadline
+    eng.process({"type": "shelf", "ts": 20, "tag_id": 2})
+    eng.process({"type": "shelf", "ts": 21, "tag_id": 3})
+    eng.process({"type": "register", "ts": 22, "tag_id": 3})
+    # lost fires at 30 for tag 2 and its derived event kills never_lost of tag 2 (deadline 50), as the
+    # one at 10 killed tag 1's; tag 3 was registered in time, so never_lost fires for it
+    out = eng.flush()
+    assert [(m["query"], m["bindings"]) for m in out] == [("lost", {"a": [2]}), ("never_lost", {"a": [3]})]
+
+
+# --- loop guards ---------------------------------------------------------------------------
+
+
+def test_self_feeding_query_is_stopped_by_the_depth_guard():
+    eng, sink = engine(max_feedback_depth=5)
+    eng.register("//x => x(n = e1.n + 1) feedback", name="loop")
+    out = eng.process({"type": "x", "ts": 0, "n": 0})
+    assert [m["emit"]["attrs"]["n"] for m in out] == [1, 2, 3, 4, 5, 6]  # the 6th result is dropped
+    (report,) = dead(sink)
+    assert report["reason"].startswith("feedback depth limit: query 'loop' derived an event at depth 6 > max_feedback_depth 5; 1 dropped; chain: seq 0 (x) → x ")
+    assert report["reason"].count("by 'loop'") == 6 and report["position"] == "after seq 0"
+    assert report["seq"] == out[-1]["id"]
+    assert len(eng.process({"type": "x", "ts": 1, "n": 0})) == 6  # the engine goes on
+    assert eng.feedback.dropped == 2 and eng.dead_letters.by_reason["feedback depth limit"] == 2
+
+
+def test_fan_out_is_stopped_by_the_per_event_cap():
+    eng, sink = engine(max_derived_per_event=50, max_feedback_depth=1000)
+    eng.register("//x//x => x feedback", name="fan")  # every pair of x events makes one more
+    eng.process({"type": "x", "ts": 0})
+    eng.process({"type": "x", "ts": 1})
+    (report,) = dead(sink)
+    assert report["reason"].startswith("feedback limit: query 'fan' derived more than max_derived_per_event 50 events for one input event;")
+    assert eng.feedback.derived == 50
+    assert eng.process({"type": "y", "ts": 2}) == []
+
+
+def test_guards_from_the_command_line(tmp_path, capsys):
+    feed = tmp_path / "x.jsonl"
+    feed.write_text('{"type": "x", "ts": 0, "n": 0}\n')
+    assert main(["run", "-q", "//x => x(n = e1.n + 1) feedback", "-i", str(feed), "--max-feedback-depth", "3",
+                 "--dead-letters", str(tmp_path / "dead.jsonl"), "--events"]) == 0
+    out = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(out) == 4 and out[1]["events"]["e1"][0]["from"] == {"query": "q", "events": [0]}
+    (report,) = [json.loads(line) for line in (tmp_path / "dead.jsonl").read_text().splitlines()]
+    assert "depth 4 > max_feedback_depth 3" in report["reason"]
+
+
+# --- against the reference ------------------------------------------------------------------
+
+
+@st.composite
+def feedback_queries(draw) -> list[tuple[str, Pattern]]:
+    pats = draw(st.lists(patterns(max_positives=2), min_size=1, max_size=3))
+    assume(all(p.components[-1].positive for p in pats))
+    out = []
+    for i, p in enumerate(pats):
+        if i == 0 or draw(st.booleans()):
+            pos = p.positives
+
+            def ref(c, attr):
+                return Ref(c.var, attr, Index.FIRST if c.kind is Kind.KLEENE else Index.EACH)
+
+            options = [("x", ref(pos[0], "x")), ("x", Arith("+", ref(pos[-1], "x"), Literal(1))),
+                       ("k", ref(pos[0], "k")), ("y", ref(pos[-1], "y"))]
+            attrs = draw(st.lists(st.sampled_from(options), max_size=3, unique_by=lambda a: a[0]))
+            # bias the result type towards the first component of some query: derived events begin runs
+            firsts = [q.components[0].event_type for q in pats if q.components[0].event_type is not None]
+            etype = draw(st.sampled_from(firsts + TYPES))
+            p = replace(p, emit=Emit(etype, tuple(attrs)), feedback=True).validate()
+        out.append((f"q{i}", p))
+    return out
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=list(HealthCheck))
+@given(feedback_queries(), streams(max_events=6))
+def test_feedback_matches_reference(queries, events):
+    eng, _ = engine(max_feedback_depth=3, max_derived_per_event=5)
+    for name, p in queries:
+        eng.register(p, name=name)
+    got = [m for e in events for m in eng.process(Event(e.type, e.ts, dict(e.attrs), e.seq))] + eng.flush()
+    want = reference_feedback(queries, events, max_depth=3, max_derived=5)
+
+    def canon(q, b):
+        return (q, tuple((k, tuple(v)) for k, v in b.items()))
+
+    assert Counter(canon(m["query"], m["bindings"]) for m in got) == Counter(canon(q, b) for q, b in want)
+    # the union of each query alone, "alone" being with the feedback queries it may feed on
+    feeders = [(n, p) for n, p in queries if p.feedback]
+    for name, p in queries:
+        if p.feedback:
+            continue
+        solo, _ = engine(max_feedback_depth=3, max_derived_per_event=5)
+        for n, q in feeders + [(name, p)]:
+            solo.register(q, name=n)
+        mine = [m for e in events for m in solo.process(Event(e.type, e.ts, dict(e.attrs), e.seq))] + solo.flush()
+        assert Counter(canon(name, m["bindings"]) for m in mine if m["query"] == name) == Counter(
+            canon(name, m["bindings"]) for m in got if m["query"] == name)
+
+
+def test_feedback_queries_share_the_nfa():
+    eng, _ = engine()
+    for q in ["[id]/a/b", "[id]/a/b => x(id = e1.id) feedback", "[id]/a/c => y(id = e1.id) feedback"]:
+        eng.register(q)
+    assert len(eng.runtime.nfa.roots) == 1 and len(list(eng.runtime.nfa.nodes())) == 3
+    out = eng.process({"type": "a", "ts": 0, "id": 1}) + eng.process({"type": "b", "ts": 1, "id": 1})
+    assert [m["query"] for m in out] == [0, 1]
+
+
+def test_composite_break_in_example(capsys):
+    assert main(["run", "-q", str(ROOT / "queries/break_in.xpe"), "-i", str(ROOT / "yfpp/data/break_in.xml"), "--events"]) == 0
+    out = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    by_id = {m["id"]: m for m in out}
+    (alert,) = [m for m in out if m["query"] == "break_in"]
+    forced, theft = by_id[alert["bindings"]["e1"][0]], by_id[alert["bindings"]["e2"][0]]
+    assert (forced["query"], theft["query"]) == ("door_forced", "theft")
+    assert alert["emit"] == {"type": "break_in", "attrs": {"zone": "Z2", "door": "D2", "tag_id": 8}}
+    assert alert["events"]["e2"][0]["from"] == {"query": "theft", "events": theft["bindings"]["e1"] + theft["bindings"]["e2"]}
+    # a theft in Z1 without a forced door, and one in Z3 too long after its door was forced, make no alert
+    assert sorted(m["emit"]["attrs"]["zone"] for m in out if m["query"] == "theft") == ["Z1", "Z2", "Z3"]
+
+
+def test_a_kleene_attribute_feeds_back_as_a_list_and_a_space_separated_xml_attribute():
+    eng, _ = engine()
+    eng.register("//a+/b => c(xs = e1.x) feedback", name="k")
+    eng.register("//c[tokenize(@xs, ' ') = '1']", name="has_1")
+    out = [m for i, t in enumerate("aab") for m in eng.process({"type": t, "ts": i, "x": i + 1})]
+    assert [m["emit"]["attrs"]["xs"] for m in out if m["query"] == "k"] == [[1, 2], [2]]
+    assert [m["bindings"]["e1"] for m in out if m["query"] == "has_1"] == [[out[0]["id"]]]

@@ -1,0 +1,183 @@
+"""Recursive feedback (YFilter++ §3, §6.2): result events of feedback queries become stream events.
+
+A query marked for feedback (SASE+ ``RETURN t(…) FEEDBACK``, extended XPath
+``=> t(…) feedback``, or ``Engine.register(…, feedback=True)``) has each of
+its result events processed by the engine — by every query, exactly like an
+input event — right after the event that completed the match and before the
+next input event:
+
+* **time** — a derived event's ``ts`` is the stream time of its match's
+  completion: the completing event's ts, or for a trailing-negation match its
+  deadline ``first.ts + W`` (deadlines fire one at a time, each followed by
+  its derived events, so those can still witness later deadlines' negations);
+* **order** — breadth first: the derived events of one completing event go
+  in query registration order, then match order (the bound events' stream
+  positions, SPEC §2.4's tie-break), and each is processed in turn, its own
+  derived events queued behind;
+* **identity** — a derived event's ``seq`` is the id of the match that built
+  it (16 hex digits, a string: it cannot collide with an input position, and
+  it is the same in every run and on Spark); its provenance — the query and
+  the ids of the events it came from — is in :class:`DerivedEvent` and in
+  full-event output (``"from"``);
+* **attributes** — the RETURN attributes, a ``null`` (missing) value left out.
+
+Loop guards bound the work one input event (or one deadline) can cause: a
+derived event deeper than ``max_depth`` in its cascade (an event derived from
+an input event has depth 1, one derived from that depth 2, …) or beyond
+``max_derived`` derived events is dropped, and each guard reports once per
+cascade and query to the dead letters, with the chain of derivations. The
+engine then goes on with the next input event.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any
+
+from yfpp.dead_letters import DeadLetters
+from yfpp.errors import YfppError
+from yfpp.events import Event
+from yfpp.nfa_compiler import QueryPlan
+from yfpp.runtime import Runtime
+
+MAX_DEPTH = 16  # default max_feedback_depth
+MAX_DERIVED = 1000  # default max_derived_per_event
+
+
+class DerivedEvent(Event):
+    """A result event fed back into the stream, with its provenance."""
+
+    __slots__ = ("query", "sources", "depth", "parent")
+
+    def __init__(self, type: str, ts: float, attrs: dict[str, Any], seq: str, query: Any, sources: list,
+                 depth: int, parent: Event | None):
+        super().__init__(type, ts, attrs, seq)
+        self.query = query  # the name of the query whose match built it
+        self.sources = sources  # the ids (seq) of the events that match bound, in stream order
+        self.depth = depth  # 1 + the depth of the event that completed the match (input events: 0)
+        self.parent = parent  # that completing event (None: a deadline), for guard reports
+
+    def describe(self) -> dict[str, Any]:
+        d = super().describe()
+        d["from"] = {"query": self.query, "events": self.sources}
+        return d
+
+
+class Feedback:
+    """Wraps :class:`Runtime` calls of an engine that has feedback queries."""
+
+    def __init__(self, runtime: Runtime, dead_letters: DeadLetters, max_depth: int = MAX_DEPTH,
+                 max_derived: int = MAX_DERIVED):
+        if max_depth < 1 or max_derived < 1:
+            raise YfppError("max_feedback_depth and max_derived_per_event must be at least 1")
+        self.runtime = runtime
+        self.dead_letters = dead_letters
+        self.max_depth = max_depth
+        self.max_derived = max_derived
+        self.order: dict[QueryPlan, int] = {}  # registered feedback queries → registration order
+        self.derived = 0  # derived events processed
+        self.dropped = 0  # derived events the guards dropped
+        self._made = 0  # derived events of the current cascade
+        self._drops: dict[tuple[str, Any], list] = {}  # (guard, query) → [count, first dropped event]
+
+    # --- the Engine's calls -----------------------------------------------------------
+
+    def process(self, ev: Event) -> list[dict]:
+        """``Runtime.process`` of an input event, then its derived events."""
+        out = self._until(ev.ts, everything=False)
+        out.extend(self._cascade(self.runtime.process(ev), ev))
+        return out
+
+    def advance_time(self, ts: float) -> list[dict]:
+        out = self._until(ts, everything=False)
+        out.extend(self.runtime.advance_time(ts))
+        return out
+
+    def flush(self) -> list[dict]:
+        out = self._until(math.inf, everything=True)
+        out.extend(self.runtime.flush())  # nothing pending is left; whatever else the runtime does at the end
+        return out
+
+    # --- cascades ---------------------------------------------------------------------
+
+    def _until(self, ts: float, everything: bool) -> list[dict]:
+        """Fire deadlines before ``ts`` (all: ``everything``) one deadline at a time, each with its cascade."""
+        rt = self.runtime
+        out: list[dict] = []
+        while rt.deadlines and (everything or rt.deadlines[0][0] < ts):
+            d = rt.deadlines[0][0]
+            out.extend(self._cascade(rt.advance_time(math.nextafter(d, math.inf)), None))
+        return out
+
+    def _cascade(self, out: list[dict], cause: Event | None) -> list[dict]:
+        """Process the derived events of ``cause``'s matches (None: a deadline), breadth first."""
+        self._made = 0
+        queue: deque[DerivedEvent] = deque()
+        self._derive(cause, queue)
+        while queue:
+            x = queue.popleft()
+            self.derived += 1
+            out.extend(self.runtime.process(x))
+            self._derive(x, queue)
+        if self._drops:
+            self._report(cause)
+        return out
+
+    def _derive(self, cause: Event | None, queue: deque) -> None:
+        """Turn the feedback matches the runtime just emitted into queued derived events."""
+        fed, self.runtime.fed = self.runtime.fed, []
+        if not fed:
+            return
+        fed.sort(key=lambda item: (self.order.get(item[0], -1), item[2] or (0, [], [])))
+        depth = getattr(cause, "depth", 0) + 1
+        for plan, m, _ in fed:
+            ev = derived_event(plan, m, depth, cause)
+            if depth > self.max_depth:
+                self._drop("depth", ev)
+            elif self._made >= self.max_derived:
+                self._drop("count", ev)
+            else:
+                self._made += 1
+                queue.append(ev)
+
+    def _drop(self, guard: str, ev: DerivedEvent) -> None:
+        self.dropped += 1
+        entry = self._drops.setdefault((guard, ev.query), [0, ev])
+        entry[0] += 1
+
+    def _report(self, cause: Event | None) -> None:
+        root = cause
+        while isinstance(root, DerivedEvent):
+            root = root.parent
+        where = f"after seq {root.seq}" if root is not None else "at a trailing-negation deadline"
+        for (guard, query), (n, ev) in self._drops.items():
+            if guard == "depth":
+                why = f"feedback depth limit: query {query!r} derived an event at depth {ev.depth} > max_feedback_depth {self.max_depth}"
+            else:
+                why = f"feedback limit: query {query!r} derived more than max_derived_per_event {self.max_derived} events for one input event"
+            self.dead_letters.report(ev.seq, where, f"{why}; {n} dropped; chain: {chain(ev)}")
+        self._drops.clear()
+
+
+def derived_event(plan: QueryPlan, m: dict, depth: int, parent: Event | None) -> DerivedEvent:
+    """The event a feedback query's match ``m`` feeds back."""
+    emit = m["emit"]
+    ts = m["end"] if plan.trailing is None else m["start"] + plan.window
+    attrs = {k: v for k, v in emit["attrs"].items() if v is not None}
+    sources = [s for ids in m["bindings"].values() for s in ids]
+    return DerivedEvent(emit["type"], ts, attrs, m["id"], m["query"], sources, depth, parent)
+
+
+def chain(ev: Event, keep: int = 4) -> str:
+    """``seq 0 (x) → x 1f…  by q → …``: how ``ev`` was derived, from its input event on."""
+    links: list[str] = []
+    cur: Event | None = ev
+    while isinstance(cur, DerivedEvent):
+        links.append(f"{cur.type} {cur.seq} by {cur.query!r}")
+        cur = cur.parent
+    links.append(f"seq {cur.seq} ({cur.type})" if cur is not None else "deadline")
+    links.reverse()
+    if len(links) > 2 * keep:
+        links = links[:keep] + [f"… {len(links) - 2 * keep} more …"] + links[-keep:]
+    return " → ".join(links)
