@@ -13,7 +13,7 @@ from yfpp.dead_letters import DeadLetters
 from yfpp.engine import Engine
 from yfpp.errors import YfppError
 from yfpp.events import Event
-from yfpp.query_text import load_queries, parse_query
+from yfpp.query_text import load_patterns
 
 RUN_EXAMPLES = """\
 examples:
@@ -121,12 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def build_engine(query_args: Iterable[str], **engine_opts: Any) -> Engine:
     engine = Engine(**engine_opts)
-    for arg in query_args:
-        for name, text, language in load_queries(arg):
-            try:
-                engine.register(parse_query(text, language), name=name)
-            except YfppError as e:
-                raise YfppError(f"query {name!r}: {e}") from e
+    for source, pattern in load_patterns(query_args):
+        with source.blame():
+            engine.register(pattern, name=source.name)
     return engine
 
 

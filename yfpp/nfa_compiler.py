@@ -117,7 +117,14 @@ class QueryPlan:
 
 
 def compile_pattern(pattern: Pattern, name: str | int, xpath_compiler: Callable | None = None) -> QueryPlan:
-    """The NFA^b plan of a validated pattern."""
+    """The NFA^b plan of a validated pattern; a :class:`PatternError` is placed in the pattern's source."""
+    try:
+        return _compile_pattern(pattern, name, xpath_compiler)
+    except PatternError as err:
+        raise pattern.locate(err) from None
+
+
+def _compile_pattern(pattern: Pattern, name: str | int, xpath_compiler: Callable | None) -> QueryPlan:
     specs = structure(pattern)
     scope = make_scope(pattern, specs)
     place_predicates(pattern, specs, scope, xpath_compiler)
@@ -203,7 +210,7 @@ def _iteration_class(expr: Expr, var: str) -> str:
             kinds.add("each")
     if "final" in kinds:
         if "prev" in kinds:
-            raise PatternError(f"a predicate mixes {var}[i-1] with {var}.len / {var}[{var}.len] / {var}[..]")
+            raise PatternError(f"a predicate mixes {var}[i-1] with {var}.len / {var}[{var}.len] / {var}[..]", var=var)
         return "final"
     if "prev" in kinds or {"each", "first"} <= kinds:
         return "take"
