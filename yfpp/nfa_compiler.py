@@ -255,17 +255,22 @@ def place_negations(
     negs: list[NegationPlan] = []
     trailing = None
     positives_before = 0
+    conjuncts_of: dict[str, list[tuple[Expr, bool]]] = {c.var: [] for c in pattern.components if not c.positive}
+    for w in pattern.where:  # a conjunct mentions at most one negated variable (Pattern.validate)
+        vs = variables(w)
+        for v in vs & conjuncts_of.keys():
+            conjuncts_of[v].append((w, vs == {v}))
     for c in pattern.components:
         if c.positive:
             positives_before += 1
             continue
-        own = [w for w in pattern.where if c.var in variables(w)]
+        own = conjuncts_of[c.var]
         place = Place(c.var, "event")
         plan = NegationPlan(
             var=c.var,
             event_type=c.event_type,
-            self_preds=tuple(_compile(w, place, scope, specs, xc) for w in own if variables(w) == {c.var}),
-            cross_preds=tuple(_compile(w, place, scope, specs, xc) for w in own if variables(w) != {c.var}),
+            self_preds=tuple(_compile(w, place, scope, specs, xc) for w, alone in own if alone),
+            cross_preds=tuple(_compile(w, place, scope, specs, xc) for w, alone in own if not alone),
             lower=positives_before - 1,
             upper=positives_before if positives_before < len(specs) else None,
         )
