@@ -34,11 +34,14 @@ def register_error(text: str) -> QueryError:
 
 def test_language_detection_is_linear_in_comments():
     with watchdog(20, "comments"):
-        assert detect_language("/**/ " * 40 + "x") == "sase"  # a word: SASE+ (and an error there)
+        assert detect_language("/**/ " * 40 + "x") == "xpath"
         assert detect_language("/**/ " * 100_000 + "PATTERN SEQ(a x)") == "sase"
+        assert detect_language("/* a comment */ PATERN SEQ(a x)") == "sase"  # for the hint
         assert detect_language("/* " * 100_000) == "xpath"
-        assert detect_language("/*//a") == "xpath"  # XPath: any type, then a
+        assert detect_language("/*//*/a") == "xpath"  # XPath: any type, any type, then a
+        assert detect_language("x") == "sase"  # a word: SASE+ (and an error there)
     register_error("/**/ " * 40 + "x")
+    register_error("/*" * 100_000)
 
 
 @pytest.mark.parametrize(
@@ -231,3 +234,17 @@ def test_query_errors_through_the_console_script_have_no_traceback(tmp_path):
         )  # fmt: skip
         assert proc.returncode == 2 and proc.stderr.startswith("yfpp: error: "), proc.stderr
         assert "Traceback" not in proc.stderr
+
+
+def test_empty_queries_and_unreadable_query_files(tmp_path, capsys):
+    (tmp_path / "blank.sase").write_text("# nothing but a comment\n\n")
+    (tmp_path / "latin1.sase").write_bytes(b"PATTERN SEQ(caf\xe9 a)")
+    for query, message in [
+        ("", "query 'q', line 1, column 1: empty query"),
+        (str(tmp_path / "blank.sase"), f"query 'blank' in {tmp_path / 'blank.sase'}, line 1, column 1: empty query"),
+        (str(tmp_path / "latin1.sase"), f"query file {tmp_path / 'latin1.sase'} is not UTF-8 text (byte 15)"),
+        (str(tmp_path), f"cannot read query file {tmp_path}: Is a directory"),
+        (str(tmp_path / "missing.xpe"), f"query file not found: {tmp_path / 'missing.xpe'}"),
+    ]:
+        code, _, err = run(capsys, "run", "-q", query, "-i", SAMPLE)
+        assert code == 2 and err.splitlines()[0] == f"yfpp: error: {message}", err

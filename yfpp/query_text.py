@@ -11,40 +11,52 @@ Query file format (documented in the README, "Query files"):
 * an error in a query is reported with the file name and the line of the file.
 
 Language: extension ``.sase`` is SASE+, ``.xpe`` extended XPath; otherwise
-the text decides — after whitespace and ``/* comments */``, SASE+ starts with
-a word (``PATTERN``; a misspelt keyword gets a SASE+ hint), extended XPath
-with ``/``, ``[`` or ``<``.
+the text decides — SASE+ starts with a word (``PATTERN``; a misspelt keyword
+gets a SASE+ hint), or with ``/* comments */`` and then ``PATTERN``; extended
+XPath starts with ``/``, ``[`` or ``<``.
 """
 
 from __future__ import annotations
 
+import difflib
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from yfpp.errors import QueryError, YfppError
+from yfpp.errors import QueryError, QuerySyntaxError, YfppError
 from yfpp.pattern import Pattern
 
 _QUERY_LINE = re.compile(r"@query\s+([A-Za-z_][\w.\-]*)\s*$")
 _SPACE = re.compile(r"\s*")
+_WORD = re.compile(r"[A-Za-z_]\w*")
 _SUFFIX_LANGUAGE = {".sase": "sase", ".xpe": "xpath", ".q": None, ".query": None}
 
 
 def detect_language(text: str) -> str:
-    """``"sase"`` or ``"xpath"``, in time linear in the text."""
+    """``"sase"`` or ``"xpath"``, in time linear in the text.
+
+    Text that starts with a word is SASE+.  After a leading ``/*``, which may
+    also begin an XPath path (``/*//a``), SASE+ needs the comments to close and
+    ``PATTERN`` (or a near miss, for the hint) to follow.
+    """
     i = _SPACE.match(text).end()  # type: ignore[union-attr]
+    if not text.startswith("/*", i):
+        return "sase" if i < len(text) and (text[i].isalpha() or text[i] == "_") else "xpath"
     while text.startswith("/*", i):
         end = text.find("*/", i + 2)
         if end < 0:
-            break
+            return "xpath"
         i = _SPACE.match(text, end + 2).end()  # type: ignore[union-attr]
-    return "sase" if i < len(text) and (text[i].isalpha() or text[i] == "_") else "xpath"
+    word = _WORD.match(text, i)
+    return "sase" if word and difflib.get_close_matches(word.group().upper(), ["PATTERN"], cutoff=0.8) else "xpath"
 
 
 def parse_query(text: str, language: str | None = None) -> Pattern:
     """Parse query text in either language into a validated Pattern."""
+    if not text.strip():
+        raise QuerySyntaxError("empty query", text, 1, 1)
     language = language or detect_language(text)
     if language == "sase":
         from yfpp.sase_parser import parse_sase
@@ -116,8 +128,8 @@ def read_query_file(text: str, default_name: str, origin: str | None = None, lan
 
 
 def _source(name: str, lines: list[str], first_line: int, origin: str | None, language: str | None) -> QuerySource:
-    """A query from its lines, leading blank lines dropped (the first kept line is ``first_line``'s count on)."""
-    skip = next((i for i, line in enumerate(lines) if line.strip()), len(lines))
+    """A query from its lines (``lines[0]`` is line ``first_line``), leading blank lines dropped."""
+    skip = next((i for i, line in enumerate(lines) if line.strip()), 0)
     return QuerySource(name, "\n".join(lines[skip:]).rstrip(), language, origin, first_line + skip)
 
 
@@ -153,11 +165,11 @@ def load_patterns(args: Iterable[str]) -> list[tuple[QuerySource, Pattern]]:
 
 
 def _is_query_file(arg: str) -> bool:
-    """An existing file, or (to report it missing) a name with a query-file extension that is no query."""
-    if "\n" in arg:
+    """An existing path, or (to report it missing) a name with a query-file extension that is no query."""
+    if "\n" in arg or not arg.strip():
         return False
     try:
-        if Path(arg).is_file():
+        if Path(arg).exists():
             return True
     except (OSError, ValueError):  # a name too long for the file system, a NUL byte: inline text
         return False
