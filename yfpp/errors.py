@@ -15,7 +15,7 @@ class YfppError(Exception):
 
 
 class QueryError(YfppError):
-    """An error in a query: ``[context ]line L, column C: message``, the source line and a caret.
+    """An error in a query: ``[context, ]line L, column C: message``, the source line and a caret.
 
     ``line``/``column`` are 1-based (``None`` when the error is not tied to
     query text, e.g. a hand-built Pattern); ``var`` names the pattern variable

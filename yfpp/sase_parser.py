@@ -88,7 +88,7 @@ def parse_sase(text: str) -> Pattern:
         raise _syntax_error(e, text) from None
     deep = deepest(tree, lambda t: [c for c in t.children if isinstance(c, Tree)])
     if deep is not None:
-        raise too_deep(text, deep.meta.line, deep.meta.column)
+        raise too_deep(text, *((1, 1) if deep.meta.empty else (deep.meta.line, deep.meta.column)))
     builder = _Builder(text)
     try:
         pattern: Pattern = builder.transform(tree)
@@ -133,17 +133,17 @@ def _syntax_error(e: UnexpectedInput, text: str) -> QuerySyntaxError:
     return QuerySyntaxError(message, text, token.line, token.column, expected)
 
 
-_CALLS = ["SEQ", *_STRATEGIES, *sorted(AGGREGATE_FUNCS)]
+_CALLS = {c.lower(): c for c in ["SEQ", *_STRATEGIES, *sorted(AGGREGATE_FUNCS)]}
 _CALL = re.compile(r"([A-Za-z_]\w*)\s*\(")
 
 
 def _call_hint(before: str) -> str:
     """`` (did you mean skip_till_next_match?)`` when the last ``name(`` before an error misspells SEQ, a strategy or an aggregate."""
-    names = [m.group(1) for m in _CALL.finditer(before)]
-    if not names or names[-1].lower() in {c.lower() for c in _CALLS}:
+    names = _CALL.findall(before)
+    if not names or names[-1].lower() in _CALLS:
         return ""
-    guess = difflib.get_close_matches(names[-1].lower(), [c.lower() for c in _CALLS], n=1, cutoff=0.75)
-    return f" (did you mean {_CALLS[[c.lower() for c in _CALLS].index(guess[0])]}?)" if guess else ""
+    guess = difflib.get_close_matches(names[-1].lower(), list(_CALLS), n=1, cutoff=0.75)
+    return f" (did you mean {_CALLS[guess[0]]}?)" if guess else ""
 
 
 def _error(text: str, token: Token | Tree, message: str) -> PatternError:
