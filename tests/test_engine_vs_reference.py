@@ -81,7 +81,7 @@ def _negations_in_a_row(p) -> bool:
     return any(not a.positive and not b.positive for a, b in zip(p.components, p.components[1:]))
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 @given(patterns().filter(_negations_in_a_row), streams(max_events=12))
 def test_consecutive_negations_match_reference(pattern, events):
     check([pattern], events)
