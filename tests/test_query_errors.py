@@ -14,7 +14,7 @@ from tests.test_query_fuzz import watchdog
 from yfpp.cli import main
 from yfpp.engine import Engine
 from yfpp.errors import PatternError, QueryError, QuerySyntaxError
-from yfpp.query_limits import MAX_COMPONENTS, MAX_NESTING
+from yfpp.query_limits import MAX_COMPONENTS, MAX_NESTING, MAX_QUERY_CHARS
 from yfpp.query_text import detect_language, load_queries
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -120,6 +120,11 @@ def test_consecutive_negations_are_accepted():
     Engine().register("PATTERN SEQ(A a, ~B b, ~C c, D d)")
     Engine().register("PATTERN SEQ(A a, ~B b, ~C c) WITHIN 5")
     Engine().register("//a//!b//!c//d")
+
+
+def test_text_size_cap():
+    err = register_error("//a//b" + " " * MAX_QUERY_CHARS)
+    assert f"the limit is {MAX_QUERY_CHARS:,}" in err.message
 
 
 def test_component_cap():
