@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from yfpp.engine import Engine
-from yfpp.errors import QueryError
+from yfpp.errors import QueryError, YfppError
 from yfpp.query_text import read_query_file
 
 QUERIES = Path(__file__).resolve().parent.parent / "queries"
@@ -148,3 +148,23 @@ def test_mutated_queries_raise_only_positioned_query_errors(text):
 @given(st.one_of(generated_sase(), generated_xpath()))
 def test_generated_queries_raise_only_positioned_query_errors(text):
     check_query(text)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(mutated(), st.integers(0, 3))
+def test_errors_in_query_files_point_at_the_file_line(text, pad):
+    """The line an error names in a query file is the file's line that it shows."""
+    file_text = "# header\n" * pad + "@query one\nPATTERN SEQ(a x)\n\n@query two\n" + text + "\n"
+    try:
+        sources = read_query_file(file_text, "f", origin="f.sase")
+    except YfppError:
+        return  # the mutation wrote a bad '@query' line: a file-level error
+    lines = file_text.split("\n")
+    for q in sources:
+        try:
+            with watchdog(20, q.text):
+                q.parse()
+        except QueryError as err:
+            assert err.line is not None and str(err).startswith(f"query {q.name!r} in f.sase, line {err.line}, ")
+            if not lines[err.line - 1].lstrip().startswith("#"):  # comment lines are blanked in the query
+                assert err.source_line.rstrip() == lines[err.line - 1].rstrip(), (file_text, str(err))
