@@ -39,7 +39,7 @@ from typing import Any
 from yfpp.dead_letters import DeadLetters
 from yfpp.engine import Engine
 from yfpp.generate import generate_rfid, write_events
-from yfpp.query_text import load_queries, parse_query
+from yfpp.query_text import load_patterns
 from yfpp.readers import read_events
 
 DATA = Path(tempfile.gettempdir()) / "yfpp_spark_bench"  # large: kept out of the repository
@@ -51,7 +51,7 @@ SHOPLIFTING = Path(__file__).resolve().parent.parent / "queries" / "shoplifting.
 
 def queries(q: int, workload: str = "subscriptions") -> list[tuple[str, Any]]:
     if workload == "shoplifting":
-        return [(name, parse_query(text, language)) for name, text, language in load_queries(str(SHOPLIFTING))]
+        return [(q.name, pattern) for q, pattern in load_patterns([str(SHOPLIFTING)])]
     return [(f"s{k}", f"[tag_id]&&//shelf[@zone='Z{k}']//exit[@door='D{k}']&&(1 hour)") for k in range(1, q + 1)]
 
 

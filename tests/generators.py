@@ -106,9 +106,10 @@ def patterns(draw, allow_negation: bool = True, max_positives: int = 3) -> Patte
     positives: list[Component] = []
     for i in range(n_pos):
         if i > 0 and allow_negation and draw(st.integers(0, 3)) == 0:
-            n = Component(f"n{i}", draw(st.sampled_from(TYPES)), Kind.NEGATED)
-            comps.append(n)
-            where += _negation_preds(draw, n.var, positives[-1], None)
+            for j in range(draw(st.sampled_from([1, 1, 2]))):  # negations may stand in a row
+                n = Component(f"n{i}" + "b" * j, draw(st.sampled_from(TYPES)), Kind.NEGATED)
+                comps.append(n)
+                where += _negation_preds(draw, n.var, positives[-1], None)
         kind = draw(st.sampled_from([Kind.SINGLE, Kind.SINGLE, Kind.KLEENE]))
         contig = draw(st.sampled_from(CONTIGUITIES)) if mixed else strategy
         inner = draw(st.sampled_from(CONTIGUITIES)) if mixed and kind is Kind.KLEENE else None
@@ -120,8 +121,9 @@ def patterns(draw, allow_negation: bool = True, max_positives: int = 3) -> Patte
         positives.append(c)
     trailing = allow_negation and window is not None and draw(st.integers(0, 4)) == 0
     if trailing:
-        n = Component("nt", draw(st.sampled_from(TYPES)), Kind.NEGATED)
-        comps.append(n)
-        where += _negation_preds(draw, n.var, positives[-1], None)
+        for j in range(draw(st.sampled_from([1, 1, 2]))):
+            n = Component("nt" + "b" * j, draw(st.sampled_from(TYPES)), Kind.NEGATED)
+            comps.append(n)
+            where += _negation_preds(draw, n.var, positives[-1], None)
     policy = "all" if trailing else draw(st.sampled_from(["all", "all", "non_overlapping"]))
     return Pattern(tuple(comps), tuple(where), ("k",) if keyed else (), window, policy).validate()

@@ -75,3 +75,24 @@ def test_trailing_negation_emits_when_deadline_passes():
     out = eng.advance_time(10.5)
     assert [m["bindings"] for m in out] == [{"a": [0]}]
     assert eng.flush() == []
+
+
+def _negations_in_a_row(p) -> bool:
+    return any(not a.positive and not b.positive for a, b in zip(p.components, p.components[1:]))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(patterns().filter(_negations_in_a_row), streams(max_events=12))
+def test_consecutive_negations_match_reference(pattern, events):
+    check([pattern], events)
+
+
+def test_consecutive_negations_in_both_languages():
+    """SPEC §2.3: no B and no C between a and d (SASE+ `~B b, ~C c`, XPath `!B//!C`)."""
+    feed = [("A", 0), ("B", 1), ("D", 2), ("A", 3), ("C", 4), ("D", 5), ("A", 6), ("X", 7), ("D", 8)]
+    events = [Event(t, ts, {}, seq) for seq, (t, ts) in enumerate(feed)]
+    for text in ("PATTERN SEQ(A a, ~B b, ~C c, D d)", "//A//!B//!C//D"):
+        eng = Engine()
+        eng.register(text, name="q")
+        got = [list(m["bindings"].values()) for m in eng.process_all(Event(e.type, e.ts, {}, e.seq) for e in events)]
+        assert got == [[[6], [8]]], text

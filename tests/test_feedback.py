@@ -40,8 +40,8 @@ def dead(sink: io.StringIO) -> list[dict]:
 
 def test_count_example_fires_at_the_51st_shelf_with_total_51():
     eng, sink = engine(full_events=True)
-    for name, text, _ in load_queries(str(ROOT / "queries/count.xpe")):
-        eng.register(text, name=name)
+    for q in load_queries([str(ROOT / "queries/count.xpe")]):
+        eng.register(q.text, name=q.name)
     events = list(read_events(str(ROOT / "yfpp/data/count_shelves.xml"), dead_letters=DeadLetters()))
     assert events[0].type == "count" and events[0].attrs == {"total": 0}
     first = None

@@ -59,8 +59,8 @@ def test_shuffled_feed_within_max_delay_gives_the_sorted_feeds_matches(data, pat
 def test_negation_uses_stream_order_not_arrival():
     # the repro: register arrives first but has a later ts than the shelf
     eng = Engine(max_delay=5)
-    [(_, text, _)] = load_queries(str(ROOT / "queries/shoplifting.sase"))
-    eng.register(text, name="shop")
+    [q] = load_queries([str(ROOT / "queries/shoplifting.sase")])
+    eng.register(q.text, name="shop")
     feed = [{"type": "register", "ts": 2, "tag_id": 7}, {"type": "shelf", "ts": 1, "tag_id": 7}, {"type": "exit", "ts": 3, "tag_id": 7}]
     assert [m for r in feed for m in eng.process(r)] + eng.flush() == []
 

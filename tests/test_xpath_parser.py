@@ -8,7 +8,7 @@ import pytest
 
 from xpath_ext.parser import parse_xpath
 from yfpp.errors import PatternError, QuerySyntaxError
-from yfpp.pattern import And, Component, Contiguity, Kind, Or, Pattern, XPathTest
+from yfpp.pattern import Component, Contiguity, Kind, Pattern, XPathTest
 from yfpp.query_text import split_query_file
 
 ANY = Contiguity.SKIP_TILL_ANY
@@ -65,13 +65,15 @@ def test_negated_step_predicates_and_names() -> None:
     assert p.where == (XPathTest("n1", "@x='1'"),)
 
 
-def test_consecutive_negations_merge() -> None:
+def test_consecutive_negations_are_consecutive_components() -> None:
     p = parse_xpath("//a//!b//!c[@x]//d")
-    assert p.components == (single("e1", "a", ANY), Component("n1", None, Kind.NEGATED, ANY), single("e2", "d", ANY))
-    assert p.where == (
-        Or((XPathTest("n1", "local-name() = 'b'"), And((XPathTest("n1", "local-name() = 'c'"), XPathTest("n1", "@x"))))),
+    assert p.components == (
+        single("e1", "a", ANY),
+        Component("n1", "b", Kind.NEGATED, ANY),
+        Component("n2", "c", Kind.NEGATED, ANY),
+        single("e2", "d", ANY),
     )
-    assert parse_xpath("//a//!b//!*//d").where == ()
+    assert p.where == (XPathTest("n2", "@x"),)
 
 
 def test_predicate_text_is_kept_raw() -> None:

@@ -15,9 +15,7 @@
 - ``name+`` is Kleene, its iterations joined by the step's axis too.
 - Each ``[…]`` after a step is one :class:`XPathTest` conjunct in ``where``.
 - Consecutive negated steps (``//b//!c//!d//e``: no c and no d between b and
-  e) merge into one negated component of any type whose ``where`` conjunct is
-  the disjunction of the steps' tests, the type test written as
-  ``local-name() = 'c'`` (SPEC §2 allows no two negations in a row).
+  e) are consecutive negated components, as in SASE+.
 - A trailing axis (``//shelf-sensor//``, the paper's Table 1 row A) adds
   nothing.
 - ``=> type(name = expr, …) [feedback]`` last: the result event, the SASE+
@@ -36,7 +34,8 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 
 from xpath_ext.xpath_predicates import error_location, parse_expression
 from yfpp.errors import QuerySyntaxError
-from yfpp.pattern import And, Component, Contiguity, Emit, Expr, Kind, Or, Pattern, XPathTest
+from yfpp.pattern import Component, Contiguity, Emit, Expr, Kind, Pattern, XPathTest
+from yfpp.query_limits import check_text, deepest, finite_number, finite_window, line_column, too_deep
 from yfpp.sase_parser import parse_result
 from yfpp.units import UNIT_SECONDS, window_seconds
 
@@ -57,10 +56,13 @@ class _Step:
     event_type: str | None
     kleene: bool
     predicates: tuple[str, ...]
+    line: int
+    column: int
 
 
 def parse_xpath(text: str) -> Pattern:
     """Parse and compile an extended-XPath query; raise QuerySyntaxError or PatternError."""
+    check_text(text)
     try:
         tree = _LARK.parse(text)
     except UnexpectedInput as err:
@@ -84,11 +86,12 @@ def parse_xpath(text: str) -> Pattern:
 
 def _window(tree: Tree, text: str) -> float:
     number, unit = tree.children
+    value = finite_number(number, text, number.line, number.column)
     if unit is None:
-        return float(number)
+        return float(value)
     if unit.lower() not in UNIT_SECONDS:
         _fail(f"unknown time unit {str(unit)!r}", text, unit, [repr(u) for u in UNIT_SECONDS] + ["')'"])
-    return window_seconds(number, unit)
+    return finite_window(window_seconds(number, unit), text, number.line, number.column)
 
 
 def _step(tree: Tree, text: str) -> _Step:
@@ -109,19 +112,29 @@ def _step(tree: Tree, text: str) -> _Step:
         event_type=None if name.type == "STAR" else str(name),
         kleene=bool(plus),
         predicates=predicates,
+        line=axis.children[0].line,
+        column=axis.children[0].column,
     )
 
 
 def _check_predicate(tok: Token, text: str) -> str:
     """The XPath text inside ``[…]``; its syntax errors are located in ``text``."""
     source = tok.value[1:-1]
+
+    def position(line: int, column: int) -> tuple[int, int]:
+        lines = source.split("\n")
+        return line_column(text, tok.start_pos + 1 + sum(len(s) + 1 for s in lines[: line - 1]) + column - 1)
+
     try:
-        parse_expression(source)
+        token = parse_expression(source)
     except ElementPathError as err:
         message, line, column = error_location(err)
-        lines = source.split("\n")
-        offset = tok.start_pos + 1 + sum(len(s) + 1 for s in lines[: line - 1]) + column - 1
-        raise QuerySyntaxError(f"invalid XPath predicate: {message}", text, *_line_column(text, offset)) from None
+        raise QuerySyntaxError(f"invalid XPath predicate: {message}", text, *position(line, column)) from None
+    except RecursionError:
+        raise too_deep(text, tok.line, tok.column) from None
+    deep = deepest(token, list)
+    if deep is not None:
+        raise too_deep(text, *position(*deep.position))
     return source
 
 
@@ -129,57 +142,21 @@ def _compile(steps: list[_Step], partition_by: tuple[str, ...], window: float | 
     slash = Contiguity.PARTITION if partition_by else Contiguity.STRICT
     components: list[Component] = []
     where: list[Expr] = []
-    negated: list[_Step] = []
-
-    def contiguity(step: _Step) -> Contiguity:
-        return Contiguity.SKIP_TILL_ANY if step.axis == "//" else slash
-
-    def flush_negated() -> None:
-        if not negated:
-            return
-        var = f"n{sum(not c.positive for c in components) + 1}"
-        first = negated[0]
-        if len(negated) == 1:
-            components.append(Component(var, first.event_type, Kind.NEGATED, contiguity(first)))
-            where.extend(XPathTest(var, p) for p in first.predicates)
-        else:
-            components.append(Component(var, None, Kind.NEGATED, contiguity(first)))
-            alternatives = [_alternative(var, step) for step in negated]
-            if all(alternatives):
-                where.append(Or(tuple(_conjunction(a) for a in alternatives)))
-        negated.clear()
-
+    positions: list[tuple[str, int, int]] = []
+    counts = {True: 0, False: 0}  # positive / negated components so far
     for step in steps:
+        c = Contiguity.SKIP_TILL_ANY if step.axis == "//" else slash
+        counts[not step.negated] += 1
+        var = f"n{counts[False]}" if step.negated else f"e{counts[True]}"
         if step.negated:
-            negated.append(step)
-            continue
-        flush_negated()
-        var = f"e{sum(c.positive for c in components) + 1}"
-        c = contiguity(step)
-        if step.kleene:
+            components.append(Component(var, step.event_type, Kind.NEGATED, c))
+        elif step.kleene:
             components.append(Component(var, step.event_type, Kind.KLEENE, c, inner_contiguity=c))
         else:
             components.append(Component(var, step.event_type, Kind.SINGLE, c))
         where.extend(XPathTest(var, p) for p in step.predicates)
-    flush_negated()
-    return Pattern(tuple(components), tuple(where), partition_by, window, "all", source=text)
-
-
-def _alternative(var: str, step: _Step) -> list[Expr]:
-    """The tests one merged negated step puts on the event (empty: any event)."""
-    tests: list[Expr] = [XPathTest(var, p) for p in step.predicates]
-    if step.event_type is not None:
-        tests.insert(0, XPathTest(var, f"local-name() = '{step.event_type}'"))
-    return tests
-
-
-def _conjunction(tests: list[Expr]) -> Expr:
-    return tests[0] if len(tests) == 1 else And(tuple(tests))
-
-
-def _line_column(text: str, offset: int) -> tuple[int, int]:
-    line = text.count("\n", 0, offset) + 1
-    return line, offset - (text.rfind("\n", 0, offset) + 1) + 1
+        positions.append((var, step.line, step.column))
+    return Pattern(tuple(components), tuple(where), partition_by, window, "all", source=text, positions=tuple(positions))
 
 
 def _fail(message: str, text: str, tok: Token, expected: list[str] | None = None) -> NoReturn:
@@ -200,7 +177,7 @@ def _syntax_error(err: UnexpectedInput, text: str) -> QuerySyntaxError:
     if found == "'['" and "PREDICATE" in expected:
         found += " (an unbalanced '[' or an unclosed quote in a predicate?)"
     if found == "end of query" or err.line is None or err.line < 1:
-        line, column = _line_column(text, len(text))
+        line, column = line_column(text, len(text))
     else:
         line, column = err.line, err.column
     return QuerySyntaxError(f"unexpected {found}", text, line, column, [_TERMINALS.get(t, t) for t in expected])

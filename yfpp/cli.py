@@ -15,7 +15,7 @@ from yfpp.errors import InputError, YfppError
 from yfpp.events import Event
 from yfpp.feedback import MAX_DEPTH as MAX_FEEDBACK_DEPTH
 from yfpp.feedback import MAX_DERIVED
-from yfpp.query_text import load_queries, parse_query
+from yfpp.query_text import load_patterns
 from yfpp.record_fields import MAX_DEPTH, MAX_RECORD_BYTES
 
 RUN_EXAMPLES = """\
@@ -152,16 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def build_engine(query_args: Iterable[str], **engine_opts: Any) -> Engine:
     engine = Engine(**engine_opts)
-    taken: dict[str, int] = {}
-    for arg in query_args:
-        for name, text, language in load_queries(arg):
-            taken[name] = taken.get(name, 0) + 1
-            if taken[name] > 1:  # two inline queries are both "q": the second is "q#2"
-                name = f"{name}#{taken[name]}"
-            try:
-                engine.register(parse_query(text, language), name=name)
-            except YfppError as e:
-                raise YfppError(f"query {name!r}: {e}") from e
+    for source, pattern in load_patterns(query_args):
+        with source.blame():
+            engine.register(pattern, name=source.name)
     return engine
 
 

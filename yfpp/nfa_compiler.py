@@ -117,7 +117,14 @@ class QueryPlan:
 
 
 def compile_pattern(pattern: Pattern, name: str | int, xpath_compiler: Callable | None = None) -> QueryPlan:
-    """The NFA^b plan of a validated pattern."""
+    """The NFA^b plan of a validated pattern; a :class:`PatternError` is placed in the pattern's source."""
+    try:
+        return _compile_pattern(pattern, name, xpath_compiler)
+    except PatternError as err:
+        raise pattern.locate(err) from None
+
+
+def _compile_pattern(pattern: Pattern, name: str | int, xpath_compiler: Callable | None) -> QueryPlan:
     specs = structure(pattern)
     scope = make_scope(pattern, specs)
     place_predicates(pattern, specs, scope, xpath_compiler)
@@ -203,7 +210,7 @@ def _iteration_class(expr: Expr, var: str) -> str:
             kinds.add("each")
     if "final" in kinds:
         if "prev" in kinds:
-            raise PatternError(f"a predicate mixes {var}[i-1] with {var}.len / {var}[{var}.len] / {var}[..]")
+            raise PatternError(f"a predicate mixes {var}[i-1] with {var}.len / {var}[{var}.len] / {var}[..]", var=var)
         return "final"
     if "prev" in kinds or {"each", "first"} <= kinds:
         return "take"
@@ -248,17 +255,22 @@ def place_negations(
     negs: list[NegationPlan] = []
     trailing = None
     positives_before = 0
+    conjuncts_of: dict[str, list[tuple[Expr, bool]]] = {c.var: [] for c in pattern.components if not c.positive}
+    for w in pattern.where:  # a conjunct mentions at most one negated variable (Pattern.validate)
+        vs = variables(w)
+        for v in vs & conjuncts_of.keys():
+            conjuncts_of[v].append((w, vs == {v}))
     for c in pattern.components:
         if c.positive:
             positives_before += 1
             continue
-        own = [w for w in pattern.where if c.var in variables(w)]
+        own = conjuncts_of[c.var]
         place = Place(c.var, "event")
         plan = NegationPlan(
             var=c.var,
             event_type=c.event_type,
-            self_preds=tuple(_compile(w, place, scope, specs, xc) for w in own if variables(w) == {c.var}),
-            cross_preds=tuple(_compile(w, place, scope, specs, xc) for w in own if variables(w) != {c.var}),
+            self_preds=tuple(_compile(w, place, scope, specs, xc) for w, alone in own if alone),
+            cross_preds=tuple(_compile(w, place, scope, specs, xc) for w, alone in own if not alone),
             lower=positives_before - 1,
             upper=positives_before if positives_before < len(specs) else None,
         )

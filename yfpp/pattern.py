@@ -13,6 +13,7 @@ from enum import Enum
 from typing import Any, Union
 
 from yfpp.errors import PatternError
+from yfpp.query_limits import MAX_COMPONENTS, line_column
 
 
 class Contiguity(str, Enum):
@@ -206,6 +207,8 @@ class Pattern:
     emit: Emit | None = None
     feedback: bool = False  # the RETURN event is fed back into the engine's stream (yfpp.feedback)
     source: str = field(default="", compare=False)
+    #: ``(var, line, column)``: where each component is written in ``source``
+    positions: tuple[tuple[str, int, int], ...] = field(default=(), compare=False)
 
     @property
     def positives(self) -> tuple[Component, ...]:
@@ -218,9 +221,21 @@ class Pattern:
         raise PatternError(f"unknown variable {var!r}")
 
     def validate(self) -> "Pattern":
-        """Check the structural rules of SPEC §2; raise :class:`PatternError`."""
-        validate(self)
+        """Check the structural rules of SPEC §2; raise :class:`PatternError` (placed in ``source``)."""
+        try:
+            validate(self)
+        except PatternError as err:
+            raise self.locate(err) from None
         return self
+
+    def locate(self, err: PatternError) -> PatternError:
+        """``err`` placed in ``source``: at the component it is about, else where the query starts."""
+        if err.line is not None or not self.source.strip():
+            return err
+        where = {var: (line, column) for var, line, column in self.positions}
+        if err.var in where:
+            return err.at(self.source, *where[err.var])
+        return err.at(self.source, *line_column(self.source, len(self.source) - len(self.source.lstrip())))
 
 
 POLICIES = ("all", "non_overlapping")
@@ -229,56 +244,59 @@ POLICIES = ("all", "non_overlapping")
 def validate(p: Pattern) -> None:
     if not p.components:
         raise PatternError("a pattern needs at least one component")
-    seen: set[str] = set()
-    for c in p.components:
-        if c.var in seen:
-            raise PatternError(f"variable {c.var!r} is declared twice")
-        seen.add(c.var)
-    if not p.components[0].positive:
+    if len(p.components) > MAX_COMPONENTS:
         raise PatternError(
-            f"leading negation ~{p.components[0].var} is not supported: a pattern must start with a positive component"
+            f"a pattern has at most {MAX_COMPONENTS:,} components, this one {len(p.components):,}",
+            var=p.components[MAX_COMPONENTS].var,
         )
-    if not p.positives:
-        raise PatternError("a pattern needs at least one positive component")
-    for a, b in zip(p.components, p.components[1:]):
-        if not a.positive and not b.positive:
-            raise PatternError(f"two negations in a row (~{a.var}, ~{b.var}): merge them into one")
-    if not p.components[-1].positive:
+    by_var: dict[str, Component] = {}
+    for c in p.components:
+        if c.var in by_var:
+            raise PatternError(f"variable {c.var!r} is declared twice", var=c.var)
+        by_var[c.var] = c
+    first, last = p.components[0], p.components[-1]
+    if not first.positive:
+        raise PatternError(
+            f"leading negation ~{first.var} is not supported: a pattern must start with a positive component",
+            var=first.var,
+        )
+    if not last.positive:
         if p.window is None:
             raise PatternError(
-                f"trailing negation ~{p.components[-1].var} needs a window (WITHIN): without one it could never be decided"
+                f"trailing negation ~{last.var} needs a window (WITHIN): without one it could never be decided",
+                var=last.var,
             )
         if p.policy == "non_overlapping":
-            raise PatternError("a trailing negation cannot be combined with the non_overlapping policy")
+            raise PatternError("a trailing negation cannot be combined with the non_overlapping policy", var=last.var)
     if p.policy not in POLICIES:
         raise PatternError(f"unknown output policy {p.policy!r} (expected one of {', '.join(POLICIES)})")
-    if p.window is not None and p.window < 0:
+    if p.window is not None and not p.window >= 0:
         raise PatternError("the window must not be negative")
     kleene = {c.var for c in p.components if c.kind is Kind.KLEENE}
-    order = {c.var: i for i, c in enumerate(p.components)}
     exprs = list(p.where) + ([e for _, e in p.emit.attrs] if p.emit else [])
     for expr in exprs:
         for node in walk(expr):
             if isinstance(node, (Ref, Length, Aggregate, XPathTest)):
-                if node.var not in order:
+                if node.var not in by_var:
                     raise PatternError(f"unknown variable {node.var!r} in predicate")
             if isinstance(node, Ref) and node.index is not Index.EACH and node.var not in kleene:
                 raise PatternError(
-                    f"{node.var}[…] indexes a single-event variable: only Kleene variables (declared with +) have iterations"
+                    f"{node.var}[…] indexes a single-event variable: only Kleene variables (declared with +) have iterations",
+                    var=node.var,
                 )
             if isinstance(node, (Length, Aggregate)) and node.var not in kleene:
                 what = f"{node.var}.len" if isinstance(node, Length) else f"{node.func}({node.var}[..])"
-                raise PatternError(f"{what} needs a Kleene variable; {node.var!r} binds a single event")
+                raise PatternError(f"{what} needs a Kleene variable; {node.var!r} binds a single event", var=node.var)
             if isinstance(node, Aggregate) and node.func not in AGGREGATE_FUNCS:
-                raise PatternError(f"unknown aggregate {node.func!r}")
+                raise PatternError(f"unknown aggregate {node.func!r}", var=node.var)
     for expr in p.where:
-        negs = [v for v in variables(expr) if not p.component(v).positive]
+        negs = sorted(v for v in variables(expr) if not by_var[v].positive)
         if len(negs) > 1:
-            raise PatternError(f"a predicate may mention one negated variable, not {sorted(negs)}")
+            raise PatternError(f"a predicate may mention one negated variable, not {negs}", var=negs[1])
     if p.feedback and p.emit is None:
         raise PatternError("a feedback query needs a result event: RETURN type(…) in SASE+, => type(…) in extended XPath")
     if p.emit:
         for name, expr in p.emit.attrs:
-            for v in variables(expr):
-                if not p.component(v).positive:
-                    raise PatternError(f"RETURN attribute {name!r} refers to negated variable {v!r}")
+            for v in sorted(variables(expr)):
+                if not by_var[v].positive:
+                    raise PatternError(f"RETURN attribute {name!r} refers to negated variable {v!r}", var=v)

@@ -343,9 +343,9 @@ class _Compiler:
                 return lambda ev, vec: vec[slot].last if vec[slot] is not None else None
             if index is Index.FIRST:
                 return lambda ev, vec: vec[slot].first if vec[slot] is not None else ev
-            raise PatternError(f"{var}[{var}.len] cannot be used while {var} is still taking events")
+            raise PatternError(f"{var}[{var}.len] cannot be used while {var} is still taking events", var=var)
         if var not in self.scope.slot_of:
-            raise PatternError(f"{var!r} is not bound where this predicate is checked")
+            raise PatternError(f"{var!r} is not bound where this predicate is checked", var=var)
         slot = self.scope.slot_of[var]
         if var not in self.scope.kleene:
             return lambda ev, vec: vec[slot]
@@ -353,7 +353,7 @@ class _Compiler:
             return lambda ev, vec: vec[slot].first
         if index is Index.LAST:
             return lambda ev, vec: vec[slot].last
-        raise PatternError(f"{var}[i-1] is only meaningful inside {var}'s own iterations")
+        raise PatternError(f"{var}[i-1] is only meaningful inside {var}'s own iterations", var=var)
 
     def _aggregate(self, a: Aggregate) -> Getter:
         slot = self.scope.slot_of[a.var]
@@ -361,9 +361,9 @@ class _Compiler:
         func = a.func
         own_iter = self.place.mode == "iter" and self.place.current == a.var
         if a.upto_prev and not own_iter:
-            raise PatternError(f"{a.func}({a.var}[..i-1].{a.attr}) is only meaningful inside {a.var}'s iterations")
+            raise PatternError(f"{a.func}({a.var}[..i-1].{a.attr}) is only meaningful inside {a.var}'s iterations", var=a.var)
         if not a.upto_prev and own_iter:
-            raise PatternError(f"{a.func}({a.var}[..].{a.attr}) needs all of {a.var}: use it after {a.var}")
+            raise PatternError(f"{a.func}({a.var}[..].{a.attr}) needs all of {a.var}: use it after {a.var}", var=a.var)
 
         def get(ev, vec):
             ks = vec[slot]

@@ -339,11 +339,13 @@ class Reference:
         for i, n in enumerate(comps):
             if n.kind is not Kind.NEGATED:
                 continue
-            before = binds[comps[i - 1].var]
+            # its neighbours are the nearest positive components (negations may stand in a row)
+            before = next(binds[c.var] for c in reversed(comps[:i]) if c.kind is not Kind.NEGATED)
+            after = next((binds[c.var] for c in comps[i + 1 :] if c.kind is not Kind.NEGATED), None)
             lo = max(e.seq for e in before)
             all_seqs = [e.seq for es in binds.values() for e in es]
-            if i + 1 < len(comps):
-                hi = min(e.seq for e in binds[comps[i + 1].var])
+            if after is not None:
+                hi = min(e.seq for e in after)
                 cand = [x for x in events if lo < x.seq < hi]
             else:
                 first_ts = min(e.ts for es in binds.values() for e in es)

@@ -52,6 +52,7 @@ from yfpp.pattern import (
     conjuncts,
     walk,
 )
+from yfpp.query_limits import check_text, deepest, finite_number, finite_window, too_deep
 from yfpp.units import window_seconds
 
 _PARSER = Lark(
@@ -83,17 +84,19 @@ def parse_sase(text: str) -> Pattern:
     Raises :class:`QuerySyntaxError` for text that does not parse and
     :class:`PatternError` for a well-formed but invalid pattern.
     """
+    check_text(text)
     try:
         tree = _PARSER.parse(text, start="start")
     except UnexpectedInput as e:
         raise _syntax_error(e, text) from None
-    builder = _Builder()
+    _check_depth(tree, text)
+    builder = _Builder(text)
     try:
         pattern: Pattern = builder.transform(tree)
     except VisitError as e:
         raise e.orig_exc from None
-    _check_uses(pattern, builder.uses)
-    return replace(pattern, source=text).validate()
+    _check_uses(pattern, builder.uses, text)
+    return replace(pattern, source=text, positions=tuple(builder.positions)).validate()
 
 
 def parse_result(text: str, offset: int = 0) -> tuple[Emit, bool]:
@@ -108,10 +111,18 @@ def parse_result(text: str, offset: int = 0) -> tuple[Emit, bool]:
         tree = _PARSER.parse(padded, start="result")
     except UnexpectedInput as e:
         raise _syntax_error(e, text) from None
+    _check_depth(tree, text)
     try:
-        return _Builder().transform(tree)
+        return _Builder(text).transform(tree)
     except VisitError as e:
         raise e.orig_exc from None
+
+
+def _check_depth(tree: Tree, text: str) -> None:
+    """A parse tree nested over the cap is a positioned syntax error (not a RecursionError later)."""
+    deep = deepest(tree, lambda t: [c for c in t.children if isinstance(c, Tree)])
+    if deep is not None:
+        raise too_deep(text, *((1, 1) if deep.meta.empty else (deep.meta.line, deep.meta.column)))
 
 
 # --- errors ----------------------------------------------------------------
@@ -144,13 +155,28 @@ def _syntax_error(e: UnexpectedInput, text: str) -> QuerySyntaxError:
     guess = difflib.get_close_matches(token.value.upper(), [k.upper() for k in keywords], n=1)
     if token.type == "NAME" and guess:
         message += f" (did you mean {guess[0]}?)"
+    else:
+        message += _call_hint(text[: token.end_pos or len(text)])
     return QuerySyntaxError(message, text, token.line, token.column, expected)
 
 
-def _error(token: Token | Tree, message: str) -> PatternError:
-    """A :class:`PatternError` that says where (``token`` may be a tree with positions)."""
+_CALLS = {c.lower(): c for c in ["SEQ", *_STRATEGIES, *sorted(AGGREGATE_FUNCS)]}
+_CALL = re.compile(r"([A-Za-z_]\w*)\s*\(")
+
+
+def _call_hint(before: str) -> str:
+    """`` (did you mean skip_till_next_match?)`` when the last ``name(`` before an error misspells SEQ, a strategy or an aggregate."""
+    names = _CALL.findall(before)
+    if not names or names[-1].lower() in _CALLS:
+        return ""
+    guess = difflib.get_close_matches(names[-1].lower(), list(_CALLS), n=1, cutoff=0.75)
+    return f" (did you mean {_CALLS[guess[0]]}?)" if guess else ""
+
+
+def _error(text: str, token: Token | Tree, message: str) -> PatternError:
+    """A :class:`PatternError` placed at ``token`` (or a tree with positions) in ``text``."""
     where = token if isinstance(token, Token) else token.meta
-    return PatternError(f"line {where.line}, column {where.column}: {message}")
+    return PatternError(message, text, where.line, where.column)
 
 
 # --- tree → IR -------------------------------------------------------------
@@ -169,17 +195,15 @@ class _Equiv:
     token: Token
 
 
-def _number(text: str) -> int | float:
-    return int(text) if text.isdigit() else float(text)
-
-
 @v_args(inline=True)
 class _Builder(Transformer[Token, Pattern]):
     """Builds the IR; ``uses`` records where each variable reference was written."""
 
-    def __init__(self) -> None:
+    def __init__(self, text: str) -> None:
         super().__init__()
+        self.text = text
         self.uses: list[tuple[Ref | Length | Aggregate, Token, bool]] = []
+        self.positions: list[tuple[str, int, int]] = []  # where each component's variable is written
 
     def _use(self, node: Any, var: Token, indexed: bool = False) -> Any:
         self.uses.append((node, var, indexed))
@@ -196,7 +220,7 @@ class _Builder(Transformer[Token, Pattern]):
     ) -> Pattern:
         emit, feedback = emit or (None, False)
         strategies, body = where or ([], None)
-        components = _apply_strategies(components, strategies)
+        components = _apply_strategies(components, strategies, self.text)
         partition_by: list[str] = []
         preds: list[Expr] = []
         for conjunct in conjuncts(body) if body is not None else []:
@@ -204,7 +228,7 @@ class _Builder(Transformer[Token, Pattern]):
                 partition_by += [a for a in conjunct.attrs if a not in partition_by]
             else:
                 preds.append(conjunct)
-        _no_equivalence(preds)
+        _no_equivalence(self.text, preds)
         return Pattern(
             components=tuple(components),
             where=tuple(preds),
@@ -219,9 +243,11 @@ class _Builder(Transformer[Token, Pattern]):
         return list(components)
 
     def single(self, event_type: str | None, var: Token) -> Component:
+        self.positions.append((str(var), var.line, var.column))
         return Component(str(var), event_type and str(event_type))
 
     def kleene(self, event_type: str | None, var: Token) -> Component:
+        self.positions.append((str(var), var.line, var.column))
         return Component(str(var), event_type and str(event_type), Kind.KLEENE)
 
     def negated(self, component: Component) -> Component:
@@ -242,9 +268,10 @@ class _Builder(Transformer[Token, Pattern]):
         return token
 
     def within(self, number: Token, unit: Token | None) -> float:
+        value = finite_number(number, self.text, number.line, number.column)
         if unit is None:
-            return _number(number)
-        return window_seconds(number, unit)
+            return value
+        return finite_window(window_seconds(number, unit), self.text, number.line, number.column)
 
     def policy(self, token: Token) -> str:
         return token.lower()
@@ -254,7 +281,7 @@ class _Builder(Transformer[Token, Pattern]):
 
     def result(self, name: Token, *rest: Any) -> tuple[Emit, bool]:
         *attrs, feedback = rest
-        _no_equivalence([e for _, e in attrs])
+        _no_equivalence(self.text, [e for _, e in attrs])
         return Emit(str(name), tuple(attrs)), feedback is not None
 
     def feedback(self, token: Token) -> Token:
@@ -293,9 +320,10 @@ class _Builder(Transformer[Token, Pattern]):
         return Neg(operand)
 
     def number(self, token: Token) -> Literal:
-        return Literal(_number(token))
+        return Literal(finite_number(token, self.text, token.line, token.column))
 
     def percent(self, token: Token) -> Literal:
+        finite_number(token[:-1], self.text, token.line, token.column)
         return Literal(float(Decimal(token[:-1]) / 100))
 
     def string(self, token: Token) -> Literal:
@@ -312,20 +340,20 @@ class _Builder(Transformer[Token, Pattern]):
         return self._use(node, var)
 
     def indexed_ref(self, var: Token, index: Tree, attr: Token) -> Ref:
-        return self._use(Ref(str(var), str(attr), _index(var, index)), var, indexed=True)
+        return self._use(Ref(str(var), str(attr), _index(var, index, self.text)), var, indexed=True)
 
     def aggregate(self, func: Token, var: Token, upto: Tree | None, attr: Token) -> Aggregate:
         if func.lower() not in AGGREGATE_FUNCS:
             known = ", ".join(sorted(AGGREGATE_FUNCS))
-            raise _error(func, f"unknown aggregate {str(func)!r}: use one of {known}")
+            raise _error(self.text, func, f"unknown aggregate {str(func)!r}: use one of {known}")
         if upto is not None:
             i, one = upto.children
             if i.lower() != "i" or one != "1":
-                raise _error(i, f"aggregate range {var}[..{i}-{one}] is not supported: use {var}[..i-1] or {var}[..]")
+                raise _error(self.text, i, f"aggregate range {var}[..{i}-{one}] is not supported: use {var}[..i-1] or {var}[..]")
         return self._use(Aggregate(func.lower(), str(var), str(attr), upto is not None), var)
 
 
-def _index(var: Token, index: Tree) -> Index:
+def _index(var: Token, index: Tree, text: str) -> Index:
     """The :class:`Index` of ``var[index]``: 1, i, i-1 or var.len."""
     parts = [str(t) for t in index.children]
     if index.data == "index_number" and parts == ["1"]:
@@ -337,24 +365,24 @@ def _index(var: Token, index: Tree) -> Index:
     if index.data == "index_last" and parts[0] == var and parts[1].lower() == "len":
         return Index.LAST
     written = {"index_prev": "-", "index_last": "."}.get(index.data, "").join(parts)
-    raise _error(index, f"unsupported index {var}[{written}]: use {var}[1], {var}[i], {var}[i-1] or {var}[{var}.len]")
+    raise _error(text, index, f"unsupported index {var}[{written}]: use {var}[1], {var}[i], {var}[i-1] or {var}[{var}.len]")
 
 
-def _no_equivalence(exprs: list[Expr]) -> None:
+def _no_equivalence(text: str, exprs: list[Expr]) -> None:
     for expr in exprs:
         for node in walk(expr):
             if isinstance(node, _Equiv):
-                raise _error(node.token, "an equivalence test [...] must be a conjunct of WHERE (joined with AND)")
+                raise _error(text, node.token, "an equivalence test [...] must be a conjunct of WHERE (joined with AND)")
 
 
-def _apply_strategies(components: list[Component], strategies: list[_Strategy]) -> list[Component]:
+def _apply_strategies(components: list[Component], strategies: list[_Strategy], text: str) -> list[Component]:
     """Set each positive component's contiguity from the WHERE strategy call(s)."""
     declared = [c.var for c in components]
     for strategy in strategies:
         for arg in strategy.args:
             if arg not in declared:
                 names = ", ".join(declared)
-                raise _error(arg, f"unknown variable {str(arg)!r} in strategy arguments (declared: {names})")
+                raise _error(text, arg, f"unknown variable {str(arg)!r} in strategy arguments (declared: {names})")
     if len(strategies) <= 1:
         chosen = strategies[0].contiguity if strategies else Contiguity.SKIP_TILL_NEXT
         by_var = dict.fromkeys(declared, chosen)
@@ -363,7 +391,7 @@ def _apply_strategies(components: list[Component], strategies: list[_Strategy]) 
         for strategy in strategies:
             for arg in strategy.args:
                 if arg in by_var:
-                    raise _error(arg, f"variable {str(arg)!r} is given two strategies")
+                    raise _error(text, arg, f"variable {str(arg)!r} is given two strategies")
                 by_var[str(arg)] = strategy.contiguity
     return [
         replace(c, contiguity=by_var.get(c.var, Contiguity.SKIP_TILL_NEXT)) if c.positive else c
@@ -371,21 +399,22 @@ def _apply_strategies(components: list[Component], strategies: list[_Strategy]) 
     ]
 
 
-def _check_uses(pattern: Pattern, uses: list[tuple[Any, Token, bool]]) -> None:
+def _check_uses(pattern: Pattern, uses: list[tuple[Any, Token, bool]], text: str) -> None:
     """Reject references to undeclared variables and iteration syntax on single variables, with positions."""
     kinds = {c.var: c.kind for c in pattern.components}
     for node, var, indexed in uses:
         if var not in kinds:
-            raise _error(var, f"unknown variable {str(var)!r} (declared: {', '.join(kinds)})")
+            raise _error(text, var, f"unknown variable {str(var)!r} (declared: {', '.join(kinds)})")
         if kinds[var] is Kind.KLEENE:
             continue
         if indexed:
             raise _error(
+                text,
                 var,
                 f"{var}[…] indexes single-event variable {str(var)!r}: "
                 f"only Kleene variables (TYPE+ {var}[]) have iterations",
             )
         if isinstance(node, Length):
-            raise _error(var, f"{var}.len needs a Kleene variable; {str(var)!r} binds a single event")
+            raise _error(text, var, f"{var}.len needs a Kleene variable; {str(var)!r} binds a single event")
         if isinstance(node, Aggregate):
-            raise _error(var, f"{node.func}({var}[..]) needs a Kleene variable; {str(var)!r} binds a single event")
+            raise _error(text, var, f"{node.func}({var}[..]) needs a Kleene variable; {str(var)!r} binds a single event")

@@ -106,8 +106,9 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
     from yfpp.service.client import Client
 
     client = Client(args.server, args.token)
-    queries = load_queries(args.query)
-    for name, text, language in queries:
+    queries = load_queries([args.query])
+    for q in queries:
+        name, text, language = q.name, q.text, q.language
         given = args.name if args.name else (name if name != "q" else None)
         if args.name and len(queries) > 1:
             given = f"{args.name}.{name}"

@@ -13,7 +13,7 @@ from typing import Any
 from yfpp.errors import YfppError
 from yfpp.spark.inputs import qualify
 from yfpp.pattern import Pattern
-from yfpp.query_text import load_queries, parse_query
+from yfpp.query_text import load_patterns
 
 EXAMPLES = """\
 examples:
@@ -70,14 +70,7 @@ def add_parser(sub: Any) -> None:
 
 def load(query_args: list[str]) -> list[tuple[str, Pattern]]:
     """``[(name, pattern)]`` of the ``-q`` arguments."""
-    out = []
-    for arg in query_args:
-        for name, text, language in load_queries(arg):
-            try:
-                out.append((name, parse_query(text, language)))
-            except YfppError as e:
-                raise YfppError(f"query {name!r}: {e}") from e
-    return out
+    return [(source.name, pattern) for source, pattern in load_patterns(query_args)]
 
 
 def cmd_spark(args: argparse.Namespace) -> int:
