@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
+import os
 import sys
 import time
-from typing import Any, Iterable, TextIO
+from typing import Any, BinaryIO, Iterable
 
 from yfpp.dead_letters import DeadLetters
 from yfpp.engine import Engine
 from yfpp.errors import YfppError
 from yfpp.events import Event
+from yfpp.output import MatchWriter, check_writable, is_live_input, open_for_writing
 from yfpp.query_text import load_queries, parse_query
+from yfpp.stats import Progress, format_figures, run_figures, write_figures_json
+from yfpp.vocabulary import Vocabulary
 
 RUN_EXAMPLES = """\
 examples:
@@ -46,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except BrokenPipeError:
         return 0
+    except OSError as e:  # a file that went away, a full disk: one line, not a traceback
+        print(f"yfpp: error: {e.filename + ': ' if e.filename else ''}{e.strerror or e}", file=sys.stderr)
+        return 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,9 +77,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--policy", choices=["all", "non_overlapping"], help="output policy for every query (default: each query's own, else all)")
     run.add_argument("--ts-field", default="ts", help="timestamp field name (default: ts)")
     run.add_argument("--ts-unit", default="s", help="timestamp unit: s, ms, us, ns, min, h (default: s)")
+    run.add_argument("--ts-format", choices=["number", "iso"], default="number",
+                     help="timestamps are numbers in --ts-unit (default), or ISO-8601 text; with iso, "
+                          "a match's start/end are written as ISO-8601 UTC too")
     run.add_argument("--max-delay", type=float, default=0.0, help="reorder buffer for out-of-order events, in seconds (default 0)")
     run.add_argument("--dead-letters", metavar="FILE", help="write malformed and late records here as JSON lines (default: stderr)")
     run.add_argument("--stats", action="store_true", help="print events/s, peak runs, buffer size and matches per query to stderr")
+    run.add_argument("--stats-json", metavar="FILE", help="write the --stats figures to FILE as one JSON object")
     run.add_argument("--progress", choices=["auto", "always", "never"], default="auto",
                      help="progress line on stderr (auto: when stderr is a terminal)")
     run.set_defaults(func=cmd_run)
@@ -131,86 +141,75 @@ def build_engine(query_args: Iterable[str], **engine_opts: Any) -> Engine:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from yfpp.readers import read_events
+    from yfpp.readers import ISO_UNIT_NAME, TS_UNITS, read_events
 
-    dead = DeadLetters(args.dead_letters if args.dead_letters else sys.stderr)
+    if args.ts_unit not in TS_UNITS:
+        raise YfppError(f"unknown --ts-unit {args.ts_unit!r}; expected one of {', '.join(TS_UNITS)}")
+    dead_file = open_for_writing(args.dead_letters, "dead-letter file") if args.dead_letters else None
+    dead = DeadLetters(dead_file or sys.stderr)
     engine = build_engine(args.query, max_delay=args.max_delay, dead_letters=dead, policy=args.policy)
-    events = read_events(args.input, args.format, ts_field=args.ts_field, ts_unit=args.ts_unit, dead_letters=dead)
+    show = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
+    live = is_live_input(args.input)
+    source, progress = args.input, None
+    if show and not live:  # a regular file: read it through a handle whose position gives percentage and ETA
+        source = _open_input(args.input)
+        progress = Progress(sys.stderr, total=os.fstat(source.fileno()).st_size, position=source.tell)
+    elif show:
+        progress = Progress(sys.stderr)
+    ts_unit = ISO_UNIT_NAME if args.ts_format == "iso" else args.ts_unit
+    events = read_events(source, args.format, ts_field=args.ts_field, ts_unit=ts_unit, dead_letters=dead)
     # Runs, buffer entries and events form no reference cycles: keep the cyclic collector from
     # rescanning millions of them (it took a third of the time on large runs).
     gc.freeze()
     gc.set_threshold(100_000, 50, 100)
-    show = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
-    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    vocabulary = Vocabulary()
     started = time.perf_counter()
     try:
-        n = write_matches(engine, events, out, Progress(sys.stderr) if show else None)
-    finally:
-        if args.output:
+        out = MatchWriter(args.output, live_input=live, iso_times=args.ts_format == "iso")
+        try:
+            n = write_matches(engine, vocabulary.observe(events), out, progress)
+        finally:
             out.close()
+    finally:
         dead.close()
+        if dead_file is not None:
+            dead_file.close()
+        if source is not args.input:
+            source.close()
+    for plan in engine.queries.values():
+        for warning in vocabulary.unknown_names(str(plan.name), plan.pattern):
+            print(f"yfpp: warning: {warning}", file=sys.stderr)
+    figures = run_figures(engine, n, time.perf_counter() - started, dead)
     if args.stats:
-        print_stats(engine, n, time.perf_counter() - started, dead, sys.stderr)
+        sys.stderr.write(format_figures(figures))
+    if args.stats_json:
+        with open_for_writing(args.stats_json, "stats file") as f:
+            write_figures_json(figures, f)
     return 0
 
 
-def write_matches(engine: Engine, events: Iterable[Event], out: TextIO, progress: "Progress | None") -> int:
-    """Stream events through the engine, writing matches as JSON lines; return the event count."""
+def _open_input(path: str) -> BinaryIO:
+    try:
+        return open(path, "rb")
+    except OSError as e:
+        raise YfppError(f"cannot read {path!r}: {e.strerror or e}") from e
+
+
+def write_matches(engine: Engine, events: Iterable[Event], out: MatchWriter, progress: Progress | None) -> int:
+    """Stream events through the engine, writing matches as they complete; return the event count."""
     n = 0
-    dumps = json.dumps
+    write = out.write
     for ev in events:
         n += 1
         for m in engine.process(ev):
-            out.write(dumps(m) + "\n")
+            write(m)
         if progress is not None and n % 4096 == 0:
             progress.update(n, engine)
     for m in engine.flush():
-        out.write(dumps(m) + "\n")
+        write(m)
     if progress is not None:
         progress.done(n, engine)
     return n
-
-
-class Progress:
-    """A one-line progress display: events, rate, live runs, matches."""
-
-    def __init__(self, stream: TextIO, every: float = 0.5):
-        self.stream = stream
-        self.every = every
-        self.start = self.last = time.perf_counter()
-
-    def update(self, n: int, engine: Engine, force: bool = False) -> None:
-        now = time.perf_counter()
-        if not force and now - self.last < self.every:
-            return
-        self.last = now
-        c = engine.stats
-        rate = n / max(now - self.start, 1e-9)
-        self.stream.write(f"\r{n:,} events  {rate:,.0f} ev/s  {c.live_runs:,} runs  {sum(c.matches.values()):,} matches ")
-        self.stream.flush()
-
-    def done(self, n: int, engine: Engine) -> None:
-        self.update(n, engine, force=True)
-        self.stream.write("\n")
-
-
-def print_stats(engine: Engine, n: int, elapsed: float, dead: DeadLetters, stream: TextIO) -> None:
-    c = engine.stats
-    lines = [
-        f"events            {n:,}",
-        f"elapsed           {elapsed:.3f} s",
-        f"events/s          {n / max(elapsed, 1e-9):,.0f}",
-        f"runs started      {c.runs_started:,}",
-        f"run objects made  {c.runs_created:,}  (starts, splits, Kleene takes)",
-        f"runs touched/ev   {c.runs_touched / max(n, 1):.2f}",
-        f"peak runs         {c.peak_runs:,}",
-        f"peak buffer       {c.peak_buffer:,} entries",
-        f"dead letters      {dead.count:,}" + (f"  ({dict(dead.by_reason)})" if dead.count else ""),
-        "matches per query:",
-    ]
-    for plan in engine.queries.values():
-        lines.append(f"  {str(plan.name):<24} {c.matches.get(plan.name, 0):,}")
-    stream.write("\n".join(lines) + "\n")
 
 
 # --- explain ------------------------------------------------------------------------------
@@ -241,15 +240,20 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from yfpp.generate import generate_rfid, generate_stock, write_events
+    from yfpp.readers import format_of
 
     if args.kind == "stock":
         records = generate_stock(args.events, symbols=args.symbols, p_up=args.p_up, seed=args.seed)
     else:
         records = generate_rfid(args.events, tags=args.tags, zones=args.zones, doors=args.doors,
                                 theft_rate=args.theft_rate, seed=args.seed)
-    out = sys.stdout if args.output == "-" else args.output
-    fmt = args.format or (None if args.output != "-" else "jsonl")
-    write_events(records, out, fmt)
+    fmt = args.format or ("jsonl" if args.output == "-" else format_of(args.output))
+    if fmt is None:
+        raise YfppError(f"cannot tell the output format of {args.output!r}: name it .xml or .jsonl "
+                        "(optionally .gz), or give --format xml|jsonl")
+    if args.output != "-":
+        check_writable(args.output, "output")
+    write_events(records, sys.stdout if args.output == "-" else args.output, fmt)
     return 0
 
 

@@ -7,8 +7,10 @@ Common to both readers:
   the good events may have gaps. (Blank JSON lines are not records.)
 * ``ts`` is a float in seconds: the ``ts_field`` value (int, float or a numeric
   string) times the unit — ``s``, ``ms``, ``us``, ``ns`` are divided by 1,
-  10³, 10⁶, 10⁹; ``min`` and ``h`` multiplied by 60 and 3600. A record whose ts
-  is missing, non-numeric or not finite is reported.
+  10³, 10⁶, 10⁹; ``min`` and ``h`` multiplied by 60 and 3600. The unit ``iso``
+  reads ISO-8601 text instead (``2026-11-22T10:00:05Z``; no offset means UTC)
+  as seconds since the epoch. A record whose ts is missing, non-numeric (not
+  ISO-8601) or not finite is reported.
 * Malformed records go to ``dead_letters`` (a :class:`DeadLetters`; by default
   one writing to stderr) with their position (``line N``) and the stream goes
   on. Only an unreadable input raises (:class:`InputError`).
@@ -52,6 +54,7 @@ import math
 import os
 import re
 import sys
+from datetime import datetime, timezone
 from typing import IO, Any, Callable, Iterator
 
 from lxml import etree
@@ -66,6 +69,8 @@ Source = str | os.PathLike[str] | IO[Any]
 TS_UNITS: dict[str, tuple[int, int]] = {
     "s": (1, 1), "ms": (1, 1000), "us": (1, 10**6), "ns": (1, 10**9), "min": (60, 1), "h": (3600, 1),
 }
+#: the ``ts_unit`` value (and its marker) for ISO-8601 timestamps
+ISO_UNIT_NAME, ISO_8601 = "iso", (0, 0)
 FORMAT_BY_EXT = {".xml": "xml", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl"}
 
 _INT = re.compile(r"[+-]?[0-9]+\Z")
@@ -85,6 +90,8 @@ def typed_value(text: str) -> int | float | str:
 
 def _seconds(value: Any, unit: tuple[int, int]) -> float | None:
     """The timestamp in seconds, or None when ``value`` is not a finite number."""
+    if unit is ISO_8601:
+        return _iso_seconds(value)
     if isinstance(value, str):
         value = typed_value(value.strip())
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -96,16 +103,31 @@ def _seconds(value: Any, unit: tuple[int, int]) -> float | None:
     return ts if math.isfinite(ts) else None
 
 
+def _iso_seconds(value: Any) -> float | None:
+    """ISO-8601 text as seconds since the epoch (UTC when it has no offset), else None."""
+    if not isinstance(value, str):
+        return None
+    try:
+        t = datetime.fromisoformat(value.strip())
+    except ValueError:
+        return None
+    return (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).timestamp()
+
+
 def _pop_ts(fields: dict[str, Any], ts_field: str, unit: tuple[int, int], what: str) -> float | str:
     """Remove the timestamp from ``fields``: seconds, or the reason the record is malformed."""
     if ts_field not in fields:
         return f"missing ts: no {what} {ts_field!r}"
     raw_ts = fields.pop(ts_field)
     ts = _seconds(raw_ts, unit)
-    return f"non-numeric ts: {raw_ts!r}" if ts is None else ts
+    if ts is None:
+        return f"{'non-ISO-8601' if unit is ISO_8601 else 'non-numeric'} ts: {raw_ts!r}"
+    return ts
 
 
 def _unit(ts_unit: str) -> tuple[int, int]:
+    if ts_unit == ISO_UNIT_NAME:
+        return ISO_8601
     if ts_unit not in TS_UNITS:
         raise ValueError(f"unknown ts_unit {ts_unit!r}; expected one of {', '.join(TS_UNITS)}")
     return TS_UNITS[ts_unit]
