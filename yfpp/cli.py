@@ -1,4 +1,4 @@
-"""The ``yfpp`` command line: ``run``, ``generate`` (and more as they land)."""
+"""The ``yfpp`` command line: ``run``, ``generate``, ``explain``, ``examples``, ``spark``."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import sys
 import time
 from typing import Any, BinaryIO, Iterable
 
+from yfpp import examples
+from yfpp._version import __version__
 from yfpp.dead_letters import DeadLetters
 from yfpp.engine import Engine
 from yfpp.errors import YfppError
@@ -20,10 +22,10 @@ from yfpp.vocabulary import Vocabulary
 
 RUN_EXAMPLES = """\
 examples:
-  yfpp run -q queries/shoplifting.sase -i yfpp/data/sample_rfid.xml
+  yfpp run -q example:shoplifting.sase -i example:sample_rfid.xml
   yfpp run -q "[tag_id]&&//shelf//!register//exit&&(12 hours)" -i feed.jsonl --stats
-  yfpp run -q queries/stock.sase -i ticks.xml --policy non_overlapping -o matches.jsonl
-  cat feed.xml | yfpp run -q queries/shoplifting.xpe -i - --format xml
+  yfpp run -q queries/stock_templates.sase -i ticks.xml --policy non_overlapping -o matches.jsonl
+  tail -f feed.xml | yfpp run -q queries/shoplifting.xpe -i - --format xml
 """
 
 GENERATE_EXAMPLES = """\
@@ -60,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Match event patterns (SASE+ or extended XPath) over XML / JSON-lines streams, many queries at once.",
         epilog="Run 'yfpp COMMAND --help' for a command's options and examples.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser(
@@ -120,6 +123,16 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--png", metavar="FILE", help="also draw it (Graphviz dot if installed, else matplotlib)")
     exp.set_defaults(func=cmd_explain)
 
+    ex = sub.add_parser(
+        "examples",
+        help="list the example queries and sample feeds that ship with yfpp",
+        description="List the example queries and sample feeds installed with yfpp; "
+                    "give one to run or explain as example:NAME (a file name, or its stem when unique).",
+        epilog="examples:\n  yfpp run -q example:shoplifting.sase -i example:sample_rfid.xml",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ex.set_defaults(func=cmd_examples)
+
     from yfpp.spark.cli import add_parser as add_spark_parser  # pyspark is imported only when 'spark' runs
 
     add_spark_parser(sub)
@@ -132,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
 def build_engine(query_args: Iterable[str], **engine_opts: Any) -> Engine:
     engine = Engine(**engine_opts)
     for arg in query_args:
-        for name, text, language in load_queries(arg):
+        for name, text, language in load_queries(examples.resolve(arg)):
             try:
                 engine.register(parse_query(text, language), name=name)
             except YfppError as e:
@@ -148,6 +161,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     dead_file = open_for_writing(args.dead_letters, "dead-letter file") if args.dead_letters else None
     dead = DeadLetters(dead_file or sys.stderr)
     engine = build_engine(args.query, max_delay=args.max_delay, dead_letters=dead, policy=args.policy)
+    args.input = examples.resolve(args.input)
     show = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
     live = is_live_input(args.input)
     source, progress = args.input, None
@@ -232,6 +246,11 @@ def cmd_explain(args: argparse.Namespace) -> int:
         except RuntimeError as e:
             raise YfppError(str(e)) from e
         print(f"drew {args.png} with {how}", file=sys.stderr)
+    return 0
+
+
+def cmd_examples(args: argparse.Namespace) -> int:
+    print(examples.listing())
     return 0
 
 
