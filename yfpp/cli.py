@@ -36,8 +36,9 @@ examples:
 
 EXPLAIN_EXAMPLES = """\
 examples:
-  yfpp explain -q queries/sharing.xpe
-  yfpp explain -q queries/sharing.xpe --dot nfa.dot --png nfa.png
+  yfpp explain -q example:sharing.xpe
+  yfpp explain -q example:sharing.xpe --format json > nfa.json
+  yfpp explain -q example:sharing.xpe --dot nfa.dot --png nfa.png
 """
 
 
@@ -119,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     exp.add_argument("-q", "--query", action="extend", nargs="+", required=True, metavar="QUERY_OR_FILE")
+    exp.add_argument("--format", choices=["text", "json", "dot"], default="text",
+                     help="what to print: the indented trie (default), the graph as JSON for tools, or Graphviz DOT")
     exp.add_argument("--dot", metavar="FILE", help="also write the graph in Graphviz DOT")
     exp.add_argument("--png", metavar="FILE", help="also draw it (Graphviz dot if installed, else matplotlib)")
     exp.set_defaults(func=cmd_explain)
@@ -232,12 +235,12 @@ def write_matches(engine: Engine, events: Iterable[Event], out: MatchWriter, pro
 def cmd_explain(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from yfpp.explain import as_dot, as_text, nfa_graph, write_picture
+    from yfpp.explain import as_dot, as_json, as_text, nfa_graph, write_picture
 
     engine = build_engine(args.query)
     g = nfa_graph(engine)
-    print(as_text(engine, g))
     dot = as_dot(g)
+    print({"text": lambda: as_text(engine, g), "json": lambda: as_json(engine, g), "dot": lambda: dot.rstrip("\n")}[args.format]())
     if args.dot:
         Path(args.dot).write_text(dot, encoding="utf-8")
     if args.png:
