@@ -50,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     except YfppError as e:
         print(f"yfpp: error: {e}", file=sys.stderr)
         return 2
-    except BrokenPipeError:
+    except BrokenPipeError:  # the reader went away (| head): stop quietly, also at interpreter exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except OSError as e:  # a file that went away, a full disk: one line, not a traceback
         print(f"yfpp: error: {e.filename + ': ' if e.filename else ''}{e.strerror or e}", file=sys.stderr)

@@ -35,7 +35,7 @@ def is_live_input(source: str) -> bool:
 
 def check_writable(path: str, what: str) -> None:
     """Raise a :class:`YfppError` a person understands when ``path``'s directory does not exist."""
-    directory = os.path.dirname(os.path.abspath(path))
+    directory = os.path.dirname(path) or "."
     if not os.path.isdir(directory):
         raise YfppError(f"cannot write {what} {path}: directory {directory} does not exist")
 
