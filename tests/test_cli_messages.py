@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from yfpp.cli import main
+from yfpp.examples import resolve
 from yfpp.stats import Progress, percent_eta
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -121,3 +122,14 @@ def test_iso_timestamps_in_and_out(tmp_path, capsys):
     (m,) = [json.loads(line) for line in out.splitlines()]
     assert code == 0 and m["start"] == "2026-11-22T10:00:00Z" and m["end"] == "2026-11-22T10:30:00.500000Z"
     assert json.loads(dead.read_text())["reason"] == "non-ISO-8601 ts: 'yesterday'"
+
+
+def test_help_examples_name_files_that_exist():
+    from yfpp import cli
+
+    for text in (cli.RUN_EXAMPLES, cli.EXPLAIN_EXAMPLES):
+        for word in text.split():
+            if word.startswith(("queries/", "yfpp/")):
+                assert (ROOT / word).is_file(), word
+            if word.startswith("example:"):
+                assert Path(resolve(word)).is_file(), word
