@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser(
         "run",
         help="match queries over an input stream on this machine",
-        description="Match queries over an event stream; print one JSON line per match (SPEC §5).",
+        description="Match queries over an event stream; print one JSON line per match (docs/semantics.md §10).",
         epilog=RUN_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
