@@ -194,6 +194,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             dead_file.close()
         if source is not args.input:
             source.close()
+    if vocabulary.attrs:
+        for plan in engine.queries.values():
+            vocabulary.add_emitted(plan.pattern)
     for plan in engine.queries.values():
         for warning in vocabulary.unknown_names(str(plan.name), plan.pattern):
             print(f"yfpp: warning: {warning}", file=sys.stderr)

@@ -35,6 +35,11 @@ class Vocabulary:
                 names.update(ev.attrs)
             yield ev
 
+    def add_emitted(self, pattern: Pattern) -> None:
+        """Count the event a query's RETURN builds as seen: fed back, other queries may match it."""
+        if pattern.emit is not None:
+            self.attrs.setdefault(pattern.emit.event_type, set()).update(name for name, _ in pattern.emit.attrs)
+
     def unknown_names(self, query: str, pattern: Pattern) -> list[str]:
         """Warnings for the types and attributes ``pattern`` names that never occurred."""
         if not self.attrs:
