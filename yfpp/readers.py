@@ -188,7 +188,8 @@ def read_events(
         if not fmt:
             if owned:
                 f.close()
-            raise InputError(f"cannot tell the format of {path_or_file!r}; give format='xml' or 'jsonl'")
+            name = getattr(path_or_file, "name", path_or_file)  # a file object: its file name
+            raise InputError(f"cannot tell the format of {name!r}; give format='xml' or 'jsonl'")
     return _READERS[fmt](f, owned, ts_field, unit, _sink(dead_letters))
 
 
