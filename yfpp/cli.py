@@ -162,6 +162,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if args.ts_unit not in TS_UNITS:
         raise YfppError(f"unknown --ts-unit {args.ts_unit!r}; expected one of {', '.join(TS_UNITS)}")
+    if args.stats_json:
+        check_writable(args.stats_json, "stats file")  # before the run, not after it
     dead_file = open_for_writing(args.dead_letters, "dead-letter file") if args.dead_letters else None
     dead = DeadLetters(dead_file or sys.stderr)
     engine = build_engine(args.query, max_delay=args.max_delay, dead_letters=dead, policy=args.policy)
