@@ -44,8 +44,8 @@ def nfa_graph(engine: Engine) -> nx.DiGraph:
     for plan in engine.queries.values():
         for i, node in enumerate(plan.nodes):
             through.setdefault(node.id, []).append((plan, i))
-    g.add_node("start", label="start", queries=[], accepts=[], window=None, predicates=[], index=None,
-               partition_by=[], type=None, kleene=False)
+    g.add_node("start", label="start", type=None, kleene=False, partition_by=[], window=None, predicates=[],
+               index=None, queries=[], accepts=[])
     for node in engine.runtime.nfa.nodes():
         users = through.get(node.id, [])
         names = users[0][0].var_names if users else ()
@@ -208,7 +208,7 @@ def as_text(engine: Engine, g: nx.DiGraph) -> str:
 
 def as_json(engine: Engine, g: nx.DiGraph) -> str:
     """The graph for tools: ``{"nodes": […], "edges": […], "figures": {…}}``."""
-    nodes = [{"id": str(n), **{k: v for k, v in d.items()}} for n, d in g.nodes(data=True)]
+    nodes = [{"id": str(n), **d} for n, d in g.nodes(data=True)]
     edges = [{"from": str(a), "to": str(b), "label": d["label"]} for a, b, d in g.edges(data=True)]
     return json.dumps({"nodes": nodes, "edges": edges, "figures": sharing_figures(engine, g)}, indent=2, ensure_ascii=False)
 
