@@ -54,3 +54,39 @@ def test_slow_producer_sees_each_match_before_the_next_event(fmt):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_live_input_is_anything_but_a_regular_file(tmp_path):
+    from yfpp.output import is_live_input
+
+    feed = tmp_path / "feed.jsonl"
+    feed.write_text("")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert not is_live_input(str(feed))
+    assert is_live_input(str(fifo)) and is_live_input(str(tmp_path))
+
+
+def test_file_output_is_buffered_and_flushed_by_count_and_time(tmp_path, monkeypatch):
+    from yfpp import output
+
+    clock = [100.0]
+    monkeypatch.setattr(output.time, "monotonic", lambda: clock[0])
+    path = tmp_path / "m.jsonl"
+    writer = output.MatchWriter(str(path), live_input=False)
+    match = {"query": "q", "bindings": {"x": [0]}, "start": 1.0, "end": 1.0}
+    writer.write(match)
+    assert path.read_text() == ""  # buffered
+    clock[0] += output.FLUSH_SECONDS
+    writer.write(match)
+    assert len(path.read_text().splitlines()) == 2  # T passed
+    for _ in range(output.FLUSH_LINES - 1):
+        writer.write(match)
+    assert len(path.read_text().splitlines()) < 2 + output.FLUSH_LINES  # the stream's own buffer may spill
+    writer.write(match)
+    assert len(path.read_text().splitlines()) == 2 + output.FLUSH_LINES  # N pending
+    writer.close()
+    live = output.MatchWriter(str(tmp_path / "live.jsonl"), live_input=True)
+    live.write(match)
+    assert (tmp_path / "live.jsonl").read_text().count("\n") == 1
+    live.close()
