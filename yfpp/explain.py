@@ -200,7 +200,7 @@ def as_text(engine: Engine, g: nx.DiGraph) -> str:
     f = sharing_figures(engine, g)
     lines.append("")
     lines.append(
-        f"{f['queries']} queries, {f['components']} components → {f['nodes']} NFA nodes "
+        f"{f['queries']} quer{'y' if f['queries'] == 1 else 'ies'}, {f['components']} components → {f['nodes']} NFA nodes "
         f"({f['shared_nodes']} shared), sharing ratio {f['sharing_ratio']:.2f}, {f['states']} run states"
     )
     return "\n".join(lines)
