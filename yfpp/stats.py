@@ -88,5 +88,5 @@ def percent_eta(done: int, total: int, elapsed: float) -> str:
     if frac <= 0:
         return "0%  ETA ?"
     left = int(elapsed * (1 - frac) / frac + 0.5)
-    return f"{frac:.0%}  ETA {left // 3600}:{left % 3600 // 60:02d}:{left % 60:02d}" if left >= 3600 else \
-        f"{frac:.0%}  ETA {left // 60}:{left % 60:02d}"
+    h, m, sec = left // 3600, left % 3600 // 60, left % 60
+    return f"{frac:.0%}  ETA " + (f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}")
