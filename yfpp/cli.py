@@ -7,16 +7,17 @@ import gc
 import os
 import sys
 import time
-from typing import Any, BinaryIO, Iterable
+from typing import Any, BinaryIO, Iterable, Iterator
 
 from yfpp import examples
 from yfpp._version import __version__
 from yfpp.dead_letters import DeadLetters
 from yfpp.engine import Engine
-from yfpp.errors import YfppError
+from yfpp.errors import InputError, YfppError
 from yfpp.events import Event
 from yfpp.output import MatchWriter, check_writable, is_live_input, open_for_writing
 from yfpp.query_text import load_queries, parse_query
+from yfpp.record_fields import MAX_DEPTH, MAX_RECORD_BYTES
 from yfpp.stats import Progress, format_figures, run_figures, write_figures_json
 from yfpp.vocabulary import Vocabulary
 
@@ -56,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:  # a file that went away, a full disk: one line, not a traceback
         print(f"yfpp: error: {e.filename + ': ' if e.filename else ''}{e.strerror or e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C outside the input loop (which handles it itself)
+        return 130
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,6 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--ts-format", choices=["number", "iso"], default="number",
                      help="timestamps are numbers in --ts-unit (default), or ISO-8601 text; with iso, "
                           "a match's start/end are written as ISO-8601 UTC too")
+    run.add_argument("--type-field", metavar="NAME",
+                     help="the event type is this JSON field / XML attribute or leaf child (default: JSON 'type', XML element name)")
+    run.add_argument("--max-record-bytes", type=int, default=MAX_RECORD_BYTES, metavar="N",
+                     help=f"a record (XML event element, JSON line) longer than this is a dead letter (default {MAX_RECORD_BYTES})")
+    run.add_argument("--max-depth", type=int, default=MAX_DEPTH, metavar="N",
+                     help=f"a record nested deeper than this is a dead letter (default {MAX_DEPTH})")
+    run.add_argument("--strict", action="store_true", help="exit 1 if any record was a dead letter")
     run.add_argument("--max-delay", type=float, default=0.0, help="reorder buffer for out-of-order events, in seconds (default 0)")
     run.add_argument("--dead-letters", metavar="FILE", help="write malformed and late records here as JSON lines (default: stderr)")
     run.add_argument("--stats", action="store_true", help="print events/s, peak runs, buffer size and matches per query to stderr")
@@ -158,10 +168,13 @@ def build_engine(query_args: Iterable[str], **engine_opts: Any) -> Engine:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from yfpp.readers import ISO_UNIT_NAME, TS_UNITS, read_events
+    from yfpp.readers import read_events
+    from yfpp.record_fields import ISO_UNIT_NAME, TS_UNITS
 
     if args.ts_unit not in TS_UNITS:
         raise YfppError(f"unknown --ts-unit {args.ts_unit!r}; expected one of {', '.join(TS_UNITS)}")
+    if args.max_record_bytes < 1 or args.max_depth < 1:
+        raise YfppError("--max-record-bytes and --max-depth must be positive")
     if args.stats_json:
         check_writable(args.stats_json, "stats file")  # before the run, not after it
     dead_file = open_for_writing(args.dead_letters, "dead-letter file") if args.dead_letters else None
@@ -177,17 +190,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     elif show:
         progress = Progress(sys.stderr)
     ts_unit = ISO_UNIT_NAME if args.ts_format == "iso" else args.ts_unit
-    events = read_events(source, args.format, ts_field=args.ts_field, ts_unit=ts_unit, dead_letters=dead)
+    reader = read_events(source, args.format, ts_field=args.ts_field, ts_unit=ts_unit, type_field=args.type_field,
+                         max_record_bytes=args.max_record_bytes, max_depth=args.max_depth, dead_letters=dead)
+    events = InputFeed(reader)
     # Runs, buffer entries and events form no reference cycles: keep the cyclic collector from
     # rescanning millions of them (it took a third of the time on large runs).
     gc.freeze()
     gc.set_threshold(100_000, 50, 100)
     vocabulary = Vocabulary()
     started = time.perf_counter()
+    interrupted = False
     try:
         out = MatchWriter(args.output, live_input=live, iso_times=args.ts_format == "iso")
         try:
-            n = write_matches(engine, vocabulary.observe(events), out, progress)
+            write_matches(engine, vocabulary.observe(events), out, progress)
+        except KeyboardInterrupt:
+            interrupted = True
         finally:
             out.close()
     finally:
@@ -196,18 +214,54 @@ def cmd_run(args: argparse.Namespace) -> int:
             dead_file.close()
         if source is not args.input:
             source.close()
-    if vocabulary.attrs:
+    if vocabulary.attrs and not interrupted:
         for plan in engine.queries.values():
             vocabulary.add_emitted(plan.pattern)
-    for plan in engine.queries.values():
-        for warning in vocabulary.unknown_names(str(plan.name), plan.pattern):
-            print(f"yfpp: warning: {warning}", file=sys.stderr)
-    figures = run_figures(engine, n, time.perf_counter() - started, dead)
+        for plan in engine.queries.values():
+            for warning in vocabulary.unknown_names(str(plan.name), plan.pattern):
+                print(f"yfpp: warning: {warning}", file=sys.stderr)
+    figures = run_figures(engine, events.count, time.perf_counter() - started, dead)
     if args.stats:
         sys.stderr.write(format_figures(figures))
     if args.stats_json:
         with open_for_writing(args.stats_json, "stats file") as f:
             write_figures_json(figures, f)
+    return run_status(args, events, dead, interrupted)
+
+
+class InputFeed:
+    """The reader's events, counted; an :class:`InputError` (a corrupt or truncated gzip stream) ends the
+    feed like the end of the input — so the engine is flushed and the matches so far are written — and is
+    kept for the exit status."""
+
+    def __init__(self, events: Iterable[Event]):
+        self.events = events
+        self.count = 0
+        self.error: InputError | None = None
+
+    def __iter__(self) -> Iterator[Event]:
+        try:
+            for ev in self.events:
+                self.count += 1
+                yield ev
+        except InputError as e:
+            self.error = e
+
+
+def run_status(args: argparse.Namespace, events: InputFeed, dead: DeadLetters, interrupted: bool) -> int:
+    """The exit status of ``yfpp run``: 130 on Ctrl-C, 2 (raised) when the input broke off or held
+    records but no event, 1 with ``--strict`` if there were dead letters, else 0."""
+    if interrupted:
+        print("yfpp: interrupted", file=sys.stderr)
+        return 130
+    if events.error is not None:
+        raise events.error
+    if events.count == 0 and dead.count:
+        reasons = ", ".join(f"{reason}: {n}" for reason, n in dead.by_reason.most_common())
+        raise YfppError(f"no events in {args.input}: {dead.count} record(s) were dead letters ({reasons}); is --format right?")
+    if args.strict and dead.count:
+        print(f"yfpp: error: {dead.count} dead letter(s) (--strict)", file=sys.stderr)
+        return 1
     return 0
 
 
