@@ -1,30 +1,35 @@
-"""The ``yfpp`` command line: ``run``, ``generate`` (and more as they land)."""
+"""The ``yfpp`` command line: ``run``, ``generate``, ``explain``, ``examples``, ``spark``."""
 
 from __future__ import annotations
 
 import argparse
 import gc
-import json
+import os
 import sys
 import time
-from typing import Any, Iterable, Iterator, TextIO
+from typing import Any, BinaryIO, Iterable, Iterator
 
+from yfpp import examples
+from yfpp._version import __version__
 from yfpp.dead_letters import DeadLetters
 from yfpp.engine import MAX_BUFFER_PER_QUERY, MAX_RUNS_PER_QUERY, Engine
 from yfpp.errors import InputError, YfppError
 from yfpp.events import Event
 from yfpp.feedback import MAX_DEPTH as MAX_FEEDBACK_DEPTH
 from yfpp.feedback import MAX_DERIVED
+from yfpp.output import MatchWriter, check_writable, is_live_input, open_for_writing
 from yfpp.query_text import load_patterns
 from yfpp.record_fields import MAX_DEPTH, MAX_RECORD_BYTES
+from yfpp.stats import Progress, format_figures, run_figures, write_figures_json
+from yfpp.vocabulary import Vocabulary
 
 RUN_EXAMPLES = """\
 examples:
-  yfpp run -q queries/shoplifting.sase -i yfpp/data/sample_rfid.xml
+  yfpp run -q example:shoplifting.sase -i example:sample_rfid.xml
   yfpp run -q "[tag_id]&&//shelf//!register//exit&&(12 hours)" -i feed.jsonl --stats
-  yfpp run -q queries/stock.sase -i ticks.xml --policy non_overlapping -o matches.jsonl
+  yfpp run -q queries/stock_templates.sase -i ticks.xml --policy non_overlapping -o matches.jsonl
   yfpp run -q queries/count.xpe -i yfpp/data/count_shelves.xml --events
-  cat feed.xml | yfpp run -q queries/shoplifting.xpe -i - --format xml
+  tail -f feed.xml | yfpp run -q queries/shoplifting.xpe -i - --format xml
 """
 
 GENERATE_EXAMPLES = """\
@@ -35,8 +40,9 @@ examples:
 
 EXPLAIN_EXAMPLES = """\
 examples:
-  yfpp explain -q queries/sharing.xpe
-  yfpp explain -q queries/sharing.xpe --dot nfa.dot --png nfa.png
+  yfpp explain -q example:sharing.xpe
+  yfpp explain -q example:sharing.xpe --format json > nfa.json
+  yfpp explain -q example:sharing.xpe --dot nfa.dot --png nfa.png
 """
 
 
@@ -48,8 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     except YfppError as e:
         print(f"yfpp: error: {e}", file=sys.stderr)
         return 2
-    except BrokenPipeError:
+    except BrokenPipeError:  # the reader went away (| head): stop quietly, also at interpreter exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as e:  # a file that went away, a full disk: one line, not a traceback
+        print(f"yfpp: error: {e.filename + ': ' if e.filename else ''}{e.strerror or e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:  # Ctrl-C outside the input loop (which handles it itself)
         return 130
 
@@ -60,12 +70,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Match event patterns (SASE+ or extended XPath) over XML / JSON-lines streams, many queries at once.",
         epilog="Run 'yfpp COMMAND --help' for a command's options and examples.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser(
         "run",
         help="match queries over an input stream on this machine",
-        description="Match queries over an event stream; print one JSON line per match (SPEC §5).",
+        description="Match queries over an event stream; print one JSON line per match (docs/semantics.md §10).",
         epilog=RUN_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -78,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--policy", choices=["all", "non_overlapping"], help="output policy for every query (default: each query's own, else all)")
     run.add_argument("--ts-field", default="ts", help="timestamp field name (default: ts)")
     run.add_argument("--ts-unit", default="s", help="timestamp unit: s, ms, us, ns, min, h (default: s)")
+    run.add_argument("--ts-format", choices=["number", "iso"], default="number",
+                     help="timestamps are numbers in --ts-unit (default), or ISO-8601 text; with iso, "
+                          "a match's start/end are written as ISO-8601 UTC too")
     run.add_argument("--type-field", metavar="NAME",
                      help="the event type is this JSON field / XML attribute or leaf child (default: JSON 'type', XML element name)")
     run.add_argument("--max-record-bytes", type=int, default=MAX_RECORD_BYTES, metavar="N",
@@ -102,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-derived", type=int, default=MAX_DERIVED, metavar="N",
                      help=f"feedback loop guard: at most N derived events per input event (default {MAX_DERIVED})")
     run.add_argument("--stats", action="store_true", help="print events/s, peak runs, buffer size and matches per query to stderr")
+    run.add_argument("--stats-json", metavar="FILE", help="write the --stats figures to FILE as one JSON object")
     run.add_argument("--progress", choices=["auto", "always", "never"], default="auto",
                      help="progress line on stderr (auto: when stderr is a terminal)")
     run.set_defaults(func=cmd_run)
@@ -134,9 +149,21 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     exp.add_argument("-q", "--query", action="extend", nargs="+", required=True, metavar="QUERY_OR_FILE")
+    exp.add_argument("--format", choices=["text", "json", "dot"], default="text",
+                     help="what to print: the indented trie (default), the graph as JSON for tools, or Graphviz DOT")
     exp.add_argument("--dot", metavar="FILE", help="also write the graph in Graphviz DOT")
     exp.add_argument("--png", metavar="FILE", help="also draw it (Graphviz dot if installed, else matplotlib)")
     exp.set_defaults(func=cmd_explain)
+
+    ex = sub.add_parser(
+        "examples",
+        help="list the example queries and sample feeds that ship with yfpp",
+        description="List the example queries and sample feeds installed with yfpp; "
+                    "give one to run or explain as example:NAME (a file name, or its stem when unique).",
+        epilog="examples:\n  yfpp run -q example:shoplifting.sase -i example:sample_rfid.xml",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ex.set_defaults(func=cmd_examples)
 
     from yfpp.spark.cli import add_parser as add_spark_parser  # pyspark is imported only when 'spark' runs
 
@@ -152,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def build_engine(query_args: Iterable[str], **engine_opts: Any) -> Engine:
     engine = Engine(**engine_opts)
-    for source, pattern in load_patterns(query_args):
+    for source, pattern in load_patterns([examples.resolve(arg) for arg in query_args]):
         with source.blame():
             engine.register(pattern, name=source.name)
     return engine
@@ -160,15 +187,21 @@ def build_engine(query_args: Iterable[str], **engine_opts: Any) -> Engine:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from yfpp.readers import read_events
+    from yfpp.record_fields import ISO_UNIT_NAME, TS_UNITS
 
-    dead = DeadLetters(args.dead_letters if args.dead_letters else sys.stderr)
+    if args.ts_unit not in TS_UNITS:
+        raise YfppError(f"unknown --ts-unit {args.ts_unit!r}; expected one of {', '.join(TS_UNITS)}")
+    if args.max_record_bytes < 1 or args.max_depth < 1:
+        raise YfppError("--max-record-bytes and --max-depth must be positive")
+    if args.checkpoint_every < 1:
+        raise YfppError("--checkpoint-every must be at least 1")
+    if args.stats_json:
+        check_writable(args.stats_json, "stats file")  # before the run, not after it
+    dead_file = open_for_writing(args.dead_letters, "dead-letter file") if args.dead_letters else None
+    dead = DeadLetters(dead_file or sys.stderr)
     caps = {"max_runs_per_query": args.max_runs_per_query, "max_buffer_per_query": args.max_buffer_per_query}
     feedback_opts = {"full_events": args.events, "max_feedback_depth": args.max_feedback_depth,
                      "max_derived_per_event": args.max_derived}
-    if args.checkpoint_every < 1:
-        raise YfppError("--checkpoint-every must be at least 1")
-    if args.max_record_bytes < 1 or args.max_depth < 1:
-        raise YfppError("--max-record-bytes and --max-depth must be positive")
     skip = None
     if args.restore:
         from yfpp.checkpoint import SkipConsumed, read_checkpoint
@@ -183,32 +216,55 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         engine = build_engine(args.query, max_delay=args.max_delay, dead_letters=dead, policy=args.policy, **caps,
                               **feedback_opts)
-    try:
-        reader = read_events(args.input, args.format, ts_field=args.ts_field, ts_unit=args.ts_unit, type_field=args.type_field,
-                             max_record_bytes=args.max_record_bytes, max_depth=args.max_depth,
-                             dead_letters=skip if skip is not None else dead)
-    except ValueError as e:  # an unknown --ts-unit
-        raise YfppError(str(e)) from e
+    args.input = examples.resolve(args.input)
+    show = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
+    live = is_live_input(args.input)
+    source, progress = args.input, None
+    if show and not live:  # a regular file: read it through a handle whose position gives percentage and ETA
+        source = _open_input(args.input)
+        progress = Progress(sys.stderr, total=os.fstat(source.fileno()).st_size, position=source.tell)
+    elif show:
+        progress = Progress(sys.stderr)
+    ts_unit = ISO_UNIT_NAME if args.ts_format == "iso" else args.ts_unit
+    reader = read_events(source, args.format, ts_field=args.ts_field, ts_unit=ts_unit, type_field=args.type_field,
+                         max_record_bytes=args.max_record_bytes, max_depth=args.max_depth,
+                         dead_letters=skip if skip is not None else dead)
     events = InputFeed(reader)
     # Runs, buffer entries and events form no reference cycles: keep the cyclic collector from
     # rescanning millions of them (it took a third of the time on large runs).
     gc.freeze()
     gc.set_threshold(100_000, 50, 100)
-    show = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
-    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    vocabulary = Vocabulary()
     started = time.perf_counter()
     interrupted = False
     try:
-        write_matches(engine, events if skip is None else skip.events(events), out, Progress(sys.stderr) if show else None,
-                      (args.checkpoint, args.checkpoint_every) if args.checkpoint else None)
-    except KeyboardInterrupt:
-        interrupted = True
-    finally:
-        if args.output:
+        out = MatchWriter(args.output, live_input=live, iso_times=args.ts_format == "iso")
+        try:
+            feed = events if skip is None else skip.events(events)
+            write_matches(engine, vocabulary.observe(feed), out, progress,
+                          (args.checkpoint, args.checkpoint_every) if args.checkpoint else None)
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
             out.close()
+    finally:
         dead.close()
+        if dead_file is not None:
+            dead_file.close()
+        if source is not args.input:
+            source.close()
+    if vocabulary.attrs and not interrupted:
+        for plan in engine.queries.values():
+            vocabulary.add_emitted(plan.pattern)
+        for plan in engine.queries.values():
+            for warning in vocabulary.unknown_names(str(plan.name), plan.pattern):
+                print(f"yfpp: warning: {warning}", file=sys.stderr)
+    figures = run_figures(engine, events.count, time.perf_counter() - started, dead)
     if args.stats:
-        print_stats(engine, events.count, time.perf_counter() - started, dead, sys.stderr)
+        sys.stderr.write(format_figures(figures))
+    if args.stats_json:
+        with open_for_writing(args.stats_json, "stats file") as f:
+            write_figures_json(figures, f)
     return run_status(args, events, dead, interrupted)
 
 
@@ -248,20 +304,27 @@ def run_status(args: argparse.Namespace, events: InputFeed, dead: DeadLetters, i
     return 0
 
 
-def write_matches(engine: Engine, events: Iterable[Event], out: TextIO, progress: "Progress | None",
+def _open_input(path: str) -> BinaryIO:
+    try:
+        return open(path, "rb")
+    except OSError as e:
+        raise YfppError(f"cannot read {path!r}: {e.strerror or e}") from e
+
+
+def write_matches(engine: Engine, events: Iterable[Event], out: MatchWriter, progress: Progress | None,
                   checkpoint: tuple[str, int] | None = None) -> int:
-    """Stream events through the engine, writing matches as JSON lines; return the event count.
+    """Stream events through the engine, writing matches as they complete; return the event count.
 
     With ``checkpoint = (path, every)`` the engine's state is written to ``path`` every
     ``every`` events, after the matches written so far are flushed.
     """
     n = 0
-    dumps = json.dumps
+    write = out.write
     every = checkpoint[1] if checkpoint else 0
     for ev in events:
         n += 1
         for m in engine.process(ev):
-            out.write(dumps(m) + "\n")
+            write(m)
         if progress is not None and n % 4096 == 0:
             progress.update(n, engine)
         if every and n % every == 0:
@@ -270,57 +333,10 @@ def write_matches(engine: Engine, events: Iterable[Event], out: TextIO, progress
             out.flush()
             write_checkpoint(engine, checkpoint[0])
     for m in engine.flush():
-        out.write(dumps(m) + "\n")
+        write(m)
     if progress is not None:
         progress.done(n, engine)
     return n
-
-
-class Progress:
-    """A one-line progress display: events, rate, live runs, matches."""
-
-    def __init__(self, stream: TextIO, every: float = 0.5):
-        self.stream = stream
-        self.every = every
-        self.start = self.last = time.perf_counter()
-
-    def update(self, n: int, engine: Engine, force: bool = False) -> None:
-        now = time.perf_counter()
-        if not force and now - self.last < self.every:
-            return
-        self.last = now
-        c = engine.stats
-        rate = n / max(now - self.start, 1e-9)
-        self.stream.write(f"\r{n:,} events  {rate:,.0f} ev/s  {c.live_runs:,} runs  {sum(c.matches.values()):,} matches ")
-        self.stream.flush()
-
-    def done(self, n: int, engine: Engine) -> None:
-        self.update(n, engine, force=True)
-        self.stream.write("\n")
-
-
-def print_stats(engine: Engine, n: int, elapsed: float, dead: DeadLetters, stream: TextIO) -> None:
-    c = engine.stats
-    lines = [
-        f"events            {n:,}",
-        f"elapsed           {elapsed:.3f} s",
-        f"events/s          {n / max(elapsed, 1e-9):,.0f}",
-        f"runs started      {c.runs_started:,}",
-        f"run objects made  {c.runs_created:,}  (starts, splits, Kleene takes)",
-        f"runs touched/ev   {c.runs_touched / max(n, 1):.2f}",
-        f"peak runs         {c.peak_runs:,}",
-        f"peak buffer       {c.peak_buffer:,} entries",
-        f"dead letters      {dead.count:,}" + (f"  ({dict(dead.by_reason)})" if dead.count else ""),
-        f"failed events     {c.failed:,}  (rolled back, in the dead letters)",
-        f"runs shed         {sum(c.shed_runs.values()):,}  (over a per-query cap)",
-        *([f"derived events    {engine.feedback.derived:,}  ({engine.feedback.dropped:,} dropped by the loop guards)"]
-          if engine.feedback.order else []),
-        "matches per query:",
-    ]
-    for plan in engine.queries.values():
-        shed = c.shed_runs.get(plan.name, 0)
-        lines.append(f"  {str(plan.name):<24} {c.matches.get(plan.name, 0):,}" + (f"  ({shed:,} runs shed)" if shed else ""))
-    stream.write("\n".join(lines) + "\n")
 
 
 # --- explain ------------------------------------------------------------------------------
@@ -329,12 +345,12 @@ def print_stats(engine: Engine, n: int, elapsed: float, dead: DeadLetters, strea
 def cmd_explain(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from yfpp.explain import as_dot, as_text, nfa_graph, write_picture
+    from yfpp.explain import as_dot, as_json, as_text, nfa_graph, write_picture
 
     engine = build_engine(args.query)
     g = nfa_graph(engine)
-    print(as_text(engine, g))
     dot = as_dot(g)
+    print({"text": lambda: as_text(engine, g), "json": lambda: as_json(engine, g), "dot": lambda: dot.rstrip("\n")}[args.format]())
     if args.dot:
         Path(args.dot).write_text(dot, encoding="utf-8")
     if args.png:
@@ -346,20 +362,30 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_examples(args: argparse.Namespace) -> int:
+    print(examples.listing())
+    return 0
+
+
 # --- generate -----------------------------------------------------------------------------
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from yfpp.generate import generate_rfid, generate_stock, write_events
+    from yfpp.readers import format_of
 
     if args.kind == "stock":
         records = generate_stock(args.events, symbols=args.symbols, p_up=args.p_up, seed=args.seed)
     else:
         records = generate_rfid(args.events, tags=args.tags, zones=args.zones, doors=args.doors,
                                 theft_rate=args.theft_rate, seed=args.seed)
-    out = sys.stdout if args.output == "-" else args.output
-    fmt = args.format or (None if args.output != "-" else "jsonl")
-    write_events(records, out, fmt)
+    fmt = args.format or ("jsonl" if args.output == "-" else format_of(args.output))
+    if fmt is None:
+        raise YfppError(f"cannot tell the output format of {args.output!r}: name it .xml or .jsonl "
+                        "(optionally .gz), or give --format xml|jsonl")
+    if args.output != "-":
+        check_writable(args.output, "output")
+    write_events(records, sys.stdout if args.output == "-" else args.output, fmt)
     return 0
 
 

@@ -1,15 +1,29 @@
-"""``yfpp explain``: the shared NFA as a networkx graph, as text, DOT and a picture."""
+"""``yfpp explain``: the shared NFA as a networkx graph, as text, JSON, DOT and a picture.
+
+A graph node is a node of the shared NFA (plus ``start``); its data says what a
+run there tests (type, Kleene, equivalence list, the predicates placed on it and
+the one the transition table indexes) and, for accepting nodes, what each
+query ending there checks on its own (window, negations, policy, RETURN).
+Predicates are printed with the variable names of the first query through the
+node (queries share a node when their predicates agree up to renaming).
+"""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
+import textwrap
 from pathlib import Path
+from typing import Any
 
 import networkx as nx
 
 from yfpp.engine import Engine
-from yfpp.pattern import Contiguity
+from yfpp.nfa_compiler import QueryPlan
+from yfpp.pattern import (
+    Aggregate, And, Arith, Compare, Contiguity, Expr, Index, Length, Literal, Neg, Not, Or, Ref, XPathTest, variables,
+)
 from yfpp.shared_nfa import Node
 
 AXIS = {
@@ -20,21 +34,32 @@ AXIS = {
 }
 
 
+# --- the graph ------------------------------------------------------------------------------
+
+
 def nfa_graph(engine: Engine) -> nx.DiGraph:
-    """Nodes of the shared NFA (attributes: label, queries through it, accepting queries) and edges."""
+    """The shared NFA: node ``start`` and one node per NFA node, edges parent → child (and Kleene loops)."""
     g = nx.DiGraph()
-    queries_through: dict[int, list[str]] = {}
+    through: dict[int, list[tuple[QueryPlan, int]]] = {}
     for plan in engine.queries.values():
-        for node in plan.nodes:
-            queries_through.setdefault(node.id, []).append(plan.name)
-    g.add_node("start", label="start", queries=[], accepts=[])
+        for i, node in enumerate(plan.nodes):
+            through.setdefault(node.id, []).append((plan, i))
+    g.add_node("start", label="start", type=None, kleene=False, partition_by=[], window=None, predicates=[],
+               index=None, queries=[], accepts=[])
     for node in engine.runtime.nfa.nodes():
+        users = through.get(node.id, [])
+        names = users[0][0].var_names if users else ()
         g.add_node(
             node.id,
             label=_label(node),
-            queries=queries_through.get(node.id, []),
-            accepts=[p.name for p in node.accepts],
+            type=node.event_type,
+            kleene=node.kleene,
+            partition_by=list(node.partition_by),
             window=node.window,
+            predicates=_predicates(users[0][0], users[0][1], names) if users else [],
+            index=_index_text(node.index_key),
+            queries=[str(p.name) for p, _ in users],
+            accepts=[_acceptance(p) for p in node.accepts],
         )
         parent = "start" if node.parent is None else node.parent.id
         g.add_edge(parent, node.id, label="" if node.parent is None else AXIS[node.contiguity])
@@ -44,13 +69,98 @@ def nfa_graph(engine: Engine) -> nx.DiGraph:
 
 
 def _label(node: Node) -> str:
-    preds = len(node.begin) + len(node.take) + len(node.final)
     text = f"{node.event_type or '*'}{'+' if node.kleene else ''}"
     if node.partition_by:
         text += f" [{','.join(node.partition_by)}]"
-    if preds:
-        text += f" ({preds} pred{'s' if preds > 1 else ''})"
     return text
+
+
+def _predicates(plan: QueryPlan, i: int, names: tuple[str, ...]) -> list[str]:
+    spec = plan.specs[i]
+    edges = [("", spec.begin), ("take: ", spec.take), ("final: ", spec.final)] if spec.kleene else [("", spec.begin)]
+    return [prefix + expr_text(e, names) for prefix, checks in edges for e, _ in checks]
+
+
+def _index_text(key: tuple | None) -> str | None:
+    if key is None:
+        return None
+    if key[0] == "range":
+        return f"{key[1]} {key[2]} {key[3]!r} (range index)"
+    return f"{'@' if key[0] == 'xeq' else ''}{key[1]} = {key[2]!r} (hash index)"
+
+
+def _acceptance(plan: QueryPlan) -> dict[str, Any]:
+    """What query ``plan`` checks on its own when a run reaches its last node."""
+    p = plan.pattern
+    positives = [c.var for c in p.positives]
+    negations = []
+    for neg in plan.negations + ([plan.trailing] if plan.trailing else []):
+        preds = [expr_text(e) for e in p.where if neg.var in variables(e)]
+        where = f"between {positives[neg.lower]} and {positives[neg.upper]}" if neg.upper is not None else f"after {positives[neg.lower]}"
+        negations.append(f"no {neg.event_type or 'event'} {where}" + (f" with {' and '.join(preds)}" if preds else ""))
+    return {
+        "query": str(plan.name),
+        "window": plan.window,
+        "negations": negations,
+        "policy": plan.policy,
+        "emit": plan.emit[0] if plan.emit else None,
+    }
+
+
+def _accept_text(a: dict[str, Any]) -> str:
+    parts = [a["query"]]
+    if a["window"] is not None:
+        parts.append(f"within {a['window']:g}")
+    parts += a["negations"]
+    if a["policy"] != "all":
+        parts.append(a["policy"])
+    if a["emit"]:
+        parts.append(f"emits {a['emit']}")
+    return "; ".join(parts)
+
+
+# --- expressions as text ----------------------------------------------------------------------
+
+
+def expr_text(e: Expr, names: tuple[str, ...] = ()) -> str:
+    """A predicate in SASE+ notation; canonical variables ``#i`` are shown as ``names[i]``."""
+
+    def var(v: str) -> str:
+        if v.startswith("#") and v[1:].isdigit() and int(v[1:]) < len(names):
+            return names[int(v[1:])]
+        return v
+
+    def ref(r: Ref) -> str:
+        index = {Index.EACH: "", Index.FIRST: "[1]", Index.PREV: "[i-1]", Index.LAST: f"[{var(r.var)}.len]"}[r.index]
+        return f"{var(r.var)}{index}.{r.attr}"
+
+    def show(e: Expr, outer: bool = True) -> str:
+        if isinstance(e, Literal):
+            return repr(e.value) if isinstance(e.value, str) else str(e.value).lower() if isinstance(e.value, bool) else f"{e.value:g}"
+        if isinstance(e, Ref):
+            return ref(e)
+        if isinstance(e, Length):
+            return f"{var(e.var)}.len"
+        if isinstance(e, Aggregate):
+            return f"{e.func}({var(e.var)}[..{'i-1' if e.upto_prev else ''}].{e.attr})"
+        if isinstance(e, XPathTest):
+            return f"{var(e.var)}[{e.source}]"
+        if isinstance(e, Neg):
+            return f"-{show(e.operand, False)}"
+        if isinstance(e, Not):
+            return f"NOT {show(e.operand, False)}"
+        if isinstance(e, (Arith, Compare)):
+            text = f"{show(e.left, False)} {e.op} {show(e.right, False)}"
+        elif isinstance(e, (And, Or)):
+            text = f" {'AND' if isinstance(e, And) else 'OR'} ".join(show(o, False) for o in e.operands)
+        else:
+            return repr(e)
+        return text if outer else f"({text})"
+
+    return show(e)
+
+
+# --- text and JSON ----------------------------------------------------------------------------
 
 
 def sharing_figures(engine: Engine, g: nx.DiGraph) -> dict[str, float]:
@@ -67,38 +177,77 @@ def sharing_figures(engine: Engine, g: nx.DiGraph) -> dict[str, float]:
 
 
 def as_text(engine: Engine, g: nx.DiGraph) -> str:
+    """The trie, one node a line, indented by depth; the details of a node on the lines under it."""
     lines = []
 
-    def walk(n, depth: int) -> None:
+    def walk(n: Any, depth: int) -> None:
         for child in sorted((c for c in g.successors(n) if c != n), key=str):
             d = g.nodes[child]
             edge = g.edges[n, child]["label"]
             loop = g.edges[child, child]["label"] if g.has_edge(child, child) else ""
             share = f"  shared by {len(d['queries'])}" if len(d["queries"]) > 1 else ""
-            acc = f"  accepts {', '.join(d['accepts'])}" if d["accepts"] else ""
+            acc = f"  accepts {', '.join(a['query'] for a in d['accepts'])}" if d["accepts"] else ""
             win = f"  window {d['window']:g}" if d["window"] is not None else ""
             lines.append(f"{'  ' * depth}{edge + ' ' if edge else ''}{d['label']}{' ⟲ ' + loop if loop else ''}{win}{share}{acc}")
+            pad = "  " * depth + "    "
+            lines.extend(f"{pad}where {p}" for p in d["predicates"])
+            if d["index"]:
+                lines.append(f"{pad}index {d['index']}")
+            lines.extend(f"{pad}{a['query']}: {'; '.join(a['negations'])}" for a in d["accepts"] if a["negations"])
             walk(child, depth + 1)
 
     walk("start", 0)
     f = sharing_figures(engine, g)
     lines.append("")
     lines.append(
-        f"{f['queries']} queries, {f['components']} components → {f['nodes']} NFA nodes "
+        f"{f['queries']} quer{'y' if f['queries'] == 1 else 'ies'}, {f['components']} components → {f['nodes']} NFA nodes "
         f"({f['shared_nodes']} shared), sharing ratio {f['sharing_ratio']:.2f}, {f['states']} run states"
     )
     return "\n".join(lines)
 
 
-def as_dot(g: nx.DiGraph) -> str:
-    def q(s: object) -> str:
-        return '"' + str(s).replace("\\", "\\\\").replace('"', '\\"') + '"'
+def as_json(engine: Engine, g: nx.DiGraph) -> str:
+    """The graph for tools: ``{"nodes": […], "edges": […], "figures": {…}}``."""
+    nodes = [{"id": str(n), **d} for n, d in g.nodes(data=True)]
+    edges = [{"from": str(a), "to": str(b), "label": d["label"]} for a, b, d in g.edges(data=True)]
+    return json.dumps({"nodes": nodes, "edges": edges, "figures": sharing_figures(engine, g)}, indent=2, ensure_ascii=False)
 
-    out = ["digraph yfpp {", "  rankdir=LR;", '  node [shape=circle, fontname="Helvetica"];']
+
+# --- DOT and pictures -------------------------------------------------------------------------
+
+
+def _dot_string(s: object) -> str:
+    """A DOT string literal; a newline in ``s`` becomes DOT's line break."""
+    return '"' + str(s).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def node_caption(d: dict[str, Any]) -> str:
+    """The multi-line caption of a node in pictures: label, window, predicates, index, acceptances."""
+    lines = [d["label"]]
+    if d["window"] is not None:
+        lines.append(f"window {d['window']:g}")
+    lines += d["predicates"]
+    if d["index"]:
+        lines.append(f"index {d['index']}")
+    for a in d["accepts"]:
+        lines += textwrap.wrap(f"→ {_accept_text(a)}", 48, subsequent_indent="   ")
+    return "\n".join(lines)
+
+
+def as_dot(g: nx.DiGraph) -> str:
+    q = _dot_string
+    out = [
+        "digraph yfpp {",
+        "  rankdir=LR; nodesep=0.25; ranksep=0.5;",
+        '  node [shape=box, style="rounded,filled", fillcolor="#dbe9f6", fontname="Helvetica", fontsize=10];',
+        '  edge [fontname="Helvetica", fontsize=9];',
+    ]
     for n, d in g.nodes(data=True):
-        label = d["label"] + (("\\n→ " + ", ".join(d["accepts"])) if d["accepts"] else "")
-        shape = "doublecircle" if d["accepts"] else ("point" if n == "start" else "circle")
-        out.append(f"  {q(n)} [label={q(label) if n != 'start' else q('')}, shape={shape}];")
+        if n == "start":
+            out.append(f"  {q(n)} [label={q('')}, shape=point, width=0.15];")
+            continue
+        fill = ', fillcolor="#f7d774", peripheries=2' if d["accepts"] else ""
+        out.append(f"  {q(n)} [label={q(node_caption(d))}{fill}];")
     for a, b, d in g.edges(data=True):
         out.append(f"  {q(a)} -> {q(b)} [label={q(d['label'])}];")
     out.append("}")
@@ -106,9 +255,9 @@ def as_dot(g: nx.DiGraph) -> str:
 
 
 def write_picture(g: nx.DiGraph, dot_text: str, path: Path) -> str:
-    """PNG via Graphviz ``dot`` if installed, else matplotlib; return which (or raise)."""
+    """PNG via Graphviz ``dot`` if installed, else a layered matplotlib drawing; return which (or raise)."""
     if shutil.which("dot"):
-        subprocess.run(["dot", "-Tpng", "-o", str(path)], input=dot_text.encode(), check=True)
+        subprocess.run(["dot", "-Tpng", "-Gdpi=110", "-o", str(path)], input=dot_text.encode(), check=True)
         return "graphviz"
     try:
         import matplotlib
@@ -117,20 +266,44 @@ def write_picture(g: nx.DiGraph, dot_text: str, path: Path) -> str:
         import matplotlib.pyplot as plt
     except ImportError as e:
         raise RuntimeError("a PNG needs Graphviz (apt install graphviz) or matplotlib (pip install matplotlib)") from e
-    layers = {n: 0 for n in g}
-    for n in nx.topological_sort(nx.DiGraph((a, b) for a, b in g.edges if a != b)):
-        for c in g.successors(n):
-            if c != n:
-                layers[c] = max(layers[c], layers[n] + 1)
-    nx.set_node_attributes(g, layers, "layer")
-    pos = nx.multipartite_layout(g, subset_key="layer")
-    fig, ax = plt.subplots(figsize=(max(6, 2 * max(layers.values(), default=1)), 1 + 0.6 * len(g)))
-    colors = ["#f4c542" if d["accepts"] else "#9cc3e6" for _, d in g.nodes(data=True)]
-    labels = {n: d["label"] + ("\n→ " + ", ".join(d["accepts"]) if d["accepts"] else "") for n, d in g.nodes(data=True)}
-    nx.draw_networkx(g, pos, ax=ax, labels=labels, node_color=colors, node_size=900, font_size=8)
-    nx.draw_networkx_edge_labels(g, pos, ax=ax, edge_labels={(a, b): d["label"] for a, b, d in g.edges(data=True)}, font_size=7)
+    pos, layers, rows = layered_layout(g)
+    lines = max(node_caption(d).count("\n") + 2 for _, d in g.nodes(data=True))
+    fig, ax = plt.subplots(figsize=(3.4 * (layers + 1), max(3.0, 0.16 * lines * rows)))
+    plain = nx.DiGraph((a, b, d) for a, b, d in g.edges(data=True) if a != b)
+    nx.draw_networkx_edges(plain, pos, ax=ax, arrows=True, arrowsize=12, node_size=2500, edge_color="#777")
+    nx.draw_networkx_edge_labels(plain, pos, ax=ax, edge_labels={(a, b): d["label"] for a, b, d in plain.edges(data=True)}, font_size=7)
+    for n, d in g.nodes(data=True):
+        x, y = pos[n]
+        if n == "start":
+            ax.plot([x], [y], "ko", markersize=5)
+            continue
+        text = node_caption(d) + ("\n⟲ " + g.edges[n, n]["label"] if g.has_edge(n, n) else "")
+        ax.text(x, y, text, ha="center", va="center", fontsize=7,
+                bbox={"boxstyle": "round", "fc": "#f7d774" if d["accepts"] else "#dbe9f6", "ec": "#555"})
     ax.set_axis_off()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return "matplotlib"
+
+
+def layered_layout(g: nx.DiGraph) -> tuple[dict[Any, tuple[float, float]], int, int]:
+    """A tidy-tree layout of the trie, left to right: x is the depth, each leaf gets a row of its own
+    and a node sits at the middle of its children. Also the number of layers and of rows."""
+    pos: dict[Any, tuple[float, float]] = {}
+    rows = 0
+
+    def place(n: Any, depth: int) -> float:
+        nonlocal rows
+        children = sorted((c for c in g.successors(n) if c != n), key=str)
+        if children:
+            ys = [place(c, depth + 1) for c in children]
+            y = (ys[0] + ys[-1]) / 2
+        else:
+            y = float(-rows)
+            rows += 1
+        pos[n] = (float(depth), y)
+        return y
+
+    place("start", 0)
+    return pos, int(max(x for x, _ in pos.values())), rows

@@ -7,8 +7,10 @@ Common to both readers:
   the good events may have gaps. (Blank JSON lines are not records.)
 * ``ts`` is a float in seconds: the ``ts_field`` value (int, float or a numeric
   string) times the unit — ``s``, ``ms``, ``us``, ``ns`` are divided by 1,
-  10³, 10⁶, 10⁹; ``min`` and ``h`` multiplied by 60 and 3600. A record whose ts
-  is missing, non-numeric or not finite is reported.
+  10³, 10⁶, 10⁹; ``min`` and ``h`` multiplied by 60 and 3600. The unit ``iso``
+  reads ISO-8601 text instead (``2026-11-22T10:00:05Z``; no offset means UTC)
+  as seconds since the epoch. A record whose ts is missing, non-numeric (not
+  ISO-8601) or not finite is reported.
 * The event type is the JSON field ``type`` / the XML element's local name;
   with ``type_field`` it is that JSON field / that XML attribute (or leaf
   child) instead, removed from the attributes like the ts field.
@@ -118,7 +120,8 @@ def read_events(
         if not fmt:
             if owned:
                 f.close()
-            raise InputError(f"cannot tell the format of {path_or_file!r}; give format='xml' or 'jsonl'")
+            name = getattr(path_or_file, "name", path_or_file)  # a file object: its file name
+            raise InputError(f"cannot tell the format of {name!r}; give format='xml' or 'jsonl'")
     return _READERS[fmt](f, owned, opts, _sink(dead_letters))
 
 

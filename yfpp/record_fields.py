@@ -5,12 +5,15 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 #: unit → (multiplier, divisor) to seconds
 TS_UNITS: dict[str, tuple[int, int]] = {
     "s": (1, 1), "ms": (1, 1000), "us": (1, 10**6), "ns": (1, 10**9), "min": (60, 1), "h": (3600, 1),
 }
+#: the ``ts_unit`` name (and its marker) for ISO-8601 timestamps: ``2026-11-22T10:00:05Z``, no offset = UTC
+ISO_UNIT_NAME, ISO_8601 = "iso", (0, 0)
 #: Default cap on one record's size (an XML event element or a JSON line), in bytes.
 MAX_RECORD_BYTES = 1 << 20
 #: Default cap on one record's nesting (XML elements inside an event, JSON objects/arrays in a line).
@@ -35,7 +38,9 @@ class ReaderOptions:
 
 
 def unit_factors(name: str) -> tuple[int, int]:
-    """The (multiplier, divisor) of a unit name; ValueError for an unknown one."""
+    """The (multiplier, divisor) of a unit name (:data:`ISO_8601` for ``iso``); ValueError for an unknown one."""
+    if name == ISO_UNIT_NAME:
+        return ISO_8601
     if name not in TS_UNITS:
         raise ValueError(f"unknown ts_unit {name!r}; expected one of {', '.join(TS_UNITS)}")
     return TS_UNITS[name]
@@ -63,7 +68,9 @@ def typed_value(text: str) -> int | float | str:
 
 
 def seconds(value: Any, unit: tuple[int, int]) -> float | None:
-    """The timestamp in seconds, or None when ``value`` is not a finite number."""
+    """The timestamp in seconds, or None when ``value`` is not a finite number (ISO-8601 text for that unit)."""
+    if unit is ISO_8601:
+        return iso_seconds(value)
     if isinstance(value, str):
         value = typed_value(value.strip())
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -75,13 +82,26 @@ def seconds(value: Any, unit: tuple[int, int]) -> float | None:
     return ts if math.isfinite(ts) else None
 
 
+def iso_seconds(value: Any) -> float | None:
+    """ISO-8601 text as seconds since the epoch (UTC when it has no offset), else None."""
+    if not isinstance(value, str):
+        return None
+    try:
+        t = datetime.fromisoformat(value.strip())
+    except ValueError:
+        return None
+    return (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).timestamp()
+
+
 def pop_ts(fields: dict[str, Any], ts_field: str, unit: tuple[int, int], what: str) -> float | str:
     """Remove the timestamp from ``fields``: seconds, or the reason the record is malformed."""
     if ts_field not in fields:
         return f"missing ts: no {what} {ts_field!r}"
     raw_ts = fields.pop(ts_field)
     ts = seconds(raw_ts, unit)
-    return f"non-numeric ts: {raw_ts!r}" if ts is None else ts
+    if ts is None:
+        return f"{'non-ISO-8601' if unit is ISO_8601 else 'non-numeric'} ts: {raw_ts!r}"
+    return ts
 
 
 def pop_type(fields: dict[str, Any], type_field: str, what: str) -> tuple[str, str | None]:

@@ -1,0 +1,138 @@
+"""Ordinary mistakes get one ``yfpp: error: …`` line; runs report stats as JSON, progress, ISO times, unseen names."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from yfpp.cli import main
+from yfpp.examples import resolve
+from yfpp.stats import Progress, percent_eta
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = str(ROOT / "yfpp" / "data" / "sample_rfid.xml")
+SHOPLIFTING = str(ROOT / "queries" / "shoplifting.sase")
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_error(code: int, err: str, *parts: str) -> None:
+    assert code != 0
+    assert err.startswith("yfpp: error: ") and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err
+    for part in parts:
+        assert part in err
+
+
+def test_bad_ts_unit(capsys):
+    code, _, err = run(capsys, "run", "-q", SHOPLIFTING, "-i", SAMPLE, "--ts-unit", "seconds")
+    assert_one_error(code, err, "unknown --ts-unit 'seconds'", "expected one of s, ms, us, ns, min, h")
+
+
+@pytest.mark.parametrize("option, what", [("-o", "output"), ("--dead-letters", "dead-letter file"), ("--stats-json", "stats file")])
+def test_output_paths_in_a_missing_directory(tmp_path, capsys, option, what):
+    target = tmp_path / "missing" / "x.jsonl"
+    code, _, err = run(capsys, "run", "-q", SHOPLIFTING, "-i", SAMPLE, option, str(target))
+    assert_one_error(code, err, f"cannot write {what} {target}", f"directory {tmp_path / 'missing'} does not exist")
+
+
+def test_generate_to_an_unknown_extension(tmp_path, capsys):
+    code, _, err = run(capsys, "generate", "rfid", "--events", "10", "-o", str(tmp_path / "feed.csv"))
+    assert_one_error(code, err, "cannot tell the output format of", "feed.csv", "--format xml|jsonl")
+    assert not (tmp_path / "feed.csv").exists()
+
+
+def test_generate_into_a_missing_directory(tmp_path, capsys):
+    code, _, err = run(capsys, "generate", "rfid", "--events", "10", "-o", str(tmp_path / "no" / "feed.xml"))
+    assert_one_error(code, err, "does not exist")
+
+
+@pytest.mark.parametrize("progress", ["never", "always"])
+def test_unreadable_inputs(tmp_path, capsys, progress):
+    code, _, err = run(capsys, "run", "-q", SHOPLIFTING, "-i", str(tmp_path / "nope.xml"), "--progress", progress)
+    assert_one_error(code, err, "cannot read", "nope.xml", "No such file or directory")
+    code, _, err = run(capsys, "run", "-q", SHOPLIFTING, "-i", str(tmp_path), "--progress", progress)
+    assert_one_error(code, err, "cannot read", "Is a directory")
+    (tmp_path / "notes.txt").write_text("hello\n")
+    code, _, err = run(capsys, "run", "-q", SHOPLIFTING, "-i", str(tmp_path / "notes.txt"), "--progress", progress)
+    assert_one_error(code, err, f"cannot tell the format of '{tmp_path / 'notes.txt'}'")
+
+
+def test_unseen_types_and_attributes_are_warned_with_a_suggestion(capsys):
+    code, out, err = run(capsys, "run", "-q", str(ROOT / "queries" / "figure1_q1_shoplifting.sase"), "-i", SAMPLE)
+    assert code == 0 and out == ""
+    assert "yfpp: warning: query 'figure1_q1_shoplifting': type 'Shelf' never seen; did you mean 'shelf'?" in err
+    code, out, err = run(capsys, "run", "-q", "PATTERN SEQ(shelf a, exit c) WHERE [tagid] AND a.Zone = 'Z1'", "-i", SAMPLE)
+    assert "attribute 'tagid' never seen on 'shelf' events; did you mean 'tag_id'?" in err
+    assert "attribute 'Zone' never seen on 'shelf' events; did you mean 'zone'?" in err
+    code, out, err = run(capsys, "run", "-q", "[tag_id]//shelf[@Zone='Z1']//exit", "-i", SAMPLE)
+    assert "attribute 'Zone' never seen on 'shelf' events; did you mean 'zone'?" in err
+    code, out, err = run(capsys, "run", "-q", SHOPLIFTING, "-i", SAMPLE)
+    assert code == 0 and out and "warning" not in err
+    # a type some query's RETURN builds counts as seen (the events it feeds back)
+    code, out, err = run(capsys, "run", "-q", SHOPLIFTING, "-q", "PATTERN SEQ(theft t, theft u) WHERE [tag_id]", "-i", SAMPLE)
+    assert code == 0 and "warning" not in err
+
+
+def test_stats_json_has_the_stats_figures(tmp_path, capsys):
+    path = tmp_path / "stats.json"
+    code, out, err = run(capsys, "run", "-q", SHOPLIFTING, "-i", SAMPLE, "--stats", "--stats-json", str(path))
+    figures = json.loads(path.read_text())
+    assert code == 0
+    assert figures["events"] == 300 and figures["dead_letters"] == 0
+    assert figures["matches"] == {"shoplifting": len(out.splitlines())}
+    assert f"peak runs         {figures['peak_runs']:,}" in err
+    assert set(figures) >= {"elapsed_s", "events_per_s", "runs_started", "runs_created", "runs_touched_per_event", "peak_buffer"}
+
+
+def test_progress_shows_percentage_and_eta_for_a_file(capsys):
+    code, _, err = run(capsys, "run", "-q", SHOPLIFTING, "-i", SAMPLE, "--progress", "always")
+    assert code == 0 and "300 events" in err and "100%  ETA 0:00" in err
+
+
+def test_percent_eta():
+    assert percent_eta(25, 100, 10.0) == "25%  ETA 0:30"
+    assert percent_eta(0, 100, 10.0) == "0%  ETA ?"
+    assert percent_eta(1, 100, 100.0) == "1%  ETA 2:45:00"
+
+
+def test_progress_without_a_size_has_no_percentage():
+    class Eng:
+        stats = type("C", (), {"live_runs": 3, "matches": {"q": 2}})()
+
+    buf = io.StringIO()
+    Progress(buf).done(10, Eng())  # type: ignore[arg-type]
+    assert "10 events" in buf.getvalue() and "%" not in buf.getvalue()
+
+
+def test_iso_timestamps_in_and_out(tmp_path, capsys):
+    feed = tmp_path / "f.jsonl"
+    feed.write_text(
+        '{"type": "shelf", "ts": "2026-11-22T10:00:00Z", "tag_id": 1}\n'
+        '{"type": "exit", "ts": "2026-11-22T10:30:00.5+00:00", "tag_id": 1}\n'
+        '{"type": "exit", "ts": "yesterday", "tag_id": 1}\n'
+    )
+    dead = tmp_path / "dead.jsonl"
+    code, out, _ = run(capsys, "run", "-q", "PATTERN SEQ(shelf a, exit c) WHERE [tag_id] WITHIN 1 hour", "-i", str(feed),
+                       "--ts-format", "iso", "--dead-letters", str(dead))
+    (m,) = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and m["start"] == "2026-11-22T10:00:00Z" and m["end"] == "2026-11-22T10:30:00.500000Z"
+    assert json.loads(dead.read_text())["reason"] == "non-ISO-8601 ts: 'yesterday'"
+
+
+def test_help_examples_name_files_that_exist():
+    from yfpp import cli
+
+    for text in (cli.RUN_EXAMPLES, cli.EXPLAIN_EXAMPLES):
+        for word in text.split():
+            if word.startswith(("queries/", "yfpp/")):
+                assert (ROOT / word).is_file(), word
+            if word.startswith("example:"):
+                assert Path(resolve(word)).is_file(), word

@@ -1,0 +1,72 @@
+"""``yfpp explain``: text, JSON and DOT of the shared NFA; pictures with and without Graphviz."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from yfpp import explain
+from yfpp.cli import build_engine, main
+
+ROOT = Path(__file__).resolve().parent.parent
+QUERIES = [
+    "PATTERN SEQ(shelf a, ~register b, exit c) WHERE [tag_id] AND c.door = 'D1' AND b.lane > 2 WITHIN 12 hours",
+    "PATTERN SEQ(stock+ a[], stock b) WHERE [symbol] AND a[i].price > avg(a[..i-1].price) AND b.volume < 80% * a[a.len].volume WITHIN 1 hour",
+    "[tag_id]//shelf[@zone='Z1']//exit",
+]
+
+
+def test_text_shows_predicates_indexes_windows_negations(capsys):
+    assert main(["explain", *sum((["-q", q] for q in QUERIES), [])]) == 0
+    out = capsys.readouterr().out
+    assert "next exit [tag_id]  window 43200  accepts q" in out
+    assert "where c.door = 'D1'" in out and "index door = 'D1' (hash index)" in out
+    assert "q: no register between a and c with b.lane > 2" in out
+    assert "stock+ [symbol] ⟲ take (next)  window 3600" in out
+    assert "where take: a.price > avg(a[..i-1].price)" in out
+    assert "where b.volume < (0.8 * a[a.len].volume)" in out
+    assert "where e1[@zone='Z1']" in out and "index @zone = 'Z1' (hash index)" in out
+
+
+def test_json_is_the_graph_for_tools(capsys):
+    assert main(["explain", "-q", str(ROOT / "queries/sharing.xpe"), "--format", "json"]) == 0
+    g = json.loads(capsys.readouterr().out)
+    assert g["figures"]["nodes"] == 9 and g["figures"]["queries"] == 8
+    assert len(g["nodes"]) == 10 and len(g["edges"]) == 9
+    accepting = {a["query"]: a for n in g["nodes"] for a in n["accepts"]}
+    assert sorted(accepting) == [f"q{i}" for i in range(1, 9)]
+    assert accepting["q3"]["negations"] == ["no b between e1 and e2"]
+    first = next(n for n in g["nodes"] if n["id"] == next(e["to"] for e in g["edges"] if e["from"] == "start"))
+    assert first["type"] == "a" and first["partition_by"] == ["id"] and len(first["queries"]) == 8
+
+
+def test_dot_labels_have_real_line_breaks(tmp_path):
+    g = explain.nfa_graph(build_engine(QUERIES))
+    dot = explain.as_dot(g)
+    assert "\\\\n" not in dot  # the old bug: the line break escaped twice
+    assert '\\n→ q; within 43200; no register' in dot
+    assert dot.count("->") == g.number_of_edges()
+
+
+def test_picture_without_graphviz_uses_a_layered_matplotlib_drawing(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib", reason="the fallback drawing needs matplotlib")
+    monkeypatch.setattr(explain.shutil, "which", lambda name: None)
+    g = explain.nfa_graph(build_engine([str(ROOT / "queries/negations.xpe"), str(ROOT / "queries/stock_templates.sase")]))
+    assert 20 <= g.number_of_nodes() <= 50
+    path = tmp_path / "nfa.png"
+    assert explain.write_picture(g, explain.as_dot(g), path) == "matplotlib"
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, layers, rows = explain.layered_layout(g)
+    assert layers == max(len(p.nodes) for p in build_engine([str(ROOT / "queries/negations.xpe")]).queries.values())
+    for a, b in g.edges:  # children to the right of their parent
+        assert a == b or pos[b][0] == pos[a][0] + 1
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz is not installed")
+def test_picture_with_graphviz(tmp_path, capsys):
+    path = tmp_path / "nfa.png"
+    assert main(["explain", "-q", str(ROOT / "queries/sharing.xpe"), "--png", str(path)]) == 0
+    assert "with graphviz" in capsys.readouterr().err and path.read_bytes()[:4] == b"\x89PNG"

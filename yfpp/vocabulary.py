@@ -1,0 +1,79 @@
+"""Which event types and attribute names a stream had, and the names queries use that it lacked.
+
+``yfpp run`` warns after a run when a query names a type or an attribute no
+event had (``type 'Shelf' never seen; did you mean 'shelf'?``): a query that
+matches nothing because of a misspelt or wrongly-cased name is otherwise silent.
+The bookkeeping is one dict lookup and one set test per event.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from typing import Iterable, Iterator
+
+from yfpp.events import PSEUDO_ATTRS, Event
+from yfpp.pattern import Aggregate, Pattern, Ref, XPathTest, walk
+
+_XPATH_ATTR = re.compile(r"@([A-Za-z_][\w.-]*)")
+
+
+class Vocabulary:
+    """Attribute names seen per event type."""
+
+    def __init__(self) -> None:
+        self.attrs: dict[str, set[str]] = {}
+
+    def observe(self, events: Iterable[Event]) -> Iterator[Event]:
+        """Pass ``events`` through, noting each one's type and attribute names."""
+        seen = self.attrs
+        for ev in events:
+            names = seen.get(ev.type)
+            if names is None:
+                seen[ev.type] = set(ev.attrs)
+            elif not names.issuperset(ev.attrs):
+                names.update(ev.attrs)
+            yield ev
+
+    def add_emitted(self, pattern: Pattern) -> None:
+        """Count the event a query's RETURN builds as seen: fed back, other queries may match it."""
+        if pattern.emit is not None:
+            self.attrs.setdefault(pattern.emit.event_type, set()).update(name for name, _ in pattern.emit.attrs)
+
+    def unknown_names(self, query: str, pattern: Pattern) -> list[str]:
+        """Warnings for the types and attributes ``pattern`` names that never occurred."""
+        if not self.attrs:
+            return []
+        warnings: list[str] = []
+        types = {c.var: c.event_type for c in pattern.components}
+        for t in dict.fromkeys(t for t in types.values() if t is not None):
+            if t not in self.attrs:
+                warnings.append(f"query {query!r}: type {t!r} never seen{_hint(t, self.attrs)}")
+        wanted: dict[tuple[str | None, str], None] = {}
+        for t in types.values():
+            for a in pattern.partition_by:
+                wanted[(t, a)] = None
+        exprs = list(pattern.where) + ([e for _, e in pattern.emit.attrs] if pattern.emit else [])
+        for expr in exprs:
+            for node in walk(expr):
+                if isinstance(node, (Ref, Aggregate)) and node.attr not in PSEUDO_ATTRS:
+                    wanted[(types.get(node.var), node.attr)] = None
+                elif isinstance(node, XPathTest):
+                    for a in _XPATH_ATTR.findall(node.source):
+                        wanted[(types.get(node.var), a)] = None
+        all_attrs = set().union(*self.attrs.values())
+        for t, a in wanted:
+            if t is not None and t not in self.attrs:
+                continue  # the type warning says it
+            names = all_attrs if t is None else self.attrs[t]
+            if a not in names:
+                on = "any event" if t is None else f"{t!r} events"
+                warnings.append(f"query {query!r}: attribute {a!r} never seen on {on}{_hint(a, names)}")
+        return warnings
+
+
+def _hint(name: str, known: Iterable[str]) -> str:
+    known = list(known)
+    by_case = [k for k in known if k.lower() == name.lower()]
+    close = by_case or difflib.get_close_matches(name, known, n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
