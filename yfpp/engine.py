@@ -16,6 +16,7 @@ from typing import Any, Iterable, Mapping
 
 from yfpp.dead_letters import DeadLetters
 from yfpp.errors import YfppError
+from yfpp.event_sets import STRATEGIES, SetMatcher, set_matcher
 from yfpp.events import Event
 from yfpp.nfa_compiler import QueryPlan, compile_pattern
 from yfpp.pattern import Pattern
@@ -34,8 +35,19 @@ class Engine:
     [{'query': 'out', 'id': '4e1110d1828aaf3b', 'bindings': {'a': [0], 'c': [1]}, 'start': 1, 'end': 5}]
     """
 
-    def __init__(self, *, max_delay: float = 0.0, dead_letters: DeadLetters | None = None, policy: str | None = None):
+    def __init__(
+        self,
+        *,
+        max_delay: float = 0.0,
+        dead_letters: DeadLetters | None = None,
+        policy: str | None = None,
+        strategy: str = "direct",
+    ):
+        if strategy not in STRATEGIES:
+            raise YfppError(f"unknown evaluation strategy {strategy!r} (expected one of {', '.join(STRATEGIES)})")
         self.runtime = Runtime()
+        self.strategy = strategy  # for event-set queries (docs/event_sets.md)
+        self.set_queries: dict[int, SetMatcher] = {}
         self.max_delay = max_delay
         self.dead_letters = dead_letters if dead_letters is not None else DeadLetters(sys.stderr)
         self.default_policy = policy
@@ -54,6 +66,9 @@ class Engine:
         if policy is not None and policy != pattern.policy:
             pattern = dataclasses.replace(pattern, policy=policy).validate()
         qid = next(self._ids)
+        if pattern.has_sets:
+            self.set_queries[qid] = set_matcher(pattern, name if name is not None else qid, self.strategy)
+            return qid
         plan = compile_pattern(pattern, name if name is not None else qid)
         self.queries[qid] = plan
         self.runtime.add(plan)
@@ -61,6 +76,8 @@ class Engine:
 
     def unregister(self, qid: int) -> None:
         """Remove a query: it emits nothing more and its runs are freed."""
+        if self.set_queries.pop(qid, None) is not None:
+            return
         plan = self.queries.pop(qid, None)
         if plan is None:
             raise YfppError(f"no query with id {qid}")
@@ -84,7 +101,7 @@ class Engine:
             return []
         if self.max_delay <= 0:
             self._stream_time = ev.ts
-            return self.runtime.process(ev)
+            return self._step(ev)
         heapq.heappush(self._held, (ev.ts, ev.seq, ev))
         return self._release(ev.ts - self.max_delay)
 
@@ -104,7 +121,19 @@ class Engine:
         while self._held and self._held[0][0] <= upto:
             _, _, ev = heapq.heappop(self._held)
             self._stream_time = ev.ts
-            out.extend(self.runtime.process(ev))
+            out.extend(self._step(ev))
+        return out
+
+    def _step(self, ev: Event) -> list[dict]:
+        """One event in stream order through the shared NFA and every set query's matcher."""
+        out = self.runtime.process(ev)
+        return self._count_sets(out, [m.process(ev) for m in self.set_queries.values()])
+
+    def _count_sets(self, out: list[dict], found: list[list[dict]]) -> list[dict]:
+        for matches in found:
+            for m in matches:
+                self.runtime.counters.matches[m["query"]] += 1
+            out.extend(matches)
         return out
 
     def process_all(self, events: Iterable[Event | Mapping[str, Any]]) -> Iterable[dict]:
@@ -117,13 +146,13 @@ class Engine:
         """Move stream time to ``ts`` with no event: held events and deadlines before it are released."""
         out = self._release(ts - self.max_delay) if self._held else []
         out.extend(self.runtime.advance_time(ts))
-        return out
+        return self._count_sets(out, [m.advance_time(ts) for m in self.set_queries.values()])
 
     def flush(self) -> list[dict]:
         """End of input: release held events, decide pending trailing negations."""
         out = self._release(float("inf"))
         out.extend(self.runtime.flush())
-        return out
+        return self._count_sets(out, [m.flush() for m in self.set_queries.values()])
 
     @property
     def stats(self):

@@ -6,6 +6,9 @@ evaluated.  Documented extensions beyond the SIGMOD 2008 syntax:
 
 * ``OUTPUT all | non_overlapping`` after ``WITHIN`` sets the output policy;
 * ``RETURN name`` without parentheses emits an event with no attributes;
+* ``{A a, B+ b[]}`` is an event set (SPEC §2.5, docs/event_sets.md) and
+  ``prev(b.x)`` means ``b[i-1].x``; ``OUTPUT earliest_maximal`` keeps the
+  match-windows paper's earliest and maximal matches of a set pattern;
 * several strategy calls mix strategies, e.g.
   ``WHERE strict_contiguity(a, b) skip_till_any_match(c) {…}``: each call sets
   the contiguity of the components it lists (a listed Kleene variable also
@@ -138,6 +141,14 @@ def _error(token: Token | Tree, message: str) -> PatternError:
 class _Strategy(NamedTuple):
     contiguity: Contiguity
     args: list[Token]
+    token: Token | None = None
+
+
+@dataclass(frozen=True)
+class _EventSet:
+    """``{c1, c2, …}`` in SEQ: flattened by ``pattern`` into components sharing a set id."""
+
+    members: tuple[Component, ...]
 
 
 @dataclass(frozen=True)
@@ -174,7 +185,10 @@ class _Builder(Transformer[Token, Pattern]):
         emit: Emit | None,
     ) -> Pattern:
         strategies, body = where or ([], None)
-        components = _apply_strategies(components, strategies)
+        if any(c.set_id is not None for c in components):
+            components = _set_strategies(components, strategies)
+        else:
+            components = _apply_strategies(components, strategies)
         partition_by: list[str] = []
         preds: list[Expr] = []
         for conjunct in conjuncts(body) if body is not None else []:
@@ -195,8 +209,26 @@ class _Builder(Transformer[Token, Pattern]):
             emit=emit,
         )
 
-    def pattern(self, *components: Component) -> list[Component]:
-        return list(components)
+    def pattern(self, *items: Component | _EventSet) -> list[Component]:
+        out: list[Component] = []
+        for set_id, item in enumerate(items):
+            if isinstance(item, _EventSet):
+                out += [replace(c, set_id=set_id) for c in item.members]
+            else:
+                out.append(item)
+        return out
+
+    @v_args(meta=True, inline=False)
+    def event_set(self, meta: Any, members: list[Component | _EventSet]) -> _EventSet:
+        for c in members:
+            if isinstance(c, _EventSet):
+                raise PatternError(f"line {meta.line}, column {meta.column}: event sets do not nest")
+            if not c.positive:
+                raise PatternError(
+                    f"line {meta.line}, column {meta.column}: negation ~{c.var} cannot be inside an event set: "
+                    "a set's events have no order, so there is no 'between'"
+                )
+        return _EventSet(tuple(members))
 
     def single(self, event_type: str | None, var: Token) -> Component:
         return Component(str(var), event_type and str(event_type))
@@ -216,7 +248,7 @@ class _Builder(Transformer[Token, Pattern]):
         return strategies, bodies[0] if bodies else None
 
     def strategy(self, name: Token, *args: Token) -> _Strategy:
-        return _Strategy(_STRATEGIES[name.lower()], list(args))
+        return _Strategy(_STRATEGIES[name.lower()], list(args), name)
 
     def strategy_name(self, token: Token) -> Token:
         return token
@@ -283,6 +315,11 @@ class _Builder(Transformer[Token, Pattern]):
         node = Length(str(var)) if attr.lower() == "len" else Ref(str(var), str(attr))
         return self._use(node, var)
 
+    def prev_ref(self, func: Token, var: Token, attr: Token) -> Ref:
+        if func.lower() != "prev":
+            raise _error(func, f"unknown function {str(func)!r}: prev(v.attr) is the previous event of Kleene v")
+        return self._use(Ref(str(var), str(attr), Index.PREV), var, indexed=True)
+
     def indexed_ref(self, var: Token, index: Tree, attr: Token) -> Ref:
         return self._use(Ref(str(var), str(attr), _index(var, index)), var, indexed=True)
 
@@ -334,6 +371,19 @@ def _apply_strategies(components: list[Component], strategies: list[_Strategy]) 
         replace(c, contiguity=by_var.get(c.var, Contiguity.SKIP_TILL_NEXT)) if c.positive else c
         for c in components
     ]
+
+
+def _set_strategies(components: list[Component], strategies: list[_Strategy]) -> list[Component]:
+    """Event-set patterns match every combination (Definition 2): only skip_till_any_match says that."""
+    for strategy in strategies:
+        if strategy.contiguity is not Contiguity.SKIP_TILL_ANY:
+            raise _error(
+                strategy.token,
+                f"{str(strategy.token).lower()} has no meaning in an event-set pattern: its matches are every "
+                "combination (Definition 2), i.e. skip_till_any_match; OUTPUT earliest_maximal keeps the paper's subset",
+            )
+    stam = Contiguity.SKIP_TILL_ANY
+    return [replace(c, contiguity=stam, inner_contiguity=stam) if c.positive else c for c in components]
 
 
 def _check_uses(pattern: Pattern, uses: list[tuple[Any, Token, bool]]) -> None:
