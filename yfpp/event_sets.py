@@ -539,6 +539,7 @@ class MatchWindowMatcher(_Matcher):
         self.deadlines: list[tuple[float, int, Any]] = []  # (first.ts + τ, order, key)
         self._order = count()
         self.counters.update(windows_seen=0, candidate_windows=0, events_filtered=0)
+        self.trace: list[tuple[list[Event], tuple[bool, bool, bool]]] | None = None  # set to a list to record windows
 
     def process(self, ev: Event) -> list[dict]:
         found = self._close(ev.ts)
@@ -580,7 +581,10 @@ class MatchWindowMatcher(_Matcher):
     def _complete(self, w: MatchWindow) -> list[Binding]:
         c = self.counters
         c["windows_seen"] += 1
-        if self.conditions and not all(w.conditions(self.plan)):
+        met = w.conditions(self.plan)
+        if self.trace is not None:
+            self.trace.append(([ev for ev, _, _ in w.entries], met))
+        if self.conditions and not all(met):
             return []
         c["candidate_windows"] += 1
         c["matcher_calls"] += 1
