@@ -63,3 +63,87 @@ def test_set_pattern_matches_reference_two_types(pattern, events):
 @given(st.lists(st.one_of(set_patterns(max_vars=3), patterns(max_positives=2)), min_size=2, max_size=3), streams(max_events=8))
 def test_set_and_ordinary_queries_share_one_engine(pats, events):
     check(pats, events)
+
+
+# --- languages, errors, CLI ------------------------------------------------------------------
+
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from yfpp.cli import main  # noqa: E402
+from yfpp.errors import PatternError, QuerySyntaxError, YfppError  # noqa: E402
+from yfpp.query_text import parse_query  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_sase_and_xpath_set_patterns_are_the_same_ir():
+    sase = parse_query("PATTERN SEQ({C e1, P+ e2[]}, B e3) WHERE [PID] WITHIN 15 days")
+    xpath = parse_query("[PID]//{C, P+}//B(15 days)")
+    assert sase.components == xpath.components and sase.partition_by == xpath.partition_by
+    assert [[c.var for c in b] for b in xpath.blocks] == [["e1", "e2"], ["e3"]]
+
+
+@pytest.mark.parametrize(
+    "query, where",
+    [
+        ("PATTERN SEQ({C c, ~P p}, B b) WITHIN 3", "line 1, column 13: negation ~p cannot be inside an event set"),
+        ("PATTERN SEQ({C c, P p}, B b)\nWHERE strict_contiguity(c, p, b) WITHIN 3", "line 2, column 7: strict_contiguity has no meaning"),
+        ("PATTERN SEQ({C c, {P p}}, B b) WITHIN 3", "line 1, column 13: event sets do not nest"),
+        ("PATTERN SEQ(C c, B b) WHERE next(b.x) > 1", "line 1, column 29: unknown function 'next'"),
+        ("PATTERN SEQ({C c, P p}, B b)", "needs a duration τ (WITHIN)"),
+        ("PATTERN SEQ({C c, P p}, ~X x, B b) WITHIN 3", "negation ~x in an event-set pattern is not supported"),
+        ("PATTERN SEQ({C c, P p}, B b) WITHIN 3 OUTPUT non_overlapping", "'non_overlapping' is not defined for event-set"),
+        ("PATTERN SEQ(C c, B b) WITHIN 3 OUTPUT earliest_maximal", "unknown output policy 'earliest_maximal'"),
+        ("PATTERN SEQ({C c, P+ p[]}, B b) WHERE sum(p[..i-1].x) > 1 WITHIN 3", "is not defined in an event-set pattern"),
+        ("//{C, !P}//B(3)", "line 1, column 7: a negated step cannot be inside an event set"),
+        ("//{C, P}/B(3)", "line 1, column 9: an event-set path joins its steps with '//'"),
+    ],
+)
+def test_what_has_no_clear_meaning_is_refused_with_a_position(query, where):
+    with pytest.raises((PatternError, QuerySyntaxError)) as err:
+        parse_query(query)
+    assert where in str(err.value)
+
+
+def test_prev_is_previous_iteration_in_ordinary_patterns_too():
+    assert parse_query("PATTERN SEQ(A a, B+ b[]) WHERE prev(b.x) < b.x") == parse_query(
+        "PATTERN SEQ(A a, B+ b[]) WHERE b[i-1].x < b.x"
+    )
+
+
+def test_unknown_strategy_is_an_error():
+    with pytest.raises(YfppError, match="unknown evaluation strategy 'lazy'"):
+        Engine(strategy="lazy")
+
+
+def test_unregister_set_query_and_late_registration():
+    eng = Engine()
+    qid = eng.register("PATTERN {A a, B b} WITHIN 10", name="ab")
+    assert eng.process({"type": "B", "ts": 0}) == []
+    assert [m["bindings"] for m in eng.process({"type": "A", "ts": 1})] == [{"a": [1], "b": [0]}]
+    eng.unregister(qid)
+    assert eng.process({"type": "B", "ts": 2}) == []
+    eng.register("PATTERN {A a, B b} WITHIN 10", name="later")
+    assert eng.process({"type": "B", "ts": 3}) == []  # the A at ts 1 came before it was added
+    assert [m["query"] for m in eng.process({"type": "A", "ts": 4})] == ["later"]
+
+
+def test_cli_strategy_and_stats(capsys):
+    q, feed = str(ROOT / "queries" / "chemo_q1.sase"), str(ROOT / "yfpp" / "data" / "chemo.jsonl")
+    outs = {}
+    for strategy in ("direct", "match-window"):
+        assert main(["run", "-q", q, "-i", feed, "--strategy", strategy, "--stats"]) == 0
+        out, err = capsys.readouterr()
+        outs[strategy] = sorted(json.loads(line)["id"] for line in out.splitlines())
+    assert len(outs["direct"]) == 11 and outs["direct"] == outs["match-window"]
+    assert "windows seen 13, candidate windows 3, matcher calls 3" in err
+
+
+def test_spark_refuses_set_queries():
+    from yfpp.spark.plan import effective_queries
+
+    with pytest.raises(YfppError, match="event-set queries do not run on Spark yet"):
+        effective_queries({"q1": "PATTERN {A a, B b} WITHIN 3"})

@@ -68,7 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-i", "--input", required=True, help="input file (.xml, .jsonl, optionally .gz) or - for stdin")
     run.add_argument("--format", choices=["xml", "jsonl"], help="input format (default: from the extension or content)")
     run.add_argument("-o", "--output", help="write matches here instead of stdout")
-    run.add_argument("--policy", choices=["all", "non_overlapping"], help="output policy for every query (default: each query's own, else all)")
+    run.add_argument("--policy", choices=["all", "non_overlapping", "earliest_maximal"],
+                     help="output policy for every query (default: each query's own, else all); "
+                          "earliest_maximal is for event-set queries")
+    run.add_argument("--strategy", choices=["direct", "match-window"], default="direct",
+                     help="evaluation strategy of event-set queries (docs/event_sets.md; default direct)")
     run.add_argument("--ts-field", default="ts", help="timestamp field name (default: ts)")
     run.add_argument("--ts-unit", default="s", help="timestamp unit: s, ms, us, ns, min, h (default: s)")
     run.add_argument("--max-delay", type=float, default=0.0, help="reorder buffer for out-of-order events, in seconds (default 0)")
@@ -134,7 +138,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from yfpp.readers import read_events
 
     dead = DeadLetters(args.dead_letters if args.dead_letters else sys.stderr)
-    engine = build_engine(args.query, max_delay=args.max_delay, dead_letters=dead, policy=args.policy)
+    engine = build_engine(args.query, max_delay=args.max_delay, dead_letters=dead, policy=args.policy, strategy=args.strategy)
     events = read_events(args.input, args.format, ts_field=args.ts_field, ts_unit=args.ts_unit, dead_letters=dead)
     # Runs, buffer entries and events form no reference cycles: keep the cyclic collector from
     # rescanning millions of them (it took a third of the time on large runs).
@@ -210,6 +214,10 @@ def print_stats(engine: Engine, n: int, elapsed: float, dead: DeadLetters, strea
     ]
     for plan in engine.queries.values():
         lines.append(f"  {str(plan.name):<24} {c.matches.get(plan.name, 0):,}")
+    for matcher in engine.set_queries.values():
+        name = matcher.plan.name
+        details = ", ".join(f"{k} {v:,}" for k, v in matcher.stats().items())
+        lines.append(f"  {str(name):<24} {c.matches.get(name, 0):,}  (event sets, {engine.strategy}: {details})")
     stream.write("\n".join(lines) + "\n")
 
 

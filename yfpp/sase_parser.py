@@ -383,7 +383,10 @@ def _set_strategies(components: list[Component], strategies: list[_Strategy]) ->
                 "combination (Definition 2), i.e. skip_till_any_match; OUTPUT earliest_maximal keeps the paper's subset",
             )
     stam = Contiguity.SKIP_TILL_ANY
-    return [replace(c, contiguity=stam, inner_contiguity=stam) if c.positive else c for c in components]
+    return [
+        replace(c, contiguity=stam, inner_contiguity=stam if c.kind is Kind.KLEENE else None) if c.positive else c
+        for c in components
+    ]
 
 
 def _check_uses(pattern: Pattern, uses: list[tuple[Any, Token, bool]]) -> None:

@@ -26,6 +26,7 @@ from lxml import etree
 
 from yfpp.dead_letters import DeadLetters
 from yfpp.engine import Engine
+from yfpp.errors import YfppError
 from yfpp.events import MISSING, Event
 from yfpp.pattern import Contiguity, Kind, Pattern
 
@@ -48,6 +49,8 @@ def effective_queries(queries: Mapping[str, str | Pattern] | Iterable[str | Patt
     for item in items:
         name, query = item if isinstance(item, tuple) else (None, item)
         engine.register(query, name=name)
+    for matcher in engine.set_queries.values():
+        raise YfppError(f"query {matcher.plan.name!r}: event-set queries do not run on Spark yet; use yfpp run")
     return [(plan.name, plan.pattern) for plan in engine.queries.values()]
 
 
