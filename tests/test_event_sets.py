@@ -65,6 +65,32 @@ def test_set_and_ordinary_queries_share_one_engine(pats, events):
     check(pats, events)
 
 
+@st.composite
+def skip_till_any_sequences(draw):
+    """Ordinary patterns that --strategy match-window evaluates as one-variable sets."""
+    from tests.generators import TYPES, _single_preds
+    from yfpp.pattern import Component, Contiguity, Pattern
+
+    comps, where = [], []
+    for i in range(draw(st.integers(1, 4))):
+        c = Component(f"v{i}", draw(st.sampled_from(TYPES + [None])), contiguity=Contiguity.SKIP_TILL_ANY)
+        where += _single_preds(draw, c.var, comps)
+        comps.append(c)
+    keyed = draw(st.booleans())
+    return Pattern(tuple(comps), tuple(where), ("k",) if keyed else (), draw(st.integers(0, 6))).validate()
+
+
+@SETTINGS
+@given(skip_till_any_sequences(), streams(max_events=9))
+def test_match_window_runs_skip_till_any_sequences_like_the_nfa(pattern, events):
+    from yfpp.event_sets import windowable
+
+    assert windowable(pattern)
+    want = Counter(w[:2] for w in expected([pattern], events))
+    assert Counter(g[:2] for g in run([pattern], events, "match-window")) == want
+    assert Counter(g[:2] for g in run([pattern], events, "direct")) == want  # the shared NFA
+
+
 # --- languages, errors, CLI ------------------------------------------------------------------
 
 import json  # noqa: E402
@@ -147,3 +173,10 @@ def test_spark_refuses_set_queries():
 
     with pytest.raises(YfppError, match="event-set queries do not run on Spark yet"):
         effective_queries({"q1": "PATTERN {A a, B b} WITHIN 3"})
+
+
+def test_match_window_takes_only_windowable_ordinary_queries():
+    eng = Engine(strategy="match-window")
+    seq = eng.register("PATTERN SEQ(A a, B b) WHERE skip_till_any_match(a, b) { [k] } WITHIN 5")
+    nfa = eng.register("PATTERN SEQ(A a, B b) WHERE [k] WITHIN 5")  # skip_till_next_match: stays on the NFA
+    assert seq in eng.set_queries and nfa in eng.queries

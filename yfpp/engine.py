@@ -16,7 +16,7 @@ from typing import Any, Iterable, Mapping
 
 from yfpp.dead_letters import DeadLetters
 from yfpp.errors import YfppError
-from yfpp.event_sets import STRATEGIES, SetMatcher, set_matcher
+from yfpp.event_sets import STRATEGIES, SetMatcher, set_matcher, windowable
 from yfpp.events import Event
 from yfpp.nfa_compiler import QueryPlan, compile_pattern
 from yfpp.pattern import Pattern
@@ -66,7 +66,7 @@ class Engine:
         if policy is not None and policy != pattern.policy:
             pattern = dataclasses.replace(pattern, policy=policy).validate()
         qid = next(self._ids)
-        if pattern.has_sets:
+        if pattern.has_sets or (self.strategy == "match-window" and windowable(pattern)):
             self.set_queries[qid] = set_matcher(pattern, name if name is not None else qid, self.strategy)
             return qid
         plan = compile_pattern(pattern, name if name is not None else qid)

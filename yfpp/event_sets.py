@@ -39,6 +39,7 @@ from yfpp.nfa_compiler import make_scope, structure
 from yfpp.pattern import (
     Aggregate,
     Compare,
+    Contiguity,
     Expr,
     Index,
     Kind,
@@ -90,6 +91,21 @@ class SetPlan:
     @property
     def m(self) -> int:
         return len(self.vars)
+
+
+def windowable(pattern: Pattern) -> bool:
+    """Can an ordinary pattern run as a set pattern of one-variable sets?
+
+    True when its NFA^b matches are Definition 2's: single variables only,
+    skip_till_any_match between them, no negation, a window, policy ``all``.
+    """
+    return (
+        not pattern.has_sets
+        and pattern.window is not None
+        and pattern.policy == "all"
+        and all(c.kind is Kind.SINGLE for c in pattern.components)
+        and all(c.contiguity is Contiguity.SKIP_TILL_ANY for c in pattern.components[1:])
+    )
 
 
 def compile_sets(pattern: Pattern, name: str | int) -> SetPlan:
