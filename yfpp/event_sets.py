@@ -79,6 +79,7 @@ class SetPlan:
     prev_mask: tuple[int, ...]  # the paper's b̄i: bits of the variables of Bi-1 (0 for B1)
     props: tuple[tuple[Check, ...], ...]  # per variable: conjuncts on its own event alone
     chains: tuple[tuple[Check, ...], ...]  # per Kleene variable: prev(v.x) conjuncts on v alone
+    relations: tuple[tuple[tuple[Check, tuple[int, ...]], ...], ...]  # per variable: comparisons with others
     iter_final: tuple[tuple[int, Check], ...]  # prev() conjuncts that also read other variables
     final: tuple[Check, ...]  # everything else, on the whole substitution
     agg_slots: tuple[tuple[AggSlot, ...], ...]
@@ -124,6 +125,7 @@ def compile_sets(pattern: Pattern, name: str | int) -> SetPlan:
     block_mask = tuple(sum(bit[i] for i in b) for b in blocks)
     props: list[list[Check]] = [[] for _ in comps]
     chains: list[list[Check]] = [[] for _ in comps]
+    relations: list[list[tuple[Check, tuple[int, ...]]]] = [[] for _ in comps]
     iter_final: list[tuple[int, Check]] = []
     final: list[Check] = []
     for conj in pattern.where:
@@ -141,8 +143,12 @@ def compile_sets(pattern: Pattern, name: str | int) -> SetPlan:
                 iter_final.append((slot[v], check))
         elif len(vs) == 1 and not indexed:
             (v,) = vs
-            mode = "iter" if comps[slot[v]].kind is Kind.KLEENE else "event"
-            props[slot[v]].append(compile_check(conj, Place(v, mode), scope))
+            props[slot[v]].append(compile_check(conj, _own(comps[slot[v]]), scope))
+        elif isinstance(conj, Compare) and not indexed:
+            # ∀ over every combination of events = one check per event, against the others' events
+            for v in vs:
+                others = tuple(sorted(slot[u] for u in vs if u != v))
+                relations[slot[v]].append((compile_check(conj, _own(comps[slot[v]]), scope), others))
         else:
             final.append(compile_check(conj, Place(None, "bound"), scope))
     emit = None
@@ -162,6 +168,7 @@ def compile_sets(pattern: Pattern, name: str | int) -> SetPlan:
         prev_mask=(0,) + block_mask[:-1],
         props=tuple(map(tuple, props)),
         chains=tuple(map(tuple, chains)),
+        relations=tuple(map(tuple, relations)),
         iter_final=tuple(iter_final),
         final=tuple(final),
         agg_slots=tuple(scope.agg_slots.get(c.var, ()) for c in comps),
@@ -171,6 +178,11 @@ def compile_sets(pattern: Pattern, name: str | int) -> SetPlan:
         emit=emit,
         eq_attrs=partition_attributes(pattern),
     )
+
+
+def _own(c) -> Place:
+    """Where a check on one event of ``c`` runs: that event is ``ev``, not ∀ over ``c``'s events."""
+    return Place(c.var, "iter" if c.kind is Kind.KLEENE else "event")
 
 
 def partition_attributes(pattern: Pattern) -> tuple[str, ...]:
@@ -254,16 +266,23 @@ def search(plan: SetPlan, entries: list[tuple[Event, int]], forward: bool, check
 
     def takes(i: int, ev: Event) -> bool:
         bound = binds[i]
-        if not bound:
-            return True
-        if not plan.kleene[i]:
-            return False
-        before, after = (bound[-1], ev) if forward else (ev, bound[-1])
-        if plan.chains[i]:
-            vec = [None] * plan.m
-            vec[i] = KleeneState(before, before, 1, (), None)
-            t = tuple(vec)
-            return all(c(after, t) for c in plan.chains[i])
+        if bound:
+            if not plan.kleene[i]:
+                return False
+            before, after = (bound[-1], ev) if forward else (ev, bound[-1])
+            if plan.chains[i]:
+                vec = [None] * plan.m
+                vec[i] = KleeneState(before, before, 1, (), None)
+                t = tuple(vec)
+                if not all(c(after, t) for c in plan.chains[i]):
+                    return False
+        for check, others in plan.relations[i]:
+            if all(binds[o] for o in others):
+                vec = [None] * plan.m
+                for o in others:
+                    vec[o] = _state(plan, o, binds[o])
+                if not check(ev, tuple(vec)):
+                    return False
         return True
 
     def visit(j0: int, b: int) -> None:
@@ -286,7 +305,7 @@ def search(plan: SetPlan, entries: list[tuple[Event, int]], forward: bool, check
                     binds[i].pop()
             if move:
                 for i in plan.blocks[nb]:
-                    if bits & plan.bit[i]:
+                    if bits & plan.bit[i] and takes(i, ev):
                         binds[i].append(ev)
                         visit(j, nb)
                         binds[i].pop()
@@ -294,25 +313,26 @@ def search(plan: SetPlan, entries: list[tuple[Event, int]], forward: bool, check
     if entries:
         ev, bits = entries[0]
         for i in plan.blocks[start]:
-            if bits & plan.bit[i]:
+            if bits & plan.bit[i] and takes(i, ev):
                 binds[i].append(ev)
                 visit(0, start)
                 binds[i].pop()
     return out
 
 
+def _state(plan: SetPlan, i: int, events: list[Event]) -> Any:
+    """Variable i's slot of the computation-state vector: its Event, or a KleeneState keeping its events."""
+    if not plan.kleene[i]:
+        return events[0]
+    ks = kleene_start(events[0], plan.agg_slots[i], True)
+    for e in events[1:]:
+        ks = kleene_take(ks, e, plan.agg_slots[i])
+    return ks
+
+
 def state_vector(plan: SetPlan, binding: Binding) -> tuple:
     """The computation-state vector ``yfpp.predicates`` reads: an Event or a KleeneState per variable."""
-    vec: list[Any] = []
-    for i, events in enumerate(binding):
-        if not plan.kleene[i]:
-            vec.append(events[0])
-            continue
-        ks = kleene_start(events[0], plan.agg_slots[i], True)
-        for e in events[1:]:
-            ks = kleene_take(ks, e, plan.agg_slots[i])
-        vec.append(ks)
-    return tuple(vec)
+    return tuple(_state(plan, i, events) for i, events in enumerate(binding))
 
 
 def accepts(plan: SetPlan, binding: Binding, check_keys: bool = False) -> bool:
