@@ -180,3 +180,24 @@ def test_match_window_takes_only_windowable_ordinary_queries():
     seq = eng.register("PATTERN SEQ(A a, B b) WHERE skip_till_any_match(a, b) { [k] } WITHIN 5")
     nfa = eng.register("PATTERN SEQ(A a, B b) WHERE [k] WITHIN 5")  # skip_till_next_match: stays on the NFA
     assert seq in eng.set_queries and nfa in eng.queries
+
+
+@pytest.mark.parametrize("strategy", ["direct", "match-window"])
+def test_return_builds_an_event_from_a_set_match(strategy):
+    eng = Engine(strategy=strategy)
+    eng.register("PATTERN SEQ({A a, B+ b[]}, C c) WITHIN 10 RETURN alert(n = b.len, xs = b.x, top = max(b[..].x), ax = a.x)")
+    feed = [("B", 1), ("A", 7), ("B", 3), ("C", 0)]
+    out = [m for i, (t, x) in enumerate(feed) for m in eng.process({"type": t, "ts": i, "x": x})] + eng.flush()
+    emits = {tuple(m["bindings"]["b"]): m["emit"] for m in out}
+    assert set(emits) == {(0,), (2,), (0, 2)}
+    assert emits[(0, 2)] == {"type": "alert", "attrs": {"n": 2, "xs": [1, 3], "top": 3, "ax": 7}}
+
+
+@pytest.mark.parametrize("query, feed", [("chemo_q1.sase", "chemo.jsonl"), ("nyse_p_nyse.sase", "trades_sample.jsonl")])
+def test_sample_queries_give_the_same_matches_under_both_strategies(query, feed, capsys):
+    ids = {}
+    for strategy in ("direct", "match-window"):
+        args = ["run", "-q", str(ROOT / "queries" / query), "-i", str(ROOT / "yfpp" / "data" / feed), "--strategy", strategy]
+        assert main(args) == 0
+        ids[strategy] = sorted(json.loads(line)["id"] for line in capsys.readouterr()[0].splitlines())
+    assert ids["direct"] and ids["direct"] == ids["match-window"]
