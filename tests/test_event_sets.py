@@ -201,3 +201,10 @@ def test_sample_queries_give_the_same_matches_under_both_strategies(query, feed,
         assert main(args) == 0
         ids[strategy] = sorted(json.loads(line)["id"] for line in capsys.readouterr()[0].splitlines())
     assert ids["direct"] and ids["direct"] == ids["match-window"]
+
+
+def test_a_conjunct_without_variables_still_counts():
+    eng = Engine()
+    eng.register("PATTERN {A a, B b} WHERE 1 = 2 WITHIN 5")
+    eng.process({"type": "A", "ts": 0})
+    assert eng.process({"type": "B", "ts": 1}) == []

@@ -144,7 +144,7 @@ def compile_sets(pattern: Pattern, name: str | int) -> SetPlan:
         elif len(vs) == 1 and not indexed:
             (v,) = vs
             props[slot[v]].append(compile_check(conj, _own(comps[slot[v]]), scope))
-        elif isinstance(conj, Compare) and not indexed:
+        elif isinstance(conj, Compare) and len(vs) > 1 and not indexed:
             # ∀ over every combination of events = one check per event, against the others' events
             for v in vs:
                 others = tuple(sorted(slot[u] for u in vs if u != v))
