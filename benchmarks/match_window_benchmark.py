@@ -20,11 +20,14 @@ rising, then IBM falling).  Throughput is events per CPU second
 
     python benchmarks/match_window_benchmark.py            # the full sweep (a few minutes)
     python benchmarks/match_window_benchmark.py --quick    # a smoke run
+    python benchmarks/match_window_benchmark.py --sweeps P_onco,P_nyse --save b.json   # some sweeps
+    python benchmarks/match_window_benchmark.py --sweeps none --load a.json b.json     # plot saved ones
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
 import time
@@ -148,6 +151,7 @@ def sweep(label: str, cases: list[tuple[str, list[str], list[Event]]], configs: 
             row[config] = sum(rates) / len(rates)
             row.setdefault("matches", sorted(matches))
             assert row["matches"] == sorted(matches), f"{label} {x}: {config} found other matches"
+        row["matches"] = [list(m) for m in row["matches"]]
         rows.append(row)
         print(format_row(row, configs), flush=True)
     return rows
@@ -165,31 +169,48 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="small data, few points")
     ap.add_argument("--plot", default=str(ROOT / "benchmarks" / "match_window.png"))
     ap.add_argument("--patterns", type=int, default=3, help="random patterns averaged per k (paper: 10)")
+    ap.add_argument("--sweeps", default="all", help="comma-separated: Pseq, Pset, P_onco, P_nyse (default all; none)")
+    ap.add_argument("--save", help="write the results as JSON here after each sweep")
+    ap.add_argument("--load", nargs="*", default=[], help="results saved by --save to plot with these")
     args = ap.parse_args(argv)
+    chosen = {"Pseq", "Pset", "P_onco", "P_nyse"} if args.sweeps == "all" else set(args.sweeps.split(","))
+    results: dict[str, list[dict]] = {}
+    for path in args.load:
+        results.update(json.loads(Path(path).read_text()))
+
+    def done(name: str, rows: list[dict]) -> None:
+        results[name] = rows
+        if args.save:
+            Path(args.save).write_text(json.dumps(results))
+
     rng = random.Random(7)
     quick = args.quick
     onco = onco_events(20 if quick else 60, 4)
     # Pset's plain match window (and direct evaluation, which cannot partition by relationships)
-    # slows down exponentially with k: up to 5 variables here, 7 for Pseq
-    ks = {"Pseq onco": [2, 3] if quick else [1, 2, 3, 4, 5, 6, 7], "Pset onco": [2, 3] if quick else [1, 2, 3, 4, 5]}
+    # slows down exponentially with k (k = 5 took over 15 CPU minutes): up to 4 variables here, 7 for Pseq
+    ks = {"Pseq onco": [2, 3] if quick else [1, 2, 3, 4, 5, 6, 7], "Pset onco": [2, 3] if quick else [1, 2, 3, 4]}
     print(f"commit {commit()}; Onco-like {len(onco):,} events", flush=True)
-    results: dict[str, list[dict]] = {}
     onco_cfg = ["direct", "baseline", "f", "fp", "fpc"]
     for name, as_set in (("Pseq onco", False), ("Pset onco", True)):
+        if name.split()[0] not in chosen:
+            continue
         cases = []
         for k in ks[name]:
             pats = [onco_pattern(rng.sample(ONCO_TYPES, k), as_set, 10) for _ in range(1 if quick else args.patterns)]
             cases.append((str(k), pats, onco))
-        results[name] = sweep(name, cases, onco_cfg)
-    taus = [5, 15] if quick else [5, 15, 25, 35, 45]
-    results["P_onco"] = sweep("P_onco", [(f"{t}d", [p_onco(t)], onco) for t in taus], onco_cfg)
-    nyse = nyse_events(2000 if quick else 20000)
-    nyse_cfg = ["direct", "baseline", "f", "fc"]
-    tms = [10, 50] if quick else [10, 30, 50, 70, 90]
-    results["P_nyse tau"] = sweep("P_nyse tau", [(f"{t}ms", [p_nyse(t)], nyse) for t in tms], nyse_cfg)
-    sizes = [100, 1000] if quick else [100, 1000, 10000, 100000]
-    results["P_nyse |E|"] = sweep("P_nyse |E|", [(str(n), [p_nyse(20)], nyse_events(n)) for n in sizes], nyse_cfg)
-    plot(results, args.plot)
+        done(name, sweep(name, cases, onco_cfg))
+    if "P_onco" in chosen:
+        taus = [5, 15] if quick else [5, 15, 25, 35, 45]
+        done("P_onco", sweep("P_onco", [(f"{t}d", [p_onco(t)], onco) for t in taus], onco_cfg))
+    if "P_nyse" in chosen:
+        nyse = nyse_events(2000 if quick else 20000)
+        nyse_cfg = ["direct", "baseline", "f", "fc"]
+        tms = [10, 50] if quick else [10, 30, 50, 70, 90]
+        done("P_nyse tau", sweep("P_nyse tau", [(f"{t}ms", [p_nyse(t)], nyse) for t in tms], nyse_cfg))
+        sizes = [100, 1000] if quick else [100, 1000, 10000, 100000]
+        done("P_nyse |E|", sweep("P_nyse |E|", [(str(n), [p_nyse(20)], nyse_events(n)) for n in sizes], nyse_cfg))
+    order = ["Pseq onco", "Pset onco", "P_onco", "P_nyse tau", "P_nyse |E|"]
+    plot({k: results[k] for k in order if k in results}, args.plot)
     return 0
 
 
@@ -202,7 +223,10 @@ def plot(results: dict[str, list[dict]], path: str) -> None:
     except ImportError:
         print("matplotlib not installed: no plot", file=sys.stderr)
         return
-    fig, axes = plt.subplots(1, len(results), figsize=(4 * len(results), 3.4))
+    if not results:
+        return
+    fig, axes = plt.subplots(1, len(results), figsize=(4 * len(results), 3.4), squeeze=False)
+    axes = axes[0]
     for ax, (name, rows) in zip(axes, results.items()):
         xs = [r["x"] for r in rows]
         for config in [c for c in CONFIGS if c in rows[0] and c != "baseline"]:
