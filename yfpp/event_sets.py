@@ -12,7 +12,7 @@ matcher per set query, built by :func:`set_matcher` for its strategy:
 
 * :class:`DirectMatcher` — an event that can bind a variable of ``Bk``
   searches for the matches it completes among the earlier events of its
-  partition within τ, and returns them at once;
+  partition (Definition 6) within τ, and returns them at once;
 * :class:`MatchWindowMatcher` — the paper's two-phase strategy (§4–5):
   events are filtered by the union of properties, partitioned by the
   attributes of the transitive closure of equality relationships, and
@@ -454,7 +454,11 @@ class _Matcher:
 
 
 class DirectMatcher(_Matcher):
-    """Eager evaluation: search at every event that can end a match."""
+    """Eager evaluation: search at every event that can end a match.
+
+    Events are kept per partition of Definition 6's attributes (exact, as a
+    match's events share them), so the search never mixes partitions.
+    """
 
     SWEEP_EVERY = 1024
 
@@ -471,7 +475,9 @@ class DirectMatcher(_Matcher):
         bits = event_bits(plan, ev)
         if not bits:
             return self._emit([], ev.ts)
-        key = key_of(ev, plan.partition_by)
+        key = key_of(ev, plan.eq_attrs)
+        if key is MISSING:
+            return self._emit([], ev.ts)  # lacks an attribute every event of a match must share
         buf = self.buffers.get(key)
         if buf is None:
             buf = self.buffers[key] = deque()
