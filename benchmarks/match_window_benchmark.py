@@ -210,8 +210,24 @@ def main(argv: list[str] | None = None) -> int:
         sizes = [100, 1000] if quick else [100, 1000, 10000, 100000]
         done("P_nyse |E|", sweep("P_nyse |E|", [(str(n), [p_nyse(20)], nyse_events(n)) for n in sizes], nyse_cfg))
     order = ["Pseq onco", "Pset onco", "P_onco", "P_nyse tau", "P_nyse |E|"]
-    plot({k: results[k] for k in order if k in results}, args.plot)
+    ordered = {k: results[k] for k in order if k in results}
+    print(markdown(ordered))
+    plot(ordered, args.plot)
     return 0
+
+
+def markdown(results: dict[str, list[dict]]) -> str:
+    """One table: throughput of the plain match window, and each configuration's factor over it."""
+    configs = [c for c in CONFIGS if c != "baseline"]
+    head = "| pattern | x | events | baseline ev/s | " + " | ".join(configs) + " | matches | candidate windows (fpc) |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for name, rows in results.items():
+        for r in rows:
+            cells = [f"{r[c] / r['baseline']:.2f}×" if c in r else "–" for c in configs]
+            share = f"{100 * r['candidate share']:.1f} %" if "candidate share" in r else "–"
+            n = sum(m for _, m in r["matches"])
+            lines.append(f"| {name.replace('|', '&#124;')} | {r['x']} | {r['events']:,} | {r['baseline']:,.0f} | " + " | ".join(cells) + f" | {n:,} | {share} |")
+    return "\n".join(lines)
 
 
 def plot(results: dict[str, list[dict]], path: str) -> None:
