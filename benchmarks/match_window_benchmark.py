@@ -187,8 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     quick = args.quick
     onco = onco_events(20 if quick else 60, 4)
     # Pset's plain match window (and direct evaluation, which cannot partition by relationships)
-    # slows down exponentially with k (k = 5 took over 15 CPU minutes): up to 4 variables here, 7 for Pseq
-    ks = {"Pseq onco": [2, 3] if quick else [1, 2, 3, 4, 5, 6, 7], "Pset onco": [2, 3] if quick else [1, 2, 3, 4]}
+    # slows down exponentially with k : up to 5 variables here, 7 for Pseq
+    ks = {"Pseq onco": [2, 3] if quick else [1, 2, 3, 4, 5, 6, 7], "Pset onco": [2, 3] if quick else [1, 2, 3, 4, 5]}
     print(f"commit {commit()}; Onco-like {len(onco):,} events", flush=True)
     onco_cfg = ["direct", "baseline", "f", "fp", "fpc"]
     for name, as_set in (("Pseq onco", False), ("Pset onco", True)):

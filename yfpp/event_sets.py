@@ -49,9 +49,20 @@ from yfpp.pattern import (
     variables,
     walk,
 )
-from yfpp.predicates import AggSlot, Check, KleeneState, Place, compile_check, compile_value, kleene_start, kleene_take
+from yfpp.predicates import (
+    AggSlot,
+    Check,
+    KleeneState,
+    Place,
+    compare_fn,
+    compile_check,
+    compile_value,
+    kleene_start,
+    kleene_take,
+)
 
 STRATEGIES = ("direct", "match-window")
+_equal = compare_fn("=")
 
 Binding = list[list[Event]]  # per variable (pattern order), its events in stream order
 
@@ -88,6 +99,7 @@ class SetPlan:
     policy: str
     emit: tuple[str, tuple[tuple[str, Callable], ...]] | None
     eq_attrs: tuple[str, ...] = ()  # Definition 6's X, derived from equality relationships
+    eq_groups: tuple[tuple[tuple[str, tuple[int, ...]], ...], ...] = ()  # per variable: (A, its Θ+eq group)
 
     @property
     def m(self) -> int:
@@ -177,6 +189,10 @@ def compile_sets(pattern: Pattern, name: str | int) -> SetPlan:
         policy=pattern.policy,
         emit=emit,
         eq_attrs=partition_attributes(pattern),
+        eq_groups=tuple(
+            tuple((a, tuple(sorted(slot[u] for u in g))) for a, gs in equality_components(pattern).items() for g in gs if c.var in g)
+            for c in comps
+        ),
     )
 
 
@@ -185,11 +201,10 @@ def _own(c) -> Place:
     return Place(c.var, "iter" if c.kind is Kind.KLEENE else "event")
 
 
-def partition_attributes(pattern: Pattern) -> tuple[str, ...]:
-    """Definition 6: the equivalence list plus every attribute A whose equality
-    relationships ``vi.A = vj.A`` (top-level WHERE conjuncts) connect all variables
-    through their transitive closure."""
-    names = [c.var for c in pattern.positives]
+def equality_components(pattern: Pattern) -> dict[str, list[set[str]]]:
+    """Per attribute A, the variables linked by relationships ``vi.A = vj.A`` (top-level
+    WHERE conjuncts), grouped by the transitive closure: within a group every bound
+    event has the same A (Example 12's Θ+eq)."""
     edges: dict[str, list[tuple[str, str]]] = {}
     for conj in pattern.where:
         if (
@@ -202,19 +217,32 @@ def partition_attributes(pattern: Pattern) -> tuple[str, ...]:
             and conj.right.index is Index.EACH
         ):
             edges.setdefault(conj.left.attr, []).append((conj.left.var, conj.right.var))
-    out = list(pattern.partition_by)
+    out: dict[str, list[set[str]]] = {}
     for attr, pairs in edges.items():
-        parent = {v: v for v in names}
+        parent: dict[str, str] = {}
 
         def root(v: str) -> str:
+            parent.setdefault(v, v)
             while parent[v] != v:
                 v = parent[v]
             return v
 
         for a, b in pairs:
             parent[root(a)] = root(b)
-        touched = {v for pair in pairs for v in pair}
-        if len({root(v) for v in names}) == 1 and set(names) <= touched and attr not in out:
+        groups: dict[str, set[str]] = {}
+        for v in parent:
+            groups.setdefault(root(v), set()).add(v)
+        out[attr] = list(groups.values())
+    return out
+
+
+def partition_attributes(pattern: Pattern) -> tuple[str, ...]:
+    """Definition 6's X: the equivalence list plus every attribute whose equality
+    relationships connect all variables."""
+    names = {c.var for c in pattern.positives}
+    out = list(pattern.partition_by)
+    for attr, groups in equality_components(pattern).items():
+        if any(g == names for g in groups) and attr not in out:
             out.append(attr)
     return tuple(out)
 
@@ -265,6 +293,12 @@ def search(plan: SetPlan, entries: list[tuple[Event, int]], forward: bool, check
         return all(binds[i] for i in plan.blocks[b])
 
     def takes(i: int, ev: Event) -> bool:
+        for attr, group in plan.eq_groups[i]:  # Θ+eq: one bound event of the group stands for all
+            for o in group:
+                if binds[o]:
+                    if not _equal(ev.get(attr), binds[o][0].get(attr)):
+                        return False
+                    break
         bound = binds[i]
         if bound:
             if not plan.kleene[i]:
