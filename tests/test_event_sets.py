@@ -208,3 +208,11 @@ def test_a_conjunct_without_variables_still_counts():
     eng.register("PATTERN {A a, B b} WHERE 1 = 2 WITHIN 5")
     eng.process({"type": "A", "ts": 0})
     assert eng.process({"type": "B", "ts": 1}) == []
+
+
+def test_window_edge_under_float_rounding_is_the_same_for_both_strategies():
+    # 19.5597 - 19.5297 > 0.03 in floats, while 19.5297 + 0.03 == 19.5597: one test for both
+    events = [Event("G", 19.5297, {}, 0), Event("A", 19.5349, {}, 1), Event("I", 19.5597, {}, 2)]
+    pattern = parse_query("PATTERN SEQ({A a, G g}, I i) WITHIN 30 ms")
+    assert reference_matches(pattern, events) == []
+    assert run([pattern], events, "direct") == run([pattern], events, "match-window") == []

@@ -441,6 +441,12 @@ def _extendable(plan: SetPlan, g: tuple, present: set) -> bool:
 # --- strategies ------------------------------------------------------------------------------
 
 
+def _passed(now: float, first_ts: float, tau: float) -> bool:
+    """Has the stream passed first_ts + τ?  Written as the window test ``ts − first.ts > τ``
+    everywhere, so that float rounding cannot let the two disagree."""
+    return now == float("inf") or now - first_ts > tau
+
+
 class _Held:
     """Matches waiting until the stream passes their first event's τ (earliest_maximal)."""
 
@@ -454,13 +460,13 @@ class _Held:
             first = min((e for events in b for e in events), key=lambda e: e.seq)
             if first.seq not in self.groups:
                 self.groups[first.seq] = []
-                heapq.heappush(self.heap, (first.ts + self.plan.window, first.seq))
+                heapq.heappush(self.heap, (first.ts, first.seq))
             self.groups[first.seq].append(b)
 
     def release(self, now: float) -> list[dict]:
         """Groups whose window ended before ``now`` (``inf``: all)."""
         out: list[dict] = []
-        while self.heap and (self.heap[0][0] < now or now == float("inf")):
+        while self.heap and _passed(now, self.heap[0][0], self.plan.window):
             _, seq = heapq.heappop(self.heap)
             out += [to_match(self.plan, b) for b in earliest_maximal(self.plan, self.groups.pop(seq))]
         return out
@@ -612,7 +618,7 @@ class MatchWindowMatcher(_Matcher):
         self.conditions = conditions
         self.key_attrs = plan.eq_attrs if partitioning else ()
         self.windows: dict[Any, MatchWindow] = {}
-        self.deadlines: list[tuple[float, int, Any]] = []  # (first.ts + τ, order, key)
+        self.deadlines: list[tuple[float, int, Any]] = []  # (first.ts of a window, order, key)
         self._order = count()
         self.counters.update(windows_seen=0, candidate_windows=0, events_filtered=0)
         self.trace: list[tuple[list[Event], tuple[bool, bool, bool]]] | None = None  # set to a list to record windows
@@ -628,7 +634,7 @@ class MatchWindowMatcher(_Matcher):
         if w is None:
             w = self.windows[key] = MatchWindow(SummaryStatistics(self.plan))
         if not w.entries:
-            heapq.heappush(self.deadlines, (ev.ts + self.plan.window, next(self._order), key))
+            heapq.heappush(self.deadlines, (ev.ts, next(self._order), key))
         w.add(ev, bits)
         return self._emit(found, ev.ts)
 
@@ -642,14 +648,14 @@ class MatchWindowMatcher(_Matcher):
         """Complete every window whose τ ended before ``now``: its first event's matches are known."""
         found: list[Binding] = []
         tau = self.plan.window
-        while self.deadlines and (self.deadlines[0][0] < now or now == float("inf")):
+        while self.deadlines and _passed(now, self.deadlines[0][0], tau):
             _, _, key = heapq.heappop(self.deadlines)
             w = self.windows[key]
-            while w.entries and (w.entries[0][0].ts + tau < now or now == float("inf")):
+            while w.entries and _passed(now, w.entries[0][0].ts, tau):
                 found += self._complete(w)
                 w.pop()
             if w.entries:
-                heapq.heappush(self.deadlines, (w.entries[0][0].ts + tau, next(self._order), key))
+                heapq.heappush(self.deadlines, (w.entries[0][0].ts, next(self._order), key))
             else:
                 del self.windows[key]
         return found
