@@ -247,13 +247,14 @@ def plot(results: dict[str, list[dict]], path: str) -> None:
     for ax, (name, rows) in zip(axes, results.items()):
         xs = [r["x"] for r in rows]
         for config in [c for c in CONFIGS if c in rows[0] and c != "baseline"]:
-            ax.plot(xs, [r[config] / r["baseline"] for r in rows], marker="o", label=config)
+            color = {"direct": "C0", "f": "C1", "fp": "C2", "fc": "C4", "fpc": "C3"}[config]
+            ax.plot(xs, [r[config] / r["baseline"] for r in rows], marker="o", label=config, color=color)
         ax.set_title(name)
         ax.set_yscale("log")
         ax.set_xlabel({"P_onco": "τ", "P_nyse tau": "τ", "P_nyse |E|": "|E|"}.get(name, "# variables"))
         ax.grid(True, alpha=0.3)
-    axes[0].set_ylabel("throughput / baseline")
-    axes[0].legend(fontsize=8)
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("throughput / plain match window")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     print(f"plot: {path}")
