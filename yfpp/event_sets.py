@@ -40,7 +40,6 @@ from yfpp.pattern import (
     Aggregate,
     Compare,
     Contiguity,
-    Expr,
     Index,
     Kind,
     Length,
