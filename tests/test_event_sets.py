@@ -216,3 +216,8 @@ def test_window_edge_under_float_rounding_is_the_same_for_both_strategies():
     pattern = parse_query("PATTERN SEQ({A a, G g}, I i) WITHIN 30 ms")
     assert reference_matches(pattern, events) == []
     assert run([pattern], events, "direct") == run([pattern], events, "match-window") == []
+
+
+def test_explain_names_set_queries(capsys):
+    assert main(["explain", "-q", str(ROOT / "queries" / "chemo_q1.sase")]) == 0
+    assert "chemo_q1: event-set query, evaluated by its own matcher" in capsys.readouterr()[0]

@@ -232,6 +232,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     engine = build_engine(args.query)
     g = nfa_graph(engine)
     print(as_text(engine, g))
+    for matcher in engine.set_queries.values():  # not part of the shared NFA
+        print(f"{matcher.plan.name}: event-set query, evaluated by its own matcher (docs/event_sets.md)")
     dot = as_dot(g)
     if args.dot:
         Path(args.dot).write_text(dot, encoding="utf-8")
