@@ -168,6 +168,13 @@ def set_patterns(draw, max_vars: int = 4, types=TYPES) -> Pattern:
     where: list = []
     for i, c in enumerate(comps):
         where += _set_preds(draw, c, comps[:i])
+    if len(sizes) > 1 and draw(st.booleans()):  # a negation between two sets
+        at = sum(sizes[: draw(st.integers(1, len(sizes) - 1))])
+        n = Component("n", draw(st.sampled_from(types)), Kind.NEGATED)
+        before = comps[at - 1]
+        options = [Compare("=", Ref("n", "x"), Literal(draw(st.integers(0, 3)))), Compare(">", Ref("n", "x"), Ref(before.var, "x"))]
+        where += draw(st.lists(st.sampled_from(options), max_size=1))
+        comps.insert(at, n)
     keyed = draw(st.integers(0, 3)) == 0
     policy = draw(st.sampled_from(["all", "all", "earliest_maximal"]))
     window = draw(st.integers(0, 6))

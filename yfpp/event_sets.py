@@ -97,12 +97,27 @@ class SetPlan:
     partition_by: tuple[str, ...]
     policy: str
     emit: tuple[str, tuple[tuple[str, Callable], ...]] | None
+    negations: tuple["SetNegation", ...] = ()
     eq_attrs: tuple[str, ...] = ()  # Definition 6's X, derived from equality relationships
     eq_groups: tuple[tuple[tuple[str, tuple[int, ...]], ...], ...] = ()  # per variable: (A, its Θ+eq group)
 
     @property
     def m(self) -> int:
         return len(self.vars)
+
+
+@dataclass(frozen=True)
+class SetNegation:
+    """``~n`` between sets ``after`` and ``after + 1``: no such event between them (SPEC §2.3)."""
+
+    after: int
+    event_type: str | None
+    own: tuple[Check, ...]  # conjuncts on n alone
+    cross: tuple[Check, ...]  # conjuncts on n and bound variables
+
+    def witness(self, ev: Event) -> bool:
+        """Could ``ev`` be a witness, whatever the bindings?"""
+        return (self.event_type is None or self.event_type == ev.type) and all(c(ev, ()) for c in self.own)
 
 
 def windowable(pattern: Pattern) -> bool:
@@ -139,8 +154,11 @@ def compile_sets(pattern: Pattern, name: str | int) -> SetPlan:
     relations: list[list[tuple[Check, tuple[int, ...]]]] = [[] for _ in comps]
     iter_final: list[tuple[int, Check]] = []
     final: list[Check] = []
+    negated = {c.var: c for c in pattern.components if not c.positive}
     for conj in pattern.where:
         vs = variables(conj)
+        if vs & set(negated):
+            continue  # a negation's test, below
         nodes = list(walk(conj))
         prev = {n.var for n in nodes if isinstance(n, Ref) and n.index is Index.PREV}
         indexed = any(isinstance(n, (Length, Aggregate)) or (isinstance(n, Ref) and n.index is not Index.EACH) for n in nodes)
@@ -162,6 +180,20 @@ def compile_sets(pattern: Pattern, name: str | int) -> SetPlan:
                 relations[slot[v]].append((compile_check(conj, _own(comps[slot[v]]), scope), others))
         else:
             final.append(compile_check(conj, Place(None, "bound"), scope))
+    negations = []
+    for k, c in enumerate(pattern.components):
+        if c.positive:
+            continue
+        before = [x for x in pattern.components[:k] if x.positive][-1]
+        tests = [conj for conj in pattern.where if c.var in variables(conj)]
+        negations.append(
+            SetNegation(
+                after=block_of[slot[before.var]],
+                event_type=c.event_type,
+                own=tuple(compile_check(t, Place(c.var, "event"), scope) for t in tests if variables(t) == {c.var}),
+                cross=tuple(compile_check(t, Place(c.var, "event"), scope) for t in tests if variables(t) != {c.var}),
+            )
+        )
     emit = None
     if pattern.emit is not None:
         bound = Place(None, "bound")
@@ -187,9 +219,15 @@ def compile_sets(pattern: Pattern, name: str | int) -> SetPlan:
         partition_by=pattern.partition_by,
         policy=pattern.policy,
         emit=emit,
+        negations=tuple(negations),
         eq_attrs=partition_attributes(pattern),
         eq_groups=tuple(
-            tuple((a, tuple(sorted(slot[u] for u in g))) for a, gs in equality_components(pattern).items() for g in gs if c.var in g)
+            tuple(
+                (a, tuple(sorted(slot[u] for u in g if u in slot)))
+                for a, gs in equality_components(pattern).items()
+                for g in gs
+                if c.var in g
+            )
             for c in comps
         ),
     )
@@ -237,8 +275,8 @@ def equality_components(pattern: Pattern) -> dict[str, list[set[str]]]:
 
 def partition_attributes(pattern: Pattern) -> tuple[str, ...]:
     """Definition 6's X: the equivalence list plus every attribute whose equality
-    relationships connect all variables."""
-    names = {c.var for c in pattern.positives}
+    relationships connect all variables (negated ones included)."""
+    names = {c.var for c in pattern.components}  # a negation's witnesses too: else they may lie elsewhere
     out = list(pattern.partition_by)
     for attr, groups in equality_components(pattern).items():
         if any(g == names for g in groups) and attr not in out:
@@ -322,7 +360,7 @@ def search(plan: SetPlan, entries: list[tuple[Event, int]], forward: bool, check
         here = full(b)
         if b == end and here:
             binding = [list(x) for x in binds] if forward else [x[::-1] for x in binds]
-            if accepts(plan, binding, check_keys):
+            if accepts(plan, binding, check_keys, entries):
                 out.append(binding)
         nb = b + step
         move = here and 0 <= nb < k
@@ -368,13 +406,14 @@ def state_vector(plan: SetPlan, binding: Binding) -> tuple:
     return tuple(_state(plan, i, events) for i, events in enumerate(binding))
 
 
-def accepts(plan: SetPlan, binding: Binding, check_keys: bool = False) -> bool:
-    """Condition 1 for what :func:`search` has not checked on the way."""
+def accepts(plan: SetPlan, binding: Binding, check_keys: bool = False, entries: list[tuple[Event, int]] = ()) -> bool:
+    """Condition 1 for what :func:`search` has not checked on the way, and the negations
+    (no witness among ``entries`` between their two sets)."""
     if check_keys and plan.partition_by:
         keys = {key_of(e, plan.partition_by) for events in binding for e in events}
         if len(keys) > 1:
             return False
-    if not plan.final and not plan.iter_final:
+    if not plan.final and not plan.iter_final and not plan.negations:
         return True
     vec = state_vector(plan, binding)
     if not all(c(None, vec) for c in plan.final):
@@ -386,7 +425,24 @@ def accepts(plan: SetPlan, binding: Binding, check_keys: bool = False) -> bool:
             cut[i] = KleeneState(events[0], events[n - 1], n, (), None)
             if not check(events[n], tuple(cut)):
                 return False
+    for neg in plan.negations:
+        lo = max(e.seq for i in plan.blocks[neg.after] for e in binding[i])
+        hi = min(e.seq for i in plan.blocks[neg.after + 1] for e in binding[i])
+        key = key_of(binding[0][0], plan.partition_by)
+        for ev, _ in entries:
+            if (
+                lo < ev.seq < hi
+                and neg.witness(ev)
+                and key_of(ev, plan.partition_by) == key
+                and all(c(ev, vec) for c in neg.cross)
+            ):
+                return False
     return True
+
+
+def keeps(plan: SetPlan, ev: Event, bits: int) -> bool:
+    """Must ``ev`` be buffered: can it bind a variable or witness a negation?"""
+    return bool(bits) or any(n.witness(ev) for n in plan.negations)
 
 
 def to_match(plan: SetPlan, binding: Binding) -> dict:
@@ -512,7 +568,7 @@ class DirectMatcher(_Matcher):
         if self._events % self.SWEEP_EVERY == 0:
             self._sweep(ev.ts)
         bits = event_bits(plan, ev)
-        if not bits:
+        if not keeps(plan, ev, bits):
             return self._emit([], ev.ts)
         key = key_of(ev, plan.eq_attrs)
         if key is MISSING:
@@ -626,7 +682,7 @@ class MatchWindowMatcher(_Matcher):
         found = self._close(ev.ts)
         bits = event_bits(self.plan, ev)
         key = key_of(ev, self.key_attrs)
-        if (self.filtering and not bits) or key is MISSING:
+        if (self.filtering and not keeps(self.plan, ev, bits)) or key is MISSING:
             self.counters["events_filtered"] += 1
             return self._emit(found, ev.ts)
         w = self.windows.get(key)

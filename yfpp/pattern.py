@@ -308,10 +308,11 @@ def validate_sets(p: Pattern) -> None:
     """The extra rules of event-set patterns (docs/event_sets.md)."""
     for c in p.components:
         if not c.positive:
-            raise PatternError(
-                f"negation ~{c.var} in an event-set pattern is not supported: inside a set it has no order to be "
-                "'between', and between sets it is not implemented"
-            )
+            if c.set_id is not None:
+                raise PatternError(f"negation ~{c.var} cannot be inside an event set: a set's events have no order")
+            if c is p.components[-1]:
+                raise PatternError(f"a trailing negation ~{c.var} is not supported in an event-set pattern")
+            continue
         if c.contiguity is not Contiguity.SKIP_TILL_ANY or c.inner is not Contiguity.SKIP_TILL_ANY:
             raise PatternError(
                 f"an event-set pattern matches by Definition 2 (every combination, like skip_till_any_match); "

@@ -59,7 +59,10 @@ def _holds_everywhere(p: Pattern, binds: dict[str, list[Event]]) -> bool:
     variable; prev(v.x) for every two consecutive events of v; any other conjunct with each
     comparison ∀ over Kleene events (SPEC §2.2)."""
     kleene = {c.var for c in p.positives if c.kind is Kind.KLEENE}
+    negated = {c.var for c in p.components if not c.positive}
     for conj in p.where:
+        if variables(conj) & negated:
+            continue
         prev = {n.var for n in walk(conj) if isinstance(n, Ref) and n.index is Index.PREV}
         vs = variables(conj)
         each = all(getattr(n, "index", Index.EACH) is Index.EACH and not isinstance(n, (Length, Aggregate)) for n in walk(conj))
@@ -78,6 +81,30 @@ def _holds_everywhere(p: Pattern, binds: dict[str, list[Event]]) -> bool:
             if not holds(conj, env):
                 return False
     return True
+
+
+def _witnessed(p: Pattern, binds: dict[str, list[Event]], events: list[Event]) -> bool:
+    """SPEC §2.3 between sets: an event after the last of the set before ~n and before the
+    first of the set after it, of n's type, in the match's partition, satisfying n's conjuncts."""
+    kleene = {c.var for c in p.positives if c.kind is Kind.KLEENE}
+    block = {c.var: b for b, members in enumerate(p.blocks) for c in members}
+    first = min((e for es in binds.values() for e in es), key=lambda e: e.seq)
+    key = tuple(_get(first, a) for a in p.partition_by)
+    for k, n in enumerate(p.components):
+        if n.positive:
+            continue
+        b = block[[c for c in p.components[:k] if c.positive][-1].var]
+        lo = max(e.seq for c in p.blocks[b] for e in binds[c.var])
+        hi = min(e.seq for c in p.blocks[b + 1] for e in binds[c.var])
+        conjs = [c for c in p.where if n.var in variables(c)]
+        for x in events:
+            if not lo < x.seq < hi or (n.event_type is not None and x.type != n.event_type):
+                continue
+            if tuple(_get(x, a) for a in p.partition_by) != key:
+                continue
+            if all(holds(c, Env(binds, kleene, n.var, x)) for c in conjs):
+                return True
+    return False
 
 
 def _earliest_maximal(p: Pattern, found: list[Seqs]) -> list[Seqs]:
@@ -104,7 +131,7 @@ def set_reference_matches(p: Pattern, events: list[Event]) -> list[tuple[Seqs, i
     found = [
         {c.var: [e.seq for e in binds[c.var]] for c in p.positives}
         for binds in _substitutions(p, events)
-        if _holds_everywhere(p, binds)
+        if _holds_everywhere(p, binds) and not _witnessed(p, binds, events)
     ]
     if p.policy == "earliest_maximal":
         found = _earliest_maximal(p, found)
