@@ -232,3 +232,18 @@ def test_negation_between_sets(strategy):
     # seq 3 (N, k=1) is in another partition and seq 2 fails n.x > a.x: both C's match with a=1, b=0;
     # a=5 with b=0 and the second C has no N between either
     assert sorted(tuple(m["bindings"].values()) for m in out) == [([1], [0], [4]), ([1], [0], [6]), ([5], [0], [6])]
+
+
+@pytest.mark.parametrize("strategy", ["direct", "match-window"])
+def test_reorder_buffer_gives_the_matches_of_the_sorted_feed(strategy):
+    query = "PATTERN SEQ({A a, B+ b[]}, C c) WHERE prev(b.x) < b.x WITHIN 6"
+    feed = [("B", 2, 1), ("A", 1, 0), ("B", 3, 2), ("C", 6, 0), ("B", 5, 3), ("C", 7, 0)]
+
+    def matches(events, **opts):
+        eng = Engine(strategy=strategy, **opts)
+        eng.register(query, name="q")
+        out = [m for t, ts, x in events for m in eng.process({"type": t, "ts": ts, "x": x})] + eng.flush()
+        return sorted(str({v: [events[i][1] for i in seqs] for v, seqs in m["bindings"].items()}) for m in out)
+
+    by_ts = sorted(feed, key=lambda r: r[1])
+    assert matches(feed, max_delay=2) == matches(by_ts) != []
