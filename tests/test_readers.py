@@ -116,11 +116,12 @@ def test_xml_bad_ts_reported_with_line_and_stream_goes_on(dl):
     assert reports(dl.out)[0]["raw"] == '<e ts="x"/>'
 
 
-def test_xml_syntax_error_yields_events_before_and_stops(dl):
+def test_xml_syntax_error_costs_the_damaged_record_and_the_stream_goes_on(dl):
     events = xml('<s>\n<e ts="1"/>\n<e ts="2"/>\n<e ts="3" <oops/>\n<e ts="4"/></s>', dead_letters=dl)
-    assert [e.seq for e in events] == [0, 1]
-    [r] = reports(dl.out)
-    assert r["seq"] == 2 and r["position"] == "line 4" and r["reason"].startswith("malformed XML")
+    assert [(e.seq, e.ts) for e in events] == [(0, 1.0), (1, 2.0), (4, 4.0)]
+    bad, oops = reports(dl.out)
+    assert (bad["seq"], bad["position"], bad["raw"]) == (2, "line 4", '<e ts="3"') and bad["reason"].startswith("malformed XML")
+    assert (oops["seq"], oops["position"], oops["raw"]) == (3, "line 4", "<oops/>") and oops["reason"].startswith("missing ts")
 
 
 def test_truncated_xml_reported(dl):
@@ -282,10 +283,10 @@ def test_memory_stays_flat(tmp_path):
     assert n == 200_000 and last.seq == 199_999
 
 
-def test_event_element_is_detached_once_the_next_event_is_read():
-    events = xml('<s><e ts="1"/><e ts="2"/><e ts="3"/></s>')
-    assert all(e.element.getparent() is None for e in events[:-1])
-    assert len(events[-1].element.getparent()) == 1
+def test_every_event_element_is_detached_from_the_input():
+    events = xml('<s xmlns:p="urn:p"><p:e ts="1"/><e ts="2"><p:x>1</p:x></e><e ts="3"/></s>')
+    assert all(e.element.getparent() is None for e in events)
+    assert events[0].element.tag == "{urn:p}e" and events[1].element[0].tag == "{urn:p}x"
 
 
 # ------------------------------------------------------------------ dead letters, element_for

@@ -7,13 +7,14 @@ import gc
 import json
 import sys
 import time
-from typing import Any, Iterable, TextIO
+from typing import Any, Iterable, Iterator, TextIO
 
 from yfpp.dead_letters import DeadLetters
 from yfpp.engine import Engine
-from yfpp.errors import YfppError
+from yfpp.errors import InputError, YfppError
 from yfpp.events import Event
 from yfpp.query_text import load_queries, parse_query
+from yfpp.record_fields import MAX_DEPTH, MAX_RECORD_BYTES
 
 RUN_EXAMPLES = """\
 examples:
@@ -46,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except BrokenPipeError:
         return 0
+    except KeyboardInterrupt:  # Ctrl-C outside the input loop (which handles it itself)
+        return 130
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,6 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="evaluation strategy of event-set queries (docs/event_sets.md; default direct)")
     run.add_argument("--ts-field", default="ts", help="timestamp field name (default: ts)")
     run.add_argument("--ts-unit", default="s", help="timestamp unit: s, ms, us, ns, min, h (default: s)")
+    run.add_argument("--type-field", metavar="NAME",
+                     help="the event type is this JSON field / XML attribute or leaf child (default: JSON 'type', XML element name)")
+    run.add_argument("--max-record-bytes", type=int, default=MAX_RECORD_BYTES, metavar="N",
+                     help=f"a record (XML event element, JSON line) longer than this is a dead letter (default {MAX_RECORD_BYTES})")
+    run.add_argument("--max-depth", type=int, default=MAX_DEPTH, metavar="N",
+                     help=f"a record nested deeper than this is a dead letter (default {MAX_DEPTH})")
+    run.add_argument("--strict", action="store_true", help="exit 1 if any record was a dead letter")
     run.add_argument("--max-delay", type=float, default=0.0, help="reorder buffer for out-of-order events, in seconds (default 0)")
     run.add_argument("--dead-letters", metavar="FILE", help="write malformed and late records here as JSON lines (default: stderr)")
     run.add_argument("--stats", action="store_true", help="print events/s, peak runs, buffer size and matches per query to stderr")
@@ -139,7 +149,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     dead = DeadLetters(args.dead_letters if args.dead_letters else sys.stderr)
     engine = build_engine(args.query, max_delay=args.max_delay, dead_letters=dead, policy=args.policy, strategy=args.strategy)
-    events = read_events(args.input, args.format, ts_field=args.ts_field, ts_unit=args.ts_unit, dead_letters=dead)
+    if args.max_record_bytes < 1 or args.max_depth < 1:
+        raise YfppError("--max-record-bytes and --max-depth must be positive")
+    try:
+        reader = read_events(args.input, args.format, ts_field=args.ts_field, ts_unit=args.ts_unit, type_field=args.type_field,
+                             max_record_bytes=args.max_record_bytes, max_depth=args.max_depth, dead_letters=dead)
+    except ValueError as e:  # an unknown --ts-unit
+        raise YfppError(str(e)) from e
+    events = InputFeed(reader)
     # Runs, buffer entries and events form no reference cycles: keep the cyclic collector from
     # rescanning millions of them (it took a third of the time on large runs).
     gc.freeze()
@@ -147,14 +164,53 @@ def cmd_run(args: argparse.Namespace) -> int:
     show = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     started = time.perf_counter()
+    interrupted = False
     try:
-        n = write_matches(engine, events, out, Progress(sys.stderr) if show else None)
+        write_matches(engine, events, out, Progress(sys.stderr) if show else None)
+    except KeyboardInterrupt:
+        interrupted = True
     finally:
         if args.output:
             out.close()
         dead.close()
     if args.stats:
-        print_stats(engine, n, time.perf_counter() - started, dead, sys.stderr)
+        print_stats(engine, events.count, time.perf_counter() - started, dead, sys.stderr)
+    return run_status(args, events, dead, interrupted)
+
+
+class InputFeed:
+    """The reader's events, counted; an :class:`InputError` (a corrupt or truncated gzip stream) ends the
+    feed like the end of the input — so the engine is flushed and the matches so far are written — and is
+    kept for the exit status."""
+
+    def __init__(self, events: Iterable[Event]):
+        self.events = events
+        self.count = 0
+        self.error: InputError | None = None
+
+    def __iter__(self) -> Iterator[Event]:
+        try:
+            for ev in self.events:
+                self.count += 1
+                yield ev
+        except InputError as e:
+            self.error = e
+
+
+def run_status(args: argparse.Namespace, events: InputFeed, dead: DeadLetters, interrupted: bool) -> int:
+    """The exit status of ``yfpp run``: 130 on Ctrl-C, 2 (raised) when the input broke off or held
+    records but no event, 1 with ``--strict`` if there were dead letters, else 0."""
+    if interrupted:
+        print("yfpp: interrupted", file=sys.stderr)
+        return 130
+    if events.error is not None:
+        raise events.error
+    if events.count == 0 and dead.count:
+        reasons = ", ".join(f"{reason}: {n}" for reason, n in dead.by_reason.most_common())
+        raise YfppError(f"no events in {args.input}: {dead.count} record(s) were dead letters ({reasons}); is --format right?")
+    if args.strict and dead.count:
+        print(f"yfpp: error: {dead.count} dead letter(s) (--strict)", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -11,7 +11,8 @@ Each conjunct is compiled once, for the place the compiler put it:
   incrementally on every take; nothing is recomputed from the buffer.
 
 Value semantics (SPEC §2.2): a missing attribute, a type mismatch, a division
-by zero yields ``MISSING``; any comparison with ``MISSING`` is false, so
+by zero, an overflow (a huge integer meeting a float, a float result that is
+not finite — in arithmetic, ``sum`` and ``avg``) yields ``MISSING``; any comparison with ``MISSING`` is false, so
 ``NOT`` of it is true.  Numbers are int/float (bool is not a number).
 """
 
@@ -45,6 +46,9 @@ Getter = Callable[[Any, tuple], Any]
 Check = Callable[[Any, tuple], bool]
 
 
+_INF = float("inf")
+
+
 def is_number(v: Any) -> bool:
     return (type(v) is int or type(v) is float) and v == v  # NaN compares false anyway
 
@@ -69,17 +73,23 @@ def compare_fn(op: str) -> Callable[[Any, Any], bool]:
 
 
 def arith(op: str, a: Any, b: Any) -> Any:
+    """``a op b``; MISSING for a non-number, a zero divisor, or an overflow (a float result that is not finite)."""
     if not (is_number(a) and is_number(b)):
         return MISSING
-    if op == "+":
-        return a + b
-    if op == "-":
-        return a - b
-    if op == "*":
-        return a * b
-    if b == 0:
+    try:
+        if op == "+":
+            r = a + b
+        elif op == "-":
+            r = a - b
+        elif op == "*":
+            r = a * b
+        elif b == 0:
+            return MISSING
+        else:
+            r = a / b if op == "/" else a % b
+    except OverflowError:  # a huge int meeting a float, or a quotient beyond a float
         return MISSING
-    return a / b if op == "/" else a % b
+    return r if type(r) is int or -_INF < r < _INF else MISSING
 
 
 def truthy(v: Any) -> bool:
@@ -136,9 +146,10 @@ def _agg_add(func: str, acc: Any, v: Any) -> Any:
     if acc is MISSING or not is_number(v):
         return MISSING
     if func == "avg":
-        return (acc[0] + v, acc[1] + 1)
+        total = arith("+", acc[0], v)
+        return MISSING if total is MISSING else (total, acc[1] + 1)
     if func == "sum":
-        return acc + v
+        return arith("+", acc, v)
     if func == "min":
         return v if v < acc else acc
     return v if v > acc else acc
@@ -146,7 +157,7 @@ def _agg_add(func: str, acc: Any, v: Any) -> Any:
 
 def _agg_value(func: str, acc: Any) -> Any:
     if func == "avg" and acc is not MISSING:
-        return acc[0] / acc[1]
+        return arith("/", acc[0], acc[1])
     return acc
 
 

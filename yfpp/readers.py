@@ -1,4 +1,4 @@
-"""Streaming event readers for XML and JSON lines (SPEC §1).
+"""Streaming event readers for XML and JSON lines (SPEC §1): sources, formats, the public functions.
 
 Common to both readers:
 
@@ -9,36 +9,28 @@ Common to both readers:
   string) times the unit — ``s``, ``ms``, ``us``, ``ns`` are divided by 1,
   10³, 10⁶, 10⁹; ``min`` and ``h`` multiplied by 60 and 3600. A record whose ts
   is missing, non-numeric or not finite is reported.
+* The event type is the JSON field ``type`` / the XML element's local name;
+  with ``type_field`` it is that JSON field / that XML attribute (or leaf
+  child) instead, removed from the attributes like the ts field.
 * Malformed records go to ``dead_letters`` (a :class:`DeadLetters`; by default
   one writing to stderr) with their position (``line N``) and the stream goes
-  on. Only an unreadable input raises (:class:`InputError`).
+  on. Caps: ``max_record_bytes`` (default 1 MiB) on one record,
+  ``max_depth`` (default 64) on its nesting; a record over a cap is a dead letter.
+  Only an unreadable input raises (:class:`InputError`): a file that cannot be
+  opened, or a corrupt or truncated gzip stream — raised when reading reaches
+  the damage, after every record before it was yielded, with the last line read.
 * Sources: a path, ``-`` (stdin) or a binary file object; gzip input is
-  recognised by its magic bytes (any ``.gz`` file).
+  recognised by its magic bytes (any ``.gz`` file). Input is read with
+  ``read1`` where available, so a live feed is read as its bytes arrive.
 
-XML (:func:`read_xml`): the input is parsed inside a synthetic root
-``<yfpp-stream>`` (its XML declaration kept in front), so a document with a root
-and a rootless concatenation of elements (a socket feed) both parse. The first
-top-level element is a single event if it has a ``ts_field`` attribute, no child
-elements, or a first child that is a leaf with no attributes (an attribute of
-that event); otherwise it is a root and its children are the events. A DOCTYPE
-is rejected (reported, nothing read): internal entities would be expanded in
-attribute values even with ``resolve_entities=False``. The parser also loads no
-DTD, uses no network and refuses huge trees. ASCII-compatible encodings only.
-An event's type is its element's local name; its attributes are the element's
-attributes (local names) and its leaf children without attributes (name →
-stripped text), attributes winning over children and the first child over
-repeats; values are typed int, then float, else str (``"true"`` stays a str).
-The element is kept on the Event; the reader detaches it from the document when
-the next event is read (the classic iterparse pattern), so memory stays flat.
-A syntax error is reported with its line and ends that source (libxml2 cannot
-resynchronise); the events before it are yielded. A feed that repeats the XML
-declaration before each element is therefore malformed. Input is read with
-``read1`` where available, so a live feed is parsed as its bytes arrive.
+XML: :mod:`yfpp.xml_reader` (which elements are events, resynchronisation after
+errors, DOCTYPE policy). An event's attributes are the element's attributes
+(local names) and its leaf children without attributes (name → stripped text),
+attributes winning over children and the first child over repeats; values are
+typed int, then float, else str (``"true"`` stays a str). The element is kept
+on the Event, detached from the rest of the input.
 
-JSON lines (:func:`read_jsonl`): one object per line with a ``type`` string and
-the ts field; the rest are attributes. Nested objects are flattened with dotted
-names (``{"a": {"b": 1}}`` → ``a.b``), ``null`` values are left out (missing
-attribute), a list value makes the record malformed. NaN/Infinity are not JSON.
+JSON lines: :mod:`yfpp.jsonl_reader` (line ends, flattening, numbers, duplicate keys).
 
 In both formats the ts field is removed from the attributes; an attribute named
 ``type`` or ``seq`` is kept (and shadows that pseudo-attribute in ``Event.get``).
@@ -47,68 +39,23 @@ In both formats the ts field is removed from the attributes; an attribute named
 from __future__ import annotations
 
 import gzip
-import json
-import math
 import os
-import re
 import sys
 from typing import IO, Any, Callable, Iterator
-
-from lxml import etree
 
 from yfpp.dead_letters import DeadLetters
 from yfpp.errors import InputError
 from yfpp.events import Event
+from yfpp.jsonl_reader import jsonl_events
+from yfpp.record_fields import MAX_DEPTH, MAX_RECORD_BYTES, TS_UNITS, ReaderOptions, typed_value, unit_factors
+from yfpp.xml_reader import xml_events
+
+__all__ = ["FORMAT_BY_EXT", "TS_UNITS", "MAX_DEPTH", "MAX_RECORD_BYTES", "format_of", "read_events", "read_jsonl",
+           "read_xml", "typed_value"]
 
 Source = str | os.PathLike[str] | IO[Any]
 
-#: unit → (multiplier, divisor) to seconds
-TS_UNITS: dict[str, tuple[int, int]] = {
-    "s": (1, 1), "ms": (1, 1000), "us": (1, 10**6), "ns": (1, 10**9), "min": (60, 1), "h": (3600, 1),
-}
 FORMAT_BY_EXT = {".xml": "xml", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl"}
-
-_INT = re.compile(r"[+-]?[0-9]+\Z")
-_FLOAT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\Z")
-_XML_DECL = re.compile(rb"(\xef\xbb\xbf)?<\?xml[^>]*\?>")
-_ROOT, _END = b"<yfpp-stream>", b"</yfpp-stream>"
-
-
-def typed_value(text: str) -> int | float | str:
-    """``"12"`` → 12, ``"1.5"`` / ``"1e3"`` → float, anything else unchanged."""
-    if _INT.match(text):
-        return int(text)
-    if _FLOAT.match(text):
-        return float(text)
-    return text
-
-
-def _seconds(value: Any, unit: tuple[int, int]) -> float | None:
-    """The timestamp in seconds, or None when ``value`` is not a finite number."""
-    if isinstance(value, str):
-        value = typed_value(value.strip())
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        ts = value * unit[0] / unit[1]
-    except OverflowError:
-        return None
-    return ts if math.isfinite(ts) else None
-
-
-def _pop_ts(fields: dict[str, Any], ts_field: str, unit: tuple[int, int], what: str) -> float | str:
-    """Remove the timestamp from ``fields``: seconds, or the reason the record is malformed."""
-    if ts_field not in fields:
-        return f"missing ts: no {what} {ts_field!r}"
-    raw_ts = fields.pop(ts_field)
-    ts = _seconds(raw_ts, unit)
-    return f"non-numeric ts: {raw_ts!r}" if ts is None else ts
-
-
-def _unit(ts_unit: str) -> tuple[int, int]:
-    if ts_unit not in TS_UNITS:
-        raise ValueError(f"unknown ts_unit {ts_unit!r}; expected one of {', '.join(TS_UNITS)}")
-    return TS_UNITS[ts_unit]
 
 
 def _sink(dead_letters: DeadLetters | None) -> DeadLetters:
@@ -146,6 +93,9 @@ def read_events(
     *,
     ts_field: str = "ts",
     ts_unit: str = "s",
+    type_field: str | None = None,
+    max_record_bytes: int = MAX_RECORD_BYTES,
+    max_depth: int = MAX_DEPTH,
     dead_letters: DeadLetters | None = None,
 ) -> Iterator[Event]:
     """Events from ``path_or_file`` (``-`` is stdin) in ``format`` ``xml`` or ``jsonl``.
@@ -154,7 +104,9 @@ def read_events(
     ``.ndjson``, each optionally ``.gz``), else from the first non-blank byte
     (``<`` or ``{``) when the stream can be peeked.
     """
-    unit = _unit(ts_unit)
+    if max_record_bytes < 1 or max_depth < 1:
+        raise ValueError("max_record_bytes and max_depth must be positive")
+    opts = ReaderOptions(ts_field, unit_factors(ts_unit), type_field or None, max_record_bytes, max_depth)
     fmt = (format or format_of(path_or_file) or "").lower()
     if fmt and fmt not in _READERS:
         raise InputError(f"unknown input format {fmt!r}; expected xml or jsonl")
@@ -167,202 +119,20 @@ def read_events(
             if owned:
                 f.close()
             raise InputError(f"cannot tell the format of {path_or_file!r}; give format='xml' or 'jsonl'")
-    return _READERS[fmt](f, owned, ts_field, unit, _sink(dead_letters))
+    return _READERS[fmt](f, owned, opts, _sink(dead_letters))
 
 
-def read_xml(
-    source: Source, *, ts_field: str = "ts", ts_unit: str = "s", dead_letters: DeadLetters | None = None
-) -> Iterator[Event]:
-    """Events from an XML document or a rootless element feed (see the module docstring)."""
-    return read_events(source, "xml", ts_field=ts_field, ts_unit=ts_unit, dead_letters=dead_letters)
+def read_xml(source: Source, **options: Any) -> Iterator[Event]:
+    """Events from an XML document or a rootless element feed; options as :func:`read_events`."""
+    return read_events(source, "xml", **options)
 
 
-def read_jsonl(
-    source: Source, *, ts_field: str = "ts", ts_unit: str = "s", dead_letters: DeadLetters | None = None
-) -> Iterator[Event]:
-    """Events from JSON lines (see the module docstring); malformed lines are reported."""
-    return read_events(source, "jsonl", ts_field=ts_field, ts_unit=ts_unit, dead_letters=dead_letters)
+def read_jsonl(source: Source, **options: Any) -> Iterator[Event]:
+    """Events from JSON lines; options as :func:`read_events`."""
+    return read_events(source, "jsonl", **options)
 
 
-# --------------------------------------------------------------------------- JSON lines
-
-
-def _jsonl_events(f: IO[Any], owned: bool, ts_field: str, unit: tuple[int, int], dl: DeadLetters) -> Iterator[Event]:
-    seq = 0
-    try:
-        for lineno, line in enumerate(f, 1):
-            if isinstance(line, bytes):
-                try:
-                    line = line.decode("utf-8-sig" if lineno == 1 else "utf-8")
-                except UnicodeDecodeError as e:
-                    dl.report(seq, f"line {lineno}", f"bad encoding: {e}", line.decode("utf-8", "replace").rstrip("\n"))
-                    seq += 1
-                    continue
-            if not line.strip():
-                continue
-            event = _json_event(line, seq, ts_field, unit)
-            if isinstance(event, str):
-                dl.report(seq, f"line {lineno}", event, line.rstrip("\r\n"))
-            else:
-                yield event
-            seq += 1
-    except (OSError, EOFError) as e:
-        raise InputError(f"cannot read input: {e}") from e
-    finally:
-        if owned:
-            f.close()
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _json_event(line: str, seq: int, ts_field: str, unit: tuple[int, int]) -> Event | str:
-    """The event of one line, or the reason it is malformed."""
-    try:
-        record = json.loads(line, parse_constant=_no_constant)
-    except ValueError as e:
-        return f"bad JSON: {e}"
-    if not isinstance(record, dict):
-        return "not an object"
-    type_ = record.pop("type", None)
-    if not isinstance(type_, str) or not type_:
-        return "missing type" if type_ is None else f"bad type: {type_!r}"
-    ts = _pop_ts(record, ts_field, unit, "field")
-    if isinstance(ts, str):
-        return ts
-    attrs: dict[str, Any] = {}
-    error = _flatten(record, "", attrs)
-    return error or Event(type_, ts, attrs, seq)
-
-
-def _flatten(obj: dict[str, Any], prefix: str, out: dict[str, Any]) -> str | None:
-    """Copy the scalars of ``obj`` into ``out`` with dotted names; the error for a list."""
-    for key, value in obj.items():
-        name = prefix + key
-        if isinstance(value, dict):
-            error = _flatten(value, name + ".", out)
-            if error:
-                return error
-        elif isinstance(value, list):
-            return f"list value: attribute {name!r}"
-        elif value is not None:
-            out[name] = value
-    return None
-
-
-# --------------------------------------------------------------------------- XML
-
-
-class _Wrapped:
-    """A binary reader giving ``source`` inside ``<yfpp-stream>…</yfpp-stream>``.
-
-    An XML declaration (and BOM) at the start stays in front of the synthetic
-    root. ``doctype_line`` is the line of a DOCTYPE seen in the head, else 0.
-    """
-
-    def __init__(self, f: IO[Any]):
-        self._read: Callable[[int], bytes | str] = getattr(f, "read1", f.read)
-        self._parts: list[bytes] | None = None
-        self._done = False
-        self.doctype_line = 0
-
-    def _chunk(self, n: int) -> bytes:
-        data = self._read(n)
-        return data.encode("utf-8") if isinstance(data, str) else data
-
-    def _head(self) -> list[bytes]:
-        head = self._chunk(65536)
-        while len(head) < 8 or (head.lstrip(b"\xef\xbb\xbf").startswith(b"<?xml") and b"?>" not in head):
-            more = self._chunk(65536)
-            if not more:
-                break
-            head += more
-        m = _XML_DECL.match(head)
-        decl = head[: m.end()] if m else b""
-        doctype = head.find(b"<!DOCTYPE", len(decl))
-        if doctype >= 0:
-            self.doctype_line = head[:doctype].count(b"\n") + 1
-        return [part for part in (decl + _ROOT, head[len(decl):]) if part]
-
-    def read(self, n: int = 65536) -> bytes:
-        if self._parts is None:
-            self._parts = self._head()
-        if self._parts:
-            return self._parts.pop(0)
-        if self._done:
-            return b""
-        data = self._chunk(n if n > 0 else 65536)
-        if not data:
-            self._done = True
-            return _END
-        return data
-
-
-def _xml_events(f: IO[Any], owned: bool, ts_field: str, unit: tuple[int, int], dl: DeadLetters) -> Iterator[Event]:
-    src = _Wrapped(f)
-    seq = 0
-    try:
-        for elem in _event_elements(src, ts_field):
-            event = _xml_event(elem, seq, ts_field, unit)
-            if isinstance(event, str):
-                dl.report(seq, f"line {elem.sourceline}", event, etree.tostring(elem, encoding="unicode", with_tail=False))
-            else:
-                yield event
-            seq += 1
-    except etree.XMLSyntaxError as e:
-        if src.doctype_line:
-            dl.report(seq, f"line {src.doctype_line}", "DTD not allowed: DOCTYPE in input")
-        else:
-            dl.report(seq, f"line {e.lineno}", "malformed XML: " + re.sub(r", line \d+, column \d+$", "", e.msg))
-    except (OSError, EOFError) as e:
-        raise InputError(f"cannot read input: {e}") from e
-    finally:
-        if owned:
-            f.close()
-
-
-def _event_elements(src: _Wrapped, ts_field: str) -> Iterator[Any]:
-    """The event elements, each yielded at its end; earlier siblings are removed from the tree."""
-    parser = etree.iterparse(
-        src, events=("start", "end"), resolve_entities=False, no_network=True, load_dtd=False,
-        huge_tree=False, collect_ids=False, remove_comments=True, remove_pis=True,
-    )
-    depth = -1  # the synthetic root is at depth 0
-    event_depth = 0  # 1: top-level elements are events, 2: their children are; 0: not known yet
-    for action, elem in parser:
-        if action == "start":
-            depth += 1
-            if depth == 1 and not event_depth and ts_field in elem.attrib:
-                event_depth = 1
-            continue
-        if not event_depth:
-            if depth == 2:
-                event_depth = 2 if len(elem) or elem.attrib else 1
-            elif depth == 1:
-                event_depth = 1
-        if 0 < depth <= event_depth:
-            parent = elem.getparent()
-            while elem.getprevious() is not None:
-                del parent[0]
-            if depth == event_depth:
-                yield elem
-        depth -= 1
-
-
-def _xml_event(elem: Any, seq: int, ts_field: str, unit: tuple[int, int]) -> Event | str:
-    """The event of one element, or the reason it is malformed."""
-    attrs: dict[str, Any] = {name.rpartition("}")[2]: typed_value(v) for name, v in elem.attrib.items()}
-    for child in elem:
-        if not len(child) and not child.attrib:
-            attrs.setdefault(child.tag.rpartition("}")[2], typed_value((child.text or "").strip()))
-    ts = _pop_ts(attrs, ts_field, unit, "attribute or child")
-    if isinstance(ts, str):
-        return ts
-    return Event(elem.tag.rpartition("}")[2], ts, attrs, seq, elem)
-
-
-_READERS: dict[str, Callable[[IO[Any], bool, str, tuple[int, int], DeadLetters], Iterator[Event]]] = {
-    "xml": _xml_events,
-    "jsonl": _jsonl_events,
+_READERS: dict[str, Callable[[IO[Any], bool, ReaderOptions, DeadLetters], Iterator[Event]]] = {
+    "xml": xml_events,
+    "jsonl": jsonl_events,
 }

@@ -9,6 +9,7 @@ a pass over all of them.  Slow on purpose; read it next to SPEC §2.
 
 from __future__ import annotations
 
+import math
 import operator
 from dataclasses import dataclass, field
 from itertools import product
@@ -97,6 +98,15 @@ def _event(env: Env, var: str, index: Index) -> Event | None:
     return bound[0] if index is Index.FIRST else bound[-1]
 
 
+def _overflow_free(fn: Any, *args: Any) -> Any:
+    """``fn(*args)``, or no value when it overflows (OverflowError, or a float that is not finite)."""
+    try:
+        v = fn(*args)
+    except OverflowError:
+        return _NOVALUE
+    return _NOVALUE if isinstance(v, float) and not math.isfinite(v) else v
+
+
 def value(expr: Expr, env: Env) -> Any:
     if isinstance(expr, Literal):
         return expr.value
@@ -110,14 +120,14 @@ def value(expr: Expr, env: Env) -> Any:
             return sum(1 for v in vals if v is not _NOVALUE)
         if not vals or not all(_num(v) for v in vals):
             return _NOVALUE
-        return {"sum": sum, "min": min, "max": max, "avg": lambda xs: sum(xs) / len(xs)}[expr.func](vals)
+        return _overflow_free({"sum": sum, "min": min, "max": max, "avg": lambda xs: sum(xs) / len(xs)}[expr.func], vals)
     if isinstance(expr, Arith):
         a, b = value(expr.left, env), value(expr.right, env)
         if not (_num(a) and _num(b)):
             return _NOVALUE
         if expr.op in "/%" and b == 0:
             return _NOVALUE
-        return {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv, "%": operator.mod}[expr.op](a, b)
+        return _overflow_free({"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv, "%": operator.mod}[expr.op], a, b)
     if isinstance(expr, Neg):
         v = value(expr.operand, env)
         return -v if _num(v) else _NOVALUE

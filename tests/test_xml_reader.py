@@ -1,0 +1,155 @@
+"""The XML reader's splitter: which elements are events, one bad record costs one record, caps, DOCTYPE."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import tracemalloc
+
+import pytest
+
+from yfpp.dead_letters import DeadLetters
+from yfpp.readers import read_xml
+
+
+class Trickle(io.RawIOBase):
+    """A binary stream whose ``read1`` returns a few bytes at a time (a socket feed)."""
+
+    def __init__(self, data: bytes, seed: int):
+        self.data, self.pos, self.rng = data, 0, random.Random(seed)
+
+    def readable(self) -> bool:
+        return True
+
+    def read1(self, n: int = -1) -> bytes:
+        k = self.rng.randint(1, 40)
+        out = self.data[self.pos:self.pos + k]
+        self.pos += len(out)
+        return out
+
+    read = read1
+
+
+def read(data: str | bytes, source=None, **opts) -> tuple[list[tuple], list[dict]]:
+    """(events as (seq, type, ts, attrs), dead letters) of ``data``."""
+    data = data.encode() if isinstance(data, str) else data
+    out = io.StringIO()
+    events = read_xml(source or io.BytesIO(data), dead_letters=DeadLetters(out), **opts)
+    got = [(e.seq, e.type, e.ts, e.attrs) for e in events]
+    return got, [json.loads(x) for x in out.getvalue().splitlines()]
+
+
+LINES = ['<?xml version="1.0"?>', '<stream ts="0">', '  <e ts="1" a="x"/>', '  <e ts="2" a="y"/>',
+         '  <e ts="3"><v>7</v></e>', '  <e ts="4" a="z"/>', "</stream>"]
+GOOD = [(0, "e", 1.0, {"a": "x"}), (1, "e", 2.0, {"a": "y"}), (2, "e", 3.0, {"v": 7}), (3, "e", 4.0, {"a": "z"})]
+
+
+def test_root_attributes_do_not_make_it_an_event():
+    children = "".join(f'<e ts="{i}"/>' for i in range(1000))
+    events, dead = read(f'<stream ts="0" source="x">{children}</stream>')
+    assert [e[2] for e in events] == list(map(float, range(1000))) and dead == []
+
+
+@pytest.mark.parametrize("bad,reason", [
+    ('  <e ts="2" a="y">', "malformed XML"),           # unclosed tag
+    ('  <e ts="2" a=y/>', "malformed XML"),            # unquoted attribute
+    ('  <e ts="2" a="\xff"/>', "malformed XML"),       # bad UTF-8
+    ('  <e ts="2" a="\x01"/>', "malformed XML"),       # control character
+    ('  <e ts="2" a="&nbsp;"/>', "malformed XML"),     # undefined entity
+    ('  <e ts="2" a="y"', "malformed XML"),            # unfinished tag
+    ('  <e ts="2 a="y"/>', "malformed XML"),           # unbalanced quote
+    ('  e ts="2" a="y"/>', "malformed XML"),           # lost '<'
+    ('  <e ts="2"><v>1</w></e>', "malformed XML"),     # mismatched end tag
+    ("  <heartbeat/>", "missing ts"),                  # a record without ts
+])
+@pytest.mark.parametrize("trickle", [False, True])
+def test_one_bad_record_costs_one_record_at_its_true_line(bad, reason, trickle):
+    lines = list(LINES)
+    lines[3] = bad
+    data = "\n".join(lines).encode("latin-1")
+    events, dead = read(data, Trickle(data, 7) if trickle else None)
+    assert events == [GOOD[0], *GOOD[2:]]
+    [letter] = dead
+    assert (letter["seq"], letter["position"]) == (1, "line 4") and letter["reason"].startswith(reason)
+
+
+def test_trickled_input_reads_the_same(tmp_path):
+    data = "\n".join(LINES).encode()
+    for seed in range(20):
+        assert read(data, Trickle(data, seed)) == (GOOD, [])
+
+
+def test_elements_after_the_root_and_concatenated_documents_are_read():
+    doc = '<?xml version="1.0"?>\n<s><e ts="1"/></s>\n<?xml version="1.0"?>\n<s><e ts="2"/></s>\n<e ts="3"/>'
+    events, dead = read(doc)
+    assert [(e[0], e[2]) for e in events] == [(0, 1.0), (1, 2.0), (2, 3.0)] and dead == []
+
+
+def test_rootless_feed_and_a_first_element_with_only_leaf_children_is_an_event():
+    events, dead = read('<exit><tag_id>7</tag_id><ts>2</ts></exit>\n<shelf ts="3"/>')
+    assert events == [(0, "exit", 2.0, {"tag_id": 7}), (1, "shelf", 3.0, {})] and dead == []
+
+
+def test_a_wrapper_inside_the_root_is_reported_and_its_events_are_read():
+    events, dead = read('<s><e ts="1"/><batch><e ts="2"/></batch><e ts="3"/><heartbeat><n>1</n></heartbeat></s>')
+    assert [e[2] for e in events] == [1.0, 2.0, 3.0]
+    assert [(d["seq"], d["reason"].split(":")[0], d["raw"]) for d in dead] == [
+        (1, "malformed XML", "<batch>"), (3, "malformed XML", "</batch>"), (5, "missing ts", "<heartbeat><n>1</n></heartbeat>")]
+
+
+def test_text_stray_end_tags_and_an_unclosed_root_are_reported():
+    events, dead = read('<s>\n<e ts="1"/>\nnoise\n</x>\n<e ts="2"/>')
+    assert [e[2] for e in events] == [1.0, 2.0]
+    assert [(d["position"], d["raw"]) for d in dead] == [("line 3", "noise"), ("line 4", "</x>"), ("line 1", None)]
+    assert "not closed at the end of the input" in dead[-1]["reason"]
+
+
+def test_a_json_lines_file_read_as_xml_is_reported_not_silent():
+    events, dead = read('{"type": "a", "ts": 1}\n{"type": "a", "ts": 2}\n')
+    assert events == [] and len(dead) == 1 and dead[0]["reason"] == "malformed XML: text outside an event"
+
+
+def test_size_cap_is_a_dead_letter_and_the_stream_goes_on():
+    big_attr = '<e ts="1" v="' + "x" * 5000 + '"/>'
+    big_children = '<e ts="2">' + "<v>x</v>" * 1000 + "</e>"
+    events, dead = read(f'<s>\n{big_attr}\n{big_children}\n<e ts="3"/>\n</s>', max_record_bytes=1000)
+    assert [(e[0], e[2]) for e in events] == [(2, 3.0)]
+    assert [(d["seq"], d["position"], d["reason"].split(":")[0]) for d in dead] == [(0, "line 2", "too large"), (1, "line 3", "too large")]
+    assert all(len(d["raw"]) <= 1025 and d["raw"].endswith("…") for d in dead)
+
+
+def test_a_huge_value_is_not_held_in_memory():
+    data = b'<s><e ts="1"/><e ts="2" v="' + b"x" * 30_000_000 + b'"/><e ts="3"/></s>'
+    tracemalloc.start()
+    try:
+        events, dead = read(data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [e[2] for e in events] == [1.0, 3.0] and [d["reason"].split(":")[0] for d in dead] == ["too large"]
+    assert peak < 40_000_000  # the input itself is 30 MB; nothing near a second copy
+
+
+def test_depth_cap_is_a_dead_letter():
+    deep = '<e ts="1">' + "<a>" * 100 + "</a>" * 100 + "</e>"
+    events, dead = read(f'<s>{deep}<e ts="2"/></s>', max_depth=50)
+    assert [e[2] for e in events] == [2.0] and dead[0]["reason"].startswith("too deep")
+
+
+def test_bare_doctype_is_ignored_and_one_naming_a_dtd_is_refused():
+    assert read('<!DOCTYPE stream>\n<stream><e ts="1"/></stream>')[0] == [(0, "e", 1.0, {})]
+    events, dead = read('<!DOCTYPE stream SYSTEM "http://127.0.0.1:9/x.dtd">\n<stream><e ts="1"/></stream>')
+    assert events == [] and [d["reason"].split(":")[0] for d in dead] == ["DTD not allowed"]
+
+
+def test_type_field_names_the_attribute_that_holds_the_type():
+    events, dead = read('<s><event kind="shelf" ts="1" tag="7"/><event ts="2"/><event ts="3"><kind>exit</kind></event></s>',
+                        type_field="kind")
+    assert events == [(0, "shelf", 1.0, {"tag": 7}), (2, "exit", 3.0, {})]
+    assert dead[0]["reason"].startswith("missing type")
+
+
+def test_numbers_that_do_not_fit_stay_text():
+    events, _ = read(f'<s><e ts="1" big="{"9" * 5000}" inf="1e999" n="{"9" * 309}"/></s>')
+    assert events[0][3] == {"big": "9" * 5000, "inf": "1e999", "n": int("9" * 309)}

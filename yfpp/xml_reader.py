@@ -1,0 +1,597 @@
+"""XML feeds: a byte-level splitter cuts the input into event elements, a hardened lxml parser reads each.
+
+Which elements are events: every top-level element is looked at in turn. A
+self-closing one, or one whose children are all plain leaves (``<v>1</v>``,
+``<v/>``: no attributes, no element children), is one event. Any other is a
+*root* (``<stream ts="0">`` included: attributes do not matter): its children
+are the events, and when it closes the next top-level element is looked at
+the same way — so a document, a rootless concatenation of events (a socket
+feed) and concatenated documents (XML declarations between them included) all
+read. A root not closed at the end of the input is reported.
+
+Resynchronisation: the splitter knows only what it needs to find where an
+element ends (tag syntax, quotes, comments, CDATA, processing instructions)
+and counts lines. Each event element is parsed on its own, so a syntax error
+(bad UTF-8, a control character, an undefined entity, a bad name…) costs that
+record: one dead letter at its true line. A malformed tag costs the text up to
+the next ``<`` (attribute values cannot contain ``<``). An element that is not
+closed is reported when an end tag of the root (or the end of the input)
+shows it — the reader then reads again from just after its start tag — or when
+an element carrying the ts attribute appears inside it: that is taken as the
+next event (so an event may not contain elements with a ts attribute).
+Non-blank text and stray end tags between events are dead letters too.
+
+Speed: before the splitter reads a block, the block's lines up to the last
+one that starts an event (at the indentation event start tags were last seen
+at) are parsed by lxml in one go; when that parses and is plainly a run of
+events (:meth:`Splitter._not_plain` finds nothing the splitter would treat
+differently) the splitter is not needed. So the per-event cost of a clean feed
+is lxml's, and the splitter only reads blocks that hold something wrong.
+
+Caps (:class:`~yfpp.record_fields.ReaderOptions`): an event element longer than
+``max_record_bytes`` is one dead letter (its first bytes as ``raw``) and is
+skipped to its end without being held in memory; an event nested deeper than
+``max_depth`` is one dead letter. Memory holds one read block plus at most
+one capped element.
+
+DOCTYPE: a bare ``<!DOCTYPE name>`` is ignored (it declares nothing). One with
+an internal subset or an external identifier (SYSTEM / PUBLIC) is refused: one
+dead letter ``DTD not allowed`` and nothing after it is read; nothing is
+expanded, loaded or fetched. No entity but the five predefined ones and
+character references exists (an undefined one is malformed). Encodings: the
+XML declaration's (ASCII-compatible encodings only; UTF-8 by default).
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from typing import IO, Any, Callable, Iterator, NamedTuple
+
+from lxml import etree
+
+from yfpp.dead_letters import DeadLetters
+from yfpp.errors import InputError
+from yfpp.events import Event
+from yfpp.record_fields import RAW_PREVIEW, ReaderOptions, pop_ts, pop_type, preview, typed_value
+
+_NAME = rb"[^\s<>/!?=\"'&]+"
+_START = re.compile(rb"<(" + _NAME + rb")((?:\s+[^\s<>/=\"']+\s*=\s*(?:\"[^\"<]*\"|'[^'<]*'))*)\s*(/?)>")
+_SPACE_EMPTY = re.compile(rb"[ \t\r\n]*(<" + _NAME + rb"(?:\s+[^\s<>/=\"']+\s*=\s*(?:\"[^\"<]*\"|'[^'<]*'))*\s*/>)")
+_END = re.compile(rb"</(" + _NAME + rb")\s*>")
+_XMLNS = re.compile(rb"""\s(xmlns(?::[^\s=]+)?\s*=\s*(?:"[^"\n]*"|'[^'\n]*'))""")
+_ENCODING = re.compile(rb"""\sencoding\s*=\s*["']([A-Za-z0-9._-]+)["']""")
+_DOCTYPE = re.compile(rb"<!DOCTYPE\s+" + _NAME + rb"\s*(.)", re.S)
+_BLANK = re.compile(rb"[ \t\r\n]*\Z")
+_SPACE = re.compile(rb"[ \t\r\n]*")
+_LEAD = re.compile(rb"(?:[ \t\r\n]*\n)?([ \t]*)<")
+_LINE_COL = re.compile(r", line \d+, column \d+$")
+_BATCH_END = b"</yfpp-batch>"
+_BLOCK = 1 << 16
+
+
+class Chunk(NamedTuple):
+    """One event element's bytes, the line it starts on, and the start tag its namespaces come from."""
+
+    data: bytes
+    line: int
+    scope: bytes
+
+
+class Region(NamedTuple):
+    """Event elements parsed in one go (detached), and the line their text starts on."""
+
+    elements: list[Any]
+    line: int
+
+
+class Bad(NamedTuple):
+    """A dead letter found by the splitter."""
+
+    line: int
+    reason: str
+    raw: str | None
+
+
+class Splitter:
+    """Cuts XML bytes into :class:`Chunk`\\ s and :class:`Bad`\\ s, in input order (see the module docstring)."""
+
+    def __init__(self, read: Callable[[int], bytes | str], opts: ReaderOptions):
+        self._read = read
+        self.cap = opts.max_record_bytes
+        self.max_depth = opts.max_depth
+        self.ts_field = opts.ts_field
+        # Is a parsed run of lines not plainly events? Text between them, an element with a ts attribute
+        # inside one, nesting over the cap, or (at top level) an element with element children that have
+        # attributes or children of their own (a root).
+        plain_test = "text()[normalize-space()] | */descendant::*[@*[name()=$ts]] | *" + "/*" * opts.max_depth
+        self._not_plain_in_root = etree.XPath(f"boolean({plain_test})")
+        self._not_plain_at_top = etree.XPath(f"boolean({plain_test} | */*[* or @*])")
+        self._ts_attr = re.compile(rb"\s" + re.escape(opts.ts_field.encode()) + rb"\s*=")
+        self.buf = b""
+        self.pos = 0
+        self.line = 1
+        self.eof = False
+        self.stopped = False
+        self.first = True
+        self.encoding: str | None = None
+        self.wrapper: bytes | None = None  # name of the open root
+        self.wrapper_line = 0
+        self.wrapper_open = b"<yfpp-batch>"
+        self.skip_text = False  # dropping the rest of an oversized run of text or markup up to the next '<'
+        self.out: list[Chunk | Region | Bad] = []
+        self._parsers: dict[str | None, Any] = {}
+        self.indent: bytes | None = None  # the indentation of event start tags, as last seen
+        # the element being read (self.stack non-empty)
+        self.stack: list[bytes] = []
+        self.extra = 0  # depth beyond max_depth (names not kept)
+        self.start = self.start_line = self.tag_end = self.tag_end_line = 0
+        self.start_attrs = b""
+        self.undecided = False  # a top-level element: event or root?
+        self.broken: str | None = None
+        self.skipping: str | None = None  # the raw preview of an element over the cap (content dropped)
+
+    # -- input -----------------------------------------------------------------------------
+
+    def _refill(self) -> None:
+        keep = self.start if self.stack and self.skipping is None else self.pos
+        data = self._read(_BLOCK)
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        if not data:
+            self.eof = True
+        if self.first and data:
+            self.first = False
+            if data[:2] in (b"\xff\xfe", b"\xfe\xff"):
+                raise InputError("UTF-16 XML is not supported (ASCII-compatible encodings only)")
+            if data[:3] == b"\xef\xbb\xbf":
+                data = data[3:]
+        self.buf = self.buf[keep:] + data
+        self.pos -= keep
+        self.start -= keep
+        self.tag_end -= keep
+
+    def parser(self) -> Any:
+        """The hardened lxml parser for the current encoding."""
+        parser = self._parsers.get(self.encoding)
+        if parser is None:
+            parser = self._parsers[self.encoding] = _parser(self.encoding)
+        return parser
+
+    def records(self) -> Iterator[list[Chunk | Region | Bad]]:
+        """Lists of records, one list per block read (so a live feed is read as it arrives)."""
+        while not self.stopped:
+            self._refill()
+            if not self.stack and not self.skip_text:
+                self._whole_lines()
+            while not self.stopped and (self._step_in() if self.stack else self._step_out()):
+                pass
+            if self.eof and not self.stopped:
+                self._finish()
+            elif self.stack and self.skipping is None and len(self.buf) - self.start < _BLOCK:
+                # leave a small unfinished element to the next block, where the fast path may take it
+                self.stack, self.pos, self.line = [], self.start, self.start_line
+            if self.out:
+                yield self.out
+                self.out = []
+            if self.eof:
+                return
+
+    def _whole_lines(self) -> None:
+        """The fast path: parse every complete line in the buffer at once when that is plainly a run of events.
+
+        Taken only when lxml accepts the lines as a sequence of elements with blank
+        text between them, none over a cap, and each is what the splitter would call an
+        event (see ``_not_plain``); otherwise the splitter reads them.
+        """
+        cut = len(self.buf) if self.eof else self._last_event_line()
+        if cut - self.pos <= 0 or cut - self.pos > self.cap:
+            return
+        region = self.buf[self.pos:cut]
+        try:
+            root = etree.fromstring(b"".join((self.wrapper_open, region, _BATCH_END)), self.parser())
+        except etree.XMLSyntaxError:
+            return
+        if not len(root) or self._not_plain(root, ts=self.ts_field):
+            return
+        elements = list(root)
+        for el in elements:
+            root.remove(el)
+        self.out.append(Region(elements, self.line))
+        self._advance(cut)
+
+    def _not_plain(self, root: Any, ts: str) -> bool:
+        return (self._not_plain_at_top if self.wrapper is None else self._not_plain_in_root)(root, ts=ts)
+
+    def _learn_indent(self, space: int, tag: int) -> None:
+        """Remember the indentation of an event start tag at ``tag`` (blank space from ``space``), if it starts a line."""
+        nl = self.buf.rfind(b"\n", space, tag)
+        if nl >= 0:
+            self.indent = self.buf[nl + 1:tag]
+
+    def _last_event_line(self) -> int:
+        """Where the last line that starts a start tag at the indentation of the first tag begins (a
+        likely event boundary: the region before it holds whole events); 0 if there is none."""
+        buf, pos = self.buf, self.pos
+        m = _LEAD.match(buf, pos)
+        if m is None:
+            return 0
+        needle = b"\n" + (m[1] if self.indent is None else self.indent) + b"<"
+        cut = buf.rfind(needle, pos)
+        while cut >= 0 and buf[cut + len(needle):cut + len(needle) + 1] in (b"/", b"!", b"?", b""):
+            cut = buf.rfind(needle, pos, cut)
+        return cut + 1 if cut >= 0 else 0
+
+    def _advance(self, to: int) -> None:
+        self.line += self.buf.count(b"\n", self.pos, to)
+        self.pos = to
+
+    def _bad(self, line: int, reason: str, raw: bytes | None) -> None:
+        self.out.append(Bad(line, reason, None if raw is None else preview(raw.rstrip())))
+
+    # -- between events --------------------------------------------------------------------
+
+    def _step_out(self) -> bool:
+        """Read one thing between events; False when more input is needed."""
+        buf, pos, line, out, scope = self.buf, self.pos, self.line, self.out, self.wrapper_open
+        if not self.skip_text:  # the hot path: blank space and a self-closing element, repeated
+            match, count, last = _SPACE_EMPTY.match, buf.count, None
+            while (m := match(buf, pos)) is not None and m.end() - m.start(1) <= self.cap:
+                start, end = m.start(1), m.end()
+                line += count(b"\n", pos, start)
+                out.append(Chunk(buf[start:end], line, scope))
+                line += count(b"\n", start, end)
+                pos, last = end, m
+            if last is not None:
+                self._learn_indent(last.start(), last.start(1))
+            self.pos, self.line = pos, line
+        i = buf.find(b"<", pos)
+        end = i if i >= 0 else len(buf)
+        if end > pos:
+            if self.skip_text:
+                if i >= 0:
+                    self.skip_text = False
+            elif not _BLANK.match(buf, pos, end):
+                if i < 0 and not self.eof and end - pos <= self.cap:
+                    return False  # the text may go on
+                self._advance(_SPACE.match(buf, pos).end())
+                self._bad(self.line, "malformed XML: text outside an event", buf[self.pos:end])
+                self.skip_text = i < 0
+            self._advance(end)
+        if i < 0:
+            return False
+        kind = buf[i + 1:i + 2]
+        if kind == b"/":
+            m = _END.match(buf, i)
+            if m is None:
+                return self._bad_markup(i)
+            if m[1] == self.wrapper:
+                self.wrapper, self.wrapper_open = None, b"<yfpp-batch>"
+            else:
+                self._bad(self.line, f"malformed XML: stray end tag </{m[1].decode('utf-8', 'replace')}>", m[0])
+            self._advance(m.end())
+            return True
+        if kind == b"!" or kind == b"?":
+            return self._skip_special(i, kind)
+        if not kind:
+            return self._bad_markup(i)
+        m = _START.match(buf, i)
+        if m is None:
+            return self._bad_markup(i)
+        self._learn_indent(pos, i)
+        if m.end() - i > self.cap:
+            self._bad(self.line, f"too large: a start tag over {self.cap:,} bytes", m[0])
+            self._advance(m.end())
+            if not m[3]:
+                self.skip_text = True  # its content, to the next '<', goes with it
+            return True
+        if m[3]:
+            self.out.append(Chunk(buf[i:m.end()], self.line, self.wrapper_open))
+            self._advance(m.end())
+            return True
+        self.start, self.start_line, self.start_attrs = i, self.line, m[2]
+        self._advance(m.end())
+        self.tag_end, self.tag_end_line = self.pos, self.line
+        self.stack = [m[1]]
+        self.extra = 0
+        self.undecided = self.wrapper is None
+        self.broken = self.skipping = None
+        return True
+
+    def _skip_special(self, i: int, kind: bytes) -> bool:
+        """A comment, CDATA section, processing instruction or DOCTYPE between events."""
+        buf = self.buf
+        if kind == b"?":
+            j = buf.find(b"?>", i + 2)
+            if j < 0:
+                return self._need(i)
+            if buf.startswith(b"<?xml", i) and buf[i + 5:i + 6] in b" \t\r\n":
+                self._declaration(buf[i:j + 2])
+            self._advance(j + 2)
+            return True
+        if buf.startswith(b"<!--", i):
+            j = buf.find(b"-->", i + 4)
+            if j < 0:
+                return self._need(i)
+            self._advance(j + 3)
+            return True
+        if buf.startswith(b"<!DOCTYPE", i) and self.wrapper is None:
+            m = _DOCTYPE.match(buf, i)
+            if m is None and not self.eof and len(buf) - i < 4096:
+                return False
+            if m is not None and m[1] == b">":
+                self._advance(m.end())
+                return True
+            self._bad(self.line, "DTD not allowed: a DOCTYPE with an internal subset or an external DTD "
+                                 "(nothing is expanded or fetched; the rest of the input is not read)", None)
+            self.stopped = True
+            return False
+        if len(buf) - i < 9 and not self.eof:
+            return False
+        return self._bad_markup(i)
+
+    def _declaration(self, decl: bytes) -> None:
+        m = _ENCODING.search(decl)
+        encoding = m[1].decode("ascii") if m else None
+        try:
+            etree.XMLParser(encoding=encoding)
+        except LookupError:
+            self._bad(self.line, f"malformed XML: unknown encoding {encoding!r} (reading as UTF-8)", decl)
+            encoding = None
+        self.encoding = encoding
+
+    def _need(self, i: int) -> bool:
+        """An unfinished token at ``i``: wait for more input unless it is over the cap or the input ended."""
+        if not self.eof and len(self.buf) - i <= self.cap:
+            return False
+        return self._bad_markup(i)
+
+    def _bad_markup(self, i: int) -> bool:
+        """Malformed (or unfinished) markup at ``i``: it runs to the next ``<``."""
+        buf = self.buf
+        j = buf.find(b"<", i + 1)
+        if j < 0:
+            if not self.eof and len(buf) - i <= self.cap:
+                return False
+            j = len(buf)
+            self.skip_text = not self.eof and not self.stack
+        raw = buf[i:j]
+        reason = f"too large: markup over {self.cap:,} bytes" if self.skip_text else "malformed XML: bad markup"
+        if self.stack:
+            self.broken = self.broken or f"{reason} at line {self.line}"
+        else:
+            self._bad(self.line, reason, raw)
+        self._advance(j)
+        return True
+
+    # -- inside an element -----------------------------------------------------------------
+
+    def _step_in(self) -> bool:
+        """Read one thing inside the element being read; False when more input is needed."""
+        buf, pos = self.buf, self.pos
+        i = buf.find(b"<", pos)
+        self._advance(i if i >= 0 else len(buf))
+        if self.pos - self.start > self.cap and self.skipping is None and not self._over_cap():
+            return True
+        if i < 0:
+            return False
+        kind = buf[i + 1:i + 2]
+        if kind == b"/":
+            m = _END.match(buf, i)
+            if m is None:
+                return self._bad_markup(i)
+            return self._end_tag(i, m)
+        if kind == b"!" or kind == b"?":
+            close = b"?>" if kind == b"?" else b"]]>" if buf.startswith(b"<![CDATA[", i) else b"-->" if buf.startswith(b"<!--", i) else None
+            if close is None:
+                if len(buf) - i < 9 and not self.eof:
+                    return False
+                return self._bad_markup(i)
+            j = buf.find(close, i + 2)
+            if j < 0:
+                return self._need(i)
+            self._advance(j + len(close))
+            return True
+        m = _START.match(buf, i)
+        if m is None:
+            return self._bad_markup(i)
+        depth = len(self.stack) + self.extra
+        if self.undecided and (depth > 1 or m[2].strip()):
+            self._become_root()
+            return True
+        if self._ts_attr.search(m[2]) is not None:  # an event inside an event: the open one was not closed
+            self._unclosed(i, resume_here=True)
+            return True
+        if not m[3]:
+            if len(self.stack) < self.max_depth:
+                self.stack.append(m[1])
+            else:
+                self.extra += 1
+            if depth + 1 > self.max_depth:
+                self.broken = self.broken or f"too deep: more than {self.max_depth} levels of elements"
+        self._advance(m.end())
+        return True
+
+    def _end_tag(self, i: int, m: re.Match[bytes]) -> bool:
+        name, stack = m[1], self.stack
+        if self.extra:
+            self.extra -= 1
+        elif name == stack[-1]:
+            stack.pop()
+        elif name == self.wrapper and name not in stack:
+            self._unclosed(i)
+            return True
+        else:
+            self.broken = self.broken or (
+                f"malformed XML: end tag </{name.decode('utf-8', 'replace')}> at line {self.line} "
+                f"does not match <{stack[-1].decode('utf-8', 'replace')}>")
+            del stack[stack.index(name) if name in stack else -1:]
+        self._advance(m.end())
+        if not stack:
+            self._complete()
+        return True
+
+    def _complete(self) -> None:
+        if self.skipping is not None:
+            self.out.append(Bad(self.start_line, f"too large: an element over {self.cap:,} bytes", self.skipping))
+        elif self.broken:
+            self._bad(self.start_line, self.broken, self.buf[self.start:self.pos])
+        else:
+            self.out.append(Chunk(self.buf[self.start:self.pos], self.start_line, self.wrapper_open))
+
+    def _over_cap(self) -> bool:
+        """The element outgrew the cap: a root if still undecided, else skipped to its end; False if it was re-read."""
+        if self.undecided:
+            self._become_root()
+            return False
+        self.skipping = preview(self.buf[self.start:self.start + RAW_PREVIEW + 1])
+        return True
+
+    def _become_root(self) -> None:
+        """The top-level element being read is a root: its children are events; re-read them."""
+        self.wrapper, self.wrapper_line = self.stack[0], self.start_line
+        self.wrapper_open = b"<yfpp-batch" + b"".join(b" " + ns for ns in _XMLNS.findall(self.start_attrs)) + b">"
+        self.stack = []
+        self.pos, self.line = self.tag_end, self.tag_end_line
+
+    def _unclosed(self, i: int, resume_here: bool = False) -> None:
+        """The element being read is not closed: report it and go on at ``i`` (``resume_here``: the next
+        event starts there) or re-read what followed its start tag."""
+        name = self.stack[0].decode("utf-8", "replace")
+        reason = f"malformed XML: <{name}> at line {self.start_line} is not closed"
+        self.stack = []
+        if self.skipping is not None:
+            self.out.append(Bad(self.start_line, reason, self.skipping))
+            return  # its content was not kept: go on from here
+        if resume_here:
+            self._bad(self.start_line, reason, self.buf[self.start:i])
+            return
+        self._bad(self.start_line, reason, self.buf[self.start:self.tag_end])
+        self.pos, self.line = self.tag_end, self.tag_end_line
+
+    def _finish(self) -> None:
+        """End of input: close what is open (re-reading the content of an unclosed event)."""
+        while self.stack and not self.stopped:
+            self._unclosed(len(self.buf))
+            while not self.stopped and (self._step_in() if self.stack else self._step_out()):
+                pass
+        if self.wrapper is not None:
+            name = self.wrapper.decode("utf-8", "replace")
+            self._bad(self.wrapper_line, f"malformed XML: <{name}> at line {self.wrapper_line} is not closed at the end of the input", None)
+            self.wrapper = None
+
+
+# --------------------------------------------------------------------------- parsing chunks
+
+
+def _parser(encoding: str | None) -> Any:
+    return etree.XMLParser(
+        encoding=encoding, resolve_entities=False, no_network=True, load_dtd=False, huge_tree=False,
+        collect_ids=False, remove_comments=True, remove_pis=True,
+    )
+
+
+def _parse_chunks(chunks: list[Chunk], parser: Any) -> list[Any]:
+    """The element of each chunk (detached), or the :class:`Bad` for a chunk that does not parse.
+
+    Chunks of one scope are parsed in one go inside a copy of its root's namespace
+    declarations; only when that fails is each parsed alone.
+    """
+    out: list[Any] = []
+    start = 0
+    for i in range(1, len(chunks) + 1):
+        if i == len(chunks) or chunks[i].scope is not chunks[start].scope:
+            out += _parse_run(chunks[start:i], chunks[start].scope, parser)
+            start = i
+    return out
+
+
+def _parse_run(chunks: list[Chunk], wrapper_open: bytes, parser: Any) -> list[Any]:
+    try:
+        root = etree.fromstring(b"".join([wrapper_open, *[c.data for c in chunks], _BATCH_END]), parser)
+        elements = list(root)
+        if len(elements) == len(chunks):
+            for el, chunk in zip(elements, chunks):
+                root.remove(el)
+                el.sourceline = min(chunk.line, 65535)  # libxml2 keeps an unsigned short
+            return elements
+    except etree.XMLSyntaxError:
+        pass
+    out: list[Any] = []
+    for chunk in chunks:
+        try:
+            root = etree.fromstring(wrapper_open + chunk.data + _BATCH_END, parser)
+            el = root[0]
+            root.remove(el)
+            el.sourceline = min(chunk.line, 65535)  # libxml2 keeps an unsigned short
+            out.append(el)
+        except etree.XMLSyntaxError as e:
+            line = chunk.line + (e.lineno or 1) - 1
+            out.append(Bad(line, "malformed XML: " + _LINE_COL.sub("", e.msg or "syntax error"), preview(chunk.data)))
+    return out
+
+
+def xml_events(f: IO[Any], owned: bool, opts: ReaderOptions, dl: DeadLetters) -> Iterator[Event]:
+    """The events of an XML source (see the module docstring); dead letters go to ``dl``."""
+    splitter = Splitter(getattr(f, "read1", f.read), opts)
+    seq = 0
+    try:
+        for records in splitter.records():
+            chunks = [r for r in records if type(r) is Chunk]
+            parsed = iter(_parse_chunks(chunks, splitter.parser()) if chunks else ())
+            for record in records:
+                kind = type(record)
+                if kind is Region:
+                    base = record.line - 1
+                    for el in record.elements:
+                        line = base + el.sourceline
+                        el.sourceline = min(line, 65535)  # libxml2 keeps an unsigned short
+                        event = _event_or_report(el, seq, line, opts, dl)
+                        if event is not None:
+                            yield event
+                        seq += 1
+                    continue
+                if kind is Chunk:
+                    el = next(parsed)
+                    if type(el) is not Bad:
+                        event = _event_or_report(el, seq, record.line, opts, dl)
+                        if event is not None:
+                            yield event
+                        seq += 1
+                        continue
+                    record = el
+                dl.report(seq, f"line {record.line}", record.reason, record.raw)
+                seq += 1
+    except (OSError, EOFError, zlib.error) as e:
+        raise InputError(f"cannot read input after line {splitter.line}: {e}") from e
+    finally:
+        if owned:
+            f.close()
+
+
+def _event_or_report(el: Any, seq: int, line: int, opts: ReaderOptions, dl: DeadLetters) -> Event | None:
+    event = _xml_event(el, seq, opts)
+    if type(event) is Event:
+        return event
+    dl.report(seq, f"line {line}", event, etree.tostring(el, encoding="unicode", with_tail=False))
+    return None
+
+
+def _xml_event(elem: Any, seq: int, opts: ReaderOptions) -> Event | str:
+    """The event of one element, or the reason it is malformed."""
+    attrs: dict[str, Any] = {
+        (name if name[0] != "{" else name.rpartition("}")[2]): typed_value(v) for name, v in elem.attrib.items()}
+    if len(elem):
+        for child in elem:
+            if not len(child) and not child.attrib and isinstance(child.tag, str):
+                attrs.setdefault(child.tag.rpartition("}")[2], typed_value((child.text or "").strip()))
+    if opts.type_field is None:
+        type_ = elem.tag.rpartition("}")[2]
+    else:
+        type_, error = pop_type(attrs, opts.type_field, "attribute or child")
+        if error:
+            return error
+    ts = pop_ts(attrs, opts.ts_field, opts.unit, "attribute or child")
+    if type(ts) is str:
+        return ts
+    return Event(type_, ts, attrs, seq, elem)
