@@ -127,3 +127,57 @@ def patterns(draw, allow_negation: bool = True, max_positives: int = 3) -> Patte
             where += _negation_preds(draw, n.var, positives[-1], None)
     policy = "all" if trailing else draw(st.sampled_from(["all", "all", "non_overlapping"]))
     return Pattern(tuple(comps), tuple(where), ("k",) if keyed else (), window, policy).validate()
+
+
+def _set_preds(draw, v: Component, others: list[Component]) -> list:
+    """Properties of ``v``, prev() chains, and relationships with other variables of a set pattern."""
+    c = Literal(draw(st.integers(0, 3)))
+    x = Ref(v.var, "x")
+    options = [Compare(">", x, c), Compare("!=", Ref(v.var, "y"), c), Not(Compare("=", x, c))]
+    if v.kind is Kind.KLEENE:
+        prev = Ref(v.var, "x", Index.PREV)
+        options += [
+            Compare("<", prev, x),
+            Compare(">=", prev, x),
+            Compare(">=", Length(v.var), Literal(2)),
+            Compare("<=", Ref(v.var, "x", Index.FIRST), prev),
+            Compare(">", Aggregate("max", v.var, "x", upto_prev=False), c),
+        ]
+    for u in others:
+        options += [Compare("<=", Ref(u.var, "x"), x), Compare("=", Ref(u.var, "k"), Ref(v.var, "k"))]
+        if v.kind is Kind.KLEENE:
+            options.append(Compare("<", Ref(v.var, "x", Index.PREV), Arith("+", x, Ref(u.var, "x"))))
+        if u.kind is Kind.KLEENE:
+            options.append(Compare(">", x, Ref(u.var, "x", Index.LAST)))
+    return draw(st.lists(st.sampled_from(options), max_size=2, unique=True))
+
+
+@st.composite
+def set_patterns(draw, max_vars: int = 4, types=TYPES) -> Pattern:
+    """Event-set patterns (SPEC §2.5): 1–3 sets of 1–4 variables in all, a window, maybe [k]."""
+    n_vars = draw(st.integers(1, max_vars))
+    n_blocks = draw(st.integers(1, min(3, n_vars)))
+    cuts = sorted(draw(st.lists(st.integers(1, n_vars - 1), min_size=n_blocks - 1, max_size=n_blocks - 1, unique=True))) if n_blocks > 1 else []
+    sizes = [b - a for a, b in zip([0] + cuts, cuts + [n_vars])]
+    stam = Contiguity.SKIP_TILL_ANY
+    comps: list[Component] = []
+    for b, size in enumerate(sizes):
+        set_id = b if size > 1 or b == 0 or draw(st.booleans()) else None
+        for _ in range(size):
+            kind = draw(st.sampled_from([Kind.SINGLE, Kind.KLEENE]))
+            etype = draw(st.sampled_from(types + types + [None]))
+            comps.append(Component(f"v{len(comps)}", etype, kind, stam, stam, set_id))
+    where: list = []
+    for i, c in enumerate(comps):
+        where += _set_preds(draw, c, comps[:i])
+    if len(sizes) > 1 and draw(st.booleans()):  # a negation between two sets
+        at = sum(sizes[: draw(st.integers(1, len(sizes) - 1))])
+        n = Component("n", draw(st.sampled_from(types)), Kind.NEGATED)
+        before = comps[at - 1]
+        options = [Compare("=", Ref("n", "x"), Literal(draw(st.integers(0, 3)))), Compare(">", Ref("n", "x"), Ref(before.var, "x"))]
+        where += draw(st.lists(st.sampled_from(options), max_size=1))
+        comps.insert(at, n)
+    keyed = draw(st.integers(0, 3)) == 0
+    policy = draw(st.sampled_from(["all", "all", "earliest_maximal"]))
+    window = draw(st.integers(0, 6))
+    return Pattern(tuple(comps), tuple(where), ("k",) if keyed else (), window, policy).validate()

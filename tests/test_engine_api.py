@@ -9,7 +9,6 @@ import pytest
 
 from yfpp.dead_letters import DeadLetters
 from yfpp.engine import Engine
-from yfpp.match_id import match_id
 from yfpp.errors import PatternError, QuerySyntaxError, YfppError
 from yfpp.events import Event
 from yfpp.match_id import match_id

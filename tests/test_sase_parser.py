@@ -407,7 +407,7 @@ def test_unexpected_character_and_readable_terminals() -> None:
     e = syntax_error("PATTERN SEQ(A a, B b) WITHIN 3 hourz")
     assert "a time unit (ms, s, min, h, d)" in e.expected
     e = syntax_error("PATTERN SEQ(A a, B b) OUTPUT some")
-    assert e.expected == ["'all'", "'non_overlapping'"]
+    assert e.expected == ["'all'", "'earliest_maximal'", "'non_overlapping'"]
 
 
 # --- structural errors -----------------------------------------------------------------------

@@ -21,6 +21,9 @@
 - ``=> type(name = expr, …) [feedback]`` last: the result event, the SASE+
   ``RETURN`` clause with the steps' variables (``e1.total + 1``); parsed by
   :func:`yfpp.sase_parser.parse_result`.
+- ``//{C, P+}//B`` is an event-set pattern (docs/event_sets.md): the members
+  of ``{…}`` bind ``e1, e2, …`` in the order written, then the steps after
+  it; every axis of such a path must be ``//`` and negation is refused.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ class _Step:
     predicates: tuple[str, ...]
     line: int
     column: int
+    set_id: int | None = None
 
 
 def parse_xpath(text: str) -> Pattern:
@@ -79,7 +83,7 @@ def parse_xpath(text: str) -> Pattern:
         elif part.data == "result":
             result = parse_result(text, part.children[0].start_pos + 2)
         else:
-            steps = [_step(step, text) for step in part.children if isinstance(step, Tree) and step.data == "step"]
+            steps = _steps([c for c in part.children if isinstance(c, Tree) and c.data in ("step", "set_step")], text)
     pattern = _compile(steps, partition_by, window, text)
     return replace(pattern, emit=result[0], feedback=result[1]).validate()
 
@@ -92,6 +96,28 @@ def _window(tree: Tree, text: str) -> float:
     if unit.lower() not in UNIT_SECONDS:
         _fail(f"unknown time unit {str(unit)!r}", text, unit, [repr(u) for u in UNIT_SECONDS] + ["')'"])
     return finite_window(window_seconds(number, unit), text, number.line, number.column)
+
+
+def _steps(trees: list[Tree], text: str) -> list[_Step]:
+    """The path's steps; the members of a set step share a set id."""
+    if any(t.data == "set_step" for t in trees):
+        for t in trees[1:]:
+            axis = t.children[0].children[0]
+            if axis == "/":
+                _fail("an event-set path joins its steps with '//' (every combination): '/' has no meaning here", text, axis)
+    out: list[_Step] = []
+    for set_id, tree in enumerate(trees):
+        if tree.data == "step":
+            out.append(_step(tree, text))
+            continue
+        axis, *members = tree.children
+        for member in members:
+            bang = member.children[0]
+            if bang is not None:
+                _fail("a negated step cannot be inside an event set: a set's events have no order", text, bang)
+            step = _step(Tree("step", [axis, *member.children]), text)
+            out.append(replace(step, negated=False, set_id=set_id))
+    return out
 
 
 def _step(tree: Tree, text: str) -> _Step:
@@ -140,6 +166,8 @@ def _check_predicate(tok: Token, text: str) -> str:
 
 def _compile(steps: list[_Step], partition_by: tuple[str, ...], window: float | None, text: str) -> Pattern:
     slash = Contiguity.PARTITION if partition_by else Contiguity.STRICT
+    if any(s.set_id is not None for s in steps):
+        slash = Contiguity.SKIP_TILL_ANY  # '/' was refused in _steps except before the first step
     components: list[Component] = []
     where: list[Expr] = []
     positions: list[tuple[str, int, int]] = []
@@ -150,10 +178,9 @@ def _compile(steps: list[_Step], partition_by: tuple[str, ...], window: float | 
         var = f"n{counts[False]}" if step.negated else f"e{counts[True]}"
         if step.negated:
             components.append(Component(var, step.event_type, Kind.NEGATED, c))
-        elif step.kleene:
-            components.append(Component(var, step.event_type, Kind.KLEENE, c, inner_contiguity=c))
         else:
-            components.append(Component(var, step.event_type, Kind.SINGLE, c))
+            kind = Kind.KLEENE if step.kleene else Kind.SINGLE
+            components.append(Component(var, step.event_type, kind, c, c if step.kleene else None, step.set_id))
         where.extend(XPathTest(var, p) for p in step.predicates)
         positions.append((var, step.line, step.column))
     return Pattern(tuple(components), tuple(where), partition_by, window, "all", source=text, positions=tuple(positions))

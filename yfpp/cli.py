@@ -86,7 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-i", "--input", required=True, help="input file (.xml, .jsonl, optionally .gz) or - for stdin")
     run.add_argument("--format", choices=["xml", "jsonl"], help="input format (default: from the extension or content)")
     run.add_argument("-o", "--output", help="write matches here instead of stdout")
-    run.add_argument("--policy", choices=["all", "non_overlapping"], help="output policy for every query (default: each query's own, else all)")
+    run.add_argument("--policy", choices=["all", "non_overlapping", "earliest_maximal"],
+                     help="output policy for every query (default: each query's own, else all); "
+                          "earliest_maximal is for event-set queries")
+    run.add_argument("--strategy", choices=["direct", "match-window"], default="direct",
+                     help="evaluation strategy of event-set queries (docs/event_sets.md; default direct)")
     run.add_argument("--ts-field", default="ts", help="timestamp field name (default: ts)")
     run.add_argument("--ts-unit", default="s", help="timestamp unit: s, ms, us, ns, min, h (default: s)")
     run.add_argument("--ts-format", choices=["number", "iso"], default="number",
@@ -215,7 +219,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise YfppError("give at least one query with -q (or --restore FILE)")
     else:
         engine = build_engine(args.query, max_delay=args.max_delay, dead_letters=dead, policy=args.policy, **caps,
-                              **feedback_opts)
+                              **feedback_opts, strategy=args.strategy)
     args.input = examples.resolve(args.input)
     show = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
     live = is_live_input(args.input)
@@ -351,6 +355,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
     g = nfa_graph(engine)
     dot = as_dot(g)
     print({"text": lambda: as_text(engine, g), "json": lambda: as_json(engine, g), "dot": lambda: dot.rstrip("\n")}[args.format]())
+    if args.format == "text":
+        for matcher in engine.set_queries.values():  # not part of the shared NFA
+            print(f"{matcher.plan.name}: event-set query, evaluated by its own matcher (docs/event_sets.md)")
     if args.dot:
         Path(args.dot).write_text(dot, encoding="utf-8")
     if args.png:

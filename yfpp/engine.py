@@ -29,10 +29,11 @@ from typing import Any, Iterable, Mapping, TextIO
 
 from yfpp.dead_letters import DeadLetters
 from yfpp.errors import YfppError
+from yfpp.event_sets import STRATEGIES, SetMatcher, set_matcher, windowable
 from yfpp.events import Event
 from yfpp.feedback import MAX_DEPTH, MAX_DERIVED, Feedback
 from yfpp.nfa_compiler import QueryPlan, compile_pattern
-from yfpp.pattern import Pattern
+from yfpp.pattern import POLICIES, SET_POLICIES, Pattern
 from yfpp.query_text import parse_query
 from yfpp.runtime import Runtime
 
@@ -77,16 +78,20 @@ class Engine:
         full_events: bool = False,
         max_feedback_depth: int = MAX_DEPTH,
         max_derived_per_event: int = MAX_DERIVED,
+        strategy: str = "direct",
     ):
+        if strategy not in STRATEGIES:
+            raise YfppError(f"unknown evaluation strategy {strategy!r} (expected one of {', '.join(STRATEGIES)})")
         self.max_delay = _real(max_delay, "max_delay")
         if self.max_delay < 0:
             raise YfppError(f"max_delay must be a finite number >= 0, not {max_delay!r}")
         max_runs_per_query = _cap("max_runs_per_query", max_runs_per_query, MAX_RUNS_PER_QUERY)
         max_buffer_per_query = _cap("max_buffer_per_query", max_buffer_per_query, MAX_BUFFER_PER_QUERY)
-        if policy not in (None, "all", "non_overlapping"):
-            raise YfppError(f"policy must be 'all' or 'non_overlapping', not {policy!r}")
+        _check_policy(policy)
         self.runtime = Runtime(int(max_runs_per_query), int(max_buffer_per_query), self._failed, self._report)
         self.runtime.full_events = full_events
+        self.strategy = strategy  # for event-set queries (docs/event_sets.md)
+        self.set_queries: dict[int, SetMatcher] = {}
         self.dead_letters = dead_letters if dead_letters is not None else DeadLetters(sys.stderr)
         self.feedback = Feedback(self.runtime, self.dead_letters, max_feedback_depth, max_derived_per_event)
         self.default_policy = policy
@@ -118,14 +123,17 @@ class Engine:
             raise YfppError(f"register() takes query text or a Pattern, not {type(query).__name__}")
         if name is not None and name in self._names:
             raise YfppError(f"a query named {name!r} is already registered")
-        if policy not in (None, "all", "non_overlapping"):
-            raise YfppError(f"policy must be 'all' or 'non_overlapping', not {policy!r}")
+        _check_policy(policy)
         policy = policy or self.default_policy
         if policy is not None and policy != pattern.policy:
             pattern = dataclasses.replace(pattern, policy=policy).validate()
         if feedback and not pattern.feedback:
             pattern = dataclasses.replace(pattern, feedback=True).validate()
         qid = next(self._ids)
+        if pattern.has_sets or (self.strategy == "match-window" and windowable(pattern)):
+            self.set_queries[qid] = set_matcher(pattern, name if name is not None else qid, self.strategy)
+            self._names.add(name if name is not None else qid)
+            return qid
         plan = compile_pattern(pattern, name if name is not None else qid)
         self.queries[qid] = plan
         self.sources[qid] = (pattern, query if isinstance(query, str) else None, name)
@@ -137,6 +145,10 @@ class Engine:
 
     def unregister(self, qid: int) -> None:
         """Remove a query: it emits nothing more and its runs are freed."""
+        matcher = self.set_queries.pop(qid, None)
+        if matcher is not None:
+            self._names.discard(matcher.plan.name)
+            return
         plan = self.queries.pop(qid, None)
         if plan is None:
             raise YfppError(f"no query with id {qid}")
@@ -223,7 +235,18 @@ class Engine:
         return out
 
     def _process(self, ev: Event) -> list[dict]:
-        return self.feedback.process(ev) if self.feedback.order else self.runtime.process(ev)
+        """One event in stream order through the shared NFA (and feedback) and every set query's matcher."""
+        out = self.feedback.process(ev) if self.feedback.order else self.runtime.process(ev)
+        if self.set_queries:
+            self._count_sets(out, [m.process(ev) for m in self.set_queries.values()])
+        return out
+
+    def _count_sets(self, out: list[dict], found: list[list[dict]]) -> list[dict]:
+        for matches in found:
+            for m in matches:
+                self.runtime.counters.matches[m["query"]] += 1
+            out.extend(matches)
+        return out
 
     def _failed(self, ev: Event, exc: Exception) -> None:
         """The runtime rolled back an event whose processing raised: it is that record's dead letter."""
@@ -257,19 +280,22 @@ class Engine:
         if (mark, float("-inf")) > self._mark:
             self._mark = (mark, float("-inf"))
         out.extend(self.feedback.advance_time(mark) if self.feedback.order else self.runtime.advance_time(mark))
-        return out
+        return self._count_sets(out, [m.advance_time(mark) for m in self.set_queries.values()])
 
     def flush(self) -> list[dict]:
         """End of input: release held events, decide pending trailing negations."""
         out = self._release(float("inf"))
         out.extend(self.feedback.flush() if self.feedback.order else self.runtime.flush())
-        return out
+        return self._count_sets(out, [m.flush() for m in self.set_queries.values()])
 
     # --- checkpoints ----------------------------------------------------------------
 
     def snapshot(self) -> dict:
         """The whole engine state as versioned JSON-safe data (format: docs/operations.md)."""
         from yfpp.checkpoint import snapshot
+
+        if self.set_queries:
+            raise YfppError("checkpoints do not cover event-set queries (or the match-window strategy) yet")
 
         return snapshot(self)
 
@@ -340,4 +366,6 @@ def event_raw(etype: str, ts: float, attrs: Mapping[str, Any]) -> str:
     return json.dumps({"type": etype, "ts": ts, **attrs}, default=str, ensure_ascii=False)[:100_000]
 
 
-
+def _check_policy(policy: str | None) -> None:
+    if policy not in (None, *POLICIES, *SET_POLICIES):
+        raise YfppError(f"policy must be one of {', '.join(dict.fromkeys(POLICIES + SET_POLICIES))}, not {policy!r}")

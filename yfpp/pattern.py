@@ -179,6 +179,9 @@ class Component:
     kind: Kind = Kind.SINGLE
     contiguity: Contiguity = Contiguity.SKIP_TILL_NEXT
     inner_contiguity: Contiguity | None = None
+    #: Event sets (SPEC §2.5): consecutive components with the same ``set_id``
+    #: form one set; a pattern with any ``set_id`` is an event-set pattern.
+    set_id: int | None = None
 
     @property
     def inner(self) -> Contiguity:
@@ -214,6 +217,23 @@ class Pattern:
     def positives(self) -> tuple[Component, ...]:
         return tuple(c for c in self.components if c.positive)
 
+    @property
+    def has_sets(self) -> bool:
+        """An event-set pattern (SPEC §2.5), matched by Definition 2 of the match-windows paper."""
+        return any(c.set_id is not None for c in self.components)
+
+    @property
+    def blocks(self) -> tuple[tuple[Component, ...], ...]:
+        """The sets B1, …, Bk in order; a component outside braces is a set of its own."""
+        out: list[list[Component]] = []
+        last: object = object()
+        for c in self.positives:
+            if c.set_id is None or c.set_id != last:
+                out.append([])
+            out[-1].append(c)
+            last = c.set_id
+        return tuple(tuple(b) for b in out)
+
     def component(self, var: str) -> Component:
         for c in self.components:
             if c.var == var:
@@ -239,6 +259,7 @@ class Pattern:
 
 
 POLICIES = ("all", "non_overlapping")
+SET_POLICIES = ("all", "earliest_maximal")
 
 
 def validate(p: Pattern) -> None:
@@ -268,7 +289,9 @@ def validate(p: Pattern) -> None:
             )
         if p.policy == "non_overlapping":
             raise PatternError("a trailing negation cannot be combined with the non_overlapping policy", var=last.var)
-    if p.policy not in POLICIES:
+    if p.has_sets:
+        validate_sets(p)
+    elif p.policy not in POLICIES:
         raise PatternError(f"unknown output policy {p.policy!r} (expected one of {', '.join(POLICIES)})")
     if p.window is not None and not p.window >= 0:
         raise PatternError("the window must not be negative")
@@ -300,3 +323,40 @@ def validate(p: Pattern) -> None:
             for v in sorted(variables(expr)):
                 if not by_var[v].positive:
                     raise PatternError(f"RETURN attribute {name!r} refers to negated variable {v!r}", var=v)
+
+
+def validate_sets(p: Pattern) -> None:
+    """The extra rules of event-set patterns (docs/event_sets.md)."""
+    for c in p.components:
+        if not c.positive:
+            if c.set_id is not None:
+                raise PatternError(f"negation ~{c.var} cannot be inside an event set: a set's events have no order", var=c.var)
+            if c is p.components[-1]:
+                raise PatternError(f"a trailing negation ~{c.var} is not supported in an event-set pattern", var=c.var)
+            continue
+        if c.contiguity is not Contiguity.SKIP_TILL_ANY or c.inner is not Contiguity.SKIP_TILL_ANY:
+            raise PatternError(
+                f"an event-set pattern matches by Definition 2 (every combination, like skip_till_any_match); "
+                f"{c.var!r} has contiguity {c.contiguity.value}",
+                var=c.var,
+            )
+    if p.window is None:
+        raise PatternError("an event-set pattern needs a duration τ (WITHIN): Definition 1 of the match-windows paper")
+    if p.policy not in SET_POLICIES:
+        raise PatternError(
+            f"output policy {p.policy!r} is not defined for event-set patterns (use one of {', '.join(SET_POLICIES)})"
+        )
+    for expr in p.where:
+        prevs = {n.var for n in walk(expr) if isinstance(n, Ref) and n.index is Index.PREV}
+        if len(prevs) > 1:
+            raise PatternError(f"a predicate may use prev() of one variable, not {sorted(prevs)}")
+        for node in walk(expr):
+            if isinstance(node, Aggregate) and node.upto_prev:
+                raise PatternError(
+                    f"{node.func}({node.var}[..i-1]) is not defined in an event-set pattern: a set's events have no "
+                    f"binding order; use {node.func}({node.var}[..]) over all of {node.var}"
+                )
+            if prevs and isinstance(node, (Length, Aggregate)) and node.var in prevs:
+                raise PatternError(f"a predicate with prev({node.var}…) cannot also use {node.var}.len or an aggregate of {node.var}")
+            if prevs and isinstance(node, Ref) and node.var in prevs and node.index is Index.LAST:
+                raise PatternError(f"a predicate with prev({node.var}…) cannot also use {node.var}[{node.var}.len]")

@@ -390,6 +390,10 @@ class Reference:
 
 def reference_matches(pattern: Pattern, events: list[Event]) -> list[tuple[dict[str, list[int]], int]]:
     """Every match of ``pattern`` over ``events`` (in stream order, seq assigned)."""
+    if pattern.has_sets:
+        from yfpp.reference_sets import set_reference_matches
+
+        return set_reference_matches(pattern, events)
     return Reference(pattern).matches(events)
 
 

@@ -8,6 +8,9 @@ evaluated.  Documented extensions beyond the SIGMOD 2008 syntax:
 * ``RETURN name`` without parentheses emits an event with no attributes;
 * ``RETURN name(…) FEEDBACK`` routes the result event back into the stream
   (``yfpp.feedback``);
+* ``{A a, B+ b[]}`` is an event set (SPEC §2.5, docs/event_sets.md) and
+  ``prev(b.x)`` means ``b[i-1].x``; ``OUTPUT earliest_maximal`` keeps the
+  match-windows paper's earliest and maximal matches of a set pattern;
 * several strategy calls mix strategies, e.g.
   ``WHERE strict_contiguity(a, b) skip_till_any_match(c) {…}``: each call sets
   the contiguity of the components it lists (a listed Kleene variable also
@@ -185,6 +188,14 @@ def _error(text: str, token: Token | Tree, message: str) -> PatternError:
 class _Strategy(NamedTuple):
     contiguity: Contiguity
     args: list[Token]
+    token: Token | None = None
+
+
+@dataclass(frozen=True)
+class _EventSet:
+    """``{c1, c2, …}`` in SEQ: flattened by ``pattern`` into components sharing a set id."""
+
+    members: tuple[Component, ...]
 
 
 @dataclass(frozen=True)
@@ -220,7 +231,10 @@ class _Builder(Transformer[Token, Pattern]):
     ) -> Pattern:
         emit, feedback = emit or (None, False)
         strategies, body = where or ([], None)
-        components = _apply_strategies(components, strategies, self.text)
+        if any(c.set_id is not None for c in components):
+            components = _set_strategies(components, strategies, self.text)
+        else:
+            components = _apply_strategies(components, strategies, self.text)
         partition_by: list[str] = []
         preds: list[Expr] = []
         for conjunct in conjuncts(body) if body is not None else []:
@@ -239,8 +253,26 @@ class _Builder(Transformer[Token, Pattern]):
             feedback=feedback,
         )
 
-    def pattern(self, *components: Component) -> list[Component]:
-        return list(components)
+    def pattern(self, *items: Component | _EventSet) -> list[Component]:
+        out: list[Component] = []
+        for set_id, item in enumerate(items):
+            if isinstance(item, _EventSet):
+                out += [replace(c, set_id=set_id) for c in item.members]
+            else:
+                out.append(item)
+        return out
+
+    @v_args(meta=True, inline=False)
+    def event_set(self, meta: Any, members: list[Component | _EventSet]) -> _EventSet:
+        for c in members:
+            if isinstance(c, _EventSet):
+                raise PatternError(f"line {meta.line}, column {meta.column}: event sets do not nest")
+            if not c.positive:
+                raise PatternError(
+                    f"line {meta.line}, column {meta.column}: negation ~{c.var} cannot be inside an event set: "
+                    "a set's events have no order, so there is no 'between'"
+                )
+        return _EventSet(tuple(members))
 
     def single(self, event_type: str | None, var: Token) -> Component:
         self.positions.append((str(var), var.line, var.column))
@@ -262,7 +294,7 @@ class _Builder(Transformer[Token, Pattern]):
         return strategies, bodies[0] if bodies else None
 
     def strategy(self, name: Token, *args: Token) -> _Strategy:
-        return _Strategy(_STRATEGIES[name.lower()], list(args))
+        return _Strategy(_STRATEGIES[name.lower()], list(args), name)
 
     def strategy_name(self, token: Token) -> Token:
         return token
@@ -339,6 +371,11 @@ class _Builder(Transformer[Token, Pattern]):
         node = Length(str(var)) if attr.lower() == "len" else Ref(str(var), str(attr))
         return self._use(node, var)
 
+    def prev_ref(self, func: Token, var: Token, attr: Token) -> Ref:
+        if func.lower() != "prev":
+            raise _error(self.text, func, f"unknown function {str(func)!r}: prev(v.attr) is the previous event of Kleene v")
+        return self._use(Ref(str(var), str(attr), Index.PREV), var, indexed=True)
+
     def indexed_ref(self, var: Token, index: Tree, attr: Token) -> Ref:
         return self._use(Ref(str(var), str(attr), _index(var, index, self.text)), var, indexed=True)
 
@@ -395,6 +432,23 @@ def _apply_strategies(components: list[Component], strategies: list[_Strategy], 
                 by_var[str(arg)] = strategy.contiguity
     return [
         replace(c, contiguity=by_var.get(c.var, Contiguity.SKIP_TILL_NEXT)) if c.positive else c
+        for c in components
+    ]
+
+
+def _set_strategies(components: list[Component], strategies: list[_Strategy], text: str) -> list[Component]:
+    """Event-set patterns match every combination (Definition 2): only skip_till_any_match says that."""
+    for strategy in strategies:
+        if strategy.contiguity is not Contiguity.SKIP_TILL_ANY:
+            raise _error(
+                text,
+                strategy.token,
+                f"{str(strategy.token).lower()} has no meaning in an event-set pattern: its matches are every "
+                "combination (Definition 2), i.e. skip_till_any_match; OUTPUT earliest_maximal keeps the paper's subset",
+            )
+    stam = Contiguity.SKIP_TILL_ANY
+    return [
+        replace(c, contiguity=stam, inner_contiguity=stam if c.kind is Kind.KLEENE else None) if c.positive else c
         for c in components
     ]
 

@@ -28,7 +28,9 @@ def run_figures(engine: Engine, events: int, elapsed: float, dead: DeadLetters) 
         "runs_shed": {str(p.name): c.shed_runs.get(p.name, 0) for p in engine.queries.values()},
         "derived_events": engine.feedback.derived,
         "derived_dropped": engine.feedback.dropped,
-        "matches": {str(p.name): c.matches.get(p.name, 0) for p in engine.queries.values()},
+        "matches": {str(p.name): c.matches.get(p.name, 0)
+                    for p in [*engine.queries.values(), *(m.plan for m in engine.set_queries.values())]},
+        "event_sets": {str(m.plan.name): {"strategy": engine.strategy, **m.stats()} for m in engine.set_queries.values()},
     }
 
 
@@ -51,9 +53,16 @@ def format_figures(f: dict[str, Any]) -> str:
           if f["derived_events"] or f["derived_dropped"] else []),
         "matches per query:",
         *(f"  {name:<24} {n:,}" + (f"  ({f['runs_shed'][name]:,} runs shed)" if f["runs_shed"].get(name) else "")
+          + (f"  (event sets, {_details(f['event_sets'][name])})" if name in f["event_sets"] else "")
           for name, n in f["matches"].items()),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _details(sets: dict[str, Any]) -> str:
+    """``match-window: windows 13, candidates 3, …`` for one event-set query."""
+    rest = ", ".join(f"{k} {v:,}" for k, v in sets.items() if k != "strategy")
+    return f"{sets['strategy']}: {rest}"
 
 
 def write_figures_json(f: dict[str, Any], out: IO[str]) -> None:

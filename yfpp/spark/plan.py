@@ -54,6 +54,8 @@ def effective_queries(queries: Mapping[str, str | Pattern] | Iterable[str | Patt
     for item in items:
         name, query = item if isinstance(item, tuple) else (None, item)
         engine.register(query, name=name)
+    for matcher in engine.set_queries.values():
+        raise YfppError(f"query {matcher.plan.name!r}: event-set queries do not run on Spark yet; use yfpp run")
     return [(plan.name, plan.pattern) for plan in engine.queries.values()]
 
 

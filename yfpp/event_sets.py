@@ -1,0 +1,751 @@
+"""Event-set patterns (SPEC §2.5; Cadonna, Gamper, Böhlen, "Efficient event
+pattern matching with match windows", Definitions 1–6) — see docs/event_sets.md.
+
+A set pattern ``⟨B1, …, Bk⟩`` with duration τ matches per Definition 2: each
+variable binds one event (a Kleene variable one or more, in stream order),
+no event twice, every event of ``Bi`` before every event of ``Bi+1``, the
+WHERE conjuncts hold for every combination of bound events (``prev(v.x)``:
+for every two consecutive events of ``v``), and all events lie within τ.
+
+Set queries do not run on the shared NFA; the Engine hands every event to one
+matcher per set query, built by :func:`set_matcher` for its strategy:
+
+* :class:`DirectMatcher` — an event that can bind a variable of ``Bk``
+  searches for the matches it completes among the earlier events of its
+  partition (Definition 6) within τ, and returns them at once;
+* :class:`MatchWindowMatcher` — the paper's two-phase strategy (§4–5):
+  events are filtered by the union of properties, partitioned by the
+  attributes of the transitive closure of equality relationships, and
+  buffered in a match window of duration τ; when the stream passes the
+  window's end, the necessary match conditions (Theorem 2) are checked with
+  the bit-vector summary statistics (Definition 5, Theorem 3), and only a
+  candidate window is searched for the matches that start at its first event.
+
+Both return exactly the same matches (tests/test_event_sets.py).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass, field
+from itertools import count
+from typing import Any, Callable, Iterable
+
+from yfpp.errors import YfppError
+from yfpp.events import MISSING, Event
+from yfpp.match_id import match_id
+from yfpp.nfa_compiler import make_scope, structure
+from yfpp.pattern import (
+    Aggregate,
+    Compare,
+    Contiguity,
+    Index,
+    Kind,
+    Length,
+    Pattern,
+    Ref,
+    variables,
+    walk,
+)
+from yfpp.predicates import (
+    AggSlot,
+    Check,
+    KleeneState,
+    Place,
+    compare_fn,
+    compile_check,
+    compile_value,
+    kleene_start,
+    kleene_take,
+)
+
+STRATEGIES = ("direct", "match-window")
+_equal = compare_fn("=")
+
+Binding = list[list[Event]]  # per variable (pattern order), its events in stream order
+
+
+# --- compilation ----------------------------------------------------------------------------
+
+
+@dataclass
+class SetPlan:
+    """A set pattern compiled for :func:`search`; variable ``i`` owns bit ``1 << (m-1-i)``.
+
+    Bits are numbered as the paper writes its bit vectors: the first
+    variable is the leftmost bit (``ē1 = 100`` for ``{c, p+}, {b}``).
+    """
+
+    name: str | int
+    pattern: Pattern
+    vars: tuple[str, ...]
+    kleene: tuple[bool, ...]
+    types: tuple[str | None, ...]
+    blocks: tuple[tuple[int, ...], ...]
+    block_of: tuple[int, ...]
+    bit: tuple[int, ...]
+    block_mask: tuple[int, ...]  # bits of the variables of Bi
+    prev_mask: tuple[int, ...]  # the paper's b̄i: bits of the variables of Bi-1 (0 for B1)
+    props: tuple[tuple[Check, ...], ...]  # per variable: conjuncts on its own event alone
+    chains: tuple[tuple[Check, ...], ...]  # per Kleene variable: prev(v.x) conjuncts on v alone
+    relations: tuple[tuple[tuple[Check, tuple[int, ...]], ...], ...]  # per variable: comparisons with others
+    iter_final: tuple[tuple[int, Check], ...]  # prev() conjuncts that also read other variables
+    final: tuple[Check, ...]  # everything else, on the whole substitution
+    agg_slots: tuple[tuple[AggSlot, ...], ...]
+    window: float
+    partition_by: tuple[str, ...]
+    policy: str
+    emit: tuple[str, tuple[tuple[str, Callable], ...]] | None
+    negations: tuple["SetNegation", ...] = ()
+    eq_attrs: tuple[str, ...] = ()  # Definition 6's X, derived from equality relationships
+    eq_groups: tuple[tuple[tuple[str, tuple[int, ...]], ...], ...] = ()  # per variable: (A, its Θ+eq group)
+
+    @property
+    def m(self) -> int:
+        return len(self.vars)
+
+
+@dataclass(frozen=True)
+class SetNegation:
+    """``~n`` between sets ``after`` and ``after + 1``: no such event between them (SPEC §2.3)."""
+
+    after: int
+    event_type: str | None
+    own: tuple[Check, ...]  # conjuncts on n alone
+    cross: tuple[Check, ...]  # conjuncts on n and bound variables
+
+    def witness(self, ev: Event) -> bool:
+        """Could ``ev`` be a witness, whatever the bindings?"""
+        return (self.event_type is None or self.event_type == ev.type) and all(c(ev, ()) for c in self.own)
+
+
+def windowable(pattern: Pattern) -> bool:
+    """Can an ordinary pattern run as a set pattern of one-variable sets?
+
+    True when its NFA^b matches are Definition 2's: single variables only,
+    skip_till_any_match between them, no negation, a window, policy ``all``.
+    """
+    return (
+        not pattern.has_sets
+        and pattern.window is not None
+        and pattern.policy == "all"
+        and all(c.kind is Kind.SINGLE for c in pattern.components)
+        and all(c.contiguity is Contiguity.SKIP_TILL_ANY for c in pattern.components[1:])
+    )
+
+
+def compile_sets(pattern: Pattern, name: str | int) -> SetPlan:
+    """The :class:`SetPlan` of a validated set pattern."""
+    specs = structure(pattern)
+    scope = make_scope(pattern, specs)
+    comps = pattern.positives
+    slot = {c.var: i for i, c in enumerate(comps)}
+    m = len(comps)
+    blocks = tuple(tuple(slot[c.var] for c in b) for b in pattern.blocks)
+    block_of = [0] * m
+    for b, members in enumerate(blocks):
+        for i in members:
+            block_of[i] = b
+    bit = tuple(1 << (m - 1 - i) for i in range(m))
+    block_mask = tuple(sum(bit[i] for i in b) for b in blocks)
+    props: list[list[Check]] = [[] for _ in comps]
+    chains: list[list[Check]] = [[] for _ in comps]
+    relations: list[list[tuple[Check, tuple[int, ...]]]] = [[] for _ in comps]
+    iter_final: list[tuple[int, Check]] = []
+    final: list[Check] = []
+    negated = {c.var: c for c in pattern.components if not c.positive}
+    for conj in pattern.where:
+        vs = variables(conj)
+        if vs & set(negated):
+            continue  # a negation's test, below
+        nodes = list(walk(conj))
+        prev = {n.var for n in nodes if isinstance(n, Ref) and n.index is Index.PREV}
+        indexed = any(isinstance(n, (Length, Aggregate)) or (isinstance(n, Ref) and n.index is not Index.EACH) for n in nodes)
+        if prev:
+            (v,) = prev
+            check = compile_check(conj, Place(v, "iter"), scope)
+            first = any(isinstance(n, Ref) and n.index is Index.FIRST for n in nodes)
+            if vs == {v} and not first:
+                chains[slot[v]].append(check)
+            else:
+                iter_final.append((slot[v], check))
+        elif len(vs) == 1 and not indexed:
+            (v,) = vs
+            props[slot[v]].append(compile_check(conj, _own(comps[slot[v]]), scope))
+        elif isinstance(conj, Compare) and len(vs) > 1 and not indexed:
+            # ∀ over every combination of events = one check per event, against the others' events
+            for v in vs:
+                others = tuple(sorted(slot[u] for u in vs if u != v))
+                relations[slot[v]].append((compile_check(conj, _own(comps[slot[v]]), scope), others))
+        else:
+            final.append(compile_check(conj, Place(None, "bound"), scope))
+    negations = []
+    for k, c in enumerate(pattern.components):
+        if c.positive:
+            continue
+        before = [x for x in pattern.components[:k] if x.positive][-1]
+        tests = [conj for conj in pattern.where if c.var in variables(conj)]
+        negations.append(
+            SetNegation(
+                after=block_of[slot[before.var]],
+                event_type=c.event_type,
+                own=tuple(compile_check(t, Place(c.var, "event"), scope) for t in tests if variables(t) == {c.var}),
+                cross=tuple(compile_check(t, Place(c.var, "event"), scope) for t in tests if variables(t) != {c.var}),
+            )
+        )
+    emit = None
+    if pattern.emit is not None:
+        bound = Place(None, "bound")
+        emit = (pattern.emit.event_type, tuple((k, compile_value(e, bound, scope)) for k, e in pattern.emit.attrs))
+    return SetPlan(
+        name=name,
+        pattern=pattern,
+        vars=tuple(c.var for c in comps),
+        kleene=tuple(c.kind is Kind.KLEENE for c in comps),
+        types=tuple(c.event_type for c in comps),
+        blocks=blocks,
+        block_of=tuple(block_of),
+        bit=bit,
+        block_mask=block_mask,
+        prev_mask=(0,) + block_mask[:-1],
+        props=tuple(map(tuple, props)),
+        chains=tuple(map(tuple, chains)),
+        relations=tuple(map(tuple, relations)),
+        iter_final=tuple(iter_final),
+        final=tuple(final),
+        agg_slots=tuple(scope.agg_slots.get(c.var, ()) for c in comps),
+        window=float(pattern.window),  # type: ignore[arg-type]  # validate_sets requires one
+        partition_by=pattern.partition_by,
+        policy=pattern.policy,
+        emit=emit,
+        negations=tuple(negations),
+        eq_attrs=partition_attributes(pattern),
+        eq_groups=tuple(
+            tuple(
+                (a, tuple(sorted(slot[u] for u in g if u in slot)))
+                for a, gs in equality_components(pattern).items()
+                for g in gs
+                if c.var in g
+            )
+            for c in comps
+        ),
+    )
+
+
+def _own(c) -> Place:
+    """Where a check on one event of ``c`` runs: that event is ``ev``, not ∀ over ``c``'s events."""
+    return Place(c.var, "iter" if c.kind is Kind.KLEENE else "event")
+
+
+def equality_components(pattern: Pattern) -> dict[str, list[set[str]]]:
+    """Per attribute A, the variables linked by relationships ``vi.A = vj.A`` (top-level
+    WHERE conjuncts), grouped by the transitive closure: within a group every bound
+    event has the same A (Example 12's Θ+eq)."""
+    edges: dict[str, list[tuple[str, str]]] = {}
+    for conj in pattern.where:
+        if (
+            isinstance(conj, Compare)
+            and conj.op == "="
+            and isinstance(conj.left, Ref)
+            and isinstance(conj.right, Ref)
+            and conj.left.attr == conj.right.attr
+            and conj.left.index is Index.EACH
+            and conj.right.index is Index.EACH
+        ):
+            edges.setdefault(conj.left.attr, []).append((conj.left.var, conj.right.var))
+    out: dict[str, list[set[str]]] = {}
+    for attr, pairs in edges.items():
+        parent: dict[str, str] = {}
+
+        def root(v: str) -> str:
+            parent.setdefault(v, v)
+            while parent[v] != v:
+                v = parent[v]
+            return v
+
+        for a, b in pairs:
+            parent[root(a)] = root(b)
+        groups: dict[str, set[str]] = {}
+        for v in parent:
+            groups.setdefault(root(v), set()).add(v)
+        out[attr] = list(groups.values())
+    return out
+
+
+def partition_attributes(pattern: Pattern) -> tuple[str, ...]:
+    """Definition 6's X: the equivalence list plus every attribute whose equality
+    relationships connect all variables (negated ones included)."""
+    names = {c.var for c in pattern.components}  # a negation's witnesses too: else they may lie elsewhere
+    out = list(pattern.partition_by)
+    for attr, groups in equality_components(pattern).items():
+        if any(g == names for g in groups) and attr not in out:
+            out.append(attr)
+    return tuple(out)
+
+
+def event_bits(plan: SetPlan, ev: Event) -> int:
+    """The paper's ē: the bits of the variables whose type and properties ``ev`` satisfies.
+
+    An event that lacks an attribute of the equivalence list can bind nothing.
+    """
+    for a in plan.partition_by:
+        if ev.get(a) is MISSING:
+            return 0
+    bits = 0
+    for i, checks in enumerate(plan.props):
+        t = plan.types[i]
+        if (t is None or t == ev.type) and all(c(ev, ()) for c in checks):
+            bits |= plan.bit[i]
+    return bits
+
+
+def key_of(ev: Event, attrs: tuple[str, ...]) -> Any:
+    """The values of ``attrs`` (``MISSING`` if one is absent)."""
+    vals = tuple(ev.get(a) for a in attrs)
+    return MISSING if MISSING in vals else vals
+
+
+# --- the matcher A: every substitution over a list of events ----------------------------------
+
+
+def search(plan: SetPlan, entries: list[tuple[Event, int]], forward: bool, check_keys: bool = False) -> list[Binding]:
+    """Every match (Definition 2) whose events are among ``entries`` and that binds ``entries[0]``.
+
+    ``entries`` are ``(event, bits)`` in stream order when ``forward`` (then
+    ``entries[0]`` is the match's first event), in reverse stream order
+    otherwise (``entries[0]`` is its last event); the caller keeps them within
+    τ of ``entries[0]``.  A state binds events in list order, so each
+    substitution is reached once; moving on to the next set needs the current
+    one complete (Condition 2).  ``check_keys``: the entries may mix
+    partitions of the equivalence list.
+    """
+    k = len(plan.blocks)
+    start, end, step = (0, k - 1, 1) if forward else (k - 1, 0, -1)
+    binds: Binding = [[] for _ in plan.vars]
+    out: list[Binding] = []
+    n = len(entries)
+
+    def full(b: int) -> bool:
+        return all(binds[i] for i in plan.blocks[b])
+
+    def takes(i: int, ev: Event) -> bool:
+        for attr, group in plan.eq_groups[i]:  # Θ+eq: one bound event of the group stands for all
+            for o in group:
+                if binds[o]:
+                    if not _equal(ev.get(attr), binds[o][0].get(attr)):
+                        return False
+                    break
+        bound = binds[i]
+        if bound:
+            if not plan.kleene[i]:
+                return False
+            before, after = (bound[-1], ev) if forward else (ev, bound[-1])
+            if plan.chains[i]:
+                vec = [None] * plan.m
+                vec[i] = KleeneState(before, before, 1, (), None)
+                t = tuple(vec)
+                if not all(c(after, t) for c in plan.chains[i]):
+                    return False
+        for check, others in plan.relations[i]:
+            if all(binds[o] for o in others):
+                vec = [None] * plan.m
+                for o in others:
+                    vec[o] = _state(plan, o, binds[o])
+                if not check(ev, tuple(vec)):
+                    return False
+        return True
+
+    def visit(j0: int, b: int) -> None:
+        here = full(b)
+        if b == end and here:
+            binding = [list(x) for x in binds] if forward else [x[::-1] for x in binds]
+            if accepts(plan, binding, check_keys, entries):
+                out.append(binding)
+        nb = b + step
+        move = here and 0 <= nb < k
+        mask = plan.block_mask[b] | (plan.block_mask[nb] if move else 0)
+        for j in range(j0 + 1, n):
+            ev, bits = entries[j]
+            if not bits & mask:
+                continue
+            for i in plan.blocks[b]:
+                if bits & plan.bit[i] and takes(i, ev):
+                    binds[i].append(ev)
+                    visit(j, b)
+                    binds[i].pop()
+            if move:
+                for i in plan.blocks[nb]:
+                    if bits & plan.bit[i] and takes(i, ev):
+                        binds[i].append(ev)
+                        visit(j, nb)
+                        binds[i].pop()
+
+    if entries:
+        ev, bits = entries[0]
+        for i in plan.blocks[start]:
+            if bits & plan.bit[i] and takes(i, ev):
+                binds[i].append(ev)
+                visit(0, start)
+                binds[i].pop()
+    return out
+
+
+def _state(plan: SetPlan, i: int, events: list[Event]) -> Any:
+    """Variable i's slot of the computation-state vector: its Event, or a KleeneState keeping its events."""
+    if not plan.kleene[i]:
+        return events[0]
+    ks = kleene_start(events[0], plan.agg_slots[i], True)
+    for e in events[1:]:
+        ks = kleene_take(ks, e, plan.agg_slots[i])
+    return ks
+
+
+def state_vector(plan: SetPlan, binding: Binding) -> tuple:
+    """The computation-state vector ``yfpp.predicates`` reads: an Event or a KleeneState per variable."""
+    return tuple(_state(plan, i, events) for i, events in enumerate(binding))
+
+
+def accepts(plan: SetPlan, binding: Binding, check_keys: bool = False, entries: list[tuple[Event, int]] = ()) -> bool:
+    """Condition 1 for what :func:`search` has not checked on the way, and the negations
+    (no witness among ``entries`` between their two sets)."""
+    if check_keys and plan.partition_by:
+        keys = {key_of(e, plan.partition_by) for events in binding for e in events}
+        if len(keys) > 1:
+            return False
+    if not plan.final and not plan.iter_final and not plan.negations:
+        return True
+    vec = state_vector(plan, binding)
+    if not all(c(None, vec) for c in plan.final):
+        return False
+    for i, check in plan.iter_final:
+        events = binding[i]
+        for n in range(1, len(events)):
+            cut = list(vec)
+            cut[i] = KleeneState(events[0], events[n - 1], n, (), None)
+            if not check(events[n], tuple(cut)):
+                return False
+    for neg in plan.negations:
+        lo = max(e.seq for i in plan.blocks[neg.after] for e in binding[i])
+        hi = min(e.seq for i in plan.blocks[neg.after + 1] for e in binding[i])
+        key = key_of(binding[0][0], plan.partition_by)
+        for ev, _ in entries:
+            if (
+                lo < ev.seq < hi
+                and neg.witness(ev)
+                and key_of(ev, plan.partition_by) == key
+                and all(c(ev, vec) for c in neg.cross)
+            ):
+                return False
+    return True
+
+
+def keeps(plan: SetPlan, ev: Event, bits: int) -> bool:
+    """Must ``ev`` be buffered: can it bind a variable or witness a negation?"""
+    return bool(bits) or any(n.witness(ev) for n in plan.negations)
+
+
+def to_match(plan: SetPlan, binding: Binding) -> dict:
+    """A match in the SPEC §5 form."""
+    seqs = {v: [e.seq for e in events] for v, events in zip(plan.vars, binding)}
+    flat = [e for events in binding for e in events]
+    first = min(flat, key=lambda e: e.seq)
+    last = max(flat, key=lambda e: e.seq)
+    m = {"query": plan.name, "id": match_id(plan.name, seqs), "bindings": seqs, "start": first.ts, "end": last.ts}
+    if plan.emit is not None:
+        vec = state_vector(plan, binding)
+        etype, attrs = plan.emit
+        m["emit"] = {"type": etype, "attrs": {k: _plain(g(None, vec)) for k, g in attrs}}
+    return m
+
+
+def _plain(v: Any) -> Any:
+    return None if v is MISSING else v
+
+
+def earliest_maximal(plan: SetPlan, group: list[Binding]) -> list[Binding]:
+    """The paper's earliest and maximal matches among ``group``: all matches with one first event.
+
+    Earliest: no match of the group binds every variable's first event at or
+    before this one's and one strictly before.  Maximal: no match of the group
+    equals this one but for one Kleene variable that has one event more.
+    """
+    seqs = [tuple(tuple(e.seq for e in events) for events in b) for b in group]
+    firsts = [tuple(s[0] for s in g) for g in seqs]
+    present = set(seqs)
+    out = []
+    for b, g, f in zip(group, seqs, firsts):
+        if any(o != f and all(x <= y for x, y in zip(o, f)) for o in firsts):
+            continue
+        if _extendable(plan, g, present):
+            continue
+        out.append(b)
+    return out
+
+
+def _extendable(plan: SetPlan, g: tuple, present: set) -> bool:
+    for i, mine in enumerate(g):
+        if not plan.kleene[i]:
+            continue
+        for h in present:
+            if len(h[i]) == len(mine) + 1 and set(mine) <= set(h[i]) and all(h[j] == g[j] for j in range(len(g)) if j != i):
+                return True
+    return False
+
+
+# --- strategies ------------------------------------------------------------------------------
+
+
+def _passed(now: float, first_ts: float, tau: float) -> bool:
+    """Has the stream passed first_ts + τ?  Written as the window test ``ts − first.ts > τ``
+    everywhere, so that float rounding cannot let the two disagree."""
+    return now == float("inf") or now - first_ts > tau
+
+
+class _Held:
+    """Matches waiting until the stream passes their first event's τ (earliest_maximal)."""
+
+    def __init__(self, plan: SetPlan):
+        self.plan = plan
+        self.groups: dict[int, list[Binding]] = {}
+        self.heap: list[tuple[float, int]] = []
+
+    def add(self, bindings: Iterable[Binding]) -> None:
+        for b in bindings:
+            first = min((e for events in b for e in events), key=lambda e: e.seq)
+            if first.seq not in self.groups:
+                self.groups[first.seq] = []
+                heapq.heappush(self.heap, (first.ts, first.seq))
+            self.groups[first.seq].append(b)
+
+    def release(self, now: float) -> list[dict]:
+        """Groups whose window ended before ``now`` (``inf``: all)."""
+        out: list[dict] = []
+        while self.heap and _passed(now, self.heap[0][0], self.plan.window):
+            _, seq = heapq.heappop(self.heap)
+            out += [to_match(self.plan, b) for b in earliest_maximal(self.plan, self.groups.pop(seq))]
+        return out
+
+
+class _Matcher:
+    """What both strategies share: the plan, the earliest_maximal holding area, counters."""
+
+    def __init__(self, plan: SetPlan):
+        self.plan = plan
+        self.held = _Held(plan) if plan.policy == "earliest_maximal" else None
+        self.counters: dict[str, int] = {"matcher_calls": 0}
+
+    def _emit(self, bindings: list[Binding], now: float) -> list[dict]:
+        if self.held is None:
+            return [to_match(self.plan, b) for b in bindings]
+        self.held.add(bindings)
+        return self.held.release(now)
+
+    def advance_time(self, ts: float) -> list[dict]:
+        return self._emit([], ts)
+
+    def flush(self) -> list[dict]:
+        return self._emit([], float("inf"))
+
+
+class DirectMatcher(_Matcher):
+    """Eager evaluation: search at every event that can end a match.
+
+    Events are kept per partition of Definition 6's attributes (exact, as a
+    match's events share them), so the search never mixes partitions.
+    """
+
+    SWEEP_EVERY = 1024
+
+    def __init__(self, plan: SetPlan):
+        super().__init__(plan)
+        self.buffers: dict[Any, deque[tuple[Event, int]]] = {}
+        self._events = 0
+
+    def process(self, ev: Event) -> list[dict]:
+        plan = self.plan
+        self._events += 1
+        if self._events % self.SWEEP_EVERY == 0:
+            self._sweep(ev.ts)
+        bits = event_bits(plan, ev)
+        if not keeps(plan, ev, bits):
+            return self._emit([], ev.ts)
+        key = key_of(ev, plan.eq_attrs)
+        if key is MISSING:
+            return self._emit([], ev.ts)  # lacks an attribute every event of a match must share
+        buf = self.buffers.get(key)
+        if buf is None:
+            buf = self.buffers[key] = deque()
+        while buf and ev.ts - buf[0][0].ts > plan.window:
+            buf.popleft()
+        found: list[Binding] = []
+        if bits & plan.block_mask[-1]:
+            self.counters["matcher_calls"] += 1
+            found = search(plan, [(ev, bits)] + list(reversed(buf)), forward=False)
+        buf.append((ev, bits))
+        return self._emit(found, ev.ts)
+
+    def _sweep(self, now: float) -> None:
+        for key in [k for k, b in self.buffers.items() if now - b[-1][0].ts > self.plan.window]:
+            del self.buffers[key]
+
+    def stats(self) -> dict[str, int]:
+        return {"matcher calls": self.counters["matcher_calls"]}
+
+
+class SummaryStatistics:
+    """Definition 5's counters over a match window, kept as in the paper's §5.
+
+    ``cnt[i]`` counts the window's events that satisfy variable i's properties
+    and, for i in Bj (j > 1), arrived while every variable of Bj-1 had a
+    non-zero counter.  ``s`` is the paper's s̄ (bit 1: counter zero); an event
+    counts for i when ``s & prev_mask[block(i)] == 0``.  Dequeuing the first
+    event decrements what it counted; a counter of Bj that drops to zero
+    resets those of every later set (their events can no longer follow one of
+    Bj).  The counters never undercount, so "all counters > 0" (``s == 0``) is
+    a necessary condition for a match (Theorem 3), also when they overcount.
+    """
+
+    def __init__(self, plan: SetPlan):
+        self.plan = plan
+        self.cnt = [0] * plan.m
+        self.s = (1 << plan.m) - 1
+        self.epoch = [0] * len(plan.blocks)
+
+    def add(self, bits: int) -> tuple[tuple[int, int], ...]:
+        """Count an enqueued event; return what it counted, as (variable, epoch of its set)."""
+        plan, s0 = self.plan, self.s
+        counted = []
+        for i in range(plan.m):
+            if bits & plan.bit[i]:
+                b = plan.block_of[i]
+                if not s0 & plan.prev_mask[b]:
+                    self.cnt[i] += 1
+                    self.s &= ~plan.bit[i]
+                    counted.append((i, self.epoch[b]))
+        return tuple(counted)
+
+    def remove(self, counted: tuple[tuple[int, int], ...]) -> None:
+        """Uncount a dequeued event."""
+        plan = self.plan
+        for i, epoch in counted:
+            b = plan.block_of[i]
+            if epoch != self.epoch[b]:
+                continue  # reset since it was counted
+            self.cnt[i] -= 1
+            if self.cnt[i] == 0:
+                self.s |= plan.bit[i]
+                for later in range(b + 1, len(plan.blocks)):
+                    self.epoch[later] += 1
+                    for j in plan.blocks[later]:
+                        self.cnt[j] = 0
+                        self.s |= plan.bit[j]
+
+    def counters(self) -> dict[str, int]:
+        return dict(zip(self.plan.vars, self.cnt))
+
+
+@dataclass
+class MatchWindow:
+    """One partition's buffered events within τ of the first, with their summary statistics."""
+
+    stats: SummaryStatistics
+    entries: deque = field(default_factory=deque)  # (event, bits, counted)
+
+    def add(self, ev: Event, bits: int) -> None:
+        self.entries.append((ev, bits, self.stats.add(bits)))
+
+    def pop(self) -> None:
+        self.stats.remove(self.entries.popleft()[2])
+
+    def conditions(self, plan: SetPlan) -> tuple[bool, bool, bool]:
+        """Theorem 2 for the first event: (4) |W| ≥ m, (5) it can bind a variable
+        of B1, (6)+(7) by Theorem 3: every summary counter is above zero."""
+        return len(self.entries) >= plan.m, bool(self.entries[0][1] & plan.block_mask[0]), self.stats.s == 0
+
+
+class MatchWindowMatcher(_Matcher):
+    """The two-phase strategy; ``filtering``, ``partitioning`` and ``conditions`` switch its prunings."""
+
+    def __init__(self, plan: SetPlan, *, filtering: bool = True, partitioning: bool = True, conditions: bool = True):
+        super().__init__(plan)
+        self.filtering = filtering
+        self.conditions = conditions
+        self.key_attrs = plan.eq_attrs if partitioning else ()
+        self.windows: dict[Any, MatchWindow] = {}
+        self.deadlines: list[tuple[float, int, Any]] = []  # (first.ts of a window, order, key)
+        self._order = count()
+        self.counters.update(windows_seen=0, candidate_windows=0, events_filtered=0)
+        self.trace: list[tuple[list[Event], tuple[bool, bool, bool]]] | None = None  # set to a list to record windows
+
+    def process(self, ev: Event) -> list[dict]:
+        found = self._close(ev.ts)
+        bits = event_bits(self.plan, ev)
+        key = key_of(ev, self.key_attrs)
+        if (self.filtering and not keeps(self.plan, ev, bits)) or key is MISSING:
+            self.counters["events_filtered"] += 1
+            return self._emit(found, ev.ts)
+        w = self.windows.get(key)
+        if w is None:
+            w = self.windows[key] = MatchWindow(SummaryStatistics(self.plan))
+        if not w.entries:
+            heapq.heappush(self.deadlines, (ev.ts, next(self._order), key))
+        w.add(ev, bits)
+        return self._emit(found, ev.ts)
+
+    def advance_time(self, ts: float) -> list[dict]:
+        return self._emit(self._close(ts), ts)
+
+    def flush(self) -> list[dict]:
+        return self._emit(self._close(float("inf")), float("inf"))
+
+    def _close(self, now: float) -> list[Binding]:
+        """Complete every window whose τ ended before ``now``: its first event's matches are known."""
+        found: list[Binding] = []
+        tau = self.plan.window
+        while self.deadlines and _passed(now, self.deadlines[0][0], tau):
+            _, _, key = heapq.heappop(self.deadlines)
+            w = self.windows[key]
+            while w.entries and _passed(now, w.entries[0][0].ts, tau):
+                found += self._complete(w)
+                w.pop()
+            if w.entries:
+                heapq.heappush(self.deadlines, (w.entries[0][0].ts, next(self._order), key))
+            else:
+                del self.windows[key]
+        return found
+
+    def _complete(self, w: MatchWindow) -> list[Binding]:
+        c = self.counters
+        c["windows_seen"] += 1
+        met = w.conditions(self.plan)
+        if self.trace is not None:
+            self.trace.append(([ev for ev, _, _ in w.entries], met))
+        if self.conditions and not all(met):
+            return []
+        c["candidate_windows"] += 1
+        c["matcher_calls"] += 1
+        entries = [(ev, bits) for ev, bits, _ in w.entries]
+        return search(self.plan, entries, forward=True, check_keys=not set(self.plan.partition_by) <= set(self.key_attrs))
+
+    def stats(self) -> dict[str, int]:
+        c = self.counters
+        return {
+            "windows seen": c["windows_seen"],
+            "candidate windows": c["candidate_windows"],
+            "matcher calls": c["matcher_calls"],
+            "events filtered": c["events_filtered"],
+        }
+
+
+SetMatcher = DirectMatcher | MatchWindowMatcher
+
+
+def set_matcher(pattern: Pattern, name: str | int, strategy: str = "direct", **switches: bool) -> SetMatcher:
+    """The matcher of a set query for an evaluation strategy (``direct`` or ``match-window``)."""
+    plan = compile_sets(pattern, name)
+    if strategy == "direct":
+        return DirectMatcher(plan)
+    if strategy == "match-window":
+        return MatchWindowMatcher(plan, **switches)
+    raise YfppError(f"unknown evaluation strategy {strategy!r} (expected one of {', '.join(STRATEGIES)})")
