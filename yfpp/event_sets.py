@@ -369,16 +369,11 @@ def search(plan: SetPlan, entries: list[tuple[Event, int]], forward: bool, check
             ev, bits = entries[j]
             if not bits & mask:
                 continue
-            for i in plan.blocks[b]:
-                if bits & plan.bit[i] and takes(i, ev):
-                    binds[i].append(ev)
-                    visit(j, b)
-                    binds[i].pop()
-            if move:
-                for i in plan.blocks[nb]:
+            for block in (b, nb) if move else (b,):  # stay in this set, or begin the next one
+                for i in plan.blocks[block]:
                     if bits & plan.bit[i] and takes(i, ev):
                         binds[i].append(ev)
-                        visit(j, nb)
+                        visit(j, block)
                         binds[i].pop()
 
     if entries:
