@@ -168,13 +168,6 @@ def test_cli_strategy_and_stats(capsys):
     assert "windows seen 13, candidate windows 3, matcher calls 3" in err
 
 
-def test_spark_refuses_set_queries():
-    from yfpp.spark.plan import effective_queries
-
-    with pytest.raises(YfppError, match="event-set queries do not run on Spark yet"):
-        effective_queries({"q1": "PATTERN {A a, B b} WITHIN 3"})
-
-
 def test_match_window_takes_only_windowable_ordinary_queries():
     eng = Engine(strategy="match-window")
     seq = eng.register("PATTERN SEQ(A a, B b) WHERE skip_till_any_match(a, b) { [k] } WITHIN 5")

@@ -243,3 +243,20 @@ def test_feedback_on_spark_equals_run(spark, rfid, tmp_path, capsys):
     assert {json.loads(x)["query"] for x in expected} == {"theft_fb", "shelf_then_theft", "twice", "zone_pairs"}
     parquet = spark.read.parquet(str(tmp_path / "out" / "matches.parquet"))
     assert dict(parquet.dtypes)["bindings"] == "map<string,array<string>>"
+
+
+def test_set_queries_on_spark_equal_run(spark, rfid, tmp_path, capsys):
+    from tests.test_spark_plan import SETS
+
+    files = []
+    for ext in ("sase", "xpe"):
+        files.append(str(tmp_path / f"sets.{ext}"))
+        queries = {**SETS, "shop": RFID_QUERIES["shop_sase"]}.items()
+        Path(files[-1]).write_text("".join(f"@query {n}\n{q}\n" for n, q in queries if q.startswith("P") == (ext == "sase")))
+    feed = str(rfid / "feed.jsonl")
+    assert main(["spark", "-q", *files, "-i", feed, "-o", str(tmp_path / "out"), "--partitions", "3"]) == 0
+    capsys.readouterr()
+    assert main(["run", "-q", *files, "-i", feed]) == 0
+    expected = Counter(capsys.readouterr().out.splitlines())
+    assert lines(spark.read.text(str(tmp_path / "out" / "matches.jsonl"))) == expected
+    assert {json.loads(x)["query"] for x in expected} == {*SETS, "shop"}

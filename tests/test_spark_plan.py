@@ -204,3 +204,44 @@ def test_feedback_is_refused_when_streaming_and_by_the_cli(capsys):
 
     assert main(["spark", "-q", "//a//b(60) => c feedback", "-i", "sample.xml", "-o", "unused"]) == 2
     assert capsys.readouterr().err.startswith("yfpp: error: query 'q': on Spark a feedback query needs an equivalence list")
+
+
+SETS = {  # event-set queries (docs/event_sets.md) over the RFID feed
+    "set_related": "PATTERN SEQ({shelf a, register+ r[]}, exit c) WHERE a.tag_id = r.tag_id AND r.tag_id = c.tag_id WITHIN 10 min",
+    "set_listed": "[tag_id]//{shelf, shelf+}//exit(10 min)",
+    "set_maximal": "PATTERN SEQ({shelf a, register r}, exit c) WHERE [tag_id] WITHIN 10 min OUTPUT earliest_maximal",
+    "set_unkeyed": "PATTERN SEQ({register r, exit x}, ~shelf s, shelf t) WITHIN 40",
+    "set_unkeyed_maximal": "PATTERN {register+ r[], exit x} WITHIN 30 OUTPUT earliest_maximal",
+}
+
+
+def test_set_queries_are_keyed_by_their_equality_relationships_or_sliced():
+    by_query = {name: g for g in group_queries(effective_queries(SETS)) for name, _ in g.queries}
+    assert by_query["set_related"] is by_query["set_listed"] is by_query["set_maximal"]
+    assert by_query["set_related"].key == ("tag_id",)
+    assert by_query["set_unkeyed"] is by_query["set_unkeyed_maximal"] and by_query["set_unkeyed"].sliced
+
+
+@pytest.mark.parametrize("length_factor", [1.0, 2.5])
+def test_slicing_rule_holds_for_unkeyed_set_queries(length_factor):
+    events = stream_of(generate_rfid(1200, tags=6, gap=6, seed=8))
+    queries = {k: v for k, v in SETS.items() if "unkeyed" in k}
+    (group,) = group_queries(effective_queries(queries))
+    sl = Slicing(events[0].ts, group.window * length_factor, group.window)
+    slices: dict[int, list[Event]] = defaultdict(list)
+    for ev in events:
+        for s in sl.reads(ev.ts):
+            slices[s].append(ev)
+    got: Counter = Counter()
+    for s, evs in slices.items():
+        got.update(json.dumps(m) for m in group.engine().process_all(evs) if sl.own(m["start"]) == s)
+    want = local(queries, events)
+    assert got == want and {json.loads(m)["query"] for m in want} == set(queries)
+
+
+def test_streaming_replay_state_holds_for_set_queries():
+    events = stream_of(generate_rfid(600, tags=5, gap=15, seed=4))
+    events.append(Event("heartbeat", events[-1].ts + 10**6, {}, len(events)))
+    got, _ = simulate_stream(SETS, events, batches=5, seed=4)
+    want = local(SETS, events)
+    assert got == want and {json.loads(m)["query"] for m in want} == set(SETS)

@@ -5,7 +5,9 @@ stream, one yfpp :class:`~yfpp.engine.Engine` per slice:
 
 * **keyed** — an equivalence list and no strict contiguity: the events of
   one key value never meet another key's runs, so the group is partitioned by
-  the key. An event lacking a key attribute belongs to no partition.
+  the key. An event lacking a key attribute belongs to no partition. An
+  event-set query is keyed also by the attributes its equality
+  relationships give all of a match's events (:func:`spark_key`).
 * **sliced** — every other query with a window and the ``all`` policy: the
   stream is cut into time slices overlapping by the group's largest window
   (see :class:`Slicing`). Strict contiguity is global (an event of any key,
@@ -32,6 +34,7 @@ from lxml import etree
 from yfpp.dead_letters import DeadLetters
 from yfpp.engine import Engine
 from yfpp.errors import YfppError
+from yfpp.event_sets import partition_attributes
 from yfpp.events import MISSING, Event
 from yfpp.pattern import Contiguity, Index, Kind, Pattern, Ref
 
@@ -54,9 +57,15 @@ def effective_queries(queries: Mapping[str, str | Pattern] | Iterable[str | Patt
     for item in items:
         name, query = item if isinstance(item, tuple) else (None, item)
         engine.register(query, name=name)
-    for matcher in engine.set_queries.values():
-        raise YfppError(f"query {matcher.plan.name!r}: event-set queries do not run on Spark yet; use yfpp run")
-    return [(plan.name, plan.pattern) for plan in engine.queries.values()]
+    plans = {**engine.queries, **{qid: m.plan for qid, m in engine.set_queries.items()}}
+    return [(plans[qid].name, plans[qid].pattern) for qid in sorted(plans)]
+
+
+def spark_key(p: Pattern) -> tuple[str, ...]:
+    """The attributes a query can be partitioned by: its equivalence list, or for an event-set
+    query without one, the attributes its equality relationships give every event of a match
+    (``yfpp.event_sets.partition_attributes``, Definition 6 of the match-windows paper)."""
+    return p.partition_by or (partition_attributes(p) if p.has_sets else ())
 
 
 def is_strict(p: Pattern) -> bool:
@@ -112,8 +121,8 @@ def group_queries(queries: Sequence[Query], *, streaming: bool = False) -> list[
         p = q[1]
         if streaming and p.policy == "non_overlapping":
             alone.append(q)
-        elif p.partition_by and not is_strict(p):
-            keyed.setdefault(p.partition_by, []).append(q)
+        elif spark_key(p) and not is_strict(p):
+            keyed.setdefault(spark_key(p), []).append(q)
         elif p.window is None or p.policy == "non_overlapping" or streaming:
             whole.append(q)
         else:
@@ -125,7 +134,7 @@ def group_queries(queries: Sequence[Query], *, streaming: bool = False) -> list[
         groups.append(Group(tuple(whole), (), _max_window(p for _, p in whole)))
     for q in alone:
         p = q[1]
-        groups.append(Group((q,), p.partition_by if not is_strict(p) else (), p.window))
+        groups.append(Group((q,), spark_key(p) if not is_strict(p) else (), p.window))
     check_feedback(groups, streaming=streaming)
     return groups
 
