@@ -154,7 +154,8 @@ def _set_preds(draw, v: Component, others: list[Component]) -> list:
 
 @st.composite
 def set_patterns(draw, max_vars: int = 4, types=TYPES) -> Pattern:
-    """Event-set patterns (SPEC §2.5): 1–3 sets of 1–4 variables in all, a window, maybe [k]."""
+    """Event-set patterns (SPEC §2.5): 1–3 sets of 1–4 variables in all, a window, maybe [k],
+    maybe a negation between two sets or after the last one, any of the policies."""
     n_vars = draw(st.integers(1, max_vars))
     n_blocks = draw(st.integers(1, min(3, n_vars)))
     cuts = sorted(draw(st.lists(st.integers(1, n_vars - 1), min_size=n_blocks - 1, max_size=n_blocks - 1, unique=True))) if n_blocks > 1 else []
@@ -177,7 +178,13 @@ def set_patterns(draw, max_vars: int = 4, types=TYPES) -> Pattern:
         options = [Compare("=", Ref("n", "x"), Literal(draw(st.integers(0, 3)))), Compare(">", Ref("n", "x"), Ref(before.var, "x"))]
         where += draw(st.lists(st.sampled_from(options), max_size=1))
         comps.insert(at, n)
+    trailing = draw(st.integers(0, 3)) == 0
+    if trailing:  # a negation after the last set: none within τ of the match's first event
+        n = Component("nt", draw(st.sampled_from(types)), Kind.NEGATED)
+        options = [Compare("=", Ref("nt", "x"), Literal(draw(st.integers(0, 3)))), Compare(">", Ref("nt", "x"), Ref(comps[-1].var, "x"))]
+        where += draw(st.lists(st.sampled_from(options), max_size=1))
+        comps.append(n)
     keyed = draw(st.integers(0, 3)) == 0
-    policy = draw(st.sampled_from(["all", "all", "earliest_maximal"]))
+    policy = draw(st.sampled_from(["all", "all", "earliest_maximal"] + ([] if trailing else ["non_overlapping"])))
     window = draw(st.integers(0, 6))
     return Pattern(tuple(comps), tuple(where), ("k",) if keyed else (), window, policy).validate()

@@ -30,6 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 _Q1_TEXT = load_queries([str(ROOT / "queries" / "chemo_q1.sase")])[0].text
 Q1 = parse_query(_Q1_TEXT, "sase")
 CHEMO = list(read_events(str(ROOT / "yfpp" / "data" / "chemo.jsonl"), "jsonl"))
+for _e in CHEMO:
+    _e.pos = _e.seq  # stream positions, as an Engine gives them (search and earliest_maximal order by them)
 
 # Example 4's "complete list of matches", as extracted from the paper.
 PAPER_EXAMPLE_4 = [

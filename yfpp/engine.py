@@ -29,7 +29,7 @@ from typing import Any, Iterable, Mapping, TextIO
 
 from yfpp.dead_letters import DeadLetters
 from yfpp.errors import YfppError
-from yfpp.event_sets import STRATEGIES, SetMatcher, set_matcher, windowable
+from yfpp.event_sets import STRATEGIES, Limits, SetMatcher, rank, set_matcher, windowable
 from yfpp.events import Event
 from yfpp.feedback import MAX_DEPTH, MAX_DERIVED, Feedback
 from yfpp.nfa_compiler import QueryPlan, compile_pattern
@@ -93,7 +93,7 @@ class Engine:
         self.strategy = strategy  # for event-set queries (docs/event_sets.md)
         self.set_queries: dict[int, SetMatcher] = {}
         self.dead_letters = dead_letters if dead_letters is not None else DeadLetters(sys.stderr)
-        self.feedback = Feedback(self.runtime, self.dead_letters, max_feedback_depth, max_derived_per_event)
+        self.feedback = Feedback(self.runtime, self.dead_letters, max_feedback_depth, max_derived_per_event, self._step)
         self.default_policy = policy
         self.queries: dict[int, QueryPlan] = {}
         self.sources: dict[int, tuple[Pattern, str | None, str | int | None]] = {}  # for checkpoints
@@ -130,13 +130,16 @@ class Engine:
         if feedback and not pattern.feedback:
             pattern = dataclasses.replace(pattern, feedback=True).validate()
         qid = next(self._ids)
+        self.sources[qid] = (pattern, query if isinstance(query, str) else None, name)
         if pattern.has_sets or (self.strategy == "match-window" and windowable(pattern)):
-            self.set_queries[qid] = set_matcher(pattern, name if name is not None else qid, self.strategy)
-            self._names.add(name if name is not None else qid)
+            limits = Limits(self.runtime.max_runs, self.runtime.max_buffer, self._shed_sets)
+            matcher = self.set_queries[qid] = set_matcher(pattern, name if name is not None else qid, self.strategy, limits)
+            self._names.add(matcher.plan.name)
+            if pattern.feedback:
+                self.feedback.order[matcher.plan] = qid
             return qid
         plan = compile_pattern(pattern, name if name is not None else qid)
         self.queries[qid] = plan
-        self.sources[qid] = (pattern, query if isinstance(query, str) else None, name)
         self._names.add(plan.name)
         self.runtime.add(plan)
         if pattern.feedback:
@@ -147,7 +150,9 @@ class Engine:
         """Remove a query: it emits nothing more and its runs are freed."""
         matcher = self.set_queries.pop(qid, None)
         if matcher is not None:
+            del self.sources[qid]
             self._names.discard(matcher.plan.name)
+            self.feedback.order.pop(matcher.plan, None)
             return
         plan = self.queries.pop(qid, None)
         if plan is None:
@@ -235,18 +240,36 @@ class Engine:
         return out
 
     def _process(self, ev: Event) -> list[dict]:
-        """One event in stream order through the shared NFA (and feedback) and every set query's matcher."""
-        out = self.feedback.process(ev) if self.feedback.order else self.runtime.process(ev)
-        if self.set_queries:
+        """One event in stream order, with the derived events of feedback queries."""
+        return self.feedback.process(ev) if self.feedback.order else self._step(ev)
+
+    def _step(self, ev: Event) -> list[dict]:
+        """One event (input or derived) through the shared NFA and every set query's matcher.
+
+        The runtime gives it its stream position ``pos``; an event it rolled back has none.
+        """
+        out = self.runtime.process(ev)
+        if self.set_queries and ev.pos >= 0:
             self._count_sets(out, [m.process(ev) for m in self.set_queries.values()])
         return out
 
     def _count_sets(self, out: list[dict], found: list[list[dict]]) -> list[dict]:
-        for matches in found:
+        fed = self.feedback.order
+        for matcher, matches in zip(self.set_queries.values(), found):
             for m in matches:
                 self.runtime.counters.matches[m["query"]] += 1
+            if matcher.fed:
+                if matcher.plan in fed:
+                    self.runtime.fed.extend((matcher.plan, m, r) for m, r in matcher.fed)
+                matcher.fed = []
             out.extend(matches)
         return out
+
+    def _shed_sets(self, query: str | int, n: int, report: str | None) -> None:
+        """A set query's cap dropped ``n`` partial matches or events (``yfpp.event_sets.Limits``)."""
+        self.runtime.counters.shed_runs[query] += n
+        if report is not None:
+            self._report(report)
 
     def _failed(self, ev: Event, exc: Exception) -> None:
         """The runtime rolled back an event whose processing raised: it is that record's dead letter."""
@@ -293,9 +316,6 @@ class Engine:
     def snapshot(self) -> dict:
         """The whole engine state as versioned JSON-safe data (format: docs/operations.md)."""
         from yfpp.checkpoint import snapshot
-
-        if self.set_queries:
-            raise YfppError("checkpoints do not cover event-set queries (or the match-window strategy) yet")
 
         return snapshot(self)
 

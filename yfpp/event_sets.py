@@ -8,7 +8,9 @@ WHERE conjuncts hold for every combination of bound events (``prev(v.x)``:
 for every two consecutive events of ``v``), and all events lie within τ.
 
 Set queries do not run on the shared NFA; the Engine hands every event to one
-matcher per set query, built by :func:`set_matcher` for its strategy:
+matcher per set query, built by :func:`set_matcher` for its strategy, after
+the runtime gave it its stream position ``pos`` ("before" and "between" go by
+``pos``, as in the runtime; ``seq`` is only the identity in the output):
 
 * :class:`DirectMatcher` — an event that can bind a variable of ``Bk``
   searches for the matches it completes among the earlier events of its
@@ -29,7 +31,6 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from dataclasses import dataclass, field
-from itertools import count
 from typing import Any, Callable, Iterable
 
 from yfpp.errors import YfppError
@@ -69,7 +70,7 @@ Binding = list[list[Event]]  # per variable (pattern order), its events in strea
 # --- compilation ----------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(eq=False)
 class SetPlan:
     """A set pattern compiled for :func:`search`; variable ``i`` owns bit ``1 << (m-1-i)``.
 
@@ -105,6 +106,16 @@ class SetPlan:
     def m(self) -> int:
         return len(self.vars)
 
+    @property
+    def middle(self) -> tuple["SetNegation", ...]:
+        """The negations between two sets."""
+        return tuple(n for n in self.negations if n.after < len(self.blocks) - 1)
+
+    @property
+    def trailing(self) -> tuple["SetNegation", ...]:
+        """The negations after the last set: no witness after its match's last event, within τ of its first."""
+        return tuple(n for n in self.negations if n.after == len(self.blocks) - 1)
+
 
 @dataclass(frozen=True)
 class SetNegation:
@@ -128,6 +139,7 @@ def windowable(pattern: Pattern) -> bool:
     """
     return (
         not pattern.has_sets
+        and not pattern.feedback
         and pattern.window is not None
         and pattern.policy == "all"
         and all(c.kind is Kind.SINGLE for c in pattern.components)
@@ -309,7 +321,12 @@ def key_of(ev: Event, attrs: tuple[str, ...]) -> Any:
 # --- the matcher A: every substitution over a list of events ----------------------------------
 
 
-def search(plan: SetPlan, entries: list[tuple[Event, int]], forward: bool, check_keys: bool = False) -> list[Binding]:
+class OverBudget(Exception):
+    """A search visited more partial substitutions than its budget (``max_runs_per_query``)."""
+
+
+def search(plan: SetPlan, entries: list[tuple[Event, int]], forward: bool, check_keys: bool = False,
+           budget: int | None = None) -> list[Binding]:
     """Every match (Definition 2) whose events are among ``entries`` and that binds ``entries[0]``.
 
     ``entries`` are ``(event, bits)`` in stream order when ``forward`` (then
@@ -318,13 +335,21 @@ def search(plan: SetPlan, entries: list[tuple[Event, int]], forward: bool, check
     τ of ``entries[0]``.  A state binds events in list order, so each
     substitution is reached once; moving on to the next set needs the current
     one complete (Condition 2).  ``check_keys``: the entries may mix
-    partitions of the equivalence list.
+    partitions of the equivalence list.  ``budget``: raise :class:`OverBudget` after
+    that many partial substitutions; ``forward`` searches (complete windows) also
+    check the trailing negations among ``entries``.
     """
     k = len(plan.blocks)
     start, end, step = (0, k - 1, 1) if forward else (k - 1, 0, -1)
     binds: Binding = [[] for _ in plan.vars]
     out: list[Binding] = []
     n = len(entries)
+    left = [budget if budget is not None else -1]
+
+    def spend() -> None:
+        left[0] -= 1
+        if left[0] == 0:
+            raise OverBudget
 
     def full(b: int) -> bool:
         return all(binds[i] for i in plan.blocks[b])
@@ -360,7 +385,7 @@ def search(plan: SetPlan, entries: list[tuple[Event, int]], forward: bool, check
         here = full(b)
         if b == end and here:
             binding = [list(x) for x in binds] if forward else [x[::-1] for x in binds]
-            if accepts(plan, binding, check_keys, entries):
+            if accepts(plan, binding, check_keys, entries, trailing=forward):
                 out.append(binding)
         nb = b + step
         move = here and 0 <= nb < k
@@ -372,6 +397,7 @@ def search(plan: SetPlan, entries: list[tuple[Event, int]], forward: bool, check
             for block in (b, nb) if move else (b,):  # stay in this set, or begin the next one
                 for i in plan.blocks[block]:
                     if bits & plan.bit[i] and takes(i, ev):
+                        spend()
                         binds[i].append(ev)
                         visit(j, block)
                         binds[i].pop()
@@ -401,14 +427,17 @@ def state_vector(plan: SetPlan, binding: Binding) -> tuple:
     return tuple(_state(plan, i, events) for i, events in enumerate(binding))
 
 
-def accepts(plan: SetPlan, binding: Binding, check_keys: bool = False, entries: list[tuple[Event, int]] = ()) -> bool:
+def accepts(plan: SetPlan, binding: Binding, check_keys: bool = False, entries: list[tuple[Event, int]] = (),
+            trailing: bool = False) -> bool:
     """Condition 1 for what :func:`search` has not checked on the way, and the negations
-    (no witness among ``entries`` between their two sets)."""
+    (no witness among ``entries`` between their two sets; ``trailing``: also none after
+    the last set within τ of the first event — ``entries`` then hold every such event)."""
     if check_keys and plan.partition_by:
         keys = {key_of(e, plan.partition_by) for events in binding for e in events}
         if len(keys) > 1:
             return False
-    if not plan.final and not plan.iter_final and not plan.negations:
+    negations = plan.negations if trailing else plan.middle
+    if not plan.final and not plan.iter_final and not negations:
         return True
     vec = state_vector(plan, binding)
     if not all(c(None, vec) for c in plan.final):
@@ -420,13 +449,18 @@ def accepts(plan: SetPlan, binding: Binding, check_keys: bool = False, entries: 
             cut[i] = KleeneState(events[0], events[n - 1], n, (), None)
             if not check(events[n], tuple(cut)):
                 return False
-    for neg in plan.negations:
-        lo = max(e.seq for i in plan.blocks[neg.after] for e in binding[i])
-        hi = min(e.seq for i in plan.blocks[neg.after + 1] for e in binding[i])
+    first_ts = min(e.ts for events in binding for e in events)
+    for neg in negations:
+        lo = max(e.pos for i in plan.blocks[neg.after] for e in binding[i])
+        if neg.after + 1 < len(plan.blocks):
+            hi = min(e.pos for i in plan.blocks[neg.after + 1] for e in binding[i])
+        else:
+            hi = float("inf")
         key = key_of(binding[0][0], plan.partition_by)
         for ev, _ in entries:
             if (
-                lo < ev.seq < hi
+                lo < ev.pos < hi
+                and not _passed(ev.ts, first_ts, plan.window)
                 and neg.witness(ev)
                 and key_of(ev, plan.partition_by) == key
                 and all(c(ev, vec) for c in neg.cross)
@@ -444,8 +478,8 @@ def to_match(plan: SetPlan, binding: Binding) -> dict:
     """A match in the SPEC §5 form."""
     seqs = {v: [e.seq for e in events] for v, events in zip(plan.vars, binding)}
     flat = [e for events in binding for e in events]
-    first = min(flat, key=lambda e: e.seq)
-    last = max(flat, key=lambda e: e.seq)
+    first = min(flat, key=lambda e: e.pos)
+    last = max(flat, key=lambda e: e.pos)
     m = {"query": plan.name, "id": match_id(plan.name, seqs), "bindings": seqs, "start": first.ts, "end": last.ts}
     if plan.emit is not None:
         vec = state_vector(plan, binding)
@@ -465,7 +499,7 @@ def earliest_maximal(plan: SetPlan, group: list[Binding]) -> list[Binding]:
     before this one's and one strictly before.  Maximal: no match of the group
     equals this one but for one Kleene variable that has one event more.
     """
-    seqs = [tuple(tuple(e.seq for e in events) for events in b) for b in group]
+    seqs = [tuple(tuple(e.pos for e in events) for events in b) for b in group]
     firsts = [tuple(s[0] for s in g) for g in seqs]
     present = set(seqs)
     out = []
@@ -497,43 +531,128 @@ def _passed(now: float, first_ts: float, tau: float) -> bool:
     return now == float("inf") or now - first_ts > tau
 
 
+def _pos(e: Event) -> int:
+    return e.pos
+
+
+def rank(binding: Binding) -> tuple:
+    """SPEC §2.4's order among matches completing together: by their events' stream positions."""
+    flat = sorted(e.pos for events in binding for e in events)
+    return (flat, [[e.pos for e in events] for events in binding])
+
+
+@dataclass
+class Limits:
+    """A set query's caps (docs/operations.md): ``max_runs`` partial substitutions per search
+    and matches held for ``earliest_maximal``, ``max_buffer`` buffered events;
+    ``shed(query, n, report)`` counts what a cap dropped (``report``: a line to print, or None)."""
+
+    max_runs: int
+    max_buffer: int
+    shed: Callable[[Any, int, str | None], None]
+
+
 class _Held:
     """Matches waiting until the stream passes their first event's τ (earliest_maximal)."""
 
     def __init__(self, plan: SetPlan):
         self.plan = plan
-        self.groups: dict[int, list[Binding]] = {}
+        self.groups: dict[int, list[Binding]] = {}  # by the pos of their first event
         self.heap: list[tuple[float, int]] = []
+        self.size = 0  # matches held
 
     def add(self, bindings: Iterable[Binding]) -> None:
         for b in bindings:
-            first = min((e for events in b for e in events), key=lambda e: e.seq)
-            if first.seq not in self.groups:
-                self.groups[first.seq] = []
-                heapq.heappush(self.heap, (first.ts, first.seq))
-            self.groups[first.seq].append(b)
+            first = min((e for events in b for e in events), key=_pos)
+            if first.pos not in self.groups:
+                self.groups[first.pos] = []
+                heapq.heappush(self.heap, (first.ts, first.pos))
+            self.groups[first.pos].append(b)
+            self.size += 1
 
     def release(self, now: float) -> list[dict]:
         """Groups whose window ended before ``now`` (``inf``: all)."""
         out: list[dict] = []
         while self.heap and _passed(now, self.heap[0][0], self.plan.window):
-            _, seq = heapq.heappop(self.heap)
-            out += [to_match(self.plan, b) for b in earliest_maximal(self.plan, self.groups.pop(seq))]
+            _, pos = heapq.heappop(self.heap)
+            group = self.groups.pop(pos)
+            self.size -= len(group)
+            out += [to_match(self.plan, b) for b in earliest_maximal(self.plan, group)]
         return out
+
+    def shed(self, target: int) -> int:
+        """Drop the groups of the oldest first events until at most ``target`` matches are held."""
+        n = 0
+        while self.size > target:
+            _, pos = heapq.heappop(self.heap)
+            group = self.groups.pop(pos)
+            self.size -= len(group)
+            n += len(group)
+        return n
+
+
+@dataclass
+class _Pending:
+    """A match waiting for its trailing negations' deadline (first.ts + τ)."""
+
+    binding: Binding
+    vec: tuple
+    key: Any  # the partition (equivalence list) of its events
+    last_pos: int
+    first_ts: float
+    killed: bool = False
 
 
 class _Matcher:
-    """What both strategies share: the plan, the earliest_maximal holding area, counters."""
+    """What both strategies share: the plan, caps, the earliest_maximal holding area, counters."""
 
-    def __init__(self, plan: SetPlan):
+    def __init__(self, plan: SetPlan, limits: Limits | None = None):
         self.plan = plan
+        self.limits = limits
         self.held = _Held(plan) if plan.policy == "earliest_maximal" else None
         self.counters: dict[str, int] = {"matcher_calls": 0}
+        self.reported = False  # the first shed of this query is reported
+        self.tick = 0  # positions given to events fed without an Engine
+        self.fed: list[tuple[dict, tuple]] = []  # a feedback query's matches and their rank, drained by the Engine
+
+    def _position(self, ev: Event) -> None:
+        """Events through an Engine have their stream position from its runtime; number the others."""
+        if ev.pos < 0:
+            self.tick += 1
+            ev.pos = self.tick
+
+    def _search(self, entries: list[tuple[Event, int]], forward: bool, check_keys: bool = False) -> list[Binding]:
+        """:func:`search` within ``max_runs_per_query`` partial substitutions; over it, none of its matches."""
+        self.counters["matcher_calls"] += 1
+        budget = self.limits.max_runs if self.limits is not None else None
+        try:
+            return search(self.plan, entries, forward, check_keys, budget)
+        except OverBudget:
+            at = entries[0][0].seq
+            self._shed(budget, f"over max_runs_per_query={budget:,}; gave up the search for the matches "  # type: ignore[arg-type]
+                               f"{'starting' if forward else 'ending'} at seq {at} after {budget:,} partial matches")
+            return []
+
+    def _shed(self, n: int, why: str) -> None:
+        assert self.limits is not None
+        line = None
+        if not self.reported:
+            self.reported = True
+            line = f"query {self.plan.name!r}: {why}; those matches are lost (counted in the stats)"
+        self.limits.shed(self.plan.name, n, line)
 
     def _emit(self, bindings: list[Binding], now: float) -> list[dict]:
         if self.held is None:
-            return [to_match(self.plan, b) for b in bindings]
+            out = [to_match(self.plan, b) for b in bindings]
+            if self.plan.pattern.feedback:
+                self.fed += zip(out, map(rank, bindings))
+            return out
         self.held.add(bindings)
+        cap = self.limits.max_runs if self.limits is not None else None
+        if cap is not None and self.held.size > cap:
+            n = self.held.shed(cap * 3 // 4)
+            self._shed(n, f"over max_runs_per_query={cap:,}; dropped {n:,} matches held for earliest_maximal "
+                          "(those of the oldest first events)")
         return self.held.release(now)
 
     def advance_time(self, ts: float) -> list[dict]:
@@ -547,42 +666,134 @@ class DirectMatcher(_Matcher):
     """Eager evaluation: search at every event that can end a match.
 
     Events are kept per partition of Definition 6's attributes (exact, as a
-    match's events share them), so the search never mixes partitions.
+    match's events share them), so the search never mixes partitions.  A
+    match of a pattern with a trailing negation waits, as in the runtime,
+    until the stream passes its first event's τ; an event that witnesses the
+    negation before then kills it.  ``non_overlapping``: of the matches an
+    event completes in its partition, the first by :func:`rank`, if it starts
+    after the previous chosen match of that partition ended.
     """
 
     SWEEP_EVERY = 1024
 
-    def __init__(self, plan: SetPlan):
-        super().__init__(plan)
+    def __init__(self, plan: SetPlan, limits: Limits | None = None):
+        super().__init__(plan, limits)
         self.buffers: dict[Any, deque[tuple[Event, int]]] = {}
+        self.size = 0  # events buffered, in all partitions
         self._events = 0
+        self.cuts: dict[Any, tuple[int, float]] = {}  # non_overlapping: partition -> (pos, ts) of the last chosen match's end
+        self.pending: dict[Any, list[_Pending]] = {}  # trailing negations: matches by partition
+        self.deadlines: list[tuple[float, int, _Pending]] = []  # (first.ts, order, pending)
+        self.next_order = 0
 
     def process(self, ev: Event) -> list[dict]:
+        self._position(ev)
         plan = self.plan
         self._events += 1
         if self._events % self.SWEEP_EVERY == 0:
             self._sweep(ev.ts)
+        found = self._expire(ev.ts) if self.deadlines else []
+        if self.pending:
+            self._kill(ev)
         bits = event_bits(plan, ev)
         if not keeps(plan, ev, bits):
-            return self._emit([], ev.ts)
+            return self._emit(found, ev.ts)
         key = key_of(ev, plan.eq_attrs)
         if key is MISSING:
-            return self._emit([], ev.ts)  # lacks an attribute every event of a match must share
+            return self._emit(found, ev.ts)  # lacks an attribute every event of a match must share
         buf = self.buffers.get(key)
         if buf is None:
             buf = self.buffers[key] = deque()
         while buf and ev.ts - buf[0][0].ts > plan.window:
             buf.popleft()
-        found: list[Binding] = []
+            self.size -= 1
         if bits & plan.block_mask[-1]:
-            self.counters["matcher_calls"] += 1
-            found = search(plan, [(ev, bits)] + list(reversed(buf)), forward=False)
+            new = self._complete(ev, bits, buf)
+            if plan.trailing:
+                self._pend(new)
+            else:
+                found += new
         buf.append((ev, bits))
+        self.size += 1
+        if self.limits is not None and self.size > self.limits.max_buffer:
+            self._shed_buffer()
         return self._emit(found, ev.ts)
+
+    def _complete(self, ev: Event, bits: int, buf: deque) -> list[Binding]:
+        """The matches ``ev`` completes, by policy."""
+        entries = [(ev, bits)] + list(reversed(buf))
+        if self.plan.policy != "non_overlapping":
+            return self._search(entries, forward=False)
+        pkey = key_of(ev, self.plan.partition_by)
+        cut = self.cuts.get(pkey, (-1, 0.0))[0]
+        found = self._search([e for e in entries if e[0].pos > cut], forward=False)
+        if not found:
+            return []
+        self.cuts[pkey] = (ev.pos, ev.ts)
+        return [min(found, key=rank)]
+
+    def _pend(self, bindings: list[Binding]) -> None:
+        plan = self.plan
+        for b in bindings:
+            flat = [e for events in b for e in events]
+            first, last = min(flat, key=_pos), max(flat, key=_pos)
+            p = _Pending(b, state_vector(plan, b), key_of(first, plan.partition_by), last.pos, first.ts)
+            self.pending.setdefault(p.key, []).append(p)
+            heapq.heappush(self.deadlines, (first.ts, self.next_order, p))
+            self.next_order += 1
+
+    def _kill(self, ev: Event) -> None:
+        """``ev`` witnesses a trailing negation of the pending matches of its partition it follows within τ."""
+        plan = self.plan
+        for neg in plan.trailing:
+            if not neg.witness(ev):
+                continue
+            for p in self.pending.get(key_of(ev, plan.partition_by), ()):
+                if (not p.killed and ev.pos > p.last_pos and not _passed(ev.ts, p.first_ts, plan.window)
+                        and all(c(ev, p.vec) for c in neg.cross)):
+                    p.killed = True
+
+    def _expire(self, now: float) -> list[Binding]:
+        """The pending matches whose deadline ``now`` passed, and not killed."""
+        out = []
+        while self.deadlines and _passed(now, self.deadlines[0][0], self.plan.window):
+            p = heapq.heappop(self.deadlines)[2]
+            group = self.pending[p.key]
+            group.remove(p)
+            if not group:
+                del self.pending[p.key]
+            if not p.killed:
+                out.append(p.binding)
+        return out
+
+    def advance_time(self, ts: float) -> list[dict]:
+        return self._emit(self._expire(ts), ts)
+
+    def flush(self) -> list[dict]:
+        return self._emit(self._expire(float("inf")), float("inf"))
 
     def _sweep(self, now: float) -> None:
         for key in [k for k, b in self.buffers.items() if now - b[-1][0].ts > self.plan.window]:
-            del self.buffers[key]
+            self.size -= len(self.buffers.pop(key))
+        for key in [k for k, (_, ts) in self.cuts.items() if now - ts > self.plan.window]:
+            del self.cuts[key]  # every later match starts after it
+
+    def _shed_buffer(self) -> None:
+        """Over ``max_buffer_per_query``: drop the oldest buffered events, down to three quarters of the cap."""
+        cap = self.limits.max_buffer  # type: ignore[union-attr]
+        positions = sorted(ev.pos for buf in self.buffers.values() for ev, _ in buf)
+        cut = positions[len(positions) - cap * 3 // 4 - 1]
+        n = 0
+        for key in list(self.buffers):
+            buf = self.buffers[key]
+            while buf and buf[0][0].pos <= cut:
+                buf.popleft()
+                n += 1
+            if not buf:
+                del self.buffers[key]
+        self.size -= n
+        self._shed(n, f"over max_buffer_per_query={cap:,}; shed {n:,} buffered events (the oldest); "
+                      "matches that would have used them are lost")
 
     def stats(self) -> dict[str, int]:
         return {"matcher calls": self.counters["matcher_calls"]}
@@ -646,6 +857,7 @@ class MatchWindow:
 
     stats: SummaryStatistics
     entries: deque = field(default_factory=deque)  # (event, bits, counted)
+    due: int = -1  # the order of its entry in the matcher's deadline heap
 
     def add(self, ev: Event, bits: int) -> None:
         self.entries.append((ev, bits, self.stats.add(bits)))
@@ -662,18 +874,21 @@ class MatchWindow:
 class MatchWindowMatcher(_Matcher):
     """The two-phase strategy; ``filtering``, ``partitioning`` and ``conditions`` switch its prunings."""
 
-    def __init__(self, plan: SetPlan, *, filtering: bool = True, partitioning: bool = True, conditions: bool = True):
-        super().__init__(plan)
+    def __init__(self, plan: SetPlan, *, filtering: bool = True, partitioning: bool = True, conditions: bool = True,
+                 limits: Limits | None = None):
+        super().__init__(plan, limits)
         self.filtering = filtering
         self.conditions = conditions
         self.key_attrs = plan.eq_attrs if partitioning else ()
         self.windows: dict[Any, MatchWindow] = {}
         self.deadlines: list[tuple[float, int, Any]] = []  # (first.ts of a window, order, key)
-        self._order = count()
+        self.next_order = 0
+        self.size = 0  # events buffered, in all windows
         self.counters.update(windows_seen=0, candidate_windows=0, events_filtered=0)
         self.trace: list[tuple[list[Event], tuple[bool, bool, bool]]] | None = None  # set to a list to record windows
 
     def process(self, ev: Event) -> list[dict]:
+        self._position(ev)
         found = self._close(ev.ts)
         bits = event_bits(self.plan, ev)
         key = key_of(ev, self.key_attrs)
@@ -684,9 +899,17 @@ class MatchWindowMatcher(_Matcher):
         if w is None:
             w = self.windows[key] = MatchWindow(SummaryStatistics(self.plan))
         if not w.entries:
-            heapq.heappush(self.deadlines, (ev.ts, next(self._order), key))
+            self._schedule(w, ev.ts, key)
         w.add(ev, bits)
+        self.size += 1
+        if self.limits is not None and self.size > self.limits.max_buffer:
+            self._shed_buffer()
         return self._emit(found, ev.ts)
+
+    def _schedule(self, w: MatchWindow, first_ts: float, key: Any) -> None:
+        w.due = self.next_order
+        self.next_order += 1
+        heapq.heappush(self.deadlines, (first_ts, w.due, key))
 
     def advance_time(self, ts: float) -> list[dict]:
         return self._emit(self._close(ts), ts)
@@ -699,13 +922,16 @@ class MatchWindowMatcher(_Matcher):
         found: list[Binding] = []
         tau = self.plan.window
         while self.deadlines and _passed(now, self.deadlines[0][0], tau):
-            _, _, key = heapq.heappop(self.deadlines)
-            w = self.windows[key]
+            _, order, key = heapq.heappop(self.deadlines)
+            w = self.windows.get(key)
+            if w is None or w.due != order:
+                continue  # its window was shed over a cap
             while w.entries and _passed(now, w.entries[0][0].ts, tau):
                 found += self._complete(w)
                 w.pop()
+                self.size -= 1
             if w.entries:
-                heapq.heappush(self.deadlines, (w.entries[0][0].ts, next(self._order), key))
+                self._schedule(w, w.entries[0][0].ts, key)
             else:
                 del self.windows[key]
         return found
@@ -719,9 +945,28 @@ class MatchWindowMatcher(_Matcher):
         if self.conditions and not all(met):
             return []
         c["candidate_windows"] += 1
-        c["matcher_calls"] += 1
         entries = [(ev, bits) for ev, bits, _ in w.entries]
-        return search(self.plan, entries, forward=True, check_keys=not set(self.plan.partition_by) <= set(self.key_attrs))
+        return self._search(entries, forward=True, check_keys=not set(self.plan.partition_by) <= set(self.key_attrs))
+
+    def _shed_buffer(self) -> None:
+        """Over ``max_buffer_per_query``: drop the oldest buffered events (uncompleted), down to three quarters of the cap."""
+        cap = self.limits.max_buffer  # type: ignore[union-attr]
+        positions = sorted(ev.pos for w in self.windows.values() for ev, _, _ in w.entries)
+        cut = positions[len(positions) - cap * 3 // 4 - 1]
+        n = 0
+        for key in list(self.windows):
+            w = self.windows[key]
+            before = len(w.entries)
+            while w.entries and w.entries[0][0].pos <= cut:
+                w.pop()
+            n += before - len(w.entries)
+            if not w.entries:
+                del self.windows[key]
+            elif len(w.entries) < before:
+                self._schedule(w, w.entries[0][0].ts, key)  # its old deadline is stale now
+        self.size -= n
+        self._shed(n, f"over max_buffer_per_query={cap:,}; shed {n:,} buffered events (the oldest); "
+                      "matches that would have used them are lost")
 
     def stats(self) -> dict[str, int]:
         c = self.counters
@@ -736,11 +981,16 @@ class MatchWindowMatcher(_Matcher):
 SetMatcher = DirectMatcher | MatchWindowMatcher
 
 
-def set_matcher(pattern: Pattern, name: str | int, strategy: str = "direct", **switches: bool) -> SetMatcher:
-    """The matcher of a set query for an evaluation strategy (``direct`` or ``match-window``)."""
+def set_matcher(pattern: Pattern, name: str | int, strategy: str = "direct", limits: Limits | None = None,
+                **switches: bool) -> SetMatcher:
+    """The matcher of a set query for an evaluation strategy (``direct`` or ``match-window``).
+
+    A feedback or ``non_overlapping`` query is evaluated directly under either
+    strategy: its output depends on the event at which each match completes.
+    """
+    if strategy not in STRATEGIES:
+        raise YfppError(f"unknown evaluation strategy {strategy!r} (expected one of {', '.join(STRATEGIES)})")
     plan = compile_sets(pattern, name)
-    if strategy == "direct":
-        return DirectMatcher(plan)
-    if strategy == "match-window":
-        return MatchWindowMatcher(plan, **switches)
-    raise YfppError(f"unknown evaluation strategy {strategy!r} (expected one of {', '.join(STRATEGIES)})")
+    if strategy == "direct" or pattern.feedback or pattern.policy == "non_overlapping":
+        return DirectMatcher(plan, limits)
+    return MatchWindowMatcher(plan, limits=limits, **switches)

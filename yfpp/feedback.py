@@ -33,12 +33,11 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Any
+from typing import Any, Callable
 
 from yfpp.dead_letters import DeadLetters
 from yfpp.errors import YfppError
 from yfpp.events import Event
-from yfpp.nfa_compiler import QueryPlan
 from yfpp.runtime import Runtime
 
 MAX_DEPTH = 16  # default max_feedback_depth
@@ -68,14 +67,15 @@ class Feedback:
     """Wraps :class:`Runtime` calls of an engine that has feedback queries."""
 
     def __init__(self, runtime: Runtime, dead_letters: DeadLetters, max_depth: int = MAX_DEPTH,
-                 max_derived: int = MAX_DERIVED):
+                 max_derived: int = MAX_DERIVED, step: Callable[[Event], list[dict]] | None = None):
         if max_depth < 1 or max_derived < 1:
             raise YfppError("max_feedback_depth and max_derived_per_event must be at least 1")
         self.runtime = runtime
+        self.step = step or runtime.process  # one event through every query (the Engine's: also its set queries)
         self.dead_letters = dead_letters
         self.max_depth = max_depth
         self.max_derived = max_derived
-        self.order: dict[QueryPlan, int] = {}  # registered feedback queries → registration order
+        self.order: dict[Any, int] = {}  # registered feedback queries (QueryPlan, SetPlan) → registration order
         self.derived = 0  # derived events processed
         self.dropped = 0  # derived events the guards dropped
         self._made = 0  # derived events of the current cascade
@@ -86,7 +86,7 @@ class Feedback:
     def process(self, ev: Event) -> list[dict]:
         """``Runtime.process`` of an input event, then its derived events."""
         out = self._until(ev.ts, everything=False)
-        out.extend(self._cascade(self.runtime.process(ev), ev))
+        out.extend(self._cascade(self.step(ev), ev))
         return out
 
     def advance_time(self, ts: float) -> list[dict]:
@@ -118,7 +118,7 @@ class Feedback:
         while queue:
             x = queue.popleft()
             self.derived += 1
-            out.extend(self.runtime.process(x))
+            out.extend(self.step(x))
             self._derive(x, queue)
         if self._drops:
             self._report(cause)
@@ -160,10 +160,10 @@ class Feedback:
         self._drops.clear()
 
 
-def derived_event(plan: QueryPlan, m: dict, depth: int, parent: Event | None) -> DerivedEvent:
+def derived_event(plan: Any, m: dict, depth: int, parent: Event | None) -> DerivedEvent:
     """The event a feedback query's match ``m`` feeds back."""
     emit = m["emit"]
-    ts = m["end"] if plan.trailing is None else m["start"] + plan.window
+    ts = m["end"] if not plan.trailing else m["start"] + plan.window  # SetPlan.trailing: a tuple
     attrs = {k: v for k, v in emit["attrs"].items() if v is not None}
     sources = [s for ids in m["bindings"].values() for s in ids]
     return DerivedEvent(emit["type"], ts, attrs, m["id"], m["query"], sources, depth, parent)

@@ -259,7 +259,7 @@ class Pattern:
 
 
 POLICIES = ("all", "non_overlapping")
-SET_POLICIES = ("all", "earliest_maximal")
+SET_POLICIES = ("all", "non_overlapping", "earliest_maximal")
 
 
 def validate(p: Pattern) -> None:
@@ -331,8 +331,10 @@ def validate_sets(p: Pattern) -> None:
         if not c.positive:
             if c.set_id is not None:
                 raise PatternError(f"negation ~{c.var} cannot be inside an event set: a set's events have no order", var=c.var)
-            if c is p.components[-1]:
-                raise PatternError(f"a trailing negation ~{c.var} is not supported in an event-set pattern", var=c.var)
+            if c is p.components[-1] and p.feedback:
+                raise PatternError(
+                    f"a feedback event-set query cannot end in a negation (~{c.var}): its matches are known only τ "
+                    "after their first event, not at an event that could be fed back", var=c.var)
             continue
         if c.contiguity is not Contiguity.SKIP_TILL_ANY or c.inner is not Contiguity.SKIP_TILL_ANY:
             raise PatternError(
@@ -346,6 +348,9 @@ def validate_sets(p: Pattern) -> None:
         raise PatternError(
             f"output policy {p.policy!r} is not defined for event-set patterns (use one of {', '.join(SET_POLICIES)})"
         )
+    if p.feedback and p.policy == "earliest_maximal":
+        raise PatternError("a feedback event-set query cannot use earliest_maximal: whether a match is earliest and "
+                           "maximal is known only τ after its first event, not at an event that could be fed back")
     for expr in p.where:
         prevs = {n.var for n in walk(expr) if isinstance(n, Ref) and n.index is Index.PREV}
         if len(prevs) > 1:

@@ -374,18 +374,25 @@ class Reference:
             found.append((seqs, done_at, key))
         if self.p.policy == "all":
             return [(s, d) for s, d, _ in found]
-        out = []
-        cut: dict[Any, int] = {}
-        for at in sorted({d for _, d, _ in found}):
-            by_key: dict[Any, list] = {}
-            for s, d, k in found:
-                if d == at and min(min(v) for v in s.values()) > cut.get(k, -1):
-                    by_key.setdefault(k, []).append(s)
-            for k, cands in by_key.items():
-                best = min(cands, key=lambda s: (sorted(x for v in s.values() for x in v), [s[c.var] for c in self.pos]))
-                out.append((best, at))
-                cut[k] = at
-        return out
+        return non_overlapping(found, [c.var for c in self.pos])
+
+
+def non_overlapping(found: list[tuple[dict[str, list[int]], int, Any]], order: list[str]) -> list[tuple[dict[str, list[int]], int]]:
+    """The ``non_overlapping`` policy over ``(bindings, seq of the completing event, partition)``:
+    walking the completions in stream order, per partition the first match (by its sorted seqs,
+    then its variables' seqs in ``order``) that starts after the last one chosen ended."""
+    out = []
+    cut: dict[Any, int] = {}
+    for at in sorted({d for _, d, _ in found}):
+        by_key: dict[Any, list] = {}
+        for s, d, k in found:
+            if d == at and min(min(v) for v in s.values()) > cut.get(k, -1):
+                by_key.setdefault(k, []).append(s)
+        for k, cands in by_key.items():
+            best = min(cands, key=lambda s: (sorted(x for v in s.values() for x in v), [s[v] for v in order]))
+            out.append((best, at))
+            cut[k] = at
+    return out
 
 
 def reference_matches(pattern: Pattern, events: list[Event]) -> list[tuple[dict[str, list[int]], int]]:

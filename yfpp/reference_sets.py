@@ -14,7 +14,7 @@ from typing import Any
 
 from yfpp.events import Event
 from yfpp.pattern import Aggregate, Index, Length, Kind, Pattern, Ref, variables, walk
-from yfpp.reference import _NOVALUE, Env, _get, holds
+from yfpp.reference import _NOVALUE, Env, _get, holds, non_overlapping
 
 Seqs = dict[str, list[int]]
 
@@ -85,7 +85,8 @@ def _holds_everywhere(p: Pattern, binds: dict[str, list[Event]]) -> bool:
 
 def _witnessed(p: Pattern, binds: dict[str, list[Event]], events: list[Event]) -> bool:
     """SPEC §2.3 between sets: an event after the last of the set before ~n and before the
-    first of the set after it, of n's type, in the match's partition, satisfying n's conjuncts."""
+    first of the set after it (after the last set: within τ of the match's first event), of n's
+    type, in the match's partition, satisfying n's conjuncts."""
     kleene = {c.var for c in p.positives if c.kind is Kind.KLEENE}
     block = {c.var: b for b, members in enumerate(p.blocks) for c in members}
     first = min((e for es in binds.values() for e in es), key=lambda e: e.seq)
@@ -95,10 +96,12 @@ def _witnessed(p: Pattern, binds: dict[str, list[Event]], events: list[Event]) -
             continue
         b = block[[c for c in p.components[:k] if c.positive][-1].var]
         lo = max(e.seq for c in p.blocks[b] for e in binds[c.var])
-        hi = min(e.seq for c in p.blocks[b + 1] for e in binds[c.var])
+        hi = min(e.seq for c in p.blocks[b + 1] for e in binds[c.var]) if b + 1 < len(p.blocks) else float("inf")
         conjs = [c for c in p.where if n.var in variables(c)]
         for x in events:
             if not lo < x.seq < hi or (n.event_type is not None and x.type != n.event_type):
+                continue
+            if x.ts - first.ts > p.window:
                 continue
             if tuple(_get(x, a) for a in p.partition_by) != key:
                 continue
@@ -135,4 +138,9 @@ def set_reference_matches(p: Pattern, events: list[Event]) -> list[tuple[Seqs, i
     ]
     if p.policy == "earliest_maximal":
         found = _earliest_maximal(p, found)
-    return [(g, max(s for v in g.values() for s in v)) for g in found]
+    done = [(g, max(s for v in g.values() for s in v)) for g in found]
+    if p.policy == "non_overlapping":
+        first = {e.seq: e for e in events}
+        keyed = [(g, at, tuple(_get(first[min(min(v) for v in g.values())], a) for a in p.partition_by)) for g, at in done]
+        return non_overlapping(keyed, [c.var for c in p.positives])
+    return done
