@@ -6,12 +6,15 @@ import dataclasses
 
 import io
 import json
+import time
 from collections import Counter
+
+import pytest
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.generators import patterns, streams
+from tests.generators import patterns, set_patterns, streams
 from yfpp.cli import main
 from yfpp.dead_letters import DeadLetters
 from yfpp.engine import Engine
@@ -105,3 +108,67 @@ def test_cli_caps_and_stats(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "yfpp: warning: query 'q': over max_runs_per_query=1,000" in err
     assert "runs shed" in err and "runs shed)" in err
+
+
+# --- event-set queries (docs/event_sets.md): the same caps, the same reports --------------------
+
+SET_RUNAWAY = "PATTERN SEQ({a x, b+ y[]}, c z) WITHIN 1 hour"
+
+
+@pytest.mark.parametrize("strategy", ["direct", "match-window"])
+def test_runaway_set_query_is_capped_and_reported(strategy):
+    sink = io.StringIO()
+    eng = Engine(max_runs_per_query=2000, max_buffer_per_query=300, reports=sink, dead_letters=DeadLetters(),
+                 strategy=strategy)
+    eng.register(SET_RUNAWAY, name="sets")
+    (matcher,) = eng.set_queries.values()
+    peak = 0
+    started = time.process_time()
+    for r in runaway_feed(1000):  # 2^1000 matches; the search gives up after 2000 partial ones
+        eng.process(r)
+        peak = max(peak, matcher.size)
+    assert eng.flush() == []
+    assert time.process_time() - started < 30  # bounded work (a loose guard, not a timing claim)
+    assert peak <= 300
+    assert eng.stats.shed_runs["sets"] > 700
+    lines = sink.getvalue().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("yfpp: warning: query 'sets': over max_buffer_per_query=300")
+
+
+@pytest.mark.parametrize("strategy", ["direct", "match-window"])
+def test_a_set_search_over_max_runs_is_given_up_and_reported(strategy):
+    sink = io.StringIO()
+    eng = Engine(max_runs_per_query=2000, reports=sink, dead_letters=DeadLetters(), strategy=strategy)
+    eng.register(SET_RUNAWAY, name="sets")
+    assert [m for r in runaway_feed(40) for m in eng.process(r)] + eng.flush() == []
+    assert eng.stats.shed_runs["sets"] == 2000
+    assert sink.getvalue().startswith("yfpp: warning: query 'sets': over max_runs_per_query=2,000; gave up the search")
+
+
+def test_earliest_maximal_holds_at_most_max_runs_matches():
+    # (match-window releases a window's matches as it completes it: it holds none in between)
+    eng = Engine(max_runs_per_query=50, reports=None, dead_letters=DeadLetters())
+    eng.register("PATTERN {a x, b y} WITHIN 1000 OUTPUT earliest_maximal", name="em")
+    (matcher,) = eng.set_queries.values()
+    for i in range(200):
+        eng.process({"type": "ab"[i % 2], "ts": i})
+        assert matcher.held.size <= 50
+    assert eng.stats.shed_runs["em"] > 0
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@given(set_patterns(), streams(max_events=10), st.integers(1, 6), st.integers(1, 6), st.sampled_from(["direct", "match-window"]))
+def test_set_caps_never_invent_a_match(pattern, events, max_runs, max_buffer, strategy):
+    def run(p: Pattern, **caps):
+        eng = Engine(dead_letters=DeadLetters(), reports=None, strategy=strategy, **caps)
+        eng.register(p, name="q")
+        out = [m for e in events for m in eng.process(Event(e.type, e.ts, dict(e.attrs), e.seq))] + eng.flush()
+        return Counter(json.dumps(m, sort_keys=True) for m in out), eng
+
+    free, _ = run(pattern)
+    capped, eng = run(pattern, max_runs_per_query=max_runs, max_buffer_per_query=max_buffer)
+    if not eng.stats.shed_runs:
+        assert capped == free
+    else:  # under a policy, a match the lost ones hid may come out in their place — a match of the pattern
+        every, _ = run(dataclasses.replace(pattern, policy="all"))
+        assert not capped - every

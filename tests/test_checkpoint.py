@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.generators import patterns, streams
+from tests.generators import patterns, set_patterns, streams
 from yfpp.checkpoint import read_checkpoint, write_checkpoint
 from yfpp.cli import main
 from yfpp.dead_letters import DeadLetters
@@ -23,8 +23,8 @@ SAMPLE = ROOT / "yfpp" / "data" / "sample_rfid.xml"
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 
 
-def engine(pats, max_delay: float) -> Engine:
-    eng = Engine(max_delay=max_delay, dead_letters=DeadLetters())
+def engine(pats, max_delay: float, strategy: str = "direct") -> Engine:
+    eng = Engine(max_delay=max_delay, dead_letters=DeadLetters(), strategy=strategy)
     for i, p in enumerate(pats):
         eng.register(p, name=f"q{i}")
     return eng
@@ -93,7 +93,7 @@ def test_snapshot_holds_the_whole_state_and_checks_its_version(tmp_path):
     write_checkpoint(eng, path)
     assert [p.name for p in tmp_path.iterdir()] == ["ck.json"]  # the temp file was renamed
     data = read_checkpoint(path)
-    assert data["format"] == "yfpp-checkpoint" and data["version"] == 1
+    assert data["format"] == "yfpp-checkpoint" and data["version"] == 2
     assert [q["name"] for q in data["queries"]] == ["lost", "theft"] and data["options"]["max_runs_per_query"] == 1000
     assert len(data["held"]) == 1 and len(data["pending"]) == 1 and data["stream"]["next_seq"] == 3
     back = Engine.restore(data, dead_letters=DeadLetters())
@@ -146,3 +146,19 @@ def test_cli_checkpoint_and_restore_after_a_kill(tmp_path, monkeypatch):
     want, got = full.read_text().splitlines(), first.read_text().splitlines() + rest.read_text().splitlines()
     assert set(got) == set(want) and len(want) > 5
     assert main(["run", "--restore", str(ck), "-q", query, "-i", str(SAMPLE)]) == 2  # the queries come from the checkpoint
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(st.one_of(set_patterns(max_vars=3), patterns(max_positives=2)), min_size=1, max_size=3),
+       streams(max_events=10), st.sampled_from([0, 2]), st.sampled_from(["direct", "match-window"]), st.data())
+def test_restore_with_set_queries_continues_exactly(pats, events, max_delay, strategy, data):
+    whole = engine(pats, max_delay, strategy)
+    want = feed(whole, events) + finish(whole)
+    cut = data.draw(st.integers(0, len(events)))
+    first = engine(pats, max_delay, strategy)
+    before = feed(first, events[:cut])
+    restored = reloaded(first)
+    assert restored.strategy == strategy and len(restored.set_queries) == len(first.set_queries)
+    after = feed(restored, events[cut:]) + finish(restored)
+    assert Counter(before + after) == Counter(want)
+    assert restored.stats.matches == whole.stats.matches

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from yfpp import pattern as ir
+from yfpp import set_checkpoint
 from yfpp.errors import YfppError
 from yfpp.events import MISSING, Event
 from yfpp.match_buffer import Entry
@@ -30,7 +31,8 @@ from yfpp.predicates import KleeneState
 from yfpp.runtime import Pending, Run
 
 FORMAT = "yfpp-checkpoint"
-VERSION = 1
+VERSION = 2  # 2: event-set queries (``set_queries``) and the ``strategy`` option
+READABLE = (1, 2)
 _IR_CLASSES = {c.__name__: c for c in vars(ir).values() if isinstance(c, type) and dataclasses.is_dataclass(c)}
 _IR_ENUMS = {c.__name__: c for c in vars(ir).values() if isinstance(c, type) and issubclass(c, enum.Enum) and c is not enum.Enum}
 
@@ -179,9 +181,10 @@ def snapshot(engine) -> dict:
         "format": FORMAT,
         "version": VERSION,
         "options": {"max_delay": engine.max_delay, "policy": engine.default_policy,
-                    "max_runs_per_query": rt.max_runs, "max_buffer_per_query": rt.max_buffer},
+                    "max_runs_per_query": rt.max_runs, "max_buffer_per_query": rt.max_buffer, "strategy": engine.strategy},
         "queries": [
-            {"id": qid, "name": name, "text": text, "since_tick": engine.queries[qid].since_tick, "pattern": encode_pattern(pat)}
+            {"id": qid, "name": name, "text": text, "pattern": encode_pattern(pat),
+             "since_tick": engine.queries[qid].since_tick if qid in engine.queries else None}
             for qid, (pat, text, name) in engine.sources.items()
         ],
         "next_query_id": _peek(engine, "_ids"),
@@ -201,6 +204,7 @@ def snapshot(engine) -> dict:
             "matches": [[k, v] for k, v in c.matches.items()], "shed_runs": [[k, v] for k, v in c.shed_runs.items()],
         },
         "dead_letters": {"count": engine.dead_letters.count, "by_reason": dict(engine.dead_letters.by_reason)},
+        "set_queries": [[qid, set_checkpoint.save(m, w)] for qid, m in engine.set_queries.items()],
         "events": w.events,
         "entries": w.entries,
     }
@@ -251,8 +255,9 @@ def restore(data: dict, **engine_opts: Any):
 
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise YfppError("not a yfpp checkpoint")
-    if data.get("version") != VERSION:
-        raise YfppError(f"checkpoint version {data.get('version')!r} is not supported (this yfpp reads version {VERSION})")
+    if data.get("version") not in READABLE:
+        raise YfppError(f"checkpoint version {data.get('version')!r} is not supported (this yfpp reads versions "
+                        f"{', '.join(map(str, READABLE))})")
     try:
         return _restore(data, Engine, engine_opts)
     except (KeyError, IndexError, TypeError, ValueError) as e:
@@ -266,7 +271,8 @@ def _restore(data: dict, Engine, engine_opts: dict):
         eng._ids = count(q["id"])
         eng.register(decode_pattern(q["pattern"]), name=q["name"])
         eng.sources[q["id"]] = (eng.sources[q["id"]][0], q["text"], q["name"])
-        eng.queries[q["id"]].since_tick = q["since_tick"]
+        if q["id"] in eng.queries:
+            eng.queries[q["id"]].since_tick = q["since_tick"]
     eng._ids = count(data["next_query_id"])
 
     def node_at(ref: list):
@@ -307,6 +313,8 @@ def _restore(data: dict, Engine, engine_opts: dict):
     for ref, shed, reported in data["branches"]:
         root = node_at(ref).root
         root.shed, root.reported = shed, reported
+    for qid, state in data.get("set_queries", []):
+        set_checkpoint.load(eng.set_queries[qid], state, rd)
     v = data["versions"]
     rt._roots, rt._branches, rt._order = count(v["next_root"]), count(v["next_branch"]), count(v["next_order"])
     c, saved = rt.counters, data["counters"]

@@ -1,0 +1,73 @@
+"""The state of event-set matchers in a checkpoint (``set_queries``, docs/operations.md).
+
+``save(matcher, writer)`` gives one matcher's state as JSON-safe data, events
+as indices into the checkpoint's event table (``yfpp.checkpoint._Writer``);
+``load(matcher, data, reader)`` puts it into a freshly registered matcher.
+A match in progress is its binding: per variable, its events.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from typing import Any
+
+from yfpp.event_sets import DirectMatcher, MatchWindow, SetMatcher, SummaryStatistics, _Pending, state_vector
+
+
+def save(m: SetMatcher, w: Any) -> dict:
+    """``m``'s state; ``w`` numbers events and encodes values."""
+
+    def binding(b: list) -> list:
+        return [[w.event(e) for e in events] for events in b]
+
+    data: dict = {"counters": dict(m.counters), "reported": m.reported, "tick": m.tick, "next_order": m.next_order,
+                  "size": m.size, "held": None}
+    if m.held is not None:
+        data["held"] = [[pos, [binding(b) for b in group]] for pos, group in m.held.groups.items()]
+    if isinstance(m, DirectMatcher):
+        data["buffers"] = [[w.value(k), [[w.event(ev), bits] for ev, bits in buf]] for k, buf in m.buffers.items()]
+        data["events_seen"] = m._events
+        data["cuts"] = [[w.value(k), list(cut)] for k, cut in m.cuts.items()]
+        data["pending"] = [[order, binding(p.binding), w.value(p.key), p.last_pos, p.first_ts, p.killed]
+                           for _, order, p in m.deadlines]
+    else:
+        data["windows"] = [[w.value(k), win.stats.cnt, win.stats.s, win.stats.epoch, win.due,
+                            [[w.event(ev), bits, [list(c) for c in counted]] for ev, bits, counted in win.entries]]
+                           for k, win in m.windows.items()]
+        data["deadlines"] = [[ts, order, w.value(k)] for ts, order, k in m.deadlines]
+    return data
+
+
+def load(m: SetMatcher, data: dict, rd: Any) -> None:
+    """Put ``data`` (from :func:`save`) into ``m``; ``rd`` decodes events and values."""
+
+    def binding(b: list) -> list:
+        return [[rd.events[i] for i in events] for events in b]
+
+    m.counters.update(data["counters"])
+    m.reported, m.tick, m.next_order, m.size = data["reported"], data["tick"], data["next_order"], data["size"]
+    if m.held is not None:
+        for pos, group in data["held"]:
+            bindings = [binding(b) for b in group]
+            m.held.groups[pos] = bindings
+            m.held.size += len(bindings)
+            first = min((e for events in bindings[0] for e in events), key=lambda e: e.pos)
+            heapq.heappush(m.held.heap, (first.ts, pos))
+    if isinstance(m, DirectMatcher):
+        m.buffers = {rd.value(k): deque((rd.events[i], bits) for i, bits in buf) for k, buf in data["buffers"]}
+        m._events = data["events_seen"]
+        m.cuts = {rd.value(k): tuple(cut) for k, cut in data["cuts"]}
+        for order, b, key, last_pos, first_ts, killed in data["pending"]:
+            events = binding(b)
+            p = _Pending(events, state_vector(m.plan, events), rd.value(key), last_pos, first_ts, killed)
+            m.pending.setdefault(p.key, []).append(p)
+            heapq.heappush(m.deadlines, (first_ts, order, p))
+    else:
+        for k, cnt, s, epoch, due, entries in data["windows"]:
+            stats = SummaryStatistics(m.plan)
+            stats.cnt, stats.s, stats.epoch = list(cnt), s, list(epoch)
+            win = MatchWindow(stats, deque((rd.events[i], bits, tuple(tuple(c) for c in counted)) for i, bits, counted in entries), due)
+            m.windows[rd.value(k)] = win
+        m.deadlines = [(ts, order, rd.value(k)) for ts, order, k in data["deadlines"]]
+        heapq.heapify(m.deadlines)
