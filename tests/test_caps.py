@@ -172,3 +172,11 @@ def test_set_caps_never_invent_a_match(pattern, events, max_runs, max_buffer, st
     else:  # under a policy, a match the lost ones hid may come out in their place — a match of the pattern
         every, _ = run(dataclasses.replace(pattern, policy="all"))
         assert not capped - every
+
+
+def test_a_set_search_deeper_than_the_recursion_limit_is_fine():
+    # 1,500 b's in one window: the search binds them all on one path (it runs on an explicit stack)
+    eng = Engine(max_runs_per_query=10**6, reports=None, dead_letters=DeadLetters())
+    eng.register(SET_RUNAWAY, name="sets")
+    assert [m for r in runaway_feed(1500) for m in eng.process(r)] == []
+    assert eng.stats.shed_runs["sets"] == 10**6

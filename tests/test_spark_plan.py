@@ -212,12 +212,14 @@ SETS = {  # event-set queries (docs/event_sets.md) over the RFID feed
     "set_maximal": "PATTERN SEQ({shelf a, register r}, exit c) WHERE [tag_id] WITHIN 10 min OUTPUT earliest_maximal",
     "set_unkeyed": "PATTERN SEQ({register r, exit x}, ~shelf s, shelf t) WITHIN 40",
     "set_unkeyed_maximal": "PATTERN {register+ r[], exit x} WITHIN 30 OUTPUT earliest_maximal",
+    "set_quiet": "PATTERN SEQ({shelf a, register r}, ~exit x) WHERE a.tag_id = r.tag_id AND r.tag_id = x.tag_id WITHIN 2 min",
+    "set_first": "PATTERN {shelf a, exit c} WHERE [tag_id] WITHIN 10 min OUTPUT non_overlapping",
 }
 
 
 def test_set_queries_are_keyed_by_their_equality_relationships_or_sliced():
     by_query = {name: g for g in group_queries(effective_queries(SETS)) for name, _ in g.queries}
-    assert by_query["set_related"] is by_query["set_listed"] is by_query["set_maximal"]
+    assert by_query["set_related"] is by_query["set_listed"] is by_query["set_maximal"] is by_query["set_quiet"]
     assert by_query["set_related"].key == ("tag_id",)
     assert by_query["set_unkeyed"] is by_query["set_unkeyed_maximal"] and by_query["set_unkeyed"].sliced
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from yfpp.errors import YfppError
 from yfpp.events import MISSING, Event
@@ -335,8 +335,9 @@ def search(plan: SetPlan, entries: list[tuple[Event, int]], forward: bool, check
     τ of ``entries[0]``.  A state binds events in list order, so each
     substitution is reached once; moving on to the next set needs the current
     one complete (Condition 2).  ``check_keys``: the entries may mix
-    partitions of the equivalence list.  ``budget``: raise :class:`OverBudget` after
-    that many partial substitutions; ``forward`` searches (complete windows) also
+    partitions of the equivalence list.  ``budget``: raise :class:`OverBudget` once
+    the partial substitutions tried plus the events of the matches found reach
+    it; ``forward`` searches (complete windows) also
     check the trailing negations among ``entries``.
     """
     k = len(plan.blocks)
@@ -346,9 +347,9 @@ def search(plan: SetPlan, entries: list[tuple[Event, int]], forward: bool, check
     n = len(entries)
     left = [budget if budget is not None else -1]
 
-    def spend() -> None:
-        left[0] -= 1
-        if left[0] == 0:
+    def spend(n: int = 1) -> None:
+        left[0] -= n
+        if budget is not None and left[0] <= 0:
             raise OverBudget
 
     def full(b: int) -> bool:
@@ -381,11 +382,13 @@ def search(plan: SetPlan, entries: list[tuple[Event, int]], forward: bool, check
                     return False
         return True
 
-    def visit(j0: int, b: int) -> None:
+    def extensions(j0: int, b: int) -> Iterator[tuple[int, int, int]]:
+        """Record the substitution if it is a match; then every (variable, entry, set) that extends it."""
         here = full(b)
         if b == end and here:
             binding = [list(x) for x in binds] if forward else [x[::-1] for x in binds]
             if accepts(plan, binding, check_keys, entries, trailing=forward):
+                spend(sum(map(len, binding)))  # its copy costs as much as its events
                 out.append(binding)
         nb = b + step
         move = here and 0 <= nb < k
@@ -396,19 +399,30 @@ def search(plan: SetPlan, entries: list[tuple[Event, int]], forward: bool, check
                 continue
             for block in (b, nb) if move else (b,):  # stay in this set, or begin the next one
                 for i in plan.blocks[block]:
-                    if bits & plan.bit[i] and takes(i, ev):
-                        spend()
-                        binds[i].append(ev)
-                        visit(j, block)
-                        binds[i].pop()
+                    if bits & plan.bit[i] and takes(i, ev):  # binds are as this frame left them
+                        yield i, j, block
 
-    if entries:
+    def roots() -> Iterator[tuple[int, int, int]]:
         ev, bits = entries[0]
         for i in plan.blocks[start]:
             if bits & plan.bit[i] and takes(i, ev):
-                binds[i].append(ev)
-                visit(0, start)
-                binds[i].pop()
+                yield i, 0, start
+
+    # depth first, on an explicit stack: a Kleene variable may bind every entry (no recursion limit)
+    stack: list[Iterator[tuple[int, int, int]]] = [roots()] if entries else []
+    bound: list[int] = []  # the variable each frame above the root appended to
+    while stack:
+        step_ = next(stack[-1], None)
+        if step_ is None:
+            stack.pop()
+            if bound:
+                binds[bound.pop()].pop()
+            continue
+        i, j, block = step_
+        spend()
+        binds[i].append(entries[j][0])
+        bound.append(i)
+        stack.append(extensions(j, block))
     return out
 
 
@@ -630,7 +644,8 @@ class _Matcher:
         except OverBudget:
             at = entries[0][0].seq
             self._shed(budget, f"over max_runs_per_query={budget:,}; gave up the search for the matches "  # type: ignore[arg-type]
-                               f"{'starting' if forward else 'ending'} at seq {at} after {budget:,} partial matches")
+                               f"{'starting' if forward else 'ending'} at seq {at} after {budget:,} steps (partial matches tried, "
+                               "events of the matches found)")
             return []
 
     def _shed(self, n: int, why: str) -> None:
