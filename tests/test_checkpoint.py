@@ -187,3 +187,31 @@ def test_derived_events_keep_their_provenance_across_a_restore():
         restored = Engine.restore(json.loads(json.dumps(first.snapshot())), full_events=True,
                                   dead_letters=DeadLetters())
         assert before + feed(restored, events[cut:]) + finish(restored) == want, cut
+
+
+@pytest.mark.parametrize("strategy", ["direct", "match-window"])
+def test_cli_checkpoint_and_restore_with_a_set_query(tmp_path, monkeypatch, strategy):
+    import yfpp.readers
+
+    query, chemo = str(ROOT / "queries/chemo_q1.sase"), str(ROOT / "yfpp/data/chemo.jsonl")
+    full = tmp_path / "full.jsonl"
+    assert main(["run", "-q", query, "-i", chemo, "-o", str(full), "--strategy", strategy]) == 0
+    real = yfpp.readers.read_events
+
+    def killed_after_11(*a, **k):
+        for n, ev in enumerate(real(*a, **k)):
+            if n == 11:
+                raise KeyboardInterrupt
+            yield ev
+
+    first, ck = tmp_path / "first.jsonl", tmp_path / "ck.json"
+    monkeypatch.setattr(yfpp.readers, "read_events", killed_after_11)
+    assert main(["run", "-q", query, "-i", chemo, "-o", str(first), "--checkpoint", str(ck), "--checkpoint-every", "10",
+                 "--strategy", strategy]) == 130
+    monkeypatch.setattr(yfpp.readers, "read_events", real)
+    data = read_checkpoint(ck)
+    assert data["stream"]["next_seq"] == 10 and data["options"]["strategy"] == strategy and data["set_queries"]
+    rest = tmp_path / "rest.jsonl"
+    assert main(["run", "--restore", str(ck), "-i", chemo, "-o", str(rest)]) == 0
+    want, got = full.read_text().splitlines(), first.read_text().splitlines() + rest.read_text().splitlines()
+    assert set(got) == set(want) and len(want) == 11
