@@ -29,7 +29,7 @@ from typing import Any, Iterable, Mapping, TextIO
 
 from yfpp.dead_letters import DeadLetters
 from yfpp.errors import YfppError
-from yfpp.event_sets import STRATEGIES, Limits, SetMatcher, rank, set_matcher, windowable
+from yfpp.event_sets import STRATEGIES, Limits, SetMatcher, set_matcher, windowable
 from yfpp.events import Event
 from yfpp.feedback import MAX_DEPTH, MAX_DERIVED, Feedback
 from yfpp.nfa_compiler import QueryPlan, compile_pattern

@@ -606,7 +606,7 @@ class _Held:
 
 
 @dataclass
-class _Pending:
+class PendingMatch:
     """A match waiting for its trailing negations' deadline (first.ts + τ)."""
 
     binding: Binding
@@ -697,8 +697,8 @@ class DirectMatcher(_Matcher):
         self.size = 0  # events buffered, in all partitions
         self._events = 0
         self.cuts: dict[Any, tuple[int, float]] = {}  # non_overlapping: partition -> (pos, ts) of the last chosen match's end
-        self.pending: dict[Any, list[_Pending]] = {}  # trailing negations: matches by partition
-        self.deadlines: list[tuple[float, int, _Pending]] = []  # (first.ts, order, pending)
+        self.pending: dict[Any, list[PendingMatch]] = {}  # trailing negations: matches by partition
+        self.deadlines: list[tuple[float, int, PendingMatch]] = []  # (first.ts, order, pending)
         self.next_order = 0
 
     def process(self, ev: Event) -> list[dict]:
@@ -752,7 +752,7 @@ class DirectMatcher(_Matcher):
         for b in bindings:
             flat = [e for events in b for e in events]
             first, last = min(flat, key=_pos), max(flat, key=_pos)
-            p = _Pending(b, state_vector(plan, b), key_of(first, plan.partition_by), last.pos, first.ts)
+            p = PendingMatch(b, state_vector(plan, b), key_of(first, plan.partition_by), last.pos, first.ts)
             self.pending.setdefault(p.key, []).append(p)
             heapq.heappush(self.deadlines, (first.ts, self.next_order, p))
             self.next_order += 1

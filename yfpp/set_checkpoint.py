@@ -12,7 +12,7 @@ import heapq
 from collections import deque
 from typing import Any
 
-from yfpp.event_sets import DirectMatcher, MatchWindow, SetMatcher, SummaryStatistics, _Pending, state_vector
+from yfpp.event_sets import DirectMatcher, MatchWindow, SetMatcher, SummaryStatistics, PendingMatch, state_vector
 
 
 def save(m: SetMatcher, w: Any) -> dict:
@@ -60,7 +60,7 @@ def load(m: SetMatcher, data: dict, rd: Any) -> None:
         m.cuts = {rd.value(k): tuple(cut) for k, cut in data["cuts"]}
         for order, b, key, last_pos, first_ts, killed in data["pending"]:
             events = binding(b)
-            p = _Pending(events, state_vector(m.plan, events), rd.value(key), last_pos, first_ts, killed)
+            p = PendingMatch(events, state_vector(m.plan, events), rd.value(key), last_pos, first_ts, killed)
             m.pending.setdefault(p.key, []).append(p)
             heapq.heappush(m.deadlines, (first_ts, order, p))
     else:
