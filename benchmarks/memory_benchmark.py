@@ -4,12 +4,15 @@
    over 1 a, N b, 1 c — every b doubles the runs (each takes it or skips it).
 2. ``windowless``: ``SEQ(a x, b y) WHERE skip_till_any_match(x, y)`` over N a's and no b —
    every a starts a run that never ends.
+3. ``set_runaway`` (``--sets``): the event-set query ``SEQ({a x, b+ y[]}, c z) WITHIN 1 hour``
+   over 1 a, N b, 1 c — 2^N matches, under both evaluation strategies.
 
 Each measurement runs in a fresh subprocess (so peak RSS is its own) and prints
 the peak RSS, the CPU seconds, the peak live runs, the runs shed and the reports.
 
     python benchmarks/memory_benchmark.py                 # default caps, and a few uncapped points
     python benchmarks/memory_benchmark.py --quick         # smaller sizes
+    python benchmarks/memory_benchmark.py --sets          # only the event-set case
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from benchmarks.bench_common import ROOT, commit  # noqa: E402
 QUERIES = {
     "runaway": "PATTERN SEQ(a x, b+ y[], c z) WHERE skip_till_any_match(x, y, z) WITHIN 1 hour",
     "windowless": "PATTERN SEQ(a x, b y) WHERE skip_till_any_match(x, y)",
+    "set_runaway": "PATTERN SEQ({a x, b+ y[]}, c z) WITHIN 1 hour",
 }
 
 
@@ -46,7 +50,7 @@ def measure(case: str, n: int, caps: dict) -> dict:
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t0 = time.process_time()
     peak = matches = 0
-    if case == "runaway":
+    if case in ("runaway", "set_runaway"):
         feed = [("a", 0.0)] + [("b", 1.0 + i) for i in range(n)] + [("c", n + 1.0)]
     else:
         feed = (("a", float(i)) for i in range(n))
@@ -78,6 +82,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--sets", action="store_true", help="only the event-set case")
     ap.add_argument("--timeout", type=float, default=600)
     args = ap.parse_args()
     if args.child:
@@ -89,13 +94,16 @@ def main() -> None:
     sizes = [10_000, 100_000, 300_000] if args.quick else [10_000, 100_000, 250_000, 500_000, 1_000_000]
     plan += [("windowless", n, {}) for n in sizes]
     plan += [("windowless", n, uncapped) for n in sizes]
+    set_plan = [("set_runaway", n, {"strategy": s}) for s in ("direct", "match-window") for n in (10, 1000, 3000)]  # within τ
+    plan = set_plan if args.sets else plan + set_plan
     print(f"commit {commit()}; peak RSS of a fresh process per row (Python {sys.version.split()[0]})")
     print("| case | caps | input events | CPU s | peak RSS MiB | RSS growth MiB | peak runs | runs shed | peak buffer | matches | reports |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for case, n, caps in plan:
         r = child(case, n, caps, args.timeout)
-        label = "none" if caps else "default"
-        events = n + 2 if case == "runaway" else n
+        label = "none" if "max_runs_per_query" in caps else "default"
+        label += f", {caps['strategy']}" if "strategy" in caps else ""
+        events = n + 2 if case in ("runaway", "set_runaway") else n
         if "error" in r:
             print(f"| {case} | {label} | {events:,} | {r['error']} | | | | | | | |", flush=True)
             continue

@@ -408,8 +408,13 @@ def search(plan: SetPlan, entries: list[tuple[Event, int]], forward: bool, check
             if bits & plan.bit[i] and takes(i, ev):
                 yield i, 0, start
 
-    # depth first, on an explicit stack: a Kleene variable may bind every entry (no recursion limit)
-    stack: list[Iterator[tuple[int, int, int]]] = [roots()] if entries else []
+    everyone = (1 << plan.m) - 1
+    seen = 0
+    for _, bits in entries:
+        seen |= bits
+    # depth first, on an explicit stack: a Kleene variable may bind every entry (no recursion limit);
+    # not at all when some variable has no event to bind
+    stack: list[Iterator[tuple[int, int, int]]] = [roots()] if entries and seen & everyone == everyone else []
     bound: list[int] = []  # the variable each frame above the root appended to
     while stack:
         step_ = next(stack[-1], None)
