@@ -214,6 +214,7 @@ SETS = {  # event-set queries (docs/event_sets.md) over the RFID feed
     "set_unkeyed_maximal": "PATTERN {register+ r[], exit x} WITHIN 30 OUTPUT earliest_maximal",
     "set_quiet": "PATTERN SEQ({shelf a, register r}, ~exit x) WHERE a.tag_id = r.tag_id AND r.tag_id = x.tag_id WITHIN 2 min",
     "set_first": "PATTERN {shelf a, exit c} WHERE [tag_id] WITHIN 10 min OUTPUT non_overlapping",
+    "set_first_anywhere": "PATTERN {shelf a, exit c} WHERE a.tag_id = c.tag_id WITHIN 1 min OUTPUT non_overlapping",
 }
 
 
@@ -222,6 +223,8 @@ def test_set_queries_are_keyed_by_their_equality_relationships_or_sliced():
     assert by_query["set_related"] is by_query["set_listed"] is by_query["set_maximal"] is by_query["set_quiet"]
     assert by_query["set_related"].key == ("tag_id",)
     assert by_query["set_unkeyed"] is by_query["set_unkeyed_maximal"] and by_query["set_unkeyed"].sliced
+    # non_overlapping goes by the equivalence list alone: without one, the whole stream is one partition
+    assert by_query["set_first_anywhere"].key == () and not by_query["set_first_anywhere"].sliced
 
 
 @pytest.mark.parametrize("length_factor", [1.0, 2.5])

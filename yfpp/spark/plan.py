@@ -64,8 +64,11 @@ def effective_queries(queries: Mapping[str, str | Pattern] | Iterable[str | Patt
 def spark_key(p: Pattern) -> tuple[str, ...]:
     """The attributes a query can be partitioned by: its equivalence list, or for an event-set
     query without one, the attributes its equality relationships give every event of a match
-    (``yfpp.event_sets.partition_attributes``, Definition 6 of the match-windows paper)."""
-    return p.partition_by or (partition_attributes(p) if p.has_sets else ())
+    (``yfpp.event_sets.partition_attributes``, Definition 6 of the match-windows paper) — unless
+    it is ``non_overlapping``: that policy goes by the equivalence list's partitions alone."""
+    if p.partition_by or not p.has_sets or p.policy == "non_overlapping":
+        return p.partition_by
+    return partition_attributes(p)
 
 
 def is_strict(p: Pattern) -> bool:
