@@ -156,7 +156,9 @@ def run(args) -> dict:
     raise_fd_limit(args.subs)
     events = build_events(args.events, args.subs, args.subs, "correlated", args.seed)
     lines = [json.dumps({"type": e.type, "ts": e.ts, **e.attrs}).encode() + b"\n" for e in events]
+    t0 = time.process_time()
     want = expected_ids(events, args.subs, args.language)
+    engine_cpu = time.process_time() - t0  # the embedded engine alone (registering and matching), for comparison
     ports, handles = start_receivers(args.subs, args.receivers)
     faulty = []
     if args.faulty:
@@ -222,7 +224,7 @@ def run(args) -> dict:
 
     return {"subs": args.subs, "events": len(lines), "language": args.language, "faulty": args.faulty,
             "rate": args.rate, "register_s": register_s, "ingest_s": ingest_s, "events_per_s": len(lines) / ingest_s,
-            "service_cpu_s": cpu, "delivered_s": done_s, "service_cpu_all_s": cpu_all, "results": total, "received": sum(len(r) for r in got), "lost": lost,
+            "service_cpu_s": cpu, "embedded_engine_cpu_s": engine_cpu, "delivered_s": done_s, "service_cpu_all_s": cpu_all, "results": total, "received": sum(len(r) for r in got), "lost": lost,
             "extra": extra, "p50_ms": pct(0.5), "p99_ms": pct(0.99), "max_ms": pct(1.0),
             "faulty_counters": {name: subs.get(name) for name, _ in faulty}, "latencies": latencies}
 
@@ -247,6 +249,7 @@ def main() -> None:
           f"{f', fed at {args.rate:,.0f} ev/s' if args.rate else ', fed unpaced'}")
     print(f"register over HTTP  {r['register_s']:.1f} s ({1000 * r['register_s'] / args.subs:.1f} ms/subscription)")
     print(f"ingest              {r['events_per_s']:,.0f} events/s ({r['ingest_s']:.1f} s; service CPU {r['service_cpu_s']:.1f} s)")
+    print(f"embedded engine     {r['embedded_engine_cpu_s']:.1f} s CPU for the same events and queries (yfpp run's work)")
     print(f"all delivered       {r['delivered_s']:.1f} s after the first write (service CPU {r['service_cpu_all_s']:.1f} s)")
     print(f"results             {r['results']:,} expected, {r['received']:,} received, {r['lost']} lost, {r['extra']} extra")
     print(f"latency             p50 {r['p50_ms']:.0f} ms, p99 {r['p99_ms']:.0f} ms, max {r['max_ms']:.0f} ms")
