@@ -113,9 +113,10 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def start_service() -> tuple[subprocess.Popen, dict]:
+def start_service(subs: int) -> tuple[subprocess.Popen, dict]:
     proc = subprocess.Popen([sys.executable, "-m", "yfpp.cli", "serve", "--port", "0", "--jsonl-port", "0",
-                             "--no-state", "--log-level", "info", "--queue-size", "100000"],
+                             "--no-state", "--log-level", "info", "--queue-size", "100000",
+                             "--max-subscriptions", str(max(subs, 10_000))],
                             cwd=ROOT, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     for line in proc.stderr:
         if '"service started"' in line:
@@ -167,7 +168,7 @@ def run(args) -> dict:
             s.bind(("127.0.0.1", 0))
             dead_port = s.getsockname()[1]  # closed when this block ends: nothing listens there
         faulty = [("dead", dead_port), ("slow", slow_ports[0])]
-    proc, info = start_service()
+    proc, info = start_service(args.subs + 2)
     try:
         url = f"http://{info['http']}"
         client = Client(url, timeout=60)
