@@ -211,6 +211,7 @@ def run(args) -> dict:
     if faulty:
         collect(slow_handles)
     latencies, lost, extra = [], 0, 0
+    tenths: list[list[float]] = [[] for _ in range(10)]  # latencies by the tenth of the feed the event was in
     for k, results in enumerate(got):
         ids = [r[0] for r in results]
         lost += len(want[k] - set(ids))
@@ -218,7 +219,9 @@ def run(args) -> dict:
         for _, bindings, t in results:
             last = max(s for seqs in bindings.values() for s in seqs)
             latencies.append(t - sent_at[last // args.chunk])
+            tenths[min(9, 10 * last // len(lines))].append(latencies[-1])
     latencies.sort()
+    p99_by_tenth = [sorted(x)[int(0.99 * len(x))] * 1000 if x else float("nan") for x in tenths]
 
     def pct(p: float) -> float:
         return latencies[min(len(latencies) - 1, int(p * len(latencies)))] * 1000 if latencies else float("nan")
@@ -226,7 +229,7 @@ def run(args) -> dict:
     return {"subs": args.subs, "events": len(lines), "language": args.language, "faulty": args.faulty,
             "rate": args.rate, "register_s": register_s, "ingest_s": ingest_s, "events_per_s": len(lines) / ingest_s,
             "service_cpu_s": cpu, "embedded_engine_cpu_s": engine_cpu, "delivered_s": done_s, "service_cpu_all_s": cpu_all, "results": total, "received": sum(len(r) for r in got), "lost": lost,
-            "extra": extra, "p50_ms": pct(0.5), "p99_ms": pct(0.99), "max_ms": pct(1.0),
+            "extra": extra, "p50_ms": pct(0.5), "p99_ms": pct(0.99), "max_ms": pct(1.0), "p99_by_tenth_ms": p99_by_tenth,
             "faulty_counters": {name: subs.get(name) for name, _ in faulty}, "latencies": latencies}
 
 
@@ -254,6 +257,7 @@ def main() -> None:
     print(f"all delivered       {r['delivered_s']:.1f} s after the first write (service CPU {r['service_cpu_all_s']:.1f} s)")
     print(f"results             {r['results']:,} expected, {r['received']:,} received, {r['lost']} lost, {r['extra']} extra")
     print(f"latency             p50 {r['p50_ms']:.0f} ms, p99 {r['p99_ms']:.0f} ms, max {r['max_ms']:.0f} ms")
+    print(f"p99 by tenth of feed {', '.join(f'{x:.0f}' for x in r['p99_by_tenth_ms'])} ms")
     if args.faulty:
         print(f"faulty subscribers  {json.dumps(r['faulty_counters'])}")
     print(json.dumps(r))
