@@ -1,6 +1,6 @@
 """Plot ``service_benchmark.py --record`` figures against the number of subscriptions.
 
-Left: ingest events/s of the unpaced runs and the service's CPU µs per event.
+The last record of each size and feed counts. Left: ingest events/s of the unpaced runs and the service's CPU µs per event.
 Right: end-to-end latency p50 / p99 of the paced runs, with and without a dead
 and a slow subscriber.
 
@@ -19,7 +19,12 @@ def main(records_path: str, out: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = [json.loads(line) for line in open(records_path) if line.strip()]
+    latest = {}  # the last record of each (subscriptions, rate, faulty)
+    for line in open(records_path):
+        if line.strip():
+            r = json.loads(line)
+            latest[r["subs"], r["rate"], r["faulty"]] = r
+    runs = list(latest.values())
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
     unpaced = sorted((r for r in runs if not r["rate"] and not r["faulty"]), key=lambda r: r["subs"])
     subs = [r["subs"] for r in unpaced]
