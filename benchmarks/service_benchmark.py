@@ -162,12 +162,11 @@ def run(args) -> dict:
     engine_cpu = time.process_time() - t0  # the embedded engine alone (registering and matching), for comparison
     ports, handles = start_receivers(args.subs, args.receivers)
     faulty = []
+    dead = socket.socket()
     if args.faulty:
         slow_ports, slow_handles = start_receivers(1, 1, never_read=True)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            dead_port = s.getsockname()[1]  # closed when this block ends: nothing listens there
-        faulty = [("dead", dead_port), ("slow", slow_ports[0])]
+        dead.bind(("127.0.0.1", 0))  # bound, never listening, for the whole run: connects are refused
+        faulty = [("dead", dead.getsockname()[1]), ("slow", slow_ports[0])]
     proc, info = start_service(args.subs + 2)
     try:
         url = f"http://{info['http']}"
@@ -207,6 +206,7 @@ def run(args) -> dict:
     finally:
         proc.terminate()
         proc.communicate(timeout=30)
+        dead.close()
     got = collect(handles)
     if faulty:
         collect(slow_handles)

@@ -171,3 +171,24 @@ def test_file_sink_retries_until_the_directory_exists(tmp_path: Path):
         assert [json.loads(x) for x in target.read_text().splitlines()] == [result(i) for i in range(4)]
 
     asyncio.run(main())
+
+
+def test_a_socket_connected_to_itself_is_no_destination():
+    """Connecting to a port where nothing listens can connect the socket to itself (same local port); refused."""
+
+    async def main() -> None:
+        port = free_port()
+        sink, outbox, counters = start_sink(f"tcp://127.0.0.1:{port}")
+        loop = asyncio.get_running_loop()
+        connect = loop.create_connection
+
+        def from_same_port(factory, host, port_, **kw):  # what the kernel may pick on its own
+            return connect(factory, host, port_, local_addr=("127.0.0.1", port), **kw)
+
+        loop.create_connection = from_same_port  # type: ignore[method-assign]
+        outbox.offer(result(0))
+        await until(lambda: counters.last_error is not None, "the refusal")
+        assert "connected to itself" in counters.last_error and counters.delivered == 0 and len(outbox.items) == 1
+        await sink.stop()
+
+    asyncio.run(main())

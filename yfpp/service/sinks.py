@@ -271,6 +271,12 @@ class TcpSink(LoopSink):
                 except (OSError, asyncio.TimeoutError) as e:
                     self.failed(str(e) or type(e).__name__)
                     continue
+                if transport.get_extra_info("sockname") == transport.get_extra_info("peername"):
+                    # nothing listens on a port of the ephemeral range and the kernel picked that very
+                    # port for this socket: TCP connected it to itself; that is no destination
+                    transport.abort()
+                    self.failed("connection refused (the socket connected to itself)")
+                    continue
                 transport.set_write_buffer_limits(high=HIGH_WATER)
                 self.transport, self.connection, self.paused = transport, connection, False  # type: ignore[assignment]
                 self.recovered()
