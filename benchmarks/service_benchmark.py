@@ -35,6 +35,7 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -112,9 +113,10 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def start_service() -> tuple[subprocess.Popen, dict]:
+def start_service(subs: int) -> tuple[subprocess.Popen, dict]:
     proc = subprocess.Popen([sys.executable, "-m", "yfpp.cli", "serve", "--port", "0", "--jsonl-port", "0",
-                             "--no-state", "--log-level", "info", "--queue-size", "100000"],
+                             "--no-state", "--log-level", "info", "--queue-size", "100000",
+                             "--max-subscriptions", str(max(subs, 10_000))],
                             cwd=ROOT, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     for line in proc.stderr:
         if '"service started"' in line:
@@ -138,19 +140,34 @@ def expected_ids(events, n: int, language: str) -> list[set[str]]:
     return out  # no flush: the service never ends its stream (and these queries hold nothing back)
 
 
+def raise_fd_limit(subs: int) -> int:
+    """Raise this process's (and so its children's) open-file limit to what ``subs`` sinks need; the limit set."""
+    need = 2 * subs + 4096  # a receiver process: its listeners and their accepted connections; the service: a socket per sink
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft >= need:
+        return soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, max(hard, need)))  # raising the hard limit needs root
+    except (ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
 def run(args) -> dict:
+    raise_fd_limit(args.subs)
     events = build_events(args.events, args.subs, args.subs, "correlated", args.seed)
     lines = [json.dumps({"type": e.type, "ts": e.ts, **e.attrs}).encode() + b"\n" for e in events]
+    t0 = time.process_time()
     want = expected_ids(events, args.subs, args.language)
+    engine_cpu = time.process_time() - t0  # the embedded engine alone (registering and matching), for comparison
     ports, handles = start_receivers(args.subs, args.receivers)
     faulty = []
+    dead = socket.socket()
     if args.faulty:
         slow_ports, slow_handles = start_receivers(1, 1, never_read=True)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            dead_port = s.getsockname()[1]  # closed when this block ends: nothing listens there
-        faulty = [("dead", dead_port), ("slow", slow_ports[0])]
-    proc, info = start_service()
+        dead.bind(("127.0.0.1", 0))  # bound, never listening, for the whole run: connects are refused
+        faulty = [("dead", dead.getsockname()[1]), ("slow", slow_ports[0])]
+    proc, info = start_service(args.subs + 2)
     try:
         url = f"http://{info['http']}"
         client = Client(url, timeout=60)
@@ -181,16 +198,20 @@ def run(args) -> dict:
         while sum(s["counters"]["delivered"] for s in client.subscriptions()[:args.subs]) < total:
             if time.time() > deadline:
                 break
-            time.sleep(0.2)
+            time.sleep(1.0)  # the listing of 10,000 subscriptions is itself work for the service
+        done_s = time.time() - start
+        cpu_all = cpu_seconds(proc.pid) - cpu0
         time.sleep(0.5)
         subs = {s["name"]: s["counters"] for s in client.subscriptions()}
     finally:
         proc.terminate()
         proc.communicate(timeout=30)
+        dead.close()
     got = collect(handles)
     if faulty:
         collect(slow_handles)
     latencies, lost, extra = [], 0, 0
+    tenths: list[list[float]] = [[] for _ in range(10)]  # latencies by the tenth of the feed the event was in
     for k, results in enumerate(got):
         ids = [r[0] for r in results]
         lost += len(want[k] - set(ids))
@@ -198,15 +219,17 @@ def run(args) -> dict:
         for _, bindings, t in results:
             last = max(s for seqs in bindings.values() for s in seqs)
             latencies.append(t - sent_at[last // args.chunk])
+            tenths[min(9, 10 * last // len(lines))].append(latencies[-1])
     latencies.sort()
+    p99_by_tenth = [sorted(x)[int(0.99 * len(x))] * 1000 if x else float("nan") for x in tenths]
 
     def pct(p: float) -> float:
         return latencies[min(len(latencies) - 1, int(p * len(latencies)))] * 1000 if latencies else float("nan")
 
     return {"subs": args.subs, "events": len(lines), "language": args.language, "faulty": args.faulty,
             "rate": args.rate, "register_s": register_s, "ingest_s": ingest_s, "events_per_s": len(lines) / ingest_s,
-            "service_cpu_s": cpu, "results": total, "received": sum(len(r) for r in got), "lost": lost,
-            "extra": extra, "p50_ms": pct(0.5), "p99_ms": pct(0.99), "max_ms": pct(1.0),
+            "service_cpu_s": cpu, "embedded_engine_cpu_s": engine_cpu, "delivered_s": done_s, "service_cpu_all_s": cpu_all, "results": total, "received": sum(len(r) for r in got), "lost": lost,
+            "extra": extra, "p50_ms": pct(0.5), "p99_ms": pct(0.99), "max_ms": pct(1.0), "p99_by_tenth_ms": p99_by_tenth,
             "faulty_counters": {name: subs.get(name) for name, _ in faulty}, "latencies": latencies}
 
 
@@ -221,6 +244,7 @@ def main() -> None:
     ap.add_argument("--receivers", type=int, default=1, help="receiver processes")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--plot", help="write a latency CDF plot here")
+    ap.add_argument("--record", help="append the figures (JSON, one line) to this file")
     args = ap.parse_args()
     r = run(args)
     lat = r.pop("latencies")
@@ -229,11 +253,17 @@ def main() -> None:
           f"{f', fed at {args.rate:,.0f} ev/s' if args.rate else ', fed unpaced'}")
     print(f"register over HTTP  {r['register_s']:.1f} s ({1000 * r['register_s'] / args.subs:.1f} ms/subscription)")
     print(f"ingest              {r['events_per_s']:,.0f} events/s ({r['ingest_s']:.1f} s; service CPU {r['service_cpu_s']:.1f} s)")
+    print(f"embedded engine     {r['embedded_engine_cpu_s']:.1f} s CPU for the same events and queries (yfpp run's work)")
+    print(f"all delivered       {r['delivered_s']:.1f} s after the first write (service CPU {r['service_cpu_all_s']:.1f} s)")
     print(f"results             {r['results']:,} expected, {r['received']:,} received, {r['lost']} lost, {r['extra']} extra")
     print(f"latency             p50 {r['p50_ms']:.0f} ms, p99 {r['p99_ms']:.0f} ms, max {r['max_ms']:.0f} ms")
+    print(f"p99 by tenth of feed {', '.join(f'{x:.0f}' for x in r['p99_by_tenth_ms'])} ms")
     if args.faulty:
         print(f"faulty subscribers  {json.dumps(r['faulty_counters'])}")
     print(json.dumps(r))
+    if args.record:
+        with open(args.record, "a") as f:
+            f.write(json.dumps({"commit": commit(), **r}) + "\n")
     if args.plot:
         import matplotlib
 

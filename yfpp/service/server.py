@@ -20,6 +20,7 @@ import socket
 import sys
 import threading
 import time
+from collections import deque
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -87,6 +88,8 @@ class Service:
         self._last_wall = time.monotonic()
         self._advanced = float("-inf")
         self._claimed: set[Any] = set()  # names (or tokens) of subscriptions being registered
+        self._results: deque[list[dict]] = deque()  # result batches from the engine thread, not yet routed
+        self._route_scheduled = False
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -274,7 +277,7 @@ class Service:
                 elif item is None:
                     out.extend(self._advance_idle())
             if out:
-                self.loop.call_soon_threadsafe(self._route, out)  # type: ignore[union-attr]
+                self._hand_over(out)
             now = time.monotonic()
             if now - rate_t >= 1.0:
                 self.rate = (self.events_in - rate_n) / (now - rate_t)
@@ -316,13 +319,26 @@ class Service:
             log.exception("advance_time failed", extra={"ts": target})
             return []
 
-    def _route(self, results: list[dict]) -> None:
+    def _hand_over(self, results: list[dict]) -> None:
+        """Engine thread: queue a batch for the loop, waking the loop only if it has no routing pending.
+
+        (Each wake-up is a write to the loop's self-pipe, and every system call the engine
+        thread makes gives the GIL away; a busy loop takes several batches in one turn.)
+        """
+        self._results.append(results)
+        if not self._route_scheduled:
+            self._route_scheduled = True
+            self.loop.call_soon_threadsafe(self._route)  # type: ignore[union-attr]
+
+    def _route(self) -> None:
         """On the loop: each result to its subscription (results of a just-deleted one are dropped)."""
-        by_name = self.by_name
-        for r in results:
-            sub = by_name.get(r["query"])
-            if sub is not None:
-                sub.deliver(r)
+        self._route_scheduled = False  # before taking: a batch queued from now on schedules another turn
+        by_name, pending = self.by_name, self._results
+        while pending:
+            for r in pending.popleft():
+                sub = by_name.get(r["query"])
+                if sub is not None:
+                    sub.deliver(r)
 
     def save_checkpoint(self) -> bool:
         """Checkpoint the engine state now (engine thread, or with the engine stopped)."""

@@ -1,13 +1,20 @@
-"""Where a subscription's results go: a bounded outbox per destination and one sender task each.
+"""Where a subscription's results go: a bounded outbox per destination, written without blocking the loop.
 
 The engine thread never waits for a destination: it hands results to the event
 loop, which appends them to each destination's :class:`Outbox`.  An outbox holds
 at most ``size`` results; when full, ``drop_oldest`` (the default) discards the
 oldest queued result and ``drop_newest`` the arriving one, and either is counted
-in ``dropped``.  A sender task takes batches from its outbox and writes them; on
-an error it records ``last_error``, puts the batch back and retries with
-exponential backoff (0.1 s doubling to 10 s), so a dead or slow destination
-only ever fills its own outbox.
+in ``dropped``.
+
+TCP and file sinks are written from the loop itself, with no task per result:
+the first result queued in a loop turn schedules one ``flush`` of the sink, which
+writes everything queued (in chunks of :data:`CHUNK` results, one ``write`` each)
+to one persistent connection or open file.  A TCP sink connects lazily (at its
+first result) and stops taking results while the connection's send buffer is
+above :data:`HIGH_WATER`, so a slow reader only fills its own outbox.  On an
+error a sink records ``last_error`` and retries with exponential backoff (0.1 s
+doubling to 10 s); a webhook posts batches of up to :data:`BATCH` from a task of
+its own, putting a failed batch back at the front of its outbox.
 """
 
 from __future__ import annotations
@@ -18,13 +25,18 @@ import json
 import logging
 import time
 from collections import deque
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import urlsplit
 from xml.sax.saxutils import escape, quoteattr
 
+import orjson
+
 log = logging.getLogger("yfpp.service.sinks")
 
-BATCH = 256  #: results written per send
+BATCH = 256  #: results per webhook POST (and per pull-stream take)
+CHUNK = 1024  #: results per write on a TCP or file sink
+HIGH_WATER = 256 * 1024  #: bytes buffered on a TCP connection before its sink stops taking results
+CONNECT_TIMEOUT = 5.0  #: seconds a TCP connect may take
 
 
 @dataclasses.dataclass
@@ -42,15 +54,20 @@ class Counters:
 
 
 class Outbox:
-    """A bounded queue of results with a documented overflow policy (loop thread only)."""
+    """A bounded queue of results with a documented overflow policy (loop thread only).
+
+    ``wake`` is called after each result queued: by default it wakes :meth:`take`;
+    a loop-written sink replaces it with its own (cheap, idempotent) scheduling.
+    """
 
     def __init__(self, size: int, overflow: str, counters: Counters):
         self.size = size
         self.overflow = overflow
         self.counters = counters
         self.items: deque[dict] = deque()
-        self.in_flight = 0  #: results taken by the sender and not yet delivered or given back
+        self.in_flight = 0  #: results taken by a sender and not yet delivered or given back
         self._ready = asyncio.Event()
+        self.wake: Callable[[], None] = self._ready.set
 
     def offer(self, result: dict) -> None:
         if len(self.items) >= self.size:
@@ -59,7 +76,12 @@ class Outbox:
                 return
             self.items.popleft()
         self.items.append(result)
-        self._ready.set()
+        self.wake()
+
+    def take_now(self, most: int) -> list[dict]:
+        """Up to ``most`` queued results, oldest first (possibly none)."""
+        items = self.items
+        return [items.popleft() for _ in range(min(most, len(items)))]
 
     async def take(self, most: int = BATCH) -> list[dict]:
         """Wait for at least one result; return up to ``most``, oldest first."""
@@ -67,7 +89,7 @@ class Outbox:
         while not self.items:
             self._ready.clear()
             await self._ready.wait()
-        batch = [self.items.popleft() for _ in range(min(most, len(self.items)))]
+        batch = self.take_now(most)
         self.in_flight = len(batch)
         return batch
 
@@ -81,7 +103,11 @@ class Outbox:
 
 
 def as_json_line(result: dict) -> bytes:
-    return (json.dumps(result, separators=(",", ":")) + "\n").encode()
+    """One compact JSON line (orjson; the standard library for what orjson refuses, such as huge integers)."""
+    try:
+        return orjson.dumps(result, option=orjson.OPT_APPEND_NEWLINE)
+    except (TypeError, orjson.JSONEncodeError):
+        return (json.dumps(result, separators=(",", ":")) + "\n").encode()
 
 
 def as_xml_element(result: dict) -> bytes:
@@ -111,132 +137,283 @@ class Backoff:
     def __init__(self, first: float = 0.1, most: float = 10.0):
         self.first, self.most, self.delay = first, most, first
 
+    def next(self) -> float:
+        """The delay to wait now (and double the one after)."""
+        delay, self.delay = self.delay, min(self.delay * 2, self.most)
+        return delay
+
     async def wait(self) -> None:
-        await asyncio.sleep(self.delay)
-        self.delay = min(self.delay * 2, self.most)
+        await asyncio.sleep(self.next())
 
     def reset(self) -> None:
         self.delay = self.first
 
 
-class Sender:
-    """Base of the push destinations: the take → send → count / retry loop."""
+class PushSink:
+    """A push destination of one subscription: its outbox, its failure bookkeeping and backoff."""
 
-    def __init__(self, url: str, encode: Any):
+    def __init__(self, url: str, encode: Callable[[dict], bytes]):
         self.url = url
         self.encode = encode
         self.backoff = Backoff()
+        self.failing = False
+        self.outbox: Outbox | None = None
 
-    async def run(self, outbox: Outbox) -> None:
-        counters = outbox.counters
-        failing = False
-        try:
-            while True:
-                batch = await outbox.take()
-                try:
-                    await self.send(batch)
-                except (OSError, asyncio.TimeoutError, _SendError) as e:
-                    outbox.give_back(batch)
-                    counters.error(f"{self.url}: {e or type(e).__name__}")
-                    if not failing:
-                        log.warning("sink failing", extra={"sink": self.url, "error": counters.last_error})
-                    failing = True
-                    await self.reset()
-                    await self.backoff.wait()
-                    continue
-                counters.delivered += len(batch)
-                outbox.in_flight = 0
-                self.backoff.reset()
-                if failing:
-                    log.info("sink recovered", extra={"sink": self.url})
-                    failing = False
-        finally:
-            await self.reset()
+    def start(self, outbox: Outbox) -> None:
+        """Begin delivering what ``outbox`` receives (on the running loop)."""
+        self.outbox = outbox
 
-    async def send(self, batch: list[dict]) -> None:
+    async def stop(self) -> None:
+        """Stop delivering and release the connection or file."""
+
+    def failed(self, error: str) -> None:
+        assert self.outbox is not None
+        self.outbox.counters.error(f"{self.url}: {error}")
+        if not self.failing:
+            log.warning("sink failing", extra={"sink": self.url, "error": self.outbox.counters.last_error})
+        self.failing = True
+
+    def recovered(self) -> None:
+        self.backoff.reset()
+        if self.failing:
+            log.info("sink recovered", extra={"sink": self.url})
+            self.failing = False
+
+
+class LoopSink(PushSink):
+    """A sink written from the loop: at most one ``flush`` scheduled at a time, however many results arrive."""
+
+    def __init__(self, url: str, encode: Callable[[dict], bytes]):
+        super().__init__(url, encode)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._scheduled = False
+
+    def start(self, outbox: Outbox) -> None:
+        super().start(outbox)
+        self.loop = asyncio.get_running_loop()
+        outbox.wake = self.wake
+
+    def wake(self) -> None:
+        if not self._scheduled:
+            self._scheduled = True
+            self.loop.call_soon(self._flush)  # type: ignore[union-attr]
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        if self.outbox is not None and self.outbox.items:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write what is queued, as far as the destination takes it now."""
         raise NotImplementedError
 
-    async def reset(self) -> None:
-        """Drop the connection (after an error, or when the task ends)."""
+    def encoded(self, batch: list[dict]) -> bytes:
+        return b"".join(map(self.encode, batch))
 
 
-class _SendError(Exception):
-    """A destination that answered but refused (HTTP status ≥ 300)."""
+class _Connection(asyncio.Protocol):
+    """One TCP connection of a :class:`TcpSink` (a listener's data is ignored; its EOF ends the connection)."""
+
+    def __init__(self, sink: "TcpSink"):
+        self.sink = sink
+
+    def pause_writing(self) -> None:
+        self.sink.paused = True
+
+    def resume_writing(self) -> None:
+        self.sink.paused = False
+        self.sink.wake()
+
+    def data_received(self, data: bytes) -> None:
+        pass
+
+    def eof_received(self) -> bool:
+        return False  # close: the listener is going away
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.sink.lost(self, exc)
 
 
-class TcpSender(Sender):
-    """``tcp://HOST:PORT``: a client connection writing one line per result."""
+class TcpSink(LoopSink):
+    """``tcp://HOST:PORT``: one persistent client connection, opened at the first result, one line per result."""
 
-    def __init__(self, url: str, encode: Any):
+    def __init__(self, url: str, encode: Callable[[dict], bytes]):
         super().__init__(url, encode)
         parts = urlsplit(url)
         self.host, self.port = parts.hostname, parts.port
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
+        self.transport: asyncio.WriteTransport | None = None
+        self.connection: _Connection | None = None
+        self.paused = False
+        self.connecting: asyncio.Task | None = None
+        self.stopped = False
 
-    async def send(self, batch: list[dict]) -> None:
-        if self._writer is not None and self._reader is not None and self._reader.at_eof():
-            await self.reset()  # the listener went away: reconnect rather than write into the void
-        if self._writer is None:
-            self._reader, self._writer = await asyncio.wait_for(asyncio.open_connection(self.host, self.port), 5.0)
-        self._writer.write(b"".join(self.encode(r) for r in batch))
-        await self._writer.drain()
+    def flush(self) -> None:
+        outbox = self.outbox
+        assert outbox is not None
+        if self.transport is None or self.transport.is_closing():
+            if self.connecting is None and not self.stopped:
+                self.connecting = self.loop.create_task(self._connect(), name=f"connect {self.url}")  # type: ignore[union-attr]
+            return
+        while outbox.items and not self.paused:  # pause_writing (from write) sets paused above HIGH_WATER
+            batch = outbox.take_now(CHUNK)
+            self.transport.write(self.encoded(batch))
+            outbox.counters.delivered += len(batch)
 
-    async def reset(self) -> None:
-        writer, self._writer, self._reader = self._writer, None, None
-        if writer is not None:
-            writer.close()
+    async def _connect(self) -> None:
+        try:
+            while not self.stopped:
+                if self.failing:
+                    await self.backoff.wait()
+                try:
+                    transport, connection = await asyncio.wait_for(
+                        self.loop.create_connection(lambda: _Connection(self), self.host, self.port),  # type: ignore[union-attr]
+                        CONNECT_TIMEOUT)
+                except (OSError, asyncio.TimeoutError) as e:
+                    self.failed(str(e) or type(e).__name__)
+                    continue
+                if transport.get_extra_info("sockname") == transport.get_extra_info("peername"):
+                    # nothing listens on a port of the ephemeral range and the kernel picked that very
+                    # port for this socket: TCP connected it to itself; that is no destination
+                    transport.abort()
+                    self.failed("connection refused (the socket connected to itself)")
+                    continue
+                transport.set_write_buffer_limits(high=HIGH_WATER)
+                self.transport, self.connection, self.paused = transport, connection, False  # type: ignore[assignment]
+                self.recovered()
+                break
+        finally:
+            self.connecting = None
+        self.wake()
+
+    def lost(self, connection: _Connection, exc: Exception | None) -> None:
+        """The connection ended; the next result (or what is queued now) reconnects, after backoff."""
+        if connection is not self.connection:
+            return
+        self.transport = self.connection = None
+        self.paused = False
+        if not self.stopped:
+            self.failed(str(exc) if exc else "connection closed by the listener")
+            if self.outbox is not None and self.outbox.items:
+                self.wake()
+
+    async def stop(self) -> None:
+        self.stopped = True
+        if self.connecting is not None:
+            self.connecting.cancel()
+            await asyncio.gather(self.connecting, return_exceptions=True)
+        transport, self.transport, self.connection = self.transport, None, None
+        if transport is not None:
+            transport.close()  # sends what is buffered, then closes; abort a reader that never takes it
+            self.loop.call_later(1.0, transport.abort)  # type: ignore[union-attr]
+
+
+class FileSink(LoopSink):
+    """``file:PATH``: kept open, appended one line per result, flushed after each write."""
+
+    def __init__(self, url: str, encode: Callable[[dict], bytes]):
+        super().__init__(url, encode)
+        self.path = url[len("file://"):] if url.startswith("file://") else url[len("file:"):]
+        self._f: Any = None
+        self._retry: asyncio.TimerHandle | None = None
+
+    def flush(self) -> None:
+        outbox = self.outbox
+        assert outbox is not None
+        if self._retry is not None:
+            return
+        batch: list[dict] = []
+        try:
+            if self._f is None:
+                self._f = open(self.path, "ab")
+            while outbox.items:
+                batch = outbox.take_now(CHUNK)
+                self._f.write(self.encoded(batch))
+                self._f.flush()
+                outbox.counters.delivered += len(batch)
+                batch = []
+        except OSError as e:
+            outbox.give_back(batch)
+            self.failed(e.strerror or str(e))
+            self._close()
+            self._retry = self.loop.call_later(self.backoff.next(), self._again)  # type: ignore[union-attr]
+            return
+        self.recovered()
+
+    def _again(self) -> None:
+        self._retry = None
+        self.wake()
+
+    def _close(self) -> None:
+        f, self._f = self._f, None
+        if f is not None:
             try:
-                await asyncio.wait_for(writer.wait_closed(), 1.0)
-            except (OSError, asyncio.TimeoutError):
+                f.close()
+            except OSError:
                 pass
 
+    async def stop(self) -> None:
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
+        self._close()
 
-class WebhookSender(Sender):
-    """``http(s)://…``: POST each batch, one result per line (JSON lines, or XML elements); any 2xx is delivered."""
 
-    def __init__(self, url: str, encode: Any):
+class WebhookSink(PushSink):
+    """``http(s)://…``: a task POSTing each batch, one result per line (JSON lines, or XML elements); any 2xx is delivered."""
+
+    def __init__(self, url: str, encode: Callable[[dict], bytes]):
         super().__init__(url, encode)
         self._client: Any = None
+        self._task: asyncio.Task | None = None
 
-    async def send(self, batch: list[dict]) -> None:
+    def start(self, outbox: Outbox) -> None:
+        super().start(outbox)
+        self._task = asyncio.get_running_loop().create_task(self._run(outbox), name=f"webhook {self.url}")
+
+    async def _run(self, outbox: Outbox) -> None:
+        while True:
+            batch = await outbox.take()
+            try:
+                await self._post(batch)
+            except _SendError as e:
+                outbox.give_back(batch)
+                self.failed(str(e))
+                await self._reset()
+                await self.backoff.wait()
+                continue
+            outbox.counters.delivered += len(batch)
+            outbox.in_flight = 0
+            self.recovered()
+
+    async def _post(self, batch: list[dict]) -> None:
         import httpx
 
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=10.0)
         try:
             kind = "application/x-ndjson" if self.encode is as_json_line else "application/xml"
-            r = await self._client.post(self.url, content=b"".join(self.encode(x) for x in batch),
+            r = await self._client.post(self.url, content=b"".join(map(self.encode, batch)),
                                         headers={"content-type": kind})
-        except httpx.HTTPError as e:
+        except (httpx.HTTPError, OSError) as e:
             raise _SendError(f"{type(e).__name__}: {e}") from e
         if not 200 <= r.status_code < 300:
             raise _SendError(f"HTTP {r.status_code}")
 
-    async def reset(self) -> None:
+    async def _reset(self) -> None:
         client, self._client = self._client, None
         if client is not None:
             await client.aclose()
 
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        await self._reset()
 
-class FileSender(Sender):
-    """``file:PATH``: append one line per result, flushed after each batch."""
 
-    def __init__(self, url: str, encode: Any):
-        super().__init__(url, encode)
-        self.path = url[len("file://"):] if url.startswith("file://") else url[len("file:"):]
-        self._f: Any = None
-
-    async def send(self, batch: list[dict]) -> None:
-        if self._f is None:
-            self._f = open(self.path, "ab")
-        self._f.write(b"".join(self.encode(r) for r in batch))
-        self._f.flush()
-
-    async def reset(self) -> None:
-        f, self._f = self._f, None
-        if f is not None:
-            f.close()
+class _SendError(Exception):
+    """A webhook that failed or answered with a status ≥ 300."""
 
 
 def check_sink(url: str) -> str:
@@ -256,7 +433,7 @@ def check_sink(url: str) -> str:
     raise ValueError(f"sink must be tcp://HOST:PORT, http(s)://… (webhook) or file:PATH, got {url!r}")
 
 
-def sender_for(url: str, fmt: str) -> Sender:
+def sink_for(url: str, fmt: str) -> PushSink:
     scheme = urlsplit(url).scheme
-    cls = {"tcp": TcpSender, "http": WebhookSender, "https": WebhookSender, "file": FileSender}[scheme]
+    cls = {"tcp": TcpSink, "http": WebhookSink, "https": WebhookSink, "file": FileSink}[scheme]
     return cls(url, ENCODERS[fmt])

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from yfpp.service.sinks import Counters, Outbox, Sender, check_sink, sender_for
+from yfpp.service.sinks import Counters, Outbox, PushSink, check_sink, sink_for
 
 _NAME = re.compile(r"[A-Za-z_][\w.\-]*\Z")
 
@@ -52,21 +51,20 @@ class Subscription:
         self.counters = Counters()
         self.queue_size = spec.queue or queue_size
         self.outbox: Outbox | None = None
-        self.task: asyncio.Task | None = None
+        self.sink: PushSink | None = None
         self.listeners: set[Outbox] = set()
 
     def start(self) -> None:
-        """Start the push destination's sender task (on the running loop)."""
+        """Start delivering to the push destination (on the running loop)."""
         if self.spec.sink is not None:
             self.outbox = Outbox(self.queue_size, self.spec.overflow, self.counters)
-            sender: Sender = sender_for(self.spec.sink, self.spec.format)
-            self.task = asyncio.get_running_loop().create_task(sender.run(self.outbox), name=f"sink {self.id}")
+            self.sink = sink_for(self.spec.sink, self.spec.format)
+            self.sink.start(self.outbox)
 
     async def stop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
-            await asyncio.gather(self.task, return_exceptions=True)
-            self.task = None
+        if self.sink is not None:
+            await self.sink.stop()
+            self.sink = None
 
     def deliver(self, result: dict) -> None:
         """A result from the engine: count it and queue it for every destination."""
