@@ -19,19 +19,22 @@ a node where queries accept (post-processing, YFilter++ §6.4–§6.5).
 
 from __future__ import annotations
 
-import heapq
-from bisect import bisect_left, bisect_right
-from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from collections import Counter
 from itertools import count
 from typing import Any, Callable
 
+from yfpp.caps import check_buffer_caps, shed
+from yfpp.deadlines import Deadlines, Pending
 from yfpp.events import MISSING, Event
 from yfpp.match_buffer import MatchBuffer, Version
 from yfpp.match_id import match_id
+from yfpp.negation_store import NegationStores
 from yfpp.nfa_compiler import NegationPlan, QueryPlan
 from yfpp.pattern import Contiguity
+from yfpp.policies import accept, overlap_rank
 from yfpp.predicates import kleene_start, kleene_take
+from yfpp.pruning import sweep
+from yfpp.runs import Counters, Run, partition_key
 from yfpp.shared_nfa import Node, SharedNFA, State
 
 STRICT, PARTITION, STNM, STAM = (
@@ -40,73 +43,6 @@ STRICT, PARTITION, STNM, STAM = (
     Contiguity.SKIP_TILL_NEXT,
     Contiguity.SKIP_TILL_ANY,
 )
-_NONE: frozenset = frozenset()
-_NO_RUN = 1 << 62  # seq floor when a tree has no live run
-
-
-class Run:
-    """One partial match: where it waits, what it has bound, where its events are."""
-
-    __slots__ = ("state", "vec", "entry", "version", "first_ts", "first_pos", "key", "born", "tick", "ptick", "blocked")
-
-    def __init__(self, state, vec, entry, version, first_ts, first_pos, key, born, tick=0, ptick=0):
-        self.state: State = state
-        self.vec: tuple = vec
-        self.entry = entry
-        self.version: Version = version
-        self.first_ts: float = first_ts
-        self.first_pos: int = first_pos  # stream position of the run's first event
-        self.key: Any = key
-        self.born: int = born  # tick of the event that started the run
-        self.tick: int = tick  # tick of the last begin/take into a Kleene node
-        self.ptick: int = ptick  # partition tick at that moment
-        self.blocked: frozenset = _NONE  # skip-till-next children this run can no longer proceed to
-
-    def with_blocked(self, blocked: frozenset) -> "Run":
-        """A copy that differs in ``blocked`` (runs being stepped are never mutated: see ``Runtime.process``)."""
-        r = Run(self.state, self.vec, self.entry, self.version, self.first_ts, self.first_pos, self.key, self.born, self.tick, self.ptick)
-        r.blocked = blocked
-        return r
-
-
-@dataclass
-class Pending:
-    """A match waiting for its trailing-negation deadline."""
-
-    plan: QueryPlan
-    key: Any
-    vec: tuple
-    last_pos: int
-    deadline: float
-    match: dict
-    killed: bool = False
-
-
-@dataclass
-class Counters:
-    events: int = 0
-    runs_started: int = 0  # runs begun by an event at a root
-    runs_created: int = 0  # run objects made: starts, splits and every Kleene take
-    runs_touched: int = 0
-    live_runs: int = 0
-    peak_runs: int = 0
-    peak_buffer: int = 0
-    failed: int = 0  # events whose processing raised (rolled back, reported as dead letters)
-    matches: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    shed_runs: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # by query: runs dropped by a cap
-
-
-def partition_key(ev: Event, attrs: tuple[str, ...]) -> Any:
-    """The equivalence-key value of ``ev`` (``None`` if it lacks one of ``attrs``)."""
-    if not attrs:
-        return None
-    if len(attrs) == 1:
-        v = ev.get(attrs[0])
-        return None if v is MISSING else v
-    vals = tuple(ev.get(a) for a in attrs)
-    return None if MISSING in vals else vals
-
-
 def _touch_all(st: State) -> bool:
     """Strict states, and partition states with no equivalence list: every event moves or kills."""
     return st.contiguity is STRICT or (st.contiguity is PARTITION and not st.node.partition_by)
@@ -121,7 +57,7 @@ class Runtime:
     def __init__(self, max_runs: int = 250_000, max_buffer: int = 1_000_000,
                  on_error: Callable[[Event, Exception], None] | None = None,
                  report: Callable[[str], None] | None = None) -> None:
-        self.max_runs = max_runs  # per branch of the shared NFA (see ``_shed``)
+        self.max_runs = max_runs  # per branch of the shared NFA (see ``yfpp.caps``)
         self.max_buffer = max_buffer
         self.on_error = on_error or _raise
         self.report = report or (lambda msg: None)
@@ -131,11 +67,8 @@ class Runtime:
         self.unkeyed: dict[State, list[Run]] = {}
         self.strict: dict[State, list[Run]] = {}
         self.dead: set[State] = set()
-        self.neg_store: dict[NegationPlan, dict[Any, tuple[list[int], list[Event]]]] = {}
-        self.neg_root: dict[NegationPlan, Node] = {}  # the trie branch whose runs a store serves
-        self.negs_by_type: dict[str | None, list[tuple[QueryPlan, NegationPlan]]] = defaultdict(list)
-        self.pending: dict[QueryPlan, dict[Any, list[Pending]]] = {}
-        self.deadlines: list[tuple[float, int, Pending]] = []
+        self.negations = NegationStores()
+        self.deadlines = Deadlines()
         self.pticks: dict[tuple[str, ...], dict[Any, int]] = {}
         self.ptick_users: Counter = Counter()
         self.counters = Counters()
@@ -144,7 +77,6 @@ class Runtime:
         self.now = float("-inf")
         self._roots = count()
         self._branches = count(1)
-        self._order = count()
         self._reacts: dict[tuple[int, str], bool] = {}
         self._next_sweep = self.SWEEP_EVERY
         self.full_events = False  # matches list their bound events in full ("events")
@@ -156,13 +88,8 @@ class Runtime:
         """Register a compiled query; it sees only events processed from now on."""
         plan.since_tick = self.tick
         self.nfa.add(plan)
-        for neg in plan.negations:
-            self.negs_by_type[neg.event_type].append((plan, neg))
-            if neg.upper is not None:
-                self.neg_store[neg] = {}
-                self.neg_root[neg] = plan.nodes[0]
-        if plan.trailing is not None:
-            self.pending[plan] = {}
+        self.negations.add(plan)
+        self.deadlines.add(plan)
         self.branch_queries.setdefault(plan.nodes[0].root, []).append(plan)
         if self._needs_pticks(plan):
             self.ptick_users[plan.partition_by] += 1
@@ -175,13 +102,8 @@ class Runtime:
         """Unregister: the query emits nothing more; states only it used are freed at the next sweep."""
         for st in self.nfa.remove(plan):
             self.dead.add(st)
-        for neg in plan.negations:
-            self.negs_by_type[neg.event_type].remove((plan, neg))
-            self.neg_store.pop(neg, None)
-            self.neg_root.pop(neg, None)
-        for group in self.pending.pop(plan, {}).values():
-            for p in group:
-                p.killed = True
+        self.negations.remove(plan)
+        self.deadlines.remove(plan)
         root = plan.nodes[0].root
         self.branch_queries[root].remove(plan)
         if not self.branch_queries[root]:
@@ -224,7 +146,7 @@ class Runtime:
         self.tick += 1
         ev.pos = self.tick
         self.now = ev.ts
-        out: list[dict] = self._expire(ev.ts) if self.deadlines else []
+        out: list[dict] = self._expire(ev.ts) if self.deadlines.heap else []
         touched: list[tuple[list[Run], Any]] = []
         bumped: list[tuple[dict, Any]] = []
         try:
@@ -249,16 +171,11 @@ class Runtime:
             if stays:  # same state and key as before: back into their store in one step
                 self._store_many(stays)
         cnt.live_runs = live
-        for neg, ek in negated:
-            b = self.neg_store[neg].get(ek)
-            if b is None:
-                b = self.neg_store[neg][ek] = ([], [])
-            b[0].append(ev.pos)
-            b[1].append(ev)
+        self.negations.record(negated, ev)
         for p in kills:
             p.killed = True
         if accepted:
-            out.extend(self._accept(accepted, fresh))
+            out.extend(accept(self, accepted, fresh))
         cap = self.max_runs
         over: list[Node] = []
         for r in fresh:
@@ -272,11 +189,11 @@ class Runtime:
         if cnt.live_runs > cnt.peak_runs:
             cnt.peak_runs = cnt.live_runs
         for root in over:
-            self._shed(root, "runs", cap)
+            shed(self, root, "runs", cap)
         if self.buffer.size > self.max_buffer and not self.tick & 63:
-            self._check_buffer_caps()
+            check_buffer_caps(self)
         if self.tick >= self._next_sweep:
-            self.sweep()
+            sweep(self)
         return out
 
     def _advance(self, ev: Event, touched: list, bumped: list) -> tuple:
@@ -298,7 +215,7 @@ class Runtime:
         negated: list[tuple[NegationPlan, Any]] = []
         kills: list[Pending] = []
         for etest in (etype, None):
-            for plan, neg in self.negs_by_type.get(etest, ()):
+            for plan, neg in self.negations.by_type.get(etest, ()):
                 self._see_negated(plan, neg, ev, key_of(plan.partition_by), negated, kills)
 
         fresh: list[Run] = []
@@ -519,33 +436,15 @@ class Runtime:
                 continue  # started before the query was registered
             if plan.window is not None and last_ts - r.first_ts > plan.window:
                 continue
-            if not self._negation_ok(plan, vec, r.key):
+            if not self.negations.allows(plan, vec, r.key):
                 continue
             if binds is None:
                 binds = MatchBuffer.extract(entry, version)
             match = self._match(plan, binds, vec)
             if plan.trailing is not None:
-                p = Pending(plan, r.key, vec, entry.event.pos, r.first_ts + plan.window, match)
-                self.pending[plan].setdefault(r.key, []).append(p)
-                heapq.heappush(self.deadlines, (p.deadline, next(self._order), p))
+                self.deadlines.hold(Pending(plan, r.key, vec, entry.event.pos, r.first_ts + plan.window, match))
             else:
                 accepted.append((plan, r.key, match, binds))
-
-    def _negation_ok(self, plan: QueryPlan, vec: tuple, key: Any) -> bool:
-        for neg in plan.negations:
-            if neg.upper is None:
-                continue
-            bucket = self.neg_store[neg].get(key)
-            if not bucket:
-                continue
-            positions, events = bucket
-            lo = _last_pos(vec[neg.lower])
-            hi = _first_pos(vec[neg.upper])
-            for i in range(bisect_right(positions, lo), bisect_left(positions, hi)):
-                x = events[i]
-                if all(p(x, vec) for p in neg.cross_preds):
-                    return False
-        return True
 
     def _match(self, plan: QueryPlan, binds: list[tuple[int, Event]], vec: tuple) -> dict:
         names = plan.var_names
@@ -568,7 +467,7 @@ class Runtime:
         out.append(m)
         self.counters.matches[plan.name] += 1
         if plan.pattern.feedback:
-            self.fed.append((plan, m, binds and _overlap_rank(len(plan.var_names), binds)))
+            self.fed.append((plan, m, binds and overlap_rank(len(plan.var_names), binds)))
 
     # --- negation, deadlines, policy --------------------------------------------------
 
@@ -581,62 +480,13 @@ class Runtime:
         if neg.upper is not None:
             negated.append((neg, ek))
             return
-        for p in self.pending[plan].get(ek, ()):
-            if not p.killed and ev.pos > p.last_pos and ev.ts <= p.deadline:
-                if all(c(ev, p.vec) for c in neg.cross_preds):
-                    kills.append(p)
+        self.deadlines.killed_by(plan, neg, ev, ek, kills)
 
     def _expire(self, now: float, everything: bool = False) -> list[dict]:
-        out = []
-        while self.deadlines and (everything or self.deadlines[0][0] < now):
-            _, _, p = heapq.heappop(self.deadlines)
-            group = self.pending.get(p.plan, {}).get(p.key)
-            if group is not None:
-                group.remove(p)
-                if not group:
-                    del self.pending[p.plan][p.key]
-            if not p.killed:
-                self._emitted(p.plan, p.match, None, out)
-        return out
-
-    def _accept(self, accepted: list[tuple[QueryPlan, Any, dict, list]], fresh: list[Run]) -> list[dict]:
         out: list[dict] = []
-        chosen: dict[tuple[int, Any], tuple[QueryPlan, dict, tuple, list]] = {}
-        for plan, key, m, binds in accepted:
-            if plan.policy == "non_overlapping":
-                rank = _overlap_rank(len(plan.var_names), binds)
-                cur = chosen.get((id(plan), key))
-                if cur is None or rank < cur[2]:
-                    chosen[(id(plan), key)] = (plan, m, rank, binds)
-            else:
-                self._emitted(plan, m, binds, out)
-        for (_, key), (plan, m, _, binds) in chosen.items():
-            self._emitted(plan, m, binds, out)
-            self._discard(plan, key, fresh)
+        for p in self.deadlines.expire(now, everything):
+            self._emitted(p.plan, p.match, None, out)
         return out
-
-    def _discard(self, plan: QueryPlan, key: Any, fresh: list[Run]) -> None:
-        """non_overlapping: drop every run of ``plan``'s partition ``key`` (all began at or before now).
-
-        Such a query's nodes are private to it (its signature includes the query)."""
-        nodes = set(plan.nodes)
-        root = plan.nodes[0].root
-        gone = 0
-        for st, runs in list(self.strict.items()):
-            if st.node in nodes:
-                kept = [r for r in runs if plan.partition_by and r.key != key]
-                gone += len(runs) - len(kept)
-                self.strict[st] = kept
-        if plan.partition_by:
-            states = self.keyed[plan.partition_by].get(key, {})
-            for st in [s for s in states if s.node in nodes]:
-                gone += len(states.pop(st))
-        else:
-            for st in [s for s in self.unkeyed if s.node in nodes]:
-                gone += len(self.unkeyed.pop(st))
-        self.counters.live_runs -= gone
-        root.live -= gone
-        fresh[:] = [r for r in fresh if r.state.node not in nodes or (plan.partition_by and r.key != key)]
 
     def advance_time(self, ts: float) -> list[dict]:
         """The stream time moves to ``ts`` with no event: deadlines before it fire."""
@@ -648,173 +498,8 @@ class Runtime:
         """End of input: every pending trailing-negation match is decided."""
         return self._expire(0, everything=True)
 
-    # --- pruning ----------------------------------------------------------------------
-
-    def sweep(self) -> None:
-        """Drop runs of removed states and past their window; prune what no run can reach."""
-        now = self.now
-        floor: dict[Node, int] = {}
-        per_root: Counter = Counter()
-        live = 0
-
-        def keep(st: State, runs: list[Run]) -> list[Run]:
-            nonlocal live
-            if st in self.dead:
-                return []
-            w = st.node.window
-            if w is not None:
-                runs = [r for r in runs if now - r.first_ts <= w]
-            if runs:
-                live += len(runs)
-                root = st.node.root
-                per_root[root] += len(runs)
-                floor[root] = min(floor.get(root, _NO_RUN), min(r.first_pos for r in runs))
-            return runs
-
-        for store in self._stores():
-            for st in list(store):
-                runs = keep(st, store[st])
-                if runs:
-                    store[st] = runs
-                else:
-                    del store[st]
-        for by_key in self.keyed.values():
-            for k in [k for k, s in by_key.items() if not s]:
-                del by_key[k]
-        self.dead.clear()
-        self.counters.live_runs = live
-        for root in self.branch_queries:
-            root.live = per_root.get(root, 0)
-        stacks = self.buffer.stacks()  # only stacks that hold entries: the cost follows live state
-        buffered: Counter = Counter()
-        for node in stacks:
-            buffered[node.root] += self.buffer.prune_before(node, floor.get(node.root, _NO_RUN))
-        buckets = self._prune_negations(floor)
-        self.counters.peak_buffer = max(self.counters.peak_buffer, self.buffer.size)
-        self._report_growth(per_root, buffered)
-        # amortised: the next sweep waits at least as many events as this one visited objects
-        stores = len(self.strict) + len(self.unkeyed) + sum(len(b) for b in self.keyed.values())
-        work = live + stores + len(stacks) + len(self.neg_store) + buckets
-        self._next_sweep = self.tick + max(self.SWEEP_EVERY, work)
-
     def _stores(self) -> list[dict[State, list[Run]]]:
         return [self.strict, self.unkeyed, *(s for by_key in self.keyed.values() for s in by_key.values())]
-
-    def _prune_negations(self, floor: dict[Node, int], only: Node | None = None) -> int:
-        """Drop negation candidates before the first event of every live run of their branch."""
-        buckets = 0
-        for neg, store in self.neg_store.items():
-            root = self.neg_root[neg]
-            if only is not None and root is not only:
-                continue
-            cut_pos = floor.get(root, _NO_RUN)
-            for k in list(store):
-                positions, events = store[k]
-                cut = bisect_left(positions, cut_pos)
-                if cut:
-                    del positions[:cut], events[:cut]
-                if not positions:
-                    del store[k]
-            buckets += len(store)
-        return buckets
-
-    def _report_growth(self, per_root: Counter, buffered: Counter) -> None:
-        """Say so when a branch some query of which has no window keeps growing (each doubling)."""
-        for root, plans in self.branch_queries.items():
-            if root.window is not None:
-                continue
-            size = per_root.get(root, 0) + buffered.get(root, 0)
-            if size < max(self.GROWTH_REPORT, 2 * root.reported):
-                continue
-            root.reported = size
-            names = ", ".join(repr(str(p.name)) for p in plans if p.window is None)
-            self.report(
-                f"query {names} has no window (WITHIN) and its state is growing: {per_root.get(root, 0):,} runs, "
-                f"{buffered.get(root, 0):,} buffered events; at max_runs_per_query={self.max_runs:,} or "
-                f"max_buffer_per_query={self.max_buffer:,} its oldest runs will be shed"
-            )
-
-    # --- caps ---------------------------------------------------------------------------
-
-    def _branch_runs(self, root: Node) -> list[tuple[dict[State, list[Run]], State]]:
-        """The stores and states of ``root``'s branch that hold runs."""
-        found = []
-        for store in self._stores():
-            for st in store:
-                if st.node.root is root:
-                    found.append((store, st))
-        return found
-
-    def _shed(self, root: Node, what: str, cap: int) -> None:
-        """Over a cap: drop the runs of the branch's oldest start events until it is at 3/4 of the cap.
-
-        A branch is the part of the shared NFA under one first component: the
-        queries in it share its runs, so a run is counted once, in its branch,
-        and shedding it affects every query of the branch (all are named in
-        the report).  Runs go by start event, oldest first, all runs of one
-        start together: every match still reported is a true match, and the
-        matches lost are exactly those starting at the shed events.
-        """
-        where = self._branch_runs(root)
-        starts = sorted({r.first_pos for store, st in where for r in store[st]})
-        target = cap * 3 // 4
-        if what == "runs":
-            by_start = Counter(r.first_pos for store, st in where for r in store[st])
-            left, cut = root.live, 0
-            for p in starts:
-                if left <= target:
-                    break
-                left -= by_start[p]
-                cut = p + 1
-        else:  # buffer: drop start events until the branch's buffer (pruned to the new floor) fits
-            cut = 0
-            for p in starts + [_NO_RUN]:
-                cut = p
-                if self._buffered(root, cut) <= target:
-                    break
-        gone = 0
-        for store, st in where:
-            runs = store[st]
-            kept = [r for r in runs if r.first_pos >= cut]
-            gone += len(runs) - len(kept)
-            if kept:
-                store[st] = kept
-            else:
-                del store[st]
-        for by_key in self.keyed.values():
-            for k in [k for k, s in by_key.items() if not s]:
-                del by_key[k]
-        root.live -= gone
-        self.counters.live_runs -= gone
-        new_floor = min((r.first_pos for store, st in where if st in store for r in store[st]), default=_NO_RUN)
-        for node in self.buffer.stacks():
-            if node.root is root:
-                self.buffer.prune_before(node, new_floor)
-        self._prune_negations({root: new_floor}, only=root)
-        if not gone:
-            return
-        plans = self.branch_queries.get(root, [])
-        for plan in plans:
-            self.counters.shed_runs[plan.name] += gone
-        if not root.shed:
-            names = ", ".join(repr(str(p.name)) for p in plans)
-            limit = f"max_runs_per_query={cap:,}" if what == "runs" else f"max_buffer_per_query={cap:,}"
-            self.report(f"query {names}: over {limit}; shed {gone:,} runs (the oldest start events); "
-                        "matches starting at shed events are lost (counted in the stats)")
-        root.shed += gone
-
-    def _buffered(self, root: Node, floor: int = 0) -> int:
-        """Buffer entries of ``root``'s branch at stream position ``floor`` or later."""
-        return sum(self.buffer.count_from(node, floor) for node in self.buffer.stacks() if node.root is root)
-
-    def _check_buffer_caps(self) -> None:
-        cap = self.max_buffer
-        sizes: Counter = Counter()
-        for node in self.buffer.stacks():
-            sizes[node.root] += self.buffer.count_from(node, 0)
-        for root, n in sizes.items():
-            if n > cap:
-                self._shed(root, "buffer", cap)
 
     @property
     def live_states(self) -> int:
@@ -836,23 +521,6 @@ def _ignores(c: Contiguity, moved: bool, ek: Any, rkey: Any) -> bool:
     if c is PARTITION:
         return ek != rkey
     return False
-
-
-def _last_pos(v) -> int:
-    return v.pos if isinstance(v, Event) else v.last.pos
-
-
-def _first_pos(v) -> int:
-    return v.pos if isinstance(v, Event) else v.first.pos
-
-
-def _overlap_rank(n_vars: int, binds: list[tuple[int, Event]]) -> tuple:
-    """SPEC §2.4's order among matches completing together, by stream position (binds are in stream order)."""
-    flat = [e.pos for _, e in binds]
-    lists: list[list[int]] = [[] for _ in range(n_vars)]
-    for unit, e in binds:
-        lists[unit].append(e.pos)
-    return (flat[0], flat, lists)
 
 
 def _plain(v: Any) -> Any:
