@@ -165,8 +165,12 @@ def snapshot(engine) -> dict:
             stacks.append([node_ref[node], [w.entry(e) for e in rt.buffer.entries(node)]])
     neg_index = {neg: [qid, i] for qid, plan in engine.queries.items() for i, neg in enumerate(plan.negations)}
     negations = []
-    for neg, store in rt.negations.store.items():
-        for key, (positions, events) in store.items():
+    written: set[int] = set()
+    for neg, store in rt.negations.of.items():  # a store shared by equivalent negations: written once
+        if id(store) in written:
+            continue
+        written.add(id(store))
+        for key, (positions, events) in store.buckets.items():
             negations.append([neg_index[neg], w.value(key), positions, [w.event(e) for e in events]])
     plan_id = {plan: qid for qid, plan in engine.queries.items()}
     pending = []
@@ -296,7 +300,7 @@ def _restore(data: dict, Engine, engine_opts: dict):
     for ref, entries in data["buffer"]:
         rt.buffer.load(node_at(ref), [rd.entries[i] for i in entries])
     for (qid, i), key, positions, events in data["negations"]:
-        rt.negations.store[eng.queries[qid].negations[i]][rd.value(key)] = (list(positions), [rd.events[j] for j in events])
+        rt.negations.of[eng.queries[qid].negations[i]].buckets[rd.value(key)] = (list(positions), [rd.events[j] for j in events])
     for p in data["pending"]:
         plan = eng.queries[p["query"]]
         key = rd.value(p["key"])

@@ -43,9 +43,26 @@ STRICT, PARTITION, STNM, STAM = (
     Contiguity.SKIP_TILL_NEXT,
     Contiguity.SKIP_TILL_ANY,
 )
-def _touch_all(st: State) -> bool:
-    """Strict states, and partition states with no equivalence list: every event moves or kills."""
-    return st.contiguity is STRICT or (st.contiguity is PARTITION and not st.node.partition_by)
+
+
+class _Route:
+    """Dispatch of one event type: the negations it is a candidate for, the root-table groups it may begin,
+    and (filled as met) whether a state's runs react to it (partition-contiguity states always do)."""
+
+    __slots__ = ("negs", "starters", "touch")
+
+    def __init__(self, etype: str, negs: tuple, starters: tuple) -> None:
+        self.negs: tuple[tuple[QueryPlan, NegationPlan], ...] = negs
+        self.starters = starters
+        self.touch: dict[State, bool] = {}
+
+
+def _key(keys: dict, ev: Event, attrs: tuple[str, ...]) -> Any:
+    """``ev``'s key for ``attrs``, remembered in ``keys``."""
+    k = keys.get(attrs, keys)
+    if k is keys:
+        k = keys[attrs] = partition_key(ev, attrs)
+    return k
 
 
 class Runtime:
@@ -77,7 +94,7 @@ class Runtime:
         self.now = float("-inf")
         self._roots = count()
         self._branches = count(1)
-        self._reacts: dict[tuple[int, str], bool] = {}
+        self._routes: dict[str, _Route] = {}
         self._next_sweep = self.SWEEP_EVERY
         self.full_events = False  # matches list their bound events in full ("events")
         self.fed: list[tuple[QueryPlan, dict, Any]] = []  # matches of feedback queries, drained by yfpp.feedback
@@ -96,7 +113,7 @@ class Runtime:
             self.pticks.setdefault(plan.partition_by, {})
         if plan.partition_by:
             self.keyed.setdefault(plan.partition_by, {})
-        self._reacts.clear()
+        self._routes.clear()
 
     def remove(self, plan: QueryPlan) -> None:
         """Unregister: the query emits nothing more; states only it used are freed at the next sweep."""
@@ -115,7 +132,7 @@ class Runtime:
         for node in plan.nodes:
             if not node.users:
                 self.buffer.drop(node)
-        self._reacts.clear()
+        self._routes.clear()
 
     @staticmethod
     def _needs_pticks(plan: QueryPlan) -> bool:
@@ -123,34 +140,122 @@ class Runtime:
             a.kleene and b.contiguity is PARTITION for a, b in zip(plan.specs, plan.specs[1:])
         )
 
-    def _reacts_to(self, st: State, etype: str) -> bool:
-        k = (st.id, etype)
-        r = self._reacts.get(k)
-        if r is None:
-            r = self._reacts[k] = st.reacts_to(etype)
-        return r
-
     # --- the per-event step -----------------------------------------------------------
+
+    def _route(self, etype: str) -> "_Route":
+        """What an event of type ``etype`` can do; made on the first such event after a registration change."""
+        route = self._routes[etype] = _Route(
+            etype,
+            tuple(self.negations.by_type.get(etype, ())) + tuple(self.negations.by_type.get(None, ())),
+            self.nfa.starters.groups(etype),
+        )
+        return route
 
     def process(self, ev: Event) -> list[dict]:
         """Advance every run by one event (already in stream order); return completed matches.
 
-        Two phases: ``_advance`` computes every move without changing stored
-        state (runs it steps are taken out of their stores and never mutated),
-        then the commit stores the results.  If ``_advance`` raises (a
-        predicate failing on this record, an unhashable key…), the runs go
-        back, the buffer entries made for ``ev`` are dropped and ``on_error``
-        reports the event: the stream goes on as if it had not been there.
+        Two phases: the first computes every move without changing stored
+        state (runs it steps are taken out of their stores into ``touched`` and
+        never mutated), then the commit stores the results.  If the first
+        phase raises (a predicate failing on this record, an unhashable key…),
+        ``_undo`` puts the runs back, drops the buffer entries made for ``ev``
+        and ``on_error`` reports the event: the stream goes on as if it had not
+        been there.
         """
         now0 = self.now
-        self.tick += 1
-        ev.pos = self.tick
-        self.now = ev.ts
-        out: list[dict] = self._expire(ev.ts) if self.deadlines.heap else []
-        touched: list[tuple[list[Run], Any]] = []
-        bumped: list[tuple[dict, Any]] = []
+        tick = self.tick = self.tick + 1
+        ev.pos = tick
+        ts = self.now = ev.ts
+        out: list[dict] = self._expire(ts) if self.deadlines.heap else []
+        etype = ev.type
+        route = self._routes.get(etype) or self._route(etype)
+        touched: list[tuple[list[Run], Any]] = []  # runs out of their stores, with the event's key for them
+        bumped: list[tuple[dict, Any]] = []  # partition ticks counted
+        fresh: list[Run] = []
+        accepted: list[tuple[QueryPlan, Any, dict, list]] = []
+        negated = kills = None
+        started = 0
         try:
-            moved, fresh, accepted, negated, kills, started, n_touched = self._advance(ev, touched, bumped)
+            keys: dict[tuple[str, ...], Any] = {}  # the event's key for each equivalence list, computed once
+            if self.pticks:
+                for attrs, ticks in self.pticks.items():
+                    k = _key(keys, ev, attrs)
+                    if k is not None:
+                        ticks[k] = ticks.get(k, 0) + 1
+                        bumped.append((ticks, k))
+            if route.negs:
+                negated, kills = [], []
+                for owner, neg in route.negs:
+                    attrs = owner.partition_by
+                    ek = _key(keys, ev, attrs) if attrs else None
+                    if attrs and ek is None:
+                        continue
+                    if neg is None:  # a shared candidate store
+                        for p in owner.self_preds:
+                            if not p(ev, ()):
+                                break
+                        else:
+                            negated.append((owner, ek))
+                    else:  # a trailing negation of query ``owner``
+                        for p in neg.self_preds:
+                            if not p(ev, ()):
+                                break
+                        else:
+                            self.deadlines.killed_by(owner, neg, ev, ek, kills)
+            if self.strict:
+                strict, self.strict = self.strict, {}
+                for runs in strict.values():
+                    touched.append((runs, _key(keys, ev, runs[0].state.node.partition_by) if runs else None))
+            touch = route.touch
+            for attrs, by_key in self.keyed.items():
+                k = _key(keys, ev, attrs)
+                if k is None:
+                    continue
+                states = by_key.get(k)
+                if not states:
+                    continue
+                for st in list(states):
+                    t = touch.get(st)
+                    if t is None:
+                        t = touch[st] = st.contiguity is PARTITION or st.reacts_to(etype)
+                    if t:
+                        touched.append((states.pop(st), k))
+                if not states:
+                    del by_key[k]
+            if self.unkeyed:
+                unkeyed = self.unkeyed
+                for st in list(unkeyed):
+                    t = touch.get(st)
+                    if t is None:
+                        t = touch[st] = st.reacts_to(etype)  # no partition-contiguity state is unkeyed
+                    if t:
+                        touched.append((unkeyed.pop(st), None))
+            if touched:
+                moved: list[list[Run]] = []  # per entry of touched: the runs that stay as they were
+                dead = self.dead
+                step = self._step
+                for runs, ek in touched:
+                    stays: list[Run] = []
+                    for r in runs:
+                        if r.state not in dead:
+                            step(r, ev, ek, fresh, stays, accepted)
+                    moved.append(stays)
+            for group in route.starters:
+                for node in group.candidates(ev):
+                    attrs = node.partition_by
+                    if attrs:
+                        ek = _key(keys, ev, attrs)
+                        if ek is None:
+                            continue
+                    else:
+                        ek = None
+                    vec = (None,)  # a root's begin: its type and key hold, its window cannot be passed
+                    for p in node.begin:
+                        if not p(ev, vec):
+                            break
+                    else:
+                        started += 1
+                        self._start(node, ev, ek, fresh, accepted)
         except BaseException as exc:
             self._undo(ev, now0, touched, bumped)
             if not isinstance(exc, Exception):
@@ -160,108 +265,50 @@ class Runtime:
             return out
         cnt = self.counters
         cnt.events += 1
-        cnt.runs_started += started
-        cnt.runs_touched += n_touched
-        live = cnt.live_runs
-        for runs, stays in moved:
-            delta = len(stays) - len(runs)
-            if delta:
-                live += delta
-                runs[0].state.node.root.live += delta
-            if stays:  # same state and key as before: back into their store in one step
-                self._store_many(stays)
-        cnt.live_runs = live
-        self.negations.record(negated, ev)
-        for p in kills:
-            p.killed = True
+        if touched:
+            live = cnt.live_runs
+            n_touched = 0
+            for (runs, _), stays in zip(touched, moved):
+                n_touched += len(runs)
+                delta = len(stays) - len(runs)
+                if delta:
+                    live += delta
+                    runs[0].state.node.root.live += delta
+                if stays:  # same state and key as before: back into their store in one step
+                    self._store_many(stays)
+            cnt.live_runs = live
+            cnt.runs_touched += n_touched
+        if negated:
+            self.negations.record(negated, ev)
+        if kills:
+            for p in kills:
+                p.killed = True
         if accepted:
             out.extend(accept(self, accepted, fresh))
-        cap = self.max_runs
-        over: list[Node] = []
-        for r in fresh:
-            self._store_many([r])
-            root = r.state.node.root
-            root.live += 1
-            if root.live > cap and root not in over:
-                over.append(root)
-        cnt.runs_created += len(fresh)
-        cnt.live_runs += len(fresh)
-        if cnt.live_runs > cnt.peak_runs:
-            cnt.peak_runs = cnt.live_runs
-        for root in over:
-            shed(self, root, "runs", cap)
-        if self.buffer.size > self.max_buffer and not self.tick & 63:
+        if fresh:
+            cnt.runs_started += started
+            cap = self.max_runs
+            over: list[Node] = []
+            store = self._store
+            for r in fresh:
+                store(r)
+                root = r.state.node.root
+                root.live += 1
+                if root.live > cap and root not in over:
+                    over.append(root)
+            cnt.runs_created += len(fresh)
+            live = cnt.live_runs = cnt.live_runs + len(fresh)
+            if live > cnt.peak_runs:
+                cnt.peak_runs = live
+            for root in over:
+                shed(self, root, "runs", cap)
+        elif started:
+            cnt.runs_started += started
+        if tick & 63 == 0 and self.buffer.size > self.max_buffer:
             check_buffer_caps(self)
-        if self.tick >= self._next_sweep:
+        if tick >= self._next_sweep:
             sweep(self)
         return out
-
-    def _advance(self, ev: Event, touched: list, bumped: list) -> tuple:
-        """Every move on ``ev``; stored state changes only by runs leaving their stores into ``touched``."""
-        etype = ev.type
-        keys: dict[tuple[str, ...], Any] = {}
-
-        def key_of(attrs: tuple[str, ...]) -> Any:
-            k = keys.get(attrs, keys)
-            if k is keys:
-                k = keys[attrs] = partition_key(ev, attrs)
-            return k
-
-        for attrs, ticks in self.pticks.items():
-            k = key_of(attrs)
-            if k is not None:
-                ticks[k] = ticks.get(k, 0) + 1
-                bumped.append((ticks, k))
-        negated: list[tuple[NegationPlan, Any]] = []
-        kills: list[Pending] = []
-        for etest in (etype, None):
-            for plan, neg in self.negations.by_type.get(etest, ()):
-                self._see_negated(plan, neg, ev, key_of(plan.partition_by), negated, kills)
-
-        fresh: list[Run] = []
-        accepted: list[tuple[QueryPlan, Any, dict, list]] = []
-        if self.strict:
-            strict, self.strict = self.strict, {}
-            for runs in strict.values():
-                touched.append((runs, None))
-            for i, (runs, _) in enumerate(touched):
-                if runs:
-                    touched[i] = (runs, key_of(runs[0].state.node.partition_by))
-        for attrs, by_key in self.keyed.items():
-            k = key_of(attrs)
-            states = by_key.get(k) if k is not None else None
-            if not states:
-                continue
-            for st in [s for s in states if s.contiguity is PARTITION or self._reacts_to(s, etype)]:
-                touched.append((states.pop(st), k))
-            if not states:
-                del by_key[k]
-        if self.unkeyed:
-            for st in [s for s in self.unkeyed if self._reacts_to(s, etype)]:
-                touched.append((self.unkeyed.pop(st), None))
-        dead = self.dead
-        moved: list[tuple[list[Run], list[Run]]] = []
-        n_touched = 0
-        for runs, ek in touched:
-            if not runs:
-                continue
-            n_touched += len(runs)
-            stays: list[Run] = []
-            for r in runs:
-                if r.state not in dead:
-                    self._step(r, ev, ek, fresh, stays, accepted)
-            moved.append((runs, stays))
-        started = 0
-        for node in self.nfa.starters.candidates(ev):
-            ek = key_of(node.partition_by)
-            if node.partition_by and ek is None:
-                continue
-            vec = (None,) * (node.index + 1)
-            if self._begins(node, vec, ev.ts, ek, ev, ek):
-                started += 1
-                base = Run(None, vec, None, (next(self._roots),), ev.ts, ev.pos, ek, self.tick)
-                self._enter(node, base, base.version, ev, fresh, accepted)
-        return moved, fresh, accepted, negated, kills, started, n_touched
 
     def _undo(self, ev: Event, now0: float, touched: list, bumped: list) -> None:
         """Put the stored state back as it was before ``ev`` (see ``process``)."""
@@ -281,7 +328,7 @@ class Runtime:
         """Store runs that all wait in the same state with the same key."""
         r = runs[0]
         st = r.state
-        if _touch_all(st):
+        if st.touch_all:
             store = self.strict
         elif st.node.partition_by:
             store = self.keyed[st.node.partition_by].setdefault(r.key, {})
@@ -292,6 +339,26 @@ class Runtime:
             store[st] = runs
         else:
             lst.extend(runs)
+
+    def _store(self, r: Run) -> None:
+        """Store one run."""
+        st = r.state
+        if st.touch_all:
+            store = self.strict
+        else:
+            attrs = st.node.partition_by
+            if attrs:
+                by_key = self.keyed[attrs]
+                store = by_key.get(r.key)
+                if store is None:
+                    store = by_key[r.key] = {}
+            else:
+                store = self.unkeyed
+        lst = store.get(st)
+        if lst is None:
+            store[st] = [r]
+        else:
+            lst.append(r)
 
     @staticmethod
     def _begins(node: Node, vec: tuple, first_ts: float, rkey: Any, ev: Event, ek: Any) -> bool:
@@ -329,41 +396,43 @@ class Runtime:
         w = st.node.window
         if w is not None and ev.ts - r.first_ts > w:
             return  # pruned by the window: no move can hold any more
-        moves: list[tuple[str, Any]] = []
         if st.mode == "wait":
-            for child in st.table.candidates(ev):
-                if self._begins(child, r.vec, r.first_ts, r.key, ev, ek):
-                    moves.append(("begin", child))
-            if _ignores(st.contiguity, bool(moves), ek, r.key):
-                moves.append(("stay", r.blocked))
-        else:
-            node = st.node
-            take = self._takes(node, r, ev, ek)
-            ignore = _ignores(node.inner, take, ek, r.key)
-            if take:
-                moves.append(("take", None))
-            blocked = r.blocked
-            if node.waits:
-                final = None
-                for wait in node.waits.values():
-                    c = wait.contiguity
-                    check_block = c is STNM and ignore and wait.child not in blocked
-                    can_proceed = self._retro_ok(r, wait, ek)
-                    if can_proceed:
-                        if final is None:
-                            final = self._final_ok(node, r.vec)
-                        can_proceed = final
-                    if not (can_proceed or check_block):
-                        continue
-                    began = [q for q in wait.table.candidates(ev) if self._begins(q, r.vec, r.first_ts, r.key, ev, ek)]
-                    if check_block and began:
-                        blocked = blocked | {wait.child}
-                    if can_proceed:
-                        moves.extend(("begin", q) for q in began)
-                        if not take and not ignore and _ignores(c, bool(began), ek, r.key):
-                            moves.append(("wait", wait))
-            if ignore:
-                moves.append(("stay", blocked))
+            began = [child for child in st.table.candidates(ev) if self._begins(child, r.vec, r.first_ts, r.key, ev, ek)]
+            stay = _ignores(st.contiguity, bool(began), ek, r.key)
+            if stay:
+                stays.append(r)  # the keeper: its version stays
+            version = r.version
+            for j, child in enumerate(began):
+                self._enter(child, r, version if j == 0 and not stay else version + (next(self._branches),), ev, fresh, accepted)
+            return
+        moves: list[tuple[str, Any]] = []
+        node = st.node
+        take = self._takes(node, r, ev, ek)
+        ignore = _ignores(node.inner, take, ek, r.key)
+        if take:
+            moves.append(("take", None))
+        blocked = r.blocked
+        if node.waits:
+            final = None
+            for wait in node.waits.values():
+                c = wait.contiguity
+                check_block = c is STNM and ignore and wait.child not in blocked
+                can_proceed = self._retro_ok(r, wait, ek)
+                if can_proceed:
+                    if final is None:
+                        final = self._final_ok(node, r.vec)
+                    can_proceed = final
+                if not (can_proceed or check_block):
+                    continue
+                began = [q for q in wait.table.candidates(ev) if self._begins(q, r.vec, r.first_ts, r.key, ev, ek)]
+                if check_block and began:
+                    blocked = blocked | {wait.child}
+                if can_proceed:
+                    moves.extend(("begin", q) for q in began)
+                    if not take and not ignore and _ignores(c, bool(began), ek, r.key):
+                        moves.append(("wait", wait))
+        if ignore:
+            moves.append(("stay", blocked))
         if not moves:
             return
         # Dewey versions: one branch (the run that stays, else the first) keeps the
@@ -400,51 +469,78 @@ class Runtime:
                 return False
         return True
 
+    def _start(self, node: Node, ev: Event, ek: Any, fresh: list[Run], accepted: list) -> None:
+        """A new run: ``ev`` begins root ``node``."""
+        version = (next(self._roots),)
+        entry = self.buffer.add(node, 0, ev, version, None)
+        ts, tick = ev.ts, self.tick
+        if node.kleene:
+            vec = (kleene_start(ev, node.agg_slots, node.keep_events),)
+            self._arrive_inside(node, vec, entry, version, ts, ev.pos, ek, tick, fresh, accepted)
+            return
+        vec = (ev,)
+        if node.accepts:
+            self._complete(node, vec, entry, version, ts, ek, tick, accepted)
+        for wait in node.waits.values():
+            fresh.append(Run(wait, (ev, None), entry, version, ts, ev.pos, ek, tick))
+
     def _enter(self, node: Node, r: Run, version: Version, ev: Event, fresh: list[Run], accepted: list) -> None:
-        """Begin ``node`` with ``ev`` (from a wait state, a proceed, or a new run)."""
+        """Begin ``node`` with ``ev`` (from a wait state or a proceed)."""
         entry = self.buffer.add(node, node.index, ev, version, r.entry)
         i = node.index
         val = kleene_start(ev, node.agg_slots, node.keep_events) if node.kleene else ev
         vec = r.vec[:i] + (val,)  # a run's vec ends with a free slot for the node it may begin
         if node.kleene:
-            self._arrive_inside(node, vec, entry, version, r, fresh, accepted)
+            self._arrive_inside(node, vec, entry, version, r.first_ts, r.first_pos, r.key, r.born, fresh, accepted)
             return
         if node.accepts:
-            self._complete(node, vec, entry, version, r, accepted)
-        for wait in node.waits.values():
-            fresh.append(Run(wait, vec + (None,), entry, version, r.first_ts, r.first_pos, r.key, r.born))
+            self._complete(node, vec, entry, version, r.first_ts, r.key, r.born, accepted)
+        if node.waits:
+            nxt = vec + (None,)
+            for wait in node.waits.values():
+                fresh.append(Run(wait, nxt, entry, version, r.first_ts, r.first_pos, r.key, r.born))
 
     def _take(self, node: Node, r: Run, version: Version, ev: Event, fresh: list[Run], accepted: list) -> None:
         entry = self.buffer.add(node, node.index, ev, version, r.entry)
         i = node.index
         vec = r.vec[:i] + (kleene_take(r.vec[i], ev, node.agg_slots),)
-        self._arrive_inside(node, vec, entry, version, r, fresh, accepted)
+        self._arrive_inside(node, vec, entry, version, r.first_ts, r.first_pos, r.key, r.born, fresh, accepted)
 
-    def _arrive_inside(self, node: Node, vec, entry, version, r: Run, fresh: list[Run], accepted: list) -> None:
-        ptick = self.pticks[node.partition_by].get(r.key, 0) if node.partition_by in self.pticks else 0
-        run = Run(node.inside, vec + (None,), entry, version, r.first_ts, r.first_pos, r.key, r.born, self.tick, ptick)
-        fresh.append(run)
+    def _arrive_inside(self, node: Node, vec: tuple, entry, version: Version, first_ts: float, first_pos: int,
+                       key: Any, born: int, fresh: list[Run], accepted: list) -> None:
+        ptick = self.pticks[node.partition_by].get(key, 0) if node.partition_by in self.pticks else 0
+        fresh.append(Run(node.inside, vec + (None,), entry, version, first_ts, first_pos, key, born, self.tick, ptick))
         if node.accepts and self._final_ok(node, vec):
-            self._complete(node, vec, entry, version, r, accepted)
+            self._complete(node, vec, entry, version, first_ts, key, born, accepted)
 
-    def _complete(self, node: Node, vec: tuple, entry, version: Version, r: Run, accepted: list) -> None:
+    def _complete(self, node: Node, vec: tuple, entry, version: Version, first_ts: float, key: Any, born: int,
+                  accepted: list) -> None:
         """A run bound the last component of the queries accepting at ``node``: post-process per query."""
         binds = None
         last_ts = entry.event.ts
-        for plan in node.accepts:
-            if r.born <= plan.since_tick:
+        accepts = node.accepts
+        memo: dict | None = {} if len(accepts) > 1 else None  # equal negation checks give equal answers
+        for plan in accepts:
+            if born <= plan.since_tick:
                 continue  # started before the query was registered
-            if plan.window is not None and last_ts - r.first_ts > plan.window:
+            if plan.window is not None and last_ts - first_ts > plan.window:
                 continue
-            if not self.negations.allows(plan, vec, r.key):
-                continue
+            if plan.negations:
+                if memo is None:
+                    ok = self.negations.allows(plan, vec, key)
+                else:
+                    ok = memo.get(plan.negation_key)
+                    if ok is None:
+                        ok = memo[plan.negation_key] = self.negations.allows(plan, vec, key)
+                if not ok:
+                    continue
             if binds is None:
                 binds = MatchBuffer.extract(entry, version)
             match = self._match(plan, binds, vec)
             if plan.trailing is not None:
-                self.deadlines.hold(Pending(plan, r.key, vec, entry.event.pos, r.first_ts + plan.window, match))
+                self.deadlines.hold(Pending(plan, key, vec, entry.event.pos, first_ts + plan.window, match))
             else:
-                accepted.append((plan, r.key, match, binds))
+                accepted.append((plan, key, match, binds))
 
     def _match(self, plan: QueryPlan, binds: list[tuple[int, Event]], vec: tuple) -> dict:
         names = plan.var_names
@@ -470,17 +566,6 @@ class Runtime:
             self.fed.append((plan, m, binds and overlap_rank(len(plan.var_names), binds)))
 
     # --- negation, deadlines, policy --------------------------------------------------
-
-    def _see_negated(self, plan: QueryPlan, neg: NegationPlan, ev: Event, ek: Any, negated: list, kills: list) -> None:
-        """A candidate for ``neg``: goes to its store (middle) or kills pending matches (trailing) at commit."""
-        if plan.partition_by and ek is None:
-            return
-        if not all(p(ev, ()) for p in neg.self_preds):
-            return
-        if neg.upper is not None:
-            negated.append((neg, ek))
-            return
-        self.deadlines.killed_by(plan, neg, ev, ek, kills)
 
     def _expire(self, now: float, everything: bool = False) -> list[dict]:
         out: list[dict] = []
