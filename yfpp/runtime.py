@@ -61,7 +61,15 @@ def _key(keys: dict, ev: Event, attrs: tuple[str, ...]) -> Any:
     """``ev``'s key for ``attrs``, remembered in ``keys``."""
     k = keys.get(attrs, keys)
     if k is keys:
-        k = keys[attrs] = partition_key(ev, attrs)
+        if len(attrs) == 1:
+            k = ev.attrs.get(attrs[0], MISSING)
+            if k is MISSING:
+                k = ev.get(attrs[0])  # a pseudo-attribute (ts, type, seq), else MISSING
+                if k is MISSING:
+                    k = None
+        else:
+            k = partition_key(ev, attrs)
+        keys[attrs] = k
     return k
 
 
@@ -86,6 +94,7 @@ class Runtime:
         self.dead: set[State] = set()
         self.negations = NegationStores()
         self.deadlines = Deadlines()
+        self._deadline_heap = self.deadlines.heap  # the same list, looked up once per event
         self.pticks: dict[tuple[str, ...], dict[Any, int]] = {}
         self.ptick_users: Counter = Counter()
         self.counters = Counters()
@@ -166,7 +175,7 @@ class Runtime:
         tick = self.tick = self.tick + 1
         ev.pos = tick
         ts = self.now = ev.ts
-        out: list[dict] = self._expire(ts) if self.deadlines.heap else []
+        out: list[dict] = self._expire(ts) if self._deadline_heap else []
         etype = ev.type
         route = self._routes.get(etype) or self._route(etype)
         touched: list[tuple[list[Run], Any]] = []  # runs out of their stores, with the event's key for them
@@ -279,7 +288,13 @@ class Runtime:
             cnt.live_runs = live
             cnt.runs_touched += n_touched
         if negated:
-            self.negations.record(negated, ev)
+            for store, ek in negated:  # the negation candidates: into their shared stores
+                b = store.buckets.get(ek)
+                if b is None:
+                    store.buckets[ek] = ([tick], [ev])
+                else:
+                    b[0].append(tick)
+                    b[1].append(ev)
         if kills:
             for p in kills:
                 p.killed = True
