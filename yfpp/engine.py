@@ -259,11 +259,15 @@ class Engine:
     def _step(self, ev: Event) -> list[dict]:
         """One event (input or derived) through the shared NFA and every set query's matcher.
 
-        The runtime gives it its stream position ``pos``; an event it rolled back has none.
+        The runtime gives it its stream position ``pos``; an event it rolled back has none, and
+        only moves stream time.
         """
         out = self.runtime.process(ev)
-        if self.set_queries and ev.pos >= 0:
-            self._count_sets(out, [m.process(ev) for m in self.set_queries.values()])
+        if self.set_queries:
+            if ev.pos >= 0:
+                self._count_sets(out, [m.process(ev) for m in self.set_queries.values()])
+            else:  # rolled back: only its time counts, as for the runtime
+                self._count_sets(out, [m.advance_time(ev.ts) for m in self.set_queries.values()])
         return out
 
     def _count_sets(self, out: list[dict], found: list[list[dict]]) -> list[dict]:

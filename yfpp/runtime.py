@@ -171,10 +171,10 @@ class Runtime:
         never mutated), then the commit stores the results.  If the first
         phase raises (a predicate failing on this record, an unhashable key…),
         ``_undo`` puts the runs back, drops the buffer entries made for ``ev``
-        and ``on_error`` reports the event: the stream goes on as if it had not
-        been there.
+        and ``on_error`` reports the event: the stream goes on as if the record
+        had been a bare time advance to its ts (``advance_time``): the
+        trailing-negation deadlines before it fire, as at any later event.
         """
-        now0 = self.now
         tick = self.tick = self.tick + 1
         ev.pos = tick
         ts = self.now = ev.ts
@@ -269,7 +269,7 @@ class Runtime:
                         started += 1
                         self._start(node, ev, ek, fresh, accepted)
         except BaseException as exc:
-            self._undo(ev, now0, touched, bumped)
+            self._undo(ev, touched, bumped)
             if not isinstance(exc, Exception):
                 raise
             self.counters.failed += 1
@@ -328,8 +328,8 @@ class Runtime:
             sweep(self)
         return out
 
-    def _undo(self, ev: Event, now0: float, touched: list, bumped: list) -> None:
-        """Put the stored state back as it was before ``ev`` (see ``process``)."""
+    def _undo(self, ev: Event, touched: list, bumped: list) -> None:
+        """Put the stored state back as it was before ``ev``, stream time aside (see ``process``)."""
         for ticks, k in bumped:
             ticks[k] -= 1
             if not ticks[k]:
@@ -339,7 +339,6 @@ class Runtime:
                 self._store_many(runs)
         self.buffer.forget(ev)
         self.tick -= 1
-        self.now = now0
         ev.pos = -1
 
     def _store_many(self, runs: list[Run]) -> None:
