@@ -32,6 +32,7 @@ from yfpp.match_id import match_id
 from yfpp.nfa_compiler import NegationPlan, QueryPlan
 from yfpp.pattern import Contiguity
 from yfpp.predicates import kleene_start, kleene_take
+from yfpp.run_merging import Members, RunMerger, member_completions
 from yfpp.shared_nfa import Node, SharedNFA, State
 
 STRICT, PARTITION, STNM, STAM = (
@@ -47,7 +48,8 @@ _NO_RUN = 1 << 62  # seq floor when a tree has no live run
 class Run:
     """One partial match: where it waits, what it has bound, where its events are."""
 
-    __slots__ = ("state", "vec", "entry", "version", "first_ts", "first_pos", "key", "born", "tick", "ptick", "blocked")
+    __slots__ = ("state", "vec", "entry", "version", "first_ts", "first_pos", "key", "born", "tick", "ptick", "blocked",
+                 "members")
 
     def __init__(self, state, vec, entry, version, first_ts, first_pos, key, born, tick=0, ptick=0):
         self.state: State = state
@@ -61,6 +63,7 @@ class Run:
         self.tick: int = tick  # tick of the last begin/take into a Kleene node
         self.ptick: int = ptick  # partition tick at that moment
         self.blocked: frozenset = _NONE  # skip-till-next children this run can no longer proceed to
+        self.members: Members | None = None  # the runs a merged run stands for (yfpp.run_merging)
 
     def with_blocked(self, blocked: frozenset) -> "Run":
         """A copy that differs in ``blocked`` (runs being stepped are never mutated: see ``Runtime.process``)."""
@@ -120,7 +123,7 @@ class Runtime:
 
     def __init__(self, max_runs: int = 250_000, max_buffer: int = 1_000_000,
                  on_error: Callable[[Event, Exception], None] | None = None,
-                 report: Callable[[str], None] | None = None) -> None:
+                 report: Callable[[str], None] | None = None, merge_runs: bool = False) -> None:
         self.max_runs = max_runs  # per branch of the shared NFA (see ``_shed``)
         self.max_buffer = max_buffer
         self.on_error = on_error or _raise
@@ -149,6 +152,7 @@ class Runtime:
         self._next_sweep = self.SWEEP_EVERY
         self.full_events = False  # matches list their bound events in full ("events")
         self.fed: list[tuple[QueryPlan, dict, Any]] = []  # matches of feedback queries, drained by yfpp.feedback
+        self.merger = RunMerger() if merge_runs else None  # merging equivalent runs (yfpp.run_merging)
 
     # --- registration ---------------------------------------------------------------
 
@@ -170,6 +174,8 @@ class Runtime:
         if plan.partition_by:
             self.keyed.setdefault(plan.partition_by, {})
         self._reacts.clear()
+        if self.merger is not None:
+            self.merger.reset(self)
 
     def remove(self, plan: QueryPlan) -> None:
         """Unregister: the query emits nothing more; states only it used are freed at the next sweep."""
@@ -194,6 +200,8 @@ class Runtime:
             if not node.users:
                 self.buffer.drop(node)
         self._reacts.clear()
+        if self.merger is not None:
+            self.merger.reset(self)
 
     @staticmethod
     def _needs_pticks(plan: QueryPlan) -> bool:
@@ -240,6 +248,8 @@ class Runtime:
         cnt.events += 1
         cnt.runs_started += started
         cnt.runs_touched += n_touched
+        if self.merger is not None:
+            self.merger.merge(self, moved, fresh)
         live = cnt.live_runs
         for runs, stays in moved:
             delta = len(stays) - len(runs)
@@ -332,7 +342,10 @@ class Runtime:
             stays: list[Run] = []
             for r in runs:
                 if r.state not in dead:
-                    self._step(r, ev, ek, fresh, stays, accepted)
+                    if r.members is None:
+                        self._step(r, ev, ek, fresh, stays, accepted)
+                    else:
+                        self.merger.step(self, r, ev, ek, fresh, stays, accepted)
             moved.append((runs, stays))
         started = 0
         for node in self.nfa.starters.candidates(ev):
@@ -512,24 +525,29 @@ class Runtime:
 
     def _complete(self, node: Node, vec: tuple, entry, version: Version, r: Run, accepted: list) -> None:
         """A run bound the last component of the queries accepting at ``node``: post-process per query."""
-        binds = None
         last_ts = entry.event.ts
+        for version, first_ts, born in member_completions(r, version, entry):  # one run, or each run merged into r
+            self._complete_run(node, vec, entry, version, first_ts, born, r.key, last_ts, accepted)
+
+    def _complete_run(self, node: Node, vec: tuple, entry, version: Version, first_ts: float, born: int, key: Any,
+                      last_ts: float, accepted: list) -> None:
+        binds = None
         for plan in node.accepts:
-            if r.born <= plan.since_tick:
+            if born <= plan.since_tick:
                 continue  # started before the query was registered
-            if plan.window is not None and last_ts - r.first_ts > plan.window:
+            if plan.window is not None and last_ts - first_ts > plan.window:
                 continue
-            if not self._negation_ok(plan, vec, r.key):
+            if not self._negation_ok(plan, vec, key):
                 continue
             if binds is None:
                 binds = MatchBuffer.extract(entry, version)
             match = self._match(plan, binds, vec)
             if plan.trailing is not None:
-                p = Pending(plan, r.key, vec, entry.event.pos, r.first_ts + plan.window, match)
-                self.pending[plan].setdefault(r.key, []).append(p)
+                p = Pending(plan, key, vec, entry.event.pos, first_ts + plan.window, match)
+                self.pending[plan].setdefault(key, []).append(p)
                 heapq.heappush(self.deadlines, (p.deadline, next(self._order), p))
             else:
-                accepted.append((plan, r.key, match, binds))
+                accepted.append((plan, key, match, binds))
 
     def _negation_ok(self, plan: QueryPlan, vec: tuple, key: Any) -> bool:
         for neg in plan.negations:
@@ -664,6 +682,8 @@ class Runtime:
             w = st.node.window
             if w is not None:
                 runs = [r for r in runs if now - r.first_ts <= w]
+                if self.merger is not None:
+                    runs = self.merger.trim(runs, now, w)
             if runs:
                 live += len(runs)
                 root = st.node.root
@@ -755,6 +775,8 @@ class Runtime:
         start together: every match still reported is a true match, and the
         matches lost are exactly those starting at the shed events.
         """
+        if self.merger is not None:
+            self.merger.split_branch(self, root)
         where = self._branch_runs(root)
         starts = sorted({r.first_pos for store, st in where for r in store[st]})
         target = cap * 3 // 4
