@@ -88,7 +88,7 @@ def _live_runs(eng: Engine) -> Counter:
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
-@given(st.lists(patterns(), min_size=1, max_size=2), streams(max_events=30, types=["A", "B"]))
+@given(st.lists(patterns(), min_size=1, max_size=2), streams(max_events=16, types=["A", "B"]))
 def test_merged_runs_stand_for_exactly_the_runs_without_merging(pats, events):
     """After every event, the merged runs' members are the runs an engine without merging holds, and the matches agree."""
     plain = Engine(dead_letters=DeadLetters())

@@ -76,11 +76,13 @@ class RunMerger:
 
     def __init__(self) -> None:
         self._keys: dict[Any, Any] = {}  # State -> its merge-key function, or _UNMERGEABLE
+        self._windows: dict[Any, tuple] = {}  # Node -> the windows of it and its children, smallest first
         self.merged = 0  # runs that joined another run (for the benchmarks)
 
     def reset(self, rt) -> None:
         """Queries changed: forget the merge keys; on registration split merged runs (new futures may tell them apart)."""
         self._keys.clear()
+        self._windows.clear()
         gained = 0
         for store in rt._stores():
             for st, runs in store.items():
@@ -95,7 +97,10 @@ class RunMerger:
 
     def merge(self, rt, moved: list[tuple[list, list]], fresh: list) -> None:
         """Merge equivalent runs among those about to be stored (``fresh`` and every ``stays``), in place."""
-        if len(fresh) + sum(len(stays) for _, stays in moved) < 2:
+        n = len(fresh)
+        for _, stays in moved:
+            n += len(stays)
+        if n < 2:
             return
         slots: dict[tuple, list] = {}
         for r in fresh:
@@ -137,7 +142,16 @@ class RunMerger:
 
     def step(self, rt, r, ev: Event, ek: Any, fresh: list, stays: list, accepted: list) -> None:
         """``Runtime._step`` for a merged run: per window group, then the results get the members."""
-        for g in _window_groups(r, ev.ts):
+        node = r.state.node
+        windows = self._windows.get(node)
+        if windows is None:
+            ws = {w for w in (node.window, *(c.window for c in node.children.values())) if w is not None}
+            windows = self._windows[node] = tuple(sorted(ws))
+        if not windows or ev.ts - r.members.first_ts[0] <= windows[0]:
+            groups = [r]  # the oldest member is inside every window: so is every member
+        else:
+            groups = _window_groups(r, ev.ts, windows)
+        for g in groups:
             f0, s0 = len(fresh), len(stays)
             rt._step(g, ev, ek, fresh, stays, accepted)
             if g.members is None:
@@ -226,14 +240,9 @@ def _part(r, i: int, j: int):
     return run
 
 
-def _window_groups(r, now: float) -> list:
-    """``r`` split by which windows of its state's node and children its members' starts still satisfy."""
-    node = r.state.node
-    windows = {w for w in (node.window, *(c.window for c in node.children.values())) if w is not None}
-    m = r.members
-    if not windows or now - m.first_ts[0] <= min(windows):
-        return [r]  # the oldest member is inside every window: so is every member
-    ts = m.first_ts
+def _window_groups(r, now: float, windows: tuple) -> list:
+    """``r`` split by which ``windows`` (of its state's node and children) its members' starts still satisfy."""
+    ts = r.members.first_ts
     cuts = {0, len(ts)}
     for w in windows:  # starts are sorted, so the members passing w are a suffix
         cuts.add(next((i for i, t in enumerate(ts) if now - t <= w), len(ts)))
