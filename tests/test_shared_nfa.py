@@ -169,3 +169,20 @@ def test_xpath_equality_index_reads_the_xml_attribute_text():
     out = [m for e in read_events(io.BytesIO(xml), "xml") for m in eng.process(e)]
     # "07" is typed 7 as an attribute value, but @zone reads the text; a child element is no attribute
     assert [m["query"] for m in out] == ["07"]
+
+
+def test_equivalent_negations_share_one_candidate_store():
+    eng = Engine()
+    ids = [eng.register(f"PATTERN SEQ(shelf a, ~register b, exit c) WHERE [tag_id] WITHIN {10 + i} hours", name=f"q{i}")
+           for i in range(5)]
+    ids.append(eng.register("PATTERN SEQ(shelf x, ~register y, exit z) WHERE [tag_id] AND y.register = 1 WITHIN 1 hour",
+                            name="own"))
+    assert len(eng.runtime.negations.stores) == 2  # the five equal negations share one store; `own` filters its own
+    out = []
+    for ev in ({"type": "shelf", "ts": 0, "tag_id": 7}, {"type": "register", "ts": 1, "tag_id": 7, "register": 2},
+               {"type": "exit", "ts": 2, "tag_id": 7}):
+        out += eng.process(ev)
+    assert [m["query"] for m in out] == ["own"]
+    for qid in ids:
+        eng.unregister(qid)
+    assert not eng.runtime.negations.stores and not any(eng.runtime.negations.by_type.values())

@@ -27,8 +27,9 @@ from yfpp.errors import YfppError
 from yfpp.events import MISSING, Event
 from yfpp.match_buffer import Entry
 from yfpp.predicates import KleeneState
+from yfpp.deadlines import Pending
 from yfpp.run_merging import as_plain_runs
-from yfpp.runtime import Pending, Run
+from yfpp.runs import Run
 
 FORMAT = "yfpp-checkpoint"
 VERSION = 1
@@ -165,12 +166,16 @@ def snapshot(engine) -> dict:
             stacks.append([node_ref[node], [w.entry(e) for e in rt.buffer.entries(node)]])
     neg_index = {neg: [qid, i] for qid, plan in engine.queries.items() for i, neg in enumerate(plan.negations)}
     negations = []
-    for neg, store in rt.neg_store.items():
-        for key, (positions, events) in store.items():
+    written: set[int] = set()
+    for neg, store in rt.negations.of.items():  # a store shared by equivalent negations: written once
+        if id(store) in written:
+            continue
+        written.add(id(store))
+        for key, (positions, events) in store.buckets.items():
             negations.append([neg_index[neg], w.value(key), positions, [w.event(e) for e in events]])
     plan_id = {plan: qid for qid, plan in engine.queries.items()}
     pending = []
-    for deadline, order, p in sorted(rt.deadlines, key=lambda d: (d[0], d[1])):
+    for deadline, order, p in sorted(rt.deadlines.heap, key=lambda d: (d[0], d[1])):
         if p.plan in plan_id and not p.killed:
             pending.append({"query": plan_id[p.plan], "key": w.value(p.key), "vec": [w.value(x) for x in p.vec],
                             "last_pos": p.last_pos, "deadline": deadline, "order": order, "match": p.match})
@@ -196,7 +201,7 @@ def snapshot(engine) -> dict:
         "pending": pending,
         "partition_ticks": [[list(attrs), [[w.value(k), n] for k, n in ticks.items()]] for attrs, ticks in rt.pticks.items()],
         "branches": [[node_ref[root], root.shed, root.reported] for root in rt.branch_queries if root in node_ref],
-        "versions": {"next_root": _peek(rt, "_roots"), "next_branch": _peek(rt, "_branches"), "next_order": _peek(rt, "_order")},
+        "versions": {"next_root": _peek(rt, "_roots"), "next_branch": _peek(rt, "_branches"), "next_order": _peek(rt.deadlines, "order")},
         "counters": {
             "events": c.events, "runs_started": c.runs_started, "runs_created": c.runs_created, "runs_touched": c.runs_touched,
             "peak_runs": c.peak_runs, "peak_buffer": c.peak_buffer, "failed": c.failed,
@@ -297,20 +302,20 @@ def _restore(data: dict, Engine, engine_opts: dict):
     for ref, entries in data["buffer"]:
         rt.buffer.load(node_at(ref), [rd.entries[i] for i in entries])
     for (qid, i), key, positions, events in data["negations"]:
-        rt.neg_store[eng.queries[qid].negations[i]][rd.value(key)] = (list(positions), [rd.events[j] for j in events])
+        rt.negations.of[eng.queries[qid].negations[i]].buckets[rd.value(key)] = (list(positions), [rd.events[j] for j in events])
     for p in data["pending"]:
         plan = eng.queries[p["query"]]
         key = rd.value(p["key"])
         pend = Pending(plan, key, tuple(rd.value(x) for x in p["vec"]), p["last_pos"], p["deadline"], p["match"])
-        rt.pending[plan].setdefault(key, []).append(pend)
-        rt.deadlines.append((p["deadline"], p["order"], pend))  # sorted: already a heap
+        rt.deadlines.pending[plan].setdefault(key, []).append(pend)
+        rt.deadlines.heap.append((p["deadline"], p["order"], pend))  # sorted: already a heap
     for attrs, ticks in data["partition_ticks"]:
         rt.pticks[tuple(attrs)] = {rd.value(k): n for k, n in ticks}
     for ref, shed, reported in data["branches"]:
         root = node_at(ref).root
         root.shed, root.reported = shed, reported
     v = data["versions"]
-    rt._roots, rt._branches, rt._order = count(v["next_root"]), count(v["next_branch"]), count(v["next_order"])
+    rt._roots, rt._branches, rt.deadlines.order = count(v["next_root"]), count(v["next_branch"]), count(v["next_order"])
     c, saved = rt.counters, data["counters"]
     for k in ("events", "runs_started", "runs_created", "runs_touched", "peak_runs", "peak_buffer", "failed"):
         setattr(c, k, saved[k])

@@ -105,8 +105,7 @@ class Feedback:
         """Fire deadlines before ``ts`` (all: ``everything``) one deadline at a time, each with its cascade."""
         rt = self.runtime
         out: list[dict] = []
-        while rt.deadlines and (everything or rt.deadlines[0][0] < ts):
-            d = rt.deadlines[0][0]
+        while (d := rt.deadlines.earliest()) is not None and (everything or d < ts):
             out.extend(self._cascade(rt.advance_time(math.nextafter(d, math.inf)), None))
         return out
 

@@ -60,6 +60,8 @@ class NegationPlan:
     cross_preds: tuple[Check, ...]  # mention bound positives too: checked per match
     lower: int  # positive index before the negation; events strictly after its last event
     upper: int | None  # positive index after it (None: trailing); strictly before its first event
+    signature: Hashable = None  # type and own predicates, the variable renamed: equal ones share a candidate store
+    check_signature: Hashable = None  # and the per-match check: equal ones (at one node) give the same answer
 
 
 @dataclass(eq=False)
@@ -110,6 +112,7 @@ class QueryPlan:
     emit: tuple[str, tuple[tuple[str, Callable], ...]] | None
     var_names: tuple[str, ...] = ()
     since_tick: int = 0  # runtime tick at registration: only runs born later count
+    negation_key: Hashable = ()  # its middle negations' check signatures: equal keys, equal answers at a node
     nodes: list = field(default_factory=list)  # the shared-NFA nodes it passes through
 
 
@@ -148,6 +151,7 @@ def _compile_pattern(pattern: Pattern, name: str | int, xpath_compiler: Callable
         policy=pattern.policy,
         emit=emit,
         var_names=tuple(s.var for s in specs),
+        negation_key=tuple(n.check_signature for n in negations if n.upper is not None),
     )
 
 
@@ -266,6 +270,8 @@ def place_negations(
             continue
         own = conjuncts_of[c.var]
         place = Place(c.var, "event")
+        renamed = {**scope.slot_of, c.var: "n"}
+        signature = (c.event_type, tuple(sorted(repr(canonical(w, renamed)) for w, alone in own if alone)))
         plan = NegationPlan(
             var=c.var,
             event_type=c.event_type,
@@ -273,7 +279,10 @@ def place_negations(
             cross_preds=tuple(_compile(w, place, scope, specs, xc) for w, alone in own if not alone),
             lower=positives_before - 1,
             upper=positives_before if positives_before < len(specs) else None,
+            signature=signature,
         )
+        plan.check_signature = (signature, plan.lower, plan.upper,
+                                tuple(sorted(repr(canonical(w, renamed)) for w, alone in own if not alone)))
         negs.append(plan)
         if plan.upper is None:
             trailing = plan

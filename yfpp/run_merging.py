@@ -95,17 +95,17 @@ class RunMerger:
 
     # --- merging ---------------------------------------------------------------------
 
-    def merge(self, rt, moved: list[tuple[list, list]], fresh: list) -> None:
+    def merge(self, rt, moved: list[list], fresh: list) -> None:
         """Merge equivalent runs among those about to be stored (``fresh`` and every ``stays``), in place."""
         n = len(fresh)
-        for _, stays in moved:
+        for stays in moved:
             n += len(stays)
         if n < 2:
             return
         slots: dict[tuple, list] = {}
         for r in fresh:
             slots.setdefault((r.state, r.key), []).append(r)
-        for _, stays in moved:
+        for stays in moved:
             for r in stays:
                 slots.setdefault((r.state, r.key), []).append(r)
         joined: set[int] = set()
@@ -133,7 +133,7 @@ class RunMerger:
         if not made:
             return
         fresh[:] = [r for r in fresh if id(r) not in joined]
-        for _, stays in moved:
+        for stays in moved:
             if stays:
                 stays[:] = [r for r in stays if id(r) not in joined]
         fresh.extend(made)
@@ -152,10 +152,15 @@ class RunMerger:
         else:
             groups = _window_groups(r, ev.ts, windows)
         for g in groups:
-            f0, s0 = len(fresh), len(stays)
-            rt._step(g, ev, ek, fresh, stays, accepted)
             if g.members is None:
+                rt._step(g, ev, ek, fresh, stays, accepted)
                 continue
+            f0, s0 = len(fresh), len(stays)
+            rt.merging_run = g  # its completions are post-processed per member (Runtime._complete)
+            try:
+                rt._step(g, ev, ek, fresh, stays, accepted)
+            finally:
+                rt.merging_run = None
             for run in fresh[f0:]:
                 run.members = _derive(g, run)
             for run in stays[s0:]:

@@ -108,6 +108,10 @@ class TransitionTable:
             del self.types[node.event_type]
             del self.by_type[node.event_type]
 
+    def groups(self, etype: str) -> tuple["_TypeGroup", ...]:
+        """The groups an event of type ``etype`` looks in: its type's, then any type's."""
+        return tuple(g for g in (self.by_type.get(etype), self.by_type.get(None)) if g is not None)
+
     def candidates(self, ev: Event) -> Sequence[Node]:
         """Children of the event's type or of any type, narrowed by the predicate indexes."""
         group = self.by_type.get(ev.type)
@@ -231,6 +235,11 @@ class State:
     table: TransitionTable = field(default_factory=TransitionTable)
     child: Node | None = None  # the one child of a skip-till-next wait state
     id: int = field(default_factory=lambda: next(_ids))
+    touch_all: bool = False  # every event moves or kills its runs: strict, or partition without an equivalence list
+
+    def __post_init__(self) -> None:
+        c = self.contiguity
+        self.touch_all = c is Contiguity.STRICT or (c is Contiguity.PARTITION and not self.node.partition_by)
 
     def reacts_to(self, etype: str) -> bool:
         """Can an event of this type begin, take or proceed here?"""

@@ -1,0 +1,183 @@
+"""Before/after on the hot path: ``yfpp run`` of a baseline commit against the working tree, alternating.
+
+Usage::
+
+    python benchmarks/hotpath_benchmark.py [--baseline 61cedf2] [--events 1000000] [--rounds 3]
+
+The baseline commit is extracted with ``git archive`` into a temporary directory; each measurement is a
+whole process, ``python -m yfpp run -q queries/shoplifting.sase -i FEED`` with ``PYTHONPATH`` pointing at
+one tree and its output to /dev/null, timed as child CPU seconds (``resource.getrusage(RUSAGE_CHILDREN)``
+before and after, user + system).  The two trees alternate within each round (the order flips every
+round) so both see the same machine load; the figure kept is each one's best round.
+
+Feeds: ``generate_rfid(EVENTS, seed=1)`` as JSON lines and as XML, written once to ``benchmarks/data/``
+(git-ignored).  Printed beside them:
+
+* parse only — the CPU of a process that parses the same file and nothing else: lxml ``iterparse``
+  (each element cleared) for XML, ``orjson.loads`` per line for JSON lines; the yfpp / parse ratio;
+* engine only — µs per event of ``Engine.process`` over pre-built events (read before timing) for a
+  query that never matches (shoplifting with a zone no event has), and for shoplifting itself;
+* the outputs of both trees compared byte for byte (``--no-check`` skips it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import resource
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
+
+from bench_common import ROOT, commit  # noqa: E402
+
+DATA = ROOT / "benchmarks" / "data"
+QUERY = "queries/shoplifting.sase"
+NEVER = ("PATTERN SEQ(shelf a, ~register b, exit c) WHERE skip_till_next_match(a, b, c) "
+         "{ [tag_id] AND a.zone = 'nowhere' } WITHIN 12 hours")
+PARSE_ONLY = {
+    "xml": "from lxml import etree\n"
+           "for _, el in etree.iterparse(PATH, events=('end',)):\n"
+           "    el.clear()\n"
+           "    while el.getprevious() is not None:\n"
+           "        del el.getparent()[0]\n",
+    "jsonl": "import orjson\n"
+             "with open(PATH, 'rb') as f:\n"
+             "    for line in f:\n"
+             "        orjson.loads(line)\n",
+}
+ENGINE_ONLY = """
+import itertools, sys, time
+from yfpp.engine import Engine
+from yfpp.readers import read_events
+path, n, query = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+if query.endswith('.sase'):
+    query = ''.join(line for line in open(query) if not line.startswith('#'))
+events = list(itertools.islice(read_events(path), n))
+eng = Engine()
+eng.register(query, name='q')
+t0 = time.process_time()
+matches = sum(len(eng.process(ev)) for ev in events) + len(eng.flush())
+print(time.process_time() - t0, len(events), matches)
+"""
+
+
+def feed(events: int, fmt: str) -> Path:
+    """The benchmark feed, generated once."""
+    path = DATA / f"shoplifting_{events}.{fmt}"
+    if not path.exists():
+        from yfpp.generate import generate_rfid, write_events
+
+        DATA.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp.{fmt}")
+        write_events(generate_rfid(events, seed=1), tmp, fmt)
+        tmp.rename(path)
+    return path
+
+
+def extract(rev: str, into: str) -> str:
+    """The tree of ``rev`` (package and queries) under ``into``."""
+    archive = subprocess.run(["git", "archive", "--format=tar", rev, "yfpp", "xpath_ext", "queries"],
+                             cwd=ROOT, check=True, capture_output=True).stdout
+    tar_path = Path(into) / "tree.tar"
+    tar_path.write_bytes(archive)
+    with tarfile.open(tar_path) as tar:
+        tar.extractall(into, filter="data")
+    tar_path.unlink()
+    return into
+
+
+def child_cpu(cmd: list[str], tree: str, stdout=subprocess.DEVNULL) -> tuple[float, str]:
+    """CPU seconds (user + system) of the child process running ``cmd`` against ``tree``; its stdout if piped."""
+    env = {**os.environ, "PYTHONPATH": tree}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = subprocess.run(cmd, cwd=tree, env=env, stdout=stdout, stderr=subprocess.PIPE, text=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed in {tree}:\n{proc.stderr}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return cpu, proc.stdout if stdout is subprocess.PIPE else ""
+
+
+def run_cmd(path: Path) -> list[str]:
+    return [sys.executable, "-m", "yfpp", "run", "-q", QUERY, "-i", str(path)]
+
+
+def output_digest(path: Path, tree: str) -> tuple[str, int]:
+    """SHA-256 and line count of ``yfpp run``'s output in ``tree``."""
+    with tempfile.TemporaryFile() as out:
+        child_cpu(run_cmd(path), tree, stdout=out)
+        out.seek(0)
+        h, n = hashlib.sha256(), 0
+        for line in out:
+            h.update(line)
+            n += 1
+    return h.hexdigest()[:16], n
+
+
+def engine_only(path: Path, tree: str, events: int, query: str) -> float:
+    """µs per event of ``Engine.process`` in ``tree`` over ``events`` pre-read events."""
+    _, out = child_cpu([sys.executable, "-c", ENGINE_ONLY, str(path), str(events), query], tree, stdout=subprocess.PIPE)
+    cpu, n, _ = out.split()
+    return float(cpu) / int(n) * 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--baseline", default="61cedf2", help="git revision to compare with (default 61cedf2)")
+    ap.add_argument("--events", type=int, default=1_000_000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--formats", nargs="+", default=["jsonl", "xml"], choices=["jsonl", "xml"])
+    ap.add_argument("--engine-events", type=int, default=200_000, help="events of the engine-only loop")
+    ap.add_argument("--no-check", action="store_true", help="skip comparing the two trees' outputs")
+    args = ap.parse_args()
+    feeds = {fmt: feed(args.events, fmt) for fmt in args.formats}
+    with tempfile.TemporaryDirectory(prefix="yfpp-baseline-") as tmp:
+        trees = {args.baseline: extract(args.baseline, tmp), f"now ({commit()}+wt)": str(ROOT)}
+        labels = list(trees)
+        print(f"baseline {args.baseline}, working tree at {commit()}; {args.events:,} events; "
+              f"{args.rounds} rounds, best round kept; CPU seconds of the whole process")
+        if not args.no_check:
+            for fmt, path in feeds.items():
+                digests = {label: output_digest(path, tree) for label, tree in trees.items()}
+                same = len(set(digests.values())) == 1
+                print(f"output {fmt}: " + ", ".join(f"{label} {d} ({n:,} lines)" for label, (d, n) in digests.items())
+                      + (" — identical" if same else " — DIFFERENT"))
+        best: dict[tuple[str, str], float] = {}
+        parse: dict[str, float] = {}
+        for rnd in range(args.rounds):
+            order = labels if rnd % 2 == 0 else labels[::-1]
+            for fmt, path in feeds.items():
+                for label in order:
+                    cpu, _ = child_cpu(run_cmd(path), trees[label])
+                    best[label, fmt] = min(cpu, best.get((label, fmt), cpu))
+                    print(f"  round {rnd + 1} {fmt:<5} {label:<22} {cpu:7.2f} s", flush=True)
+                cpu, _ = child_cpu([sys.executable, "-c", f"PATH = {str(path)!r}\n" + PARSE_ONLY[fmt]], str(ROOT))
+                parse[fmt] = min(cpu, parse.get(fmt, cpu))
+        print()
+        print(f"| feed | {labels[0]} CPU s | ev/CPU-s | {labels[1]} CPU s | ev/CPU-s | speed-up | parse only CPU s "
+              f"| {labels[0]} / parse | {labels[1]} / parse |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for fmt in feeds:
+            old, new = best[labels[0], fmt], best[labels[1], fmt]
+            print(f"| {fmt} | {old:.2f} | {args.events / old:,.0f} | {new:.2f} | {args.events / new:,.0f} | "
+                  f"{old / new:.2f}× | {parse[fmt]:.2f} | {old / parse[fmt]:.2f} | {new / parse[fmt]:.2f} |")
+        path = feeds.get("jsonl") or next(iter(feeds.values()))
+        print()
+        print(f"engine only, µs/event over {args.engine_events:,} pre-read events (best of {args.rounds}):")
+        for what, query in (("never matches", NEVER), ("shoplifting", QUERY)):
+            figures: dict[str, float] = {}
+            for rnd in range(args.rounds):
+                for label in (labels if rnd % 2 == 0 else labels[::-1]):
+                    us = engine_only(path, trees[label], args.engine_events, query)
+                    figures[label] = min(us, figures.get(label, us))
+            print(f"  {what:<14} " + "  ".join(f"{label}: {us:.2f}" for label, us in figures.items()))
+
+
+if __name__ == "__main__":
+    main()
