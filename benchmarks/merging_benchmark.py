@@ -3,7 +3,7 @@
 For every (P, ES, W) of ``stock_benchmark`` (P = p1/p2/p3, ES = s2/s3, W =
 500, 1000 by default) the same in-memory stream goes through a fresh engine
 with ``merge_runs=False`` and one with ``merge_runs=True``, alternating,
-``--repeats`` times each; the table gives the engine's events per CPU second
+``--repeats`` times each (more, up to 10, for short passes: ``--min-seconds``); the table gives the engine's events per CPU second
 (the best pass, reading excluded: events are built before the clock starts;
 matches are built as dicts, as ``Engine.process`` returns them), runs touched
 per event (``stats.runs_touched``: a merged run counts once), the run
@@ -57,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--p-up", type=float, default=1 / 3, help="probability of a price rise (as stock_benchmark)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=2, help="passes per setting, alternating; the best counts")
+    ap.add_argument("--min-seconds", type=float, default=4.0,
+                    help="more passes (up to 10) until both settings together took this much CPU")
     args = ap.parse_args(argv)
     print("command: " + shlex.join(getattr(sys, "orig_argv", [sys.executable, *sys.argv])))
     print(f"yfpp commit: {commit()} (working tree may differ); python {sys.version.split()[0]}")
@@ -72,11 +74,14 @@ def main(argv: list[str] | None = None) -> int:
                 text = query(p, s, w)
                 best = {False: float("inf"), True: float("inf")}
                 res = {}
-                for _ in range(args.repeats):
+                spent, passes = 0.0, 0
+                while passes < args.repeats or (spent < args.min_seconds and passes < 10):
+                    passes += 1
                     for merge in (False, True):
                         seconds, found, touched, merged, created = one_pass(text, stream, merge)
                         best[merge] = min(best[merge], seconds)
                         res[merge] = (found, touched, merged, created)
+                        spent += seconds
                 same = res[False][0] == res[True][0]
                 failed |= not same
                 n = len(stream)
