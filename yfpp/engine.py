@@ -109,6 +109,7 @@ class Engine:
         self._arrivals = count()
         self._held: list[tuple[float, float, int, Event]] = []  # reorder buffer: (ts, seq key, arrival, event)
         self._mark: tuple[float, float] = (float("-inf"), float("-inf"))  # the watermark, (ts, seq key)
+        self._route_events()
 
     # --- queries --------------------------------------------------------------------
 
@@ -137,6 +138,7 @@ class Engine:
         if pattern.has_sets or (self.strategy == "match-window" and windowable(pattern)):
             self.set_queries[qid] = set_matcher(pattern, name if name is not None else qid, self.strategy)
             self._names.add(name if name is not None else qid)
+            self._route_events()
             return qid
         plan = compile_pattern(pattern, name if name is not None else qid)
         self.queries[qid] = plan
@@ -145,6 +147,7 @@ class Engine:
         self.runtime.add(plan)
         if pattern.feedback:
             self.feedback.order[plan] = qid
+        self._route_events()
         return qid
 
     def unregister(self, qid: int) -> None:
@@ -152,6 +155,7 @@ class Engine:
         matcher = self.set_queries.pop(qid, None)
         if matcher is not None:
             self._names.discard(matcher.plan.name)
+            self._route_events()
             return
         plan = self.queries.pop(qid, None)
         if plan is None:
@@ -160,6 +164,7 @@ class Engine:
         self._names.discard(plan.name)
         self.runtime.remove(plan)
         self.feedback.order.pop(plan, None)
+        self._route_events()
 
     # --- events ---------------------------------------------------------------------
 
@@ -175,12 +180,16 @@ class Engine:
             ts = ev.ts
             if not (type(ts) is float and ts - ts == 0.0 and type(ev.type) is str and ev.type):  # else not a finite float
                 ev = self._checked(ev)
+                if ev is None:
+                    return []
+                ts = ev.ts
         elif isinstance(event, Mapping):
             ev = self._from_record(event)
+            if ev is None:
+                return []
+            ts = ev.ts
         else:
             raise YfppError(f"process() takes an Event or a mapping, not {type(event).__name__}")
-        if ev is None:
-            return []
         seq = ev.seq
         if type(seq) is int:
             if seq < 0:
@@ -190,7 +199,6 @@ class Engine:
             sk = seq
         else:
             sk = _LAST
-        ts = ev.ts
         mark = self._mark
         if ts <= mark[0] and (ts < mark[0] or sk < mark[1]):
             self.dead_letters.report(
@@ -199,7 +207,7 @@ class Engine:
             return []
         if self.max_delay <= 0:
             self._mark = (ts, sk)
-            return self._process(ev)
+            return self._one(ev)
         heapq.heappush(self._held, (ts, sk, next(self._arrivals), ev))
         return self._release(ts - self.max_delay)
 
@@ -235,8 +243,13 @@ class Engine:
         while held and held[0][0] <= upto:
             ts, sk, _, ev = heapq.heappop(held)
             self._mark = (ts, sk)
-            out.extend(self._process(ev))
+            out.extend(self._one(ev))
         return out
+
+    def _route_events(self) -> None:
+        """Set ``_one``, what an event in stream order goes through: the runtime alone when there is no
+        feedback or set query, else :meth:`_process`."""
+        self._one = self._process if self.feedback.order or self.set_queries else self.runtime.process
 
     def _process(self, ev: Event) -> list[dict]:
         """One event in stream order through the shared NFA (and feedback) and every set query's matcher."""

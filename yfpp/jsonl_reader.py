@@ -28,7 +28,7 @@ import orjson
 from yfpp.dead_letters import DeadLetters
 from yfpp.errors import InputError
 from yfpp.events import Event
-from yfpp.record_fields import ReaderOptions, pop_ts, pop_type, preview
+from yfpp.record_fields import ISO_8601, ReaderOptions, pop_ts, pop_type, preview
 
 _BLOCK = 1 << 16
 _INEXACT = "inexact"  # _flatten's answer for a float that may be a rounded integer
@@ -124,6 +124,9 @@ def _event_of(record: Any, seq: int, opts: ReaderOptions, exact: bool) -> Event 
     when not ``exact`` and a float may be an integer orjson rounded."""
     if type(record) is not dict:
         return None if record is _BLANK else str(record) if type(record) is _Reason else "not an object"
+    fast = _plain_event(record, seq, opts)
+    if fast is not None:
+        return fast
     type_, error = pop_type(record, opts.type_field or "type", "field")
     if error:
         return error
@@ -133,6 +136,32 @@ def _event_of(record: Any, seq: int, opts: ReaderOptions, exact: bool) -> Event 
     attrs: dict[str, Any] = {}
     error = _flatten(record, "", attrs, opts.max_depth, exact)
     return error or Event(type_, ts, attrs, seq)
+
+
+def _plain_event(record: dict[str, Any], seq: int, opts: ReaderOptions) -> Event | None:
+    """The common case without copying: a string type, a numeric ts and flat attribute values that need no
+    check (no object, list, null or float of 2⁶³ or more) — the record itself becomes the attributes.
+    None (``record`` untouched) for anything else: :func:`_event_of` decides it the long way."""
+    type_field = opts.type_field or "type"
+    if opts.unit is ISO_8601 or type_field == opts.ts_field:
+        return None
+    type_ = record.get(type_field)
+    raw_ts = record.get(opts.ts_field)
+    if type(type_) is not str or not type_ or (type(raw_ts) is not int and type(raw_ts) is not float):
+        return None
+    for value in record.values():
+        t = type(value)
+        if t is dict or t is list or value is None or (t is float and not -_BIG < value < _BIG):
+            return None
+    m, d = opts.unit
+    try:
+        ts = raw_ts * m / d
+    except OverflowError:
+        return None
+    if ts - ts != 0.0:  # not finite
+        return None
+    del record[type_field], record[opts.ts_field]
+    return Event(type_, ts, record, seq)
 
 
 class _Duplicate(ValueError):

@@ -78,17 +78,6 @@ class NegationStores:
                 del self.stores[store.signature]
                 self.by_type[neg.event_type].remove((store, None))
 
-    def record(self, negated: list[tuple[CandidateStore, Any]], ev: Event) -> None:
-        """Store ``ev`` as a candidate of each (store, key) in ``negated`` (the commit of an event)."""
-        pos = ev.pos
-        for store, ek in negated:
-            b = store.buckets.get(ek)
-            if b is None:
-                store.buckets[ek] = ([pos], [ev])
-            else:
-                b[0].append(pos)
-                b[1].append(ev)
-
     def allows(self, plan: QueryPlan, vec: tuple, key: Any) -> bool:
         """No candidate of ``plan``'s middle negations lies between the components around it in ``vec``."""
         for neg in plan.negations:

@@ -27,7 +27,7 @@ from yfpp.caps import check_buffer_caps, shed
 from yfpp.deadlines import Deadlines, Pending
 from yfpp.events import MISSING, Event
 from yfpp.match_buffer import MatchBuffer, Version
-from yfpp.match_id import match_id
+from yfpp.match_id import match_id_of
 from yfpp.negation_store import NegationStores
 from yfpp.nfa_compiler import NegationPlan, QueryPlan
 from yfpp.pattern import Contiguity
@@ -62,7 +62,15 @@ def _key(keys: dict, ev: Event, attrs: tuple[str, ...]) -> Any:
     """``ev``'s key for ``attrs``, remembered in ``keys``."""
     k = keys.get(attrs, keys)
     if k is keys:
-        k = keys[attrs] = partition_key(ev, attrs)
+        if len(attrs) == 1:
+            k = ev.attrs.get(attrs[0], MISSING)
+            if k is MISSING:
+                k = ev.get(attrs[0])  # a pseudo-attribute (ts, type, seq), else MISSING
+                if k is MISSING:
+                    k = None
+        else:
+            k = partition_key(ev, attrs)
+        keys[attrs] = k
     return k
 
 
@@ -87,6 +95,7 @@ class Runtime:
         self.dead: set[State] = set()
         self.negations = NegationStores()
         self.deadlines = Deadlines()
+        self._deadline_heap = self.deadlines.heap  # the same list, looked up once per event
         self.pticks: dict[tuple[str, ...], dict[Any, int]] = {}
         self.ptick_users: Counter = Counter()
         self.counters = Counters()
@@ -96,6 +105,7 @@ class Runtime:
         self._roots = count()
         self._branches = count(1)
         self._routes: dict[str, _Route] = {}
+        self._match_ids: dict[QueryPlan, Callable[[dict, bool], str]] = {}  # match_id specialised per query
         self._next_sweep = self.SWEEP_EVERY
         self.full_events = False  # matches list their bound events in full ("events")
         self.fed: list[tuple[QueryPlan, dict, Any]] = []  # matches of feedback queries, drained by yfpp.feedback
@@ -108,6 +118,7 @@ class Runtime:
         """Register a compiled query; it sees only events processed from now on."""
         plan.since_tick = self.tick
         self.nfa.add(plan)
+        self._match_ids[plan] = match_id_of(plan.name, plan.var_names)
         self.negations.add(plan)
         self.deadlines.add(plan)
         self.branch_queries.setdefault(plan.nodes[0].root, []).append(plan)
@@ -126,6 +137,7 @@ class Runtime:
             self.dead.add(st)
         self.negations.remove(plan)
         self.deadlines.remove(plan)
+        del self._match_ids[plan]
         root = plan.nodes[0].root
         self.branch_queries[root].remove(plan)
         if not self.branch_queries[root]:
@@ -173,7 +185,7 @@ class Runtime:
         tick = self.tick = self.tick + 1
         ev.pos = tick
         ts = self.now = ev.ts
-        out: list[dict] = self._expire(ts) if self.deadlines.heap else []
+        out: list[dict] = self._expire(ts) if self._deadline_heap else []
         etype = ev.type
         route = self._routes.get(etype) or self._route(etype)
         touched: list[tuple[list[Run], Any]] = []  # runs out of their stores, with the event's key for them
@@ -291,7 +303,13 @@ class Runtime:
             cnt.live_runs = live
             cnt.runs_touched += n_touched
         if negated:
-            self.negations.record(negated, ev)
+            for store, ek in negated:  # the negation candidates: into their shared stores
+                b = store.buckets.get(ek)
+                if b is None:
+                    store.buckets[ek] = ([tick], [ev])
+                else:
+                    b[0].append(tick)
+                    b[1].append(ev)
         if kills:
             for p in kills:
                 p.killed = True
@@ -409,8 +427,20 @@ class Runtime:
         if w is not None and ev.ts - r.first_ts > w:
             return  # pruned by the window: no move can hold any more
         if st.mode == "wait":
-            began = [child for child in st.table.candidates(ev) if self._begins(child, r.vec, r.first_ts, r.key, ev, ek)]
-            stay = _ignores(st.contiguity, bool(began), ek, r.key)
+            rkey = r.key
+            began = []
+            if rkey is None or ek == rkey:  # the rest of _begins: a candidate has the event's type
+                vec, age = r.vec, ev.ts - r.first_ts
+                for child in st.table.candidates(ev):
+                    cw = child.window
+                    if cw is not None and age > cw:
+                        continue
+                    for p in child.begin:
+                        if not p(ev, vec):
+                            break
+                    else:
+                        began.append(child)
+            stay = _ignores(st.contiguity, bool(began), ek, rkey)
             if stay:
                 stays.append(r)  # the keeper: its version stays
             version = r.version
@@ -566,9 +596,14 @@ class Runtime:
     def _match(self, plan: QueryPlan, binds: list[tuple[int, Event]], vec: tuple) -> dict:
         names = plan.var_names
         seqs: dict[str, list[int | str]] = {v: [] for v in names}
+        ints = True
         for unit, e in binds:
-            seqs[names[unit]].append(e.seq)
-        m = {"query": plan.name, "id": match_id(plan.name, seqs), "bindings": seqs, "start": binds[0][1].ts, "end": binds[-1][1].ts}
+            s = e.seq
+            if type(s) is not int:
+                ints = False
+            seqs[names[unit]].append(s)
+        m = {"query": plan.name, "id": self._match_ids[plan](seqs, ints), "bindings": seqs,
+             "start": binds[0][1].ts, "end": binds[-1][1].ts}
         if plan.emit is not None:
             etype, attrs = plan.emit
             m["emit"] = {"type": etype, "attrs": {k: _plain(g(None, vec)) for k, g in attrs}}
