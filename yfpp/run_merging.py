@@ -49,7 +49,7 @@ import math
 from typing import Any, Callable
 
 from yfpp.events import Event
-from yfpp.pattern import Aggregate, Index, Length, Ref, XPathTest, walk
+from yfpp.pattern import Aggregate, Contiguity, Index, Length, Ref, XPathTest, walk
 
 
 class Members:
@@ -122,7 +122,7 @@ class RunMerger:
             groups: dict[tuple, list] = {}
             try:
                 for r in runs:
-                    groups.setdefault((r.blocked, r.tick, r.ptick, key_of(r.vec)), []).append(r)
+                    groups.setdefault(key_of(r), []).append(r)
             except TypeError:  # an unhashable attribute value: leave these runs apart
                 continue
             for group in groups.values():
@@ -271,8 +271,12 @@ def _derive(g, run) -> Members:
 # --- the merge key of a state ------------------------------------------------------------
 
 
-def _merge_key(rt, st) -> Callable[[tuple], tuple] | object:
-    """A function of a run's vector giving every value still ahead of ``st`` (or _UNMERGEABLE)."""
+def _merge_key(rt, st) -> Callable[[Any], tuple] | object:
+    """A function of a run in ``st`` giving everything ahead of it can read (or _UNMERGEABLE).
+
+    ``blocked`` always; the Kleene ticks only where a strict or partition-contiguity proceed reads them
+    (``Runtime._retro_ok``); then the merge key of the vector.
+    """
     node = st.node
     i = node.index
     inside = st.mode == "in"
@@ -308,7 +312,9 @@ def _merge_key(rt, st) -> Callable[[tuple], tuple] | object:
             if neg.upper is not None and neg.upper <= i:
                 getters.setdefault(("first_pos", neg.upper), _first_pos_of(neg.upper))
     parts = tuple(getters.values())
-    return lambda vec: tuple(g(vec) for g in parts)
+    if inside and any(w.contiguity in (Contiguity.STRICT, Contiguity.PARTITION) for w in node.waits.values()):
+        return lambda r: (r.blocked, r.tick, r.ptick, *[g(r.vec) for g in parts])
+    return lambda r: (r.blocked, *[g(r.vec) for g in parts])
 
 
 def _add_getter(getters: dict, n, s: int, kleene: bool, own_iteration: bool, spec) -> bool:
