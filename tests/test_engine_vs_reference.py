@@ -19,9 +19,9 @@ def _canon(bindings: dict[str, list[int]]) -> tuple:
     return tuple((k, tuple(v)) for k, v in bindings.items())
 
 
-def run_engine(pats, events: list[Event]):
+def run_engine(pats, events: list[Event], **engine_opts):
     """Feed events one by one; return [(query, bindings, seq of the call that returned it or None)]."""
-    eng = Engine()
+    eng = Engine(**engine_opts)
     for i, p in enumerate(pats):
         eng.register(p, name=f"q{i}")
     got = []
@@ -34,8 +34,8 @@ def run_engine(pats, events: list[Event]):
     return got
 
 
-def check(pats, events):
-    got = run_engine(pats, events)
+def check(pats, events, **engine_opts):
+    got = run_engine(pats, events, **engine_opts)
     want = []
     for i, p in enumerate(pats):
         trailing = not p.components[-1].positive

@@ -25,6 +25,8 @@ def shed(rt: Runtime, root: Node, what: str, cap: int) -> None:
     every match still reported is a true match, and the matches lost are
     exactly those starting at the shed events.
     """
+    if rt.merger is not None:
+        rt.merger.split_branch(rt, root)  # merged runs back into their members: shedding goes by start event
     where = _branch_runs(rt, root)
     starts = sorted({r.first_pos for store, st in where for r in store[st]})
     target = cap * 3 // 4

@@ -30,6 +30,7 @@ from yfpp.feedback import DerivedEvent
 from yfpp.match_buffer import Entry
 from yfpp.predicates import KleeneState
 from yfpp.deadlines import Pending
+from yfpp.run_merging import as_plain_runs
 from yfpp.runs import Run
 
 FORMAT = "yfpp-checkpoint"
@@ -163,7 +164,7 @@ def snapshot(engine) -> dict:
         for st, lst in store.items():
             ref = _state_ref(st, node_ref) if st not in rt.dead else None
             if ref is not None:
-                runs += [w.run(r, ref) for r in lst]
+                runs += [w.run(x, ref) for r in lst for x in as_plain_runs(r)]  # a merged run as its members
     stacks = []
     for node in rt.buffer.stacks():
         if node in node_ref:
@@ -189,7 +190,8 @@ def snapshot(engine) -> dict:
         "format": FORMAT,
         "version": VERSION,
         "options": {"max_delay": engine.max_delay, "policy": engine.default_policy,
-                    "max_runs_per_query": rt.max_runs, "max_buffer_per_query": rt.max_buffer, "strategy": engine.strategy},
+                    "max_runs_per_query": rt.max_runs, "max_buffer_per_query": rt.max_buffer, "strategy": engine.strategy,
+                    "merge_runs": rt.merger is not None},
         "queries": [
             {"id": qid, "name": name, "text": text, "pattern": encode_pattern(pat),
              "since_tick": engine.queries[qid].since_tick if qid in engine.queries else None}

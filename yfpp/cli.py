@@ -109,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"cap on each query's live runs; over it its oldest runs are shed and reported (default {MAX_RUNS_PER_QUERY:,})")
     run.add_argument("--max-buffer-per-query", type=int, metavar="N",
                      help=f"cap on each query's buffered events, same policy (default {MAX_BUFFER_PER_QUERY:,})")
+    run.add_argument("--merge-runs", action=argparse.BooleanOptionalAction, default=None,
+                     help="merge equivalent runs into one (SIGMOD 2008 §5.2.2): same matches, fewer runs stepped "
+                          "(default: off; with --restore, the checkpoint's setting)")
     run.add_argument("--checkpoint", metavar="FILE", help="write the engine's state to FILE (atomically) every --checkpoint-every events")
     run.add_argument("--checkpoint-every", type=int, metavar="N", default=100_000, help="events between checkpoints (default 100,000)")
     run.add_argument("--restore", metavar="FILE",
@@ -203,7 +206,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         check_writable(args.stats_json, "stats file")  # before the run, not after it
     dead_file = open_for_writing(args.dead_letters, "dead-letter file") if args.dead_letters else None
     dead = DeadLetters(dead_file or sys.stderr)
-    caps = {"max_runs_per_query": args.max_runs_per_query, "max_buffer_per_query": args.max_buffer_per_query}
+    caps = {"max_runs_per_query": args.max_runs_per_query, "max_buffer_per_query": args.max_buffer_per_query,
+            "merge_runs": args.merge_runs}
     feedback_opts = {"full_events": args.events, "max_feedback_depth": args.max_feedback_depth,
                      "max_derived_per_event": args.max_derived}
     skip = None
@@ -218,6 +222,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     elif not args.query:
         raise YfppError("give at least one query with -q (or --restore FILE)")
     else:
+        caps["merge_runs"] = bool(args.merge_runs)
         engine = build_engine(args.query, max_delay=args.max_delay, dead_letters=dead, policy=args.policy, **caps,
                               **feedback_opts, strategy=args.strategy)
     args.input = examples.resolve(args.input)

@@ -63,7 +63,9 @@ class Engine:
     queries without a window.  ``full_events``: every match also lists its
     bound events in full (``"events"``); ``max_feedback_depth`` /
     ``max_derived_per_event``: the loop guards of feedback queries
-    (``yfpp.feedback``).
+    (``yfpp.feedback``).  ``merge_runs``: merge equivalent runs into one
+    (SIGMOD 2008 §5.2.2, ``yfpp.run_merging``): the same matches, fewer runs
+    to step when many runs of a partition agree on what lies ahead.
     """
 
     def __init__(
@@ -79,6 +81,7 @@ class Engine:
         max_feedback_depth: int = MAX_DEPTH,
         max_derived_per_event: int = MAX_DERIVED,
         strategy: str = "direct",
+        merge_runs: bool = False,
     ):
         if strategy not in STRATEGIES:
             raise YfppError(f"unknown evaluation strategy {strategy!r} (expected one of {', '.join(STRATEGIES)})")
@@ -88,7 +91,8 @@ class Engine:
         max_runs_per_query = _cap("max_runs_per_query", max_runs_per_query, MAX_RUNS_PER_QUERY)
         max_buffer_per_query = _cap("max_buffer_per_query", max_buffer_per_query, MAX_BUFFER_PER_QUERY)
         _check_policy(policy)
-        self.runtime = Runtime(int(max_runs_per_query), int(max_buffer_per_query), self._failed, self._report)
+        self.runtime = Runtime(int(max_runs_per_query), int(max_buffer_per_query), self._failed, self._report,
+                               merge_runs=bool(merge_runs))
         self.runtime.full_events = full_events
         self.strategy = strategy  # for event-set queries (docs/event_sets.md)
         self.set_queries: dict[int, SetMatcher] = {}

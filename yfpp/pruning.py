@@ -32,6 +32,8 @@ def sweep(rt: Runtime) -> None:
         w = st.node.window
         if w is not None:
             runs = [r for r in runs if now - r.first_ts <= w]
+            if rt.merger is not None:
+                runs = rt.merger.trim(runs, now, w)  # a merged run's members expire one by one
         if runs:
             live += len(runs)
             root = st.node.root

@@ -17,7 +17,8 @@ NO_RUN = 1 << 62  # position floor when a branch has no live run
 class Run:
     """One partial match: where it waits, what it has bound, where its events are."""
 
-    __slots__ = ("state", "vec", "entry", "version", "first_ts", "first_pos", "key", "born", "tick", "ptick", "blocked")
+    __slots__ = ("state", "vec", "entry", "version", "first_ts", "first_pos", "key", "born", "tick", "ptick", "blocked",
+                 "members")
 
     def __init__(self, state, vec, entry, version, first_ts, first_pos, key, born, tick=0, ptick=0):
         self.state: State = state
@@ -31,6 +32,7 @@ class Run:
         self.tick: int = tick  # tick of the last begin/take into a Kleene node
         self.ptick: int = ptick  # partition tick at that moment
         self.blocked: frozenset = _NONE  # skip-till-next children this run can no longer proceed to
+        self.members = None  # a merged run: the runs it stands for (yfpp.run_merging.Members)
 
     def with_blocked(self, blocked: frozenset) -> "Run":
         """A copy that differs in ``blocked`` (runs being stepped are never mutated: see ``Runtime.process``)."""

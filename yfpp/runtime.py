@@ -34,6 +34,7 @@ from yfpp.pattern import Contiguity
 from yfpp.policies import accept, overlap_rank
 from yfpp.predicates import kleene_start, kleene_take
 from yfpp.pruning import sweep
+from yfpp.run_merging import RunMerger, member_completions
 from yfpp.runs import Counters, Run, partition_key
 from yfpp.shared_nfa import Node, SharedNFA, State
 
@@ -81,7 +82,7 @@ class Runtime:
 
     def __init__(self, max_runs: int = 250_000, max_buffer: int = 1_000_000,
                  on_error: Callable[[Event, Exception], None] | None = None,
-                 report: Callable[[str], None] | None = None) -> None:
+                 report: Callable[[str], None] | None = None, merge_runs: bool = False) -> None:
         self.max_runs = max_runs  # per branch of the shared NFA (see ``yfpp.caps``)
         self.max_buffer = max_buffer
         self.on_error = on_error or _raise
@@ -108,6 +109,8 @@ class Runtime:
         self._next_sweep = self.SWEEP_EVERY
         self.full_events = False  # matches list their bound events in full ("events")
         self.fed: list[tuple[QueryPlan, dict, Any]] = []  # matches of feedback queries, drained by yfpp.feedback
+        self.merger = RunMerger() if merge_runs else None  # merging equivalent runs (yfpp.run_merging)
+        self.merging_run: Run | None = None  # the merged run being stepped: completions are per member
 
     # --- registration ---------------------------------------------------------------
 
@@ -125,6 +128,8 @@ class Runtime:
         if plan.partition_by:
             self.keyed.setdefault(plan.partition_by, {})
         self._routes.clear()
+        if self.merger is not None:
+            self.merger.reset(self)
 
     def remove(self, plan: QueryPlan) -> None:
         """Unregister: the query emits nothing more; states only it used are freed at the next sweep."""
@@ -145,6 +150,8 @@ class Runtime:
             if not node.users:
                 self.buffer.drop(node)
         self._routes.clear()
+        if self.merger is not None:
+            self.merger.reset(self)
 
     @staticmethod
     def _needs_pticks(plan: QueryPlan) -> bool:
@@ -250,7 +257,10 @@ class Runtime:
                     stays: list[Run] = []
                     for r in runs:
                         if r.state not in dead:
-                            step(r, ev, ek, fresh, stays, accepted)
+                            if r.members is None:
+                                step(r, ev, ek, fresh, stays, accepted)
+                            else:
+                                self.merger.step(self, r, ev, ek, fresh, stays, accepted)
                     moved.append(stays)
             for group in route.starters:
                 for node in group.candidates(ev):
@@ -277,6 +287,8 @@ class Runtime:
             return out
         cnt = self.counters
         cnt.events += 1
+        if self.merger is not None:
+            self.merger.merge(self, moved if touched else [], fresh)
         if touched:
             live = cnt.live_runs
             n_touched = 0
@@ -545,6 +557,15 @@ class Runtime:
     def _complete(self, node: Node, vec: tuple, entry, version: Version, first_ts: float, key: Any, born: int,
                   accepted: list) -> None:
         """A run bound the last component of the queries accepting at ``node``: post-process per query."""
+        merged = self.merging_run
+        if merged is not None:  # a merged run's step: once per run it stands for (yfpp.run_merging)
+            self.merging_run = None
+            try:
+                for version, first_ts, born in member_completions(merged, version, entry):
+                    self._complete(node, vec, entry, version, first_ts, key, born, accepted)
+            finally:
+                self.merging_run = merged
+            return
         binds = None
         last_ts = entry.event.ts
         accepts = node.accepts
