@@ -170,3 +170,14 @@ def test_a_failing_record_still_moves_stream_time():
     out = eng.process(Event("A", 5, {}, 1))
     assert [(m["query"], m["bindings"]) for m in out] == [("q", {"a": [0]})] and eng.dead_letters.count == 1
     assert eng.stats.failed == 1 and eng.flush() == []
+
+
+def test_a_failing_record_holds_no_trailing_negation_match():
+    """A trailing-negation match the failing record completed (before another query's predicate raised) is
+    rolled back with it: it never fires."""
+    eng = Engine(dead_letters=DeadLetters())
+    eng.register("PATTERN SEQ(B b, ~A n) WITHIN 1", name="held")
+    eng.register("PATTERN SEQ(B b) WHERE b.x > 0", name="raises")
+    inject(eng, bad=0)
+    assert eng.process(Event("B", 0, {"x": 1}, 0)) == [] and eng.flush() == []
+    assert eng.dead_letters.count == 1 and eng.stats.failed == 1

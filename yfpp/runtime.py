@@ -109,6 +109,7 @@ class Runtime:
         self._next_sweep = self.SWEEP_EVERY
         self.full_events = False  # matches list their bound events in full ("events")
         self.fed: list[tuple[QueryPlan, dict, Any]] = []  # matches of feedback queries, drained by yfpp.feedback
+        self.to_hold: list[Pending] = []  # trailing-negation matches the current event completed, held at commit
         self.merger = RunMerger() if merge_runs else None  # merging equivalent runs (yfpp.run_merging)
         self.merging_run: Run | None = None  # the merged run being stepped: completions are per member
 
@@ -313,6 +314,10 @@ class Runtime:
         if kills:
             for p in kills:
                 p.killed = True
+        if self.to_hold:
+            for p in self.to_hold:
+                self.deadlines.hold(p)
+            self.to_hold = []
         if accepted:
             out.extend(accept(self, accepted, fresh))
         if fresh:
@@ -350,6 +355,7 @@ class Runtime:
             if runs:
                 self._store_many(runs)
         self.buffer.forget(ev)
+        self.to_hold = []
         self.tick -= 1
         ev.pos = -1
 
@@ -588,7 +594,7 @@ class Runtime:
                 binds = MatchBuffer.extract(entry, version)
             match = self._match(plan, binds, vec)
             if plan.trailing is not None:
-                self.deadlines.hold(Pending(plan, key, vec, entry.event.pos, first_ts + plan.window, match))
+                self.to_hold.append(Pending(plan, key, vec, entry.event.pos, first_ts + plan.window, match))
             else:
                 accepted.append((plan, key, match, binds))
 
