@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import nullcontext
 from functools import reduce
-from typing import Any
+from typing import Any, Callable, ContextManager
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
@@ -26,7 +27,8 @@ _OFFSETS_SCHEMA = "path string, block long, seq_base long, line_base long, befor
 
 
 def read_events_df(spark: SparkSession, path: str | os.PathLike[str], format: str | None = None, *,
-                   ts_field: str = "ts", ts_unit: str = "s") -> DataFrame:
+                   ts_field: str = "ts", ts_unit: str = "s",
+                   step: Callable[[str], ContextManager[Any]] | None = None) -> DataFrame:
     """Every record of a file, a directory's files (recursively) or a glob's, in path order, as a
     persisted DataFrame (``unpersist()`` it when done).
 
@@ -38,9 +40,12 @@ def read_events_df(spark: SparkSession, path: str | os.PathLike[str], format: st
     events (ts below the largest earlier ts, as ``yfpp run`` with
     ``max_delay`` 0) are dead letters; :func:`yfpp.spark.match` skips them.
     Raises :class:`~yfpp.errors.InputError` for a missing or empty input.
+    ``step``: names the Spark jobs of each reading step (:meth:`yfpp.spark.costs.Steps.step`).
     """
+    step = step or (lambda name: nullcontext())
     given = os.fspath(path)
-    files = inputs.list_files(spark, given)
+    with step("list input"):
+        files = inputs.list_files(spark, given)
     opts = {"ts_field": ts_field, "ts_unit": ts_unit, **({"format": format} if format else {})}
     split = [f for f in files if inputs.splittable(f, format)]
     whole = [f for f in files if not inputs.splittable(f, format)]
@@ -55,7 +60,8 @@ def read_events_df(spark: SparkSession, path: str | os.PathLike[str], format: st
             F.col("value").cast("binary").alias("content"), F.lit(False).alias("whole")))
     parsed = reduce(DataFrame.union, parts).mapInArrow(parse_batches(opts), PARSED_SCHEMA) \
         .persist(StorageLevel.MEMORY_AND_DISK)
-    stats = parsed.where(F.col("n").isNotNull()).select("path", "block", "n", "line", "ts").collect()
+    with step("read + parse (readers), summaries"):
+        stats = parsed.where(F.col("n").isNotNull()).select("path", "block", "n", "line", "ts").collect()
     offsets = spark.createDataFrame(split_offsets(stats, inputs.single_file(given, files)), _OFFSETS_SCHEMA)
     r = parsed.where(F.col("n").isNull()).join(F.broadcast(offsets), ["path", "block"])
     seq = F.col("seq_base") + F.col("pos")
@@ -74,7 +80,8 @@ def read_events_df(spark: SparkSession, path: str | os.PathLike[str], format: st
     events = events.where(~F.col("late")).drop("late").unionByName(  # the UDF runs on the late rows only
         events.where(F.col("late")).drop("late").withColumn("raw", late_raw("type", "ts", "attrs"))
     ).persist(StorageLevel.MEMORY_AND_DISK)
-    events.count()
+    with step("seq numbers, late events, cache"):
+        events.count()
     parsed.unpersist()
     return events
 
