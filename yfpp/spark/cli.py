@@ -138,7 +138,7 @@ def batch(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namespa
     started = time.perf_counter()
     steps = Steps(spark, getattr(args, "start_seconds", None))
     events = read_events_df(spark, args.input, args.format, ts_field=args.ts_field, ts_unit=args.ts_unit, step=steps.step)
-    with steps.step("time range (sliced groups)"):
+    with steps.step("plan the match, time range"):
         rows = match_with_stats(spark, queries, events, policy=args.policy, partitions=args.partitions).persist()
     matches = rows.where(F.col("query").isNotNull())
     out, mode = qualify(spark, args.output), {"error": "errorifexists"}.get(args.mode, args.mode)

@@ -61,8 +61,9 @@ def read_events_df(spark: SparkSession, path: str | os.PathLike[str], format: st
     parsed = reduce(DataFrame.union, parts).mapInArrow(parse_batches(opts), PARSED_SCHEMA) \
         .persist(StorageLevel.MEMORY_AND_DISK)
     with step("read + parse (readers), summaries"):
-        stats = parsed.where(F.col("n").isNotNull()).select("path", "block", "n", "line", "ts").collect()
-    offsets = spark.createDataFrame(split_offsets(stats, inputs.single_file(given, files)), _OFFSETS_SCHEMA)
+        stats = parsed.where(F.col("n").isNotNull()).select("path", "block", "n", "line", "ts", "pos", "prev_max").collect()
+    split_rows = split_offsets(stats, inputs.single_file(given, files))
+    offsets = spark.createDataFrame(split_rows, _OFFSETS_SCHEMA)
     r = parsed.where(F.col("n").isNull()).join(F.broadcast(offsets), ["path", "block"])
     seq = F.col("seq_base") + F.col("pos")
     stream_time = F.greatest("prev_max", "before")
@@ -76,14 +77,25 @@ def read_events_df(spark: SparkSession, path: str | os.PathLike[str], format: st
         F.when(late, F.concat(F.lit("seq "), seq)).otherwise(position).alias("position"),
         "raw", F.coalesce(late, F.lit(False)).alias("late"),  # null (no earlier ts) is not late
     )
-    late_raw = F.udf(lambda t, ts, attrs: event_raw(t, ts, json.loads(attrs)), "string")  # the engine's raw of a late event
-    events = events.where(~F.col("late")).drop("late").unionByName(  # the UDF runs on the late rows only
-        events.where(F.col("late")).drop("late").withColumn("raw", late_raw("type", "ts", "attrs"))
-    ).persist(StorageLevel.MEMORY_AND_DISK)
+    if any_late(stats, split_rows):
+        late_raw = F.udf(lambda t, ts, attrs: event_raw(t, ts, json.loads(attrs)), "string")  # the engine's raw of a late event
+        events = events.where(~F.col("late")).drop("late").unionByName(  # the UDF runs on the late rows only
+            events.where(F.col("late")).drop("late").withColumn("raw", late_raw("type", "ts", "attrs")))
+    else:  # an ordered feed: no Python stage for late events
+        events = events.drop("late")
+    events = events.persist(StorageLevel.MEMORY_AND_DISK)
     with step("seq numbers, late events, cache"):
         events.count()
     parsed.unpersist()
     return events
+
+
+def any_late(stats: list[Any], offsets: list[tuple]) -> bool:
+    """May a split hold a late event? One below a larger ts before it in its split (counted by the
+    reader, ``pos`` of its summary), or a smallest ts (``prev_max``) below the splits' before it."""
+    before = {(o[0], o[1]): o[4] for o in offsets}
+    return any(s["pos"] or (s["prev_max"] is not None and before[(s["path"], s["block"])] is not None
+                            and s["prev_max"] < before[(s["path"], s["block"])]) for s in stats)
 
 
 def split_offsets(stats: list[Any], single: bool) -> list[tuple]:
