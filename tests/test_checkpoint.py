@@ -146,3 +146,28 @@ def test_cli_checkpoint_and_restore_after_a_kill(tmp_path, monkeypatch):
     want, got = full.read_text().splitlines(), first.read_text().splitlines() + rest.read_text().splitlines()
     assert set(got) == set(want) and len(want) > 5
     assert main(["run", "--restore", str(ck), "-q", query, "-i", str(SAMPLE)]) == 2  # the queries come from the checkpoint
+
+
+def test_derived_events_keep_their_provenance_across_a_restore():
+    """A fed-back alert held in a run across the cut still shows its "from" in full-event output."""
+    from yfpp.query_text import load_queries
+    from yfpp.readers import read_events
+
+    queries = load_queries([str(ROOT / "queries" / "break_in.xpe")])
+    events = list(read_events(str(ROOT / "yfpp" / "data" / "break_in.xml"), dead_letters=DeadLetters()))
+
+    def fresh() -> Engine:
+        eng = Engine(full_events=True, dead_letters=DeadLetters())
+        for q in queries:
+            eng.register(q.text, name=q.name)
+        return eng
+
+    whole = fresh()
+    want = feed(whole, events) + finish(whole)
+    assert any('"from"' in m for m in want if '"break_in"' in m)
+    for cut in range(1, len(events)):
+        first = fresh()
+        before = feed(first, events[:cut])
+        restored = Engine.restore(json.loads(json.dumps(first.snapshot())), full_events=True,
+                                  dead_letters=DeadLetters())
+        assert before + feed(restored, events[cut:]) + finish(restored) == want, cut

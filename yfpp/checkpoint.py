@@ -25,6 +25,7 @@ from typing import Any
 from yfpp import pattern as ir
 from yfpp.errors import YfppError
 from yfpp.events import MISSING, Event
+from yfpp.feedback import DerivedEvent
 from yfpp.match_buffer import Entry
 from yfpp.predicates import KleeneState
 from yfpp.runtime import Pending, Run
@@ -80,6 +81,8 @@ class _Writer:
         if i is None:
             i = self._event_ids[id(ev)] = len(self.events)
             rec = {"type": ev.type, "ts": ev.ts, "attrs": ev.attrs, "seq": ev.seq, "pos": ev.pos}
+            if isinstance(ev, DerivedEvent):  # keep the provenance full-event output shows
+                rec["from"] = {"query": ev.query, "events": ev.sources, "depth": ev.depth}
             if ev._element is not None:
                 from lxml import etree
 
@@ -225,7 +228,12 @@ class _Reader:
 
             parser = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False)
             element = etree.fromstring(rec["xml"], parser)
-        ev = Event(rec["type"], rec["ts"], rec["attrs"], rec["seq"], element)
+        origin = rec.get("from")
+        if origin is None:
+            ev = Event(rec["type"], rec["ts"], rec["attrs"], rec["seq"], element)
+        else:
+            ev = DerivedEvent(rec["type"], rec["ts"], rec["attrs"], rec["seq"], origin["query"], origin["events"],
+                              origin["depth"], None)
         ev.pos = rec["pos"]
         return ev
 
