@@ -8,6 +8,7 @@ import pickle
 import shutil
 import socket
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -215,17 +216,17 @@ def test_stream_restarts_from_its_checkpoint(spark, feed, tmp_path):
 
 
 def run_cli_bounded(spark, args: list[str], seconds: float = 600) -> int:
-    """``yfpp`` with ``args`` in a thread; fails (and stops the stream) if it has not returned in ``seconds``."""
-    result: list[int] = []
-    t = threading.Thread(target=lambda: result.append(main(args)), daemon=True)
-    t.start()
-    t.join(seconds)
-    if t.is_alive():
-        for q in spark.streams.active:
-            q.stop()
-        t.join(30)
-        pytest.fail(f"yfpp {' '.join(args[:2])} did not stop within {seconds} s")
-    return result[0]
+    """``yfpp`` with ``args`` (in this thread: the active session is per thread, and a thread
+    without one would start and stop its own); a timer stops the stream if it runs ``seconds``."""
+    timer = threading.Timer(seconds, lambda: [q.stop() for q in spark.streams.active])
+    timer.start()
+    started = time.monotonic()
+    try:
+        code = main(args)
+    finally:
+        timer.cancel()
+    assert time.monotonic() - started < seconds, f"yfpp {' '.join(args[:2])} did not stop by itself"
+    return code
 
 
 def test_idle_stop_stops_a_fresh_and_a_restarted_stream(spark, tmp_path, capsys):
