@@ -241,7 +241,7 @@ def test_idle_stop_stops_a_fresh_and_a_restarted_stream(spark, tmp_path, capsys)
     assert run_cli_bounded(spark, args) == 0  # restarted with nothing new
     assert not spark.streams.active
     log = capsys.readouterr().err
-    assert "batch 0: 1 matches" in log and "batch 1: 1 matches" in log, log
+    assert log.count(": 1 matches (q 1)") == 2, log  # one per file (batches without input may come between)
 
 
 def test_socket_source_reads_lines_as_they_come():
