@@ -41,6 +41,7 @@ from yfpp.engine import Engine
 from yfpp.generate import generate_rfid, write_events
 from yfpp.query_text import load_patterns
 from yfpp.readers import read_events
+from yfpp.spark.costs import tree_cpu_seconds
 
 DATA = Path(tempfile.gettempdir()) / "yfpp_spark_bench"  # large: kept out of the repository
 _STARTED = time.perf_counter()  # the process start, near enough (imports before it are small)
@@ -66,22 +67,6 @@ def feed_dir(events: int, q: int, files: int, seed: int, fmt: str = "xml") -> Pa
     for i in range(files):
         write_events(islice(records, per), d / f"part-{i:03d}.{fmt}")
     return d
-
-
-def tree_cpu_seconds() -> float:
-    """CPU seconds of this process and all its live descendants (JVM, Python workers) and their reaped children."""
-    stats: dict[int, list[str]] = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            stats[int(pid)] = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-    tree, grew = {os.getpid()}, True
-    while grew:
-        new = {pid for pid, f in stats.items() if int(f[1]) in tree} - tree
-        tree |= new
-        grew = bool(new)
-    return sum(sum(int(x) for x in stats[pid][11:15]) for pid in tree if pid in stats) / os.sysconf("SC_CLK_TCK")
 
 
 def run_local(d: Path, q: int, workload: str) -> dict:

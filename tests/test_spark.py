@@ -8,6 +8,7 @@ import pickle
 import shutil
 import socket
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -85,6 +86,31 @@ def test_batch_stock_kleene_from_a_flat_dataframe(spark):
         eng.register(q, name=name)
     expected = Counter(json.dumps(m) for m in eng.process_all({k: v for k, v in r.items() if k != "seq"} for r in records))
     assert got == expected and len(expected) > 100
+
+
+@pytest.mark.parametrize("kind", ["timestamp", "timestamp_ntz"])
+def test_timestamp_columns_are_seconds_since_the_epoch(spark, kind):
+    """A TimestampType ``ts`` is its instant in seconds (session time zone irrelevant), fractions kept;
+    a TimestampNTZType one is read as UTC."""
+    from datetime import datetime, timezone
+
+    records = [{**r, "ts": 1_700_000_000.125 + r["ts"]} for r in generate_rfid(800, tags=5, gap=20, seed=2)]
+    queries = {k: RFID_QUERIES[k] for k in ("shop_sase", "unkeyed", "quiet_tag")}
+    tz = timezone.utc if kind == "timestamp" else None
+    rows = [(i, r["type"], datetime.fromtimestamp(r["ts"], timezone.utc).replace(tzinfo=tz), r.get("tag_id"))
+            for i, r in enumerate(records)]
+    old_tz = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", "America/New_York")
+    try:
+        df = spark.createDataFrame(rows, f"seq long, type string, ts {kind}, tag_id long")
+        got = lines(match(spark, queries, df).select("json"))
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", old_tz)
+    eng = Engine(dead_letters=DeadLetters())
+    for name, q in queries.items():
+        eng.register(q, name=name)
+    expected = Counter(json.dumps(m) for m in eng.process_all(records))
+    assert got == expected and sum(expected.values()) > 20
 
 
 def test_directory_seq_dead_letters_and_late_events(spark, tmp_path):
@@ -187,6 +213,35 @@ def test_stream_restarts_from_its_checkpoint(spark, feed, tmp_path):
     run_stream(spark, STREAM_QUERIES, inbox, tmp_path / "out", tmp_path / "ck")  # a new query, same checkpoint
     assert lines(spark.read.text(str(tmp_path / "out" / "matches.jsonl"))) == batch
     assert 0 < sum(first.values()) < sum(batch.values())
+
+
+def run_cli_bounded(spark, args: list[str], seconds: float = 600) -> int:
+    """``yfpp`` with ``args`` (in this thread: the active session is per thread, and a thread
+    without one would start and stop its own); a timer stops the stream if it runs ``seconds``."""
+    timer = threading.Timer(seconds, lambda: [q.stop() for q in spark.streams.active])
+    timer.start()
+    started = time.monotonic()
+    try:
+        code = main(args)
+    finally:
+        timer.cancel()
+    assert time.monotonic() - started < seconds, f"yfpp {' '.join(args[:2])} did not stop by itself"
+    return code
+
+
+def test_idle_stop_stops_a_fresh_and_a_restarted_stream(spark, tmp_path, capsys):
+    """The bound (600 s) only catches a stream that never stops: on a quiet machine each run takes seconds."""
+    inbox, out = tmp_path / "inbox", tmp_path / "out"
+    inbox.mkdir()
+    args = ["spark", "--stream", "-q", "[tag_id]//shelf//exit(10)", "-i", str(inbox), "-o", str(out), "--idle-stop", "2"]
+    write_events([{"type": "shelf", "ts": 0, "tag_id": 1}, {"type": "exit", "ts": 1, "tag_id": 1}], inbox / "a.jsonl")
+    assert run_cli_bounded(spark, args) == 0
+    write_events([{"type": "shelf", "ts": 2, "tag_id": 2}, {"type": "exit", "ts": 3, "tag_id": 2}], inbox / "b.jsonl")
+    assert run_cli_bounded(spark, args) == 0  # restarted from OUTDIR/_checkpoint: one new file, then idle
+    assert run_cli_bounded(spark, args) == 0  # restarted with nothing new
+    assert not spark.streams.active
+    log = capsys.readouterr().err
+    assert log.count(": 1 matches (q 1)") == 2, log  # one per file (batches without input may come between)
 
 
 def test_socket_source_reads_lines_as_they_come():

@@ -164,3 +164,22 @@ def test_bad_inputs_are_one_error_line(spark, queries, tmp_path, monkeypatch, ca
     code, err = run_cli(capsys, queries, "-i", "in", "-o", "out")
     assert code == 2 and err.startswith("yfpp: error: ") and err.count("\n") == 1, err
     assert {"missing": "no such input", "truncated_gzip": "cannot read"}.get(case, "no input files") in err
+
+
+def test_late_event_step_runs_only_when_an_event_can_be_late():
+    """The split summaries decide: an out-of-order event inside a split (``pos``), or a split
+    whose smallest ts (``prev_max``) is below the largest ts of the splits before it."""
+    from pyspark.sql import Row
+
+    from yfpp.spark.read import any_late, split_offsets
+
+    def summary(path: str, lo: float, hi: float, late: int = 0) -> Row:
+        return Row(path=path, block=0, n=10, line=10, ts=hi, pos=late, prev_max=lo)
+
+    def late(*stats: Row) -> bool:
+        return any_late(list(stats), split_offsets(list(stats), False))
+
+    assert not late(summary("a", 0, 5), summary("b", 5, 9))  # ordered (equal ts is not late)
+    assert late(summary("a", 0, 5), summary("b", 4, 9))  # b's first events are below a's last
+    assert late(summary("a", 0, 5, late=1), summary("b", 6, 9))  # one inside a
+    assert not late(summary("a", 0, 5), Row(path="b", block=0, n=1, line=1, ts=None, pos=0, prev_max=None))  # only malformed

@@ -33,6 +33,7 @@ def events_only(df: DataFrame) -> DataFrame:
 
     ``df`` needs ``seq``, ``type`` and ``ts``; its attributes are an ``attrs``
     JSON column, or else every other column (nulls are missing attributes).
+    ``ts``: see :func:`ts_seconds`.
     """
     if "reason" in df.columns:
         df = df.where(F.col("reason").isNull())
@@ -41,7 +42,20 @@ def events_only(df: DataFrame) -> DataFrame:
         df = df.withColumn("attrs", F.to_json(F.struct(*rest)) if rest else F.lit("{}"))
     if "xml" not in df.columns:
         df = df.withColumn("xml", F.lit(None).cast("string"))
-    return df.select(F.col("seq").cast("long"), "type", F.col("ts").cast("double"), "attrs", "xml")
+    return df.select(F.col("seq").cast("long"), "type", ts_seconds(df, "ts").alias("ts"), "attrs", "xml")
+
+
+def ts_seconds(df: DataFrame, name: str) -> Column:
+    """Column ``name`` of ``df`` as seconds (a double): a number as it is (seconds), a
+    ``timestamp`` as seconds since the epoch (the instant, whatever the session
+    time zone), a ``timestamp_ntz`` or ``date`` read as UTC; fractions kept (µs)."""
+    kind = dict(df.dtypes)[name]
+    if kind == "timestamp":
+        return F.unix_micros(F.col(name)) / F.lit(1e6)
+    if kind in ("timestamp_ntz", "date"):
+        epoch = F.lit("1970-01-01 00:00:00").cast("timestamp_ntz")
+        return F.timestamp_diff("MICROSECOND", epoch, F.col(name).cast("timestamp_ntz")) / F.lit(1e6)
+    return F.col(name).cast("double")
 
 
 def key_hash(key: tuple[str, ...]) -> Column:
@@ -112,8 +126,8 @@ def match(spark: SparkSession, queries: Any, events_df: DataFrame, *, policy: st
 def match_with_stats(spark: SparkSession, queries: Any, events_df: DataFrame, *, policy: str | None = None,
                      partitions: int | None = None) -> DataFrame:
     """:func:`match`'s rows plus one row per task with ``query`` null and in ``json``
-    ``{"task", "rows", "engines", "seconds"}``: the rows (event copies) it matched, the
-    engines it ran (one per group and slice), its Python time."""
+    ``{"task", "rows", "engines", "seconds", "matches"}``: the rows (event copies) it matched, the
+    engines it ran (one per group and slice), its Python time, its matches per query."""
     groups = group_queries(effective_queries(queries, policy))
     derived_ids = any(p.feedback for g in groups for _, p in g.queries)  # bindings hold strings too
     events = events_only(events_df)
@@ -144,9 +158,13 @@ def _runner(groups: list[Group], slicings: dict[int, Slicing], schema: pa.Schema
         rows: list[tuple] = []
         current, engine, sl = None, None, None
         n_rows = n_engines = 0
+        per_query: dict[str, int] = {}
 
         def keep(ms: list[dict], s: int) -> None:
-            rows.extend(match_row(m, as_text) for m in ms if sl is None or sl.own(m["start"]) == s)
+            for m in ms:
+                if sl is None or sl.own(m["start"]) == s:
+                    rows.append(match_row(m, as_text))
+                    per_query[str(m["query"])] = per_query.get(str(m["query"]), 0) + 1
 
         for rb in batches:
             c = rb.to_pydict()
@@ -165,7 +183,7 @@ def _runner(groups: list[Group], slicings: dict[int, Slicing], schema: pa.Schema
             keep(engine.flush(), current[1])
         ctx = TaskContext.get()
         task = {"task": ctx.partitionId() if ctx else None, "rows": n_rows, "engines": n_engines,
-                "seconds": round(time.process_time() - started, 3)}
+                "seconds": round(time.process_time() - started, 3), "matches": per_query}
         rows.append((None, None, None, None, None, json.dumps(task)))
         yield _batch(rows, schema)
 

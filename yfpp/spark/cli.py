@@ -85,6 +85,7 @@ def cmd_spark(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise YfppError("yfpp spark needs PySpark: pip install 'yfpp[spark]'") from e
     owned = SparkSession.getActiveSession() is None
+    started = time.perf_counter()
     builder = SparkSession.builder.appName("yfpp").config("spark.ui.showConsoleProgress", "false")  # counters on stderr
     for cap in ("max_runs_per_query", "max_buffer_per_query"):  # the engines on the executors read these
         if getattr(args, cap) is not None:
@@ -100,6 +101,7 @@ def cmd_spark(args: argparse.Namespace) -> int:
     if args.partitions:
         builder = builder.config("spark.sql.shuffle.partitions", str(args.partitions))
     spark = builder.getOrCreate()
+    args.start_seconds = time.perf_counter() - started if owned else None
     if not args.partitions and not spark.sparkContext.getConf().contains("spark.sql.shuffle.partitions"):
         spark.conf.set("spark.sql.shuffle.partitions", str(2 * spark.sparkContext.defaultParallelism))
     try:
@@ -130,35 +132,45 @@ def batch(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namespa
     from pyspark.sql import functions as F
 
     from yfpp.spark.batch import match_with_stats
+    from yfpp.spark.costs import Steps
     from yfpp.spark.read import read_events_df
 
     started = time.perf_counter()
-    events = read_events_df(spark, args.input, args.format, ts_field=args.ts_field, ts_unit=args.ts_unit)
-    rows = match_with_stats(spark, queries, events, policy=args.policy, partitions=args.partitions).persist()
+    steps = Steps(spark, getattr(args, "start_seconds", None))
+    events = read_events_df(spark, args.input, args.format, ts_field=args.ts_field, ts_unit=args.ts_unit, step=steps.step)
+    with steps.step("plan the match, time range"):
+        rows = match_with_stats(spark, queries, events, policy=args.policy, partitions=args.partitions).persist()
     matches = rows.where(F.col("query").isNotNull())
     out, mode = qualify(spark, args.output), {"error": "errorifexists"}.get(args.mode, args.mode)
-    matches.select("json").write.mode(mode).text(os.path.join(out, "matches.jsonl"))
-    columns = matches.drop("json").write.mode(mode).partitionBy(*args.partition_by)
-    columns.parquet(os.path.join(out, "matches.parquet"))
-    if args.table:
-        matches.drop("json").write.mode(mode).partitionBy(*args.partition_by).saveAsTable(args.table)
-    dead = events.where(F.col("reason").isNotNull())
-    dead.select(F.to_json(F.struct("seq", "position", "reason", "raw"), {"ignoreNullFields": "false"})) \
-        .write.mode(mode).text(os.path.join(out, "dead_letters.jsonl"))
-    counts = {r["query"]: r["count"] for r in matches.groupBy("query").count().collect()}
-    kinds = {r["dead"]: r["count"] for r in events.groupBy(F.col("reason").isNotNull().alias("dead")).count().collect()}
-    n_dead, n_events = kinds.get(True, 0), kinds.get(False, 0)
+    with steps.step("route, shuffle, sort, match; write jsonl"):
+        matches.select("json").write.mode(mode).text(os.path.join(out, "matches.jsonl"))
+    with steps.step("write matches.parquet"):
+        columns = matches.drop("json").write.mode(mode).partitionBy(*args.partition_by)
+        columns.parquet(os.path.join(out, "matches.parquet"))
+        if args.table:
+            matches.drop("json").write.mode(mode).partitionBy(*args.partition_by).saveAsTable(args.table)
+    with steps.step("write dead letters"):
+        dead = events.where(F.col("reason").isNotNull())
+        dead.select(F.to_json(F.struct("seq", "position", "reason", "raw"), {"ignoreNullFields": "false"})) \
+            .write.mode(mode).text(os.path.join(out, "dead_letters.jsonl"))
+    with steps.step("count"):  # matches per query from the tasks' own counts, events in one pass over the cache
+        tasks = sorted((json.loads(r["json"]) for r in rows.where(F.col("query").isNull()).collect()),
+                       key=lambda t: t["task"])
+        n_dead, n_events = events.agg(F.count("reason"), F.count(F.when(F.col("reason").isNull(), 1))).first()
+    counts: dict[str, int] = {}
+    for t in tasks:
+        for name, n in t["matches"].items():
+            counts[name] = counts.get(name, 0) + n
     elapsed = time.perf_counter() - started
     lines = [f"events            {n_events:,}", f"elapsed           {elapsed:.3f} s",
              f"events/s          {n_events / max(elapsed, 1e-9):,.0f}", f"dead letters      {n_dead:,}",
              "matches per query:"]
-    lines += [f"  {name:<24} {counts.get(name, 0):,}" for name in dict.fromkeys(n for n, _ in queries)]
+    lines += [f"  {name:<24} {counts.get(str(name), 0):,}" for name in dict.fromkeys(n for n, _ in queries)]
     if args.stats:
-        tasks = sorted((json.loads(r["json"]) for r in rows.where(F.col("query").isNull()).collect()),
-                       key=lambda t: t["task"])
         lines.append("rows per task (matching):")
         lines += [f"  task {t['task']:<4} {t['rows']:>12,} rows {t['engines']:>6,} engines {t['seconds']:>9.3f} s"
                   for t in tasks]
+        lines += steps.report()
     print("\n".join(lines), file=sys.stderr)
     rows.unpersist()
     events.unpersist()
@@ -188,16 +200,21 @@ def wait_idle(query: Any, idle_stop: float | None) -> None:
 
     Activity is a finished micro-batch that read rows (its progress report), or
     one running on new data now — not the trigger's polling, which never stops.
+    The idle time counts from the first time the query has looked at its
+    source (a progress report, or its status waiting for data): a query still
+    starting — a restarted one recovering its state — is not idle.
     """
-    last_active, last_batch = time.monotonic(), None
+    last_active, last_batch, looked = time.monotonic(), None, False
     while not query.awaitTermination(1):
-        progress = query.lastProgress
+        progress, status = query.lastProgress, query.status
         if progress is not None and progress["batchId"] != last_batch:
             last_batch = progress["batchId"]
             if progress["numInputRows"]:
                 last_active = time.monotonic()
-        status = query.status
-        if status["isTriggerActive"] and status["isDataAvailable"]:
+        if not looked:
+            looked = progress is not None or status["message"].startswith("Waiting")
+            last_active = time.monotonic()
+        elif status["isTriggerActive"] and status["isDataAvailable"]:
             last_active = time.monotonic()
         elif idle_stop is not None and time.monotonic() - last_active > idle_stop:
             return

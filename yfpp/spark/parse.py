@@ -13,8 +13,9 @@ one of two shapes, and :func:`parse_batches` (a ``mapInArrow`` function) runs
 Every record gives a row (events and malformed records alike) with its index
 ``pos`` and line within its split and the largest ts before it in the split;
 after the last record of a split comes one summary row (``n`` = records,
-``line`` = lines, ``ts`` = largest ts) from which the driver computes global
-seq numbers and late events (:mod:`yfpp.spark.read`).
+``line`` = lines, ``ts`` = largest ts, ``prev_max`` = smallest ts, ``pos`` =
+the events below a larger ts before them in the split) from which the driver
+computes global seq numbers and late events (:mod:`yfpp.spark.read`).
 """
 
 from __future__ import annotations
@@ -84,6 +85,8 @@ class _Split:
         self.path, self.block = path, block
         self.n = self.lines = 0
         self.max_ts: float | None = None
+        self.min_ts: float | None = None
+        self.late = 0  # events with ts below the largest ts before them in the split
 
     def rows(self, recs: Iterator[tuple]) -> Iterator[tuple]:
         base_pos, base_line = self.n, self.lines
@@ -94,11 +97,17 @@ class _Split:
             yield (self.path, self.block, pos + base_pos, line, self.max_ts, type_, ts, attrs, xml, reason,
                    position, raw, None)
             self.n = pos + base_pos + 1
+            if ts is not None and reason is None:
+                if self.max_ts is not None and ts < self.max_ts:
+                    self.late += 1
+                if self.min_ts is None or ts < self.min_ts:
+                    self.min_ts = ts
             if ts is not None and (self.max_ts is None or ts > self.max_ts):
                 self.max_ts = ts
 
     def summary(self) -> tuple:
-        return (self.path, self.block, -1, self.lines, None, None, self.max_ts, None, None, None, None, None, self.n)
+        return (self.path, self.block, self.late, self.lines, self.min_ts, None, self.max_ts, None, None, None, None, None,
+                self.n)
 
 
 def parse_batches(options: dict[str, str]) -> Any:

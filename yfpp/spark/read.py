@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import nullcontext
 from functools import reduce
-from typing import Any
+from typing import Any, Callable, ContextManager
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
@@ -26,7 +27,8 @@ _OFFSETS_SCHEMA = "path string, block long, seq_base long, line_base long, befor
 
 
 def read_events_df(spark: SparkSession, path: str | os.PathLike[str], format: str | None = None, *,
-                   ts_field: str = "ts", ts_unit: str = "s") -> DataFrame:
+                   ts_field: str = "ts", ts_unit: str = "s",
+                   step: Callable[[str], ContextManager[Any]] | None = None) -> DataFrame:
     """Every record of a file, a directory's files (recursively) or a glob's, in path order, as a
     persisted DataFrame (``unpersist()`` it when done).
 
@@ -38,9 +40,12 @@ def read_events_df(spark: SparkSession, path: str | os.PathLike[str], format: st
     events (ts below the largest earlier ts, as ``yfpp run`` with
     ``max_delay`` 0) are dead letters; :func:`yfpp.spark.match` skips them.
     Raises :class:`~yfpp.errors.InputError` for a missing or empty input.
+    ``step``: names the Spark jobs of each reading step (:meth:`yfpp.spark.costs.Steps.step`).
     """
+    step = step or (lambda name: nullcontext())
     given = os.fspath(path)
-    files = inputs.list_files(spark, given)
+    with step("list input"):
+        files = inputs.list_files(spark, given)
     opts = {"ts_field": ts_field, "ts_unit": ts_unit, **({"format": format} if format else {})}
     split = [f for f in files if inputs.splittable(f, format)]
     whole = [f for f in files if not inputs.splittable(f, format)]
@@ -55,8 +60,10 @@ def read_events_df(spark: SparkSession, path: str | os.PathLike[str], format: st
             F.col("value").cast("binary").alias("content"), F.lit(False).alias("whole")))
     parsed = reduce(DataFrame.union, parts).mapInArrow(parse_batches(opts), PARSED_SCHEMA) \
         .persist(StorageLevel.MEMORY_AND_DISK)
-    stats = parsed.where(F.col("n").isNotNull()).select("path", "block", "n", "line", "ts").collect()
-    offsets = spark.createDataFrame(split_offsets(stats, inputs.single_file(given, files)), _OFFSETS_SCHEMA)
+    with step("read + parse (readers), summaries"):
+        stats = parsed.where(F.col("n").isNotNull()).select("path", "block", "n", "line", "ts", "pos", "prev_max").collect()
+    split_rows = split_offsets(stats, inputs.single_file(given, files))
+    offsets = spark.createDataFrame(split_rows, _OFFSETS_SCHEMA)
     r = parsed.where(F.col("n").isNull()).join(F.broadcast(offsets), ["path", "block"])
     seq = F.col("seq_base") + F.col("pos")
     stream_time = F.greatest("prev_max", "before")
@@ -70,13 +77,25 @@ def read_events_df(spark: SparkSession, path: str | os.PathLike[str], format: st
         F.when(late, F.concat(F.lit("seq "), seq)).otherwise(position).alias("position"),
         "raw", F.coalesce(late, F.lit(False)).alias("late"),  # null (no earlier ts) is not late
     )
-    late_raw = F.udf(lambda t, ts, attrs: event_raw(t, ts, json.loads(attrs)), "string")  # the engine's raw of a late event
-    events = events.where(~F.col("late")).drop("late").unionByName(  # the UDF runs on the late rows only
-        events.where(F.col("late")).drop("late").withColumn("raw", late_raw("type", "ts", "attrs"))
-    ).persist(StorageLevel.MEMORY_AND_DISK)
-    events.count()
+    if any_late(stats, split_rows):
+        late_raw = F.udf(lambda t, ts, attrs: event_raw(t, ts, json.loads(attrs)), "string")  # the engine's raw of a late event
+        events = events.where(~F.col("late")).drop("late").unionByName(  # the UDF runs on the late rows only
+            events.where(F.col("late")).drop("late").withColumn("raw", late_raw("type", "ts", "attrs")))
+    else:  # an ordered feed: no Python stage for late events
+        events = events.drop("late")
+    events = events.persist(StorageLevel.MEMORY_AND_DISK)
+    with step("seq numbers, late events, cache"):
+        events.count()
     parsed.unpersist()
     return events
+
+
+def any_late(stats: list[Any], offsets: list[tuple]) -> bool:
+    """May a split hold a late event? One below a larger ts before it in its split (counted by the
+    reader, ``pos`` of its summary), or a smallest ts (``prev_max``) below the splits' before it."""
+    before = {(o[0], o[1]): o[4] for o in offsets}
+    return any(s["pos"] or (s["prev_max"] is not None and before[(s["path"], s["block"])] is not None
+                            and s["prev_max"] < before[(s["path"], s["block"])]) for s in stats)
 
 
 def split_offsets(stats: list[Any], single: bool) -> list[tuple]:
