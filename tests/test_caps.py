@@ -28,6 +28,14 @@ def runaway_feed(n_b: int = 1000) -> list[dict]:
     return [{"type": "a", "ts": 0}] + [{"type": "b", "ts": 1 + i} for i in range(n_b)] + [{"type": "c", "ts": n_b + 1}]
 
 
+def matches_of(p: Pattern, events: list[Event], **opts) -> tuple[Counter, Engine]:
+    """The matches of ``p`` alone on ``events`` (as JSON texts, counted) and the engine after them."""
+    eng = Engine(dead_letters=DeadLetters(), reports=None, **opts)
+    eng.register(p, name="q")
+    out = [m for e in events for m in eng.process(Event(e.type, e.ts, dict(e.attrs), e.seq))] + eng.flush()
+    return Counter(json.dumps(m, sort_keys=True) for m in out), eng
+
+
 def test_runaway_kleene_is_capped_and_reported():
     sink = io.StringIO()
     eng = Engine(max_runs_per_query=2000, reports=sink, dead_letters=DeadLetters())
@@ -83,10 +91,7 @@ def test_a_query_without_a_window_says_its_state_is_growing():
 @given(patterns(), streams(max_events=12), st.integers(1, 4), st.integers(1, 6))
 def test_shedding_never_invents_a_match(pattern, events, max_runs, max_buffer):
     def run(p: Pattern, **caps):
-        eng = Engine(dead_letters=DeadLetters(), reports=None, **caps)
-        eng.register(p, name="q")
-        out = [m for e in events for m in eng.process(Event(e.type, e.ts, dict(e.attrs), e.seq))] + eng.flush()
-        return Counter(json.dumps(m, sort_keys=True) for m in out), eng
+        return matches_of(p, events, **caps)
 
     free, _ = run(pattern)
     capped, eng = run(pattern, max_runs_per_query=max_runs, max_buffer_per_query=max_buffer)
@@ -160,10 +165,7 @@ def test_earliest_maximal_holds_at_most_max_runs_matches():
 @given(set_patterns(), streams(max_events=10), st.integers(1, 6), st.integers(1, 6), st.sampled_from(["direct", "match-window"]))
 def test_set_caps_never_invent_a_match(pattern, events, max_runs, max_buffer, strategy):
     def run(p: Pattern, **caps):
-        eng = Engine(dead_letters=DeadLetters(), reports=None, strategy=strategy, **caps)
-        eng.register(p, name="q")
-        out = [m for e in events for m in eng.process(Event(e.type, e.ts, dict(e.attrs), e.seq))] + eng.flush()
-        return Counter(json.dumps(m, sort_keys=True) for m in out), eng
+        return matches_of(p, events, strategy=strategy, **caps)
 
     free, _ = run(pattern)
     capped, eng = run(pattern, max_runs_per_query=max_runs, max_buffer_per_query=max_buffer)
