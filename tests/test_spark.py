@@ -310,6 +310,7 @@ def test_set_queries_on_spark_equal_run(spark, rfid, tmp_path, capsys):
         Path(files[-1]).write_text("".join(f"@query {n}\n{q}\n" for n, q in queries if q.startswith("P") == (ext == "sase")))
     feed = str(rfid / "feed.jsonl")
     assert main(["spark", "-q", *files, "-i", feed, "-o", str(tmp_path / "out"), "--partitions", "3"]) == 0
+    assert spark.conf.get("spark.sql.shuffle.partitions") == "4"  # a borrowed session gets its options back
     capsys.readouterr()
     assert main(["run", "-q", *files, "-i", feed]) == 0
     expected = Counter(capsys.readouterr().out.splitlines())

@@ -84,7 +84,8 @@ def cmd_spark(args: argparse.Namespace) -> int:
         from pyspark.sql import SparkSession
     except ImportError as e:
         raise YfppError("yfpp spark needs PySpark: pip install 'yfpp[spark]'") from e
-    owned = SparkSession.getActiveSession() is None
+    active = SparkSession.getActiveSession()
+    owned = active is None
     started = time.perf_counter()
     builder = SparkSession.builder.appName("yfpp").config("spark.ui.showConsoleProgress", "false")  # counters on stderr
     for cap in ("max_runs_per_query", "max_buffer_per_query"):  # the engines on the executors read these
@@ -100,6 +101,9 @@ def cmd_spark(args: argparse.Namespace) -> int:
         builder = builder.config(key.strip(), value)
     if args.partitions:
         builder = builder.config("spark.sql.shuffle.partitions", str(args.partitions))
+    # a borrowed session gets its SQL options back afterwards (getOrCreate sets them on it)
+    keys = [kv.partition("=")[0].strip() for kv in args.conf] + ["spark.sql.shuffle.partitions"]
+    saved = {} if owned else {k: active.conf.get(k, None) for k in keys if active.conf.isModifiable(k)}
     spark = builder.getOrCreate()
     args.start_seconds = time.perf_counter() - started if owned else None
     if not args.partitions and not spark.sparkContext.getConf().contains("spark.sql.shuffle.partitions"):
@@ -113,6 +117,11 @@ def cmd_spark(args: argparse.Namespace) -> int:
     finally:
         if owned:
             spark.stop()
+        for k, v in saved.items():
+            if v is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, v)
 
 
 def job_error(e: BaseException) -> str:
