@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -85,25 +86,9 @@ EDITS = st.lists(st.tuples(st.floats(0, 1), st.one_of(st.sampled_from(list(SPECI
                  min_size=1, max_size=3)
 
 
+@pytest.mark.parametrize("feed", ["xml", "rootless", "jsonl", "pretty"],
+                         ids=["xml-document", "rootless-xml-feed", "json-lines", "xml-with-multi-line-events"])
 @SETTINGS
 @given(seed=st.integers(0, 50), edits=EDITS, trickle=st.one_of(st.none(), st.integers(0, 1000)))
-def test_corrupted_xml_document(seed, edits, trickle):
-    check("xml", seed, edits, trickle)
-
-
-@SETTINGS
-@given(seed=st.integers(0, 50), edits=EDITS, trickle=st.one_of(st.none(), st.integers(0, 1000)))
-def test_corrupted_rootless_xml_feed(seed, edits, trickle):
-    check("rootless", seed, edits, trickle)
-
-
-@SETTINGS
-@given(seed=st.integers(0, 50), edits=EDITS, trickle=st.one_of(st.none(), st.integers(0, 1000)))
-def test_corrupted_json_lines(seed, edits, trickle):
-    check("jsonl", seed, edits, trickle)
-
-
-@SETTINGS
-@given(seed=st.integers(0, 50), edits=EDITS, trickle=st.one_of(st.none(), st.integers(0, 1000)))
-def test_corrupted_xml_with_multi_line_events(seed, edits, trickle):
-    check("pretty", seed, edits, trickle)
+def test_corrupted_feed(feed, seed, edits, trickle):
+    check(feed, seed, edits, trickle)
