@@ -22,8 +22,8 @@ from yfpp.engine import Engine  # noqa: E402
 from yfpp.errors import InputError  # noqa: E402
 from yfpp.generate import generate_rfid, generate_stock, write_events  # noqa: E402
 from yfpp.readers import read_events  # noqa: E402
-from yfpp.spark import match, read_events_df, stream_matches  # noqa: E402
-from yfpp.spark.stream import read_stream, write_stream  # noqa: E402
+from yfpp.spark import match, read_events_df  # noqa: E402
+from yfpp.spark.stream import finish, start_stream  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RFID_QUERIES = {
@@ -164,12 +164,7 @@ def split_feed(records: list[dict], folder: Path, parts: int) -> list[Path]:
 
 
 def run_stream(spark, queries: dict[str, str], inbox: Path, out: Path, checkpoint: Path, max_files: int | None = None) -> None:
-    q = write_stream(stream_matches(spark, queries, read_stream(spark, str(inbox), max_files=max_files)),
-                     str(out), str(checkpoint))
-    try:
-        q.processAllAvailable()
-    finally:
-        q.stop()
+    finish(start_stream(spark, queries, str(out), str(checkpoint), path=str(inbox), max_files=max_files))
 
 
 STREAM_QUERIES = {k: RFID_QUERIES[k] for k in ("shop_sase", "out_xpath", "unkeyed", "quiet_tag", "first_out")}

@@ -187,25 +187,27 @@ def batch(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namespa
 
 
 def stream(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namespace) -> int:
-    from yfpp.spark.stream import read_stream, stream_matches, write_stream
+    from yfpp.spark.stream import finish, start_stream
 
     out = qualify(spark, args.output)
-    events = read_stream(spark, None if args.socket else os.path.abspath(args.input), socket=args.socket, format=args.format,
-                         ts_field=args.ts_field, ts_unit=args.ts_unit, max_files=args.max_files)
-    query = write_stream(stream_matches(spark, queries, events, policy=args.policy), out,
-                         qualify(spark, args.checkpoint) if args.checkpoint else os.path.join(out, "_checkpoint"),
-                         interval=f"{args.trigger} seconds" if args.trigger else None)
+    running = start_stream(spark, queries, out, qualify(spark, args.checkpoint or os.path.join(out, "_checkpoint")),
+                           path=None if args.socket else args.input, socket=args.socket, policy=args.policy,
+                           format=args.format, ts_field=args.ts_field, ts_unit=args.ts_unit, max_files=args.max_files,
+                           interval=f"{args.trigger} seconds" if args.trigger else None)
     try:
-        wait_idle(query, args.idle_stop)
+        wait_idle(running, args.idle_stop)
+        finish(running)  # idle: the matching query takes what the ingest query staged last
     except KeyboardInterrupt:
         pass
     finally:
-        query.stop()
+        for q in running:
+            q.stop()
     return 0
 
 
-def wait_idle(query: Any, idle_stop: float | None) -> None:
-    """Wait until ``query`` ends, or (``idle_stop``) until no micro-batch has read input for that long.
+def wait_idle(queries: list[Any], idle_stop: float | None) -> None:
+    """Wait until a query of ``queries`` ends (a failed one raises its error), or (``idle_stop``)
+    until the first — the one reading the input — has read nothing for that long.
 
     Activity is a finished micro-batch that read rows (its progress report), or
     one running on new data now — not the trigger's polling, which never stops.
@@ -213,8 +215,13 @@ def wait_idle(query: Any, idle_stop: float | None) -> None:
     source (a progress report, or its status waiting for data): a query still
     starting — a restarted one recovering its state — is not idle.
     """
+    query = queries[0]
     last_active, last_batch, looked = time.monotonic(), None, False
     while not query.awaitTermination(1):
+        for other in queries[1:]:
+            if not other.isActive:
+                other.awaitTermination()  # raises the query's error
+                return
         progress, status = query.lastProgress, query.status
         if progress is not None and progress["batchId"] != last_batch:
             last_batch = progress["batchId"]

@@ -62,7 +62,18 @@ def read_events_df(spark: SparkSession, path: str | os.PathLike[str], format: st
         .persist(StorageLevel.MEMORY_AND_DISK)
     with step("read + parse (readers), summaries"):
         stats = parsed.where(F.col("n").isNotNull()).select("path", "block", "n", "line", "ts", "pos", "prev_max").collect()
-    split_rows = split_offsets(stats, inputs.single_file(given, files))
+    events = number_events(spark, parsed, stats, split_offsets(stats, inputs.single_file(given, files)))
+    events = events.persist(StorageLevel.MEMORY_AND_DISK)
+    with step("seq numbers, late events, cache"):
+        events.count()
+    parsed.unpersist()
+    return events
+
+
+def number_events(spark: SparkSession, parsed: DataFrame, stats: list[Any], split_rows: list[tuple]) -> DataFrame:
+    """The records of ``parsed`` (:data:`~yfpp.spark.parse.PARSED_SCHEMA` rows) with global ``seq``
+    numbers, late events as dead letters and positions in their files, from the splits' offsets
+    (:func:`split_offsets` of their summaries ``stats``). Columns: ``read_events_df``'s."""
     offsets = spark.createDataFrame(split_rows, _OFFSETS_SCHEMA)
     r = parsed.where(F.col("n").isNull()).join(F.broadcast(offsets), ["path", "block"])
     seq = F.col("seq_base") + F.col("pos")
@@ -83,10 +94,6 @@ def read_events_df(spark: SparkSession, path: str | os.PathLike[str], format: st
             events.where(F.col("late")).drop("late").withColumn("raw", late_raw("type", "ts", "attrs")))
     else:  # an ordered feed: no Python stage for late events
         events = events.drop("late")
-    events = events.persist(StorageLevel.MEMORY_AND_DISK)
-    with step("seq numbers, late events, cache"):
-        events.count()
-    parsed.unpersist()
     return events
 
 
@@ -98,16 +105,18 @@ def any_late(stats: list[Any], offsets: list[tuple]) -> bool:
                             and s["prev_max"] < before[(s["path"], s["block"])]) for s in stats)
 
 
-def split_offsets(stats: list[Any], single: bool) -> list[tuple]:
+def split_offsets(stats: list[Any], single: bool, start: tuple[int, float | None] = (0, None),
+                  root: str | None = None) -> list[tuple]:
     """``(path, block, seq_base, line_base, before, prefix)`` per split from the splits'
     ``(path, block, n, line, ts)`` summaries: the records and largest ts of the
-    splits before it (path order), the lines before it in its file, and the
-    prefix of its dead letters' positions (its path below the files' common folder)."""
+    splits before it (path order; ``start``: those of the input before these splits),
+    the lines before it in its file, and the prefix of its dead letters' positions
+    (its path below folder ``root``, by default the files' common folder)."""
     rows = sorted((s[0], s[1], s[2], s[3], s[4]) for s in stats)
     paths = sorted({r[0] for r in rows})
-    common = os.path.commonprefix(paths).rpartition("/")[0] + "/" if paths else ""
+    common = root.rstrip("/") + "/" if root else os.path.commonprefix(paths).rpartition("/")[0] + "/" if paths else ""
     out = []
-    seq, before, line_base, prev = 0, None, 0, None
+    (seq, before), line_base, prev = start, 0, None
     for path, block, n, lines, ts in rows:
         if path != prev:
             line_base, prev = 0, path

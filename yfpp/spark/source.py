@@ -1,16 +1,15 @@
-"""The streaming Python data source ``yfpp_stream`` (Spark 4), running the project's readers.
+"""The streaming Python data source ``yfpp_stream`` (Spark 4): lines from a socket, a demo source.
 
-New files of a local directory in name order, or lines from a socket (a demo:
-not replayable), read on the driver: the source assigns the global seq and
-flags late events itself, and keeps both in its offsets. (Batch input goes
-through Spark's file system layer instead: :mod:`yfpp.spark.read`.)
+It runs on the driver: it reads what arrived, runs the project's readers,
+assigns the global seq and flags late events itself, and keeps both in its
+offsets. (A directory stream is read by Spark's file source on the executors
+instead: :mod:`yfpp.spark.ingest`.)
 """
 
 from __future__ import annotations
 
 import io
 import json
-import os
 import socket
 from typing import Any, Iterator
 
@@ -24,20 +23,10 @@ from yfpp.spark.parse import records
 EVENT_SCHEMA = "seq long, type string, ts double, attrs string, xml string, reason string, position string, raw string"
 
 
-def list_files(path: str) -> list[str]:
-    """``path`` itself, or the files of directory ``path`` in name order (hidden and ``_…`` names skipped)."""
-    if not os.path.isdir(path):
-        if not os.path.isfile(path):
-            raise InputError(f"no such input: {path}")
-        return [path]
-    names = sorted(n for n in os.listdir(path) if not n.startswith((".", "_")))
-    return [os.path.join(path, n) for n in names if os.path.isfile(os.path.join(path, n))]
-
-
 class YfppStreamSource(DataSource):
-    """``spark.readStream.format("yfpp_stream")`` with option ``path`` (a directory) or ``socket`` (host:port).
+    """``spark.readStream.format("yfpp_stream")`` with option ``socket`` (host:port).
 
-    Options: format, ts_field, ts_unit, max_files (per micro-batch, directory only).
+    Options: format, ts_field, ts_unit.
     """
 
     @classmethod
@@ -48,8 +37,7 @@ class YfppStreamSource(DataSource):
         return EVENT_SCHEMA
 
     def simpleStreamReader(self, schema: Any) -> SimpleDataSourceStreamReader:
-        opts = dict(self.options)
-        return _SocketReader(opts) if "socket" in opts else _DirectoryReader(opts)
+        return _SocketReader(dict(self.options))
 
 
 class _Sequencer:
@@ -75,32 +63,6 @@ class _Sequencer:
 
     def offset(self, **extra: Any) -> dict:
         return {"seq": self.seq, "max_ts": self.max_ts, **extra}
-
-
-class _DirectoryReader(SimpleDataSourceStreamReader):
-    """New files of a directory, in name order: a file must be complete when it appears (write, then rename)."""
-
-    def __init__(self, options: dict[str, str]):
-        self.options = options
-        self.max_files = int(options.get("max_files", 0)) or None
-
-    def initialOffset(self) -> dict:
-        return {"files": 0, "seq": 0, "max_ts": None}
-
-    def _read(self, start: dict, stop: int | None) -> tuple[list[tuple], dict]:
-        files = list_files(self.options["path"])[start["files"]:stop]
-        if stop is None and self.max_files:
-            files = files[: self.max_files]
-        seqr = _Sequencer(start["seq"], start["max_ts"])
-        rows = [row for f in files for row in seqr.rows(records(f, self.options, os.path.basename(f)))]
-        return rows, seqr.offset(files=start["files"] + len(files))
-
-    def read(self, start: dict) -> tuple[Iterator[tuple], dict]:
-        rows, end = self._read(start, None)
-        return iter(rows), end
-
-    def readBetweenOffsets(self, start: dict, end: dict) -> Iterator[tuple]:
-        return iter(self._read(start, end["files"])[0])
 
 
 class _SocketReader(SimpleDataSourceStreamReader):

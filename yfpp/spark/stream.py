@@ -33,7 +33,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.streaming.state import GroupState
 
-from yfpp.spark import source
+from yfpp.spark import ingest, source
 from yfpp.spark.batch import MATCH_SCHEMA, key_hash
 from yfpp.spark.plan import Group, advance_key, effective_queries, group_queries, match_row
 
@@ -50,13 +50,56 @@ SHIFT = 10**9
 warnings.filterwarnings("ignore", "The behavior of DataFrame concatenation with empty or all-NA", FutureWarning)
 
 
-def read_stream(spark: SparkSession, path: str | None = None, *, socket: str | None = None, format: str | None = None,
-                ts_field: str = "ts", ts_unit: str = "s", max_files: int | None = None) -> DataFrame:
-    """A streaming event DataFrame from new files of directory ``path`` (name order) or ``socket`` (host:port)."""
+def read_stream(spark: SparkSession, path: str | None = None, *, socket: str | None = None,
+                checkpoint: str | None = None, format: str | None = None, ts_field: str = "ts", ts_unit: str = "s",
+                max_files: int | None = None, interval: str | None = None) -> tuple[DataFrame, StreamingQuery | None]:
+    """A streaming event DataFrame from new files of directory ``path`` or lines from ``socket``
+    (host:port), and the query ingesting the directory (``None`` for a socket).
+
+    A directory is read by Spark's file source on the executors, and an ingest
+    query of its own numbers and stages the events under ``checkpoint`` (required
+    then; see :mod:`yfpp.spark.ingest`); ``max_files`` new files at most per
+    micro-batch, ``interval`` its trigger. A socket is read on the driver (a demo source).
+    """
+    if path is not None:
+        if checkpoint is None:
+            raise ValueError("a directory stream needs a checkpoint folder")
+        query, events = ingest.start_ingest(spark, path, checkpoint, format=format, ts_field=ts_field, ts_unit=ts_unit,
+                                            max_files=max_files, interval=interval)
+        return events, query
     source.register(spark)
-    opts = {"ts_field": ts_field, "ts_unit": ts_unit}
-    opts.update({k: str(v) for k, v in (("path", path), ("socket", socket), ("format", format), ("max_files", max_files)) if v})
-    return spark.readStream.format("yfpp_stream").options(**opts).load()
+    opts = {"ts_field": ts_field, "ts_unit": ts_unit, "socket": str(socket), **({"format": format} if format else {})}
+    return spark.readStream.format("yfpp_stream").options(**opts).load(), None
+
+
+def start_stream(spark: SparkSession, queries: Any, outdir: str, checkpoint: str, *, path: str | None = None,
+                 socket: str | None = None, policy: str | None = None, format: str | None = None, ts_field: str = "ts",
+                 ts_unit: str = "s", max_files: int | None = None, interval: str | None = None,
+                 log: Any = None) -> list[StreamingQuery]:
+    """Start a stream's queries: ingest (a directory only) and matching, checkpointed under
+    ``checkpoint`` (``ingest/``, ``staged/``, ``numbering/``; ``match/``), written to ``outdir``
+    (:func:`write_stream`). Stop them with :func:`finish`, or ``stop()`` each."""
+    checkpoint = checkpoint.rstrip("/")
+    events, ingesting = read_stream(spark, path, socket=socket, checkpoint=checkpoint, format=format, ts_field=ts_field,
+                                    ts_unit=ts_unit, max_files=max_files, interval=interval)
+    try:
+        matching = write_stream(stream_matches(spark, queries, events, policy=policy), outdir, f"{checkpoint}/match",
+                                interval=interval, log=log)
+    except BaseException:
+        if ingesting is not None:
+            ingesting.stop()
+        raise
+    return [q for q in (ingesting, matching) if q is not None]
+
+
+def finish(queries: list[StreamingQuery]) -> None:
+    """Process what is available, in order (ingest, then matching: what it staged), then stop every query."""
+    try:
+        for q in queries:
+            q.processAllAvailable()
+    finally:
+        for q in queries:
+            q.stop()
 
 
 def stream_matches(spark: SparkSession, queries: Any, events: DataFrame, *, policy: str | None = None) -> DataFrame:
@@ -114,16 +157,9 @@ def write_stream(matches: DataFrame, outdir: str, checkpoint: str, *, interval: 
 
     def sink(df: DataFrame, batch_id: int) -> None:
         df = df.persist()
-        counts = {(r["kind"], r["query"]): r["count"] for r in df.groupBy("kind", "query").count().collect()}
+        counts = write_batch(df, outdir, batch_id)
         n_matches = sum(n for (k, _), n in counts.items() if k == "match")
         n_dead = counts.get(("dead", None), 0)
-        found = df.where(F.col("kind") == "match")
-        if n_matches:
-            found.select("json").coalesce(1).write.mode("overwrite").text(f"{outdir}/matches.jsonl/batch={batch_id}")
-            found.drop("kind", "json").coalesce(1).write.mode("overwrite").parquet(f"{outdir}/matches.parquet/batch={batch_id}")
-        if n_dead:
-            df.where(F.col("kind") == "dead").select("json").coalesce(1).write.mode("overwrite").text(
-                f"{outdir}/dead_letters.jsonl/batch={batch_id}")
         per_query = ", ".join(f"{q} {n}" for (k, q), n in sorted(counts.items()) if k == "match")
         print(f"batch {batch_id}: {n_matches} matches{f' ({per_query})' if per_query else ''}, {n_dead} dead letters",
               file=log or sys.stderr)
@@ -133,3 +169,17 @@ def write_stream(matches: DataFrame, outdir: str, checkpoint: str, *, interval: 
     if interval:
         writer = writer.trigger(processingTime=interval)
     return writer.start()
+
+
+def write_batch(df: DataFrame, outdir: str, batch_id: int) -> dict[tuple[str, str | None], int]:
+    """Write micro-batch ``batch_id``'s matches and dead letters (overwriting a replayed batch's);
+    return the rows per ``(kind, query)``."""
+    counts = {(r["kind"], r["query"]): r["count"] for r in df.groupBy("kind", "query").count().collect()}
+    found = df.where(F.col("kind") == "match")
+    if any(k == "match" for k, _ in counts):
+        found.select("json").coalesce(1).write.mode("overwrite").text(f"{outdir}/matches.jsonl/batch={batch_id}")
+        found.drop("kind", "json").coalesce(1).write.mode("overwrite").parquet(f"{outdir}/matches.parquet/batch={batch_id}")
+    if ("dead", None) in counts:
+        df.where(F.col("kind") == "dead").select("json").coalesce(1).write.mode("overwrite").text(
+            f"{outdir}/dead_letters.jsonl/batch={batch_id}")
+    return counts

@@ -1,0 +1,161 @@
+"""Streaming ingest: new files of a directory read and parsed on the executors, numbered, staged.
+
+The first of a directory stream's two queries (the second, :mod:`yfpp.spark.stream`,
+matches). Spark's own streaming file source (``binaryFile``, recursive) picks
+the new files of each micro-batch and the executors parse them in a
+``mapInArrow`` — the batch job's readers and dead letters
+(:func:`yfpp.spark.parse.parse_batches`, one task per file). Numbering needs
+what came before: a file's first seq is the record count of all earlier files,
+and an event is late when its ts is below the largest ts before it. So the
+query's ``foreachBatch`` (:class:`Stager`, on the driver) takes the running
+count and largest ts from the *previous micro-batch's* record
+(``CHECKPOINT/numbering/N-1.json``), numbers the batch's files in name order
+from the per-file summaries the readers emit (:func:`yfpp.spark.read.number_events`,
+the batch job's step), and stages the numbered events: written to
+``CHECKPOINT/tmp/…``, renamed to ``CHECKPOINT/staged/batch-N`` (one atomic
+rename: the matching query sees a batch whole or not at all), then its record
+``numbering/N.json`` written (temp file, rename) — the mark that batch N is done.
+
+A micro-batch replayed after a failure (Spark keeps its file list in the
+checkpoint) is numbered from the same record, so identically; one whose mark
+exists is skipped, and one staged but not marked keeps the staged folder
+(same name, same rows): nothing is staged twice or lost. The matching query
+reads ``staged/`` as its own streaming file source and checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
+
+from yfpp.errors import InputError
+from yfpp.spark import inputs
+from yfpp.spark.parse import PARSED_SCHEMA, parse_batches
+from yfpp.spark.read import number_events, split_offsets
+from yfpp.spark.source import EVENT_SCHEMA
+
+_BINARY_FILE = "path string, modificationTime timestamp, length long, content binary"
+#: Spark's file source ignores files older than the newest seen minus maxFileAge (7 days by default):
+#: a file moved in with an old modification time would be skipped silently. A century keeps them all.
+_MAX_FILE_AGE = "36500d"
+
+
+class Files:
+    """The few file operations staging needs, through Hadoop's file system API (any checkpoint URI)."""
+
+    def __init__(self, spark: SparkSession, path: str):
+        self.jvm = spark.sparkContext._jvm
+        hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+        self.fs = self.jvm.org.apache.hadoop.fs.Path(path).getFileSystem(hadoop)
+
+    def path(self, p: str) -> Any:
+        return self.jvm.org.apache.hadoop.fs.Path(p)
+
+    def qualified(self, p: str) -> str:
+        """``p`` as Spark writes it in a file's ``path`` (e.g. ``file:/abs/dir``)."""
+        return str(self.fs.makeQualified(self.path(p)).toString())
+
+    def exists(self, p: str) -> bool:
+        return bool(self.fs.exists(self.path(p)))
+
+    def mkdirs(self, p: str) -> None:
+        self.fs.mkdirs(self.path(p))
+
+    def read_text(self, p: str) -> str:
+        stream = self.fs.open(self.path(p))
+        try:
+            return bytes(self.jvm.org.apache.commons.io.IOUtils.toByteArray(stream)).decode()
+        finally:
+            stream.close()
+
+    def publish(self, tmp: str, final: str) -> None:
+        """Rename ``tmp`` to ``final``; if ``final`` exists (a replay got there first), drop ``tmp``."""
+        if self.exists(final) or not self.fs.rename(self.path(tmp), self.path(final)):
+            if not self.exists(final):
+                raise InputError(f"cannot rename {tmp} to {final}")
+            self.fs.delete(self.path(tmp), True)
+
+    def write_text(self, tmp: str, final: str, text: str) -> None:
+        """Write ``text`` to ``tmp``, then publish it as ``final``."""
+        out = self.fs.create(self.path(tmp), True)
+        try:
+            out.write(bytearray(text.encode()))
+        finally:
+            out.close()
+        self.publish(tmp, final)
+
+
+class Stager:
+    """The ingest query's ``foreachBatch``: numbers a micro-batch's records and stages them (module docstring)."""
+
+    def __init__(self, spark: SparkSession, root: str, checkpoint: str):
+        self.files = Files(spark, checkpoint)
+        self.root, self.checkpoint = root, checkpoint.rstrip("/")
+
+    def mark(self, batch_id: int) -> str:
+        return f"{self.checkpoint}/numbering/{batch_id}.json"
+
+    def start(self, batch_id: int) -> tuple[int, float | None]:
+        """The records and largest ts of all micro-batches before ``batch_id``."""
+        if batch_id == 0:
+            return 0, None
+        if not self.files.exists(self.mark(batch_id - 1)):
+            raise InputError(f"{self.mark(batch_id - 1)} is missing: the checkpoint's staging was removed")
+        done = json.loads(self.files.read_text(self.mark(batch_id - 1)))
+        return done["seq"], done["max_ts"]
+
+    def __call__(self, parsed: DataFrame, batch_id: int) -> None:
+        if self.files.exists(self.mark(batch_id)):
+            return  # a replay of a batch staged before the failure
+        seq, max_ts = self.start(batch_id)
+        parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
+        stats = parsed.where(F.col("n").isNotNull()).select("path", "block", "n", "line", "ts", "pos", "prev_max").collect()
+        tmp = f"{self.checkpoint}/tmp/{batch_id}-{uuid.uuid4().hex}"
+        if stats:
+            offsets = split_offsets(stats, False, (seq, max_ts), self.root)
+            number_events(parsed.sparkSession, parsed, stats, offsets).write.parquet(tmp)
+            self.files.publish(tmp, f"{self.checkpoint}/staged/batch-{batch_id:012d}")
+        parsed.unpersist()
+        seq += sum(s["n"] for s in stats)
+        max_ts = max([t for t in [max_ts, *(s["ts"] for s in stats)] if t is not None], default=None)
+        self.files.write_text(tmp + ".json", self.mark(batch_id), json.dumps({"seq": seq, "max_ts": max_ts}))
+
+
+def start_ingest(spark: SparkSession, path: str, checkpoint: str, *, format: str | None = None, ts_field: str = "ts",
+                 ts_unit: str = "s", max_files: int | None = None, interval: str | None = None,
+                 ) -> tuple[StreamingQuery, DataFrame]:
+    """Start ingesting directory ``path`` (recursively; names starting with ``.`` or ``_`` skipped)
+    into ``checkpoint``; return the query and the streaming DataFrame of staged events
+    (columns :data:`EVENT_SCHEMA`, dead letters included).
+
+    ``max_files``: at most this many new files per micro-batch; ``interval``: its trigger.
+    """
+    checkpoint = inputs.qualify(spark, checkpoint).rstrip("/")
+    files = Files(spark, checkpoint)
+    given = inputs.qualify(spark, path)
+    if not Files(spark, given).exists(given):
+        raise InputError(f"no such input: {path}")
+    root = Files(spark, given).qualified(given)
+    opts = {"ts_field": ts_field, "ts_unit": ts_unit, **({"format": format} if format else {})}
+    reader = (spark.readStream.format("binaryFile").schema(_BINARY_FILE)
+              .option("recursiveFileLookup", "true").option("maxFileAge", _MAX_FILE_AGE))
+    if max_files:
+        reader = reader.option("maxFilesPerTrigger", str(max_files))
+    parsed = reader.load(given).select(
+        "path", F.lit(0).cast("long").alias("block"), "content", F.lit(True).alias("whole"),
+    ).mapInArrow(parse_batches(opts), PARSED_SCHEMA)
+    writer = parsed.writeStream.foreachBatch(Stager(spark, root, checkpoint)).option(
+        "checkpointLocation", f"{checkpoint}/ingest")
+    if interval:
+        writer = writer.trigger(processingTime=interval)
+    staged = f"{checkpoint}/staged"
+    files.mkdirs(staged)  # the matching query's source must exist before the first batch is staged
+    query = writer.start()
+    events = spark.readStream.schema(EVENT_SCHEMA).option("recursiveFileLookup", "true").parquet(staged)
+    return query, events
