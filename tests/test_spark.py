@@ -23,7 +23,7 @@ from yfpp.errors import InputError  # noqa: E402
 from yfpp.generate import generate_rfid, generate_stock, write_events  # noqa: E402
 from yfpp.readers import read_events  # noqa: E402
 from yfpp.spark import match, read_events_df  # noqa: E402
-from yfpp.spark.stream import finish, start_stream  # noqa: E402
+from yfpp.spark.stream import finish, read_stream, start_stream  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RFID_QUERIES = {
@@ -187,12 +187,36 @@ def test_stream_over_three_micro_batches_equals_batch(spark, feed, tmp_path, cap
     folder, batch = feed
     inbox = tmp_path / "inbox"
     shutil.copytree(folder, inbox)
-    run_stream(spark, STREAM_QUERIES, inbox, tmp_path / "out", tmp_path / "ck", max_files=1)
+    running = start_stream(spark, STREAM_QUERIES, str(tmp_path / "out"), str(tmp_path / "ck"), path=str(inbox), max_files=1)
+    finish(running)
     assert lines(spark.read.text(str(tmp_path / "out" / "matches.jsonl"))) == batch
     (dead,) = [json.loads(r.value) for r in spark.read.text(str(tmp_path / "out" / "dead_letters.jsonl")).collect()]
     assert dead["seq"] == 602 and dead["position"] == "feed-1.jsonl line 302"
     log = capsys.readouterr().err
     assert all(f"batch {i}:" in log for i in range(3))
+    # the files were read by tasks on the executors (Spark's file scan), not by the driver
+    read = bytes_read_per_executor(spark, running[0])
+    assert sum(read.values()) >= sum(f.stat().st_size for f in inbox.iterdir()) > 0
+    listed = spark.sparkContext._jsc.sc().statusStore().executorList(True)
+    executors = {listed.apply(i).id() for i in range(listed.size())} - {"driver"}
+    assert set(read) <= executors, read
+
+
+def bytes_read_per_executor(spark, query) -> Counter:
+    """Input bytes the tasks of ``query``'s jobs read, per executor id (Spark's status store: the web UI's figures)."""
+    sc = spark.sparkContext
+    sc._jsc.sc().listenerBus().waitUntilEmpty()
+    tracker, store = sc.statusTracker(), sc._jsc.sc().statusStore()
+    read: Counter = Counter()
+    for job in tracker.getJobIdsForGroup(str(query.runId)):
+        for stage in tracker.getJobInfo(job).stageIds:
+            tasks = store.taskList(stage, 0, 10_000)
+            for i in range(tasks.size()):
+                task = tasks.apply(i)
+                metrics = task.taskMetrics()
+                if metrics.isDefined() and metrics.get().inputMetrics().bytesRead():
+                    read[task.executorId()] += metrics.get().inputMetrics().bytesRead()
+    return read
 
 
 def test_stream_restarts_from_its_checkpoint(spark, feed, tmp_path):
@@ -208,6 +232,56 @@ def test_stream_restarts_from_its_checkpoint(spark, feed, tmp_path):
     run_stream(spark, STREAM_QUERIES, inbox, tmp_path / "out", tmp_path / "ck")  # a new query, same checkpoint
     assert lines(spark.read.text(str(tmp_path / "out" / "matches.jsonl"))) == batch
     assert 0 < sum(first.values()) < sum(batch.values())
+
+
+class Killed(Exception):
+    """The driver killed here: the query fails at this point, leaving its checkpoint as a kill would."""
+
+
+def kill_once(monkeypatch, owner, name: str, after: bool, when=lambda *a: True) -> None:
+    """Make ``owner.name`` fail (before or after doing its work) the first time ``when(*args)`` holds."""
+    original = getattr(owner, name)
+    fired = []
+
+    def killed(*args):
+        if fired or not when(*args):
+            return original(*args)
+        fired.append(1)
+        if after:
+            original(*args)
+        raise Killed(f"killed {'after' if after else 'before'} {name}")
+
+    monkeypatch.setattr(owner, name, killed)
+
+
+def test_stream_killed_at_five_points_loses_and_repeats_nothing(spark, feed, tmp_path, monkeypatch):
+    """Killed while staging batch 1 (before its rename; after it, before its record), between the two
+    queries (ingest ran alone), in the matching query before its outputs and after them (before its
+    commit); each time restarted from the checkpoint: the batch job's matches, every record staged once."""
+    from yfpp.spark import ingest, stream
+
+    folder, batch = feed
+    inbox, out, ck = tmp_path / "inbox", tmp_path / "out", tmp_path / "ck"
+    shutil.copytree(folder, inbox)
+    staged_1 = lambda self, tmp, final: final.endswith("/staged/batch-000000000001")  # noqa: E731
+    kills = [(ingest.Files, "publish", False, staged_1), (ingest.Files, "publish", True, staged_1), None,
+             (stream, "write_batch", False), (stream, "write_batch", True)]
+    for kill in kills:
+        with monkeypatch.context() as m:
+            if kill is None:  # the ingest query alone: it stages the rest, the matching query never sees it
+                finish([read_stream(spark, str(inbox), checkpoint=str(ck), max_files=1)[1]])
+                continue
+            kill_once(m, *kill)
+            with pytest.raises(Exception, match="Killed: killed"):
+                finish(start_stream(spark, STREAM_QUERIES, str(out), str(ck), path=str(inbox), max_files=1))
+        assert not spark.streams.active
+    finish(start_stream(spark, STREAM_QUERIES, str(out), str(ck), path=str(inbox), max_files=1))
+    assert lines(spark.read.text(str(out / "matches.jsonl"))) == batch
+    (dead,) = [json.loads(r.value) for r in spark.read.text(str(out / "dead_letters.jsonl")).collect()]
+    assert dead["seq"] == 602
+    seqs = [r.seq for r in spark.read.option("recursiveFileLookup", "true").parquet(str(ck / "staged")).select("seq").collect()]
+    assert sorted(seqs) == list(range(902))
+    assert sorted(p.name for p in (ck / "staged").iterdir()) == [f"batch-{i:012d}" for i in range(3)]
 
 
 def run_cli_bounded(spark, args: list[str], seconds: float = 600) -> int:

@@ -81,6 +81,11 @@ class Files:
                 raise InputError(f"cannot rename {tmp} to {final}")
             self.fs.delete(self.path(tmp), True)
 
+    def delete_matching(self, pattern: str) -> None:
+        """Delete what glob ``pattern`` matches."""
+        for status in self.fs.globStatus(self.path(pattern)) or []:
+            self.fs.delete(status.getPath(), True)
+
     def write_text(self, tmp: str, final: str, text: str) -> None:
         """Write ``text`` to ``tmp``, then publish it as ``final``."""
         out = self.fs.create(self.path(tmp), True)
@@ -114,6 +119,7 @@ class Stager:
         if self.files.exists(self.mark(batch_id)):
             return  # a replay of a batch staged before the failure
         seq, max_ts = self.start(batch_id)
+        self.files.delete_matching(f"{self.checkpoint}/tmp/{batch_id}-*")  # left by a failed attempt
         parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
         stats = parsed.where(F.col("n").isNotNull()).select("path", "block", "n", "line", "ts", "pos", "prev_max").collect()
         tmp = f"{self.checkpoint}/tmp/{batch_id}-{uuid.uuid4().hex}"

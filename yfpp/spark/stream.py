@@ -33,7 +33,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.streaming.state import GroupState
 
-from yfpp.spark import ingest, source
+from yfpp.spark import ingest, inputs, source
 from yfpp.spark.batch import MATCH_SCHEMA, key_hash
 from yfpp.spark.plan import Group, advance_key, effective_queries, group_queries, match_row
 
@@ -79,7 +79,7 @@ def start_stream(spark: SparkSession, queries: Any, outdir: str, checkpoint: str
     """Start a stream's queries: ingest (a directory only) and matching, checkpointed under
     ``checkpoint`` (``ingest/``, ``staged/``, ``numbering/``; ``match/``), written to ``outdir``
     (:func:`write_stream`). Stop them with :func:`finish`, or ``stop()`` each."""
-    checkpoint = checkpoint.rstrip("/")
+    checkpoint, outdir = inputs.qualify(spark, checkpoint).rstrip("/"), inputs.qualify(spark, outdir)
     events, ingesting = read_stream(spark, path, socket=socket, checkpoint=checkpoint, format=format, ts_field=ts_field,
                                     ts_unit=ts_unit, max_files=max_files, interval=interval)
     try:
