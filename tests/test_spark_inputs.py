@@ -183,3 +183,10 @@ def test_late_event_step_runs_only_when_an_event_can_be_late():
     assert late(summary("a", 0, 5), summary("b", 4, 9))  # b's first events are below a's last
     assert late(summary("a", 0, 5, late=1), summary("b", 6, 9))  # one inside a
     assert not late(summary("a", 0, 5), Row(path="b", block=0, n=1, line=1, ts=None, pos=0, prev_max=None))  # only malformed
+
+
+def test_a_missing_stream_directory_is_one_error_line(spark, queries, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code, err = run_cli(capsys, queries, "--stream", "-i", "in", "-o", "out", "--idle-stop", "1")
+    assert code == 2 and err == "yfpp: error: no such input: in\n", err
+    assert not spark.streams.active

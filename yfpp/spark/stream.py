@@ -1,5 +1,9 @@
 """Structured Streaming: per-key matching state across micro-batches.
 
+Its input is a directory's staged events (the ingest query of
+:mod:`yfpp.spark.ingest` reads, numbers and stages them) or the socket demo
+source (:mod:`yfpp.spark.source`); :func:`start_stream` starts both queries.
+
 The engine holds compiled predicate closures, so ``pickle.dumps(engine)``
 fails. The state of a key is therefore its **not-yet-finished events**: each
 micro-batch replays them, with the key's new events, into a fresh engine and
