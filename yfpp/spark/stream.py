@@ -77,18 +77,19 @@ def read_stream(spark: SparkSession, path: str | None = None, *, socket: str | N
 
 
 def start_stream(spark: SparkSession, queries: Any, outdir: str, checkpoint: str, *, path: str | None = None,
-                 socket: str | None = None, policy: str | None = None, format: str | None = None, ts_field: str = "ts",
-                 ts_unit: str = "s", max_files: int | None = None, interval: str | None = None,
-                 log: Any = None) -> list[StreamingQuery]:
+                 socket: str | None = None, policy: str | None = None, full_events: bool = False,
+                 format: str | None = None, ts_field: str = "ts", ts_unit: str = "s", max_files: int | None = None,
+                 interval: str | None = None, log: Any = None) -> list[StreamingQuery]:
     """Start a stream's queries: ingest (a directory only) and matching, checkpointed under
     ``checkpoint`` (``ingest/``, ``staged/``, ``numbering/``; ``match/``), written to ``outdir``
-    (:func:`write_stream`). Stop them with :func:`finish`, or ``stop()`` each."""
+    (:func:`write_stream`); ``policy``, ``full_events``: as :func:`stream_matches`'s. Stop them
+    with :func:`finish`, or ``stop()`` each."""
     checkpoint, outdir = inputs.qualify(spark, checkpoint).rstrip("/"), inputs.qualify(spark, outdir)
     events, ingesting = read_stream(spark, path, socket=socket, checkpoint=checkpoint, format=format, ts_field=ts_field,
                                     ts_unit=ts_unit, max_files=max_files, interval=interval)
     try:
-        matching = write_stream(stream_matches(spark, queries, events, policy=policy), outdir, f"{checkpoint}/match",
-                                interval=interval, log=log)
+        matches = stream_matches(spark, queries, events, policy=policy, full_events=full_events)
+        matching = write_stream(matches, outdir, f"{checkpoint}/match", interval=interval, log=log)
     except BaseException:
         if ingesting is not None:
             ingesting.stop()
@@ -106,12 +107,13 @@ def finish(queries: list[StreamingQuery]) -> None:
             q.stop()
 
 
-def stream_matches(spark: SparkSession, queries: Any, events: DataFrame, *, policy: str | None = None) -> DataFrame:
+def stream_matches(spark: SparkSession, queries: Any, events: DataFrame, *, policy: str | None = None,
+                   full_events: bool = False) -> DataFrame:
     """Matches (``kind`` = ``match``) and dead letters (``kind`` = ``dead``, the record in ``json``) of a stream.
 
     ``events``: as :func:`read_stream` gives. Columns as :func:`yfpp.spark.match`'s, plus ``kind``.
     """
-    groups = group_queries(effective_queries(queries, policy), streaming=True)
+    groups = group_queries(effective_queries(queries, policy), streaming=True, full_events=full_events)
     routed = (events.select(F.explode(_routes(groups)).alias("r"), "*")
               .select("r.*", *_RECORD_COLS).where(F.col("h").isNotNull())
               .withColumn("event_time", F.when(F.col("reason").isNull(), F.timestamp_seconds(F.col("ts") + SHIFT)))
