@@ -43,17 +43,18 @@ from __future__ import annotations
 import gzip
 import os
 import sys
+from itertools import chain
 from typing import IO, Any, Callable, Iterator
 
 from yfpp.dead_letters import DeadLetters
 from yfpp.errors import InputError
 from yfpp.events import Event
-from yfpp.jsonl_reader import jsonl_events
+from yfpp.jsonl_reader import jsonl_batches
 from yfpp.record_fields import MAX_DEPTH, MAX_RECORD_BYTES, TS_UNITS, ReaderOptions, typed_value, unit_factors
-from yfpp.xml_reader import xml_events
+from yfpp.xml_reader import xml_batches
 
-__all__ = ["FORMAT_BY_EXT", "TS_UNITS", "MAX_DEPTH", "MAX_RECORD_BYTES", "format_of", "read_events", "read_jsonl",
-           "read_xml", "typed_value"]
+__all__ = ["FORMAT_BY_EXT", "TS_UNITS", "MAX_DEPTH", "MAX_RECORD_BYTES", "format_of", "read_event_batches",
+           "read_events", "read_jsonl", "read_xml", "typed_value"]
 
 Source = str | os.PathLike[str] | IO[Any]
 
@@ -106,6 +107,25 @@ def read_events(
     ``.ndjson``, each optionally ``.gz``), else from the first non-blank byte
     (``<`` or ``{``) when the stream can be peeked.
     """
+    return chain.from_iterable(read_event_batches(
+        path_or_file, format, ts_field=ts_field, ts_unit=ts_unit, type_field=type_field,
+        max_record_bytes=max_record_bytes, max_depth=max_depth, dead_letters=dead_letters))
+
+
+def read_event_batches(
+    path_or_file: Source,
+    format: str | None = None,
+    *,
+    ts_field: str = "ts",
+    ts_unit: str = "s",
+    type_field: str | None = None,
+    max_record_bytes: int = MAX_RECORD_BYTES,
+    max_depth: int = MAX_DEPTH,
+    dead_letters: DeadLetters | None = None,
+) -> Iterator[list[Event]]:
+    """:func:`read_events` a read block at a time: a list of the events of each block read (of the records
+    it completes), for a caller that handles events in bulk (``yfpp run``). The dead letters of a block's
+    records are reported as the block is read, before its events are handed on."""
     if max_record_bytes < 1 or max_depth < 1:
         raise ValueError("max_record_bytes and max_depth must be positive")
     opts = ReaderOptions(ts_field, unit_factors(ts_unit), type_field or None, max_record_bytes, max_depth)
@@ -135,7 +155,7 @@ def read_jsonl(source: Source, **options: Any) -> Iterator[Event]:
     return read_events(source, "jsonl", **options)
 
 
-_READERS: dict[str, Callable[[IO[Any], bool, ReaderOptions, DeadLetters], Iterator[Event]]] = {
-    "xml": xml_events,
-    "jsonl": jsonl_events,
+_READERS: dict[str, Callable[[IO[Any], bool, ReaderOptions, DeadLetters], Iterator[list[Event]]]] = {
+    "xml": xml_batches,
+    "jsonl": jsonl_batches,
 }

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from typing import Iterable, Iterator
+from typing import Iterable
 
 from yfpp.events import PSEUDO_ATTRS, Event
 from yfpp.pattern import Aggregate, Pattern, Ref, XPathTest, walk
@@ -24,8 +24,8 @@ class Vocabulary:
     def __init__(self) -> None:
         self.attrs: dict[str, set[str]] = {}
 
-    def observe(self, events: Iterable[Event]) -> Iterator[Event]:
-        """Pass ``events`` through, noting each one's type and attribute names."""
+    def note(self, events: Iterable[Event]) -> None:
+        """Note each event's type and attribute names."""
         seen = self.attrs
         for ev in events:
             names = seen.get(ev.type)
@@ -33,7 +33,6 @@ class Vocabulary:
                 seen[ev.type] = set(ev.attrs)
             elif not names.issuperset(ev.attrs):
                 names.update(ev.attrs)
-            yield ev
 
     def add_emitted(self, pattern: Pattern) -> None:
         """Count the event a query's RETURN builds as seen: fed back, other queries may match it."""

@@ -531,14 +531,16 @@ def _parse_run(chunks: list[Chunk], wrapper_open: bytes, parser: Any) -> list[An
     return out
 
 
-def xml_events(f: IO[Any], owned: bool, opts: ReaderOptions, dl: DeadLetters) -> Iterator[Event]:
-    """The events of an XML source (see the module docstring); dead letters go to ``dl``."""
+def xml_batches(f: IO[Any], owned: bool, opts: ReaderOptions, dl: DeadLetters) -> Iterator[list[Event]]:
+    """The events of an XML source (see the module docstring), a list per read block (of the records it
+    completes) that has any; dead letters go to ``dl`` as a block is read."""
     splitter = Splitter(getattr(f, "read1", f.read), opts)
     seq = 0
     try:
         for records in splitter.records():
             chunks = [r for r in records if type(r) is Chunk]
             parsed = iter(_parse_chunks(chunks, splitter.parser()) if chunks else ())
+            events: list[Event] = []
             for record in records:
                 kind = type(record)
                 if kind is Region:
@@ -548,7 +550,7 @@ def xml_events(f: IO[Any], owned: bool, opts: ReaderOptions, dl: DeadLetters) ->
                         el.sourceline = min(line, 65535)  # libxml2 keeps an unsigned short
                         event = _event_or_report(el, seq, line, opts, dl)
                         if event is not None:
-                            yield event
+                            events.append(event)
                         seq += 1
                     continue
                 if kind is Chunk:
@@ -556,12 +558,14 @@ def xml_events(f: IO[Any], owned: bool, opts: ReaderOptions, dl: DeadLetters) ->
                     if type(el) is not Bad:
                         event = _event_or_report(el, seq, record.line, opts, dl)
                         if event is not None:
-                            yield event
+                            events.append(event)
                         seq += 1
                         continue
                     record = el
                 dl.report(seq, f"line {record.line}", record.reason, record.raw)
                 seq += 1
+            if events:
+                yield events
     except (OSError, EOFError, zlib.error) as e:
         raise InputError(f"cannot read input after line {splitter.line}: {e}") from e
     finally:
