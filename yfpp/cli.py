@@ -243,7 +243,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # rescanning millions of them (it took a third of the time on large runs).
     gc.freeze()
     gc.set_threshold(100_000, 50, 100)
-    vocabulary = Vocabulary()
+    vocabulary = Vocabulary(plan.pattern for plan in engine.queries.values())
     started = time.perf_counter()
     interrupted = False
     try:
