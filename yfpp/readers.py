@@ -45,7 +45,7 @@ from __future__ import annotations
 import gzip
 import os
 import sys
-from itertools import chain
+from collections import deque
 from typing import IO, Any, Callable, Iterator
 
 from yfpp.dead_letters import DeadLetters
@@ -109,9 +109,10 @@ def read_events(
     ``.ndjson``, each optionally ``.gz``), else from the first non-blank byte
     (``<`` or ``{``) when the stream can be peeked.
     """
-    return chain.from_iterable(read_event_batches(
+    held = _Held(_sink(dead_letters))
+    return held.in_order(read_event_batches(
         path_or_file, format, ts_field=ts_field, ts_unit=ts_unit, type_field=type_field,
-        max_record_bytes=max_record_bytes, max_depth=max_depth, dead_letters=dead_letters))
+        max_record_bytes=max_record_bytes, max_depth=max_depth, dead_letters=held))  # type: ignore[arg-type]
 
 
 def read_event_batches(
@@ -145,6 +146,40 @@ def read_event_batches(
             name = getattr(path_or_file, "name", path_or_file)  # a file object: its file name
             raise InputError(f"cannot tell the format of {name!r}; give format='xml' or 'jsonl'")
     return _READERS[fmt](f, owned, opts, _sink(dead_letters))
+
+
+class _Held:
+    """A dead-letter sink that holds a block's reports until :meth:`in_order` reaches their records."""
+
+    def __init__(self, out: DeadLetters):
+        self.out = out
+        self.reports: deque[tuple[int, str, str, str | None]] = deque()
+
+    def report(self, seq: int, position: str, reason: str, raw: str | None = None) -> None:
+        self.reports.append((seq, position, reason, raw))
+
+    def in_order(self, batches: Iterator[list[Event]]) -> Iterator[Event]:
+        """The events one by one, each dead letter reported just before the first event after its record
+        (as by a reader that reports as it goes); the rest at the end of the input or before an error."""
+        reports, report = self.reports, self.out.report
+        try:
+            for batch in batches:
+                if not reports:
+                    yield from batch
+                    continue
+                for ev in batch:
+                    while reports and reports[0][0] < ev.seq:
+                        report(*reports.popleft())
+                    yield ev
+        except Exception:
+            self._flush()
+            raise
+        self._flush()
+
+    def _flush(self) -> None:
+        for args in self.reports:
+            self.out.report(*args)
+        self.reports.clear()
 
 
 def read_xml(source: Source, **options: Any) -> Iterator[Event]:
