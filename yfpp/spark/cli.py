@@ -86,7 +86,9 @@ def cmd_spark(args: argparse.Namespace) -> int:
         raise YfppError("yfpp spark needs PySpark: pip install 'yfpp[spark]'") from e
     active = SparkSession.getActiveSession()
     owned = active is None
-    started = time.perf_counter()
+    from yfpp.spark.costs import tree_cpu_by_kind
+
+    started, cpu = time.perf_counter(), tree_cpu_by_kind()
     builder = SparkSession.builder.appName("yfpp").config("spark.ui.showConsoleProgress", "false")  # counters on stderr
     for cap in ("max_runs_per_query", "max_buffer_per_query"):  # the engines on the executors read these
         if getattr(args, cap) is not None:
@@ -106,6 +108,7 @@ def cmd_spark(args: argparse.Namespace) -> int:
     saved = {} if owned else {k: active.conf.get(k, None) for k in keys if active.conf.isModifiable(k)}
     spark = builder.getOrCreate()
     args.start_seconds = time.perf_counter() - started if owned else None
+    args.start_cpu = {k: v - cpu.get(k, 0.0) for k, v in tree_cpu_by_kind().items()}
     if not args.partitions and not spark.sparkContext.getConf().contains("spark.sql.shuffle.partitions"):
         spark.conf.set("spark.sql.shuffle.partitions", str(2 * spark.sparkContext.defaultParallelism))
     try:
@@ -145,7 +148,7 @@ def batch(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namespa
     from yfpp.spark.read import read_events_df
 
     started = time.perf_counter()
-    steps = Steps(spark, getattr(args, "start_seconds", None))
+    steps = Steps(spark, getattr(args, "start_seconds", None), getattr(args, "start_cpu", None))
     events = read_events_df(spark, args.input, args.format, ts_field=args.ts_field, ts_unit=args.ts_unit, step=steps.step)
     with steps.step("plan the match, time range"):
         rows = match_with_stats(spark, queries, events, policy=args.policy, partitions=args.partitions).persist()
