@@ -17,6 +17,23 @@ from pathlib import Path
 from typing import Any, Iterator
 
 
+#: The driver JVM's options when ``yfpp spark`` starts it: the C1 compiler only (C2's compile
+#: threads cost more CPU than they save in a job of seconds to minutes — in local mode the data
+#: passes through this JVM, see docs/spark.md "Where the time goes") and the serial collector
+#: (no parallel GC threads competing with the Python workers for the cores).
+DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
+def driver_java_options(class_archive: str | None = None) -> str:
+    """:data:`DRIVER_JAVA_OPTIONS`, with ``class_archive`` a class-data-sharing archive of the classes
+    the JVM loaded: written when the JVM exits if the file does not exist yet, used when it does
+    (JDK ≥ 13; a stale or foreign archive is ignored by the JVM with a warning)."""
+    if not class_archive:
+        return DRIVER_JAVA_OPTIONS
+    flag = "SharedArchiveFile" if os.path.isfile(class_archive) else "ArchiveClassesAtExit"
+    return f"{DRIVER_JAVA_OPTIONS} -XX:{flag}={os.path.abspath(class_archive)}"
+
+
 def tree_cpu_seconds() -> float:
     """CPU seconds of this process and all its live descendants (JVM, Python workers), with their
     reaped children (Linux: from ``/proc``; NaN elsewhere)."""
