@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import resource
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -109,12 +110,14 @@ def main() -> int:
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--partitions", type=int, help="yfpp spark --partitions (default: its own, 2 × the cores)")
     ap.add_argument("--class-archive", metavar="FILE", help="yfpp spark --class-archive FILE (written first if missing)")
+    ap.add_argument("--spark-args", default="", help="more yfpp spark arguments, e.g. \"--conf spark.driver.extraJavaOptions=\"")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", help="also write the table to this Markdown file")
     args = ap.parse_args()
     path = feed(args.events, args.queries, args.seed)
     py = [sys.executable, "-m", "yfpp.cli"]
-    spark_opts = ["--master", args.master, "--stats"] + (["--partitions", str(args.partitions)] if args.partitions else [])
+    spark_opts = ["--master", args.master, "--stats", *shlex.split(args.spark_args)]
+    spark_opts += ["--partitions", str(args.partitions)] if args.partitions else []
     rows = []
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
