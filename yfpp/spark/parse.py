@@ -78,13 +78,19 @@ def records(source: Any, options: dict[str, Any], where: str = "", format: str |
     with_xml = options.get("xml", True)
     events = read_events(source, fmt, ts_field=options.get("ts_field", "ts"), ts_unit=options.get("ts_unit", "s"),
                          dead_letters=dead)
-    names = [",".join(k) for k in keys]
+    names = [(",".join(k), k) for k in keys]
+    keyed, dumps, tostring = bool(keys), json.dumps, etree.tostring
     for ev in events:
-        yield from _drain(dead, bool(keys))
-        xml = etree.tostring(ev._element, encoding="unicode", with_tail=False) if with_xml and ev._element is not None else None
-        row = (ev.seq, ev.type, float(ev.ts), json.dumps(ev.attrs), xml, None, None, None)
-        yield (*row, {n: key_hash(ev, k) for n, k in zip(names, keys)}) if keys else row
-    yield from _drain(dead, bool(keys))
+        if dead.items:
+            yield from _drain(dead, keyed)
+        el = ev._element
+        xml = tostring(el, encoding="unicode", with_tail=False) if with_xml and el is not None else None
+        if keyed:
+            yield (ev.seq, ev.type, float(ev.ts), dumps(ev.attrs), xml, None, None, None,
+                   {n: key_hash(ev, k) for n, k in names})
+        else:
+            yield ev.seq, ev.type, float(ev.ts), dumps(ev.attrs), xml, None, None, None
+    yield from _drain(dead, keyed)
 
 
 def key_hash(ev: Event, key: Sequence[str]) -> int | None:
@@ -96,13 +102,13 @@ def key_hash(ev: Event, key: Sequence[str]) -> int | None:
         v = ev.get(a)
         if v is MISSING:
             return None
-        if isinstance(v, (bool, int, float)):
+        if type(v) is not str and isinstance(v, (bool, int, float)):
             try:
                 v = float(v) + 0.0  # + 0.0: -0.0 == 0.0
             except OverflowError:  # an int beyond float: equal only to itself
                 pass
         parts.append(repr(v))
-    text = "\x1f".join(parts).encode("utf-8", "surrogatepass")
+    text = (parts[0] if len(parts) == 1 else "\x1f".join(parts)).encode("utf-8", "surrogatepass")
     return (zlib.crc32(text) << 31) ^ zlib.adler32(text)
 
 
@@ -123,21 +129,28 @@ class _Split:
         self.late = 0  # events with ts below the largest ts before them in the split
 
     def rows(self, recs: Iterator[tuple]) -> Iterator[tuple]:
-        base_pos, base_line = self.n, self.lines
-        for pos, type_, ts, attrs, xml, reason, position, raw, *hashes in recs:
-            line = None
-            if position is not None and (m := _LINE.search(position)):
-                line = int(m.group(1)) + base_line
-            yield (self.path, self.block, pos + base_pos, line, self.max_ts, type_, ts, attrs, xml, reason,
-                   position, raw, None, hashes[0] if hashes else None)
-            self.n = pos + base_pos + 1
-            if ts is not None and reason is None:
-                if self.max_ts is not None and ts < self.max_ts:
-                    self.late += 1
-                if self.min_ts is None or ts < self.min_ts:
-                    self.min_ts = ts
-            if ts is not None and (self.max_ts is None or ts > self.max_ts):
-                self.max_ts = ts
+        """The :data:`PARSED_SCHEMA` rows of :func:`records`' tuples, counting on (kept in locals: a hot loop)."""
+        path, block, base_pos, base_line = self.path, self.block, self.n, self.lines
+        n, late, lo, hi = self.n, self.late, self.min_ts, self.max_ts
+        try:
+            for rec in recs:
+                pos, ts, reason, position = rec[0], rec[2], rec[5], rec[6]
+                line = None
+                if position is not None and (m := _LINE.search(position)):
+                    line = int(m.group(1)) + base_line
+                yield (path, block, pos + base_pos, line, hi, rec[1], ts, rec[3], rec[4], reason, position, rec[7], None,
+                       rec[8] if len(rec) > 8 else None)
+                n = pos + base_pos + 1
+                if ts is not None:
+                    if reason is None:
+                        if hi is not None and ts < hi:
+                            late += 1
+                        if lo is None or ts < lo:
+                            lo = ts
+                    if hi is None or ts > hi:
+                        hi = ts
+        finally:
+            self.n, self.late, self.min_ts, self.max_ts = n, late, lo, hi
 
     def summary(self) -> tuple:
         return (self.path, self.block, self.late, self.lines, self.min_ts, None, self.max_ts, None, None, None, None, None,
