@@ -22,13 +22,18 @@ from spark_benchmark import tree_cpu_seconds  # noqa: E402
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--session-conf", action="append", default=[], metavar="KEY=VALUE",
+                    help="a setting for the session made first (e.g. spark.driver.extraJavaOptions); repeatable")
     ap.add_argument("spark_args", nargs=argparse.REMAINDER, help="arguments of 'yfpp spark' (after --)")
     args = ap.parse_args()
     started = time.perf_counter()
     from pyspark.sql import SparkSession
 
-    spark = (SparkSession.builder.master(args.master).config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false").config("spark.driver.memory", "2g").getOrCreate())
+    builder = (SparkSession.builder.master(args.master).config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false").config("spark.driver.memory", "2g"))
+    for kv in args.session_conf:
+        builder = builder.config(*kv.split("=", 1))
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     session_s, session_cpu = time.perf_counter() - started, tree_cpu_seconds()
     from yfpp.cli import main as yfpp

@@ -367,6 +367,13 @@ def test_feedback_on_spark_equals_run(spark, rfid, tmp_path, capsys):
     assert {json.loads(x)["query"] for x in expected} == {"theft_fb", "shelf_then_theft", "twice", "zone_pairs"}
     parquet = spark.read.parquet(str(tmp_path / "out" / "matches.parquet"))
     assert dict(parquet.dtypes)["bindings"] == "map<string,array<string>>"
+    guard = ["--max-feedback-depth", "1"]  # the loop guards pass through: seen_theft (depth 2) is dropped
+    assert main(["spark", "-q", str(qfile), "-i", feed, "-o", str(tmp_path / "guarded"), *guard]) == 0
+    capsys.readouterr()
+    assert main(["run", "-q", str(qfile), "-i", feed, *guard]) == 0
+    guarded = Counter(capsys.readouterr().out.splitlines())
+    assert lines(spark.read.text(str(tmp_path / "guarded" / "matches.jsonl"))) == guarded
+    assert {json.loads(x)["query"] for x in guarded} == {"theft_fb", "shelf_then_theft", "zone_pairs"}
 
 
 def test_set_queries_on_spark_equal_run(spark, rfid, tmp_path, capsys):

@@ -250,3 +250,22 @@ def test_streaming_replay_state_holds_for_set_queries():
     got, _ = simulate_stream(SETS, events, batches=5, seed=4)
     want = local(SETS, events)
     assert got == want and {json.loads(m)["query"] for m in want} == set(SETS)
+
+
+def test_readers_key_hashes_and_what_travels():
+    """Key values Python finds equal hash alike (the readers route by these hashes); a missing key is None;
+    the XML element travels only when an XPath predicate reads it; keys naming ``seq`` are hashed in SQL."""
+    from yfpp.spark.parse import key_hash
+    from yfpp.spark.plan import hashable_keys, needs_xml
+
+    def h(**attrs):
+        return key_hash(Event("e", 1.0, attrs), ("k",))
+
+    assert h(k=7) == h(k=7.0) == key_hash(Event("e", 7.0, {}), ("ts",)) and h(k=True) == h(k=1) and h(k=-0.0) == h(k=0)
+    assert h(k=7) != h(k=8) and h(k="7") != h(k="x") and h() is None and h(k=None) is not None
+    assert h(k=10**400) == h(k=10**400) and 0 <= h(k="x") < 2**63
+    assert key_hash(Event("e", 1.0, {"a": 1, "b": "x"}), ("a", "b")) != key_hash(Event("e", 1.0, {"a": "x", "b": 1}), ("a", "b"))
+    groups = group_queries(effective_queries(KEYED))
+    assert not needs_xml(groups) and ("tag_id",) in hashable_keys(groups)
+    assert needs_xml(group_queries(effective_queries(["[tag_id]&&//shelf[@zone='Z1']//exit&&(1 hour)"])))
+    assert hashable_keys(group_queries(effective_queries(["PATTERN SEQ(a x, b y) WHERE [seq] WITHIN 5"]))) == []

@@ -6,7 +6,7 @@ import json
 import operator
 import time
 from functools import reduce
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import pyarrow as pa
 from pyspark import TaskContext
@@ -14,6 +14,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from yfpp.events import PSEUDO_ATTRS
+from yfpp.feedback import MAX_DEPTH, MAX_DERIVED
 from yfpp.spark.plan import Group, Slicing, effective_queries, group_queries, make_event, match_row
 
 MATCH_SCHEMA = "query string, bindings map<string, array<bigint>>, start double, end double, emit string, json string"
@@ -26,6 +27,8 @@ ID_MATCH_SCHEMA = MATCH_SCHEMA.replace("array<bigint>", "array<string>")
 _ID_ARROW_SCHEMA = pa.schema([f if f.name != "bindings" else pa.field("bindings", pa.map_(pa.string(), pa.list_(pa.string())))
                               for f in _ARROW_SCHEMA])
 _EVENT_COLS = ("seq", "type", "ts", "attrs", "xml")
+#: Equivalence-key hashes computed by the readers (``yfpp.spark.parse``): ``"a,b"`` → hash.
+_HASHES = "key_hashes"
 
 
 def events_only(df: DataFrame) -> DataFrame:
@@ -42,7 +45,8 @@ def events_only(df: DataFrame) -> DataFrame:
         df = df.withColumn("attrs", F.to_json(F.struct(*rest)) if rest else F.lit("{}"))
     if "xml" not in df.columns:
         df = df.withColumn("xml", F.lit(None).cast("string"))
-    return df.select(F.col("seq").cast("long"), "type", ts_seconds(df, "ts").alias("ts"), "attrs", "xml")
+    hashes = [_HASHES] if _HASHES in df.columns else []
+    return df.select(F.col("seq").cast("long"), "type", ts_seconds(df, "ts").alias("ts"), "attrs", "xml", *hashes)
 
 
 def ts_seconds(df: DataFrame, name: str) -> Column:
@@ -77,12 +81,13 @@ def key_hash(key: tuple[str, ...]) -> Column:
     return F.when(missing, F.lit(None).cast("long")).otherwise(F.xxhash64(*vals))
 
 
-def routes(groups: list[Group], slicings: dict[int, Slicing], n: int) -> Column:
+def routes(groups: list[Group], slicings: dict[int, Slicing], n: int, hashed: Sequence[tuple[str, ...]] = ()) -> Column:
     """For each event, the ``(g, s, h, p)`` = (group, slice, key hash, task) copies it is sent to.
 
     The task is chosen, not hashed: a keyed group's key hash modulo ``n``, a
     sliced group's slices round-robin (there are about ``n`` of them, so every
-    task gets one), a whole group by its number.
+    task gets one), a whole group by its number. A key in ``hashed`` is taken
+    from the readers' ``key_hashes`` column, any other is hashed here (:func:`key_hash`).
     """
     arrays = []
     zero = F.lit(0).cast("long")
@@ -93,7 +98,7 @@ def routes(groups: list[Group], slicings: dict[int, Slicing], n: int) -> Column:
     for g, grp in enumerate(groups):
         sl = slicings.get(g)
         if grp.key:
-            h = key_hash(grp.key)
+            h = F.col(_HASHES)[",".join(grp.key)] if grp.key in hashed else key_hash(grp.key)
             arrays.append(F.array(route(g, zero, h, F.pmod(h, F.lit(n)))))
         elif sl is not None:
             rel = F.col("ts") - F.lit(sl.t0)
@@ -111,7 +116,8 @@ def _slice_route(route: Callable[..., Column], g: int, zero: Column, n: int) -> 
 
 
 def match(spark: SparkSession, queries: Any, events_df: DataFrame, *, policy: str | None = None,
-          partitions: int | None = None, full_events: bool = False) -> DataFrame:
+          partitions: int | None = None, full_events: bool = False,
+          feedback_limits: tuple[int, int] = (MAX_DEPTH, MAX_DERIVED)) -> DataFrame:
     """The matches of ``queries`` over ``events_df`` (see :func:`events_only`), one row per match.
 
     Columns: ``query``, ``bindings`` (variable → seq numbers, pattern order),
@@ -119,29 +125,36 @@ def match(spark: SparkSession, queries: Any, events_df: DataFrame, *, policy: st
     §5 line). ``queries``: as :func:`yfpp.spark.plan.effective_queries`.
     ``partitions``: shuffle partitions (default ``spark.sql.shuffle.partitions``).
     ``full_events``: each match's ``json`` also lists its bound events in full
-    (``"events"``, as ``yfpp run --events`` writes them).
+    (``"events"``, as ``yfpp run --events`` writes them). ``feedback_limits``: the engines'
+    ``(max_feedback_depth, max_derived_per_event)`` (``yfpp run --max-feedback-depth/--max-derived``).
     """
-    return match_with_stats(spark, queries, events_df, policy=policy, partitions=partitions, full_events=full_events) \
-        .where(F.col("query").isNotNull())
+    return match_with_stats(spark, queries, events_df, policy=policy, partitions=partitions, full_events=full_events,
+                            feedback_limits=feedback_limits).where(F.col("query").isNotNull())
 
 
 def match_with_stats(spark: SparkSession, queries: Any, events_df: DataFrame, *, policy: str | None = None,
-                     partitions: int | None = None, full_events: bool = False) -> DataFrame:
+                     partitions: int | None = None, full_events: bool = False,
+                     feedback_limits: tuple[int, int] = (MAX_DEPTH, MAX_DERIVED), hashed: Sequence[tuple[str, ...]] = (),
+                     time_range: tuple[float | None, float | None] | None = None) -> DataFrame:
     """:func:`match`'s rows plus one row per task with ``query`` null and in ``json``
     ``{"task", "rows", "engines", "seconds", "matches"}``: the rows (event copies) it matched, the
-    engines it ran (one per group and slice), its Python time, its matches per query."""
-    groups = group_queries(effective_queries(queries, policy), full_events=full_events)
+    engines it ran (one per group and slice), its Python time, its matches per query.
+
+    ``hashed``: equivalence keys whose hashes ``events_df`` carries (``key_hashes``, from
+    :func:`yfpp.spark.read.parse_input`); ``time_range``: the events' smallest and largest ts
+    when known (else a job computes them when a group is sliced)."""
+    groups = group_queries(effective_queries(queries, policy), full_events=full_events, feedback_limits=feedback_limits)
     derived_ids = any(p.feedback for g in groups for _, p in g.queries)  # bindings hold strings too
     events = events_only(events_df)
     n = partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
     slicings: dict[int, Slicing] = {}
     if n > 1 and any(g.sliced for g in groups):
-        t0, t1 = events.agg(F.min("ts"), F.max("ts")).first()
+        t0, t1 = time_range or events.agg(F.min("ts"), F.max("ts")).first()
         for i, g in enumerate(groups):
             sl = Slicing.plan(t0, t1, g.window, n) if g.sliced and t0 is not None else None
             if sl is not None:
                 slicings[i] = sl
-    routed = (events.select(F.explode(routes(groups, slicings, n)).alias("r"), *_EVENT_COLS)
+    routed = (events.select(F.explode(routes(groups, slicings, n, hashed)).alias("r"), *_EVENT_COLS)
               .select("r.*", *_EVENT_COLS).where(F.col("h").isNotNull())
               .repartitionById(n, "p").sortWithinPartitions("g", "s", "ts", "seq")
               .select("g", "s", *_EVENT_COLS))

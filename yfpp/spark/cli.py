@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from yfpp.errors import YfppError
+from yfpp.feedback import MAX_DEPTH, MAX_DERIVED
 from yfpp.spark.inputs import qualify
 from yfpp.pattern import Pattern
 from yfpp.query_text import load_patterns
@@ -52,6 +53,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--events", action="store_true",
                    help="add each bound event in full (seq, type, ts, attrs) to every match, as 'yfpp run --events'; "
                         "matches.parquet gets an events column (JSON)")
+    p.add_argument("--max-feedback-depth", type=int, default=MAX_DEPTH, metavar="N",
+                   help=f"batch: feedback loop guard, per engine: drop derived events deeper than N (default {MAX_DEPTH})")
+    p.add_argument("--max-derived", type=int, default=MAX_DERIVED, metavar="N",
+                   help=f"batch: feedback loop guard, per engine: at most N derived events per input event (default {MAX_DERIVED})")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting; repeatable")
     p.add_argument("--mode", choices=["error", "append", "overwrite"], default="error",
                    help="batch: when the outputs exist — fail (default, Spark's errorifexists), append or overwrite")
@@ -61,6 +66,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--stats", action="store_true", help="batch: print the rows, engines and seconds of every matching task")
     p.add_argument("--partitions", type=int,
                    help="shuffle partitions (default: spark.sql.shuffle.partitions if configured, else 2 × the cores)")
+    p.add_argument("--class-archive", metavar="FILE",
+                   help="a class-data-sharing archive for the driver JVM this command starts: written when the first "
+                        "run's JVM exits, used by later runs (about half the JVM's start-up CPU; ~200 MB; docs/spark.md)")
     p.add_argument("--stream", action="store_true", help="watch the input directory (or --socket) for new data")
     p.add_argument("--socket", metavar="HOST:PORT", help="stream: read lines from a socket (a demo source, not replayable)")
     p.add_argument("--checkpoint", help="stream: checkpoint directory (default OUTDIR/_checkpoint)")
@@ -83,14 +91,20 @@ def cmd_spark(args: argparse.Namespace) -> int:
     from yfpp.spark.plan import effective_queries, group_queries
 
     group_queries(effective_queries(queries, args.policy), streaming=args.stream)  # refuses unsupported feedback before Spark starts
+    if args.max_feedback_depth < 1 or args.max_derived < 1:
+        raise YfppError("--max-feedback-depth and --max-derived must be at least 1")
     try:
         from pyspark.sql import SparkSession
     except ImportError as e:
         raise YfppError("yfpp spark needs PySpark: pip install 'yfpp[spark]'") from e
     active = SparkSession.getActiveSession()
     owned = active is None
-    started = time.perf_counter()
+    from yfpp.spark.costs import driver_java_options, tree_cpu_by_kind
+
+    started, cpu = time.perf_counter(), tree_cpu_by_kind()
     builder = SparkSession.builder.appName("yfpp").config("spark.ui.showConsoleProgress", "false")  # counters on stderr
+    # a JVM this command starts (not spark-submit's, nor a borrowed session's): cheap to start; --conf overrides
+    builder = builder.config("spark.driver.extraJavaOptions", driver_java_options(args.class_archive))
     for cap in ("max_runs_per_query", "max_buffer_per_query"):  # the engines on the executors read these
         if getattr(args, cap) is not None:
             os.environ[f"YFPP_{cap.upper()}"] = str(getattr(args, cap))
@@ -109,6 +123,7 @@ def cmd_spark(args: argparse.Namespace) -> int:
     saved = {} if owned else {k: active.conf.get(k, None) for k in keys if active.conf.isModifiable(k)}
     spark = builder.getOrCreate()
     args.start_seconds = time.perf_counter() - started if owned else None
+    args.start_cpu = {k: v - cpu.get(k, 0.0) for k, v in tree_cpu_by_kind().items()}
     if not args.partitions and not spark.sparkContext.getConf().contains("spark.sql.shuffle.partitions"):
         spark.conf.set("spark.sql.shuffle.partitions", str(2 * spark.sparkContext.defaultParallelism))
     try:
@@ -141,18 +156,28 @@ def job_error(e: BaseException) -> str:
 
 
 def batch(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namespace) -> int:
+    """The batch job: parse and persist the input (one job, its splits' summaries collected), then
+    route, match and write from that cache — no second cache of the events, no pass to count them."""
+    from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
     from yfpp.spark.batch import match_with_stats
     from yfpp.spark.costs import Steps
-    from yfpp.spark.read import read_events_df
+    from yfpp.spark.plan import effective_queries, group_queries, hashable_keys, needs_xml
+    from yfpp.spark.read import events_of, parse_input
 
     started = time.perf_counter()
-    steps = Steps(spark, getattr(args, "start_seconds", None))
-    events = read_events_df(spark, args.input, args.format, ts_field=args.ts_field, ts_unit=args.ts_unit, step=steps.step)
-    with steps.step("plan the match, time range"):
+    steps = Steps(spark, getattr(args, "start_seconds", None), getattr(args, "start_cpu", None))
+    limits = (args.max_feedback_depth, args.max_derived)
+    groups = group_queries(effective_queries(queries, args.policy), feedback_limits=limits)
+    hashed = hashable_keys(groups)
+    parsed = parse_input(spark, args.input, args.format, ts_field=args.ts_field, ts_unit=args.ts_unit,
+                         xml=needs_xml(groups), keys=hashed, step=steps.step)
+    events = events_of(spark, parsed)
+    with steps.step("plan the match"):
         rows = match_with_stats(spark, queries, events, policy=args.policy, partitions=args.partitions,
-                                full_events=args.events).persist()
+                                full_events=args.events, feedback_limits=limits, hashed=hashed,
+                                time_range=parsed.time_range()).persist()
     matches = rows.where(F.col("query").isNotNull())
     columns = matches.withColumn("events", F.get_json_object("json", "$.events")) if args.events else matches
     out, mode = qualify(spark, args.output), {"error": "errorifexists"}.get(args.mode, args.mode)
@@ -163,14 +188,14 @@ def batch(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namespa
         if args.table:
             columns.drop("json").write.mode(mode).partitionBy(*args.partition_by).saveAsTable(args.table)
     with steps.step("write dead letters"):
-        dead = events.where(F.col("reason").isNotNull())
+        counted = Observation("dead letters")
+        dead = events.where(F.col("reason").isNotNull()).observe(counted, F.count(F.lit(1)).alias("n"))
         dead.select(F.to_json(F.struct("seq", "position", "reason", "raw"), {"ignoreNullFields": "false"})) \
             .write.mode(mode).text(os.path.join(out, "dead_letters.jsonl"))
-    with steps.step("count"):  # matches per query from the tasks' own counts, events in one pass over the cache
-        tasks = sorted((json.loads(r["json"]) for r in rows.where(F.col("query").isNull()).collect()),
-                       key=lambda t: t["task"])
-        n_dead, n_events = events.agg(F.count("reason"), F.count(F.when(F.col("reason").isNull(), 1))).first()
-    counts: dict[str, int] = {}
+        n_dead = counted.get["n"]
+    n_events = parsed.records - n_dead
+    tasks = sorted((json.loads(r["json"]) for r in rows.where(F.col("query").isNull()).collect()), key=lambda t: t["task"])
+    counts: dict[str, int] = {}  # matches per query: the tasks' own counts
     for t in tasks:
         for name, n in t["matches"].items():
             counts[name] = counts.get(name, 0) + n
@@ -186,7 +211,7 @@ def batch(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namespa
         lines += steps.report()
     print("\n".join(lines), file=sys.stderr)
     rows.unpersist()
-    events.unpersist()
+    parsed.df.unpersist()
     return 0
 
 

@@ -10,7 +10,7 @@ and an event is late when its ts is below the largest ts before it. So the
 query's ``foreachBatch`` (:class:`Stager`, on the driver) takes the running
 count and largest ts from the *previous micro-batch's* record
 (``CHECKPOINT/numbering/N-1.json``), numbers the batch's files in name order
-from the per-file summaries the readers emit (:func:`yfpp.spark.read.number_events`,
+from the per-file summaries the readers emit (:func:`yfpp.spark.read.events_of`,
 the batch job's step), and stages the numbered events: written to
 ``CHECKPOINT/tmp/…``, renamed to ``CHECKPOINT/staged/batch-N`` (one atomic
 rename: the matching query sees a batch whole or not at all), then its record
@@ -37,7 +37,7 @@ from pyspark.sql.streaming import StreamingQuery
 from yfpp.errors import InputError
 from yfpp.spark import inputs
 from yfpp.spark.parse import PARSED_SCHEMA, parse_batches
-from yfpp.spark.read import number_events, split_offsets
+from yfpp.spark.read import Parsed, any_late, events_of, split_offsets
 from yfpp.spark.source import EVENT_SCHEMA
 
 _BINARY_FILE = "path string, modificationTime timestamp, length long, content binary"
@@ -125,7 +125,8 @@ class Stager:
         tmp = f"{self.checkpoint}/tmp/{batch_id}-{uuid.uuid4().hex}"
         if stats:
             offsets = split_offsets(stats, False, (seq, max_ts), self.root)
-            number_events(parsed.sparkSession, parsed, stats, offsets).write.parquet(tmp)
+            parsed_input = Parsed(parsed, stats, offsets, any_late(stats, offsets))
+            events_of(parsed.sparkSession, parsed_input).drop("key_hashes").write.parquet(tmp)
             self.files.publish(tmp, f"{self.checkpoint}/staged/batch-{batch_id:012d}")
         parsed.unpersist()
         seq += sum(s["n"] for s in stats)

@@ -16,6 +16,12 @@ after the last record of a split comes one summary row (``n`` = records,
 ``line`` = lines, ``ts`` = largest ts, ``prev_max`` = smallest ts, ``pos`` =
 the events below a larger ts before them in the split) from which the driver
 computes global seq numbers and late events (:mod:`yfpp.spark.read`).
+
+Options (a dict): ``ts_field``, ``ts_unit``, ``format``; ``xml`` (default
+true): ship each XML event's element as text (only XPath predicates read it);
+``keys``: equivalence lists whose key hash (:func:`key_hash`) each event
+carries in ``key_hashes`` (``"a,b"`` → hash, null when the event lacks one),
+so the routing needs no JSON parsing in the JVM.
 """
 
 from __future__ import annotations
@@ -23,21 +29,25 @@ from __future__ import annotations
 import io
 import json
 import re
-from typing import Any, Iterator
+import zlib
+from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
 from lxml import etree
 
 from yfpp.dead_letters import DeadLetters
+from yfpp.events import MISSING, Event
 from yfpp.readers import format_of, read_events
 
 #: Rows of :func:`parse_batches`: a record (``n`` null) or a split's summary (``n`` set).
 PARSED_SCHEMA = ("path string, block long, pos long, line long, prev_max double, type string, ts double, "
-                 "attrs string, xml string, reason string, position string, raw string, n long")
+                 "attrs string, xml string, reason string, position string, raw string, n long, "
+                 "key_hashes map<string, bigint>")
 _ARROW = pa.schema([
     ("path", pa.string()), ("block", pa.int64()), ("pos", pa.int64()), ("line", pa.int64()), ("prev_max", pa.float64()),
     ("type", pa.string()), ("ts", pa.float64()), ("attrs", pa.string()), ("xml", pa.string()), ("reason", pa.string()),
     ("position", pa.string()), ("raw", pa.string()), ("n", pa.int64()),
+    ("key_hashes", pa.map_(pa.string(), pa.int64())),
 ])
 _LINE = re.compile(r"line (\d+)")
 
@@ -55,26 +65,56 @@ class _Collect(DeadLetters):
         self.items.append((seq, f"{self.where} {position}" if self.where else position, reason, raw))
 
 
-def records(source: Any, options: dict[str, str], where: str = "", format: str | None = None) -> Iterator[tuple]:
-    """``(pos, type, ts, attrs JSON, xml, reason, position, raw)`` for every record of ``source``, in order.
+def records(source: Any, options: dict[str, Any], where: str = "", format: str | None = None,
+            keys: Sequence[Sequence[str]] = ()) -> Iterator[tuple]:
+    """``(pos, type, ts, attrs JSON, xml, reason, position, raw)`` for every record of ``source``, in order,
+    and with ``keys`` the event's ``{"a,b": key hash}`` of each list as a ninth item (None for a dead letter).
 
     ``where`` (a file name) prefixes the positions of dead letters; ``format``
     overrides ``options["format"]``.
     """
     dead = _Collect(where)
     fmt = format or options.get("format") or None
+    with_xml = options.get("xml", True)
     events = read_events(source, fmt, ts_field=options.get("ts_field", "ts"), ts_unit=options.get("ts_unit", "s"),
                          dead_letters=dead)
+    names = [(",".join(k), k) for k in keys]
+    keyed, dumps, tostring = bool(keys), json.dumps, etree.tostring
     for ev in events:
-        yield from _drain(dead)
-        xml = etree.tostring(ev._element, encoding="unicode", with_tail=False) if ev._element is not None else None
-        yield ev.seq, ev.type, float(ev.ts), json.dumps(ev.attrs), xml, None, None, None
-    yield from _drain(dead)
+        if dead.items:
+            yield from _drain(dead, keyed)
+        el = ev._element
+        xml = tostring(el, encoding="unicode", with_tail=False) if with_xml and el is not None else None
+        if keyed:
+            yield (ev.seq, ev.type, float(ev.ts), dumps(ev.attrs), xml, None, None, None,
+                   {n: key_hash(ev, k) for n, k in names})
+        else:
+            yield ev.seq, ev.type, float(ev.ts), dumps(ev.attrs), xml, None, None, None
+    yield from _drain(dead, keyed)
 
 
-def _drain(dead: _Collect) -> Iterator[tuple]:
+def key_hash(ev: Event, key: Sequence[str]) -> int | None:
+    """A stable 63-bit hash of ``ev``'s values of ``key`` (None when one is missing): values Python
+    finds equal hash alike (``7``, ``7.0`` and ``True``/``1`` as floats); a few unequal ones may
+    collide, which only puts them in the same partition (the engine separates keys itself)."""
+    parts = []
+    for a in key:
+        v = ev.get(a)
+        if v is MISSING:
+            return None
+        if type(v) is not str and isinstance(v, (bool, int, float)):
+            try:
+                v = float(v) + 0.0  # + 0.0: -0.0 == 0.0
+            except OverflowError:  # an int beyond float: equal only to itself
+                pass
+        parts.append(repr(v))
+    text = (parts[0] if len(parts) == 1 else "\x1f".join(parts)).encode("utf-8", "surrogatepass")
+    return (zlib.crc32(text) << 31) ^ zlib.adler32(text)
+
+
+def _drain(dead: _Collect, keyed: bool = False) -> Iterator[tuple]:
     for pos, position, reason, raw in dead.items:
-        yield pos, None, None, None, None, reason, position, raw
+        yield (pos, None, None, None, None, reason, position, raw, *((None,) if keyed else ()))
     dead.items.clear()
 
 
@@ -89,29 +129,38 @@ class _Split:
         self.late = 0  # events with ts below the largest ts before them in the split
 
     def rows(self, recs: Iterator[tuple]) -> Iterator[tuple]:
-        base_pos, base_line = self.n, self.lines
-        for pos, type_, ts, attrs, xml, reason, position, raw in recs:
-            line = None
-            if position is not None and (m := _LINE.search(position)):
-                line = int(m.group(1)) + base_line
-            yield (self.path, self.block, pos + base_pos, line, self.max_ts, type_, ts, attrs, xml, reason,
-                   position, raw, None)
-            self.n = pos + base_pos + 1
-            if ts is not None and reason is None:
-                if self.max_ts is not None and ts < self.max_ts:
-                    self.late += 1
-                if self.min_ts is None or ts < self.min_ts:
-                    self.min_ts = ts
-            if ts is not None and (self.max_ts is None or ts > self.max_ts):
-                self.max_ts = ts
+        """The :data:`PARSED_SCHEMA` rows of :func:`records`' tuples, counting on (kept in locals: a hot loop)."""
+        path, block, base_pos, base_line = self.path, self.block, self.n, self.lines
+        n, late, lo, hi = self.n, self.late, self.min_ts, self.max_ts
+        try:
+            for rec in recs:
+                pos, ts, reason, position = rec[0], rec[2], rec[5], rec[6]
+                line = None
+                if position is not None and (m := _LINE.search(position)):
+                    line = int(m.group(1)) + base_line
+                yield (path, block, pos + base_pos, line, hi, rec[1], ts, rec[3], rec[4], reason, position, rec[7], None,
+                       rec[8] if len(rec) > 8 else None)
+                n = pos + base_pos + 1
+                if ts is not None:
+                    if reason is None:
+                        if hi is not None and ts < hi:
+                            late += 1
+                        if lo is None or ts < lo:
+                            lo = ts
+                    if hi is None or ts > hi:
+                        hi = ts
+        finally:
+            self.n, self.late, self.min_ts, self.max_ts = n, late, lo, hi
 
     def summary(self) -> tuple:
         return (self.path, self.block, self.late, self.lines, self.min_ts, None, self.max_ts, None, None, None, None, None,
-                self.n)
+                self.n, None)
 
 
-def parse_batches(options: dict[str, str]) -> Any:
+def parse_batches(options: dict[str, Any]) -> Any:
     """The ``mapInArrow`` function over ``(path, block, content, whole)`` rows (see the module docstring)."""
+
+    keys = options.get("keys", ())
 
     def rows(batches: Iterator[pa.RecordBatch]) -> Iterator[tuple]:
         split: _Split | None = None
@@ -126,7 +175,7 @@ def parse_batches(options: dict[str, str]) -> Any:
                     split = _Split(path, block)
                 if whole:
                     fmt = options.get("format") or format_of(path)
-                    yield from split.rows(records(io.BufferedReader(io.BytesIO(content)), options, format=fmt))
+                    yield from split.rows(records(io.BufferedReader(io.BytesIO(content)), options, format=fmt, keys=keys))
                 else:
                     lines.append(content)
             if split is not None:
@@ -147,13 +196,13 @@ def parse_batches(options: dict[str, str]) -> Any:
     return run
 
 
-def _lines(split: _Split, lines: list[bytes], options: dict[str, str]) -> Iterator[tuple]:
+def _lines(split: _Split, lines: list[bytes], options: dict[str, Any]) -> Iterator[tuple]:
     """The records of the JSON lines collected for ``split`` (they continue its earlier lines)."""
     if not lines:
         return
     data, n = io.BufferedReader(io.BytesIO(b"\n".join(lines) + b"\n")), len(lines)
     lines.clear()
-    yield from split.rows(records(data, options, format="jsonl"))
+    yield from split.rows(records(data, options, format="jsonl", keys=options.get("keys", ())))
     split.lines += n
 
 

@@ -36,7 +36,8 @@ from yfpp.engine import Engine
 from yfpp.errors import YfppError
 from yfpp.event_sets import partition_attributes
 from yfpp.events import MISSING, Event
-from yfpp.pattern import Contiguity, Index, Kind, Pattern, Ref
+from yfpp.feedback import MAX_DEPTH, MAX_DERIVED
+from yfpp.pattern import Contiguity, Index, Kind, Pattern, Ref, XPathTest, walk
 
 Query = tuple[Any, Pattern]  # (name — or the engine's id for an unnamed query, pattern)
 
@@ -87,9 +88,12 @@ class Group:
     window: float | None = None  # the largest window; None: unbounded
     sliced: bool = False
     full_events: bool = False  # matches list their bound events in full (``Engine(full_events=True)``)
+    feedback_limits: tuple[int, int] = (MAX_DEPTH, MAX_DERIVED)  # the engine's max_feedback_depth, max_derived_per_event
 
     def engine(self) -> Engine:
-        eng = Engine(dead_letters=DeadLetters(), full_events=self.full_events)
+        depth, derived = self.feedback_limits
+        eng = Engine(dead_letters=DeadLetters(), full_events=self.full_events, max_feedback_depth=depth,
+                     max_derived_per_event=derived)
         for name, pattern in self.queries:
             eng.register(pattern, name=name)
         return eng
@@ -110,13 +114,15 @@ def _max_window(patterns: Iterable[Pattern]) -> float | None:
     return None if None in windows else max(windows)  # type: ignore[type-var]
 
 
-def group_queries(queries: Sequence[Query], *, streaming: bool = False, full_events: bool = False) -> list[Group]:
+def group_queries(queries: Sequence[Query], *, streaming: bool = False, full_events: bool = False,
+                  feedback_limits: tuple[int, int] = (MAX_DEPTH, MAX_DERIVED)) -> list[Group]:
     """Keyed groups by equivalence list, then at most one sliced and one whole group.
 
     ``streaming``: every ``non_overlapping`` query gets a group of its own (its
     state is cut after each chosen match, see ``yfpp.spark.stream``), and
     nothing is sliced (an unkeyed group is one state key). ``full_events``: the
-    groups' engines list each match's bound events in full.
+    groups' engines list each match's bound events in full; ``feedback_limits``: their
+    ``(max_feedback_depth, max_derived_per_event)`` loop guards.
     """
     keyed: dict[tuple[str, ...], list[Query]] = {}
     sliced: list[Query] = []
@@ -141,7 +147,19 @@ def group_queries(queries: Sequence[Query], *, streaming: bool = False, full_eve
         p = q[1]
         groups.append(Group((q,), spark_key(p) if not is_strict(p) else (), p.window))
     check_feedback(groups, streaming=streaming)
-    return [replace(g, full_events=True) for g in groups] if full_events else groups
+    return [replace(g, full_events=full_events, feedback_limits=feedback_limits) for g in groups]
+
+
+def hashable_keys(groups: Sequence[Group]) -> list[tuple[str, ...]]:
+    """The keyed groups' equivalence lists the readers can hash (``yfpp.spark.parse.key_hash``): all but
+    those naming the pseudo-attribute ``seq``, whose global value the readers do not know yet."""
+    return list(dict.fromkeys(g.key for g in groups if g.key and "seq" not in g.key))
+
+
+def needs_xml(groups: Sequence[Group]) -> bool:
+    """Does a query read an event's XML element (an XPath predicate), so that it must travel with the event?"""
+    return any(isinstance(node, XPathTest) for g in groups for _, p in g.queries
+               for expr in [*p.where, *(e for _, e in (p.emit.attrs if p.emit else ()))] for node in walk(expr))
 
 
 def check_feedback(groups: Sequence[Group], *, streaming: bool = False) -> None:

@@ -2,9 +2,10 @@
 
 Spark reads the files on the executors (plain JSON lines split at line
 boundaries, everything else one task per file, see :mod:`yfpp.spark.parse`);
-one small aggregation over the persisted parse gives each split's record
-count and largest ts, from which the driver computes every split's first seq
-number and the largest ts before it.
+each split's summary row, collected in the job that parses and persists the
+input, gives its record count and largest ts, from which the driver computes
+every split's first seq number and the largest ts before it; a broadcast join
+applies them.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 import os
 from contextlib import nullcontext
 from functools import reduce
-from typing import Any, Callable, ContextManager
+from typing import Any, Callable, ContextManager, NamedTuple, Sequence
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
@@ -23,7 +24,29 @@ from yfpp.engine import event_raw
 from yfpp.spark import inputs
 from yfpp.spark.parse import PARSED_SCHEMA, parse_batches
 
-_OFFSETS_SCHEMA = "path string, block long, seq_base long, line_base long, before double, prefix string"
+#: The splits' offsets (:func:`split_offsets`), given to the executors as one JSON literal (no Python job).
+_OFFSETS_SCHEMA = "array<struct<path string, block long, seq_base long, line_base long, before double, prefix string>>"
+
+
+class Parsed(NamedTuple):
+    """An input parsed on the executors: ``df`` (persisted; :data:`PARSED_SCHEMA` rows), the splits'
+    summaries and first seq numbers, and whether a late event is possible."""
+
+    df: DataFrame
+    stats: list[Any]
+    offsets: list[tuple]
+    late: bool
+
+    @property
+    def records(self) -> int:
+        """Records (events and malformed ones) in the input."""
+        return sum(s["n"] for s in self.stats)
+
+    def time_range(self) -> tuple[float | None, float | None]:
+        """The smallest and largest ts of the input's events (late ones included)."""
+        lows = [s["prev_max"] for s in self.stats if s["prev_max"] is not None]
+        highs = [s["ts"] for s in self.stats if s["ts"] is not None]
+        return (min(lows) if lows else None, max(highs) if highs else None)
 
 
 def read_events_df(spark: SparkSession, path: str | os.PathLike[str], format: str | None = None, *,
@@ -43,10 +66,26 @@ def read_events_df(spark: SparkSession, path: str | os.PathLike[str], format: st
     ``step``: names the Spark jobs of each reading step (:meth:`yfpp.spark.costs.Steps.step`).
     """
     step = step or (lambda name: nullcontext())
+    parsed = parse_input(spark, path, format, ts_field=ts_field, ts_unit=ts_unit, step=step)
+    events = events_of(spark, parsed).drop("key_hashes").persist(StorageLevel.MEMORY_AND_DISK)
+    with step("seq numbers, late events, cache"):
+        events.count()
+    parsed.df.unpersist()
+    return events
+
+
+def parse_input(spark: SparkSession, path: str | os.PathLike[str], format: str | None = None, *,
+                ts_field: str = "ts", ts_unit: str = "s", xml: bool = True, keys: Sequence[Sequence[str]] = (),
+                step: Callable[[str], ContextManager[Any]] | None = None) -> Parsed:
+    """The input of :func:`read_events_df` read and parsed by the executors, kept (persisted), with
+    the splits' summaries collected — one Spark job. ``xml``: keep XML events' elements (for XPath
+    predicates); ``keys``: equivalence lists to hash per event (``key_hashes``, see :mod:`yfpp.spark.parse`)."""
+    step = step or (lambda name: nullcontext())
     given = os.fspath(path)
     with step("list input"):
         files = inputs.list_files(spark, given)
-    opts = {"ts_field": ts_field, "ts_unit": ts_unit, **({"format": format} if format else {})}
+    opts: dict[str, Any] = {"ts_field": ts_field, "ts_unit": ts_unit, "xml": xml, "keys": [list(k) for k in keys],
+                            **({"format": format} if format else {})}
     split = [f for f in files if inputs.splittable(f, format)]
     whole = [f for f in files if not inputs.splittable(f, format)]
     parts = []
@@ -62,20 +101,17 @@ def read_events_df(spark: SparkSession, path: str | os.PathLike[str], format: st
         .persist(StorageLevel.MEMORY_AND_DISK)
     with step("read + parse (readers), summaries"):
         stats = parsed.where(F.col("n").isNotNull()).select("path", "block", "n", "line", "ts", "pos", "prev_max").collect()
-    events = number_events(spark, parsed, stats, split_offsets(stats, inputs.single_file(given, files)))
-    events = events.persist(StorageLevel.MEMORY_AND_DISK)
-    with step("seq numbers, late events, cache"):
-        events.count()
-    parsed.unpersist()
-    return events
+    offsets = split_offsets(stats, inputs.single_file(given, files))
+    return Parsed(parsed, stats, offsets, any_late(stats, offsets))
 
 
-def number_events(spark: SparkSession, parsed: DataFrame, stats: list[Any], split_rows: list[tuple]) -> DataFrame:
-    """The records of ``parsed`` (:data:`~yfpp.spark.parse.PARSED_SCHEMA` rows) with global ``seq``
-    numbers, late events as dead letters and positions in their files, from the splits' offsets
-    (:func:`split_offsets` of their summaries ``stats``). Columns: ``read_events_df``'s."""
-    offsets = spark.createDataFrame(split_rows, _OFFSETS_SCHEMA)
-    r = parsed.where(F.col("n").isNull()).join(F.broadcast(offsets), ["path", "block"])
+def events_of(spark: SparkSession, parsed: Parsed) -> DataFrame:
+    """The records of ``parsed`` with global seq numbers, late events as dead letters (columns as
+    :func:`read_events_df`'s, and ``key_hashes``); not persisted: each use reads ``parsed.df``."""
+    names = ("path", "block", "seq_base", "line_base", "before", "prefix")
+    text = json.dumps([dict(zip(names, o)) for o in parsed.offsets])
+    offsets = spark.range(1).select(F.inline(F.from_json(F.lit(text), _OFFSETS_SCHEMA)))
+    r = parsed.df.where(F.col("n").isNull()).join(F.broadcast(offsets), ["path", "block"])
     seq = F.col("seq_base") + F.col("pos")
     stream_time = F.greatest("prev_max", "before")
     late = F.col("reason").isNull() & (F.col("ts") < stream_time)
@@ -86,15 +122,13 @@ def number_events(spark: SparkSession, parsed: DataFrame, stats: list[Any], spli
         F.when(late, F.format_string("late event: ts %s < stream time %s (max_delay 0.0)", "ts", stream_time))
         .otherwise(F.col("reason")).alias("reason"),
         F.when(late, F.concat(F.lit("seq "), seq)).otherwise(position).alias("position"),
-        "raw", F.coalesce(late, F.lit(False)).alias("late"),  # null (no earlier ts) is not late
+        "raw", "key_hashes", F.coalesce(late, F.lit(False)).alias("late"),  # null (no earlier ts) is not late
     )
-    if any_late(stats, split_rows):
-        late_raw = F.udf(lambda t, ts, attrs: event_raw(t, ts, json.loads(attrs)), "string")  # the engine's raw of a late event
-        events = events.where(~F.col("late")).drop("late").unionByName(  # the UDF runs on the late rows only
-            events.where(F.col("late")).drop("late").withColumn("raw", late_raw("type", "ts", "attrs")))
-    else:  # an ordered feed: no Python stage for late events
-        events = events.drop("late")
-    return events
+    if not parsed.late:  # an ordered feed: no Python stage for late events
+        return events.drop("late")
+    late_raw = F.udf(lambda t, ts, attrs: event_raw(t, ts, json.loads(attrs)), "string")  # the engine's raw of a late event
+    return events.where(~F.col("late")).drop("late").unionByName(  # the UDF runs on the late rows only
+        events.where(F.col("late")).drop("late").withColumn("raw", late_raw("type", "ts", "attrs")))
 
 
 def any_late(stats: list[Any], offsets: list[tuple]) -> bool:
