@@ -28,7 +28,7 @@ from yfpp.deadlines import Deadlines, Pending
 from yfpp.events import MISSING, Event
 from yfpp.match_buffer import MatchBuffer, Version
 from yfpp.match_id import match_id_of
-from yfpp.negation_store import NegationStores
+from yfpp.negation_store import CandidateStore, NegationStores
 from yfpp.nfa_compiler import NegationPlan, QueryPlan
 from yfpp.pattern import Contiguity
 from yfpp.policies import accept, overlap_rank
@@ -211,6 +211,8 @@ class Runtime:
                     if attrs and ek is None:
                         continue
                     if neg is None:  # a shared candidate store
+                        if not _may_need(self, owner, ek):
+                            continue  # no run before ev can bind the component before the negation
                         for p in owner.self_preds:
                             if not p(ev, ()):
                                 break
@@ -666,6 +668,31 @@ def _ignores(c: Contiguity, moved: bool, ek: Any, rkey: Any) -> bool:
         return not moved
     if c is PARTITION:
         return ek != rkey
+    return False
+
+
+def _may_need(rt: Runtime, store: CandidateStore, ek: Any) -> bool:
+    """Can a run stored now (before the event) ever use a candidate of ``store`` with key ``ek``?
+
+    A middle negation's candidate matters only to a match whose component before
+    the negation bound an earlier event: so to a run of the store's branch (and
+    key) already live.  Runs started later begin after the candidate.  Over-approximates
+    (any live run of the branch and key), never under.
+    """
+    root = store.root
+    if not root.live:
+        return False
+    attrs = store.partition_by
+    if not attrs:
+        return True
+    states = rt.keyed[attrs].get(ek)
+    if states:
+        for st in states:
+            if st.node.root is root:
+                return True
+    for st in rt.strict:
+        if st.node.root is root:
+            return True
     return False
 
 
