@@ -388,10 +388,23 @@ class Runtime:
                 cnt.runs_started += started
                 cap = self.max_runs
                 over: list[Node] = []
-                store = self._store
+                keyed = self.keyed
                 for r in fresh:
-                    store(r)
-                    root = r.state.node.root
+                    st = r.state
+                    attrs = st.node.partition_by
+                    if attrs and not st.touch_all:  # _store, inline for the common case
+                        states = keyed[attrs].get(r.key)
+                        if states is None:
+                            keyed[attrs][r.key] = {st: [r]}
+                        else:
+                            lst = states.get(st)
+                            if lst is None:
+                                states[st] = [r]
+                            else:
+                                lst.append(r)
+                    else:
+                        self._store(r)
+                    root = st.node.root
                     root.live += 1
                     if root.live > cap and root not in over:
                         over.append(root)
@@ -693,21 +706,31 @@ class Runtime:
                 if entry is None:
                     entry = self.buffer.add(node, node.index, ev, version, pred)
                 binds = MatchBuffer.extract(entry, version)
-            match = self._match(plan, binds, vec)
+                shared: dict = {}
+            match = self._match(plan, binds, vec, shared)
             if plan.trailing is not None:
                 self.to_hold.append(Pending(plan, key, vec, last.pos, first_ts + plan.window, match))
             else:
                 accepted.append((plan, key, match, binds))
 
-    def _match(self, plan: QueryPlan, binds: list[tuple[int, Event]], vec: tuple) -> dict:
+    def _match(self, plan: QueryPlan, binds: list[tuple[int, Event]], vec: tuple, shared: dict) -> dict:
+        """The match dict of ``plan`` for ``binds``; ``shared`` keeps the seq lists per variable names for the other
+        queries completing on the same binds (each match gets its own copies)."""
         names = plan.var_names
-        seqs: dict[str, list[int | str]] = {v: [] for v in names}
-        ints = True
-        for unit, e in binds:
-            s = e.seq
-            if type(s) is not int:
-                ints = False
-            seqs[names[unit]].append(s)
+        got = shared.get(names)
+        if got is None:
+            lists: list[list[int | str]] = [[] for _ in names]
+            ints = True
+            for unit, e in binds:
+                s = e.seq
+                if type(s) is not int:
+                    ints = False
+                lists[unit].append(s)
+            shared[names] = (lists, ints)
+            seqs = dict(zip(names, lists))
+        else:
+            lists, ints = got
+            seqs = dict(zip(names, map(list, lists)))
         m = {"query": plan.name, "id": self._match_ids[plan](seqs, ints), "bindings": seqs,
              "start": binds[0][1].ts, "end": binds[-1][1].ts}
         if plan.emit is not None:
