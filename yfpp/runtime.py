@@ -735,7 +735,11 @@ class Runtime:
              "start": binds[0][1].ts, "end": binds[-1][1].ts}
         if plan.emit is not None:
             etype, attrs = plan.emit
-            m["emit"] = {"type": etype, "attrs": {k: _plain(g(None, vec)) for k, g in attrs}}
+            values = {}
+            for k, g in attrs:
+                v = g(None, vec)
+                values[k] = None if v is MISSING else v
+            m["emit"] = {"type": etype, "attrs": values}
         if self.full_events:
             events: dict[str, list[dict]] = {v: [] for v in names}
             for unit, e in binds:
@@ -816,7 +820,3 @@ def _may_need(rt: Runtime, store: CandidateStore, ek: Any) -> bool:
         if st.node.root is root:
             return True
     return False
-
-
-def _plain(v: Any) -> Any:
-    return None if v is MISSING else v
