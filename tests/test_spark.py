@@ -316,3 +316,22 @@ def test_set_queries_on_spark_equal_run(spark, rfid, tmp_path, capsys):
     expected = Counter(capsys.readouterr().out.splitlines())
     assert lines(spark.read.text(str(tmp_path / "out" / "matches.jsonl"))) == expected
     assert {json.loads(x)["query"] for x in expected} == {*SETS, "shop"}
+
+
+def test_full_events_on_spark_equal_run(spark, rfid, tmp_path, capsys):
+    qfile = tmp_path / "fb.xpe"
+    qfile.write_text(
+        "@query theft_fb\n[tag_id]&&//shelf//!register//exit&&(1 hour)&&=> theft(tag_id = e1.tag_id, zone = e1.zone) feedback\n"
+        "@query shelf_then_theft\n[tag_id]&&//shelf//theft&&(1 hour)\n")
+    feed = str(rfid / "feed.xml")
+    assert main(["spark", "-q", str(qfile), "-i", feed, "-o", str(tmp_path / "out"), "--events"]) == 0
+    capsys.readouterr()
+    assert main(["run", "-q", str(qfile), "-i", feed, "--events"]) == 0
+    expected = Counter(capsys.readouterr().out.splitlines())
+    assert lines(spark.read.text(str(tmp_path / "out" / "matches.jsonl"))) == expected
+    derived = [json.loads(x) for x in expected if json.loads(x)["query"] == "shelf_then_theft"]
+    assert derived and all("from" in m["events"]["e2"][0] for m in derived)  # a derived event's provenance
+    parquet = spark.read.parquet(str(tmp_path / "out" / "matches.parquet"))  # the same events, as a JSON column
+    canon = lambda events: json.dumps(events, sort_keys=True)  # noqa: E731
+    assert Counter(canon(json.loads(r["events"])) for r in parquet.select("events").collect()) == \
+        Counter(canon(json.loads(x)["events"]) for x in expected.elements())

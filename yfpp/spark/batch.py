@@ -111,24 +111,26 @@ def _slice_route(route: Callable[..., Column], g: int, zero: Column, n: int) -> 
 
 
 def match(spark: SparkSession, queries: Any, events_df: DataFrame, *, policy: str | None = None,
-          partitions: int | None = None) -> DataFrame:
+          partitions: int | None = None, full_events: bool = False) -> DataFrame:
     """The matches of ``queries`` over ``events_df`` (see :func:`events_only`), one row per match.
 
     Columns: ``query``, ``bindings`` (variable → seq numbers, pattern order),
     ``start``, ``end``, ``emit`` (a JSON object or null) and ``json`` (the SPEC
     §5 line). ``queries``: as :func:`yfpp.spark.plan.effective_queries`.
     ``partitions``: shuffle partitions (default ``spark.sql.shuffle.partitions``).
+    ``full_events``: each match's ``json`` also lists its bound events in full
+    (``"events"``, as ``yfpp run --events`` writes them).
     """
-    return match_with_stats(spark, queries, events_df, policy=policy, partitions=partitions) \
+    return match_with_stats(spark, queries, events_df, policy=policy, partitions=partitions, full_events=full_events) \
         .where(F.col("query").isNotNull())
 
 
 def match_with_stats(spark: SparkSession, queries: Any, events_df: DataFrame, *, policy: str | None = None,
-                     partitions: int | None = None) -> DataFrame:
+                     partitions: int | None = None, full_events: bool = False) -> DataFrame:
     """:func:`match`'s rows plus one row per task with ``query`` null and in ``json``
     ``{"task", "rows", "engines", "seconds", "matches"}``: the rows (event copies) it matched, the
     engines it ran (one per group and slice), its Python time, its matches per query."""
-    groups = group_queries(effective_queries(queries, policy))
+    groups = group_queries(effective_queries(queries, policy), full_events=full_events)
     derived_ids = any(p.feedback for g in groups for _, p in g.queries)  # bindings hold strings too
     events = events_only(events_df)
     n = partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))

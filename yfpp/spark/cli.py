@@ -49,6 +49,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--ts-unit", default="s", help="timestamp unit: s, ms, us, ns, min, h (default: s)")
     p.add_argument("--max-runs-per-query", type=int, metavar="N", help="cap on each query's live runs per engine (see docs/operations.md)")
     p.add_argument("--max-buffer-per-query", type=int, metavar="N", help="cap on each query's buffered events per engine")
+    p.add_argument("--events", action="store_true",
+                   help="add each bound event in full (seq, type, ts, attrs) to every match, as 'yfpp run --events'; "
+                        "matches.parquet gets an events column (JSON)")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting; repeatable")
     p.add_argument("--mode", choices=["error", "append", "overwrite"], default="error",
                    help="batch: when the outputs exist — fail (default, Spark's errorifexists), append or overwrite")
@@ -148,16 +151,17 @@ def batch(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namespa
     steps = Steps(spark, getattr(args, "start_seconds", None))
     events = read_events_df(spark, args.input, args.format, ts_field=args.ts_field, ts_unit=args.ts_unit, step=steps.step)
     with steps.step("plan the match, time range"):
-        rows = match_with_stats(spark, queries, events, policy=args.policy, partitions=args.partitions).persist()
+        rows = match_with_stats(spark, queries, events, policy=args.policy, partitions=args.partitions,
+                                full_events=args.events).persist()
     matches = rows.where(F.col("query").isNotNull())
+    columns = matches.withColumn("events", F.get_json_object("json", "$.events")) if args.events else matches
     out, mode = qualify(spark, args.output), {"error": "errorifexists"}.get(args.mode, args.mode)
     with steps.step("route, shuffle, sort, match; write jsonl"):
         matches.select("json").write.mode(mode).text(os.path.join(out, "matches.jsonl"))
     with steps.step("write matches.parquet"):
-        columns = matches.drop("json").write.mode(mode).partitionBy(*args.partition_by)
-        columns.parquet(os.path.join(out, "matches.parquet"))
+        columns.drop("json").write.mode(mode).partitionBy(*args.partition_by).parquet(os.path.join(out, "matches.parquet"))
         if args.table:
-            matches.drop("json").write.mode(mode).partitionBy(*args.partition_by).saveAsTable(args.table)
+            columns.drop("json").write.mode(mode).partitionBy(*args.partition_by).saveAsTable(args.table)
     with steps.step("write dead letters"):
         dead = events.where(F.col("reason").isNotNull())
         dead.select(F.to_json(F.struct("seq", "position", "reason", "raw"), {"ignoreNullFields": "false"})) \
@@ -192,7 +196,7 @@ def stream(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namesp
     out = qualify(spark, args.output)
     events = read_stream(spark, None if args.socket else os.path.abspath(args.input), socket=args.socket, format=args.format,
                          ts_field=args.ts_field, ts_unit=args.ts_unit, max_files=args.max_files)
-    query = write_stream(stream_matches(spark, queries, events, policy=args.policy), out,
+    query = write_stream(stream_matches(spark, queries, events, policy=args.policy, full_events=args.events), out,
                          qualify(spark, args.checkpoint) if args.checkpoint else os.path.join(out, "_checkpoint"),
                          interval=f"{args.trigger} seconds" if args.trigger else None)
     try:

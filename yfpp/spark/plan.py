@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import math
 import pickle
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
 from lxml import etree
@@ -86,9 +86,10 @@ class Group:
     key: tuple[str, ...] = ()  # the equivalence attributes (keyed groups)
     window: float | None = None  # the largest window; None: unbounded
     sliced: bool = False
+    full_events: bool = False  # matches list their bound events in full (``Engine(full_events=True)``)
 
     def engine(self) -> Engine:
-        eng = Engine(dead_letters=DeadLetters())
+        eng = Engine(dead_letters=DeadLetters(), full_events=self.full_events)
         for name, pattern in self.queries:
             eng.register(pattern, name=name)
         return eng
@@ -109,12 +110,13 @@ def _max_window(patterns: Iterable[Pattern]) -> float | None:
     return None if None in windows else max(windows)  # type: ignore[type-var]
 
 
-def group_queries(queries: Sequence[Query], *, streaming: bool = False) -> list[Group]:
+def group_queries(queries: Sequence[Query], *, streaming: bool = False, full_events: bool = False) -> list[Group]:
     """Keyed groups by equivalence list, then at most one sliced and one whole group.
 
     ``streaming``: every ``non_overlapping`` query gets a group of its own (its
     state is cut after each chosen match, see ``yfpp.spark.stream``), and
-    nothing is sliced (an unkeyed group is one state key).
+    nothing is sliced (an unkeyed group is one state key). ``full_events``: the
+    groups' engines list each match's bound events in full.
     """
     keyed: dict[tuple[str, ...], list[Query]] = {}
     sliced: list[Query] = []
@@ -139,7 +141,7 @@ def group_queries(queries: Sequence[Query], *, streaming: bool = False) -> list[
         p = q[1]
         groups.append(Group((q,), spark_key(p) if not is_strict(p) else (), p.window))
     check_feedback(groups, streaming=streaming)
-    return groups
+    return [replace(g, full_events=True) for g in groups] if full_events else groups
 
 
 def check_feedback(groups: Sequence[Group], *, streaming: bool = False) -> None:

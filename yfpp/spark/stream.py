@@ -59,12 +59,13 @@ def read_stream(spark: SparkSession, path: str | None = None, *, socket: str | N
     return spark.readStream.format("yfpp_stream").options(**opts).load()
 
 
-def stream_matches(spark: SparkSession, queries: Any, events: DataFrame, *, policy: str | None = None) -> DataFrame:
+def stream_matches(spark: SparkSession, queries: Any, events: DataFrame, *, policy: str | None = None,
+                   full_events: bool = False) -> DataFrame:
     """Matches (``kind`` = ``match``) and dead letters (``kind`` = ``dead``, the record in ``json``) of a stream.
 
     ``events``: as :func:`read_stream` gives. Columns as :func:`yfpp.spark.match`'s, plus ``kind``.
     """
-    groups = group_queries(effective_queries(queries, policy), streaming=True)
+    groups = group_queries(effective_queries(queries, policy), streaming=True, full_events=full_events)
     routed = (events.select(F.explode(_routes(groups)).alias("r"), "*")
               .select("r.*", *_RECORD_COLS).where(F.col("h").isNotNull())
               .withColumn("event_time", F.when(F.col("reason").isNull(), F.timestamp_seconds(F.col("ts") + SHIFT)))
