@@ -48,9 +48,9 @@ STRICT, PARTITION, STNM, STAM = (
 
 
 class _Route:
-    """Dispatch of one event type: the negations it is a candidate for, the root-table groups it may begin
-    (a group without predicate indexes as its list of nodes), and (filled as met) whether a state's runs
-    react to it (partition-contiguity states always do)."""
+    """Dispatch of one event type: the negations it is a candidate for, how to find the root nodes it may
+    begin (per root-table group, :meth:`~yfpp.shared_nfa._TypeGroup.finder`), whether any state reacts to it,
+    and (filled as met) whether a given state's runs react to it (partition-contiguity states always do)."""
 
     __slots__ = ("negs", "starters", "scan", "touch")
 
