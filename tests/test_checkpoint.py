@@ -122,24 +122,31 @@ def test_xml_events_keep_their_element_for_xpath_predicates():
     assert want and Counter(before + feed(restored, events[150:]) + finish(restored)) == Counter(want)
 
 
+def killed_after(events: int, read_event_batches):
+    """``read_event_batches`` of a process that dies (Ctrl-C) after handing on ``events`` events."""
+
+    def read(*a, **k):
+        n = 0
+        for batch in read_event_batches(*a, **k):
+            yield batch[:events - n]
+            n += len(batch)
+            if n >= events:
+                raise KeyboardInterrupt  # the process dies here
+
+    return read
+
+
 def test_cli_checkpoint_and_restore_after_a_kill(tmp_path, monkeypatch):
     import yfpp.readers
 
     query = str(ROOT / "queries/shoplifting.sase")
     full = tmp_path / "full.jsonl"
     assert main(["run", "-q", query, "-i", str(SAMPLE), "-o", str(full)]) == 0
-    real = yfpp.readers.read_events
-
-    def killed_after_250(*a, **k):
-        for n, ev in enumerate(real(*a, **k)):
-            if n == 250:
-                raise KeyboardInterrupt  # the process dies here
-            yield ev
-
+    real = yfpp.readers.read_event_batches
     first, ck = tmp_path / "first.jsonl", tmp_path / "ck.json"
-    monkeypatch.setattr(yfpp.readers, "read_events", killed_after_250)
+    monkeypatch.setattr(yfpp.readers, "read_event_batches", killed_after(250, real))
     assert main(["run", "-q", query, "-i", str(SAMPLE), "-o", str(first), "--checkpoint", str(ck), "--checkpoint-every", "100"]) == 130
-    monkeypatch.setattr(yfpp.readers, "read_events", real)
+    monkeypatch.setattr(yfpp.readers, "read_event_batches", real)
     assert read_checkpoint(ck)["stream"]["next_seq"] == 200
     rest = tmp_path / "rest.jsonl"
     assert main(["run", "--restore", str(ck), "-i", str(SAMPLE), "-o", str(rest)]) == 0
@@ -196,19 +203,12 @@ def test_cli_checkpoint_and_restore_with_a_set_query(tmp_path, monkeypatch, stra
     query, chemo = str(ROOT / "queries/chemo_q1.sase"), str(ROOT / "yfpp/data/chemo.jsonl")
     full = tmp_path / "full.jsonl"
     assert main(["run", "-q", query, "-i", chemo, "-o", str(full), "--strategy", strategy]) == 0
-    real = yfpp.readers.read_events
-
-    def killed_after_11(*a, **k):
-        for n, ev in enumerate(real(*a, **k)):
-            if n == 11:
-                raise KeyboardInterrupt
-            yield ev
-
+    real = yfpp.readers.read_event_batches
     first, ck = tmp_path / "first.jsonl", tmp_path / "ck.json"
-    monkeypatch.setattr(yfpp.readers, "read_events", killed_after_11)
+    monkeypatch.setattr(yfpp.readers, "read_event_batches", killed_after(11, real))
     assert main(["run", "-q", query, "-i", chemo, "-o", str(first), "--checkpoint", str(ck), "--checkpoint-every", "10",
                  "--strategy", strategy]) == 130
-    monkeypatch.setattr(yfpp.readers, "read_events", real)
+    monkeypatch.setattr(yfpp.readers, "read_event_batches", real)
     data = read_checkpoint(ck)
     assert data["stream"]["next_seq"] == 10 and data["options"]["strategy"] == strategy and data["set_queries"]
     rest = tmp_path / "rest.jsonl"

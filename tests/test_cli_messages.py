@@ -136,3 +136,19 @@ def test_help_examples_name_files_that_exist():
                 assert (ROOT / word).is_file(), word
             if word.startswith("example:"):
                 assert Path(resolve(word)).is_file(), word
+
+
+def test_the_vocabulary_stops_noting_once_every_name_a_query_uses_was_seen():
+    from yfpp.events import Event
+    from yfpp.query_text import parse_query
+    from yfpp.vocabulary import Vocabulary
+
+    pattern = parse_query("PATTERN SEQ(shelf a, exit c) WHERE [tag_id] AND c.door = 'D1'")
+    vocabulary = Vocabulary([pattern])
+    vocabulary.note([Event("shelf", 1, {"tag_id": 1}), Event("exit", 2, {"tag_id": 1})])
+    assert not vocabulary.complete and vocabulary.unknown_names("q", pattern) == [
+        "query 'q': attribute 'door' never seen on 'exit' events"]
+    vocabulary.note([Event("exit", 3, {"tag_id": 2, "door": "D1"})])  # the last name, late in the stream
+    assert vocabulary.complete and vocabulary.unknown_names("q", pattern) == []
+    vocabulary.note([Event("other", 4, {})])
+    assert "other" not in vocabulary.attrs  # no longer noted: no warning can come

@@ -8,6 +8,8 @@ import json
 import tracemalloc
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from yfpp.dead_letters import DeadLetters
 from yfpp.engine import Engine
@@ -15,6 +17,8 @@ from yfpp.errors import InputError
 from yfpp.events import Event
 from yfpp.query_text import parse_query
 from yfpp.readers import read_events, read_jsonl
+from tests.test_xml_reader import Trickle
+from yfpp import jsonl_reader
 from yfpp.reference import reference_matches
 
 
@@ -119,6 +123,39 @@ def test_corrupt_gzip_is_an_input_error(tmp_path):
     path.write_bytes(bytes(raw))
     with pytest.raises(InputError, match="after line"):
         list(read_events(path, dead_letters=DeadLetters()))
+
+
+# ------------------------------------------------------------------ a block parsed at once = its lines one by one
+
+KEYS = [b'"type"', b'"ts"', b'"a"', b'"b"', b'"ts "', b'"t\\u0073"']
+VALUES = [b'"a"', b'"b"', b'""', b"1", b"-3", b"2.5", b"0.1", b"1e20", b"-2E3", b"9223372036854775808",
+          b"18446744073709551616", b"9" * 19 + b".5", b"null", b"true", b'"ts"', b'"type"', b'"a:{b"', b'"x]"',
+          b'{"c": 1}', b'{"ts": 1}', b"[1]", b'"\\u0041"', b"NaN", b"1e999", b'"\\n"', b"\xff", b'"{"']
+LINE = st.one_of(
+    st.lists(st.tuples(st.sampled_from(KEYS), st.sampled_from(VALUES)), max_size=5).flatmap(lambda pairs: st.sampled_from([
+        b"{" + b", ".join(k + b": " + v for k, v in pairs) + b"}" + end for end in (b"", b" ", b",{}", b" 5", b"}")])),
+    st.sampled_from([b"", b"  ", b"\t", b"5", b'"x"', b"{}", b"[{}]", b"null", b'{"a": 1', b"\x0c"]),
+)
+GOOD_LINE = st.builds(lambda ts, v: b'{"type": "a", "ts": %d, "v": %s}' % (ts, v), st.integers(0, 99), st.sampled_from(VALUES[:8]))
+
+
+def read_all(data: bytes, trickle: int | None, **opts) -> tuple[list[tuple], list[dict]]:
+    out = io.StringIO()
+    source = Trickle(data, trickle) if trickle is not None else io.BytesIO(data)
+    events = [(e.seq, e.type, e.ts, type(e.ts), sorted((k, v, type(v)) for k, v in e.attrs.items()))
+              for e in read_jsonl(source, dead_letters=DeadLetters(out), **opts)]
+    return events, [json.loads(x) for x in out.getvalue().splitlines()]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(lines=st.lists(st.one_of(GOOD_LINE, GOOD_LINE, LINE), max_size=12), sep=st.sampled_from([b"\n", b"\r\n", b"\r"]),
+       last=st.booleans(), trickle=st.one_of(st.none(), st.integers(0, 100)), unit=st.sampled_from(["s", "h"]))
+def test_a_block_parsed_at_once_reads_as_its_lines_one_by_one(monkeypatch, lines, sep, last, trickle, unit):
+    data = sep.join(lines) + (sep if last else b"")
+    bulk = read_all(data, trickle, ts_unit=unit)
+    with monkeypatch.context() as m:
+        m.setattr(jsonl_reader, "_bulk", lambda body, keys: None)
+        assert read_all(data, trickle, ts_unit=unit) == bulk
 
 
 # ------------------------------------------------------------------ overflow in predicates (SPEC §2.2)

@@ -314,3 +314,21 @@ def test_element_for_json_event():
 def test_element_for_odd_type_and_text():
     el = element_for(Event("my event", 1, {"ts": 5, "s": "a\x00b<&"}))
     assert el.tag == "event" and el.get("ts") == "5" and el.get("s") == "a\ufffdb<&"
+
+
+@pytest.mark.parametrize("fmt,data", [
+    ("jsonl", b'{"type": "a", "ts": 1}\nbad\n{"type": "a", "ts": 2}\n{"type": "a"}\n{"type": "a", "ts": 3}\nbad\n'),
+    ("xml", b'<s>\n<a ts="1"/>\n<a ts="x"/>\n<a ts="2"/>\n<a/>\n<a ts="3"/>\n<a ts="y"/>\n</s>\n'),
+])
+def test_read_events_reports_each_dead_letter_where_its_record_is(fmt, data):
+    """A block's records are read at once, yet a dead letter reaches the sink after the events before it and
+    before the events after it (as batches go to ``yfpp run``, the events of a block follow its dead letters)."""
+    log: list[tuple[str, int]] = []
+
+    class Log(DeadLetters):
+        def report(self, seq, position, reason, raw=None):
+            log.append(("dead", seq))
+
+    for ev in read_events(io.BytesIO(data), fmt, dead_letters=Log()):
+        log.append(("event", ev.seq))
+    assert log == [("event", 0), ("dead", 1), ("event", 2), ("dead", 3), ("event", 4), ("dead", 5)]

@@ -8,7 +8,10 @@ import random
 import tracemalloc
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from yfpp import xml_reader
 from yfpp.dead_letters import DeadLetters
 from yfpp.readers import read_xml
 
@@ -153,3 +156,36 @@ def test_type_field_names_the_attribute_that_holds_the_type():
 def test_numbers_that_do_not_fit_stay_text():
     events, _ = read(f'<s><e ts="1" big="{"9" * 5000}" inf="1e999" n="{"9" * 309}"/></s>')
     assert events[0][3] == {"big": "9" * 5000, "inf": "1e999", "n": int("9" * 309)}
+
+
+# ------------------------------------------------------------------ flat events the short way = the long way
+
+VALUES = ["1", "-3", "007", "+5", "2.5", ".5", "5.", "1e3", "1e999", "9" * 30, "", " 7 ", "a b", "Z4", "é", "true",
+          "nan", "inf", "1_0"]
+NAMES = ["a", "b", "type", "seq"]
+SPOILERS = ["&amp;", "x\ny"]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(events=st.lists(st.tuples(st.sampled_from(["shelf", "exit", "shelf", "exit", "p:e"]),
+                                 st.sampled_from(VALUES[:4] + VALUES),
+                                 st.dictionaries(st.sampled_from(NAMES), st.sampled_from(VALUES), max_size=3),
+                                 st.sampled_from(["", "", "", "", ' xml:lang="en"', f' a="{SPOILERS[0]}"', f' b="{SPOILERS[1]}"'])),
+                       min_size=1, max_size=8),
+       root=st.sampled_from(["<stream>", '<stream xmlns:p="urn:p">', ""]), trickle=st.one_of(st.none(), st.integers(0, 50)))
+def test_flat_events_read_alike_the_short_and_the_long_way(monkeypatch, events, root, trickle):
+    lines = "".join(f'  <{tag} ts="{ts}"' + "".join(f' {k}="{v}"' for k, v in attrs.items() if spoiler[1:2] != k) + spoiler
+                    + "/>\n" for tag, ts, attrs, spoiler in events)
+    data = (root + "\n" + lines + ("</stream>\n" if root else "")).encode()
+
+    def read() -> tuple[list, str]:
+        out = io.StringIO()
+        source = Trickle(data, trickle) if trickle is not None else io.BytesIO(data)
+        got = [(e.seq, e.type, e.ts, type(e.ts), sorted((k, v, type(v)) for k, v in e.attrs.items()),
+                e.element.sourceline, e.element.getparent()) for e in read_xml(source, dead_letters=DeadLetters(out))]
+        return got, out.getvalue()
+
+    short = read()
+    with monkeypatch.context() as m:
+        m.setattr(xml_reader, "_flat_event", lambda *a: None)
+        assert read() == short

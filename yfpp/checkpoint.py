@@ -363,11 +363,14 @@ class SkipConsumed:
         if seq >= self.cut:
             self.dead_letters.report(seq, position, reason, raw)
 
-    def events(self, events):
+    def batches(self, batches):
+        """The batches of events (``yfpp.readers.read_event_batches``) without the consumed events."""
         cut = self.cut
-        for ev in events:
-            if ev.seq >= cut:
-                yield ev
+        for batch in batches:
+            if batch[0].seq < cut:
+                batch = [ev for ev in batch if ev.seq >= cut]
+            if batch:
+                yield batch
 
 
 # --- files --------------------------------------------------------------------------

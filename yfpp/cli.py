@@ -193,7 +193,7 @@ def build_engine(query_args: Iterable[str], **engine_opts: Any) -> Engine:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from yfpp.readers import read_events
+    from yfpp.readers import read_event_batches
     from yfpp.record_fields import ISO_UNIT_NAME, TS_UNITS
 
     if args.ts_unit not in TS_UNITS:
@@ -235,23 +235,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     elif show:
         progress = Progress(sys.stderr)
     ts_unit = ISO_UNIT_NAME if args.ts_format == "iso" else args.ts_unit
-    reader = read_events(source, args.format, ts_field=args.ts_field, ts_unit=ts_unit, type_field=args.type_field,
-                         max_record_bytes=args.max_record_bytes, max_depth=args.max_depth,
-                         dead_letters=skip if skip is not None else dead)
+    reader = read_event_batches(source, args.format, ts_field=args.ts_field, ts_unit=ts_unit,
+                                type_field=args.type_field, max_record_bytes=args.max_record_bytes,
+                                max_depth=args.max_depth, dead_letters=skip if skip is not None else dead)
     events = InputFeed(reader)
     # Runs, buffer entries and events form no reference cycles: keep the cyclic collector from
     # rescanning millions of them (it took a third of the time on large runs).
     gc.freeze()
     gc.set_threshold(100_000, 50, 100)
-    vocabulary = Vocabulary()
+    vocabulary = Vocabulary(plan.pattern for plan in engine.queries.values())
     started = time.perf_counter()
     interrupted = False
     try:
         out = MatchWriter(args.output, live_input=live, iso_times=args.ts_format == "iso")
         try:
-            feed = events if skip is None else skip.events(events)
-            write_matches(engine, vocabulary.observe(feed), out, progress,
-                          (args.checkpoint, args.checkpoint_every) if args.checkpoint else None)
+            write_matches(engine, events if skip is None else skip.batches(events), out, progress,
+                          (args.checkpoint, args.checkpoint_every) if args.checkpoint else None, vocabulary)
         except KeyboardInterrupt:
             interrupted = True
         finally:
@@ -278,20 +277,20 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 class InputFeed:
-    """The reader's events, counted; an :class:`InputError` (a corrupt or truncated gzip stream) ends the
-    feed like the end of the input — so the engine is flushed and the matches so far are written — and is
-    kept for the exit status."""
+    """The reader's batches of events, counted; an :class:`InputError` (a corrupt or truncated gzip
+    stream) ends the feed like the end of the input — so the engine is flushed and the matches so far are
+    written — and is kept for the exit status."""
 
-    def __init__(self, events: Iterable[Event]):
-        self.events = events
+    def __init__(self, batches: Iterable[list[Event]]):
+        self.batches = batches
         self.count = 0
         self.error: InputError | None = None
 
-    def __iter__(self) -> Iterator[Event]:
+    def __iter__(self) -> Iterator[list[Event]]:
         try:
-            for ev in self.events:
-                self.count += 1
-                yield ev
+            for batch in self.batches:
+                self.count += len(batch)
+                yield batch
         except InputError as e:
             self.error = e
 
@@ -320,32 +319,45 @@ def _open_input(path: str) -> BinaryIO:
         raise YfppError(f"cannot read {path!r}: {e.strerror or e}") from e
 
 
-def write_matches(engine: Engine, events: Iterable[Event], out: MatchWriter, progress: Progress | None,
-                  checkpoint: tuple[str, int] | None = None) -> int:
-    """Stream events through the engine, writing matches as they complete; return the event count.
+def write_matches(engine: Engine, batches: Iterable[list[Event]], out: MatchWriter, progress: Progress | None,
+                  checkpoint: tuple[str, int] | None = None, vocabulary: Vocabulary | None = None) -> int:
+    """Stream batches of events through the engine, writing matches as they complete; return the event count.
 
     With ``checkpoint = (path, every)`` the engine's state is written to ``path`` every
-    ``every`` events, after the matches written so far are flushed.
+    ``every`` events, after the matches written so far are flushed; ``vocabulary`` notes
+    each batch's types and attribute names.
     """
     n = 0
-    write = out.write
+    write, process = out.write, engine.process
     every = checkpoint[1] if checkpoint else 0
-    for ev in events:
-        n += 1
-        for m in engine.process(ev):
-            write(m)
-        if progress is not None and n % 4096 == 0:
-            progress.update(n, engine)
-        if every and n % every == 0:
-            from yfpp.checkpoint import write_checkpoint
+    for batch in batches:
+        if vocabulary is not None:
+            vocabulary.note(batch)
+        for part in _parts(batch, n, every):
+            for ev in part:
+                for m in process(ev):
+                    write(m)
+            n += len(part)
+            if every and n % every == 0:
+                from yfpp.checkpoint import write_checkpoint
 
-            out.flush()
-            write_checkpoint(engine, checkpoint[0])
+                out.flush()
+                write_checkpoint(engine, checkpoint[0])
+        if progress is not None:
+            progress.update(n, engine)
     for m in engine.flush():
         write(m)
     if progress is not None:
         progress.done(n, engine)
     return n
+
+
+def _parts(batch: list[Event], n: int, every: int) -> list[list[Event]]:
+    """``batch`` cut after each event that brings the count from ``n`` to a multiple of ``every`` (0: never)."""
+    if not every:
+        return [batch]
+    starts = [0, *range(every - n % every, len(batch), every)]
+    return [batch[a:b] for a, b in zip(starts, starts[1:] + [len(batch)])]
 
 
 # --- explain ------------------------------------------------------------------------------

@@ -21,6 +21,8 @@ Common to both readers:
   Only an unreadable input raises (:class:`InputError`): a file that cannot be
   opened, or a corrupt or truncated gzip stream — raised when reading reaches
   the damage, after every record before it was yielded, with the last line read.
+  Input is read in blocks (64 KiB, or what a live feed has sent): the dead letters
+  of a block's records are reported when it is read, before its events are handed on.
 * Sources: a path, ``-`` (stdin) or a binary file object; gzip input is
   recognised by its magic bytes (any ``.gz`` file). Input is read with
   ``read1`` where available, so a live feed is read as its bytes arrive.
@@ -43,17 +45,18 @@ from __future__ import annotations
 import gzip
 import os
 import sys
+from collections import deque
 from typing import IO, Any, Callable, Iterator
 
 from yfpp.dead_letters import DeadLetters
 from yfpp.errors import InputError
 from yfpp.events import Event
-from yfpp.jsonl_reader import jsonl_events
+from yfpp.jsonl_reader import jsonl_batches
 from yfpp.record_fields import MAX_DEPTH, MAX_RECORD_BYTES, TS_UNITS, ReaderOptions, typed_value, unit_factors
-from yfpp.xml_reader import xml_events
+from yfpp.xml_reader import xml_batches
 
-__all__ = ["FORMAT_BY_EXT", "TS_UNITS", "MAX_DEPTH", "MAX_RECORD_BYTES", "format_of", "read_events", "read_jsonl",
-           "read_xml", "typed_value"]
+__all__ = ["FORMAT_BY_EXT", "TS_UNITS", "MAX_DEPTH", "MAX_RECORD_BYTES", "format_of", "read_event_batches",
+           "read_events", "read_jsonl", "read_xml", "typed_value"]
 
 Source = str | os.PathLike[str] | IO[Any]
 
@@ -106,6 +109,26 @@ def read_events(
     ``.ndjson``, each optionally ``.gz``), else from the first non-blank byte
     (``<`` or ``{``) when the stream can be peeked.
     """
+    held = _Held(_sink(dead_letters))
+    return held.in_order(read_event_batches(
+        path_or_file, format, ts_field=ts_field, ts_unit=ts_unit, type_field=type_field,
+        max_record_bytes=max_record_bytes, max_depth=max_depth, dead_letters=held))  # type: ignore[arg-type]
+
+
+def read_event_batches(
+    path_or_file: Source,
+    format: str | None = None,
+    *,
+    ts_field: str = "ts",
+    ts_unit: str = "s",
+    type_field: str | None = None,
+    max_record_bytes: int = MAX_RECORD_BYTES,
+    max_depth: int = MAX_DEPTH,
+    dead_letters: DeadLetters | None = None,
+) -> Iterator[list[Event]]:
+    """:func:`read_events` a read block at a time: a list of the events of each block read (of the records
+    it completes), for a caller that handles events in bulk (``yfpp run``). The dead letters of a block's
+    records are reported as the block is read, before its events are handed on."""
     if max_record_bytes < 1 or max_depth < 1:
         raise ValueError("max_record_bytes and max_depth must be positive")
     opts = ReaderOptions(ts_field, unit_factors(ts_unit), type_field or None, max_record_bytes, max_depth)
@@ -125,6 +148,40 @@ def read_events(
     return _READERS[fmt](f, owned, opts, _sink(dead_letters))
 
 
+class _Held:
+    """A dead-letter sink that holds a block's reports until :meth:`in_order` reaches their records."""
+
+    def __init__(self, out: DeadLetters):
+        self.out = out
+        self.reports: deque[tuple[int, str, str, str | None]] = deque()
+
+    def report(self, seq: int, position: str, reason: str, raw: str | None = None) -> None:
+        self.reports.append((seq, position, reason, raw))
+
+    def in_order(self, batches: Iterator[list[Event]]) -> Iterator[Event]:
+        """The events one by one, each dead letter reported just before the first event after its record
+        (as by a reader that reports as it goes); the rest at the end of the input or before an error."""
+        reports, report = self.reports, self.out.report
+        try:
+            for batch in batches:
+                if not reports:
+                    yield from batch
+                    continue
+                for ev in batch:
+                    while reports and reports[0][0] < ev.seq:
+                        report(*reports.popleft())
+                    yield ev
+        except Exception:
+            self._flush()
+            raise
+        self._flush()
+
+    def _flush(self) -> None:
+        for args in self.reports:
+            self.out.report(*args)
+        self.reports.clear()
+
+
 def read_xml(source: Source, **options: Any) -> Iterator[Event]:
     """Events from an XML document or a rootless element feed; options as :func:`read_events`."""
     return read_events(source, "xml", **options)
@@ -135,7 +192,7 @@ def read_jsonl(source: Source, **options: Any) -> Iterator[Event]:
     return read_events(source, "jsonl", **options)
 
 
-_READERS: dict[str, Callable[[IO[Any], bool, ReaderOptions, DeadLetters], Iterator[Event]]] = {
-    "xml": xml_events,
-    "jsonl": jsonl_events,
+_READERS: dict[str, Callable[[IO[Any], bool, ReaderOptions, DeadLetters], Iterator[list[Event]]]] = {
+    "xml": xml_batches,
+    "jsonl": jsonl_batches,
 }

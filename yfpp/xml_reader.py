@@ -53,7 +53,7 @@ from lxml import etree
 from yfpp.dead_letters import DeadLetters
 from yfpp.errors import InputError
 from yfpp.events import Event
-from yfpp.record_fields import RAW_PREVIEW, ReaderOptions, pop_ts, pop_type, preview, typed_value
+from yfpp.record_fields import ISO_8601, RAW_PREVIEW, ReaderOptions, pop_ts, pop_type, preview, typed_value
 
 _NAME = rb"[^\s<>/!?=\"'&]+"
 _START = re.compile(rb"<(" + _NAME + rb")((?:\s+[^\s<>/=\"']+\s*=\s*(?:\"[^\"<]*\"|'[^'<]*'))*)\s*(/?)>")
@@ -79,10 +79,12 @@ class Chunk(NamedTuple):
 
 
 class Region(NamedTuple):
-    """Event elements parsed in one go (detached), and the line their text starts on."""
+    """Event elements parsed in one go (detached), the line their text starts on, and whether they are
+    flat: each a childless element without namespaces (see :func:`_flat_event`)."""
 
     elements: list[Any]
     line: int
+    flat: bool
 
 
 class Bad(NamedTuple):
@@ -107,6 +109,7 @@ class Splitter:
         plain_test = "text()[normalize-space()] | */descendant::*[@*[name()=$ts]] | *" + "/*" * opts.max_depth
         self._not_plain_in_root = etree.XPath(f"boolean({plain_test})")
         self._not_plain_at_top = etree.XPath(f"boolean({plain_test} | */*[* or @*])")
+        self._text_in = etree.XPath("boolean(text()[normalize-space()])")
         self._ts_attr = re.compile(rb"\s" + re.escape(opts.ts_field.encode()) + rb"\s*=")
         self.buf = b""
         self.pos = 0
@@ -192,15 +195,19 @@ class Splitter:
             root = etree.fromstring(b"".join((self.wrapper_open, region, _BATCH_END)), self.parser())
         except etree.XMLSyntaxError:
             return
-        if not len(root) or self._not_plain(root, ts=self.ts_field):
+        flat = b"</" not in region  # every element self-closing: no children, no text in an event
+        if not len(root) or self._not_plain(root, ts=self.ts_field, flat=flat):
             return
         elements = list(root)
-        for el in elements:
-            root.remove(el)
-        self.out.append(Region(elements, self.line))
+        del root[:]  # detached
+        # no namespace (declared here or on the root, or the predeclared xml: prefix): no name in {uri} form
+        flat = flat and self.wrapper_open == b"<yfpp-batch>" and b"xmlns" not in region and b"xml:" not in region
+        self.out.append(Region(elements, self.line, flat))
         self._advance(cut)
 
-    def _not_plain(self, root: Any, ts: str) -> bool:
+    def _not_plain(self, root: Any, ts: str, flat: bool = False) -> bool:
+        if flat:  # only text between the events could make it not plain
+            return self._text_in(root)
         return (self._not_plain_at_top if self.wrapper is None else self._not_plain_in_root)(root, ts=ts)
 
     def _learn_indent(self, space: int, tag: int) -> None:
@@ -531,24 +538,31 @@ def _parse_run(chunks: list[Chunk], wrapper_open: bytes, parser: Any) -> list[An
     return out
 
 
-def xml_events(f: IO[Any], owned: bool, opts: ReaderOptions, dl: DeadLetters) -> Iterator[Event]:
-    """The events of an XML source (see the module docstring); dead letters go to ``dl``."""
+def xml_batches(f: IO[Any], owned: bool, opts: ReaderOptions, dl: DeadLetters) -> Iterator[list[Event]]:
+    """The events of an XML source (see the module docstring), a list per read block (of the records it
+    completes) that has any; dead letters go to ``dl`` as a block is read."""
     splitter = Splitter(getattr(f, "read1", f.read), opts)
     seq = 0
+    typed = _TypedValues()
+    flat_ok = opts.type_field is None and opts.unit is not ISO_8601
     try:
         for records in splitter.records():
             chunks = [r for r in records if type(r) is Chunk]
             parsed = iter(_parse_chunks(chunks, splitter.parser()) if chunks else ())
+            events: list[Event] = []
             for record in records:
                 kind = type(record)
                 if kind is Region:
                     base = record.line - 1
+                    flat = flat_ok and record.flat
                     for el in record.elements:
                         line = base + el.sourceline
                         el.sourceline = min(line, 65535)  # libxml2 keeps an unsigned short
-                        event = _event_or_report(el, seq, line, opts, dl)
+                        event = _flat_event(el, seq, opts, typed) if flat else None
+                        if event is None:
+                            event = _event_or_report(el, seq, line, opts, dl)
                         if event is not None:
-                            yield event
+                            events.append(event)
                         seq += 1
                     continue
                 if kind is Chunk:
@@ -556,12 +570,14 @@ def xml_events(f: IO[Any], owned: bool, opts: ReaderOptions, dl: DeadLetters) ->
                     if type(el) is not Bad:
                         event = _event_or_report(el, seq, record.line, opts, dl)
                         if event is not None:
-                            yield event
+                            events.append(event)
                         seq += 1
                         continue
                     record = el
                 dl.report(seq, f"line {record.line}", record.reason, record.raw)
                 seq += 1
+            if events:
+                yield events
     except (OSError, EOFError, zlib.error) as e:
         raise InputError(f"cannot read input after line {splitter.line}: {e}") from e
     finally:
@@ -575,6 +591,38 @@ def _event_or_report(el: Any, seq: int, line: int, opts: ReaderOptions, dl: Dead
         return event
     dl.report(seq, f"line {line}", event, etree.tostring(el, encoding="unicode", with_tail=False))
     return None
+
+
+class _TypedValues(dict):
+    """``typed_value`` of attribute texts, remembered (up to 4,096, then forgotten all at once)."""
+
+    def __missing__(self, text: str) -> int | float | str:
+        value = typed_value(text)
+        if len(self) >= 4096:
+            self.clear()
+        self[text] = value
+        return value
+
+
+def _flat_event(elem: Any, seq: int, opts: ReaderOptions, typed: _TypedValues) -> Event | None:
+    """:func:`_xml_event` for a childless element without namespaces (no ``type_field``, a numeric unit):
+    the same event; None when its ts is missing or not a number (the long way reports it)."""
+    attrs = dict(elem.items())
+    raw_ts = attrs.pop(opts.ts_field, None)
+    if raw_ts is None:
+        return None
+    attrs = {name: typed[text] for name, text in attrs.items()}  # the ts, unlike them, seldom repeats
+    ts = typed_value(raw_ts)
+    if type(ts) is not int and type(ts) is not float:
+        return None
+    m, d = opts.unit
+    try:
+        ts = ts * m / d
+    except OverflowError:
+        return None
+    if ts - ts != 0.0:  # not finite
+        return None
+    return Event(elem.tag, ts, attrs, seq, elem)
 
 
 def _xml_event(elem: Any, seq: int, opts: ReaderOptions) -> Event | str:

@@ -1,0 +1,35 @@
+"""A match line is exactly ``json.dumps(match)`` and a newline, whichever way :func:`match_line` builds it."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from yfpp import output
+from yfpp.output import match_line
+
+TEXT = st.one_of(st.text(max_size=6), st.text(alphabet='az09 ,:"\\\x7f\x00\né', max_size=6))
+NUMBER = st.one_of(st.integers(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True, allow_infinity=True),
+                   st.sampled_from([1e16, 1e-5, 0.0001, 9.9e-5, -0.0, 1e300, 123.0]))
+SCALAR = st.one_of(TEXT, NUMBER, st.booleans(), st.none())
+VALUE = st.recursive(SCALAR, lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(TEXT, inner, max_size=3)),
+                     max_leaves=8)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(query=TEXT, seqs=st.lists(st.integers(0, 10**6), min_size=1, max_size=3), start=NUMBER,
+       attrs=st.dictionaries(TEXT, VALUE, max_size=4), extra=st.dictionaries(TEXT, VALUE, max_size=2))
+def test_match_line_is_json_dumps(query, seqs, start, attrs, extra):
+    match = {"query": query, "id": "0123456789abcdef", "bindings": {"a": seqs}, "start": start, "end": 2.5,
+             "emit": {"type": "t", "attrs": attrs}, **extra}
+    assert match_line(match) == (json.dumps(match) + "\n").encode()
+
+
+def test_a_plain_match_takes_orjson(monkeypatch):
+    match = {"query": "shoplifting", "id": "7735136116d7499f", "bindings": {"a": [21], "c": [90]}, "start": 339.0,
+             "end": 1447.5, "emit": {"type": "theft", "attrs": {"tag_id": 5, "zone": "Z1", "ok": True}}}
+    want = (json.dumps(match) + "\n").encode()
+    monkeypatch.setattr(output.json, "dumps", None)  # the standard library is not called
+    assert match_line(match) == want
