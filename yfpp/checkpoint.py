@@ -102,7 +102,7 @@ class _Writer:
             i = self._entry_ids[id(e)] = len(self.entries)
             rec: dict = {"event": self.event(e.event), "unit": e.unit}
             self.entries.append(rec)
-            rec["preds"] = [[list(v), self.entry(p)] for v, p in e.preds.items()]
+            rec["preds"] = [[list(v), self.entry(p)] for v, p in e.pointers()]
         return i
 
     def value(self, v: Any) -> Any:
@@ -229,7 +229,8 @@ class _Reader:
         self.events = [self._event(rec) for rec in data["events"]]
         self.entries = [Entry(self.events[rec["event"]], rec["unit"]) for rec in data["entries"]]
         for e, rec in zip(self.entries, data["entries"]):
-            e.preds = {tuple(v): (None if p is None else self.entries[p]) for v, p in rec["preds"]}
+            for v, p in rec["preds"]:
+                e.link(tuple(v), None if p is None else self.entries[p])
 
     @staticmethod
     def _event(rec: dict) -> Event:

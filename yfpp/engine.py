@@ -197,17 +197,19 @@ class Engine:
             raise YfppError(f"process() takes an Event or a mapping, not {type(event).__name__}")
         seq = ev.seq
         if type(seq) is int:
-            if seq < 0:
-                ev.seq = seq = self._next_seq
-            if seq >= self._next_seq:
+            nxt = self._next_seq
+            if seq >= nxt:
                 self._next_seq = seq + 1
+            elif seq < 0:
+                ev.seq = seq = nxt
+                self._next_seq = nxt + 1
             sk = seq
         else:
             sk = _LAST
-        mark = self._mark
-        if ts <= mark[0] and (ts < mark[0] or sk < mark[1]):
+        mark_ts, mark_sk = self._mark
+        if ts <= mark_ts and (ts < mark_ts or sk < mark_sk):
             self.dead_letters.report(
-                seq, f"seq {seq}", f"late event: ts {ts} < stream time {mark[0]} (max_delay {self.max_delay})", _raw(ev)
+                seq, f"seq {seq}", f"late event: ts {ts} < stream time {mark_ts} (max_delay {self.max_delay})", _raw(ev)
             )
             return []
         if self.max_delay <= 0:

@@ -26,12 +26,51 @@ Version = tuple[int, ...]
 
 
 class Entry:
-    __slots__ = ("event", "unit", "preds")
+    """One buffered event and its predecessor pointers, each labelled with a version.
 
-    def __init__(self, event: Event, unit: int):
+    The first pointer is kept in ``version`` / ``pred`` (most entries have one); any
+    others in the dict ``more`` (None until there is a second)."""
+
+    __slots__ = ("event", "unit", "version", "pred", "more")
+
+    def __init__(self, event: Event, unit: int, version: Version | None = None, pred: "Entry | None" = None):
         self.event = event
         self.unit = unit
-        self.preds: dict[Version, Entry | None] = {}  # version label -> predecessor
+        self.version = version  # None: no pointer yet
+        self.pred = pred
+        self.more: dict[Version, Entry | None] | None = None
+
+    def link(self, version: Version, pred: "Entry | None") -> None:
+        """The run ``version`` reached this entry from ``pred`` (a later pointer of one version replaces its earlier)."""
+        if self.version is None or self.version == version:
+            self.version, self.pred = version, pred
+        elif self.more is None:
+            self.more = {version: pred}
+        else:
+            self.more[version] = pred
+
+    def pointers(self) -> list[tuple[Version, "Entry | None"]]:
+        """Every (version label, predecessor), the first one first."""
+        if self.version is None:
+            return []
+        first = [(self.version, self.pred)]
+        return first + list(self.more.items()) if self.more else first
+
+    def back(self, version: Version) -> "Entry | None":
+        """The predecessor for the run ``version``: the pointer whose label is the longest prefix of it."""
+        more = self.more
+        mine = self.version
+        if more is None:
+            if mine is not None and (mine is version or version[:len(mine)] == mine):
+                return self.pred
+        else:
+            for k in range(len(version), 0, -1):
+                label = version if k == len(version) else version[:k]
+                if label == mine:
+                    return self.pred
+                if label in more:
+                    return more[label]
+        raise AssertionError("versioned buffer: no compatible predecessor pointer")
 
 
 class MatchBuffer:
@@ -46,11 +85,11 @@ class MatchBuffer:
             st = self._stacks[stack] = deque()
         if st and st[-1].event is event:
             entry = st[-1]
+            entry.link(version, pred)
         else:
-            entry = Entry(event, unit)
+            entry = Entry(event, unit, version, pred)
             st.append(entry)
             self.size += 1
-        entry.preds[version] = pred
         return entry
 
     @staticmethod
@@ -60,14 +99,7 @@ class MatchBuffer:
         node: Entry | None = entry
         while node is not None:
             out.append((node.unit, node.event))
-            preds = node.preds
-            for k in range(len(version), 0, -1):  # the longest label that is a prefix of version
-                label = version if k == len(version) else version[:k]
-                if label in preds:
-                    node = preds[label]
-                    break
-            else:
-                raise AssertionError("versioned buffer: no compatible predecessor pointer")
+            node = node.back(version)
         out.reverse()
         return out
 

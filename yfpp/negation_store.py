@@ -87,10 +87,16 @@ class NegationStores:
             if not bucket:
                 continue
             positions, events = bucket
-            lo = _last_pos(vec[neg.lower])
-            hi = _first_pos(vec[neg.upper])
+            v = vec[neg.lower]
+            lo = v.pos if isinstance(v, Event) else v.last.pos
+            v = vec[neg.upper]
+            hi = v.pos if isinstance(v, Event) else v.first.pos
+            lo = bisect_right(positions, lo)
+            hi = bisect_left(positions, hi, lo)
+            if lo == hi:
+                continue
             cross = neg.cross_preds
-            for i in range(bisect_right(positions, lo), bisect_left(positions, hi)):
+            for i in range(lo, hi):
                 if not cross:
                     return False
                 x = events[i]
@@ -119,10 +125,3 @@ class NegationStores:
             buckets += len(by_key)
         return buckets
 
-
-def _last_pos(v) -> int:
-    return v.pos if isinstance(v, Event) else v.last.pos
-
-
-def _first_pos(v) -> int:
-    return v.pos if isinstance(v, Event) else v.first.pos

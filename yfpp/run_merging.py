@@ -197,7 +197,8 @@ def member_completions(r, version: tuple, entry) -> list[tuple[tuple, float, int
         return [(version, r.first_ts, r.born)]
     suffix = version[len(r.version):]
     versions = [v + suffix for v in m.versions] if suffix else m.versions
-    entry.preds.update(zip(versions, m.entries))
+    for v, e in zip(versions, m.entries):
+        entry.link(v, e)
     return list(zip(versions, m.first_ts, m.born))
 
 
@@ -263,7 +264,8 @@ def _derive(g, run) -> Members:
     if run.entry is g.entry:
         entries = m.entries
     else:  # a new entry whose pointer for g's version is g's entry: one pointer per member
-        run.entry.preds.update(zip(versions, m.entries))
+        for v, e in zip(versions, m.entries):
+            run.entry.link(v, e)
         entries = (run.entry,) * len(versions)
     return Members(versions, entries, m.first_ts, m.first_pos, m.born)
 

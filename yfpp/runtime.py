@@ -28,7 +28,7 @@ from yfpp.deadlines import Deadlines, Pending
 from yfpp.events import MISSING, Event
 from yfpp.match_buffer import MatchBuffer, Version
 from yfpp.match_id import match_id_of
-from yfpp.negation_store import NegationStores
+from yfpp.negation_store import CandidateStore, NegationStores
 from yfpp.nfa_compiler import NegationPlan, QueryPlan
 from yfpp.pattern import Contiguity
 from yfpp.policies import accept, overlap_rank
@@ -38,6 +38,7 @@ from yfpp.run_merging import RunMerger, member_completions
 from yfpp.runs import Counters, Run, partition_key
 from yfpp.shared_nfa import Node, SharedNFA, State
 
+_ROOT_VEC = (None,)  # a root's begin: its type and key hold, its window cannot be passed
 STRICT, PARTITION, STNM, STAM = (
     Contiguity.STRICT,
     Contiguity.PARTITION,
@@ -47,19 +48,23 @@ STRICT, PARTITION, STNM, STAM = (
 
 
 class _Route:
-    """Dispatch of one event type: the negations it is a candidate for, the root-table groups it may begin,
-    and (filled as met) whether a state's runs react to it (partition-contiguity states always do)."""
+    """Dispatch of one event type: the negations it is a candidate for, how to find the root nodes it may
+    begin (per root-table group, :meth:`~yfpp.shared_nfa._TypeGroup.finder`), whether any state reacts to it,
+    and (filled as met) whether a given state's runs react to it (partition-contiguity states always do)."""
 
-    __slots__ = ("negs", "starters", "touch")
+    __slots__ = ("negs", "starters", "scan", "touch")
 
-    def __init__(self, etype: str, negs: tuple, starters: tuple) -> None:
+    def __init__(self, negs: tuple, starters: tuple, scan: bool) -> None:
         self.negs: tuple[tuple[QueryPlan, NegationPlan], ...] = negs
         self.starters = starters
+        self.scan = scan  # may the event move a stored run (else the stores are not looked at)
         self.touch: dict[State, bool] = {}
 
 
-def _key(keys: dict, ev: Event, attrs: tuple[str, ...]) -> Any:
-    """``ev``'s key for ``attrs``, remembered in ``keys``."""
+def _key(keys: dict | None, ev: Event, attrs: tuple[str, ...]) -> Any:
+    """``ev``'s key for ``attrs``, remembered in ``keys`` (None: not remembered)."""
+    if keys is None:
+        keys = {}
     k = keys.get(attrs, keys)
     if k is keys:
         if len(attrs) == 1:
@@ -105,8 +110,14 @@ class Runtime:
         self._roots = count()
         self._branches = count(1)
         self._routes: dict[str, _Route] = {}
+        self._fresh: list[Run] = []  # the current event's new runs (empty between events)
+        self._accepted: list[tuple[QueryPlan, Any, dict, list]] = []  # and its matches before the policies
+        self._interned: dict[tuple[str, ...], tuple[str, ...]] = {}  # one tuple object per equivalence list
+        self._parts: list[tuple[tuple[str, ...], dict]] = []  # self.keyed's items, in a list
+        self._attrs0: tuple[str, ...] | None = None  # the one equivalence list, when there is exactly one
         self._match_ids: dict[QueryPlan, Callable[[dict, bool], str]] = {}  # match_id specialised per query
         self._next_sweep = self.SWEEP_EVERY
+        self._next_check = 0  # the next tick at which _periodic looks (0: the next event)
         self.full_events = False  # matches list their bound events in full ("events")
         self.fed: list[tuple[QueryPlan, dict, Any]] = []  # matches of feedback queries, drained by yfpp.feedback
         self.to_hold: list[Pending] = []  # trailing-negation matches the current event completed, held at commit
@@ -118,6 +129,8 @@ class Runtime:
     def add(self, plan: QueryPlan) -> None:
         """Register a compiled query; it sees only events processed from now on."""
         plan.since_tick = self.tick
+        if plan.partition_by:  # identical lists are one object: the per-event key lookup compares by identity
+            plan.partition_by = self._interned.setdefault(plan.partition_by, plan.partition_by)
         self.nfa.add(plan)
         self._match_ids[plan] = match_id_of(plan.name, plan.var_names)
         self.negations.add(plan)
@@ -126,8 +139,10 @@ class Runtime:
         if self._needs_pticks(plan):
             self.ptick_users[plan.partition_by] += 1
             self.pticks.setdefault(plan.partition_by, {})
-        if plan.partition_by:
-            self.keyed.setdefault(plan.partition_by, {})
+        if plan.partition_by and plan.partition_by not in self.keyed:
+            self.keyed[plan.partition_by] = {}
+            self._parts = list(self.keyed.items())
+            self._attrs0 = plan.partition_by if len(self.keyed) == 1 else None
         self._routes.clear()
         if self.merger is not None:
             self.merger.reset(self)
@@ -165,9 +180,9 @@ class Runtime:
     def _route(self, etype: str) -> "_Route":
         """What an event of type ``etype`` can do; made on the first such event after a registration change."""
         route = self._routes[etype] = _Route(
-            etype,
             tuple(self.negations.by_type.get(etype, ())) + tuple(self.negations.by_type.get(None, ())),
-            self.nfa.starters.groups(etype),
+            tuple(g.finder() for g in self.nfa.starters.groups(etype)),
+            self.nfa.reacts(etype),
         )
         return route
 
@@ -189,17 +204,25 @@ class Runtime:
         out: list[dict] = self._expire(ts) if self._deadline_heap else []
         etype = ev.type
         route = self._routes.get(etype) or self._route(etype)
-        touched: list[tuple[list[Run], Any]] = []  # runs out of their stores, with the event's key for them
-        bumped: list[tuple[dict, Any]] = []  # partition ticks counted
-        fresh: list[Run] = []
-        accepted: list[tuple[QueryPlan, Any, dict, list]] = []
-        negated = kills = None
+        # runs out of their stores with the event's key for them, partition ticks counted, negation candidates kept,
+        # held matches killed (None: none); new runs go to self._fresh, completed matches to self._accepted
+        touched: list[tuple[list[Run], Any]] | None
+        bumped: list[tuple[dict, Any]] | None
+        touched = bumped = negated = kills = None
         started = 0
+        # The event's key for each equivalence list: with one list (the common case) ``k0``, else memoised in ``keys``.
+        a0 = self._attrs0
+        keys: dict[tuple[str, ...], Any] | None = None if a0 is not None else {}
+        k0 = None
         try:
-            keys: dict[tuple[str, ...], Any] = {}  # the event's key for each equivalence list, computed once
+            if a0 is not None:
+                k0 = ev.attrs.get(a0[0], MISSING) if len(a0) == 1 else MISSING
+                if k0 is MISSING:
+                    k0 = _key(keys, ev, a0)
             if self.pticks:
+                bumped = []
                 for attrs, ticks in self.pticks.items():
-                    k = _key(keys, ev, attrs)
+                    k = k0 if attrs is a0 else _key(keys, ev, attrs)
                     if k is not None:
                         ticks[k] = ticks.get(k, 0) + 1
                         bumped.append((ticks, k))
@@ -207,10 +230,15 @@ class Runtime:
                 negated, kills = [], []
                 for owner, neg in route.negs:
                     attrs = owner.partition_by
-                    ek = _key(keys, ev, attrs) if attrs else None
-                    if attrs and ek is None:
-                        continue
+                    if attrs:
+                        ek = k0 if attrs is a0 else _key(keys, ev, attrs)
+                        if ek is None:
+                            continue
+                    else:
+                        ek = None
                     if neg is None:  # a shared candidate store
+                        if not owner.root.live or not _may_need(self, owner, ek):
+                            continue  # no run before ev can bind the component before the negation
                         for p in owner.self_preds:
                             if not p(ev, ()):
                                 break
@@ -223,64 +251,97 @@ class Runtime:
                         else:
                             self.deadlines.killed_by(owner, neg, ev, ek, kills)
             if self.strict:
+                touched = []
                 strict, self.strict = self.strict, {}
                 for runs in strict.values():
-                    touched.append((runs, _key(keys, ev, runs[0].state.node.partition_by) if runs else None))
-            touch = route.touch
-            for attrs, by_key in self.keyed.items():
-                k = _key(keys, ev, attrs)
-                if k is None:
-                    continue
-                states = by_key.get(k)
-                if not states:
-                    continue
-                for st in list(states):
-                    t = touch.get(st)
-                    if t is None:
-                        t = touch[st] = st.contiguity is PARTITION or st.reacts_to(etype)
-                    if t:
-                        touched.append((states.pop(st), k))
-                if not states:
-                    del by_key[k]
-            if self.unkeyed:
-                unkeyed = self.unkeyed
-                for st in list(unkeyed):
-                    t = touch.get(st)
-                    if t is None:
-                        t = touch[st] = st.reacts_to(etype)  # no partition-contiguity state is unkeyed
-                    if t:
-                        touched.append((unkeyed.pop(st), None))
+                    if runs:
+                        attrs = runs[0].state.node.partition_by
+                        touched.append((runs, (k0 if attrs is a0 else _key(keys, ev, attrs)) if attrs else None))
+                    else:
+                        touched.append((runs, None))
+            if route.scan:  # the stored runs the event may move: by key, then the unkeyed states
+                touch = route.touch
+                for attrs, by_key in self._parts:
+                    k = k0 if attrs is a0 else _key(keys, ev, attrs)
+                    if k is None:
+                        continue
+                    states = by_key.get(k)
+                    if not states:
+                        continue
+                    hit = None
+                    for st in states:
+                        t = touch.get(st)
+                        if t is None:
+                            t = touch[st] = st.contiguity is PARTITION or st.reacts_to(etype)
+                        if t:
+                            if hit is None:
+                                hit = [st]
+                            else:
+                                hit.append(st)
+                    if hit is not None:
+                        if touched is None:
+                            touched = []
+                        for st in hit:
+                            touched.append((states.pop(st), k))
+                        if not states:
+                            del by_key[k]
+                if self.unkeyed:
+                    unkeyed = self.unkeyed
+                    for st in list(unkeyed):
+                        t = touch.get(st)
+                        if t is None:
+                            t = touch[st] = st.reacts_to(etype)  # no partition-contiguity state is unkeyed
+                        if t:
+                            if touched is None:
+                                touched = []
+                            touched.append((unkeyed.pop(st), None))
             if touched:
                 moved: list[list[Run]] = []  # per entry of touched: the runs that stay as they were
+                fresh, accepted = self._fresh, self._accepted
                 dead = self.dead
-                step = self._step
+                merger = self.merger
                 for runs, ek in touched:
                     stays: list[Run] = []
-                    for r in runs:
-                        if r.state not in dead:
-                            if r.members is None:
-                                step(r, ev, ek, fresh, stays, accepted)
-                            else:
-                                self.merger.step(self, r, ev, ek, fresh, stays, accepted)
                     moved.append(stays)
-            for group in route.starters:
-                for node in group.candidates(ev):
-                    attrs = node.partition_by
-                    if attrs:
-                        ek = _key(keys, ev, attrs)
-                        if ek is None:
-                            continue
-                    else:
-                        ek = None
-                    vec = (None,)  # a root's begin: its type and key hold, its window cannot be passed
-                    for p in node.begin:
-                        if not p(ev, vec):
-                            break
-                    else:
-                        started += 1
-                        self._start(node, ev, ek, fresh, accepted)
+                    if not runs or runs[0].state in dead:  # (a list holds runs of one state)
+                        continue
+                    st = runs[0].state
+                    if merger is None and st.mode == "wait":
+                        self._step_wait(st, runs, ev, ek, fresh, stays, accepted)
+                        continue
+                    for r in runs:
+                        if r.members is None:
+                            self._step(r, ev, ek, fresh, stays, accepted)
+                        else:
+                            merger.step(self, r, ev, ek, fresh, stays, accepted)
+            for plain, eqs, group in route.starters:  # the root nodes ev may begin (see _TypeGroup.finder)
+                nodes = plain if group is None else group.candidates(ev)
+                for attr, table in eqs:
+                    v = ev.attrs.get(attr, MISSING)
+                    if v is not MISSING:
+                        try:
+                            found = table.get(v)
+                        except TypeError:  # unhashable value
+                            found = None
+                        if found:
+                            nodes = [*nodes, *found]
+                if nodes:
+                    for node in nodes:
+                        attrs = node.partition_by
+                        if attrs:
+                            ek = k0 if attrs is a0 else _key(keys, ev, attrs)
+                            if ek is None:
+                                continue
+                        else:
+                            ek = None
+                        for p in node.begin:
+                            if not p(ev, _ROOT_VEC):
+                                break
+                        else:
+                            started += 1
+                            self._start(node, ev, ek, self._fresh, self._accepted)
         except BaseException as exc:
-            self._undo(ev, touched, bumped)
+            self._undo(ev, touched or (), bumped or ())
             if not isinstance(exc, Exception):
                 raise
             self.counters.failed += 1
@@ -288,62 +349,85 @@ class Runtime:
             return out
         cnt = self.counters
         cnt.events += 1
-        if self.merger is not None:
-            self.merger.merge(self, moved if touched else [], fresh)
-        if touched:
-            live = cnt.live_runs
-            n_touched = 0
-            for (runs, _), stays in zip(touched, moved):
-                n_touched += len(runs)
-                delta = len(stays) - len(runs)
-                if delta:
-                    live += delta
-                    runs[0].state.node.root.live += delta
-                if stays:  # same state and key as before: back into their store in one step
-                    self._store_many(stays)
-            cnt.live_runs = live
-            cnt.runs_touched += n_touched
-        if negated:
-            for store, ek in negated:  # the negation candidates: into their shared stores
-                b = store.buckets.get(ek)
-                if b is None:
-                    store.buckets[ek] = ([tick], [ev])
-                else:
-                    b[0].append(tick)
-                    b[1].append(ev)
-        if kills:
-            for p in kills:
-                p.killed = True
-        if self.to_hold:
-            for p in self.to_hold:
-                self.deadlines.hold(p)
-            self.to_hold = []
-        if accepted:
-            out.extend(accept(self, accepted, fresh))
-        if fresh:
-            cnt.runs_started += started
-            cap = self.max_runs
-            over: list[Node] = []
-            store = self._store
-            for r in fresh:
-                store(r)
-                root = r.state.node.root
-                root.live += 1
-                if root.live > cap and root not in over:
-                    over.append(root)
-            cnt.runs_created += len(fresh)
-            live = cnt.live_runs = cnt.live_runs + len(fresh)
-            if live > cnt.peak_runs:
-                cnt.peak_runs = live
-            for root in over:
-                shed(self, root, "runs", cap)
-        elif started:
-            cnt.runs_started += started
+        if touched or started or negated or kills or self.to_hold or self.merger is not None:
+            fresh, accepted = self._fresh, self._accepted  # (only a step or a start fills them)
+            if self.merger is not None:
+                self.merger.merge(self, moved if touched else [], fresh)
+            if touched:
+                live = cnt.live_runs
+                n_touched = 0
+                for (runs, _), stays in zip(touched, moved):
+                    n_touched += len(runs)
+                    delta = len(stays) - len(runs)
+                    if delta:
+                        live += delta
+                        runs[0].state.node.root.live += delta
+                    if stays:  # same state and key as before: back into their store in one step
+                        self._store_many(stays)
+                cnt.live_runs = live
+                cnt.runs_touched += n_touched
+            if negated:
+                for store, ek in negated:  # the negation candidates: into their shared stores
+                    b = store.buckets.get(ek)
+                    if b is None:
+                        store.buckets[ek] = ([tick], [ev])
+                    else:
+                        b[0].append(tick)
+                        b[1].append(ev)
+            if kills:
+                for p in kills:
+                    p.killed = True
+            if self.to_hold:
+                for p in self.to_hold:
+                    self.deadlines.hold(p)
+                self.to_hold = []
+            if accepted:
+                out.extend(accept(self, accepted, fresh))
+                accepted.clear()
+            if fresh:
+                cnt.runs_started += started
+                cap = self.max_runs
+                over: list[Node] = []
+                keyed = self.keyed
+                for r in fresh:
+                    st = r.state
+                    attrs = st.node.partition_by
+                    if attrs and not st.touch_all:  # _store, inline for the common case
+                        states = keyed[attrs].get(r.key)
+                        if states is None:
+                            keyed[attrs][r.key] = {st: [r]}
+                        else:
+                            lst = states.get(st)
+                            if lst is None:
+                                states[st] = [r]
+                            else:
+                                lst.append(r)
+                    else:
+                        self._store(r)
+                    root = st.node.root
+                    root.live += 1
+                    if root.live > cap and root not in over:
+                        over.append(root)
+                cnt.runs_created += len(fresh)
+                live = cnt.live_runs = cnt.live_runs + len(fresh)
+                if live > cnt.peak_runs:
+                    cnt.peak_runs = live
+                fresh.clear()
+                for root in over:
+                    shed(self, root, "runs", cap)
+            elif started:
+                cnt.runs_started += started
+        if tick >= self._next_check:
+            self._periodic(tick)
+        return out
+
+    def _periodic(self, tick: int) -> None:
+        """The buffer caps every 64 events, the sweep when due; when to come back."""
         if tick & 63 == 0 and self.buffer.size > self.max_buffer:
             check_buffer_caps(self)
         if tick >= self._next_sweep:
             sweep(self)
-        return out
+        self._next_check = min(self._next_sweep, (tick | 63) + 1)
 
     def _undo(self, ev: Event, touched: list, bumped: list) -> None:
         """Put the stored state back as it was before ``ev``, stream time aside (see ``process``)."""
@@ -356,6 +440,8 @@ class Runtime:
                 self._store_many(runs)
         self.buffer.forget(ev)
         self.to_hold = []
+        self._fresh.clear()
+        self._accepted.clear()
         self.tick -= 1
         ev.pos = -1
 
@@ -428,30 +514,12 @@ class Runtime:
     def _step(self, r: Run, ev: Event, ek: Any, fresh: list[Run], stays: list[Run], accepted: list) -> None:
         """Every move ``r`` makes on ``ev``: new runs go to ``fresh``; ``r`` itself, if it stays, to ``stays``."""
         st = r.state
+        if st.mode == "wait":
+            self._step_wait(st, (r,), ev, ek, fresh, stays, accepted)
+            return
         w = st.node.window
         if w is not None and ev.ts - r.first_ts > w:
             return  # pruned by the window: no move can hold any more
-        if st.mode == "wait":
-            rkey = r.key
-            began = []
-            if rkey is None or ek == rkey:  # the rest of _begins: a candidate has the event's type
-                vec, age = r.vec, ev.ts - r.first_ts
-                for child in st.table.candidates(ev):
-                    cw = child.window
-                    if cw is not None and age > cw:
-                        continue
-                    for p in child.begin:
-                        if not p(ev, vec):
-                            break
-                    else:
-                        began.append(child)
-            stay = _ignores(st.contiguity, bool(began), ek, rkey)
-            if stay:
-                stays.append(r)  # the keeper: its version stays
-            version = r.version
-            for j, child in enumerate(began):
-                self._enter(child, r, version if j == 0 and not stay else version + (next(self._branches),), ev, fresh, accepted)
-            return
         moves: list[tuple[str, Any]] = []
         node = st.node
         take = self._takes(node, r, ev, ek)
@@ -496,6 +564,42 @@ class Runtime:
             else:  # opportunistic move: wait for the next component, which ignored ev
                 fresh.append(Run(arg, r.vec, r.entry, version, r.first_ts, r.first_pos, r.key, r.born))
 
+    def _step_wait(self, st: State, runs, ev: Event, ek: Any, fresh: list[Run], stays: list[Run], accepted: list) -> None:
+        """:meth:`_step` of runs waiting in wait state ``st`` (plain runs, not merged ones), the children ``ev`` may
+        begin looked up once."""
+        w = st.node.window
+        c = st.contiguity
+        ts = ev.ts
+        cands = st.table.candidates(ev)
+        for r in runs:
+            age = ts - r.first_ts
+            if w is not None and age > w:
+                continue  # pruned by the window: no move can hold any more
+            rkey = r.key
+            began = None
+            if cands and (rkey is None or ek == rkey):  # the rest of _begins: a candidate has the event's type
+                vec = r.vec
+                for child in cands:
+                    cw = child.window
+                    if cw is not None and age > cw:
+                        continue
+                    for p in child.begin:
+                        if not p(ev, vec):
+                            break
+                    else:
+                        if began is None:
+                            began = [child]
+                        else:
+                            began.append(child)
+            stay = _ignores(c, began is not None, ek, rkey)
+            if stay:
+                stays.append(r)  # the keeper: its version stays
+            if began is not None:
+                version = r.version
+                for j, child in enumerate(began):
+                    self._enter(child, r, version if j == 0 and not stay else version + (next(self._branches),), ev, fresh,
+                                accepted)
+
     def _retro_ok(self, r: Run, wait: State, ek: Any) -> bool:
         """Were all events the run ignored inside its Kleene ignorable under ``wait``'s contiguity?"""
         c = wait.contiguity
@@ -533,13 +637,17 @@ class Runtime:
 
     def _enter(self, node: Node, r: Run, version: Version, ev: Event, fresh: list[Run], accepted: list) -> None:
         """Begin ``node`` with ``ev`` (from a wait state or a proceed)."""
-        entry = self.buffer.add(node, node.index, ev, version, r.entry)
         i = node.index
-        val = kleene_start(ev, node.agg_slots, node.keep_events) if node.kleene else ev
-        vec = r.vec[:i] + (val,)  # a run's vec ends with a free slot for the node it may begin
         if node.kleene:
+            entry = self.buffer.add(node, i, ev, version, r.entry)
+            vec = r.vec[:i] + (kleene_start(ev, node.agg_slots, node.keep_events),)
             self._arrive_inside(node, vec, entry, version, r.first_ts, r.first_pos, r.key, r.born, fresh, accepted)
             return
+        vec = r.vec[:i] + (ev,)  # a run's vec ends with a free slot for the node it may begin
+        if not node.waits and self.merging_run is None:  # a last component: no run goes on, an entry only for a match
+            self._complete(node, vec, None, version, r.first_ts, r.key, r.born, accepted, ev, r.entry)
+            return
+        entry = self.buffer.add(node, i, ev, version, r.entry)
         if node.accepts:
             self._complete(node, vec, entry, version, r.first_ts, r.key, r.born, accepted)
         if node.waits:
@@ -561,8 +669,11 @@ class Runtime:
             self._complete(node, vec, entry, version, first_ts, key, born, accepted)
 
     def _complete(self, node: Node, vec: tuple, entry, version: Version, first_ts: float, key: Any, born: int,
-                  accepted: list) -> None:
-        """A run bound the last component of the queries accepting at ``node``: post-process per query."""
+                  accepted: list, ev: Event | None = None, pred=None) -> None:
+        """A run bound the last component of the queries accepting at ``node``: post-process per query.
+
+        ``entry`` None: the buffer entry of ``ev`` after ``pred`` is made only if a query accepts (not for a merged run).
+        """
         merged = self.merging_run
         if merged is not None:  # a merged run's step: once per run it stands for (yfpp.run_merging)
             self.merging_run = None
@@ -573,7 +684,8 @@ class Runtime:
                 self.merging_run = merged
             return
         binds = None
-        last_ts = entry.event.ts
+        last = entry.event if entry is not None else ev
+        last_ts = last.ts
         accepts = node.accepts
         memo: dict | None = {} if len(accepts) > 1 else None  # equal negation checks give equal answers
         for plan in accepts:
@@ -591,27 +703,43 @@ class Runtime:
                 if not ok:
                     continue
             if binds is None:
+                if entry is None:
+                    entry = self.buffer.add(node, node.index, ev, version, pred)
                 binds = MatchBuffer.extract(entry, version)
-            match = self._match(plan, binds, vec)
+                shared: dict = {}
+            match = self._match(plan, binds, vec, shared)
             if plan.trailing is not None:
-                self.to_hold.append(Pending(plan, key, vec, entry.event.pos, first_ts + plan.window, match))
+                self.to_hold.append(Pending(plan, key, vec, last.pos, first_ts + plan.window, match))
             else:
                 accepted.append((plan, key, match, binds))
 
-    def _match(self, plan: QueryPlan, binds: list[tuple[int, Event]], vec: tuple) -> dict:
+    def _match(self, plan: QueryPlan, binds: list[tuple[int, Event]], vec: tuple, shared: dict) -> dict:
+        """The match dict of ``plan`` for ``binds``; ``shared`` keeps the seq lists per variable names for the other
+        queries completing on the same binds (each match gets its own copies)."""
         names = plan.var_names
-        seqs: dict[str, list[int | str]] = {v: [] for v in names}
-        ints = True
-        for unit, e in binds:
-            s = e.seq
-            if type(s) is not int:
-                ints = False
-            seqs[names[unit]].append(s)
+        got = shared.get(names)
+        if got is None:
+            lists: list[list[int | str]] = [[] for _ in names]
+            ints = True
+            for unit, e in binds:
+                s = e.seq
+                if type(s) is not int:
+                    ints = False
+                lists[unit].append(s)
+            shared[names] = (lists, ints)
+            seqs = dict(zip(names, lists))
+        else:
+            lists, ints = got
+            seqs = dict(zip(names, map(list, lists)))
         m = {"query": plan.name, "id": self._match_ids[plan](seqs, ints), "bindings": seqs,
              "start": binds[0][1].ts, "end": binds[-1][1].ts}
         if plan.emit is not None:
             etype, attrs = plan.emit
-            m["emit"] = {"type": etype, "attrs": {k: _plain(g(None, vec)) for k, g in attrs}}
+            values = {}
+            for k, g in attrs:
+                v = g(None, vec)
+                values[k] = None if v is MISSING else v
+            m["emit"] = {"type": etype, "attrs": values}
         if self.full_events:
             events: dict[str, list[dict]] = {v: [] for v in names}
             for unit, e in binds:
@@ -669,5 +797,26 @@ def _ignores(c: Contiguity, moved: bool, ek: Any, rkey: Any) -> bool:
     return False
 
 
-def _plain(v: Any) -> Any:
-    return None if v is MISSING else v
+def _may_need(rt: Runtime, store: CandidateStore, ek: Any) -> bool:
+    """Can a run stored now (before the event) ever use a candidate of ``store`` with key ``ek``?
+
+    A middle negation's candidate matters only to a match whose component before
+    the negation bound an earlier event: so to a run of the store's branch (and
+    key) already live.  Runs started later begin after the candidate.  Over-approximates
+    (any live run of the branch and key), never under.
+    """
+    root = store.root
+    if not root.live:
+        return False
+    attrs = store.partition_by
+    if not attrs:
+        return True
+    states = rt.keyed[attrs].get(ek)
+    if states:
+        for st in states:
+            if st.node.root is root:
+                return True
+    for st in rt.strict:
+        if st.node.root is root:
+            return True
+    return False

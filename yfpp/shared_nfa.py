@@ -164,6 +164,15 @@ class _TypeGroup:
             if not lst:
                 del table[attr][value]
 
+    def finder(self) -> tuple[tuple[Node, ...], tuple[tuple[str, dict], ...], "_TypeGroup | None"]:
+        """How the runtime finds this group's candidates without a call: ``(plain, eq, None)`` — the nodes every
+        event of the type gets, and the equality indexes (attribute, value -> nodes) to look its values up in,
+        in :meth:`candidates`' order — or ``((), (), self)`` when an XPath or range index needs :meth:`candidates`.
+        A snapshot of ``plain`` (made again after every registration change), live index tables."""
+        if self.xeq or self.ranges:
+            return (), (), self
+        return tuple(self.plain), tuple(self.eq.items()), None
+
     def candidates(self, ev: Event) -> Sequence[Node]:
         if not (self.eq or self.xeq or self.ranges):
             return self.plain
@@ -193,6 +202,21 @@ class _TypeGroup:
                 sel = keys[bisect_left(keys, (v, -1)) :]
             out += [nodes[nid] for _, nid in sel]
         return out
+
+
+def _reactions(node: Node) -> list[str | None]:
+    """What ``node`` adds to :attr:`SharedNFA.reacting`: its type where runs begin or take it (a wait state
+    of its parent, its own inside state), ``None`` for a partition-contiguity state (every event moves it)."""
+    out: list[str | None] = []
+    if node.parent is not None:
+        out.append(node.event_type)
+        if node.contiguity is Contiguity.PARTITION:
+            out.append(None)
+    if node.kleene:
+        out.append(node.event_type)
+        if node.inner is Contiguity.PARTITION:
+            out.append(None)
+    return out
 
 
 _XPATH_EQ = re.compile(r"""\s*@([A-Za-z_][\w.\-]*)\s*=\s*(?:'([^']*)'|"([^"]*)")\s*\Z""")
@@ -261,6 +285,14 @@ class SharedNFA:
         self.roots: dict[Hashable, Node] = {}
         self.starters = TransitionTable()
         self.states: set[State] = set()
+        # event types some state's runs react to (begin, take, proceed), None for every type (a component
+        # of any type, or a partition-contiguity state): an event of another type moves no stored run
+        self.reacting: Counter = Counter()
+
+    def reacts(self, etype: str) -> bool:
+        """May an event of type ``etype`` move (or kill) a run waiting in some state?"""
+        r = self.reacting
+        return bool(r.get(etype) or r.get(None))
 
     def add(self, plan: QueryPlan) -> None:
         """Merge ``plan``'s components into the trie (time proportional to the query)."""
@@ -297,6 +329,7 @@ class SharedNFA:
             index_key=index_key(spec),
         )
         node.root = parent.root if parent is not None else node
+        self.reacting.update(_reactions(node))
         if node.kleene:
             node.inside = State(node, "in", node.inner)
             self.states.add(node.inside)
@@ -321,6 +354,8 @@ class SharedNFA:
             node.count_window(plan.window, -1)
             if node.users:
                 continue
+            self.reacting.subtract(_reactions(node))
+            self.reacting += Counter()  # drop the zeros
             parent = node.parent
             if node.inside is not None:
                 dropped.append(node.inside)
