@@ -41,6 +41,8 @@ def inject(eng: Engine, bad: int) -> None:
         for neg in plan.negations:
             neg.self_preds = tuple(_failing(c, bad) for c in neg.self_preds) + (_failing(lambda ev, vec: True, bad),)
             neg.cross_preds = tuple(_failing(c, bad) for c in neg.cross_preds)
+    for store in eng.runtime.negations.stores.values():  # middle negations' shared candidate filters
+        store.self_preds = tuple(_failing(c, bad) for c in store.self_preds) + (_failing(lambda ev, vec: True, bad),)
 
 
 def run(pats, events, bad: int | None = None, skip: int | None = None):
