@@ -407,8 +407,13 @@ def reference_matches(pattern: Pattern, events: list[Event]) -> list[tuple[dict[
 # --- recursive feedback (yfpp.feedback): re-evaluate every prefix ---------------------------
 
 
+class StreamTooLong(Exception):
+    """:func:`reference_feedback` was asked to stop past ``max_stream`` events (its cost is exponential in them)."""
+
+
 def reference_feedback(
-    queries: list[tuple[str, Pattern]], events: list[Event], max_depth: int, max_derived: int
+    queries: list[tuple[str, Pattern]], events: list[Event], max_depth: int, max_derived: int,
+    max_stream: int | None = None,
 ) -> list[tuple[str, dict[str, list]]]:
     """Every ``(query, bindings)`` of ``queries`` over ``events`` with feedback queries' results fed back.
 
@@ -417,7 +422,9 @@ def reference_feedback(
     order; a feedback query's are appended to a FIFO of derived events (ts of
     the completing event, id the match id) processed before the next input
     event — the same loop guards as the engine. Trailing negations are not
-    covered. Bindings hold input seqs and derived ids.
+    covered. Bindings hold input seqs and derived ids. Every step re-evaluates
+    the whole stream, so past ``max_stream`` events (inputs and derived) it
+    raises :class:`StreamTooLong` instead of running for hours.
     """
     from collections import deque
 
@@ -428,6 +435,8 @@ def reference_feedback(
     found: list[tuple[str, dict[str, list]]] = []
 
     def step(e: Event, public: Any, d: int) -> list[tuple[Event, Any, int]]:
+        if max_stream is not None and len(stream) >= max_stream:
+            raise StreamTooLong(f"over {max_stream} events")
         stream.append(Event(e.type, e.ts, e.attrs, len(stream)))
         ids.append(public)
         derived = []
