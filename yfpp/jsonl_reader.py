@@ -34,7 +34,7 @@ import orjson
 from yfpp.dead_letters import DeadLetters
 from yfpp.errors import InputError
 from yfpp.events import Event
-from yfpp.record_fields import ISO_8601, ReaderOptions, pop_ts, pop_type, preview
+from yfpp.record_fields import ISO_8601, ReaderOptions, pop_ts, pop_type, preview, scaled_ts
 
 _BLOCK = 1 << 16
 _INEXACT = "inexact"  # _flatten's answer for a float that may be a rounded integer
@@ -238,12 +238,8 @@ def _plain_event(record: dict[str, Any], seq: int, opts: ReaderOptions) -> Event
         t = type(value)
         if t is dict or t is list or value is None or (t is float and not -_BIG < value < _BIG):
             return None
-    m, d = opts.unit
-    try:
-        ts = raw_ts * m / d
-    except OverflowError:
-        return None
-    if ts - ts != 0.0:  # not finite
+    ts = scaled_ts(raw_ts, opts.unit)
+    if ts is None:
         return None
     del record[type_field], record[opts.ts_field]
     return Event(type_, ts, record, seq)

@@ -53,7 +53,7 @@ from lxml import etree
 from yfpp.dead_letters import DeadLetters
 from yfpp.errors import InputError
 from yfpp.events import Event
-from yfpp.record_fields import ISO_8601, RAW_PREVIEW, ReaderOptions, pop_ts, pop_type, preview, typed_value
+from yfpp.record_fields import ISO_8601, RAW_PREVIEW, ReaderOptions, pop_ts, pop_type, preview, scaled_ts, typed_value
 
 _NAME = rb"[^\s<>/!?=\"'&]+"
 _START = re.compile(rb"<(" + _NAME + rb")((?:\s+[^\s<>/=\"']+\s*=\s*(?:\"[^\"<]*\"|'[^'<]*'))*)\s*(/?)>")
@@ -615,14 +615,8 @@ def _flat_event(elem: Any, seq: int, opts: ReaderOptions, typed: _TypedValues) -
     ts = typed_value(raw_ts)
     if type(ts) is not int and type(ts) is not float:
         return None
-    m, d = opts.unit
-    try:
-        ts = ts * m / d
-    except OverflowError:
-        return None
-    if ts - ts != 0.0:  # not finite
-        return None
-    return Event(elem.tag, ts, attrs, seq, elem)
+    ts = scaled_ts(ts, opts.unit)
+    return None if ts is None else Event(elem.tag, ts, attrs, seq, elem)
 
 
 def _xml_event(elem: Any, seq: int, opts: ReaderOptions) -> Event | str:
