@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import pickle
 import shutil
 import socket
@@ -344,6 +345,8 @@ def test_stream_from_ts_0_matches_everything_and_reports_late_rows(spark, tmp_pa
                                              {"type": "exit", "ts": 2 * i + 1, "tag_id": i})]
     write_events(pairs[:400], inbox / "a.jsonl")
     write_events(pairs[400:] + [{"type": "exit", "ts": 5, "tag_id": 2}], inbox / "b.jsonl")  # the last row is late
+    a_time = (inbox / "a.jsonl").stat().st_mtime
+    os.utime(inbox / "b.jsonl", (a_time + 1, a_time + 1))  # across micro-batches files go by modification time
     queries = {"out": "PATTERN SEQ(shelf a, exit c) WHERE [tag_id] WITHIN 10"}
     run_stream(spark, queries, inbox, tmp_path / "out", tmp_path / "ck", max_files=1)
     assert sum(lines(spark.read.text(str(tmp_path / "out" / "matches.jsonl"))).values()) == 400
