@@ -8,14 +8,16 @@ line boundaries into one read task per core. Workloads (``--workloads``):
 * ``subscriptions``: Q subscriptions ``[tag_id]&&//shelf[@zone='Zk']//exit[@door='Dk']&&(1 hour)``.
 
 Each command runs as a subprocess (``python -m yfpp.cli run …`` and
-``python -m yfpp.cli spark --master M …``, a fresh JVM each time); its wall
+``python -m yfpp.cli spark --master M --plan P …`` for each plan of ``--plans``,
+a fresh JVM each time); its wall
 time is the subprocess's, its CPU the whole process tree's (the command, the
 JVM, the Python workers: sampled from ``/proc`` every 0.2 s, and the reaped
 children's rusage). The match ids of the two outputs are compared as
 multisets. ``--class-archive FILE`` passes ``yfpp spark --class-archive``
 (a first run writes it; that run is a warm-up and not reported).
 
-    python benchmarks/spark_vs_run.py                                  # 1M events, local[2], both workloads
+    python benchmarks/spark_vs_run.py                                  # 1M events, local[2], both workloads and plans
+    python benchmarks/spark_vs_run.py --events 1000000 --plans scan    # the scan plan only
     python benchmarks/spark_vs_run.py --events 100000 --workloads shoplifting
 """
 
@@ -108,6 +110,8 @@ def main() -> int:
     ap.add_argument("--queries", type=int, default=1000, help="subscriptions (and the feed's zones and doors)")
     ap.add_argument("--workloads", nargs="+", choices=["shoplifting", "subscriptions"], default=["shoplifting", "subscriptions"])
     ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--plans", nargs="+", choices=["scan", "shuffle", "auto"], default=["scan", "shuffle"],
+                    help="yfpp spark --plan values to run, each after yfpp run (default: scan shuffle)")
     ap.add_argument("--partitions", type=int, help="yfpp spark --partitions (default: its own, 2 × the cores)")
     ap.add_argument("--class-archive", metavar="FILE", help="yfpp spark --class-archive FILE (written first if missing)")
     ap.add_argument("--spark-args", default="", help="more yfpp spark arguments, e.g. \"--conf spark.driver.extraJavaOptions=\"")
@@ -132,11 +136,15 @@ def main() -> int:
             run_wall, run_cpu, _ = timed(py + ["run", *qa, "-i", str(path), "-o", str(tmp / f"{w}.run.jsonl")])
             rows.append((w, "yfpp run", run_wall, run_cpu, ids(tmp / f"{w}.run.jsonl"), load, ""))
             print(f"{w}: yfpp run {run_wall:.1f} s, {run_cpu:.1f} CPU s", file=sys.stderr)
-            load = os.getloadavg()[0]
-            wall, cpu, err = timed(py + ["spark", *qa, "-i", str(path), "-o", str(tmp / f"{w}.spark"), *spark_opts])
-            start = next((ln.split()[4] for ln in err.splitlines() if ln.strip().startswith("start JVM + session")), "")
-            rows.append((w, f"yfpp spark --master {args.master}", wall, cpu, ids(tmp / f"{w}.spark" / "matches.jsonl"), load, start))
-            print(f"{w}: yfpp spark {wall:.1f} s, {cpu:.1f} CPU s\n{err[err.find('time per step'):]}", file=sys.stderr)
+            for plan in args.plans:
+                load = os.getloadavg()[0]
+                out = tmp / f"{w}.{plan}.spark"
+                wall, cpu, err = timed(py + ["spark", *qa, "-i", str(path), "-o", str(out), "--plan", plan, *spark_opts])
+                start = next((ln.split()[4] for ln in err.splitlines() if ln.strip().startswith("start JVM + session")), "")
+                rows.append((w, f"yfpp spark --master {args.master} --plan {plan}", wall, cpu, ids(out / "matches.jsonl"),
+                             load, start))
+                print(f"{w}: yfpp spark --plan {plan} {wall:.1f} s, {cpu:.1f} CPU s\n{err[err.find('plan '):]}",
+                      file=sys.stderr)
     lines = [f"{args.events:,} RFID events in one JSON-lines file, {os.cpu_count()} cores", "",
              "| workload | command | wall s | CPU s | of which JVM + session start, wall s | matches | same matches as yfpp run | load avg before |",
              "|---|---|---:|---:|---:|---:|---|---:|"]

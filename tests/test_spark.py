@@ -140,10 +140,12 @@ def test_directory_seq_dead_letters_and_late_events(spark, tmp_path):
     assert sorted((r.seq, r.type) for r in events.where("reason is null").collect()) == [k for k in kept if k[0] != 401]
 
 
-def test_cli_spark_writes_jsonl_parquet_and_counters(spark, tmp_path, capsys):
+@pytest.mark.parametrize("plan", ["scan", "shuffle"])
+def test_cli_spark_writes_jsonl_parquet_and_counters(spark, tmp_path, capsys, plan):
     sample = ROOT / "yfpp" / "data" / "sample_rfid.xml"
     query = str(ROOT / "queries" / "shoplifting.sase")
-    assert main(["spark", "-q", query, "-q", "//register//exit&&(60)", "-i", str(sample), "-o", str(tmp_path / "out")]) == 0
+    assert main(["spark", "-q", query, "-q", "//register//exit&&(60)", "-i", str(sample), "-o", str(tmp_path / "out"),
+                 "--plan", plan]) == 0
     err = capsys.readouterr().err
     assert main(["run", "-q", query, "-q", "//register//exit&&(60)", "-i", str(sample)]) == 0
     expected = Counter(capsys.readouterr().out.splitlines())
@@ -354,7 +356,8 @@ def test_stream_from_ts_0_matches_everything_and_reports_late_rows(spark, tmp_pa
     assert dead["seq"] == 800 and dead["reason"].startswith("late event")
 
 
-def test_feedback_on_spark_equals_run(spark, rfid, tmp_path, capsys):
+@pytest.mark.parametrize("plan", ["scan", "shuffle"])
+def test_feedback_on_spark_equals_run(spark, rfid, tmp_path, capsys, plan):
     qfile = tmp_path / "fb.xpe"
     qfile.write_text(
         "@query theft_fb\n[tag_id]&&//shelf//!register//exit&&(1 hour)&&=> theft(tag_id = e1.tag_id, zone = e1.zone) feedback\n"
@@ -362,7 +365,7 @@ def test_feedback_on_spark_equals_run(spark, rfid, tmp_path, capsys):
         "@query twice\n[tag_id]&&//theft//seen_theft&&(1 hour)\n"
         "@query zone_pairs\n[zone]&&//shelf//shelf&&(30)\n")
     feed = str(rfid / "feed.xml")
-    assert main(["spark", "-q", str(qfile), "-i", feed, "-o", str(tmp_path / "out")]) == 0
+    assert main(["spark", "-q", str(qfile), "-i", feed, "-o", str(tmp_path / "out"), "--plan", plan]) == 0
     capsys.readouterr()
     assert main(["run", "-q", str(qfile), "-i", feed]) == 0
     expected = Counter(capsys.readouterr().out.splitlines())
@@ -371,7 +374,7 @@ def test_feedback_on_spark_equals_run(spark, rfid, tmp_path, capsys):
     parquet = spark.read.parquet(str(tmp_path / "out" / "matches.parquet"))
     assert dict(parquet.dtypes)["bindings"] == "map<string,array<string>>"
     guard = ["--max-feedback-depth", "1"]  # the loop guards pass through: seen_theft (depth 2) is dropped
-    assert main(["spark", "-q", str(qfile), "-i", feed, "-o", str(tmp_path / "guarded"), *guard]) == 0
+    assert main(["spark", "-q", str(qfile), "-i", feed, "-o", str(tmp_path / "guarded"), *guard, "--plan", plan]) == 0
     capsys.readouterr()
     assert main(["run", "-q", str(qfile), "-i", feed, *guard]) == 0
     guarded = Counter(capsys.readouterr().out.splitlines())
@@ -379,7 +382,8 @@ def test_feedback_on_spark_equals_run(spark, rfid, tmp_path, capsys):
     assert {json.loads(x)["query"] for x in guarded} == {"theft_fb", "shelf_then_theft", "zone_pairs"}
 
 
-def test_set_queries_on_spark_equal_run(spark, rfid, tmp_path, capsys):
+@pytest.mark.parametrize("plan", ["scan", "shuffle"])
+def test_set_queries_on_spark_equal_run(spark, rfid, tmp_path, capsys, plan):
     from tests.test_spark_plan import SETS
 
     files = []
@@ -388,7 +392,7 @@ def test_set_queries_on_spark_equal_run(spark, rfid, tmp_path, capsys):
         queries = {**SETS, "shop": RFID_QUERIES["shop_sase"]}.items()
         Path(files[-1]).write_text("".join(f"@query {n}\n{q}\n" for n, q in queries if q.startswith("P") == (ext == "sase")))
     feed = str(rfid / "feed.jsonl")
-    assert main(["spark", "-q", *files, "-i", feed, "-o", str(tmp_path / "out"), "--partitions", "3"]) == 0
+    assert main(["spark", "-q", *files, "-i", feed, "-o", str(tmp_path / "out"), "--partitions", "3", "--plan", plan]) == 0
     assert spark.conf.get("spark.sql.shuffle.partitions") == "4"  # a borrowed session gets its options back
     capsys.readouterr()
     assert main(["run", "-q", *files, "-i", feed]) == 0
@@ -397,13 +401,14 @@ def test_set_queries_on_spark_equal_run(spark, rfid, tmp_path, capsys):
     assert {json.loads(x)["query"] for x in expected} == {*SETS, "shop"}
 
 
-def test_full_events_on_spark_equal_run(spark, rfid, tmp_path, capsys):
+@pytest.mark.parametrize("plan", ["scan", "shuffle"])
+def test_full_events_on_spark_equal_run(spark, rfid, tmp_path, capsys, plan):
     qfile = tmp_path / "fb.xpe"
     qfile.write_text(
         "@query theft_fb\n[tag_id]&&//shelf//!register//exit&&(1 hour)&&=> theft(tag_id = e1.tag_id, zone = e1.zone) feedback\n"
         "@query shelf_then_theft\n[tag_id]&&//shelf//theft&&(1 hour)\n")
     feed = str(rfid / "feed.xml")
-    assert main(["spark", "-q", str(qfile), "-i", feed, "-o", str(tmp_path / "out"), "--events"]) == 0
+    assert main(["spark", "-q", str(qfile), "-i", feed, "-o", str(tmp_path / "out"), "--events", "--plan", plan]) == 0
     capsys.readouterr()
     assert main(["run", "-q", str(qfile), "-i", feed, "--events"]) == 0
     expected = Counter(capsys.readouterr().out.splitlines())

@@ -89,20 +89,25 @@ def tree(tmp_path_factory) -> Path:
     return root
 
 
-def test_relative_nested_input_from_the_drivers_folder(spark, queries, tree, monkeypatch, capsys):
+@pytest.mark.parametrize("plan", ["scan", "shuffle"])
+def test_relative_nested_input_from_the_drivers_folder(spark, queries, tree, monkeypatch, capsys, plan):
     monkeypatch.chdir(tree)
     files = [tree / "feeds/day=1/part-0.jsonl", tree / "feeds/day=2/part-1.xml.gz", tree / "feeds/day=2/sub/part-2.jsonl"]
     want, _ = expected(queries, files)
-    code, err = run_cli(capsys, queries, "-i", "feeds", "-o", "out", "--stats")
+    code, err = run_cli(capsys, queries, "-i", "feeds", "-o", f"out-{plan}", "--stats", "--plan", plan)
     assert code == 0, err
-    assert output(spark, tree / "out") == want and sum(want.values()) > 50
-    assert sum(ln.startswith("  task ") for ln in err.splitlines()) == 4  # spark.sql.shuffle.partitions
-    code, err = run_cli(capsys, queries, "-i", "feeds/day=*/sub", "-o", "glob")  # a glob
+    assert output(spark, tree / f"out-{plan}") == want and sum(want.values()) > 50
+    # shuffle: spark.sql.shuffle.partitions; scan: one task per core
+    tasks = 4 if plan == "shuffle" else spark.sparkContext.defaultParallelism
+    assert sum(ln.startswith("  task ") for ln in err.splitlines()) == tasks
+    assert f"plan              {plan} ({tasks} matching tasks)" in err
+    code, err = run_cli(capsys, queries, "-i", "feeds/day=*/sub", "-o", f"glob-{plan}", "--plan", plan)  # a glob
     assert code == 0, err
-    assert output(spark, tree / "glob") == expected(queries, files[2:])[0]
-    code, err = run_cli(capsys, queries, "-i", f"file://{tree}/feeds/day=1", "-o", "uri")  # a file:// URI (as_uri() would escape "=")
+    assert output(spark, tree / f"glob-{plan}") == expected(queries, files[2:])[0]
+    # a file:// URI (as_uri() would escape "=")
+    code, err = run_cli(capsys, queries, "-i", f"file://{tree}/feeds/day=1", "-o", f"uri-{plan}", "--plan", plan)
     assert code == 0, err
-    assert output(spark, tree / "uri") == expected(queries, files[:1])[0]
+    assert output(spark, tree / f"uri-{plan}") == expected(queries, files[:1])[0]
 
 
 def test_output_modes(spark, queries, tree, monkeypatch, capsys):
@@ -147,8 +152,9 @@ def test_jsonl_files_split_by_line_keep_seq_and_positions(spark, tmp_path):
     events.unpersist()
 
 
-@pytest.mark.parametrize("case", ["missing", "empty", "only_success", "only_empty_subdirs", "truncated_gzip"])
-def test_bad_inputs_are_one_error_line(spark, queries, tmp_path, monkeypatch, capsys, case):
+@pytest.mark.parametrize("case, plan", [(c, "auto") for c in ("missing", "empty", "only_success", "only_empty_subdirs")]
+                         + [("truncated_gzip", "scan"), ("truncated_gzip", "shuffle")])
+def test_bad_inputs_are_one_error_line(spark, queries, tmp_path, monkeypatch, capsys, case, plan):
     monkeypatch.chdir(tmp_path)
     d = tmp_path / "in"
     if case != "missing":
@@ -161,7 +167,7 @@ def test_bad_inputs_are_one_error_line(spark, queries, tmp_path, monkeypatch, ca
     elif case == "truncated_gzip":  # listed by the driver, unreadable on the executor
         data = gzip.compress("".join(f'{{"type": "a", "ts": {i}, "x": {i * 7919 % 100003}}}\n' for i in range(5000)).encode())
         (d / "feed.jsonl.gz").write_bytes(data[: len(data) // 2])
-    code, err = run_cli(capsys, queries, "-i", "in", "-o", "out")
+    code, err = run_cli(capsys, queries, "-i", "in", "-o", "out", "--plan", plan)
     assert code == 2 and err.startswith("yfpp: error: ") and err.count("\n") == 1, err
     assert {"missing": "no such input", "truncated_gzip": "cannot read"}.get(case, "no input files") in err
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from yfpp.errors import YfppError
 from yfpp.feedback import MAX_DEPTH, MAX_DERIVED
-from yfpp.spark.inputs import qualify
+from yfpp.spark.inputs import PLANS, qualify
 from yfpp.pattern import Pattern
 from yfpp.query_text import load_patterns
 
@@ -64,8 +64,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--partition-by", action="append", default=[], metavar="COLUMN",
                    help="batch: partition matches.parquet (and --table) by this column, e.g. query; repeatable")
     p.add_argument("--stats", action="store_true", help="batch: print the rows, engines and seconds of every matching task")
+    p.add_argument("--plan", choices=PLANS, default="auto",
+                   help="batch: 'scan' — every task reads the whole input itself and matches its share, no shuffle "
+                        "(local files only); 'shuffle' — the input read once, split, shuffled to the tasks; "
+                        "'auto' (default) — scan when the input is local files (docs/spark.md)")
     p.add_argument("--partitions", type=int,
-                   help="shuffle partitions (default: spark.sql.shuffle.partitions if configured, else 2 × the cores)")
+                   help="shuffle partitions (default: spark.sql.shuffle.partitions if configured, else 2 × the cores); "
+                        "with --plan scan, its tasks (default: the cores)")
     p.add_argument("--class-archive", metavar="FILE",
                    help="a class-data-sharing archive for the driver JVM this command starts: written when the first "
                         "run's JVM exits, used by later runs (about half the JVM's start-up CPU; ~200 MB; docs/spark.md)")
@@ -156,45 +161,32 @@ def job_error(e: BaseException) -> str:
 
 
 def batch(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namespace) -> int:
-    """The batch job: parse and persist the input (one job, its splits' summaries collected), then
-    route, match and write from that cache — no second cache of the events, no pass to count them."""
-    from pyspark.sql import Observation
+    """The batch job, by the scan plan (:mod:`yfpp.spark.scan`) or the shuffle plan (:func:`shuffle_rows`),
+    its rows persisted once and written from there: matches.jsonl, matches.parquet, dead letters."""
     from pyspark.sql import functions as F
 
-    from yfpp.spark.batch import match_with_stats
     from yfpp.spark.costs import Steps
-    from yfpp.spark.plan import effective_queries, group_queries, hashable_keys, needs_xml
-    from yfpp.spark.read import events_of, parse_input
+    from yfpp.spark.inputs import choose_plan, default_fs
 
     started = time.perf_counter()
     steps = Steps(spark, getattr(args, "start_seconds", None), getattr(args, "start_cpu", None))
-    limits = (args.max_feedback_depth, args.max_derived)
-    groups = group_queries(effective_queries(queries, args.policy), feedback_limits=limits)
-    hashed = hashable_keys(groups)
-    parsed = parse_input(spark, args.input, args.format, ts_field=args.ts_field, ts_unit=args.ts_unit,
-                         xml=needs_xml(groups), keys=hashed, step=steps.step)
-    events = events_of(spark, parsed)
-    with steps.step("plan the match"):
-        rows = match_with_stats(spark, queries, events, policy=args.policy, partitions=args.partitions,
-                                full_events=args.events, feedback_limits=limits, hashed=hashed,
-                                time_range=parsed.time_range()).persist()
-    matches = rows.where(F.col("query").isNotNull())
+    plan = choose_plan(args.plan, qualify(spark, args.input), default_fs(spark))
+    rows, dead, what, counted = (scan_rows if plan == "scan" else shuffle_rows)(spark, queries, args, steps)
+    matches = rows.where(F.col("query").isNotNull()).select(*rows.columns[:6])
     columns = matches.withColumn("events", F.get_json_object("json", "$.events")) if args.events else matches
     out, mode = qualify(spark, args.output), {"error": "errorifexists"}.get(args.mode, args.mode)
-    with steps.step("route, shuffle, sort, match; write jsonl"):
+    with steps.step(f"{what}; write jsonl"):
         matches.select("json").write.mode(mode).text(os.path.join(out, "matches.jsonl"))
     with steps.step("write matches.parquet"):
         columns.drop("json").write.mode(mode).partitionBy(*args.partition_by).parquet(os.path.join(out, "matches.parquet"))
         if args.table:
             columns.drop("json").write.mode(mode).partitionBy(*args.partition_by).saveAsTable(args.table)
     with steps.step("write dead letters"):
-        counted = Observation("dead letters")
-        dead = events.where(F.col("reason").isNotNull()).observe(counted, F.count(F.lit(1)).alias("n"))
         dead.select(F.to_json(F.struct("seq", "position", "reason", "raw"), {"ignoreNullFields": "false"})) \
             .write.mode(mode).text(os.path.join(out, "dead_letters.jsonl"))
-        n_dead = counted.get["n"]
-    n_events = parsed.records - n_dead
-    tasks = sorted((json.loads(r["json"]) for r in rows.where(F.col("query").isNull()).collect()), key=lambda t: t["task"])
+    tasks = sorted((json.loads(r["json"]) for r in rows.where(F.col("query").isNull() & F.col("json").isNotNull())
+                    .select("json").collect()), key=lambda t: t["task"])
+    n_events, n_dead = counted(tasks)
     counts: dict[str, int] = {}  # matches per query: the tasks' own counts
     for t in tasks:
         for name, n in t["matches"].items():
@@ -205,14 +197,70 @@ def batch(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namespa
              "matches per query:"]
     lines += [f"  {name:<24} {counts.get(str(name), 0):,}" for name in dict.fromkeys(n for n, _ in queries)]
     if args.stats:
+        lines.append(f"plan              {plan} ({len(tasks)} matching tasks)")
         lines.append("rows per task (matching):")
         lines += [f"  task {t['task']:<4} {t['rows']:>12,} rows {t['engines']:>6,} engines {t['seconds']:>9.3f} s"
                   for t in tasks]
         lines += steps.report()
     print("\n".join(lines), file=sys.stderr)
     rows.unpersist()
-    parsed.df.unpersist()
     return 0
+
+
+def scan_rows(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namespace, steps: Any) -> tuple:
+    """The scan plan's rows (persisted, computed by the first write), its dead letters, the name of
+    its matching step and how to count events and dead letters from the task rows (task 0's)."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    from yfpp.spark.inputs import list_files, single_file
+    from yfpp.spark.scan import scan_match
+
+    with steps.step("list input"):
+        files = list_files(spark, args.input)
+    tasks = args.partitions or spark.sparkContext.defaultParallelism
+    rows = scan_match(spark, queries, files, single=single_file(args.input, files), tasks=tasks, format=args.format,
+                      ts_field=args.ts_field, ts_unit=args.ts_unit, policy=args.policy, full_events=args.events,
+                      feedback_limits=(args.max_feedback_depth, args.max_derived)).persist(StorageLevel.MEMORY_AND_DISK)
+    dead = rows.where(F.col("reason").isNotNull()).select(F.col("dead_seq").alias("seq"), "position", "reason", "raw")
+
+    def counted(task_rows: list[dict]) -> tuple[int, int]:
+        first = next(t for t in task_rows if t["task"] == 0)
+        return first["records"] - first["dead"], first["dead"]
+
+    return rows, dead, f"scan: read + match, {tasks} tasks", counted
+
+
+def shuffle_rows(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namespace, steps: Any) -> tuple:
+    """The shuffle plan: parse and persist the input (one job, its splits' summaries collected), then
+    route, match and write from that cache — no second cache of the events, no pass to count them.
+    Returns as :func:`scan_rows`."""
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
+    from yfpp.spark.batch import match_with_stats
+    from yfpp.spark.plan import effective_queries, group_queries, hashable_keys, needs_xml
+    from yfpp.spark.read import events_of, parse_input
+
+    limits = (args.max_feedback_depth, args.max_derived)
+    groups = group_queries(effective_queries(queries, args.policy), feedback_limits=limits)
+    hashed = hashable_keys(groups)
+    parsed = parse_input(spark, args.input, args.format, ts_field=args.ts_field, ts_unit=args.ts_unit,
+                         xml=needs_xml(groups), keys=hashed, step=steps.step)
+    events = events_of(spark, parsed)
+    with steps.step("plan the match"):
+        rows = match_with_stats(spark, queries, events, policy=args.policy, partitions=args.partitions,
+                                full_events=args.events, feedback_limits=limits, hashed=hashed,
+                                time_range=parsed.time_range()).persist()
+    observed = Observation("dead letters")
+    dead = events.where(F.col("reason").isNotNull()).observe(observed, F.count(F.lit(1)).alias("n"))
+
+    def counted(task_rows: list[dict]) -> tuple[int, int]:
+        parsed.df.unpersist()
+        n_dead = observed.get["n"]
+        return parsed.records - n_dead, n_dead
+
+    return rows, dead, "route, shuffle, sort, match", counted
 
 
 def stream(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namespace) -> int:

@@ -13,20 +13,48 @@ from __future__ import annotations
 import os
 import re
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 from yfpp.errors import InputError
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
 #: Names Spark may split at line boundaries (anything else — XML, .gz — is read whole, one task per file).
 SPLITTABLE = (".jsonl", ".json", ".ndjson")
+#: ``yfpp spark --plan``: how a batch job reads its input (see :func:`choose_plan`).
+PLANS = ("auto", "scan", "shuffle")
 
 
 def qualify(spark: Any, path: str) -> str:
     """``path`` as the executors must see it: a URI unchanged, a relative local path made absolute."""
     if _SCHEME.match(path) or os.path.isabs(path):
         return path
-    default_fs = spark.sparkContext._jsc.hadoopConfiguration().get("fs.defaultFS") or "file:///"
-    return os.path.abspath(path) if default_fs.startswith("file:") else path
+    return os.path.abspath(path) if default_fs(spark).startswith("file:") else path
+
+
+def default_fs(spark: Any) -> str:
+    """The file system of a path without a scheme (Hadoop's ``fs.defaultFS``; ``file:///`` unless configured)."""
+    return spark.sparkContext._jsc.hadoopConfiguration().get("fs.defaultFS") or "file:///"
+
+
+def local_path(uri: str) -> str | None:
+    """The local file a path or ``file:`` URI names (percent-decoded, as Spark lists them); None for another scheme."""
+    if not _SCHEME.match(uri):
+        return uri
+    u = urlparse(uri)
+    return unquote(u.path) if u.scheme == "file" and u.netloc in ("", "localhost") else None
+
+
+def choose_plan(requested: str, path: str, fs: str = "file:///") -> str:
+    """``scan`` or ``shuffle`` for a batch job over ``path`` (qualified, :func:`qualify`; ``fs``: the
+    default file system). ``auto`` scans when the path is local — a ``file:`` URI, or a path without a
+    scheme on a local default file system — since every scan task opens the files itself; ``scan`` of
+    another file system is refused (:class:`InputError`)."""
+    local = local_path(path) is not None if _SCHEME.match(path) else fs.startswith("file:")
+    if requested == "auto":
+        return "scan" if local else "shuffle"
+    if requested == "scan" and not local:
+        raise InputError(f"--plan scan reads the input in every task as local files, not from {path}: use --plan shuffle")
+    return requested
 
 
 def list_files(spark: Any, path: str | os.PathLike[str]) -> list[str]:

@@ -1,0 +1,144 @@
+"""The scan plan (``yfpp.spark.scan``): every task reads the whole input and matches its share.
+
+Without Spark: the tasks of a job simulated one after the other (``scan_task``)
+give together exactly one engine's matches and dead letters over the same
+file, on generated patterns and streams. With Spark (the two-worker cluster
+of tests/conftest.py): a sliced group with several slices per task, and the
+dead letters of a directory, the same under both plans and as ``yfpp run``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("pyspark", reason="pyspark is not installed (pip install '.[spark]')")
+
+from tests.generators import patterns, streams  # noqa: E402
+from yfpp.cli import main  # noqa: E402
+from yfpp.dead_letters import DeadLetters  # noqa: E402
+from yfpp.engine import Engine  # noqa: E402
+from yfpp.errors import InputError  # noqa: E402
+from yfpp.generate import generate_rfid, write_events  # noqa: E402
+from yfpp.readers import read_events  # noqa: E402
+from yfpp.spark.inputs import choose_plan, local_path  # noqa: E402
+from yfpp.spark.plan import effective_queries, group_queries  # noqa: E402
+from yfpp.spark.scan import scan_inputs, scan_match, scan_task  # noqa: E402
+
+READING = {"format": None, "ts_field": "ts", "ts_unit": "s"}
+
+
+def test_auto_scans_local_paths_and_shuffles_other_file_systems():
+    assert choose_plan("auto", "/data/feeds") == "scan"
+    assert choose_plan("auto", "file:///data/feeds/*.jsonl") == "scan"
+    assert choose_plan("auto", "/data/feeds", "hdfs://nn:8020") == "shuffle"  # a plain path on HDFS
+    assert choose_plan("auto", "hdfs://nn:8020/feeds") == "shuffle"
+    assert choose_plan("auto", "s3a://bucket/feeds") == "shuffle"
+    assert choose_plan("shuffle", "/data/feeds") == "shuffle"
+    with pytest.raises(InputError, match="--plan shuffle"):
+        choose_plan("scan", "s3a://bucket/feeds")
+    assert local_path("file:///tmp/a%20b/c=1/f%2520g.jsonl") == "/tmp/a b/c=1/f%20g.jsonl"  # as Spark lists it
+    assert local_path("hdfs://nn/x") is None
+
+
+def one_engine(named: list, path: Path) -> tuple[Counter, list[dict]]:
+    """``yfpp run``'s matches and dead letters over ``path``."""
+    buf = io.StringIO()
+    dead = DeadLetters(buf)
+    eng = Engine(dead_letters=dead)
+    for name, q in named:
+        eng.register(q, name=name)
+    got = Counter(json.dumps(m) for m in eng.process_all(read_events(path, dead_letters=dead)))
+    return got, [json.loads(x) for x in buf.getvalue().splitlines()]
+
+
+def scanned(named: list, files: list[Path], n: int, slice_events: int) -> tuple[Counter, list[dict], list[dict]]:
+    """The matches, dead letters and stats rows of ``n`` scan tasks run one after the other."""
+    groups = group_queries(effective_queries(named))
+    inputs = scan_inputs([f"file://{f}" for f in files], len(files) == 1)
+    got: Counter = Counter()
+    dead, stats = [], []
+    for task in range(n):
+        for row in scan_task(groups, inputs, READING, task, n, False, slice_events):
+            if row[0] is not None:
+                got[row[5]] += 1
+            elif row[6] is not None:
+                dead.append(dict(zip(("seq", "position", "reason", "raw"), row[6:])))
+            else:
+                stats.append(json.loads(row[5]))
+    return got, sorted(dead, key=lambda d: d["seq"]), stats
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(pats=st.lists(patterns(), min_size=1, max_size=3), events=streams(max_events=30),
+       late=st.one_of(st.none(), st.integers(0, 29)), bad=st.one_of(st.none(), st.integers(0, 29)),
+       n=st.integers(2, 3), slice_events=st.sampled_from([1, 2, 4, 100]))
+def test_scan_tasks_together_equal_one_engine(tmp_path_factory, pats, events, late, bad, n, slice_events):
+    lines = [json.dumps({"type": e.type, "ts": e.ts, **e.attrs}) for e in events]
+    if late is not None and late < len(lines) and events[late].ts > 0:  # an event back in time
+        lines.insert(late + 1, json.dumps({"type": "A", "ts": events[late].ts - 1, "x": 1, "k": 0}))
+    if bad is not None and bad <= len(lines):
+        lines.insert(bad, '{"type": "B", "ts": ')
+    path = tmp_path_factory.mktemp("scan") / "feed.jsonl"
+    path.write_text("".join(ln + "\n" for ln in lines))
+    named = [(f"q{i}", p) for i, p in enumerate(pats)]
+    want, letters = one_engine(named, path)
+    got, dead, stats = scanned(named, [path], n, slice_events)
+    assert got == want
+    assert dead == sorted(letters, key=lambda d: d["seq"])
+    assert [s["task"] for s in stats] == list(range(n)) and stats[0]["dead"] == len(letters)
+    assert stats[0]["records"] == len(lines)
+
+
+UNKEYED = {
+    "unkeyed": "//register//exit&&(60)",
+    "strict_keyed": "PATTERN SEQ(shelf a, exit c) WHERE strict_contiguity(a, c) {[tag_id]} WITHIN 10 min",
+    "quiet": "PATTERN SEQ(register a, ~exit b) WITHIN 100",
+    "shop": "PATTERN SEQ(shelf a, ~register b, exit c) WHERE [tag_id] WITHIN 1 hour",
+}
+
+
+def test_a_sliced_group_with_several_slices_per_task(spark, tmp_path):
+    path = tmp_path / "feed.xml"
+    write_events(generate_rfid(3000, tags=8, gap=12, seed=11), path)
+    named = list(UNKEYED.items())
+    want, _ = one_engine(named, path)
+    rows = scan_match(spark, named, [f"file://{path}"], single=True, tasks=2, slice_events=200).collect()
+    assert Counter(r.json for r in rows if r.query is not None) == want and sum(want.values()) > 100
+    stats = [json.loads(r.json) for r in rows if r.query is None and r.reason is None]
+    assert sorted(s["task"] for s in stats) == [0, 1]
+    assert all(s["engines"] > 4 for s in stats)  # the keyed group's engine and several slices each
+    assert [r for r in rows if r.reason is not None] == []
+
+
+@pytest.mark.parametrize("plan", ["scan", "shuffle"])
+def test_dead_letters_of_a_directory_as_yfpp_run(spark, tmp_path, capsys, plan):
+    feeds = tmp_path / "feeds"
+    (feeds / "b").mkdir(parents=True)
+    recs = [json.dumps(r) for r in generate_rfid(900, tags=6, seed=9)]
+    parts = {"a.jsonl": recs[:300], "b/c.jsonl": recs[300:600] + ["not json", '{"type": "exit", "ts": 3, "tag_id": 1}'],
+             "b/d.jsonl": recs[600:] + ['{"type": "shelf"}']}
+    for name, part in parts.items():
+        (feeds / name).write_text("\n".join(part) + "\n")
+    whole = tmp_path / "whole.jsonl"
+    whole.write_text("".join((feeds / name).read_text() for name in parts))
+    named = list(UNKEYED.items())
+    want, letters = one_engine(named, whole)
+    letters[0]["position"], letters[2]["position"] = "b/c.jsonl line 301", "b/d.jsonl line 301"  # positions in their files
+    files = []
+    for ext in ("sase", "xpe"):
+        files.append(tmp_path / f"q.{ext}")
+        files[-1].write_text("".join(f"@query {n}\n{q}\n" for n, q in named if q.startswith("P") == (ext == "sase")))
+    out = tmp_path / "out"
+    assert main(["spark", "-q", *map(str, files), "-i", str(feeds), "-o", str(out), "--plan", plan]) == 0
+    err = capsys.readouterr().err
+    assert Counter(r[0] for r in spark.read.text(str(out / "matches.jsonl")).collect()) == want
+    got = sorted((json.loads(r[0]) for r in spark.read.text(str(out / "dead_letters.jsonl")).collect()), key=lambda d: d["seq"])
+    assert got == letters and [d["seq"] for d in got] == [600, 601, 902]
+    assert "events            900\n" in err and "dead letters      3\n" in err

@@ -1,0 +1,348 @@
+"""The scan plan of a batch job: every task reads the whole input itself and runs only its share.
+
+Task ``i`` of ``n`` opens the input files (local paths) in path order with
+``yfpp``'s own readers — the same events, seq numbers, dead letters and late
+events (``max_delay`` 0) as ``yfpp run`` — and feeds the engines of the
+routes :func:`yfpp.spark.batch.routes` would send it: a keyed group's events
+whose key hash (:func:`yfpp.spark.parse.key_hash`) modulo ``n`` is ``i``, a
+whole group when its number modulo ``n`` is ``i``, and a sliced group's slices
+``s`` with ``(s + g) mod n = i``. One Spark stage, no shuffle, no row in the
+JVM; the input is read and parsed ``n`` times. Only task 0 reports the dead
+letters (each once). Inputs the executors cannot open as local files
+(``hdfs://``, ``s3a://``, …) take the shuffle plan (:func:`yfpp.spark.inputs.choose_plan`).
+
+A sliced group's slices start at the stream's first event and are each at
+least :data:`SLICE_WINDOWS` windows and the span of the first
+:data:`SLICE_EVENTS` events long: chosen from the stream alone, so every task
+agrees without a pass to find the time range (see :func:`slicing_of`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Callable, Iterator, Sequence
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+
+from yfpp.dead_letters import DeadLetters
+from yfpp.engine import Engine, event_raw
+from yfpp.events import MISSING, Event
+from yfpp.feedback import MAX_DEPTH, MAX_DERIVED
+from yfpp.readers import read_event_batches
+from yfpp.spark.batch import ID_MATCH_SCHEMA, MATCH_SCHEMA
+from yfpp.spark.inputs import local_path
+from yfpp.spark.parse import key_hash
+from yfpp.spark.plan import Group, Slicing, effective_queries, group_queries, match_row
+from yfpp.spark.read import split_offsets
+
+#: The dead-letter columns after the match columns (``dead_seq`` is the record's seq).
+DEAD_COLUMNS = ", dead_seq bigint, position string, reason string, raw string"
+_DEAD_ARROW = [("dead_seq", pa.int64()), ("position", pa.string()), ("reason", pa.string()), ("raw", pa.string())]
+#: A sliced group's slices span at least this many windows (the overlap read twice is 1/SLICE_WINDOWS) …
+SLICE_WINDOWS = 4
+#: … and at least the first SLICE_EVENTS events' time span (no engine per handful of events).
+SLICE_EVENTS = 10_000
+_KEY_CACHE = 100_000  # key values whose task is remembered (cleared when full)
+
+
+def scan_match(spark: SparkSession, queries: Any, files: Sequence[str], *, single: bool, tasks: int,
+               format: str | None = None, ts_field: str = "ts", ts_unit: str = "s", policy: str | None = None,
+               full_events: bool = False, feedback_limits: tuple[int, int] = (MAX_DEPTH, MAX_DERIVED),
+               slice_events: int = SLICE_EVENTS) -> DataFrame:
+    """The rows of :func:`yfpp.spark.batch.match_with_stats` (matches, then a stats row per task with
+    also ``records`` and ``dead``) and the dead letters (:data:`DEAD_COLUMNS` set, the rest null) of
+    the ``files`` (listed URIs, path order; ``single``: one file named, positions without its name),
+    matched by ``tasks`` tasks that each read them all. ``slice_events``: see :func:`slicing_of`."""
+    groups = group_queries(effective_queries(queries, policy), full_events=full_events, feedback_limits=feedback_limits)
+    ids_as_text = any(p.feedback for g in groups for _, p in g.queries)
+    inputs = scan_inputs(files, single)
+    reading = {"format": format, "ts_field": ts_field, "ts_unit": ts_unit}
+    schema = (ID_MATCH_SCHEMA if ids_as_text else MATCH_SCHEMA) + DEAD_COLUMNS
+    run = _scanner(groups, inputs, reading, tasks, ids_as_text, slice_events)
+    return spark.range(tasks, numPartitions=tasks).mapInArrow(run, schema)
+
+
+def scan_inputs(files: Sequence[str], single: bool) -> list[tuple[str, str]]:
+    """``(local path, dead-letter position prefix)`` of each listed file: the prefix is its path below
+    the files' common folder, as the shuffle plan writes it (:func:`yfpp.spark.read.split_offsets`)."""
+    prefixes = [o[5] for o in split_offsets([(f, 0, 0, 0, None) for f in files], single)]
+    return [(local_path(f), prefix) for f, prefix in zip(files, prefixes)]
+
+
+def _scanner(groups: list[Group], inputs: list[tuple[str, str]], reading: dict[str, Any], n: int,
+             ids_as_text: bool, slice_events: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The mapInArrow function: for each task number it is given, :func:`scan_task`'s rows as Arrow batches."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from yfpp.spark.batch import _ARROW_SCHEMA, _ID_ARROW_SCHEMA
+
+        base = _ID_ARROW_SCHEMA if ids_as_text else _ARROW_SCHEMA
+        schema = pa.schema(list(base) + [pa.field(k, t) for k, t in _DEAD_ARROW])
+        for rb in batches:
+            for task in rb.column(0).to_pylist():
+                rows: list[tuple] = []
+                for row in scan_task(groups, inputs, reading, task, n, ids_as_text, slice_events):
+                    rows.append(row)
+                    if len(rows) >= 4096:
+                        yield _batch(rows, schema)
+                        rows.clear()
+                if rows:
+                    yield _batch(rows, schema)
+
+    return run
+
+
+def _batch(rows: list[tuple], schema: pa.Schema) -> pa.RecordBatch:
+    cols = list(zip(*rows))
+    return pa.RecordBatch.from_arrays([pa.array(col, f.type) for col, f in zip(cols, schema)], schema=schema)
+
+
+class _Collect(DeadLetters):
+    """The readers' dead letters as ``(seq, position, reason, raw)``, positions prefixed, seq made global."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.items: list[tuple[int, str, str, str | None]] = []
+        self.prefix, self.base, self.last = "", 0, -1
+
+    def report(self, seq: int, position: str, reason: str, raw: str | None = None) -> None:
+        super().report(seq, position, reason, raw)
+        self.last = max(self.last, seq)
+        self.items.append((self.base + seq, self.prefix + position, reason, raw))
+
+
+def scan_events(inputs: Sequence[tuple[str, str]], reading: dict[str, Any], dead: _Collect,
+                report: bool) -> Iterator[Event]:
+    """The events of the files in order, seq numbers global, late ones (ts below an earlier event's:
+    ``max_delay`` 0) left out; with ``report``, ``dead.items`` gets malformed and late records too."""
+    hi = float("-inf")
+    for path, prefix in inputs:
+        dead.prefix, dead.last = prefix, -1
+        base = dead.base
+        last = -1
+        for events in read_event_batches(path, reading["format"], ts_field=reading["ts_field"],
+                                         ts_unit=reading["ts_unit"], dead_letters=dead):
+            for ev in events:
+                ev.seq += base
+                ts = ev.ts
+                if ts < hi:
+                    if report:
+                        dead.items.append((ev.seq, f"seq {ev.seq}", f"late event: ts {ts} < stream time {hi} "
+                                           "(max_delay 0.0)", event_raw(ev.type, ts, ev.attrs)))
+                    continue
+                hi = ts
+                yield ev
+            if events:
+                last = events[-1].seq - base
+        dead.base = base + max(last, dead.last) + 1
+        if not report:
+            dead.items.clear()
+
+
+class _Taker:
+    """The current event for each engine that takes it: itself for the first, a copy for each other
+    (an engine sets the event's stream position ``pos``: two engines must not share an Event)."""
+
+    __slots__ = ("ev", "used")
+
+    def __init__(self) -> None:
+        self.ev: Event | None = None
+        self.used = False
+
+    def __call__(self) -> Event:
+        ev = self.ev
+        if self.used:
+            return Event(ev.type, ev.ts, ev.attrs, ev.seq, ev._element)
+        self.used = True
+        return ev
+
+
+class _Share:
+    """One group's engines in one task: what the task feeds them, their matches kept."""
+
+    def __init__(self, g: int, grp: Group, task: int, n: int, ids_as_text: bool, take: _Taker):
+        self.g, self.grp, self.task, self.n, self.text, self.take = g, grp, task, n, ids_as_text, take
+        self.rows = self.engines = 0
+        self.per_query: dict[str, int] = {}
+
+    def engine(self) -> Engine:
+        self.engines += 1
+        return self.grp.engine()
+
+    def keep(self, ms: list[dict], out: list[tuple], owned: Callable[[dict], bool] | None = None) -> None:
+        for m in ms:
+            if owned is None or owned(m):
+                out.append(match_row(m, self.text) + (None, None, None, None))
+                q = str(m["query"])
+                self.per_query[q] = self.per_query.get(q, 0) + 1
+
+    def feed(self, ev: Event, out: list[tuple]) -> None:
+        raise NotImplementedError
+
+    def finish(self, out: list[tuple]) -> None:
+        raise NotImplementedError
+
+
+class _Keyed(_Share):
+    """The keys whose hash modulo n is the task's: one engine."""
+
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        self.eng: Engine | None = None
+        self.mine: dict[Any, bool] = {}
+
+    def feed(self, ev: Event, out: list[tuple]) -> None:
+        key = self.grp.key
+        vals = tuple(ev.get(a) for a in key)
+        try:
+            mine = self.mine.get(vals)
+        except TypeError:  # an unhashable value (a list)
+            mine = None
+        if mine is None:
+            if MISSING in vals:
+                return
+            mine = key_hash(ev, key) % self.n == self.task
+            if len(self.mine) >= _KEY_CACHE:
+                self.mine.clear()
+            try:
+                self.mine[vals] = mine
+            except TypeError:
+                pass
+        if mine:
+            if self.eng is None:
+                self.eng = self.engine()
+            self.rows += 1
+            self.keep(self.eng.process(self.take()), out)
+
+    def finish(self, out: list[tuple]) -> None:
+        if self.eng is not None:
+            self.keep(self.eng.flush(), out)
+
+
+class _Whole(_Share):
+    """The whole group, on task g mod n."""
+
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        self.eng = self.engine()
+
+    def feed(self, ev: Event, out: list[tuple]) -> None:
+        self.rows += 1
+        self.keep(self.eng.process(self.take()), out)
+
+    def finish(self, out: list[tuple]) -> None:
+        self.keep(self.eng.flush(), out)
+
+
+def slicing_of(t0: float, t: float, events: int, window: float, slice_events: int = SLICE_EVENTS) -> Slicing | None:
+    """A sliced group's slices once the stream has given ``events`` events from ``t0`` to ``t``: from
+    ``t0``, each at least :data:`SLICE_WINDOWS` windows and ``t - t0`` long — when there are
+    ``slice_events`` events and ``t > t0``; else None (not yet)."""
+    if events < slice_events or t <= t0:
+        return None
+    return Slicing(t0, max(SLICE_WINDOWS * window, t - t0), window)
+
+
+class _Sliced(_Share):
+    """The slices ``s`` with ``(s + g) mod n`` = task: an engine each, created when the stream
+    reaches the slice and flushed when it passes the slice's extended end."""
+
+    def __init__(self, *args: Any, slice_events: int = SLICE_EVENTS):
+        super().__init__(*args)
+        self.slice_events = slice_events
+        self.held: list[Event] | None = []  # the first events, until the slicing is known
+        self.sl: Slicing | None = None
+        self.live: dict[int, Engine] = {}  # slice → engine, in slice order
+
+    def feed(self, ev: Event, out: list[tuple]) -> None:
+        held = self.held
+        if held is None:
+            self._route(ev, out)
+            return
+        held.append(self.take())
+        if len(held) >= self.slice_events:
+            self.sl = slicing_of(held[0].ts, ev.ts, len(held), self.grp.window, self.slice_events)
+            if self.sl is not None:
+                self.held = None
+                for e in held:
+                    self.take.ev, self.take.used = e, True
+                    self._route(e, out, held=True)
+
+    def _route(self, ev: Event, out: list[tuple], held: bool = False) -> None:
+        """Feed ``ev`` to the task's slices that read it (``held``: an event already taken for this group)."""
+        sl, live = self.sl, self.live
+        reads = sl.reads(ev.ts)
+        while live and next(iter(live)) < reads.start:
+            s = next(iter(live))
+            self._close(s, live.pop(s), out)
+        g, n, task = self.g, self.n, self.task
+        for s in reads:
+            if (s + g) % n != task:
+                continue
+            eng = live.get(s)
+            if eng is None:
+                eng = live[s] = self.engine()
+            self.rows += 1
+            if held:
+                held = False
+            else:
+                ev = self.take()
+            self.keep(eng.process(ev), out, lambda m, s=s: sl.own(m["start"]) == s)
+
+    def _close(self, s: int, eng: Engine, out: list[tuple]) -> None:
+        sl = self.sl
+        self.keep(eng.flush(), out, lambda m: sl.own(m["start"]) == s)
+
+    def finish(self, out: list[tuple]) -> None:
+        if self.held is not None:  # never sliced: the whole stream on task g mod n
+            if self.g % self.n == self.task:
+                eng = self.engine()
+                self.rows += len(self.held)
+                for e in self.held:
+                    self.keep(eng.process(e), out)
+                self.keep(eng.flush(), out)
+            return
+        for s, eng in self.live.items():
+            self._close(s, eng, out)
+        self.live.clear()
+
+
+def scan_task(groups: list[Group], inputs: list[tuple[str, str]], reading: dict[str, Any], task: int, n: int,
+          ids_as_text: bool, slice_events: int = SLICE_EVENTS) -> Iterator[tuple]:
+    """Task ``task`` of ``n``: its rows of :func:`scan_match` — its matches, its dead letters (task 0 only),
+    then its stats row. ``inputs``: :func:`scan_inputs`; ``reading``: ``format``, ``ts_field``, ``ts_unit``."""
+    started = time.process_time()
+    shares: list[_Share] = []
+    take = _Taker()
+    for g, grp in enumerate(groups):
+        if grp.key:
+            shares.append(_Keyed(g, grp, task, n, ids_as_text, take))
+        elif grp.sliced and n > 1:
+            shares.append(_Sliced(g, grp, task, n, ids_as_text, take, slice_events=slice_events))
+        elif g % n == task:
+            shares.append(_Whole(g, grp, task, n, ids_as_text, take))
+    dead = _Collect()
+    out: list[tuple] = []
+    for ev in scan_events(inputs, reading, dead, report=task == 0):
+        take.ev, take.used = ev, False
+        for share in shares:
+            share.feed(ev, out)
+        if len(out) >= 4096:
+            yield from out
+            out.clear()
+    for share in shares:
+        share.finish(out)
+    yield from out
+    records = dead.base
+    none = (None,) * 6
+    yield from (none + item for item in dead.items)
+    per_query: dict[str, int] = {}
+    for share in shares:
+        for q, k in share.per_query.items():
+            per_query[q] = per_query.get(q, 0) + k
+    stats = {"task": task, "rows": sum(s.rows for s in shares), "engines": sum(s.engines for s in shares),
+             "seconds": round(time.process_time() - started, 3), "matches": per_query, "records": records,
+             "dead": len(dead.items) if task == 0 else None}
+    yield (None, None, None, None, None, json.dumps(stats), None, None, None, None)
