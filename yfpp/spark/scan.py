@@ -4,7 +4,7 @@ Task ``i`` of ``n`` opens the input files (local paths) in path order with
 ``yfpp``'s own readers — the same events, seq numbers, dead letters and late
 events (``max_delay`` 0) as ``yfpp run`` — and feeds the engines of the
 routes :func:`yfpp.spark.batch.routes` would send it: a keyed group's events
-whose key hash (:func:`yfpp.spark.parse.key_hash`) modulo ``n`` is ``i``, a
+whose key hash (:func:`value_hash`) modulo ``n`` is ``i``, a
 whole group when its number modulo ``n`` is ``i``, and a sliced group's slices
 ``s`` with ``(s + g) mod n = i``. One Spark stage, no shuffle, no row in the
 JVM; the input is read and parsed ``n`` times. Only task 0 reports the dead
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import time
+import zlib
 from typing import Any, Callable, Iterator, Sequence
 
 import pyarrow as pa
@@ -33,7 +34,6 @@ from yfpp.feedback import MAX_DEPTH, MAX_DERIVED
 from yfpp.readers import read_event_batches
 from yfpp.spark.batch import ID_MATCH_SCHEMA, MATCH_SCHEMA
 from yfpp.spark.inputs import local_path
-from yfpp.spark.parse import key_hash
 from yfpp.spark.plan import Group, Slicing, effective_queries, group_queries, match_row
 from yfpp.spark.read import split_offsets
 
@@ -42,19 +42,21 @@ DEAD_COLUMNS = ", dead_seq bigint, position string, reason string, raw string"
 _DEAD_ARROW = [("dead_seq", pa.int64()), ("position", pa.string()), ("reason", pa.string()), ("raw", pa.string())]
 #: A sliced group's slices span at least this many windows (the overlap read twice is 1/SLICE_WINDOWS) …
 SLICE_WINDOWS = 4
-#: … and at least the first SLICE_EVENTS events' time span (no engine per handful of events).
+#: … and at least the time span of the stream's first SLICE_EVENTS events, or SLICE_EVENTS_PER_QUERY
+#: per query of the group if more: each slice's engine compiles the group's queries anew (~1 ms a query).
 SLICE_EVENTS = 10_000
-_KEY_CACHE = 100_000  # key values whose task is remembered (cleared when full)
+SLICE_EVENTS_PER_QUERY = 100
 
 
 def scan_match(spark: SparkSession, queries: Any, files: Sequence[str], *, single: bool, tasks: int,
                format: str | None = None, ts_field: str = "ts", ts_unit: str = "s", policy: str | None = None,
                full_events: bool = False, feedback_limits: tuple[int, int] = (MAX_DEPTH, MAX_DERIVED),
-               slice_events: int = SLICE_EVENTS) -> DataFrame:
+               slice_events: int | None = None) -> DataFrame:
     """The rows of :func:`yfpp.spark.batch.match_with_stats` (matches, then a stats row per task with
     also ``records`` and ``dead``) and the dead letters (:data:`DEAD_COLUMNS` set, the rest null) of
     the ``files`` (listed URIs, path order; ``single``: one file named, positions without its name),
-    matched by ``tasks`` tasks that each read them all. ``slice_events``: see :func:`slicing_of`."""
+    matched by ``tasks`` tasks that each read them all. ``slice_events``: see :func:`slicing_of`
+    (default: :data:`SLICE_EVENTS`, or :data:`SLICE_EVENTS_PER_QUERY` per query if more)."""
     groups = group_queries(effective_queries(queries, policy), full_events=full_events, feedback_limits=feedback_limits)
     ids_as_text = any(p.feedback for g in groups for _, p in g.queries)
     inputs = scan_inputs(files, single)
@@ -72,7 +74,7 @@ def scan_inputs(files: Sequence[str], single: bool) -> list[tuple[str, str]]:
 
 
 def _scanner(groups: list[Group], inputs: list[tuple[str, str]], reading: dict[str, Any], n: int,
-             ids_as_text: bool, slice_events: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+             ids_as_text: bool, slice_events: int | None) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The mapInArrow function: for each task number it is given, :func:`scan_task`'s rows as Arrow batches."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -185,36 +187,39 @@ class _Share:
         raise NotImplementedError
 
 
+def value_hash(v: Any) -> int:
+    """A hash of one key value that every process computes alike (no salted ``str`` hash) and that
+    values Python finds equal share: numbers by Python's numeric hash (``7``, ``7.0``, ``True``/``1``
+    alike), text by CRC-32, anything else by its repr's."""
+    t = type(v)
+    if t is int or t is bool or (t is float and v == v):  # NaN's hash is its identity
+        return hash(v)
+    return zlib.crc32((v if t is str else repr(v)).encode("utf-8", "surrogatepass"))
+
+
 class _Keyed(_Share):
-    """The keys whose hash modulo n is the task's: one engine."""
+    """The keys whose hash (:func:`value_hash`) modulo n is the task's: one engine; events lacking a key attribute go nowhere."""
 
     def __init__(self, *args: Any):
         super().__init__(*args)
         self.eng: Engine | None = None
-        self.mine: dict[Any, bool] = {}
 
     def feed(self, ev: Event, out: list[tuple]) -> None:
-        key = self.grp.key
-        vals = tuple(ev.get(a) for a in key)
-        try:
-            mine = self.mine.get(vals)
-        except TypeError:  # an unhashable value (a list)
-            mine = None
-        if mine is None:
-            if MISSING in vals:
-                return
-            mine = key_hash(ev, key) % self.n == self.task
-            if len(self.mine) >= _KEY_CACHE:
-                self.mine.clear()
-            try:
-                self.mine[vals] = mine
-            except TypeError:
-                pass
-        if mine:
-            if self.eng is None:
-                self.eng = self.engine()
-            self.rows += 1
-            self.keep(self.eng.process(self.take()), out)
+        h = 0
+        attrs = ev.attrs
+        for a in self.grp.key:
+            v = attrs.get(a, MISSING)
+            if v is MISSING:
+                v = ev.get(a)  # a pseudo-attribute (ts, type, seq)
+                if v is MISSING:
+                    return
+            h = h * 1_000_003 + value_hash(v)
+        if h % self.n != self.task:
+            return
+        if self.eng is None:
+            self.eng = self.engine()
+        self.rows += 1
+        self.keep(self.eng.process(self.take()), out)
 
     def finish(self, out: list[tuple]) -> None:
         if self.eng is not None:
@@ -249,9 +254,9 @@ class _Sliced(_Share):
     """The slices ``s`` with ``(s + g) mod n`` = task: an engine each, created when the stream
     reaches the slice and flushed when it passes the slice's extended end."""
 
-    def __init__(self, *args: Any, slice_events: int = SLICE_EVENTS):
+    def __init__(self, *args: Any, slice_events: int | None = None):
         super().__init__(*args)
-        self.slice_events = slice_events
+        self.slice_events = slice_events or max(SLICE_EVENTS, SLICE_EVENTS_PER_QUERY * len(self.grp.queries))
         self.held: list[Event] | None = []  # the first events, until the slicing is known
         self.sl: Slicing | None = None
         self.live: dict[int, Engine] = {}  # slice → engine, in slice order
@@ -310,7 +315,7 @@ class _Sliced(_Share):
 
 
 def scan_task(groups: list[Group], inputs: list[tuple[str, str]], reading: dict[str, Any], task: int, n: int,
-          ids_as_text: bool, slice_events: int = SLICE_EVENTS) -> Iterator[tuple]:
+          ids_as_text: bool, slice_events: int | None = None) -> Iterator[tuple]:
     """Task ``task`` of ``n``: its rows of :func:`scan_match` — its matches, its dead letters (task 0 only),
     then its stats row. ``inputs``: :func:`scan_inputs`; ``reading``: ``format``, ``ts_field``, ``ts_unit``."""
     started = time.process_time()
