@@ -27,7 +27,7 @@ from yfpp.engine import Engine  # noqa: E402
 from yfpp.errors import InputError  # noqa: E402
 from yfpp.generate import generate_rfid, write_events  # noqa: E402
 from yfpp.readers import read_events  # noqa: E402
-from yfpp.spark.inputs import choose_plan, local_path  # noqa: E402
+from yfpp.spark.inputs import choose_plan, local_files, local_path  # noqa: E402
 from yfpp.spark.plan import effective_queries, group_queries  # noqa: E402
 from yfpp.spark.scan import scan_inputs, scan_match, scan_task  # noqa: E402
 
@@ -45,6 +45,25 @@ def test_auto_scans_local_paths_and_shuffles_other_file_systems():
         choose_plan("scan", "s3a://bucket/feeds")
     assert local_path("file:///tmp/a%20b/c=1/f%2520g.jsonl") == "/tmp/a b/c=1/f%20g.jsonl"  # as Spark lists it
     assert local_path("hdfs://nn/x") is None
+
+
+def test_local_listing_is_spark_s(tmp_path):
+    """The scan plan lists local inputs itself (no JVM work), as Spark's file index does."""
+    for name in ("day=1/a.jsonl", "day=1/_SUCCESS", "day=2/sub/b.xml.gz", ".hidden/c.jsonl", "_tmp/d.jsonl",
+                 "_x=1/e.jsonl", "f.jsonl._COPYING_", "g.crc.jsonl"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    want = [str(tmp_path / n) for n in ("_x=1/e.jsonl", "day=1/a.jsonl", "day=2/sub/b.xml.gz", "g.crc.jsonl")]
+    assert local_files(str(tmp_path)) == want
+    assert local_files(f"file://{tmp_path}/day=*") == want[1:3]
+    assert local_files(f"{tmp_path}/day={{1,2}}") is None  # braces: Spark's glob
+    with pytest.raises(InputError, match="no such input"):
+        local_files(str(tmp_path / "nope*"))
+    (tmp_path / "only" / ".x").mkdir(parents=True)
+    (tmp_path / "only" / "_SUCCESS").write_text("")
+    (tmp_path / "only" / ".x" / "y.jsonl").write_text("")
+    with pytest.raises(InputError, match="no input files"):
+        local_files(str(tmp_path / "only"))  # only hidden folders and names
 
 
 def one_engine(named: list, path: Path) -> tuple[Counter, list[dict]]:

@@ -20,6 +20,7 @@ EXAMPLES = """\
 examples:
   yfpp spark -q queries/shoplifting.sase -i yfpp/data/sample_rfid.xml -o out/
   yfpp spark -q queries/shoplifting.xpe -i feeds/ --master 'local[4]' --partitions 8 -o out/
+  yfpp spark -q queries/shoplifting.sase -i hdfs://nn:8020/feeds/ --master yarn -o hdfs://nn:8020/out/
   yfpp spark --stream -q queries/shoplifting.sase -i incoming/ -o out/ --checkpoint ck/
   yfpp spark --stream -q "[tag_id]//shelf//exit(1 h)" --socket localhost:9999 -o out/
 
@@ -213,11 +214,11 @@ def scan_rows(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Nam
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    from yfpp.spark.inputs import list_files, single_file
+    from yfpp.spark.inputs import list_files, local_files, single_file
     from yfpp.spark.scan import scan_match
 
     with steps.step("list input"):
-        files = list_files(spark, args.input)
+        files = local_files(qualify(spark, args.input)) or list_files(spark, args.input)
     tasks = args.partitions or spark.sparkContext.defaultParallelism
     rows = scan_match(spark, queries, files, single=single_file(args.input, files), tasks=tasks, format=args.format,
                       ts_field=args.ts_field, ts_unit=args.ts_unit, policy=args.policy, full_events=args.events,

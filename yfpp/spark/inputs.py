@@ -10,6 +10,7 @@ folders too, as plain subdirectories); names starting with ``.`` or ``_``
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 from typing import Any
@@ -71,6 +72,34 @@ def list_files(spark: Any, path: str | os.PathLike[str]) -> list[str]:
     if not files:
         raise InputError(f"no input files in {given} (empty, or only hidden and _ names)")
     return sorted(files)
+
+
+def local_files(path: str) -> list[str] | None:
+    """The files of a local path or ``file:`` URI (or glob), listed here — no Spark job, no JVM — as
+    :func:`list_files` lists them (recursively, hidden names skipped, path order); None for a glob
+    with braces (``{a,b}``: Spark's to expand). Raises :class:`InputError` as :func:`list_files`."""
+    local = local_path(path)
+    if local is None or "{" in local:
+        return None
+    roots = sorted(glob.glob(local)) if any(c in local for c in "*?[") else [local]
+    if not any(os.path.exists(r) for r in roots):
+        raise InputError(f"no such input: {path}")
+    files = []
+    for root in roots:
+        if not os.path.isdir(root):
+            files.append(root)
+            continue
+        for folder, dirs, names in os.walk(root):
+            dirs[:] = [d for d in dirs if not _hidden(d)]
+            files += [os.path.join(folder, n) for n in names if not _hidden(n)]
+    if not files:
+        raise InputError(f"no input files in {path} (empty, or only hidden and _ names)")
+    return sorted(files)
+
+
+def _hidden(name: str) -> bool:
+    """A name Spark's file index skips (``InMemoryFileIndex.shouldFilterOutPathName``)."""
+    return (name.startswith("_") and "=" not in name) or name.startswith(".") or name.endswith("._COPYING_")
 
 
 def listing_error(path: str, e: BaseException) -> str:
