@@ -29,7 +29,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from yfpp.dead_letters import DeadLetters
 from yfpp.engine import Engine, event_raw
-from yfpp.events import MISSING, Event
+from yfpp.events import MISSING, PSEUDO_ATTRS, Event
 from yfpp.feedback import MAX_DEPTH, MAX_DERIVED
 from yfpp.readers import read_event_batches
 from yfpp.spark.batch import ID_MATCH_SCHEMA, MATCH_SCHEMA
@@ -116,9 +116,10 @@ class _Collect(DeadLetters):
 
 
 def scan_events(inputs: Sequence[tuple[str, str]], reading: dict[str, Any], dead: _Collect,
-                report: bool) -> Iterator[Event]:
-    """The events of the files in order, seq numbers global, late ones (ts below an earlier event's:
-    ``max_delay`` 0) left out; with ``report``, ``dead.items`` gets malformed and late records too."""
+                report: bool) -> Iterator[list[Event]]:
+    """The events of the files in order, a reader's batch at a time, seq numbers global, late ones (ts
+    below an earlier event's: ``max_delay`` 0) left out; with ``report``, ``dead.items`` gets the
+    malformed and late records too."""
     hi = float("-inf")
     for path, prefix in inputs:
         dead.prefix, dead.last = prefix, -1
@@ -126,46 +127,45 @@ def scan_events(inputs: Sequence[tuple[str, str]], reading: dict[str, Any], dead
         last = -1
         for events in read_event_batches(path, reading["format"], ts_field=reading["ts_field"],
                                          ts_unit=reading["ts_unit"], dead_letters=dead):
-            for ev in events:
-                ev.seq += base
+            if not events:
+                continue
+            last = events[-1].seq
+            if base:
+                for ev in events:
+                    ev.seq += base
+            kept = events
+            for i, ev in enumerate(events):
                 ts = ev.ts
-                if ts < hi:
-                    if report:
-                        dead.items.append((ev.seq, f"seq {ev.seq}", f"late event: ts {ts} < stream time {hi} "
-                                           "(max_delay 0.0)", event_raw(ev.type, ts, ev.attrs)))
-                    continue
+                if ts < hi:  # a late event: the rest of the batch is checked one by one
+                    kept = events[:i]
+                    for ev in events[i:]:
+                        ts = ev.ts
+                        if ts < hi:
+                            if report:
+                                dead.items.append((ev.seq, f"seq {ev.seq}", f"late event: ts {ts} < stream time {hi} "
+                                                   "(max_delay 0.0)", event_raw(ev.type, ts, ev.attrs)))
+                        else:
+                            hi = ts
+                            kept.append(ev)
+                    break
                 hi = ts
-                yield ev
-            if events:
-                last = events[-1].seq - base
+            yield kept
         dead.base = base + max(last, dead.last) + 1
         if not report:
             dead.items.clear()
 
 
-class _Taker:
-    """The current event for each engine that takes it: itself for the first, a copy for each other
-    (an engine sets the event's stream position ``pos``: two engines must not share an Event)."""
-
-    __slots__ = ("ev", "used")
-
-    def __init__(self) -> None:
-        self.ev: Event | None = None
-        self.used = False
-
-    def __call__(self) -> Event:
-        ev = self.ev
-        if self.used:
-            return Event(ev.type, ev.ts, ev.attrs, ev.seq, ev._element)
-        self.used = True
-        return ev
+def _copy(ev: Event) -> Event:
+    """A copy for a second engine (an engine sets an event's stream position ``pos``: engines must not share one)."""
+    return Event(ev.type, ev.ts, ev.attrs, ev.seq, ev._element)
 
 
 class _Share:
-    """One group's engines in one task: what the task feeds them, their matches kept."""
+    """One group's engines in one task: what the task feeds them, their matches kept. ``copies``:
+    its engines get copies of the events (another group's engines of the task take the originals)."""
 
-    def __init__(self, g: int, grp: Group, task: int, n: int, ids_as_text: bool, take: _Taker):
-        self.g, self.grp, self.task, self.n, self.text, self.take = g, grp, task, n, ids_as_text, take
+    def __init__(self, g: int, grp: Group, task: int, n: int, ids_as_text: bool, copies: bool):
+        self.g, self.grp, self.task, self.n, self.text, self.copies = g, grp, task, n, ids_as_text, copies
         self.rows = self.engines = 0
         self.per_query: dict[str, int] = {}
 
@@ -180,7 +180,16 @@ class _Share:
                 q = str(m["query"])
                 self.per_query[q] = self.per_query.get(q, 0) + 1
 
-    def feed(self, ev: Event, out: list[tuple]) -> None:
+    def run(self, eng: Engine, events: list[Event], out: list[tuple]) -> None:
+        """Feed ``events`` to ``eng``, keeping its matches."""
+        process, keep = eng.process, self.keep
+        self.rows += len(events)
+        for ev in map(_copy, events) if self.copies else events:
+            ms = process(ev)
+            if ms:
+                keep(ms, out)
+
+    def feed(self, events: list[Event], out: list[tuple]) -> None:
         raise NotImplementedError
 
     def finish(self, out: list[tuple]) -> None:
@@ -204,22 +213,34 @@ class _Keyed(_Share):
         super().__init__(*args)
         self.eng: Engine | None = None
 
-    def feed(self, ev: Event, out: list[tuple]) -> None:
-        h = 0
-        attrs = ev.attrs
-        for a in self.grp.key:
-            v = attrs.get(a, MISSING)
-            if v is MISSING:
-                v = ev.get(a)  # a pseudo-attribute (ts, type, seq)
+    def feed(self, events: list[Event], out: list[tuple]) -> None:
+        key, n, task = self.grp.key, self.n, self.task
+        mine = []
+        if len(key) == 1 and key[0] not in PSEUDO_ATTRS:  # the common case, inlined
+            a = key[0]
+            for ev in events:
+                v = ev.attrs.get(a, MISSING)
                 if v is MISSING:
-                    return
-            h = h * 1_000_003 + value_hash(v)
-        if h % self.n != self.task:
-            return
-        if self.eng is None:
-            self.eng = self.engine()
-        self.rows += 1
-        self.keep(self.eng.process(self.take()), out)
+                    continue
+                t = type(v)
+                h = hash(v) if t is int or (t is float and v == v) else value_hash(v)
+                if h % n == task:
+                    mine.append(ev)
+        else:
+            for ev in events:
+                h = 0
+                for a in key:
+                    v = ev.get(a)
+                    if v is MISSING:
+                        break
+                    h = h * 1_000_003 + value_hash(v)
+                else:
+                    if h % n == task:
+                        mine.append(ev)
+        if mine:
+            if self.eng is None:
+                self.eng = self.engine()
+            self.run(self.eng, mine, out)
 
     def finish(self, out: list[tuple]) -> None:
         if self.eng is not None:
@@ -233,9 +254,8 @@ class _Whole(_Share):
         super().__init__(*args)
         self.eng = self.engine()
 
-    def feed(self, ev: Event, out: list[tuple]) -> None:
-        self.rows += 1
-        self.keep(self.eng.process(self.take()), out)
+    def feed(self, events: list[Event], out: list[tuple]) -> None:
+        self.run(self.eng, events, out)
 
     def finish(self, out: list[tuple]) -> None:
         self.keep(self.eng.flush(), out)
@@ -257,26 +277,26 @@ class _Sliced(_Share):
     def __init__(self, *args: Any, slice_events: int | None = None):
         super().__init__(*args)
         self.slice_events = slice_events or max(SLICE_EVENTS, SLICE_EVENTS_PER_QUERY * len(self.grp.queries))
-        self.held: list[Event] | None = []  # the first events, until the slicing is known
+        self.held: list[Event] | None = []  # the first events (this group's own), until the slicing is known
         self.sl: Slicing | None = None
         self.live: dict[int, Engine] = {}  # slice → engine, in slice order
 
-    def feed(self, ev: Event, out: list[tuple]) -> None:
-        held = self.held
-        if held is None:
-            self._route(ev, out)
-            return
-        held.append(self.take())
-        if len(held) >= self.slice_events:
-            self.sl = slicing_of(held[0].ts, ev.ts, len(held), self.grp.window, self.slice_events)
-            if self.sl is not None:
-                self.held = None
-                for e in held:
-                    self.take.ev, self.take.used = e, True
-                    self._route(e, out, held=True)
+    def feed(self, events: list[Event], out: list[tuple]) -> None:
+        for ev in events:
+            held = self.held
+            if held is None:
+                self._route(ev, self.copies, out)
+                continue
+            held.append(_copy(ev) if self.copies else ev)
+            if len(held) >= self.slice_events:
+                self.sl = slicing_of(held[0].ts, ev.ts, len(held), self.grp.window, self.slice_events)
+                if self.sl is not None:
+                    self.held = None
+                    for e in held:
+                        self._route(e, False, out)
 
-    def _route(self, ev: Event, out: list[tuple], held: bool = False) -> None:
-        """Feed ``ev`` to the task's slices that read it (``held``: an event already taken for this group)."""
+    def _route(self, ev: Event, copy: bool, out: list[tuple]) -> None:
+        """Feed ``ev`` to the task's slices that read it (``copy``: not this group's own event)."""
         sl, live = self.sl, self.live
         reads = sl.reads(ev.ts)
         while live and next(iter(live)) < reads.start:
@@ -290,11 +310,10 @@ class _Sliced(_Share):
             if eng is None:
                 eng = live[s] = self.engine()
             self.rows += 1
-            if held:
-                held = False
-            else:
-                ev = self.take()
-            self.keep(eng.process(ev), out, lambda m, s=s: sl.own(m["start"]) == s)
+            ms = eng.process(_copy(ev) if copy else ev)
+            copy = True  # a second slice of this task reads it too
+            if ms:
+                self.keep(ms, out, lambda m, s=s: sl.own(m["start"]) == s)
 
     def _close(self, s: int, eng: Engine, out: list[tuple]) -> None:
         sl = self.sl
@@ -304,9 +323,8 @@ class _Sliced(_Share):
         if self.held is not None:  # never sliced: the whole stream on task g mod n
             if self.g % self.n == self.task:
                 eng = self.engine()
-                self.rows += len(self.held)
-                for e in self.held:
-                    self.keep(eng.process(e), out)
+                self.copies = False  # held events are this group's own
+                self.run(eng, self.held, out)
                 self.keep(eng.flush(), out)
             return
         for s, eng in self.live.items():
@@ -320,20 +338,19 @@ def scan_task(groups: list[Group], inputs: list[tuple[str, str]], reading: dict[
     then its stats row. ``inputs``: :func:`scan_inputs`; ``reading``: ``format``, ``ts_field``, ``ts_unit``."""
     started = time.process_time()
     shares: list[_Share] = []
-    take = _Taker()
     for g, grp in enumerate(groups):
+        args = (g, grp, task, n, ids_as_text, bool(shares))  # the first group's engines take the events themselves
         if grp.key:
-            shares.append(_Keyed(g, grp, task, n, ids_as_text, take))
+            shares.append(_Keyed(*args))
         elif grp.sliced and n > 1:
-            shares.append(_Sliced(g, grp, task, n, ids_as_text, take, slice_events=slice_events))
+            shares.append(_Sliced(*args, slice_events=slice_events))
         elif g % n == task:
-            shares.append(_Whole(g, grp, task, n, ids_as_text, take))
+            shares.append(_Whole(*args))
     dead = _Collect()
     out: list[tuple] = []
-    for ev in scan_events(inputs, reading, dead, report=task == 0):
-        take.ev, take.used = ev, False
+    for events in scan_events(inputs, reading, dead, report=task == 0):
         for share in shares:
-            share.feed(ev, out)
+            share.feed(events, out)
         if len(out) >= 4096:
             yield from out
             out.clear()
