@@ -185,9 +185,10 @@ def batch(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namespa
     with steps.step("write dead letters"):
         dead.select(F.to_json(F.struct("seq", "position", "reason", "raw"), {"ignoreNullFields": "false"})) \
             .write.mode(mode).text(os.path.join(out, "dead_letters.jsonl"))
-    tasks = sorted((json.loads(r["json"]) for r in rows.where(F.col("query").isNull() & F.col("json").isNotNull())
-                    .select("json").collect()), key=lambda t: t["task"])
-    n_events, n_dead = counted(tasks)
+    with steps.step("collect task stats"):
+        tasks = sorted((json.loads(r["json"]) for r in rows.where(F.col("query").isNull() & F.col("json").isNotNull())
+                        .select("json").collect()), key=lambda t: t["task"])
+        n_events, n_dead = counted(tasks)
     counts: dict[str, int] = {}  # matches per query: the tasks' own counts
     for t in tasks:
         for name, n in t["matches"].items():
@@ -210,7 +211,8 @@ def batch(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namespa
 
 def scan_rows(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namespace, steps: Any) -> tuple:
     """The scan plan's rows (persisted, computed by the first write), its dead letters, the name of
-    its matching step and how to count events and dead letters from the task rows (task 0's)."""
+    its matching step, and ``counted``: called once the outputs are written, the events and dead
+    letters from the task rows (task 0's counts; the shuffle plan also releases its input cache)."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 

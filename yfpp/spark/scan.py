@@ -32,7 +32,7 @@ from yfpp.engine import Engine, event_raw
 from yfpp.events import MISSING, PSEUDO_ATTRS, Event
 from yfpp.feedback import MAX_DEPTH, MAX_DERIVED
 from yfpp.readers import read_event_batches
-from yfpp.spark.batch import ID_MATCH_SCHEMA, MATCH_SCHEMA
+from yfpp.spark.batch import _ARROW_SCHEMA, _ID_ARROW_SCHEMA, ID_MATCH_SCHEMA, MATCH_SCHEMA, _batch
 from yfpp.spark.inputs import local_path
 from yfpp.spark.plan import Group, Slicing, effective_queries, group_queries, match_row
 from yfpp.spark.read import split_offsets
@@ -77,11 +77,10 @@ def _scanner(groups: list[Group], inputs: list[tuple[str, str]], reading: dict[s
              ids_as_text: bool, slice_events: int | None) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The mapInArrow function: for each task number it is given, :func:`scan_task`'s rows as Arrow batches."""
 
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from yfpp.spark.batch import _ARROW_SCHEMA, _ID_ARROW_SCHEMA
+    base = _ID_ARROW_SCHEMA if ids_as_text else _ARROW_SCHEMA
+    schema = pa.schema(list(base) + [pa.field(k, t) for k, t in _DEAD_ARROW])
 
-        base = _ID_ARROW_SCHEMA if ids_as_text else _ARROW_SCHEMA
-        schema = pa.schema(list(base) + [pa.field(k, t) for k, t in _DEAD_ARROW])
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for rb in batches:
             for task in rb.column(0).to_pylist():
                 rows: list[tuple] = []
@@ -94,11 +93,6 @@ def _scanner(groups: list[Group], inputs: list[tuple[str, str]], reading: dict[s
                     yield _batch(rows, schema)
 
     return run
-
-
-def _batch(rows: list[tuple], schema: pa.Schema) -> pa.RecordBatch:
-    cols = list(zip(*rows))
-    return pa.RecordBatch.from_arrays([pa.array(col, f.type) for col, f in zip(cols, schema)], schema=schema)
 
 
 class _Collect(DeadLetters):
