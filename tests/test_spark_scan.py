@@ -47,6 +47,11 @@ def test_auto_scans_local_paths_and_shuffles_other_file_systems():
     assert local_path("hdfs://nn/x") is None
 
 
+def test_partitions_below_one_are_one_error_line(capsys):
+    assert main(["spark", "-q", "[tag_id]&&//shelf//exit&&(60)", "-i", "feeds", "-o", "out", "--partitions", "0"]) == 2
+    assert capsys.readouterr().err == "yfpp: error: --partitions must be at least 1\n"
+
+
 def test_local_listing_is_spark_s(tmp_path):
     """The scan plan lists local inputs itself (no JVM work), as Spark's file index does."""
     for name in ("day=1/a.jsonl", "day=1/_SUCCESS", "day=2/sub/b.xml.gz", ".hidden/c.jsonl", "_tmp/d.jsonl",

@@ -99,6 +99,8 @@ def cmd_spark(args: argparse.Namespace) -> int:
     group_queries(effective_queries(queries, args.policy), streaming=args.stream)  # refuses unsupported feedback before Spark starts
     if args.max_feedback_depth < 1 or args.max_derived < 1:
         raise YfppError("--max-feedback-depth and --max-derived must be at least 1")
+    if args.partitions is not None and args.partitions < 1:
+        raise YfppError("--partitions must be at least 1")
     try:
         from pyspark.sql import SparkSession
     except ImportError as e:
