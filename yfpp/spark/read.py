@@ -21,11 +21,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from yfpp.engine import event_raw
+from yfpp.errors import InputError
 from yfpp.spark import inputs
 from yfpp.spark.parse import PARSED_SCHEMA, parse_batches
 
-#: The splits' offsets (:func:`split_offsets`), given to the executors as one JSON literal (no Python job).
-_OFFSETS_SCHEMA = "array<struct<path string, block long, seq_base long, line_base long, before double, prefix string>>"
+#: The splits' offsets (:func:`split_offsets`, by split id), given to the executors as one JSON literal (no Python job).
+_OFFSETS_SCHEMA = "array<struct<split long, seq_base long, line_base long, before double, prefix string>>"
 
 
 class Parsed(NamedTuple):
@@ -96,22 +97,37 @@ def parse_input(spark: SparkSession, path: str | os.PathLike[str], format: str |
     if split:
         parts.append(spark.read.option("lineSep", "\n").option("recursiveFileLookup", "true").text(split).select(
             F.col("_metadata.file_path").alias("path"), F.col("_metadata.file_block_start").alias("block"),
-            F.col("value").cast("binary").alias("content"), F.lit(False).alias("whole")))
+            F.concat("value", F.lit("\n")).cast("binary").alias("content"), F.lit(False).alias("whole")))
     parsed = reduce(DataFrame.union, parts).mapInArrow(parse_batches(opts), PARSED_SCHEMA) \
         .persist(StorageLevel.MEMORY_AND_DISK)
     with step("read + parse (readers), summaries"):
-        stats = parsed.where(F.col("n").isNotNull()).select("path", "block", "n", "line", "ts", "pos", "prev_max").collect()
+        stats = summaries(parsed)
     offsets = split_offsets(stats, inputs.single_file(given, files))
     return Parsed(parsed, stats, offsets, any_late(stats, offsets))
 
 
+def summaries(parsed: DataFrame) -> list[Any]:
+    """The splits' summary rows of a :data:`PARSED_SCHEMA` DataFrame (a job): ``(path, block, n, line, ts,
+    pos, prev_max, split)``, the fields :func:`split_offsets` and :func:`any_late` read."""
+    return parsed.where(F.col("n").isNotNull()).select("path", "block", "n", "line", "ts", "pos", "prev_max",
+                                                      "split").collect()
+
+
 def events_of(spark: SparkSession, parsed: Parsed) -> DataFrame:
     """The records of ``parsed`` with global seq numbers, late events as dead letters (columns as
-    :func:`read_events_df`'s, and ``key_hashes``); not persisted: each use reads ``parsed.df``."""
-    names = ("path", "block", "seq_base", "line_base", "before", "prefix")
-    text = json.dumps([dict(zip(names, o)) for o in parsed.offsets])
+    :func:`read_events_df`'s, and ``key_hashes``); not persisted: each use reads ``parsed.df``.
+
+    The records carry their split's id (a hash, :func:`yfpp.spark.parse.split_id`), not its path:
+    the splits' offsets are joined by that id. Raises :class:`~yfpp.errors.InputError` in the
+    (2⁻⁶⁴-per-pair unlikely) case of two splits with one id."""
+    ids = {(s["path"], s["block"]): s["split"] for s in parsed.stats}
+    if len(set(ids.values())) != len(ids):
+        raise InputError("two input splits have the same 64-bit id; rename a file or change "
+                         "spark.sql.files.maxPartitionBytes")
+    names = ("split", "seq_base", "line_base", "before", "prefix")
+    text = json.dumps([dict(zip(names, (ids[(o[0], o[1])], *o[2:]))) for o in parsed.offsets])
     offsets = spark.range(1).select(F.inline(F.from_json(F.lit(text), _OFFSETS_SCHEMA)))
-    r = parsed.df.where(F.col("n").isNull()).join(F.broadcast(offsets), ["path", "block"])
+    r = parsed.df.where(F.col("n").isNull()).join(F.broadcast(offsets), "split")
     seq = F.col("seq_base") + F.col("pos")
     stream_time = F.greatest("prev_max", "before")
     late = F.col("reason").isNull() & (F.col("ts") < stream_time)
