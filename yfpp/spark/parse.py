@@ -18,8 +18,9 @@ records alike) with its split's id (:func:`split_id`, a 64-bit hash of path
 and offset), its index ``pos`` and line within its split and, for an event,
 the largest ts before it in the split; after the last record of a split comes
 one summary row — the only row carrying the split's ``path`` and ``block`` —
-(``n`` = records, ``line`` = lines, ``ts`` = largest ts, ``prev_max`` =
-smallest ts, ``pos`` = the events below a larger ts before them in the split)
+(``n`` = records, ``dead`` = malformed records, ``line`` = lines, ``ts`` =
+largest ts, ``prev_max`` = smallest ts, ``pos`` = the events below a larger
+ts before them in the split)
 from which the driver computes global seq numbers and late events
 (:mod:`yfpp.spark.read`).
 
@@ -46,18 +47,18 @@ import pyarrow.compute as pc
 from lxml import etree
 
 from yfpp.dead_letters import DeadLetters
-from yfpp.events import MISSING, Event
+from yfpp.events import MISSING, PSEUDO_ATTRS, Event
 from yfpp.readers import format_of, read_event_batches, read_events
 
 #: Rows of :func:`parse_batches`: a record (``n`` null) or a split's summary (``n``, ``path``, ``block`` set).
 PARSED_SCHEMA = ("split long, pos long, line long, prev_max double, type string, ts double, attrs string, "
                  "xml string, reason string, position string, raw string, n long, key_hashes map<string, bigint>, "
-                 "path string, block long")
+                 "path string, block long, dead long")
 _ARROW = pa.schema([
     ("split", pa.int64()), ("pos", pa.int64()), ("line", pa.int64()), ("prev_max", pa.float64()),
     ("type", pa.string()), ("ts", pa.float64()), ("attrs", pa.string()), ("xml", pa.string()), ("reason", pa.string()),
     ("position", pa.string()), ("raw", pa.string()), ("n", pa.int64()),
-    ("key_hashes", pa.map_(pa.string(), pa.int64())), ("path", pa.string()), ("block", pa.int64()),
+    ("key_hashes", pa.map_(pa.string(), pa.int64())), ("path", pa.string()), ("block", pa.int64()), ("dead", pa.int64()),
 ])
 _LINE = re.compile(r"line (\d+)")
 
@@ -127,7 +128,7 @@ class _Split:
 
     def __init__(self, path: str, block: int):
         self.path, self.block, self.id = path, block, split_id(path, block)
-        self.n = self.lines = 0
+        self.n = self.lines = self.dead = 0
         self.max_ts: float | None = None
         self.min_ts: float | None = None
         self.late = 0  # events with ts below the largest ts before them in the split
@@ -156,6 +157,7 @@ class _Columns:
     def __init__(self, keys: Sequence[Sequence[str]]):
         self.keys = [(",".join(k), tuple(k)) for k in keys]
         self.names = [n for n, _ in self.keys]
+        self.memos: list[dict[Any, int | None]] = [{} for _ in self.keys]  # value → key hash, per key
         self._clear()
 
     def _clear(self) -> None:
@@ -196,10 +198,10 @@ class _Columns:
         c["xml"].extend([tostring(ev._element, encoding="unicode", with_tail=False) if ev._element is not None
                          else None for ev in events] if with_xml else [None] * k)
         none = [None] * k
-        for name in ("line", "reason", "position", "raw", "n", "path", "block"):
+        for name in ("line", "reason", "position", "raw", "n", "path", "block", "dead"):
             c[name].extend(none)
-        for h, (_, key) in zip(self.hashes, self.keys):
-            h.extend([key_hash(ev, key) for ev in events])
+        for h, (_, key), memo in zip(self.hashes, self.keys, self.memos):
+            h.extend(_key_hashes(events, key, memo))
 
     def dead(self, split: _Split, items: list[tuple[int, str, str, str | None]], base_pos: int, base_line: int) -> int:
         """Add the dead letters ``items`` (and clear them); their largest record index."""
@@ -212,7 +214,8 @@ class _Columns:
             c["reason"].append(reason)
             c["position"].append(position)
             c["raw"].append(raw)
-        self._nulls(len(items), "prev_max", "type", "ts", "attrs", "xml", "n", "path", "block")
+        self._nulls(len(items), "prev_max", "type", "ts", "attrs", "xml", "n", "path", "block", "dead")
+        split.dead += len(items)
         last = max(seq for seq, *_ in items)
         items.clear()
         return last
@@ -221,7 +224,8 @@ class _Columns:
         """Add ``split``'s summary row."""
         c = self.cols
         for name, value in (("split", split.id), ("pos", split.late), ("line", split.lines), ("prev_max", split.min_ts),
-                            ("ts", split.max_ts), ("n", split.n), ("path", split.path), ("block", split.block)):
+                            ("ts", split.max_ts), ("n", split.n), ("path", split.path), ("block", split.block),
+                            ("dead", split.dead)):
             c[name].append(value)
         self._nulls(1, "type", "attrs", "xml", "reason", "position", "raw")
 
@@ -242,6 +246,23 @@ class _Columns:
                                                       pa.array(values, pa.int64()), type=f.type))
         self._clear()
         return pa.RecordBatch.from_arrays(arrays, schema=_ARROW)
+
+
+def _key_hashes(events: list[Event], key: tuple[str, ...], memo: dict[Any, int | None]) -> list[int | None]:
+    """:func:`key_hash` of each event, remembered per value of a one-attribute key (values Python finds
+    equal hash alike, so the memo may be keyed by the value; cleared past 2¹⁶ values)."""
+    if len(key) > 1 or key[0] in PSEUDO_ATTRS:
+        return [key_hash(ev, key) for ev in events]
+    if len(memo) > 1 << 16:
+        memo.clear()
+    a, out = key[0], []
+    for ev in events:
+        v = ev.attrs.get(a, MISSING)
+        try:
+            out.append(memo[v])
+        except KeyError:
+            out.append(memo.setdefault(v, key_hash(ev, key)))
+    return out
 
 
 def _json(attrs: dict[str, Any]) -> bytes | str:

@@ -43,6 +43,11 @@ class Parsed(NamedTuple):
         """Records (events and malformed ones) in the input."""
         return sum(s["n"] for s in self.stats)
 
+    @property
+    def malformed(self) -> int:
+        """Malformed records in the input (dead letters other than late events)."""
+        return sum(s["dead"] for s in self.stats)
+
     def time_range(self) -> tuple[float | None, float | None]:
         """The smallest and largest ts of the input's events (late ones included)."""
         lows = [s["prev_max"] for s in self.stats if s["prev_max"] is not None]
@@ -108,9 +113,9 @@ def parse_input(spark: SparkSession, path: str | os.PathLike[str], format: str |
 
 def summaries(parsed: DataFrame) -> list[Any]:
     """The splits' summary rows of a :data:`PARSED_SCHEMA` DataFrame (a job): ``(path, block, n, line, ts,
-    pos, prev_max, split)``, the fields :func:`split_offsets` and :func:`any_late` read."""
+    pos, prev_max, split, dead)``, the fields :func:`split_offsets`, :func:`any_late` and :class:`Parsed` read."""
     return parsed.where(F.col("n").isNotNull()).select("path", "block", "n", "line", "ts", "pos", "prev_max",
-                                                      "split").collect()
+                                                      "split", "dead").collect()
 
 
 def events_of(spark: SparkSession, parsed: Parsed) -> DataFrame:
