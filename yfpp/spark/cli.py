@@ -189,7 +189,10 @@ def batch(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namespa
             columns.drop("json").write.mode(mode).partitionBy(*args.partition_by).saveAsTable(args.table)
     with steps.step("write dead letters"):
         counted = Observation("dead letters")
-        dead = events.where(F.col("reason").isNotNull()).observe(counted, F.count(F.lit(1)).alias("n"))
+        dead = events.where(F.col("reason").isNotNull())
+        if not parsed.late and not parsed.malformed:  # the summaries show none: an empty output, no pass over the input
+            dead = spark.createDataFrame([], dead.schema)
+        dead = dead.observe(counted, F.count(F.lit(1)).alias("n"))
         dead.select(F.to_json(F.struct("seq", "position", "reason", "raw"), {"ignoreNullFields": "false"})) \
             .write.mode(mode).text(os.path.join(out, "dead_letters.jsonl"))
         n_dead = counted.get["n"]
