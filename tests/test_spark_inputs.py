@@ -179,6 +179,22 @@ def test_split_ids_number_a_multi_file_multi_split_input(spark, tmp_path):
     events.unpersist()
 
 
+def test_json_lines_files_spark_would_not_split_are_read_whole(spark, tmp_path):
+    """A plain JSON-lines file no larger than Spark's split size is read as one binaryFile row, not a
+    text row per line; a larger one is still split by line."""
+    from yfpp.spark.read import small_files
+
+    (tmp_path / "a.jsonl").write_text('{"type": "a", "ts": 1}\n' * 400)  # 9.2 kB
+    (tmp_path / "b.jsonl").write_text('{"type": "a", "ts": 1}\n' * 4000)  # 92 kB
+    files = [f"file:{tmp_path}/a.jsonl", f"file:{tmp_path}/b.jsonl"]
+    assert small_files(spark, files) == files  # below spark.sql.files.openCostInBytes (4 MB)
+    spark.conf.set("spark.sql.files.maxPartitionBytes", "16k")
+    try:
+        assert small_files(spark, files) == files[:1]
+    finally:
+        spark.conf.unset("spark.sql.files.maxPartitionBytes")
+
+
 def test_an_input_without_dead_letters_writes_an_empty_dead_letter_output(spark, queries, tmp_path, monkeypatch, capsys):
     """The summaries show no malformed record and no late event: no pass over the input for the dead
     letters, but the output folder is there as Spark writes it (empty, ``_SUCCESS``), and --mode holds."""

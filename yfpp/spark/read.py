@@ -93,7 +93,9 @@ def parse_input(spark: SparkSession, path: str | os.PathLike[str], format: str |
     opts: dict[str, Any] = {"ts_field": ts_field, "ts_unit": ts_unit, "xml": xml, "keys": [list(k) for k in keys],
                             **({"format": format} if format else {})}
     split = [f for f in files if inputs.splittable(f, format)]
-    whole = [f for f in files if not inputs.splittable(f, format)]
+    small = set(small_files(spark, split))
+    split = [f for f in split if f not in small]
+    whole = [f for f in files if f not in split]
     parts = []
     if whole:
         parts.append(spark.read.format("binaryFile").option("recursiveFileLookup", "true").load(whole).select(
@@ -109,6 +111,39 @@ def parse_input(spark: SparkSession, path: str | os.PathLike[str], format: str |
         stats = summaries(parsed)
     offsets = split_offsets(stats, inputs.single_file(given, files))
     return Parsed(parsed, stats, offsets, any_late(stats, offsets))
+
+
+def small_files(spark: SparkSession, files: list[str]) -> list[str]:
+    """The ``files`` Spark's ``text`` source would read in one piece anyway — no larger than its split size
+    (``spark.sql.files.maxPartitionBytes``, or the input's bytes per core — ``spark.sql.files.minPartitionNum``,
+    by default the default parallelism — when smaller, at least ``spark.sql.files.openCostInBytes``) — to be
+    read whole instead (``binaryFile``): a row per file, not a row per line, and no task is lost. Only for up
+    to :data:`_SIZED_FILES` files (their sizes are asked one by one)."""
+    if not files or len(files) > _SIZED_FILES:
+        return []
+    jvm, hadoop = spark.sparkContext._jvm, spark.sparkContext._jsc.hadoopConfiguration()
+    sizes = {}
+    for f in files:
+        p = jvm.org.apache.hadoop.fs.Path(f)
+        sizes[f] = p.getFileSystem(hadoop).getFileStatus(p).getLen()
+    conf = spark.conf
+    max_bytes = _bytes(conf.get("spark.sql.files.maxPartitionBytes"))
+    open_cost = _bytes(conf.get("spark.sql.files.openCostInBytes"))
+    cores = int(conf.get("spark.sql.files.minPartitionNum", None) or conf.get("spark.sql.leafNodeDefaultParallelism", None)
+                or spark.sparkContext.defaultParallelism)
+    per_core = sum(sizes[f] + open_cost for f in files) // max(cores, 1)
+    limit = min(max_bytes, max(open_cost, per_core))  # Spark's own split size (FilePartition.maxSplitBytes)
+    return [f for f in files if sizes[f] <= limit]
+
+
+_SIZED_FILES = 1000
+
+
+def _bytes(text: str) -> int:
+    """A Spark byte size (``134217728``, ``128m``, ``4MB``) in bytes."""
+    t = text.strip().lower().removesuffix("b")
+    scale = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}.get(t[-1:], 1)
+    return int(float(t.rstrip("kmgt")) * scale)
 
 
 def summaries(parsed: DataFrame) -> list[Any]:
