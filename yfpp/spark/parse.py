@@ -133,8 +133,10 @@ class _Split:
         self.min_ts: float | None = None
         self.late = 0  # events with ts below the largest ts before them in the split
 
-    def read(self, source: Any, fmt: str | None, lines: int, options: dict[str, Any], out: "_Columns") -> None:
-        """Parse ``source`` (``lines`` more lines of this split; 0: a whole file) into ``out``'s rows."""
+    def read(self, source: Any, fmt: str | None, lines: int, options: dict[str, Any],
+             out: "_Columns") -> Iterator[pa.RecordBatch]:
+        """Parse ``source`` (``lines`` more lines of this split; 0: a whole file) into ``out``'s rows,
+        yielding them as a batch whenever there are :data:`_BATCH_ROWS` (memory stays bounded in a big file)."""
         dead = _Collect()
         base_pos, base_line, last = self.n, self.lines, -1
         try:
@@ -144,6 +146,8 @@ class _Split:
                     last = max(last, out.dead(self, dead.items, base_pos, base_line))
                 out.events(self, events, base_pos, options.get("xml", True))
                 last = max(last, events[-1].seq)
+                if len(out) >= _BATCH_ROWS:
+                    yield out.batch()
         finally:
             if dead.items:
                 last = max(last, out.dead(self, dead.items, base_pos, base_line))
@@ -294,11 +298,9 @@ def parse_batches(options: dict[str, Any]) -> Any:
                 if whole[a].as_py():  # a whole file (one row)
                     fmt = options.get("format") or format_of(path)
                     for i in range(a, b):
-                        split.read(io.BufferedReader(io.BytesIO(contents[i].as_py())), fmt, 0, options, out)
+                        yield from split.read(io.BufferedReader(io.BytesIO(contents[i].as_py())), fmt, 0, options, out)
                 else:
-                    split.read(io.BytesIO(_piece(contents, a, b)), "jsonl", b - a, options, out)
-                if len(out) >= _BATCH_ROWS:
-                    yield out.batch()
+                    yield from split.read(io.BytesIO(_piece(contents, a, b)), "jsonl", b - a, options, out)
         if split is not None:
             out.summary(split)
         if len(out):
