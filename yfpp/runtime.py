@@ -38,6 +38,7 @@ from yfpp.run_merging import RunMerger, member_completions
 from yfpp.runs import Counters, Run, partition_key
 from yfpp.shared_nfa import Node, SharedNFA, State
 
+_UNSET: Any = object()  # an event's key not yet computed (Runtime.process)
 _ROOT_VEC = (None,)  # a root's begin: its type and key hold, its window cannot be passed
 STRICT, PARTITION, STNM, STAM = (
     Contiguity.STRICT,
@@ -210,34 +211,42 @@ class Runtime:
         bumped: list[tuple[dict, Any]] | None
         touched = bumped = negated = kills = None
         started = 0
-        # The event's key for each equivalence list: with one list (the common case) ``k0``, else memoised in ``keys``.
+        # The event's key for each equivalence list: with one list (the common case) ``k0``, computed when first
+        # needed (_UNSET until then), else memoised in ``keys``.
         a0 = self._attrs0
         keys: dict[tuple[str, ...], Any] | None = None if a0 is not None else {}
-        k0 = None
+        k0 = _UNSET
         try:
-            if a0 is not None:
-                k0 = ev.attrs.get(a0[0], MISSING) if len(a0) == 1 else MISSING
-                if k0 is MISSING:
-                    k0 = _key(keys, ev, a0)
             if self.pticks:
                 bumped = []
                 for attrs, ticks in self.pticks.items():
-                    k = k0 if attrs is a0 else _key(keys, ev, attrs)
+                    if attrs is a0:
+                        k = k0 = _key(None, ev, a0) if k0 is _UNSET else k0
+                    else:
+                        k = _key(keys, ev, attrs)
                     if k is not None:
                         ticks[k] = ticks.get(k, 0) + 1
                         bumped.append((ticks, k))
             if route.negs:
                 negated, kills = [], []
                 for owner, neg in route.negs:
+                    if neg is None and not owner.root.live:
+                        continue  # a shared candidate store of a branch without runs (see _may_need)
                     attrs = owner.partition_by
-                    if attrs:
-                        ek = k0 if attrs is a0 else _key(keys, ev, attrs)
+                    if attrs is a0:
+                        if k0 is _UNSET:
+                            k0 = _key(None, ev, a0)
+                        ek = k0
+                        if ek is None:
+                            continue
+                    elif attrs:
+                        ek = _key(keys, ev, attrs)
                         if ek is None:
                             continue
                     else:
                         ek = None
                     if neg is None:  # a shared candidate store
-                        if not owner.root.live or not _may_need(self, owner, ek):
+                        if not _may_need(self, owner, ek):
                             continue  # no run before ev can bind the component before the negation
                         for p in owner.self_preds:
                             if not p(ev, ()):
@@ -254,15 +263,26 @@ class Runtime:
                 touched = []
                 strict, self.strict = self.strict, {}
                 for runs in strict.values():
-                    if runs:
-                        attrs = runs[0].state.node.partition_by
-                        touched.append((runs, (k0 if attrs is a0 else _key(keys, ev, attrs)) if attrs else None))
-                    else:
+                    attrs = runs[0].state.node.partition_by if runs else None
+                    if not attrs:
                         touched.append((runs, None))
+                    elif attrs is a0:
+                        if k0 is _UNSET:
+                            k0 = _key(None, ev, a0)
+                        touched.append((runs, k0))
+                    else:
+                        touched.append((runs, _key(keys, ev, attrs)))
             if route.scan:  # the stored runs the event may move: by key, then the unkeyed states
                 touch = route.touch
                 for attrs, by_key in self._parts:
-                    k = k0 if attrs is a0 else _key(keys, ev, attrs)
+                    if not by_key:
+                        continue
+                    if attrs is a0:
+                        if k0 is _UNSET:
+                            k0 = _key(None, ev, a0)
+                        k = k0
+                    else:
+                        k = _key(keys, ev, attrs)
                     if k is None:
                         continue
                     states = by_key.get(k)
@@ -328,8 +348,14 @@ class Runtime:
                 if nodes:
                     for node in nodes:
                         attrs = node.partition_by
-                        if attrs:
-                            ek = k0 if attrs is a0 else _key(keys, ev, attrs)
+                        if attrs is a0:
+                            if k0 is _UNSET:
+                                k0 = _key(None, ev, a0)
+                            ek = k0
+                            if ek is None:
+                                continue
+                        elif attrs:
+                            ek = _key(keys, ev, attrs)
                             if ek is None:
                                 continue
                         else:
@@ -349,7 +375,7 @@ class Runtime:
             return out
         cnt = self.counters
         cnt.events += 1
-        if touched or started or negated or kills or self.to_hold or self.merger is not None:
+        if touched or started or negated or kills:  # (to_hold and the merger only get work from a step or a start)
             fresh, accepted = self._fresh, self._accepted  # (only a step or a start fills them)
             if self.merger is not None:
                 self.merger.merge(self, moved if touched else [], fresh)
