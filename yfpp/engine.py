@@ -180,12 +180,12 @@ class Engine:
         number, is reported to the dead letters (and returns ``[]``); so is a
         late event, with its record so that it can be replayed.
         """
-        if type(event) is Event:  # the fast path: a finite float ts, a fresh int seq, on time, no reorder buffer
+        if type(event) is Event:  # the fast path: a finite float ts past the watermark's, a fresh int seq, no reordering
             ts = event.ts
             seq = event.seq
             etype = event.type
-            if (type(ts) is float and type(seq) is int and seq >= self._next_seq and ts >= self._mark_ts
-                    and seq >= self._mark_sk and ts - ts == 0.0 and type(etype) is str and etype and self._direct):
+            if (type(ts) is float and ts > self._mark_ts and type(seq) is int and seq >= self._next_seq
+                    and ts - ts == 0.0 and type(etype) is str and etype and self._direct):
                 self._next_seq = seq + 1
                 self._mark_ts = ts
                 self._mark_sk = seq

@@ -107,6 +107,13 @@ class NegationStores:
                     return False
         return True
 
+    def held(self) -> bool:
+        """Does any store hold a candidate?"""
+        for store in self.stores.values():
+            if store.buckets:
+                return True
+        return False
+
     def prune(self, floor: dict[Node, int], only: Node | None = None) -> int:
         """Drop candidates before the first event of every live run of their branch; return the buckets left."""
         buckets = 0

@@ -65,19 +65,23 @@ class _Route:
 def _key(keys: dict | None, ev: Event, attrs: tuple[str, ...]) -> Any:
     """``ev``'s key for ``attrs``, remembered in ``keys`` (None: not remembered)."""
     if keys is None:
-        keys = {}
+        return _key_of(ev, attrs)
     k = keys.get(attrs, keys)
     if k is keys:
-        if len(attrs) == 1:
-            k = ev.attrs.get(attrs[0], MISSING)
-            if k is MISSING:
-                k = ev.get(attrs[0])  # a pseudo-attribute (ts, type, seq), else MISSING
-                if k is MISSING:
-                    k = None
-        else:
-            k = partition_key(ev, attrs)
-        keys[attrs] = k
+        k = keys[attrs] = _key_of(ev, attrs)
     return k
+
+
+def _key_of(ev: Event, attrs: tuple[str, ...]) -> Any:
+    """``ev``'s key for ``attrs`` (None: it has none)."""
+    if len(attrs) == 1:
+        k = ev.attrs.get(attrs[0], MISSING)
+        if k is MISSING:
+            k = ev.get(attrs[0])  # a pseudo-attribute (ts, type, seq), else MISSING
+            if k is MISSING:
+                return None
+        return k
+    return partition_key(ev, attrs)
 
 
 class Runtime:
@@ -104,7 +108,7 @@ class Runtime:
         self._deadline_heap = self.deadlines.heap  # the same list, looked up once per event
         self.pticks: dict[tuple[str, ...], dict[Any, int]] = {}
         self.ptick_users: Counter = Counter()
-        self.counters = Counters()
+        self._counters = Counters()  # read as ``counters``, which brings ``events`` up to date
         self.branch_queries: dict[Node, list[QueryPlan]] = {}  # root node -> queries through it
         self.tick = 0
         self.now = float("-inf")
@@ -201,8 +205,8 @@ class Runtime:
         """
         tick = self.tick = self.tick + 1
         ev.pos = tick
-        ts = self.now = ev.ts
-        out: list[dict] = self._expire(ts) if self._deadline_heap else []
+        self.now = ev.ts
+        out: list[dict] = self._expire(ev.ts) if self._deadline_heap else []
         etype = ev.type
         route = self._routes.get(etype) or self._route(etype)
         # runs out of their stores with the event's key for them, partition ticks counted, negation candidates kept,
@@ -221,7 +225,7 @@ class Runtime:
                 bumped = []
                 for attrs, ticks in self.pticks.items():
                     if attrs is a0:
-                        k = k0 = _key(None, ev, a0) if k0 is _UNSET else k0
+                        k = k0 = _key_of(ev, a0) if k0 is _UNSET else k0
                     else:
                         k = _key(keys, ev, attrs)
                     if k is not None:
@@ -235,7 +239,7 @@ class Runtime:
                     attrs = owner.partition_by
                     if attrs is a0:
                         if k0 is _UNSET:
-                            k0 = _key(None, ev, a0)
+                            k0 = _key_of(ev, a0)
                         ek = k0
                         if ek is None:
                             continue
@@ -268,7 +272,7 @@ class Runtime:
                         touched.append((runs, None))
                     elif attrs is a0:
                         if k0 is _UNSET:
-                            k0 = _key(None, ev, a0)
+                            k0 = _key_of(ev, a0)
                         touched.append((runs, k0))
                     else:
                         touched.append((runs, _key(keys, ev, attrs)))
@@ -279,7 +283,7 @@ class Runtime:
                         continue
                     if attrs is a0:
                         if k0 is _UNSET:
-                            k0 = _key(None, ev, a0)
+                            k0 = _key_of(ev, a0)
                         k = k0
                     else:
                         k = _key(keys, ev, attrs)
@@ -350,7 +354,7 @@ class Runtime:
                         attrs = node.partition_by
                         if attrs is a0:
                             if k0 is _UNSET:
-                                k0 = _key(None, ev, a0)
+                                k0 = _key_of(ev, a0)
                             ek = k0
                             if ek is None:
                                 continue
@@ -373,9 +377,8 @@ class Runtime:
             self.counters.failed += 1
             self.on_error(ev, exc)
             return out
-        cnt = self.counters
-        cnt.events += 1
         if touched or started or negated or kills:  # (to_hold and the merger only get work from a step or a start)
+            cnt = self._counters
             fresh, accepted = self._fresh, self._accepted  # (only a step or a start fills them)
             if self.merger is not None:
                 self.merger.merge(self, moved if touched else [], fresh)
@@ -447,13 +450,32 @@ class Runtime:
             self._periodic(tick)
         return out
 
+    @property
+    def counters(self) -> Counters:
+        """What the runtime counted; ``events`` is the ticks given (an event rolled back gives its tick back)."""
+        c = self._counters
+        c.events = self.tick
+        return c
+
     def _periodic(self, tick: int) -> None:
         """The buffer caps every 64 events, the sweep when due; when to come back."""
         if tick & 63 == 0 and self.buffer.size > self.max_buffer:
             check_buffer_caps(self)
         if tick >= self._next_sweep:
-            sweep(self)
+            if self._holds_anything():
+                sweep(self)
+            else:  # nothing stored: nothing to sweep
+                self._next_sweep = tick + self.SWEEP_EVERY
         self._next_check = min(self._next_sweep, (tick | 63) + 1)
+
+    def _holds_anything(self) -> bool:
+        """Is any run, buffered event, negation candidate or removed state kept?"""
+        if self._counters.live_runs or self.strict or self.unkeyed or self.buffer.size or self.dead or self.negations.held():
+            return True
+        for _, by_key in self._parts:
+            if by_key:
+                return True
+        return False
 
     def _undo(self, ev: Event, touched: list, bumped: list) -> None:
         """Put the stored state back as it was before ``ev``, stream time aside (see ``process``)."""
@@ -617,14 +639,16 @@ class Runtime:
                             began = [child]
                         else:
                             began.append(child)
-            stay = _ignores(c, began is not None, ek, rkey)
+            stay = began is None if c is STNM else _ignores(c, began is not None, ek, rkey)
             if stay:
                 stays.append(r)  # the keeper: its version stays
             if began is not None:
                 version = r.version
-                for j, child in enumerate(began):
-                    self._enter(child, r, version if j == 0 and not stay else version + (next(self._branches),), ev, fresh,
-                                accepted)
+                if stay:
+                    version = version + (next(self._branches),)
+                self._enter(began[0], r, version, ev, fresh, accepted)
+                for child in began[1:]:
+                    self._enter(child, r, r.version + (next(self._branches),), ev, fresh, accepted)
 
     def _retro_ok(self, r: Run, wait: State, ek: Any) -> bool:
         """Were all events the run ignored inside its Kleene ignorable under ``wait``'s contiguity?"""
@@ -776,7 +800,7 @@ class Runtime:
     def _emitted(self, plan: QueryPlan, m: dict, binds: list | None, out: list[dict]) -> None:
         """Output match ``m``; a feedback query's also goes to ``fed``, ranked by its bound events (None: a deadline's)."""
         out.append(m)
-        self.counters.matches[plan.name] += 1
+        self._counters.matches[plan.name] += 1
         if plan.pattern.feedback:
             self.fed.append((plan, m, binds and overlap_rank(len(plan.var_names), binds)))
 
