@@ -96,9 +96,9 @@ class NegationStores:
             if lo == hi:
                 continue
             cross = neg.cross_preds
+            if not cross:
+                return False
             for i in range(lo, hi):
-                if not cross:
-                    return False
                 x = events[i]
                 for p in cross:
                     if not p(x, vec):

@@ -232,7 +232,6 @@ class Runtime:
                         ticks[k] = ticks.get(k, 0) + 1
                         bumped.append((ticks, k))
             if route.negs:
-                negated, kills = [], []
                 for owner, neg in route.negs:
                     if neg is None and not owner.root.live:
                         continue  # a shared candidate store of a branch without runs (see _may_need)
@@ -256,12 +255,16 @@ class Runtime:
                             if not p(ev, ()):
                                 break
                         else:
+                            if negated is None:
+                                negated = []
                             negated.append((owner, ek))
                     else:  # a trailing negation of query ``owner``
                         for p in neg.self_preds:
                             if not p(ev, ()):
                                 break
                         else:
+                            if kills is None:
+                                kills = []
                             self.deadlines.killed_by(owner, neg, ev, ek, kills)
             if self.strict:
                 touched = []
@@ -416,7 +419,7 @@ class Runtime:
             if fresh:
                 cnt.runs_started += started
                 cap = self.max_runs
-                over: list[Node] = []
+                over: list[Node] | None = None  # branches over the cap
                 keyed = self.keyed
                 for r in fresh:
                     st = r.state
@@ -435,14 +438,17 @@ class Runtime:
                         self._store(r)
                     root = st.node.root
                     root.live += 1
-                    if root.live > cap and root not in over:
-                        over.append(root)
+                    if root.live > cap:
+                        if over is None:
+                            over = [root]
+                        elif root not in over:
+                            over.append(root)
                 cnt.runs_created += len(fresh)
                 live = cnt.live_runs = cnt.live_runs + len(fresh)
                 if live > cnt.peak_runs:
                     cnt.peak_runs = live
                 fresh.clear()
-                for root in over:
+                for root in over or ():
                     shed(self, root, "runs", cap)
             elif started:
                 cnt.runs_started += started
@@ -647,8 +653,9 @@ class Runtime:
                 if stay:
                     version = version + (next(self._branches),)
                 self._enter(began[0], r, version, ev, fresh, accepted)
-                for child in began[1:]:
-                    self._enter(child, r, r.version + (next(self._branches),), ev, fresh, accepted)
+                if len(began) > 1:
+                    for child in began[1:]:
+                        self._enter(child, r, r.version + (next(self._branches),), ev, fresh, accepted)
 
     def _retro_ok(self, r: Run, wait: State, ek: Any) -> bool:
         """Were all events the run ignored inside its Kleene ignorable under ``wait``'s contiguity?"""
