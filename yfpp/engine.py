@@ -43,7 +43,7 @@ from yfpp.runtime import Runtime
 MAX_RUNS_PER_QUERY = 250_000
 MAX_BUFFER_PER_QUERY = 1_000_000
 STDERR: Any = type("Stderr", (), {"__repr__": lambda self: "sys.stderr"})()  # the default report stream, looked up when used
-_LAST = float("inf")  # order key of a derived event's non-int seq: after the int seqs of its ts
+_INF = _LAST = float("inf")  # (_LAST: the order key of a derived event's non-int seq: after the int seqs of its ts)
 
 
 class Engine:
@@ -184,19 +184,18 @@ class Engine:
             ts = event.ts
             seq = event.seq
             etype = event.type
-            if (type(ts) is float and ts > self._mark_ts and type(seq) is int and seq >= self._next_seq
-                    and ts - ts == 0.0 and type(etype) is str and etype and self._direct):
+            if (type(ts) is float and ts > self._mark_ts and ts < _INF and type(seq) is int and seq >= self._next_seq
+                    and type(etype) is str and etype and self._direct):
                 self._next_seq = seq + 1
                 self._mark_ts = ts
                 self._mark_sk = seq
                 return self._one(event)
+        if isinstance(event, Event):
             ev = event
         elif isinstance(event, Mapping):
             ev = self._from_record(event)
             if ev is None:
                 return []
-        elif isinstance(event, Event):
-            ev = event
         else:
             raise YfppError(f"process() takes an Event or a mapping, not {type(event).__name__}")
         return self._in_order(ev)

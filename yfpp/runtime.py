@@ -38,7 +38,7 @@ from yfpp.run_merging import RunMerger, member_completions
 from yfpp.runs import Counters, Run, partition_key
 from yfpp.shared_nfa import Node, SharedNFA, State
 
-_UNSET: Any = object()  # an event's key not yet computed (Runtime.process)
+_UNSET: Any = object()  # an event's key not yet computed (Runtime._steps)
 _ROOT_VEC = (None,)  # a root's begin: its type and key hold, its window cannot be passed
 STRICT, PARTITION, STNM, STAM = (
     Contiguity.STRICT,
@@ -53,13 +53,21 @@ class _Route:
     begin (per root-table group, :meth:`~yfpp.shared_nfa._TypeGroup.finder`), whether any state reacts to it,
     and (filled as met) whether a given state's runs react to it (partition-contiguity states always do)."""
 
-    __slots__ = ("negs", "starters", "scan", "touch")
+    __slots__ = ("negs", "starters", "scan", "touch", "quick")
 
     def __init__(self, negs: tuple, starters: tuple, scan: bool) -> None:
         self.negs: tuple[tuple[QueryPlan, NegationPlan], ...] = negs
         self.starters = starters
         self.scan = scan  # may the event move a stored run (else the stores are not looked at)
         self.touch: dict[State, bool] = {}
+        # For Runtime._idle, when the type feeds only shared candidate stores and begins no root or only through
+        # one equality index: () or that index's (attribute, table); else None (no shortcut).
+        self.quick: tuple | None = None
+        if all(neg is None for _, neg in negs):
+            if not starters:
+                self.quick = ()
+            elif len(starters) == 1 and not starters[0][0] and starters[0][2] is None and len(starters[0][1]) == 1:
+                self.quick = starters[0][1][0]
 
 
 def _key(keys: dict | None, ev: Event, attrs: tuple[str, ...]) -> Any:
@@ -194,6 +202,23 @@ class Runtime:
     def process(self, ev: Event) -> list[dict]:
         """Advance every run by one event (already in stream order); return completed matches.
 
+        The event gets its tick (stream position) and fires the deadlines before it; one that can change
+        nothing (:meth:`_idle`) stops there, any other goes through :meth:`_steps`.
+        """
+        tick = self.tick = self.tick + 1
+        ev.pos = tick
+        self.now = ev.ts
+        out: list[dict] = self._expire(ev.ts) if self._deadline_heap else []
+        route = self._routes.get(ev.type) or self._route(ev.type)
+        if route.quick is not None and not (self.pticks or self.strict) and self._idle(route, ev):
+            if tick >= self._next_check:
+                self._periodic(tick)
+            return out
+        return self._steps(ev, route, tick, out)
+
+    def _steps(self, ev: Event, route: _Route, tick: int, out: list[dict]) -> list[dict]:
+        """:meth:`process` of an event that may change something: its matches are added to ``out``.
+
         Two phases: the first computes every move without changing stored
         state (runs it steps are taken out of their stores into ``touched`` and
         never mutated), then the commit stores the results.  If the first
@@ -203,12 +228,7 @@ class Runtime:
         had been a bare time advance to its ts (``advance_time``): the
         trailing-negation deadlines before it fire, as at any later event.
         """
-        tick = self.tick = self.tick + 1
-        ev.pos = tick
-        self.now = ev.ts
-        out: list[dict] = self._expire(ev.ts) if self._deadline_heap else []
         etype = ev.type
-        route = self._routes.get(etype) or self._route(etype)
         # runs out of their stores with the event's key for them, partition ticks counted, negation candidates kept,
         # held matches killed (None: none); new runs go to self._fresh, completed matches to self._accepted
         touched: list[tuple[list[Run], Any]] | None
@@ -455,6 +475,29 @@ class Runtime:
         if tick >= self._next_check:
             self._periodic(tick)
         return out
+
+    def _idle(self, route: _Route, ev: Event) -> bool:
+        """Can ``ev`` change nothing (of a route with ``quick``, no partition ticks, no strict runs)? No candidate store
+        it feeds has a live branch, no run is stored for it to move, and it begins no root: then ``process`` skips
+        its two phases."""
+        for store, _ in route.negs:
+            if store.root.live:
+                return False
+        if route.scan:
+            if self.unkeyed:
+                return False
+            for _, by_key in self._parts:
+                if by_key:
+                    return False
+        quick = route.quick
+        if quick:
+            v = ev.attrs.get(quick[0], MISSING)
+            if v is not MISSING:
+                try:
+                    return not quick[1].get(v)
+                except TypeError:  # unhashable value: found nothing
+                    pass
+        return True
 
     @property
     def counters(self) -> Counters:
