@@ -210,7 +210,7 @@ class Runtime:
         self.now = ev.ts
         out: list[dict] = self._expire(ev.ts) if self._deadline_heap else []
         route = self._routes.get(ev.type) or self._route(ev.type)
-        if route.quick is not None and not (self.pticks or self.strict) and self._idle(route, ev):
+        if route.quick is not None and not (self._counters.live_runs or self.pticks or self.strict) and self._idle(route, ev):
             if tick >= self._next_check:
                 self._periodic(tick)
             return out
@@ -477,9 +477,9 @@ class Runtime:
         return out
 
     def _idle(self, route: _Route, ev: Event) -> bool:
-        """Can ``ev`` change nothing (of a route with ``quick``, no partition ticks, no strict runs)? No candidate store
-        it feeds has a live branch, no run is stored for it to move, and it begins no root: then ``process`` skips
-        its two phases."""
+        """Can ``ev`` change nothing (of a route with ``quick``, no partition ticks, no strict runs; asked only while
+        no run is counted live)? No candidate store it feeds has a live branch, no run is stored for it to move, and
+        it begins no root: then ``process`` skips its two phases."""
         for store, _ in route.negs:
             if store.root.live:
                 return False
