@@ -113,7 +113,7 @@ def scan_events(inputs: Sequence[tuple[str, str]], reading: dict[str, Any], dead
                 report: bool) -> Iterator[list[Event]]:
     """The events of the files in order, a reader's batch at a time, seq numbers global, late ones (ts
     below an earlier event's: ``max_delay`` 0) left out; with ``report``, ``dead.items`` gets the
-    malformed and late records too."""
+    malformed and late records too (the caller drains it)."""
     hi = float("-inf")
     for path, prefix in inputs:
         dead.prefix, dead.last = prefix, -1
@@ -145,8 +145,6 @@ def scan_events(inputs: Sequence[tuple[str, str]], reading: dict[str, Any], dead
                 hi = ts
             yield kept
         dead.base = base + max(last, dead.last) + 1
-        if not report:
-            dead.items.clear()
 
 
 def _copy(ev: Event) -> Event:
@@ -342,23 +340,35 @@ def scan_task(groups: list[Group], inputs: list[tuple[str, str]], reading: dict[
             shares.append(_Whole(*args))
     dead = _Collect()
     out: list[tuple] = []
+    none = (None,) * 6
+    n_dead = 0
+
+    def drain() -> None:
+        """Task 0's dead letters so far into ``out`` (as they come: memory stays bounded); others drop theirs."""
+        nonlocal n_dead
+        if task == 0:
+            n_dead += len(dead.items)
+            out.extend(none + item for item in dead.items)
+        dead.items.clear()
+
     for events in scan_events(inputs, reading, dead, report=task == 0):
         for share in shares:
             share.feed(events, out)
+        if dead.items:
+            drain()
         if len(out) >= 4096:
             yield from out
             out.clear()
+    drain()
     for share in shares:
         share.finish(out)
     yield from out
     records = dead.base
-    none = (None,) * 6
-    yield from (none + item for item in dead.items)
     per_query: dict[str, int] = {}
     for share in shares:
         for q, k in share.per_query.items():
             per_query[q] = per_query.get(q, 0) + k
     stats = {"task": task, "rows": sum(s.rows for s in shares), "engines": sum(s.engines for s in shares),
              "seconds": round(time.process_time() - started, 3), "matches": per_query, "records": records,
-             "dead": len(dead.items) if task == 0 else None}
+             "dead": n_dead if task == 0 else None}
     yield (None, None, None, None, None, json.dumps(stats), None, None, None, None)
