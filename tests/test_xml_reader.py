@@ -14,6 +14,8 @@ from lxml import etree
 
 from yfpp import xml_reader
 from yfpp.dead_letters import DeadLetters
+from yfpp.engine import Engine
+from yfpp.events import Event
 from yfpp.readers import read_xml
 
 
@@ -192,3 +194,18 @@ def test_flat_events_read_alike_the_short_and_the_long_way(monkeypatch, events, 
         m.setattr(xml_reader, "_flat_events", xml_reader._long_events)
         m.setattr(xml_reader.Splitter, "_plain_lines", lambda self, region: None)
         assert read() == short
+
+
+def test_plain_lines_build_no_tree_and_their_elements_are_the_parsed_ones():
+    lines = ['  <shelf ts="5" tag_id="007" zone="Z 4"/>', '  <exit tag_id="2" ts="6.5" door="a/b"/>', '  <e ts=" 7 "/>']
+    data = ("\n".join(lines) + "\n").encode()  # a rootless feed: a document's end tag is read the long way
+    out = io.StringIO()
+    events = list(read_xml(io.BytesIO(data), dead_letters=DeadLetters(out)))
+    assert [type(e) for e in events] == [xml_reader.XmlLineEvent] * 2 + [Event]  # " 7 ": the long way
+    assert [(e.seq, e.type, e.ts, e.attrs) for e in events] == [
+        (0, "shelf", 5.0, {"tag_id": 7, "zone": "Z 4"}), (1, "exit", 6.5, {"tag_id": 2, "door": "a/b"}), (2, "e", 7.0, {})]
+    assert [etree.tostring(e.element).decode() for e in events] == [line.strip() for line in lines]
+    assert [e.element.sourceline for e in events] == [1, 2, 3] and out.getvalue() == ""
+    eng = Engine()
+    eng.register("//shelf[@tag_id = '007']", name="x")  # the text, not the typed value
+    assert [m["query"] for ev in events for m in eng.process(ev)] == ["x"]

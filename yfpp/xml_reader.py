@@ -26,7 +26,13 @@ one that starts an event (at the indentation event start tags were last seen
 at) are parsed by lxml in one go; when that parses and is plainly a run of
 events (:meth:`Splitter._not_plain` finds nothing the splitter would treat
 differently) the splitter is not needed. So the per-event cost of a clean feed
-is lxml's, and the splitter only reads blocks that hold something wrong.
+is lxml's, and the splitter only reads blocks that hold something wrong. The
+plainest feed — every line one self-closing element, no namespace, no entity or
+character reference (:meth:`Splitter._plain_lines`) — builds no tree at all: a
+parser target makes each event from the tag and attribute texts lxml reads, and
+the event (:class:`XmlLineEvent`) builds its element from them only when
+something asks for it (XPath predicates, checkpoints): the same element, line
+included.
 
 Caps (:class:`~yfpp.record_fields.ReaderOptions`): an event element longer than
 ``max_record_bytes`` is one dead letter (its first bytes as ``raw``) and is
@@ -577,8 +583,14 @@ def _line_event_maker(opts: ReaderOptions) -> tuple[Callable[[str, Any], None], 
         if type(texts) is dict:  # else an immutable empty mapping: no attributes
             attrs = texts.copy()
             raw_ts = attrs.pop(ts_field, None)
-            if raw_ts is not None and raw_ts.isdigit() and len(raw_ts) < 16 and raw_ts.isascii():
+            if raw_ts is None:
+                ts = None
+            elif raw_ts.isdigit() and len(raw_ts) < 16 and raw_ts.isascii():
                 ts = int(raw_ts) * m / d  # below 10¹⁶ × 3600: finite
+            else:
+                number = typed_value(raw_ts)
+                ts = None if type(number) is str else scaled_ts(number, unit)
+            if ts is not None:
                 for name, text in attrs.items():  # values replaced in place: the dict's size does not change
                     attrs[name] = typed[text]
                 append(XmlLineEvent(tag, ts, attrs, seq, texts, line))
@@ -757,7 +769,7 @@ class XmlLineEvent(Event):
     keeps when something first asks for it (XPath predicates, checkpoints), the same element the
     parsed one would be (detached, with its ``sourceline``)."""
 
-    __slots__ = ("texts", "line", "_built")
+    __slots__ = ("texts", "_built")  # _built: the element once built, its line until then
 
     def __init__(self, type: str, ts: float, attrs: dict[str, Any], seq: int, texts: dict[str, str], line: int):
         self.type = type
@@ -766,14 +778,13 @@ class XmlLineEvent(Event):
         self.seq = seq
         self.pos = -1
         self.texts = texts
-        self.line = line
-        self._built: Any = None
+        self._built: Any = line
 
     @property  # type: ignore[override]
     def _element(self) -> Any:
         el = self._built
-        if el is None:
-            el = self._built = _element_of(self.type, self.texts, self.line)
+        if type(el) is int:
+            el = self._built = _element_of(self.type, self.texts, el)
         return el
 
     @_element.setter
