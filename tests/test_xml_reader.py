@@ -209,3 +209,34 @@ def test_plain_lines_build_no_tree_and_their_elements_are_the_parsed_ones():
     eng = Engine()
     eng.register("//shelf[@tag_id = '007']", name="x")  # the text, not the typed value
     assert [m["query"] for ev in events for m in eng.process(ev)] == ["x"]
+
+
+PLAIN_LINE_POOL = ['<e ts="1" a="x"/>', '<e ts="2" a="007" b="2.5"/>', "<e ts='3' a='q\"q'/>", '<e ts="4"/>', "<e/>",
+                   '<e a="1"/>', '<e ts="x"/>', '<e ts=" 5 "/>', '<e ts="1e999"/>', '<e ts="6" a="&lt;"/>',
+                   '<e ts="7" a="1" a="2"/>', '<e ts="8" a="x>y"/>', '<e ts="9"></e>', '<e ts="10"><v>1</v></e>',
+                   "<!-- c -->", "<?pi x?>", "text", '<e ts="11" a="b', '<1e ts="12"/>', '<e ts="13"/> <e ts="14"/>',
+                   '<p:e ts="15"/>', '<e ts="16" p:a="1"/>', '<e ts="17" a="tab\there"/>', '<yfpp-batch ts="18"/>',
+                   '<e ts="19" a="\xe9"/>', "", "</x>", '<e ts="20" ts="21"/>', '<e ts="22"\t a="1" />']
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(lines=st.lists(st.sampled_from(PLAIN_LINE_POOL), min_size=1, max_size=12),
+       indents=st.lists(st.sampled_from(["", "  ", "\t", " "]), min_size=12, max_size=12),
+       root=st.sampled_from(["", "<stream>\n"]), crlf=st.booleans(), trickle=st.one_of(st.none(), st.integers(0, 50)))
+def test_plain_lines_read_alike_the_long_way_whatever_the_lines_hold(monkeypatch, lines, indents, root, crlf, trickle):
+    end = "\r\n" if crlf else "\n"
+    data = (root + "".join(indent + line + end for indent, line in zip(indents, lines))
+            + ("</stream>" + end if root else "")).encode()
+
+    def read() -> tuple[list, str]:
+        out = io.StringIO()
+        source = Trickle(data, trickle) if trickle is not None else io.BytesIO(data)
+        got = [(e.seq, e.type, e.ts, type(e.ts), sorted((k, v, type(v)) for k, v in e.attrs.items()),
+                e.element.sourceline, etree.tostring(e.element, with_tail=False))
+               for e in read_xml(source, dead_letters=DeadLetters(out))]
+        return got, out.getvalue()
+
+    short = read()
+    with monkeypatch.context() as m:
+        m.setattr(xml_reader.Splitter, "_plain_lines", lambda self, region: None)
+        assert read() == short
