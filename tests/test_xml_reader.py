@@ -204,11 +204,13 @@ def test_plain_lines_build_no_tree_and_their_elements_are_the_parsed_ones():
     assert [type(e) for e in events] == [xml_reader.XmlLineEvent] * 2 + [Event]  # " 7 ": the long way
     assert [(e.seq, e.type, e.ts, e.attrs) for e in events] == [
         (0, "shelf", 5.0, {"tag_id": 7, "zone": "Z 4"}), (1, "exit", 6.5, {"tag_id": 2, "door": "a/b"}), (2, "e", 7.0, {})]
-    assert [etree.tostring(e.element).decode() for e in events] == [line.strip() for line in lines]
-    assert [e.element.sourceline for e in events] == [1, 2, 3] and out.getvalue() == ""
     eng = Engine()
     eng.register("//shelf[@tag_id = '007']", name="x")  # the text, not the typed value
-    assert [m["query"] for ev in events for m in eng.process(ev)] == ["x"]
+    eng.register("//exit[@door = 'a/b' and @tag_id > 1]", name="y")
+    assert [m["query"] for ev in events for m in eng.process(ev)] == ["x", "y"]
+    assert [type(e._built) for e in events[:2]] == [int, int]  # XPath read the texts: no element built
+    assert [etree.tostring(e.element).decode() for e in events] == [line.strip() for line in lines]
+    assert [e.element.sourceline for e in events] == [1, 2, 3] and out.getvalue() == ""
 
 
 PLAIN_LINE_POOL = ['<e ts="1" a="x"/>', '<e ts="2" a="007" b="2.5"/>', "<e ts='3' a='q\"q'/>", '<e ts="4"/>', "<e/>",
