@@ -191,7 +191,8 @@ def test_flat_events_read_alike_the_short_and_the_long_way(monkeypatch, events, 
 
     short = read()
     with monkeypatch.context() as m:
-        m.setattr(xml_reader, "_flat_events", xml_reader._long_events)
+        m.setattr(xml_reader, "_flat_events",
+                  lambda elements, seq, base, opts, typed, dl, out: xml_reader._long_events(elements, seq, base, opts, dl, out))
         m.setattr(xml_reader.Splitter, "_plain_lines", lambda self, region: None)
         assert read() == short
 

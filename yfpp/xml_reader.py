@@ -566,7 +566,7 @@ def _line_event_maker(opts: ReaderOptions) -> tuple[Callable[[str, Any], None], 
                                                       Callable[[], Lines]]:
     """``start(tag, attributes)``, ``reset(seq, line)`` and ``close()`` of a :class:`_LineEvents` (closures: the
     per-element work reads no attributes). An element's event is what :func:`_flat_events` would make;
-    one with no attributes or whose ts is missing or not a plain number is left to the long way."""
+    one with no attributes or whose ts is missing or not a usable number is left to the long way."""
     ts_field, unit = opts.ts_field, opts.unit
     m, d = unit
     typed = _TypedValues()
@@ -588,8 +588,7 @@ def _line_event_maker(opts: ReaderOptions) -> tuple[Callable[[str, Any], None], 
             elif raw_ts.isdigit() and len(raw_ts) < 16 and raw_ts.isascii():
                 ts = int(raw_ts) * m / d  # below 10¹⁶ × 3600: finite
             else:
-                number = typed_value(raw_ts)
-                ts = None if type(number) is str else scaled_ts(number, unit)
+                ts = _number_ts(raw_ts, unit)
             if ts is not None:
                 for name, text in attrs.items():  # values replaced in place: the dict's size does not change
                     attrs[name] = typed[text]
@@ -670,8 +669,10 @@ def xml_batches(f: IO[Any], owned: bool, opts: ReaderOptions, dl: DeadLetters) -
             for record in records:
                 kind = type(record)
                 if kind is Region:
-                    regional = _flat_events if flat_ok and record.flat else _long_events
-                    seq = regional(record.elements, seq, record.line - 1, opts, typed, dl, events)
+                    if flat_ok and record.flat:
+                        seq = _flat_events(record.elements, seq, record.line - 1, opts, typed, dl, events)
+                    else:
+                        seq = _long_events(record.elements, seq, record.line - 1, opts, dl, events)
                     continue
                 if kind is Lines:
                     if record.clean:
@@ -719,8 +720,15 @@ class _TypedValues(dict):
         return value
 
 
-def _long_events(elements: list[Any], seq: int, base: int, opts: ReaderOptions, typed: _TypedValues,
-                 dl: DeadLetters, out: list[Event]) -> int:
+def _number_ts(raw_ts: str, unit: tuple[int, int]) -> float | None:
+    """The ts in seconds of an attribute text that is a number (:func:`typed_value`), else None: what the
+    fast paths take; anything else (blanks around it, not a number, not finite) goes the long way."""
+    number = typed_value(raw_ts)
+    return None if type(number) is str else scaled_ts(number, unit)
+
+
+def _long_events(elements: list[Any], seq: int, base: int, opts: ReaderOptions, dl: DeadLetters,
+                 out: list[Event]) -> int:
     """The events of a region's elements (their lines counted from ``base``) appended to ``out``, numbered
     from ``seq``, malformed ones reported to ``dl``; the next seq."""
     for el in elements:
@@ -745,12 +753,12 @@ def _flat_events(elements: list[Any], seq: int, base: int, opts: ReaderOptions, 
         el.sourceline = line if line < 65535 else 65535  # libxml2 keeps an unsigned short
         attrs = dict(el.items())
         raw_ts = attrs.pop(ts_field, None)
-        if raw_ts is not None and raw_ts.isdigit() and len(raw_ts) < 16 and raw_ts.isascii():
-            ts = int(raw_ts) * m / d  # below 10¹⁶ × 3600: finite
-        elif raw_ts is not None and type(number := typed_value(raw_ts)) is not str:
-            ts = scaled_ts(number, opts.unit)
-        else:
+        if raw_ts is None:
             ts = None
+        elif raw_ts.isdigit() and len(raw_ts) < 16 and raw_ts.isascii():
+            ts = int(raw_ts) * m / d  # below 10¹⁶ × 3600: finite (the common case, without a call)
+        else:
+            ts = _number_ts(raw_ts, opts.unit)
         if ts is None:
             event = _event_or_report(el, seq, line, opts, dl)
             if event is not None:
