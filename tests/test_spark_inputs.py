@@ -147,6 +147,69 @@ def test_jsonl_files_split_by_line_keep_seq_and_positions(spark, tmp_path):
     events.unpersist()
 
 
+def test_split_ids_number_a_multi_file_multi_split_input(spark, tmp_path):
+    """Records carry their split's id, not its path: several files, each split in many, with a malformed
+    line, a blank line and a late event, get ``yfpp run``'s seq numbers over the files one after the other."""
+    recs = [json.dumps(r) for r in generate_rfid(4500, tags=6, seed=4)]
+    parts = [recs[:1500], recs[1500:3000], recs[3000:]]
+    parts[1][700:700] = ["", "not json", '{"type": "exit", "ts": 2, "tag_id": 1}']
+    feeds = tmp_path / "feeds"
+    feeds.mkdir()
+    files = [feeds / f"part-{i}.jsonl" for i in range(3)]
+    for f, part in zip(files, parts):
+        f.write_text("\n".join(part) + "\n")
+    spark.conf.set("spark.sql.files.maxPartitionBytes", "16k")
+    try:
+        events = read_events_df(spark, feeds)
+        n_parts = spark.read.text(str(feeds)).rdd.getNumPartitions()
+    finally:
+        spark.conf.unset("spark.sql.files.maxPartitionBytes")
+    assert n_parts > 10
+    want, base = [], 0
+    for f in files:
+        n = 0
+        for ev in read_events(f, dead_letters=DeadLetters()):
+            want.append((ev.seq + base, ev.type, ev.ts))
+            n = ev.seq + 1
+        base += n
+    got = events.where("reason is null").select("seq", "type", "ts").orderBy("seq").collect()
+    assert [tuple(r) for r in got] == [w for w in want if w[0] != 2201]  # 1500 + 701: the late event
+    dead = [r.asDict() for r in events.where("reason is not null").select("seq", "position").orderBy("seq").collect()]
+    assert dead == [{"seq": 2200, "position": "part-1.jsonl line 702"}, {"seq": 2201, "position": "seq 2201"}]
+    events.unpersist()
+
+
+def test_json_lines_files_spark_would_not_split_are_read_whole(spark, tmp_path):
+    """A plain JSON-lines file no larger than Spark's split size is read as one binaryFile row, not a
+    text row per line; a larger one is still split by line."""
+    from yfpp.spark.read import small_files
+
+    (tmp_path / "a.jsonl").write_text('{"type": "a", "ts": 1}\n' * 400)  # 9.2 kB
+    (tmp_path / "b.jsonl").write_text('{"type": "a", "ts": 1}\n' * 4000)  # 92 kB
+    files = [f"file:{tmp_path}/a.jsonl", f"file:{tmp_path}/b.jsonl"]
+    assert small_files(spark, files) == files  # below spark.sql.files.openCostInBytes (4 MB)
+    spark.conf.set("spark.sql.files.maxPartitionBytes", "16k")
+    try:
+        assert small_files(spark, files) == files[:1]
+    finally:
+        spark.conf.unset("spark.sql.files.maxPartitionBytes")
+
+
+def test_an_input_without_dead_letters_writes_an_empty_dead_letter_output(spark, queries, tmp_path, monkeypatch, capsys):
+    """The summaries show no malformed record and no late event: no pass over the input for the dead
+    letters, but the output folder is there as Spark writes it (empty, ``_SUCCESS``), and --mode holds."""
+    monkeypatch.chdir(tmp_path)
+    write_events(generate_rfid(300, tags=4, seed=2), tmp_path / "feed.jsonl")
+    code, err = run_cli(capsys, queries, "-i", "feed.jsonl", "-o", "out")
+    assert code == 0 and "dead letters      0\n" in err, err
+    assert (tmp_path / "out" / "dead_letters.jsonl" / "_SUCCESS").is_file()
+    assert spark.read.text(str(tmp_path / "out" / "dead_letters.jsonl")).count() == 0
+    (tmp_path / "bad.jsonl").write_text((tmp_path / "feed.jsonl").read_text() + "not json\n")
+    code, err = run_cli(capsys, queries, "-i", "bad.jsonl", "-o", "out", "--mode", "append")
+    assert code == 0 and "dead letters      1\n" in err, err
+    assert [json.loads(r.value)["position"] for r in spark.read.text(str(tmp_path / "out" / "dead_letters.jsonl")).collect()] == ["line 301"]
+
+
 @pytest.mark.parametrize("case", ["missing", "empty", "only_success", "only_empty_subdirs", "truncated_gzip"])
 def test_bad_inputs_are_one_error_line(spark, queries, tmp_path, monkeypatch, capsys, case):
     monkeypatch.chdir(tmp_path)

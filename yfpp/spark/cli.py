@@ -189,10 +189,13 @@ def batch(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namespa
             columns.drop("json").write.mode(mode).partitionBy(*args.partition_by).saveAsTable(args.table)
     with steps.step("write dead letters"):
         counted = Observation("dead letters")
-        dead = events.where(F.col("reason").isNotNull()).observe(counted, F.count(F.lit(1)).alias("n"))
+        dead = events.where(F.col("reason").isNotNull())
+        none = not parsed.late and not parsed.malformed  # the summaries show none: an empty output, no pass over the input
+        # limit(0) is planned as an empty relation (Spark's OptimizeLimitZero): no job reads the cache
+        dead = dead.limit(0) if none else dead.observe(counted, F.count(F.lit(1)).alias("n"))
         dead.select(F.to_json(F.struct("seq", "position", "reason", "raw"), {"ignoreNullFields": "false"})) \
             .write.mode(mode).text(os.path.join(out, "dead_letters.jsonl"))
-        n_dead = counted.get["n"]
+        n_dead = 0 if none else counted.get["n"]
     n_events = parsed.records - n_dead
     tasks = sorted((json.loads(r["json"]) for r in rows.where(F.col("query").isNull()).collect()), key=lambda t: t["task"])
     counts: dict[str, int] = {}  # matches per query: the tasks' own counts

@@ -37,7 +37,7 @@ from pyspark.sql.streaming import StreamingQuery
 from yfpp.errors import InputError
 from yfpp.spark import inputs
 from yfpp.spark.parse import PARSED_SCHEMA, parse_batches
-from yfpp.spark.read import Parsed, any_late, events_of, split_offsets
+from yfpp.spark.read import Parsed, any_late, events_of, split_offsets, summaries
 from yfpp.spark.source import EVENT_SCHEMA
 
 _BINARY_FILE = "path string, modificationTime timestamp, length long, content binary"
@@ -121,7 +121,7 @@ class Stager:
         seq, max_ts = self.start(batch_id)
         self.files.delete_matching(f"{self.checkpoint}/tmp/{batch_id}-*")  # left by a failed attempt
         parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
-        stats = parsed.where(F.col("n").isNotNull()).select("path", "block", "n", "line", "ts", "pos", "prev_max").collect()
+        stats = summaries(parsed)
         tmp = f"{self.checkpoint}/tmp/{batch_id}-{uuid.uuid4().hex}"
         if stats:
             offsets = split_offsets(stats, False, (seq, max_ts), self.root)

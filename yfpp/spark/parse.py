@@ -2,20 +2,27 @@
 
 Spark reads the input through its own file system layer (any Hadoop URI) in
 one of two shapes, and :func:`parse_batches` (a ``mapInArrow`` function) runs
-:func:`yfpp.readers.read_events` over them:
+:func:`yfpp.readers.read_event_batches` over them:
 
-* a **whole file** per row (``binaryFile``): XML, gzip, or any file whose
-  name is not a plain JSON-lines name — parsed in one go;
+* a **whole file** per row (``binaryFile``): XML, gzip, a small JSON-lines
+  file, or any file whose name is not a plain JSON-lines name — parsed in one go;
 * the **lines of a split** of a plain JSON-lines file (``text``, split by
-  Spark at line boundaries), one row per line, the split named by its start
-  offset — parsed a batch of lines at a time, counting on across batches.
+  Spark at line boundaries), one row per line ending with ``\n`` (added in
+  the JVM), the split named by its start offset — the lines of an Arrow batch
+  handed to the reader as one piece of bytes (no Python object per line),
+  counting on across batches.
 
-Every record gives a row (events and malformed records alike) with its index
-``pos`` and line within its split and the largest ts before it in the split;
-after the last record of a split comes one summary row (``n`` = records,
-``line`` = lines, ``ts`` = largest ts, ``prev_max`` = smallest ts, ``pos`` =
-the events below a larger ts before them in the split) from which the driver
-computes global seq numbers and late events (:mod:`yfpp.spark.read`).
+Output is built column by column (a list per column, one Arrow array each)
+from the readers' event lists. Every record gives a row (events and malformed
+records alike) with its split's id (:func:`split_id`, a 64-bit hash of path
+and offset), its index ``pos`` and line within its split and, for an event,
+the largest ts before it in the split; after the last record of a split comes
+one summary row — the only row carrying the split's ``path`` and ``block`` —
+(``n`` = records, ``dead`` = malformed records, ``line`` = lines, ``ts`` =
+largest ts, ``prev_max`` = smallest ts, ``pos`` = the events below a larger
+ts before them in the split)
+from which the driver computes global seq numbers and late events
+(:mod:`yfpp.spark.read`).
 
 Options (a dict): ``ts_field``, ``ts_unit``, ``format``; ``xml`` (default
 true): ship each XML event's element as text (only XPath predicates read it);
@@ -26,28 +33,32 @@ so the routing needs no JSON parsing in the JVM.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import re
 import zlib
 from typing import Any, Iterator, Sequence
 
+import numpy as np
+import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 from lxml import etree
 
 from yfpp.dead_letters import DeadLetters
-from yfpp.events import MISSING, Event
-from yfpp.readers import format_of, read_events
+from yfpp.events import MISSING, PSEUDO_ATTRS, Event
+from yfpp.readers import format_of, read_event_batches, read_events
 
-#: Rows of :func:`parse_batches`: a record (``n`` null) or a split's summary (``n`` set).
-PARSED_SCHEMA = ("path string, block long, pos long, line long, prev_max double, type string, ts double, "
-                 "attrs string, xml string, reason string, position string, raw string, n long, "
-                 "key_hashes map<string, bigint>")
+#: Rows of :func:`parse_batches`: a record (``n`` null) or a split's summary (``n``, ``path``, ``block`` set).
+PARSED_SCHEMA = ("split long, pos long, line long, prev_max double, type string, ts double, attrs string, "
+                 "xml string, reason string, position string, raw string, n long, key_hashes map<string, bigint>, "
+                 "path string, block long, dead long")
 _ARROW = pa.schema([
-    ("path", pa.string()), ("block", pa.int64()), ("pos", pa.int64()), ("line", pa.int64()), ("prev_max", pa.float64()),
+    ("split", pa.int64()), ("pos", pa.int64()), ("line", pa.int64()), ("prev_max", pa.float64()),
     ("type", pa.string()), ("ts", pa.float64()), ("attrs", pa.string()), ("xml", pa.string()), ("reason", pa.string()),
     ("position", pa.string()), ("raw", pa.string()), ("n", pa.int64()),
-    ("key_hashes", pa.map_(pa.string(), pa.int64())),
+    ("key_hashes", pa.map_(pa.string(), pa.int64())), ("path", pa.string()), ("block", pa.int64()), ("dead", pa.int64()),
 ])
 _LINE = re.compile(r"line (\d+)")
 
@@ -55,42 +66,29 @@ _LINE = re.compile(r"line (\d+)")
 class _Collect(DeadLetters):
     """Dead letters kept as ``(pos, position, reason, raw)`` until the caller takes them."""
 
-    def __init__(self, where: str = "") -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.where = where
         self.items: list[tuple[int, str, str, str | None]] = []
 
     def report(self, seq: int, position: str, reason: str, raw: str | None = None) -> None:
         super().report(seq, position, reason, raw)
-        self.items.append((seq, f"{self.where} {position}" if self.where else position, reason, raw))
+        self.items.append((seq, position, reason, raw))
 
 
-def records(source: Any, options: dict[str, Any], where: str = "", format: str | None = None,
-            keys: Sequence[Sequence[str]] = ()) -> Iterator[tuple]:
-    """``(pos, type, ts, attrs JSON, xml, reason, position, raw)`` for every record of ``source``, in order,
-    and with ``keys`` the event's ``{"a,b": key hash}`` of each list as a ninth item (None for a dead letter).
-
-    ``where`` (a file name) prefixes the positions of dead letters; ``format``
-    overrides ``options["format"]``.
-    """
-    dead = _Collect(where)
-    fmt = format or options.get("format") or None
+def records(source: Any, options: dict[str, Any]) -> Iterator[tuple]:
+    """``(pos, type, ts, attrs JSON, xml, reason, position, raw)`` for every record of ``source``, in order
+    (the socket source's rows, :mod:`yfpp.spark.source`)."""
+    dead = _Collect()
     with_xml = options.get("xml", True)
-    events = read_events(source, fmt, ts_field=options.get("ts_field", "ts"), ts_unit=options.get("ts_unit", "s"),
-                         dead_letters=dead)
-    names = [(",".join(k), k) for k in keys]
-    keyed, dumps, tostring = bool(keys), json.dumps, etree.tostring
+    events = read_events(source, options.get("format") or None, ts_field=options.get("ts_field", "ts"),
+                         ts_unit=options.get("ts_unit", "s"), dead_letters=dead)
     for ev in events:
         if dead.items:
-            yield from _drain(dead, keyed)
+            yield from _drain(dead)
         el = ev._element
-        xml = tostring(el, encoding="unicode", with_tail=False) if with_xml and el is not None else None
-        if keyed:
-            yield (ev.seq, ev.type, float(ev.ts), dumps(ev.attrs), xml, None, None, None,
-                   {n: key_hash(ev, k) for n, k in names})
-        else:
-            yield ev.seq, ev.type, float(ev.ts), dumps(ev.attrs), xml, None, None, None
-    yield from _drain(dead, keyed)
+        xml = etree.tostring(el, encoding="unicode", with_tail=False) if with_xml and el is not None else None
+        yield ev.seq, ev.type, float(ev.ts), json.dumps(ev.attrs), xml, None, None, None
+    yield from _drain(dead)
 
 
 def key_hash(ev: Event, key: Sequence[str]) -> int | None:
@@ -112,100 +110,218 @@ def key_hash(ev: Event, key: Sequence[str]) -> int | None:
     return (zlib.crc32(text) << 31) ^ zlib.adler32(text)
 
 
-def _drain(dead: _Collect, keyed: bool = False) -> Iterator[tuple]:
+def _drain(dead: _Collect) -> Iterator[tuple]:
     for pos, position, reason, raw in dead.items:
-        yield (pos, None, None, None, None, reason, position, raw, *((None,) if keyed else ()))
+        yield pos, None, None, None, None, reason, position, raw
     dead.items.clear()
 
 
+def split_id(path: str, block: int) -> int:
+    """The 64-bit id of the split of ``path`` starting at byte ``block`` (a hash: the driver checks that
+    the input's splits have distinct ids, see :func:`yfpp.spark.read.split_offsets`)."""
+    digest = hashlib.blake2b(f"{path}\x00{block}".encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
 class _Split:
-    """The running counts of one split: records, lines and the largest ts so far."""
+    """The running counts of one split: records, lines, the smallest and largest ts so far."""
 
     def __init__(self, path: str, block: int):
-        self.path, self.block = path, block
-        self.n = self.lines = 0
+        self.path, self.block, self.id = path, block, split_id(path, block)
+        self.n = self.lines = self.dead = 0
         self.max_ts: float | None = None
         self.min_ts: float | None = None
         self.late = 0  # events with ts below the largest ts before them in the split
 
-    def rows(self, recs: Iterator[tuple]) -> Iterator[tuple]:
-        """The :data:`PARSED_SCHEMA` rows of :func:`records`' tuples, counting on (kept in locals: a hot loop)."""
-        path, block, base_pos, base_line = self.path, self.block, self.n, self.lines
-        n, late, lo, hi = self.n, self.late, self.min_ts, self.max_ts
+    def read(self, source: Any, fmt: str | None, lines: int, options: dict[str, Any],
+             out: "_Columns") -> Iterator[pa.RecordBatch]:
+        """Parse ``source`` (``lines`` more lines of this split; 0: a whole file) into ``out``'s rows,
+        yielding them as a batch whenever there are :data:`_BATCH_ROWS` (memory stays bounded in a big file)."""
+        dead = _Collect()
+        base_pos, base_line, last = self.n, self.lines, -1
         try:
-            for rec in recs:
-                pos, ts, reason, position = rec[0], rec[2], rec[5], rec[6]
-                line = None
-                if position is not None and (m := _LINE.search(position)):
-                    line = int(m.group(1)) + base_line
-                yield (path, block, pos + base_pos, line, hi, rec[1], ts, rec[3], rec[4], reason, position, rec[7], None,
-                       rec[8] if len(rec) > 8 else None)
-                n = pos + base_pos + 1
-                if ts is not None:
-                    if reason is None:
-                        if hi is not None and ts < hi:
-                            late += 1
-                        if lo is None or ts < lo:
-                            lo = ts
-                    if hi is None or ts > hi:
-                        hi = ts
+            for events in read_event_batches(source, fmt, ts_field=options.get("ts_field", "ts"),
+                                             ts_unit=options.get("ts_unit", "s"), dead_letters=dead):
+                if dead.items:
+                    last = max(last, out.dead(self, dead.items, base_pos, base_line))
+                out.events(self, events, base_pos, options.get("xml", True))
+                last = max(last, events[-1].seq)
+                if len(out) >= _BATCH_ROWS:
+                    yield out.batch()
         finally:
-            self.n, self.late, self.min_ts, self.max_ts = n, late, lo, hi
+            if dead.items:
+                last = max(last, out.dead(self, dead.items, base_pos, base_line))
+        self.n = base_pos + last + 1
+        self.lines += lines
 
-    def summary(self) -> tuple:
-        return (self.path, self.block, self.late, self.lines, self.min_ts, None, self.max_ts, None, None, None, None, None,
-                self.n, None)
+
+class _Columns:
+    """:data:`PARSED_SCHEMA` rows being built, a list per column, until :meth:`batch` takes them."""
+
+    def __init__(self, keys: Sequence[Sequence[str]]):
+        self.keys = [(",".join(k), tuple(k)) for k in keys]
+        self.names = [n for n, _ in self.keys]
+        self.memos: list[dict[Any, int | None]] = [{} for _ in self.keys]  # value → key hash, per key
+        self._clear()
+
+    def _clear(self) -> None:
+        self.cols: dict[str, list[Any]] = {f.name: [] for f in _ARROW if f.name != "key_hashes"}
+        self.hashes: list[list[int | None]] = [[] for _ in self.keys]
+
+    def __len__(self) -> int:
+        return len(self.cols["split"])
+
+    def _nulls(self, k: int, *names: str) -> None:
+        none = [None] * k
+        for name in names:
+            self.cols[name].extend(none)
+        for h in self.hashes:
+            h.extend(none)
+
+    def events(self, split: _Split, events: list[Event], base_pos: int, with_xml: bool) -> None:
+        """Add the rows of ``events`` (in order) and count them into ``split``."""
+        c, k = self.cols, len(events)
+        ts = [ev.ts for ev in events]
+        prev, hi, late = [], split.max_ts, split.late
+        for t in ts:
+            prev.append(hi)
+            if hi is None or t > hi:
+                hi = t
+            elif t < hi:
+                late += 1
+        low = min(ts)
+        split.max_ts, split.late = hi, late
+        split.min_ts = low if split.min_ts is None or low < split.min_ts else split.min_ts
+        c["split"].extend([split.id] * k)
+        c["pos"].extend([ev.seq + base_pos for ev in events])
+        c["prev_max"].extend(prev)
+        c["type"].extend([ev.type for ev in events])
+        c["ts"].extend(ts)
+        c["attrs"].extend([_json(ev.attrs) for ev in events])
+        tostring = etree.tostring
+        c["xml"].extend([tostring(ev._element, encoding="unicode", with_tail=False) if ev._element is not None
+                         else None for ev in events] if with_xml else [None] * k)
+        none = [None] * k
+        for name in ("line", "reason", "position", "raw", "n", "path", "block", "dead"):
+            c[name].extend(none)
+        for h, (_, key), memo in zip(self.hashes, self.keys, self.memos):
+            h.extend(_key_hashes(events, key, memo))
+
+    def dead(self, split: _Split, items: list[tuple[int, str, str, str | None]], base_pos: int, base_line: int) -> int:
+        """Add the dead letters ``items`` (and clear them); their largest record index."""
+        c = self.cols
+        for seq, position, reason, raw in items:
+            m = _LINE.search(position)
+            c["split"].append(split.id)
+            c["pos"].append(seq + base_pos)
+            c["line"].append(int(m.group(1)) + base_line if m else None)
+            c["reason"].append(reason)
+            c["position"].append(position)
+            c["raw"].append(raw)
+        self._nulls(len(items), "prev_max", "type", "ts", "attrs", "xml", "n", "path", "block", "dead")
+        split.dead += len(items)
+        last = max(seq for seq, *_ in items)
+        items.clear()
+        return last
+
+    def summary(self, split: _Split) -> None:
+        """Add ``split``'s summary row."""
+        c = self.cols
+        for name, value in (("split", split.id), ("pos", split.late), ("line", split.lines), ("prev_max", split.min_ts),
+                            ("ts", split.max_ts), ("n", split.n), ("path", split.path), ("block", split.block),
+                            ("dead", split.dead)):
+            c[name].append(value)
+        self._nulls(1, "type", "attrs", "xml", "reason", "position", "raw")
+
+    def batch(self) -> pa.RecordBatch:
+        """The rows added since the last call, as one Arrow batch."""
+        rows = len(self)
+        arrays = []
+        for f in _ARROW:
+            if f.name != "key_hashes":
+                arrays.append(pa.array(self.cols[f.name], f.type))
+            elif not self.keys:
+                arrays.append(pa.nulls(rows, f.type))
+            else:
+                k = len(self.keys)
+                values = self.hashes[0] if k == 1 else [v for vs in zip(*self.hashes) for v in vs]
+                arrays.append(pa.MapArray.from_arrays(pa.array(range(0, rows * k + 1, k), pa.int32()),
+                                                      pa.array(self.names * rows, pa.string()),
+                                                      pa.array(values, pa.int64()), type=f.type))
+        self._clear()
+        return pa.RecordBatch.from_arrays(arrays, schema=_ARROW)
+
+
+def _key_hashes(events: list[Event], key: tuple[str, ...], memo: dict[Any, int | None]) -> list[int | None]:
+    """:func:`key_hash` of each event, remembered per value of a one-attribute key (values Python finds
+    equal hash alike, so the memo may be keyed by the value; cleared past 2¹⁶ values)."""
+    if len(key) > 1 or key[0] in PSEUDO_ATTRS:
+        return [key_hash(ev, key) for ev in events]
+    if len(memo) > 1 << 16:
+        memo.clear()
+    a, out = key[0], []
+    for ev in events:
+        v = ev.attrs.get(a, MISSING)
+        try:
+            out.append(memo[v])
+        except KeyError:
+            out.append(memo.setdefault(v, key_hash(ev, key)))
+    return out
+
+
+def _json(attrs: dict[str, Any]) -> bytes | str:
+    """``attrs`` as a JSON object (orjson; the standard library for what orjson refuses: integers beyond
+    64 bits, lone surrogates). The readers' floats are finite, so orjson never writes NaN as null."""
+    try:
+        return orjson.dumps(attrs)
+    except TypeError:  # orjson.JSONEncodeError
+        return json.dumps(attrs)
+
+
+_BATCH_ROWS = 8192  # rows per output Arrow batch (about)
 
 
 def parse_batches(options: dict[str, Any]) -> Any:
     """The ``mapInArrow`` function over ``(path, block, content, whole)`` rows (see the module docstring)."""
 
-    keys = options.get("keys", ())
-
-    def rows(batches: Iterator[pa.RecordBatch]) -> Iterator[tuple]:
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        out = _Columns(options.get("keys", ()))
         split: _Split | None = None
-        lines: list[bytes] = []
         for rb in batches:
-            c = rb.to_pydict()
-            for path, block, content, whole in zip(c["path"], c["block"], c["content"], c["whole"]):
+            paths, blocks, contents, whole = (rb.column(c) for c in ("path", "block", "content", "whole"))
+            for a, b in _runs(paths, blocks):
+                path, block = paths[a].as_py(), blocks[a].as_py()
                 if split is None or (path, block) != (split.path, split.block):
                     if split is not None:
-                        yield from _lines(split, lines, options)
-                        yield split.summary()
+                        out.summary(split)
                     split = _Split(path, block)
-                if whole:
+                if whole[a].as_py():  # a whole file (one row)
                     fmt = options.get("format") or format_of(path)
-                    yield from split.rows(records(io.BufferedReader(io.BytesIO(content)), options, format=fmt, keys=keys))
+                    for i in range(a, b):
+                        yield from split.read(io.BufferedReader(io.BytesIO(contents[i].as_py())), fmt, 0, options, out)
                 else:
-                    lines.append(content)
-            if split is not None:
-                yield from _lines(split, lines, options)
+                    yield from split.read(io.BytesIO(_piece(contents, a, b)), "jsonl", b - a, options, out)
         if split is not None:
-            yield split.summary()
-
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        out: list[tuple] = []
-        for row in rows(batches):
-            out.append(row)
-            if len(out) >= 8192:
-                yield _batch(out)
-                out.clear()
-        if out:
-            yield _batch(out)
+            out.summary(split)
+        if len(out):
+            yield out.batch()
 
     return run
 
 
-def _lines(split: _Split, lines: list[bytes], options: dict[str, Any]) -> Iterator[tuple]:
-    """The records of the JSON lines collected for ``split`` (they continue its earlier lines)."""
-    if not lines:
-        return
-    data, n = io.BufferedReader(io.BytesIO(b"\n".join(lines) + b"\n")), len(lines)
-    lines.clear()
-    yield from split.rows(records(data, options, format="jsonl", keys=options.get("keys", ())))
-    split.lines += n
+def _runs(paths: pa.Array, blocks: pa.Array) -> list[tuple[int, int]]:
+    """The ``[a, b)`` row ranges of equal ``(path, block)``: the splits of an Arrow batch."""
+    n = len(paths)
+    if n < 2:
+        return [(0, n)] if n else []
+    change = pc.or_(pc.not_equal(paths[1:], paths[:-1]), pc.not_equal(blocks[1:], blocks[:-1]))
+    edges = [0, *(np.flatnonzero(change.to_numpy(zero_copy_only=False)) + 1).tolist(), n]
+    return list(zip(edges, edges[1:]))
 
 
-def _batch(rows: list[tuple]) -> pa.RecordBatch:
-    cols = list(zip(*rows))
-    return pa.RecordBatch.from_arrays([pa.array(col, f.type) for col, f in zip(cols, _ARROW)], schema=_ARROW)
+def _piece(values: pa.Array, a: int, b: int) -> bytes:
+    """Rows ``a`` to ``b`` of a binary column as one ``bytes`` (a slice of its data buffer)."""
+    width = np.int64 if pa.types.is_large_binary(values.type) else np.int32
+    _, offsets, data = values.buffers()
+    off = np.frombuffer(offsets, dtype=width, count=len(values) + 1, offset=values.offset * np.dtype(width).itemsize)
+    return data[int(off[a]):int(off[b])].to_pybytes() if data is not None else b""

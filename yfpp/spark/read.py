@@ -21,11 +21,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from yfpp.engine import event_raw
+from yfpp.errors import InputError
 from yfpp.spark import inputs
 from yfpp.spark.parse import PARSED_SCHEMA, parse_batches
 
-#: The splits' offsets (:func:`split_offsets`), given to the executors as one JSON literal (no Python job).
-_OFFSETS_SCHEMA = "array<struct<path string, block long, seq_base long, line_base long, before double, prefix string>>"
+#: The splits' offsets (:func:`split_offsets`, by split id), given to the executors as one JSON literal (no Python job).
+_OFFSETS_SCHEMA = "array<struct<split long, seq_base long, line_base long, before double, prefix string>>"
 
 
 class Parsed(NamedTuple):
@@ -41,6 +42,11 @@ class Parsed(NamedTuple):
     def records(self) -> int:
         """Records (events and malformed ones) in the input."""
         return sum(s["n"] for s in self.stats)
+
+    @property
+    def malformed(self) -> int:
+        """Malformed records in the input (dead letters other than late events)."""
+        return sum(s["dead"] for s in self.stats)
 
     def time_range(self) -> tuple[float | None, float | None]:
         """The smallest and largest ts of the input's events (late ones included)."""
@@ -87,7 +93,9 @@ def parse_input(spark: SparkSession, path: str | os.PathLike[str], format: str |
     opts: dict[str, Any] = {"ts_field": ts_field, "ts_unit": ts_unit, "xml": xml, "keys": [list(k) for k in keys],
                             **({"format": format} if format else {})}
     split = [f for f in files if inputs.splittable(f, format)]
-    whole = [f for f in files if not inputs.splittable(f, format)]
+    small = set(small_files(spark, split))
+    split = [f for f in split if f not in small]
+    whole = [f for f in files if f not in split]
     parts = []
     if whole:
         parts.append(spark.read.format("binaryFile").option("recursiveFileLookup", "true").load(whole).select(
@@ -96,22 +104,70 @@ def parse_input(spark: SparkSession, path: str | os.PathLike[str], format: str |
     if split:
         parts.append(spark.read.option("lineSep", "\n").option("recursiveFileLookup", "true").text(split).select(
             F.col("_metadata.file_path").alias("path"), F.col("_metadata.file_block_start").alias("block"),
-            F.col("value").cast("binary").alias("content"), F.lit(False).alias("whole")))
+            F.concat("value", F.lit("\n")).cast("binary").alias("content"), F.lit(False).alias("whole")))
     parsed = reduce(DataFrame.union, parts).mapInArrow(parse_batches(opts), PARSED_SCHEMA) \
         .persist(StorageLevel.MEMORY_AND_DISK)
     with step("read + parse (readers), summaries"):
-        stats = parsed.where(F.col("n").isNotNull()).select("path", "block", "n", "line", "ts", "pos", "prev_max").collect()
+        stats = summaries(parsed)
     offsets = split_offsets(stats, inputs.single_file(given, files))
     return Parsed(parsed, stats, offsets, any_late(stats, offsets))
 
 
+def small_files(spark: SparkSession, files: list[str]) -> list[str]:
+    """The ``files`` Spark's ``text`` source would read in one piece anyway — no larger than its split size
+    (``spark.sql.files.maxPartitionBytes``, or the input's bytes per core — ``spark.sql.files.minPartitionNum``,
+    by default the default parallelism — when smaller, at least ``spark.sql.files.openCostInBytes``) — to be
+    read whole instead (``binaryFile``): a row per file, not a row per line, and no task is lost. Only for up
+    to :data:`_SIZED_FILES` files (their sizes are asked one by one)."""
+    if not files or len(files) > _SIZED_FILES:
+        return []
+    jvm, hadoop = spark.sparkContext._jvm, spark.sparkContext._jsc.hadoopConfiguration()
+    sizes = {}
+    for f in files:
+        p = jvm.org.apache.hadoop.fs.Path(f)
+        sizes[f] = p.getFileSystem(hadoop).getFileStatus(p).getLen()
+    conf = spark.conf
+    max_bytes = _bytes(conf.get("spark.sql.files.maxPartitionBytes"))
+    open_cost = _bytes(conf.get("spark.sql.files.openCostInBytes"))
+    cores = int(conf.get("spark.sql.files.minPartitionNum", None) or conf.get("spark.sql.leafNodeDefaultParallelism", None)
+                or spark.sparkContext.defaultParallelism)
+    per_core = sum(sizes[f] + open_cost for f in files) // max(cores, 1)
+    limit = min(max_bytes, max(open_cost, per_core))  # Spark's own split size (FilePartition.maxSplitBytes)
+    return [f for f in files if sizes[f] <= limit]
+
+
+_SIZED_FILES = 1000
+
+
+def _bytes(text: str) -> int:
+    """A Spark byte size (``134217728``, ``128m``, ``4MB``) in bytes."""
+    t = text.strip().lower().removesuffix("b")
+    scale = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}.get(t[-1:], 1)
+    return int(float(t.rstrip("kmgt")) * scale)
+
+
+def summaries(parsed: DataFrame) -> list[Any]:
+    """The splits' summary rows of a :data:`PARSED_SCHEMA` DataFrame (a job): ``(path, block, n, line, ts,
+    pos, prev_max, split, dead)``, the fields :func:`split_offsets`, :func:`any_late` and :class:`Parsed` read."""
+    return parsed.where(F.col("n").isNotNull()).select("path", "block", "n", "line", "ts", "pos", "prev_max",
+                                                      "split", "dead").collect()
+
+
 def events_of(spark: SparkSession, parsed: Parsed) -> DataFrame:
     """The records of ``parsed`` with global seq numbers, late events as dead letters (columns as
-    :func:`read_events_df`'s, and ``key_hashes``); not persisted: each use reads ``parsed.df``."""
-    names = ("path", "block", "seq_base", "line_base", "before", "prefix")
-    text = json.dumps([dict(zip(names, o)) for o in parsed.offsets])
+    :func:`read_events_df`'s, and ``key_hashes``); not persisted: each use reads ``parsed.df``.
+
+    The records carry their split's id (a hash, :func:`yfpp.spark.parse.split_id`), not its path:
+    the splits' offsets are joined by that id. Raises :class:`~yfpp.errors.InputError` in the
+    (2⁻⁶⁴-per-pair unlikely) case of two splits with one id."""
+    ids = {(s["path"], s["block"]): s["split"] for s in parsed.stats}
+    if len(set(ids.values())) != len(ids):
+        raise InputError("two input splits have the same 64-bit id; rename a file or change "
+                         "spark.sql.files.maxPartitionBytes")
+    names = ("split", "seq_base", "line_base", "before", "prefix")
+    text = json.dumps([dict(zip(names, (ids[(o[0], o[1])], *o[2:]))) for o in parsed.offsets])
     offsets = spark.range(1).select(F.inline(F.from_json(F.lit(text), _OFFSETS_SCHEMA)))
-    r = parsed.df.where(F.col("n").isNull()).join(F.broadcast(offsets), ["path", "block"])
+    r = parsed.df.where(F.col("n").isNull()).join(F.broadcast(offsets), "split")
     seq = F.col("seq_base") + F.col("pos")
     stream_time = F.greatest("prev_max", "before")
     late = F.col("reason").isNull() & (F.col("ts") < stream_time)
