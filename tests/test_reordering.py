@@ -125,3 +125,48 @@ def test_advance_time_fires_the_deadline_once_the_buffer_cannot_kill_it():
     eng.process({"type": "shelf", "ts": 0, "tag_id": 1})
     assert eng.advance_time(15) == []  # watermark 10: the deadline 10 has not passed
     assert [m["bindings"] for m in eng.advance_time(15.5)] == [{"a": [0]}]
+
+
+class _Checked(Event):
+    """An Event of a subclass: ``Engine.process`` never takes its fast path for it."""
+
+    __slots__ = ()
+
+
+@st.composite
+def disordered(draw, events: list[Event]) -> list[tuple[str, object]]:
+    """``events`` with ts pulled back or repeated, seqs unassigned, repeated, backwards or derived-like strings,
+    ints for ts, and advance_time calls between them: ("event", Event) or ("advance", ts)."""
+    out: list[tuple[str, object]] = []
+    for e in events:
+        ts = e.ts - draw(st.sampled_from([0, 0, 0, 1, 3]))
+        ts = float(ts) if draw(st.booleans()) else ts
+        seq = draw(st.sampled_from([e.seq, e.seq, -1, max(e.seq - 2, 0), f"d{e.seq}"]))
+        out.append(("event", Event(e.type, ts, dict(e.attrs), seq)))
+        if draw(st.integers(0, 5)) == 0:
+            out.append(("advance", e.ts + draw(st.sampled_from([-1, 0, 0.5]))))
+    return out
+
+
+def _fed(pats, steps, max_delay: float, event_class: type) -> tuple:
+    sink = io.StringIO()
+    eng = Engine(max_delay=max_delay, dead_letters=DeadLetters(sink))
+    for i, p in enumerate(pats):
+        eng.register(p, name=f"q{i}")
+    out = []
+    for kind, x in steps:
+        if kind == "event":
+            out += eng.process(event_class(x.type, x.ts, dict(x.attrs), x.seq))
+        else:
+            out += eng.advance_time(x)
+    out += eng.flush()
+    return out, sink.getvalue(), eng._mark, eng._next_seq
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.data(), st.lists(patterns(), min_size=1, max_size=2), streams(max_events=12), st.sampled_from([0, 0, 2]))
+def test_process_fast_path_agrees_with_the_checked_path(data, pats, events, max_delay):
+    """Late, repeated, unassigned and derived-like seqs, equal and int timestamps, advance_time between events:
+    the same matches, dead letters, watermark and next seq whether or not ``process`` takes its fast path."""
+    steps = data.draw(disordered(events))
+    assert _fed(pats, steps, max_delay, Event) == _fed(pats, steps, max_delay, _Checked)

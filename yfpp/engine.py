@@ -43,7 +43,7 @@ from yfpp.runtime import Runtime
 MAX_RUNS_PER_QUERY = 250_000
 MAX_BUFFER_PER_QUERY = 1_000_000
 STDERR: Any = type("Stderr", (), {"__repr__": lambda self: "sys.stderr"})()  # the default report stream, looked up when used
-_LAST = float("inf")  # order key of a derived event's non-int seq: after the int seqs of its ts
+_INF = _LAST = float("inf")  # (_LAST: the order key of a derived event's non-int seq: after the int seqs of its ts)
 
 
 class Engine:
@@ -108,7 +108,7 @@ class Engine:
         self._next_seq = 0
         self._arrivals = count()
         self._held: list[tuple[float, float, int, Event]] = []  # reorder buffer: (ts, seq key, arrival, event)
-        self._mark: tuple[float, float] = (float("-inf"), float("-inf"))  # the watermark, (ts, seq key)
+        self._mark_ts = self._mark_sk = float("-inf")  # the watermark, (ts, seq key): see _mark
         self._route_events()
 
     # --- queries --------------------------------------------------------------------
@@ -180,21 +180,35 @@ class Engine:
         number, is reported to the dead letters (and returns ``[]``); so is a
         late event, with its record so that it can be replayed.
         """
+        if type(event) is Event:  # the fast path: a finite float ts past the watermark's, a fresh int seq, no reordering
+            ts = event.ts
+            seq = event.seq
+            etype = event.type
+            if (type(ts) is float and ts > self._mark_ts and ts < _INF and type(seq) is int and seq >= self._next_seq
+                    and type(etype) is str and etype and self._direct):
+                self._next_seq = seq + 1
+                self._mark_ts = ts
+                self._mark_sk = seq
+                return self._one(event)
         if isinstance(event, Event):
             ev = event
-            ts = ev.ts
-            if not (type(ts) is float and ts - ts == 0.0 and type(ev.type) is str and ev.type):  # else not a finite float
-                ev = self._checked(ev)
-                if ev is None:
-                    return []
-                ts = ev.ts
         elif isinstance(event, Mapping):
             ev = self._from_record(event)
             if ev is None:
                 return []
-            ts = ev.ts
         else:
             raise YfppError(f"process() takes an Event or a mapping, not {type(event).__name__}")
+        return self._in_order(ev)
+
+    def _in_order(self, ev: Event) -> list[dict]:
+        """:meth:`process` of an Event the fast path did not take: checked, given a seq, reported if late, held
+        for reordering or passed on."""
+        ts = ev.ts
+        if not (type(ts) is float and ts - ts == 0.0 and type(ev.type) is str and ev.type):  # else not a finite float
+            ev = self._checked(ev)
+            if ev is None:
+                return []
+            ts = ev.ts
         seq = ev.seq
         if type(seq) is int:
             nxt = self._next_seq
@@ -206,17 +220,36 @@ class Engine:
             sk = seq
         else:
             sk = _LAST
-        mark_ts, mark_sk = self._mark
+        mark_ts, mark_sk = self._mark_ts, self._mark_sk
         if ts <= mark_ts and (ts < mark_ts or sk < mark_sk):
             self.dead_letters.report(
                 seq, f"seq {seq}", f"late event: ts {ts} < stream time {mark_ts} (max_delay {self.max_delay})", _raw(ev)
             )
             return []
-        if self.max_delay <= 0:
-            self._mark = (ts, sk)
+        if self._direct:
+            self._mark_ts, self._mark_sk = ts, sk
             return self._one(ev)
         heapq.heappush(self._held, (ts, sk, next(self._arrivals), ev))
         return self._release(ts - self.max_delay)
+
+    @property
+    def max_delay(self) -> float:
+        """How far (in ts) an event may arrive after later ones and still be reordered into place."""
+        return self._max_delay
+
+    @max_delay.setter
+    def max_delay(self, value: float) -> None:
+        self._max_delay = value
+        self._direct = value <= 0  # events go straight on, not through the reorder buffer
+
+    @property
+    def _mark(self) -> tuple[float, float]:
+        """The watermark, (ts, seq key)."""
+        return self._mark_ts, self._mark_sk
+
+    @_mark.setter
+    def _mark(self, mark: tuple[float, float]) -> None:
+        self._mark_ts, self._mark_sk = mark
 
     def _checked(self, ev: Event) -> Event | None:
         why = _bad_type(ev.type)
@@ -249,7 +282,7 @@ class Engine:
         held = self._held
         while held and held[0][0] <= upto:
             ts, sk, _, ev = heapq.heappop(held)
-            self._mark = (ts, sk)
+            self._mark_ts, self._mark_sk = ts, sk
             out.extend(self._one(ev))
         return out
 

@@ -96,9 +96,9 @@ class NegationStores:
             if lo == hi:
                 continue
             cross = neg.cross_preds
+            if not cross:
+                return False
             for i in range(lo, hi):
-                if not cross:
-                    return False
                 x = events[i]
                 for p in cross:
                     if not p(x, vec):
@@ -106,6 +106,13 @@ class NegationStores:
                 else:
                     return False
         return True
+
+    def held(self) -> bool:
+        """Does any store hold a candidate?"""
+        for store in self.stores.values():
+            if store.buckets:
+                return True
+        return False
 
     def prune(self, floor: dict[Node, int], only: Node | None = None) -> int:
         """Drop candidates before the first event of every live run of their branch; return the buckets left."""

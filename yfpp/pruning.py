@@ -8,11 +8,10 @@ growing (each doubling from ``Runtime.GROWTH_REPORT``).
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import TYPE_CHECKING
 
-from yfpp.runs import NO_RUN, Run
-from yfpp.shared_nfa import Node, State
+from yfpp.runs import NO_RUN
+from yfpp.shared_nfa import Node
 
 if TYPE_CHECKING:
     from yfpp.runtime import Runtime
@@ -22,43 +21,45 @@ def sweep(rt: Runtime) -> None:
     """Drop runs of removed states and past their window; prune what no run can reach."""
     now = rt.now
     floor: dict[Node, int] = {}
-    per_root: Counter = Counter()
+    per_root: dict[Node, int] = {}
     live = 0
-
-    def keep(st: State, runs: list[Run]) -> list[Run]:
-        nonlocal live
-        if st in rt.dead:
-            return []
-        w = st.node.window
-        if w is not None:
-            runs = [r for r in runs if now - r.first_ts <= w]
-            if rt.merger is not None:
-                runs = rt.merger.trim(runs, now, w)  # a merged run's members expire one by one
-        if runs:
-            live += len(runs)
-            root = st.node.root
-            per_root[root] += len(runs)
-            floor[root] = min(floor.get(root, NO_RUN), min(r.first_pos for r in runs))
-        return runs
-
+    dead, merger = rt.dead, rt.merger
     for store in rt._stores():
         for st in list(store):
-            runs = keep(st, store[st])
-            if runs:
-                store[st] = runs
-            else:
+            if st in dead:
                 del store[st]
+                continue
+            runs = store[st]
+            w = st.node.window
+            if w is not None:
+                runs = [r for r in runs if now - r.first_ts <= w]
+                if merger is not None:
+                    runs = merger.trim(runs, now, w)  # a merged run's members expire one by one
+                store[st] = runs
+            if not runs:
+                del store[st]
+                continue
+            n = len(runs)
+            live += n
+            root = st.node.root
+            per_root[root] = per_root.get(root, 0) + n
+            first = min([r.first_pos for r in runs]) if n > 1 else runs[0].first_pos
+            if first < floor.get(root, NO_RUN):
+                floor[root] = first
     drop_empty_keys(rt)
-    rt.dead.clear()
-    rt.counters.live_runs = live
+    dead.clear()
+    counters = rt._counters
+    counters.live_runs = live
     for root in rt.branch_queries:
         root.live = per_root.get(root, 0)
     stacks = rt.buffer.stacks()  # only stacks that hold entries: the cost follows live state
-    buffered: Counter = Counter()
+    buffered: dict[Node, int] = {}
     for node in stacks:
-        buffered[node.root] += rt.buffer.prune_before(node, floor.get(node.root, NO_RUN))
+        root = node.root
+        buffered[root] = buffered.get(root, 0) + rt.buffer.prune_before(node, floor.get(root, NO_RUN))
     buckets = rt.negations.prune(floor)
-    rt.counters.peak_buffer = max(rt.counters.peak_buffer, rt.buffer.size)
+    if rt.buffer.size > counters.peak_buffer:
+        counters.peak_buffer = rt.buffer.size
     _report_growth(rt, per_root, buffered)
     # amortised: the next sweep waits at least as many events as this one visited objects
     stores = len(rt.strict) + len(rt.unkeyed) + sum(len(b) for b in rt.keyed.values())
@@ -73,7 +74,7 @@ def drop_empty_keys(rt: Runtime) -> None:
             del by_key[k]
 
 
-def _report_growth(rt: Runtime, per_root: Counter, buffered: Counter) -> None:
+def _report_growth(rt: Runtime, per_root: dict[Node, int], buffered: dict[Node, int]) -> None:
     """Say so when a branch some query of which has no window keeps growing (each doubling)."""
     for root, plans in rt.branch_queries.items():
         if root.window is not None:

@@ -35,7 +35,7 @@ class Run:
         self.members = None  # a merged run: the runs it stands for (yfpp.run_merging.Members)
 
     def with_blocked(self, blocked: frozenset) -> "Run":
-        """A copy that differs in ``blocked`` (runs being stepped are never mutated: see ``Runtime.process``)."""
+        """A copy that differs in ``blocked`` (runs being stepped are never mutated: see ``Runtime._steps``)."""
         r = Run(self.state, self.vec, self.entry, self.version, self.first_ts, self.first_pos, self.key, self.born, self.tick, self.ptick)
         r.blocked = blocked
         return r

@@ -38,6 +38,7 @@ from yfpp.run_merging import RunMerger, member_completions
 from yfpp.runs import Counters, Run, partition_key
 from yfpp.shared_nfa import Node, SharedNFA, State
 
+_UNSET: Any = object()  # an event's key not yet computed (Runtime._steps)
 _ROOT_VEC = (None,)  # a root's begin: its type and key hold, its window cannot be passed
 STRICT, PARTITION, STNM, STAM = (
     Contiguity.STRICT,
@@ -52,31 +53,43 @@ class _Route:
     begin (per root-table group, :meth:`~yfpp.shared_nfa._TypeGroup.finder`), whether any state reacts to it,
     and (filled as met) whether a given state's runs react to it (partition-contiguity states always do)."""
 
-    __slots__ = ("negs", "starters", "scan", "touch")
+    __slots__ = ("negs", "starters", "scan", "touch", "quick")
 
     def __init__(self, negs: tuple, starters: tuple, scan: bool) -> None:
         self.negs: tuple[tuple[QueryPlan, NegationPlan], ...] = negs
         self.starters = starters
         self.scan = scan  # may the event move a stored run (else the stores are not looked at)
         self.touch: dict[State, bool] = {}
+        # For Runtime._idle, when the type feeds only shared candidate stores and begins no root or only through
+        # one equality index: () or that index's (attribute, table); else None (no shortcut).
+        self.quick: tuple | None = None
+        if all(neg is None for _, neg in negs):
+            if not starters:
+                self.quick = ()
+            elif len(starters) == 1 and not starters[0][0] and starters[0][2] is None and len(starters[0][1]) == 1:
+                self.quick = starters[0][1][0]
 
 
 def _key(keys: dict | None, ev: Event, attrs: tuple[str, ...]) -> Any:
     """``ev``'s key for ``attrs``, remembered in ``keys`` (None: not remembered)."""
     if keys is None:
-        keys = {}
+        return _key_of(ev, attrs)
     k = keys.get(attrs, keys)
     if k is keys:
-        if len(attrs) == 1:
-            k = ev.attrs.get(attrs[0], MISSING)
-            if k is MISSING:
-                k = ev.get(attrs[0])  # a pseudo-attribute (ts, type, seq), else MISSING
-                if k is MISSING:
-                    k = None
-        else:
-            k = partition_key(ev, attrs)
-        keys[attrs] = k
+        k = keys[attrs] = _key_of(ev, attrs)
     return k
+
+
+def _key_of(ev: Event, attrs: tuple[str, ...]) -> Any:
+    """``ev``'s key for ``attrs`` (None: it has none)."""
+    if len(attrs) == 1:
+        k = ev.attrs.get(attrs[0], MISSING)
+        if k is MISSING:
+            k = ev.get(attrs[0])  # a pseudo-attribute (ts, type, seq), else MISSING
+            if k is MISSING:
+                return None
+        return k
+    return partition_key(ev, attrs)
 
 
 class Runtime:
@@ -103,7 +116,7 @@ class Runtime:
         self._deadline_heap = self.deadlines.heap  # the same list, looked up once per event
         self.pticks: dict[tuple[str, ...], dict[Any, int]] = {}
         self.ptick_users: Counter = Counter()
-        self.counters = Counters()
+        self._counters = Counters()  # read as ``counters``, which brings ``events`` up to date
         self.branch_queries: dict[Node, list[QueryPlan]] = {}  # root node -> queries through it
         self.tick = 0
         self.now = float("-inf")
@@ -189,6 +202,23 @@ class Runtime:
     def process(self, ev: Event) -> list[dict]:
         """Advance every run by one event (already in stream order); return completed matches.
 
+        The event gets its tick (stream position) and fires the deadlines before it; one that can change
+        nothing (:meth:`_idle`) stops there, any other goes through :meth:`_steps`.
+        """
+        tick = self.tick = self.tick + 1
+        ev.pos = tick
+        self.now = ev.ts
+        out: list[dict] = self._expire(ev.ts) if self._deadline_heap else []
+        route = self._routes.get(ev.type) or self._route(ev.type)
+        if route.quick is not None and not (self._counters.live_runs or self.pticks or self.strict) and self._idle(route, ev):
+            if tick >= self._next_check:
+                self._periodic(tick)
+            return out
+        return self._steps(ev, route, tick, out)
+
+    def _steps(self, ev: Event, route: _Route, tick: int, out: list[dict]) -> list[dict]:
+        """:meth:`process` of an event that may change something: its matches are added to ``out``.
+
         Two phases: the first computes every move without changing stored
         state (runs it steps are taken out of their stores into ``touched`` and
         never mutated), then the commit stores the results.  If the first
@@ -198,71 +228,88 @@ class Runtime:
         had been a bare time advance to its ts (``advance_time``): the
         trailing-negation deadlines before it fire, as at any later event.
         """
-        tick = self.tick = self.tick + 1
-        ev.pos = tick
-        ts = self.now = ev.ts
-        out: list[dict] = self._expire(ts) if self._deadline_heap else []
         etype = ev.type
-        route = self._routes.get(etype) or self._route(etype)
         # runs out of their stores with the event's key for them, partition ticks counted, negation candidates kept,
         # held matches killed (None: none); new runs go to self._fresh, completed matches to self._accepted
         touched: list[tuple[list[Run], Any]] | None
         bumped: list[tuple[dict, Any]] | None
         touched = bumped = negated = kills = None
         started = 0
-        # The event's key for each equivalence list: with one list (the common case) ``k0``, else memoised in ``keys``.
+        # The event's key for each equivalence list: with one list (the common case) ``k0``, computed when first
+        # needed (_UNSET until then), else memoised in ``keys``.
         a0 = self._attrs0
         keys: dict[tuple[str, ...], Any] | None = None if a0 is not None else {}
-        k0 = None
+        k0 = _UNSET
         try:
-            if a0 is not None:
-                k0 = ev.attrs.get(a0[0], MISSING) if len(a0) == 1 else MISSING
-                if k0 is MISSING:
-                    k0 = _key(keys, ev, a0)
             if self.pticks:
                 bumped = []
                 for attrs, ticks in self.pticks.items():
-                    k = k0 if attrs is a0 else _key(keys, ev, attrs)
+                    if attrs is a0:
+                        k = k0 = _key_of(ev, a0) if k0 is _UNSET else k0
+                    else:
+                        k = _key(keys, ev, attrs)
                     if k is not None:
                         ticks[k] = ticks.get(k, 0) + 1
                         bumped.append((ticks, k))
             if route.negs:
-                negated, kills = [], []
                 for owner, neg in route.negs:
+                    if neg is None and not owner.root.live:
+                        continue  # a shared candidate store of a branch without runs (see _may_need)
                     attrs = owner.partition_by
-                    if attrs:
-                        ek = k0 if attrs is a0 else _key(keys, ev, attrs)
+                    if attrs is a0:
+                        if k0 is _UNSET:
+                            k0 = _key_of(ev, a0)
+                        ek = k0
+                        if ek is None:
+                            continue
+                    elif attrs:
+                        ek = _key(keys, ev, attrs)
                         if ek is None:
                             continue
                     else:
                         ek = None
                     if neg is None:  # a shared candidate store
-                        if not owner.root.live or not _may_need(self, owner, ek):
+                        if not _may_need(self, owner, ek):
                             continue  # no run before ev can bind the component before the negation
                         for p in owner.self_preds:
                             if not p(ev, ()):
                                 break
                         else:
+                            if negated is None:
+                                negated = []
                             negated.append((owner, ek))
                     else:  # a trailing negation of query ``owner``
                         for p in neg.self_preds:
                             if not p(ev, ()):
                                 break
                         else:
+                            if kills is None:
+                                kills = []
                             self.deadlines.killed_by(owner, neg, ev, ek, kills)
             if self.strict:
                 touched = []
                 strict, self.strict = self.strict, {}
                 for runs in strict.values():
-                    if runs:
-                        attrs = runs[0].state.node.partition_by
-                        touched.append((runs, (k0 if attrs is a0 else _key(keys, ev, attrs)) if attrs else None))
-                    else:
+                    attrs = runs[0].state.node.partition_by if runs else None
+                    if not attrs:
                         touched.append((runs, None))
+                    elif attrs is a0:
+                        if k0 is _UNSET:
+                            k0 = _key_of(ev, a0)
+                        touched.append((runs, k0))
+                    else:
+                        touched.append((runs, _key(keys, ev, attrs)))
             if route.scan:  # the stored runs the event may move: by key, then the unkeyed states
                 touch = route.touch
                 for attrs, by_key in self._parts:
-                    k = k0 if attrs is a0 else _key(keys, ev, attrs)
+                    if not by_key:
+                        continue
+                    if attrs is a0:
+                        if k0 is _UNSET:
+                            k0 = _key_of(ev, a0)
+                        k = k0
+                    else:
+                        k = _key(keys, ev, attrs)
                     if k is None:
                         continue
                     states = by_key.get(k)
@@ -328,8 +375,14 @@ class Runtime:
                 if nodes:
                     for node in nodes:
                         attrs = node.partition_by
-                        if attrs:
-                            ek = k0 if attrs is a0 else _key(keys, ev, attrs)
+                        if attrs is a0:
+                            if k0 is _UNSET:
+                                k0 = _key_of(ev, a0)
+                            ek = k0
+                            if ek is None:
+                                continue
+                        elif attrs:
+                            ek = _key(keys, ev, attrs)
                             if ek is None:
                                 continue
                         else:
@@ -347,9 +400,8 @@ class Runtime:
             self.counters.failed += 1
             self.on_error(ev, exc)
             return out
-        cnt = self.counters
-        cnt.events += 1
-        if touched or started or negated or kills or self.to_hold or self.merger is not None:
+        if touched or started or negated or kills:  # (to_hold and the merger only get work from a step or a start)
+            cnt = self._counters
             fresh, accepted = self._fresh, self._accepted  # (only a step or a start fills them)
             if self.merger is not None:
                 self.merger.merge(self, moved if touched else [], fresh)
@@ -387,7 +439,7 @@ class Runtime:
             if fresh:
                 cnt.runs_started += started
                 cap = self.max_runs
-                over: list[Node] = []
+                over: list[Node] | None = None  # branches over the cap
                 keyed = self.keyed
                 for r in fresh:
                     st = r.state
@@ -406,14 +458,17 @@ class Runtime:
                         self._store(r)
                     root = st.node.root
                     root.live += 1
-                    if root.live > cap and root not in over:
-                        over.append(root)
+                    if root.live > cap:
+                        if over is None:
+                            over = [root]
+                        elif root not in over:
+                            over.append(root)
                 cnt.runs_created += len(fresh)
                 live = cnt.live_runs = cnt.live_runs + len(fresh)
                 if live > cnt.peak_runs:
                     cnt.peak_runs = live
                 fresh.clear()
-                for root in over:
+                for root in over or ():
                     shed(self, root, "runs", cap)
             elif started:
                 cnt.runs_started += started
@@ -421,13 +476,55 @@ class Runtime:
             self._periodic(tick)
         return out
 
+    def _idle(self, route: _Route, ev: Event) -> bool:
+        """Can ``ev`` change nothing (of a route with ``quick``, no partition ticks, no strict runs; asked only while
+        no run is counted live)? No candidate store it feeds has a live branch, no run is stored for it to move, and
+        it begins no root: then ``process`` skips its two phases."""
+        for store, _ in route.negs:
+            if store.root.live:
+                return False
+        if route.scan:
+            if self.unkeyed:
+                return False
+            for _, by_key in self._parts:
+                if by_key:
+                    return False
+        quick = route.quick
+        if quick:
+            v = ev.attrs.get(quick[0], MISSING)
+            if v is not MISSING:
+                try:
+                    return not quick[1].get(v)
+                except TypeError:  # unhashable value: found nothing
+                    pass
+        return True
+
+    @property
+    def counters(self) -> Counters:
+        """What the runtime counted; ``events`` is the ticks given (an event rolled back gives its tick back)."""
+        c = self._counters
+        c.events = self.tick
+        return c
+
     def _periodic(self, tick: int) -> None:
         """The buffer caps every 64 events, the sweep when due; when to come back."""
         if tick & 63 == 0 and self.buffer.size > self.max_buffer:
             check_buffer_caps(self)
         if tick >= self._next_sweep:
-            sweep(self)
+            if self._holds_anything():
+                sweep(self)
+            else:  # nothing stored: nothing to sweep
+                self._next_sweep = tick + self.SWEEP_EVERY
         self._next_check = min(self._next_sweep, (tick | 63) + 1)
+
+    def _holds_anything(self) -> bool:
+        """Is any run, buffered event, negation candidate or removed state kept?"""
+        if self._counters.live_runs or self.strict or self.unkeyed or self.buffer.size or self.dead or self.negations.held():
+            return True
+        for _, by_key in self._parts:
+            if by_key:
+                return True
+        return False
 
     def _undo(self, ev: Event, touched: list, bumped: list) -> None:
         """Put the stored state back as it was before ``ev``, stream time aside (see ``process``)."""
@@ -591,14 +688,17 @@ class Runtime:
                             began = [child]
                         else:
                             began.append(child)
-            stay = _ignores(c, began is not None, ek, rkey)
+            stay = began is None if c is STNM else _ignores(c, began is not None, ek, rkey)
             if stay:
                 stays.append(r)  # the keeper: its version stays
             if began is not None:
                 version = r.version
-                for j, child in enumerate(began):
-                    self._enter(child, r, version if j == 0 and not stay else version + (next(self._branches),), ev, fresh,
-                                accepted)
+                if stay:
+                    version = version + (next(self._branches),)
+                self._enter(began[0], r, version, ev, fresh, accepted)
+                if len(began) > 1:
+                    for child in began[1:]:
+                        self._enter(child, r, r.version + (next(self._branches),), ev, fresh, accepted)
 
     def _retro_ok(self, r: Run, wait: State, ek: Any) -> bool:
         """Were all events the run ignored inside its Kleene ignorable under ``wait``'s contiguity?"""
@@ -750,7 +850,7 @@ class Runtime:
     def _emitted(self, plan: QueryPlan, m: dict, binds: list | None, out: list[dict]) -> None:
         """Output match ``m``; a feedback query's also goes to ``fed``, ranked by its bound events (None: a deadline's)."""
         out.append(m)
-        self.counters.matches[plan.name] += 1
+        self._counters.matches[plan.name] += 1
         if plan.pattern.feedback:
             self.fed.append((plan, m, binds and overlap_rank(len(plan.var_names), binds)))
 
