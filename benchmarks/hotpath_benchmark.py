@@ -15,6 +15,8 @@ Feeds: ``generate_rfid(EVENTS, seed=1)`` as JSON lines and as XML, written once 
 
 * parse only — the CPU of a process that parses the same file and nothing else: lxml ``iterparse``
   (each element cleared) for XML, ``orjson.loads`` per line for JSON lines; the yfpp / parse ratio;
+* reader only — the CPU of a process that reads the file with each tree's ``read_event_batches`` and
+  does nothing with the events (the whole process: start-up and imports included, like parse only);
 * engine only — µs per event of ``Engine.process`` over pre-built events (read before timing) for a
   query that never matches (shoplifting with a zone no event has), and for shoplifting itself;
 * the outputs of both trees compared byte for byte (``--no-check`` skips it).
@@ -51,6 +53,12 @@ PARSE_ONLY = {
              "    for line in f:\n"
              "        orjson.loads(line)\n",
 }
+READER_ONLY = ("import gc, sys\n"
+               "from yfpp.readers import read_event_batches\n"
+               "gc.freeze()\n"
+               "gc.set_threshold(100_000, 50, 100)  # as yfpp run\n"
+               "for batch in read_event_batches(sys.argv[1]):\n"
+               "    pass\n")
 ENGINE_ONLY = """
 import itertools, sys, time
 from yfpp.engine import Engine
@@ -149,6 +157,7 @@ def main() -> None:
                 print(f"output {fmt}: " + ", ".join(f"{label} {d} ({n:,} lines)" for label, (d, n) in digests.items())
                       + (" — identical" if same else " — DIFFERENT"))
         best: dict[tuple[str, str], float] = {}
+        reader: dict[tuple[str, str], float] = {}
         parse: dict[str, float] = {}
         for rnd in range(args.rounds):
             order = labels if rnd % 2 == 0 else labels[::-1]
@@ -156,7 +165,9 @@ def main() -> None:
                 for label in order:
                     cpu, _ = child_cpu(run_cmd(path), trees[label])
                     best[label, fmt] = min(cpu, best.get((label, fmt), cpu))
-                    print(f"  round {rnd + 1} {fmt:<5} {label:<22} {cpu:7.2f} s", flush=True)
+                    read_cpu, _ = child_cpu([sys.executable, "-c", READER_ONLY, str(path)], trees[label])
+                    reader[label, fmt] = min(read_cpu, reader.get((label, fmt), read_cpu))
+                    print(f"  round {rnd + 1} {fmt:<5} {label:<22} {cpu:7.2f} s   reader only {read_cpu:6.2f} s", flush=True)
                 cpu, _ = child_cpu([sys.executable, "-c", f"PATH = {str(path)!r}\n" + PARSE_ONLY[fmt]], str(ROOT))
                 parse[fmt] = min(cpu, parse.get(fmt, cpu))
         print()
@@ -167,6 +178,13 @@ def main() -> None:
             old, new = best[labels[0], fmt], best[labels[1], fmt]
             print(f"| {fmt} | {old:.2f} | {args.events / old:,.0f} | {new:.2f} | {args.events / new:,.0f} | "
                   f"{old / new:.2f}× | {parse[fmt]:.2f} | {old / parse[fmt]:.2f} | {new / parse[fmt]:.2f} |")
+        print()
+        print(f"| feed | {labels[0]} reader only CPU s | {labels[1]} reader only CPU s | parse only CPU s "
+              f"| {labels[0]} reader / parse | {labels[1]} reader / parse |")
+        print("|---|---|---|---|---|---|")
+        for fmt in feeds:
+            old, new = reader[labels[0], fmt], reader[labels[1], fmt]
+            print(f"| {fmt} | {old:.2f} | {new:.2f} | {parse[fmt]:.2f} | {old / parse[fmt]:.2f} | {new / parse[fmt]:.2f} |")
         path = feeds.get("jsonl") or next(iter(feeds.values()))
         print()
         print(f"engine only, µs/event over {args.engine_events:,} pre-read events (best of {args.rounds}):")

@@ -10,9 +10,12 @@ import tracemalloc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from lxml import etree
 
 from yfpp import xml_reader
 from yfpp.dead_letters import DeadLetters
+from yfpp.engine import Engine
+from yfpp.events import Event
 from yfpp.readers import read_xml
 
 
@@ -161,20 +164,20 @@ def test_numbers_that_do_not_fit_stay_text():
 # ------------------------------------------------------------------ flat events the short way = the long way
 
 VALUES = ["1", "-3", "007", "+5", "2.5", ".5", "5.", "1e3", "1e999", "9" * 30, "", " 7 ", "a b", "Z4", "é", "true",
-          "nan", "inf", "1_0"]
+          "nan", "inf", "1_0", "a\tb", "x>y", "x/>"]
 NAMES = ["a", "b", "type", "seq"]
 SPOILERS = ["&amp;", "x\ny"]
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(events=st.lists(st.tuples(st.sampled_from(["shelf", "exit", "shelf", "exit", "p:e"]),
-                                 st.sampled_from(VALUES[:4] + VALUES),
+                                 st.sampled_from(VALUES[:4] + VALUES + [None]),
                                  st.dictionaries(st.sampled_from(NAMES), st.sampled_from(VALUES), max_size=3),
                                  st.sampled_from(["", "", "", "", ' xml:lang="en"', f' a="{SPOILERS[0]}"', f' b="{SPOILERS[1]}"'])),
                        min_size=1, max_size=8),
        root=st.sampled_from(["<stream>", '<stream xmlns:p="urn:p">', ""]), trickle=st.one_of(st.none(), st.integers(0, 50)))
 def test_flat_events_read_alike_the_short_and_the_long_way(monkeypatch, events, root, trickle):
-    lines = "".join(f'  <{tag} ts="{ts}"' + "".join(f' {k}="{v}"' for k, v in attrs.items() if spoiler[1:2] != k) + spoiler
+    lines = "".join(f'  <{tag}' + ("" if ts is None else f' ts="{ts}"') + "".join(f' {k}="{v}"' for k, v in attrs.items() if spoiler[1:2] != k) + spoiler
                     + "/>\n" for tag, ts, attrs, spoiler in events)
     data = (root + "\n" + lines + ("</stream>\n" if root else "")).encode()
 
@@ -182,10 +185,61 @@ def test_flat_events_read_alike_the_short_and_the_long_way(monkeypatch, events, 
         out = io.StringIO()
         source = Trickle(data, trickle) if trickle is not None else io.BytesIO(data)
         got = [(e.seq, e.type, e.ts, type(e.ts), sorted((k, v, type(v)) for k, v in e.attrs.items()),
-                e.element.sourceline, e.element.getparent()) for e in read_xml(source, dead_letters=DeadLetters(out))]
+                e.element.sourceline, e.element.getparent(), etree.tostring(e.element, with_tail=False))
+               for e in read_xml(source, dead_letters=DeadLetters(out))]
         return got, out.getvalue()
 
     short = read()
     with monkeypatch.context() as m:
-        m.setattr(xml_reader, "_flat_event", lambda *a: None)
+        m.setattr(xml_reader, "_flat_events",
+                  lambda elements, seq, base, opts, typed, dl, out: xml_reader._long_events(elements, seq, base, opts, dl, out))
+        m.setattr(xml_reader.Splitter, "_plain_lines", lambda self, region: None)
+        assert read() == short
+
+
+def test_plain_lines_build_no_tree_and_their_elements_are_the_parsed_ones():
+    lines = ['  <shelf ts="5" tag_id="007" zone="Z 4"/>', '  <exit tag_id="2" ts="6.5" door="a/b"/>', '  <e ts=" 7 "/>']
+    data = ("\n".join(lines) + "\n").encode()  # a rootless feed: a document's end tag is read the long way
+    out = io.StringIO()
+    events = list(read_xml(io.BytesIO(data), dead_letters=DeadLetters(out)))
+    assert [type(e) for e in events] == [xml_reader.XmlLineEvent] * 2 + [Event]  # " 7 ": the long way
+    assert [(e.seq, e.type, e.ts, e.attrs) for e in events] == [
+        (0, "shelf", 5.0, {"tag_id": 7, "zone": "Z 4"}), (1, "exit", 6.5, {"tag_id": 2, "door": "a/b"}), (2, "e", 7.0, {})]
+    eng = Engine()
+    eng.register("//shelf[@tag_id = '007']", name="x")  # the text, not the typed value
+    eng.register("//exit[@door = 'a/b' and @tag_id > 1]", name="y")
+    assert [m["query"] for ev in events for m in eng.process(ev)] == ["x", "y"]
+    assert [type(e._built) for e in events[:2]] == [int, int]  # XPath read the texts: no element built
+    assert [etree.tostring(e.element).decode() for e in events] == [line.strip() for line in lines]
+    assert [e.element.sourceline for e in events] == [1, 2, 3] and out.getvalue() == ""
+
+
+PLAIN_LINE_POOL = ['<e ts="1" a="x"/>', '<e ts="2" a="007" b="2.5"/>', "<e ts='3' a='q\"q'/>", '<e ts="4"/>', "<e/>",
+                   '<e a="1"/>', '<e ts="x"/>', '<e ts=" 5 "/>', '<e ts="1e999"/>', '<e ts="6" a="&lt;"/>',
+                   '<e ts="7" a="1" a="2"/>', '<e ts="8" a="x>y"/>', '<e ts="9"></e>', '<e ts="10"><v>1</v></e>',
+                   "<!-- c -->", "<?pi x?>", "text", '<e ts="11" a="b', '<1e ts="12"/>', '<e ts="13"/> <e ts="14"/>',
+                   '<p:e ts="15"/>', '<e ts="16" p:a="1"/>', '<e ts="17" a="tab\there"/>', '<yfpp-batch ts="18"/>',
+                   '<e ts="19" a="\xe9"/>', "", "</x>", '<e ts="20" ts="21"/>', '<e ts="22"\t a="1" />']
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(lines=st.lists(st.sampled_from(PLAIN_LINE_POOL), min_size=1, max_size=12),
+       indents=st.lists(st.sampled_from(["", "  ", "\t", " "]), min_size=12, max_size=12),
+       root=st.sampled_from(["", "<stream>\n"]), crlf=st.booleans(), trickle=st.one_of(st.none(), st.integers(0, 50)))
+def test_plain_lines_read_alike_the_long_way_whatever_the_lines_hold(monkeypatch, lines, indents, root, crlf, trickle):
+    end = "\r\n" if crlf else "\n"
+    data = (root + "".join(indent + line + end for indent, line in zip(indents, lines))
+            + ("</stream>" + end if root else "")).encode()
+
+    def read() -> tuple[list, str]:
+        out = io.StringIO()
+        source = Trickle(data, trickle) if trickle is not None else io.BytesIO(data)
+        got = [(e.seq, e.type, e.ts, type(e.ts), sorted((k, v, type(v)) for k, v in e.attrs.items()),
+                e.element.sourceline, etree.tostring(e.element, with_tail=False))
+               for e in read_xml(source, dead_letters=DeadLetters(out))]
+        return got, out.getvalue()
+
+    short = read()
+    with monkeypatch.context() as m:
+        m.setattr(xml_reader.Splitter, "_plain_lines", lambda self, region: None)
         assert read() == short

@@ -79,7 +79,11 @@ def compile_xpath_test(source: str, namespaces: Namespaces = ()) -> Test:
 
 def _fast_test(fast: Callable[[Any], bool]) -> Test:
     def test(event: Event) -> bool:
-        el = event._element  # the fast path reads only attributes: no element is built for JSON events
+        # the fast path reads only attributes (``.get``): no element is built for JSON events nor for
+        # XML events that keep their attribute texts
+        el = event.texts
+        if el is None:
+            el = event._element
         try:
             return fast(el if el is not None else AttributeView(event))
         except _ERRORS:

@@ -22,6 +22,10 @@ class Event:
 
     __slots__ = ("type", "ts", "attrs", "seq", "pos", "_element")
 
+    #: The attribute texts of an XML event whose element is built only when asked for
+    #: (:class:`yfpp.xml_reader.XmlLineEvent`): what ``element.get(name)`` gives, without the element.
+    texts: dict[str, str] | None = None
+
     def __init__(self, type: str, ts: float, attrs: dict[str, Any] | None = None, seq: int = -1, element: Any = None):
         self.type = type
         self.ts = ts

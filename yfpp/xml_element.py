@@ -47,6 +47,9 @@ def element_for(event: Event) -> Any:
 
 def attribute_text(event: Event, name: str) -> str | None:
     """What ``event.element.get(name)`` gives (XPath's ``@name``), without building the element."""
+    texts = event.texts
+    if texts is not None:
+        return texts.get(name)
     el = event._element
     if el is not None:
         return el.get(name)

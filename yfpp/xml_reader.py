@@ -26,7 +26,13 @@ one that starts an event (at the indentation event start tags were last seen
 at) are parsed by lxml in one go; when that parses and is plainly a run of
 events (:meth:`Splitter._not_plain` finds nothing the splitter would treat
 differently) the splitter is not needed. So the per-event cost of a clean feed
-is lxml's, and the splitter only reads blocks that hold something wrong.
+is lxml's, and the splitter only reads blocks that hold something wrong. The
+plainest feed — every line one self-closing element, no namespace, no entity or
+character reference (:meth:`Splitter._plain_lines`) — builds no tree at all: a
+parser target makes each event from the tag and attribute texts lxml reads, and
+the event (:class:`XmlLineEvent`) builds its element from them only when
+something asks for it (XPath predicates, checkpoints): the same element, line
+included.
 
 Caps (:class:`~yfpp.record_fields.ReaderOptions`): an event element longer than
 ``max_record_bytes`` is one dead letter (its first bytes as ``raw``) and is
@@ -64,6 +70,7 @@ _ENCODING = re.compile(rb"""\sencoding\s*=\s*["']([A-Za-z0-9._-]+)["']""")
 _DOCTYPE = re.compile(rb"<!DOCTYPE\s+" + _NAME + rb"\s*(.)", re.S)
 _BLANK = re.compile(rb"[ \t\r\n]*\Z")
 _SPACE = re.compile(rb"[ \t\r\n]*")
+_INDENT = re.compile(rb"[ \t]*")
 _LEAD = re.compile(rb"(?:[ \t\r\n]*\n)?([ \t]*)<")
 _LINE_COL = re.compile(r", line \d+, column \d+$")
 _BATCH_END = b"</yfpp-batch>"
@@ -80,11 +87,20 @@ class Chunk(NamedTuple):
 
 class Region(NamedTuple):
     """Event elements parsed in one go (detached), the line their text starts on, and whether they are
-    flat: each a childless element without namespaces (see :func:`_flat_event`)."""
+    flat: each a childless element without namespaces (see :func:`_flat_events`)."""
 
     elements: list[Any]
     line: int
     flat: bool
+
+
+class Lines(NamedTuple):
+    """Self-closing event elements one per line, read in one go (see :meth:`Splitter._plain_lines`): the
+    :class:`XmlLineEvent` of each, or ``(tag, attribute texts, seq, line)`` for one whose ts the long way
+    must read (and perhaps report); ``clean`` when there is none of those."""
+
+    items: list[Any]
+    clean: bool
 
 
 class Bad(NamedTuple):
@@ -103,6 +119,7 @@ class Splitter:
         self.cap = opts.max_record_bytes
         self.max_depth = opts.max_depth
         self.ts_field = opts.ts_field
+        self.lines_ok = opts.type_field is None and opts.unit is not ISO_8601  # what Lines records assume
         # Is a parsed run of lines not plainly events? Text between them, an element with a ts attribute
         # inside one, nesting over the cap, or (at top level) an element with element children that have
         # attributes or children of their own (a root).
@@ -122,8 +139,11 @@ class Splitter:
         self.wrapper_line = 0
         self.wrapper_open = b"<yfpp-batch>"
         self.skip_text = False  # dropping the rest of an oversized run of text or markup up to the next '<'
-        self.out: list[Chunk | Region | Bad] = []
+        self.out: list[Chunk | Region | Lines | Bad] = []
         self._parsers: dict[str | None, Any] = {}
+        self.count = 0  # records handed out (the seq of the next one)
+        self._line_events = _LineEvents(opts)
+        self._line_parsers: dict[str | None, Any] = {}
         self.indent: bytes | None = None  # the indentation of event start tags, as last seen
         # the element being read (self.stack non-empty)
         self.stack: list[bytes] = []
@@ -161,7 +181,7 @@ class Splitter:
             parser = self._parsers[self.encoding] = _parser(self.encoding)
         return parser
 
-    def records(self) -> Iterator[list[Chunk | Region | Bad]]:
+    def records(self) -> Iterator[list[Chunk | Region | Lines | Bad]]:
         """Lists of records, one list per block read (so a live feed is read as it arrives)."""
         while not self.stopped:
             self._refill()
@@ -175,6 +195,8 @@ class Splitter:
                 # leave a small unfinished element to the next block, where the fast path may take it
                 self.stack, self.pos, self.line = [], self.start, self.start_line
             if self.out:
+                self.count += sum(len(r.elements) if type(r) is Region else len(r.items) if type(r) is Lines else 1
+                                  for r in self.out)
                 yield self.out
                 self.out = []
             if self.eof:
@@ -191,6 +213,11 @@ class Splitter:
         if cut - self.pos <= 0 or cut - self.pos > self.cap:
             return
         region = self.buf[self.pos:cut]
+        lines = self._plain_lines(region)
+        if lines is not None:
+            self.out.append(lines)
+            self._advance(cut)
+            return
         try:
             root = etree.fromstring(b"".join((self.wrapper_open, region, _BATCH_END)), self.parser())
         except etree.XMLSyntaxError:
@@ -204,6 +231,35 @@ class Splitter:
         flat = flat and self.wrapper_open == b"<yfpp-batch>" and b"xmlns" not in region and b"xml:" not in region
         self.out.append(Region(elements, self.line, flat))
         self._advance(cut)
+
+    def _plain_lines(self, region: bytes) -> Lines | None:
+        """The events of ``region`` when it is the plainest feed: every line one self-closing element and a
+        ``\\n``, all but the first at one indentation (no ``>`` elsewhere: no text, comment or other markup
+        between them), no namespace, no entity or character reference; None otherwise or when lxml does not
+        accept it.
+
+        No element tree is built: a parser target makes each event from the element's tag and attribute
+        texts, and its element, should anything ask for it, is built from them (:class:`XmlLineEvent`).
+        """
+        n = region.count(b"\n")
+        if (not self.lines_ok or not n or region[-1:] != b"\n" or region.count(b">") != n
+                or region.count(b"/>\n") != n or self.wrapper_open != b"<yfpp-batch>"
+                or b"xmlns" in region or b"xml:" in region or b"&" in region):  # lxml's target gets "&#38;" for "&amp;"
+            return None
+        first = _INDENT.match(region).end()  # type: ignore[union-attr]
+        indent = _INDENT.match(region, region.find(b"\n") + 1).group()  # type: ignore[union-attr]
+        if region[first:first + 1] != b"<" or region.count(b"\n" + indent + b"<") != n - 1:
+            return None
+        parser = self._line_parsers.get(self.encoding)
+        if parser is None:
+            parser = self._line_parsers[self.encoding] = _parser(self.encoding, self._line_events)
+        self._line_events.reset(self.count, self.line)
+        try:
+            lines = etree.fromstring(b"".join((b"<yfpp-batch>", region, _BATCH_END)), parser)
+        except etree.XMLSyntaxError:
+            return None
+        # an error lxml logs without raising it to a target (an undeclared prefix) makes the tree parse fail
+        return lines if len(lines.items) == n and not len(parser.error_log) else None
 
     def _not_plain(self, root: Any, ts: str, flat: bool = False) -> bool:
         if flat:  # only text between the events could make it not plain
@@ -491,11 +547,71 @@ class Splitter:
 # --------------------------------------------------------------------------- parsing chunks
 
 
-def _parser(encoding: str | None) -> Any:
+def _parser(encoding: str | None, target: Any = None) -> Any:
     return etree.XMLParser(
         encoding=encoding, resolve_entities=False, no_network=True, load_dtd=False, huge_tree=False,
-        collect_ids=False, remove_comments=True, remove_pis=True,
+        collect_ids=False, remove_comments=True, remove_pis=True, target=target,
     )
+
+
+class _LineEvents:
+    """The parser target of :meth:`Splitter._plain_lines`: the event of each element as lxml reads it,
+    numbered from the seq and line given to :meth:`reset` (the first element, the wrapper, skipped)."""
+
+    def __init__(self, opts: ReaderOptions):
+        self.start, self.reset, self.close = _line_event_maker(opts)
+
+
+def _line_event_maker(opts: ReaderOptions) -> tuple[Callable[[str, Any], None], Callable[[int, int], None],
+                                                      Callable[[], Lines]]:
+    """``start(tag, attributes)``, ``reset(seq, line)`` and ``close()`` of a :class:`_LineEvents` (closures: the
+    per-element work reads no attributes). An element's event is what :func:`_flat_events` would make;
+    one with no attributes or whose ts is missing or not a usable number is left to the long way."""
+    ts_field, unit = opts.ts_field, opts.unit
+    m, d = unit
+    typed = _TypedValues()
+    items: list[Any] = []
+    append = items.append
+    seq = line = 0
+    wrapper = clean = True
+
+    def start(tag: str, texts: Any) -> None:
+        nonlocal seq, line, wrapper, clean
+        if wrapper:
+            wrapper = False
+            return
+        if type(texts) is dict:  # else an immutable empty mapping: no attributes
+            attrs = texts.copy()
+            raw_ts = attrs.pop(ts_field, None)
+            if raw_ts is None:
+                ts = None
+            elif raw_ts.isdigit() and len(raw_ts) < 16 and raw_ts.isascii():
+                ts = int(raw_ts) * m / d  # below 10¹⁶ × 3600: finite
+            else:
+                ts = _number_ts(raw_ts, unit)
+            if ts is not None:
+                for name, text in attrs.items():  # values replaced in place: the dict's size does not change
+                    attrs[name] = typed[text]
+                append(XmlLineEvent(tag, ts, attrs, seq, texts, line))
+                seq += 1
+                line += 1
+                return
+        append((tag, dict(texts), seq, line))
+        clean = False
+        seq += 1
+        line += 1
+
+    def reset(first_seq: int, first_line: int) -> None:
+        nonlocal seq, line, wrapper, clean
+        items.clear()
+        seq, line, wrapper, clean = first_seq, first_line, True, True
+
+    def close() -> Lines:
+        lines = Lines(items[:], clean)
+        items.clear()
+        return lines
+
+    return start, reset, close
 
 
 def _parse_chunks(chunks: list[Chunk], parser: Any) -> list[Any]:
@@ -553,17 +669,17 @@ def xml_batches(f: IO[Any], owned: bool, opts: ReaderOptions, dl: DeadLetters) -
             for record in records:
                 kind = type(record)
                 if kind is Region:
-                    base = record.line - 1
-                    flat = flat_ok and record.flat
-                    for el in record.elements:
-                        line = base + el.sourceline
-                        el.sourceline = min(line, 65535)  # libxml2 keeps an unsigned short
-                        event = _flat_event(el, seq, opts, typed) if flat else None
-                        if event is None:
-                            event = _event_or_report(el, seq, line, opts, dl)
-                        if event is not None:
-                            events.append(event)
-                        seq += 1
+                    if flat_ok and record.flat:
+                        seq = _flat_events(record.elements, seq, record.line - 1, opts, typed, dl, events)
+                    else:
+                        seq = _long_events(record.elements, seq, record.line - 1, opts, dl, events)
+                    continue
+                if kind is Lines:
+                    if record.clean:
+                        events += record.items
+                    else:
+                        _line_events(record.items, opts, dl, events)
+                    seq += len(record.items)
                     continue
                 if kind is Chunk:
                     el = next(parsed)
@@ -604,19 +720,103 @@ class _TypedValues(dict):
         return value
 
 
-def _flat_event(elem: Any, seq: int, opts: ReaderOptions, typed: _TypedValues) -> Event | None:
-    """:func:`_xml_event` for a childless element without namespaces (no ``type_field``, a numeric unit):
-    the same event; None when its ts is missing or not a number (the long way reports it)."""
-    attrs = dict(elem.items())
-    raw_ts = attrs.pop(opts.ts_field, None)
-    if raw_ts is None:
-        return None
-    attrs = {name: typed[text] for name, text in attrs.items()}  # the ts, unlike them, seldom repeats
-    ts = typed_value(raw_ts)
-    if type(ts) is not int and type(ts) is not float:
-        return None
-    ts = scaled_ts(ts, opts.unit)
-    return None if ts is None else Event(elem.tag, ts, attrs, seq, elem)
+def _number_ts(raw_ts: str, unit: tuple[int, int]) -> float | None:
+    """The ts in seconds of an attribute text that is a number (:func:`typed_value`), else None: what the
+    fast paths take; anything else (blanks around it, not a number, not finite) goes the long way."""
+    number = typed_value(raw_ts)
+    return None if type(number) is str else scaled_ts(number, unit)
+
+
+def _long_events(elements: list[Any], seq: int, base: int, opts: ReaderOptions, dl: DeadLetters,
+                 out: list[Event]) -> int:
+    """The events of a region's elements (their lines counted from ``base``) appended to ``out``, numbered
+    from ``seq``, malformed ones reported to ``dl``; the next seq."""
+    for el in elements:
+        line = base + el.sourceline
+        el.sourceline = min(line, 65535)  # libxml2 keeps an unsigned short
+        event = _event_or_report(el, seq, line, opts, dl)
+        if event is not None:
+            out.append(event)
+        seq += 1
+    return seq
+
+
+def _flat_events(elements: list[Any], seq: int, base: int, opts: ReaderOptions, typed: _TypedValues,
+                 dl: DeadLetters, out: list[Event]) -> int:
+    """:func:`_long_events` for childless elements without namespaces (no ``type_field``, a numeric unit):
+    the same events, built in one loop; an element whose ts is missing or not a usable number goes the
+    long way (which reports it)."""
+    ts_field, (m, d) = opts.ts_field, opts.unit
+    append = out.append
+    for el in elements:
+        line = base + el.sourceline
+        el.sourceline = line if line < 65535 else 65535  # libxml2 keeps an unsigned short
+        attrs = dict(el.items())
+        raw_ts = attrs.pop(ts_field, None)
+        if raw_ts is None:
+            ts = None
+        elif raw_ts.isdigit() and len(raw_ts) < 16 and raw_ts.isascii():
+            ts = int(raw_ts) * m / d  # below 10¹⁶ × 3600: finite (the common case, without a call)
+        else:
+            ts = _number_ts(raw_ts, opts.unit)
+        if ts is None:
+            event = _event_or_report(el, seq, line, opts, dl)
+            if event is not None:
+                append(event)
+            seq += 1
+            continue
+        for name, text in attrs.items():  # values replaced in place: the dict's size does not change
+            attrs[name] = typed[text]
+        append(Event(el.tag, ts, attrs, seq, el))
+        seq += 1
+    return seq
+
+
+class XmlLineEvent(Event):
+    """An event of a :class:`Lines` record: its element is built from the attribute texts and line it
+    keeps when something first asks for it (XPath predicates, checkpoints), the same element the
+    parsed one would be (detached, with its ``sourceline``)."""
+
+    __slots__ = ("texts", "_built")  # _built: the element once built, its line until then
+
+    def __init__(self, type: str, ts: float, attrs: dict[str, Any], seq: int, texts: dict[str, str], line: int):
+        self.type = type
+        self.ts = ts
+        self.attrs = attrs
+        self.seq = seq
+        self.pos = -1
+        self.texts = texts
+        self._built: Any = line
+
+    @property  # type: ignore[override]
+    def _element(self) -> Any:
+        el = self._built
+        if type(el) is int:
+            el = self._built = _element_of(self.type, self.texts, el)
+        return el
+
+    @_element.setter
+    def _element(self, el: Any) -> None:
+        self._built = el
+
+
+def _element_of(tag: str, texts: dict[str, str], line: int) -> Any:
+    """The detached element ``<tag texts…/>`` at ``line``."""
+    el = etree.Element(tag, texts)
+    el.sourceline = min(line, 65535)  # libxml2 keeps an unsigned short
+    return el
+
+
+def _line_events(items: list[Any], opts: ReaderOptions, dl: DeadLetters, out: list[Event]) -> None:
+    """The events of a :class:`Lines` record appended to ``out``, the ones left to the long way read (or
+    reported) that way."""
+    for item in items:
+        if type(item) is tuple:
+            tag, texts, seq, line = item
+            item = _event_or_report(_element_of(tag, texts, line), seq, line, opts, dl)
+            if item is None:
+                continue
+        out.append(item)
 
 
 def _xml_event(elem: Any, seq: int, opts: ReaderOptions) -> Event | str:
