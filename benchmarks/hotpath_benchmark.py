@@ -54,7 +54,10 @@ PARSE_ONLY = {
              "        orjson.loads(line)\n",
 }
 READER_ONLY = ("import gc, sys\n"
-               "from yfpp.readers import read_event_batches\n"
+               "try:\n"
+               "    from yfpp.readers import read_event_batches\n"
+               "except ImportError:  # a tree before the batch API: its event generator\n"
+               "    from yfpp.readers import read_events as read_event_batches\n"
                "gc.freeze()\n"
                "gc.set_threshold(100_000, 50, 100)  # as yfpp run\n"
                "for batch in read_event_batches(sys.argv[1]):\n"
