@@ -138,6 +138,13 @@ def engine_only(path: Path, tree: str, events: int, query: str) -> float:
     return float(cpu) / int(n) * 1e6
 
 
+def table(header: list[str], rows: list[list[str]]) -> None:
+    """Print a Markdown table after a blank line."""
+    print()
+    for cells in [header, ["---"] * len(header), *rows]:
+        print("| " + " | ".join(cells) + " |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--baseline", default="61cedf2", help="git revision to compare with (default 61cedf2)")
@@ -173,21 +180,16 @@ def main() -> None:
                     print(f"  round {rnd + 1} {fmt:<5} {label:<22} {cpu:7.2f} s   reader only {read_cpu:6.2f} s", flush=True)
                 cpu, _ = child_cpu([sys.executable, "-c", f"PATH = {str(path)!r}\n" + PARSE_ONLY[fmt]], str(ROOT))
                 parse[fmt] = min(cpu, parse.get(fmt, cpu))
-        print()
-        print(f"| feed | {labels[0]} CPU s | ev/CPU-s | {labels[1]} CPU s | ev/CPU-s | speed-up | parse only CPU s "
-              f"| {labels[0]} / parse | {labels[1]} / parse |")
-        print("|---|---|---|---|---|---|---|---|---|")
-        for fmt in feeds:
-            old, new = best[labels[0], fmt], best[labels[1], fmt]
-            print(f"| {fmt} | {old:.2f} | {args.events / old:,.0f} | {new:.2f} | {args.events / new:,.0f} | "
-                  f"{old / new:.2f}× | {parse[fmt]:.2f} | {old / parse[fmt]:.2f} | {new / parse[fmt]:.2f} |")
-        print()
-        print(f"| feed | {labels[0]} reader only CPU s | {labels[1]} reader only CPU s | parse only CPU s "
-              f"| {labels[0]} reader / parse | {labels[1]} reader / parse |")
-        print("|---|---|---|---|---|---|")
-        for fmt in feeds:
-            old, new = reader[labels[0], fmt], reader[labels[1], fmt]
-            print(f"| {fmt} | {old:.2f} | {new:.2f} | {parse[fmt]:.2f} | {old / parse[fmt]:.2f} | {new / parse[fmt]:.2f} |")
+        a, b = labels
+        table(["feed", f"{a} CPU s", "ev/CPU-s", f"{b} CPU s", "ev/CPU-s", "speed-up", "parse only CPU s",
+               f"{a} / parse", f"{b} / parse"],
+              [[fmt, f"{old:.2f}", f"{args.events / old:,.0f}", f"{new:.2f}", f"{args.events / new:,.0f}",
+                f"{old / new:.2f}×", f"{parse[fmt]:.2f}", f"{old / parse[fmt]:.2f}", f"{new / parse[fmt]:.2f}"]
+               for fmt in feeds for old, new in [(best[a, fmt], best[b, fmt])]])
+        table(["feed", f"{a} reader only CPU s", f"{b} reader only CPU s", "parse only CPU s",
+               f"{a} reader / parse", f"{b} reader / parse"],
+              [[fmt, f"{old:.2f}", f"{new:.2f}", f"{parse[fmt]:.2f}", f"{old / parse[fmt]:.2f}", f"{new / parse[fmt]:.2f}"]
+               for fmt in feeds for old, new in [(reader[a, fmt], reader[b, fmt])]])
         path = feeds.get("jsonl") or next(iter(feeds.values()))
         print()
         print(f"engine only, µs/event over {args.engine_events:,} pre-read events (best of {args.rounds}):")

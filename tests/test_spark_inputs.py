@@ -126,17 +126,21 @@ def test_output_modes(spark, queries, tree, monkeypatch, capsys):
     assert any(p.name.startswith("query=") for p in (tree / "modes" / "matches.parquet").iterdir())
 
 
+def _read_in_small_splits(spark, path):
+    """``read_events_df`` of ``path`` with 16 KiB splits, and the number of splits Spark made."""
+    spark.conf.set("spark.sql.files.maxPartitionBytes", "16k")
+    try:
+        return read_events_df(spark, path), spark.read.text(str(path)).rdd.getNumPartitions()
+    finally:
+        spark.conf.unset("spark.sql.files.maxPartitionBytes")
+
+
 def test_jsonl_files_split_by_line_keep_seq_and_positions(spark, tmp_path):
     recs = [json.dumps(r) for r in generate_rfid(3000, tags=6, seed=3)]
     recs[1700:1700] = ["", "not json", '{"type": "exit", "ts": 2, "tag_id": 1}']  # blank, malformed, late
     feed = tmp_path / "feed.jsonl"
     feed.write_text("\n".join(recs) + "\n")
-    spark.conf.set("spark.sql.files.maxPartitionBytes", "16k")
-    try:
-        events = read_events_df(spark, feed)
-        n_parts = spark.read.text(str(feed)).rdd.getNumPartitions()
-    finally:
-        spark.conf.unset("spark.sql.files.maxPartitionBytes")
+    events, n_parts = _read_in_small_splits(spark, feed)
     assert n_parts > 5
     buf = io.StringIO()
     dead = DeadLetters(buf)
@@ -163,12 +167,7 @@ def test_split_ids_number_a_multi_file_multi_split_input(spark, tmp_path):
     files = [feeds / f"part-{i}.jsonl" for i in range(3)]
     for f, part in zip(files, parts):
         f.write_text("\n".join(part) + "\n")
-    spark.conf.set("spark.sql.files.maxPartitionBytes", "16k")
-    try:
-        events = read_events_df(spark, feeds)
-        n_parts = spark.read.text(str(feeds)).rdd.getNumPartitions()
-    finally:
-        spark.conf.unset("spark.sql.files.maxPartitionBytes")
+    events, n_parts = _read_in_small_splits(spark, feeds)
     assert n_parts > 10
     want, base = [], 0
     for f in files:
