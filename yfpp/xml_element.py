@@ -45,6 +45,14 @@ def element_for(event: Event) -> Any:
     return el
 
 
+def line_element(tag: str, texts: dict[str, str], line: int) -> Any:
+    """The detached element ``<tag texts…/>`` at ``line``: what the XML reader parsed for an event it kept
+    only the attribute texts of (``Event.texts``)."""
+    el = etree.Element(tag, texts)
+    el.sourceline = min(line, 65535)  # libxml2 keeps an unsigned short
+    return el
+
+
 def attribute_text(event: Event, name: str) -> str | None:
     """What ``event.element.get(name)`` gives (XPath's ``@name``), without building the element."""
     texts = event.texts
