@@ -217,7 +217,8 @@ class Splitter:
         lines = self._plain_lines(region)
         if lines is not None:
             self.out.append(lines)
-            self._advance(cut)
+            self.line += len(lines.items)  # one line each
+            self.pos = cut
             return
         try:
             root = etree.fromstring(b"".join((self.wrapper_open, region, _BATCH_END)), self.parser())
@@ -570,6 +571,7 @@ def _line_event_maker(opts: ReaderOptions) -> tuple[Callable[[str, Any], None], 
     one with no attributes or whose ts is missing or not a usable number is left to the long way."""
     ts_field, unit = opts.ts_field, opts.unit
     m, d = unit
+    seconds = unit == (1, 1)
     typed = _TypedValues()
     items: list[Any] = []
     append = items.append
@@ -587,7 +589,8 @@ def _line_event_maker(opts: ReaderOptions) -> tuple[Callable[[str, Any], None], 
             if raw_ts is None:
                 ts = None
             elif raw_ts.isdigit() and len(raw_ts) < 16 and raw_ts.isascii():
-                ts = int(raw_ts) * m / d  # below 10¹⁶ × 3600: finite
+                # below 10¹⁶ × 3600: finite; below 2⁵³ in seconds: float() is exactly int() / 1
+                ts = float(raw_ts) if seconds else int(raw_ts) * m / d
             else:
                 ts = _number_ts(raw_ts, unit)
             if ts is not None:
