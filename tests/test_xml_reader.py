@@ -202,6 +202,7 @@ def test_plain_lines_build_no_tree_and_their_elements_are_the_parsed_ones():
     out = io.StringIO()
     events = list(read_xml(io.BytesIO(data), dead_letters=DeadLetters(out)))
     assert [e.texts is not None for e in events] == [True, True, False]  # " 7 ": the long way
+    assert all(hasattr(e, slot) for e in events for slot in type(e).__slots__)  # made without __init__: every slot set
     assert [(e.seq, e.type, e.ts, e.attrs) for e in events] == [
         (0, "shelf", 5.0, {"tag_id": 7, "zone": "Z 4"}), (1, "exit", 6.5, {"tag_id": 2, "door": "a/b"}), (2, "e", 7.0, {})]
     eng = Engine()

@@ -572,6 +572,7 @@ def _line_event_maker(opts: ReaderOptions) -> tuple[Callable[[str, Any], None], 
     ts_field, unit = opts.ts_field, opts.unit
     m, d = unit
     seconds = unit == (1, 1)
+    new = object.__new__
     typed = _TypedValues()
     items: list[Any] = []
     append = items.append
@@ -596,7 +597,16 @@ def _line_event_maker(opts: ReaderOptions) -> tuple[Callable[[str, Any], None], 
             if ts is not None:
                 for name, text in attrs.items():  # values replaced in place: the dict's size does not change
                     attrs[name] = typed[text]
-                append(Event(tag, ts, attrs, seq, line, texts))
+                # Event(tag, ts, attrs, seq, line, texts) without the call to __init__ (5 % of this reader's work)
+                event = new(Event)
+                event.type = tag
+                event.ts = ts
+                event.attrs = attrs
+                event.seq = seq
+                event.pos = -1
+                event.texts = texts
+                event._el = line
+                append(event)
                 seq += 1
                 line += 1
                 return
