@@ -229,4 +229,3 @@ def _remove_orphans(path: str) -> None:
                 os.remove(tmp)
             except OSError:
                 pass
-

@@ -27,8 +27,8 @@ import gc
 import json
 import math
 import pickle
-from dataclasses import dataclass, replace
 from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from lxml import etree
