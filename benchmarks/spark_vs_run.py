@@ -13,8 +13,8 @@ a fresh JVM each time); its wall
 time is the subprocess's, its CPU the whole process tree's (the command, the
 JVM, the Python workers: sampled from ``/proc`` every 0.2 s, and the reaped
 children's rusage). The match ids of the two outputs are compared as
-multisets. ``--class-archive`` is passed to ``yfpp spark`` (default ``auto``:
-its cached archive; when the archive does not exist yet a first run writes it —
+multisets. ``--class-archive`` is passed to ``yfpp spark`` (default here ``auto``, while
+``yfpp spark``'s own default is ``off``: its cached archive; when the archive does not exist yet a first run writes it —
 a warm-up, not reported). Before the runs, the machine's parallelism is
 measured: a CPU-bound loop alone, then two at once (on a shared or virtual
 machine two busy processes may get well under two cores).

@@ -13,6 +13,7 @@ import pytest
 
 pytest.importorskip("pyspark", reason="pyspark is not installed (pip install '.[spark]')")
 
+from yfpp.cli import build_parser  # noqa: E402
 from yfpp.spark.cli import class_archive  # noqa: E402
 from yfpp.spark.costs import DRIVER_JAVA_OPTIONS, ClassArchive, default_class_archive, process_age  # noqa: E402
 
@@ -85,6 +86,7 @@ def test_no_archive_for_a_jvm_this_command_does_not_start(tmp_path, monkeypatch)
     assert class_archive(args("/x/my.jsa"), new_jvm=True) == "/x/my.jsa"
     assert class_archive(args(), new_jvm=False) is None  # a session or gateway of this process already runs
     assert class_archive(args("off"), new_jvm=True) is None
+    assert build_parser().parse_args(["spark", "-q", "Q", "-i", "I", "-o", "O"]).class_archive == "off"  # opt-in: the first run is slow
     assert class_archive(args("auto", "spark.driver.extraJavaOptions=-Xmx2g"), new_jvm=True) is None  # the user's options
     monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "4040")  # spark-submit started the JVM
     assert class_archive(args(), new_jvm=True) is None

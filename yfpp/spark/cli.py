@@ -72,11 +72,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--partitions", type=int,
                    help="shuffle partitions (default: spark.sql.shuffle.partitions if configured, else 2 × the cores); "
                         "with --plan scan, its tasks (default: the cores)")
-    p.add_argument("--class-archive", metavar="FILE", default="auto",
+    p.add_argument("--class-archive", metavar="FILE", default="off",
                    help="a class-data-sharing archive for the driver JVM this command starts: written when the first "
-                        "run's JVM exits, used by later runs (about half the JVM's start-up CPU; ~200 MB); 'auto' "
-                        "(default): one cached under ~/.cache/yfpp per PySpark, Java and class path; 'off': none "
-                        "(docs/spark.md)")
+                        "run's JVM exits (that run is several times slower), used by later runs (about half the "
+                        "JVM's start-up CPU; ~200 MB); 'auto': one cached under ~/.cache/yfpp per PySpark, Java and "
+                        "class path; 'off' (default): none (docs/spark.md)")
     p.add_argument("--stream", action="store_true", help="watch the input directory (or --socket) for new data")
     p.add_argument("--socket", metavar="HOST:PORT", help="stream: read lines from a socket (a demo source, not replayable)")
     p.add_argument("--checkpoint", help="stream: checkpoint directory (default OUTDIR/_checkpoint)")
