@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from yfpp import output
 from yfpp.output import match_line
 
-TEXT = st.one_of(st.text(max_size=6), st.text(alphabet='az09 ,:"\\\x7f\x00\né', max_size=6))
+TEXT = st.one_of(st.text(max_size=6), st.text(alphabet='az09 ,:"\\\x7f\x00\néE.-[', max_size=6))
 NUMBER = st.one_of(st.integers(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True, allow_infinity=True),
                    st.sampled_from([1e16, 1e-5, 0.0001, 9.9e-5, -0.0, 1e300, 123.0]))
 SCALAR = st.one_of(TEXT, NUMBER, st.booleans(), st.none())
@@ -27,8 +27,18 @@ def test_match_line_is_json_dumps(query, seqs, start, attrs, extra):
     assert match_line(match) == (json.dumps(match) + "\n").encode()
 
 
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(match_id=st.text(alphabet="0123456789abcdef", min_size=16, max_size=16), start=NUMBER,
+       values=st.lists(st.one_of(NUMBER, st.text(alphabet="0123456789e.-E", max_size=5)), max_size=4))
+def test_ids_and_numbers_that_look_alike(match_id, start, values):
+    """A hex id or a string of digits and ``e`` is no exponent; a float written with one is."""
+    match = {"query": "q", "id": match_id, "bindings": {"a": [1]}, "start": start, "end": 2.5,
+             "emit": {"type": "t", "attrs": {f"v{i}": v for i, v in enumerate(values)}}}
+    assert match_line(match) == (json.dumps(match) + "\n").encode()
+
+
 def test_a_plain_match_takes_orjson(monkeypatch):
-    match = {"query": "shoplifting", "id": "7735136116d7499f", "bindings": {"a": [21], "c": [90]}, "start": 339.0,
+    match = {"query": "shoplifting", "id": "77e5136116d7499f", "bindings": {"a": [21], "c": [90]}, "start": 339.0,
              "end": 1447.5, "emit": {"type": "theft", "attrs": {"tag_id": 5, "zone": "Z1", "ok": True}}}
     want = (json.dumps(match) + "\n").encode()
     monkeypatch.setattr(output.json, "dumps", None)  # the standard library is not called

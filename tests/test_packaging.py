@@ -51,6 +51,24 @@ def test_examples_are_listed_and_reachable(capsys):
     assert "no example named 'nope'; 'yfpp examples' lists them" in capsys.readouterr().err
 
 
+IMPORTS_CHECK = """
+import io, sys
+from yfpp.readers import read_events
+assert [e.type for e in read_events(io.BytesIO(b'{"type": "a", "ts": 1}\\n'), "jsonl")] == ["a"]
+assert not (loaded := {"yfpp.engine", "yfpp.xml_reader", "lxml.etree", "lark"} & set(sys.modules)), loaded
+from yfpp import Engine
+Engine().register("PATTERN SEQ(a x, b y) WHERE [k]")
+assert not (loaded := {"yfpp.event_sets", "xpath_ext.parser", "lxml.etree"} & set(sys.modules)), loaded
+"""
+
+
+def test_start_up_imports_only_what_is_needed():
+    """Reading events does not load the engine, nor a JSON-lines run lxml; event sets and XPath only when used."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", IMPORTS_CHECK], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
 def test_wheel_carries_code_examples_license_and_metadata(tmp_path):
     src = tmp_path / "src"
     src.mkdir()

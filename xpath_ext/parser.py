@@ -29,20 +29,24 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import NoReturn
 
 from elementpath import ElementPathError
-from lark import Lark, Token, Tree
+from lark import Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
 from xpath_ext.xpath_predicates import error_location, parse_expression
 from yfpp.errors import QuerySyntaxError
+from yfpp.lark_tables import lalr_parser
 from yfpp.pattern import Component, Contiguity, Emit, Expr, Kind, Pattern, XPathTest
 from yfpp.query_limits import check_text, deepest, finite_number, finite_window, line_column, too_deep
 from yfpp.sase_parser import parse_result
 from yfpp.units import UNIT_SECONDS, window_seconds
 
-_LARK = Lark.open("xpath_grammar.lark", rel_to=__file__, parser="lalr", maybe_placeholders=True)
+GRAMMAR = Path(__file__).with_name("xpath_grammar.lark")
+LARK_OPTIONS = {"maybe_placeholders": True}
+_LARK = lalr_parser(GRAMMAR, **LARK_OPTIONS)
 
 _TERMINALS = {
     "SLASH": "'/'", "DSLASH": "'//'", "BANG": "'!'", "PLUS": "'+'", "STAR": "'*'",

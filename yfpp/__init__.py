@@ -6,9 +6,25 @@
 0
 """
 
+from typing import Any
+
 from yfpp._version import __version__
-from yfpp.engine import Engine
-from yfpp.errors import YfppError
-from yfpp.events import Event
 
 __all__ = ["Engine", "Event", "YfppError", "__version__"]
+
+# imported on first use: a program that only reads events (yfpp.readers) does not load the engine
+_LAZY = {"Engine": "yfpp.engine", "Event": "yfpp.events", "YfppError": "yfpp.errors"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'yfpp' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])

@@ -335,8 +335,10 @@ def write_matches(engine: Engine, batches: Iterable[list[Event]], out: MatchWrit
             vocabulary.note(batch)
         for part in _parts(batch, n, every):
             for ev in part:
-                for m in process(ev):
-                    write(m)
+                found = process(ev)
+                if found:  # most events complete no match: no iterator for them
+                    for m in found:
+                        write(m)
             n += len(part)
             if every and n % every == 0:
                 from yfpp.checkpoint import write_checkpoint

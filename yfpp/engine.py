@@ -25,17 +25,19 @@ import os
 import sys
 from decimal import Decimal
 from itertools import count
-from typing import Any, Iterable, Mapping, TextIO
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, TextIO
 
 from yfpp.dead_letters import DeadLetters
 from yfpp.errors import YfppError
-from yfpp.event_sets import STRATEGIES, Limits, SetMatcher, set_matcher, windowable
 from yfpp.events import Event
 from yfpp.feedback import MAX_DEPTH, MAX_DERIVED, Feedback
 from yfpp.nfa_compiler import QueryPlan, compile_pattern
-from yfpp.pattern import POLICIES, SET_POLICIES, Pattern
+from yfpp.pattern import POLICIES, SET_POLICIES, STRATEGIES, Pattern
 from yfpp.query_text import parse_query
 from yfpp.runtime import Runtime
+
+if TYPE_CHECKING:
+    from yfpp.event_sets import SetMatcher  # imported when an event-set query is registered
 
 #: Default caps per query (per branch of the shared NFA, see docs/operations.md); the environment
 #: variables YFPP_MAX_RUNS_PER_QUERY / YFPP_MAX_BUFFER_PER_QUERY override them (how `yfpp spark`
@@ -136,7 +138,9 @@ class Engine:
             pattern = dataclasses.replace(pattern, feedback=True).validate()
         qid = next(self._ids)
         self.sources[qid] = (pattern, query if isinstance(query, str) else None, name)
-        if pattern.has_sets or (self.strategy == "match-window" and windowable(pattern)):
+        if pattern.has_sets or (self.strategy == "match-window" and _windowable(pattern)):
+            from yfpp.event_sets import Limits, set_matcher
+
             limits = Limits(self.runtime.max_runs, self.runtime.max_buffer, self._shed_sets)
             matcher = self.set_queries[qid] = set_matcher(pattern, name if name is not None else qid, self.strategy, limits)
             self._names.add(matcher.plan.name)
@@ -390,6 +394,13 @@ class Engine:
     def held(self) -> int:
         """Events waiting in the reorder buffer."""
         return len(self._held)
+
+
+def _windowable(pattern: Pattern) -> bool:
+    """``yfpp.event_sets.windowable`` (that module is imported only for event-set queries)."""
+    from yfpp.event_sets import windowable
+
+    return windowable(pattern)
 
 
 def _cap(what: str, value: int | None, default: int) -> int:

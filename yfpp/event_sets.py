@@ -45,6 +45,7 @@ from yfpp.pattern import (
     Kind,
     Length,
     Pattern,
+    STRATEGIES,
     Ref,
     variables,
     walk,
@@ -61,7 +62,6 @@ from yfpp.predicates import (
     kleene_take,
 )
 
-STRATEGIES = ("direct", "match-window")
 _equal = compare_fn("=")
 
 Binding = list[list[Event]]  # per variable (pattern order), its events in stream order

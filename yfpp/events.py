@@ -17,22 +17,38 @@ class Event:
     output; it is ``-1`` until the engine (or a reader) assigns it.  A derived
     event (``yfpp.feedback``) has a string ``seq``.  ``pos`` is the event's
     stream position, set by the runtime: "before", "between" and pruning go by
-    ``pos``, never by ``seq``.
+    ``pos``, never by ``seq``.  ``element`` is the XML element, or, with
+    ``texts`` (the element's attribute texts), the line it starts on: the
+    element ``<type texts…/>`` is then built only when something asks for it.
     """
 
-    __slots__ = ("type", "ts", "attrs", "seq", "pos", "_element")
+    __slots__ = ("type", "ts", "attrs", "seq", "pos", "texts", "_el")
 
-    #: The attribute texts of an XML event whose element is built only when asked for
-    #: (:class:`yfpp.xml_reader.XmlLineEvent`): what ``element.get(name)`` gives, without the element.
-    texts: dict[str, str] | None = None
-
-    def __init__(self, type: str, ts: float, attrs: dict[str, Any] | None = None, seq: int = -1, element: Any = None):
+    def __init__(self, type: str, ts: float, attrs: dict[str, Any] | None = None, seq: int = -1, element: Any = None,
+                 texts: dict[str, str] | None = None):
         self.type = type
         self.ts = ts
         self.attrs = attrs if attrs is not None else {}
         self.seq = seq
         self.pos = -1
-        self._element = element
+        #: The attribute texts of an XML event whose element is built only when asked for (the plainest XML
+        #: feeds, :mod:`yfpp.xml_reader`): what ``element.get(name)`` gives, without the element; else None.
+        self.texts = texts
+        self._el = element
+
+    @property
+    def _element(self) -> Any:
+        """The XML element the event was read from (built from :attr:`texts` on first use), or None."""
+        el = self._el
+        if type(el) is int:
+            from yfpp.xml_element import line_element
+
+            el = self._el = line_element(self.type, self.texts, el)  # type: ignore[arg-type]
+        return el
+
+    @_element.setter
+    def _element(self, el: Any) -> None:
+        self._el = el
 
     def get(self, name: str) -> Any:
         """Attribute ``name``; then the pseudo-attributes ts/type/seq; else MISSING."""
@@ -44,11 +60,12 @@ class Event:
     @property
     def element(self):
         """The XML element (built on demand for events that came from JSON)."""
-        if self._element is None:
+        el = self._element
+        if el is None:
             from yfpp.xml_element import element_for
 
-            self._element = element_for(self)
-        return self._element
+            el = self._el = element_for(self)
+        return el
 
     @classmethod
     def from_dict(cls, record: Mapping[str, Any], ts_field: str = "ts", seq: int = -1) -> "Event":

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import stat
 import sys
 import time
@@ -30,9 +29,12 @@ from yfpp.errors import YfppError
 FLUSH_LINES = 1000
 FLUSH_SECONDS = 0.5
 
-# a float orjson writes unlike Python's repr: with an exponent (1e16 → "1e16", repr "1e+16"), or
-# below 10⁻⁴ in fixed notation (orjson "0.00001", repr "1e-05")
-_ODD_FLOAT = re.compile(rb"[0-9][eE]|0\.0000")
+# orjson's text byte for byte with the digits 1-9 read as 0 (a float orjson writes unlike Python's repr has an
+# exponent — 1e16, repr 1e+16 — or is below 10⁻⁴ in fixed notation — 0.00001, repr 1e-05), and \x00 (which
+# orjson never writes: it escapes control characters) for what it writes unlike json.dumps: non-ASCII, DEL
+# and backslashes (its escapes)
+_CHECK = bytes.maketrans(b"123456789\\\x7f" + bytes(range(0x80, 0x100)), b"000000000" + b"\x00" * 130)
+_NOT_QUOTE_OR_SEPARATOR = bytes(c for c in range(256) if c not in b'",:')
 
 
 def is_live_input(source: str) -> bool:
@@ -63,19 +65,28 @@ def open_for_writing(path: str, what: str, binary: bool = False) -> Any:
 
 def match_line(match: dict[str, Any]) -> bytes:
     """``json.dumps(match) + "\\n"`` as bytes: orjson's compact text with the separators widened when
-    every string in it is printable ASCII without ``"``, ``\\``, ``,`` or ``:`` (so a comma or colon
-    in it is a separator), and no number in it is one orjson writes unlike ``repr`` nor a ``null``
-    that ``json`` would write as ``NaN``/``Infinity``; else the standard library's."""
+    that is certain to give the same text — every character printable ASCII but a backslash (no
+    escape in it), no string holding ``,`` or ``:`` (so each comma and colon is a separator), no
+    number orjson writes unlike ``repr`` nor a ``null`` that ``json`` would write as
+    ``NaN``/``Infinity``; else the standard library's. The checks are a few whole-text byte
+    operations, not a walk of the match."""
     try:
-        compact = orjson.dumps(match)
+        text = orjson.dumps(match, option=orjson.OPT_APPEND_NEWLINE)
     except TypeError:  # orjson.JSONEncodeError: an integer beyond 64 bits, a key that is not a string…
-        compact = b"\\"
-    if compact.isascii() and b"\\" not in compact and b"\x7f" not in compact:
-        parts = compact.split(b'"')
-        strings, rest = b"".join(parts[1::2]), b"".join(parts[::2])
-        if b"," not in strings and b":" not in strings and b"null" not in rest and _ODD_FLOAT.search(rest) is None:
-            return compact.replace(b",", b", ").replace(b":", b": ") + b"\n"
+        return (json.dumps(match) + "\n").encode()
+    check = text.translate(_CHECK)
+    if (b"\x00" not in check and (_plain_numbers(check) or _plain_numbers(b"".join(check.split(b'"')[::2])))
+            and b'"' not in text.translate(None, _NOT_QUOTE_OR_SEPARATOR).replace(b'""', b"")):
+        # (the last test: with every byte but quotes, commas and colons deleted, a string is "" unless it
+        # holds a comma or colon — consecutive strings always have a separator between them)
+        return text.replace(b",", b", ").replace(b":", b": ")
     return (json.dumps(match) + "\n").encode()
+
+
+def _plain_numbers(check: bytes) -> bool:
+    """No exponent, no ``0.0000…`` and no ``null`` in ``check`` (digits read as 0s; strings left in, this
+    may refuse a text whose strings look like that: the caller then looks outside the strings)."""
+    return b"0e" not in check and b"0E" not in check and b"0.0000" not in check and b"null" not in check
 
 
 def iso_time(ts: float) -> str:

@@ -260,6 +260,8 @@ class Pattern:
 
 POLICIES = ("all", "non_overlapping")
 SET_POLICIES = ("all", "non_overlapping", "earliest_maximal")
+#: Evaluation strategies of event-set queries (docs/event_sets.md).
+STRATEGIES = ("direct", "match-window")
 
 
 def validate(p: Pattern) -> None:

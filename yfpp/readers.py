@@ -51,9 +51,7 @@ from typing import IO, Any, Callable, Iterator
 from yfpp.dead_letters import DeadLetters
 from yfpp.errors import InputError
 from yfpp.events import Event
-from yfpp.jsonl_reader import jsonl_batches
 from yfpp.record_fields import MAX_DEPTH, MAX_RECORD_BYTES, TS_UNITS, ReaderOptions, typed_value, unit_factors
-from yfpp.xml_reader import xml_batches
 
 __all__ = ["FORMAT_BY_EXT", "TS_UNITS", "MAX_DEPTH", "MAX_RECORD_BYTES", "format_of", "read_event_batches",
            "read_events", "read_jsonl", "read_xml", "typed_value"]
@@ -133,7 +131,7 @@ def read_event_batches(
         raise ValueError("max_record_bytes and max_depth must be positive")
     opts = ReaderOptions(ts_field, unit_factors(ts_unit), type_field or None, max_record_bytes, max_depth)
     fmt = (format or format_of(path_or_file) or "").lower()
-    if fmt and fmt not in _READERS:
+    if fmt and fmt not in _FORMATS:
         raise InputError(f"unknown input format {fmt!r}; expected xml or jsonl")
     f, owned = _open(path_or_file)
     if not fmt:
@@ -145,7 +143,7 @@ def read_event_batches(
                 f.close()
             name = getattr(path_or_file, "name", path_or_file)  # a file object: its file name
             raise InputError(f"cannot tell the format of {name!r}; give format='xml' or 'jsonl'")
-    return _READERS[fmt](f, owned, opts, _sink(dead_letters))
+    return _batches(fmt)(f, owned, opts, _sink(dead_letters))
 
 
 class _Held:
@@ -192,7 +190,15 @@ def read_jsonl(source: Source, **options: Any) -> Iterator[Event]:
     return read_events(source, "jsonl", **options)
 
 
-_READERS: dict[str, Callable[[IO[Any], bool, ReaderOptions, DeadLetters], Iterator[list[Event]]]] = {
-    "xml": xml_batches,
-    "jsonl": jsonl_batches,
-}
+_FORMATS = ("xml", "jsonl")
+
+
+def _batches(fmt: str) -> Callable[[IO[Any], bool, ReaderOptions, DeadLetters], Iterator[list[Event]]]:
+    """The reader of a format, imported when first asked for (a run reads one format)."""
+    if fmt == "xml":
+        from yfpp.xml_reader import xml_batches
+
+        return xml_batches
+    from yfpp.jsonl_reader import jsonl_batches
+
+    return jsonl_batches

@@ -28,11 +28,12 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from lark import Lark, Token, Transformer, Tree, v_args
+from lark import Token, Transformer, Tree, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
 from lark.lexer import PatternStr
 
 from yfpp.errors import PatternError, QuerySyntaxError
+from yfpp.lark_tables import lalr_parser
 from yfpp.pattern import (
     AGGREGATE_FUNCS,
     Aggregate,
@@ -58,12 +59,9 @@ from yfpp.pattern import (
 from yfpp.query_limits import check_text, deepest, finite_number, finite_window, too_deep
 from yfpp.units import window_seconds
 
-_PARSER = Lark(
-    Path(__file__).with_name("sase_grammar.lark").read_text(encoding="utf-8"),
-    parser="lalr",
-    start=["start", "result"],
-    propagate_positions=True,  # tree positions for PatternError messages
-)
+GRAMMAR = Path(__file__).with_name("sase_grammar.lark")
+LARK_OPTIONS = {"start": ["start", "result"], "propagate_positions": True}  # tree positions for PatternError messages
+_PARSER = lalr_parser(GRAMMAR, **LARK_OPTIONS)
 
 _STRATEGIES = {
     "strict_contiguity": Contiguity.STRICT,

@@ -15,8 +15,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from lxml import etree
-
 from yfpp.events import Event
 
 _NAME = re.compile(r"[^\W\d][\w.\-]*\Z")
@@ -34,6 +32,8 @@ def xml_text(value: Any) -> str:
 
 def element_for(event: Event) -> Any:
     """A standalone lxml element ``<type attr="value" …/>`` for ``event``."""
+    from lxml import etree  # imported when first needed: a JSON-lines run without XPath never loads lxml
+
     el = etree.Element(event.type if _NAME.match(event.type) else "event")
     if "ts" not in event.attrs:
         el.set("ts", xml_text(event.ts))
@@ -42,6 +42,16 @@ def element_for(event: Event) -> Any:
             el.set(name, xml_text(value))
         else:
             etree.SubElement(el, "attr", name=xml_text(name)).text = xml_text(value)
+    return el
+
+
+def line_element(tag: str, texts: dict[str, str], line: int) -> Any:
+    """The detached element ``<tag texts…/>`` at ``line``: what the XML reader parsed for an event it kept
+    only the attribute texts of (``Event.texts``)."""
+    from lxml import etree
+
+    el = etree.Element(tag, texts)
+    el.sourceline = min(line, 65535)  # libxml2 keeps an unsigned short
     return el
 
 

@@ -30,9 +30,9 @@ is lxml's, and the splitter only reads blocks that hold something wrong. The
 plainest feed — every line one self-closing element, no namespace, no entity or
 character reference (:meth:`Splitter._plain_lines`) — builds no tree at all: a
 parser target makes each event from the tag and attribute texts lxml reads, and
-the event (:class:`XmlLineEvent`) builds its element from them only when
-something asks for it (XPath predicates, checkpoints): the same element, line
-included.
+the event keeps those texts (``Event.texts``) and builds its element from them
+only when something asks for it (XPath predicates, checkpoints): the same
+element, line included.
 
 Caps (:class:`~yfpp.record_fields.ReaderOptions`): an event element longer than
 ``max_record_bytes`` is one dead letter (its first bytes as ``raw``) and is
@@ -60,6 +60,7 @@ from yfpp.dead_letters import DeadLetters
 from yfpp.errors import InputError
 from yfpp.events import Event
 from yfpp.record_fields import ISO_8601, RAW_PREVIEW, ReaderOptions, pop_ts, pop_type, preview, scaled_ts, typed_value
+from yfpp.xml_element import line_element
 
 _NAME = rb"[^\s<>/!?=\"'&]+"
 _START = re.compile(rb"<(" + _NAME + rb")((?:\s+[^\s<>/=\"']+\s*=\s*(?:\"[^\"<]*\"|'[^'<]*'))*)\s*(/?)>")
@@ -96,7 +97,7 @@ class Region(NamedTuple):
 
 class Lines(NamedTuple):
     """Self-closing event elements one per line, read in one go (see :meth:`Splitter._plain_lines`): the
-    :class:`XmlLineEvent` of each, or ``(tag, attribute texts, seq, line)`` for one whose ts the long way
+    event of each (keeping its attribute texts), or ``(tag, attribute texts, seq, line)`` for one whose ts the long way
     must read (and perhaps report); ``clean`` when there is none of those."""
 
     items: list[Any]
@@ -216,7 +217,8 @@ class Splitter:
         lines = self._plain_lines(region)
         if lines is not None:
             self.out.append(lines)
-            self._advance(cut)
+            self.line += len(lines.items)  # one line each
+            self.pos = cut
             return
         try:
             root = etree.fromstring(b"".join((self.wrapper_open, region, _BATCH_END)), self.parser())
@@ -239,7 +241,7 @@ class Splitter:
         accept it.
 
         No element tree is built: a parser target makes each event from the element's tag and attribute
-        texts, and its element, should anything ask for it, is built from them (:class:`XmlLineEvent`).
+        texts, and its element, should anything ask for it, is built from them (``Event.texts``).
         """
         n = region.count(b"\n")
         if (not self.lines_ok or not n or region[-1:] != b"\n" or region.count(b">") != n
@@ -569,6 +571,8 @@ def _line_event_maker(opts: ReaderOptions) -> tuple[Callable[[str, Any], None], 
     one with no attributes or whose ts is missing or not a usable number is left to the long way."""
     ts_field, unit = opts.ts_field, opts.unit
     m, d = unit
+    seconds = unit == (1, 1)
+    new = object.__new__
     typed = _TypedValues()
     items: list[Any] = []
     append = items.append
@@ -586,13 +590,23 @@ def _line_event_maker(opts: ReaderOptions) -> tuple[Callable[[str, Any], None], 
             if raw_ts is None:
                 ts = None
             elif raw_ts.isdigit() and len(raw_ts) < 16 and raw_ts.isascii():
-                ts = int(raw_ts) * m / d  # below 10¹⁶ × 3600: finite
+                # below 10¹⁶ × 3600: finite; below 2⁵³ in seconds: float() is exactly int() / 1
+                ts = float(raw_ts) if seconds else int(raw_ts) * m / d
             else:
                 ts = _number_ts(raw_ts, unit)
             if ts is not None:
                 for name, text in attrs.items():  # values replaced in place: the dict's size does not change
                     attrs[name] = typed[text]
-                append(XmlLineEvent(tag, ts, attrs, seq, texts, line))
+                # Event(tag, ts, attrs, seq, line, texts) without the call to __init__ (5 % of this reader's work)
+                event = new(Event)
+                event.type = tag
+                event.ts = ts
+                event.attrs = attrs
+                event.seq = seq
+                event.pos = -1
+                event.texts = texts
+                event._el = line
+                append(event)
                 seq += 1
                 line += 1
                 return
@@ -772,48 +786,13 @@ def _flat_events(elements: list[Any], seq: int, base: int, opts: ReaderOptions, 
     return seq
 
 
-class XmlLineEvent(Event):
-    """An event of a :class:`Lines` record: its element is built from the attribute texts and line it
-    keeps when something first asks for it (XPath predicates, checkpoints), the same element the
-    parsed one would be (detached, with its ``sourceline``)."""
-
-    __slots__ = ("texts", "_built")  # _built: the element once built, its line until then
-
-    def __init__(self, type: str, ts: float, attrs: dict[str, Any], seq: int, texts: dict[str, str], line: int):
-        self.type = type
-        self.ts = ts
-        self.attrs = attrs
-        self.seq = seq
-        self.pos = -1
-        self.texts = texts
-        self._built: Any = line
-
-    @property  # type: ignore[override]
-    def _element(self) -> Any:
-        el = self._built
-        if type(el) is int:
-            el = self._built = _element_of(self.type, self.texts, el)
-        return el
-
-    @_element.setter
-    def _element(self, el: Any) -> None:
-        self._built = el
-
-
-def _element_of(tag: str, texts: dict[str, str], line: int) -> Any:
-    """The detached element ``<tag texts…/>`` at ``line``."""
-    el = etree.Element(tag, texts)
-    el.sourceline = min(line, 65535)  # libxml2 keeps an unsigned short
-    return el
-
-
 def _line_events(items: list[Any], opts: ReaderOptions, dl: DeadLetters, out: list[Event]) -> None:
     """The events of a :class:`Lines` record appended to ``out``, the ones left to the long way read (or
     reported) that way."""
     for item in items:
         if type(item) is tuple:
             tag, texts, seq, line = item
-            item = _event_or_report(_element_of(tag, texts, line), seq, line, opts, dl)
+            item = _event_or_report(line_element(tag, texts, line), seq, line, opts, dl)
             if item is None:
                 continue
         out.append(item)
