@@ -4,8 +4,8 @@ parses a query) done once, when the grammar changes, instead of at every start.
 ``<grammar>.tables.json`` next to a grammar holds lark's serialised parser (``Lark.memo_serialize``: plain
 data, no pickle, no code) with the key it was made for: the grammar text, the options and the lark
 version. When the key differs (the grammar or lark changed) the parser is analysed from the grammar as
-before — the same parser, only slower to make; ``tests/test_sase_parser.py`` checks the saved tables are
-current. Remake them with::
+before — the same parser, only slower to make; ``tests/test_lark_tables.py`` checks the saved tables are
+made from the current grammars. Remake them with::
 
     python -m yfpp.lark_tables
 """
@@ -22,6 +22,7 @@ from lark import Lark
 from lark.grammar import Rule
 from lark.lexer import TerminalDef
 
+
 def lalr_parser(grammar: Path, **options: Any) -> Lark:
     """The LALR parser of ``grammar`` with ``options``: from its saved tables when they are current."""
     text = grammar.read_text(encoding="utf-8")
@@ -29,7 +30,7 @@ def lalr_parser(grammar: Path, **options: Any) -> Lark:
         saved = json.loads(tables_path(grammar).read_bytes())
     except (OSError, ValueError):
         saved = None
-    if isinstance(saved, dict) and saved.get("key") == tables_key(text, options):
+    if isinstance(saved, dict) and saved.get("key") == tables_key(text, options) and saved.get("lark") == lark.__version__:
         return Lark.load(_decode(saved["parser"]))
     return Lark(text, parser="lalr", **options)
 
@@ -42,14 +43,16 @@ def tables_text(grammar: Path, **options: Any) -> str:
     """What the tables file of ``grammar`` holds for ``options``, analysed afresh."""
     text = grammar.read_text(encoding="utf-8")
     data, memo = Lark(text, parser="lalr", **options).memo_serialize([TerminalDef, Rule])
-    return json.dumps({"key": tables_key(text, options), "parser": _encode({"data": data, "memo": memo})},
+    return json.dumps({"key": tables_key(text, options), "lark": lark.__version__,
+                       "parser": _encode({"data": data, "memo": memo})},
                       sort_keys=True, separators=(",", ":")) + "\n"
 
 
 def tables_key(text: str, options: dict[str, Any]) -> str:
-    """What saved tables are for: the grammar text, the options and the lark version (the tables themselves
-    differ from run to run — lark numbers the parse states in set order — but every version is the parser)."""
-    return hashlib.sha256(json.dumps([text, sorted(options.items()), lark.__version__]).encode()).hexdigest()
+    """What saved tables are for: the grammar text and the options (the lark version is kept beside it; the
+    tables themselves differ from run to run — lark numbers the parse states in set order — but every version
+    is the parser)."""
+    return hashlib.sha256(json.dumps([text, sorted(options.items())]).encode()).hexdigest()
 
 
 def _encode(value: Any) -> Any:
