@@ -56,14 +56,16 @@ class _Route:
     __slots__ = ("negs", "starters", "scan", "touch", "quick")
 
     def __init__(self, negs: tuple, starters: tuple, scan: bool) -> None:
-        self.negs: tuple[tuple[QueryPlan, NegationPlan], ...] = negs
+        # (shared candidate store, None, the wait states whose runs a candidate ends: see Runtime._ended_by)
+        # or (query, its trailing negation, ())
+        self.negs: tuple[tuple[Any, NegationPlan | None, tuple[State, ...]], ...] = negs
         self.starters = starters
         self.scan = scan  # may the event move a stored run (else the stores are not looked at)
         self.touch: dict[State, bool] = {}
         # For Runtime._idle, when the type feeds only shared candidate stores and begins no root or only through
         # one equality index: () or that index's (attribute, table); else None (no shortcut).
         self.quick: tuple | None = None
-        if all(neg is None for _, neg in negs):
+        if all(neg is None for _, neg, _ in negs):
             if not starters:
                 self.quick = ()
             elif len(starters) == 1 and not starters[0][0] and starters[0][2] is None and len(starters[0][1]) == 1:
@@ -192,12 +194,39 @@ class Runtime:
 
     def _route(self, etype: str) -> "_Route":
         """What an event of type ``etype`` can do; made on the first such event after a registration change."""
+        negs = (*self.negations.by_type.get(etype, ()), *self.negations.by_type.get(None, ()))
         route = self._routes[etype] = _Route(
-            tuple(self.negations.by_type.get(etype, ())) + tuple(self.negations.by_type.get(None, ())),
+            tuple((owner, neg, () if neg is not None else self._ended_by(owner, etype)) for owner, neg in negs),
             tuple(g.finder() for g in self.nfa.starters.groups(etype)),
             self.nfa.reacts(etype),
         )
         return route
+
+    def _ended_by(self, store: CandidateStore, etype: str) -> tuple[State, ...]:
+        """The wait states whose runs a candidate of ``store`` of type ``etype`` ends at once (of its key, when keyed).
+
+        Such a run has bound the component before the negation of every query it can still complete, and the
+        component after it comes later: the candidate lies between them in every match the run could give, and no
+        cross predicate could spare one.  So: a wait state (not strict) of the store's branch after node ``n``, no
+        child of which ``etype`` can begin, every query below whose children has a negation of this store right
+        after ``n`` and without cross predicates.  None with run merging (a merged run's members are stepped
+        together, yfpp.run_merging)."""
+        if self.merger is not None:
+            return ()
+        of = self.negations.of
+        out = []
+        for st in self.nfa.states:
+            node = st.node
+            if st.mode != "wait" or st.touch_all or node.root is not store.root:
+                continue
+            children = [st.child] if st.child is not None else [
+                c for c in node.children.values() if c.contiguity is st.contiguity]
+            if children and all(c.event_type is not None and c.event_type != etype and all(
+                    any(of.get(neg) is store and neg.lower == node.index and neg.upper == c.index
+                        and not neg.cross_preds for neg in plan.negations)
+                    for plan in _accepting_below(c)) for c in children):
+                out.append(st)
+        return tuple(out)
 
     def process(self, ev: Event) -> list[dict]:
         """Advance every run by one event (already in stream order); return completed matches.
@@ -233,7 +262,7 @@ class Runtime:
         # held matches killed (None: none); new runs go to self._fresh, completed matches to self._accepted
         touched: list[tuple[list[Run], Any]] | None
         bumped: list[tuple[dict, Any]] | None
-        touched = bumped = negated = kills = None
+        touched = bumped = negated = kills = ended = None
         started = 0
         # The event's key for each equivalence list: with one list (the common case) ``k0``, computed when first
         # needed (_UNSET until then), else memoised in ``keys``.
@@ -252,7 +281,7 @@ class Runtime:
                         ticks[k] = ticks.get(k, 0) + 1
                         bumped.append((ticks, k))
             if route.negs:
-                for owner, neg in route.negs:
+                for owner, neg, ends in route.negs:
                     if neg is None and not owner.root.live:
                         continue  # a shared candidate store of a branch without runs (see _may_need)
                     attrs = owner.partition_by
@@ -275,6 +304,19 @@ class Runtime:
                             if not p(ev, ()):
                                 break
                         else:
+                            if ends:  # runs the candidate ends, out of their stores (put back by _undo)
+                                store = self.keyed[attrs].get(ek) if attrs else self.unkeyed
+                                if store:
+                                    for st in ends:
+                                        runs = store.pop(st, None)
+                                        if runs is not None:
+                                            if ended is None:
+                                                ended = []
+                                            ended.append(runs)
+                                    if not store and attrs:
+                                        del self.keyed[attrs][ek]
+                                    if not _may_need(self, owner, ek):
+                                        continue  # no run left that it could lie inside
                             if negated is None:
                                 negated = []
                             negated.append((owner, ek))
@@ -394,14 +436,21 @@ class Runtime:
                             started += 1
                             self._start(node, ev, ek, self._fresh, self._accepted)
         except BaseException as exc:
-            self._undo(ev, touched or (), bumped or ())
+            self._undo(ev, (touched or []) + [(runs, None) for runs in ended or ()], bumped or ())
             if not isinstance(exc, Exception):
                 raise
             self.counters.failed += 1
             self.on_error(ev, exc)
             return out
-        if touched or started or negated or kills:  # (to_hold and the merger only get work from a step or a start)
+        if touched or started or negated or kills or ended:  # (to_hold and the merger only get work from a step or a start)
             cnt = self._counters
+            if ended:
+                n = 0
+                for runs in ended:
+                    n += len(runs)
+                    runs[0].state.node.root.live -= len(runs)
+                cnt.live_runs -= n
+                cnt.runs_touched += n
             fresh, accepted = self._fresh, self._accepted  # (only a step or a start fills them)
             if self.merger is not None:
                 self.merger.merge(self, moved if touched else [], fresh)
@@ -480,7 +529,7 @@ class Runtime:
         """Can ``ev`` change nothing (of a route with ``quick``, no partition ticks, no strict runs; asked only while
         no run is counted live)? No candidate store it feeds has a live branch, no run is stored for it to move, and
         it begins no root: then ``process`` skips its two phases."""
-        for store, _ in route.negs:
+        for store, _, _ in route.negs:
             if store.root.live:
                 return False
         if route.scan:
@@ -895,6 +944,17 @@ def _ignores(c: Contiguity, moved: bool, ek: Any, rkey: Any) -> bool:
     if c is PARTITION:
         return ek != rkey
     return False
+
+
+def _accepting_below(node: Node) -> list[QueryPlan]:
+    """The queries accepting at ``node`` or below it."""
+    out: list[QueryPlan] = []
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        out.extend(n.accepts)
+        stack.extend(n.children.values())
+    return out
 
 
 def _may_need(rt: Runtime, store: CandidateStore, ek: Any) -> bool:
