@@ -180,25 +180,24 @@ class Engine:
         number, is reported to the dead letters (and returns ``[]``); so is a
         late event, with its record so that it can be replayed.
         """
-        if type(event) is Event:  # the fast path: a finite float ts past the watermark's, a fresh int seq, no reordering
+        if isinstance(event, Event):  # (a subclass too: the XML reader's XmlLineEvent)
             ts = event.ts
             seq = event.seq
             etype = event.type
+            # the fast path: a finite float ts past the watermark's, a fresh int seq, no reordering
             if (type(ts) is float and ts > self._mark_ts and ts < _INF and type(seq) is int and seq >= self._next_seq
                     and type(etype) is str and etype and self._direct):
                 self._next_seq = seq + 1
                 self._mark_ts = ts
                 self._mark_sk = seq
                 return self._one(event)
-        if isinstance(event, Event):
-            ev = event
-        elif isinstance(event, Mapping):
+            return self._in_order(event)
+        if isinstance(event, Mapping):
             ev = self._from_record(event)
             if ev is None:
                 return []
-        else:
-            raise YfppError(f"process() takes an Event or a mapping, not {type(event).__name__}")
-        return self._in_order(ev)
+            return self._in_order(ev)
+        raise YfppError(f"process() takes an Event or a mapping, not {type(event).__name__}")
 
     def _in_order(self, ev: Event) -> list[dict]:
         """:meth:`process` of an Event the fast path did not take: checked, given a seq, reported if late, held
