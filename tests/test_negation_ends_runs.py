@@ -2,7 +2,7 @@
 
 Property: the engine still agrees with the reference on streams with many runs per key and negation candidates
 between them, window edges included, alone and beside queries that share the positive prefix without the
-negation (whose runs must live on)."""
+negation (whose runs must live on), with and without run merging."""
 
 from __future__ import annotations
 
@@ -47,9 +47,9 @@ def middle_negations(draw) -> list[Pattern]:
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
-@given(middle_negations(), streams(max_events=16))
-def test_ending_runs_at_a_candidate_matches_reference(pats, events):
-    check(pats, events)
+@given(middle_negations(), streams(max_events=16), st.booleans())
+def test_ending_runs_at_a_candidate_matches_reference(pats, events, merge_runs):
+    check(pats, events, merge_runs=merge_runs)
 
 
 def test_a_candidate_ends_the_runs_of_its_key_only_where_every_query_has_the_negation():

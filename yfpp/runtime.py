@@ -53,7 +53,7 @@ class _Route:
     begin (per root-table group, :meth:`~yfpp.shared_nfa._TypeGroup.finder`), whether any state reacts to it,
     and (filled as met) whether a given state's runs react to it (partition-contiguity states always do)."""
 
-    __slots__ = ("negs", "starters", "scan", "touch", "quick")
+    __slots__ = ("negs", "starters", "scan", "touch", "quick", "starts")
 
     def __init__(self, negs: tuple, starters: tuple, scan: bool) -> None:
         # (shared candidate store, None, the wait states whose runs a candidate ends: see Runtime._ended_by)
@@ -70,6 +70,16 @@ class _Route:
                 self.quick = ()
             elif len(starters) == 1 and not starters[0][0] and starters[0][2] is None and len(starters[0][1]) == 1:
                 self.quick = starters[0][1][0]
+        # For Runtime._starts, when all the type can do is begin one root node that every event of it finds, a
+        # single component that no query ends at, after which runs wait in one state (not strict): that node and
+        # state; else None.
+        self.starts: tuple[Node, State] | None = None
+        if not negs and not scan and len(starters) == 1 and not starters[0][1] and starters[0][2] is None:
+            nodes = starters[0][0]
+            if len(nodes) == 1 and not nodes[0].kleene and not nodes[0].accepts and len(nodes[0].waits) == 1:
+                wait = next(iter(nodes[0].waits.values()))
+                if not wait.touch_all:
+                    self.starts = (nodes[0], wait)
 
 
 def _key(keys: dict | None, ev: Event, attrs: tuple[str, ...]) -> Any:
@@ -209,10 +219,8 @@ class Runtime:
         component after it comes later: the candidate lies between them in every match the run could give, and no
         cross predicate could spare one.  So: a wait state (not strict) of the store's branch after node ``n``, no
         child of which ``etype`` can begin, every query below whose children has a negation of this store right
-        after ``n`` and without cross predicates.  None with run merging (a merged run's members are stepped
-        together, yfpp.run_merging)."""
-        if self.merger is not None:
-            return ()
+        after ``n`` and without cross predicates.  (A merged run ends with all its members: they share its state
+        and key, yfpp.run_merging.)"""
         of = self.negations.of
         out = []
         for st in self.nfa.states:
@@ -232,18 +240,78 @@ class Runtime:
         """Advance every run by one event (already in stream order); return completed matches.
 
         The event gets its tick (stream position) and fires the deadlines before it; one that can change
-        nothing (:meth:`_idle`) stops there, any other goes through :meth:`_steps`.
+        nothing (:meth:`_idle`) stops there, one that can only begin one root goes through :meth:`_starts`, any
+        other through :meth:`_steps`.
         """
         tick = self.tick = self.tick + 1
         ev.pos = tick
         self.now = ev.ts
         out: list[dict] = self._expire(ev.ts) if self._deadline_heap else []
         route = self._routes.get(ev.type) or self._route(ev.type)
-        if route.quick is not None and not (self._counters.live_runs or self.pticks or self.strict) and self._idle(route, ev):
-            if tick >= self._next_check:
-                self._periodic(tick)
-            return out
+        if not (self.pticks or self.strict):
+            if route.quick is not None and self._idle(route, ev):
+                if tick >= self._next_check:
+                    self._periodic(tick)
+                return out
+            if route.starts is not None and self.merger is None:
+                return self._starts(ev, route.starts, tick, out)
         return self._steps(ev, route, tick, out)
+
+    def _starts(self, ev: Event, starts: tuple[Node, State], tick: int, out: list[dict]) -> list[dict]:
+        """:meth:`_steps` of an event that can only begin one root (``_Route.starts``; no partition ticks, strict
+        runs or run merging): the new run, if it begins, stored in the node's one wait state, as ``_steps``
+        would (``_start``, ``_store_fresh``) with fewer steps.  The unhashable key of a keyed node fails before
+        anything is stored, the event rolled back as in ``_steps``."""
+        node, wait = starts
+        try:
+            attrs = node.partition_by
+            if attrs:
+                ek = _key_of(ev, attrs)
+                if ek is None:
+                    return self._done(tick, out)
+                by_key = self.keyed[attrs]
+                states = by_key.get(ek)
+            else:
+                ek = None
+                states = self.unkeyed
+            for p in node.begin:
+                if not p(ev, _ROOT_VEC):
+                    return self._done(tick, out)
+            version = (next(self._roots),)
+            r = Run(wait, (ev, None), self.buffer.add(node, 0, ev, version, None), version, ev.ts, tick, ek, tick)
+        except BaseException as exc:
+            self._undo(ev, (), ())
+            if not isinstance(exc, Exception):
+                raise
+            self.counters.failed += 1
+            self.on_error(ev, exc)
+            return out
+        if states is None:
+            by_key[ek] = {wait: [r]}
+        else:
+            lst = states.get(wait)
+            if lst is None:
+                states[wait] = [r]
+            else:
+                lst.append(r)
+        cnt = self._counters
+        cnt.runs_started += 1
+        cnt.runs_created += 1
+        live = cnt.live_runs = cnt.live_runs + 1
+        if live > cnt.peak_runs:
+            cnt.peak_runs = live
+        node.live += 1  # (a root)
+        if node.live > self.max_runs:
+            shed(self, node, "runs", self.max_runs)
+        if tick >= self._next_check:
+            self._periodic(tick)
+        return out
+
+    def _done(self, tick: int, out: list[dict]) -> list[dict]:
+        """The end of an event that changed nothing."""
+        if tick >= self._next_check:
+            self._periodic(tick)
+        return out
 
     def _steps(self, ev: Event, route: _Route, tick: int, out: list[dict]) -> list[dict]:
         """:meth:`process` of an event that may change something: its matches are added to ``out``.
@@ -486,58 +554,74 @@ class Runtime:
                 out.extend(accept(self, accepted, fresh))
                 accepted.clear()
             if fresh:
-                cnt.runs_started += started
-                cap = self.max_runs
-                over: list[Node] | None = None  # branches over the cap
-                keyed = self.keyed
-                for r in fresh:
-                    st = r.state
-                    attrs = st.node.partition_by
-                    if attrs and not st.touch_all:  # _store, inline for the common case
-                        states = keyed[attrs].get(r.key)
-                        if states is None:
-                            keyed[attrs][r.key] = {st: [r]}
-                        else:
-                            lst = states.get(st)
-                            if lst is None:
-                                states[st] = [r]
-                            else:
-                                lst.append(r)
-                    else:
-                        self._store(r)
-                    root = st.node.root
-                    root.live += 1
-                    if root.live > cap:
-                        if over is None:
-                            over = [root]
-                        elif root not in over:
-                            over.append(root)
-                cnt.runs_created += len(fresh)
-                live = cnt.live_runs = cnt.live_runs + len(fresh)
-                if live > cnt.peak_runs:
-                    cnt.peak_runs = live
-                fresh.clear()
-                for root in over or ():
-                    shed(self, root, "runs", cap)
+                self._store_fresh(fresh, started)
             elif started:
                 cnt.runs_started += started
         if tick >= self._next_check:
             self._periodic(tick)
         return out
 
+    def _store_fresh(self, fresh: list[Run], started: int) -> None:
+        """Commit the event's new runs (``started`` of them began a root): stored, counted, the caps applied."""
+        cnt = self._counters
+        cnt.runs_started += started
+        cap = self.max_runs
+        over: list[Node] | None = None  # branches over the cap
+        keyed = self.keyed
+        for r in fresh:
+            st = r.state
+            attrs = st.node.partition_by
+            if attrs and not st.touch_all:  # _store, inline for the common case
+                states = keyed[attrs].get(r.key)
+                if states is None:
+                    keyed[attrs][r.key] = {st: [r]}
+                else:
+                    lst = states.get(st)
+                    if lst is None:
+                        states[st] = [r]
+                    else:
+                        lst.append(r)
+            else:
+                self._store(r)
+            root = st.node.root
+            root.live += 1
+            if root.live > cap:
+                if over is None:
+                    over = [root]
+                elif root not in over:
+                    over.append(root)
+        cnt.runs_created += len(fresh)
+        live = cnt.live_runs = cnt.live_runs + len(fresh)
+        if live > cnt.peak_runs:
+            cnt.peak_runs = live
+        fresh.clear()
+        for root in over or ():
+            shed(self, root, "runs", cap)
+
     def _idle(self, route: _Route, ev: Event) -> bool:
-        """Can ``ev`` change nothing (of a route with ``quick``, no partition ticks, no strict runs; asked only while
-        no run is counted live)? No candidate store it feeds has a live branch, no run is stored for it to move, and
-        it begins no root: then ``process`` skips its two phases."""
+        """Can ``ev`` change nothing (of a route with ``quick``, no partition ticks, no strict runs)? No candidate
+        store it feeds has a live branch, no run is stored under its keys for it to move, and it
+        begins no root: then ``process`` skips its two phases.  (False for an unhashable key: the two phases
+        report that event.)"""
         for store, _, _ in route.negs:
             if store.root.live:
                 return False
         if route.scan:
             if self.unkeyed:
                 return False
-            for _, by_key in self._parts:
-                if by_key:
-                    return False
+            if self._counters.live_runs:
+                for attrs, by_key in self._parts:
+                    if by_key:
+                        try:
+                            k = _key_of(ev, attrs)
+                            if k is not None and by_key.get(k):
+                                return False
+                        except TypeError:  # an unhashable key
+                            return False
+            else:  # (nothing is stored but empty lists, whatever the keys)
+                for _, by_key in self._parts:
+                    if by_key:
+                        return False
         quick = route.quick
         if quick:
             v = ev.attrs.get(quick[0], MISSING)
