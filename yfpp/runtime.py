@@ -266,9 +266,11 @@ class Runtime:
         try:
             attrs = node.partition_by
             if attrs:
-                ek = _key_of(ev, attrs)
+                ek = ev.attrs.get(attrs[0]) if len(attrs) == 1 else None  # _key_of, inline for a plain attribute
                 if ek is None:
-                    return self._done(tick, out)
+                    ek = _key_of(ev, attrs)
+                    if ek is None:
+                        return self._done(tick, out)
                 by_key = self.keyed[attrs]
                 states = by_key.get(ek)
             else:
@@ -877,7 +879,7 @@ class Runtime:
             self._arrive_inside(node, vec, entry, version, r.first_ts, r.first_pos, r.key, r.born, fresh, accepted)
             return
         vec = r.vec[:i] + (ev,)  # a run's vec ends with a free slot for the node it may begin
-        if not node.waits and self.merging_run is None:  # a last component: no run goes on, an entry only for a match
+        if not node.waits and self.merging_run is None:  # a last component: no run goes on, no entry is made
             self._complete(node, vec, None, version, r.first_ts, r.key, r.born, accepted, ev, r.entry)
             return
         entry = self.buffer.add(node, i, ev, version, r.entry)
@@ -905,7 +907,8 @@ class Runtime:
                   accepted: list, ev: Event | None = None, pred=None) -> None:
         """A run bound the last component of the queries accepting at ``node``: post-process per query.
 
-        ``entry`` None: the buffer entry of ``ev`` after ``pred`` is made only if a query accepts (not for a merged run).
+        ``entry`` None (not for a merged run): ``ev`` after ``pred`` ends the run, with no buffer entry of its own
+        (nothing can ever walk back from it): a match reads its bindings up to ``pred`` and adds ``ev``.
         """
         merged = self.merging_run
         if merged is not None:  # a merged run's step: once per run it stands for (yfpp.run_merging)
@@ -937,8 +940,10 @@ class Runtime:
                     continue
             if binds is None:
                 if entry is None:
-                    entry = self.buffer.add(node, node.index, ev, version, pred)
-                binds = MatchBuffer.extract(entry, version)
+                    binds = MatchBuffer.extract(pred, version)
+                    binds.append((node.index, ev))
+                else:
+                    binds = MatchBuffer.extract(entry, version)
                 shared: dict = {}
             match = self._match(plan, binds, vec, shared)
             if plan.trailing is not None:
