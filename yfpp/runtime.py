@@ -210,6 +210,8 @@ class Runtime:
             tuple(g.finder() for g in self.nfa.starters.groups(etype)),
             self.nfa.reacts(etype),
         )
+        if self.merger is not None:
+            route.starts = None  # (a new run may merge with a stored one: _steps)
         return route
 
     def _ended_by(self, store: CandidateStore, etype: str) -> tuple[State, ...]:
@@ -253,7 +255,7 @@ class Runtime:
                 if tick >= self._next_check:
                     self._periodic(tick)
                 return out
-            if route.starts is not None and self.merger is None:
+            if route.starts is not None:
                 return self._starts(ev, route.starts, tick, out)
         return self._steps(ev, route, tick, out)
 
@@ -280,7 +282,7 @@ class Runtime:
                 if not p(ev, _ROOT_VEC):
                     return self._done(tick, out)
             version = (next(self._roots),)
-            r = Run(wait, (ev, None), self.buffer.add(node, 0, ev, version, None), version, ev.ts, tick, ek, tick)
+            r = Run(wait, (ev, None), self.buffer.begin(node, ev, version), version, ev.ts, tick, ek, tick)
         except BaseException as exc:
             self._undo(ev, (), ())
             if not isinstance(exc, Exception):
@@ -385,8 +387,10 @@ class Runtime:
                                             ended.append(runs)
                                     if not store and attrs:
                                         del self.keyed[attrs][ek]
+                                        if not self.strict:
+                                            continue  # no run left that it could lie inside
                                     if not _may_need(self, owner, ek):
-                                        continue  # no run left that it could lie inside
+                                        continue  # (the same)
                             if negated is None:
                                 negated = []
                             negated.append((owner, ek))
@@ -615,7 +619,9 @@ class Runtime:
                 for attrs, by_key in self._parts:
                     if by_key:
                         try:
-                            k = _key_of(ev, attrs)
+                            k = ev.attrs.get(attrs[0]) if len(attrs) == 1 else None  # _key_of, inline for an attribute
+                            if k is None:
+                                k = _key_of(ev, attrs)
                             if k is not None and by_key.get(k):
                                 return False
                         except TypeError:  # an unhashable key
