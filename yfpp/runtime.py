@@ -225,9 +225,9 @@ class Runtime:
         and key, yfpp.run_merging.)"""
         of = self.negations.of
         out = []
-        for st in self.nfa.states:
+        for st in _wait_states_below(store.root):
             node = st.node
-            if st.mode != "wait" or st.touch_all or node.root is not store.root:
+            if st.touch_all:
                 continue
             children = [st.child] if st.child is not None else [
                 c for c in node.children.values() if c.contiguity is st.contiguity]
@@ -1039,6 +1039,17 @@ def _ignores(c: Contiguity, moved: bool, ek: Any, rkey: Any) -> bool:
     if c is PARTITION:
         return ek != rkey
     return False
+
+
+def _wait_states_below(root: Node) -> list[State]:
+    """The wait states of ``root``'s branch."""
+    out: list[State] = []
+    stack = [root]
+    while stack:
+        n = stack.pop()
+        out.extend(n.waits.values())
+        stack.extend(n.children.values())
+    return out
 
 
 def _accepting_below(node: Node) -> list[QueryPlan]:
