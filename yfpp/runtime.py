@@ -262,7 +262,7 @@ class Runtime:
     def _starts(self, ev: Event, starts: tuple[Node, State], tick: int, out: list[dict]) -> list[dict]:
         """:meth:`_steps` of an event that can only begin one root (``_Route.starts``; no partition ticks, strict
         runs or run merging): the new run, if it begins, stored in the node's one wait state, as ``_steps``
-        would (``_start``, ``_store_fresh``) with fewer steps.  The unhashable key of a keyed node fails before
+        would (``_start``, then its commit) with fewer steps.  The unhashable key of a keyed node fails before
         anything is stored, the event rolled back as in ``_steps``."""
         node, wait = starts
         try:
@@ -560,55 +560,49 @@ class Runtime:
                 out.extend(accept(self, accepted, fresh))
                 accepted.clear()
             if fresh:
-                self._store_fresh(fresh, started)
+                cnt.runs_started += started
+                cap = self.max_runs
+                over: list[Node] | None = None  # branches over the cap
+                keyed = self.keyed
+                for r in fresh:
+                    st = r.state
+                    attrs = st.node.partition_by
+                    if attrs and not st.touch_all:  # _store, inline for the common case
+                        states = keyed[attrs].get(r.key)
+                        if states is None:
+                            keyed[attrs][r.key] = {st: [r]}
+                        else:
+                            lst = states.get(st)
+                            if lst is None:
+                                states[st] = [r]
+                            else:
+                                lst.append(r)
+                    else:
+                        self._store(r)
+                    root = st.node.root
+                    root.live += 1
+                    if root.live > cap:
+                        if over is None:
+                            over = [root]
+                        elif root not in over:
+                            over.append(root)
+                cnt.runs_created += len(fresh)
+                live = cnt.live_runs = cnt.live_runs + len(fresh)
+                if live > cnt.peak_runs:
+                    cnt.peak_runs = live
+                fresh.clear()
+                for root in over or ():
+                    shed(self, root, "runs", cap)
             elif started:
                 cnt.runs_started += started
         if tick >= self._next_check:
             self._periodic(tick)
         return out
 
-    def _store_fresh(self, fresh: list[Run], started: int) -> None:
-        """Commit the event's new runs (``started`` of them began a root): stored, counted, the caps applied."""
-        cnt = self._counters
-        cnt.runs_started += started
-        cap = self.max_runs
-        over: list[Node] | None = None  # branches over the cap
-        keyed = self.keyed
-        for r in fresh:
-            st = r.state
-            attrs = st.node.partition_by
-            if attrs and not st.touch_all:  # _store, inline for the common case
-                states = keyed[attrs].get(r.key)
-                if states is None:
-                    keyed[attrs][r.key] = {st: [r]}
-                else:
-                    lst = states.get(st)
-                    if lst is None:
-                        states[st] = [r]
-                    else:
-                        lst.append(r)
-            else:
-                self._store(r)
-            root = st.node.root
-            root.live += 1
-            if root.live > cap:
-                if over is None:
-                    over = [root]
-                elif root not in over:
-                    over.append(root)
-        cnt.runs_created += len(fresh)
-        live = cnt.live_runs = cnt.live_runs + len(fresh)
-        if live > cnt.peak_runs:
-            cnt.peak_runs = live
-        fresh.clear()
-        for root in over or ():
-            shed(self, root, "runs", cap)
-
     def _idle(self, route: _Route, ev: Event) -> bool:
         """Can ``ev`` change nothing (of a route with ``quick``, no partition ticks, no strict runs)? No candidate
-        store it feeds has a live branch, no run is stored under its keys for it to move, and it
-        begins no root: then ``process`` skips its two phases.  (False for an unhashable key: the two phases
-        report that event.)"""
+        store it feeds has a live branch, no run is stored under its keys for it to move, and it begins no root:
+        then ``process`` skips its two phases.  (False for an unhashable key: the two phases report that event.)"""
         for store, _, _ in route.negs:
             if store.root.live:
                 return False
