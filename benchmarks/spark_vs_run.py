@@ -13,8 +13,11 @@ a fresh JVM each time); its wall
 time is the subprocess's, its CPU the whole process tree's (the command, the
 JVM, the Python workers: sampled from ``/proc`` every 0.2 s, and the reaped
 children's rusage). The match ids of the two outputs are compared as
-multisets. ``--class-archive FILE`` passes ``yfpp spark --class-archive``
-(a first run writes it; that run is a warm-up and not reported).
+multisets. ``--class-archive`` is passed to ``yfpp spark`` (default here ``auto``, while
+``yfpp spark``'s own default is ``off``: its cached archive; when the archive does not exist yet a first run writes it —
+a warm-up, not reported). Before the runs, the machine's parallelism is
+measured: a CPU-bound loop alone, then two at once (on a shared or virtual
+machine two busy processes may get well under two cores).
 
     python benchmarks/spark_vs_run.py                                  # 1M events, local[2], both workloads and plans
     python benchmarks/spark_vs_run.py --events 1000000 --plans scan    # the scan plan only
@@ -99,6 +102,26 @@ def timed(cmd: list[str]) -> tuple[float, float, str]:
     return wall, max(sampled, reaped), text
 
 
+def _spin(_: int = 0) -> float:
+    started = time.perf_counter()
+    x = 0
+    for i in range(20_000_000):
+        x += i
+    return time.perf_counter() - started
+
+
+def cores_for_two() -> float:
+    """How many cores two CPU-bound processes get at once: 2 × a loop's time alone / their wall time together."""
+    import multiprocessing
+
+    alone = _spin()
+    with multiprocessing.Pool(2) as pool:
+        started = time.perf_counter()
+        pool.map(_spin, [0, 1])
+        both = time.perf_counter() - started
+    return 2 * alone / both
+
+
 def ids(path: Path) -> Counter:
     files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.name.startswith("part-"))
     return Counter(json.loads(line)["id"] for f in files for line in f.read_text().splitlines() if line.strip())
@@ -113,23 +136,30 @@ def main() -> int:
     ap.add_argument("--plans", nargs="+", choices=["scan", "shuffle", "auto"], default=["scan", "shuffle"],
                     help="yfpp spark --plan values to run, each after yfpp run (default: scan shuffle)")
     ap.add_argument("--partitions", type=int, help="yfpp spark --partitions (default: its own, 2 × the cores)")
-    ap.add_argument("--class-archive", metavar="FILE", help="yfpp spark --class-archive FILE (written first if missing)")
+    ap.add_argument("--class-archive", metavar="FILE", default="auto",
+                    help="yfpp spark --class-archive: FILE, auto (default: the cached one) or off; written first if missing")
     ap.add_argument("--spark-args", default="", help="more yfpp spark arguments, e.g. \"--conf spark.driver.extraJavaOptions=\"")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", help="also write the table to this Markdown file")
     args = ap.parse_args()
     path = feed(args.events, args.queries, args.seed)
     py = [sys.executable, "-m", "yfpp.cli"]
-    spark_opts = ["--master", args.master, "--stats", *shlex.split(args.spark_args)]
+    spark_opts = ["--master", args.master, "--stats", "--class-archive", args.class_archive, *shlex.split(args.spark_args)]
     spark_opts += ["--partitions", str(args.partitions)] if args.partitions else []
     rows = []
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        if args.class_archive and not os.path.isfile(args.class_archive):
-            qa = query_args("shoplifting", args.queries, tmp)
-            timed(py + ["spark", *qa, "-i", str(path), "-o", str(tmp / "warm"), *spark_opts, "--class-archive", args.class_archive])
-        if args.class_archive:
-            spark_opts += ["--class-archive", args.class_archive]
+        if args.class_archive != "off":
+            from yfpp.spark.costs import default_class_archive
+
+            archive = default_class_archive({}) if args.class_archive == "auto" else args.class_archive
+            if archive and not os.path.isfile(archive):
+                qa = query_args("shoplifting", args.queries, tmp)
+                small = feed(20_000, 100, args.seed)
+                wall, _, _ = timed(py + ["spark", *qa, "-i", str(small), "-o", str(tmp / "warm"), *spark_opts])
+                print(f"warm-up run (writes the class archive {archive}): {wall:.1f} s", file=sys.stderr)
+        cores = cores_for_two()
+        print(f"two CPU-bound processes get {cores:.2f} cores", file=sys.stderr)
         for w in args.workloads:
             qa = query_args(w, args.queries, tmp)
             load = os.getloadavg()[0]
@@ -145,7 +175,8 @@ def main() -> int:
                              load, start))
                 print(f"{w}: yfpp spark --plan {plan} {wall:.1f} s, {cpu:.1f} CPU s\n{err[err.find('plan '):]}",
                       file=sys.stderr)
-    lines = [f"{args.events:,} RFID events in one JSON-lines file, {os.cpu_count()} cores", "",
+    lines = [f"{args.events:,} RFID events in one JSON-lines file, {os.cpu_count()} cores "
+             f"(two CPU-bound processes got {cores:.2f} of them)", "",
              "| workload | command | wall s | CPU s | of which JVM + session start, wall s | matches | same matches as yfpp run | load avg before |",
              "|---|---|---:|---:|---:|---:|---|---:|"]
     base: dict[str, Counter] = {}

@@ -15,7 +15,7 @@ from pyspark.sql import functions as F
 
 from yfpp.events import PSEUDO_ATTRS
 from yfpp.feedback import MAX_DEPTH, MAX_DERIVED
-from yfpp.spark.plan import Group, Slicing, effective_queries, group_queries, make_event, match_row
+from yfpp.spark.plan import Group, Slicing, effective_queries, group_queries, make_event, match_row, rare_collections
 
 MATCH_SCHEMA = "query string, bindings map<string, array<bigint>>, start double, end double, emit string, json string"
 _ARROW_SCHEMA = pa.schema([
@@ -169,6 +169,10 @@ def _runner(groups: list[Group], slicings: dict[int, Slicing], schema: pa.Schema
     as_text = schema is _ID_ARROW_SCHEMA
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        with rare_collections():
+            yield from matched(batches)
+
+    def matched(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         started = time.process_time()
         rows: list[tuple] = []
         current, engine, sl = None, None, None

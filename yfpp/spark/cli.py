@@ -72,9 +72,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--partitions", type=int,
                    help="shuffle partitions (default: spark.sql.shuffle.partitions if configured, else 2 × the cores); "
                         "with --plan scan, its tasks (default: the cores)")
-    p.add_argument("--class-archive", metavar="FILE",
+    p.add_argument("--class-archive", metavar="FILE", default="off",
                    help="a class-data-sharing archive for the driver JVM this command starts: written when the first "
-                        "run's JVM exits, used by later runs (about half the JVM's start-up CPU; ~200 MB; docs/spark.md)")
+                        "run's JVM exits (that run is several times slower), used by later runs (about half the "
+                        "JVM's start-up CPU; ~200 MB); 'auto': one cached under ~/.cache/yfpp per PySpark, Java and "
+                        "class path; 'off' (default): none (docs/spark.md)")
     p.add_argument("--stream", action="store_true", help="watch the input directory (or --socket) for new data")
     p.add_argument("--socket", metavar="HOST:PORT", help="stream: read lines from a socket (a demo source, not replayable)")
     p.add_argument("--checkpoint", help="stream: checkpoint directory (default OUTDIR/_checkpoint)")
@@ -105,14 +107,18 @@ def cmd_spark(args: argparse.Namespace) -> int:
         from pyspark.sql import SparkSession
     except ImportError as e:
         raise YfppError("yfpp spark needs PySpark: pip install 'yfpp[spark]'") from e
+    from pyspark import SparkContext
+
     active = SparkSession.getActiveSession()
     owned = active is None
-    from yfpp.spark.costs import driver_java_options, tree_cpu_by_kind
+    from yfpp.spark.costs import ClassArchive, process_age, tree_cpu_by_kind
 
     started, cpu = time.perf_counter(), tree_cpu_by_kind()
+    driver_start = ("driver: start, imports, queries", process_age(), {"driver": time.process_time()})
+    archive = ClassArchive(class_archive(args, new_jvm=SparkContext._gateway is None))
     builder = SparkSession.builder.appName("yfpp").config("spark.ui.showConsoleProgress", "false")  # counters on stderr
     # a JVM this command starts (not spark-submit's, nor a borrowed session's): cheap to start; --conf overrides
-    builder = builder.config("spark.driver.extraJavaOptions", driver_java_options(args.class_archive))
+    builder = builder.config("spark.driver.extraJavaOptions", archive.options)
     for cap in ("max_runs_per_query", "max_buffer_per_query"):  # the engines on the executors read these
         if getattr(args, cap) is not None:
             os.environ[f"YFPP_{cap.upper()}"] = str(getattr(args, cap))
@@ -130,8 +136,8 @@ def cmd_spark(args: argparse.Namespace) -> int:
     keys = [kv.partition("=")[0].strip() for kv in args.conf] + ["spark.sql.shuffle.partitions"]
     saved = {} if owned else {k: active.conf.get(k, None) for k in keys if active.conf.isModifiable(k)}
     spark = builder.getOrCreate()
-    args.start_seconds = time.perf_counter() - started if owned else None
-    args.start_cpu = {k: v - cpu.get(k, 0.0) for k, v in tree_cpu_by_kind().items()}
+    start_cpu = {k: v - cpu.get(k, 0.0) for k, v in tree_cpu_by_kind().items()}
+    args.before_steps = [driver_start, ("start JVM + session", time.perf_counter() - started, start_cpu)] if owned else []
     if not args.partitions and not spark.sparkContext.getConf().contains("spark.sql.shuffle.partitions"):
         spark.conf.set("spark.sql.shuffle.partitions", str(2 * spark.sparkContext.defaultParallelism))
     try:
@@ -142,12 +148,32 @@ def cmd_spark(args: argparse.Namespace) -> int:
         raise YfppError(job_error(e)) from None
     finally:
         if owned:
+            stopping = time.perf_counter()
             spark.stop()
+            archive.finish(SparkContext)
+            if args.stats and not args.stream:
+                what = "stop session, write the class archive" if archive.writing else "stop session"
+                print(f"{what:<34} {time.perf_counter() - stopping:6.2f}  (wall s, after the steps)", file=sys.stderr)
         for k, v in saved.items():
             if v is None:
                 spark.conf.unset(k)
             else:
                 spark.conf.set(k, v)
+
+
+def class_archive(args: argparse.Namespace, new_jvm: bool) -> str | None:
+    """The driver JVM's class-data-sharing archive (``--class-archive``): None when this command starts
+    no JVM (``new_jvm`` false, or spark-submit's), with ``off``, or when ``--conf`` sets the JVM's options."""
+    confs = dict(kv.partition("=")[::2] for kv in args.conf)
+    confs = {k.strip(): v for k, v in confs.items()}
+    if (not new_jvm or args.class_archive == "off" or os.environ.get("PYSPARK_GATEWAY_PORT")
+            or "spark.driver.extraJavaOptions" in confs):
+        return None
+    if args.class_archive != "auto":
+        return args.class_archive
+    from yfpp.spark.costs import default_class_archive
+
+    return default_class_archive(confs)
 
 
 def job_error(e: BaseException) -> str:
@@ -166,31 +192,32 @@ def job_error(e: BaseException) -> str:
 def batch(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namespace) -> int:
     """The batch job, by the scan plan (:mod:`yfpp.spark.scan`) or the shuffle plan (:func:`shuffle_rows`),
     its rows persisted once and written from there: matches.jsonl, matches.parquet, dead letters."""
+    from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
     from yfpp.spark.costs import Steps
     from yfpp.spark.inputs import choose_plan, default_fs
 
     started = time.perf_counter()
-    steps = Steps(spark, getattr(args, "start_seconds", None), getattr(args, "start_cpu", None))
+    steps = Steps(spark, getattr(args, "before_steps", ()))
     plan = choose_plan(args.plan, qualify(spark, args.input), default_fs(spark))
-    rows, dead, what, counted = (scan_rows if plan == "scan" else shuffle_rows)(spark, queries, args, steps)
+    rows, dead_of, what, counted = (scan_rows if plan == "scan" else shuffle_rows)(spark, queries, args, steps)
     matches = rows.where(F.col("query").isNotNull()).select(*rows.columns[:6])
     columns = matches.withColumn("events", F.get_json_object("json", "$.events")) if args.events else matches
     out, mode = qualify(spark, args.output), {"error": "errorifexists"}.get(args.mode, args.mode)
+    stats = Observation("task stats")  # the tasks' stats rows, gathered by the first write: no job of their own
     with steps.step(f"{what}; write jsonl"):
-        matches.select("json").write.mode(mode).text(os.path.join(out, "matches.jsonl"))
+        rows.observe(stats, F.collect_list(F.when(F.col("query").isNull(), F.col("json"))).alias("tasks")) \
+            .where(F.col("query").isNotNull()).select("json").write.mode(mode).text(os.path.join(out, "matches.jsonl"))
+        tasks = sorted((json.loads(t) for t in stats.get["tasks"]), key=lambda t: t["task"])
     with steps.step("write matches.parquet"):
         columns.drop("json").write.mode(mode).partitionBy(*args.partition_by).parquet(os.path.join(out, "matches.parquet"))
         if args.table:
             columns.drop("json").write.mode(mode).partitionBy(*args.partition_by).saveAsTable(args.table)
     with steps.step("write dead letters"):
-        dead.select(F.to_json(F.struct("seq", "position", "reason", "raw"), {"ignoreNullFields": "false"})) \
+        dead_of(tasks).select(F.to_json(F.struct("seq", "position", "reason", "raw"), {"ignoreNullFields": "false"})) \
             .write.mode(mode).text(os.path.join(out, "dead_letters.jsonl"))
-    with steps.step("collect task stats"):
-        tasks = sorted((json.loads(r["json"]) for r in rows.where(F.col("query").isNull() & F.col("json").isNotNull())
-                        .select("json").collect()), key=lambda t: t["task"])
-        n_events, n_dead = counted(tasks)
+    n_events, n_dead = counted(tasks)
     counts: dict[str, int] = {}  # matches per query: the tasks' own counts
     for t in tasks:
         for name, n in t["matches"].items():
@@ -212,9 +239,10 @@ def batch(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namespa
 
 
 def scan_rows(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namespace, steps: Any) -> tuple:
-    """The scan plan's rows (persisted, computed by the first write), its dead letters, the name of
-    its matching step, and ``counted``: called once the outputs are written, the events and dead
-    letters from the task rows (task 0's counts; the shuffle plan also releases its input cache)."""
+    """The scan plan's rows (persisted, computed by the first write); ``dead_of``: its dead letters given
+    the task rows (the tasks' stats, which the first write gathers); the name of its matching step; and
+    ``counted``: called once the outputs are written, the events and dead letters from the task rows
+    (task 0's counts; the shuffle plan also releases its input cache)."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -224,16 +252,21 @@ def scan_rows(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Nam
     with steps.step("list input"):
         files = local_files(qualify(spark, args.input)) or list_files(spark, args.input)
     tasks = args.partitions or spark.sparkContext.defaultParallelism
-    rows = scan_match(spark, queries, files, single=single_file(args.input, files), tasks=tasks, format=args.format,
-                      ts_field=args.ts_field, ts_unit=args.ts_unit, policy=args.policy, full_events=args.events,
-                      feedback_limits=(args.max_feedback_depth, args.max_derived)).persist(StorageLevel.MEMORY_AND_DISK)
-    dead = rows.where(F.col("reason").isNotNull()).select(F.col("dead_seq").alias("seq"), "position", "reason", "raw")
+    with steps.step("plan the scan"):  # the queries compiled and grouped, the job's first DataFrame (SQL's classes load)
+        rows = scan_match(spark, queries, files, single=single_file(args.input, files), tasks=tasks, format=args.format,
+                          ts_field=args.ts_field, ts_unit=args.ts_unit, policy=args.policy, full_events=args.events,
+                          feedback_limits=(args.max_feedback_depth, args.max_derived)
+                          ).persist(StorageLevel.MEMORY_AND_DISK)
 
     def counted(task_rows: list[dict]) -> tuple[int, int]:
         first = next(t for t in task_rows if t["task"] == 0)
         return first["records"] - first["dead"], first["dead"]
 
-    return rows, dead, f"scan: read + match, {tasks} tasks", counted
+    def dead_of(task_rows: list[dict]) -> Any:
+        dead = rows.where(F.col("reason").isNotNull()).select(F.col("dead_seq").alias("seq"), "position", "reason", "raw")
+        return dead.limit(0) if counted(task_rows)[1] == 0 else dead  # limit(0): an empty relation, no pass over the rows
+
+    return rows, dead_of, f"scan: read + match, {tasks} tasks", counted
 
 
 def shuffle_rows(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namespace, steps: Any) -> tuple:
@@ -268,7 +301,7 @@ def shuffle_rows(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.
         n_dead = 0 if none else observed.get["n"]
         return parsed.records - n_dead, n_dead
 
-    return rows, dead, "route, shuffle, sort, match", counted
+    return rows, lambda task_rows: dead, "route, shuffle, sort, match", counted
 
 
 def stream(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namespace) -> int:

@@ -14,7 +14,7 @@ import os
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 
 #: The driver JVM's options when ``yfpp spark`` starts it: the C1 compiler only (C2's compile
@@ -24,14 +24,102 @@ from typing import Any, Iterator
 DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
-def driver_java_options(class_archive: str | None = None) -> str:
+#: Keeps the JVM quiet about class-data sharing: a stale or foreign archive is ignored without a warning,
+#: and writing one does not list the classes it leaves out.
+_QUIET_CDS = "-Xlog:cds=off,cds+dynamic=off"
+#: The settings that change the driver JVM's class path: an archive is kept per value of them.
+_CLASS_PATH_CONFS = ("spark.jars", "spark.jars.packages", "spark.driver.extraClassPath")
+
+
+def driver_java_options(class_archive: str | None = None, writing: str | None = None) -> str:
     """:data:`DRIVER_JAVA_OPTIONS`, with ``class_archive`` a class-data-sharing archive of the classes
-    the JVM loaded: written when the JVM exits if the file does not exist yet, used when it does
-    (JDK ≥ 13; a stale or foreign archive is ignored by the JVM with a warning)."""
+    the JVM loads: used when the file exists, else written when the JVM exits — to ``writing`` if given
+    (a temporary name, see :class:`ClassArchive`), else to ``class_archive`` itself (JDK ≥ 13; a stale or
+    foreign archive is ignored by the JVM)."""
     if not class_archive:
         return DRIVER_JAVA_OPTIONS
-    flag = "SharedArchiveFile" if os.path.isfile(class_archive) else "ArchiveClassesAtExit"
-    return f"{DRIVER_JAVA_OPTIONS} -XX:{flag}={os.path.abspath(class_archive)}"
+    if os.path.isfile(class_archive):
+        return f"{DRIVER_JAVA_OPTIONS} {_QUIET_CDS} -XX:SharedArchiveFile={os.path.abspath(class_archive)}"
+    return f"{DRIVER_JAVA_OPTIONS} {_QUIET_CDS} -XX:ArchiveClassesAtExit={os.path.abspath(writing or class_archive)}"
+
+
+def default_class_archive(confs: dict[str, str]) -> str | None:
+    """The cached class-data-sharing archive of ``yfpp spark``'s driver JVM: under ``$XDG_CACHE_HOME/yfpp``
+    (``~/.cache/yfpp``), named by what the archive depends on — PySpark's version and jars, the ``java``
+    found (``JAVA_HOME`` or ``PATH``), the JVM options and the class-path settings in ``confs`` (``--conf``
+    values) — so a new PySpark, Java or class path gets an archive of its own. None when the folder
+    cannot be made."""
+    import hashlib
+    import shutil
+
+    import pyspark
+
+    java_home = os.environ.get("JAVA_HOME")
+    java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
+    jars = os.path.join(os.path.dirname(pyspark.__file__), "jars")
+    parts = [pyspark.__version__, jars, os.path.realpath(java) if java else "", DRIVER_JAVA_OPTIONS]
+    for path in (java, jars):
+        try:
+            parts.append(str(os.stat(os.path.realpath(path)).st_mtime_ns) if path else "")
+        except OSError:
+            parts.append("")
+    parts += [f"{k}={confs.get(k, '')}" for k in _CLASS_PATH_CONFS]
+    key = hashlib.blake2b("\0".join(parts).encode(), digest_size=8).hexdigest()
+    folder = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "yfpp")
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError:
+        return None
+    return os.path.join(folder, f"spark-driver-{pyspark.__version__}-{key}.jsa") if os.access(folder, os.W_OK) else None
+
+
+class ClassArchive:
+    """The class-data-sharing archive of one ``yfpp spark`` run's driver JVM: :attr:`options` for the JVM;
+    when the archive does not exist yet the JVM writes it to a temporary name as it exits, and
+    :meth:`finish` (after the session stops) ends the JVM, waits for it and moves the archive into place —
+    so a run that is killed, or two first runs at once, never leave a half-written archive in use."""
+
+    def __init__(self, path: str | None):
+        self.path = path
+        self.writing = None if not path or os.path.isfile(path) else f"{path}.{os.getpid()}.tmp"
+        self.options = driver_java_options(path, self.writing)
+        if self.writing:
+            _remove_orphans(path)
+
+    def finish(self, spark_context_class: Any, timeout: float = 120.0) -> None:
+        """End the session's JVM (closing its stdin, as the driver's own exit would) and keep the archive
+        it wrote; do nothing when no archive is being written. ``spark_context_class``: ``SparkContext``,
+        whose gateway is dropped so that a later session in this process starts a new JVM."""
+        if self.writing is None:
+            return
+        gateway = spark_context_class._gateway
+        proc = getattr(gateway, "proc", None)
+        try:
+            if proc is not None:
+                gateway.shutdown()
+                spark_context_class._gateway = spark_context_class._jvm = None
+                proc.stdin.close()
+                proc.wait(timeout)
+            if proc is not None and proc.returncode == 0 and os.path.isfile(self.writing):
+                os.replace(self.writing, self.path)
+        except Exception:  # a slow or failed dump: no archive, the next run writes one
+            pass
+        finally:
+            if os.path.exists(self.writing):
+                try:
+                    os.remove(self.writing)
+                except OSError:
+                    pass
+
+
+def process_age() -> float:
+    """Wall seconds since this process started (Linux: from ``/proc``; NaN elsewhere)."""
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rpartition(")")[2].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+    return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
 
 
 def tree_cpu_seconds() -> float:
@@ -72,10 +160,10 @@ class Steps:
     """Named steps of a job: each step's jobs run in a Spark job group of its own, and its wall time
     and the process tree's CPU per kind (:func:`tree_cpu_by_kind`) are kept."""
 
-    def __init__(self, spark: Any, start_seconds: float | None = None, start_cpu: dict[str, float] | None = None):
+    def __init__(self, spark: Any, before: Sequence[tuple[str, float, dict[str, float]]] = ()):
+        """``before``: rows of steps taken before the session existed (name, wall s, CPU s per kind)."""
         self.sc = spark.sparkContext
-        self.rows: list[tuple[str, float, dict[str, float]]] = (
-            [] if start_seconds is None else [("start JVM + session", start_seconds, start_cpu or {})])
+        self.rows: list[tuple[str, float, dict[str, float]]] = list(before)
 
     @contextmanager
     def step(self, name: str) -> Iterator[None]:
@@ -125,3 +213,19 @@ class Steps:
 def _kinds(cpu: dict[str, float]) -> str:
     return (f"{cpu.get('driver', 0.0):>13.2f} {cpu.get('JVM', 0.0):>6.2f} {cpu.get('Python workers', 0.0):>15.2f}"
             if cpu else "")
+
+
+def _remove_orphans(path: str) -> None:
+    """Remove the temporary archives ``PATH.PID.tmp`` whose run has ended without moving them into place
+    (killed: its JVM still writes the archive as it exits)."""
+    import glob
+
+    if not os.path.isdir("/proc"):  # no way to tell a live run's archive
+        return
+    for tmp in glob.glob(glob.escape(path) + ".*.tmp"):
+        pid = tmp[len(path) + 1:-len(".tmp")]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            try:
+                os.remove(tmp)
+            except OSError:
+                pass

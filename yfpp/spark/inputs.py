@@ -45,6 +45,12 @@ def local_path(uri: str) -> str | None:
     return unquote(u.path) if u.scheme == "file" and u.netloc in ("", "localhost") else None
 
 
+def hadoop_path(uri: str) -> str:
+    """A URI as Spark lists it (percent-encoded: ``file:/a%20b/x``) as the path string that Spark's readers
+    turn back into that file (``file:/a b/x``: Hadoop's ``Path`` encodes again), glob characters escaped."""
+    return re.sub(r"([\\{}\[\]*?])", r"\\\1", unquote(uri))
+
+
 def choose_plan(requested: str, path: str, fs: str = "file:///") -> str:
     """``scan`` or ``shuffle`` for a batch job over ``path`` (qualified, :func:`qualify`; ``fs``: the
     default file system). ``auto`` scans when the path is local — a ``file:`` URI, or a path without a

@@ -15,6 +15,7 @@ import os
 from contextlib import nullcontext
 from functools import reduce
 from typing import Any, Callable, ContextManager, NamedTuple, Sequence
+from urllib.parse import unquote
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
@@ -98,11 +99,11 @@ def parse_input(spark: SparkSession, path: str | os.PathLike[str], format: str |
     whole = [f for f in files if f not in split]
     parts = []
     if whole:
-        parts.append(spark.read.format("binaryFile").option("recursiveFileLookup", "true").load(whole).select(
+        parts.append(spark.read.format("binaryFile").option("recursiveFileLookup", "true").load([inputs.hadoop_path(f) for f in whole]).select(
             F.col("_metadata.file_path").alias("path"), F.lit(0).cast("long").alias("block"), "content",
             F.lit(True).alias("whole")))
     if split:
-        parts.append(spark.read.option("lineSep", "\n").option("recursiveFileLookup", "true").text(split).select(
+        parts.append(spark.read.option("lineSep", "\n").option("recursiveFileLookup", "true").text([inputs.hadoop_path(f) for f in split]).select(
             F.col("_metadata.file_path").alias("path"), F.col("_metadata.file_block_start").alias("block"),
             F.concat("value", F.lit("\n")).cast("binary").alias("content"), F.lit(False).alias("whole")))
     parsed = reduce(DataFrame.union, parts).mapInArrow(parse_batches(opts), PARSED_SCHEMA) \
@@ -124,7 +125,7 @@ def small_files(spark: SparkSession, files: list[str]) -> list[str]:
     jvm, hadoop = spark.sparkContext._jvm, spark.sparkContext._jsc.hadoopConfiguration()
     sizes = {}
     for f in files:
-        p = jvm.org.apache.hadoop.fs.Path(f)
+        p = jvm.org.apache.hadoop.fs.Path(unquote(f))  # Path encodes again what listing encoded
         sizes[f] = p.getFileSystem(hadoop).getFileStatus(p).getLen()
     conf = spark.conf
     max_bytes = _bytes(conf.get("spark.sql.files.maxPartitionBytes"))

@@ -34,7 +34,7 @@ from yfpp.feedback import MAX_DEPTH, MAX_DERIVED
 from yfpp.readers import read_event_batches
 from yfpp.spark.batch import _ARROW_SCHEMA, _ID_ARROW_SCHEMA, ID_MATCH_SCHEMA, MATCH_SCHEMA, _batch
 from yfpp.spark.inputs import local_path
-from yfpp.spark.plan import Group, Slicing, effective_queries, group_queries, match_row
+from yfpp.spark.plan import Group, Slicing, effective_queries, group_queries, match_row, rare_collections
 from yfpp.spark.read import split_offsets
 
 #: The dead-letter columns after the match columns (``dead_seq`` is the record's seq).
@@ -84,11 +84,12 @@ def _scanner(groups: list[Group], inputs: list[tuple[str, str]], reading: dict[s
         for rb in batches:
             for task in rb.column(0).to_pylist():
                 rows: list[tuple] = []
-                for row in scan_task(groups, inputs, reading, task, n, ids_as_text, slice_events):
-                    rows.append(row)
-                    if len(rows) >= 4096:
-                        yield _batch(rows, schema)
-                        rows.clear()
+                with rare_collections():
+                    for row in scan_task(groups, inputs, reading, task, n, ids_as_text, slice_events):
+                        rows.append(row)
+                        if len(rows) >= 4096:
+                            yield _batch(rows, schema)
+                            rows.clear()
                 if rows:
                     yield _batch(rows, schema)
 

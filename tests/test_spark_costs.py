@@ -1,0 +1,96 @@
+"""The driver JVM's class-data-sharing archive (``yfpp.spark.costs``): where it is kept, when it is
+written and used — without starting a JVM (a stand-in process plays the JVM that writes it at exit)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+
+pytest.importorskip("pyspark", reason="pyspark is not installed (pip install '.[spark]')")
+
+from yfpp.cli import build_parser  # noqa: E402
+from yfpp.spark.cli import class_archive  # noqa: E402
+from yfpp.spark.costs import DRIVER_JAVA_OPTIONS, ClassArchive, default_class_archive, process_age  # noqa: E402
+
+#: Reads its stdin to the end (as Spark's gateway JVM does), then writes its archive and exits.
+_FAKE_JVM = "import sys; sys.stdin.read(); open(sys.argv[1], 'wb').write(b'classes')"
+
+
+def _context_with_jvm(writes_to: str) -> type:
+    """A stand-in for ``SparkContext``: a gateway whose ``proc`` is a process that writes ``writes_to`` at exit."""
+    proc = subprocess.Popen([sys.executable, "-c", _FAKE_JVM, writes_to], stdin=subprocess.PIPE)
+    gateway = types.SimpleNamespace(proc=proc, shutdown=lambda: None)
+    return type("FakeContext", (), {"_gateway": gateway, "_jvm": object()})
+
+
+def test_first_run_writes_the_archive_under_a_temporary_name_and_moves_it_into_place(tmp_path):
+    path = tmp_path / "driver.jsa"
+    first = ClassArchive(str(path))
+    assert first.writing and first.writing != str(path) and not path.exists()
+    assert first.options.startswith(DRIVER_JAVA_OPTIONS) and f"-XX:ArchiveClassesAtExit={first.writing}" in first.options
+    assert "-Xlog:cds=off" in first.options  # a stale archive is ignored without a warning
+    ctx = _context_with_jvm(first.writing)
+    first.finish(ctx)
+    assert path.read_bytes() == b"classes" and not list(tmp_path.glob("*.tmp"))
+    assert ctx._gateway is None and ctx._jvm is None  # a later session in this process starts a new JVM
+    later = ClassArchive(str(path))
+    assert later.writing is None and f"-XX:SharedArchiveFile={path}" in later.options
+    later.finish(ctx)  # nothing to wait for
+    assert path.read_bytes() == b"classes"
+
+
+def test_a_killed_runs_temporary_archive_is_removed_by_the_next_run(tmp_path):
+    path = tmp_path / "driver.jsa"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    orphan = tmp_path / f"driver.jsa.{dead.stdout.strip()}.tmp"
+    live = tmp_path / f"driver.jsa.{os.getppid()}.tmp"  # a run still going
+    orphan.write_bytes(b"half")
+    live.write_bytes(b"half")
+    ClassArchive(str(path))
+    assert not orphan.exists() and live.exists()
+
+
+def test_a_failed_dump_leaves_no_archive(tmp_path):
+    path = tmp_path / "driver.jsa"
+    archive = ClassArchive(str(path))
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read(); open(sys.argv[1], 'wb'); sys.exit(1)",
+                             archive.writing], stdin=subprocess.PIPE)
+    archive.finish(type("FakeContext", (), {"_gateway": types.SimpleNamespace(proc=proc, shutdown=lambda: None)}))
+    assert list(tmp_path.iterdir()) == []  # the next run writes one
+
+
+def test_the_cached_archive_is_kept_per_class_path(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    plain = default_class_archive({})
+    assert plain is not None and plain.startswith(str(tmp_path / "cache" / "yfpp") + "/") and plain.endswith(".jsa")
+    assert default_class_archive({"spark.sql.shuffle.partitions": "8"}) == plain  # not a class-path setting
+    assert default_class_archive({"spark.jars": "/x/hadoop-aws.jar"}) != plain
+    (tmp_path / "ro").write_text("")  # a cache folder that cannot be made: no archive
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "ro"))
+    assert default_class_archive({}) is None
+
+
+def test_no_archive_for_a_jvm_this_command_does_not_start(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
+
+    def args(archive: str = "auto", *conf: str) -> argparse.Namespace:
+        return argparse.Namespace(class_archive=archive, conf=list(conf))
+
+    assert class_archive(args(), new_jvm=True) == default_class_archive({})
+    assert class_archive(args("/x/my.jsa"), new_jvm=True) == "/x/my.jsa"
+    assert class_archive(args(), new_jvm=False) is None  # a session or gateway of this process already runs
+    assert class_archive(args("off"), new_jvm=True) is None
+    assert build_parser().parse_args(["spark", "-q", "Q", "-i", "I", "-o", "O"]).class_archive == "off"  # opt-in: the first run is slow
+    assert class_archive(args("auto", "spark.driver.extraJavaOptions=-Xmx2g"), new_jvm=True) is None  # the user's options
+    monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "4040")  # spark-submit started the JVM
+    assert class_archive(args(), new_jvm=True) is None
+
+
+def test_process_age_is_the_wall_time_since_the_process_started():
+    assert 0 < process_age() < 24 * 3600
