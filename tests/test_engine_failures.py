@@ -95,6 +95,19 @@ def test_failure_is_a_dead_letter_with_the_record_and_the_stream_goes_on():
     assert eng.stats.failed == 1 and eng.stats.events == 2 and eng.stats.live_runs == 1
 
 
+def test_an_unhashable_key_of_an_event_that_begins_a_run_is_a_dead_letter():
+    """The event that begins a run is rolled back too (the run is stored at commit, under its key)."""
+    sink = io.StringIO()
+    eng = Engine(dead_letters=DeadLetters(sink))
+    eng.register("PATTERN SEQ(a x, b y) WHERE skip_till_next_match(x, y) { [k] }", name="q")
+    out = eng.process({"type": "a", "ts": 1, "k": [1]})
+    out += eng.process({"type": "a", "ts": 2, "k": 1})
+    out += eng.process({"type": "b", "ts": 3, "k": 1})
+    assert [m["bindings"] for m in out] == [{"x": [1], "y": [2]}]
+    assert json.loads(sink.getvalue())["seq"] == 0
+    assert eng.stats.failed == 1 and eng.stats.runs_started == 1
+
+
 def test_keyboard_interrupt_rolls_back_and_propagates():
     eng = Engine(dead_letters=DeadLetters())
     eng.register("PATTERN SEQ(a x, b y) WHERE skip_till_any_match(x, y) { x.v < y.v }", name="q")

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 MAX_RUNS_PER_QUERY = 250_000
 MAX_BUFFER_PER_QUERY = 1_000_000
 STDERR: Any = type("Stderr", (), {"__repr__": lambda self: "sys.stderr"})()  # the default report stream, looked up when used
-_INF = _LAST = float("inf")  # (_LAST: the order key of a derived event's non-int seq: after the int seqs of its ts)
+_LAST = float("inf")  # the order key of a derived event's non-int seq: after the int seqs of its ts
 
 
 class Engine:
@@ -184,25 +184,27 @@ class Engine:
         number, is reported to the dead letters (and returns ``[]``); so is a
         late event, with its record so that it can be replayed.
         """
-        if type(event) is Event:  # the fast path: a finite float ts past the watermark's, a fresh int seq, no reordering
+        if isinstance(event, Event):  # (a subclass too)
             ts = event.ts
             seq = event.seq
             etype = event.type
-            if (type(ts) is float and ts > self._mark_ts and ts < _INF and type(seq) is int and seq >= self._next_seq
+            # the fast path: a finite float ts, a fresh int seq, past the watermark (a later ts, or the same ts and a
+            # later seq), no reordering
+            if (type(ts) is float and ts - ts == 0.0 and type(seq) is int and seq >= self._next_seq
                     and type(etype) is str and etype and self._direct):
-                self._next_seq = seq + 1
-                self._mark_ts = ts
-                self._mark_sk = seq
-                return self._one(event)
-        if isinstance(event, Event):
-            ev = event
-        elif isinstance(event, Mapping):
+                mark_ts = self._mark_ts
+                if ts > mark_ts or (ts == mark_ts and seq > self._mark_sk):
+                    self._next_seq = seq + 1
+                    self._mark_ts = ts
+                    self._mark_sk = seq
+                    return self._one(event)
+            return self._in_order(event)
+        if isinstance(event, Mapping):
             ev = self._from_record(event)
             if ev is None:
                 return []
-        else:
-            raise YfppError(f"process() takes an Event or a mapping, not {type(event).__name__}")
-        return self._in_order(ev)
+            return self._in_order(ev)
+        raise YfppError(f"process() takes an Event or a mapping, not {type(event).__name__}")
 
     def _in_order(self, ev: Event) -> list[dict]:
         """:meth:`process` of an Event the fast path did not take: checked, given a seq, reported if late, held

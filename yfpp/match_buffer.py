@@ -10,7 +10,7 @@ longest prefix of the run's version (a dict lookup per prefix length, so
 extraction is linear in the match length, not in the runs sharing an entry).
 
 Entries of a stack are in stream order (``Event.pos``), so pruning pops from
-the left.  Narrow interface: :meth:`MatchBuffer.add`, :meth:`MatchBuffer.extract`,
+the left.  Narrow interface: :meth:`MatchBuffer.add` (:meth:`MatchBuffer.begin`), :meth:`MatchBuffer.extract`,
 :meth:`MatchBuffer.prune_before`.  The runtime never touches entries itself.
 """
 
@@ -90,6 +90,17 @@ class MatchBuffer:
             entry = Entry(event, unit, version, pred)
             st.append(entry)
             self.size += 1
+        return entry
+
+    def begin(self, stack: Hashable, event: Event, version: Version) -> Entry:
+        """:meth:`add` of the first event of a run at a root (unit 0, no predecessor): an event begins a root once,
+        so the entry is always new."""
+        st = self._stacks.get(stack)
+        if st is None:
+            st = self._stacks[stack] = deque()
+        entry = Entry(event, 0, version, None)
+        st.append(entry)
+        self.size += 1
         return entry
 
     @staticmethod

@@ -321,6 +321,16 @@ class _Compiler:
             if r.index is Index.PREV:
                 slot = self.scope.slot_of[r.var]
                 return lambda ev, vec: vec[slot].last.attrs.get(attr, MISSING) if vec[slot] is not None else MISSING
+        scope = self.scope
+        if (r.var in scope.slot_of and r.var not in scope.kleene and r.var not in self.cells and attr not in PSEUDO_ATTRS
+                and (r.var != place.current or place.mode == "bound")):  # a bound single event's (Event.get, inline)
+            slot = scope.slot_of[r.var]
+
+            def bound(ev, vec):
+                x = vec[slot]
+                return MISSING if x is None else x.attrs.get(attr, MISSING)
+
+            return bound
         pick = self._event_of(r.var, r.index)
 
         def get(ev, vec):

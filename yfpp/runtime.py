@@ -53,21 +53,33 @@ class _Route:
     begin (per root-table group, :meth:`~yfpp.shared_nfa._TypeGroup.finder`), whether any state reacts to it,
     and (filled as met) whether a given state's runs react to it (partition-contiguity states always do)."""
 
-    __slots__ = ("negs", "starters", "scan", "touch", "quick")
+    __slots__ = ("negs", "starters", "scan", "touch", "quick", "starts")
 
     def __init__(self, negs: tuple, starters: tuple, scan: bool) -> None:
-        self.negs: tuple[tuple[QueryPlan, NegationPlan], ...] = negs
+        # (shared candidate store, None, the wait states whose runs a candidate ends: see Runtime._ended_by)
+        # or (query, its trailing negation, ())
+        self.negs: tuple[tuple[Any, NegationPlan | None, tuple[State, ...]], ...] = negs
         self.starters = starters
         self.scan = scan  # may the event move a stored run (else the stores are not looked at)
         self.touch: dict[State, bool] = {}
         # For Runtime._idle, when the type feeds only shared candidate stores and begins no root or only through
         # one equality index: () or that index's (attribute, table); else None (no shortcut).
         self.quick: tuple | None = None
-        if all(neg is None for _, neg in negs):
+        if all(neg is None for _, neg, _ in negs):
             if not starters:
                 self.quick = ()
             elif len(starters) == 1 and not starters[0][0] and starters[0][2] is None and len(starters[0][1]) == 1:
                 self.quick = starters[0][1][0]
+        # For Runtime._starts, when all the type can do is begin one root node that every event of it finds, a
+        # single component that no query ends at, after which runs wait in one state (not strict): that node and
+        # state; else None.
+        self.starts: tuple[Node, State] | None = None
+        if not negs and not scan and len(starters) == 1 and not starters[0][1] and starters[0][2] is None:
+            nodes = starters[0][0]
+            if len(nodes) == 1 and not nodes[0].kleene and not nodes[0].accepts and len(nodes[0].waits) == 1:
+                wait = next(iter(nodes[0].waits.values()))
+                if not wait.touch_all:
+                    self.starts = (nodes[0], wait)
 
 
 def _key(keys: dict | None, ev: Event, attrs: tuple[str, ...]) -> Any:
@@ -192,29 +204,118 @@ class Runtime:
 
     def _route(self, etype: str) -> "_Route":
         """What an event of type ``etype`` can do; made on the first such event after a registration change."""
+        negs = (*self.negations.by_type.get(etype, ()), *self.negations.by_type.get(None, ()))
         route = self._routes[etype] = _Route(
-            tuple(self.negations.by_type.get(etype, ())) + tuple(self.negations.by_type.get(None, ())),
+            tuple((owner, neg, () if neg is not None else self._ended_by(owner, etype)) for owner, neg in negs),
             tuple(g.finder() for g in self.nfa.starters.groups(etype)),
             self.nfa.reacts(etype),
         )
+        if self.merger is not None:
+            route.starts = None  # (a new run may merge with a stored one: _steps)
         return route
+
+    def _ended_by(self, store: CandidateStore, etype: str) -> tuple[State, ...]:
+        """The wait states whose runs a candidate of ``store`` of type ``etype`` ends at once (of its key, when keyed).
+
+        Such a run has bound the component before the negation of every query it can still complete, and the
+        component after it comes later: the candidate lies between them in every match the run could give, and no
+        cross predicate could spare one.  So: a wait state (not strict) of the store's branch after node ``n``, no
+        child of which ``etype`` can begin, every query below whose children has a negation of this store right
+        after ``n`` and without cross predicates.  (A merged run ends with all its members: they share its state
+        and key, yfpp.run_merging.)"""
+        of = self.negations.of
+        out = []
+        for st in _wait_states_below(store.root):
+            node = st.node
+            if st.touch_all:
+                continue
+            children = [st.child] if st.child is not None else [
+                c for c in node.children.values() if c.contiguity is st.contiguity]
+            if children and all(c.event_type is not None and c.event_type != etype and all(
+                    any(of.get(neg) is store and neg.lower == node.index and neg.upper == c.index
+                        and not neg.cross_preds for neg in plan.negations)
+                    for plan in _accepting_below(c)) for c in children):
+                out.append(st)
+        return tuple(out)
 
     def process(self, ev: Event) -> list[dict]:
         """Advance every run by one event (already in stream order); return completed matches.
 
         The event gets its tick (stream position) and fires the deadlines before it; one that can change
-        nothing (:meth:`_idle`) stops there, any other goes through :meth:`_steps`.
+        nothing (:meth:`_idle`) stops there, one that can only begin one root goes through :meth:`_starts`, any
+        other through :meth:`_steps`.
         """
         tick = self.tick = self.tick + 1
         ev.pos = tick
         self.now = ev.ts
         out: list[dict] = self._expire(ev.ts) if self._deadline_heap else []
         route = self._routes.get(ev.type) or self._route(ev.type)
-        if route.quick is not None and not (self._counters.live_runs or self.pticks or self.strict) and self._idle(route, ev):
-            if tick >= self._next_check:
-                self._periodic(tick)
-            return out
+        if not (self.pticks or self.strict):
+            if route.quick is not None and self._idle(route, ev):
+                if tick >= self._next_check:
+                    self._periodic(tick)
+                return out
+            if route.starts is not None:
+                return self._starts(ev, route.starts, tick, out)
         return self._steps(ev, route, tick, out)
+
+    def _starts(self, ev: Event, starts: tuple[Node, State], tick: int, out: list[dict]) -> list[dict]:
+        """:meth:`_steps` of an event that can only begin one root (``_Route.starts``; no partition ticks, strict
+        runs or run merging): the new run, if it begins, stored in the node's one wait state, as ``_steps``
+        would (``_start``, then its commit) with fewer steps.  The unhashable key of a keyed node fails before
+        anything is stored, the event rolled back as in ``_steps``."""
+        node, wait = starts
+        try:
+            attrs = node.partition_by
+            if attrs:
+                ek = ev.attrs.get(attrs[0]) if len(attrs) == 1 else None  # _key_of, inline for a plain attribute
+                if ek is None:
+                    ek = _key_of(ev, attrs)
+                    if ek is None:
+                        return self._done(tick, out)
+                by_key = self.keyed[attrs]
+                states = by_key.get(ek)
+            else:
+                ek = None
+                states = self.unkeyed
+            for p in node.begin:
+                if not p(ev, _ROOT_VEC):
+                    return self._done(tick, out)
+            version = (next(self._roots),)
+            r = Run(wait, (ev, None), self.buffer.begin(node, ev, version), version, ev.ts, tick, ek, tick)
+        except BaseException as exc:
+            self._undo(ev, (), ())
+            if not isinstance(exc, Exception):
+                raise
+            self.counters.failed += 1
+            self.on_error(ev, exc)
+            return out
+        if states is None:
+            by_key[ek] = {wait: [r]}
+        else:
+            lst = states.get(wait)
+            if lst is None:
+                states[wait] = [r]
+            else:
+                lst.append(r)
+        cnt = self._counters
+        cnt.runs_started += 1
+        cnt.runs_created += 1
+        live = cnt.live_runs = cnt.live_runs + 1
+        if live > cnt.peak_runs:
+            cnt.peak_runs = live
+        node.live += 1  # (a root)
+        if node.live > self.max_runs:
+            shed(self, node, "runs", self.max_runs)
+        if tick >= self._next_check:
+            self._periodic(tick)
+        return out
+
+    def _done(self, tick: int, out: list[dict]) -> list[dict]:
+        """The end of an event that changed nothing."""
+        if tick >= self._next_check:
+            self._periodic(tick)
+        return out
 
     def _steps(self, ev: Event, route: _Route, tick: int, out: list[dict]) -> list[dict]:
         """:meth:`process` of an event that may change something: its matches are added to ``out``.
@@ -233,7 +334,7 @@ class Runtime:
         # held matches killed (None: none); new runs go to self._fresh, completed matches to self._accepted
         touched: list[tuple[list[Run], Any]] | None
         bumped: list[tuple[dict, Any]] | None
-        touched = bumped = negated = kills = None
+        touched = bumped = negated = kills = ended = None
         started = 0
         # The event's key for each equivalence list: with one list (the common case) ``k0``, computed when first
         # needed (_UNSET until then), else memoised in ``keys``.
@@ -252,7 +353,7 @@ class Runtime:
                         ticks[k] = ticks.get(k, 0) + 1
                         bumped.append((ticks, k))
             if route.negs:
-                for owner, neg in route.negs:
+                for owner, neg, ends in route.negs:
                     if neg is None and not owner.root.live:
                         continue  # a shared candidate store of a branch without runs (see _may_need)
                     attrs = owner.partition_by
@@ -275,6 +376,21 @@ class Runtime:
                             if not p(ev, ()):
                                 break
                         else:
+                            if ends:  # runs the candidate ends, out of their stores (put back by _undo)
+                                store = self.keyed[attrs].get(ek) if attrs else self.unkeyed
+                                if store:
+                                    for st in ends:
+                                        runs = store.pop(st, None)
+                                        if runs is not None:
+                                            if ended is None:
+                                                ended = []
+                                            ended.append(runs)
+                                    if not store and attrs:
+                                        del self.keyed[attrs][ek]
+                                        if not self.strict:
+                                            continue  # no run left that it could lie inside
+                                    if not _may_need(self, owner, ek):
+                                        continue  # (the same)
                             if negated is None:
                                 negated = []
                             negated.append((owner, ek))
@@ -394,14 +510,21 @@ class Runtime:
                             started += 1
                             self._start(node, ev, ek, self._fresh, self._accepted)
         except BaseException as exc:
-            self._undo(ev, touched or (), bumped or ())
+            self._undo(ev, (touched or []) + [(runs, None) for runs in ended or ()], bumped or ())
             if not isinstance(exc, Exception):
                 raise
             self.counters.failed += 1
             self.on_error(ev, exc)
             return out
-        if touched or started or negated or kills:  # (to_hold and the merger only get work from a step or a start)
+        if touched or started or negated or kills or ended:  # (to_hold and the merger only get work from a step or a start)
             cnt = self._counters
+            if ended:
+                n = 0
+                for runs in ended:
+                    n += len(runs)
+                    runs[0].state.node.root.live -= len(runs)
+                cnt.live_runs -= n
+                cnt.runs_touched += n
             fresh, accepted = self._fresh, self._accepted  # (only a step or a start fills them)
             if self.merger is not None:
                 self.merger.merge(self, moved if touched else [], fresh)
@@ -477,18 +600,30 @@ class Runtime:
         return out
 
     def _idle(self, route: _Route, ev: Event) -> bool:
-        """Can ``ev`` change nothing (of a route with ``quick``, no partition ticks, no strict runs; asked only while
-        no run is counted live)? No candidate store it feeds has a live branch, no run is stored for it to move, and
-        it begins no root: then ``process`` skips its two phases."""
-        for store, _ in route.negs:
+        """Can ``ev`` change nothing (of a route with ``quick``, no partition ticks, no strict runs)? No candidate
+        store it feeds has a live branch, no run is stored under its keys for it to move, and it begins no root:
+        then ``process`` skips its two phases.  (False for an unhashable key: the two phases report that event.)"""
+        for store, _, _ in route.negs:
             if store.root.live:
                 return False
         if route.scan:
             if self.unkeyed:
                 return False
-            for _, by_key in self._parts:
-                if by_key:
-                    return False
+            if self._counters.live_runs:
+                for attrs, by_key in self._parts:
+                    if by_key:
+                        try:
+                            k = ev.attrs.get(attrs[0]) if len(attrs) == 1 else None  # _key_of, inline for an attribute
+                            if k is None:
+                                k = _key_of(ev, attrs)
+                            if k is not None and by_key.get(k):
+                                return False
+                        except TypeError:  # an unhashable key
+                            return False
+            else:  # (nothing is stored but empty lists, whatever the keys)
+                for _, by_key in self._parts:
+                    if by_key:
+                        return False
         quick = route.quick
         if quick:
             v = ev.attrs.get(quick[0], MISSING)
@@ -744,7 +879,7 @@ class Runtime:
             self._arrive_inside(node, vec, entry, version, r.first_ts, r.first_pos, r.key, r.born, fresh, accepted)
             return
         vec = r.vec[:i] + (ev,)  # a run's vec ends with a free slot for the node it may begin
-        if not node.waits and self.merging_run is None:  # a last component: no run goes on, an entry only for a match
+        if not node.waits and self.merging_run is None:  # a last component: no run goes on, no entry is made
             self._complete(node, vec, None, version, r.first_ts, r.key, r.born, accepted, ev, r.entry)
             return
         entry = self.buffer.add(node, i, ev, version, r.entry)
@@ -772,7 +907,8 @@ class Runtime:
                   accepted: list, ev: Event | None = None, pred=None) -> None:
         """A run bound the last component of the queries accepting at ``node``: post-process per query.
 
-        ``entry`` None: the buffer entry of ``ev`` after ``pred`` is made only if a query accepts (not for a merged run).
+        ``entry`` None (not for a merged run): ``ev`` after ``pred`` ends the run, with no buffer entry of its own
+        (nothing can ever walk back from it): a match reads its bindings up to ``pred`` and adds ``ev``.
         """
         merged = self.merging_run
         if merged is not None:  # a merged run's step: once per run it stands for (yfpp.run_merging)
@@ -804,8 +940,10 @@ class Runtime:
                     continue
             if binds is None:
                 if entry is None:
-                    entry = self.buffer.add(node, node.index, ev, version, pred)
-                binds = MatchBuffer.extract(entry, version)
+                    binds = MatchBuffer.extract(pred, version)
+                    binds.append((node.index, ev))
+                else:
+                    binds = MatchBuffer.extract(entry, version)
                 shared: dict = {}
             match = self._match(plan, binds, vec, shared)
             if plan.trailing is not None:
@@ -895,6 +1033,28 @@ def _ignores(c: Contiguity, moved: bool, ek: Any, rkey: Any) -> bool:
     if c is PARTITION:
         return ek != rkey
     return False
+
+
+def _wait_states_below(root: Node) -> list[State]:
+    """The wait states of ``root``'s branch."""
+    out: list[State] = []
+    stack = [root]
+    while stack:
+        n = stack.pop()
+        out.extend(n.waits.values())
+        stack.extend(n.children.values())
+    return out
+
+
+def _accepting_below(node: Node) -> list[QueryPlan]:
+    """The queries accepting at ``node`` or below it."""
+    out: list[QueryPlan] = []
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        out.extend(n.accepts)
+        stack.extend(n.children.values())
+    return out
 
 
 def _may_need(rt: Runtime, store: CandidateStore, ek: Any) -> bool:
