@@ -43,3 +43,16 @@ def test_a_plain_match_takes_orjson(monkeypatch):
     want = (json.dumps(match) + "\n").encode()
     monkeypatch.setattr(output.json, "dumps", None)  # the standard library is not called
     assert match_line(match) == want
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(first_id=st.text(alphabet='0123456789abcdef"', min_size=10, max_size=20),
+       other_id=st.text(alphabet="0123456789e", min_size=0, max_size=18), numbers=st.lists(NUMBER, min_size=1, max_size=3),
+       id_first=st.booleans())
+def test_what_is_left_out_of_the_number_checks_is_only_an_id(first_id, other_id, numbers, id_first):
+    """The first ``"id"`` string is skipped by the number checks only when it is 16 characters of string
+    content: a shorter or longer one, or an ``"id"`` key in a nested object, hides no number after it."""
+    inner = {"id": other_id, "x": numbers}
+    match = ({"id": first_id, "query": "q", "emit": inner} if id_first
+             else {"emit": inner, "query": "q", "id": first_id, "end": numbers[0]})
+    assert match_line(match) == (json.dumps(match) + "\n").encode()
