@@ -255,7 +255,7 @@ class Splitter:
         parser = self._line_parsers.get(self.encoding)
         if parser is None:
             parser = self._line_parsers[self.encoding] = _parser(self.encoding, self._line_events)
-        self._line_events.reset(self.count, self.line)
+        self._line_events.reset(self.count, self.line, region.isascii())
         try:
             lines = etree.fromstring(b"".join((b"<yfpp-batch>", region, _BATCH_END)), parser)
         except etree.XMLSyntaxError:
@@ -566,7 +566,7 @@ class _LineEvents:
 
 def _line_event_maker(opts: ReaderOptions) -> tuple[Callable[[str, Any], None], Callable[[int, int], None],
                                                       Callable[[], Lines]]:
-    """``start(tag, attributes)``, ``reset(seq, line)`` and ``close()`` of a :class:`_LineEvents` (closures: the
+    """``start(tag, attributes)``, ``reset(seq, line, all_ascii)`` and ``close()`` of a :class:`_LineEvents` (closures: the
     per-element work reads no attributes). An element's event is what :func:`_flat_events` would make;
     one with no attributes or whose ts is missing or not a usable number is left to the long way."""
     ts_field, unit = opts.ts_field, opts.unit
@@ -576,20 +576,17 @@ def _line_event_maker(opts: ReaderOptions) -> tuple[Callable[[str, Any], None], 
     typed = _TypedValues()
     items: list[Any] = []
     append = items.append
-    seq = line = 0
-    wrapper = clean = True
+    seq = to_line = 0  # the seq of the next element, and what its line is more than its seq
+    wrapper = clean = ascii = True
 
     def start(tag: str, texts: Any) -> None:
-        nonlocal seq, line, wrapper, clean
-        if wrapper:
-            wrapper = False
-            return
-        if type(texts) is dict:  # else an immutable empty mapping: no attributes
+        nonlocal seq, wrapper, clean
+        if type(texts) is dict:  # else an immutable empty mapping: no attributes (the wrapper has none)
             attrs = texts.copy()
             raw_ts = attrs.pop(ts_field, None)
             if raw_ts is None:
                 ts = None
-            elif raw_ts.isdigit() and len(raw_ts) < 16 and raw_ts.isascii():
+            elif raw_ts.isdigit() and len(raw_ts) < 16 and (ascii or raw_ts.isascii()):
                 # below 10¹⁶ × 3600: finite; below 2⁵³ in seconds: float() is exactly int() / 1
                 ts = float(raw_ts) if seconds else int(raw_ts) * m / d
             else:
@@ -605,20 +602,23 @@ def _line_event_maker(opts: ReaderOptions) -> tuple[Callable[[str, Any], None], 
                 event.seq = seq
                 event.pos = -1
                 event.texts = texts
-                event._el = line
+                event._el = seq + to_line
                 append(event)
                 seq += 1
-                line += 1
                 return
-        append((tag, dict(texts), seq, line))
+        elif wrapper:
+            wrapper = False
+            return
+        append((tag, dict(texts), seq, seq + to_line))
         clean = False
         seq += 1
-        line += 1
 
-    def reset(first_seq: int, first_line: int) -> None:
-        nonlocal seq, line, wrapper, clean
+    def reset(first_seq: int, first_line: int, all_ascii: bool) -> None:
+        """Start a region: its first element's seq and line, and whether all its bytes are ASCII (then a
+        ts of ASCII digits is told by ``isdigit`` alone)."""
+        nonlocal seq, to_line, wrapper, clean, ascii
         items.clear()
-        seq, line, wrapper, clean = first_seq, first_line, True, True
+        seq, to_line, wrapper, clean, ascii = first_seq, first_line - first_seq, True, True, all_ascii
 
     def close() -> Lines:
         lines = Lines(items[:], clean)
