@@ -142,7 +142,8 @@ GOOD_LINE = st.builds(lambda ts, v: b'{"type": "a", "ts": %d, "v": %s}' % (ts, v
 def read_all(data: bytes, trickle: int | None, **opts) -> tuple[list[tuple], list[dict]]:
     out = io.StringIO()
     source = Trickle(data, trickle) if trickle is not None else io.BytesIO(data)
-    events = [(e.seq, e.type, e.ts, type(e.ts), sorted((k, v, type(v)) for k, v in e.attrs.items()))
+    # every slot, so an event made without __init__ is seen to be whole
+    events = [(e.seq, e.type, e.ts, type(e.ts), sorted((k, v, type(v)) for k, v in e.attrs.items()), e.pos, e.texts, e._el)
               for e in read_jsonl(source, dead_letters=DeadLetters(out), **opts)]
     return events, [json.loads(x) for x in out.getvalue().splitlines()]
 

@@ -156,7 +156,7 @@ def _plain_events(records: list[Any], check: bool, seq: int, opts: ReaderOptions
     """
     type_field, ts_field = opts.type_field or "type", opts.ts_field
     m, d = opts.unit
-    append, big = out.append, _BIG
+    append, big, new = out.append, _BIG, object.__new__
     try:
         for record in records:
             if type(record) is not dict:
@@ -172,7 +172,15 @@ def _plain_events(records: list[Any], check: bool, seq: int, opts: ReaderOptions
             ts = raw_ts * m / d
             if ts - ts != 0.0:  # not finite
                 return False
-            append(Event(type_, ts, record, seq))
+            # Event(type_, ts, record, seq) without the call to __init__ (as the XML reader's plain lines)
+            event = new(Event)
+            event.type = type_
+            event.ts = ts
+            event.attrs = record
+            event.seq = seq
+            event.pos = -1
+            event.texts = event._el = None
+            append(event)
             seq += 1
     except OverflowError:
         return False
