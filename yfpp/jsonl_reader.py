@@ -43,7 +43,6 @@ _BLANK = object()  # a blank line: not a record
 # orjson 3.8 overflows the C stack on very deep input (100,000 levels): lines with more brackets than
 # this go to the standard library, which raises RecursionError instead
 _ORJSON_DEPTH = 500
-_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
 
 
 def jsonl_batches(f: IO[Any], owned: bool, opts: ReaderOptions, dl: DeadLetters) -> Iterator[list[Event]]:
@@ -84,9 +83,9 @@ def jsonl_batches(f: IO[Any], owned: bool, opts: ReaderOptions, dl: DeadLetters)
             events: list[Event] = []
             if body:
                 parsed = _bulk(body, keys) if bulk and len(body) <= cap else None
-                if parsed is not None and _plain_events(*parsed, seq, opts, events):
+                if parsed is not None and _plain_events(parsed, seq, opts, events):
                     seq += len(events)
-                    lineno += len(parsed[0])
+                    lineno += len(parsed)
                 else:
                     events.clear()
                     for line in body.splitlines():
@@ -117,10 +116,9 @@ def _last_line_end(block: bytes) -> int:
     return max(block.rfind(b"\n", 0, limit), block.rfind(b"\r", 0, limit)) + 1
 
 
-def _bulk(body: bytes, keys: tuple[bytes, bytes]) -> tuple[list[Any], bool] | None:
-    """The records of ``body``'s lines parsed by one orjson call, and whether a value may be null or a
-    float of 2⁶³ or more (the text has ``null``, an exponent or 19 digits in a row); None unless that is
-    exactly what parsing the lines one by one would give, with no duplicate key.
+def _bulk(body: bytes, keys: tuple[bytes, bytes]) -> list[Any] | None:
+    """The records of ``body``'s lines parsed by one orjson call; None unless that is exactly what parsing
+    the lines one by one would give, with no duplicate key (:func:`_plain_events` then looks at the values).
 
     Taken when every line is one flat object, ``{`` to ``}`` with no other brace, bracket or blank line
     (so no line can run into the next or hold two values, and orjson's recursion stays at depth 2), with
@@ -140,17 +138,14 @@ def _bulk(body: bytes, keys: tuple[bytes, bytes]) -> tuple[list[Any], bool] | No
         records = orjson.loads(b"[" + text.replace(b"\n", b",") + b"]")
     except orjson.JSONDecodeError:
         return None
-    if len(records) != lines:
-        return None
-    digits = text.translate(_DIGITS_AS_ZERO)
-    return records, b"null" in text or b"0e" in digits or b"0E" in digits or b"0" * 19 in digits
+    return records if len(records) == lines else None
 
 
-def _plain_events(records: list[Any], check: bool, seq: int, opts: ReaderOptions, out: list[Event]) -> bool:
+def _plain_events(records: list[Any], seq: int, opts: ReaderOptions, out: list[Event]) -> bool:
     """The events of :func:`_bulk`'s records appended to ``out``, numbered from ``seq``; False (``records``
-    spoilt, ``out`` partly filled) unless every one is what :func:`_plain_event` takes (their values are
-    looked at only when ``check``: with no list or object among them, only a null or a big float could
-    make a record not plain).
+    spoilt, ``out`` partly filled) unless every one is what :func:`_plain_event` takes (with no list or
+    object among the values, only a null or a float of 2⁶³ or more makes a record not plain: looking at
+    each value costs less than scanning the text for what could make one).
 
     As every line holds its type and ts key once (:func:`_bulk` counted them), none holds either twice.
     """
@@ -165,10 +160,9 @@ def _plain_events(records: list[Any], check: bool, seq: int, opts: ReaderOptions
             raw_ts = record.pop(ts_field, None)
             if type(type_) is not str or not type_ or (type(raw_ts) is not int and type(raw_ts) is not float):
                 return False
-            if check:
-                for value in record.values():
-                    if value is None or (type(value) is float and not -big < value < big):
-                        return False
+            for value in record.values():
+                if value is None or (type(value) is float and not -big < value < big):
+                    return False
             ts = raw_ts * m / d
             if ts - ts != 0.0:  # not finite
                 return False
