@@ -219,7 +219,8 @@ PLAIN_LINE_POOL = ['<e ts="1" a="x"/>', '<e ts="2" a="007" b="2.5"/>', "<e ts='3
                    '<e ts="7" a="1" a="2"/>', '<e ts="8" a="x>y"/>', '<e ts="9"></e>', '<e ts="10"><v>1</v></e>',
                    "<!-- c -->", "<?pi x?>", "text", '<e ts="11" a="b', '<1e ts="12"/>', '<e ts="13"/> <e ts="14"/>',
                    '<p:e ts="15"/>', '<e ts="16" p:a="1"/>', '<e ts="17" a="tab\there"/>', '<yfpp-batch ts="18"/>',
-                   '<e ts="19" a="\xe9"/>', "", "</x>", '<e ts="20" ts="21"/>', '<e ts="22"\t a="1" />']
+                   '<e ts="19" a="\xe9"/>', "", "</x>", '<e ts="20" ts="21"/>', '<e ts="22"\t a="1" />',
+                   '<e ts="\u0662\u0663"/>']  # (digits, not ASCII ones: not a number)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)

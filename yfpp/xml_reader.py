@@ -564,7 +564,7 @@ class _LineEvents:
         self.start, self.reset, self.close = _line_event_maker(opts)
 
 
-def _line_event_maker(opts: ReaderOptions) -> tuple[Callable[[str, Any], None], Callable[[int, int], None],
+def _line_event_maker(opts: ReaderOptions) -> tuple[Callable[[str, Any], None], Callable[[int, int, bool], None],
                                                       Callable[[], Lines]]:
     """``start(tag, attributes)``, ``reset(seq, line, all_ascii)`` and ``close()`` of a :class:`_LineEvents` (closures: the
     per-element work reads no attributes). An element's event is what :func:`_flat_events` would make;
@@ -577,7 +577,7 @@ def _line_event_maker(opts: ReaderOptions) -> tuple[Callable[[str, Any], None], 
     items: list[Any] = []
     append = items.append
     seq = to_line = 0  # the seq of the next element, and what its line is more than its seq
-    wrapper = clean = ascii = True
+    wrapper = clean = region_ascii = True
 
     def start(tag: str, texts: Any) -> None:
         nonlocal seq, wrapper, clean
@@ -586,7 +586,7 @@ def _line_event_maker(opts: ReaderOptions) -> tuple[Callable[[str, Any], None], 
             raw_ts = attrs.pop(ts_field, None)
             if raw_ts is None:
                 ts = None
-            elif raw_ts.isdigit() and len(raw_ts) < 16 and (ascii or raw_ts.isascii()):
+            elif raw_ts.isdigit() and len(raw_ts) < 16 and (region_ascii or raw_ts.isascii()):
                 # below 10¹⁶ × 3600: finite; below 2⁵³ in seconds: float() is exactly int() / 1
                 ts = float(raw_ts) if seconds else int(raw_ts) * m / d
             else:
@@ -616,9 +616,9 @@ def _line_event_maker(opts: ReaderOptions) -> tuple[Callable[[str, Any], None], 
     def reset(first_seq: int, first_line: int, all_ascii: bool) -> None:
         """Start a region: its first element's seq and line, and whether all its bytes are ASCII (then a
         ts of ASCII digits is told by ``isdigit`` alone)."""
-        nonlocal seq, to_line, wrapper, clean, ascii
+        nonlocal seq, to_line, wrapper, clean, region_ascii
         items.clear()
-        seq, to_line, wrapper, clean, ascii = first_seq, first_line - first_seq, True, True, all_ascii
+        seq, to_line, wrapper, clean, region_ascii = first_seq, first_line - first_seq, True, True, all_ascii
 
     def close() -> Lines:
         lines = Lines(items[:], clean)
