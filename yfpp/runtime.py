@@ -53,7 +53,7 @@ class _Route:
     begin (per root-table group, :meth:`~yfpp.shared_nfa._TypeGroup.finder`), whether any state reacts to it,
     and (filled as met) whether a given state's runs react to it (partition-contiguity states always do)."""
 
-    __slots__ = ("negs", "starters", "scan", "touch", "quick", "starts")
+    __slots__ = ("negs", "starters", "scan", "touch", "quick", "starts", "step")
 
     def __init__(self, negs: tuple, starters: tuple, scan: bool) -> None:
         # (shared candidate store, None, the wait states whose runs a candidate ends: see Runtime._ended_by)
@@ -62,7 +62,7 @@ class _Route:
         self.starters = starters
         self.scan = scan  # may the event move a stored run (else the stores are not looked at)
         self.touch: dict[State, bool] = {}
-        # For Runtime._idle, when the type feeds only shared candidate stores and begins no root or only through
+        # For Runtime._quiet, when the type feeds only shared candidate stores and begins no root or only through
         # one equality index: () or that index's (attribute, table); else None (no shortcut).
         self.quick: tuple | None = None
         if all(neg is None for _, neg, _ in negs):
@@ -80,6 +80,8 @@ class _Route:
                 wait = next(iter(nodes[0].waits.values()))
                 if not wait.touch_all:
                     self.starts = (nodes[0], wait)
+        # What Runtime.process calls for the type while no strict run is stored (Runtime._route chooses).
+        self.step: Callable[[Runtime, Event, _Route, int, list[dict]], list[dict]] = Runtime._steps
 
 
 def _key(keys: dict | None, ev: Event, attrs: tuple[str, ...]) -> Any:
@@ -212,6 +214,13 @@ class Runtime:
         )
         if self.merger is not None:
             route.starts = None  # (a new run may merge with a stored one: _steps)
+        if not self.pticks:  # (partition ticks count every event: _steps)
+            if route.starts is not None:
+                route.step = Runtime._starts
+            elif len(route.negs) == 1 and route.negs[0][1] is None and not route.scan and not route.starters:
+                route.step = Runtime._candidate
+            elif route.quick is not None:
+                route.step = Runtime._quiet
         return route
 
     def _ended_by(self, store: CandidateStore, etype: str) -> tuple[State, ...]:
@@ -241,30 +250,26 @@ class Runtime:
     def process(self, ev: Event) -> list[dict]:
         """Advance every run by one event (already in stream order); return completed matches.
 
-        The event gets its tick (stream position) and fires the deadlines before it; one that can change
-        nothing (:meth:`_idle`) stops there, one that can only begin one root goes through :meth:`_starts`, any
-        other through :meth:`_steps`.
+        The event gets its tick (stream position) and fires the deadlines before it; then its type's
+        ``_Route.step`` takes it (while no strict run is stored): :meth:`_starts` for an event that can only begin
+        one root, :meth:`_candidate` for one that can only be a middle negation's candidate, :meth:`_quiet` for
+        one that may change nothing, :meth:`_steps` for any other.
         """
         tick = self.tick = self.tick + 1
         ev.pos = tick
         self.now = ev.ts
         out: list[dict] = self._expire(ev.ts) if self._deadline_heap else []
         route = self._routes.get(ev.type) or self._route(ev.type)
-        if not (self.pticks or self.strict):
-            if route.quick is not None and self._idle(route, ev):
-                if tick >= self._next_check:
-                    self._periodic(tick)
-                return out
-            if route.starts is not None:
-                return self._starts(ev, route.starts, tick, out)
-        return self._steps(ev, route, tick, out)
+        if self.strict:
+            return self._steps(ev, route, tick, out)
+        return route.step(self, ev, route, tick, out)
 
-    def _starts(self, ev: Event, starts: tuple[Node, State], tick: int, out: list[dict]) -> list[dict]:
+    def _starts(self, ev: Event, route: _Route, tick: int, out: list[dict]) -> list[dict]:
         """:meth:`_steps` of an event that can only begin one root (``_Route.starts``; no partition ticks, strict
         runs or run merging): the new run, if it begins, stored in the node's one wait state, as ``_steps``
         would (``_start``, then its commit) with fewer steps.  The unhashable key of a keyed node fails before
         anything is stored, the event rolled back as in ``_steps``."""
-        node, wait = starts
+        node, wait = route.starts
         try:
             attrs = node.partition_by
             if attrs:
@@ -284,12 +289,7 @@ class Runtime:
             version = (next(self._roots),)
             r = Run(wait, (ev, None), self.buffer.begin(node, ev, version), version, ev.ts, tick, ek, tick)
         except BaseException as exc:
-            self._undo(ev, (), ())
-            if not isinstance(exc, Exception):
-                raise
-            self.counters.failed += 1
-            self.on_error(ev, exc)
-            return out
+            return self._failed(ev, exc, out)
         if states is None:
             by_key[ek] = {wait: [r]}
         else:
@@ -310,6 +310,72 @@ class Runtime:
         if tick >= self._next_check:
             self._periodic(tick)
         return out
+
+    def _failed(self, ev: Event, exc: BaseException, out: list[dict], touched: list | tuple = (),
+                bumped: list | tuple = ()) -> list[dict]:
+        """``ev``'s processing raised ``exc``: the stored state is put back (``_undo``) and the event reported
+        (``on_error``); an exception that is not an ``Exception`` (KeyboardInterrupt…) goes on up."""
+        self._undo(ev, touched, bumped)
+        if not isinstance(exc, Exception):
+            raise exc
+        self.counters.failed += 1
+        self.on_error(ev, exc)
+        return out
+
+    def _candidate(self, ev: Event, route: _Route, tick: int, out: list[dict]) -> list[dict]:
+        """:meth:`_steps` of an event that can only be a candidate of one shared middle-negation store (no run to
+        move, no root to begin; no partition ticks or strict runs).  As there: the candidate matters only while a
+        run of the store's branch and the event's key is live (``_may_need``) and its own predicates hold; it ends
+        that key's runs in the ``ends`` states (``_ended_by``), and is kept if a run of the branch and key is left.
+        The key and the predicates are evaluated before anything changes: an event that raises there is rolled
+        back as in ``_steps``."""
+        store, _, ends = route.negs[0]
+        if not store.root.live:
+            return self._done(tick, out)
+        attrs = store.partition_by
+        try:
+            if attrs:
+                ek = ev.attrs.get(attrs[0]) if len(attrs) == 1 else None  # _key_of, inline for a plain attribute
+                if ek is None:
+                    ek = _key_of(ev, attrs)
+                    if ek is None:
+                        return self._done(tick, out)
+            else:
+                ek = None
+            if not _may_need(self, store, ek):
+                return self._done(tick, out)
+            for p in store.self_preds:
+                if not p(ev, ()):
+                    return self._done(tick, out)
+        except BaseException as exc:
+            return self._failed(ev, exc, out)
+        if ends:
+            states = self.keyed[attrs].get(ek) if attrs else self.unkeyed
+            if states:
+                n = 0
+                for st in ends:  # (states of the store's branch)
+                    runs = states.pop(st, None)
+                    if runs is not None:
+                        n += len(runs)
+                if not states and attrs:
+                    del self.keyed[attrs][ek]
+                    keep = False  # no run left that it could lie inside
+                else:
+                    keep = _may_need(self, store, ek)  # (the same; the branch's count still has the ended runs)
+                if n:
+                    store.root.live -= n
+                    cnt = self._counters
+                    cnt.live_runs -= n
+                    cnt.runs_touched += n
+                if not keep:
+                    return self._done(tick, out)
+        b = store.buckets.get(ek)
+        if b is None:
+            store.buckets[ek] = ([tick], [ev])
+        else:
+            b[0].append(tick)
+            b[1].append(ev)
+        return self._done(tick, out)
 
     def _done(self, tick: int, out: list[dict]) -> list[dict]:
         """The end of an event that changed nothing."""
@@ -510,12 +576,7 @@ class Runtime:
                             started += 1
                             self._start(node, ev, ek, self._fresh, self._accepted)
         except BaseException as exc:
-            self._undo(ev, (touched or []) + [(runs, None) for runs in ended or ()], bumped or ())
-            if not isinstance(exc, Exception):
-                raise
-            self.counters.failed += 1
-            self.on_error(ev, exc)
-            return out
+            return self._failed(ev, exc, out, (touched or []) + [(runs, None) for runs in ended or ()], bumped or ())
         if touched or started or negated or kills or ended:  # (to_hold and the merger only get work from a step or a start)
             cnt = self._counters
             if ended:
@@ -599,16 +660,17 @@ class Runtime:
             self._periodic(tick)
         return out
 
-    def _idle(self, route: _Route, ev: Event) -> bool:
-        """Can ``ev`` change nothing (of a route with ``quick``, no partition ticks, no strict runs)? No candidate
-        store it feeds has a live branch, no run is stored under its keys for it to move, and it begins no root:
-        then ``process`` skips its two phases.  (False for an unhashable key: the two phases report that event.)"""
+    def _quiet(self, ev: Event, route: _Route, tick: int, out: list[dict]) -> list[dict]:
+        """:meth:`_steps` of an event of a route with ``quick`` (no partition ticks or strict runs), which may
+        change nothing: no candidate store it feeds has a live branch, no run is stored under its keys for it to
+        move, and it begins no root.  Then it stops here; else (or for an unhashable key, which ``_steps``
+        reports) it goes through ``_steps``."""
         for store, _, _ in route.negs:
             if store.root.live:
-                return False
+                return self._steps(ev, route, tick, out)
         if route.scan:
             if self.unkeyed:
-                return False
+                return self._steps(ev, route, tick, out)
             if self._counters.live_runs:
                 for attrs, by_key in self._parts:
                     if by_key:
@@ -617,22 +679,25 @@ class Runtime:
                             if k is None:
                                 k = _key_of(ev, attrs)
                             if k is not None and by_key.get(k):
-                                return False
+                                return self._steps(ev, route, tick, out)
                         except TypeError:  # an unhashable key
-                            return False
+                            return self._steps(ev, route, tick, out)
             else:  # (nothing is stored but empty lists, whatever the keys)
                 for _, by_key in self._parts:
                     if by_key:
-                        return False
+                        return self._steps(ev, route, tick, out)
         quick = route.quick
         if quick:
             v = ev.attrs.get(quick[0], MISSING)
             if v is not MISSING:
                 try:
-                    return not quick[1].get(v)
+                    if quick[1].get(v):
+                        return self._steps(ev, route, tick, out)
                 except TypeError:  # unhashable value: found nothing
                     pass
-        return True
+        if tick >= self._next_check:
+            self._periodic(tick)
+        return out
 
     @property
     def counters(self) -> Counters:
