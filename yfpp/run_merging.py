@@ -212,13 +212,13 @@ def as_plain_runs(r) -> list:
 
 def combine(runs: list):
     """One run standing for all of ``runs`` (equivalent: same state, key, bookkeeping and merge key)."""
-    from yfpp.runtime import Run
+    from yfpp.runtime import Run, Runtime
 
     rows = []
     for r in runs:
         m = r.members
-        if m is None:
-            rows.append((r.first_ts, r.first_pos, r.version, r.entry, r.born))
+        if m is None:  # (a run without an entry has bound only its first event: Runtime._first_entry)
+            rows.append((r.first_ts, r.first_pos, r.version, r.entry or Runtime._first_entry(r), r.born))
         else:
             rows.extend(zip(m.first_ts, m.first_pos, m.versions, m.entries, m.born))
     rows.sort(key=lambda row: (row[0], row[1]))

@@ -26,7 +26,7 @@ from typing import Any, Callable
 from yfpp.caps import check_buffer_caps, shed
 from yfpp.deadlines import Deadlines, Pending
 from yfpp.events import MISSING, Event
-from yfpp.match_buffer import MatchBuffer, Version
+from yfpp.match_buffer import Entry, MatchBuffer, Version
 from yfpp.match_id import match_id_of
 from yfpp.negation_store import CandidateStore, NegationStores
 from yfpp.nfa_compiler import NegationPlan, QueryPlan
@@ -72,14 +72,16 @@ class _Route:
                 self.quick = starters[0][1][0]
         # For Runtime._starts, when all the type can do is begin one root node that every event of it finds, a
         # single component that no query ends at, after which runs wait in one state (not strict): that node and
-        # state; else None.
-        self.starts: tuple[Node, State] | None = None
+        # state, its equivalence attribute if it has one only, and its runs by key (None: unkeyed; set by
+        # Runtime._route); else None.
+        self.starts: tuple[Node, State, str | None, dict | None] | None = None
         if not negs and not scan and len(starters) == 1 and not starters[0][1] and starters[0][2] is None:
             nodes = starters[0][0]
             if len(nodes) == 1 and not nodes[0].kleene and not nodes[0].accepts and len(nodes[0].waits) == 1:
                 wait = next(iter(nodes[0].waits.values()))
                 if not wait.touch_all:
-                    self.starts = (nodes[0], wait)
+                    attrs = nodes[0].partition_by
+                    self.starts = (nodes[0], wait, attrs[0] if len(attrs) == 1 else None, None)
         # What Runtime.process calls for the type while no strict run is stored (Runtime._route chooses).
         self.step: Callable[[Runtime, Event, _Route, int, list[dict]], list[dict]] = Runtime._steps
 
@@ -216,6 +218,8 @@ class Runtime:
             route.starts = None  # (a new run may merge with a stored one: _steps)
         if not self.pticks:  # (partition ticks count every event: _steps)
             if route.starts is not None:
+                node, wait, attr, _ = route.starts
+                route.starts = (node, wait, attr, self.keyed[node.partition_by] if node.partition_by else None)
                 route.step = Runtime._starts
             elif len(route.negs) == 1 and route.negs[0][1] is None and not route.scan and not route.starters:
                 route.step = Runtime._candidate
@@ -269,16 +273,14 @@ class Runtime:
         runs or run merging): the new run, if it begins, stored in the node's one wait state, as ``_steps``
         would (``_start``, then its commit) with fewer steps.  The unhashable key of a keyed node fails before
         anything is stored, the event rolled back as in ``_steps``."""
-        node, wait = route.starts
+        node, wait, attr, by_key = route.starts
         try:
-            attrs = node.partition_by
-            if attrs:
-                ek = ev.attrs.get(attrs[0]) if len(attrs) == 1 else None  # _key_of, inline for a plain attribute
+            if by_key is not None:
+                ek = ev.attrs.get(attr) if attr is not None else None  # _key_of, inline for a plain attribute
                 if ek is None:
-                    ek = _key_of(ev, attrs)
+                    ek = _key_of(ev, node.partition_by)
                     if ek is None:
                         return self._done(tick, out)
-                by_key = self.keyed[attrs]
                 states = by_key.get(ek)
             else:
                 ek = None
@@ -286,8 +288,7 @@ class Runtime:
             for p in node.begin:
                 if not p(ev, _ROOT_VEC):
                     return self._done(tick, out)
-            version = (next(self._roots),)
-            r = Run(wait, (ev, None), self.buffer.begin(node, ev, version), version, ev.ts, tick, ek, tick)
+            r = Run(wait, (ev, None), None, (next(self._roots),), ev.ts, tick, ek, tick)  # (no entry: see _start)
         except BaseException as exc:
             return self._failed(ev, exc, out)
         if states is None:
@@ -304,8 +305,8 @@ class Runtime:
         live = cnt.live_runs = cnt.live_runs + 1
         if live > cnt.peak_runs:
             cnt.peak_runs = live
-        node.live += 1  # (a root)
-        if node.live > self.max_runs:
+        node.live = n = node.live + 1  # (a root)
+        if n > self.max_runs:
             shed(self, node, "runs", self.max_runs)
         if tick >= self._next_check:
             self._periodic(tick)
@@ -921,16 +922,19 @@ class Runtime:
         return True
 
     def _start(self, node: Node, ev: Event, ek: Any, fresh: list[Run], accepted: list) -> None:
-        """A new run: ``ev`` begins root ``node``."""
+        """A new run: ``ev`` begins root ``node``.  A run that has bound only its first event, a single one, has no
+        buffer entry (its vec holds the event; :meth:`_first_entry` makes one when a later event needs it)."""
         version = (next(self._roots),)
-        entry = self.buffer.add(node, 0, ev, version, None)
         ts, tick = ev.ts, self.tick
         if node.kleene:
+            entry = self.buffer.add(node, 0, ev, version, None)
             vec = (kleene_start(ev, node.agg_slots, node.keep_events),)
             self._arrive_inside(node, vec, entry, version, ts, ev.pos, ek, tick, fresh, accepted)
             return
         vec = (ev,)
+        entry = None
         if node.accepts:
+            entry = self.buffer.add(node, 0, ev, version, None)
             self._complete(node, vec, entry, version, ts, ek, tick, accepted)
         for wait in node.waits.values():
             fresh.append(Run(wait, (ev, None), entry, version, ts, ev.pos, ek, tick))
@@ -939,7 +943,7 @@ class Runtime:
         """Begin ``node`` with ``ev`` (from a wait state or a proceed)."""
         i = node.index
         if node.kleene:
-            entry = self.buffer.add(node, i, ev, version, r.entry)
+            entry = self.buffer.add(node, i, ev, version, r.entry or self._first_entry(r))
             vec = r.vec[:i] + (kleene_start(ev, node.agg_slots, node.keep_events),)
             self._arrive_inside(node, vec, entry, version, r.first_ts, r.first_pos, r.key, r.born, fresh, accepted)
             return
@@ -947,13 +951,26 @@ class Runtime:
         if not node.waits and self.merging_run is None:  # a last component: no run goes on, no entry is made
             self._complete(node, vec, None, version, r.first_ts, r.key, r.born, accepted, ev, r.entry)
             return
-        entry = self.buffer.add(node, i, ev, version, r.entry)
+        entry = self.buffer.add(node, i, ev, version, r.entry or self._first_entry(r))
         if node.accepts:
             self._complete(node, vec, entry, version, r.first_ts, r.key, r.born, accepted)
         if node.waits:
             nxt = vec + (None,)
             for wait in node.waits.values():
                 fresh.append(Run(wait, nxt, entry, version, r.first_ts, r.first_pos, r.key, r.born))
+
+    @staticmethod
+    def bound(r: Run) -> list[tuple[int, Event]]:
+        """The (unit, event) pairs run ``r`` has bound, oldest first."""
+        return MatchBuffer.extract(r.entry, r.version) if r.entry is not None else [(0, r.vec[0])]
+
+    @staticmethod
+    def _first_entry(r: Run) -> Entry:
+        """The buffer entry of a run that has none: it has bound only its first event (a single one, ``vec[0]``).
+        Made when a later event needs it as a predecessor, outside the buffer's stacks (their entries are in
+        stream order), and kept by the run (so the runs that go on from it share it)."""
+        e = r.entry = MatchBuffer.first_entry(r.vec[0], r.version)
+        return e
 
     def _take(self, node: Node, r: Run, version: Version, ev: Event, fresh: list[Run], accepted: list) -> None:
         entry = self.buffer.add(node, node.index, ev, version, r.entry)
@@ -973,7 +990,8 @@ class Runtime:
         """A run bound the last component of the queries accepting at ``node``: post-process per query.
 
         ``entry`` None (not for a merged run): ``ev`` after ``pred`` ends the run, with no buffer entry of its own
-        (nothing can ever walk back from it): a match reads its bindings up to ``pred`` and adds ``ev``.
+        (nothing can ever walk back from it): a match reads its bindings up to ``pred`` and adds ``ev`` (``pred``
+        None: the run had bound only its first event, ``vec[0]``, see :meth:`_start`).
         """
         merged = self.merging_run
         if merged is not None:  # a merged run's step: once per run it stands for (yfpp.run_merging)
@@ -1005,7 +1023,7 @@ class Runtime:
                     continue
             if binds is None:
                 if entry is None:
-                    binds = MatchBuffer.extract(pred, version)
+                    binds = MatchBuffer.extract(pred, version) if pred is not None else [(0, vec[0])]
                     binds.append((node.index, ev))
                 else:
                     binds = MatchBuffer.extract(entry, version)
