@@ -331,7 +331,8 @@ class Runtime:
         The key and the predicates are evaluated before anything changes: an event that raises there is rolled
         back as in ``_steps``."""
         store, _, ends = route.negs[0]
-        if not store.root.live:
+        root = store.root
+        if not root.live:
             return self._done(tick, out)
         attrs = store.partition_by
         try:
@@ -341,35 +342,35 @@ class Runtime:
                     ek = _key_of(ev, attrs)
                     if ek is None:
                         return self._done(tick, out)
+                states = self.keyed[attrs].get(ek)
+                if not _holds(states, root):  # _may_need without strict runs
+                    return self._done(tick, out)
             else:
                 ek = None
-            if not _may_need(self, store, ek):
-                return self._done(tick, out)
+                states = self.unkeyed
             for p in store.self_preds:
                 if not p(ev, ()):
                     return self._done(tick, out)
         except BaseException as exc:
             return self._failed(ev, exc, out)
-        if ends:
-            states = self.keyed[attrs].get(ek) if attrs else self.unkeyed
-            if states:
-                n = 0
-                for st in ends:  # (states of the store's branch)
-                    runs = states.pop(st, None)
-                    if runs is not None:
-                        n += len(runs)
-                if not states and attrs:
-                    del self.keyed[attrs][ek]
-                    keep = False  # no run left that it could lie inside
-                else:
-                    keep = _may_need(self, store, ek)  # (the same; the branch's count still has the ended runs)
-                if n:
-                    store.root.live -= n
-                    cnt = self._counters
-                    cnt.live_runs -= n
-                    cnt.runs_touched += n
-                if not keep:
-                    return self._done(tick, out)
+        if ends and states:
+            n = 0
+            for st in ends:  # (states of the store's branch)
+                runs = states.pop(st, None)
+                if runs is not None:
+                    n += len(runs)
+            if not states and attrs:
+                del self.keyed[attrs][ek]
+                keep = False  # no run left that it could lie inside
+            else:
+                keep = not attrs or _holds(states, root)  # (the same)
+            if n:
+                root.live -= n
+                cnt = self._counters
+                cnt.live_runs -= n
+                cnt.runs_touched += n
+            if not keep:
+                return self._done(tick, out)
         b = store.buckets.get(ek)
         if b is None:
             store.buckets[ek] = ([tick], [ev])
@@ -1140,6 +1141,15 @@ def _accepting_below(node: Node) -> list[QueryPlan]:
     return out
 
 
+def _holds(states: dict[State, list[Run]] | None, root: Node) -> bool:
+    """Do ``states`` (of one key) include a state of ``root``'s branch?"""
+    if states:
+        for st in states:
+            if st.node.root is root:
+                return True
+    return False
+
+
 def _may_need(rt: Runtime, store: CandidateStore, ek: Any) -> bool:
     """Can a run stored now (before the event) ever use a candidate of ``store`` with key ``ek``?
 
@@ -1154,11 +1164,8 @@ def _may_need(rt: Runtime, store: CandidateStore, ek: Any) -> bool:
     attrs = store.partition_by
     if not attrs:
         return True
-    states = rt.keyed[attrs].get(ek)
-    if states:
-        for st in states:
-            if st.node.root is root:
-                return True
+    if _holds(rt.keyed[attrs].get(ek), root):
+        return True
     for st in rt.strict:
         if st.node.root is root:
             return True
