@@ -35,7 +35,7 @@ from yfpp.policies import accept, overlap_rank
 from yfpp.predicates import kleene_start, kleene_take
 from yfpp.pruning import sweep
 from yfpp.run_merging import RunMerger, member_completions
-from yfpp.runs import Counters, Run, partition_key
+from yfpp.runs import Counters, FullRun, Run, partition_key
 from yfpp.shared_nfa import Node, SharedNFA, State
 
 _UNSET: Any = object()  # an event's key not yet computed (Runtime._steps)
@@ -982,7 +982,7 @@ class Runtime:
     def _arrive_inside(self, node: Node, vec: tuple, entry, version: Version, first_ts: float, first_pos: int,
                        key: Any, born: int, fresh: list[Run], accepted: list) -> None:
         ptick = self.pticks[node.partition_by].get(key, 0) if node.partition_by in self.pticks else 0
-        fresh.append(Run(node.inside, vec + (None,), entry, version, first_ts, first_pos, key, born, self.tick, ptick))
+        fresh.append(FullRun(node.inside, vec + (None,), entry, version, first_ts, first_pos, key, born, self.tick, ptick))
         if node.accepts and self._final_ok(node, vec):
             self._complete(node, vec, entry, version, first_ts, key, born, accepted)
 
