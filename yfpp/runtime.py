@@ -144,7 +144,7 @@ class Runtime:
         self._interned: dict[tuple[str, ...], tuple[str, ...]] = {}  # one tuple object per equivalence list
         self._parts: list[tuple[tuple[str, ...], dict]] = []  # self.keyed's items, in a list
         self._attrs0: tuple[str, ...] | None = None  # the one equivalence list, when there is exactly one
-        self._match_ids: dict[QueryPlan, Callable[[dict, bool], str]] = {}  # match_id specialised per query
+        self._makers: dict[QueryPlan, tuple] = {}  # how a query's match is built (_maker)
         self._next_sweep = self.SWEEP_EVERY
         self._next_check = 0  # the next tick at which _periodic looks (0: the next event)
         self.full_events = False  # matches list their bound events in full ("events")
@@ -161,7 +161,7 @@ class Runtime:
         if plan.partition_by:  # identical lists are one object: the per-event key lookup compares by identity
             plan.partition_by = self._interned.setdefault(plan.partition_by, plan.partition_by)
         self.nfa.add(plan)
-        self._match_ids[plan] = match_id_of(plan.name, plan.var_names)
+        self._makers[plan] = _maker(plan)
         self.negations.add(plan)
         self.deadlines.add(plan)
         self.branch_queries.setdefault(plan.nodes[0].root, []).append(plan)
@@ -182,7 +182,7 @@ class Runtime:
             self.dead.add(st)
         self.negations.remove(plan)
         self.deadlines.remove(plan)
-        del self._match_ids[plan]
+        del self._makers[plan]
         root = plan.nodes[0].root
         self.branch_queries[root].remove(plan)
         if not self.branch_queries[root]:
@@ -1039,29 +1039,42 @@ class Runtime:
         """The match dict of ``plan`` for ``binds``; ``shared`` keeps the seq lists per variable names for the other
         queries completing on the same binds (each match gets its own copies)."""
         names = plan.var_names
-        got = shared.get(names)
-        if got is None:
-            lists: list[list[int | str]] = [[] for _ in names]
+        match_id, singles, emit = self._makers[plan]
+        if singles:  # one event per variable, in order: no lists to share
+            seqs = {}
             ints = True
-            for unit, e in binds:
+            for name, (_, e) in zip(names, binds):
                 s = e.seq
                 if type(s) is not int:
                     ints = False
-                lists[unit].append(s)
-            shared[names] = (lists, ints)
-            seqs = dict(zip(names, lists))
+                seqs[name] = [s]
         else:
-            lists, ints = got
-            seqs = dict(zip(names, map(list, lists)))
-        m = {"query": plan.name, "id": self._match_ids[plan](seqs, ints), "bindings": seqs,
+            got = shared.get(names)
+            if got is None:
+                lists: list[list[int | str]] = [[] for _ in names]
+                ints = True
+                for unit, e in binds:
+                    s = e.seq
+                    if type(s) is not int:
+                        ints = False
+                    lists[unit].append(s)
+                shared[names] = (lists, ints)
+                seqs = dict(zip(names, lists))
+            else:
+                lists, ints = got
+                seqs = dict(zip(names, map(list, lists)))
+        m = {"query": plan.name, "id": match_id(seqs, ints), "bindings": seqs,
              "start": binds[0][1].ts, "end": binds[-1][1].ts}
-        if plan.emit is not None:
-            etype, attrs = plan.emit
+        if emit is not None:
             values = {}
-            for k, g in attrs:
-                v = g(None, vec)
+            for k, g, read in emit[1]:
+                if read is None:
+                    v = g(None, vec)
+                else:  # g, inline: a bound single event's attribute
+                    x = vec[read[0]]
+                    v = MISSING if x is None else x.attrs.get(read[1], MISSING)
                 values[k] = None if v is MISSING else v
-            m["emit"] = {"type": etype, "attrs": values}
+            m["emit"] = {"type": emit[0], "attrs": values}
         if self.full_events:
             events: dict[str, list[dict]] = {v: [] for v in names}
             for unit, e in binds:
@@ -1139,6 +1152,17 @@ def _accepting_below(node: Node) -> list[QueryPlan]:
         out.extend(n.accepts)
         stack.extend(n.children.values())
     return out
+
+
+def _maker(plan: QueryPlan) -> tuple:
+    """How ``plan``'s matches are built (``Runtime._match``): its match-id function, whether every positive
+    component binds one event, and its RETURN as (type, ((attribute, getter, (slot, attr) the getter reads
+    from a bound single event or None), …)) or None."""
+    emit = None
+    if plan.emit is not None:
+        etype, attrs = plan.emit
+        emit = (etype, tuple((k, g, getattr(g, "slot_attr", None)) for k, g in attrs))
+    return match_id_of(plan.name, plan.var_names), not any(spec.kleene for spec in plan.specs), emit
 
 
 def _holds(states: dict[State, list[Run]] | None, root: Node) -> bool:
