@@ -369,15 +369,18 @@ class Runtime:
                 cnt = self._counters
                 cnt.live_runs -= n
                 cnt.runs_touched += n
-            if not keep:
-                return self._done(tick, out)
-        b = store.buckets.get(ek)
-        if b is None:
-            store.buckets[ek] = ([tick], [ev])
         else:
-            b[0].append(tick)
-            b[1].append(ev)
-        return self._done(tick, out)
+            keep = True
+        if keep:
+            b = store.buckets.get(ek)
+            if b is None:
+                store.buckets[ek] = ([tick], [ev])
+            else:
+                b[0].append(tick)
+                b[1].append(ev)
+        if tick >= self._next_check:  # (_done)
+            self._periodic(tick)
+        return out
 
     def _done(self, tick: int, out: list[dict]) -> list[dict]:
         """The end of an event that changed nothing."""
