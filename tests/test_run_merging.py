@@ -72,7 +72,6 @@ def test_restore_mid_stream_with_merging(pats, events, data):
 def _live_runs(eng: Engine) -> Counter:
     """Every live run (merged runs as their members) by state, key, start and the events it bound."""
     from yfpp.checkpoint import _node_refs, _state_ref
-    from yfpp.match_buffer import MatchBuffer
     from yfpp.run_merging import as_plain_runs
 
     rt = eng.runtime
@@ -82,7 +81,7 @@ def _live_runs(eng: Engine) -> Counter:
         for state, runs in store.items():
             where = repr(_state_ref(state, refs))
             for r in (x for run in runs for x in as_plain_runs(run)):
-                binds = tuple((u, e.pos) for u, e in MatchBuffer.extract(r.entry, r.version))
+                binds = tuple((u, e.pos) for u, e in rt.bound(r))
                 out[(where, repr(r.key), r.first_pos, r.born, binds, len(r.blocked))] += 1
     return out
 

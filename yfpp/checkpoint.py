@@ -31,7 +31,7 @@ from yfpp.match_buffer import Entry
 from yfpp.predicates import KleeneState
 from yfpp.deadlines import Pending
 from yfpp.run_merging import as_plain_runs
-from yfpp.runs import Run
+from yfpp.runs import FullRun, Run
 
 FORMAT = "yfpp-checkpoint"
 VERSION = 2  # 2: event-set queries (``set_queries``) and the ``strategy`` option
@@ -308,7 +308,7 @@ def _restore(data: dict, Engine, engine_opts: dict):
     rt.tick, rt.now, rt._next_sweep = s["tick"], s["now"], s["next_sweep"]
     eng._held = [(ts, sk, arrival, rd.events[i]) for ts, sk, arrival, i in data["held"]]
     for rec in data["runs"]:
-        r = Run(state_at(rec["state"]), tuple(rd.value(x) for x in rec["vec"]), None if rec["entry"] is None else rd.entries[rec["entry"]],
+        r = FullRun(state_at(rec["state"]), tuple(rd.value(x) for x in rec["vec"]), None if rec["entry"] is None else rd.entries[rec["entry"]],
                 tuple(rec["version"]), rec["first_ts"], rec["first_pos"], rd.value(rec["key"]), rec["born"], rec["tick"], rec["ptick"])
         r.blocked = frozenset(node_at(n) for n in rec["blocked"])
         rt._store_many([r])

@@ -10,8 +10,12 @@ longest prefix of the run's version (a dict lookup per prefix length, so
 extraction is linear in the match length, not in the runs sharing an entry).
 
 Entries of a stack are in stream order (``Event.pos``), so pruning pops from
-the left.  Narrow interface: :meth:`MatchBuffer.add` (:meth:`MatchBuffer.begin`), :meth:`MatchBuffer.extract`,
-:meth:`MatchBuffer.prune_before`.  The runtime never touches entries itself.
+the left.  A run that has bound only its first event (a single one) has no
+entry: its vector holds the event; the entry is made, outside the stacks
+(:meth:`MatchBuffer.first_entry`), only when a later event must point back to
+it.  Narrow interface: :meth:`MatchBuffer.add`, :meth:`MatchBuffer.first_entry`,
+:meth:`MatchBuffer.extract`, :meth:`MatchBuffer.prune_before`.  The runtime
+never touches entries itself.
 """
 
 from __future__ import annotations
@@ -92,16 +96,13 @@ class MatchBuffer:
             self.size += 1
         return entry
 
-    def begin(self, stack: Hashable, event: Event, version: Version) -> Entry:
-        """:meth:`add` of the first event of a run at a root (unit 0, no predecessor): an event begins a root once,
-        so the entry is always new."""
-        st = self._stacks.get(stack)
-        if st is None:
-            st = self._stacks[stack] = deque()
-        entry = Entry(event, 0, version, None)
-        st.append(entry)
-        self.size += 1
-        return entry
+    @staticmethod
+    def first_entry(event: Event, version: Version) -> Entry:
+        """An entry for the first event of the run ``version`` (unit 0, no predecessor) that is kept outside the
+        stacks: a run that has bound only one single event holds it in its vector until a later event needs an
+        entry to point back to (``Runtime._first_entry``).  Not counted in :attr:`size`; it lives as long as what
+        points to it."""
+        return Entry(event, 0, version, None)
 
     @staticmethod
     def extract(entry: Entry, version: Version) -> list[tuple[int, Event]]:

@@ -330,6 +330,7 @@ class _Compiler:
                 x = vec[slot]
                 return MISSING if x is None else x.attrs.get(attr, MISSING)
 
+            bound.slot_attr = (slot, attr)  # type: ignore[attr-defined]  # what it reads, for callers that inline it
             return bound
         pick = self._event_of(r.var, r.index)
 

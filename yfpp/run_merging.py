@@ -50,6 +50,7 @@ from typing import Any, Callable
 
 from yfpp.events import Event
 from yfpp.pattern import Aggregate, Contiguity, Index, Length, Ref, XPathTest, walk
+from yfpp.runs import full
 
 
 class Members:
@@ -161,9 +162,11 @@ class RunMerger:
                 rt._step(g, ev, ek, fresh, stays, accepted)
             finally:
                 rt.merging_run = None
-            for run in fresh[f0:]:
+            for k in range(f0, len(fresh)):
+                run = fresh[k] = full(fresh[k])
                 run.members = _derive(g, run)
-            for run in stays[s0:]:
+            for k in range(s0, len(stays)):
+                run = stays[k] = full(stays[k])
                 run.members = g.members
 
     def trim(self, runs: list, now: float, window: float) -> list:
@@ -212,19 +215,19 @@ def as_plain_runs(r) -> list:
 
 def combine(runs: list):
     """One run standing for all of ``runs`` (equivalent: same state, key, bookkeeping and merge key)."""
-    from yfpp.runtime import Run
+    from yfpp.runtime import FullRun, Runtime
 
     rows = []
     for r in runs:
         m = r.members
-        if m is None:
-            rows.append((r.first_ts, r.first_pos, r.version, r.entry, r.born))
+        if m is None:  # (a run without an entry has bound only its first event: Runtime._first_entry)
+            rows.append((r.first_ts, r.first_pos, r.version, r.entry or Runtime._first_entry(r), r.born))
         else:
             rows.extend(zip(m.first_ts, m.first_pos, m.versions, m.entries, m.born))
     rows.sort(key=lambda row: (row[0], row[1]))
     ts, pos, versions, entries, born = zip(*rows)
     r0 = runs[0]
-    run = Run(r0.state, r0.vec, entries[0], versions[0], ts[-1], min(pos), r0.key, min(born), r0.tick, r0.ptick)
+    run = FullRun(r0.state, r0.vec, entries[0], versions[0], ts[-1], min(pos), r0.key, min(born), r0.tick, r0.ptick)
     run.blocked = r0.blocked
     run.members = Members(versions, entries, ts, pos, born)
     return run
@@ -232,15 +235,16 @@ def combine(runs: list):
 
 def _part(r, i: int, j: int):
     """The run standing for members ``i:j`` of merged run ``r`` (a plain run for one member)."""
-    from yfpp.runtime import Run
+    from yfpp.runtime import FullRun
 
     m = r.members
     if j - i == 1:
-        run = Run(r.state, r.vec, m.entries[i], m.versions[i], m.first_ts[i], m.first_pos[i], r.key, m.born[i], r.tick, r.ptick)
+        run = FullRun(r.state, r.vec, m.entries[i], m.versions[i], m.first_ts[i], m.first_pos[i], r.key, m.born[i],
+                      r.tick, r.ptick)
     else:
         sub = Members(m.versions[i:j], m.entries[i:j], m.first_ts[i:j], m.first_pos[i:j], m.born[i:j])
-        run = Run(r.state, r.vec, sub.entries[0], sub.versions[0], sub.first_ts[-1], min(sub.first_pos), r.key,
-                  min(sub.born), r.tick, r.ptick)
+        run = FullRun(r.state, r.vec, sub.entries[0], sub.versions[0], sub.first_ts[-1], min(sub.first_pos), r.key,
+                      min(sub.born), r.tick, r.ptick)
         run.members = sub
     run.blocked = r.blocked
     return run

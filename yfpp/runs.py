@@ -15,30 +15,62 @@ NO_RUN = 1 << 62  # position floor when a branch has no live run
 
 
 class Run:
-    """One partial match: where it waits, what it has bound, where its events are."""
+    """One partial match: where it waits, what it has bound, where its events are.
 
-    __slots__ = ("state", "vec", "entry", "version", "first_ts", "first_pos", "key", "born", "tick", "ptick", "blocked",
-                 "members")
+    Most runs need only these slots; a run inside a Kleene node (its ticks), with blocked skip-till-next
+    children or standing for merged runs is a :class:`FullRun`, which has its own; for the others the class
+    defaults below hold."""
 
-    def __init__(self, state, vec, entry, version, first_ts, first_pos, key, born, tick=0, ptick=0):
+    __slots__ = ("state", "vec", "entry", "version", "first_ts", "first_pos", "key", "born")
+    tick: int = 0  # tick of the last begin/take into a Kleene node
+    ptick: int = 0  # partition tick at that moment
+    blocked: frozenset = _NONE  # skip-till-next children this run can no longer proceed to
+    members = None  # a merged run: the runs it stands for (yfpp.run_merging.Members)
+
+    def __init__(self, state, vec, entry, version, first_ts, first_pos, key, born):
         self.state: State = state
         self.vec: tuple = vec
-        self.entry = entry
+        self.entry = entry  # the last buffer entry (None: the run has bound only its first event, a single one)
         self.version: Version = version
         self.first_ts: float = first_ts
         self.first_pos: int = first_pos  # stream position of the run's first event
         self.key: Any = key
         self.born: int = born  # tick of the event that started the run
-        self.tick: int = tick  # tick of the last begin/take into a Kleene node
-        self.ptick: int = ptick  # partition tick at that moment
-        self.blocked: frozenset = _NONE  # skip-till-next children this run can no longer proceed to
-        self.members = None  # a merged run: the runs it stands for (yfpp.run_merging.Members)
 
     def with_blocked(self, blocked: frozenset) -> "Run":
         """A copy that differs in ``blocked`` (runs being stepped are never mutated: see ``Runtime._steps``)."""
-        r = Run(self.state, self.vec, self.entry, self.version, self.first_ts, self.first_pos, self.key, self.born, self.tick, self.ptick)
+        r = FullRun(self.state, self.vec, self.entry, self.version, self.first_ts, self.first_pos, self.key, self.born,
+                    self.tick, self.ptick)
         r.blocked = blocked
         return r
+
+
+class FullRun(Run):
+    """A run with its own ``tick``, ``ptick``, ``blocked`` and ``members`` (see :class:`Run`)."""
+
+    __slots__ = ("tick", "ptick", "blocked", "members")
+
+    def __init__(self, state, vec, entry, version, first_ts, first_pos, key, born, tick=0, ptick=0):
+        # (Run.__init__'s stores written out: a Kleene take makes one of these, a call more would cost it)
+        self.state = state
+        self.vec = vec
+        self.entry = entry
+        self.version = version
+        self.first_ts = first_ts
+        self.first_pos = first_pos
+        self.key = key
+        self.born = born
+        self.tick = tick
+        self.ptick = ptick
+        self.blocked = _NONE
+        self.members = None
+
+
+def full(r: Run) -> FullRun:
+    """``r`` as a :class:`FullRun` (itself if it is one)."""
+    if isinstance(r, FullRun):
+        return r
+    return FullRun(r.state, r.vec, r.entry, r.version, r.first_ts, r.first_pos, r.key, r.born)
 
 
 @dataclass

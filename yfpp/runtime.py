@@ -26,7 +26,7 @@ from typing import Any, Callable
 from yfpp.caps import check_buffer_caps, shed
 from yfpp.deadlines import Deadlines, Pending
 from yfpp.events import MISSING, Event
-from yfpp.match_buffer import MatchBuffer, Version
+from yfpp.match_buffer import Entry, MatchBuffer, Version
 from yfpp.match_id import match_id_of
 from yfpp.negation_store import CandidateStore, NegationStores
 from yfpp.nfa_compiler import NegationPlan, QueryPlan
@@ -35,7 +35,7 @@ from yfpp.policies import accept, overlap_rank
 from yfpp.predicates import kleene_start, kleene_take
 from yfpp.pruning import sweep
 from yfpp.run_merging import RunMerger, member_completions
-from yfpp.runs import Counters, Run, partition_key
+from yfpp.runs import Counters, FullRun, Run, partition_key
 from yfpp.shared_nfa import Node, SharedNFA, State
 
 _UNSET: Any = object()  # an event's key not yet computed (Runtime._steps)
@@ -53,7 +53,7 @@ class _Route:
     begin (per root-table group, :meth:`~yfpp.shared_nfa._TypeGroup.finder`), whether any state reacts to it,
     and (filled as met) whether a given state's runs react to it (partition-contiguity states always do)."""
 
-    __slots__ = ("negs", "starters", "scan", "touch", "quick", "starts")
+    __slots__ = ("negs", "starters", "scan", "touch", "quick", "starts", "step")
 
     def __init__(self, negs: tuple, starters: tuple, scan: bool) -> None:
         # (shared candidate store, None, the wait states whose runs a candidate ends: see Runtime._ended_by)
@@ -62,7 +62,7 @@ class _Route:
         self.starters = starters
         self.scan = scan  # may the event move a stored run (else the stores are not looked at)
         self.touch: dict[State, bool] = {}
-        # For Runtime._idle, when the type feeds only shared candidate stores and begins no root or only through
+        # For Runtime._quiet, when the type feeds only shared candidate stores and begins no root or only through
         # one equality index: () or that index's (attribute, table); else None (no shortcut).
         self.quick: tuple | None = None
         if all(neg is None for _, neg, _ in negs):
@@ -72,14 +72,18 @@ class _Route:
                 self.quick = starters[0][1][0]
         # For Runtime._starts, when all the type can do is begin one root node that every event of it finds, a
         # single component that no query ends at, after which runs wait in one state (not strict): that node and
-        # state; else None.
-        self.starts: tuple[Node, State] | None = None
+        # state, its equivalence attribute if it has one only, and its runs by key (None: unkeyed; set by
+        # Runtime._route); else None.
+        self.starts: tuple[Node, State, str | None, dict | None] | None = None
         if not negs and not scan and len(starters) == 1 and not starters[0][1] and starters[0][2] is None:
             nodes = starters[0][0]
             if len(nodes) == 1 and not nodes[0].kleene and not nodes[0].accepts and len(nodes[0].waits) == 1:
                 wait = next(iter(nodes[0].waits.values()))
                 if not wait.touch_all:
-                    self.starts = (nodes[0], wait)
+                    attrs = nodes[0].partition_by
+                    self.starts = (nodes[0], wait, attrs[0] if len(attrs) == 1 else None, None)
+        # What Runtime.process calls for the type while no strict run is stored (Runtime._route chooses).
+        self.step: Callable[[Runtime, Event, _Route, int, list[dict]], list[dict]] = Runtime._steps
 
 
 def _key(keys: dict | None, ev: Event, attrs: tuple[str, ...]) -> Any:
@@ -140,7 +144,7 @@ class Runtime:
         self._interned: dict[tuple[str, ...], tuple[str, ...]] = {}  # one tuple object per equivalence list
         self._parts: list[tuple[tuple[str, ...], dict]] = []  # self.keyed's items, in a list
         self._attrs0: tuple[str, ...] | None = None  # the one equivalence list, when there is exactly one
-        self._match_ids: dict[QueryPlan, Callable[[dict, bool], str]] = {}  # match_id specialised per query
+        self._makers: dict[QueryPlan, tuple] = {}  # how a query's match is built (_maker)
         self._next_sweep = self.SWEEP_EVERY
         self._next_check = 0  # the next tick at which _periodic looks (0: the next event)
         self.full_events = False  # matches list their bound events in full ("events")
@@ -157,7 +161,7 @@ class Runtime:
         if plan.partition_by:  # identical lists are one object: the per-event key lookup compares by identity
             plan.partition_by = self._interned.setdefault(plan.partition_by, plan.partition_by)
         self.nfa.add(plan)
-        self._match_ids[plan] = match_id_of(plan.name, plan.var_names)
+        self._makers[plan] = _maker(plan)
         self.negations.add(plan)
         self.deadlines.add(plan)
         self.branch_queries.setdefault(plan.nodes[0].root, []).append(plan)
@@ -178,7 +182,7 @@ class Runtime:
             self.dead.add(st)
         self.negations.remove(plan)
         self.deadlines.remove(plan)
-        del self._match_ids[plan]
+        del self._makers[plan]
         root = plan.nodes[0].root
         self.branch_queries[root].remove(plan)
         if not self.branch_queries[root]:
@@ -212,6 +216,15 @@ class Runtime:
         )
         if self.merger is not None:
             route.starts = None  # (a new run may merge with a stored one: _steps)
+        if not self.pticks:  # (partition ticks count every event: _steps)
+            if route.starts is not None:
+                node, wait, attr, _ = route.starts
+                route.starts = (node, wait, attr, self.keyed[node.partition_by] if node.partition_by else None)
+                route.step = Runtime._starts
+            elif len(route.negs) == 1 and route.negs[0][1] is None and not route.scan and not route.starters:
+                route.step = Runtime._candidate
+            elif route.quick is not None:
+                route.step = Runtime._quiet
         return route
 
     def _ended_by(self, store: CandidateStore, etype: str) -> tuple[State, ...]:
@@ -241,39 +254,33 @@ class Runtime:
     def process(self, ev: Event) -> list[dict]:
         """Advance every run by one event (already in stream order); return completed matches.
 
-        The event gets its tick (stream position) and fires the deadlines before it; one that can change
-        nothing (:meth:`_idle`) stops there, one that can only begin one root goes through :meth:`_starts`, any
-        other through :meth:`_steps`.
+        The event gets its tick (stream position) and fires the deadlines before it; then its type's
+        ``_Route.step`` takes it (while no strict run is stored): :meth:`_starts` for an event that can only begin
+        one root, :meth:`_candidate` for one that can only be a middle negation's candidate, :meth:`_quiet` for
+        one that may change nothing, :meth:`_steps` for any other.
         """
         tick = self.tick = self.tick + 1
         ev.pos = tick
         self.now = ev.ts
         out: list[dict] = self._expire(ev.ts) if self._deadline_heap else []
         route = self._routes.get(ev.type) or self._route(ev.type)
-        if not (self.pticks or self.strict):
-            if route.quick is not None and self._idle(route, ev):
-                if tick >= self._next_check:
-                    self._periodic(tick)
-                return out
-            if route.starts is not None:
-                return self._starts(ev, route.starts, tick, out)
-        return self._steps(ev, route, tick, out)
+        if self.strict:
+            return self._steps(ev, route, tick, out)
+        return route.step(self, ev, route, tick, out)
 
-    def _starts(self, ev: Event, starts: tuple[Node, State], tick: int, out: list[dict]) -> list[dict]:
+    def _starts(self, ev: Event, route: _Route, tick: int, out: list[dict]) -> list[dict]:
         """:meth:`_steps` of an event that can only begin one root (``_Route.starts``; no partition ticks, strict
         runs or run merging): the new run, if it begins, stored in the node's one wait state, as ``_steps``
         would (``_start``, then its commit) with fewer steps.  The unhashable key of a keyed node fails before
         anything is stored, the event rolled back as in ``_steps``."""
-        node, wait = starts
+        node, wait, attr, by_key = route.starts
         try:
-            attrs = node.partition_by
-            if attrs:
-                ek = ev.attrs.get(attrs[0]) if len(attrs) == 1 else None  # _key_of, inline for a plain attribute
+            if by_key is not None:
+                ek = ev.attrs.get(attr) if attr is not None else None  # _key_of, inline for a plain attribute
                 if ek is None:
-                    ek = _key_of(ev, attrs)
+                    ek = _key_of(ev, node.partition_by)
                     if ek is None:
                         return self._done(tick, out)
-                by_key = self.keyed[attrs]
                 states = by_key.get(ek)
             else:
                 ek = None
@@ -281,15 +288,9 @@ class Runtime:
             for p in node.begin:
                 if not p(ev, _ROOT_VEC):
                     return self._done(tick, out)
-            version = (next(self._roots),)
-            r = Run(wait, (ev, None), self.buffer.begin(node, ev, version), version, ev.ts, tick, ek, tick)
+            r = Run(wait, (ev, None), None, (next(self._roots),), ev.ts, tick, ek, tick)  # (no entry: see _start)
         except BaseException as exc:
-            self._undo(ev, (), ())
-            if not isinstance(exc, Exception):
-                raise
-            self.counters.failed += 1
-            self.on_error(ev, exc)
-            return out
+            return self._failed(ev, exc, out)
         if states is None:
             by_key[ek] = {wait: [r]}
         else:
@@ -304,10 +305,80 @@ class Runtime:
         live = cnt.live_runs = cnt.live_runs + 1
         if live > cnt.peak_runs:
             cnt.peak_runs = live
-        node.live += 1  # (a root)
-        if node.live > self.max_runs:
+        node.live = n = node.live + 1  # (a root)
+        if n > self.max_runs:
             shed(self, node, "runs", self.max_runs)
         if tick >= self._next_check:
+            self._periodic(tick)
+        return out
+
+    def _failed(self, ev: Event, exc: BaseException, out: list[dict], touched: list | tuple = (),
+                bumped: list | tuple = ()) -> list[dict]:
+        """``ev``'s processing raised ``exc``: the stored state is put back (``_undo``) and the event reported
+        (``on_error``); an exception that is not an ``Exception`` (KeyboardInterrupt…) goes on up."""
+        self._undo(ev, touched, bumped)
+        if not isinstance(exc, Exception):
+            raise exc
+        self.counters.failed += 1
+        self.on_error(ev, exc)
+        return out
+
+    def _candidate(self, ev: Event, route: _Route, tick: int, out: list[dict]) -> list[dict]:
+        """:meth:`_steps` of an event that can only be a candidate of one shared middle-negation store (no run to
+        move, no root to begin; no partition ticks or strict runs).  As there: the candidate matters only while a
+        run of the store's branch and the event's key is live (``_may_need``) and its own predicates hold; it ends
+        that key's runs in the ``ends`` states (``_ended_by``), and is kept if a run of the branch and key is left.
+        The key and the predicates are evaluated before anything changes: an event that raises there is rolled
+        back as in ``_steps``."""
+        store, _, ends = route.negs[0]
+        root = store.root
+        if not root.live:
+            return self._done(tick, out)
+        attrs = store.partition_by
+        try:
+            if attrs:
+                ek = ev.attrs.get(attrs[0]) if len(attrs) == 1 else None  # _key_of, inline for a plain attribute
+                if ek is None:
+                    ek = _key_of(ev, attrs)
+                    if ek is None:
+                        return self._done(tick, out)
+                states = self.keyed[attrs].get(ek)
+                if not _holds(states, root):  # _may_need without strict runs
+                    return self._done(tick, out)
+            else:
+                ek = None
+                states = self.unkeyed
+            for p in store.self_preds:
+                if not p(ev, ()):
+                    return self._done(tick, out)
+        except BaseException as exc:
+            return self._failed(ev, exc, out)
+        if ends and states:
+            n = 0
+            for st in ends:  # (states of the store's branch)
+                runs = states.pop(st, None)
+                if runs is not None:
+                    n += len(runs)
+            if not states and attrs:
+                del self.keyed[attrs][ek]
+                keep = False  # no run left that it could lie inside
+            else:
+                keep = not attrs or _holds(states, root)  # (the same)
+            if n:
+                root.live -= n
+                cnt = self._counters
+                cnt.live_runs -= n
+                cnt.runs_touched += n
+        else:
+            keep = True
+        if keep:
+            b = store.buckets.get(ek)
+            if b is None:
+                store.buckets[ek] = ([tick], [ev])
+            else:
+                b[0].append(tick)
+                b[1].append(ev)
+        if tick >= self._next_check:  # (_done)
             self._periodic(tick)
         return out
 
@@ -510,12 +581,7 @@ class Runtime:
                             started += 1
                             self._start(node, ev, ek, self._fresh, self._accepted)
         except BaseException as exc:
-            self._undo(ev, (touched or []) + [(runs, None) for runs in ended or ()], bumped or ())
-            if not isinstance(exc, Exception):
-                raise
-            self.counters.failed += 1
-            self.on_error(ev, exc)
-            return out
+            return self._failed(ev, exc, out, (touched or []) + [(runs, None) for runs in ended or ()], bumped or ())
         if touched or started or negated or kills or ended:  # (to_hold and the merger only get work from a step or a start)
             cnt = self._counters
             if ended:
@@ -599,16 +665,17 @@ class Runtime:
             self._periodic(tick)
         return out
 
-    def _idle(self, route: _Route, ev: Event) -> bool:
-        """Can ``ev`` change nothing (of a route with ``quick``, no partition ticks, no strict runs)? No candidate
-        store it feeds has a live branch, no run is stored under its keys for it to move, and it begins no root:
-        then ``process`` skips its two phases.  (False for an unhashable key: the two phases report that event.)"""
+    def _quiet(self, ev: Event, route: _Route, tick: int, out: list[dict]) -> list[dict]:
+        """:meth:`_steps` of an event of a route with ``quick`` (no partition ticks or strict runs), which may
+        change nothing: no candidate store it feeds has a live branch, no run is stored under its keys for it to
+        move, and it begins no root.  Then it stops here; else (or for an unhashable key, which ``_steps``
+        reports) it goes through ``_steps``."""
         for store, _, _ in route.negs:
             if store.root.live:
-                return False
+                return self._steps(ev, route, tick, out)
         if route.scan:
             if self.unkeyed:
-                return False
+                return self._steps(ev, route, tick, out)
             if self._counters.live_runs:
                 for attrs, by_key in self._parts:
                     if by_key:
@@ -617,22 +684,25 @@ class Runtime:
                             if k is None:
                                 k = _key_of(ev, attrs)
                             if k is not None and by_key.get(k):
-                                return False
+                                return self._steps(ev, route, tick, out)
                         except TypeError:  # an unhashable key
-                            return False
+                            return self._steps(ev, route, tick, out)
             else:  # (nothing is stored but empty lists, whatever the keys)
                 for _, by_key in self._parts:
                     if by_key:
-                        return False
+                        return self._steps(ev, route, tick, out)
         quick = route.quick
         if quick:
             v = ev.attrs.get(quick[0], MISSING)
             if v is not MISSING:
                 try:
-                    return not quick[1].get(v)
+                    if quick[1].get(v):
+                        return self._steps(ev, route, tick, out)
                 except TypeError:  # unhashable value: found nothing
                     pass
-        return True
+        if tick >= self._next_check:
+            self._periodic(tick)
+        return out
 
     @property
     def counters(self) -> Counters:
@@ -856,16 +926,19 @@ class Runtime:
         return True
 
     def _start(self, node: Node, ev: Event, ek: Any, fresh: list[Run], accepted: list) -> None:
-        """A new run: ``ev`` begins root ``node``."""
+        """A new run: ``ev`` begins root ``node``.  A run that has bound only its first event, a single one, has no
+        buffer entry (its vec holds the event; :meth:`_first_entry` makes one when a later event needs it)."""
         version = (next(self._roots),)
-        entry = self.buffer.add(node, 0, ev, version, None)
         ts, tick = ev.ts, self.tick
         if node.kleene:
+            entry = self.buffer.add(node, 0, ev, version, None)
             vec = (kleene_start(ev, node.agg_slots, node.keep_events),)
             self._arrive_inside(node, vec, entry, version, ts, ev.pos, ek, tick, fresh, accepted)
             return
         vec = (ev,)
+        entry = None
         if node.accepts:
+            entry = self.buffer.add(node, 0, ev, version, None)
             self._complete(node, vec, entry, version, ts, ek, tick, accepted)
         for wait in node.waits.values():
             fresh.append(Run(wait, (ev, None), entry, version, ts, ev.pos, ek, tick))
@@ -874,7 +947,7 @@ class Runtime:
         """Begin ``node`` with ``ev`` (from a wait state or a proceed)."""
         i = node.index
         if node.kleene:
-            entry = self.buffer.add(node, i, ev, version, r.entry)
+            entry = self.buffer.add(node, i, ev, version, r.entry or self._first_entry(r))
             vec = r.vec[:i] + (kleene_start(ev, node.agg_slots, node.keep_events),)
             self._arrive_inside(node, vec, entry, version, r.first_ts, r.first_pos, r.key, r.born, fresh, accepted)
             return
@@ -882,13 +955,26 @@ class Runtime:
         if not node.waits and self.merging_run is None:  # a last component: no run goes on, no entry is made
             self._complete(node, vec, None, version, r.first_ts, r.key, r.born, accepted, ev, r.entry)
             return
-        entry = self.buffer.add(node, i, ev, version, r.entry)
+        entry = self.buffer.add(node, i, ev, version, r.entry or self._first_entry(r))
         if node.accepts:
             self._complete(node, vec, entry, version, r.first_ts, r.key, r.born, accepted)
         if node.waits:
             nxt = vec + (None,)
             for wait in node.waits.values():
                 fresh.append(Run(wait, nxt, entry, version, r.first_ts, r.first_pos, r.key, r.born))
+
+    @staticmethod
+    def bound(r: Run) -> list[tuple[int, Event]]:
+        """The (unit, event) pairs run ``r`` has bound, oldest first."""
+        return MatchBuffer.extract(r.entry, r.version) if r.entry is not None else [(0, r.vec[0])]
+
+    @staticmethod
+    def _first_entry(r: Run) -> Entry:
+        """The buffer entry of a run that has none: it has bound only its first event (a single one, ``vec[0]``).
+        Made when a later event needs it as a predecessor, outside the buffer's stacks (their entries are in
+        stream order), and kept by the run (so the runs that go on from it share it)."""
+        e = r.entry = MatchBuffer.first_entry(r.vec[0], r.version)
+        return e
 
     def _take(self, node: Node, r: Run, version: Version, ev: Event, fresh: list[Run], accepted: list) -> None:
         entry = self.buffer.add(node, node.index, ev, version, r.entry)
@@ -899,7 +985,7 @@ class Runtime:
     def _arrive_inside(self, node: Node, vec: tuple, entry, version: Version, first_ts: float, first_pos: int,
                        key: Any, born: int, fresh: list[Run], accepted: list) -> None:
         ptick = self.pticks[node.partition_by].get(key, 0) if node.partition_by in self.pticks else 0
-        fresh.append(Run(node.inside, vec + (None,), entry, version, first_ts, first_pos, key, born, self.tick, ptick))
+        fresh.append(FullRun(node.inside, vec + (None,), entry, version, first_ts, first_pos, key, born, self.tick, ptick))
         if node.accepts and self._final_ok(node, vec):
             self._complete(node, vec, entry, version, first_ts, key, born, accepted)
 
@@ -908,7 +994,8 @@ class Runtime:
         """A run bound the last component of the queries accepting at ``node``: post-process per query.
 
         ``entry`` None (not for a merged run): ``ev`` after ``pred`` ends the run, with no buffer entry of its own
-        (nothing can ever walk back from it): a match reads its bindings up to ``pred`` and adds ``ev``.
+        (nothing can ever walk back from it): a match reads its bindings up to ``pred`` and adds ``ev`` (``pred``
+        None: the run had bound only its first event, ``vec[0]``, see :meth:`_start`).
         """
         merged = self.merging_run
         if merged is not None:  # a merged run's step: once per run it stands for (yfpp.run_merging)
@@ -940,7 +1027,7 @@ class Runtime:
                     continue
             if binds is None:
                 if entry is None:
-                    binds = MatchBuffer.extract(pred, version)
+                    binds = MatchBuffer.extract(pred, version) if pred is not None else [(0, vec[0])]
                     binds.append((node.index, ev))
                 else:
                     binds = MatchBuffer.extract(entry, version)
@@ -955,29 +1042,42 @@ class Runtime:
         """The match dict of ``plan`` for ``binds``; ``shared`` keeps the seq lists per variable names for the other
         queries completing on the same binds (each match gets its own copies)."""
         names = plan.var_names
-        got = shared.get(names)
-        if got is None:
-            lists: list[list[int | str]] = [[] for _ in names]
+        match_id, singles, emit = self._makers[plan]
+        if singles:  # one event per variable, in order: no lists to share
+            seqs = {}
             ints = True
-            for unit, e in binds:
+            for name, (_, e) in zip(names, binds):
                 s = e.seq
                 if type(s) is not int:
                     ints = False
-                lists[unit].append(s)
-            shared[names] = (lists, ints)
-            seqs = dict(zip(names, lists))
+                seqs[name] = [s]
         else:
-            lists, ints = got
-            seqs = dict(zip(names, map(list, lists)))
-        m = {"query": plan.name, "id": self._match_ids[plan](seqs, ints), "bindings": seqs,
+            got = shared.get(names)
+            if got is None:
+                lists: list[list[int | str]] = [[] for _ in names]
+                ints = True
+                for unit, e in binds:
+                    s = e.seq
+                    if type(s) is not int:
+                        ints = False
+                    lists[unit].append(s)
+                shared[names] = (lists, ints)
+                seqs = dict(zip(names, lists))
+            else:
+                lists, ints = got
+                seqs = dict(zip(names, map(list, lists)))
+        m = {"query": plan.name, "id": match_id(seqs, ints), "bindings": seqs,
              "start": binds[0][1].ts, "end": binds[-1][1].ts}
-        if plan.emit is not None:
-            etype, attrs = plan.emit
+        if emit is not None:
             values = {}
-            for k, g in attrs:
-                v = g(None, vec)
+            for k, g, read in emit[1]:
+                if read is None:
+                    v = g(None, vec)
+                else:  # g, inline: a bound single event's attribute
+                    x = vec[read[0]]
+                    v = MISSING if x is None else x.attrs.get(read[1], MISSING)
                 values[k] = None if v is MISSING else v
-            m["emit"] = {"type": etype, "attrs": values}
+            m["emit"] = {"type": emit[0], "attrs": values}
         if self.full_events:
             events: dict[str, list[dict]] = {v: [] for v in names}
             for unit, e in binds:
@@ -1057,6 +1157,26 @@ def _accepting_below(node: Node) -> list[QueryPlan]:
     return out
 
 
+def _maker(plan: QueryPlan) -> tuple:
+    """How ``plan``'s matches are built (``Runtime._match``): its match-id function, whether every positive
+    component binds one event, and its RETURN as (type, ((attribute, getter, (slot, attr) the getter reads
+    from a bound single event or None), …)) or None."""
+    emit = None
+    if plan.emit is not None:
+        etype, attrs = plan.emit
+        emit = (etype, tuple((k, g, getattr(g, "slot_attr", None)) for k, g in attrs))
+    return match_id_of(plan.name, plan.var_names), not any(spec.kleene for spec in plan.specs), emit
+
+
+def _holds(states: dict[State, list[Run]] | None, root: Node) -> bool:
+    """Do ``states`` (of one key) include a state of ``root``'s branch?"""
+    if states:
+        for st in states:
+            if st.node.root is root:
+                return True
+    return False
+
+
 def _may_need(rt: Runtime, store: CandidateStore, ek: Any) -> bool:
     """Can a run stored now (before the event) ever use a candidate of ``store`` with key ``ek``?
 
@@ -1071,11 +1191,8 @@ def _may_need(rt: Runtime, store: CandidateStore, ek: Any) -> bool:
     attrs = store.partition_by
     if not attrs:
         return True
-    states = rt.keyed[attrs].get(ek)
-    if states:
-        for st in states:
-            if st.node.root is root:
-                return True
+    if _holds(rt.keyed[attrs].get(ek), root):
+        return True
     for st in rt.strict:
         if st.node.root is root:
             return True
