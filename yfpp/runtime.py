@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import Counter
 from itertools import count
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from yfpp.caps import check_buffer_caps, shed
 from yfpp.deadlines import Deadlines, Pending
@@ -1135,26 +1135,23 @@ def _ignores(c: Contiguity, moved: bool, ek: Any, rkey: Any) -> bool:
     return False
 
 
-def _wait_states_below(root: Node) -> list[State]:
-    """The wait states of ``root``'s branch."""
-    out: list[State] = []
-    stack = [root]
+def _nodes_below(node: Node) -> Iterator[Node]:
+    """``node`` and every node of its branch below it."""
+    stack = [node]
     while stack:
         n = stack.pop()
-        out.extend(n.waits.values())
+        yield n
         stack.extend(n.children.values())
-    return out
+
+
+def _wait_states_below(root: Node) -> list[State]:
+    """The wait states of ``root``'s branch."""
+    return [st for n in _nodes_below(root) for st in n.waits.values()]
 
 
 def _accepting_below(node: Node) -> list[QueryPlan]:
     """The queries accepting at ``node`` or below it."""
-    out: list[QueryPlan] = []
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        out.extend(n.accepts)
-        stack.extend(n.children.values())
-    return out
+    return [plan for n in _nodes_below(node) for plan in n.accepts]
 
 
 def _maker(plan: QueryPlan) -> tuple:
