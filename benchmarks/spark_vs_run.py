@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import shlex
 import subprocess
@@ -170,7 +171,8 @@ def main() -> int:
                 load = os.getloadavg()[0]
                 out = tmp / f"{w}.{plan}.spark"
                 wall, cpu, err = timed(py + ["spark", *qa, "-i", str(path), "-o", str(out), "--plan", plan, *spark_opts])
-                start = next((ln.split()[4] for ln in err.splitlines() if ln.strip().startswith("start JVM + session")), "")
+                start = next((re.match(r"\s*start JVM \+ session(?: \(.*?\))?\s+(\S+)", ln).group(1)
+                              for ln in err.splitlines() if ln.strip().startswith("start JVM + session")), "")
                 rows.append((w, f"yfpp spark --master {args.master} --plan {plan}", wall, cpu, ids(out / "matches.jsonl"),
                              load, start))
                 print(f"{w}: yfpp spark --plan {plan} {wall:.1f} s, {cpu:.1f} CPU s\n{err[err.find('plan '):]}",

@@ -6,13 +6,16 @@ import argparse
 import json
 import os
 import re
+import signal
 import sys
+import threading
 import time
 from typing import Any
 
 from yfpp.errors import YfppError
 from yfpp.feedback import MAX_DEPTH, MAX_DERIVED
 from yfpp.spark.inputs import PLANS, qualify
+from yfpp.spark.starting import StartingSession
 from yfpp.pattern import Pattern
 from yfpp.query_text import load_patterns
 
@@ -93,16 +96,20 @@ def load(query_args: list[str]) -> list[tuple[str, Pattern]]:
 
 
 def cmd_spark(args: argparse.Namespace) -> int:
-    queries = load(args.query)
+    """Check the arguments, start the JVM and session — in the background while the queries are read
+    and checked, the two sharing the cores — and run the batch or streaming job."""
     if not args.input and not (args.stream and args.socket):
         raise YfppError("give an input with -i (or --stream --socket HOST:PORT)")
-    from yfpp.spark.plan import effective_queries, group_queries
-
-    group_queries(effective_queries(queries, args.policy), streaming=args.stream)  # refuses unsupported feedback before Spark starts
     if args.max_feedback_depth < 1 or args.max_derived < 1:
         raise YfppError("--max-feedback-depth and --max-derived must be at least 1")
     if args.partitions is not None and args.partitions < 1:
         raise YfppError("--partitions must be at least 1")
+    confs = []
+    for kv in args.conf:
+        key, eq, value = kv.partition("=")
+        if not eq or not key:
+            raise YfppError(f"--conf takes KEY=VALUE, not {kv!r}")
+        confs.append((key.strip(), value))
     try:
         from pyspark.sql import SparkSession
     except ImportError as e:
@@ -114,7 +121,7 @@ def cmd_spark(args: argparse.Namespace) -> int:
     from yfpp.spark.costs import ClassArchive, process_age, tree_cpu_by_kind
 
     started, cpu = time.perf_counter(), tree_cpu_by_kind()
-    driver_start = ("driver: start, imports, queries", process_age(), {"driver": time.process_time()})
+    driver_start = ("driver: start, imports", process_age(), {"driver": time.process_time()})
     archive = ClassArchive(class_archive(args, new_jvm=SparkContext._gateway is None))
     builder = SparkSession.builder.appName("yfpp").config("spark.ui.showConsoleProgress", "false")  # counters on stderr
     # a JVM this command starts (not spark-submit's, nor a borrowed session's): cheap to start; --conf overrides
@@ -125,19 +132,32 @@ def cmd_spark(args: argparse.Namespace) -> int:
             builder = builder.config(f"spark.executorEnv.YFPP_{cap.upper()}", str(getattr(args, cap)))
     if args.master:
         builder = builder.master(args.master)
-    for kv in args.conf:
-        key, eq, value = kv.partition("=")
-        if not eq or not key:
-            raise YfppError(f"--conf takes KEY=VALUE, not {kv!r}")
-        builder = builder.config(key.strip(), value)
+    for key, value in confs:
+        builder = builder.config(key, value)
     if args.partitions:
         builder = builder.config("spark.sql.shuffle.partitions", str(args.partitions))
+    starting = StartingSession(builder) if owned else None  # a new JVM: started while the queries are read
+    try:
+        queries = load(args.query)
+        from yfpp.spark.plan import effective_queries, group_queries
+
+        queries = effective_queries(queries, args.policy)  # validated and compiled once: the job reuses them
+        group_queries(queries, streaming=args.stream)  # refuses unsupported feedback before the job
+    except BaseException:
+        if starting is not None:  # the JVM is not left running: killed, its messages dropped
+            starting.cancel()
+            archive.finish(SparkContext)
+        raise
+    queries_wall = time.perf_counter() - started
     # a borrowed session gets its SQL options back afterwards (getOrCreate sets them on it)
-    keys = [kv.partition("=")[0].strip() for kv in args.conf] + ["spark.sql.shuffle.partitions"]
+    keys = [key for key, _ in confs] + ["spark.sql.shuffle.partitions"]
     saved = {} if owned else {k: active.conf.get(k, None) for k in keys if active.conf.isModifiable(k)}
-    spark = builder.getOrCreate()
+    spark = starting.result() if starting is not None else builder.getOrCreate()
     start_cpu = {k: v - cpu.get(k, 0.0) for k, v in tree_cpu_by_kind().items()}
-    args.before_steps = [driver_start, ("start JVM + session", time.perf_counter() - started, start_cpu)] if owned else []
+    args.before_steps = [driver_start, (f"start JVM + session (queries {queries_wall:.2f} s alongside)",
+                                        time.perf_counter() - started, start_cpu)] if owned else []
+    if owned:
+        cancel_on_interrupt(spark.sparkContext)
     if not args.partitions and not spark.sparkContext.getConf().contains("spark.sql.shuffle.partitions"):
         spark.conf.set("spark.sql.shuffle.partitions", str(2 * spark.sparkContext.defaultParallelism))
     try:
@@ -159,6 +179,21 @@ def cmd_spark(args: argparse.Namespace) -> int:
                 spark.conf.unset(k)
             else:
                 spark.conf.set(k, v)
+
+
+def cancel_on_interrupt(sc: Any) -> None:
+    """Ctrl-C cancels the running Spark jobs and raises KeyboardInterrupt — what SparkContext sets up
+    itself when it is created on the main thread, not on :class:`StartingSession`'s."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        try:
+            sc.cancelAllJobs()
+        finally:
+            raise KeyboardInterrupt()
+
+    signal.signal(signal.SIGINT, handler)
 
 
 def class_archive(args: argparse.Namespace, new_jvm: bool) -> str | None:

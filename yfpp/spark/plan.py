@@ -47,21 +47,32 @@ Query = tuple[Any, Pattern]  # (name — or the engine's id for an unnamed query
 _PARSER = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False, huge_tree=False)
 
 
+class EffectiveQueries(list):
+    """The ``[(name, pattern)]`` :func:`effective_queries` returns, with the ``policy`` it applied: given to
+    it again (the same policy, or none), it is returned as it is — validated and compiled once per job."""
+
+    def __init__(self, items: Iterable[Query], policy: str | None):
+        super().__init__(items)
+        self.policy = policy
+
+
 def effective_queries(queries: Mapping[str, str | Pattern] | Iterable[str | Pattern | tuple[str, str | Pattern]],
-                      policy: str | None = None) -> list[Query]:
+                      policy: str | None = None) -> EffectiveQueries:
     """``[(name, pattern)]``, validated and compiled once here (errors surface on the driver).
 
     ``queries`` is a mapping name → query, or a sequence of queries or
     ``(name, query)`` pairs; an unnamed query is named by its position, as
     :meth:`Engine.register` names it by its id. ``policy`` overrides every query's.
     """
+    if isinstance(queries, EffectiveQueries) and policy in (None, queries.policy):
+        return queries
     items = queries.items() if isinstance(queries, Mapping) else queries
     engine = Engine(policy=policy)
     for item in items:
         name, query = item if isinstance(item, tuple) else (None, item)
         engine.register(query, name=name)
     plans = {**engine.queries, **{qid: m.plan for qid, m in engine.set_queries.items()}}
-    return [(plans[qid].name, plans[qid].pattern) for qid in sorted(plans)]
+    return EffectiveQueries(((plans[qid].name, plans[qid].pattern) for qid in sorted(plans)), policy)
 
 
 def spark_key(p: Pattern) -> tuple[str, ...]:

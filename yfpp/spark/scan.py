@@ -26,20 +26,20 @@ from typing import Any, Callable, Iterator, Sequence
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.pandas.types import from_arrow_schema
 
 from yfpp.dead_letters import DeadLetters
 from yfpp.engine import Engine, event_raw
 from yfpp.events import MISSING, PSEUDO_ATTRS, Event
 from yfpp.feedback import MAX_DEPTH, MAX_DERIVED
 from yfpp.readers import read_event_batches
-from yfpp.spark.batch import _ARROW_SCHEMA, _ID_ARROW_SCHEMA, ID_MATCH_SCHEMA, MATCH_SCHEMA, _batch
+from yfpp.spark.batch import _ARROW_SCHEMA, _ID_ARROW_SCHEMA, _batch
 from yfpp.spark.inputs import local_path
 from yfpp.spark.plan import Group, Slicing, effective_queries, group_queries, match_row, rare_collections
 from yfpp.spark.read import split_offsets
 
 #: The dead-letter columns after the match columns (``dead_seq`` is the record's seq).
-DEAD_COLUMNS = ", dead_seq bigint, position string, reason string, raw string"
-_DEAD_ARROW = [("dead_seq", pa.int64()), ("position", pa.string()), ("reason", pa.string()), ("raw", pa.string())]
+DEAD_COLUMNS = [("dead_seq", pa.int64()), ("position", pa.string()), ("reason", pa.string()), ("raw", pa.string())]
 #: A sliced group's slices span at least this many windows (the overlap read twice is 1/SLICE_WINDOWS) …
 SLICE_WINDOWS = 4
 #: … and at least the time span of the stream's first SLICE_EVENTS events, or SLICE_EVENTS_PER_QUERY
@@ -61,9 +61,9 @@ def scan_match(spark: SparkSession, queries: Any, files: Sequence[str], *, singl
     ids_as_text = any(p.feedback for g in groups for _, p in g.queries)
     inputs = scan_inputs(files, single)
     reading = {"format": format, "ts_field": ts_field, "ts_unit": ts_unit}
-    schema = (ID_MATCH_SCHEMA if ids_as_text else MATCH_SCHEMA) + DEAD_COLUMNS
     run = _scanner(groups, inputs, reading, tasks, ids_as_text, slice_events)
-    return spark.range(tasks, numPartitions=tasks).mapInArrow(run, schema)
+    # the schema as a StructType, not DDL text: no first use of Spark's SQL parser (0.2–0.3 JVM CPU-s)
+    return spark.range(tasks, numPartitions=tasks).mapInArrow(run, from_arrow_schema(_arrow_schema(ids_as_text)))
 
 
 def scan_inputs(files: Sequence[str], single: bool) -> list[tuple[str, str]]:
@@ -73,12 +73,16 @@ def scan_inputs(files: Sequence[str], single: bool) -> list[tuple[str, str]]:
     return [(local_path(f), prefix) for f, prefix in zip(files, prefixes)]
 
 
+def _arrow_schema(ids_as_text: bool) -> pa.Schema:
+    """The scan rows' columns: a match's (bindings as text with feedback queries), then :data:`DEAD_COLUMNS`."""
+    return pa.schema(list(_ID_ARROW_SCHEMA if ids_as_text else _ARROW_SCHEMA) + [pa.field(k, t) for k, t in DEAD_COLUMNS])
+
+
 def _scanner(groups: list[Group], inputs: list[tuple[str, str]], reading: dict[str, Any], n: int,
              ids_as_text: bool, slice_events: int | None) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The mapInArrow function: for each task number it is given, :func:`scan_task`'s rows as Arrow batches."""
 
-    base = _ID_ARROW_SCHEMA if ids_as_text else _ARROW_SCHEMA
-    schema = pa.schema(list(base) + [pa.field(k, t) for k, t in _DEAD_ARROW])
+    schema = _arrow_schema(ids_as_text)
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for rb in batches:
