@@ -183,6 +183,11 @@ def feed(spark, tmp_path_factory) -> tuple[Path, Counter]:
     files = split_feed(records, d / "all", 3)
     with files[1].open("a") as f:
         f.write("not json\n")  # a dead letter: line 302 of file 1, seq 301 + 301
+    # a stream takes files in order of modification time: make it the names' order (the append above made
+    # file 1 newer than file 2 whenever the clock ticked in between; copytree keeps these times)
+    base = files[0].stat().st_mtime
+    for i, f in enumerate(files):
+        os.utime(f, (base + i, base + i))
     return d / "all", lines(match(spark, STREAM_QUERIES, read_events_df(spark, d / "all")).select("json"))
 
 
