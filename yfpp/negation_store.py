@@ -40,6 +40,15 @@ class CandidateStore:
         self.buckets: dict[Any, tuple[list[int], list[Event]]] = {}
         self.users = 0
 
+    def hold(self, key: Any, tick: int, ev: Event) -> None:
+        """Keep ``ev`` (at stream position ``tick``) as a candidate for the runs of ``key``."""
+        bucket = self.buckets.get(key)
+        if bucket is None:
+            self.buckets[key] = ([tick], [ev])
+        else:
+            bucket[0].append(tick)
+            bucket[1].append(ev)
+
 
 class NegationStores:
     """Every registered negation by the event type it tests, and the shared candidate stores of middle ones.

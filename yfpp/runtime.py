@@ -372,12 +372,7 @@ class Runtime:
         else:
             keep = True
         if keep:
-            b = store.buckets.get(ek)
-            if b is None:
-                store.buckets[ek] = ([tick], [ev])
-            else:
-                b[0].append(tick)
-                b[1].append(ev)
+            store.hold(ek, tick, ev)
         if tick >= self._next_check:  # (_done)
             self._periodic(tick)
         return out
@@ -609,12 +604,7 @@ class Runtime:
                 cnt.runs_touched += n_touched
             if negated:
                 for store, ek in negated:  # the negation candidates: into their shared stores
-                    b = store.buckets.get(ek)
-                    if b is None:
-                        store.buckets[ek] = ([tick], [ev])
-                    else:
-                        b[0].append(tick)
-                        b[1].append(ev)
+                    store.hold(ek, tick, ev)
             if kills:
                 for p in kills:
                     p.killed = True
