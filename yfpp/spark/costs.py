@@ -196,16 +196,17 @@ class Steps:
 
     def report(self) -> list[str]:
         """The ``--stats`` lines: per step its wall time and CPU (driver, JVM, Python workers), then its stages."""
-        lines = ["time per step:                    wall s   CPU s: driver    JVM  Python workers",
+        width = max([32] + [len(name) for name, _, _ in self.rows])  # the step names' column
+        lines = [f"{'time per step:':<{width + 3}}{'wall s':>6}   CPU s: driver    JVM  Python workers",
                  "      stage  tasks  task run s  task JVM CPU s"]
         total: dict[str, float] = {}
         for name, wall, cpu in self.rows:
-            lines.append(f"  {name:<32} {wall:>6.2f}  {_kinds(cpu)}")
+            lines.append(f"  {name:<{width}} {wall:>6.2f}  {_kinds(cpu)}")
             lines += [f"  {'':<4} {s['stage']:>5}  {s['tasks']:>5}  {s['run']:>10.2f}  {s['cpu']:>14.2f}"
                       for s in self.stages(name)]
             for k, v in cpu.items():
                 total[k] = total.get(k, 0.0) + v
-        lines.append(f"  {'all steps':<32} {sum(r[1] for r in self.rows):>6.2f}  {_kinds(total)}")
+        lines.append(f"  {'all steps':<{width}} {sum(r[1] for r in self.rows):>6.2f}  {_kinds(total)}")
         lines.append(f"process CPU s (driver + JVM + Python workers on this machine)  {tree_cpu_seconds():.1f}")
         return lines
 
