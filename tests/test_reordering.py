@@ -142,19 +142,28 @@ def disordered(draw, events: list[Event]) -> list[tuple[str, object]]:
     return out
 
 
-def _fed(pats, steps, max_delay: float, checked: bool) -> tuple:
-    """The outputs of ``steps``, each event through ``Engine.process`` or (``checked``) straight through the checked
-    path that ``process`` takes when its fast path does not apply."""
+def _fed(pats, steps, max_delay: float, how: str) -> tuple:
+    """The outputs of ``steps``, each event through ``Engine.process``, (``checked``) straight through the checked
+    path that ``process`` takes when its fast path does not apply, or (``batch``) the events between two
+    ``advance_time`` calls in one ``Engine.process_batch``."""
     sink = io.StringIO()
     eng = Engine(max_delay=max_delay, dead_letters=DeadLetters(sink))
     for i, p in enumerate(pats):
         eng.register(p, name=f"q{i}")
-    out = []
-    for kind, x in steps:
+    out: list[dict] = []
+    batch: list[Event] = []
+    for kind, x in [*steps, ("end", None)]:
         if kind == "event":
             ev = Event(x.type, x.ts, dict(x.attrs), x.seq)
-            out += eng._in_order(ev) if checked else eng.process(ev)
-        else:
+            if how == "batch":
+                batch.append(ev)
+            else:
+                out += eng._in_order(ev) if how == "checked" else eng.process(ev)
+            continue
+        if batch:
+            eng.process_batch(batch, out)
+            batch = []
+        if kind == "advance":
             out += eng.advance_time(x)
     out += eng.flush()
     return out, sink.getvalue(), eng._mark, eng._next_seq
@@ -164,6 +173,9 @@ def _fed(pats, steps, max_delay: float, checked: bool) -> tuple:
 @given(st.data(), st.lists(patterns(), min_size=1, max_size=2), streams(max_events=12), st.sampled_from([0, 0, 2]))
 def test_process_fast_path_agrees_with_the_checked_path(data, pats, events, max_delay):
     """Late, repeated, unassigned and derived-like seqs, equal and int timestamps, advance_time between events:
-    the same matches, dead letters, watermark and next seq whether or not ``process`` takes its fast path."""
+    the same matches, dead letters, watermark and next seq whether or not ``process`` takes its fast path, and
+    whether the events go one by one or in batches (``process_batch``)."""
     steps = data.draw(disordered(events))
-    assert _fed(pats, steps, max_delay, False) == _fed(pats, steps, max_delay, True)
+    one_by_one = _fed(pats, steps, max_delay, "process")
+    assert one_by_one == _fed(pats, steps, max_delay, "checked")
+    assert one_by_one == _fed(pats, steps, max_delay, "batch")

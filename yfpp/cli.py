@@ -328,17 +328,18 @@ def write_matches(engine: Engine, batches: Iterable[list[Event]], out: MatchWrit
     each batch's types and attribute names.
     """
     n = 0
-    write, process = out.write, engine.process
+    write, process = out.write, engine.process_batch
     every = checkpoint[1] if checkpoint else 0
     for batch in batches:
         if vocabulary is not None:
             vocabulary.note(batch)
         for part in _parts(batch, n, every):
-            for ev in part:
-                found = process(ev)
-                if found:  # most events complete no match: no iterator for them
-                    for m in found:
-                        write(m)
+            found: list[dict] = []
+            try:
+                process(part, found)
+            finally:  # (Ctrl-C included: the matches of the events processed so far are written)
+                for m in found:
+                    write(m)
             n += len(part)
             if every and n % every == 0:
                 from yfpp.checkpoint import write_checkpoint

@@ -206,6 +206,41 @@ class Engine:
             return self._in_order(ev)
         raise YfppError(f"process() takes an Event or a mapping, not {type(event).__name__}")
 
+    def process_batch(self, events: Iterable[Event | Mapping[str, Any]], out: list[dict]) -> list[dict]:
+        """:meth:`process` of each event in turn, their matches appended to ``out`` (returned), in order.
+
+        The same results as one ``process`` call per event, for less: an event that takes ``process``'s
+        fast path goes to the runtime from this loop, with no call of ``process`` between.  Matches are
+        appended as each event completes them, so what ``out`` holds when an exception (Ctrl-C) escapes
+        is every match of the events processed before it.
+        """
+        one, process, append = self._one, self.process, out.append
+        direct = self._direct
+        for event in events:
+            if type(event) is Event:  # process's fast path, inline (a subclass or a mapping takes process)
+                ts = event.ts
+                seq = event.seq
+                etype = event.type
+                if (type(ts) is float and ts - ts == 0.0 and type(seq) is int and seq >= self._next_seq
+                        and type(etype) is str and etype and direct):
+                    mark_ts = self._mark_ts
+                    if ts > mark_ts or (ts == mark_ts and seq > self._mark_sk):
+                        self._next_seq = seq + 1
+                        self._mark_ts = ts
+                        self._mark_sk = seq
+                        found = one(event)
+                        if found:
+                            for m in found:
+                                append(m)
+                        continue
+                found = self._in_order(event)
+            else:
+                found = process(event)
+            if found:
+                for m in found:
+                    append(m)
+        return out
+
     def _in_order(self, ev: Event) -> list[dict]:
         """:meth:`process` of an Event the fast path did not take: checked, given a seq, reported if late, held
         for reordering or passed on."""
