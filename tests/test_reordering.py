@@ -7,6 +7,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -179,3 +180,33 @@ def test_process_fast_path_agrees_with_the_checked_path(data, pats, events, max_
     one_by_one = _fed(pats, steps, max_delay, "process")
     assert one_by_one == _fed(pats, steps, max_delay, "checked")
     assert one_by_one == _fed(pats, steps, max_delay, "batch")
+
+
+def test_process_batch_left_by_ctrl_c_keeps_the_matches_so_far_and_the_watermark():
+    """An exception that escapes the runtime (Ctrl-C) in the middle of a batch: ``out`` holds the matches of the
+    events before it and the watermark is where one ``process`` call per event would have left it; the stream
+    then goes on as it would have."""
+    feed = [("shelf", 1, 1), ("exit", 2, 1), ("shelf", 3, 2), ("boom", 4, 0), ("exit", 5, 2), ("exit", 3, 2)]
+
+    def fed(batched: bool) -> tuple:
+        eng = Engine(dead_letters=DeadLetters(io.StringIO()))
+        eng.register("PATTERN SEQ(shelf a, exit c) WHERE [tag_id] WITHIN 1 hour", name="q")
+
+        def boom(*_):
+            raise KeyboardInterrupt
+
+        eng.runtime._route("boom").step = boom
+        events = [Event(t, float(ts), {"tag_id": k}, i) for i, (t, ts, k) in enumerate(feed)]
+        out: list[dict] = []
+        with pytest.raises(KeyboardInterrupt):
+            if batched:
+                eng.process_batch(events, out)
+            else:
+                for ev in events:
+                    out += eng.process(ev)
+        state = ([m["bindings"] for m in out], eng._mark, eng._next_seq)
+        rest: list[dict] = []
+        eng.process_batch(events[4:], rest)
+        return state, [m["bindings"] for m in rest]
+
+    assert fed(True) == fed(False) == (([{"a": [0], "c": [1]}], (4.0, 3), 4), [{"a": [2], "c": [4]}])
