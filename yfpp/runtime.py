@@ -287,7 +287,9 @@ class Runtime:
                 states = self.unkeyed
             for p in node.begin:
                 if not p(ev, _ROOT_VEC):
-                    return self._done(tick, out)
+                    if tick >= self._next_check:  # (_done, inline: the common end of a query that never matches)
+                        self._periodic(tick)
+                    return out
             r = Run(wait, (ev, None), None, (next(self._roots),), ev.ts, tick, ek, tick)  # (no entry: see _start)
         except BaseException as exc:
             return self._failed(ev, exc, out)
@@ -333,7 +335,9 @@ class Runtime:
         store, _, ends = route.negs[0]
         root = store.root
         if not root.live:
-            return self._done(tick, out)
+            if tick >= self._next_check:  # (_done, inline: the common end of a candidate with no run to end)
+                self._periodic(tick)
+            return out
         attrs = store.partition_by
         try:
             if attrs:
