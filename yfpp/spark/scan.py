@@ -179,12 +179,10 @@ class _Share:
 
     def run(self, eng: Engine, events: list[Event], out: list[tuple]) -> None:
         """Feed ``events`` to ``eng``, keeping its matches."""
-        process, keep = eng.process, self.keep
         self.rows += len(events)
-        for ev in map(_copy, events) if self.copies else events:
-            ms = process(ev)
-            if ms:
-                keep(ms, out)
+        ms: list[dict] = []
+        eng.process_batch(list(map(_copy, events)) if self.copies else events, ms)
+        self.keep(ms, out)
 
     def feed(self, events: list[Event], out: list[tuple]) -> None:
         raise NotImplementedError
