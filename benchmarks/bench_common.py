@@ -1,9 +1,13 @@
-"""Helpers the benchmark scripts share: the commit measured, GC time, short paths."""
+"""Helpers the benchmark scripts share: the commit measured, GC time, instruction counts, short paths."""
 
 from __future__ import annotations
 
 import gc
+import os
+import re
 import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -47,3 +51,17 @@ def short_path(path: str) -> str:
         return str(p.resolve().relative_to(ROOT))
     except ValueError:
         return p.name
+
+
+def callgrind_instructions(args: list[str], cwd: str, pythonpath: str) -> int:
+    """Instructions ``valgrind --tool=callgrind`` counts for ``python ARGS…`` run in ``cwd`` with ``PYTHONPATH``
+    (and ``PYTHONHASHSEED=0``): deterministic, so a shared machine's load does not move it."""
+    with tempfile.TemporaryDirectory(prefix="yfpp-callgrind-") as tmp:
+        out = Path(tmp) / "cg.out"
+        env = {**os.environ, "PYTHONPATH": pythonpath, "PYTHONHASHSEED": "0"}
+        proc = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, *args],
+                              cwd=cwd, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"callgrind failed in {cwd}:\n{proc.stderr[-2000:]}")
+        m = re.search(r"^summary:\s+(\d+)", out.read_text(), re.M) or re.search(r"^totals:\s+(\d+)", out.read_text(), re.M)
+        return int(m.group(1))

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -30,7 +29,7 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
 
-from bench_common import ROOT, commit  # noqa: E402
+from bench_common import ROOT, callgrind_instructions, commit  # noqa: E402
 from hotpath_benchmark import NEVER, QUERY, extract, feed  # noqa: E402
 
 LOOP = """
@@ -58,18 +57,7 @@ print(best, len(events))
 
 def instructions(tree: str, path: Path, n: int, query: str, passes: int) -> int:
     """Instructions callgrind counts for the loop script with ``passes`` passes."""
-    with tempfile.TemporaryDirectory(prefix="yfpp-callgrind-") as tmp:
-        out = Path(tmp) / "cg.out"
-        env = {**os.environ, "PYTHONPATH": tree, "PYTHONHASHSEED": "0"}
-        proc = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, "-c",
-                               LOOP, str(path), str(n), query, str(passes)],
-                              cwd=tree, env=env, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise SystemExit(f"callgrind failed in {tree}:\n{proc.stderr[-2000:]}")
-        m = re.search(r"^summary:\s+(\d+)", out.read_text(), re.M)
-        if m is None:
-            m = re.search(r"^totals:\s+(\d+)", out.read_text(), re.M)
-        return int(m.group(1))
+    return callgrind_instructions(["-c", LOOP, str(path), str(n), query, str(passes)], tree, tree)
 
 
 def cpu_per_event(tree: str, path: Path, n: int, query: str) -> float:

@@ -25,7 +25,11 @@ Feeds: ``generate_rfid(EVENTS, seed=1)`` as JSON lines and as XML, written once 
   does nothing with the events (the whole process: start-up and imports included, like parse only);
 * engine only — µs per event of ``Engine.process`` over pre-built events (read before timing) for a
   query that never matches (shoplifting with a zone no event has), and for shoplifting itself;
-* the outputs of both trees compared byte for byte (``--no-check`` skips it).
+* the outputs of both trees compared byte for byte (``--no-check`` skips it);
+* with ``--instructions``, for XML: instructions per event (callgrind) of the whole ``yfpp run`` of each tree,
+  of parse only and of parse and read — each process on a 150,000-event feed minus the same on a 50,000-event
+  one, divided by the 100,000 events between: start-up cancels out, and the figures do not move with the
+  machine's load (CPU seconds on a shared machine do).
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
 
-from bench_common import ROOT, commit  # noqa: E402
+from bench_common import ROOT, callgrind_instructions, commit  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "data"
 QUERY = "queries/shoplifting.sase"
@@ -150,6 +154,26 @@ def engine_only(path: Path, tree: str, events: int, query: str) -> float:
     return float(cpu) / int(n) * 1e6
 
 
+def instructions_per_event(args_for, tree: str, pythonpath: str) -> float:
+    """Instructions per event of ``python ARGS`` (``args_for(feed)``): on the 150,000-event XML feed minus on the
+    50,000-event one, over the 100,000 events between."""
+    small, large = (callgrind_instructions(args_for(feed(n, "xml")), tree, pythonpath) for n in (50_000, 150_000))
+    return (large - small) / 100_000
+
+
+def instruction_table(trees: dict[str, str]) -> None:
+    """Instructions per event of each tree's ``yfpp run`` and of the two XML parse baselines, and their ratios."""
+    parse = {name: instructions_per_event(lambda path, code=code: ["-c", f"PATH = {str(path)!r}\n" + code],
+                                          str(ROOT), str(ROOT))
+             for name, code in (("parse only", PARSE_ONLY["xml"]), ("parse and read", PARSE_AND_READ_XML))}
+    runs = {label: instructions_per_event(lambda path: run_cmd(path)[1:], tree, tree) for label, tree in trees.items()}
+    print()
+    print("XML, instructions per event (callgrind, 150,000-event feed minus 50,000-event feed):")
+    table(["process", "instructions / event", "/ parse only", "/ parse and read"],
+          [[name, f"{n:,.0f}", f"{n / parse['parse only']:.2f}", f"{n / parse['parse and read']:.2f}"]
+           for name, n in [*parse.items(), *((f"yfpp run, {label}", n) for label, n in runs.items())]])
+
+
 def table(header: list[str], rows: list[list[str]]) -> None:
     """Print a Markdown table after a blank line."""
     print()
@@ -165,6 +189,7 @@ def main() -> None:
     ap.add_argument("--formats", nargs="+", default=["jsonl", "xml"], choices=["jsonl", "xml"])
     ap.add_argument("--engine-events", type=int, default=200_000, help="events of the engine-only loop")
     ap.add_argument("--no-check", action="store_true", help="skip comparing the two trees' outputs")
+    ap.add_argument("--instructions", action="store_true", help="also count instructions per XML event (valgrind)")
     args = ap.parse_args()
     feeds = {fmt: feed(args.events, fmt) for fmt in args.formats}
     with tempfile.TemporaryDirectory(prefix="yfpp-baseline-") as tmp:
@@ -221,6 +246,8 @@ def main() -> None:
                     us = engine_only(path, trees[label], args.engine_events, query)
                     figures[label] = min(us, figures.get(label, us))
             print(f"  {what:<14} " + "  ".join(f"{label}: {us:.2f}" for label, us in figures.items()))
+        if args.instructions:
+            instruction_table(trees)
 
 
 if __name__ == "__main__":
