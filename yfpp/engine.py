@@ -214,31 +214,26 @@ class Engine:
         appended as each event completes them, so what ``out`` holds when an exception (Ctrl-C) escapes
         is every match of the events processed before it.
         """
-        one, process, append = self._one, self.process, out.append
+        one, process, extend = self._one, self.process, out.extend
         direct = self._direct
         for event in events:
-            if type(event) is Event:  # process's fast path, inline (a subclass or a mapping takes process)
+            if type(event) is not Event:  # (a subclass or a mapping takes process)
+                found = process(event)
+            else:  # process's fast path, inline: the same test, the watermark moved before the runtime's step
                 ts = event.ts
                 seq = event.seq
                 etype = event.type
                 if (type(ts) is float and ts - ts == 0.0 and type(seq) is int and seq >= self._next_seq
-                        and type(etype) is str and etype and direct):
-                    mark_ts = self._mark_ts
-                    if ts > mark_ts or (ts == mark_ts and seq > self._mark_sk):
-                        self._next_seq = seq + 1
-                        self._mark_ts = ts
-                        self._mark_sk = seq
-                        found = one(event)
-                        if found:
-                            for m in found:
-                                append(m)
-                        continue
-                found = self._in_order(event)
-            else:
-                found = process(event)
+                        and type(etype) is str and etype and direct
+                        and (ts > self._mark_ts or (ts == self._mark_ts and seq > self._mark_sk))):
+                    self._next_seq = seq + 1
+                    self._mark_ts = ts
+                    self._mark_sk = seq
+                    found = one(event)
+                else:
+                    found = self._in_order(event)
             if found:
-                for m in found:
-                    append(m)
+                extend(found)
         return out
 
     def _in_order(self, ev: Event) -> list[dict]:
