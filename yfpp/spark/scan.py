@@ -181,7 +181,7 @@ class _Share:
         """Feed ``events`` to ``eng``, keeping its matches."""
         self.rows += len(events)
         ms: list[dict] = []
-        eng.process_batch(list(map(_copy, events)) if self.copies else events, ms)
+        eng.process_batch(map(_copy, events) if self.copies else events, ms)
         self.keep(ms, out)
 
     def feed(self, events: list[Event], out: list[tuple]) -> None:
