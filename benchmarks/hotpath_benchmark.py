@@ -119,9 +119,14 @@ def extract(rev: str, into: str) -> str:
     return into
 
 
+def bytecode_env() -> dict[str, str]:
+    """This process's environment without ``PYTHONDONTWRITEBYTECODE``: children use (and write) cached bytecode."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
 def child_cpu(cmd: list[str], tree: str, stdout=subprocess.DEVNULL) -> tuple[float, str]:
     """CPU seconds (user + system) of the child process running ``cmd`` against ``tree``; its stdout if piped."""
-    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}, "PYTHONPATH": tree}
+    env = {**bytecode_env(), "PYTHONPATH": tree}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(cmd, cwd=tree, env=env, stdout=stdout, stderr=subprocess.PIPE, text=True)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -197,7 +202,7 @@ def main() -> None:
         labels = list(trees)
         for tree in trees.values():  # bytecode cached, as installed
             subprocess.run([sys.executable, "-m", "compileall", "-q", "yfpp", "xpath_ext"], cwd=tree, check=True,
-                           env={k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"})
+                           env=bytecode_env())
         print(f"baseline {args.baseline}, working tree at {commit()}; {args.events:,} events; "
               f"{args.rounds} rounds, best round kept; CPU seconds of the whole process")
         if not args.no_check:
