@@ -154,7 +154,7 @@ def _set_preds(draw, v: Component, others: list[Component]) -> list:
 
 @st.composite
 def set_patterns(draw, max_vars: int = 4, types=TYPES) -> Pattern:
-    """Event-set patterns (SPEC §2.5): 1–3 sets of 1–4 variables in all, a window, maybe [k],
+    """Event-set patterns (docs/event_sets.md): 1–3 sets of 1–4 variables in all, a window, maybe [k],
     maybe a negation between two sets or after the last one, any of the policies."""
     n_vars = draw(st.integers(1, max_vars))
     n_blocks = draw(st.integers(1, min(3, n_vars)))

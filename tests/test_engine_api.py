@@ -1,4 +1,4 @@
-"""The Engine API (SPEC §6): registration, stream order, late events, pruning."""
+"""The Engine API (README, "Python API"): registration, stream order, late events, pruning."""
 
 from __future__ import annotations
 

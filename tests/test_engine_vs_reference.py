@@ -88,7 +88,7 @@ def test_consecutive_negations_match_reference(pattern, events):
 
 
 def test_consecutive_negations_in_both_languages():
-    """SPEC §2.3: no B and no C between a and d (SASE+ `~B b, ~C c`, XPath `!B//!C`)."""
+    """docs/semantics.md §5: no B and no C between a and d (SASE+ `~B b, ~C c`, XPath `!B//!C`)."""
     feed = [("A", 0), ("B", 1), ("D", 2), ("A", 3), ("C", 4), ("D", 5), ("A", 6), ("X", 7), ("D", 8)]
     events = [Event(t, ts, {}, seq) for seq, (t, ts) in enumerate(feed)]
     for text in ("PATTERN SEQ(A a, ~B b, ~C c, D d)", "//A//!B//!C//D"):

@@ -1,4 +1,4 @@
-"""Event-set patterns (SPEC §2.5): the engine's strategies agree with the reference on generated cases."""
+"""Event-set patterns (docs/event_sets.md): the engine's strategies agree with the reference on generated cases."""
 
 from __future__ import annotations
 

@@ -159,7 +159,7 @@ def test_a_block_parsed_at_once_reads_as_its_lines_one_by_one(monkeypatch, lines
         assert read_all(data, trickle, ts_unit=unit) == bulk
 
 
-# ------------------------------------------------------------------ overflow in predicates (SPEC §2.2)
+# ------------------------------------------------------------------ overflow in predicates (docs/semantics.md §4)
 
 HUGE = int("9" * 309)
 

@@ -1,4 +1,4 @@
-"""Streaming readers, dead letters and the XML element of JSON events (SPEC §1)."""
+"""Streaming readers, dead letters and the XML element of JSON events (docs/semantics.md §1)."""
 
 from __future__ import annotations
 

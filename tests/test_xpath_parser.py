@@ -158,7 +158,7 @@ def test_shoplifting_file() -> None:
 
 
 def test_table2_q3_q4_negations_are_vacuous() -> None:
-    """Under SPEC §3.2 the step after the negation is reached by `/`: adjacent."""
+    """Under docs/semantics.md §9 the step after the negation is reached by `/`: adjacent."""
     for query in ("[id]/a/!b/c", "[id]/a//!b/c"):
         assert parse_xpath(query).positives == parse_xpath("[id]/a/c").positives
 

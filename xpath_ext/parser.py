@@ -1,4 +1,4 @@
-"""Extended XPath (YFilter++, SPEC §3.2) → :class:`yfpp.pattern.Pattern`.
+"""Extended XPath (YFilter++, docs/semantics.md §9) → :class:`yfpp.pattern.Pattern`.
 
 ``[tag_id]&&//shelf//!register//exit&&(12 hours)`` compiles to::
 
@@ -8,7 +8,7 @@
   ``n1, n2, …`` in order.
 - Every component's contiguity is its own step's axis: ``//`` →
   skip_till_any; ``/`` → partition with an equivalence list, else strict.
-  The first step's axis constrains nothing (SPEC: the engine ignores the
+  The first step's axis constrains nothing (docs/semantics.md §9: the engine ignores the
   first component's contiguity).  A negated step's axis is irrelevant: the
   next positive step's axis joins it to the previous positive step, so a
   negation before a ``/`` step is vacuous (the two are adjacent).

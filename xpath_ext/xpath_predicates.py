@@ -1,4 +1,4 @@
-"""XPath 2.0 predicates on an event's element (SPEC §3.2), compiled once.
+"""XPath 2.0 predicates on an event's element (docs/semantics.md §9), compiled once.
 
 :func:`compile_xpath_test` parses the bracket text with elementpath and
 returns ``event -> bool``, the predicate's truth on ``event.element`` (the

@@ -1,4 +1,4 @@
-"""The dead-letter output: records the engine could not use (SPEC §1).
+"""The dead-letter output: records the engine could not use (docs/semantics.md §1).
 
 Readers report malformed records here, the engine reports late events. A report is
 counted (``count``, and ``by_reason`` keyed by the reason's category: the text

@@ -1,4 +1,4 @@
-"""The embedded engine (SPEC §6): register queries, push events, get matches.
+"""The embedded engine (README, "Python API"): register queries, push events, get matches.
 
 ``Engine`` owns stream order: it assigns ``seq`` to events that have none,
 reorders within ``max_delay`` (default 0: no reordering) and reports late

@@ -82,7 +82,7 @@ def _shown(line: str, column: int) -> tuple[str, str]:
 
 
 class PatternError(QueryError):
-    """A pattern that is well-formed text but not a valid pattern (SPEC §2)."""
+    """A pattern that is well-formed text but not a valid pattern (docs/semantics.md §2–5)."""
 
 
 class QuerySyntaxError(QueryError):

@@ -1,4 +1,4 @@
-"""Event-set patterns (SPEC §2.5; Cadonna, Gamper, Böhlen, "Efficient event
+"""Event-set patterns (docs/event_sets.md; Cadonna, Gamper, Böhlen, "Efficient event
 pattern matching with match windows", Definitions 1–6) — see docs/event_sets.md.
 
 A set pattern ``⟨B1, …, Bk⟩`` with duration τ matches per Definition 2: each
@@ -119,7 +119,7 @@ class SetPlan:
 
 @dataclass(frozen=True)
 class SetNegation:
-    """``~n`` between sets ``after`` and ``after + 1``: no such event between them (SPEC §2.3)."""
+    """``~n`` between sets ``after`` and ``after + 1``: no such event between them (docs/semantics.md §5)."""
 
     after: int
     event_type: str | None
@@ -494,7 +494,7 @@ def keeps(plan: SetPlan, ev: Event, bits: int) -> bool:
 
 
 def to_match(plan: SetPlan, binding: Binding) -> dict:
-    """A match in the SPEC §5 form."""
+    """A match in the docs/semantics.md §10 form."""
     seqs = {v: [e.seq for e in events] for v, events in zip(plan.vars, binding)}
     flat = [e for events in binding for e in events]
     first = min(flat, key=lambda e: e.pos)
@@ -555,7 +555,7 @@ def _pos(e: Event) -> int:
 
 
 def rank(binding: Binding) -> tuple:
-    """SPEC §2.4's order among matches completing together: by their events' stream positions."""
+    """docs/semantics.md §6's order among matches completing together: by their events' stream positions."""
     flat = sorted(e.pos for events in binding for e in events)
     return (flat, [[e.pos for e in events] for events in binding])
 

@@ -1,4 +1,4 @@
-"""The event type of the hot path (SPEC §1)."""
+"""The event type of the hot path (docs/semantics.md §1)."""
 
 from __future__ import annotations
 

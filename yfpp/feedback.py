@@ -12,7 +12,7 @@ next input event:
   its derived events, so those can still witness later deadlines' negations);
 * **order** — breadth first: the derived events of one completing event go
   in query registration order, then match order (the bound events' stream
-  positions, SPEC §2.4's tie-break), and each is processed in turn, its own
+  positions, docs/semantics.md §6's tie-break), and each is processed in turn, its own
   derived events queued behind;
 * **identity** — a derived event's ``seq`` is the id of the match that built
   it (16 hex digits, a string: it cannot collide with an input position, and

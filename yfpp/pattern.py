@@ -1,4 +1,4 @@
-"""Pattern IR (SPEC §2): the plain data both query languages compile to.
+"""Pattern IR (docs/semantics.md §2–5): the plain data both query languages compile to.
 
 A :class:`Pattern` is a sequence of :class:`Component` s plus global WHERE
 conjuncts, an equivalence list, a window and an output policy.  Predicates
@@ -17,7 +17,7 @@ from yfpp.query_limits import MAX_COMPONENTS, line_column
 
 
 class Contiguity(str, Enum):
-    """Event selection strategy between two positive components (SPEC §2)."""
+    """Event selection strategy between two positive components (docs/semantics.md §2–5)."""
 
     STRICT = "strict"
     PARTITION = "partition"
@@ -179,7 +179,7 @@ class Component:
     kind: Kind = Kind.SINGLE
     contiguity: Contiguity = Contiguity.SKIP_TILL_NEXT
     inner_contiguity: Contiguity | None = None
-    #: Event sets (SPEC §2.5): consecutive components with the same ``set_id``
+    #: Event sets (docs/event_sets.md): consecutive components with the same ``set_id``
     #: form one set; a pattern with any ``set_id`` is an event-set pattern.
     set_id: int | None = None
 
@@ -219,7 +219,7 @@ class Pattern:
 
     @property
     def has_sets(self) -> bool:
-        """An event-set pattern (SPEC §2.5), matched by Definition 2 of the match-windows paper."""
+        """An event-set pattern (docs/event_sets.md), matched by Definition 2 of the match-windows paper."""
         return any(c.set_id is not None for c in self.components)
 
     @property
@@ -241,7 +241,7 @@ class Pattern:
         raise PatternError(f"unknown variable {var!r}")
 
     def validate(self) -> "Pattern":
-        """Check the structural rules of SPEC §2; raise :class:`PatternError` (placed in ``source``)."""
+        """Check the structural rules of docs/semantics.md §2–5; raise :class:`PatternError` (placed in ``source``)."""
         try:
             validate(self)
         except PatternError as err:

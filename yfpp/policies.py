@@ -1,4 +1,4 @@
-"""Selection policies among matches completing on the same event (SPEC §2.4).
+"""Selection policies among matches completing on the same event (docs/semantics.md §6).
 
 ``all`` (the default) emits every match.  ``non_overlapping`` emits, per query
 and key, the first match in the order of :func:`overlap_rank` and drops every
@@ -60,7 +60,7 @@ def _discard(rt: Runtime, plan: QueryPlan, key: Any, fresh: list[Run]) -> None:
 
 
 def overlap_rank(n_vars: int, binds: list[tuple[int, Event]]) -> tuple:
-    """SPEC §2.4's order among matches completing together, by stream position (binds are in stream order)."""
+    """docs/semantics.md §6's order among matches completing together, by stream position (binds are in stream order)."""
     flat = [e.pos for _, e in binds]
     lists: list[list[int]] = [[] for _ in range(n_vars)]
     for unit, e in binds:

@@ -10,7 +10,7 @@ Each conjunct is compiled once, for the place the compiler put it:
   unbound.  Aggregates live in :class:`KleeneState` and are updated
   incrementally on every take; nothing is recomputed from the buffer.
 
-Value semantics (SPEC §2.2): a missing attribute, a type mismatch, a division
+Value semantics (docs/semantics.md §4): a missing attribute, a type mismatch, a division
 by zero, an overflow (a huge integer meeting a float, a float result that is
 not finite — in arithmetic, ``sum`` and ``avg``) yields ``MISSING``; any comparison with ``MISSING`` is false, so
 ``NOT`` of it is true.  Numbers are int/float (bool is not a number).
@@ -53,7 +53,7 @@ def is_number(v: Any) -> bool:
     return (type(v) is int or type(v) is float) and v == v  # NaN compares false anyway
 
 
-# --- comparison and arithmetic with SPEC §2.2 semantics ------------------------
+# --- comparison and arithmetic with docs/semantics.md §4 semantics ------------------------
 
 _CMP = {"=": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 

@@ -1,4 +1,4 @@
-"""Streaming event readers for XML and JSON lines (SPEC §1): sources, formats, the public functions.
+"""Streaming event readers for XML and JSON lines (docs/semantics.md §1): sources, formats, the public functions.
 
 Common to both readers:
 

@@ -1,10 +1,10 @@
-"""A deliberately simple reference evaluator of SPEC §2 — the test oracle.
+"""A deliberately simple reference evaluator of docs/semantics.md §2–5 — the test oracle.
 
 It shares nothing with the engine but the pattern IR: every run is an
 explicit object holding its bound events and the events it ignored, every
 run sees every event, predicates are interpreted from the tree against the
 bindings, negation is a filter on finished matches and ``non_overlapping``
-a pass over all of them.  Slow on purpose; read it next to SPEC §2.
+a pass over all of them.  Slow on purpose; read it next to docs/semantics.md §2–5.
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ def holds(expr: Expr, env: Env) -> bool:
     return value(expr, env) is True
 
 
-# --- which conjuncts apply where (SPEC §2.2) ---------------------------------------------
+# --- which conjuncts apply where (docs/semantics.md §4) ---------------------------------------------
 
 
 def _kleene_use(conj: Expr, var: str) -> str:
@@ -332,7 +332,7 @@ class Reference:
             runs = nxt
         return done
 
-    # --- negation (SPEC §2.3) and output policy (SPEC §2.4) ---------------------------
+    # --- negation (docs/semantics.md §5) and output policy (docs/semantics.md §6) ---------------------------
 
     def violates(self, binds: dict[str, list[Event]], events: list[Event]) -> bool:
         comps = self.p.components

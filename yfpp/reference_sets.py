@@ -1,4 +1,4 @@
-"""The reference evaluator of event-set patterns (SPEC §2.5) — a test oracle.
+"""The reference evaluator of event-set patterns (docs/event_sets.md) — a test oracle.
 
 Definition 2 of the match-windows paper, read literally: try every way of
 giving each event in stream order to one variable or to none, keep the
@@ -57,7 +57,7 @@ def _substitutions(p: Pattern, events: list[Event]) -> list[dict[str, list[Event
 def _holds_everywhere(p: Pattern, binds: dict[str, list[Event]]) -> bool:
     """Condition 1: a property (one variable, each of its events) holds for every event of its
     variable; prev(v.x) for every two consecutive events of v; any other conjunct with each
-    comparison ∀ over Kleene events (SPEC §2.2)."""
+    comparison ∀ over Kleene events (docs/semantics.md §4)."""
     kleene = {c.var for c in p.positives if c.kind is Kind.KLEENE}
     negated = {c.var for c in p.components if not c.positive}
     for conj in p.where:
@@ -84,7 +84,7 @@ def _holds_everywhere(p: Pattern, binds: dict[str, list[Event]]) -> bool:
 
 
 def _witnessed(p: Pattern, binds: dict[str, list[Event]], events: list[Event]) -> bool:
-    """SPEC §2.3 between sets: an event after the last of the set before ~n and before the
+    """docs/semantics.md §5 between sets: an event after the last of the set before ~n and before the
     first of the set after it (after the last set: within τ of the match's first event), of n's
     type, in the match's partition, satisfying n's conjuncts."""
     kleene = {c.var for c in p.positives if c.kind is Kind.KLEENE}

@@ -1,4 +1,4 @@
-"""SASE+ front end (SPEC §3.1): query text → :class:`yfpp.pattern.Pattern`.
+"""SASE+ front end (docs/semantics.md §8): query text → :class:`yfpp.pattern.Pattern`.
 
 The grammar (``sase_grammar.lark``) is parsed with lark's LALR parser and the
 tree is turned into the IR by a :class:`lark.Transformer`; no text is ever
@@ -8,7 +8,7 @@ evaluated.  Documented extensions beyond the SIGMOD 2008 syntax:
 * ``RETURN name`` without parentheses emits an event with no attributes;
 * ``RETURN name(…) FEEDBACK`` routes the result event back into the stream
   (``yfpp.feedback``);
-* ``{A a, B+ b[]}`` is an event set (SPEC §2.5, docs/event_sets.md) and
+* ``{A a, B+ b[]}`` is an event set (docs/event_sets.md) and
   ``prev(b.x)`` means ``b[i-1].x``; ``OUTPUT earliest_maximal`` keeps the
   match-windows paper's earliest and maximal matches of a set pattern;
 * several strategy calls mix strategies, e.g.

@@ -1,4 +1,4 @@
-"""Window units shared by both query languages (SPEC §3.1): name → seconds."""
+"""Window units shared by both query languages (docs/semantics.md §8): name → seconds."""
 
 from __future__ import annotations
 

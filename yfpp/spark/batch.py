@@ -121,8 +121,8 @@ def match(spark: SparkSession, queries: Any, events_df: DataFrame, *, policy: st
     """The matches of ``queries`` over ``events_df`` (see :func:`events_only`), one row per match.
 
     Columns: ``query``, ``bindings`` (variable → seq numbers, pattern order),
-    ``start``, ``end``, ``emit`` (a JSON object or null) and ``json`` (the SPEC
-    §5 line). ``queries``: as :func:`yfpp.spark.plan.effective_queries`.
+    ``start``, ``end``, ``emit`` (a JSON object or null) and ``json`` (the
+    line ``yfpp run`` prints). ``queries``: as :func:`yfpp.spark.plan.effective_queries`.
     ``partitions``: shuffle partitions (default ``spark.sql.shuffle.partitions``).
     ``full_events``: each match's ``json`` also lists its bound events in full
     (``"events"``, as ``yfpp run --events`` writes them). ``feedback_limits``: the engines'

@@ -27,7 +27,7 @@ examples:
   yfpp spark --stream -q queries/shoplifting.sase -i incoming/ -o out/ --checkpoint ck/
   yfpp spark --stream -q "[tag_id]//shelf//exit(1 h)" --socket localhost:9999 -o out/
 
-output (OUTDIR): matches.jsonl/ (SPEC §5 lines), matches.parquet/ (query, bindings map<string,
+output (OUTDIR): matches.jsonl/ (the lines yfpp run prints), matches.parquet/ (query, bindings map<string,
 array<bigint>>, start, end, emit), dead_letters.jsonl/; streaming writes a batch=N folder per micro-batch.
 """
 

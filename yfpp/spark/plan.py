@@ -309,7 +309,7 @@ def make_event(type: str, ts: float, seq: int, attrs: str, xml: str | None) -> E
 
 
 def match_row(m: dict, ids_as_text: bool = False) -> tuple:
-    """``(query, bindings, start, end, emit JSON, SPEC §5 JSON line)``; ``ids_as_text``: seq numbers as strings."""
+    """``(query, bindings, start, end, emit JSON, docs/semantics.md §10 JSON line)``; ``ids_as_text``: seq numbers as strings."""
     emit = m.get("emit")
     binds = {v: [str(s) for s in ids] for v, ids in m["bindings"].items()} if ids_as_text else m["bindings"]
     return (str(m["query"]), binds, m["start"], m["end"],
