@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("fastapi", reason="the service needs pip install 'yfpp[serve]'")
+pytest.importorskip("fastapi", reason="the service needs pip install -e '.[serve]' in yfpp's clone")
 
 from tests.service_helpers import TIMEOUT, LineListener, jsonl, send, wait_for  # noqa: E402
 from yfpp.engine import Engine  # noqa: E402
@@ -354,6 +354,20 @@ def test_config_file_and_flag_errors(tmp_path):
         err = subprocess.run([sys.executable, "-m", "yfpp.cli", "serve", "--port", str(port), "--no-state"],
                              env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=30)
     assert err.returncode == 2 and err.stderr.startswith(f"yfpp: error: cannot listen on 127.0.0.1:{port}")
+
+
+def test_every_setting_is_a_flag_of_yfpp_serve():
+    """docs/service.md: every setting is a flag and a TOML key; each flag's value reaches the config."""
+    import dataclasses
+
+    from yfpp.cli import build_parser
+    from yfpp.service.cli import serve_config
+
+    args = build_parser().parse_args(["serve"])
+    assert [f.name for f in dataclasses.fields(ServiceConfig) if not hasattr(args, f.name)] == []
+    args = build_parser().parse_args(["serve", "--max-body-bytes", "5", "--max-feed-connections", "3", "--no-state"])
+    cfg = serve_config(args)
+    assert (cfg.max_body_bytes, cfg.max_feed_connections, cfg.state, cfg.port) == (5, 3, None, 8765)
 
 
 def test_input_files_are_read_at_start_for_the_stored_subscriptions(tmp_path, listeners):

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 from typing import Any
 
 from yfpp.errors import YfppError
 from yfpp.query_text import load_queries
+from yfpp.service.config import ServiceConfig
 
 SERVE_EXAMPLES = """\
 examples:
@@ -33,7 +35,7 @@ def add_parsers(sub: Any) -> None:
     s = sub.add_parser("serve", help="run the subscription service (HTTP API, TCP feeds, per-subscription sinks)",
                        description="One long-running engine: subscriptions over HTTP, events from TCP feeds, files or "
                                    "POST /events, each subscription's results to its own sink. See docs/service.md. "
-                                   "Needs pip install 'yfpp[serve]'.",
+                                   "Needs pip install -e '.[serve]' in yfpp's clone.",
                        epilog=SERVE_EXAMPLES, formatter_class=fmt)
     s.add_argument("--config", metavar="FILE", help="TOML file of settings (keys as the options, with _); flags win")
     s.add_argument("--host", help="address to bind (default 127.0.0.1)")
@@ -56,6 +58,8 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--token", help="bearer token required by the API (default: $YFPP_TOKEN, else none)")
     s.add_argument("--max-subscriptions", type=int, help="default 10000")
     s.add_argument("--max-query-chars", type=int, help="default 65536")
+    s.add_argument("--max-body-bytes", type=int, help="largest POST /events body (default 16777216)")
+    s.add_argument("--max-feed-connections", type=int, help="TCP feed connections at once, per port (default 64)")
     s.add_argument("--queue-size", type=int, help="default per-subscription result queue (default 10000)")
     s.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="default info")
     s.set_defaults(func=cmd_serve)
@@ -87,19 +91,21 @@ def add_parsers(sub: Any) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     try:
         from yfpp.service import logs, server
-        from yfpp.service.config import ServiceConfig
     except ImportError as e:
-        raise YfppError(f"'yfpp serve' needs the server libraries: pip install 'yfpp[serve]' ({e})") from e
-    keys = ("host", "port", "xml_port", "jsonl_port", "inputs", "input_format", "ts_field", "ts_unit", "max_delay",
-            "advance_idle", "state", "checkpoint_every", "dead_letters", "token", "max_subscriptions",
-            "max_query_chars", "queue_size", "log_level")
-    overrides = {k: getattr(args, k) for k in keys}
+        raise YfppError(f"'yfpp serve' needs the server libraries: pip install -e '.[serve]' in yfpp's clone ({e})") from e
+    cfg = serve_config(args)
+    logs.setup(cfg.log_level)
+    return server.run(cfg)
+
+
+def serve_config(args: argparse.Namespace) -> ServiceConfig:
+    """The settings of ``yfpp serve ARGS``: defaults, then ``--config``'s file, then the flags (one per setting)."""
+    overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(ServiceConfig)}
     overrides["token"] = overrides["token"] or os.environ.get("YFPP_TOKEN")
     cfg = ServiceConfig.load(args.config, overrides)
     if args.no_state:
         cfg.state = None
-    logs.setup(cfg.log_level)
-    return server.run(cfg)
+    return cfg
 
 
 def cmd_subscribe(args: argparse.Namespace) -> int:
