@@ -36,6 +36,13 @@ def test_bad_ts_unit(capsys):
     assert_one_error(code, err, "unknown --ts-unit 'seconds'", "expected one of s, ms, us, ns, min, h")
 
 
+def test_a_set_policy_on_an_ordinary_query_says_what_it_is_for(capsys):
+    code, out, err = run(capsys, "run", "-q", SHOPLIFTING, "-i", SAMPLE, "--policy", "earliest_maximal")
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert err.startswith("yfpp: error: query 'shoplifting'")
+    assert "the earliest_maximal output policy is for event-set queries only" in err
+
+
 @pytest.mark.parametrize("option, what", [("-o", "output"), ("--dead-letters", "dead-letter file"), ("--stats-json", "stats file")])
 def test_output_paths_in_a_missing_directory(tmp_path, capsys, option, what):
     target = tmp_path / "missing" / "x.jsonl"

@@ -123,7 +123,7 @@ def test_sase_and_xpath_set_patterns_are_the_same_ir():
         ("PATTERN SEQ({C c, P p}, ~X x) WITHIN 3 RETURN y(a = c.a) FEEDBACK", "a feedback event-set query cannot end in a negation"),
         ("PATTERN SEQ({C c, P p}, B b) WITHIN 3 OUTPUT earliest_maximal RETURN y(a = c.a) FEEDBACK", "cannot use earliest_maximal"),
         ("PATTERN SEQ({C c, P p}, ~X x) WITHIN 3 OUTPUT non_overlapping", "trailing negation cannot be combined with the non_overlapping"),
-        ("PATTERN SEQ(C c, B b) WITHIN 3 OUTPUT earliest_maximal", "unknown output policy 'earliest_maximal'"),
+        ("PATTERN SEQ(C c, B b) WITHIN 3 OUTPUT earliest_maximal", "the earliest_maximal output policy is for event-set queries only"),
         ("PATTERN SEQ({C c, P+ p[]}, B b) WHERE sum(p[..i-1].x) > 1 WITHIN 3", "is not defined in an event-set pattern"),
         ("//{C, !P}//B(3)", "line 1, column 7: a negated step cannot be inside an event set"),
         ("//{C, P}/B(3)", "line 1, column 9: an event-set path joins its steps with '//'"),

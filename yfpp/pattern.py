@@ -293,6 +293,9 @@ def validate(p: Pattern) -> None:
             raise PatternError("a trailing negation cannot be combined with the non_overlapping policy", var=last.var)
     if p.has_sets:
         validate_sets(p)
+    elif p.policy in SET_POLICIES and p.policy not in POLICIES:
+        raise PatternError(f"the {p.policy} output policy is for event-set queries only (docs/event_sets.md); "
+                           f"this query takes {' or '.join(POLICIES)}")
     elif p.policy not in POLICIES:
         raise PatternError(f"unknown output policy {p.policy!r} (expected one of {', '.join(POLICIES)})")
     if p.window is not None and not p.window >= 0:
