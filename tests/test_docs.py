@@ -1,6 +1,6 @@
 """Docs that cannot drift: every ``console`` and ``python`` block of README.md and docs/*.md runs here.
 
-The convention (docs/contributing section of README.md):
+The convention (README.md, "Documentation that runs"):
 
 * a fenced block with info string ``console`` holds lines starting with ``$ ``,
   each run from the repository root by ``bash`` (PYTHONPATH = the repository,

@@ -1,4 +1,4 @@
-"""yfpp on PySpark (``pip install 'yfpp[spark]'``; see docs/spark.md).
+"""yfpp on PySpark (``pip install -e '.[spark]'`` in yfpp's clone; see docs/spark.md).
 
 * :func:`read_events_df` — XML / JSON-lines files as an event DataFrame with global seq numbers;
 * :func:`match` — the matches of queries over an event DataFrame (batch);

@@ -38,7 +38,7 @@ def add_parser(sub: Any) -> None:
         "spark",
         help="match queries on PySpark (batch or streaming)",
         description="The 'run' job on PySpark: partitioned by the queries' equivalence keys, "
-                    "time-sliced otherwise; the same matches as 'yfpp run'. Needs pip install 'yfpp[spark]'.",
+                    "time-sliced otherwise; the same matches as 'yfpp run'. Needs pip install -e '.[spark]' in yfpp's clone.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -67,7 +67,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--table", help="batch: also save the matches' columns as this table (saveAsTable)")
     p.add_argument("--partition-by", action="append", default=[], metavar="COLUMN",
                    help="batch: partition matches.parquet (and --table) by this column, e.g. query; repeatable")
-    p.add_argument("--stats", action="store_true", help="batch: print the rows, engines and seconds of every matching task")
+    p.add_argument("--stats", action="store_true", help="batch: also print the plan, the rows, engines and seconds of every matching "
+                        "task, and the time per step (docs/spark.md, 'Where the time goes')")
     p.add_argument("--plan", choices=PLANS, default="auto",
                    help="batch: 'scan' — every task reads the whole input itself and matches its share, no shuffle "
                         "(local files only); 'shuffle' — the input read once, split, shuffled to the tasks; "
@@ -78,7 +79,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--class-archive", metavar="FILE", default="off",
                    help="a class-data-sharing archive for the driver JVM this command starts: written when the first "
                         "run's JVM exits (that run is several times slower), used by later runs (about half the "
-                        "JVM's start-up CPU; ~200 MB); 'auto': one cached under ~/.cache/yfpp per PySpark, Java and "
+                        "JVM's start-up CPU; about 180 MB); 'auto': one cached under ~/.cache/yfpp per PySpark, Java and "
                         "class path; 'off' (default): none (docs/spark.md)")
     p.add_argument("--stream", action="store_true", help="watch the input directory (or --socket) for new data")
     p.add_argument("--socket", metavar="HOST:PORT", help="stream: read lines from a socket (a demo source, not replayable)")
@@ -113,7 +114,7 @@ def cmd_spark(args: argparse.Namespace) -> int:
     try:
         from pyspark.sql import SparkSession
     except ImportError as e:
-        raise YfppError("yfpp spark needs PySpark: pip install 'yfpp[spark]'") from e
+        raise YfppError("yfpp spark needs PySpark: pip install -e '.[spark]' in yfpp's clone") from e
     from pyspark import SparkContext
 
     active = SparkSession.getActiveSession()
