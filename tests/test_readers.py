@@ -302,6 +302,19 @@ def test_dead_letters_file(tmp_path):
     assert len(path.read_text().splitlines()) == 2
 
 
+def test_dead_letters_file_takes_lone_surrogates_and_appends_when_asked(tmp_path):
+    path = tmp_path / "dead.jsonl"
+    with DeadLetters(path) as d:
+        d.report(0, "line 1", "late event: ts 5 < stream time 10", raw='{"x": "\ud800"}')
+    with DeadLetters(path, append=True) as d:  # the service's restart keeps what was reported
+        d.report(1, "line 2", "malformed record: bad JSON", raw="\udfff")
+    assert [json.loads(x)["raw"] for x in path.read_text(encoding="utf-8").splitlines()] == ['{"x": "\ud800"}', "\udfff"]
+    assert d.count == 1
+    with DeadLetters(path) as d:  # yfpp run --dead-letters FILE starts the file afresh
+        pass
+    assert path.read_text() == ""
+
+
 def test_element_for_json_event():
     [e] = jsonl('{"type": "shelf", "ts": 10, "tag_id": 7, "ok": false, "loc": {"x": 1.5}, "1x": "a", "a b": "c"}')
     el = e.element

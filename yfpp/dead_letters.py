@@ -18,15 +18,17 @@ from typing import TextIO
 class DeadLetters:
     """Counts reported records and writes them to ``out`` (a path or a text stream), if given.
 
-    A path is opened (and truncated) here and closed by :meth:`close`; a stream
-    passed in is flushed but never closed.
+    A path is opened here (truncated, or appended to with ``append``) and closed by :meth:`close`; a
+    stream passed in is flushed but never closed.
     """
 
-    def __init__(self, out: str | os.PathLike[str] | TextIO | None = None):
+    def __init__(self, out: str | os.PathLike[str] | TextIO | None = None, append: bool = False):
         self.count = 0
         self.by_reason: Counter[str] = Counter()
         self._owned = isinstance(out, (str, os.PathLike))
-        self._out: TextIO | None = open(out, "w", encoding="utf-8") if self._owned else out  # type: ignore[arg-type]
+        # backslashreplace: a lone surrogate in a record's text is written as its JSON escape (\ud800)
+        self._out: TextIO | None = (open(out, "a" if append else "w", encoding="utf-8", errors="backslashreplace")  # type: ignore[arg-type]
+                                    if self._owned else out)
 
     def report(self, seq: int, position: str, reason: str, raw: str | None = None) -> None:
         """Record one dead letter: its ``seq``, where it was (``"line 12"``), why, and its text."""
