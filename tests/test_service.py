@@ -24,7 +24,7 @@ from yfpp.errors import YfppError  # noqa: E402
 from yfpp.readers import read_events  # noqa: E402
 from yfpp.service.client import Client, ServiceError  # noqa: E402
 from yfpp.service.config import ServiceConfig  # noqa: E402
-from yfpp.service.server import BackgroundService  # noqa: E402
+from yfpp.service.server import BackgroundService, Service  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "yfpp" / "data" / "sample_rfid.jsonl"
@@ -207,6 +207,82 @@ def test_bad_requests_get_clear_errors(tmp_path):
         assert {"/subscriptions", "/subscriptions/{sid}", "/subscriptions/{sid}/matches", "/events"} <= set(api["paths"])
 
 
+def test_bodies_that_cannot_be_echoed_are_still_422_and_id_like_names_are_refused(tmp_path):
+    """FastAPI's own 422 echoes the input back: a lone surrogate or 1e400 made it a 500."""
+    with BackgroundService(config(tmp_path)) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        for body in (rb'{"query": "PATTERN SEQ(shelf a, exit c) \ud800"}', b'{"query": "PATTERN SEQ(e a)", "queue": 1e400}',
+                     b'{"query": NaN}', rb'{"query": "PATTERN SEQ(e a)", "sink": "file:/tmp/\udfff"}'):
+            with pytest.raises(ServiceError) as e:
+                c._request("POST", "/subscriptions", body)
+            assert e.value.status == 422 and e.value.body["detail"][0]["loc"][0] == "body", body
+        with pytest.raises(ServiceError) as e:  # s1, s2, … name the unnamed subscriptions
+            c.subscribe("PATTERN SEQ(e a)", name="s2")
+        assert e.value.status == 422 and "form of a subscription id" in json.dumps(e.value.body)
+        assert [c.subscribe("PATTERN SEQ(e a)")["id"] for _ in range(2)] == ["s1", "s2"]
+
+
+def test_gzip_bodies_are_held_to_the_body_limit_unpacked(tmp_path, listeners):
+    import gzip
+
+    out = listeners()
+    with BackgroundService(config(tmp_path, max_body_bytes=10_000)) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        c.subscribe("PATTERN SEQ(a x)", sink=out.url, name="x")
+        assert c.post_events(gzip.compress(b'{"type": "a", "ts": 1}\n')) == {"events": 1, "dead_letters": 0}
+        assert [r["start"] for r in map(json.loads, out.wait_lines(1))] == [1]
+        for body, status in ((gzip.compress(b"\n" * 10_001), 413), (gzip.compress(gzip.compress(b"\n")), 400),
+                             (gzip.compress(b'{"type": "a", "ts": 2}\n')[:-8], 400)):
+            with pytest.raises(ServiceError) as e:
+                c.post_events(body)
+            assert e.value.status == status
+        assert svc.events_in == 1  # the refused bodies were not read
+
+
+def test_a_name_taken_again_after_the_checkpoint_does_not_inherit_the_old_query(tmp_path, listeners):
+    """Restore keeps a checkpointed query by name only while it is the same query (else: a crash after
+    'delete x, add x with another query' would run the old query for the new subscription)."""
+    out = listeners()
+    cfg = config(tmp_path)
+    saved = tmp_path / "checkpoint-before"
+    with BackgroundService(cfg) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        old = c.subscribe("PATTERN SEQ(e a)", name="x")
+        assert svc.save_checkpoint()
+        saved.write_bytes((tmp_path / "state" / "engine-checkpoint.json").read_bytes())
+        c.unsubscribe(old["id"])
+        c.subscribe("PATTERN SEQ(f a)", name="x", sink=out.url)
+    (tmp_path / "state" / "engine-checkpoint.json").write_bytes(saved.read_bytes())  # as if it had crashed
+    records = [b'{"type": "e", "ts": 10}\n', b'{"type": "f", "ts": 11}\n']
+    with BackgroundService(cfg) as svc:
+        assert svc.restored
+        Client(f"http://127.0.0.1:{svc.port}").post_events(b"".join(records))
+        want = expected("PATTERN SEQ(f a)", "x", records)
+        out.wait_lines(len(want))
+    assert out.results() == want
+
+
+def test_a_damaged_registry_is_one_error_and_a_bad_stored_subscription_is_left_out(tmp_path):
+    import sqlite3
+
+    from yfpp.service.registry import Registry
+
+    cfg = config(tmp_path)
+    (tmp_path / "state").mkdir()
+    registry = Registry(str(tmp_path / "state" / "subscriptions.sqlite"))
+    for query in ("PATTERN SEQ(e a)", "PATTERN SEQ(f a)", "PATTERN SEQ(g a)"):
+        registry.add({"query": query})
+    registry.close()
+    with sqlite3.connect(tmp_path / "state" / "subscriptions.sqlite") as db:
+        db.execute("UPDATE subscriptions SET spec = 'not json' WHERE id = 's1'")
+        db.execute("""UPDATE subscriptions SET spec = '{"query": "PATTERN SEQ(f a)", "sink": "ftp://x"}' WHERE id = 's2'""")
+    with BackgroundService(cfg) as svc:
+        assert list(svc.subs) == ["s3"]
+    (tmp_path / "state" / "subscriptions.sqlite").write_bytes(b"garbage, not a database" * 100)
+    with pytest.raises(YfppError, match="subscription registry .*subscriptions.sqlite"):
+        Service(cfg)
+
+
 def test_bad_feeds_are_dead_letters_and_the_stream_goes_on(tmp_path, listeners):
     out = listeners()
     with BackgroundService(config(tmp_path)) as svc:
@@ -349,6 +425,14 @@ def test_config_file_and_flag_errors(tmp_path):
     toml.write_text('port = [\n')
     with pytest.raises(YfppError, match="s.toml"):
         ServiceConfig.load(str(toml), {})
+    for setting, message in (("ts_unit = 'bogus'", "unknown ts_unit 'bogus'"), ("host = 5", "host must be"),
+                             ("log_level = 'loud'", "log_level must be one of"), ("dead_letters = 7", "dead_letters must be"),
+                             ("input_format = 'csv'", "input_format must be one of")):
+        toml.write_text(setting + "\n")
+        with pytest.raises(YfppError, match=message):
+            ServiceConfig.load(str(toml), {})
+    with pytest.raises(YfppError, match="dead-letter file /nonexistent/"):
+        Service(config(tmp_path, dead_letters="/nonexistent/dead.jsonl"))
     with BackgroundService(config(tmp_path)) as svc:  # a busy port is one clear error, before anything starts
         port = svc.port
         err = subprocess.run([sys.executable, "-m", "yfpp.cli", "serve", "--port", str(port), "--no-state"],

@@ -7,19 +7,24 @@ FastAPI gives request validation through pydantic models and the OpenAPI page
 from __future__ import annotations
 
 import asyncio
+import gzip
 import hmac
+import io
 import json
+import zlib
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response, StreamingResponse
 
 from yfpp.service import metrics
 from yfpp.service.server import RequestError, Service
 from yfpp.service.subscriptions import SubscriptionSpec
 
 HEARTBEAT = 15.0  #: seconds between SSE keep-alive comments
+GZIP_MAGIC = b"\x1f\x8b"
 POLL = 0.5  #: how often a quiet pull stream checks that its subscription and the service are still there
 
 
@@ -46,9 +51,16 @@ def create_app(service: Service) -> FastAPI:
             raise RequestError(401, "missing or wrong bearer token (Authorization: Bearer TOKEN)")
 
     @app.exception_handler(RequestError)
-    async def request_error(request: Request, e: RequestError) -> JSONResponse:
+    async def request_error(request: Request, e: RequestError) -> Response:
         headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
-        return JSONResponse(e.body, status_code=e.status, headers=headers)
+        return _json_response(e.body, e.status, headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, e: RequestValidationError) -> Response:
+        """FastAPI's 422 without the offending input echoed back (a lone surrogate or 1e400 would make it a 500)."""
+        detail = [{"loc": [str(part) for part in err.get("loc", ())], "msg": str(err.get("msg", "")),
+                   "type": str(err.get("type", ""))} for err in e.errors()]
+        return _json_response({"detail": detail}, 422)
 
     guarded = [Depends(authorised)]
 
@@ -104,12 +116,13 @@ def create_app(service: Service) -> FastAPI:
         fmt = format or ("xml" if "xml" in request.headers.get("content-type", "") else "jsonl")
         if fmt not in ("xml", "jsonl"):
             raise RequestError(400, f"format must be xml or jsonl, got {fmt!r}")
+        limit = service.config.max_body_bytes
         body = bytearray()
         async for chunk in request.stream():
             body += chunk
-            if len(body) > service.config.max_body_bytes:
-                raise RequestError(413, f"body over {service.config.max_body_bytes} bytes; use a TCP feed for streams")
-        return await asyncio.to_thread(service.post_events, bytes(body), fmt)
+            if len(body) > limit:
+                raise RequestError(413, f"body over {limit} bytes; use a TCP feed for streams")
+        return await asyncio.to_thread(lambda: service.post_events(_unpacked(bytes(body), limit), fmt))
 
     @app.get("/health", summary="Liveness and a few figures")
     async def health() -> dict[str, Any]:
@@ -120,3 +133,26 @@ def create_app(service: Service) -> FastAPI:
         return Response(metrics.render(registry), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return app
+
+
+def _unpacked(body: bytes, limit: int) -> bytes:
+    """A gzip body unpacked, held to ``limit`` bytes unpacked too (a small bomb would otherwise stand for
+    gigabytes); any other body as it is."""
+    if body[:2] != GZIP_MAGIC:
+        return body
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(body)) as f:
+            data = f.read(limit + 1)
+    except (OSError, EOFError, zlib.error) as e:
+        raise RequestError(400, f"body: not a readable gzip stream ({e})") from e
+    if len(data) > limit:
+        raise RequestError(413, f"body over {limit} bytes unpacked; use a TCP feed for streams")
+    if data[:2] == GZIP_MAGIC:
+        raise RequestError(400, "body: gzip inside gzip")
+    return data
+
+
+def _json_response(body: dict[str, Any], status: int, headers: dict[str, str] | None = None) -> Response:
+    """A JSON error body that encodes whatever text it holds (non-ASCII escaped, so lone surrogates too)."""
+    return Response(json.dumps(body, ensure_ascii=True, default=str), status_code=status, headers=headers,
+                    media_type="application/json")

@@ -10,7 +10,7 @@ from typing import Any
 
 from yfpp.errors import YfppError
 from yfpp.query_text import load_queries
-from yfpp.service.config import ServiceConfig
+from yfpp.service.config import LOG_LEVELS, ServiceConfig
 
 SERVE_EXAMPLES = """\
 examples:
@@ -61,7 +61,7 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--max-body-bytes", type=int, help="largest POST /events body (default 16777216)")
     s.add_argument("--max-feed-connections", type=int, help="TCP feed connections at once, per port (default 64)")
     s.add_argument("--queue-size", type=int, help="default per-subscription result queue (default 10000)")
-    s.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="default info")
+    s.add_argument("--log-level", choices=LOG_LEVELS, help="default info")
     s.set_defaults(func=cmd_serve)
 
     for name, helptext in (("subscribe", "add a subscription to a running 'yfpp serve'"),

@@ -8,6 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from yfpp.errors import YfppError
+from yfpp.record_fields import unit_factors
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 @dataclasses.dataclass
@@ -71,5 +74,21 @@ class ServiceConfig:
             v = getattr(self, name)
             if v is not None and not (isinstance(v, (int, float)) and v > 0):
                 raise YfppError(f"{name} must be a number > 0, got {v!r}")
-        if not isinstance(self.inputs, list):
+        if not (isinstance(self.inputs, list) and all(isinstance(path, str) for path in self.inputs)):
             raise YfppError("inputs must be a list of paths")
+        for name in ("host", "ts_field", "ts_unit"):
+            v = getattr(self, name)
+            if not (isinstance(v, str) and v):
+                raise YfppError(f"{name} must be a non-empty string, got {v!r}")
+        for name in ("state", "dead_letters", "token"):
+            v = getattr(self, name)
+            if v is not None and not isinstance(v, str):
+                raise YfppError(f"{name} must be a string, got {v!r}")
+        try:
+            unit_factors(self.ts_unit)
+        except ValueError as e:
+            raise YfppError(str(e)) from None
+        for name, allowed in (("input_format", ("xml", "jsonl")), ("log_level", LOG_LEVELS)):
+            v = getattr(self, name)
+            if v not in allowed and not (v is None and name == "input_format"):
+                raise YfppError(f"{name} must be one of {', '.join(allowed)}, got {v!r}")

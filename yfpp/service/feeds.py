@@ -27,10 +27,14 @@ log = logging.getLogger("yfpp.service.feeds")
 
 
 class SharedDeadLetters(DeadLetters):
-    """The service's dead-letter output: reports from several threads, one whole line each."""
+    """The service's dead-letter output: reports from several threads, one whole line each; a file is
+    appended to, so a restart keeps what the earlier runs reported."""
 
     def __init__(self, out: Any):
-        super().__init__(out)
+        try:
+            super().__init__(out, append=True)
+        except OSError as e:
+            raise YfppError(f"dead-letter file {out}: {e.strerror or e}") from e
         self._lock = threading.Lock()
 
     def report(self, seq: int, position: str, reason: str, raw: str | None = None) -> None:
@@ -121,6 +125,7 @@ class TcpFeed(socketserver.ThreadingTCPServer):
     daemon_threads = True
     block_on_close = False
     allow_reuse_address = True
+    request_queue_size = 128  #: connections the kernel holds until accepted (socketserver's default, 5, stalls bursts)
 
     def __init__(self, host: str, port: int, fmt: str, put: Put, shared: DeadLetters, read_opts: dict[str, Any],
                  max_connections: int):

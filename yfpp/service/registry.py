@@ -7,6 +7,8 @@ import sqlite3
 import threading
 from typing import Any
 
+from yfpp.errors import YfppError
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS subscriptions (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -21,9 +23,12 @@ class Registry:
 
     def __init__(self, path: str | None):
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(path or ":memory:", check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL" if path else "PRAGMA journal_mode=MEMORY")
-        self._db.execute(_SCHEMA)
+        try:
+            self._db = sqlite3.connect(path or ":memory:", check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL" if path else "PRAGMA journal_mode=MEMORY")
+            self._db.execute(_SCHEMA)
+        except sqlite3.Error as e:
+            raise YfppError(f"subscription registry {path}: {e} (move the file away to start with none)") from e
 
     def add(self, spec: dict[str, Any]) -> str:
         """Store a subscription; return its fresh id ``s1``, ``s2``, … (never reused, also across restarts)."""
@@ -37,10 +42,10 @@ class Registry:
         with self._lock:
             self._db.execute("DELETE FROM subscriptions WHERE id = ?", (sid,))
 
-    def all(self) -> list[tuple[str, dict[str, Any]]]:
+    def all(self) -> list[tuple[str, str]]:
+        """Every ``(id, spec as JSON text)``, in creation order (the caller decodes and checks each)."""
         with self._lock:
-            rows = self._db.execute("SELECT id, spec FROM subscriptions ORDER BY seq").fetchall()
-        return [(sid, json.loads(spec)) for sid, spec in rows]
+            return self._db.execute("SELECT id, spec FROM subscriptions ORDER BY seq").fetchall()
 
     def close(self) -> None:
         with self._lock:

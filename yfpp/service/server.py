@@ -12,6 +12,7 @@ subscription (see :mod:`yfpp.service.sinks`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import logging
 import queue
@@ -26,10 +27,13 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import uvicorn
+from pydantic import ValidationError
 
+from yfpp.checkpoint import encode_pattern
 from yfpp.engine import Engine
 from yfpp.errors import YfppError
 from yfpp.events import Event
+from yfpp.pattern import Pattern
 from yfpp.query_text import parse_query
 from yfpp.service import checkpoint
 from yfpp.service.config import ServiceConfig
@@ -163,20 +167,32 @@ class Service:
     # --- subscriptions -----------------------------------------------------------------
 
     def _reload(self) -> None:
-        """Subscriptions from the registry into the engine (keeping the restored engine's queries by name)."""
+        """Subscriptions from the registry into the engine: the restored engine's query of the same name is
+        kept (with its runs) when it is the same query, else replaced; one that no longer loads is logged."""
         restored = {plan.name: qid for qid, plan in self.engine.queries.items()}
-        for sid, raw in self.registry.all():
-            spec = SubscriptionSpec.model_validate(raw)
-            name = spec.name or sid
+        for sid, text in self.registry.all():
             try:
-                qid = restored.pop(name) if name in restored else self._register_pattern(
-                    parse_query(spec.query, spec.language), name, spec.policy)
-            except YfppError as e:
+                spec = SubscriptionSpec.model_validate_json(text)
+                name = spec.name or sid
+                pattern = parse_query(spec.query, spec.language)
+                qid = restored.pop(name, None)
+                if qid is not None and not self._same_query(qid, pattern, spec.policy):
+                    self.engine.unregister(qid)  # the name was deleted and taken again after the checkpoint
+                    qid = None
+                if qid is None:
+                    qid = self._register_pattern(pattern, name, spec.policy)
+            except (YfppError, ValidationError) as e:
                 log.error("stored subscription no longer registers", extra={"subscription": sid, "error": str(e)})
                 continue
             self._attach(Subscription(sid, spec, qid, self.config.queue_size))
         for qid in restored.values():  # in the checkpoint but deleted since
             self.engine.unregister(qid)
+
+    def _same_query(self, qid: int, pattern: Pattern, policy: str | None) -> bool:
+        """Whether the engine's query ``qid`` is ``pattern`` registered with ``policy``."""
+        if policy is not None and policy != pattern.policy:
+            pattern = dataclasses.replace(pattern, policy=policy)
+        return encode_pattern(self.engine.sources[qid][0]) == encode_pattern(pattern)
 
     def _register_pattern(self, pattern: Any, name: str, policy: str | None) -> int:
         with self.engine_lock:

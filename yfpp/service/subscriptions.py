@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field, field_validator
 from yfpp.service.sinks import Counters, Outbox, PushSink, check_sink, sink_for
 
 _NAME = re.compile(r"[A-Za-z_][\w.\-]*\Z")
+_ID = re.compile(r"s[0-9]+")  #: the ids the registry gives (Registry.add), the names of unnamed subscriptions
 
 
 class SubscriptionSpec(BaseModel):
@@ -27,11 +28,23 @@ class SubscriptionSpec(BaseModel):
     queue: int | None = Field(None, ge=1, le=1_000_000, description="results queued per destination (default: the server's)")
     overflow: Literal["drop_oldest", "drop_newest"] = Field("drop_oldest", description="what a full queue drops")
 
+    @field_validator("query", "name", "sink")
+    @classmethod
+    def _text(cls, v: str | None) -> str | None:
+        if v is not None and not v.isascii():
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise ValueError(f"holds a lone surrogate at character {e.start}: not Unicode text") from None
+        return v
+
     @field_validator("name")
     @classmethod
     def _name(cls, v: str | None) -> str | None:
         if v is not None and not _NAME.match(v):
             raise ValueError("name must start with a letter or '_' and hold only letters, digits, '_', '.', '-'")
+        if v is not None and _ID.fullmatch(v):
+            raise ValueError(f"{v!r} has the form of a subscription id: s1, s2, … name the unnamed subscriptions")
         return v
 
     @field_validator("sink")
