@@ -283,6 +283,24 @@ def test_a_damaged_registry_is_one_error_and_a_bad_stored_subscription_is_left_o
         Service(cfg)
 
 
+def test_a_stop_does_not_wait_for_ever_on_an_engine_stuck_on_an_event(tmp_path, monkeypatch, caplog):
+    from yfpp.service import server
+
+    monkeypatch.setattr(server, "STOP_WAIT", 1.0)
+    release = threading.Event()
+    background = BackgroundService(config(tmp_path))
+    with background as svc:
+        real = svc.engine.process
+        monkeypatch.setattr(svc.engine, "process", lambda ev: release.wait(TIMEOUT) and real(ev))
+        send(svc.feed_port("jsonl"), b'{"type": "a", "ts": 1}\n')
+        wait_for(lambda: svc.events_in == 1, what="the engine to take the event")
+        with caplog.at_level("ERROR", logger="yfpp.service"):
+            background.stop()
+        stopped = not background._thread.is_alive()
+        release.set()
+    assert stopped and "did not finish in time" in caplog.text
+
+
 def test_bad_feeds_are_dead_letters_and_the_stream_goes_on(tmp_path, listeners):
     out = listeners()
     with BackgroundService(config(tmp_path)) as svc:

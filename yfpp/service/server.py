@@ -45,6 +45,7 @@ log = logging.getLogger("yfpp.service")
 
 _STOP = object()
 SWITCH_INTERVAL = 0.0005  #: seconds a thread holds the GIL while another waits for it (Python's default: 0.005)
+STOP_WAIT = 30.0  #: seconds a stopping service waits for the engine thread to finish its inbox
 INBOX = 64  #: batches (of up to feeds.BATCH events) waiting for the engine thread before feeds block
 
 
@@ -149,14 +150,21 @@ class Service:
         log.info("service stopped", extra={"events_in": self.events_in})
 
     def _stop_engine_thread(self) -> None:
-        while True:
+        """Let the engine thread finish its inbox and checkpoint; give up after :data:`STOP_WAIT` seconds (an
+        event it is stuck on: the process then ends without the final checkpoint, and says so)."""
+        thread = self._engine_thread
+        assert thread is not None
+        end = time.monotonic() + STOP_WAIT
+        while thread.is_alive() and time.monotonic() < end:
             try:
                 self.inbox.put(_STOP, timeout=0.5)
                 break
             except queue.Full:
-                if not self._engine_thread.is_alive():  # type: ignore[union-attr]
-                    return
-        self._engine_thread.join()  # type: ignore[union-attr]
+                continue
+        thread.join(max(0.0, end - time.monotonic()))
+        if thread.is_alive():
+            log.error("the engine thread did not finish in time: stopping without the final checkpoint",
+                      extra={"seconds": STOP_WAIT, "inbox": self.inbox.qsize()})
 
     async def _drain(self, seconds: float) -> None:
         """Wait up to ``seconds`` for the push destinations to empty their queues."""
