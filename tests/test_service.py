@@ -19,12 +19,15 @@ import pytest
 pytest.importorskip("fastapi", reason="the service needs pip install -e '.[serve]' in yfpp's clone")
 
 from tests.service_helpers import TIMEOUT, LineListener, jsonl, send, wait_for  # noqa: E402
+from yfpp.cli import main  # noqa: E402
 from yfpp.engine import Engine  # noqa: E402
 from yfpp.errors import YfppError  # noqa: E402
 from yfpp.readers import read_events  # noqa: E402
 from yfpp.service.client import Client, ServiceError  # noqa: E402
 from yfpp.service.config import ServiceConfig  # noqa: E402
+from yfpp.service.registry import Registry  # noqa: E402
 from yfpp.service.server import BackgroundService  # noqa: E402
+from yfpp.service.subscriptions import SubscriptionSpec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "yfpp" / "data" / "sample_rfid.jsonl"
@@ -205,6 +208,41 @@ def test_bad_requests_get_clear_errors(tmp_path):
         assert e.value.status == 404
         api = json.loads(urllib.request.urlopen(url + "/openapi.json", timeout=TIMEOUT).read())  # open, like /docs
         assert {"/subscriptions", "/subscriptions/{sid}", "/subscriptions/{sid}/matches", "/events"} <= set(api["paths"])
+
+
+UNUSABLE_SINKS = ["http://127.0.0.1:99999/", "http://127.0.0.1:9/\0", "http://127.0.0.1:0/", "tcp://127.0.0.1:0",
+                  "tcp://" + "a" * 64 + ":9000", "tcp://a\0b:9000", "file:/tmp/x\0y"]
+
+
+def test_sinks_that_cannot_work_are_refused(tmp_path, capsys):
+    with BackgroundService(config(tmp_path)) as svc:
+        url = f"http://127.0.0.1:{svc.port}"
+        c = Client(url)
+        for sink in UNUSABLE_SINKS:
+            with pytest.raises(ServiceError) as e:
+                c.subscribe("PATTERN SEQ(a x)", sink=sink)
+            assert e.value.status == 422, sink
+        assert main(["subscribe", "--server", url, "-q", "PATTERN SEQ(a x)", "--sink", "tcp://a:65536"]) == 2
+        assert "sink port must be 1-65535" in capsys.readouterr().err
+        assert c.subscriptions() == []
+
+
+def test_a_stored_subscription_no_longer_valid_is_skipped_at_start(tmp_path, listeners):
+    """One stored before the sink checks tightened does not stop the service; the others still deliver."""
+    out = listeners()
+    cfg = config(tmp_path)
+    with BackgroundService(cfg):
+        pass
+    registry = Registry(str(tmp_path / "state" / "subscriptions.sqlite"))
+    registry.add(SubscriptionSpec(query=EXITS, name="bad").model_dump() | {"sink": UNUSABLE_SINKS[0]})
+    registry.add(SubscriptionSpec(query=EXITS, name="good", sink=out.url).model_dump())
+    registry.close()
+    with BackgroundService(cfg) as svc:
+        assert [s["name"] for s in Client(f"http://127.0.0.1:{svc.port}").subscriptions()] == ["good"]
+        send(svc.feed_port("jsonl"), SAMPLE.read_bytes())
+        want = expected(EXITS, "good")
+        out.wait_lines(len(want))
+        assert out.results() == want
 
 
 def test_bad_feeds_are_dead_letters_and_the_stream_goes_on(tmp_path, listeners):

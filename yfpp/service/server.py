@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import uvicorn
+from pydantic import ValidationError
 
 from yfpp.engine import Engine
 from yfpp.errors import YfppError
@@ -166,7 +167,11 @@ class Service:
         """Subscriptions from the registry into the engine (keeping the restored engine's queries by name)."""
         restored = {plan.name: qid for qid, plan in self.engine.queries.items()}
         for sid, raw in self.registry.all():
-            spec = SubscriptionSpec.model_validate(raw)
+            try:
+                spec = SubscriptionSpec.model_validate(raw)
+            except ValidationError as e:  # stored by an older version that checked less (a sink's port, say)
+                log.error("stored subscription is no longer valid", extra={"subscription": sid, "error": str(e)})
+                continue
             name = spec.name or sid
             try:
                 qid = restored.pop(name) if name in restored else self._register_pattern(

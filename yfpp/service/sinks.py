@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import ipaddress
 import json
 import logging
+import re
 import time
+import unicodedata
 from collections import deque
 from typing import Any, Callable
 from urllib.parse import urlsplit
@@ -433,21 +436,46 @@ def reason(error: Exception) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
+_LABEL = re.compile(r"[a-z0-9_-]{1,63}\Z", re.IGNORECASE)  #: one label of a hostname, IDNA-encoded
+
+
 def check_sink(url: str) -> str:
-    """The sink URL if it is one of the supported forms, else ValueError saying which are."""
+    """The sink URL if it is one of the supported forms and usable, else ValueError saying what is wrong.
+
+    Usable: no control character anywhere; for tcp and http(s) a hostname (IDNA)
+    or IP address and a port in 1–65535 (tcp must name one).
+    """
+    if any(unicodedata.category(c) in ("Cc", "Cs") for c in url):
+        raise ValueError(f"sink must not hold control characters or unpaired surrogates, got {url!r}")
     parts = urlsplit(url)
-    if parts.scheme == "tcp":
+    if parts.scheme in ("tcp", "http", "https") and parts.hostname:
+        check_host(parts.hostname)
         try:
             port = parts.port
-        except ValueError:
-            port = None
-        if parts.hostname and port:
+        except ValueError:  # not a number, or above 65535
+            port = 0
+        if port == 0:
+            raise ValueError(f"sink port must be 1-65535, got {url!r}")
+        if port is not None or parts.scheme != "tcp":
             return url
-    elif parts.scheme in ("http", "https") and parts.hostname:
-        return url
     elif parts.scheme == "file" and url[len("file:"):].lstrip("/"):
         return url
     raise ValueError(f"sink must be tcp://HOST:PORT, http(s)://… (webhook) or file:PATH, got {url!r}")
+
+
+def check_host(host: str) -> None:
+    """ValueError unless ``host`` is an IP address or a hostname (labels of up to 63 letters, digits, '-', '_')."""
+    try:
+        ipaddress.ip_address(host)
+        return
+    except ValueError:
+        pass
+    try:
+        name = host.encode("idna").decode("ascii").removesuffix(".")
+    except UnicodeError:  # a label empty or longer than 63 characters
+        name = ""
+    if len(name) > 253 or not all(map(_LABEL.match, name.split("."))):
+        raise ValueError(f"sink host {host!r} is not a hostname or IP address")
 
 
 def sink_for(url: str, fmt: str) -> PushSink:
