@@ -245,6 +245,21 @@ def test_a_stored_subscription_no_longer_valid_is_skipped_at_start(tmp_path, lis
         assert out.results() == want
 
 
+def test_subscribe_and_unsubscribe_report_bad_arguments_in_one_line(tmp_path, capsys):
+    with BackgroundService(config(tmp_path)) as svc:
+        url = f"http://127.0.0.1:{svc.port}"
+        assert main(["subscribe", "--server", url, "-q", "PATTERN SEQ(a x)", "--name", "x"]) == 0
+        assert capsys.readouterr().out == "s1\n"
+        for typo in ("s1#typo", "s1?x", "x y"):  # quoted: never another path, query or an invalid request
+            assert main(["unsubscribe", "--server", url, typo]) == 2
+            assert capsys.readouterr().err == f"yfpp: error: HTTP 404: no subscription {typo!r}\n"
+        assert main(["subscribe", "--server", url, "-q", "PATTERN SEQ(a x)", "--queue", "0"]) == 2
+        assert capsys.readouterr().err.startswith("yfpp: error: HTTP 422: ")
+        assert [s["id"] for s in Client(url).subscriptions()] == ["s1"]
+    assert main(["subscribe", "--server", "http://[::1", "-q", "PATTERN SEQ(a x)"]) == 2
+    assert capsys.readouterr().err == "yfpp: error: invalid server URL 'http://[::1': Invalid IPv6 URL\n"
+
+
 def test_bad_feeds_are_dead_letters_and_the_stream_goes_on(tmp_path, listeners):
     out = listeners()
     with BackgroundService(config(tmp_path)) as svc:
