@@ -19,12 +19,15 @@ import pytest
 pytest.importorskip("fastapi", reason="the service needs pip install -e '.[serve]' in yfpp's clone")
 
 from tests.service_helpers import TIMEOUT, LineListener, jsonl, send, wait_for  # noqa: E402
+from yfpp.cli import main  # noqa: E402
 from yfpp.engine import Engine  # noqa: E402
 from yfpp.errors import YfppError  # noqa: E402
 from yfpp.readers import read_events  # noqa: E402
 from yfpp.service.client import Client, ServiceError  # noqa: E402
 from yfpp.service.config import ServiceConfig  # noqa: E402
+from yfpp.service.registry import Registry  # noqa: E402
 from yfpp.service.server import BackgroundService, Service  # noqa: E402
+from yfpp.service.subscriptions import SubscriptionSpec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "yfpp" / "data" / "sample_rfid.jsonl"
@@ -265,8 +268,6 @@ def test_a_name_taken_again_after_the_checkpoint_does_not_inherit_the_old_query(
 def test_a_damaged_registry_is_one_error_and_a_bad_stored_subscription_is_left_out(tmp_path):
     import sqlite3
 
-    from yfpp.service.registry import Registry
-
     cfg = config(tmp_path)
     (tmp_path / "state").mkdir()
     registry = Registry(str(tmp_path / "state" / "subscriptions.sqlite"))
@@ -299,6 +300,54 @@ def test_a_stop_does_not_wait_for_ever_on_an_engine_stuck_on_an_event(tmp_path, 
         stopped = not background._thread.is_alive()
         release.set()
     assert stopped and "did not finish in time" in caplog.text
+UNUSABLE_SINKS = ["http://127.0.0.1:99999/", "http://127.0.0.1:9/\0", "http://127.0.0.1:0/", "tcp://127.0.0.1:0",
+                  "tcp://" + "a" * 64 + ":9000", "tcp://a\0b:9000", "file:/tmp/x\0y"]
+
+
+def test_sinks_that_cannot_work_are_refused(tmp_path, capsys):
+    with BackgroundService(config(tmp_path)) as svc:
+        url = f"http://127.0.0.1:{svc.port}"
+        c = Client(url)
+        for sink in UNUSABLE_SINKS:
+            with pytest.raises(ServiceError) as e:
+                c.subscribe("PATTERN SEQ(a x)", sink=sink)
+            assert e.value.status == 422, sink
+        assert main(["subscribe", "--server", url, "-q", "PATTERN SEQ(a x)", "--sink", "tcp://a:65536"]) == 2
+        assert "sink port must be 1-65535" in capsys.readouterr().err
+        assert c.subscriptions() == []
+
+
+def test_a_stored_subscription_no_longer_valid_is_skipped_at_start(tmp_path, listeners):
+    """One stored before the sink checks tightened does not stop the service; the others still deliver."""
+    out = listeners()
+    cfg = config(tmp_path)
+    with BackgroundService(cfg):
+        pass
+    registry = Registry(str(tmp_path / "state" / "subscriptions.sqlite"))
+    registry.add(SubscriptionSpec(query=EXITS, name="bad").model_dump() | {"sink": UNUSABLE_SINKS[0]})
+    registry.add(SubscriptionSpec(query=EXITS, name="good", sink=out.url).model_dump())
+    registry.close()
+    with BackgroundService(cfg) as svc:
+        assert [s["name"] for s in Client(f"http://127.0.0.1:{svc.port}").subscriptions()] == ["good"]
+        send(svc.feed_port("jsonl"), SAMPLE.read_bytes())
+        want = expected(EXITS, "good")
+        out.wait_lines(len(want))
+        assert out.results() == want
+
+
+def test_subscribe_and_unsubscribe_report_bad_arguments_in_one_line(tmp_path, capsys):
+    with BackgroundService(config(tmp_path)) as svc:
+        url = f"http://127.0.0.1:{svc.port}"
+        assert main(["subscribe", "--server", url, "-q", "PATTERN SEQ(a x)", "--name", "x"]) == 0
+        assert capsys.readouterr().out == "s1\n"
+        for typo in ("s1#typo", "s1?x", "x y"):  # quoted: never another path, query or an invalid request
+            assert main(["unsubscribe", "--server", url, typo]) == 2
+            assert capsys.readouterr().err == f"yfpp: error: HTTP 404: no subscription {typo!r}\n"
+        assert main(["subscribe", "--server", url, "-q", "PATTERN SEQ(a x)", "--queue", "0"]) == 2
+        assert capsys.readouterr().err.startswith("yfpp: error: HTTP 422: ")
+        assert [s["id"] for s in Client(url).subscriptions()] == ["s1"]
+    assert main(["subscribe", "--server", "http://[::1", "-q", "PATTERN SEQ(a x)"]) == 2
+    assert capsys.readouterr().err == "yfpp: error: invalid server URL 'http://[::1': Invalid IPv6 URL\n"
 
 
 def test_bad_feeds_are_dead_letters_and_the_stream_goes_on(tmp_path, listeners):

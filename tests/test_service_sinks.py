@@ -7,6 +7,8 @@ import json
 import socket
 from pathlib import Path
 
+import pytest
+
 from yfpp.service.sinks import Counters, Outbox, sink_for
 
 TIMEOUT = 10.0
@@ -190,5 +192,107 @@ def test_a_socket_connected_to_itself_is_no_destination():
         await until(lambda: counters.last_error is not None, "the refusal")
         assert "connected to itself" in counters.last_error and counters.delivered == 0 and len(outbox.items) == 1
         await sink.stop()
+
+    asyncio.run(main())
+
+
+def loop_errors() -> list[dict]:
+    """What the running loop's exception handler gets from now on (a callback's or a lost task's traceback)."""
+    errors: list[dict] = []
+    asyncio.get_running_loop().set_exception_handler(lambda loop, context: errors.append(context))
+    return errors
+
+
+def test_an_unexpected_connect_error_is_recorded_and_retried():
+    """A connect step raising what no network error is (ValueError) fails like a refusal: recorded, retried, queue kept."""
+
+    async def main() -> None:
+        errors = loop_errors()
+        listener = Listener()
+        port = await listener.start()
+        sink, outbox, counters = start_sink(f"tcp://127.0.0.1:{port}")
+        loop = asyncio.get_running_loop()
+        connect = loop.create_connection
+        calls = []
+
+        def broken_once(*args, **kw):
+            calls.append(args)
+            if len(calls) == 1:
+                raise ValueError("no such host form")
+            return connect(*args, **kw)
+
+        loop.create_connection = broken_once  # type: ignore[method-assign]
+        for i in range(3):
+            outbox.offer(result(i))
+        await until(lambda: counters.last_error is not None, "the error")
+        assert counters.last_error == f"tcp://127.0.0.1:{port}: ValueError: no such host form"
+        assert counters.delivered == 0 and len(outbox.items) == 3
+        await until(lambda: len(listener.lines) == 3, "the retry")
+        assert listener.lines == [result(i) for i in range(3)] and len(calls) == 2 and errors == []
+        await sink.stop()
+        await listener.close()
+
+    asyncio.run(main())
+
+
+def test_an_unexpected_write_error_drops_the_connection_and_resends_on_the_next():
+    async def main() -> None:
+        errors = loop_errors()
+        listener = Listener()
+        port = await listener.start()
+        sink, outbox, counters = start_sink(f"tcp://127.0.0.1:{port}")
+        encoded = sink.encoded
+
+        def broken_once(batch: list[dict]) -> bytes:
+            sink.encoded = encoded  # type: ignore[method-assign]
+            raise RuntimeError("write refused")
+
+        sink.encoded = broken_once  # type: ignore[method-assign]
+        for i in range(3):
+            outbox.offer(result(i))
+        await until(lambda: len(listener.lines) == 3, "the results on a new connection")
+        assert listener.lines == [result(i) for i in range(3)] and listener.connections == 2
+        assert "RuntimeError: write refused" in counters.last_error and counters.delivered == 3 and errors == []
+        await sink.stop()
+        await listener.close()
+
+    asyncio.run(main())
+
+
+def test_a_file_path_open_refuses_is_recorded_and_retried(tmp_path: Path):
+    async def main() -> None:
+        errors = loop_errors()
+        target = tmp_path / "out.jsonl"
+        sink, outbox, counters = start_sink(f"file:{target}\0")  # a path open() refuses (ValueError)
+        for i in range(3):
+            outbox.offer(result(i))
+        await until(lambda: counters.last_error is not None, "the error")
+        assert counters.last_error.endswith("ValueError: embedded null byte")
+        assert counters.delivered == 0 and len(outbox.items) == 3
+        sink.path = str(target)  # the next retry can open it
+        await until(lambda: counters.delivered == 3, "the retry")
+        await sink.stop()
+        assert [json.loads(x) for x in target.read_text().splitlines()] == [result(i) for i in range(3)]
+        assert errors == []
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("url, error", [("http://127.0.0.1:9/\0", "InvalidURL"),  # httpx does not wrap these
+                                        ("http://127.0.0.1:99999/", "ExceptionGroup")])
+def test_a_webhook_whose_client_raises_unwrapped_keeps_its_task_and_queue(url: str, error: str):
+    pytest.importorskip("httpx", reason="the webhook sink needs pip install -e '.[serve]' in yfpp's clone")
+
+    async def main() -> None:
+        errors = loop_errors()
+        sink, outbox, counters = start_sink(url)
+        for i in range(3):
+            outbox.offer(result(i))
+        await until(lambda: counters.last_error is not None, "the error")
+        assert counters.last_error.startswith(f"{url}: {error}: ")
+        await asyncio.sleep(0.3)  # a retry or two, each given the batch back
+        assert counters.delivered == 0 and len(outbox.items) + outbox.in_flight == 3 and not sink._task.done()
+        await sink.stop()
+        assert errors == []
 
     asyncio.run(main())

@@ -120,7 +120,7 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
             given = f"{args.name}.{name}"
         options = {"language": language, "format": args.format, "policy": args.policy, "queue": args.queue,
                    "overflow": args.overflow}
-        sub = client.subscribe(text, sink=args.sink, name=given, **{k: v for k, v in options.items() if v})
+        sub = client.subscribe(text, sink=args.sink, name=given, **options)
         print(json.dumps(sub) if args.json else sub["id"])
     return 0
 

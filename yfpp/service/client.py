@@ -7,10 +7,12 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
 import urllib.request
 from typing import Any, Iterator
+from urllib.parse import quote
 
 from yfpp.errors import YfppError
 
@@ -31,16 +33,16 @@ class Client:
         self.token = token
         self.timeout = timeout
 
-    def _request(self, method: str, path: str, body: bytes | None = None, content_type: str = "application/json",
-                 timeout: float | None = None) -> Any:
-        req = urllib.request.Request(self.url + path, data=body, method=method)
-        if body is not None:
-            req.add_header("Content-Type", content_type)
-        if self.token:
-            req.add_header("Authorization", f"Bearer {self.token}")
+    def _open(self, method: str, path: str, body: bytes | None = None, content_type: str = "application/json",
+              timeout: float | None = None) -> http.client.HTTPResponse:
+        """The response to a request; ServiceError if the server refused it, YfppError if it cannot be sent."""
         try:
-            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as r:
-                data = r.read()
+            req = urllib.request.Request(self.url + path, data=body, method=method)
+            if body is not None:
+                req.add_header("Content-Type", content_type)
+            if self.token:
+                req.add_header("Authorization", f"Bearer {self.token}")
+            return urllib.request.urlopen(req, timeout=timeout or self.timeout)
         except urllib.error.HTTPError as e:
             raw = e.read()
             try:
@@ -51,6 +53,13 @@ class Client:
         except (urllib.error.URLError, OSError) as e:
             reason = getattr(e, "reason", e)
             raise YfppError(f"cannot reach {self.url}: {reason}") from None
+        except (ValueError, http.client.InvalidURL) as e:  # such as an unclosed [ of an IPv6 address
+            raise YfppError(f"invalid server URL {self.url!r}: {e}") from None
+
+    def _request(self, method: str, path: str, body: bytes | None = None, content_type: str = "application/json",
+                 timeout: float | None = None) -> Any:
+        with self._open(method, path, body, content_type, timeout) as r:
+            data = r.read()
         return json.loads(data) if data else None
 
     def subscribe(self, query: str, sink: str | None = None, name: str | None = None, **options: Any) -> dict[str, Any]:
@@ -59,13 +68,13 @@ class Client:
         return self._request("POST", "/subscriptions", json.dumps({k: v for k, v in spec.items() if v is not None}).encode())
 
     def unsubscribe(self, sid: str) -> None:
-        self._request("DELETE", f"/subscriptions/{sid}")
+        self._request("DELETE", _path(sid))
 
     def subscriptions(self) -> list[dict[str, Any]]:
         return self._request("GET", "/subscriptions")
 
     def subscription(self, sid: str) -> dict[str, Any]:
-        return self._request("GET", f"/subscriptions/{sid}")
+        return self._request("GET", _path(sid))
 
     def post_events(self, data: bytes, format: str = "jsonl") -> dict[str, int]:
         """Feed a body of JSON lines or XML; return how many events and dead letters it held."""
@@ -77,14 +86,12 @@ class Client:
 
     def matches(self, sid: str, timeout: float | None = None) -> Iterator[dict[str, Any]]:
         """The pull stream of a subscription: results as they come (ends when the server closes it)."""
-        req = urllib.request.Request(f"{self.url}/subscriptions/{sid}/matches")
-        if self.token:
-            req.add_header("Authorization", f"Bearer {self.token}")
-        try:
-            resp = urllib.request.urlopen(req, timeout=timeout or self.timeout)
-        except urllib.error.HTTPError as e:
-            raise ServiceError(e.code, json.loads(e.read() or b"{}")) from None
-        with resp:
+        with self._open("GET", _path(sid) + "/matches", timeout=timeout) as resp:
             for line in resp:
                 if line.startswith(b"data: "):
                     yield json.loads(line[6:])
+
+
+def _path(sid: str) -> str:
+    """The API path of subscription ``sid`` (quoted: an id holding '/', '#' or a space names no other resource)."""
+    return "/subscriptions/" + quote(sid, safe="")

@@ -12,18 +12,22 @@ writes everything queued (in chunks of :data:`CHUNK` results, one ``write`` each
 to one persistent connection or open file.  A TCP sink connects lazily (at its
 first result) and stops taking results while the connection's send buffer is
 above :data:`HIGH_WATER`, so a slow reader only fills its own outbox.  On an
-error a sink records ``last_error`` and retries with exponential backoff (0.1 s
-doubling to 10 s); a webhook posts batches of up to :data:`BATCH` from a task of
-its own, putting a failed batch back at the front of its outbox.
+error, whatever it is (an unexpected one too: a sink never dies of it), a sink
+records ``last_error`` and retries with exponential backoff (0.1 s doubling to
+10 s), keeping what is queued; a webhook posts batches of up to :data:`BATCH`
+from a task of its own, putting a failed batch back at the front of its outbox.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import ipaddress
 import json
 import logging
+import re
 import time
+import unicodedata
 from collections import deque
 from typing import Any, Callable
 from urllib.parse import urlsplit
@@ -256,8 +260,20 @@ class TcpSink(LoopSink):
             return
         while outbox.items and not self.paused:  # pause_writing (from write) sets paused above HIGH_WATER
             batch = outbox.take_now(CHUNK)
-            self.transport.write(self.encoded(batch))
+            try:
+                self.transport.write(self.encoded(batch))
+            except Exception as e:  # the transport reports socket errors in connection_lost: this is something else
+                outbox.give_back(batch)
+                self._abandon(e)
+                return
             outbox.counters.delivered += len(batch)
+
+    def _abandon(self, error: Exception) -> None:
+        """Drop the connection after an error writing to it; what is queued goes to the next one, after backoff."""
+        transport, self.transport, self.connection = self.transport, None, None
+        transport.abort()  # type: ignore[union-attr]
+        self.failed(reason(error))
+        self.wake()
 
     async def _connect(self) -> None:
         try:
@@ -268,8 +284,8 @@ class TcpSink(LoopSink):
                     transport, connection = await asyncio.wait_for(
                         self.loop.create_connection(lambda: _Connection(self), self.host, self.port),  # type: ignore[union-attr]
                         CONNECT_TIMEOUT)
-                except (OSError, asyncio.TimeoutError) as e:
-                    self.failed(str(e) or type(e).__name__)
+                except Exception as e:  # refused, unreachable, a timeout; or a host the resolver cannot encode
+                    self.failed(reason(e))
                     continue
                 if transport.get_extra_info("sockname") == transport.get_extra_info("peername"):
                     # nothing listens on a port of the ephemeral range and the kernel picked that very
@@ -331,9 +347,9 @@ class FileSink(LoopSink):
                 self._f.flush()
                 outbox.counters.delivered += len(batch)
                 batch = []
-        except OSError as e:
+        except Exception as e:  # an OSError, or a path open() refuses (ValueError)
             outbox.give_back(batch)
-            self.failed(e.strerror or str(e))
+            self.failed(reason(e))
             self._close()
             self._retry = self.loop.call_later(self.backoff.next(), self._again)  # type: ignore[union-attr]
             return
@@ -375,9 +391,9 @@ class WebhookSink(PushSink):
             batch = await outbox.take()
             try:
                 await self._post(batch)
-            except _SendError as e:
+            except Exception as e:  # a status, a network error, or what httpx raises unwrapped (InvalidURL, a group)
                 outbox.give_back(batch)
-                self.failed(str(e))
+                self.failed(reason(e))
                 await self._reset()
                 await self.backoff.wait()
                 continue
@@ -390,14 +406,10 @@ class WebhookSink(PushSink):
 
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=10.0)
-        try:
-            kind = "application/x-ndjson" if self.encode is as_json_line else "application/xml"
-            r = await self._client.post(self.url, content=b"".join(map(self.encode, batch)),
-                                        headers={"content-type": kind})
-        except (httpx.HTTPError, OSError) as e:
-            raise _SendError(f"{type(e).__name__}: {e}") from e
+        kind = "application/x-ndjson" if self.encode is as_json_line else "application/xml"
+        r = await self._client.post(self.url, content=b"".join(map(self.encode, batch)), headers={"content-type": kind})
         if not 200 <= r.status_code < 300:
-            raise _SendError(f"HTTP {r.status_code}")
+            raise Refused(f"HTTP {r.status_code}")
 
     async def _reset(self) -> None:
         client, self._client = self._client, None
@@ -412,25 +424,58 @@ class WebhookSink(PushSink):
         await self._reset()
 
 
-class _SendError(Exception):
-    """A webhook that failed or answered with a status ≥ 300."""
+class Refused(Exception):
+    """A destination that refused a delivery (a webhook answering with a status ≥ 300)."""
+
+
+def reason(error: Exception) -> str:
+    """The ``last_error`` text of an error: an OS error's or a refusal's message, else the error's type and message."""
+    text = (error.strerror if isinstance(error, OSError) else None) or str(error)
+    if text and isinstance(error, (OSError, Refused)):
+        return text
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+_LABEL = re.compile(r"[a-z0-9_-]{1,63}\Z", re.IGNORECASE)  #: one label of a hostname, IDNA-encoded
 
 
 def check_sink(url: str) -> str:
-    """The sink URL if it is one of the supported forms, else ValueError saying which are."""
+    """The sink URL if it is one of the supported forms and usable, else ValueError saying what is wrong.
+
+    Usable: no control character anywhere; for tcp and http(s) a hostname (IDNA)
+    or IP address and a port in 1–65535 (tcp must name one).
+    """
+    if any(unicodedata.category(c) in ("Cc", "Cs") for c in url):
+        raise ValueError(f"sink must not hold control characters or unpaired surrogates, got {url!r}")
     parts = urlsplit(url)
-    if parts.scheme == "tcp":
+    if parts.scheme in ("tcp", "http", "https") and parts.hostname:
+        check_host(parts.hostname)
         try:
             port = parts.port
-        except ValueError:
-            port = None
-        if parts.hostname and port:
+        except ValueError:  # not a number, or above 65535
+            port = 0
+        if port == 0:
+            raise ValueError(f"sink port must be 1-65535, got {url!r}")
+        if port is not None or parts.scheme != "tcp":
             return url
-    elif parts.scheme in ("http", "https") and parts.hostname:
-        return url
     elif parts.scheme == "file" and url[len("file:"):].lstrip("/"):
         return url
     raise ValueError(f"sink must be tcp://HOST:PORT, http(s)://… (webhook) or file:PATH, got {url!r}")
+
+
+def check_host(host: str) -> None:
+    """ValueError unless ``host`` is an IP address or a hostname (labels of up to 63 letters, digits, '-', '_')."""
+    try:
+        ipaddress.ip_address(host)
+        return
+    except ValueError:
+        pass
+    try:
+        name = host.encode("idna").decode("ascii").removesuffix(".")
+    except UnicodeError:  # a label empty or longer than 63 characters
+        name = ""
+    if len(name) > 253 or not all(map(_LABEL.match, name.split("."))):
+        raise ValueError(f"sink host {host!r} is not a hostname or IP address")
 
 
 def sink_for(url: str, fmt: str) -> PushSink:
