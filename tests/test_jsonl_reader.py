@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from yfpp.dead_letters import DeadLetters
 from yfpp.engine import Engine
+from yfpp.output import match_line
 from yfpp.errors import InputError
 from yfpp.events import Event
 from yfpp.query_text import parse_query
@@ -180,6 +181,24 @@ def test_overflow_is_a_missing_value_not_a_crash(query, want):
     got = [m for ev in events for m in engine.process(Event(ev.type, ev.ts, dict(ev.attrs), ev.seq))] + engine.flush()
     assert [m["bindings"] for m in got] == want
     assert [b for b, _ in reference_matches(parse_query(query), events)] == want
+
+
+@pytest.mark.parametrize("factors,kept", [(14, True), (15, False)])  # 10**4200 (4,201 digits), 10**4500
+def test_an_integer_result_python_cannot_write_is_a_missing_value(factors, kept):
+    """An int result of more than 4,300 digits is missing (it could not be written as text, and the readers
+    take none that long), in the engine, the reference and a RETURN field."""
+    product = " * ".join(["x.n"] * factors)
+    query = f"PATTERN SEQ(a x, b y) WHERE {product} > 0 RETURN r(v = {product})"
+    events = [Event("a", 1, {"n": 10**300}, 0), Event("b", 2, {}, 1)]
+    engine = Engine()
+    engine.register(query, name="q")
+    got = [m for ev in events for m in engine.process(Event(ev.type, ev.ts, dict(ev.attrs), ev.seq))]
+    assert len(got) == kept == len(reference_matches(parse_query(query), events))
+    engine = Engine()
+    engine.register(f"PATTERN SEQ(a x, b y) RETURN r(v = {product})", name="q")
+    [match] = [m for ev in events for m in engine.process(Event(ev.type, ev.ts, dict(ev.attrs), ev.seq))]
+    assert match["emit"]["attrs"]["v"] == (10**(300 * factors) if kept else None)
+    assert match_line(match)  # written, not a ValueError from int → str
 
 
 def test_huge_integers_still_compute_exactly():

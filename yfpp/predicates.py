@@ -11,7 +11,7 @@ Each conjunct is compiled once, for the place the compiler put it:
   incrementally on every take; nothing is recomputed from the buffer.
 
 Value semantics (docs/semantics.md §4): a missing attribute, a type mismatch, a division
-by zero, an overflow (a huge integer meeting a float, a float result that is
+by zero, an overflow (a huge integer meeting a float, an integer result of more than 4,300 digits, a float result that is
 not finite — in arithmetic, ``sum`` and ``avg``) yields ``MISSING``; any comparison with ``MISSING`` is false, so
 ``NOT`` of it is true.  Numbers are int/float (bool is not a number).
 """
@@ -47,6 +47,9 @@ Check = Callable[[Any, tuple], bool]
 
 
 _INF = float("inf")
+#: int results are kept below this (at most 4,300 digits): the most Python converts to text
+#: (``sys.int_info.default_max_str_digits``) and the most the readers take in
+_INT_LIMIT = 10**4300
 
 
 def is_number(v: Any) -> bool:
@@ -89,7 +92,9 @@ def arith(op: str, a: Any, b: Any) -> Any:
             r = a / b if op == "/" else a % b
     except OverflowError:  # a huge int meeting a float, or a quotient beyond a float
         return MISSING
-    return r if type(r) is int or -_INF < r < _INF else MISSING
+    if type(r) is int:
+        return r if r.bit_length() <= 14_284 or -_INT_LIMIT < r < _INT_LIMIT else MISSING  # (2**14284 < _INT_LIMIT)
+    return r if -_INF < r < _INF else MISSING
 
 
 def truthy(v: Any) -> bool:

@@ -99,12 +99,15 @@ def _event(env: Env, var: str, index: Index) -> Event | None:
 
 
 def _overflow_free(fn: Any, *args: Any) -> Any:
-    """``fn(*args)``, or no value when it overflows (OverflowError, or a float that is not finite)."""
+    """``fn(*args)``, or no value when it overflows (OverflowError, a float that is not finite, or an int
+    of more than 4,300 digits)."""
     try:
         v = fn(*args)
     except OverflowError:
         return _NOVALUE
-    return _NOVALUE if isinstance(v, float) and not math.isfinite(v) else v
+    if isinstance(v, float) and not math.isfinite(v):
+        return _NOVALUE
+    return _NOVALUE if isinstance(v, int) and abs(v) >= 10**4300 else v
 
 
 def value(expr: Expr, env: Env) -> Any:
