@@ -105,6 +105,17 @@ def test_snapshot_holds_the_whole_state_and_checks_its_version(tmp_path):
         Engine.restore({"runs": []})
     with pytest.raises(YfppError, match="corrupt"):
         Engine.restore({**data, "runs": [{"state": [[7, 0], "in"]}]})
+    for next_seq in ("abc", None, -3):  # yfpp run --restore compares seqs with it: caught here, not there
+        with pytest.raises(YfppError, match="corrupt checkpoint: ValueError: stream: next_seq"):
+            Engine.restore({**data, "stream": {**data["stream"], "next_seq": next_seq}})
+    deep = [[]]
+    for _ in range(5000):
+        deep = [deep]
+    with pytest.raises(YfppError, match="corrupt checkpoint: RecursionError"):
+        Engine.restore({**data, "queries": [{**data["queries"][0], "pattern": {"$ir": "Pattern", "components": deep}}]})
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(YfppError, match="not a checkpoint: nested too deeply"):
+        read_checkpoint(path)
 
 
 def test_xml_events_keep_their_element_for_xpath_predicates():

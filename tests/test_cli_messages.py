@@ -36,6 +36,66 @@ def test_bad_ts_unit(capsys):
     assert_one_error(code, err, "unknown --ts-unit 'seconds'", "expected one of s, ms, us, ns, min, h")
 
 
+@pytest.mark.parametrize("option", ["-o", "--dead-letters", "--stats-json", "--checkpoint"])
+def test_an_output_that_is_the_input_file_is_refused_before_anything_is_written(tmp_path, capsys, option):
+    feed = tmp_path / "feed.jsonl"
+    feed.write_bytes((ROOT / "yfpp" / "data" / "sample_rfid.jsonl").read_bytes())
+    before = feed.read_bytes()
+    code, out, err = run(capsys, "run", "-q", SHOPLIFTING, "-i", str(feed), option, str(feed))
+    assert_one_error(code, err, f"{feed} is the input file")
+    assert code == 2 and out == "" and feed.read_bytes() == before
+
+
+def test_a_checkpoint_in_a_missing_directory_is_refused_before_the_run(tmp_path, capsys):
+    code, out, err = run(capsys, "run", "-q", SHOPLIFTING, "-i", SAMPLE, "--checkpoint", str(tmp_path / "no" / "ck.json"))
+    assert_one_error(code, err, "cannot write checkpoint", "does not exist")
+    assert code == 2 and out == ""
+
+
+def test_closed_standard_streams_are_one_error(capsys, monkeypatch):
+    monkeypatch.setattr("sys.stdin", None)
+    code, _, err = run(capsys, "run", "-q", SHOPLIFTING, "-i", "-")
+    assert_one_error(code, err, "standard input is closed")
+    monkeypatch.setattr("sys.stdout", None)
+    code, _, err = run(capsys, "run", "-q", SHOPLIFTING, "-i", SAMPLE)
+    assert_one_error(code, err, "standard output is closed")
+
+
+def test_a_write_that_fails_mid_run_is_exit_2(capsys):
+    code, _, err = run(capsys, "run", "-q", SHOPLIFTING, "-i", SAMPLE, "-o", "/dev/full")
+    assert_one_error(code, err, "No space left on device")
+    assert code == 2
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["stock", "--symbols", "0"], "argument --symbols: must be at least 1, got 0"),
+    (["rfid", "--tags", "-3"], "argument --tags: must be at least 1, got -3"),
+    (["rfid", "--events", "-5"], "argument --events: must be at least 0, got -5"),
+    (["stock", "--p-up", "nan"], "argument --p-up: must be from 0 to 1, got nan"),
+    (["rfid", "--theft-rate", "5"], "argument --theft-rate: must be from 0 to 1, got 5"),
+    (["rfid", "--zones", "x"], "argument --zones: invalid integer value: 'x'"),
+])
+def test_generate_refuses_counts_and_rates_it_cannot_use(capsys, argv, message):
+    with pytest.raises(SystemExit) as e:
+        main(["generate", *argv])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_explain_checks_its_picture_path_first(tmp_path, capsys):
+    code, out, err = run(capsys, "explain", "-q", SHOPLIFTING, "--png", str(tmp_path / "no" / "nfa.png"))
+    assert_one_error(code, err, "cannot write picture", "does not exist")
+    assert out == ""
+
+
+def test_a_query_file_may_start_with_a_byte_order_mark(tmp_path, capsys):
+    query = tmp_path / "bom.sase"
+    query.write_bytes(b"\xef\xbb\xbf" + (ROOT / "queries" / "shoplifting.sase").read_bytes())
+    code, out, _ = run(capsys, "run", "-q", str(query), "-i", SAMPLE)
+    want = run(capsys, "run", "-q", SHOPLIFTING, "-i", SAMPLE)[1]
+    bindings = [[json.loads(line)["bindings"] for line in text.splitlines()] for text in (out, want)]
+    assert code == 0 and bindings[0] == bindings[1] != []
+
+
 def test_a_set_policy_on_an_ordinary_query_says_what_it_is_for(capsys):
     code, out, err = run(capsys, "run", "-q", SHOPLIFTING, "-i", SAMPLE, "--policy", "earliest_maximal")
     assert code == 2 and out == "" and "Traceback" not in err

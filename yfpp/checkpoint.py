@@ -276,7 +276,7 @@ def restore(data: dict, **engine_opts: Any):
                         f"{', '.join(map(str, READABLE))})")
     try:
         return _restore(data, Engine, engine_opts)
-    except (KeyError, IndexError, TypeError, ValueError) as e:
+    except (KeyError, IndexError, TypeError, ValueError, RecursionError) as e:
         raise YfppError(f"corrupt checkpoint: {type(e).__name__}: {e}") from e
 
 
@@ -303,6 +303,8 @@ def _restore(data: dict, Engine, engine_opts: dict):
 
     rd = _Reader(data)
     s = data["stream"]
+    if not all(type(s[k]) is int and s[k] >= 0 for k in ("next_seq", "next_arrival", "tick")):
+        raise ValueError("stream: next_seq, next_arrival and tick must be integers >= 0")
     eng._next_seq, eng._mark = s["next_seq"], tuple(s["watermark"])
     eng._arrivals = count(s["next_arrival"])
     rt.tick, rt.now, rt._next_sweep = s["tick"], s["now"], s["next_sweep"]
@@ -403,3 +405,5 @@ def read_checkpoint(path: str | os.PathLike[str]) -> dict:
         raise YfppError(f"cannot read checkpoint {path}: {e.strerror}") from e
     except ValueError as e:
         raise YfppError(f"checkpoint {path} is not valid JSON: {e}") from e
+    except RecursionError as e:
+        raise YfppError(f"checkpoint {path} is not a checkpoint: nested too deeply") from e

@@ -7,7 +7,7 @@ import gc
 import os
 import sys
 import time
-from typing import Any, BinaryIO, Iterable, Iterator
+from typing import Any, BinaryIO, Callable, Iterable, Iterator
 
 from yfpp import examples
 from yfpp._version import __version__
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except OSError as e:  # a file that went away, a full disk: one line, not a traceback
         print(f"yfpp: error: {e.filename + ': ' if e.filename else ''}{e.strerror or e}", file=sys.stderr)
-        return 1
+        return 2
     except KeyboardInterrupt:  # Ctrl-C outside the input loop (which handles it itself)
         return 130
 
@@ -136,16 +136,16 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     gen.add_argument("kind", choices=["stock", "rfid"])
-    gen.add_argument("--events", type=int, default=10000, help="number of events (default 10000)")
+    gen.add_argument("--events", type=_count(0), default=10000, help="number of events (default 10000)")
     gen.add_argument("-o", "--output", default="-", help="output file (.xml or .jsonl; default stdout)")
     gen.add_argument("--format", choices=["xml", "jsonl"], help="output format (default: from the extension, else jsonl)")
     gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--symbols", type=int, default=2, help="stock: number of symbols")
-    gen.add_argument("--p-up", type=float, default=0.5, help="stock: probability that a price goes up")
-    gen.add_argument("--tags", type=int, default=20, help="rfid: tag lifecycles under way at once")
-    gen.add_argument("--zones", type=int, default=5, help="rfid: number of shelf zones")
-    gen.add_argument("--doors", type=int, default=2, help="rfid: number of exit doors")
-    gen.add_argument("--theft-rate", type=float, default=0.1, help="rfid: fraction of tags that skip the register")
+    gen.add_argument("--symbols", type=_count(1), default=2, help="stock: number of symbols")
+    gen.add_argument("--p-up", type=_probability, default=0.5, help="stock: probability that a price goes up")
+    gen.add_argument("--tags", type=_count(1), default=20, help="rfid: tag lifecycles under way at once")
+    gen.add_argument("--zones", type=_count(1), default=5, help="rfid: number of shelf zones")
+    gen.add_argument("--doors", type=_count(1), default=2, help="rfid: number of exit doors")
+    gen.add_argument("--theft-rate", type=_probability, default=0.1, help="rfid: fraction of tags that skip the register")
     gen.set_defaults(func=cmd_generate)
 
     exp = sub.add_parser(
@@ -184,6 +184,25 @@ def build_parser() -> argparse.ArgumentParser:
 # --- run ----------------------------------------------------------------------------------
 
 
+def _count(least: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least ``least``."""
+    def count(text: str) -> int:
+        n = int(text)
+        if n < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}, got {n}")
+        return n
+    count.__name__ = "integer"  # argparse names the type in its message for a non-integer
+    return count
+
+
+def _probability(text: str) -> float:
+    """An argparse type: a number from 0 to 1."""
+    p = float(text)
+    if not 0 <= p <= 1:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 1, got {text}")
+    return p
+
+
 def build_engine(query_args: Iterable[str], **engine_opts: Any) -> Engine:
     engine = Engine(**engine_opts)
     for source, pattern in load_patterns([examples.resolve(arg) for arg in query_args]):
@@ -202,8 +221,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise YfppError("--max-record-bytes and --max-depth must be positive")
     if args.checkpoint_every < 1:
         raise YfppError("--checkpoint-every must be at least 1")
-    if args.stats_json:
-        check_writable(args.stats_json, "stats file")  # before the run, not after it
+    args.input = examples.resolve(args.input)
+    for path, what in ((args.output, "output"), (args.dead_letters, "dead-letter file"), (args.stats_json, "stats file"),
+                       (args.checkpoint, "checkpoint")):
+        if path:
+            check_writable(path, what)  # before the run, not after it
+            if args.input != "-" and os.path.exists(path) and os.path.samefile(path, args.input):
+                raise YfppError(f"the {what} {path} is the input file: writing it would destroy the input")
+    if args.input == "-" and sys.stdin is None:
+        raise YfppError("standard input is closed: give the input with -i FILE")
+    if not args.output and sys.stdout is None:
+        raise YfppError("standard output is closed: give an output file with -o FILE")
     dead_file = open_for_writing(args.dead_letters, "dead-letter file") if args.dead_letters else None
     dead = DeadLetters(dead_file or sys.stderr)
     caps = {"max_runs_per_query": args.max_runs_per_query, "max_buffer_per_query": args.max_buffer_per_query,
@@ -225,7 +253,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         caps["merge_runs"] = bool(args.merge_runs)
         engine = build_engine(args.query, max_delay=args.max_delay, dead_letters=dead, policy=args.policy, **caps,
                               **feedback_opts, strategy=args.strategy)
-    args.input = examples.resolve(args.input)
     show = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
     live = is_live_input(args.input)
     source, progress = args.input, None
@@ -371,6 +398,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
     from yfpp.explain import as_dot, as_json, as_text, nfa_graph, write_picture
 
+    for path, what in ((args.dot, "dot file"), (args.png, "picture")):
+        if path:
+            check_writable(path, what)
     engine = build_engine(args.query)
     g = nfa_graph(engine)
     dot = as_dot(g)
@@ -412,6 +442,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
                         "(optionally .gz), or give --format xml|jsonl")
     if args.output != "-":
         check_writable(args.output, "output")
+    elif sys.stdout is None:
+        raise YfppError("standard output is closed: give an output file with -o FILE")
     write_events(records, sys.stdout if args.output == "-" else args.output, fmt)
     return 0
 

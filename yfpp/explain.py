@@ -257,7 +257,9 @@ def as_dot(g: nx.DiGraph) -> str:
 def write_picture(g: nx.DiGraph, dot_text: str, path: Path) -> str:
     """PNG via Graphviz ``dot`` if installed, else a layered matplotlib drawing; return which (or raise)."""
     if shutil.which("dot"):
-        subprocess.run(["dot", "-Tpng", "-Gdpi=110", "-o", str(path)], input=dot_text.encode(), check=True)
+        done = subprocess.run(["dot", "-Tpng", "-Gdpi=110", "-o", str(path)], input=dot_text.encode(), capture_output=True)
+        if done.returncode:
+            raise RuntimeError(f"Graphviz could not write {path}: {done.stderr.decode(errors='replace').strip()}")
         return "graphviz"
     try:
         import matplotlib

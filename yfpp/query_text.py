@@ -178,7 +178,7 @@ def _is_query_file(arg: str) -> bool:
 
 def _load_file(path: Path) -> list[QuerySource]:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # (-sig: a byte-order mark some editors write is dropped)
     except FileNotFoundError:
         raise YfppError(f"query file not found: {path}") from None
     except UnicodeDecodeError as e:
