@@ -178,6 +178,34 @@ def test_syntax_errors(source: str, line: int, column: int) -> None:
     assert (info.value.line, info.value.column) == (line, column)
 
 
+@pytest.mark.parametrize(("source", "column", "what"), [
+    ("count(1 to 100000000000) > 1", 9, "a range in an event predicate is two integer literals at most 10,000 apart"),
+    ("(1 to 100000000)[. = 3]", 4, "a range"),
+    ("@a = (1 to @b)", 9, "a range"),
+    ("count(for $i in 1 to 10, $j in 1 to 10 return 1) > 0", 7, "a for expression is not allowed"),
+    ("some $x in @* satisfies $x = 1", 1, "a some expression is not allowed"),
+    ("every $x in @* satisfies $x = 1", 1, "an every expression is not allowed"),
+    ("matches(@a, '^(a+)+$')", 1, "matches() is not allowed"),
+    ("@b and fn:replace(@a, 'a', 'b') = 'b'", 11, "replace() is not allowed"),
+    ("tokenize(@a, ',')", 1, "tokenize() is not allowed"),
+])
+def test_what_has_no_cost_bound_is_refused_before_anything_is_evaluated(source: str, column: int, what: str) -> None:
+    """A range, a loop or a regular expression could cost any time or memory per event (or at registration,
+    where elementpath evaluates constant parts): a subscriber's predicate must not stall every other one."""
+    with pytest.raises(QuerySyntaxError) as info:
+        compile_xpath_test(source)
+    assert what in str(info.value) and (info.value.line, info.value.column) == (1, column)
+
+
+@pytest.mark.parametrize(("source", "attrs", "expected"), [
+    ("@a = (1 to 10)", {"a": "7"}, True), ("@a = (-5 to -1)", {"a": "-3"}, True), ("@a = (1 to 10000)", {"a": "0"}, False),
+    ("contains(@a, 'bc')", {"a": "abcd"}, True), ("starts-with(@a, 'x')", {"a": "abcd"}, False),
+])
+def test_bounded_ranges_and_string_functions_still_work(source: str, attrs: dict[str, str], expected: bool) -> None:
+    ev = event(attrs)
+    assert compile_xpath_test(source)(ev) is expected and oracle(source, ev.element) is expected
+
+
 json_values = st.dictionaries(
     st.sampled_from(NAMES),
     st.one_of(st.integers(-10, 10), st.floats(allow_nan=False, allow_infinity=False, width=32), st.sampled_from(TRICKY), st.booleans()),

@@ -28,7 +28,9 @@ from typing import Any, Callable
 
 from elementpath import ElementPathError, XPath2Parser, XPathContext, XPathToken
 from elementpath.datatypes import NumericProxy, UntypedAtomic
+from elementpath.exceptions import MissingContextError
 from elementpath.helpers import get_double
+from elementpath.tdop import Parser as TdopParser
 
 from yfpp.errors import QuerySyntaxError
 from yfpp.events import Event
@@ -46,15 +48,60 @@ _COMPARE = {"=": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operato
 _LITERALS = ("(integer)", "(decimal)", "(float)", "(string)")
 
 
+#: XPath 2.0 an event predicate refuses, as its cost has no bound in the event's size: loops over
+#: sequences of any length, and regular expressions, which backtrack over text as long as a record
+UNBOUNDED = {"for": "a for expression", "some": "a some expression", "every": "an every expression",
+             "matches": "matches()", "replace": "replace()", "tokenize": "tokenize()"}
+MAX_RANGE = 10_000  #: items of a range ``m to n`` (integer literals only)
+
+
 def parse_expression(source: str, namespaces: Namespaces = ()) -> XPathToken:
-    """Parse XPath 2.0 text; raises :class:`elementpath.ElementPathError`
-    (also for a Python error elementpath lets out of its static evaluation)."""
+    """Parse XPath 2.0 text; raises :class:`elementpath.ElementPathError` (also for a Python error
+    elementpath lets out of its static evaluation, and for what :func:`check_bounded` refuses)."""
+    parser = XPath2Parser(namespaces=dict(namespaces))
     try:
-        return XPath2Parser(namespaces=dict(namespaces)).parse(source)
+        # XPath2Parser.parse, with check_bounded between building the tree and its static evaluation
+        if parser.tokenizer is None:
+            parser.tokenizer = parser.create_tokenizer(parser.symbol_table)
+        root = TdopParser.parse(parser, source)
+        check_bounded(root)
+        if root.label in ("sequence type", "function test"):
+            raise root.error("XPST0003", "not allowed in XPath expression")
+        try:
+            root.evaluate()  # the constant parts, and static errors
+        except MissingContextError:
+            pass
+        return root
     except ElementPathError:
         raise
     except _ERRORS as err:
         raise ElementPathError(f"a constant part cannot be evaluated: {err!r}") from None
+
+
+def check_bounded(token: XPathToken) -> None:
+    """Refuse what :data:`UNBOUNDED` names, and a range that is not two integer literals at most
+    :data:`MAX_RANGE` apart: an event predicate's cost stays within the event's size."""
+    stack = [token]
+    while stack:
+        tok = stack.pop()
+        what = UNBOUNDED.get(tok.symbol) if tok.label in ("expression", "function") else None
+        if what is not None:
+            raise tok.error("XPST0003", f"{what} is not allowed in an event predicate: its cost has no bound "
+                                        "(docs/semantics.md §9)")
+        if tok.symbol == "to" and tok.label == "operator":
+            low, high = (_integer_literal(t) for t in tok)
+            if low is None or high is None or high - low >= MAX_RANGE:
+                raise tok.error("XPST0003", f"a range in an event predicate is two integer literals at most "
+                                            f"{MAX_RANGE:,} apart")
+        stack.extend(tok)
+
+
+def _integer_literal(tok: XPathToken) -> int | None:
+    """The value of ``5`` or ``-5``, else None."""
+    if tok.symbol == "-" and len(tok) == 1:
+        value = _integer_literal(tok[0])
+        return None if value is None else -value
+    return tok.value if tok.symbol == "(integer)" else None
 
 
 def error_location(err: ElementPathError) -> tuple[str, int, int]:
