@@ -50,6 +50,25 @@ LINES = ['<?xml version="1.0"?>', '<stream ts="0">', '  <e ts="1" a="x"/>', '  <
 GOOD = [(0, "e", 1.0, {"a": "x"}), (1, "e", 2.0, {"a": "y"}), (2, "e", 3.0, {"v": 7}), (3, "e", 4.0, {"a": "z"})]
 
 
+@pytest.mark.parametrize("n", [xml_reader.MANY_ATTRIBUTES - 1, xml_reader.MANY_ATTRIBUTES, 3000])
+def test_many_attributes_read_the_same_either_way(n):
+    """From MANY_ATTRIBUTES on, attributes are read by a parser target (lxml's own lookup is quadratic):
+    the same names (namespaces dropped), texts (entities resolved) and order."""
+    attrs = " ".join(f'a{i}="v&amp;{i}&lt;"' for i in range(n))
+    el = etree.fromstring(f'<e xmlns:p="urn:p" p:x="1" ts="5" {attrs}/>'.encode())
+    assert list(xml_reader._attributes(el)) == list(el.attrib.items())
+    wrapped = f'<s xmlns:p="urn:p">\n<e p:x="1" ts="5" {attrs}><kid>3</kid></e>\n<e ts="6"/>\n</s>\n'
+    events, dead = read(wrapped)
+    assert dead == [] and [e[2] for e in events] == [5.0, 6.0]
+    assert events[0][3] == {"x": 1, **{f"a{i}": f"v&{i}<" for i in range(n)}, "kid": 3}
+
+
+def test_a_namespaced_ts_beside_the_plain_one_is_a_dead_letter_not_an_override():
+    events, dead = read('<s xmlns:b="urn:b">\n<e ts="1" b:ts="5"/>\n<e ts="2" b:zone="x" zone="y"/>\n</s>\n')
+    assert events == [(1, "e", 2.0, {"zone": "y"})]
+    assert [(d["position"], d["reason"]) for d in dead] == [("line 2", "duplicate attribute: 'ts' (namespace prefixes are dropped)")]
+
+
 def test_root_attributes_do_not_make_it_an_event():
     children = "".join(f'<e ts="{i}"/>' for i in range(1000))
     events, dead = read(f'<stream ts="0" source="x">{children}</stream>')

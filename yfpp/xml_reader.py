@@ -628,6 +628,38 @@ def _line_event_maker(opts: ReaderOptions) -> tuple[Callable[[str, Any], None], 
     return start, reset, close
 
 
+class _FirstAttributes:
+    """A parser target that keeps the attributes of the first element it sees."""
+
+    def __init__(self) -> None:
+        self.attrs: dict[str, str] | None = None
+
+    def start(self, tag: str, attrs: dict[str, str]) -> None:
+        if self.attrs is None:
+            self.attrs = attrs
+
+    def close(self) -> None:
+        pass
+
+
+MANY_ATTRIBUTES = 256  #: from here on an element's attributes are read through a parser target
+
+
+def _attributes(elem: Any) -> Any:
+    """``elem``'s attributes as (name, text) pairs. lxml looks up each value by name, a quadratic cost (a
+    1 MiB element of 100,000 attributes: a minute), so a large set is read from the element's serialised
+    text by a parser target instead, in linear time (the same names, in the same order)."""
+    attrib = elem.attrib
+    if len(attrib) < MANY_ATTRIBUTES:
+        return attrib.items()
+    target = _FirstAttributes()
+    # lxml's own text of one element holds no DTD; resolve_entities turns &#38; back into & (libxml2 leaves
+    # the references of attribute values to a target otherwise)
+    etree.fromstring(etree.tostring(elem, with_tail=False), etree.XMLParser(target=target, resolve_entities=True,
+                                                                            no_network=True, load_dtd=False))
+    return target.attrs.items()  # type: ignore[union-attr]
+
+
 def _parse_chunks(chunks: list[Chunk], parser: Any) -> list[Any]:
     """The element of each chunk (detached), or the :class:`Bad` for a chunk that does not parse.
 
@@ -800,8 +832,13 @@ def _line_events(items: list[Any], opts: ReaderOptions, dl: DeadLetters, out: li
 
 def _xml_event(elem: Any, seq: int, opts: ReaderOptions) -> Event | str:
     """The event of one element, or the reason it is malformed."""
-    attrs: dict[str, Any] = {
-        (name if name[0] != "{" else name.rpartition("}")[2]): typed_value(v) for name, v in elem.attrib.items()}
+    attrs: dict[str, Any] = {}
+    for name, v in _attributes(elem):
+        if name[0] == "{":
+            name = name.rpartition("}")[2]  # namespaces dropped: p:ts and ts are both ts
+        if name in attrs and name in (opts.ts_field, opts.type_field):  # (else the last wins, as in JSON)
+            return f"duplicate attribute: {name!r} (namespace prefixes are dropped)"
+        attrs[name] = typed_value(v)
     if len(elem):
         for child in elem:
             if not len(child) and not child.attrib and isinstance(child.tag, str):
