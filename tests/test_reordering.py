@@ -182,6 +182,22 @@ def test_process_fast_path_agrees_with_the_checked_path(data, pats, events, max_
     assert one_by_one == _fed(pats, steps, max_delay, "batch")
 
 
+def test_process_batch_hands_each_events_matches_to_any_extend():
+    """``yfpp run`` passes its writer: each event's matches reach it as the event completes them."""
+    class Writer:
+        def __init__(self):
+            self.calls: list[list[dict]] = []
+
+        def extend(self, matches):
+            self.calls.append(list(matches))
+
+    events = [Event("a", 1, {}), Event("b", 2, {}), Event("x", 3, {}), Event("b", 4, {})]
+    eng = Engine()
+    eng.register("PATTERN SEQ(a x, b y) WHERE skip_till_any_match(x, y)", name="q")
+    writer = eng.process_batch(events, Writer())
+    assert [[m["bindings"] for m in call] for call in writer.calls] == [[{"x": [0], "y": [1]}], [{"x": [0], "y": [3]}]]
+
+
 def test_process_batch_left_by_ctrl_c_keeps_the_matches_so_far_and_the_watermark():
     """An exception that escapes the runtime (Ctrl-C) in the middle of a batch: ``out`` holds the matches of the
     events before it and the watermark is where one ``process`` call per event would have left it; the stream

@@ -355,18 +355,13 @@ def write_matches(engine: Engine, batches: Iterable[list[Event]], out: MatchWrit
     each batch's types and attribute names.
     """
     n = 0
-    write, process = out.write, engine.process_batch
+    process = engine.process_batch
     every = checkpoint[1] if checkpoint else 0
     for batch in batches:
         if vocabulary is not None:
             vocabulary.note(batch)
         for part in _parts(batch, n, every):
-            found: list[dict] = []
-            try:
-                process(part, found)
-            finally:  # (Ctrl-C included: the matches of the events processed so far are written)
-                for m in found:
-                    write(m)
+            process(part, out)  # each event's matches written as it completes them (so before a Ctrl-C)
             n += len(part)
             if every and n % every == 0:
                 from yfpp.checkpoint import write_checkpoint
@@ -375,8 +370,7 @@ def write_matches(engine: Engine, batches: Iterable[list[Event]], out: MatchWrit
                 write_checkpoint(engine, checkpoint[0])
         if progress is not None:
             progress.update(n, engine)
-    for m in engine.flush():
-        write(m)
+    out.extend(engine.flush())
     if progress is not None:
         progress.done(n, engine)
     return n

@@ -25,7 +25,7 @@ import os
 import sys
 from decimal import Decimal
 from itertools import count
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, TextIO
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol, TextIO, TypeVar
 
 from yfpp.dead_letters import DeadLetters
 from yfpp.errors import YfppError
@@ -45,6 +45,14 @@ if TYPE_CHECKING:
 MAX_RUNS_PER_QUERY = 250_000
 MAX_BUFFER_PER_QUERY = 1_000_000
 STDERR: Any = type("Stderr", (), {"__repr__": lambda self: "sys.stderr"})()  # the default report stream, looked up when used
+
+
+class _Extendable(Protocol):
+    def extend(self, matches: list[dict], /) -> None: ...
+
+
+MatchOut = TypeVar("MatchOut", bound=_Extendable)  #: where process_batch puts matches: a list, a writer…
+
 _LAST = float("inf")  # the order key of a derived event's non-int seq: after the int seqs of its ts
 
 
@@ -206,8 +214,9 @@ class Engine:
             return self._in_order(ev)
         raise YfppError(f"process() takes an Event or a mapping, not {type(event).__name__}")
 
-    def process_batch(self, events: Iterable[Event | Mapping[str, Any]], out: list[dict]) -> list[dict]:
-        """:meth:`process` of each event in turn, their matches appended to ``out`` (returned), in order.
+    def process_batch(self, events: Iterable[Event | Mapping[str, Any]], out: MatchOut) -> MatchOut:
+        """:meth:`process` of each event in turn, their matches appended to ``out`` (returned), in order:
+        ``out.extend(matches)`` after each event that completes any (a list, or a writer).
 
         The same results as one ``process`` call per event, for less: an event that takes ``process``'s
         fast path goes to the runtime from this loop, with no call of ``process`` between.  Matches are

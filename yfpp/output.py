@@ -20,7 +20,7 @@ import stat
 import sys
 import time
 from datetime import datetime, timezone
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Iterable
 
 import orjson
 
@@ -131,6 +131,13 @@ class MatchWriter:
         self._pending += 1
         if self._pending >= FLUSH_LINES or time.monotonic() - self._last_flush >= FLUSH_SECONDS:
             self.flush()
+
+    def extend(self, matches: Iterable[dict[str, Any]]) -> None:
+        """:meth:`write` each match: :meth:`Engine.process_batch` writes into this as each event completes
+        matches, so no more than one event's matches are held."""
+        write = self.write
+        for match in matches:
+            write(match)
 
     def flush(self) -> None:
         self.stream.flush()
