@@ -49,9 +49,12 @@ _LITERALS = ("(integer)", "(decimal)", "(float)", "(string)")
 
 
 #: XPath 2.0 an event predicate refuses, as its cost has no bound in the event's size: loops over
-#: sequences of any length, and regular expressions, which backtrack over text as long as a record
+#: sequences of any length, and replace() (its result can be the text times the replacement)
 UNBOUNDED = {"for": "a for expression", "some": "a some expression", "every": "an every expression",
-             "matches": "matches()", "replace": "replace()", "tokenize": "tokenize()"}
+             "replace": "replace()"}
+#: what a pattern of matches() and tokenize() must not hold: with no quantifier, group or alternative
+#: a regular expression cannot backtrack over text as long as a record
+REGEX_FUNCTIONS, BACKTRACKING = ("matches", "tokenize"), frozenset("*+?{}()|")
 MAX_RANGE = 10_000  #: items of a range ``m to n`` (integer literals only)
 
 
@@ -79,14 +82,19 @@ def parse_expression(source: str, namespaces: Namespaces = ()) -> XPathToken:
 
 
 def check_bounded(token: XPathToken) -> None:
-    """Refuse what :data:`UNBOUNDED` names, and a range that is not two integer literals at most
-    :data:`MAX_RANGE` apart: an event predicate's cost stays within the event's size."""
+    """Refuse what :data:`UNBOUNDED` names, a pattern that could backtrack, and a range that is not two
+    integer literals at most :data:`MAX_RANGE` apart: an event predicate's cost stays within the event's size."""
     stack = [token]
     while stack:
         tok = stack.pop()
         what = UNBOUNDED.get(tok.symbol) if tok.label in ("expression", "function") else None
         if what is not None:
             raise tok.error("XPST0003", f"{what} is not allowed in an event predicate: its cost has no bound "
+                                        "(docs/semantics.md §9)")
+        if tok.symbol in REGEX_FUNCTIONS and tok.label == "function" and len(tok) > 1 and not (
+                tok[1].symbol == "(string)" and BACKTRACKING.isdisjoint(tok[1].value)):
+            raise tok.error("XPST0003", f"{tok.symbol}() takes a literal pattern without quantifiers, groups or "
+                                        "alternatives in an event predicate: its cost has no bound otherwise "
                                         "(docs/semantics.md §9)")
         if tok.symbol == "to" and tok.label == "operator":
             low, high = (_integer_literal(t) for t in tok)
