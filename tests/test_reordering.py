@@ -15,6 +15,7 @@ from tests.generators import patterns, streams
 from yfpp.cli import main
 from yfpp.dead_letters import DeadLetters
 from yfpp.engine import Engine
+from yfpp.errors import YfppError
 from yfpp.events import Event
 from yfpp.query_text import load_queries
 
@@ -180,6 +181,22 @@ def test_process_fast_path_agrees_with_the_checked_path(data, pats, events, max_
     one_by_one = _fed(pats, steps, max_delay, "process")
     assert one_by_one == _fed(pats, steps, max_delay, "checked")
     assert one_by_one == _fed(pats, steps, max_delay, "batch")
+
+
+def test_the_reorder_buffer_holds_at_most_max_held_events():
+    """Over max_held the oldest held event goes at once (reported); what arrives behind it is late."""
+    reports = io.StringIO()
+    eng = Engine(max_delay=100, max_held=3, dead_letters=DeadLetters(), reports=reports)
+    eng.register("PATTERN SEQ(a x, b y)", name="q")
+    found = [m for ts, t in [(5, "a"), (3, "a"), (4, "b"), (6, "b"), (7, "b")] for m in eng.process({"type": t, "ts": ts})]
+    assert eng.held == 3 and eng.released_early == 2 and eng._mark == (4.0, 2)
+    assert [m["bindings"] for m in found] == [{"x": [1], "y": [2]}]  # a@3 then b@4 left early, in stream order
+    assert "reorder buffer is over max_held=3" in reports.getvalue() and reports.getvalue().count("\n") == 1
+    assert eng.process({"type": "a", "ts": 2}) == [] and eng.dead_letters.count == 1  # behind the watermark: late
+    rest = [m["bindings"] for m in eng.flush()]
+    assert rest == [{"x": [0], "y": [3]}]
+    with pytest.raises(YfppError, match="max_held must be a positive integer"):
+        Engine(max_held=0)
 
 
 def test_process_batch_hands_each_events_matches_to_any_extend():

@@ -189,7 +189,7 @@ def snapshot(engine) -> dict:
     data = {
         "format": FORMAT,
         "version": VERSION,
-        "options": {"max_delay": engine.max_delay, "policy": engine.default_policy,
+        "options": {"max_delay": engine.max_delay, "max_held": engine.max_held, "policy": engine.default_policy,
                     "max_runs_per_query": rt.max_runs, "max_buffer_per_query": rt.max_buffer, "strategy": engine.strategy,
                     "merge_runs": rt.merger is not None},
         "queries": [

@@ -12,7 +12,7 @@ from typing import Any, BinaryIO, Callable, Iterable, Iterator
 from yfpp import examples
 from yfpp._version import __version__
 from yfpp.dead_letters import DeadLetters
-from yfpp.engine import MAX_BUFFER_PER_QUERY, MAX_RUNS_PER_QUERY, Engine
+from yfpp.engine import MAX_BUFFER_PER_QUERY, MAX_HELD, MAX_RUNS_PER_QUERY, Engine
 from yfpp.errors import InputError, YfppError
 from yfpp.events import Event
 from yfpp.feedback import MAX_DEPTH as MAX_FEEDBACK_DEPTH
@@ -104,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"a record nested deeper than this is a dead letter (default {MAX_DEPTH})")
     run.add_argument("--strict", action="store_true", help="exit 1 if any record was a dead letter")
     run.add_argument("--max-delay", type=float, default=0.0, help="reorder buffer for out-of-order events, in seconds (default 0)")
+    run.add_argument("--max-held", type=_count(1), default=MAX_HELD, metavar="N",
+                     help=f"events the reorder buffer holds at most; over it the oldest go early (default {MAX_HELD:,})")
     run.add_argument("--dead-letters", metavar="FILE", help="write malformed and late records here as JSON lines (default: stderr)")
     run.add_argument("--max-runs-per-query", type=int, metavar="N",
                      help=f"cap on each query's live runs; over it its oldest runs are shed and reported (default {MAX_RUNS_PER_QUERY:,})")
@@ -251,7 +253,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise YfppError("give at least one query with -q (or --restore FILE)")
     else:
         caps["merge_runs"] = bool(args.merge_runs)
-        engine = build_engine(args.query, max_delay=args.max_delay, dead_letters=dead, policy=args.policy, **caps,
+        engine = build_engine(args.query, max_delay=args.max_delay, max_held=args.max_held, dead_letters=dead,
+                              policy=args.policy, **caps,
                               **feedback_opts, strategy=args.strategy)
     show = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
     live = is_live_input(args.input)

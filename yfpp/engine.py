@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 #: passes its flags to the engines on the executors).
 MAX_RUNS_PER_QUERY = 250_000
 MAX_BUFFER_PER_QUERY = 1_000_000
+MAX_HELD = 1_000_000  #: events the reorder buffer holds at most (docs/operations.md)
 STDERR: Any = type("Stderr", (), {"__repr__": lambda self: "sys.stderr"})()  # the default report stream, looked up when used
 
 
@@ -82,6 +83,7 @@ class Engine:
         self,
         *,
         max_delay: float = 0.0,
+        max_held: int = MAX_HELD,
         dead_letters: DeadLetters | None = None,
         policy: str | None = None,
         max_runs_per_query: int | None = None,
@@ -98,6 +100,10 @@ class Engine:
         self.max_delay = _real(max_delay, "max_delay")
         if self.max_delay < 0:
             raise YfppError(f"max_delay must be a finite number >= 0, not {max_delay!r}")
+        if type(max_held) is not int or max_held < 1:
+            raise YfppError(f"max_held must be a positive integer, not {max_held!r}")
+        self.max_held = max_held
+        self.released_early = 0  # events the reorder buffer released over max_held, before their delay was up
         max_runs_per_query = _cap("max_runs_per_query", max_runs_per_query, MAX_RUNS_PER_QUERY)
         max_buffer_per_query = _cap("max_buffer_per_query", max_buffer_per_query, MAX_BUFFER_PER_QUERY)
         _check_policy(policy)
@@ -323,13 +329,22 @@ class Engine:
         return None
 
     def _release(self, upto: float) -> list[dict]:
+        """The held events up to ``upto`` released in stream order, and the oldest beyond ``max_held``."""
         out: list[dict] = []
         held = self._held
-        while held and held[0][0] <= upto:
+        while held and (held[0][0] <= upto or len(held) > self.max_held):
+            if held[0][0] > upto:
+                self._released_early()
             ts, sk, _, ev = heapq.heappop(held)
             self._mark_ts, self._mark_sk = ts, sk
             out.extend(self._one(ev))
         return out
+
+    def _released_early(self) -> None:
+        self.released_early += 1
+        if self.released_early == 1:
+            self._report(f"the reorder buffer is over max_held={self.max_held:,} events: the oldest are released "
+                         f"before max_delay has passed, and an event arriving behind them is a late event")
 
     def _route_events(self) -> None:
         """Set ``_one``, what an event in stream order goes through: the runtime alone when there is no
