@@ -195,7 +195,7 @@ def test_the_reorder_buffer_holds_at_most_max_held_events():
     assert eng.process({"type": "a", "ts": 2}) == [] and eng.dead_letters.count == 1  # behind the watermark: late
     rest = [m["bindings"] for m in eng.flush()]
     assert rest == [{"x": [0], "y": [3]}]
-    with pytest.raises(YfppError, match="max_held must be a positive integer"):
+    with pytest.raises(YfppError, match="max_held must be an integer >= 1"):
         Engine(max_held=0)
 
 

@@ -104,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"a record nested deeper than this is a dead letter (default {MAX_DEPTH})")
     run.add_argument("--strict", action="store_true", help="exit 1 if any record was a dead letter")
     run.add_argument("--max-delay", type=float, default=0.0, help="reorder buffer for out-of-order events, in seconds (default 0)")
-    run.add_argument("--max-held", type=_count(1), default=MAX_HELD, metavar="N",
+    run.add_argument("--max-held", type=_count(1), metavar="N",
                      help=f"events the reorder buffer holds at most; over it the oldest go early (default {MAX_HELD:,})")
     run.add_argument("--dead-letters", metavar="FILE", help="write malformed and late records here as JSON lines (default: stderr)")
     run.add_argument("--max-runs-per-query", type=int, metavar="N",
@@ -237,7 +237,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     dead_file = open_for_writing(args.dead_letters, "dead-letter file") if args.dead_letters else None
     dead = DeadLetters(dead_file or sys.stderr)
     caps = {"max_runs_per_query": args.max_runs_per_query, "max_buffer_per_query": args.max_buffer_per_query,
-            "merge_runs": args.merge_runs}
+            "max_held": args.max_held, "merge_runs": args.merge_runs}
     feedback_opts = {"full_events": args.events, "max_feedback_depth": args.max_feedback_depth,
                      "max_derived_per_event": args.max_derived}
     skip = None
@@ -253,8 +253,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise YfppError("give at least one query with -q (or --restore FILE)")
     else:
         caps["merge_runs"] = bool(args.merge_runs)
-        engine = build_engine(args.query, max_delay=args.max_delay, max_held=args.max_held, dead_letters=dead,
-                              policy=args.policy, **caps,
+        engine = build_engine(args.query, max_delay=args.max_delay, dead_letters=dead, policy=args.policy, **caps,
                               **feedback_opts, strategy=args.strategy)
     show = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
     live = is_live_input(args.input)

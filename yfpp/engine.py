@@ -83,7 +83,7 @@ class Engine:
         self,
         *,
         max_delay: float = 0.0,
-        max_held: int = MAX_HELD,
+        max_held: int | None = None,
         dead_letters: DeadLetters | None = None,
         policy: str | None = None,
         max_runs_per_query: int | None = None,
@@ -100,9 +100,7 @@ class Engine:
         self.max_delay = _real(max_delay, "max_delay")
         if self.max_delay < 0:
             raise YfppError(f"max_delay must be a finite number >= 0, not {max_delay!r}")
-        if type(max_held) is not int or max_held < 1:
-            raise YfppError(f"max_held must be a positive integer, not {max_held!r}")
-        self.max_held = max_held
+        self.max_held = _cap("max_held", max_held, MAX_HELD)
         self.released_early = 0  # events the reorder buffer released over max_held, before their delay was up
         max_runs_per_query = _cap("max_runs_per_query", max_runs_per_query, MAX_RUNS_PER_QUERY)
         max_buffer_per_query = _cap("max_buffer_per_query", max_buffer_per_query, MAX_BUFFER_PER_QUERY)
