@@ -13,6 +13,7 @@ import pytest
 from tests.test_query_fuzz import watchdog
 from yfpp.cli import main
 from yfpp.engine import Engine
+from yfpp.events import Event
 from yfpp.errors import PatternError, QueryError, QuerySyntaxError
 from yfpp.query_limits import MAX_COMPONENTS, MAX_NESTING, MAX_QUERY_CHARS
 from yfpp.query_text import detect_language, load_queries
@@ -108,12 +109,25 @@ def test_huge_number_in_xpath_predicate_is_a_positioned_error():
         ("//!a//b", (1, 1), "leading negation"),
         ("//a\n//b//!c", (2, 4), "needs a window"),
         ("PATTERN SEQ(A+ a[], B b) WHERE a[i].x > a[i-1].x + a.len", (1, 16), "mixes"),
+        ("PATTERN SEQ(A a, B b) WHERE 1", (1, 29), "a number, not a condition"),
+        ("PATTERN SEQ(A a, B b) WHERE a.x = 1 AND NOT\n 'yes'", (2, 2), "a string, not a condition"),
+        ("PATTERN SEQ(A a, B b) WHERE a.x = 1 OR (a.x + 1)", (1, 41), "arithmetic, not a condition"),
+        ("PATTERN SEQ(A+ a[], B b) WHERE strict_contiguity(a, b) { a.len }", (1, 58), "a length, not a condition"),
+        ("PATTERN SEQ(A+ a[], B b) WHERE sum(a[..].x)", (1, 32), "an aggregate, not a condition"),
     ],
 )
 def test_every_pattern_error_has_line_column_and_caret(text, where, words):
     err = register_error(text)
     assert isinstance(err, PatternError)
     assert (err.line, err.column) == where and words in err.message, str(err)
+
+
+def test_boolean_attributes_and_literals_are_conditions():
+    eng = Engine(reports=None)
+    eng.register("PATTERN SEQ(a x, b y) WHERE x.flag", name="flag")
+    eng.register("PATTERN SEQ(a x, b y) WHERE NOT (x.flag) AND true", name="not_flag")
+    got = eng.process_all([Event("a", 1, {"flag": True}), Event("b", 2), Event("a", 3, {"flag": 1}), Event("b", 4)])
+    assert sorted((m["query"], m["bindings"]["x"][0]) for m in got) == [("flag", 0), ("not_flag", 2)]
 
 
 def test_consecutive_negations_are_accepted():

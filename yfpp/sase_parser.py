@@ -91,6 +91,7 @@ def parse_sase(text: str) -> Pattern:
     except UnexpectedInput as e:
         raise _syntax_error(e, text) from None
     _check_depth(tree, text)
+    _check_conditions(tree, text)
     builder = _Builder(text)
     try:
         pattern: Pattern = builder.transform(tree)
@@ -124,6 +125,28 @@ def _check_depth(tree: Tree, text: str) -> None:
     deep = deepest(tree, lambda t: [c for c in t.children if isinstance(c, Tree)])
     if deep is not None:
         raise too_deep(text, *((1, 1) if deep.meta.empty else (deep.meta.line, deep.meta.column)))
+
+
+_CONDITION_PLACES = {"where", "and_expr", "or_expr", "not_"}  # rules whose operands are conditions
+_VALUE_KINDS = {"number": "a number", "percent": "a number", "string": "a string", "arith": "arithmetic",
+                "neg": "a negative value", "aggregate": "an aggregate"}
+
+
+def _check_conditions(tree: Tree, text: str) -> None:
+    """A condition that can never be true (``WHERE 1``, ``NOT x.v + 1``, ``b.len``) is refused with its
+    position: only a comparison, ``true``/``false``, an attribute holding a boolean and their
+    ``AND``/``OR``/``NOT`` are conditions (Esper and FlinkCEP refuse the rest too)."""
+    for node in tree.iter_subtrees():
+        if node.data not in _CONDITION_PLACES:
+            continue
+        for child in node.children:
+            if not isinstance(child, Tree):
+                continue
+            kind = _VALUE_KINDS.get(child.data)
+            if kind is None and child.data == "attr_ref" and str(child.children[1]).lower() == "len":
+                kind = "a length"
+            if kind is not None:
+                raise _error(text, child, f"this is {kind}, not a condition: compare it, e.g. `… > 0`")
 
 
 # --- errors ----------------------------------------------------------------
