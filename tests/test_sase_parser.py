@@ -269,6 +269,15 @@ def test_percent_versus_modulo() -> None:
     assert where_of("a.x = 10%3") == (cmp("=", ref("a", "x"), Arith("%", Literal(10), Literal(3))),)
     assert where_of("a.x = 10 % a.y") == (cmp("=", ref("a", "x"), Arith("%", Literal(10), ref("a", "y"))),)
     assert where_of("a.x < 50% * c.y") == (cmp("<", ref("a", "x"), Arith("*", Literal(0.5), ref("c", "y"))),)
+    # a keyword after the `%` ends the operand: the `%` is a percent sign
+    assert where_of("a.x > 80% AND c.y = 1") == (cmp(">", ref("a", "x"), Literal(0.8)), cmp("=", ref("c", "y"), Literal(1)))
+    assert where_of("a.x > 80% or (c.y = 1)") == (Or((cmp(">", ref("a", "x"), Literal(0.8)), cmp("=", ref("c", "y"), Literal(1)))),)
+    pattern = parse_sase("PATTERN SEQ(A a, C c) WHERE a.x > 80% WITHIN 5 RETURN r(v = 10%)")
+    assert pattern.where == (cmp(">", ref("a", "x"), Literal(0.8)),) and pattern.window == 5
+    assert pattern.emit.attrs == (("v", Literal(0.1)),)
+    # …unless it names a variable
+    pattern = parse_sase("PATTERN SEQ(A and, C c) WHERE c.x = 10 % and.y")
+    assert pattern.where == (cmp("=", ref("c", "x"), Arith("%", Literal(10), ref("and", "y"))),)
 
 
 def test_references_length_and_aggregates() -> None:
