@@ -51,6 +51,24 @@ def test_examples_are_listed_and_reachable(capsys):
     assert "no example named 'nope'; 'yfpp examples' lists them" in capsys.readouterr().err
 
 
+CTRL_C_WHILE_LOADING = """
+import sys
+class Interrupt:  # Ctrl-C arriving while the command's modules load
+    def find_spec(self, name, path=None, target=None):
+        if name == "yfpp.cli":
+            raise KeyboardInterrupt
+sys.meta_path.insert(0, Interrupt())
+from yfpp.__main__ import main
+sys.exit(main())
+"""
+
+
+def test_ctrl_c_while_the_command_loads_is_quiet():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", CTRL_C_WHILE_LOADING], capture_output=True, text=True, env=env, timeout=60)
+    assert (done.returncode, done.stdout, done.stderr) == (130, "", "")
+
+
 IMPORTS_CHECK = """
 import io, sys
 from yfpp.readers import read_events

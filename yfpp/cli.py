@@ -47,9 +47,8 @@ examples:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         return args.func(args)
     except YfppError as e:
         print(f"yfpp: error: {e}", file=sys.stderr)
