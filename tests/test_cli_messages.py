@@ -132,6 +132,18 @@ def test_unreadable_inputs(tmp_path, capsys, progress):
     assert_one_error(code, err, f"cannot tell the format of '{tmp_path / 'notes.txt'}'")
 
 
+def test_the_timestamp_cannot_be_the_type_field(tmp_path, capsys):
+    feed = tmp_path / "feed.jsonl"
+    feed.write_text('{"type": "a", "ts": 1, "kind": "a"}\n')
+    code, _, err = run(capsys, "run", "-q", SHOPLIFTING, "-i", str(feed), "--ts-field", "type")
+    assert_one_error(code, err, "the timestamp and the event type cannot both be field 'type'")
+    code, _, err = run(capsys, "run", "-q", SHOPLIFTING, "-i", str(feed), "--ts-field", "kind", "--type-field", "kind")
+    assert_one_error(code, err, "cannot both be field 'kind'")
+    (tmp_path / "feed.xml").write_text('<a type="5"/>\n<b type="6"/>\n')  # XML: the type is the element's name
+    code, out, _ = run(capsys, "run", "-q", "PATTERN SEQ(a x, b y)", "-i", str(tmp_path / "feed.xml"), "--ts-field", "type")
+    assert code == 0 and '"start": 5.0, "end": 6.0' in out
+
+
 def test_unseen_types_and_attributes_are_warned_with_a_suggestion(capsys):
     code, out, err = run(capsys, "run", "-q", str(ROOT / "queries" / "figure1_q1_shoplifting.sase"), "-i", SAMPLE)
     assert code == 0 and out == ""

@@ -494,7 +494,8 @@ def test_config_file_and_flag_errors(tmp_path):
         ServiceConfig.load(str(toml), {})
     for setting, message in (("ts_unit = 'bogus'", "unknown ts_unit 'bogus'"), ("host = 5", "host must be"),
                              ("log_level = 'loud'", "log_level must be one of"), ("dead_letters = 7", "dead_letters must be"),
-                             ("input_format = 'csv'", "input_format must be one of")):
+                             ("input_format = 'csv'", "input_format must be one of"),
+                             ("ts_field = 'type'", "ts_field cannot be 'type'")):
         toml.write_text(setting + "\n")
         with pytest.raises(YfppError, match=message):
             ServiceConfig.load(str(toml), {})

@@ -143,6 +143,10 @@ def read_event_batches(
                 f.close()
             name = getattr(path_or_file, "name", path_or_file)  # a file object: its file name
             raise InputError(f"cannot tell the format of {name!r}; give format='xml' or 'jsonl'")
+    if ts_field == (opts.type_field or ("type" if fmt == "jsonl" else None)):
+        if owned:
+            f.close()
+        raise InputError(f"the timestamp and the event type cannot both be field {ts_field!r}")
     return _batches(fmt)(f, owned, opts, _sink(dead_letters))
 
 

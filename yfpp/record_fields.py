@@ -96,7 +96,11 @@ def pop_ts(fields: dict[str, Any], ts_field: str, unit: tuple[int, int], what: s
     raw_ts = fields.pop(ts_field)
     ts = seconds(raw_ts, unit)
     if ts is None:
-        return f"{'non-ISO-8601' if unit is ISO_8601 else 'non-numeric'} ts: {raw_ts!r}"
+        if unit is ISO_8601:
+            return f"non-ISO-8601 ts: {raw_ts!r}"
+        if isinstance(raw_ts, (int, float)) and not isinstance(raw_ts, bool):  # 1e400 (read as inf), 10**400
+            return f"ts out of range: {raw_ts if isinstance(raw_ts, float) else preview(str(raw_ts).encode(), 40)}"
+        return f"non-numeric ts: {raw_ts!r}"
     return ts
 
 

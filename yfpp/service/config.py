@@ -84,6 +84,8 @@ class ServiceConfig:
             v = getattr(self, name)
             if v is not None and not isinstance(v, str):
                 raise YfppError(f"{name} must be a string, got {v!r}")
+        if self.ts_field == "type" and self.input_format != "xml":
+            raise YfppError("ts_field cannot be 'type': in JSON records that field is the event type")
         try:
             unit_factors(self.ts_unit)
         except ValueError as e:
