@@ -301,7 +301,8 @@ def test_a_stop_does_not_wait_for_ever_on_an_engine_stuck_on_an_event(tmp_path, 
         release.set()
     assert stopped and "did not finish in time" in caplog.text
 UNUSABLE_SINKS = ["http://127.0.0.1:99999/", "http://127.0.0.1:9/\0", "http://127.0.0.1:0/", "tcp://127.0.0.1:0",
-                  "tcp://" + "a" * 64 + ":9000", "tcp://a\0b:9000", "file:/tmp/x\0y"]
+                  "tcp://" + "a" * 64 + ":9000", "tcp://a\0b:9000", "file:/tmp/x\0y",
+                  "http://☃.net/", "http://xn--zz.com/"]  # (the last two: IDNA 2003 but not 2008, as httpx wants)
 
 
 def test_sinks_that_cannot_work_are_refused(tmp_path, capsys):
@@ -343,6 +344,11 @@ def test_subscribe_and_unsubscribe_report_bad_arguments_in_one_line(tmp_path, ca
         for typo in ("s1#typo", "s1?x", "x y"):  # quoted: never another path, query or an invalid request
             assert main(["unsubscribe", "--server", url, typo]) == 2
             assert capsys.readouterr().err == f"yfpp: error: HTTP 404: no subscription {typo!r}\n"
+        for slashed in ("s1/matches", "../s1", "s1/"):  # the server decodes %2F before routing: refused here
+            assert main(["unsubscribe", "--server", url, slashed]) == 2
+            assert capsys.readouterr().err == f"yfpp: error: HTTP 404: no subscription {slashed!r}: ids and names hold no '/'\n"
+        with pytest.raises(ServiceError, match="hold no '/'"):
+            Client(url).subscription("s1/matches")
         assert main(["subscribe", "--server", url, "-q", "PATTERN SEQ(a x)", "--queue", "0"]) == 2
         assert capsys.readouterr().err.startswith("yfpp: error: HTTP 422: ")
         assert [s["id"] for s in Client(url).subscriptions()] == ["s1"]

@@ -93,5 +93,10 @@ class Client:
 
 
 def _path(sid: str) -> str:
-    """The API path of subscription ``sid`` (quoted: an id holding '/', '#' or a space names no other resource)."""
+    """The API path of subscription ``sid``, quoted (an id holding '#' or a space names no other resource).
+
+    No id or name holds a '/', and the server decodes ``%2F`` before routing (``x/matches`` would be
+    another resource): such an id is refused here."""
+    if "/" in sid:
+        raise ServiceError(404, {"error": f"no subscription {sid!r}: ids and names hold no '/'"})
     return "/subscriptions/" + quote(sid, safe="")

@@ -450,6 +450,8 @@ def check_sink(url: str) -> str:
     parts = urlsplit(url)
     if parts.scheme in ("tcp", "http", "https") and parts.hostname:
         check_host(parts.hostname)
+        if parts.scheme != "tcp":
+            _check_webhook_url(url, parts.hostname)
         try:
             port = parts.port
         except ValueError:  # not a number, or above 65535
@@ -476,6 +478,17 @@ def check_host(host: str) -> None:
         name = ""
     if len(name) > 253 or not all(map(_LABEL.match, name.split("."))):
         raise ValueError(f"sink host {host!r} is not a hostname or IP address")
+
+
+def _check_webhook_url(url: str, host: str) -> None:
+    """ValueError unless httpx, which sends the webhooks, takes ``url``: it encodes hosts by IDNA 2008,
+    stricter than Python's IDNA 2003 that :func:`check_host` (and a TCP sink's connection) uses."""
+    import httpx
+
+    try:
+        httpx.URL(url).host  # (an invalid A-label fails only when the host is decoded, as sending does)
+    except Exception:  # InvalidURL, or idna's own error unwrapped
+        raise ValueError(f"sink host {host!r} is not a hostname a webhook can reach (IDNA 2008)") from None
 
 
 def sink_for(url: str, fmt: str) -> PushSink:
