@@ -31,6 +31,14 @@ def test_text_shows_predicates_indexes_windows_negations(capsys):
     assert "where e1[@zone='Z1']" in out and "index @zone = 'Z1' (hash index)" in out
 
 
+def test_numbers_are_shown_as_written_not_rounded(capsys):
+    query = "PATTERN SEQ(a x, b y) WHERE x.v = 100000000000000000000 AND y.w > 1.2345678 AND y.z < 1e300 WITHIN 365 days"
+    assert main(["explain", "-q", query]) == 0
+    out = capsys.readouterr().out
+    assert "where x.v = 100000000000000000000" in out and "where y.w > 1.2345678" in out
+    assert "where y.z < 1e+300" in out and "window 31536000" in out
+
+
 def test_json_is_the_graph_for_tools(capsys):
     assert main(["explain", "-q", str(ROOT / "queries/sharing.xpe"), "--format", "json"]) == 0
     g = json.loads(capsys.readouterr().out)

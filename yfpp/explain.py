@@ -107,10 +107,18 @@ def _acceptance(plan: QueryPlan) -> dict[str, Any]:
     }
 
 
+def number_text(v: float) -> str:
+    """A number as written back: integers in full (``100000000000000000000``, a window of ``31536000``), other
+    floats exactly (``0.1``, ``1e+300``), never rounded to six digits."""
+    if isinstance(v, float) and v.is_integer() and abs(v) < 1e16:
+        return str(int(v))
+    return repr(v)
+
+
 def _accept_text(a: dict[str, Any]) -> str:
     parts = [a["query"]]
     if a["window"] is not None:
-        parts.append(f"within {a['window']:g}")
+        parts.append(f"within {number_text(a['window'])}")
     parts += a["negations"]
     if a["policy"] != "all":
         parts.append(a["policy"])
@@ -136,7 +144,7 @@ def expr_text(e: Expr, names: tuple[str, ...] = ()) -> str:
 
     def show(e: Expr, outer: bool = True) -> str:
         if isinstance(e, Literal):
-            return repr(e.value) if isinstance(e.value, str) else str(e.value).lower() if isinstance(e.value, bool) else f"{e.value:g}"
+            return repr(e.value) if isinstance(e.value, str) else str(e.value).lower() if isinstance(e.value, bool) else number_text(e.value)
         if isinstance(e, Ref):
             return ref(e)
         if isinstance(e, Length):
@@ -187,7 +195,7 @@ def as_text(engine: Engine, g: nx.DiGraph) -> str:
             loop = g.edges[child, child]["label"] if g.has_edge(child, child) else ""
             share = f"  shared by {len(d['queries'])}" if len(d["queries"]) > 1 else ""
             acc = f"  accepts {', '.join(a['query'] for a in d['accepts'])}" if d["accepts"] else ""
-            win = f"  window {d['window']:g}" if d["window"] is not None else ""
+            win = f"  window {number_text(d['window'])}" if d["window"] is not None else ""
             lines.append(f"{'  ' * depth}{edge + ' ' if edge else ''}{d['label']}{' ⟲ ' + loop if loop else ''}{win}{share}{acc}")
             pad = "  " * depth + "    "
             lines.extend(f"{pad}where {p}" for p in d["predicates"])
@@ -225,7 +233,7 @@ def node_caption(d: dict[str, Any]) -> str:
     """The multi-line caption of a node in pictures: label, window, predicates, index, acceptances."""
     lines = [d["label"]]
     if d["window"] is not None:
-        lines.append(f"window {d['window']:g}")
+        lines.append(f"window {number_text(d['window'])}")
     lines += d["predicates"]
     if d["index"]:
         lines.append(f"index {d['index']}")
