@@ -13,6 +13,7 @@ from enum import Enum
 from typing import Any, Union
 
 from yfpp.errors import PatternError
+from yfpp.events import PSEUDO_ATTRS
 from yfpp.query_limits import MAX_COMPONENTS, line_column
 
 
@@ -325,6 +326,9 @@ def validate(p: Pattern) -> None:
         raise PatternError("a feedback query needs a result event: RETURN type(…) in SASE+, => type(…) in extended XPath")
     if p.emit:
         for name, expr in p.emit.attrs:
+            if p.feedback and name in PSEUDO_ATTRS:
+                raise PatternError(f"RETURN attribute {name!r} would hide the fed-back event's own {name} "
+                                   f"(x.{name} reads an attribute before the field): give it another name")
             for v in sorted(variables(expr)):
                 if not by_var[v].positive:
                     raise PatternError(f"RETURN attribute {name!r} refers to negated variable {v!r}", var=v)
