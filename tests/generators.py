@@ -23,6 +23,7 @@ from yfpp.pattern import (
 
 TYPES = ["A", "B", "C"]
 CONTIGUITIES = list(Contiguity)
+_ABSENT = object()
 
 
 @st.composite
@@ -32,9 +33,10 @@ def streams(draw, max_events: int = 10, types=TYPES) -> list[Event]:
     out = []
     for seq in range(n):
         ts += draw(st.sampled_from([0, 0, 1, 1, 2]))
-        attrs = {"x": draw(st.integers(0, 3)), "k": draw(st.integers(0, 1))}
-        y = draw(st.sampled_from([None, 0, 1, 2, "s"]))
-        if y is not None:
+        # k, the equivalence attribute, and y are sometimes null or a list (which compare with nothing)
+        attrs = {"x": draw(st.integers(0, 3)), "k": draw(st.sampled_from([0, 1] * 6 + [None, [1]]))}
+        y = draw(st.sampled_from([_ABSENT, 0, 1, 2, "s", None, [1]]))
+        if y is not _ABSENT:
             attrs["y"] = y
         out.append(Event(draw(st.sampled_from(types)), ts, attrs, seq))
     return out

@@ -169,3 +169,34 @@ def test_malformed_dict_is_reported_and_the_stream_goes_on():
     out = feed(eng, [{"type": "a", "ts": 1}, {"ts": 2}, {"type": "b", "ts": "soon"}, {"type": "b", "ts": 3}])
     assert [m["bindings"] for m in out] == [{"x": [0], "y": [3]}]
     assert [json.loads(x)["seq"] for x in sink.getvalue().splitlines()] == [1, 2]
+
+
+# --- values that compare with nothing, refusals that leave no trace, options a restore keeps ------------------
+
+
+def test_a_list_dict_or_null_key_puts_the_event_in_no_partition_and_the_stream_goes_on():
+    for query in ("PATTERN SEQ(a x, a y) WHERE [k]", "PATTERN SEQ(a x, a y) WHERE [k, j]", "[k]//a//a",
+                  "PATTERN SEQ(a+ x[], a y) WHERE [k]", "PATTERN SEQ({a x, b y}, a z) WHERE [k] WITHIN 10"):
+        for merge in (False, True):
+            eng = Engine(reports=None, merge_runs=merge)
+            eng.register(query, name="keyed")
+            eng.register("PATTERN SEQ(a x, c y)", name="plain")
+            odd = [{"type": "a", "ts": 1, "k": [1], "j": 0}, {"type": "a", "ts": 2, "k": {"v": 1}, "j": 0},
+                   {"type": "a", "ts": 3, "k": None, "j": 0}, {"type": "b", "ts": 3.5, "k": [3], "j": 0}]
+            good = [{"type": "a", "ts": 4, "k": 3, "j": 0}, {"type": "b", "ts": 4.5, "k": 3, "j": 0},
+                    {"type": "a", "ts": 5, "k": 3, "j": 0}, {"type": "c", "ts": 6, "k": [1], "j": 0}]
+            out = feed(eng, odd + good)
+            keyed = [m["bindings"] for m in out if m["query"] == "keyed"]
+            assert keyed and all(s >= 4 for b in keyed for seqs in b.values() for s in seqs), (query, keyed)
+            assert len([m for m in out if m["query"] == "plain"]) == 5 and eng.stats.failed == 0, query
+
+
+def test_null_lists_and_dicts_compare_with_nothing():
+    eng = Engine(reports=None)
+    eng.register("PATTERN SEQ(a x, b y) WHERE x.v = y.v", name="eq")
+    eng.register("PATTERN SEQ(a x, b y) WHERE x.v < y.v", name="lt")
+    eng.register("PATTERN SEQ(a x, b y) WHERE NOT (x.v = y.v)", name="not_eq")
+    out = feed(eng, [{"type": "a", "ts": 1, "v": v} for v in (None, [1], {"a": 1})]
+               + [{"type": "b", "ts": 2, "v": v} for v in (None, [1], {"a": 1})])
+    assert eng.stats.failed == 0
+    assert {m["query"] for m in out} == {"not_eq"} and len(out) == 3  # (each a takes the first b)

@@ -61,6 +61,7 @@ from yfpp.predicates import (
     kleene_start,
     kleene_take,
 )
+from yfpp.runs import PLAIN_KEYS, usable_key
 
 _equal = compare_fn("=")
 
@@ -313,9 +314,12 @@ def event_bits(plan: SetPlan, ev: Event) -> int:
 
 
 def key_of(ev: Event, attrs: tuple[str, ...]) -> Any:
-    """The values of ``attrs`` (``MISSING`` if one is absent)."""
+    """The values of ``attrs`` (``MISSING`` when the event is in no partition: see :func:`usable_key`)."""
     vals = tuple(ev.get(a) for a in attrs)
-    return MISSING if MISSING in vals else vals
+    if PLAIN_KEYS.issuperset(map(type, vals)):
+        return vals
+    key = usable_key(vals)
+    return MISSING if key is None else key
 
 
 # --- the matcher A: every substitution over a list of events ----------------------------------

@@ -61,11 +61,16 @@ def is_number(v: Any) -> bool:
 _CMP = {"=": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 
 
+INCOMPARABLE = frozenset({type(MISSING), type(None), list, dict})  #: values that compare with nothing
+
+
 def comparable(a: Any, b: Any, ordered: bool) -> bool:
-    """May ``a`` and ``b`` be compared (same kind, not MISSING; bools only for = and !=)?"""
+    """May ``a`` and ``b`` be compared (same kind, not missing, null, a list or a dict; bools only for = and !=)?"""
     ta, tb = type(a), type(b)
     if ta is tb:
-        return a is not MISSING and not (ordered and ta is bool)
+        if ta is str or ta is int or ta is float:
+            return True
+        return ta not in INCOMPARABLE and not (ordered and ta is bool)
     return (ta is int or ta is float) and (tb is int or tb is float)
 
 

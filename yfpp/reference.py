@@ -67,12 +67,18 @@ def _get(e: Event | None, attr: str) -> Any:
     return _NOVALUE
 
 
+def partition_of(e: Event, attrs: tuple[str, ...]) -> tuple | None:
+    """``e``'s values of the equivalence attributes, None when one is missing, null, a list or a dict."""
+    vals = tuple(_get(e, a) for a in attrs)
+    return None if any(v is _NOVALUE or v is None or isinstance(v, (list, dict)) for v in vals) else vals
+
+
 def _cmp(op: str, a: Any, b: Any) -> bool:
     if a is _NOVALUE or b is _NOVALUE:
         return False
     if _num(a) and _num(b):
         pass
-    elif type(a) is not type(b):
+    elif type(a) is not type(b) or a is None or isinstance(a, (list, dict)):
         return False
     elif type(a) is bool and op not in ("=", "!="):
         return False
@@ -218,8 +224,7 @@ class Reference:
             self.last_var[conj] = max(vs, key=order.get) if vs else pattern.components[0].var
 
     def key(self, e: Event) -> Any:
-        vals = tuple(_get(e, a) for a in self.p.partition_by)
-        return None if _NOVALUE in vals else vals
+        return partition_of(e, self.p.partition_by)
 
     def env(self, run: RefRun, current=None, event=None, iterating=False) -> Env:
         return Env(run.binds, self.kleene, current, event, iterating)

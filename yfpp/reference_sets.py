@@ -14,7 +14,7 @@ from typing import Any
 
 from yfpp.events import Event
 from yfpp.pattern import Aggregate, Index, Length, Kind, Pattern, Ref, variables, walk
-from yfpp.reference import _NOVALUE, Env, _get, holds, non_overlapping
+from yfpp.reference import Env, holds, non_overlapping, partition_of
 
 Seqs = dict[str, list[int]]
 
@@ -25,8 +25,7 @@ def _substitutions(p: Pattern, events: list[Event]) -> list[dict[str, list[Event
     out: list[dict[str, list[Event]]] = []
 
     def key(e: Event) -> Any:
-        vals = tuple(_get(e, a) for a in p.partition_by)
-        return None if _NOVALUE in vals else vals
+        return partition_of(e, p.partition_by)
 
     def go(i: int, binds: dict[str, list[Event]], current: int) -> None:
         if i == len(events):
@@ -90,7 +89,7 @@ def _witnessed(p: Pattern, binds: dict[str, list[Event]], events: list[Event]) -
     kleene = {c.var for c in p.positives if c.kind is Kind.KLEENE}
     block = {c.var: b for b, members in enumerate(p.blocks) for c in members}
     first = min((e for es in binds.values() for e in es), key=lambda e: e.seq)
-    key = tuple(_get(first, a) for a in p.partition_by)
+    key = partition_of(first, p.partition_by)
     for k, n in enumerate(p.components):
         if n.positive:
             continue
@@ -103,7 +102,7 @@ def _witnessed(p: Pattern, binds: dict[str, list[Event]], events: list[Event]) -
                 continue
             if x.ts - first.ts > p.window:
                 continue
-            if tuple(_get(x, a) for a in p.partition_by) != key:
+            if partition_of(x, p.partition_by) != key:
                 continue
             if all(holds(c, Env(binds, kleene, n.var, x)) for c in conjs):
                 return True
@@ -141,6 +140,6 @@ def set_reference_matches(p: Pattern, events: list[Event]) -> list[tuple[Seqs, i
     done = [(g, max(s for v in g.values() for s in v)) for g in found]
     if p.policy == "non_overlapping":
         first = {e.seq: e for e in events}
-        keyed = [(g, at, tuple(_get(first[min(min(v) for v in g.values())], a) for a in p.partition_by)) for g, at in done]
+        keyed = [(g, at, partition_of(first[min(min(v) for v in g.values())], p.partition_by)) for g, at in done]
         return non_overlapping(keyed, [c.var for c in p.positives])
     return done

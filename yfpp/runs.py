@@ -87,12 +87,27 @@ class Counters:
     shed_runs: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # by query: runs dropped by a cap
 
 
+PLAIN_KEYS = frozenset({str, int, float, bool})  #: the classes of the common key values, usable as they are
+
+
 def partition_key(ev: Event, attrs: tuple[str, ...]) -> Any:
-    """The equivalence-key value of ``ev`` (``None`` if it lacks one of ``attrs``)."""
+    """The equivalence-key value of ``ev`` (``None`` if it has none: see :func:`usable_key`)."""
     if not attrs:
         return None
     if len(attrs) == 1:
         v = ev.get(attrs[0])
-        return None if v is MISSING else v
+        return v if v.__class__ in PLAIN_KEYS else usable_key(v)
     vals = tuple(ev.get(a) for a in attrs)
-    return None if MISSING in vals else vals
+    return vals if PLAIN_KEYS.issuperset(map(type, vals)) else usable_key(vals)
+
+
+def usable_key(v: Any) -> Any:
+    """``v`` as an equivalence key, or None when it can be none (docs/semantics.md §4): missing, null, or a
+    value that compares with nothing (a list, a dict: unhashable) — the event is then in no partition."""
+    if v is MISSING or v is None or (v.__class__ is tuple and (MISSING in v or None in v)):
+        return None
+    try:
+        hash(v)
+    except TypeError:
+        return None
+    return v

@@ -35,7 +35,7 @@ from yfpp.policies import accept, overlap_rank
 from yfpp.predicates import kleene_start, kleene_take
 from yfpp.pruning import sweep
 from yfpp.run_merging import RunMerger, member_completions
-from yfpp.runs import Counters, FullRun, Run, partition_key
+from yfpp.runs import PLAIN_KEYS, Counters, FullRun, Run, partition_key, usable_key
 from yfpp.shared_nfa import Node, SharedNFA, State
 
 _UNSET: Any = object()  # an event's key not yet computed (Runtime._steps)
@@ -102,9 +102,7 @@ def _key_of(ev: Event, attrs: tuple[str, ...]) -> Any:
         k = ev.attrs.get(attrs[0], MISSING)
         if k is MISSING:
             k = ev.get(attrs[0])  # a pseudo-attribute (ts, type, seq), else MISSING
-            if k is MISSING:
-                return None
-        return k
+        return k if k.__class__ in PLAIN_KEYS else usable_key(k)
     return partition_key(ev, attrs)
 
 
@@ -271,13 +269,13 @@ class Runtime:
     def _starts(self, ev: Event, route: _Route, tick: int, out: list[dict]) -> list[dict]:
         """:meth:`_steps` of an event that can only begin one root (``_Route.starts``; no partition ticks, strict
         runs or run merging): the new run, if it begins, stored in the node's one wait state, as ``_steps``
-        would (``_start``, then its commit) with fewer steps.  The unhashable key of a keyed node fails before
-        anything is stored, the event rolled back as in ``_steps``."""
+        would (``_start``, then its commit) with fewer steps.  A predicate that raises fails before anything is
+        stored, the event rolled back as in ``_steps``."""
         node, wait, attr, by_key = route.starts
         try:
             if by_key is not None:
                 ek = ev.attrs.get(attr) if attr is not None else None  # _key_of, inline for a plain attribute
-                if ek is None:
+                if ek.__class__ not in PLAIN_KEYS:
                     ek = _key_of(ev, node.partition_by)
                     if ek is None:
                         return self._done(tick, out)
@@ -342,7 +340,7 @@ class Runtime:
         try:
             if attrs:
                 ek = ev.attrs.get(attrs[0]) if len(attrs) == 1 else None  # _key_of, inline for a plain attribute
-                if ek is None:
+                if ek.__class__ not in PLAIN_KEYS:
                     ek = _key_of(ev, attrs)
                     if ek is None:
                         return self._done(tick, out)
@@ -393,7 +391,7 @@ class Runtime:
         Two phases: the first computes every move without changing stored
         state (runs it steps are taken out of their stores into ``touched`` and
         never mutated), then the commit stores the results.  If the first
-        phase raises (a predicate failing on this record, an unhashable key…),
+        phase raises (a predicate failing on this record…),
         ``_undo`` puts the runs back, drops the buffer entries made for ``ev``
         and ``on_error`` reports the event: the stream goes on as if the record
         had been a bare time advance to its ts (``advance_time``): the
@@ -662,8 +660,7 @@ class Runtime:
     def _quiet(self, ev: Event, route: _Route, tick: int, out: list[dict]) -> list[dict]:
         """:meth:`_steps` of an event of a route with ``quick`` (no partition ticks or strict runs), which may
         change nothing: no candidate store it feeds has a live branch, no run is stored under its keys for it to
-        move, and it begins no root.  Then it stops here; else (or for an unhashable key, which ``_steps``
-        reports) it goes through ``_steps``."""
+        move, and it begins no root.  Then it stops here; else it goes through ``_steps``."""
         for store, _, _ in route.negs:
             if store.root.live:
                 return self._steps(ev, route, tick, out)
@@ -673,13 +670,10 @@ class Runtime:
             if self._counters.live_runs:
                 for attrs, by_key in self._parts:
                     if by_key:
-                        try:
-                            k = ev.attrs.get(attrs[0]) if len(attrs) == 1 else None  # _key_of, inline for an attribute
-                            if k is None:
-                                k = _key_of(ev, attrs)
-                            if k is not None and by_key.get(k):
-                                return self._steps(ev, route, tick, out)
-                        except TypeError:  # an unhashable key
+                        k = ev.attrs.get(attrs[0]) if len(attrs) == 1 else None  # _key_of, inline for an attribute
+                        if k.__class__ not in PLAIN_KEYS:
+                            k = _key_of(ev, attrs)
+                        if k is not None and by_key.get(k):
                             return self._steps(ev, route, tick, out)
             else:  # (nothing is stored but empty lists, whatever the keys)
                 for _, by_key in self._parts:
