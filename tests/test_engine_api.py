@@ -200,3 +200,72 @@ def test_null_lists_and_dicts_compare_with_nothing():
                + [{"type": "b", "ts": 2, "v": v} for v in (None, [1], {"a": 1})])
     assert eng.stats.failed == 0
     assert {m["query"] for m in out} == {"not_eq"} and len(out) == 3  # (each a takes the first b)
+
+
+def test_a_refused_query_leaves_the_engine_as_it_was():
+    eng = Engine()
+    eng.register("PATTERN SEQ(a x, b y)", name="ok")
+    with pytest.raises(PatternError):
+        eng.register("PATTERN SEQ(b+ x[], c y) WHERE x[i-1].v < x[x.len].v", name="bad")
+    assert [q["name"] for q in eng.snapshot()["queries"]] == ["ok"]
+    eng.register("PATTERN SEQ(a x, c y)", name="bad")  # the name is free
+    assert [q["name"] for q in Engine.restore(eng.snapshot()).snapshot()["queries"]] == ["ok", "bad"]
+    for name in (1, ["x"], ""):  # an int name could be an unnamed query's id
+        with pytest.raises(YfppError, match="a query name must be a non-empty string"):
+            eng.register("PATTERN SEQ(a x)", name=name)
+    with pytest.raises(YfppError, match="unregister\\(\\) takes a query id"):
+        eng.unregister([])
+
+
+def test_max_delay_lowered_with_events_held_releases_them_first():
+    for lower in ("setter", "restore"):
+        eng = Engine(max_delay=5)
+        eng.register("PATTERN SEQ(a x, b y)", name="q")
+        assert feed_only(eng, [{"type": "a", "ts": 1}, {"type": "b", "ts": 2}]) == []
+        if lower == "setter":
+            eng.max_delay = 0
+        else:
+            eng = Engine.restore(eng.snapshot(), max_delay=0)
+        out = feed_only(eng, [{"type": "a", "ts": 4}, {"type": "b", "ts": 6}]) + eng.flush()
+        assert sorted((m["bindings"]["x"][0], m["bindings"]["y"][0]) for m in out) == [(0, 1), (2, 3)], lower
+        assert all(m["start"] <= m["end"] for m in out)
+    for bad in (-1, "x", 10**400, float("nan")):
+        with pytest.raises(YfppError, match="max_delay must be a finite number >= 0"):
+            Engine(max_delay=bad)
+        with pytest.raises(YfppError, match="max_delay must be a finite number >= 0"):
+            eng.max_delay = bad
+
+
+def feed_only(eng: Engine, records: list[dict]) -> list[dict]:
+    return [m for r in records for m in eng.process(r)]
+
+
+def test_restore_keeps_full_events_and_the_feedback_guards():
+    eng = Engine(full_events=True, max_feedback_depth=2, max_derived_per_event=7, reports=None,
+                 dead_letters=DeadLetters(io.StringIO()))
+    eng.register("//x => x(n = e1.n + 1) feedback", name="loop")
+    back = Engine.restore(eng.snapshot(), reports=None, dead_letters=DeadLetters(io.StringIO()))
+    runs = [feed(e, [{"type": "x", "ts": 1, "n": 0}]) for e in (eng, back)]
+    assert runs[0] == runs[1] and len(runs[0]) == 3 and "events" in runs[0][0]  # x, then two derived (depth 2)
+
+
+def test_full_events_are_copies_the_engine_does_not_read_back():
+    eng = Engine(full_events=True)
+    eng.register("PATTERN SEQ(a x, b y) WHERE skip_till_any_match(x, y) { x.v = y.v }", name="q")
+    eng.process({"type": "a", "ts": 1, "v": 1})
+    (m,) = eng.process({"type": "b", "ts": 2, "v": 1})
+    m["events"]["x"][0]["attrs"]["v"] = 99
+    assert len(eng.process({"type": "b", "ts": 3, "v": 1})) == 1
+
+
+def test_integers_too_long_to_print_are_reported_not_raised():
+    out = io.StringIO()
+    eng = Engine(dead_letters=DeadLetters(out))
+    eng.register("PATTERN SEQ(a x, b y)", name="q")
+    assert eng.process({"type": "a", "ts": 10**5000}) == [] and eng.process(Event("a", 10**400)) == []
+    assert eng.process({"type": "a", "ts": 5, "v": [10**5000]}) == []
+    assert eng.process({"type": "a", "ts": 1, "v": [10**5000]}) == []  # late
+    reasons = [(r["seq"], r["reason"]) for r in map(json.loads, out.getvalue().splitlines())]
+    assert reasons[:2] == [(0, "malformed record: ts out of range: an integer of over 4,000 digits"),
+                           (1, "malformed record: ts out of range: an integer of 401 digits")]
+    assert reasons[2][1].startswith("late event") and "<an integer of over 4,000 digits>" in out.getvalue()

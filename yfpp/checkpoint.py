@@ -191,7 +191,8 @@ def snapshot(engine) -> dict:
         "version": VERSION,
         "options": {"max_delay": engine.max_delay, "max_held": engine.max_held, "policy": engine.default_policy,
                     "max_runs_per_query": rt.max_runs, "max_buffer_per_query": rt.max_buffer, "strategy": engine.strategy,
-                    "merge_runs": rt.merger is not None},
+                    "merge_runs": rt.merger is not None, "full_events": rt.full_events,
+                    "max_feedback_depth": engine.feedback.max_depth, "max_derived_per_event": engine.feedback.max_derived},
         "queries": [
             {"id": qid, "name": name, "text": text, "pattern": encode_pattern(pat),
              "since_tick": engine.queries[qid].since_tick if qid in engine.queries else None}
@@ -309,6 +310,7 @@ def _restore(data: dict, Engine, engine_opts: dict):
     eng._arrivals = count(s["next_arrival"])
     rt.tick, rt.now, rt._next_sweep = s["tick"], s["now"], s["next_sweep"]
     eng._held = [(ts, sk, arrival, rd.events[i]) for ts, sk, arrival, i in data["held"]]
+    eng.max_delay = eng.max_delay  # (with events held, the next events go through the reorder buffer whatever it is)
     for rec in data["runs"]:
         r = FullRun(state_at(rec["state"]), tuple(rd.value(x) for x in rec["vec"]), None if rec["entry"] is None else rd.entries[rec["entry"]],
                 tuple(rec["version"]), rec["first_ts"], rec["first_pos"], rd.value(rec["key"]), rec["born"], rec["tick"], rec["ptick"])

@@ -97,9 +97,8 @@ class Engine:
     ):
         if strategy not in STRATEGIES:
             raise YfppError(f"unknown evaluation strategy {strategy!r} (expected one of {', '.join(STRATEGIES)})")
-        self.max_delay = _real(max_delay, "max_delay")
-        if self.max_delay < 0:
-            raise YfppError(f"max_delay must be a finite number >= 0, not {max_delay!r}")
+        self._held: list[tuple[float, float, int, Event]] = []  # the reorder buffer: a heap by (ts, seq key, arrival)
+        self.max_delay = max_delay
         self.max_held = _cap("max_held", max_held, MAX_HELD)
         self.released_early = 0  # events the reorder buffer released over max_held, before their delay was up
         max_runs_per_query = _cap("max_runs_per_query", max_runs_per_query, MAX_RUNS_PER_QUERY)
@@ -117,23 +116,26 @@ class Engine:
         self.sources: dict[int, tuple[Pattern, str | None, str | int | None]] = {}  # for checkpoints
         self.reports: list[str] = []
         self._report_stream = sys.stderr if reports is STDERR else reports
-        self._names: set[str | int] = set()
+        self._names: set[str | int] = set()  # explicit names (str) and the ids of unnamed queries
         self._ids = count()
         self._next_seq = 0
         self._arrivals = count()
-        self._held: list[tuple[float, float, int, Event]] = []  # reorder buffer: (ts, seq key, arrival, event)
         self._mark_ts = self._mark_sk = float("-inf")  # the watermark, (ts, seq key): see _mark
         self._route_events()
 
     # --- queries --------------------------------------------------------------------
 
-    def register(self, query: str | Pattern, name: str | int | None = None, *, policy: str | None = None,
+    def register(self, query: str | Pattern, name: str | None = None, *, policy: str | None = None,
                  feedback: bool = False) -> int:
         """Compile and add a query (SASE+ text, extended-XPath text or a Pattern); return its id.
 
+        ``name`` (a non-empty string) names its matches; without one they carry the id.
         ``feedback=True`` routes its result events back into the stream, as
-        its own ``FEEDBACK`` clause does (``yfpp.feedback``).
+        its own ``FEEDBACK`` clause does (``yfpp.feedback``).  A query refused
+        (an error raised) leaves the engine as it was.
         """
+        if name is not None and not (isinstance(name, str) and name):
+            raise YfppError(f"a query name must be a non-empty string, not {name!r:.80}")
         if isinstance(query, str):
             pattern = parse_query(query)
         elif isinstance(query, Pattern):
@@ -149,18 +151,20 @@ class Engine:
         if feedback and not pattern.feedback:
             pattern = dataclasses.replace(pattern, feedback=True).validate()
         qid = next(self._ids)
-        self.sources[qid] = (pattern, query if isinstance(query, str) else None, name)
+        source = (pattern, query if isinstance(query, str) else None, name)
         if pattern.has_sets or (self.strategy == "match-window" and _windowable(pattern)):
             from yfpp.event_sets import Limits, set_matcher
 
             limits = Limits(self.runtime.max_runs, self.runtime.max_buffer, self._shed_sets)
             matcher = self.set_queries[qid] = set_matcher(pattern, name if name is not None else qid, self.strategy, limits)
+            self.sources[qid] = source
             self._names.add(matcher.plan.name)
             if pattern.feedback:
                 self.feedback.order[matcher.plan] = qid
             self._route_events()
             return qid
         plan = compile_pattern(pattern, name if name is not None else qid)
+        self.sources[qid] = source
         self.queries[qid] = plan
         self._names.add(plan.name)
         self.runtime.add(plan)
@@ -171,6 +175,8 @@ class Engine:
 
     def unregister(self, qid: int) -> None:
         """Remove a query: it emits nothing more and its runs are freed."""
+        if not isinstance(qid, int):
+            raise YfppError(f"unregister() takes a query id (an int, as register returned), not {qid!r:.80}")
         matcher = self.set_queries.pop(qid, None)
         if matcher is not None:
             del self.sources[qid]
@@ -288,8 +294,12 @@ class Engine:
 
     @max_delay.setter
     def max_delay(self, value: float) -> None:
+        value = _real(value, "max_delay")
+        if value < 0:
+            raise YfppError(f"max_delay must be a finite number >= 0, not {value!r}")
         self._max_delay = value
-        self._direct = value <= 0  # events go straight on, not through the reorder buffer
+        # events go straight on, not through the reorder buffer, once it holds none (else they would overtake)
+        self._direct = value <= 0 and not self._held
 
     @property
     def _mark(self) -> tuple[float, float]:
@@ -305,11 +315,15 @@ class Engine:
         if why is None:
             ts = _ts(ev.ts)
             if ts is None:
-                why = "missing or non-numeric ts" if not _is_real(ev.ts) else f"non-finite ts {ev.ts!r}"
+                why = _ts_problem(ev.ts)
             else:
                 ev.ts = ts
                 return ev
-        self.dead_letters.report(ev.seq, f"seq {ev.seq}", f"malformed record: {why}", _raw(ev))
+        seq = ev.seq
+        if type(seq) is int and seq < 0:  # given a seq, as a malformed mapping is
+            seq = self._next_seq
+            self._next_seq += 1
+        self.dead_letters.report(seq, f"seq {seq}", f"malformed record: {why}", _raw(ev))
         return None
 
     def _from_record(self, record: Mapping[str, Any]) -> Event | None:
@@ -320,10 +334,10 @@ class Engine:
         if why is None and ts is not None:
             return Event(etype, ts, {k: v for k, v in record.items() if k != "type" and k != "ts"})
         if why is None:
-            why = "missing or non-numeric ts" if not _is_real(raw_ts) else f"non-finite ts {raw_ts!r}"
+            why = _ts_problem(raw_ts)
         seq = self._next_seq
         self._next_seq += 1
-        self.dead_letters.report(seq, f"seq {seq}", f"malformed record: {why}", repr(dict(record))[:500])
+        self.dead_letters.report(seq, f"seq {seq}", f"malformed record: {why}", _record_text(record))
         return None
 
     def _release(self, upto: float) -> list[dict]:
@@ -336,6 +350,8 @@ class Engine:
             ts, sk, _, ev = heapq.heappop(held)
             self._mark_ts, self._mark_sk = ts, sk
             out.extend(self._one(ev))
+        if not held and self._max_delay <= 0:
+            self._direct = True  # (max_delay was lowered to 0 with events held: they are out now)
         return out
 
     def _released_early(self) -> None:
@@ -472,9 +488,10 @@ def _is_real(v: Any) -> bool:
 
 
 def _real(v: Any, what: str) -> float:
-    if not _is_real(v) or not math.isfinite(float(v)):
-        raise YfppError(f"{what} must be a finite number >= 0, not {v!r}")
-    return float(v)
+    f = _ts(v)
+    if f is None:
+        raise YfppError(f"{what} must be a finite number >= 0, not {v!r:.80}")
+    return f
 
 
 def _ts(v: Any) -> float | None:
@@ -488,6 +505,15 @@ def _ts(v: Any) -> float | None:
     except (OverflowError, ValueError):
         return None
     return f if math.isfinite(f) else None
+
+
+def _ts_problem(raw: Any) -> str:
+    """Why ``raw`` (which :func:`_ts` refused) is no timestamp."""
+    if not _is_real(raw):
+        return "missing or non-numeric ts"
+    if isinstance(raw, int):  # finite, but beyond a float
+        return f"ts out of range: an integer of {len(str(raw)) if raw.bit_length() < 14_000 else 'over 4,000'} digits"
+    return f"non-finite ts {raw!r}"
 
 
 def _bad_type(etype: Any) -> str | None:
@@ -504,7 +530,27 @@ def _raw(ev: Event) -> str:
 
 def event_raw(etype: str, ts: float, attrs: Mapping[str, Any]) -> str:
     """An event as a JSON line ``yfpp run`` can read again: the ``raw`` of a late or failed event's dead letter."""
-    return json.dumps({"type": etype, "ts": ts, **attrs}, default=str, ensure_ascii=False)[:100_000]
+    record = {"type": etype, "ts": ts, **attrs}
+    try:
+        text = json.dumps(record, default=str, ensure_ascii=False)
+    except ValueError:  # an integer of more than 4,300 digits, which Python will not print
+        text = json.dumps({k: _printable(v) for k, v in record.items()}, default=str, ensure_ascii=False)
+    return text[:100_000]
+
+
+def _record_text(record: Mapping[str, Any]) -> str:
+    """A malformed record's ``repr`` for its dead letter, cut to 500 characters."""
+    try:
+        return repr(dict(record))[:500]
+    except ValueError:  # (as in event_raw)
+        return repr({k: _printable(v) for k, v in record.items()})[:500]
+
+
+def _printable(v: Any) -> Any:
+    """``v`` with integers too long to print as text saying so."""
+    if isinstance(v, int) and v.bit_length() > 14_000:
+        return "<an integer of over 4,000 digits>"
+    return [_printable(x) for x in v] if isinstance(v, list) else v
 
 
 def _check_policy(policy: str | None) -> None:

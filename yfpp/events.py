@@ -77,8 +77,9 @@ class Event:
         return {"type": self.type, "ts": self.ts, **self.attrs, "seq": self.seq}
 
     def describe(self) -> dict[str, Any]:
-        """The event as a match lists it with full events (``Engine(full_events=True)``)."""
-        return {"seq": self.seq, "type": self.type, "ts": self.ts, "attrs": self.attrs}
+        """The event as a match lists it with full events (``Engine(full_events=True)``): its attributes
+        copied, so that a caller changing a match changes no event a run still holds."""
+        return {"seq": self.seq, "type": self.type, "ts": self.ts, "attrs": dict(self.attrs)}
 
     def __repr__(self) -> str:
         return f"Event({self.type!r}, ts={self.ts!r}, seq={self.seq}, {self.attrs!r})"
