@@ -269,3 +269,15 @@ def test_integers_too_long_to_print_are_reported_not_raised():
     assert reasons[:2] == [(0, "malformed record: ts out of range: an integer of over 4,000 digits"),
                            (1, "malformed record: ts out of range: an integer of 401 digits")]
     assert reasons[2][1].startswith("late event") and "<an integer of over 4,000 digits>" in out.getvalue()
+
+
+def test_wrong_argument_types_are_clear_errors():
+    from yfpp.readers import read_events
+
+    for opts in ({"max_feedback_depth": "x"}, {"max_derived_per_event": 0}, {"reports": 42}):
+        with pytest.raises(YfppError, match="must be|reports must be a text stream"):
+            Engine(**opts)
+    with pytest.raises(YfppError, match=r"wrap bytes in io.BytesIO"):
+        list(read_events(b'{"type": "a", "ts": 1}\n', "jsonl"))
+    with pytest.raises(ValueError, match="max_depth must be an integer >= 1"):
+        list(read_events(io.BytesIO(b""), "jsonl", max_depth="3"))

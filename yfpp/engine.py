@@ -116,6 +116,8 @@ class Engine:
         self.sources: dict[int, tuple[Pattern, str | None, str | int | None]] = {}  # for checkpoints
         self.reports: list[str] = []
         self._report_stream = sys.stderr if reports is STDERR else reports
+        if reports is not None and not callable(getattr(self._report_stream, "write", None)):
+            raise YfppError(f"reports must be a text stream or None, not {type(reports).__name__}")
         self._names: set[str | int] = set()  # explicit names (str) and the ids of unnamed queries
         self._ids = count()
         self._next_seq = 0

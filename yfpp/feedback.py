@@ -68,8 +68,9 @@ class Feedback:
 
     def __init__(self, runtime: Runtime, dead_letters: DeadLetters, max_depth: int = MAX_DEPTH,
                  max_derived: int = MAX_DERIVED, step: Callable[[Event], list[dict]] | None = None):
-        if max_depth < 1 or max_derived < 1:
-            raise YfppError("max_feedback_depth and max_derived_per_event must be at least 1")
+        if not all(type(v) is int and v >= 1 for v in (max_depth, max_derived)):
+            raise YfppError(f"max_feedback_depth and max_derived_per_event must be integers >= 1, "
+                            f"not {max_depth!r:.40} and {max_derived!r:.40}")
         self.runtime = runtime
         self.step = step or runtime.process  # one event through every query (the Engine's: also its set queries)
         self.dead_letters = dead_letters

@@ -75,6 +75,9 @@ def _open(source: Source) -> tuple[IO[Any], bool]:
             f.close()
             return gzip.open(source, "rb"), True
         f = sys.stdin.buffer if source == "-" else source  # type: ignore[assignment]
+        if not callable(getattr(f, "read", None)):
+            raise InputError(f"read_events takes a path, '-' or a binary file object, not {type(source).__name__}"
+                             + (" (wrap bytes in io.BytesIO)" if isinstance(source, (bytes, bytearray)) else ""))
         peek: Callable[[int], bytes] | None = getattr(f, "peek", None)
         if peek is not None and peek(2)[:2] == b"\x1f\x8b":
             return gzip.GzipFile(fileobj=f), True  # closing it leaves ``f`` open
@@ -127,8 +130,9 @@ def read_event_batches(
     """:func:`read_events` a read block at a time: a list of the events of each block read (of the records
     it completes), for a caller that handles events in bulk (``yfpp run``). The dead letters of a block's
     records are reported as the block is read, before its events are handed on."""
-    if max_record_bytes < 1 or max_depth < 1:
-        raise ValueError("max_record_bytes and max_depth must be positive")
+    for what, v in (("max_record_bytes", max_record_bytes), ("max_depth", max_depth)):
+        if type(v) is not int or v < 1:
+            raise ValueError(f"{what} must be an integer >= 1, not {v!r:.80}")
     opts = ReaderOptions(ts_field, unit_factors(ts_unit), type_field or None, max_record_bytes, max_depth)
     fmt = (format or format_of(path_or_file) or "").lower()
     if fmt and fmt not in _FORMATS:
