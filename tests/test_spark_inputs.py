@@ -113,12 +113,13 @@ def test_relative_nested_input_from_the_drivers_folder(spark, queries, tree, mon
 @pytest.mark.parametrize("plan", ["scan", "shuffle"])
 def test_paths_with_spaces_percent_and_glob_characters(spark, queries, tmp_path, monkeypatch, capsys, plan):
     """Spark lists such paths percent-encoded (``a%20b``); both plans read them back (the shuffle plan used to
-    fail with PATH_NOT_FOUND). A small and a split JSON-lines file, an XML file."""
-    records = list(generate_rfid(600, tags=5, gap=10, seed=9))
+    fail with PATH_NOT_FOUND) in the order of the names on disk: 'a b' before 'a!' (encoded, 'a%20b' came after
+    'a!', whose events were then late and lost). Small and split JSON-lines files, an XML file."""
+    records = list(generate_rfid(800, tags=5, gap=10, seed=9))
     feeds = tmp_path / "my feeds 100%" / "day [1]"
     feeds.mkdir(parents=True)
-    files = [feeds / "a b.jsonl", feeds / "c%20d.xml", feeds / "e{f}.jsonl"]
-    for f, part in zip(files, (records[:200], records[200:400], records[400:])):
+    files = [feeds / "a b.jsonl", feeds / "a!.jsonl", feeds / "c%20d.xml", feeds / "e{f}.jsonl"]
+    for f, part in zip(files, (records[:200], records[200:400], records[400:600], records[600:])):
         write_events(part, f)
     monkeypatch.chdir(tmp_path)
     code, err = run_cli(capsys, queries, "-i", "my feeds 100%", "-o", f"out {plan}", "--plan", plan,

@@ -124,7 +124,7 @@ class Stager:
         stats = summaries(parsed)
         tmp = f"{self.checkpoint}/tmp/{batch_id}-{uuid.uuid4().hex}"
         if stats:
-            offsets = split_offsets(stats, False, (seq, max_ts), self.root)
+            offsets = split_offsets(stats, False, (seq, max_ts), self.root, uris=True)
             parsed_input = Parsed(parsed, stats, offsets, any_late(stats, offsets))
             events_of(parsed.sparkSession, parsed_input).drop("key_hashes").write.parquet(tmp)
             self.files.publish(tmp, f"{self.checkpoint}/staged/batch-{batch_id:012d}")

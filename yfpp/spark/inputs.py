@@ -77,7 +77,7 @@ def list_files(spark: Any, path: str | os.PathLike[str]) -> list[str]:
         raise InputError(listing_error(given, e)) from None
     if not files:
         raise InputError(f"no input files in {given} (empty, or only hidden and _ names)")
-    return sorted(files)
+    return sorted(files, key=unquote)  # (percent-encoded: in the order of the names on disk)
 
 
 def local_files(path: str) -> list[str] | None:

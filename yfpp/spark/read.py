@@ -110,7 +110,7 @@ def parse_input(spark: SparkSession, path: str | os.PathLike[str], format: str |
         .persist(StorageLevel.MEMORY_AND_DISK)
     with step("read + parse (readers), summaries"):
         stats = summaries(parsed)
-    offsets = split_offsets(stats, inputs.single_file(given, files))
+    offsets = split_offsets(stats, inputs.single_file(given, files), uris=True)
     return Parsed(parsed, stats, offsets, any_late(stats, offsets))
 
 
@@ -197,21 +197,23 @@ def any_late(stats: list[Any], offsets: list[tuple]) -> bool:
 
 
 def split_offsets(stats: list[Any], single: bool, start: tuple[int, float | None] = (0, None),
-                  root: str | None = None) -> list[tuple]:
+                  root: str | None = None, uris: bool = False) -> list[tuple]:
     """``(path, block, seq_base, line_base, before, prefix)`` per split from the splits'
     ``(path, block, n, line, ts)`` summaries: the records and largest ts of the
     splits before it (path order; ``start``: those of the input before these splits),
     the lines before it in its file, and the prefix of its dead letters' positions
-    (its path below folder ``root``, by default the files' common folder)."""
-    rows = sorted((s[0], s[1], s[2], s[3], s[4]) for s in stats)
-    paths = sorted({r[0] for r in rows})
-    common = root.rstrip("/") + "/" if root else os.path.commonprefix(paths).rpartition("/")[0] + "/" if paths else ""
+    (its path below folder ``root``, by default the files' common folder). ``uris``: the paths
+    are Spark's percent-encoded URIs, ordered and shown decoded (``a b`` before ``a!``, as on disk)."""
+    name = unquote if uris else str
+    rows = sorted(((s[0], s[1], s[2], s[3], s[4]) for s in stats), key=lambda r: (name(r[0]), r[1]))
+    paths = sorted({name(r[0]) for r in rows})
+    common = name(root).rstrip("/") + "/" if root else os.path.commonprefix(paths).rpartition("/")[0] + "/" if paths else ""
     out = []
     (seq, before), line_base, prev = start, 0, None
     for path, block, n, lines, ts in rows:
         if path != prev:
             line_base, prev = 0, path
-        prefix = "" if single else path[len(common):] + " "
+        prefix = "" if single else name(path)[len(common):] + " "
         out.append((path, block, seq, line_base, before, prefix))
         seq += n
         line_base += lines
