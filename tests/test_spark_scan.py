@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -28,6 +31,8 @@ from yfpp.errors import InputError  # noqa: E402
 from yfpp.generate import generate_rfid, write_events  # noqa: E402
 from yfpp.readers import read_events  # noqa: E402
 from yfpp.spark.inputs import choose_plan, local_files, local_path  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
 from yfpp.spark.plan import effective_queries, group_queries  # noqa: E402
 from yfpp.spark.scan import scan_inputs, scan_match, scan_task  # noqa: E402
 
@@ -49,7 +54,41 @@ def test_auto_scans_local_paths_and_shuffles_other_file_systems():
 
 def test_partitions_below_one_are_one_error_line(capsys):
     assert main(["spark", "-q", "[tag_id]&&//shelf//exit&&(60)", "-i", "feeds", "-o", "out", "--partitions", "0"]) == 2
-    assert capsys.readouterr().err == "yfpp: error: --partitions must be at least 1\n"
+    assert capsys.readouterr().err == "yfpp: error: --partitions must be from 1 to 10,000\n"
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--ts-unit", "fortnight"], "unknown --ts-unit 'fortnight'; expected one of s, ms"),
+    (["--stream", "--max-files", "0"], "--max-files must be above 0, got 0"),
+    (["--stream", "--trigger", "-1"], "--trigger must be above 0, got -1.0"),
+    (["--partitions", "100001"], "--partitions must be from 1 to 10,000"),
+    (["-o", "EXISTING_FILE"], "-o names a file"),
+])
+def test_arguments_refused_before_any_jvm_starts(tmp_path, capsys, flags, message):
+    (tmp_path / "a file").write_text("x")
+    flags = [str(tmp_path / "a file") if f == "EXISTING_FILE" else f for f in flags]
+    args = ["spark", "-q", "[tag_id]&&//shelf//exit&&(60)", "-i", "feeds", "-o", str(tmp_path / "out"), *flags]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("yfpp: error: ") and message in err and err.count("\n") == 1, err
+
+
+def test_a_refused_query_is_named_with_its_file_and_line(tmp_path, capsys):
+    queries = tmp_path / "q.sase"
+    queries.write_text("@query fine\nPATTERN SEQ(a x, b y)\n\n@query trailing\nPATTERN SEQ(a x, ~c z) WITHIN 5\n")
+    assert main(["spark", "-q", str(queries), "-i", "example:sample_rfid.xml", "-o", str(tmp_path / "out"),
+                 "--policy", "non_overlapping"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"yfpp: error: query 'trailing' in {queries}, line 5, column ") and "non_overlapping" in err, err
+
+
+def test_a_jvm_that_cannot_start_is_one_error_line(tmp_path):
+    env = {**os.environ, "JAVA_HOME": str(tmp_path / "no-java"), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "yfpp", "spark", "-q", "example:shoplifting.sase", "-i",
+                           "example:sample_rfid.xml", "-o", str(tmp_path / "out")], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.startswith("yfpp: error: cannot start Spark: ") and "JAVA_HOME" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_local_listing_is_spark_s(tmp_path):

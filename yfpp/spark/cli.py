@@ -12,9 +12,11 @@ import threading
 import time
 from typing import Any
 
-from yfpp.errors import YfppError
+from yfpp import examples
+from yfpp.errors import QueryError, YfppError
 from yfpp.feedback import MAX_DEPTH, MAX_DERIVED
-from yfpp.spark.inputs import PLANS, qualify
+from yfpp.record_fields import TS_UNITS
+from yfpp.spark.inputs import PLANS, local_path, qualify
 from yfpp.spark.starting import StartingSession
 from yfpp.pattern import Pattern
 from yfpp.query_text import load_patterns
@@ -91,20 +93,48 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=cmd_spark)
 
 
-def load(query_args: list[str]) -> list[tuple[str, Pattern]]:
-    """``[(name, pattern)]`` of the ``-q`` arguments."""
-    return [(source.name, pattern) for source, pattern in load_patterns(query_args)]
+MAX_PARTITIONS = 10_000  #: --partitions: above it the scan plan's tasks would each re-read the input for nothing
+
+
+def load(query_args: list[str], policy: str | None) -> Any:
+    """The ``-q`` arguments (``example:NAME`` too) as :func:`~yfpp.spark.plan.effective_queries`; a query
+    refused is reported with its file and line, as ``yfpp run`` reports it."""
+    from yfpp.spark.plan import effective_queries
+
+    loaded = load_patterns([examples.resolve(arg) for arg in query_args])
+    try:
+        return effective_queries([(source.name, pattern) for source, pattern in loaded], policy)
+    except QueryError:
+        for source, pattern in loaded:  # (only when one is refused: find it)
+            with source.blame():
+                effective_queries([(source.name, pattern)], policy)
+        raise
+
+
+def _check_arguments(args: argparse.Namespace) -> None:
+    """What can be refused before a JVM starts."""
+    if not args.input and not (args.stream and args.socket):
+        raise YfppError("give an input with -i (or --stream --socket HOST:PORT)")
+    if args.max_feedback_depth < 1 or args.max_derived < 1:
+        raise YfppError("--max-feedback-depth and --max-derived must be at least 1")
+    if args.partitions is not None and not 1 <= args.partitions <= MAX_PARTITIONS:
+        raise YfppError(f"--partitions must be from 1 to {MAX_PARTITIONS:,}")
+    if args.ts_unit not in TS_UNITS:
+        raise YfppError(f"unknown --ts-unit {args.ts_unit!r}; expected one of {', '.join(TS_UNITS)}")
+    for flag, value in (("--max-files", args.max_files), ("--trigger", args.trigger), ("--idle-stop", args.idle_stop)):
+        if value is not None and not value > 0:
+            raise YfppError(f"{flag} must be above 0, got {value}")
+    if args.input:
+        args.input = examples.resolve(args.input)
+    out = local_path(args.output) if ":" in args.output else args.output
+    if out is not None and os.path.isfile(out):
+        raise YfppError(f"-o names a file, {args.output}: give a directory (it is created)")
 
 
 def cmd_spark(args: argparse.Namespace) -> int:
     """Check the arguments, start the JVM and session — in the background while the queries are read
     and checked, the two sharing the cores — and run the batch or streaming job."""
-    if not args.input and not (args.stream and args.socket):
-        raise YfppError("give an input with -i (or --stream --socket HOST:PORT)")
-    if args.max_feedback_depth < 1 or args.max_derived < 1:
-        raise YfppError("--max-feedback-depth and --max-derived must be at least 1")
-    if args.partitions is not None and args.partitions < 1:
-        raise YfppError("--partitions must be at least 1")
+    _check_arguments(args)
     confs = []
     for kv in args.conf:
         key, eq, value = kv.partition("=")
@@ -139,10 +169,9 @@ def cmd_spark(args: argparse.Namespace) -> int:
         builder = builder.config("spark.sql.shuffle.partitions", str(args.partitions))
     starting = StartingSession(builder) if owned else None  # a new JVM: started while the queries are read
     try:
-        queries = load(args.query)
-        from yfpp.spark.plan import effective_queries, group_queries
+        queries = load(args.query, args.policy)  # validated and compiled once: the job reuses them
+        from yfpp.spark.plan import group_queries
 
-        queries = effective_queries(queries, args.policy)  # validated and compiled once: the job reuses them
         group_queries(queries, streaming=args.stream)  # refuses unsupported feedback before the job
     except BaseException:
         if starting is not None:  # the JVM is not left running: killed, its messages dropped
@@ -153,7 +182,11 @@ def cmd_spark(args: argparse.Namespace) -> int:
     # a borrowed session gets its SQL options back afterwards (getOrCreate sets them on it)
     keys = [key for key, _ in confs] + ["spark.sql.shuffle.partitions"]
     saved = {} if owned else {k: active.conf.get(k, None) for k in keys if active.conf.isModifiable(k)}
-    spark = starting.result() if starting is not None else builder.getOrCreate()
+    try:
+        spark = starting.result() if starting is not None else builder.getOrCreate()
+    except Exception as e:  # no JVM (JAVA_HOME, --master): one line
+        first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+        raise YfppError(f"cannot start Spark: {first} (Java 17 on PATH or JAVA_HOME? --master {args.master or 'local[*]'}?)") from None
     start_cpu = {k: v - cpu.get(k, 0.0) for k, v in tree_cpu_by_kind().items()}
     args.before_steps = [driver_start, (f"start JVM + session (queries {queries_wall:.2f} s alongside)",
                                         time.perf_counter() - started, start_cpu)] if owned else []
