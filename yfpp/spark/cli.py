@@ -10,7 +10,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from yfpp import examples
 from yfpp.errors import QueryError, YfppError
@@ -20,6 +20,9 @@ from yfpp.spark.inputs import PLANS, local_path, qualify
 from yfpp.spark.starting import StartingSession
 from yfpp.pattern import Pattern
 from yfpp.query_text import load_patterns
+
+if TYPE_CHECKING:
+    from yfpp.spark.plan import EffectiveQueries
 
 EXAMPLES = """\
 examples:
@@ -96,7 +99,7 @@ def add_parser(sub: Any) -> None:
 MAX_PARTITIONS = 10_000  #: --partitions: above it the scan plan's tasks would each re-read the input for nothing
 
 
-def load(query_args: list[str], policy: str | None) -> Any:
+def load(query_args: list[str], policy: str | None = None) -> EffectiveQueries:
     """The ``-q`` arguments (``example:NAME`` too) as :func:`~yfpp.spark.plan.effective_queries`; a query
     refused is reported with its file and line, as ``yfpp run`` reports it."""
     from yfpp.spark.plan import effective_queries
