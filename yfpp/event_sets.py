@@ -318,8 +318,7 @@ def key_of(ev: Event, attrs: tuple[str, ...]) -> Any:
     vals = tuple(ev.get(a) for a in attrs)
     if PLAIN_KEYS.issuperset(map(type, vals)):
         return vals
-    key = usable_key(vals)
-    return MISSING if key is None else key
+    return MISSING if any(usable_key(v) is None for v in vals) else vals
 
 
 # --- the matcher A: every substitution over a list of events ----------------------------------

@@ -68,9 +68,17 @@ def _get(e: Event | None, attr: str) -> Any:
 
 
 def partition_of(e: Event, attrs: tuple[str, ...]) -> tuple | None:
-    """``e``'s values of the equivalence attributes, None when one is missing, null, a list or a dict."""
+    """``e``'s values of the equivalence attributes, None when one is missing, null or unhashable (a list…)."""
     vals = tuple(_get(e, a) for a in attrs)
-    return None if any(v is _NOVALUE or v is None or isinstance(v, (list, dict)) for v in vals) else vals
+    return None if any(v is _NOVALUE or v is None or not _hashable(v) for v in vals) else vals
+
+
+def _hashable(v: Any) -> bool:
+    try:
+        hash(v)
+    except TypeError:
+        return False
+    return True
 
 
 def _cmp(op: str, a: Any, b: Any) -> bool:

@@ -98,13 +98,16 @@ def partition_key(ev: Event, attrs: tuple[str, ...]) -> Any:
         v = ev.get(attrs[0])
         return v if v.__class__ in PLAIN_KEYS else usable_key(v)
     vals = tuple(ev.get(a) for a in attrs)
-    return vals if PLAIN_KEYS.issuperset(map(type, vals)) else usable_key(vals)
+    if PLAIN_KEYS.issuperset(map(type, vals)):
+        return vals
+    return None if any(usable_key(v) is None for v in vals) else vals
 
 
 def usable_key(v: Any) -> Any:
-    """``v`` as an equivalence key, or None when it can be none (docs/semantics.md §4): missing, null, or a
-    value that compares with nothing (a list, a dict: unhashable) — the event is then in no partition."""
-    if v is MISSING or v is None or (v.__class__ is tuple and (MISSING in v or None in v)):
+    """An attribute's value ``v`` as an equivalence key, or None when it can be none (docs/semantics.md §1):
+    missing, null, or a value that compares with nothing (a list, a dict: unhashable) — the event is then in
+    no partition."""
+    if v is MISSING or v is None:
         return None
     try:
         hash(v)

@@ -275,11 +275,14 @@ class Runtime:
         try:
             if by_key is not None:
                 ek = ev.attrs.get(attr) if attr is not None else None  # _key_of, inline for a plain attribute
-                if ek.__class__ not in PLAIN_KEYS:
+                if ek is None:
                     ek = _key_of(ev, node.partition_by)
                     if ek is None:
                         return self._done(tick, out)
-                states = by_key.get(ek)
+                try:
+                    states = by_key.get(ek)
+                except TypeError:  # an unhashable value (a list…) is no key (usable_key): ev begins nothing
+                    return self._done(tick, out)
             else:
                 ek = None
                 states = self.unkeyed
@@ -340,11 +343,14 @@ class Runtime:
         try:
             if attrs:
                 ek = ev.attrs.get(attrs[0]) if len(attrs) == 1 else None  # _key_of, inline for a plain attribute
-                if ek.__class__ not in PLAIN_KEYS:
+                if ek is None:
                     ek = _key_of(ev, attrs)
                     if ek is None:
                         return self._done(tick, out)
-                states = self.keyed[attrs].get(ek)
+                try:
+                    states = self.keyed[attrs].get(ek)
+                except TypeError:  # an unhashable value (a list…) is no key (usable_key): no run it could end
+                    return self._done(tick, out)
                 if not _holds(states, root):  # _may_need without strict runs
                     return self._done(tick, out)
             else:
@@ -670,11 +676,14 @@ class Runtime:
             if self._counters.live_runs:
                 for attrs, by_key in self._parts:
                     if by_key:
-                        k = ev.attrs.get(attrs[0]) if len(attrs) == 1 else None  # _key_of, inline for an attribute
-                        if k.__class__ not in PLAIN_KEYS:
-                            k = _key_of(ev, attrs)
-                        if k is not None and by_key.get(k):
-                            return self._steps(ev, route, tick, out)
+                        try:
+                            k = ev.attrs.get(attrs[0]) if len(attrs) == 1 else None  # _key_of, inline for an attribute
+                            if k is None:
+                                k = _key_of(ev, attrs)
+                            if k is not None and by_key.get(k):
+                                return self._steps(ev, route, tick, out)
+                        except TypeError:  # an unhashable value: no key (usable_key), no run to move
+                            pass
             else:  # (nothing is stored but empty lists, whatever the keys)
                 for _, by_key in self._parts:
                     if by_key:
