@@ -115,9 +115,9 @@ def test_sase_and_xpath_set_patterns_are_the_same_ir():
 @pytest.mark.parametrize(
     "query, where",
     [
-        ("PATTERN SEQ({C c, ~P p}, B b) WITHIN 3", "line 1, column 13: negation ~p cannot be inside an event set"),
+        ("PATTERN SEQ({C c, ~P p}, B b) WITHIN 3", "line 1, column 22: negation ~p cannot be inside an event set"),
         ("PATTERN SEQ({C c, P p}, B b)\nWHERE strict_contiguity(c, p, b) WITHIN 3", "line 2, column 7: strict_contiguity has no meaning"),
-        ("PATTERN SEQ({C c, {P p}}, B b) WITHIN 3", "line 1, column 13: event sets do not nest"),
+        ("PATTERN SEQ({C c, {P p}}, B b) WITHIN 3", "line 1, column 22: event sets do not nest"),
         ("PATTERN SEQ(C c, B b) WHERE next(b.x) > 1", "line 1, column 29: unknown function 'next'"),
         ("PATTERN SEQ({C c, P p}, B b)", "needs a duration τ (WITHIN)"),
         ("PATTERN SEQ({C c, P p}, ~X x) WITHIN 3 RETURN y(a = c.a) FEEDBACK", "a feedback event-set query cannot end in a negation"),

@@ -109,6 +109,8 @@ def test_huge_number_in_xpath_predicate_is_a_positioned_error():
         ("//!a//b", (1, 1), "leading negation"),
         ("//a\n//b//!c", (2, 4), "needs a window"),
         ("PATTERN SEQ(A+ a[], B b) WHERE a[i].x > a[i-1].x + a.len", (1, 16), "mixes"),
+        ("PATTERN SEQ({C c, ~P p}, B b) WITHIN 5", (1, 22), "cannot be inside an event set"),
+        ("PATTERN SEQ({A a,\n {B b}}, C c) WITHIN 5", (2, 5), "event sets do not nest"),
         ("PATTERN SEQ(A a, B b) WHERE 1", (1, 29), "a number, not a condition"),
         ("PATTERN SEQ(A a, B b) WHERE a.x = 1 AND NOT\n 'yes'", (2, 2), "a string, not a condition"),
         ("PATTERN SEQ(A a, B b) WHERE a.x = 1 OR (a.x + 1)", (1, 41), "arithmetic, not a condition"),

@@ -283,17 +283,20 @@ class _Builder(Transformer[Token, Pattern]):
                 out.append(item)
         return out
 
-    @v_args(meta=True, inline=False)
-    def event_set(self, meta: Any, members: list[Component | _EventSet]) -> _EventSet:
+    @v_args(inline=False)
+    def event_set(self, members: list[Component | _EventSet]) -> _EventSet:
         for c in members:
             if isinstance(c, _EventSet):
-                raise PatternError(f"line {meta.line}, column {meta.column}: event sets do not nest")
+                raise self._error_at(c.members[0].var, "event sets do not nest")
             if not c.positive:
-                raise PatternError(
-                    f"line {meta.line}, column {meta.column}: negation ~{c.var} cannot be inside an event set: "
-                    "a set's events have no order, so there is no 'between'"
-                )
+                raise self._error_at(c.var, f"negation ~{c.var} cannot be inside an event set: "
+                                            "a set's events have no order, so there is no 'between'")
         return _EventSet(tuple(members))
+
+    def _error_at(self, var: str, message: str) -> PatternError:
+        """A :class:`PatternError` placed at the (last) declaration of ``var``."""
+        line, column = next((ln, col) for v, ln, col in reversed(self.positions) if v == var)
+        return PatternError(message, self.text, line, column)
 
     def single(self, event_type: str | None, var: Token) -> Component:
         self.positions.append((str(var), var.line, var.column))
