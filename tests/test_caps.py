@@ -150,6 +150,16 @@ def test_a_set_search_over_max_runs_is_given_up_and_reported(strategy):
     assert sink.getvalue().startswith("yfpp: warning: query 'sets': over max_runs_per_query=2,000; gave up the search")
 
 
+def test_a_set_query_s_shed_runs_are_in_the_stats(tmp_path, capsys):
+    feed = tmp_path / "runaway.jsonl"
+    feed.write_text("".join(json.dumps(r) + "\n" for r in runaway_feed(40)))
+    figures = tmp_path / "stats.json"
+    assert main(["run", "-q", SET_RUNAWAY, "-i", str(feed), "--max-runs-per-query", "2000", "--stats",
+                 "--stats-json", str(figures)]) == 0
+    assert json.loads(figures.read_text())["runs_shed"] == {"q": 2000}
+    assert "runs shed         2,000" in capsys.readouterr().err
+
+
 def test_earliest_maximal_holds_at_most_max_runs_matches():
     # (match-window releases a window's matches as it completes it: it holds none in between)
     eng = Engine(max_runs_per_query=50, reports=None, dead_letters=DeadLetters())

@@ -13,6 +13,7 @@ from yfpp.engine import Engine
 def run_figures(engine: Engine, events: int, elapsed: float, dead: DeadLetters) -> dict[str, Any]:
     """The ``--stats`` figures as a JSON-safe dict (the same keys in ``--stats-json``)."""
     c = engine.stats
+    plans = [*engine.queries.values(), *(m.plan for m in engine.set_queries.values())]
     return {
         "events": events,
         "elapsed_s": round(elapsed, 6),
@@ -25,11 +26,10 @@ def run_figures(engine: Engine, events: int, elapsed: float, dead: DeadLetters) 
         "dead_letters": dead.count,
         "dead_letters_by_reason": dict(dead.by_reason),
         "failed_events": c.failed,
-        "runs_shed": {str(p.name): c.shed_runs.get(p.name, 0) for p in engine.queries.values()},
+        "runs_shed": {str(p.name): c.shed_runs.get(p.name, 0) for p in plans},
         "derived_events": engine.feedback.derived,
         "derived_dropped": engine.feedback.dropped,
-        "matches": {str(p.name): c.matches.get(p.name, 0)
-                    for p in [*engine.queries.values(), *(m.plan for m in engine.set_queries.values())]},
+        "matches": {str(p.name): c.matches.get(p.name, 0) for p in plans},
         "event_sets": {str(m.plan.name): {"strategy": engine.strategy, **m.stats()} for m in engine.set_queries.values()},
     }
 
