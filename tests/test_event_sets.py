@@ -241,3 +241,17 @@ def test_reorder_buffer_gives_the_matches_of_the_sorted_feed(strategy):
 
     by_ts = sorted(feed, key=lambda r: r[1])
     assert matches(feed, max_delay=2) == matches(by_ts) != []
+
+
+@pytest.mark.parametrize("strategy", ["direct", "match-window"])
+def test_full_events_lists_the_bound_events_of_set_matches_too(strategy):
+    ordinary = Engine(full_events=True)
+    ordinary.register("PATTERN SEQ(A a, B b) WHERE skip_till_any_match(a, b) WITHIN 5", name="q")
+    for query in ("PATTERN {A a, B b} WITHIN 5", "PATTERN SEQ(A a, B b) WHERE skip_till_any_match(a, b) WITHIN 5"):
+        eng = Engine(full_events=True, strategy=strategy)
+        eng.register(query, name="q")
+        feed = [{"type": "A", "ts": 0, "z": 1}, {"type": "B", "ts": 3}]
+        got = [m for r in feed for m in eng.process(r)] + eng.flush()
+        want = [m for r in feed for m in ordinary.process(dict(r))] + ordinary.flush() if query.startswith("PATTERN SEQ") else got
+        assert got and all(m["events"]["a"] == [{"seq": 0, "type": "A", "ts": 0.0, "attrs": {"z": 1}}] for m in got)
+        assert got == want

@@ -159,6 +159,7 @@ class Engine:
 
             limits = Limits(self.runtime.max_runs, self.runtime.max_buffer, self._shed_sets)
             matcher = self.set_queries[qid] = set_matcher(pattern, name if name is not None else qid, self.strategy, limits)
+            matcher.plan.full_events = self.runtime.full_events
             self.sources[qid] = source
             self._names.add(matcher.plan.name)
             if pattern.feedback:

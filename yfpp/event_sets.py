@@ -102,6 +102,7 @@ class SetPlan:
     negations: tuple["SetNegation", ...] = ()
     eq_attrs: tuple[str, ...] = ()  # Definition 6's X, derived from equality relationships
     eq_groups: tuple[tuple[tuple[str, tuple[int, ...]], ...], ...] = ()  # per variable: (A, its Θ+eq group)
+    full_events: bool = False  # matches list their bound events in full (``Engine(full_events=True)``)
 
     @property
     def m(self) -> int:
@@ -507,6 +508,8 @@ def to_match(plan: SetPlan, binding: Binding) -> dict:
         vec = state_vector(plan, binding)
         etype, attrs = plan.emit
         m["emit"] = {"type": etype, "attrs": {k: _plain(g(None, vec)) for k, g in attrs}}
+    if plan.full_events:
+        m["events"] = {v: [e.describe() for e in events] for v, events in zip(plan.vars, binding)}
     return m
 
 
