@@ -160,6 +160,28 @@ def test_a_set_query_s_shed_runs_are_in_the_stats(tmp_path, capsys):
     assert "runs shed         2,000" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("strategy", ["direct", "match-window"])
+def test_events_older_than_tau_do_not_count_against_the_buffer_cap(strategy):
+    """90 live events under a cap of 100: the 11 expired ones of other partitions are forgotten, not the live."""
+    feed = [{"type": "A", "ts": i * 0.01, "k": 100 + i} for i in range(11)]
+    feed += [{"type": "A", "ts": 10 + i * 0.01, "k": 0} for i in range(90)] + [{"type": "B", "ts": 11, "k": 0}]
+    eng = Engine(max_buffer_per_query=100, reports=None, dead_letters=DeadLetters(), strategy=strategy)
+    eng.register("PATTERN SEQ({A a}, {B b}) WHERE [k] WITHIN 5", name="q")
+    assert len([m for r in feed for m in eng.process(r)] + eng.flush()) == 90 and not eng.stats.shed_runs
+
+
+def test_matches_waiting_for_a_trailing_negation_are_capped():
+    eng = Engine(max_runs_per_query=40, reports=None, dead_letters=DeadLetters())
+    eng.register("PATTERN SEQ({A a, B b}, ~N n) WITHIN 100", name="q")
+    (matcher,) = eng.set_queries.values()
+    out = []
+    for i in range(30):
+        out += eng.process({"type": "AB"[i % 2], "ts": i * 0.1})
+        assert len(matcher.deadlines) <= 40
+    out += eng.flush()
+    assert eng.stats.shed_runs["q"] > 0 and 0 < len(out) < 15 * 15
+
+
 def test_earliest_maximal_holds_at_most_max_runs_matches():
     # (match-window releases a window's matches as it completes it: it holds none in between)
     eng = Engine(max_runs_per_query=50, reports=None, dead_letters=DeadLetters())

@@ -742,7 +742,9 @@ class DirectMatcher(_Matcher):
         buf.append((ev, bits))
         self.size += 1
         if self.limits is not None and self.size > self.limits.max_buffer:
-            self._shed_buffer()
+            self._sweep(ev.ts)  # events older than τ first: they count for nothing
+            if self.size > self.limits.max_buffer:
+                self._shed_buffer()
         return self._emit(found, ev.ts)
 
     def _complete(self, ev: Event, bits: int, buf: deque) -> list[Binding]:
@@ -767,6 +769,23 @@ class DirectMatcher(_Matcher):
             self.pending.setdefault(p.key, []).append(p)
             heapq.heappush(self.deadlines, (first.ts, self.next_order, p))
             self.next_order += 1
+        if self.limits is not None and len(self.deadlines) > self.limits.max_runs:
+            self._shed_pending()
+
+    def _shed_pending(self) -> None:
+        """Over ``max_runs_per_query`` matches waiting for a trailing negation's τ: drop the oldest (by first
+        event), down to three quarters of the cap."""
+        cap = self.limits.max_runs  # type: ignore[union-attr]
+        n = 0
+        while len(self.deadlines) > cap * 3 // 4:
+            p = heapq.heappop(self.deadlines)[2]
+            group = self.pending[p.key]
+            group.remove(p)
+            if not group:
+                del self.pending[p.key]
+            n += 1
+        self._shed(n, f"over max_runs_per_query={cap:,}; dropped {n:,} matches waiting for the trailing negation's "
+                      "window (the oldest)")
 
     def _kill(self, ev: Event) -> None:
         """``ev`` witnesses a trailing negation of the pending matches of its partition it follows within τ."""
@@ -799,8 +818,15 @@ class DirectMatcher(_Matcher):
         return self._emit(self._expire(float("inf")), float("inf"))
 
     def _sweep(self, now: float) -> None:
-        for key in [k for k, b in self.buffers.items() if now - b[-1][0].ts > self.plan.window]:
-            self.size -= len(self.buffers.pop(key))
+        """Forget the buffered events older than τ before ``now`` (no later match can use them)."""
+        window = self.plan.window
+        for key in list(self.buffers):
+            buf = self.buffers[key]
+            while buf and now - buf[0][0].ts > window:
+                buf.popleft()
+                self.size -= 1
+            if not buf:
+                del self.buffers[key]
         for key in [k for k, (_, ts) in self.cuts.items() if now - ts > self.plan.window]:
             del self.cuts[key]  # every later match starts after it
 
