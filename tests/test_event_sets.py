@@ -255,3 +255,13 @@ def test_full_events_lists_the_bound_events_of_set_matches_too(strategy):
         want = [m for r in feed for m in ordinary.process(dict(r))] + ordinary.flush() if query.startswith("PATTERN SEQ") else got
         assert got and all(m["events"]["a"] == [{"seq": 0, "type": "A", "ts": 0.0, "attrs": {"z": 1}}] for m in got)
         assert got == want
+
+
+def test_restoring_set_queries_under_another_strategy_is_a_clear_error():
+    eng = Engine(strategy="match-window")
+    eng.register("PATTERN {A a, B b} WITHIN 5", name="q")
+    eng.process({"type": "A", "ts": 1})
+    with pytest.raises(YfppError, match="evaluated with strategy 'match-window': restore it with that strategy"):
+        Engine.restore(eng.snapshot(), strategy="direct")
+    back = Engine.restore(eng.snapshot(), strategy="match-window")
+    assert back.process({"type": "B", "ts": 2}) + back.flush() == eng.process({"type": "B", "ts": 2}) + eng.flush()

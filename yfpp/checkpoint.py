@@ -282,6 +282,10 @@ def restore(data: dict, **engine_opts: Any):
 
 
 def _restore(data: dict, Engine, engine_opts: dict):
+    saved = data["options"].get("strategy", "direct")
+    if data.get("set_queries") and engine_opts.get("strategy", saved) != saved:
+        raise YfppError(f"this checkpoint's event-set queries were evaluated with strategy {saved!r}: "
+                        f"restore it with that strategy, not {engine_opts['strategy']!r}")
     eng = Engine(**{**data["options"], **engine_opts})
     rt = eng.runtime
     for q in data["queries"]:
