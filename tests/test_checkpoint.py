@@ -223,6 +223,8 @@ def test_cli_checkpoint_and_restore_with_a_set_query(tmp_path, monkeypatch, stra
     data = read_checkpoint(ck)
     assert data["stream"]["next_seq"] == 10 and data["options"]["strategy"] == strategy and data["set_queries"]
     rest = tmp_path / "rest.jsonl"
+    for flags in (["--strategy", strategy], ["--policy", "all", "--max-delay", "0"]):  # the checkpoint's are kept
+        assert main(["run", "--restore", str(ck), "-i", chemo, "-o", str(rest), *flags]) == 2
     assert main(["run", "--restore", str(ck), "-i", chemo, "-o", str(rest)]) == 0
     want, got = full.read_text().splitlines(), first.read_text().splitlines() + rest.read_text().splitlines()
     assert set(got) == set(want) and len(want) == 11

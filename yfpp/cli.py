@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--policy", choices=["all", "non_overlapping", "earliest_maximal"],
                      help="output policy for every query (default: each query's own, else all); "
                           "earliest_maximal is for event-set queries")
-    run.add_argument("--strategy", choices=["direct", "match-window"], default="direct",
+    run.add_argument("--strategy", choices=["direct", "match-window"],
                      help="evaluation strategy of event-set queries (docs/event_sets.md; default direct)")
     run.add_argument("--ts-field", default="ts", help="timestamp field name (default: ts)")
     run.add_argument("--ts-unit", default="s", help="timestamp unit: s, ms, us, ns, min, h (default: s)")
@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-depth", type=int, default=MAX_DEPTH, metavar="N",
                      help=f"a record nested deeper than this is a dead letter (default {MAX_DEPTH})")
     run.add_argument("--strict", action="store_true", help="exit 1 if any record was a dead letter")
-    run.add_argument("--max-delay", type=float, default=0.0, help="reorder buffer for out-of-order events, in seconds (default 0)")
+    run.add_argument("--max-delay", type=float, help="reorder buffer for out-of-order events, in seconds (default 0)")
     run.add_argument("--max-held", type=_count(1), metavar="N",
                      help=f"events the reorder buffer holds at most; over it the oldest go early (default {MAX_HELD:,})")
     run.add_argument("--dead-letters", metavar="FILE", help="write malformed and late records here as JSON lines (default: stderr)")
@@ -245,6 +245,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         if args.query:
             raise YfppError("--restore takes the queries from the checkpoint: leave out -q")
+        kept = [flag for flag, v in (("--policy", args.policy), ("--strategy", args.strategy),
+                                     ("--max-delay", args.max_delay)) if v is not None]
+        if kept:
+            raise YfppError(f"--restore keeps the checkpoint's {', '.join(kept)}: leave {'them' if len(kept) > 1 else 'it'} out")
         engine = Engine.restore(read_checkpoint(args.restore), dead_letters=dead,
                                 **{k: v for k, v in caps.items() if v is not None}, **feedback_opts)
         skip = SkipConsumed(engine, dead)  # records the checkpoint consumed: neither matched nor reported again
@@ -252,8 +256,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise YfppError("give at least one query with -q (or --restore FILE)")
     else:
         caps["merge_runs"] = bool(args.merge_runs)
-        engine = build_engine(args.query, max_delay=args.max_delay, dead_letters=dead, policy=args.policy, **caps,
-                              **feedback_opts, strategy=args.strategy)
+        engine = build_engine(args.query, max_delay=args.max_delay or 0.0, dead_letters=dead, policy=args.policy, **caps,
+                              **feedback_opts, strategy=args.strategy or "direct")
     show = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
     live = is_live_input(args.input)
     source, progress = args.input, None
