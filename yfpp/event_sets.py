@@ -707,6 +707,7 @@ class DirectMatcher(_Matcher):
         self.buffers: dict[Any, deque[tuple[Event, int]]] = {}
         self.size = 0  # events buffered, in all partitions
         self._events = 0
+        self._swept = 0  # _events at the last sweep
         self.cuts: dict[Any, tuple[int, float]] = {}  # non_overlapping: partition -> (pos, ts) of the last chosen match's end
         self.pending: dict[Any, list[PendingMatch]] = {}  # trailing negations: matches by partition
         self.deadlines: list[tuple[float, int, PendingMatch]] = []  # (first.ts, order, pending)
@@ -742,8 +743,10 @@ class DirectMatcher(_Matcher):
         buf.append((ev, bits))
         self.size += 1
         if self.limits is not None and self.size > self.limits.max_buffer:
-            self._sweep(ev.ts)  # events older than τ first: they count for nothing
-            if self.size > self.limits.max_buffer:
+            cap = self.limits.max_buffer
+            if self._events - self._swept >= cap // 4:  # events older than τ first: they count for nothing
+                self._sweep(ev.ts)  # (a pass over the partitions: at most once per quarter cap of events)
+            if self.size > cap:
                 self._shed_buffer()
         return self._emit(found, ev.ts)
 
@@ -819,6 +822,7 @@ class DirectMatcher(_Matcher):
 
     def _sweep(self, now: float) -> None:
         """Forget the buffered events older than τ before ``now`` (no later match can use them)."""
+        self._swept = self._events
         window = self.plan.window
         for key in list(self.buffers):
             buf = self.buffers[key]
