@@ -281,3 +281,11 @@ def test_wrong_argument_types_are_clear_errors():
         list(read_events(b'{"type": "a", "ts": 1}\n', "jsonl"))
     with pytest.raises(ValueError, match="max_depth must be an integer >= 1"):
         list(read_events(io.BytesIO(b""), "jsonl", max_depth="3"))
+
+
+def test_integers_too_long_to_print_in_arguments_are_clear_errors():
+    huge = 10**5000
+    for call in (lambda: Engine(max_delay=huge), lambda: Engine().register("PATTERN SEQ(a x)", name=huge),
+                 lambda: Engine().unregister(huge)):
+        with pytest.raises(YfppError, match="an integer of over 4,000 digits"):
+            call()

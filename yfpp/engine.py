@@ -137,7 +137,7 @@ class Engine:
         (an error raised) leaves the engine as it was.
         """
         if name is not None and not (isinstance(name, str) and name):
-            raise YfppError(f"a query name must be a non-empty string, not {name!r:.80}")
+            raise YfppError(f"a query name must be a non-empty string, not {_printable(name)!r:.80}")
         if isinstance(query, str):
             pattern = parse_query(query)
         elif isinstance(query, Pattern):
@@ -179,7 +179,7 @@ class Engine:
     def unregister(self, qid: int) -> None:
         """Remove a query: it emits nothing more and its runs are freed."""
         if not isinstance(qid, int):
-            raise YfppError(f"unregister() takes a query id (an int, as register returned), not {qid!r:.80}")
+            raise YfppError(f"unregister() takes a query id (an int, as register returned), not {_printable(qid)!r:.80}")
         matcher = self.set_queries.pop(qid, None)
         if matcher is not None:
             del self.sources[qid]
@@ -189,7 +189,7 @@ class Engine:
             return
         plan = self.queries.pop(qid, None)
         if plan is None:
-            raise YfppError(f"no query with id {qid}")
+            raise YfppError(f"no query with id {_printable(qid)}")
         del self.sources[qid]
         self._names.discard(plan.name)
         self.runtime.remove(plan)
@@ -493,7 +493,7 @@ def _is_real(v: Any) -> bool:
 def _real(v: Any, what: str) -> float:
     f = _ts(v)
     if f is None:
-        raise YfppError(f"{what} must be a finite number >= 0, not {v!r:.80}")
+        raise YfppError(f"{what} must be a finite number >= 0, not {_printable(v)!r:.80}")
     return f
 
 
