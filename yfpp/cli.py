@@ -212,12 +212,19 @@ def build_engine(query_args: Iterable[str], **engine_opts: Any) -> Engine:
     return engine
 
 
+def check_ts_unit(unit: str) -> None:
+    """``--ts-unit`` of ``yfpp run`` and ``yfpp spark``: one of the readers' units."""
+    from yfpp.record_fields import TS_UNITS
+
+    if unit not in TS_UNITS:
+        raise YfppError(f"unknown --ts-unit {unit!r}; expected one of {', '.join(TS_UNITS)}")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from yfpp.readers import read_event_batches
-    from yfpp.record_fields import ISO_UNIT_NAME, TS_UNITS
+    from yfpp.record_fields import ISO_UNIT_NAME
 
-    if args.ts_unit not in TS_UNITS:
-        raise YfppError(f"unknown --ts-unit {args.ts_unit!r}; expected one of {', '.join(TS_UNITS)}")
+    check_ts_unit(args.ts_unit)
     if args.max_record_bytes < 1 or args.max_depth < 1:
         raise YfppError("--max-record-bytes and --max-depth must be positive")
     if args.checkpoint_every < 1:

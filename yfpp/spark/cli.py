@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 from yfpp import examples
 from yfpp.errors import QueryError, YfppError
 from yfpp.feedback import MAX_DEPTH, MAX_DERIVED
-from yfpp.record_fields import TS_UNITS
 from yfpp.spark.inputs import PLANS, local_path, qualify
 from yfpp.spark.starting import StartingSession
 from yfpp.pattern import Pattern
@@ -116,14 +115,15 @@ def load(query_args: list[str], policy: str | None = None) -> EffectiveQueries:
 
 def _check_arguments(args: argparse.Namespace) -> None:
     """What can be refused before a JVM starts."""
+    from yfpp.cli import check_ts_unit  # (yfpp.cli imports this module's parser when it builds its own)
+
     if not args.input and not (args.stream and args.socket):
         raise YfppError("give an input with -i (or --stream --socket HOST:PORT)")
     if args.max_feedback_depth < 1 or args.max_derived < 1:
         raise YfppError("--max-feedback-depth and --max-derived must be at least 1")
     if args.partitions is not None and not 1 <= args.partitions <= MAX_PARTITIONS:
         raise YfppError(f"--partitions must be from 1 to {MAX_PARTITIONS:,}")
-    if args.ts_unit not in TS_UNITS:
-        raise YfppError(f"unknown --ts-unit {args.ts_unit!r}; expected one of {', '.join(TS_UNITS)}")
+    check_ts_unit(args.ts_unit)
     for flag, value in (("--max-files", args.max_files), ("--trigger", args.trigger), ("--idle-stop", args.idle_stop)):
         if value is not None and not value > 0:
             raise YfppError(f"{flag} must be above 0, got {value}")
