@@ -72,7 +72,7 @@ def test_late_event_goes_to_dead_letters_with_seq():
     eng = Engine(dead_letters=DeadLetters(sink))
     eng.register("PATTERN SEQ(a x, b y)", name="q")
     assert feed(eng, [{"type": "a", "ts": 5}, {"type": "b", "ts": 3}, {"type": "b", "ts": 6}]) == [
-        {"query": "q", "id": match_id("q", {"x": [0], "y": [2]}), "bindings": {"x": [0], "y": [2]}, "start": 5, "end": 6}
+        {"query": "q", "id": match_id("q", {"x": [0], "y": [2]}, 5, 6), "bindings": {"x": [0], "y": [2]}, "start": 5, "end": 6}
     ]
     letters = [json.loads(x) for x in sink.getvalue().splitlines()]
     assert [(d["seq"], d["reason"].split(":")[0]) for d in letters] == [(1, "late event")]

@@ -503,7 +503,7 @@ def to_match(plan: SetPlan, binding: Binding) -> dict:
     flat = [e for events in binding for e in events]
     first = min(flat, key=lambda e: e.pos)
     last = max(flat, key=lambda e: e.pos)
-    m = {"query": plan.name, "id": match_id(plan.name, seqs), "bindings": seqs, "start": first.ts, "end": last.ts}
+    m = {"query": plan.name, "id": match_id(plan.name, seqs, first.ts, last.ts), "bindings": seqs, "start": first.ts, "end": last.ts}
     if plan.emit is not None:
         vec = state_vector(plan, binding)
         etype, attrs = plan.emit

@@ -466,7 +466,9 @@ def reference_feedback(
                     env = Env({v: [stream[s] for s in lst] for v, lst in b.items()}, {c.var for c in p.positives if c.kind is Kind.KLEENE})
                     attrs = {k: value(x, env) for k, x in p.emit.attrs}
                     attrs = {k: v for k, v in attrs.items() if v is not _NOVALUE}
-                    derived.append((Event(p.emit.event_type, e.ts, attrs), match_id(name, binds), d + 1))
+                    bound = [s for lst in b.values() for s in lst]
+                    mid = match_id(name, binds, stream[min(bound)].ts, stream[max(bound)].ts)
+                    derived.append((Event(p.emit.event_type, e.ts, attrs), mid, d + 1))
         return derived
 
     for e in events:

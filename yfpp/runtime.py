@@ -1063,8 +1063,8 @@ class Runtime:
             else:
                 lists, ints = got
                 seqs = dict(zip(names, map(list, lists)))
-        m = {"query": plan.name, "id": match_id(seqs, ints), "bindings": seqs,
-             "start": binds[0][1].ts, "end": binds[-1][1].ts}
+        start, end = binds[0][1].ts, binds[-1][1].ts
+        m = {"query": plan.name, "id": match_id(seqs, ints, start, end), "bindings": seqs, "start": start, "end": end}
         if emit is not None:
             values = {}
             for k, g, read in emit[1]:
