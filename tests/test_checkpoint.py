@@ -166,6 +166,46 @@ def test_cli_checkpoint_and_restore_after_a_kill(tmp_path, monkeypatch):
     assert main(["run", "--restore", str(ck), "-q", query, "-i", str(SAMPLE)]) == 2  # the queries come from the checkpoint
 
 
+def test_restore_reads_the_input_as_the_checkpoints_run_did(tmp_path, capsys):
+    """A checkpoint keeps the reader options: --restore without --ts-unit ms must not read ms as seconds."""
+    feed = tmp_path / "feed.jsonl"
+    feed.write_text("".join(json.dumps({"type": t, "ts": i * 1000 + d, "tag_id": i}) + "\n"
+                            for i in range(40) for t, d in (("shelf", 0), ("exit", 200))))
+    query = "PATTERN SEQ(shelf a, exit c) WHERE [tag_id] WITHIN 250"  # 250 ms
+    full, ck = tmp_path / "full.jsonl", tmp_path / "ck.json"
+    assert main(["run", "-q", query, "-i", str(feed), "--ts-unit", "ms", "-o", str(full),
+                 "--checkpoint", str(ck), "--checkpoint-every", "30"]) == 0
+    assert read_checkpoint(ck)["reader"]["ts_unit"] == "ms"
+    rest = tmp_path / "rest.jsonl"
+    assert main(["run", "--restore", str(ck), "-i", str(feed), "-o", str(rest)]) == 0
+    assert len(full.read_text().splitlines()) == 40 and rest.read_text().splitlines() == full.read_text().splitlines()[-10:]  # after the checkpoint at 60 events
+    capsys.readouterr()
+    assert main(["run", "--restore", str(ck), "-i", str(feed), "--ts-unit", "s"]) == 2
+    assert "read its input with --ts-unit ms" in capsys.readouterr().err
+    assert main(["run", "--restore", str(ck), "-i", str(feed), "--ts-unit", "ms", "-o", str(rest)]) == 0  # the same: fine
+    assert main(["run", "--restore", str(ck), "-i", str(feed), "--format", "xml"]) == 2
+
+
+def test_restore_of_an_input_read_in_the_wrong_format_is_an_error(tmp_path, capsys):
+    """Without reader options in the checkpoint (one from Engine.snapshot), a wrong --format gives no events: the
+    consumed part's dead letters are not repeated, but they still make it an error, as without --restore."""
+    feed = tmp_path / "feed.jsonl"
+    feed.write_text("".join(json.dumps({"type": "shelf", "ts": i}) + "\n" for i in range(10)))
+    engine = Engine()
+    engine.register("PATTERN SEQ(shelf a, exit c)")
+    for i in range(5):
+        engine.process({"type": "shelf", "ts": i})
+    ck = tmp_path / "ck.json"
+    write_checkpoint(engine, ck)
+    assert main(["run", "--restore", str(ck), "-i", str(feed), "--format", "xml"]) == 2
+    assert "no events in" in capsys.readouterr().err
+
+
+def test_checkpoint_every_needs_a_checkpoint(capsys):
+    assert main(["run", "-q", "//a//b", "-i", str(SAMPLE), "--checkpoint-every", "5"]) == 2
+    assert "--checkpoint-every needs --checkpoint FILE" in capsys.readouterr().err
+
+
 @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(st.one_of(set_patterns(max_vars=3), patterns(max_positives=2)), min_size=1, max_size=3),
        streams(max_events=10), st.sampled_from([0, 2]), st.sampled_from(["direct", "match-window"]), st.data())

@@ -66,3 +66,12 @@ def test_help_has_examples(command, capsys):
         main(command + ["--help"])
     out = capsys.readouterr().out
     assert "usage" in out and (not command or "examples" in out)
+
+
+def test_a_window_without_a_unit_counts_in_the_ts_unit(tmp_path, capsys):
+    feed = tmp_path / "ms.jsonl"
+    feed.write_text('{"type": "shelf", "ts": 1000, "tag_id": 1}\n{"type": "exit", "ts": 1200, "tag_id": 1}\n')
+    for window, matches in (("250", 1), ("150", 0), ("1 s", 1), ("150 ms", 0)):
+        code, out, _ = run(capsys, "run", "-q", f"PATTERN SEQ(shelf a, exit c) WHERE [tag_id] WITHIN {window}",
+                           f"[tag_id]//shelf//exit({window})", "-i", str(feed), "--ts-unit", "ms")
+        assert code == 0 and len(out.splitlines()) == 2 * matches, window

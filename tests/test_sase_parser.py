@@ -28,6 +28,7 @@ from yfpp.pattern import (
     Ref,
 )
 from yfpp.sase_parser import parse_sase
+from xpath_ext.parser import parse_xpath
 
 NEXT, ANY, STRICT, PARTITION = (
     Contiguity.SKIP_TILL_NEXT,
@@ -323,6 +324,13 @@ def test_keyword_like_attribute_names() -> None:
 )
 def test_window_units(window: str, seconds: float) -> None:
     assert parse_sase(f"PATTERN SEQ(A a, B b) WITHIN {window}").window == seconds
+
+
+@pytest.mark.parametrize("ts_unit, seconds", [("s", 500), ("ms", 0.5), ("us", 0.0005), ("ns", 5e-7), ("min", 30000), ("h", 1800000)])
+def test_a_window_without_a_unit_is_in_the_timestamp_unit(ts_unit: str, seconds: float) -> None:
+    assert parse_sase("PATTERN SEQ(A a, B b) WITHIN 500", ts_unit).window == seconds
+    assert parse_xpath("//A//B(500)", ts_unit).window == seconds
+    assert parse_sase("PATTERN SEQ(A a, B b) WITHIN 500 ms", ts_unit).window == 0.5  # a unit says its own
 
 
 def test_output_policy_and_bare_return() -> None:

@@ -41,6 +41,11 @@ def queries(tmp_path_factory) -> str:
     return str(f)
 
 
+def test_the_driver_reads_a_window_without_a_unit_in_the_ts_unit(queries):
+    """``yfpp spark --ts-unit ms``: the unkeyed query's ``(60)`` is 60 ms, the keyed one's ``1 hour`` an hour."""
+    assert dict((name, p.window) for name, p in load([queries], ts_unit="ms")) == {"shop": 3600, "unkeyed": 0.06}
+
+
 def expected(queries: str, files: list[Path]) -> tuple[Counter, list[dict]]:
     """``yfpp run``'s matches and dead letters over ``files`` read one after the other (seq running on)."""
     buf = io.StringIO()

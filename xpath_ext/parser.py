@@ -42,7 +42,7 @@ from yfpp.lark_tables import lalr_parser
 from yfpp.pattern import Component, Contiguity, Emit, Expr, Kind, Pattern, XPathTest
 from yfpp.query_limits import check_text, deepest, finite_number, finite_window, line_column, too_deep
 from yfpp.sase_parser import parse_result
-from yfpp.units import UNIT_SECONDS, window_seconds
+from yfpp.units import UNIT_SECONDS, bare_window, window_seconds
 
 GRAMMAR = Path(__file__).with_name("xpath_grammar.lark")
 LARK_OPTIONS = {"maybe_placeholders": True}
@@ -68,8 +68,9 @@ class _Step:
     set_id: int | None = None
 
 
-def parse_xpath(text: str) -> Pattern:
-    """Parse and compile an extended-XPath query; raise QuerySyntaxError or PatternError."""
+def parse_xpath(text: str, ts_unit: str = "s") -> Pattern:
+    """Parse and compile an extended-XPath query (a window without a unit is in ``ts_unit``); raise
+    QuerySyntaxError or PatternError."""
     check_text(text)
     try:
         tree = _LARK.parse(text)
@@ -83,7 +84,7 @@ def parse_xpath(text: str) -> Pattern:
         if part.data == "equivalence":
             partition_by = tuple(str(name) for name in part.children)
         elif part.data == "window":
-            window = _window(part, text)
+            window = _window(part, text, ts_unit)
         elif part.data == "result":
             result = parse_result(text, part.children[0].start_pos + 2)
         else:
@@ -92,11 +93,11 @@ def parse_xpath(text: str) -> Pattern:
     return replace(pattern, emit=result[0], feedback=result[1]).validate()
 
 
-def _window(tree: Tree, text: str) -> float:
+def _window(tree: Tree, text: str, ts_unit: str) -> float:
     number, unit = tree.children
     value = finite_number(number, text, number.line, number.column)
     if unit is None:
-        return float(value)
+        return float(value) if ts_unit == "s" else finite_window(bare_window(number, ts_unit), text, number.line, number.column)
     if unit.lower() not in UNIT_SECONDS:
         _fail(f"unknown time unit {str(unit)!r}", text, unit, [repr(u) for u in UNIT_SECONDS] + ["')'"])
     return finite_window(window_seconds(number, unit), text, number.line, number.column)

@@ -17,7 +17,7 @@ import enum
 import json
 import os
 import tempfile
-from collections import defaultdict
+from collections import Counter, defaultdict
 from itertools import count
 from pathlib import Path
 from typing import Any
@@ -366,10 +366,13 @@ class SkipConsumed:
     def __init__(self, engine, dead_letters) -> None:
         self.cut = engine._next_seq
         self.dead_letters = dead_letters
+        self.skipped: Counter[str] = Counter()  #: reports not repeated, by reason (what the input held is still known)
 
     def report(self, seq: int, position: str, reason: str, raw: str | None = None) -> None:
         if seq >= self.cut:
             self.dead_letters.report(seq, position, reason, raw)
+        else:
+            self.skipped[reason.split(":", 1)[0]] += 1
 
     def batches(self, batches):
         """The batches of events (``yfpp.readers.read_event_batches``) without the consumed events."""

@@ -7,6 +7,7 @@ import gc
 import os
 import sys
 import time
+from collections import Counter
 from typing import Any, BinaryIO, Callable, Iterable, Iterator
 
 from yfpp import examples
@@ -22,6 +23,8 @@ from yfpp.query_text import load_patterns
 from yfpp.record_fields import MAX_DEPTH, MAX_RECORD_BYTES
 from yfpp.stats import Progress, format_figures, run_figures, write_figures_json
 from yfpp.vocabulary import Vocabulary
+
+CHECKPOINT_EVERY = 100_000  #: events between checkpoints of ``yfpp run --checkpoint``
 
 RUN_EXAMPLES = """\
 examples:
@@ -90,33 +93,37 @@ def build_parser() -> argparse.ArgumentParser:
                           "earliest_maximal is for event-set queries")
     run.add_argument("--strategy", choices=["direct", "match-window"],
                      help="evaluation strategy of event-set queries (docs/event_sets.md; default direct)")
-    run.add_argument("--ts-field", default="ts", help="timestamp field name (default: ts)")
-    run.add_argument("--ts-unit", default="s", help="timestamp unit: s, ms, us, ns, min, h (default: s)")
-    run.add_argument("--ts-format", choices=["number", "iso"], default="number",
+    run.add_argument("--ts-field", help="timestamp field name (default: ts)")
+    run.add_argument("--ts-unit", help="timestamp unit: s, ms, us, ns, min, h (default: s); a window written "
+                                       "without a unit (WITHIN 500) is in this unit too")
+    run.add_argument("--ts-format", choices=["number", "iso"],
                      help="timestamps are numbers in --ts-unit (default), or ISO-8601 text; with iso, "
                           "a match's start/end are written as ISO-8601 UTC too")
     run.add_argument("--type-field", metavar="NAME",
                      help="the event type is this JSON field / XML attribute or leaf child (default: JSON 'type', XML element name)")
-    run.add_argument("--max-record-bytes", type=int, default=MAX_RECORD_BYTES, metavar="N",
+    run.add_argument("--max-record-bytes", type=int, metavar="N",
                      help=f"a record (XML event element, JSON line) longer than this is a dead letter (default {MAX_RECORD_BYTES})")
-    run.add_argument("--max-depth", type=int, default=MAX_DEPTH, metavar="N",
+    run.add_argument("--max-depth", type=int, metavar="N",
                      help=f"a record nested deeper than this is a dead letter (default {MAX_DEPTH})")
     run.add_argument("--strict", action="store_true", help="exit 1 if any record was a dead letter")
     run.add_argument("--max-delay", type=float, help="reorder buffer for out-of-order events, in seconds (default 0)")
     run.add_argument("--max-held", type=_count(1), metavar="N",
-                     help=f"events the reorder buffer holds at most; over it the oldest go early (default {MAX_HELD:,})")
+                     help=f"events the reorder buffer holds at most; over it the oldest go early (default $YFPP_MAX_HELD, else {MAX_HELD:,})")
     run.add_argument("--dead-letters", metavar="FILE", help="write malformed and late records here as JSON lines (default: stderr)")
     run.add_argument("--max-runs-per-query", type=int, metavar="N",
-                     help=f"cap on each query's live runs; over it its oldest runs are shed and reported (default {MAX_RUNS_PER_QUERY:,})")
+                     help="cap on each query's live runs; over it its oldest runs are shed and reported "
+                          f"(default $YFPP_MAX_RUNS_PER_QUERY, else {MAX_RUNS_PER_QUERY:,})")
     run.add_argument("--max-buffer-per-query", type=int, metavar="N",
-                     help=f"cap on each query's buffered events, same policy (default {MAX_BUFFER_PER_QUERY:,})")
+                     help=f"cap on each query's buffered events, same policy (default $YFPP_MAX_BUFFER_PER_QUERY, else {MAX_BUFFER_PER_QUERY:,})")
     run.add_argument("--merge-runs", action=argparse.BooleanOptionalAction, default=None,
                      help="merge equivalent runs into one (SIGMOD 2008 §5.2.2): same matches, fewer runs stepped "
                           "(default: off; with --restore, the checkpoint's setting)")
     run.add_argument("--checkpoint", metavar="FILE", help="write the engine's state to FILE (atomically) every --checkpoint-every events")
-    run.add_argument("--checkpoint-every", type=int, metavar="N", default=100_000, help="events between checkpoints (default 100,000)")
+    run.add_argument("--checkpoint-every", type=int, metavar="N", help="events between checkpoints (default 100,000)")
     run.add_argument("--restore", metavar="FILE",
-                     help="resume from a checkpoint over the SAME input: its queries and options, skipping the records it consumed")
+                     help="resume from a checkpoint over the SAME input: its queries, options and way of reading the "
+                          "input (--format, --ts-*, --type-field, --max-record-bytes, --max-depth), skipping the "
+                          "records it consumed")
     run.add_argument("--events", action="store_true",
                      help="add each bound event in full (seq, type, ts, attrs; a derived event's provenance) to every match")
     run.add_argument("--max-feedback-depth", type=int, default=MAX_FEEDBACK_DEPTH, metavar="N",
@@ -204,9 +211,10 @@ def _probability(text: str) -> float:
     return p
 
 
-def build_engine(query_args: Iterable[str], **engine_opts: Any) -> Engine:
+def build_engine(query_args: Iterable[str], ts_unit: str = "s", **engine_opts: Any) -> Engine:
+    """An Engine with the queries of ``-q`` arguments registered (windows without a unit in ``ts_unit``)."""
     engine = Engine(**engine_opts)
-    for source, pattern in load_patterns([examples.resolve(arg) for arg in query_args]):
+    for source, pattern in load_patterns([examples.resolve(arg) for arg in query_args], ts_unit):
         with source.blame():
             engine.register(pattern, name=source.name)
     return engine
@@ -220,13 +228,51 @@ def check_ts_unit(unit: str) -> None:
         raise YfppError(f"unknown --ts-unit {unit!r}; expected one of {', '.join(TS_UNITS)}")
 
 
+#: ``yfpp run``'s options that decide how the input is read, and their defaults: a checkpoint keeps them, so
+#: that ``--restore`` reads the input as the run that wrote it did (another unit would give other matches)
+READER_DEFAULTS: dict[str, Any] = {"format": None, "ts_field": "ts", "ts_unit": "s", "ts_format": "number",
+                                   "type_field": None, "max_record_bytes": MAX_RECORD_BYTES, "max_depth": MAX_DEPTH}
+
+
+def reader_options(args: argparse.Namespace, stored: Any = None) -> dict[str, Any]:
+    """Set ``args``' reader options: those given, else the checkpoint's (``stored``), else the defaults; an
+    option given with another value than the checkpoint's is an error.  Returns them, for the next checkpoint."""
+    given = {k: getattr(args, k) for k in READER_DEFAULTS if getattr(args, k) is not None}
+    opts = dict(READER_DEFAULTS)
+    if stored is not None:
+        if not (isinstance(stored, dict) and stored.keys() <= READER_DEFAULTS.keys()):
+            raise YfppError("corrupt checkpoint: 'reader' is not a set of reader options")
+        opts.update(stored)
+        clash = [f"--{k.replace('_', '-')} {opts[k]}" for k, v in given.items() if opts[k] != v]
+        if clash:
+            raise YfppError(f"the checkpoint's run read its input with {', '.join(clash)}: "
+                            "--restore reads it the same way (leave the option out)")
+    opts.update(given)
+    check_ts_unit(opts["ts_unit"])
+    if opts["format"] not in (None, "xml", "jsonl") or opts["ts_format"] not in ("number", "iso") \
+            or not isinstance(opts["ts_field"], str) or not isinstance(opts["type_field"], (str, type(None))):
+        raise YfppError("corrupt checkpoint: bad reader options")
+    if not all(type(opts[k]) is int and opts[k] >= 1 for k in ("max_record_bytes", "max_depth")):
+        raise YfppError("--max-record-bytes and --max-depth must be positive")
+    for k, v in opts.items():
+        setattr(args, k, v)
+    return opts
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from yfpp.readers import read_event_batches
     from yfpp.record_fields import ISO_UNIT_NAME
 
-    check_ts_unit(args.ts_unit)
-    if args.max_record_bytes < 1 or args.max_depth < 1:
-        raise YfppError("--max-record-bytes and --max-depth must be positive")
+    stored = None
+    if args.restore:
+        from yfpp.checkpoint import read_checkpoint
+
+        stored = read_checkpoint(args.restore)
+    reading = reader_options(args, stored.get("reader") if isinstance(stored, dict) else None)
+    if args.checkpoint_every is not None and not args.checkpoint:
+        raise YfppError("--checkpoint-every needs --checkpoint FILE")
+    if args.checkpoint_every is None:
+        args.checkpoint_every = CHECKPOINT_EVERY
     if args.checkpoint_every < 1:
         raise YfppError("--checkpoint-every must be at least 1")
     args.input = examples.resolve(args.input)
@@ -248,7 +294,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                      "max_derived_per_event": args.max_derived}
     skip = None
     if args.restore:
-        from yfpp.checkpoint import SkipConsumed, read_checkpoint
+        from yfpp.checkpoint import SkipConsumed
 
         if args.query:
             raise YfppError("--restore takes the queries from the checkpoint: leave out -q")
@@ -256,14 +302,14 @@ def cmd_run(args: argparse.Namespace) -> int:
                                      ("--max-delay", args.max_delay)) if v is not None]
         if kept:
             raise YfppError(f"--restore keeps the checkpoint's {', '.join(kept)}: leave {'them' if len(kept) > 1 else 'it'} out")
-        engine = Engine.restore(read_checkpoint(args.restore), dead_letters=dead,
+        engine = Engine.restore(stored, dead_letters=dead,
                                 **{k: v for k, v in caps.items() if v is not None}, **feedback_opts)
         skip = SkipConsumed(engine, dead)  # records the checkpoint consumed: neither matched nor reported again
     elif not args.query:
         raise YfppError("give at least one query with -q (or --restore FILE)")
     else:
         caps["merge_runs"] = bool(args.merge_runs)
-        engine = build_engine(args.query, max_delay=args.max_delay or 0.0, dead_letters=dead, policy=args.policy, **caps,
+        engine = build_engine(args.query, "s" if args.ts_format == "iso" else args.ts_unit, max_delay=args.max_delay or 0.0, dead_letters=dead, policy=args.policy, **caps,
                               **feedback_opts, strategy=args.strategy or "direct")
     show = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
     live = is_live_input(args.input)
@@ -289,7 +335,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         out = MatchWriter(args.output, live_input=live, iso_times=args.ts_format == "iso")
         try:
             write_matches(engine, events if skip is None else skip.batches(events), out, progress,
-                          (args.checkpoint, args.checkpoint_every) if args.checkpoint else None, vocabulary)
+                          (args.checkpoint, args.checkpoint_every, {"reader": reading}) if args.checkpoint else None,
+                          vocabulary)
         except KeyboardInterrupt:
             interrupted = True
         finally:
@@ -312,7 +359,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.stats_json:
         with open_for_writing(args.stats_json, "stats file") as f:
             write_figures_json(figures, f)
-    return run_status(args, events, dead, interrupted)
+    return run_status(args, events, dead.by_reason, skip.skipped if skip is not None else Counter(), interrupted)
 
 
 class InputFeed:
@@ -334,19 +381,22 @@ class InputFeed:
             self.error = e
 
 
-def run_status(args: argparse.Namespace, events: InputFeed, dead: DeadLetters, interrupted: bool) -> int:
+def run_status(args: argparse.Namespace, events: InputFeed, dead: Counter[str], consumed: Counter[str],
+               interrupted: bool) -> int:
     """The exit status of ``yfpp run``: 130 on Ctrl-C, 2 (raised) when the input broke off or held
-    records but no event, 1 with ``--strict`` if there were dead letters, else 0."""
+    records but no event, 1 with ``--strict`` if there were dead letters, else 0.  ``dead`` counts the
+    dead letters by reason; ``consumed``, those a restored checkpoint's run already reported."""
     if interrupted:
         print("yfpp: interrupted", file=sys.stderr)
         return 130
     if events.error is not None:
         raise events.error
-    if events.count == 0 and dead.count:
-        reasons = ", ".join(f"{reason}: {n}" for reason, n in dead.by_reason.most_common())
-        raise YfppError(f"no events in {args.input}: {dead.count} record(s) were dead letters ({reasons}); is --format right?")
-    if args.strict and dead.count:
-        print(f"yfpp: error: {dead.count} dead letter(s) (--strict)", file=sys.stderr)
+    bad = dead + consumed
+    if events.count == 0 and bad:
+        reasons = ", ".join(f"{reason}: {n}" for reason, n in bad.most_common())
+        raise YfppError(f"no events in {args.input}: {bad.total()} record(s) were dead letters ({reasons}); is --format right?")
+    if args.strict and dead:
+        print(f"yfpp: error: {dead.total()} dead letter(s) (--strict)", file=sys.stderr)
         return 1
     return 0
 
@@ -359,11 +409,11 @@ def _open_input(path: str) -> BinaryIO:
 
 
 def write_matches(engine: Engine, batches: Iterable[list[Event]], out: MatchWriter, progress: Progress | None,
-                  checkpoint: tuple[str, int] | None = None, vocabulary: Vocabulary | None = None) -> int:
+                  checkpoint: tuple[str, int, dict] | None = None, vocabulary: Vocabulary | None = None) -> int:
     """Stream batches of events through the engine, writing matches as they complete; return the event count.
 
-    With ``checkpoint = (path, every)`` the engine's state is written to ``path`` every
-    ``every`` events, after the matches written so far are flushed; ``vocabulary`` notes
+    With ``checkpoint = (path, every, extra)`` the engine's state (and the ``extra`` fields) is written to
+    ``path`` every ``every`` events, after the matches written so far are flushed; ``vocabulary`` notes
     each batch's types and attribute names.
     """
     n = 0
@@ -379,7 +429,7 @@ def write_matches(engine: Engine, batches: Iterable[list[Event]], out: MatchWrit
                 from yfpp.checkpoint import write_checkpoint
 
                 out.flush()
-                write_checkpoint(engine, checkpoint[0])
+                write_checkpoint(engine, checkpoint[0], checkpoint[2])
         if progress is not None:
             progress.update(n, engine)
     out.extend(engine.flush())

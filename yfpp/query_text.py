@@ -53,18 +53,19 @@ def detect_language(text: str) -> str:
     return "sase" if word and difflib.get_close_matches(word.group().upper(), ["PATTERN"], cutoff=0.8) else "xpath"
 
 
-def parse_query(text: str, language: str | None = None) -> Pattern:
-    """Parse query text in either language into a validated Pattern."""
+def parse_query(text: str, language: str | None = None, ts_unit: str = "s") -> Pattern:
+    """Parse query text in either language into a validated Pattern; a window written without a unit is in
+    ``ts_unit`` (the feed's ``--ts-unit``)."""
     if not text.strip():
         raise QuerySyntaxError("empty query", text, 1, 1)
     language = language or detect_language(text)
     if language == "sase":
         from yfpp.sase_parser import parse_sase
 
-        return parse_sase(text)
+        return parse_sase(text, ts_unit)
     from xpath_ext.parser import parse_xpath
 
-    return parse_xpath(text)
+    return parse_xpath(text, ts_unit)
 
 
 @dataclass(frozen=True)
@@ -92,9 +93,9 @@ class QuerySource:
         except YfppError as err:
             raise YfppError(f"{context}: {err}") from None
 
-    def parse(self) -> Pattern:
+    def parse(self, ts_unit: str = "s") -> Pattern:
         with self.blame():
-            return parse_query(self.text, self.language)
+            return parse_query(self.text, self.language, ts_unit)
 
 
 def read_query_file(text: str, default_name: str, origin: str | None = None, language: str | None = None) -> list[QuerySource]:
@@ -159,9 +160,10 @@ def load_queries(args: Iterable[str]) -> list[QuerySource]:
     return out
 
 
-def load_patterns(args: Iterable[str]) -> list[tuple[QuerySource, Pattern]]:
-    """Each query of the ``-q`` arguments with its parsed pattern; errors name the query and its file line."""
-    return [(q, q.parse()) for q in load_queries(args)]
+def load_patterns(args: Iterable[str], ts_unit: str = "s") -> list[tuple[QuerySource, Pattern]]:
+    """Each query of the ``-q`` arguments with its parsed pattern (a window without a unit in ``ts_unit``);
+    errors name the query and its file line."""
+    return [(q, q.parse(ts_unit)) for q in load_queries(args)]
 
 
 def _is_query_file(arg: str) -> bool:

@@ -57,7 +57,7 @@ from yfpp.pattern import (
     walk,
 )
 from yfpp.query_limits import check_text, deepest, finite_number, finite_window, too_deep
-from yfpp.units import window_seconds
+from yfpp.units import bare_window, window_seconds
 
 GRAMMAR = Path(__file__).with_name("sase_grammar.lark")
 LARK_OPTIONS = {"start": ["start", "result"], "propagate_positions": True}  # tree positions for PatternError messages
@@ -79,8 +79,8 @@ _TERMINAL_TEXT = {
 }
 
 
-def parse_sase(text: str) -> Pattern:
-    """Parse a SASE+ query into a validated :class:`Pattern`.
+def parse_sase(text: str, ts_unit: str = "s") -> Pattern:
+    """Parse a SASE+ query into a validated :class:`Pattern`; a window without a unit is in ``ts_unit``.
 
     Raises :class:`QuerySyntaxError` for text that does not parse and
     :class:`PatternError` for a well-formed but invalid pattern.
@@ -92,7 +92,7 @@ def parse_sase(text: str) -> Pattern:
         raise _syntax_error(e, text) from None
     _check_depth(tree, text)
     _check_conditions(tree, text)
-    builder = _Builder(text)
+    builder = _Builder(text, ts_unit)
     try:
         pattern: Pattern = builder.transform(tree)
     except VisitError as e:
@@ -231,9 +231,10 @@ class _Equiv:
 class _Builder(Transformer[Token, Pattern]):
     """Builds the IR; ``uses`` records where each variable reference was written."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, ts_unit: str = "s") -> None:
         super().__init__()
         self.text = text
+        self.ts_unit = ts_unit  # of a window written without a unit
         self.uses: list[tuple[Ref | Length | Aggregate, Token, bool]] = []
         self.positions: list[tuple[str, int, int]] = []  # where each component's variable is written
 
@@ -325,9 +326,10 @@ class _Builder(Transformer[Token, Pattern]):
 
     def within(self, number: Token, unit: Token | None) -> float:
         value = finite_number(number, self.text, number.line, number.column)
-        if unit is None:
+        if unit is None and self.ts_unit == "s":
             return value
-        return finite_window(window_seconds(number, unit), self.text, number.line, number.column)
+        seconds = window_seconds(number, unit) if unit is not None else bare_window(number, self.ts_unit)
+        return finite_window(seconds, self.text, number.line, number.column)
 
     def policy(self, token: Token) -> str:
         return token.lower()

@@ -1,4 +1,8 @@
-"""Window units shared by both query languages (docs/semantics.md §8): name → seconds."""
+"""Window units shared by both query languages (docs/semantics.md §8): name → seconds.
+
+A window written without a unit (``WITHIN 500``) is in the timestamp unit of the feed
+(``--ts-unit``); the readers convert timestamps to seconds, so the window is too.
+"""
 
 from __future__ import annotations
 
@@ -16,3 +20,12 @@ UNIT_SECONDS: dict[str, Decimal] = {
 def window_seconds(number: str, unit: str) -> float:
     """``number unit`` in seconds, exactly as written (``0.1 h`` is 360.0, not 360.00000000000006)."""
     return float(Decimal(number) * UNIT_SECONDS[unit.lower()])
+
+
+def bare_window(number: str, ts_unit: str) -> float:
+    """A window written without a unit, in the timestamp unit ``ts_unit`` (``s``, ``ms``, … as ``--ts-unit``),
+    in seconds."""
+    from yfpp.record_fields import TS_UNITS
+
+    multiplier, divisor = TS_UNITS[ts_unit]
+    return float(Decimal(number) * multiplier / divisor)

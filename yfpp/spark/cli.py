@@ -55,7 +55,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--format", choices=["xml", "jsonl"], help="input format (default: from each file's extension or content)")
     p.add_argument("--policy", choices=["all", "non_overlapping"], help="output policy for every query")
     p.add_argument("--ts-field", default="ts", help="timestamp field name (default: ts)")
-    p.add_argument("--ts-unit", default="s", help="timestamp unit: s, ms, us, ns, min, h (default: s)")
+    p.add_argument("--ts-unit", default="s", help="timestamp unit: s, ms, us, ns, min, h (default: s); a window written "
+                                                  "without a unit (WITHIN 500) is in this unit too")
     p.add_argument("--max-runs-per-query", type=int, metavar="N", help="cap on each query's live runs per engine (see docs/operations.md)")
     p.add_argument("--max-buffer-per-query", type=int, metavar="N", help="cap on each query's buffered events per engine")
     p.add_argument("--events", action="store_true",
@@ -98,12 +99,13 @@ def add_parser(sub: Any) -> None:
 MAX_PARTITIONS = 10_000  #: --partitions: above it the scan plan's tasks would each re-read the input for nothing
 
 
-def load(query_args: list[str], policy: str | None = None) -> EffectiveQueries:
-    """The ``-q`` arguments (``example:NAME`` too) as :func:`~yfpp.spark.plan.effective_queries`; a query
-    refused is reported with its file and line, as ``yfpp run`` reports it."""
+def load(query_args: list[str], policy: str | None = None, ts_unit: str = "s") -> EffectiveQueries:
+    """The ``-q`` arguments (``example:NAME`` too) as :func:`~yfpp.spark.plan.effective_queries` (a window
+    without a unit in ``ts_unit``); a query refused is reported with its file and line, as ``yfpp run``
+    reports it."""
     from yfpp.spark.plan import effective_queries
 
-    loaded = load_patterns([examples.resolve(arg) for arg in query_args])
+    loaded = load_patterns([examples.resolve(arg) for arg in query_args], ts_unit)
     try:
         return effective_queries([(source.name, pattern) for source, pattern in loaded], policy)
     except QueryError:
@@ -172,7 +174,7 @@ def cmd_spark(args: argparse.Namespace) -> int:
         builder = builder.config("spark.sql.shuffle.partitions", str(args.partitions))
     starting = StartingSession(builder) if owned else None  # a new JVM: started while the queries are read
     try:
-        queries = load(args.query, args.policy)  # validated and compiled once: the job reuses them
+        queries = load(args.query, args.policy, args.ts_unit)  # validated and compiled once: the job reuses them
         from yfpp.spark.plan import group_queries
 
         group_queries(queries, streaming=args.stream)  # refuses unsupported feedback before the job
