@@ -75,3 +75,12 @@ def test_a_window_without_a_unit_counts_in_the_ts_unit(tmp_path, capsys):
         code, out, _ = run(capsys, "run", "-q", f"PATTERN SEQ(shelf a, exit c) WHERE [tag_id] WITHIN {window}",
                            f"[tag_id]//shelf//exit({window})", "-i", str(feed), "--ts-unit", "ms")
         assert code == 0 and len(out.splitlines()) == 2 * matches, window
+
+
+def test_nested_json_attributes_in_both_languages(tmp_path, capsys):
+    feed = tmp_path / "nested.jsonl"
+    feed.write_text('{"type": "a", "ts": 1, "o": {"p": 1}}\n{"type": "b", "ts": 2, "o": {"p": 1}, "q": {"r": 5}}\n'
+                    '{"type": "b", "ts": 3, "o": {"p": 2}, "q": {"r": 5}}\n')
+    code, out, _ = run(capsys, "run", "-q", "PATTERN SEQ(a x, b y) WHERE [o.p] AND y.q.r > x.o.p",
+                       "[o.p]//a//b[@q.r > 1]", "-i", str(feed))
+    assert code == 0 and [json.loads(line)["bindings"] for line in out.splitlines()] == [{"x": [0], "y": [1]}, {"e1": [0], "e2": [1]}]

@@ -333,6 +333,17 @@ def test_a_window_without_a_unit_is_in_the_timestamp_unit(ts_unit: str, seconds:
     assert parse_sase("PATTERN SEQ(A a, B b) WITHIN 500 ms", ts_unit).window == 0.5  # a unit says its own
 
 
+def test_dotted_attribute_names_from_nested_json() -> None:
+    """``{"o": {"p": 1}}`` is read as attribute ``o.p``: SASE+ names it ``x.o.p``, in every form of reference."""
+    p = parse_sase("PATTERN SEQ(A+ a[], B b) WHERE [o.p, k] AND a[i].o.p > a[i-1].o.p AND b.q.r > avg(a[..i-1].o.p) "
+                   "AND b.s = prev(a.o.p) AND b.t = a[a.len].o.p")
+    assert p.partition_by == ("o.p", "k")
+    refs = {(r.var, r.attr) for c in p.where for r in (c.left, c.right) if isinstance(r, (Ref, Aggregate))}
+    assert refs == {("a", "o.p"), ("b", "q.r"), ("b", "s"), ("b", "t")}
+    with pytest.raises(QuerySyntaxError):
+        parse_sase("PATTERN SEQ(A a, B b) WHERE a.o. = 1")
+
+
 def test_output_policy_and_bare_return() -> None:
     p = parse_sase("PATTERN SEQ(A a, B b) WITHIN 5 OUTPUT non_overlapping RETURN done")
     assert p.policy == "non_overlapping"

@@ -143,7 +143,7 @@ def _check_conditions(tree: Tree, text: str) -> None:
             if not isinstance(child, Tree):
                 continue
             kind = _VALUE_KINDS.get(child.data)
-            if kind is None and child.data == "attr_ref" and str(child.children[1]).lower() == "len":
+            if kind is None and child.data == "attr_ref" and [str(n).lower() for n in child.children[1].children] == ["len"]:
                 kind = "a length"
             if kind is not None:
                 raise _error(text, child, f"this is {kind}, not a condition: compare it, e.g. `… > 0`")
@@ -392,6 +392,10 @@ class _Builder(Transformer[Token, Pattern]):
 
     def false(self) -> Literal:
         return Literal(False)
+
+    def attr(self, *names: Token) -> Token:
+        """A dotted attribute name as one token, placed at its first part."""
+        return names[0] if len(names) == 1 else Token.new_borrow_pos("NAME", ".".join(names), names[0])
 
     def attr_ref(self, var: Token, attr: Token) -> Ref | Length:
         node = Length(str(var)) if attr.lower() == "len" else Ref(str(var), str(attr))
