@@ -231,3 +231,12 @@ def test_the_vocabulary_stops_noting_once_every_name_a_query_uses_was_seen():
     assert vocabulary.complete and vocabulary.unknown_names("q", pattern) == []
     vocabulary.note([Event("other", 4, {})])
     assert "other" not in vocabulary.attrs  # no longer noted: no warning can come
+
+
+def test_unknown_names_are_warned_about_for_event_set_and_negated_components(capsys):
+    assert main(["run", "-q", "PATTERN {Foo a, exit c} WHERE c.dor = 'D1' WITHIN 5",
+                 "PATTERN SEQ(shelf a, ~Regster b, exit c) WITHIN 10", "-i", str(SAMPLE)]) == 0
+    err = capsys.readouterr().err
+    assert "yfpp: warning: query 'q': type 'Foo' never seen" in err
+    assert "query 'q': attribute 'dor' never seen on 'exit' events; did you mean 'door'?" in err
+    assert "yfpp: warning: query 'q2': type 'Regster' never seen; did you mean 'register'?" in err

@@ -328,7 +328,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     # rescanning millions of them (it took a third of the time on large runs).
     gc.freeze()
     gc.set_threshold(100_000, 50, 100)
-    vocabulary = Vocabulary(plan.pattern for plan in engine.queries.values())
+    plans = [*engine.queries.values(), *(m.plan for m in engine.set_queries.values())]
+    vocabulary = Vocabulary(plan.pattern for plan in plans)
     started = time.perf_counter()
     interrupted = False
     try:
@@ -348,9 +349,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         if source is not args.input:
             source.close()
     if vocabulary.attrs and not interrupted:
-        for plan in engine.queries.values():
+        for plan in plans:
             vocabulary.add_emitted(plan.pattern)
-        for plan in engine.queries.values():
+        for plan in plans:
             for warning in vocabulary.unknown_names(str(plan.name), plan.pattern):
                 print(f"yfpp: warning: {warning}", file=sys.stderr)
     figures = run_figures(engine, events.count, time.perf_counter() - started, dead)
