@@ -62,6 +62,7 @@ def test_buffer_cap_sheds_a_long_kleene():
         sizes.append(eng.runtime.buffer.size)
     assert max(sizes) <= 300 + 64 * 3  # checked every 64 events while over the cap
     assert eng.stats.shed_runs["long"] > 0 and "over max_buffer_per_query=300" in sink.getvalue()
+    assert 300 < eng.stats.peak_buffer <= 300 + 64 * 3  # the size that passed the cap, not what the shed left
 
 
 def test_a_shared_run_is_counted_once_and_shed_for_every_query_of_its_branch():

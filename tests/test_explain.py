@@ -78,3 +78,8 @@ def test_picture_with_graphviz(tmp_path, capsys):
     path = tmp_path / "nfa.png"
     assert main(["explain", "-q", str(ROOT / "queries/sharing.xpe"), "--png", str(path)]) == 0
     assert "with graphviz" in capsys.readouterr().err and path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_trailing_negation_is_listed_once(capsys):
+    assert main(["explain", "-q", "PATTERN SEQ(shelf a, ~exit b) WITHIN 5"]) == 0
+    assert "q: no exit after a\n" in capsys.readouterr().out

@@ -94,7 +94,7 @@ def _acceptance(plan: QueryPlan) -> dict[str, Any]:
     p = plan.pattern
     positives = [c.var for c in p.positives]
     negations = []
-    for neg in plan.negations + ([plan.trailing] if plan.trailing else []):
+    for neg in plan.negations:  # (the trailing one among them)
         preds = [expr_text(e) for e in p.where if neg.var in variables(e)]
         where = f"between {positives[neg.lower]} and {positives[neg.upper]}" if neg.upper is not None else f"after {positives[neg.lower]}"
         negations.append(f"no {neg.event_type or 'event'} {where}" + (f" with {' and '.join(preds)}" if preds else ""))

@@ -709,9 +709,13 @@ class Runtime:
         return c
 
     def _periodic(self, tick: int) -> None:
-        """The buffer caps every 64 events, the sweep when due; when to come back."""
-        if tick & 63 == 0 and self.buffer.size > self.max_buffer:
-            check_buffer_caps(self)
+        """The buffer's peak and caps every 64 events, the sweep when due; when to come back."""
+        if tick & 63 == 0:
+            size = self.buffer.size
+            if size > self._counters.peak_buffer:  # (before a shed: the size that reached the cap)
+                self._counters.peak_buffer = size
+            if size > self.max_buffer:
+                check_buffer_caps(self)
         if tick >= self._next_sweep:
             if self._holds_anything():
                 sweep(self)
