@@ -115,9 +115,10 @@ def test_feedback_clause_in_both_languages_and_as_register_flag():
         eng.register("//a => c(x = )")
     with pytest.raises(PatternError, match="equivalence test"):
         eng.register("//a => c(x = [y])")
-    for text in ("PATTERN SEQ(a x, b y) RETURN r(ts = y.ts + 100) FEEDBACK", "//a//b => r(seq = 1) feedback"):
-        with pytest.raises(PatternError, match="would hide the fed-back event's own"):
+    for text, column in (("PATTERN SEQ(a x, b y) RETURN r(ts = y.ts + 100) FEEDBACK", 32), ("//a//b => r(seq = 1) feedback", 13)):
+        with pytest.raises(PatternError, match="would hide the fed-back event's own") as refused:
             eng.register(text)
+        assert (refused.value.line, refused.value.column) == (1, column)  # at the attribute
     with pytest.raises(PatternError, match="RETURN attribute 'type' would hide"):
         eng.register("//a => r(type = 'x')", feedback=True)
     eng.register("//a//b => r(ts = e2.ts)", name="output_only")  # not fed back: nothing hidden

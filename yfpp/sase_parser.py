@@ -56,6 +56,7 @@ from yfpp.pattern import (
     conjuncts,
     walk,
 )
+from yfpp.events import PSEUDO_ATTRS
 from yfpp.query_limits import check_text, deepest, finite_number, finite_window, too_deep
 from yfpp.units import bare_window, window_seconds
 
@@ -340,13 +341,18 @@ class _Builder(Transformer[Token, Pattern]):
     def result(self, name: Token, *rest: Any) -> tuple[Emit, bool]:
         *attrs, feedback = rest
         _no_equivalence(self.text, [e for _, e in attrs])
-        return Emit(str(name), tuple(attrs)), feedback is not None
+        if feedback is not None:
+            for attr, _ in attrs:
+                if attr in PSEUDO_ATTRS:  # (Pattern.validate says it too, unplaced, for a Pattern built in Python)
+                    raise _error(self.text, attr, f"RETURN attribute {str(attr)!r} would hide the fed-back event's own "
+                                                  f"{attr} (x.{attr} reads an attribute before the field): give it another name")
+        return Emit(str(name), tuple((str(attr), e) for attr, e in attrs)), feedback is not None
 
     def feedback(self, token: Token) -> Token:
         return token
 
-    def emit_attr(self, name: Token, expr: Expr) -> tuple[str, Expr]:
-        return str(name), expr
+    def emit_attr(self, name: Token, expr: Expr) -> tuple[Token, Expr]:
+        return name, expr
 
     # expressions
     def or_expr(self, *operands: Expr) -> Or:
