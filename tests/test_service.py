@@ -549,3 +549,79 @@ def test_two_feeds_merge_in_ts_order_within_max_delay(tmp_path, listeners):
         # all held in the reorder buffer until the quiet feed's stream time (advance_idle) passes them
         got = [(r["start"], r["end"]) for r in map(json.loads, out.wait_lines(3))]
         assert got == [(0.1, 0.2), (0.3, 0.4), (0.5, 0.6)] and svc.dead_letters.count == 0
+
+
+THEFT = "PATTERN SEQ(shelf a, exit c) WHERE [tag_id]"
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full, a file every write to fails (ENOSPC)")
+def test_a_dead_letter_output_that_fails_stops_neither_the_engine_nor_a_feed(tmp_path, listeners, caplog):
+    out = listeners()
+    with caplog.at_level("ERROR", logger="yfpp.service"):
+        with BackgroundService(config(tmp_path, dead_letters="/dev/full")) as svc:
+            c = Client(f"http://127.0.0.1:{svc.port}")
+            c.subscribe(THEFT, sink=out.url, name="theft")
+            feed = jsonl([{"type": "shelf", "ts": 10, "tag_id": 1}, {"type": "shelf", "ts": 1, "tag_id": 2}])  # late
+            feed += b"not json\n[1, 2]\n" + jsonl([{"type": "exit", "ts": 11, "tag_id": 1}])  # on the same connection
+            send(svc.feed_port("jsonl"), feed)
+            assert json.loads(out.wait_lines(1)[0])["bindings"] == {"a": [0], "c": [2]}
+            health = c.health()
+            assert health["status"] == "degraded" and health["events_in"] == 3
+            assert health["dead_letters"] == health["dead_letters_lost"] == 3
+            assert health["dead_letters_error"] == "No space left on device"
+            with urllib.request.urlopen(f"http://127.0.0.1:{svc.port}/metrics", timeout=TIMEOUT) as r:
+                assert "yfpp_dead_letters_lost_total 3.0" in r.read().decode()
+    assert (tmp_path / "state" / "engine-checkpoint.json").is_file()  # the final checkpoint: the engine thread lived
+    failing = [r for r in caplog.records if r.getMessage().startswith("dead-letter output failing")]
+    assert len(failing) == 1 and failing[0].lost == 1  # logged once, not per record
+    assert not [r for r in caplog.records if r.name == "yfpp.service" and r.levelname in ("ERROR", "CRITICAL")]
+
+
+def test_a_failing_batch_is_logged_and_the_engine_thread_goes_on(tmp_path, listeners, monkeypatch, caplog):
+    out = listeners()
+    with BackgroundService(config(tmp_path)) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        c.subscribe(THEFT, sink=out.url, name="theft")
+        real = svc._process
+
+        def process(ev):
+            if ev.type == "bug":
+                raise RuntimeError("a fault outside the per-event guard")
+            return real(ev)
+
+        monkeypatch.setattr(svc, "_process", process)
+        with caplog.at_level("ERROR", logger="yfpp.service"):
+            c.post_events(jsonl([{"type": "bug", "ts": 1}]))
+            c.post_events(jsonl([{"type": "shelf", "ts": 2, "tag_id": 1}, {"type": "exit", "ts": 3, "tag_id": 1}]))
+            assert json.loads(out.wait_lines(1)[0])["bindings"] == {"a": [0], "c": [1]}
+        assert "engine thread: a batch failed" in caplog.text and c.health()["status"] == "ok"
+
+
+def test_a_dead_engine_thread_fails_health_and_ends_the_process_with_status_1(tmp_path, monkeypatch, caplog):
+    from yfpp.service import server
+
+    die = threading.Event()
+
+    def engine_loop(self):
+        die.wait(TIMEOUT)
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(Service, "_engine_loop", engine_loop)
+    background = BackgroundService(config(tmp_path))
+    with background as svc:
+        svc.on_failure = lambda: None  # keep serving, to see /health
+        die.set()
+        wait_for(lambda: svc.failed, what="the engine thread to die")
+        with pytest.raises(ServiceError) as e:
+            Client(f"http://127.0.0.1:{svc.port}").health()
+        assert e.value.status == 503 and e.value.body["status"] == "failed"
+        assert e.value.body["error"] == "RuntimeError: boom"
+    # yfpp serve itself: stops on its own, exit status 1, the reason logged
+    result: list[int] = []
+    with caplog.at_level("ERROR", logger="yfpp.service"):
+        runner = threading.Thread(target=lambda: result.append(server.run(config(tmp_path / "2"))), daemon=True)
+        runner.start()
+        runner.join(TIMEOUT)
+    assert result == [1]
+    assert "the engine thread died: the service stops" in caplog.text
+    assert "stopping without the final checkpoint" in caplog.text

@@ -124,9 +124,10 @@ def create_app(service: Service) -> FastAPI:
                 raise RequestError(413, f"body over {limit} bytes; use a TCP feed for streams")
         return await asyncio.to_thread(lambda: service.post_events(_unpacked(bytes(body), limit), fmt))
 
-    @app.get("/health", summary="Liveness and a few figures")
-    async def health() -> dict[str, Any]:
-        return service.health()
+    @app.get("/health", summary="Liveness and a few figures (503 when the engine thread has died)")
+    async def health() -> Response:
+        body = service.health()
+        return _json_response(body, 503 if body["status"] == "failed" else 200)
 
     @app.get("/metrics", summary="Prometheus metrics", response_class=Response)
     async def prometheus() -> Response:
@@ -153,6 +154,6 @@ def _unpacked(body: bytes, limit: int) -> bytes:
 
 
 def _json_response(body: dict[str, Any], status: int, headers: dict[str, str] | None = None) -> Response:
-    """A JSON error body that encodes whatever text it holds (non-ASCII escaped, so lone surrogates too)."""
+    """A JSON body that encodes whatever text it holds (non-ASCII escaped, so lone surrogates too)."""
     return Response(json.dumps(body, ensure_ascii=True, default=str), status_code=status, headers=headers,
                     media_type="application/json")

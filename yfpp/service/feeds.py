@@ -16,6 +16,7 @@ import socket
 import socketserver
 import sys
 import threading
+import time
 from typing import Any, Callable
 
 from yfpp.dead_letters import DeadLetters
@@ -26,9 +27,16 @@ from yfpp.readers import read_events
 log = logging.getLogger("yfpp.service.feeds")
 
 
+LOST_LOG_EVERY = 60.0  #: seconds between two log lines about a failing dead-letter output
+
+
 class SharedDeadLetters(DeadLetters):
     """The service's dead-letter output: reports from several threads, one whole line each; a file is
-    appended to, so a restart keeps what the earlier runs reported."""
+    appended to, so a restart keeps what the earlier runs reported.
+
+    A report the output cannot take (a full disk, a closed pipe) never raises: it is
+    counted in ``count`` and ``lost``, and logged once per :data:`LOST_LOG_EVERY` seconds.
+    """
 
     def __init__(self, out: Any):
         try:
@@ -36,10 +44,36 @@ class SharedDeadLetters(DeadLetters):
         except OSError as e:
             raise YfppError(f"dead-letter file {out}: {e.strerror or e}") from e
         self._lock = threading.Lock()
+        self.lost = 0  #: reports counted but not written
+        self.failing: str | None = None  #: the output's last error, while writing fails
+        self._logged_at = float("-inf")
 
     def report(self, seq: int, position: str, reason: str, raw: str | None = None) -> None:
         with self._lock:
-            super().report(seq, position, reason, raw)
+            try:
+                super().report(seq, position, reason, raw)
+            except (OSError, ValueError) as e:  # ValueError: the stream was closed
+                self._lost(e)
+                return
+            if self.failing is not None:
+                self.failing = None
+                log.warning("dead-letter output recovered", extra={"lost": self.lost})
+
+    def _lost(self, error: Exception) -> None:
+        self.lost += 1
+        self.failing = (error.strerror if isinstance(error, OSError) else None) or str(error)
+        now = time.monotonic()
+        if now - self._logged_at >= LOST_LOG_EVERY:
+            self._logged_at = now
+            log.error("dead-letter output failing: reports are counted but not written",
+                      extra={"lost": self.lost, "error": self.failing})
+
+    def close(self) -> None:
+        with self._lock:
+            try:
+                super().close()
+            except (OSError, ValueError) as e:  # what was buffered could not be written
+                self._lost(e)
 
 
 class SourceDeadLetters(DeadLetters):

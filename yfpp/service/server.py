@@ -24,7 +24,7 @@ import time
 from collections import deque
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import uvicorn
 from pydantic import ValidationError
@@ -92,6 +92,10 @@ class Service:
         self._last_ts = float("-inf")  # largest ts fed, and the wall time it came (for advance_idle)
         self._last_wall = time.monotonic()
         self._advanced = float("-inf")
+        self.failed: str | None = None  #: why the engine thread died (the service then stops, exit status 1)
+        self.on_failure: Callable[[], None] = lambda: None  #: called on the loop when the engine thread dies
+        self.checkpoint_errors = 0
+        self.last_checkpoint_error: str | None = None  #: the last checkpoint's error, while checkpoints fail
         self._claimed: set[Any] = set()  # names (or tokens) of subscriptions being registered
         self._results: deque[list[dict]] = deque()  # result batches from the engine thread, not yet routed
         self._route_scheduled = False
@@ -125,7 +129,7 @@ class Service:
         # would wait up to the default 5 ms to get it back each time (thousands of sinks: seconds).
         sys.setswitchinterval(SWITCH_INTERVAL)
         self._reload()
-        self._engine_thread = threading.Thread(target=self._engine_loop, name="engine", daemon=True)
+        self._engine_thread = threading.Thread(target=self._run_engine, name="engine", daemon=True)
         self._engine_thread.start()
         for feed in self.feeds:
             feed.start()
@@ -154,6 +158,9 @@ class Service:
         event it is stuck on: the process then ends without the final checkpoint, and says so)."""
         thread = self._engine_thread
         assert thread is not None
+        if self.failed is not None:
+            log.error("the engine thread had died: stopping without the final checkpoint", extra={"error": self.failed})
+            return
         end = time.monotonic() + STOP_WAIT
         while thread.is_alive() and time.monotonic() < end:
             try:
@@ -270,7 +277,7 @@ class Service:
     def put(self, batch: list[Event]) -> None:
         """Hand events to the engine thread (blocks while the inbox is full; FeedClosed when stopping)."""
         while True:
-            if self.stopping.is_set():
+            if self.stopping.is_set() or self.failed is not None:
                 raise FeedClosed()
             try:
                 self.inbox.put(batch, timeout=0.5)
@@ -283,6 +290,17 @@ class Service:
         n, bad = pump(io.BytesIO(body), fmt, "POST /events", self.put, self.dead_letters, self.read_opts)
         return {"events": n, "dead_letters": bad}
 
+    def _run_engine(self) -> None:
+        """The engine thread. Should it ever end but by a stop, the service has failed: ``/health`` says so
+        and the process stops with exit status 1."""
+        try:
+            self._engine_loop()
+        except BaseException as e:
+            self.failed = f"{type(e).__name__}: {e}"
+            log.critical("the engine thread died: the service stops", exc_info=True)
+            if self.loop is not None and not self.loop.is_closed():
+                self.loop.call_soon_threadsafe(self.on_failure)
+
     def _engine_loop(self) -> None:
         tick = min(self.config.advance_idle or 0.5, 0.5)
         next_checkpoint = time.monotonic() + self.config.checkpoint_every
@@ -293,15 +311,10 @@ class Service:
             except queue.Empty:
                 item = None
             stop = item is _STOP
-            out: list[dict] = []
-            with self.engine_lock:
-                if isinstance(item, list):
-                    for ev in item:
-                        out.extend(self._process(ev))
-                elif item is None:
-                    out.extend(self._advance_idle())
-            if out:
-                self._hand_over(out)
+            try:
+                self._step(item)
+            except Exception:  # a fault of one batch is that batch's: the service's only engine thread goes on
+                log.exception("engine thread: a batch failed", extra={"events": len(item) if isinstance(item, list) else 0})
             now = time.monotonic()
             if now - rate_t >= 1.0:
                 self.rate = (self.events_in - rate_n) / (now - rate_t)
@@ -311,6 +324,18 @@ class Service:
                 next_checkpoint = now + self.config.checkpoint_every
             if stop:
                 return
+
+    def _step(self, item: list[Event] | None) -> None:
+        """One batch of events (or, for None, a quiet tick) through the engine; the results to the loop."""
+        out: list[dict] = []
+        with self.engine_lock:
+            if isinstance(item, list):
+                for ev in item:
+                    out.extend(self._process(ev))
+            elif item is None:
+                out.extend(self._advance_idle())
+        if out:
+            self._hand_over(out)
 
     def _process(self, ev: Event) -> list[dict]:
         ev.seq = -1  # the engine numbers events across all feeds
@@ -371,18 +396,29 @@ class Service:
         with self.engine_lock:
             try:
                 checkpoint.save(self.engine, self.checkpoint_path)
-            except (OSError, TypeError, ValueError, YfppError) as e:
-                log.error("checkpoint failed", extra={"path": str(self.checkpoint_path), "error": str(e)})
+            except Exception as e:  # a full disk (OSError), or state the format cannot hold
+                self.checkpoint_errors += 1
+                self.last_checkpoint_error = f"{type(e).__name__}: {e}"
+                log.error("checkpoint failed", extra={"path": str(self.checkpoint_path), "error": self.last_checkpoint_error})
                 return False
+        self.last_checkpoint_error = None
         log.info("checkpoint written", extra={"path": str(self.checkpoint_path), "events_in": self.events_in})
         return True
 
+    @property
+    def status(self) -> str:
+        """``failed`` (the engine thread died), ``degraded`` (checkpoints or dead-letter writes failing), else ``ok``."""
+        if self.failed is not None:
+            return "failed"
+        return "degraded" if self.last_checkpoint_error or self.dead_letters.failing else "ok"
+
     def health(self) -> dict[str, Any]:
-        return {"status": "ok", "uptime_s": round(time.time() - self.started_at, 3), "events_in": self.events_in,
+        return {"status": self.status, "error": self.failed, "uptime_s": round(time.time() - self.started_at, 3), "events_in": self.events_in,
                 "events_per_s": round(self.rate, 1), "dead_letters": self.dead_letters.count,
+                "dead_letters_lost": self.dead_letters.lost, "dead_letters_error": self.dead_letters.failing,
                 "live_runs": self.engine.stats.live_runs, "subscriptions": len(self.subs),
                 "inbox": self.inbox.qsize(), "feeds": {f.fmt: f.port for f in self.feeds},
-                "checkpoints": self.checkpoint_path is not None}
+                "checkpoints": self.checkpoint_path is not None, "last_checkpoint_error": self.last_checkpoint_error}
 
 
 def _error_position(e: Exception) -> dict[str, Any]:
@@ -404,6 +440,10 @@ class _Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, service: Service):
         super().__init__(config)
         self.service = service
+        service.on_failure = self._stop
+
+    def _stop(self) -> None:
+        self.should_exit = True
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self.service.stopping.set()
@@ -432,12 +472,13 @@ def make_server(service: Service) -> _Server:
 
 
 def run(config: ServiceConfig) -> int:
-    """``yfpp serve``: run until SIGTERM / SIGINT; 0 on a clean stop."""
+    """``yfpp serve``: run until SIGTERM / SIGINT; 0 on a clean stop, 1 when it could not start or its engine
+    thread died."""
     service = Service(config)
     service.bind()
     server = make_server(service)
     asyncio.run(server.serve(sockets=[service.http_socket]))
-    return 0 if server.started else 1
+    return 0 if server.started and service.failed is None else 1
 
 
 class BackgroundService:
