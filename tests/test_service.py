@@ -625,3 +625,15 @@ def test_a_dead_engine_thread_fails_health_and_ends_the_process_with_status_1(tm
     assert result == [1]
     assert "the engine thread died: the service stops" in caplog.text
     assert "stopping without the final checkpoint" in caplog.text
+
+
+def test_health_is_degraded_while_checkpoints_fail(tmp_path):
+    blocker = tmp_path / "state" / "engine-checkpoint.json"
+    blocker.mkdir(parents=True)  # a directory where the checkpoint goes: every write fails
+    with BackgroundService(config(tmp_path, checkpoint_every=0.1)) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        health = wait_for(lambda: (h := c.health())["last_checkpoint_error"] and h, what="a failed checkpoint")
+        assert health["status"] == "degraded" and health["error"] is None
+        blocker.rmdir()
+        wait_for(lambda: c.health()["status"] == "ok", what="the next checkpoint")
+        assert svc.checkpoint_errors >= 1 and blocker.is_file()
