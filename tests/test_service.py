@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import http.server
 import io
 import json
@@ -27,7 +28,7 @@ from yfpp.service.client import Client, ServiceError  # noqa: E402
 from yfpp.service.config import ServiceConfig  # noqa: E402
 from yfpp.service.registry import Registry  # noqa: E402
 from yfpp.service.server import BackgroundService, Service  # noqa: E402
-from yfpp.service.subscriptions import SubscriptionSpec  # noqa: E402
+from yfpp.service.subscriptions import Subscription, SubscriptionSpec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "yfpp" / "data" / "sample_rfid.jsonl"
@@ -637,3 +638,56 @@ def test_health_is_degraded_while_checkpoints_fail(tmp_path):
         blocker.rmdir()
         wait_for(lambda: c.health()["status"] == "ok", what="the next checkpoint")
         assert svc.checkpoint_errors >= 1 and blocker.is_file()
+
+
+def test_file_sinks_that_block_hold_up_only_themselves(tmp_path, listeners):
+    """A FIFO with no reader blocks open(), one whose reader never reads blocks write(): neither stalls the rest."""
+    good = listeners()
+    no_reader, not_read = tmp_path / "no-reader.fifo", tmp_path / "not-read.fifo"
+    os.mkfifo(no_reader)
+    os.mkfifo(not_read)
+    reader = os.open(not_read, os.O_RDONLY | os.O_NONBLOCK)
+    n = 3000  # about 300 KB of results: more than a pipe holds
+    background = BackgroundService(config(tmp_path))
+    try:
+        with background as svc:
+            c = Client(f"http://127.0.0.1:{svc.port}")
+            for name, path in (("no_reader", no_reader), ("not_read", not_read)):
+                c.subscribe("PATTERN SEQ(tick t)", sink=f"file:{path}", name=name, queue=100)
+            c.subscribe("PATTERN SEQ(tick t)", sink=good.url, name="good")
+            send(svc.feed_port("jsonl"), jsonl([{"type": "tick", "ts": i} for i in range(n)]))
+            good.wait_lines(n)
+            assert c.health()["status"] == "ok"
+            for sid in ("s1", "s2"):
+                k = c.subscription(sid)["counters"]
+                assert k["matches"] == n and k["dropped"] > 0 and k["delivered"] + k["dropped"] + k["queued"] == n
+        assert not background._thread.is_alive()  # and the stop did not wait for them
+    finally:
+        os.close(os.open(no_reader, os.O_RDONLY | os.O_NONBLOCK))  # their threads see a broken pipe and end
+        os.close(reader)
+
+
+def test_results_the_loop_has_not_routed_yet_are_bounded(tmp_path, monkeypatch):
+    """The engine thread waits while HANDED_OVER results wait for the loop; none is lost."""
+    from yfpp.service import server
+
+    monkeypatch.setattr(server, "HANDED_OVER", 3)
+    svc = Service(config(tmp_path))
+    loop = asyncio.new_event_loop()
+    svc.loop = loop
+    sub = Subscription("s1", SubscriptionSpec(query=THEFT, name="q"), 0, 100)
+    svc.by_name["q"] = sub
+    engine = threading.Thread(target=lambda: [svc._hand_over([{"query": "q", "id": str(i)}]) for i in range(5)],
+                              daemon=True)
+    try:
+        engine.start()
+        wait_for(lambda: svc._handed_over == 3, what="3 results handed over")
+        engine.join(0.2)
+        assert engine.is_alive() and svc._handed_over == 3 and sub.counters.matches == 0
+        wait_for(lambda: loop.run_until_complete(asyncio.sleep(0.01)) or not engine.is_alive(), what="the rest")
+        loop.run_until_complete(asyncio.sleep(0.01))
+        assert sub.counters.matches == 5 and svc._handed_over == 0
+    finally:
+        loop.close()
+        svc.registry.close()
+        svc.dead_letters.close()

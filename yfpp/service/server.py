@@ -47,6 +47,7 @@ _STOP = object()
 SWITCH_INTERVAL = 0.0005  #: seconds a thread holds the GIL while another waits for it (Python's default: 0.005)
 STOP_WAIT = 30.0  #: seconds a stopping service waits for the engine thread to finish its inbox
 INBOX = 64  #: batches (of up to feeds.BATCH events) waiting for the engine thread before feeds block
+HANDED_OVER = 65_536  #: results from the engine thread not yet routed by the loop before the engine thread waits
 
 
 class RequestError(YfppError):
@@ -98,6 +99,8 @@ class Service:
         self.last_checkpoint_error: str | None = None  #: the last checkpoint's error, while checkpoints fail
         self._claimed: set[Any] = set()  # names (or tokens) of subscriptions being registered
         self._results: deque[list[dict]] = deque()  # result batches from the engine thread, not yet routed
+        self._handed_over = 0  # results in _results
+        self._room = threading.Condition()  # guards _results, _handed_over and _route_scheduled
         self._route_scheduled = False
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -371,20 +374,33 @@ class Service:
     def _hand_over(self, results: list[dict]) -> None:
         """Engine thread: queue a batch for the loop, waking the loop only if it has no routing pending.
 
+        While :data:`HANDED_OVER` results wait for the loop, the engine thread waits (a loop that
+        falls behind slows the engine, and so the feeds, rather than holding results without bound).
         (Each wake-up is a write to the loop's self-pipe, and every system call the engine
         thread makes gives the GIL away; a busy loop takes several batches in one turn.)
         """
-        self._results.append(results)
-        if not self._route_scheduled:
-            self._route_scheduled = True
-            self.loop.call_soon_threadsafe(self._route)  # type: ignore[union-attr]
+        loop = self.loop
+        assert loop is not None
+        with self._room:
+            while self._handed_over >= HANDED_OVER and not loop.is_closed():
+                self._room.wait(0.5)
+            self._results.append(results)
+            self._handed_over += len(results)
+            wake, self._route_scheduled = not self._route_scheduled, True
+        if wake:
+            loop.call_soon_threadsafe(self._route)
 
     def _route(self) -> None:
         """On the loop: each result to its subscription (results of a just-deleted one are dropped)."""
-        self._route_scheduled = False  # before taking: a batch queued from now on schedules another turn
-        by_name, pending = self.by_name, self._results
-        while pending:
-            for r in pending.popleft():
+        with self._room:  # a batch queued after this schedules another turn
+            self._route_scheduled = False
+            batches = list(self._results)
+            self._results.clear()
+            self._handed_over = 0
+            self._room.notify_all()
+        by_name = self.by_name
+        for batch in batches:
+            for r in batch:
                 sub = by_name.get(r["query"])
                 if sub is not None:
                     sub.deliver(r)
