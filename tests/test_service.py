@@ -691,3 +691,22 @@ def test_results_the_loop_has_not_routed_yet_are_bounded(tmp_path, monkeypatch):
         loop.close()
         svc.registry.close()
         svc.dead_letters.close()
+
+
+def test_results_still_queued_at_a_stop_are_delivered_after_the_restart(tmp_path, listeners):
+    out = listeners(listen=False)  # the subscriber is down
+    want = expected(SHOPLIFTING, "shop")
+    cfg = config(tmp_path)
+    with BackgroundService(cfg) as svc:
+        Client(f"http://127.0.0.1:{svc.port}").subscribe(SHOPLIFTING, sink=out.url, name="shop")
+        send(svc.feed_port("jsonl"), SAMPLE.read_bytes())
+        counters = svc.subs["s1"].counters
+        wait_for(lambda: counters.matches == len(want), what="every match queued")
+        assert counters.delivered == 0
+    assert Registry(str(tmp_path / "state" / "subscriptions.sqlite")).kept_queued() == {"s1": want}
+    out.listen()  # the subscriber is back
+    with BackgroundService(cfg) as svc:
+        out.wait_lines(len(want))
+        assert svc.subs["s1"].counters.matches == len(want)
+    assert out.results() == want
+    assert Registry(str(tmp_path / "state" / "subscriptions.sqlite")).kept_queued() == {}

@@ -38,7 +38,7 @@ from yfpp.query_text import parse_query
 from yfpp.service import checkpoint
 from yfpp.service.config import ServiceConfig
 from yfpp.service.feeds import FeedClosed, SharedDeadLetters, TcpFeed, pump, start_input
-from yfpp.service.registry import Registry
+from yfpp.service.registry import Registry, RegistryError
 from yfpp.service.subscriptions import Subscription, SubscriptionSpec
 
 log = logging.getLogger("yfpp.service")
@@ -143,15 +143,18 @@ class Service:
             "feeds": {f.fmt: f.port for f in self.feeds}, "subscriptions": len(self.subs)})
 
     async def stop(self) -> None:
-        """Stop feeds, let the engine thread finish its inbox and checkpoint, give senders a second, close."""
+        """Stop feeds, let the engine thread finish its inbox and checkpoint, give senders a second, keep
+        what they still hold for the next start, close."""
         self.stopping.set()
         for feed in self.feeds:
             await asyncio.to_thread(feed.stop)
         if self._engine_thread is not None:
             await asyncio.to_thread(self._stop_engine_thread)
+        self._route()  # the engine thread's last results
         await self._drain(1.0)
         for sub in list(self.subs.values()):
             await sub.stop()
+        self._keep_queued()
         self.registry.close()
         self.dead_letters.close()
         log.info("service stopped", extra={"events_in": self.events_in})
@@ -176,6 +179,20 @@ class Service:
             log.error("the engine thread did not finish in time: stopping without the final checkpoint",
                       extra={"seconds": STOP_WAIT, "inbox": self.inbox.qsize()})
 
+    def _keep_queued(self) -> None:
+        """Store the results the push sinks still hold, to be queued again at the next start (the final
+        checkpoint is past them: the engine will not produce them again)."""
+        queued = {sid: list(sub.outbox.items) for sid, sub in self.subs.items() if sub.outbox and sub.outbox.items}
+        n = sum(map(len, queued.values()))
+        try:
+            self.registry.keep_queued(queued)
+        except RegistryError as e:
+            log.error("results still queued at the stop are lost", extra={"results": n, "error": str(e)})
+            return
+        if n:
+            log.warning("results still queued at the stop are kept for the next start",
+                        extra={"results": n, "subscriptions": len(queued)})
+
     async def _drain(self, seconds: float) -> None:
         """Wait up to ``seconds`` for the push destinations to empty their queues."""
         end = time.monotonic() + seconds
@@ -188,6 +205,7 @@ class Service:
         """Subscriptions from the registry into the engine: the restored engine's query of the same name is
         kept (with its runs) when it is the same query, else replaced; one that no longer loads is logged."""
         restored = {plan.name: qid for qid, plan in self.engine.queries.items()}
+        kept = self.registry.kept_queued()
         for sid, text in self.registry.all():
             try:
                 spec = SubscriptionSpec.model_validate_json(text)
@@ -202,7 +220,10 @@ class Service:
             except (YfppError, ValidationError) as e:
                 log.error("stored subscription no longer registers", extra={"subscription": sid, "error": str(e)})
                 continue
-            self._attach(Subscription(sid, spec, qid, self.config.queue_size))
+            sub = Subscription(sid, spec, qid, self.config.queue_size)
+            self._attach(sub)
+            for result in kept.get(sid, ()):  # queued at the last stop: counted as matches of this run
+                sub.deliver(result)
         for qid in restored.values():  # in the checkpoint but deleted since
             self.engine.unregister(qid)
 
