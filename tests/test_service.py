@@ -710,3 +710,24 @@ def test_results_still_queued_at_a_stop_are_delivered_after_the_restart(tmp_path
         assert svc.subs["s1"].counters.matches == len(want)
     assert out.results() == want
     assert Registry(str(tmp_path / "state" / "subscriptions.sqlite")).kept_queued() == {}
+
+
+def test_a_registry_that_cannot_be_written_refuses_changes_with_503_and_changes_nothing(tmp_path, listeners):
+    out = listeners()
+    cfg = config(tmp_path)
+    with BackgroundService(cfg) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        c.subscribe(THEFT, sink=out.url, name="theft")
+        svc.registry._db.execute("PRAGMA query_only = ON")  # every write fails, as on a full disk
+        for refused in (lambda: c.unsubscribe("s1"), lambda: c.subscribe(EXITS, name="exits")):
+            with pytest.raises(ServiceError) as e:
+                refused()
+            assert e.value.status == 503 and "readonly database" in e.value.body["error"]
+        assert [s["id"] for s in c.subscriptions()] == ["s1"]
+        c.post_events(jsonl([{"type": "shelf", "ts": 1, "tag_id": 1}, {"type": "exit", "ts": 2, "tag_id": 1}]))
+        out.wait_lines(1)  # still matching and delivering
+        svc.registry._db.execute("PRAGMA query_only = OFF")
+        c.unsubscribe("s1")
+        assert c.subscriptions() == []
+    with BackgroundService(cfg) as svc:
+        assert svc.subs == {}  # the removal was stored

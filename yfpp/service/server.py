@@ -187,7 +187,10 @@ class Service:
         try:
             self.registry.keep_queued(queued)
         except RegistryError as e:
-            log.error("results still queued at the stop are lost", extra={"results": n, "error": str(e)})
+            if n:
+                log.error("results still queued at the stop are lost", extra={"results": n, "error": str(e)})
+            else:  # (those of the last stop, if any, stay: the next start queues them again)
+                log.warning("the results kept at the last stop could not be cleared", extra={"error": str(e)})
             return
         if n:
             log.warning("results still queued at the stop are kept for the next start",
@@ -261,12 +264,15 @@ class Service:
             except (RecursionError, ValueError, OverflowError) as e:  # a parser limit, not the client's fault alone
                 log.warning("query refused by a parser limit", extra={"error": repr(e)[:300]})
                 raise RequestError(400, f"query: cannot be parsed ({type(e).__name__})") from e
-            sid = self.registry.add(spec.model_dump())
+            try:
+                sid = self.registry.add(spec.model_dump())
+            except RegistryError as e:
+                raise RequestError(503, f"cannot store the subscription; nothing was added: {e}") from e
             name = spec.name or sid
             try:
                 qid = await asyncio.to_thread(self._register_pattern, pattern, name, spec.policy)
             except YfppError as e:
-                self.registry.remove(sid)
+                self._forget(sid)
                 raise RequestError(400, f"query: {e}", **_error_position(e)) from e
         finally:
             self._claimed.discard(claim)
@@ -275,14 +281,26 @@ class Service:
         log.info("subscribed", extra={"subscription": sid, "query_name": name, "sink": spec.sink})
         return sub
 
+    def _forget(self, sid: str) -> None:
+        """Remove a subscription the engine refused from the registry (else a restart logs it as one that no
+        longer registers)."""
+        try:
+            self.registry.remove(sid)
+        except RegistryError as e:
+            log.error("a refused subscription stays in the registry", extra={"subscription": sid, "error": str(e)})
+
     async def unsubscribe(self, sid: str) -> None:
-        sub = self.subs.get(sid)
-        if sub is None:
-            raise RequestError(404, f"no subscription {sid!r}")
-        del self.subs[sid]
+        """Remove a subscription: from the registry first, so that a failure leaves it wholly in place."""
+        self.get(sid)
+        try:
+            await asyncio.to_thread(self.registry.remove, sid)
+        except RegistryError as e:
+            raise RequestError(503, f"cannot record the removal; the subscription stays: {e}") from e
+        sub = self.subs.pop(sid, None)
+        if sub is None:  # a concurrent DELETE removed it meanwhile
+            return
         self.by_name.pop(sub.name, None)
         await asyncio.to_thread(self._unregister, sub.qid)
-        self.registry.remove(sid)
         await sub.stop()
         log.info("unsubscribed", extra={"subscription": sid, "query_name": sub.name})
 
