@@ -731,3 +731,16 @@ def test_a_registry_that_cannot_be_written_refuses_changes_with_503_and_changes_
         assert c.subscriptions() == []
     with BackgroundService(cfg) as svc:
         assert svc.subs == {}  # the removal was stored
+
+
+def test_a_restarted_service_goes_on_from_the_checkpoint_with_advance_idle_and_its_counts(tmp_path, listeners):
+    out = listeners()
+    with BackgroundService(config(tmp_path)) as svc:
+        Client(f"http://127.0.0.1:{svc.port}").subscribe("PATTERN SEQ(shelf a, ~exit b) WITHIN 1 second",
+                                                        sink=out.url, name="unsold")
+        send(svc.feed_port("jsonl"), jsonl([{"type": "shelf", "ts": 100, "tag_id": 1}, {"type": "shelf", "ts": 5}]))
+        wait_for(lambda: svc.events_in == 2, what="2 events in")  # the second is late: a dead letter
+    with BackgroundService(config(tmp_path, advance_idle=0.2)) as svc:
+        health = Client(f"http://127.0.0.1:{svc.port}").health()
+        assert (health["events_in"], health["dead_letters"]) == (2, 1)  # both since the state began
+        assert json.loads(out.wait_lines(1)[0])["bindings"] == {"a": [0]}  # no event needed: the feed is quiet

@@ -82,7 +82,7 @@ class Service:
         self.inbox: queue.Queue = queue.Queue(INBOX)
         self.subs: dict[str, Subscription] = {}
         self.by_name: dict[str, Subscription] = {}
-        self.events_in = 0
+        self.events_in = self.engine.next_seq  #: events given to the engine since its state began, like dead_letters
         self.rate = 0.0
         self.started_at = time.time()
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -90,7 +90,7 @@ class Service:
         self.feeds: list[TcpFeed] = []
         self._engine_thread: threading.Thread | None = None
         self.stopping = threading.Event()  #: set when shutdown begins: feeds and pull streams end
-        self._last_ts = float("-inf")  # largest ts fed, and the wall time it came (for advance_idle)
+        self._last_ts = self.engine.latest_ts  # largest ts fed, and the wall time it came (for advance_idle)
         self._last_wall = time.monotonic()
         self._advanced = float("-inf")
         self.failed: str | None = None  #: why the engine thread died (the service then stops, exit status 1)
@@ -346,7 +346,7 @@ class Service:
     def _engine_loop(self) -> None:
         tick = min(self.config.advance_idle or 0.5, 0.5)
         next_checkpoint = time.monotonic() + self.config.checkpoint_every
-        rate_t, rate_n = time.monotonic(), 0
+        rate_t, rate_n = time.monotonic(), self.events_in
         while True:
             try:
                 item = self.inbox.get(timeout=tick)
