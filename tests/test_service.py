@@ -744,3 +744,24 @@ def test_a_restarted_service_goes_on_from_the_checkpoint_with_advance_idle_and_i
         health = Client(f"http://127.0.0.1:{svc.port}").health()
         assert (health["events_in"], health["dead_letters"]) == (2, 1)  # both since the state began
         assert json.loads(out.wait_lines(1)[0])["bindings"] == {"a": [0]}  # no event needed: the feed is quiet
+
+
+def test_events_posted_while_the_service_stops_are_refused_with_how_many_it_took(tmp_path):
+    from yfpp.service.feeds import FeedClosed, SharedDeadLetters, pump
+
+    taken: list[int] = []
+
+    def put(batch):  # the inbox of a service that stops after its first batch
+        if taken:
+            raise FeedClosed()
+        taken.append(len(batch))
+
+    body = jsonl([{"type": "a", "ts": i} for i in range(300)])
+    n, bad, stopped = pump(io.BytesIO(body + b"oops\n"), "jsonl", "test", put, SharedDeadLetters(None), {})
+    assert (n, bad, stopped) == (256, 1, True) and taken == [256]  # (the bad line was read before the 2nd put)
+    with BackgroundService(config(tmp_path)) as svc:
+        svc.stopping.set()  # what a stop sets first
+        with pytest.raises(ServiceError) as e:
+            Client(f"http://127.0.0.1:{svc.port}").post_events(body)
+        assert e.value.status == 503 and e.value.body["events"] == 0 and "first 0 events" in e.value.body["error"]
+    assert svc.events_in == 0

@@ -119,16 +119,20 @@ class _FlushBeforeRead(io.RawIOBase):
         return self._read(buf)
 
 
-def pump(source: Any, fmt: str | None, name: str, put: Put, shared: DeadLetters, read_opts: dict[str, Any]) -> tuple[int, int]:
-    """Read every event of ``source`` (a path, ``-`` or a binary stream) into ``put`` in batches;
-    return (events, dead letters). Never raises for bad input."""
+def pump(source: Any, fmt: str | None, name: str, put: Put, shared: DeadLetters,
+         read_opts: dict[str, Any]) -> tuple[int, int, bool]:
+    """Read every event of ``source`` (a path, ``-`` or a binary stream) into ``put`` in batches; return
+    (events ``put`` took, the first of the source in order; dead letters; whether the service stopped the
+    reading). Never raises for bad input."""
     dl = SourceDeadLetters(name, shared)
     batch: list[Event] = []
     n = 0
 
     def hand_over() -> None:
+        nonlocal n
         if batch:
             put(batch[:])
+            n += len(batch)
             batch.clear()
 
     if source == "-":
@@ -136,21 +140,19 @@ def pump(source: Any, fmt: str | None, name: str, put: Put, shared: DeadLetters,
     if not isinstance(source, (str, os.PathLike)):
         source = io.BufferedReader(_FlushBeforeRead(source, hand_over), 65536)
     try:
-        for ev in read_events(source, fmt, dead_letters=dl, **read_opts):
-            batch.append(ev)
-            n += 1
-            if len(batch) >= BATCH:
-                hand_over()
-        hand_over()
+        try:
+            for ev in read_events(source, fmt, dead_letters=dl, **read_opts):
+                batch.append(ev)
+                if len(batch) >= BATCH:
+                    hand_over()
+        except YfppError as e:  # unreadable input (InputError): one dead letter for the rest of the source
+            dl.report(-1, "input", f"unreadable input: {e}")
+        except OSError as e:  # the connection broke
+            log.info("feed ended", extra={"feed": name, "error": str(e)})
+        hand_over()  # the events read before the end, or before the error
     except FeedClosed:
-        pass
-    except YfppError as e:  # unreadable input (InputError): one dead letter for the rest of the source
-        hand_over()
-        dl.report(-1, "input", f"unreadable input: {e}")
-    except OSError as e:  # the connection broke
-        hand_over()
-        log.info("feed ended", extra={"feed": name, "error": str(e)})
-    return n, dl.count
+        return n, dl.count, True
+    return n, dl.count, False
 
 
 class TcpFeed(socketserver.ThreadingTCPServer):
@@ -208,7 +210,7 @@ class _FeedHandler(socketserver.StreamRequestHandler):
         try:
             name = f"{srv.fmt} feed {peer}"
             log.info("feed connected", extra={"feed": name})
-            n, bad = pump(self.connection.makefile("rb", buffering=0), srv.fmt, name, srv.put, srv.shared, srv.read_opts)
+            n, bad, _ = pump(self.connection.makefile("rb", buffering=0), srv.fmt, name, srv.put, srv.shared, srv.read_opts)
             log.info("feed closed", extra={"feed": name, "events": n, "dead_letters": bad})
         finally:
             with srv._lock:
@@ -219,7 +221,7 @@ class _FeedHandler(socketserver.StreamRequestHandler):
 def start_input(path: str, fmt: str | None, put: Put, shared: DeadLetters, read_opts: dict[str, Any]) -> threading.Thread:
     """Read a file (or ``-``, stdin) once, in a thread."""
     def run() -> None:
-        n, bad = pump(path, fmt, f"input {path}", put, shared, read_opts)
+        n, bad, _ = pump(path, fmt, f"input {path}", put, shared, read_opts)
         log.info("input read", extra={"feed": path, "events": n, "dead_letters": bad})
 
     t = threading.Thread(target=run, name=f"input {path}", daemon=True)

@@ -328,8 +328,12 @@ class Service:
                 continue
 
     def post_events(self, body: bytes, fmt: str) -> dict[str, int]:
-        """A ``POST /events`` body: read it like a feed; say how many events and dead letters it held."""
-        n, bad = pump(io.BytesIO(body), fmt, "POST /events", self.put, self.dead_letters, self.read_opts)
+        """A ``POST /events`` body: read it like a feed; say how many events and dead letters it held (a 503
+        saying how many it took if the service stopped taking them)."""
+        n, bad, stopped = pump(io.BytesIO(body), fmt, "POST /events", self.put, self.dead_letters, self.read_opts)
+        if stopped:
+            raise RequestError(503, f"the service is stopping: it took the body's first {n} events, not the "
+                                    f"others; send those again", events=n, dead_letters=bad)
         return {"events": n, "dead_letters": bad}
 
     def _run_engine(self) -> None:
