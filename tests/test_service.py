@@ -766,3 +766,28 @@ def test_events_posted_while_the_service_stops_are_refused_with_how_many_it_took
         assert e.value.status == 503 and e.value.body["events"] == 0 and "first 0 events" in e.value.body["error"]
     assert svc.events_in == 0
 
+
+def test_posts_waiting_for_a_full_inbox_do_not_hold_up_subscription_requests(tmp_path, monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from yfpp.service import server
+
+    monkeypatch.setattr(server, "INBOX", 1)
+    posts = min(32, (os.cpu_count() or 1) + 4) + 2  # more than the loop's default thread pool holds
+    with BackgroundService(config(tmp_path)) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        real_put, waiting = svc.put, []
+
+        def put(batch):
+            waiting.append(1)
+            real_put(batch)
+
+        monkeypatch.setattr(svc, "put", put)
+        with ThreadPoolExecutor(posts) as pool:
+            with svc.engine_lock:  # the engine is stalled: the inbox fills
+                answers = [pool.submit(c.post_events, jsonl([{"type": "a", "ts": i}])) for i in range(posts)]
+                wait_for(lambda: len(waiting) >= server.INGEST_THREADS + 2, what="posts waiting for the inbox")
+                with pytest.raises(ServiceError) as e:  # a subscription request with a thread of the default pool
+                    c.subscribe("PATTERN SEQ(", name="broken")
+                assert e.value.status == 400
+            assert [a.result(TIMEOUT)["events"] for a in answers] == [1] * posts

@@ -122,7 +122,8 @@ def create_app(service: Service) -> FastAPI:
             body += chunk
             if len(body) > limit:
                 raise RequestError(413, f"body over {limit} bytes; use a TCP feed for streams")
-        return await asyncio.to_thread(lambda: service.post_events(_unpacked(bytes(body), limit), fmt))
+        return await asyncio.get_running_loop().run_in_executor(
+            service.ingest, lambda: service.post_events(_unpacked(bytes(body), limit), fmt))
 
     @app.get("/health", summary="Liveness and a few figures (503 when the engine thread has died)")
     async def health() -> Response:

@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -47,6 +48,7 @@ _STOP = object()
 SWITCH_INTERVAL = 0.0005  #: seconds a thread holds the GIL while another waits for it (Python's default: 0.005)
 STOP_WAIT = 30.0  #: seconds a stopping service waits for the engine thread to finish its inbox
 INBOX = 64  #: batches (of up to feeds.BATCH events) waiting for the engine thread before feeds block
+INGEST_THREADS = 4  #: POST /events bodies read at once (more wait their turn); apart from the loop's default pool
 HANDED_OVER = 65_536  #: results from the engine thread not yet routed by the loop before the engine thread waits
 
 
@@ -80,6 +82,9 @@ class Service:
         self.restored = restored is not None
         self.engine_lock = threading.Lock()
         self.inbox: queue.Queue = queue.Queue(INBOX)
+        # POST /events bodies, which wait while the inbox is full, are read here: never in the loop's default
+        # pool, where they would hold up what subscription requests run there
+        self.ingest = ThreadPoolExecutor(INGEST_THREADS, thread_name_prefix="ingest")
         self.subs: dict[str, Subscription] = {}
         self.by_name: dict[str, Subscription] = {}
         self.events_in = self.engine.next_seq  #: events given to the engine since its state began, like dead_letters
@@ -148,6 +153,7 @@ class Service:
         self.stopping.set()
         for feed in self.feeds:
             await asyncio.to_thread(feed.stop)
+        self.ingest.shutdown(wait=False)  # (bodies still waiting are refused: put raises FeedClosed)
         if self._engine_thread is not None:
             await asyncio.to_thread(self._stop_engine_thread)
         self._route()  # the engine thread's last results
