@@ -12,14 +12,14 @@ TIMEOUT = 10.0
 
 
 class LineListener:
-    """A TCP listener on 127.0.0.1 collecting the lines every connection sends (``read=False``: never reads)."""
+    """A TCP listener on 127.0.0.1 collecting the lines every connection sends (``read=False``: never reads;
+    ``listen=False``: its port refuses connections until :meth:`listen`)."""
 
-    def __init__(self, read: bool = True, rcvbuf: int | None = None):
+    def __init__(self, read: bool = True, rcvbuf: int | None = None, listen: bool = True):
         self.sock = socket.socket()
         if rcvbuf:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen()
         self.sock.settimeout(0.2)
         self.port = self.sock.getsockname()[1]
         self.read = read
@@ -27,6 +27,11 @@ class LineListener:
         self.conns: list[socket.socket] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._accept, daemon=True)
+        if listen:
+            self.listen()
+
+    def listen(self) -> None:
+        self.sock.listen()
         self._thread.start()
 
     @property
@@ -68,7 +73,8 @@ class LineListener:
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join(2)
+        if self._thread.ident is not None:
+            self._thread.join(2)
         for c in self.conns:
             c.close()
         self.sock.close()

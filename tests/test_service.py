@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import http.server
 import io
 import json
@@ -27,7 +28,7 @@ from yfpp.service.client import Client, ServiceError  # noqa: E402
 from yfpp.service.config import ServiceConfig  # noqa: E402
 from yfpp.service.registry import Registry  # noqa: E402
 from yfpp.service.server import BackgroundService, Service  # noqa: E402
-from yfpp.service.subscriptions import SubscriptionSpec  # noqa: E402
+from yfpp.service.subscriptions import Subscription, SubscriptionSpec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "yfpp" / "data" / "sample_rfid.jsonl"
@@ -480,7 +481,7 @@ def test_restart_from_checkpoint_neither_loses_nor_repeats(tmp_path, listeners):
         send(svc.feed_port("jsonl"), b"".join(lines[150:]))
         want = expected(SHOPLIFTING, "shop")  # middle negation only: every match is out without a flush
         out.wait_lines(len(want))
-        wait_for(lambda: svc.events_in == len(lines) - 150, what="the rest in")
+        wait_for(lambda: svc.events_in == len(lines), what="the rest in")  # counted since the state began
     assert out.results() == want
 
 
@@ -549,3 +550,244 @@ def test_two_feeds_merge_in_ts_order_within_max_delay(tmp_path, listeners):
         # all held in the reorder buffer until the quiet feed's stream time (advance_idle) passes them
         got = [(r["start"], r["end"]) for r in map(json.loads, out.wait_lines(3))]
         assert got == [(0.1, 0.2), (0.3, 0.4), (0.5, 0.6)] and svc.dead_letters.count == 0
+
+
+THEFT = "PATTERN SEQ(shelf a, exit c) WHERE [tag_id]"
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full, a file every write to fails (ENOSPC)")
+def test_a_dead_letter_output_that_fails_stops_neither_the_engine_nor_a_feed(tmp_path, listeners, caplog):
+    out = listeners()
+    with caplog.at_level("ERROR", logger="yfpp.service"):
+        with BackgroundService(config(tmp_path, dead_letters="/dev/full")) as svc:
+            c = Client(f"http://127.0.0.1:{svc.port}")
+            c.subscribe(THEFT, sink=out.url, name="theft")
+            feed = jsonl([{"type": "shelf", "ts": 10, "tag_id": 1}, {"type": "shelf", "ts": 1, "tag_id": 2}])  # late
+            feed += b"not json\n[1, 2]\n" + jsonl([{"type": "exit", "ts": 11, "tag_id": 1}])  # on the same connection
+            send(svc.feed_port("jsonl"), feed)
+            assert json.loads(out.wait_lines(1)[0])["bindings"] == {"a": [0], "c": [2]}
+            health = c.health()
+            assert health["status"] == "degraded" and health["events_in"] == 3
+            assert health["dead_letters"] == health["dead_letters_lost"] == 3
+            assert health["dead_letters_error"] == "No space left on device"
+            with urllib.request.urlopen(f"http://127.0.0.1:{svc.port}/metrics", timeout=TIMEOUT) as r:
+                assert "yfpp_dead_letters_lost_total 3.0" in r.read().decode()
+    assert (tmp_path / "state" / "engine-checkpoint.json").is_file()  # the final checkpoint: the engine thread lived
+    failing = [r for r in caplog.records if r.getMessage().startswith("dead-letter output failing")]
+    assert len(failing) == 1 and failing[0].lost == 1  # logged once, not per record
+    assert not [r for r in caplog.records if r.name == "yfpp.service" and r.levelname in ("ERROR", "CRITICAL")]
+
+
+def test_a_failing_batch_is_logged_and_the_engine_thread_goes_on(tmp_path, listeners, monkeypatch, caplog):
+    out = listeners()
+    with BackgroundService(config(tmp_path)) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        c.subscribe(THEFT, sink=out.url, name="theft")
+        real = svc._process
+
+        def process(ev):
+            if ev.type == "bug":
+                raise RuntimeError("a fault outside the per-event guard")
+            return real(ev)
+
+        monkeypatch.setattr(svc, "_process", process)
+        with caplog.at_level("ERROR", logger="yfpp.service"):
+            c.post_events(jsonl([{"type": "bug", "ts": 1}]))
+            c.post_events(jsonl([{"type": "shelf", "ts": 2, "tag_id": 1}, {"type": "exit", "ts": 3, "tag_id": 1}]))
+            assert json.loads(out.wait_lines(1)[0])["bindings"] == {"a": [0], "c": [1]}
+        assert "engine thread: a batch failed" in caplog.text and c.health()["status"] == "ok"
+
+
+def test_a_dead_engine_thread_fails_health_and_ends_the_process_with_status_1(tmp_path, monkeypatch, caplog):
+    from yfpp.service import server
+
+    die = threading.Event()
+
+    def engine_loop(self):
+        die.wait(TIMEOUT)
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(Service, "_engine_loop", engine_loop)
+    background = BackgroundService(config(tmp_path))
+    with background as svc:
+        svc.on_failure = lambda: None  # keep serving, to see /health
+        die.set()
+        wait_for(lambda: svc.failed, what="the engine thread to die")
+        with pytest.raises(ServiceError) as e:
+            Client(f"http://127.0.0.1:{svc.port}").health()
+        assert e.value.status == 503 and e.value.body["status"] == "failed"
+        assert e.value.body["error"] == "RuntimeError: boom"
+    # yfpp serve itself: stops on its own, exit status 1, the reason logged
+    result: list[int] = []
+    with caplog.at_level("ERROR", logger="yfpp.service"):
+        runner = threading.Thread(target=lambda: result.append(server.run(config(tmp_path / "2"))), daemon=True)
+        runner.start()
+        runner.join(TIMEOUT)
+    assert result == [1]
+    assert "the engine thread died: the service stops" in caplog.text
+    assert "stopping without the final checkpoint" in caplog.text
+
+
+def test_health_is_degraded_while_checkpoints_fail(tmp_path):
+    blocker = tmp_path / "state" / "engine-checkpoint.json"
+    blocker.mkdir(parents=True)  # a directory where the checkpoint goes: every write fails
+    with BackgroundService(config(tmp_path, checkpoint_every=0.1)) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        health = wait_for(lambda: (h := c.health())["last_checkpoint_error"] and h, what="a failed checkpoint")
+        assert health["status"] == "degraded" and health["error"] is None
+        blocker.rmdir()
+        wait_for(lambda: c.health()["status"] == "ok", what="the next checkpoint")
+        assert svc.checkpoint_errors >= 1 and blocker.is_file()
+
+
+def test_file_sinks_that_block_hold_up_only_themselves(tmp_path, listeners):
+    """A FIFO with no reader blocks open(), one whose reader never reads blocks write(): neither stalls the rest."""
+    good = listeners()
+    no_reader, not_read = tmp_path / "no-reader.fifo", tmp_path / "not-read.fifo"
+    os.mkfifo(no_reader)
+    os.mkfifo(not_read)
+    reader = os.open(not_read, os.O_RDONLY | os.O_NONBLOCK)
+    n = 3000  # about 300 KB of results: more than a pipe holds
+    background = BackgroundService(config(tmp_path))
+    try:
+        with background as svc:
+            c = Client(f"http://127.0.0.1:{svc.port}")
+            for name, path in (("no_reader", no_reader), ("not_read", not_read)):
+                c.subscribe("PATTERN SEQ(tick t)", sink=f"file:{path}", name=name, queue=100)
+            c.subscribe("PATTERN SEQ(tick t)", sink=good.url, name="good")
+            send(svc.feed_port("jsonl"), jsonl([{"type": "tick", "ts": i} for i in range(n)]))
+            good.wait_lines(n)
+            assert c.health()["status"] == "ok"
+            for sid in ("s1", "s2"):
+                k = c.subscription(sid)["counters"]
+                assert k["matches"] == n and k["dropped"] > 0 and k["delivered"] + k["dropped"] + k["queued"] == n
+        assert not background._thread.is_alive()  # and the stop did not wait for them
+    finally:
+        os.close(os.open(no_reader, os.O_RDONLY | os.O_NONBLOCK))  # their threads see a broken pipe and end
+        os.close(reader)
+
+
+def test_results_the_loop_has_not_routed_yet_are_bounded(tmp_path, monkeypatch):
+    """The engine thread waits while HANDED_OVER results wait for the loop; none is lost."""
+    from yfpp.service import server
+
+    monkeypatch.setattr(server, "HANDED_OVER", 3)
+    svc = Service(config(tmp_path))
+    loop = asyncio.new_event_loop()
+    svc.loop = loop
+    sub = Subscription("s1", SubscriptionSpec(query=THEFT, name="q"), 0, 100)
+    svc.by_name["q"] = sub
+    engine = threading.Thread(target=lambda: [svc._hand_over([{"query": "q", "id": str(i)}]) for i in range(5)],
+                              daemon=True)
+    try:
+        engine.start()
+        wait_for(lambda: svc._handed_over == 3, what="3 results handed over")
+        engine.join(0.2)
+        assert engine.is_alive() and svc._handed_over == 3 and sub.counters.matches == 0
+        wait_for(lambda: loop.run_until_complete(asyncio.sleep(0.01)) or not engine.is_alive(), what="the rest")
+        loop.run_until_complete(asyncio.sleep(0.01))
+        assert sub.counters.matches == 5 and svc._handed_over == 0
+    finally:
+        loop.close()
+        svc.registry.close()
+        svc.dead_letters.close()
+
+
+def test_results_still_queued_at_a_stop_are_delivered_after_the_restart(tmp_path, listeners):
+    out = listeners(listen=False)  # the subscriber is down
+    want = expected(SHOPLIFTING, "shop")
+    cfg = config(tmp_path)
+    with BackgroundService(cfg) as svc:
+        Client(f"http://127.0.0.1:{svc.port}").subscribe(SHOPLIFTING, sink=out.url, name="shop")
+        send(svc.feed_port("jsonl"), SAMPLE.read_bytes())
+        counters = svc.subs["s1"].counters
+        wait_for(lambda: counters.matches == len(want), what="every match queued")
+        assert counters.delivered == 0
+    assert Registry(str(tmp_path / "state" / "subscriptions.sqlite")).kept_queued() == {"s1": want}
+    out.listen()  # the subscriber is back
+    with BackgroundService(cfg) as svc:
+        out.wait_lines(len(want))
+        assert svc.subs["s1"].counters.matches == len(want)
+    assert out.results() == want
+    assert Registry(str(tmp_path / "state" / "subscriptions.sqlite")).kept_queued() == {}
+
+
+def test_a_registry_that_cannot_be_written_refuses_changes_with_503_and_changes_nothing(tmp_path, listeners):
+    out = listeners()
+    cfg = config(tmp_path)
+    with BackgroundService(cfg) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        c.subscribe(THEFT, sink=out.url, name="theft")
+        svc.registry._db.execute("PRAGMA query_only = ON")  # every write fails, as on a full disk
+        for refused in (lambda: c.unsubscribe("s1"), lambda: c.subscribe(EXITS, name="exits")):
+            with pytest.raises(ServiceError) as e:
+                refused()
+            assert e.value.status == 503 and "readonly database" in e.value.body["error"]
+        assert [s["id"] for s in c.subscriptions()] == ["s1"]
+        c.post_events(jsonl([{"type": "shelf", "ts": 1, "tag_id": 1}, {"type": "exit", "ts": 2, "tag_id": 1}]))
+        out.wait_lines(1)  # still matching and delivering
+        svc.registry._db.execute("PRAGMA query_only = OFF")
+        c.unsubscribe("s1")
+        assert c.subscriptions() == []
+    with BackgroundService(cfg) as svc:
+        assert svc.subs == {}  # the removal was stored
+
+
+def test_a_restarted_service_goes_on_from_the_checkpoint_with_advance_idle_and_its_counts(tmp_path, listeners):
+    out = listeners()
+    with BackgroundService(config(tmp_path)) as svc:
+        Client(f"http://127.0.0.1:{svc.port}").subscribe("PATTERN SEQ(shelf a, ~exit b) WITHIN 1 second",
+                                                        sink=out.url, name="unsold")
+        send(svc.feed_port("jsonl"), jsonl([{"type": "shelf", "ts": 100, "tag_id": 1}, {"type": "shelf", "ts": 5}]))
+        wait_for(lambda: svc.events_in == 2, what="2 events in")  # the second is late: a dead letter
+    with BackgroundService(config(tmp_path, advance_idle=0.2)) as svc:
+        health = Client(f"http://127.0.0.1:{svc.port}").health()
+        assert (health["events_in"], health["dead_letters"]) == (2, 1)  # both since the state began
+        assert json.loads(out.wait_lines(1)[0])["bindings"] == {"a": [0]}  # no event needed: the feed is quiet
+
+
+def test_events_posted_while_the_service_stops_are_refused_with_how_many_it_took(tmp_path):
+    from yfpp.service.feeds import FeedClosed, SharedDeadLetters, pump
+
+    taken: list[int] = []
+
+    def put(batch):  # the inbox of a service that stops after its first batch
+        if taken:
+            raise FeedClosed()
+        taken.append(len(batch))
+
+    body = jsonl([{"type": "a", "ts": i} for i in range(300)])
+    n, bad, stopped = pump(io.BytesIO(body + b"oops\n"), "jsonl", "test", put, SharedDeadLetters(None), {})
+    assert (n, bad, stopped) == (256, 1, True) and taken == [256]  # (the bad line was read before the 2nd put)
+    with BackgroundService(config(tmp_path)) as svc:
+        svc.stopping.set()  # what a stop sets first
+        with pytest.raises(ServiceError) as e:
+            Client(f"http://127.0.0.1:{svc.port}").post_events(body)
+        assert e.value.status == 503 and e.value.body["events"] == 0 and "first 0 events" in e.value.body["error"]
+    assert svc.events_in == 0
+
+
+def test_posts_waiting_for_a_full_inbox_do_not_hold_up_subscription_requests(tmp_path, monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from yfpp.service import server
+
+    monkeypatch.setattr(server, "INBOX", 1)
+    posts = min(32, (os.cpu_count() or 1) + 4) + 2  # more than the loop's default thread pool holds
+    with BackgroundService(config(tmp_path)) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        real_put, waiting = svc.put, []
+
+        def put(batch):
+            waiting.append(1)
+            real_put(batch)
+
+        monkeypatch.setattr(svc, "put", put)
+        with ThreadPoolExecutor(posts) as pool:
+            with svc.engine_lock:  # the engine is stalled: the inbox fills
+                answers = [pool.submit(c.post_events, jsonl([{"type": "a", "ts": i}])) for i in range(posts)]
+                wait_for(lambda: len(waiting) >= server.INGEST_THREADS + 2, what="posts waiting for the inbox")
+                with pytest.raises(ServiceError) as e:  # a subscription request with a thread of the default pool
+                    c.subscribe("PATTERN SEQ(", name="broken")
+                assert e.value.status == 400
+            assert [a.result(TIMEOUT)["events"] for a in answers] == [1] * posts

@@ -468,6 +468,18 @@ class Engine:
         """Events waiting in the reorder buffer."""
         return len(self._held)
 
+    @property
+    def next_seq(self) -> int:
+        """The seq the next event without one gets: how many events the engine has numbered (a restored
+        engine: since its state began)."""
+        return self._next_seq
+
+    @property
+    def latest_ts(self) -> float:
+        """The largest ts the engine's state knows it has taken in, held or past the watermark (-inf before any;
+        after :meth:`advance_time`, that time less ``max_delay``)."""
+        return max(self._mark_ts, max((h[0] for h in self._held), default=float("-inf")))
+
 
 def _windowable(pattern: Pattern) -> bool:
     """``yfpp.event_sets.windowable`` (that module is imported only for event-set queries)."""

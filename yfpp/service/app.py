@@ -122,11 +122,13 @@ def create_app(service: Service) -> FastAPI:
             body += chunk
             if len(body) > limit:
                 raise RequestError(413, f"body over {limit} bytes; use a TCP feed for streams")
-        return await asyncio.to_thread(lambda: service.post_events(_unpacked(bytes(body), limit), fmt))
+        return await asyncio.get_running_loop().run_in_executor(
+            service.ingest, lambda: service.post_events(_unpacked(bytes(body), limit), fmt))
 
-    @app.get("/health", summary="Liveness and a few figures")
-    async def health() -> dict[str, Any]:
-        return service.health()
+    @app.get("/health", summary="Liveness and a few figures (503 when the engine thread has died)")
+    async def health() -> Response:
+        body = service.health()
+        return _json_response(body, 503 if body["status"] == "failed" else 200)
 
     @app.get("/metrics", summary="Prometheus metrics", response_class=Response)
     async def prometheus() -> Response:
@@ -153,6 +155,6 @@ def _unpacked(body: bytes, limit: int) -> bytes:
 
 
 def _json_response(body: dict[str, Any], status: int, headers: dict[str, str] | None = None) -> Response:
-    """A JSON error body that encodes whatever text it holds (non-ASCII escaped, so lone surrogates too)."""
+    """A JSON body that encodes whatever text it holds (non-ASCII escaped, so lone surrogates too)."""
     return Response(json.dumps(body, ensure_ascii=True, default=str), status_code=status, headers=headers,
                     media_type="application/json")

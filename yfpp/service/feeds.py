@@ -16,6 +16,7 @@ import socket
 import socketserver
 import sys
 import threading
+import time
 from typing import Any, Callable
 
 from yfpp.dead_letters import DeadLetters
@@ -26,9 +27,16 @@ from yfpp.readers import read_events
 log = logging.getLogger("yfpp.service.feeds")
 
 
+LOST_LOG_EVERY = 60.0  #: seconds between two log lines about a failing dead-letter output
+
+
 class SharedDeadLetters(DeadLetters):
     """The service's dead-letter output: reports from several threads, one whole line each; a file is
-    appended to, so a restart keeps what the earlier runs reported."""
+    appended to, so a restart keeps what the earlier runs reported.
+
+    A report the output cannot take (a full disk, a closed pipe) never raises: it is
+    counted in ``count`` and ``lost``, and logged once per :data:`LOST_LOG_EVERY` seconds.
+    """
 
     def __init__(self, out: Any):
         try:
@@ -36,10 +44,36 @@ class SharedDeadLetters(DeadLetters):
         except OSError as e:
             raise YfppError(f"dead-letter file {out}: {e.strerror or e}") from e
         self._lock = threading.Lock()
+        self.lost = 0  #: reports counted but not written
+        self.failing: str | None = None  #: the output's last error, while writing fails
+        self._logged_at = float("-inf")
 
     def report(self, seq: int, position: str, reason: str, raw: str | None = None) -> None:
         with self._lock:
-            super().report(seq, position, reason, raw)
+            try:
+                super().report(seq, position, reason, raw)
+            except (OSError, ValueError) as e:  # ValueError: the stream was closed
+                self._lost(e)
+                return
+            if self.failing is not None:
+                self.failing = None
+                log.warning("dead-letter output recovered", extra={"lost": self.lost})
+
+    def _lost(self, error: Exception) -> None:
+        self.lost += 1
+        self.failing = (error.strerror if isinstance(error, OSError) else None) or str(error)
+        now = time.monotonic()
+        if now - self._logged_at >= LOST_LOG_EVERY:
+            self._logged_at = now
+            log.error("dead-letter output failing: reports are counted but not written",
+                      extra={"lost": self.lost, "error": self.failing})
+
+    def close(self) -> None:
+        with self._lock:
+            try:
+                super().close()
+            except (OSError, ValueError) as e:  # what was buffered could not be written
+                self._lost(e)
 
 
 class SourceDeadLetters(DeadLetters):
@@ -85,16 +119,20 @@ class _FlushBeforeRead(io.RawIOBase):
         return self._read(buf)
 
 
-def pump(source: Any, fmt: str | None, name: str, put: Put, shared: DeadLetters, read_opts: dict[str, Any]) -> tuple[int, int]:
-    """Read every event of ``source`` (a path, ``-`` or a binary stream) into ``put`` in batches;
-    return (events, dead letters). Never raises for bad input."""
+def pump(source: Any, fmt: str | None, name: str, put: Put, shared: DeadLetters,
+         read_opts: dict[str, Any]) -> tuple[int, int, bool]:
+    """Read every event of ``source`` (a path, ``-`` or a binary stream) into ``put`` in batches; return
+    (events ``put`` took, the first of the source in order; dead letters; whether the service stopped the
+    reading). Never raises for bad input."""
     dl = SourceDeadLetters(name, shared)
     batch: list[Event] = []
     n = 0
 
     def hand_over() -> None:
+        nonlocal n
         if batch:
             put(batch[:])
+            n += len(batch)
             batch.clear()
 
     if source == "-":
@@ -102,21 +140,19 @@ def pump(source: Any, fmt: str | None, name: str, put: Put, shared: DeadLetters,
     if not isinstance(source, (str, os.PathLike)):
         source = io.BufferedReader(_FlushBeforeRead(source, hand_over), 65536)
     try:
-        for ev in read_events(source, fmt, dead_letters=dl, **read_opts):
-            batch.append(ev)
-            n += 1
-            if len(batch) >= BATCH:
-                hand_over()
-        hand_over()
+        try:
+            for ev in read_events(source, fmt, dead_letters=dl, **read_opts):
+                batch.append(ev)
+                if len(batch) >= BATCH:
+                    hand_over()
+        except YfppError as e:  # unreadable input (InputError): one dead letter for the rest of the source
+            dl.report(-1, "input", f"unreadable input: {e}")
+        except OSError as e:  # the connection broke
+            log.info("feed ended", extra={"feed": name, "error": str(e)})
+        hand_over()  # the events read before the end, or before the error
     except FeedClosed:
-        pass
-    except YfppError as e:  # unreadable input (InputError): one dead letter for the rest of the source
-        hand_over()
-        dl.report(-1, "input", f"unreadable input: {e}")
-    except OSError as e:  # the connection broke
-        hand_over()
-        log.info("feed ended", extra={"feed": name, "error": str(e)})
-    return n, dl.count
+        return n, dl.count, True
+    return n, dl.count, False
 
 
 class TcpFeed(socketserver.ThreadingTCPServer):
@@ -174,7 +210,7 @@ class _FeedHandler(socketserver.StreamRequestHandler):
         try:
             name = f"{srv.fmt} feed {peer}"
             log.info("feed connected", extra={"feed": name})
-            n, bad = pump(self.connection.makefile("rb", buffering=0), srv.fmt, name, srv.put, srv.shared, srv.read_opts)
+            n, bad, _ = pump(self.connection.makefile("rb", buffering=0), srv.fmt, name, srv.put, srv.shared, srv.read_opts)
             log.info("feed closed", extra={"feed": name, "events": n, "dead_letters": bad})
         finally:
             with srv._lock:
@@ -185,7 +221,7 @@ class _FeedHandler(socketserver.StreamRequestHandler):
 def start_input(path: str, fmt: str | None, put: Put, shared: DeadLetters, read_opts: dict[str, Any]) -> threading.Thread:
     """Read a file (or ``-``, stdin) once, in a thread."""
     def run() -> None:
-        n, bad = pump(path, fmt, f"input {path}", put, shared, read_opts)
+        n, bad, _ = pump(path, fmt, f"input {path}", put, shared, read_opts)
         log.info("input read", extra={"feed": path, "events": n, "dead_letters": bad})
 
     t = threading.Thread(target=run, name=f"input {path}", daemon=True)

@@ -25,6 +25,11 @@ class ServiceCollector:
         yield CounterMetricFamily("yfpp_events_in", "events read from all feeds", value=s.events_in)
         yield GaugeMetricFamily("yfpp_events_per_second", "events processed per second (last second)", value=s.rate)
         yield CounterMetricFamily("yfpp_dead_letters", "malformed, unreadable and late records", value=s.dead_letters.count)
+        yield CounterMetricFamily("yfpp_dead_letters_lost", "dead letters counted but not written (output failing)",
+                                  value=s.dead_letters.lost)
+        yield CounterMetricFamily("yfpp_checkpoint_errors", "checkpoints that failed", value=s.checkpoint_errors)
+        yield GaugeMetricFamily("yfpp_engine_up", "1 while the engine thread runs, 0 once it has died",
+                                value=0 if s.failed else 1)
         yield GaugeMetricFamily("yfpp_live_runs", "partial matches held by the engine", value=s.engine.stats.live_runs)
         yield GaugeMetricFamily("yfpp_inbox_depth", "batches of events (up to 256 each) waiting for the engine thread", value=s.inbox.qsize())
         yield GaugeMetricFamily("yfpp_subscriptions", "registered subscriptions", value=len(s.subs))

@@ -22,9 +22,10 @@ import sys
 import threading
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import uvicorn
 from pydantic import ValidationError
@@ -38,7 +39,7 @@ from yfpp.query_text import parse_query
 from yfpp.service import checkpoint
 from yfpp.service.config import ServiceConfig
 from yfpp.service.feeds import FeedClosed, SharedDeadLetters, TcpFeed, pump, start_input
-from yfpp.service.registry import Registry
+from yfpp.service.registry import Registry, RegistryError
 from yfpp.service.subscriptions import Subscription, SubscriptionSpec
 
 log = logging.getLogger("yfpp.service")
@@ -47,6 +48,8 @@ _STOP = object()
 SWITCH_INTERVAL = 0.0005  #: seconds a thread holds the GIL while another waits for it (Python's default: 0.005)
 STOP_WAIT = 30.0  #: seconds a stopping service waits for the engine thread to finish its inbox
 INBOX = 64  #: batches (of up to feeds.BATCH events) waiting for the engine thread before feeds block
+INGEST_THREADS = 4  #: POST /events bodies read at once (more wait their turn); apart from the loop's default pool
+HANDED_OVER = 65_536  #: results from the engine thread not yet routed by the loop before the engine thread waits
 
 
 class RequestError(YfppError):
@@ -79,9 +82,12 @@ class Service:
         self.restored = restored is not None
         self.engine_lock = threading.Lock()
         self.inbox: queue.Queue = queue.Queue(INBOX)
+        # POST /events bodies, which wait while the inbox is full, are read here: never in the loop's default
+        # pool, where they would hold up what subscription requests run there
+        self.ingest = ThreadPoolExecutor(INGEST_THREADS, thread_name_prefix="ingest")
         self.subs: dict[str, Subscription] = {}
         self.by_name: dict[str, Subscription] = {}
-        self.events_in = 0
+        self.events_in = self.engine.next_seq  #: events given to the engine since its state began, like dead_letters
         self.rate = 0.0
         self.started_at = time.time()
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -89,11 +95,17 @@ class Service:
         self.feeds: list[TcpFeed] = []
         self._engine_thread: threading.Thread | None = None
         self.stopping = threading.Event()  #: set when shutdown begins: feeds and pull streams end
-        self._last_ts = float("-inf")  # largest ts fed, and the wall time it came (for advance_idle)
+        self._last_ts = self.engine.latest_ts  # largest ts fed, and the wall time it came (for advance_idle)
         self._last_wall = time.monotonic()
         self._advanced = float("-inf")
+        self.failed: str | None = None  #: why the engine thread died (the service then stops, exit status 1)
+        self.on_failure: Callable[[], None] = lambda: None  #: called on the loop when the engine thread dies
+        self.checkpoint_errors = 0
+        self.last_checkpoint_error: str | None = None  #: the last checkpoint's error, while checkpoints fail
         self._claimed: set[Any] = set()  # names (or tokens) of subscriptions being registered
         self._results: deque[list[dict]] = deque()  # result batches from the engine thread, not yet routed
+        self._handed_over = 0  # results in _results
+        self._room = threading.Condition()  # guards _results, _handed_over and _route_scheduled
         self._route_scheduled = False
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -125,7 +137,7 @@ class Service:
         # would wait up to the default 5 ms to get it back each time (thousands of sinks: seconds).
         sys.setswitchinterval(SWITCH_INTERVAL)
         self._reload()
-        self._engine_thread = threading.Thread(target=self._engine_loop, name="engine", daemon=True)
+        self._engine_thread = threading.Thread(target=self._run_engine, name="engine", daemon=True)
         self._engine_thread.start()
         for feed in self.feeds:
             feed.start()
@@ -136,15 +148,19 @@ class Service:
             "feeds": {f.fmt: f.port for f in self.feeds}, "subscriptions": len(self.subs)})
 
     async def stop(self) -> None:
-        """Stop feeds, let the engine thread finish its inbox and checkpoint, give senders a second, close."""
+        """Stop feeds, let the engine thread finish its inbox and checkpoint, give senders a second, keep
+        what they still hold for the next start, close."""
         self.stopping.set()
         for feed in self.feeds:
             await asyncio.to_thread(feed.stop)
+        self.ingest.shutdown(wait=False)  # (bodies still waiting are refused: put raises FeedClosed)
         if self._engine_thread is not None:
             await asyncio.to_thread(self._stop_engine_thread)
+        self._route()  # the engine thread's last results
         await self._drain(1.0)
         for sub in list(self.subs.values()):
             await sub.stop()
+        self._keep_queued()
         self.registry.close()
         self.dead_letters.close()
         log.info("service stopped", extra={"events_in": self.events_in})
@@ -154,6 +170,9 @@ class Service:
         event it is stuck on: the process then ends without the final checkpoint, and says so)."""
         thread = self._engine_thread
         assert thread is not None
+        if self.failed is not None:
+            log.error("the engine thread had died: stopping without the final checkpoint", extra={"error": self.failed})
+            return
         end = time.monotonic() + STOP_WAIT
         while thread.is_alive() and time.monotonic() < end:
             try:
@@ -165,6 +184,23 @@ class Service:
         if thread.is_alive():
             log.error("the engine thread did not finish in time: stopping without the final checkpoint",
                       extra={"seconds": STOP_WAIT, "inbox": self.inbox.qsize()})
+
+    def _keep_queued(self) -> None:
+        """Store the results the push sinks still hold, to be queued again at the next start (the final
+        checkpoint is past them: the engine will not produce them again)."""
+        queued = {sid: list(sub.outbox.items) for sid, sub in self.subs.items() if sub.outbox and sub.outbox.items}
+        n = sum(map(len, queued.values()))
+        try:
+            self.registry.keep_queued(queued)
+        except RegistryError as e:
+            if n:
+                log.error("results still queued at the stop are lost", extra={"results": n, "error": str(e)})
+            else:  # (those of the last stop, if any, stay: the next start queues them again)
+                log.warning("the results kept at the last stop could not be cleared", extra={"error": str(e)})
+            return
+        if n:
+            log.warning("results still queued at the stop are kept for the next start",
+                        extra={"results": n, "subscriptions": len(queued)})
 
     async def _drain(self, seconds: float) -> None:
         """Wait up to ``seconds`` for the push destinations to empty their queues."""
@@ -178,6 +214,7 @@ class Service:
         """Subscriptions from the registry into the engine: the restored engine's query of the same name is
         kept (with its runs) when it is the same query, else replaced; one that no longer loads is logged."""
         restored = {plan.name: qid for qid, plan in self.engine.queries.items()}
+        kept = self.registry.kept_queued()
         for sid, text in self.registry.all():
             try:
                 spec = SubscriptionSpec.model_validate_json(text)
@@ -192,7 +229,10 @@ class Service:
             except (YfppError, ValidationError) as e:
                 log.error("stored subscription no longer registers", extra={"subscription": sid, "error": str(e)})
                 continue
-            self._attach(Subscription(sid, spec, qid, self.config.queue_size))
+            sub = Subscription(sid, spec, qid, self.config.queue_size)
+            self._attach(sub)
+            for result in kept.get(sid, ()):  # queued at the last stop: counted as matches of this run
+                sub.deliver(result)
         for qid in restored.values():  # in the checkpoint but deleted since
             self.engine.unregister(qid)
 
@@ -230,12 +270,15 @@ class Service:
             except (RecursionError, ValueError, OverflowError) as e:  # a parser limit, not the client's fault alone
                 log.warning("query refused by a parser limit", extra={"error": repr(e)[:300]})
                 raise RequestError(400, f"query: cannot be parsed ({type(e).__name__})") from e
-            sid = self.registry.add(spec.model_dump())
+            try:
+                sid = self.registry.add(spec.model_dump())
+            except RegistryError as e:
+                raise RequestError(503, f"cannot store the subscription; nothing was added: {e}") from e
             name = spec.name or sid
             try:
                 qid = await asyncio.to_thread(self._register_pattern, pattern, name, spec.policy)
             except YfppError as e:
-                self.registry.remove(sid)
+                self._forget(sid)
                 raise RequestError(400, f"query: {e}", **_error_position(e)) from e
         finally:
             self._claimed.discard(claim)
@@ -244,14 +287,26 @@ class Service:
         log.info("subscribed", extra={"subscription": sid, "query_name": name, "sink": spec.sink})
         return sub
 
+    def _forget(self, sid: str) -> None:
+        """Remove a subscription the engine refused from the registry (else a restart logs it as one that no
+        longer registers)."""
+        try:
+            self.registry.remove(sid)
+        except RegistryError as e:
+            log.error("a refused subscription stays in the registry", extra={"subscription": sid, "error": str(e)})
+
     async def unsubscribe(self, sid: str) -> None:
-        sub = self.subs.get(sid)
-        if sub is None:
-            raise RequestError(404, f"no subscription {sid!r}")
-        del self.subs[sid]
+        """Remove a subscription: from the registry first, so that a failure leaves it wholly in place."""
+        self.get(sid)
+        try:
+            await asyncio.to_thread(self.registry.remove, sid)
+        except RegistryError as e:
+            raise RequestError(503, f"cannot record the removal; the subscription stays: {e}") from e
+        sub = self.subs.pop(sid, None)
+        if sub is None:  # a concurrent DELETE removed it meanwhile
+            return
         self.by_name.pop(sub.name, None)
         await asyncio.to_thread(self._unregister, sub.qid)
-        self.registry.remove(sid)
         await sub.stop()
         log.info("unsubscribed", extra={"subscription": sid, "query_name": sub.name})
 
@@ -270,7 +325,7 @@ class Service:
     def put(self, batch: list[Event]) -> None:
         """Hand events to the engine thread (blocks while the inbox is full; FeedClosed when stopping)."""
         while True:
-            if self.stopping.is_set():
+            if self.stopping.is_set() or self.failed is not None:
                 raise FeedClosed()
             try:
                 self.inbox.put(batch, timeout=0.5)
@@ -279,29 +334,39 @@ class Service:
                 continue
 
     def post_events(self, body: bytes, fmt: str) -> dict[str, int]:
-        """A ``POST /events`` body: read it like a feed; say how many events and dead letters it held."""
-        n, bad = pump(io.BytesIO(body), fmt, "POST /events", self.put, self.dead_letters, self.read_opts)
+        """A ``POST /events`` body: read it like a feed; say how many events and dead letters it held (a 503
+        saying how many it took if the service stopped taking them)."""
+        n, bad, stopped = pump(io.BytesIO(body), fmt, "POST /events", self.put, self.dead_letters, self.read_opts)
+        if stopped:
+            raise RequestError(503, f"the service is stopping: it took the body's first {n} events, not the "
+                                    f"others; send those again", events=n, dead_letters=bad)
         return {"events": n, "dead_letters": bad}
+
+    def _run_engine(self) -> None:
+        """The engine thread. Should it ever end but by a stop, the service has failed: ``/health`` says so
+        and the process stops with exit status 1."""
+        try:
+            self._engine_loop()
+        except BaseException as e:
+            self.failed = f"{type(e).__name__}: {e}"
+            log.critical("the engine thread died: the service stops", exc_info=True)
+            if self.loop is not None and not self.loop.is_closed():
+                self.loop.call_soon_threadsafe(self.on_failure)
 
     def _engine_loop(self) -> None:
         tick = min(self.config.advance_idle or 0.5, 0.5)
         next_checkpoint = time.monotonic() + self.config.checkpoint_every
-        rate_t, rate_n = time.monotonic(), 0
+        rate_t, rate_n = time.monotonic(), self.events_in
         while True:
             try:
                 item = self.inbox.get(timeout=tick)
             except queue.Empty:
                 item = None
             stop = item is _STOP
-            out: list[dict] = []
-            with self.engine_lock:
-                if isinstance(item, list):
-                    for ev in item:
-                        out.extend(self._process(ev))
-                elif item is None:
-                    out.extend(self._advance_idle())
-            if out:
-                self._hand_over(out)
+            try:
+                self._step(item)
+            except Exception:  # a fault of one batch is that batch's: the service's only engine thread goes on
+                log.exception("engine thread: a batch failed", extra={"events": len(item) if isinstance(item, list) else 0})
             now = time.monotonic()
             if now - rate_t >= 1.0:
                 self.rate = (self.events_in - rate_n) / (now - rate_t)
@@ -311,6 +376,18 @@ class Service:
                 next_checkpoint = now + self.config.checkpoint_every
             if stop:
                 return
+
+    def _step(self, item: list[Event] | None) -> None:
+        """One batch of events (or, for None, a quiet tick) through the engine; the results to the loop."""
+        out: list[dict] = []
+        with self.engine_lock:
+            if isinstance(item, list):
+                for ev in item:
+                    out.extend(self._process(ev))
+            elif item is None:
+                out.extend(self._advance_idle())
+        if out:
+            self._hand_over(out)
 
     def _process(self, ev: Event) -> list[dict]:
         ev.seq = -1  # the engine numbers events across all feeds
@@ -346,20 +423,33 @@ class Service:
     def _hand_over(self, results: list[dict]) -> None:
         """Engine thread: queue a batch for the loop, waking the loop only if it has no routing pending.
 
+        While :data:`HANDED_OVER` results wait for the loop, the engine thread waits (a loop that
+        falls behind slows the engine, and so the feeds, rather than holding results without bound).
         (Each wake-up is a write to the loop's self-pipe, and every system call the engine
         thread makes gives the GIL away; a busy loop takes several batches in one turn.)
         """
-        self._results.append(results)
-        if not self._route_scheduled:
-            self._route_scheduled = True
-            self.loop.call_soon_threadsafe(self._route)  # type: ignore[union-attr]
+        loop = self.loop
+        assert loop is not None
+        with self._room:
+            while self._handed_over >= HANDED_OVER and not loop.is_closed():
+                self._room.wait(0.5)
+            self._results.append(results)
+            self._handed_over += len(results)
+            wake, self._route_scheduled = not self._route_scheduled, True
+        if wake:
+            loop.call_soon_threadsafe(self._route)
 
     def _route(self) -> None:
         """On the loop: each result to its subscription (results of a just-deleted one are dropped)."""
-        self._route_scheduled = False  # before taking: a batch queued from now on schedules another turn
-        by_name, pending = self.by_name, self._results
-        while pending:
-            for r in pending.popleft():
+        with self._room:  # a batch queued after this schedules another turn
+            self._route_scheduled = False
+            batches = list(self._results)
+            self._results.clear()
+            self._handed_over = 0
+            self._room.notify_all()
+        by_name = self.by_name
+        for batch in batches:
+            for r in batch:
                 sub = by_name.get(r["query"])
                 if sub is not None:
                     sub.deliver(r)
@@ -371,18 +461,29 @@ class Service:
         with self.engine_lock:
             try:
                 checkpoint.save(self.engine, self.checkpoint_path)
-            except (OSError, TypeError, ValueError, YfppError) as e:
-                log.error("checkpoint failed", extra={"path": str(self.checkpoint_path), "error": str(e)})
+            except Exception as e:  # a full disk (OSError), or state the format cannot hold
+                self.checkpoint_errors += 1
+                self.last_checkpoint_error = f"{type(e).__name__}: {e}"
+                log.error("checkpoint failed", extra={"path": str(self.checkpoint_path), "error": self.last_checkpoint_error})
                 return False
+        self.last_checkpoint_error = None
         log.info("checkpoint written", extra={"path": str(self.checkpoint_path), "events_in": self.events_in})
         return True
 
+    @property
+    def status(self) -> str:
+        """``failed`` (the engine thread died), ``degraded`` (checkpoints or dead-letter writes failing), else ``ok``."""
+        if self.failed is not None:
+            return "failed"
+        return "degraded" if self.last_checkpoint_error or self.dead_letters.failing else "ok"
+
     def health(self) -> dict[str, Any]:
-        return {"status": "ok", "uptime_s": round(time.time() - self.started_at, 3), "events_in": self.events_in,
+        return {"status": self.status, "error": self.failed, "uptime_s": round(time.time() - self.started_at, 3), "events_in": self.events_in,
                 "events_per_s": round(self.rate, 1), "dead_letters": self.dead_letters.count,
+                "dead_letters_lost": self.dead_letters.lost, "dead_letters_error": self.dead_letters.failing,
                 "live_runs": self.engine.stats.live_runs, "subscriptions": len(self.subs),
                 "inbox": self.inbox.qsize(), "feeds": {f.fmt: f.port for f in self.feeds},
-                "checkpoints": self.checkpoint_path is not None}
+                "checkpoints": self.checkpoint_path is not None, "last_checkpoint_error": self.last_checkpoint_error}
 
 
 def _error_position(e: Exception) -> dict[str, Any]:
@@ -404,6 +505,10 @@ class _Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, service: Service):
         super().__init__(config)
         self.service = service
+        service.on_failure = self._stop
+
+    def _stop(self) -> None:
+        self.should_exit = True
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self.service.stopping.set()
@@ -432,12 +537,13 @@ def make_server(service: Service) -> _Server:
 
 
 def run(config: ServiceConfig) -> int:
-    """``yfpp serve``: run until SIGTERM / SIGINT; 0 on a clean stop."""
+    """``yfpp serve``: run until SIGTERM / SIGINT; 0 on a clean stop, 1 when it could not start or its engine
+    thread died."""
     service = Service(config)
     service.bind()
     server = make_server(service)
     asyncio.run(server.serve(sockets=[service.http_socket]))
-    return 0 if server.started else 1
+    return 0 if server.started and service.failed is None else 1
 
 
 class BackgroundService:

@@ -6,16 +6,19 @@ at most ``size`` results; when full, ``drop_oldest`` (the default) discards the
 oldest queued result and ``drop_newest`` the arriving one, and either is counted
 in ``dropped``.
 
-TCP and file sinks are written from the loop itself, with no task per result:
-the first result queued in a loop turn schedules one ``flush`` of the sink, which
-writes everything queued (in chunks of :data:`CHUNK` results, one ``write`` each)
-to one persistent connection or open file.  A TCP sink connects lazily (at its
-first result) and stops taking results while the connection's send buffer is
-above :data:`HIGH_WATER`, so a slow reader only fills its own outbox.  On an
-error, whatever it is (an unexpected one too: a sink never dies of it), a sink
-records ``last_error`` and retries with exponential backoff (0.1 s doubling to
-10 s), keeping what is queued; a webhook posts batches of up to :data:`BATCH`
-from a task of its own, putting a failed batch back at the front of its outbox.
+A TCP sink is written from the loop itself, with no task per result: the first
+result queued in a loop turn schedules one ``flush`` of the sink, which writes
+everything queued (in chunks of :data:`CHUNK` results, one ``write`` each) to one
+persistent connection, opened lazily (at its first result); it stops taking
+results while the connection's send buffer is above :data:`HIGH_WATER`, so a slow
+reader only fills its own outbox.  A webhook and a file sink send from a task of
+their own, a batch at a time (a webhook up to :data:`BATCH` results per POST, a
+file up to :data:`CHUNK` per write); a file sink opens and writes its file in a
+thread of its own, so a file that blocks (a FIFO with no reader, or one that
+does not read) holds up that sink only.  On an error, whatever it is (an
+unexpected one too: a sink never dies of it), a sink records ``last_error`` and
+retries with exponential backoff (0.1 s doubling to 10 s), keeping what is
+queued: a failed batch goes back to the front of its outbox.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ import dataclasses
 import ipaddress
 import json
 import logging
+import queue
 import re
+import threading
 import time
 import unicodedata
 from collections import deque
@@ -323,85 +328,143 @@ class TcpSink(LoopSink):
             self.loop.call_later(1.0, transport.abort)  # type: ignore[union-attr]
 
 
-class FileSink(LoopSink):
-    """``file:PATH``: kept open, appended one line per result, flushed after each write."""
+class TaskSink(PushSink):
+    """A sink sending from a task of its own, up to ``most`` results at a time: a batch that fails goes back
+    to the front of the outbox, then the sink resets and waits its backoff."""
+
+    most = BATCH
 
     def __init__(self, url: str, encode: Callable[[dict], bytes]):
         super().__init__(url, encode)
-        self.path = url[len("file://"):] if url.startswith("file://") else url[len("file:"):]
-        self._f: Any = None
-        self._retry: asyncio.TimerHandle | None = None
-
-    def flush(self) -> None:
-        outbox = self.outbox
-        assert outbox is not None
-        if self._retry is not None:
-            return
-        batch: list[dict] = []
-        try:
-            if self._f is None:
-                self._f = open(self.path, "ab")
-            while outbox.items:
-                batch = outbox.take_now(CHUNK)
-                self._f.write(self.encoded(batch))
-                self._f.flush()
-                outbox.counters.delivered += len(batch)
-                batch = []
-        except Exception as e:  # an OSError, or a path open() refuses (ValueError)
-            outbox.give_back(batch)
-            self.failed(reason(e))
-            self._close()
-            self._retry = self.loop.call_later(self.backoff.next(), self._again)  # type: ignore[union-attr]
-            return
-        self.recovered()
-
-    def _again(self) -> None:
-        self._retry = None
-        self.wake()
-
-    def _close(self) -> None:
-        f, self._f = self._f, None
-        if f is not None:
-            try:
-                f.close()
-            except OSError:
-                pass
-
-    async def stop(self) -> None:
-        if self._retry is not None:
-            self._retry.cancel()
-            self._retry = None
-        self._close()
-
-
-class WebhookSink(PushSink):
-    """``http(s)://…``: a task POSTing each batch, one result per line (JSON lines, or XML elements); any 2xx is delivered."""
-
-    def __init__(self, url: str, encode: Callable[[dict], bytes]):
-        super().__init__(url, encode)
-        self._client: Any = None
         self._task: asyncio.Task | None = None
 
     def start(self, outbox: Outbox) -> None:
         super().start(outbox)
-        self._task = asyncio.get_running_loop().create_task(self._run(outbox), name=f"webhook {self.url}")
+        self._task = asyncio.get_running_loop().create_task(self._run(outbox), name=f"sink {self.url}")
 
     async def _run(self, outbox: Outbox) -> None:
         while True:
-            batch = await outbox.take()
+            batch = await outbox.take(self.most)
             try:
-                await self._post(batch)
-            except Exception as e:  # a status, a network error, or what httpx raises unwrapped (InvalidURL, a group)
+                await self.send(batch)
+            except asyncio.CancelledError:  # stopped while sending: the batch may or may not have arrived; kept
+                outbox.give_back(batch)
+                raise
+            except Exception as e:  # a status, an OSError, or what httpx raises unwrapped (InvalidURL, a group)
                 outbox.give_back(batch)
                 self.failed(reason(e))
-                await self._reset()
+                await self.reset()
                 await self.backoff.wait()
                 continue
             outbox.counters.delivered += len(batch)
             outbox.in_flight = 0
             self.recovered()
 
-    async def _post(self, batch: list[dict]) -> None:
+    async def send(self, batch: list[dict]) -> None:
+        """Deliver ``batch`` (raise if it was not)."""
+        raise NotImplementedError
+
+    async def reset(self) -> None:
+        """Drop the connection or file after a failure (and at stop)."""
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        await self.reset()
+
+
+class SinkThread:
+    """A daemon thread running one sink's blocking calls in turn: a call that blocks for ever holds up this
+    thread alone (and, a daemon, not the process's exit either). Started at the first call."""
+
+    def __init__(self, name: str):
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._work, name=name, daemon=True)
+
+    def submit(self, call: Callable[[], None]) -> asyncio.Future:
+        """Run ``call`` after those submitted before; a future (of the running loop) of its end."""
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        if self._thread.ident is None:
+            self._thread.start()
+        self._jobs.put((call, loop, done))
+        return done
+
+    def end(self) -> None:
+        """End the thread once the calls submitted so far are done."""
+        self._jobs.put(None)
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            call, loop, done = job
+            error: Exception | None = None
+            try:
+                call()
+            except Exception as e:
+                error = e
+            try:
+                loop.call_soon_threadsafe(_settle, done, error)
+            except RuntimeError:  # the loop is closed: nobody waits any more
+                return
+
+
+def _settle(done: asyncio.Future, error: Exception | None) -> None:
+    if done.cancelled():
+        return
+    if error is None:
+        done.set_result(None)
+    else:
+        done.set_exception(error)
+
+
+class FileSink(TaskSink):
+    """``file:PATH``: opened and written by a thread of its own, kept open, appended up to :data:`CHUNK`
+    results per write, flushed after each write."""
+
+    most = CHUNK
+
+    def __init__(self, url: str, encode: Callable[[dict], bytes]):
+        super().__init__(url, encode)
+        self.path = url[len("file://"):] if url.startswith("file://") else url[len("file:"):]
+        self._f: Any = None
+        self._thread = SinkThread(f"sink {url}")
+
+    async def send(self, batch: list[dict]) -> None:
+        await self._thread.submit(lambda: self._write(batch))
+
+    def _write(self, batch: list[dict]) -> None:
+        """(the sink's thread) An OSError, or a ValueError for a path open() refuses, is the caller's."""
+        if self._f is None:
+            self._f = open(self.path, "ab")
+        self._f.write(b"".join(map(self.encode, batch)))
+        self._f.flush()
+
+    def _close(self) -> None:
+        f, self._f = self._f, None
+        if f is not None:
+            try:
+                f.close()
+            except OSError:  # what was buffered could not be written: that batch was given back
+                pass
+
+    async def reset(self) -> None:
+        self._thread.submit(self._close)  # after the write in progress, if any; never waited for: it may block
+
+    async def stop(self) -> None:
+        await super().stop()
+        self._thread.end()
+
+
+class WebhookSink(TaskSink):
+    """``http(s)://…``: a task POSTing each batch, one result per line (JSON lines, or XML elements); any 2xx is delivered."""
+
+    def __init__(self, url: str, encode: Callable[[dict], bytes]):
+        super().__init__(url, encode)
+        self._client: Any = None
+
+    async def send(self, batch: list[dict]) -> None:
         import httpx
 
         if self._client is None:
@@ -411,17 +474,10 @@ class WebhookSink(PushSink):
         if not 200 <= r.status_code < 300:
             raise Refused(f"HTTP {r.status_code}")
 
-    async def _reset(self) -> None:
+    async def reset(self) -> None:
         client, self._client = self._client, None
         if client is not None:
             await client.aclose()
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
-        await self._reset()
 
 
 class Refused(Exception):
