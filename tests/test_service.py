@@ -791,3 +791,27 @@ def test_posts_waiting_for_a_full_inbox_do_not_hold_up_subscription_requests(tmp
                     c.subscribe("PATTERN SEQ(", name="broken")
                 assert e.value.status == 400
             assert [a.result(TIMEOUT)["events"] for a in answers] == [1] * posts
+
+
+def test_iso_timestamps_a_type_field_and_windows_in_the_ts_unit(tmp_path, listeners):
+    """The service reads as ``yfpp run`` does: ts_format, type_field, and a window without a unit in ts_unit."""
+    out = listeners()
+    with BackgroundService(config(tmp_path, ts_format="iso", type_field="kind")) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        c.subscribe("PATTERN SEQ(shelf a, exit c) WHERE [tag_id] WITHIN 90", sink=out.url, name="iso")
+        body = b"".join(json.dumps({"kind": k, "ts": ts, "tag_id": t}).encode() + b"\n" for k, ts, t in (
+            ("shelf", "2026-11-22T10:00:00Z", 1), ("exit", "2026-11-22T10:01:00Z", 1),
+            ("shelf", "2026-11-22T10:02:00Z", 2), ("exit", "2026-11-22T10:04:00Z", 2)))
+        assert c.post_events(body) == {"events": 4, "dead_letters": 0}
+        assert [r["bindings"] for r in map(json.loads, out.wait_lines(1))] == [{"a": [0], "c": [1]}]
+    assert len(out.lines) == 1  # (the service stopped: every result was sent) tag 2 left after 120 s > 90 s
+    out2 = listeners()
+    with BackgroundService(config(tmp_path / "ms", ts_unit="ms")) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        c.subscribe("PATTERN SEQ(shelf a, exit c) WHERE [tag_id] WITHIN 250", sink=out2.url, name="ms")
+        c.post_events(b'{"type": "shelf", "ts": 1000, "tag_id": 1}\n{"type": "exit", "ts": 1200, "tag_id": 1}\n'
+                      b'{"type": "shelf", "ts": 2000, "tag_id": 2}\n{"type": "exit", "ts": 2300, "tag_id": 2}\n')
+        assert [(r["start"], r["end"]) for r in map(json.loads, out2.wait_lines(1))] == [(1.0, 1.2)]
+    assert len(out2.lines) == 1  # 300 ms > 250 ms
+    with pytest.raises(YfppError, match="ts_field cannot be 'kind'"):
+        ServiceConfig.load(None, {"type_field": "kind", "ts_field": "kind"})

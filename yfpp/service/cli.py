@@ -46,7 +46,12 @@ def add_parsers(sub: Any) -> None:
                    help="also read this file (or - for stdin) once at start; repeatable")
     s.add_argument("--format", dest="input_format", choices=["xml", "jsonl"], help="format of --input")
     s.add_argument("--ts-field", help="timestamp field name (default ts)")
-    s.add_argument("--ts-unit", help="timestamp unit: s, ms, us, ns, min, h (default s)")
+    s.add_argument("--ts-unit", help="timestamp unit: s, ms, us, ns, min, h (default s); a query window written "
+                                     "without a unit is in it too")
+    s.add_argument("--ts-format", choices=["number", "iso"], help="timestamps are numbers in --ts-unit (default), "
+                                                                  "or ISO-8601 text")
+    s.add_argument("--type-field", metavar="NAME", help="the event type is this JSON field / XML attribute or leaf "
+                                                        "child (default: JSON 'type', XML element name)")
     s.add_argument("--max-delay", type=float, help="reorder buffer merging the feeds, in seconds (default 0)")
     s.add_argument("--advance-idle", type=float, metavar="SECONDS",
                    help="when no event came for this long, advance stream time with the wall clock")

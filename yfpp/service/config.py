@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from yfpp.errors import YfppError
-from yfpp.record_fields import unit_factors
+from yfpp.record_fields import ISO_UNIT_NAME, unit_factors
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -24,7 +24,9 @@ class ServiceConfig:
     inputs: list[str] = dataclasses.field(default_factory=list)  #: files (or "-" for stdin) read once at start
     input_format: str | None = None  #: format of ``inputs`` (default: from the extension or content)
     ts_field: str = "ts"
-    ts_unit: str = "s"
+    ts_unit: str = "s"  #: also the unit of a query window written without one
+    ts_format: str = "number"  #: "iso": timestamps are ISO-8601 text (results' start and end stay in seconds)
+    type_field: str | None = None  #: the event type is this JSON field / XML attribute (default: "type" / element name)
     max_delay: float = 0.0  #: reorder buffer that merges the feeds, in stream seconds
     advance_idle: float | None = None  #: after this many wall seconds without events, stream time follows the wall clock
     state: str | None = "yfpp-state"  #: directory of the SQLite registry and the checkpoint; None: nothing kept
@@ -37,6 +39,17 @@ class ServiceConfig:
     max_feed_connections: int = 64  #: concurrent TCP feed connections per port
     queue_size: int = 10_000  #: default per-subscription sink queue (results)
     log_level: str = "info"
+
+    @property
+    def read_opts(self) -> dict[str, Any]:
+        """The readers' options for every feed."""
+        return {"ts_field": self.ts_field, "ts_unit": ISO_UNIT_NAME if self.ts_format == "iso" else self.ts_unit,
+                "type_field": self.type_field}
+
+    @property
+    def window_unit(self) -> str:
+        """The unit of a query window written without one: the feeds' timestamp unit (seconds for ISO text)."""
+        return "s" if self.ts_format == "iso" else self.ts_unit
 
     @classmethod
     def load(cls, path: str | None, overrides: dict[str, Any]) -> "ServiceConfig":
@@ -80,17 +93,19 @@ class ServiceConfig:
             v = getattr(self, name)
             if not (isinstance(v, str) and v):
                 raise YfppError(f"{name} must be a non-empty string, got {v!r}")
-        for name in ("state", "dead_letters", "token"):
+        for name in ("state", "dead_letters", "token", "type_field"):
             v = getattr(self, name)
             if v is not None and not isinstance(v, str):
                 raise YfppError(f"{name} must be a string, got {v!r}")
-        if self.ts_field == "type" and self.input_format != "xml":
-            raise YfppError("ts_field cannot be 'type': in JSON records that field is the event type")
+        if self.type_field is not None and not self.type_field:
+            raise YfppError("type_field must be a non-empty string")
+        if self.ts_field == (self.type_field or "type") and (self.type_field or self.input_format != "xml"):
+            raise YfppError(f"ts_field cannot be {self.ts_field!r}: that field is the event type")
         try:
             unit_factors(self.ts_unit)
         except ValueError as e:
             raise YfppError(str(e)) from None
-        for name, allowed in (("input_format", ("xml", "jsonl")), ("log_level", LOG_LEVELS)):
+        for name, allowed in (("input_format", ("xml", "jsonl")), ("log_level", LOG_LEVELS), ("ts_format", ("number", "iso"))):
             v = getattr(self, name)
             if v not in allowed and not (v is None and name == "input_format"):
                 raise YfppError(f"{name} must be one of {', '.join(allowed)}, got {v!r}")

@@ -75,7 +75,7 @@ class Service:
         self.checkpoint_path = state / "engine-checkpoint.json" if state else None
         self.registry = Registry(str(state / "subscriptions.sqlite") if state else None)
         self.dead_letters = SharedDeadLetters(config.dead_letters or sys.stderr)
-        self.read_opts = {"ts_field": config.ts_field, "ts_unit": config.ts_unit}
+        self.read_opts = config.read_opts
         engine_opts = {"max_delay": config.max_delay, "dead_letters": self.dead_letters}
         restored = checkpoint.load(self.checkpoint_path, **engine_opts) if self.checkpoint_path else None
         self.engine: Engine = restored or Engine(**engine_opts)
@@ -219,7 +219,7 @@ class Service:
             try:
                 spec = SubscriptionSpec.model_validate_json(text)
                 name = spec.name or sid
-                pattern = parse_query(spec.query, spec.language)
+                pattern = parse_query(spec.query, spec.language, self.config.window_unit)
                 qid = restored.pop(name, None)
                 if qid is not None and not self._same_query(qid, pattern, spec.policy):
                     self.engine.unregister(qid)  # the name was deleted and taken again after the checkpoint
@@ -264,7 +264,7 @@ class Service:
         self._claimed.add(claim)
         try:
             try:
-                pattern = await asyncio.to_thread(parse_query, spec.query, spec.language)
+                pattern = await asyncio.to_thread(parse_query, spec.query, spec.language, self.config.window_unit)
             except YfppError as e:
                 raise RequestError(400, f"query: {e}", **_error_position(e)) from e
             except (RecursionError, ValueError, OverflowError) as e:  # a parser limit, not the client's fault alone
