@@ -41,8 +41,9 @@ Test = Callable[[Event], bool]
 _Fn = Callable[[Any], Any]  # element -> value (None: the empty sequence)
 
 #: Errors that make a predicate false: elementpath's and those of the Python
-#: operations both paths share (decimal.InvalidOperation is an ArithmeticError).
-_ERRORS = (ElementPathError, ArithmeticError, TypeError, ValueError)
+#: operations both paths share (decimal.InvalidOperation is an ArithmeticError; a KeyError is what
+#: elementpath raises for a QName whose prefix has no namespace).
+_ERRORS = (ElementPathError, ArithmeticError, TypeError, ValueError, LookupError)
 
 _COMPARE = {"=": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 _LITERALS = ("(integer)", "(decimal)", "(float)", "(string)")
@@ -56,6 +57,16 @@ UNBOUNDED = {"for": "a for expression", "some": "a some expression", "every": "a
 #: a regular expression cannot backtrack over text as long as a record
 REGEX_FUNCTIONS, BACKTRACKING = ("matches", "tokenize"), frozenset("*+?{}()|")
 MAX_RANGE = 10_000  #: items of a range ``m to n`` (integer literals only)
+#: functions whose last argument, at this arity, is a collation: refused (only the default codepoint
+#: collation applies; another one makes elementpath set the process's locale, and where that locale is
+#: missing it raises and leaves its collation lock held, stalling every later use)
+COLLATION_ARITY = {"compare": 3, "contains": 3, "starts-with": 3, "ends-with": 3, "substring-before": 3,
+                   "substring-after": 3, "index-of": 3, "distinct-values": 2, "deep-equal": 3, "max": 2, "min": 2}
+#: what can give many items, as many as the record has characters or elements (or a range has): two of
+#: them compared, or one filtered by a predicate holding another, cost the product of their lengths
+MANY_FUNCTIONS = frozenset({"tokenize", "string-to-codepoints", "reverse", "subsequence", "remove", "insert-before",
+                            "index-of", "data", "unordered", "distinct-values"})
+MANY_OPERATORS = frozenset({"to", ",", "/", "//", "|", "union", "intersect", "except", "(name)"})
 
 
 def parse_expression(source: str, namespaces: Namespaces = ()) -> XPathToken:
@@ -77,13 +88,15 @@ def parse_expression(source: str, namespaces: Namespaces = ()) -> XPathToken:
         return root
     except ElementPathError:
         raise
-    except _ERRORS as err:
+    except Exception as err:  # (a Python error elementpath lets out: no query may end in a traceback)
         raise ElementPathError(f"a constant part cannot be evaluated: {err!r}") from None
 
 
 def check_bounded(token: XPathToken) -> None:
-    """Refuse what :data:`UNBOUNDED` names, a pattern that could backtrack, and a range that is not two
-    integer literals at most :data:`MAX_RANGE` apart: an event predicate's cost stays within the event's size."""
+    """Refuse what :data:`UNBOUNDED` names, a pattern that could backtrack, a range that is not two integer
+    literals at most :data:`MAX_RANGE` apart, a product of two sequences (:func:`_product`), a
+    ``string-join`` separator that is not a literal, ``distinct-values``, a collation argument and a variable:
+    an event predicate's cost stays within a multiple of the event's size."""
     stack = [token]
     while stack:
         tok = stack.pop()
@@ -91,6 +104,14 @@ def check_bounded(token: XPathToken) -> None:
         if what is not None:
             raise tok.error("XPST0003", f"{what} is not allowed in an event predicate: its cost has no bound "
                                         "(docs/semantics.md §9)")
+        if tok.symbol == "$":
+            raise tok.error("XPST0008", "an event predicate has no variables")
+        if tok.label == "function":
+            _check_function(tok)
+        elif _product(tok):
+            raise tok.error("XPST0003", "an event predicate may not compare two sequences, filter a sequence by "
+                                        "another or step from one into another: the cost is the product of their "
+                                        "lengths (docs/semantics.md §9)")
         if tok.symbol in REGEX_FUNCTIONS and tok.label == "function" and len(tok) > 1 and not (
                 tok[1].symbol == "(string)" and BACKTRACKING.isdisjoint(tok[1].value)):
             raise tok.error("XPST0003", f"{tok.symbol}() takes a literal pattern without quantifiers, groups or "
@@ -102,6 +123,62 @@ def check_bounded(token: XPathToken) -> None:
                 raise tok.error("XPST0003", f"a range in an event predicate is two integer literals at most "
                                             f"{MAX_RANGE:,} apart")
         stack.extend(tok)
+
+
+def _check_function(tok: XPathToken) -> None:
+    """The per-function rules of :func:`check_bounded`."""
+    arity = COLLATION_ARITY.get(tok.symbol)
+    if arity is not None and len(tok) >= arity:
+        raise tok.error("XPST0003", f"{tok.symbol}() takes no collation argument in an event predicate: the "
+                                    "default (codepoint) collation applies")
+    if tok.symbol == "distinct-values":
+        raise tok.error("XPST0003", "distinct-values() is not allowed in an event predicate: its cost is the "
+                                    "square of its sequence's length")
+    if tok.symbol == "string-join" and len(tok) == 2 and tok[1].symbol != "(string)":
+        raise tok.error("XPST0003", "string-join() takes a literal separator in an event predicate: another "
+                                    "could make the result the text times itself")
+
+
+def _product(tok: XPathToken) -> bool:
+    """Whether ``tok`` combines two operands that may each be many items: a general comparison, or a filter
+    ``E[P]`` whose predicate makes a sequence not tied to the item it filters.  (Steps within the record
+    cost at most its size times its nesting cap: they are not products.)"""
+    if tok.symbol in ("=", "!=", "<", "<=", ">", ">=") and len(tok) == 2:
+        return _many(tok[0]) and _many(tok[1])
+    if tok.symbol == "[" and len(tok) == 2:
+        return _many(tok[0]) and _makes_a_sequence(tok[1])
+    return False
+
+
+def _many(tok: XPathToken) -> bool:
+    """Whether ``tok``'s value may be more than one item (conservatively)."""
+    if tok.label == "function":
+        return tok.symbol in MANY_FUNCTIONS
+    if tok.symbol == "@":
+        return len(tok) == 1 and tok[0].symbol == "*"
+    if tok.symbol in MANY_OPERATORS or tok.label == "axis":
+        return True
+    if tok.symbol == "*":
+        return len(tok) == 0  # the wildcard step, not the product
+    if tok.symbol in ("(", "[") and len(tok) >= 1:
+        return _many(tok[0])
+    if tok.symbol == "if" and len(tok) == 3:
+        return _many(tok[1]) or _many(tok[2])
+    return False
+
+
+def _makes_a_sequence(tok: XPathToken) -> bool:
+    """Whether a sequence of values, or a path from the document's root, is made anywhere inside ``tok``:
+    evaluated for each item of an outer sequence, its length multiplies."""
+    stack = [tok]
+    while stack:
+        t = stack.pop()
+        if (t.label == "function" and t.symbol in MANY_FUNCTIONS) or t.symbol in ("to", ",") \
+                or (t.symbol in ("/", "//") and len(t) == 1):
+            return True
+        if t.symbol != "@":
+            stack.extend(t)
+    return False
 
 
 def _integer_literal(tok: XPathToken) -> int | None:
