@@ -240,3 +240,11 @@ def test_unknown_names_are_warned_about_for_event_set_and_negated_components(cap
     assert "yfpp: warning: query 'q': type 'Foo' never seen" in err
     assert "query 'q': attribute 'dor' never seen on 'exit' events; did you mean 'door'?" in err
     assert "yfpp: warning: query 'q2': type 'Regster' never seen; did you mean 'register'?" in err
+
+
+def test_an_xpath_predicate_on_ts_is_no_unknown_attribute(tmp_path, capsys):
+    feed = tmp_path / "ms.xml"
+    feed.write_text('<stream><a ts="5000"/></stream>\n')
+    assert main(["run", "-q", "//a[@ts > 100]", "-i", str(feed), "--ts-unit", "ms"]) == 0
+    out, err = capsys.readouterr()
+    assert len(out.splitlines()) == 1 and "never seen" not in err

@@ -99,7 +99,8 @@ def _wanted(pattern: Pattern) -> list[tuple[str | None, str | None]]:
                 wanted[(types.get(node.var), node.attr)] = None
             elif isinstance(node, XPathTest):
                 for a in _XPATH_ATTR.findall(node.source):
-                    wanted[(types.get(node.var), a)] = None
+                    if a not in PSEUDO_ATTRS:  # (@ts reads the record's own field)
+                        wanted[(types.get(node.var), a)] = None
     return list(wanted)
 
 
