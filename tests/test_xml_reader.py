@@ -155,6 +155,52 @@ def test_a_huge_value_is_not_held_in_memory():
     assert peak < 40_000_000  # the input itself is 30 MB; nothing near a second copy
 
 
+def _pretty(n: int, unclosed: int) -> str:
+    """A rooted feed of ``n`` events carrying ts as a child element, record ``unclosed`` without its end tag."""
+    records = (f"  <shelf>\n    <ts>{i}</ts>\n    <tag_id>{i % 50}</tag_id>\n" + ("" if i == unclosed else "  </shelf>\n")
+               for i in range(n))
+    return '<?xml version="1.0"?>\n<stream>\n' + "".join(records) + "</stream>\n"
+
+
+@pytest.mark.parametrize("trickle", [False, True])
+def test_an_unclosed_event_past_the_size_cap_costs_that_record_not_the_rest(trickle):
+    """Record 5 is not closed: past the cap (its next sibling, of its own name, read as its child) the reader
+    reads again from its start tag on, as it does at the root's end tag under the cap: the same result."""
+    data = _pretty(300, unclosed=5).encode()
+    under = read(data)
+    over = read(data, Trickle(data, 3) if trickle else None, max_record_bytes=1000)
+    assert over == under
+    events, dead = over
+    assert [e[2] for e in events] == [float(i) for i in range(300) if i != 5]
+    assert [(d["seq"], d["position"], d["reason"].split(":")[0], d["raw"]) for d in dead] == [
+        (5, "line 23", "malformed XML", "<shelf>"), (6, "line 24", "missing ts", "<ts>5</ts>"),
+        (7, "line 25", "missing ts", "<tag_id>5</tag_id>")]
+
+
+@pytest.mark.parametrize("trickle", [False, True])
+def test_a_start_tag_over_the_size_cap_costs_its_record_and_invents_nothing(trickle):
+    """Whether the tag is whole in a read block or still arriving, its element is one dead letter and its
+    content is skipped (quotes followed: '>' and '/>' inside a value do not end the tag)."""
+    big = "x/>" * 700 + ">"
+    data = (f'<s>\n<e ts="1"/>\n<order ts="2" note="{big}"><item><ts>6</ts></item></order>\n'
+            f"<shelf ts='3' v='{big}'><zone>Z</zone></shelf>\n<e ts=\"4\" v='{big}'/>\n"
+            f'<e ts="5"><c v="{big}">1</c><c/></e>\n<e ts="7"/>\n</s>\n').encode()
+    events, dead = read(data, Trickle(data, 5) if trickle else None, max_record_bytes=1000)
+    assert [(e[0], e[1], e[2]) for e in events] == [(0, "e", 1.0), (5, "e", 7.0)]
+    assert [(d["seq"], d["position"], d["reason"].split(":")[0]) for d in dead] == [
+        (1, "line 3", "too large"), (2, "line 4", "too large"), (3, "line 5", "too large"), (4, "line 6", "too large")]
+    assert [d["raw"][:9] for d in dead] == ['<order ts', "<shelf ts", '<e ts="4"', '<e ts="5"']
+
+
+@pytest.mark.parametrize("trickle", [False, True])
+def test_a_root_start_tag_over_the_size_cap_is_reported_and_its_children_read(trickle):
+    data = f'<stream v="{"x" * 3000}">\n<e ts="1"/>\n<e ts="2"><v>3</v></e>\n</stream>\n<e ts="4"/>\n'.encode()
+    events, dead = read(data, Trickle(data, 2) if trickle else None, max_record_bytes=1000)
+    assert [(e[0], e[2]) for e in events] == [(1, 1.0), (2, 2.0), (3, 4.0)]
+    assert [(d["seq"], d["reason"].split(":")[0]) for d in dead] == [(0, "too large")]
+    assert "read as a root" in dead[0]["reason"]
+
+
 def test_depth_cap_is_a_dead_letter():
     deep = '<e ts="1">' + "<a>" * 100 + "</a>" * 100 + "</e>"
     events, dead = read(f'<s>{deep}<e ts="2"/></s>', max_depth=50)
