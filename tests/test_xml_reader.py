@@ -15,6 +15,7 @@ from lxml import etree
 from yfpp import xml_reader
 from yfpp.dead_letters import DeadLetters
 from yfpp.engine import Engine
+from yfpp.errors import InputError
 from yfpp.readers import read_xml
 
 
@@ -211,6 +212,38 @@ def test_bare_doctype_is_ignored_and_one_naming_a_dtd_is_refused():
     assert read('<!DOCTYPE stream>\n<stream><e ts="1"/></stream>')[0] == [(0, "e", 1.0, {})]
     events, dead = read('<!DOCTYPE stream SYSTEM "http://127.0.0.1:9/x.dtd">\n<stream><e ts="1"/></stream>')
     assert events == [] and [d["reason"].split(":")[0] for d in dead] == ["DTD not allowed"]
+
+
+class Pieces(io.RawIOBase):
+    """A binary stream whose ``read1`` returns the given pieces one at a time (a socket feed)."""
+
+    def __init__(self, pieces: list[bytes]):
+        self.pieces = list(pieces)
+
+    def readable(self) -> bool:
+        return True
+
+    def read1(self, n: int = -1) -> bytes:
+        return self.pieces.pop(0) if self.pieces else b""
+
+    read = read1
+
+
+@pytest.mark.parametrize("head", [b"", b"\xef\xbb\xbf", b"<!DOCTYPE stream >\n", b"\xef\xbb\xbf<!DOCTYPE stream>\n"])
+def test_a_first_read_shorter_than_the_checks_reads_as_the_whole(head):
+    """A byte order mark or a bare DOCTYPE cut by the first reads (at every byte) is told as the whole."""
+    data = head + b'<stream>\n<e ts="1"/>\n<e ts="2"/>\n</stream>\n'
+    whole = read(data)
+    assert whole == ([(0, "e", 1.0, {}), (1, "e", 2.0, {})], [])
+    for cut in range(1, len(head) + 10):
+        for second in (cut + 1, cut + 3):
+            assert read(data, Pieces([data[:cut], data[cut:second], data[second:]])) == whole, (cut, second)
+
+
+def test_utf16_is_refused_even_when_its_mark_comes_a_byte_at_a_time():
+    data = '<stream><e ts="1"/></stream>'.encode("utf-16")
+    with pytest.raises(InputError, match="UTF-16"):
+        read(data, Pieces([data[:1], data[1:2], data[2:]]))
 
 
 def test_type_field_names_the_attribute_that_holds_the_type():

@@ -75,7 +75,8 @@ _TAG_NAME = re.compile(rb"<(" + _NAME + rb")")
 _TAG_TEXT = {b"": re.compile(rb"[^\"'<>]*"), b'"': re.compile(rb'[^"<]*'), b"'": re.compile(rb"[^'<]*")}
 _XMLNS = re.compile(rb"""\s(xmlns(?::[^\s=]+)?\s*=\s*(?:"[^"\n]*"|'[^'\n]*'))""")
 _ENCODING = re.compile(rb"""\sencoding\s*=\s*["']([A-Za-z0-9._-]+)["']""")
-_DOCTYPE = re.compile(rb"<!DOCTYPE\s+" + _NAME + rb"\s*(.)", re.S)
+# the name and the space after it possessive: a name cut short by the end of the buffer does not match
+_DOCTYPE = re.compile(rb"<!DOCTYPE\s+(?>" + _NAME + rb")\s*+(.)", re.S)
 _BLANK = re.compile(rb"[ \t\r\n]*\Z")
 _SPACE = re.compile(rb"[ \t\r\n]*")
 _INDENT = re.compile(rb"[ \t]*")
@@ -175,16 +176,18 @@ class Splitter:
             data = data.encode("utf-8")
         if not data:
             self.eof = True
-        if self.first and data:
-            self.first = False
-            if data[:2] in (b"\xff\xfe", b"\xfe\xff"):
-                raise InputError("UTF-16 XML is not supported (ASCII-compatible encodings only)")
-            if data[:3] == b"\xef\xbb\xbf":
-                data = data[3:]
         self.buf = self.buf[keep:] + data
         self.pos -= keep
         self.start -= keep
         self.tag_end -= keep
+
+    def _byte_order_mark(self) -> None:
+        """Refuse UTF-16 and drop a UTF-8 byte order mark: decided on the input's first three bytes."""
+        self.first = False
+        if self.buf[:2] in (b"\xff\xfe", b"\xfe\xff"):
+            raise InputError("UTF-16 XML is not supported (ASCII-compatible encodings only)")
+        if self.buf[:3] == b"\xef\xbb\xbf":
+            self.buf = self.buf[3:]
 
     def parser(self) -> Any:
         """The hardened lxml parser for the current encoding."""
@@ -197,6 +200,10 @@ class Splitter:
         """Lists of records, one list per block read (so a live feed is read as it arrives)."""
         while not self.stopped:
             self._refill()
+            if self.first:
+                if len(self.buf) < 3 and not self.eof:
+                    continue  # a byte order mark may be cut short
+                self._byte_order_mark()
             if not self.stack and not self.skip_text:
                 self._whole_lines()
             while not self.stopped and self._step():
