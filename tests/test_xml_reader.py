@@ -130,6 +130,27 @@ def test_text_stray_end_tags_and_an_unclosed_root_are_reported():
     assert "not closed at the end of the input" in dead[-1]["reason"]
 
 
+@pytest.mark.parametrize("trickle", [False, True])
+def test_an_empty_root_is_no_events_and_no_dead_letter_but_an_empty_event_is_read(trickle):
+    data = ('<?xml version="1.0"?>\n<stream>\n</stream>\n<stream ts="0" a="1">  </stream>\n<e ts="5"></e>\n'
+            '<heartbeat></heartbeat>\n<heartbeat/>\n<s>\n  <e></e>\n  <e ts="6"/>\n</s>\n').encode()
+    events, dead = read(data, Trickle(data, 1) if trickle else None)
+    assert events == [(0, "stream", 0.0, {"a": 1}), (1, "e", 5.0, {}), (4, "e", 6.0, {})]
+    assert [(d["seq"], d["position"], d["reason"].split(":")[0]) for d in dead] == [
+        (2, "line 7", "missing ts"), (3, "line 9", "missing ts")]
+
+
+@pytest.mark.parametrize("ends", ["\r", "\r\n", "\n"])
+@pytest.mark.parametrize("trickle", [False, True])
+def test_lines_are_counted_at_cr_lf_and_crlf_alike(ends, trickle):
+    lines = ["<stream>", '<e ts="1"/>', "<bad ts=2/>", '<e ts="3"><v>a</v></e>', "<!-- x", "-->",
+             '<e ts="4" a="y', 'z"/>', "oops", "</stream>"]
+    data = ends.join(lines).encode()
+    events, dead = read(data, Trickle(data, 11) if trickle else None)
+    assert [e[2] for e in events] == [1.0, 3.0, 4.0] and events[2][3] == {"a": "y z"}
+    assert [d["position"] for d in dead] == ["line 3", "line 9"]
+
+
 def test_a_json_lines_file_read_as_xml_is_reported_not_silent():
     events, dead = read('{"type": "a", "ts": 1}\n{"type": "a", "ts": 2}\n')
     assert events == [] and len(dead) == 1 and dead[0]["reason"] == "malformed XML: text outside an event"

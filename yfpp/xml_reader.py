@@ -4,14 +4,16 @@ Which elements are events: every top-level element is looked at in turn. A
 self-closing one, or one whose children are all plain leaves (``<v>1</v>``,
 ``<v/>``: no attributes, no element children), is one event. Any other is a
 *root* (``<stream ts="0">`` included: attributes do not matter): its children
-are the events, and when it closes the next top-level element is looked at
+are the events; one with an end tag, no ts attribute and only blank space
+inside is an empty root (no event). When a root closes the next top-level element is looked at
 the same way — so a document, a rootless concatenation of events (a socket
 feed) and concatenated documents (XML declarations between them included) all
 read. A root not closed at the end of the input is reported.
 
 Resynchronisation: the splitter knows only what it needs to find where an
 element ends (tag syntax, quotes, comments, CDATA, processing instructions)
-and counts lines. Each event element is parsed on its own, so a syntax error
+and counts lines (line ends CR LF and CR are made LF as they are read, as XML
+does). Each event element is parsed on its own, so a syntax error
 (bad UTF-8, a control character, an undefined entity, a bad name…) costs that
 record: one dead letter at its true line. A malformed tag costs the text up to
 the next ``<`` (attribute values cannot contain ``<``). An element that is not
@@ -134,7 +136,9 @@ class Splitter:
         # attributes or children of their own (a root).
         plain_test = "text()[normalize-space()] | */descendant::*[@*[name()=$ts]] | *" + "/*" * opts.max_depth
         self._not_plain_in_root = etree.XPath(f"boolean({plain_test})")
-        self._not_plain_at_top = etree.XPath(f"boolean({plain_test} | */*[* or @*])")
+        # (or an element holding nothing, without a ts attribute: perhaps an empty root, which the splitter tells)
+        self._not_plain_at_top = etree.XPath(
+            f"boolean({plain_test} | */*[* or @*] | *[not(*) and not(normalize-space()) and not(@*[name()=$ts])])")
         self._text_in = etree.XPath("boolean(text()[normalize-space()])")
         self._ts_attr = re.compile(rb"\s" + re.escape(opts.ts_field.encode()) + rb"\s*=")
         self.buf = b""
@@ -143,6 +147,7 @@ class Splitter:
         self.eof = False
         self.stopped = False
         self.first = True
+        self.cr = b""  # a CR that ended the last read (see _line_ends)
         self.encoding: str | None = None
         self.wrapper: bytes | None = None  # name of the open root
         self.wrapper_line = 0
@@ -176,10 +181,22 @@ class Splitter:
             data = data.encode("utf-8")
         if not data:
             self.eof = True
+        if self.cr or b"\r" in data:
+            data = self._line_ends(data)
         self.buf = self.buf[keep:] + data
         self.pos -= keep
         self.start -= keep
         self.tag_end -= keep
+
+    def _line_ends(self, data: bytes) -> bytes:
+        """``data`` with its line ends (CR LF, lone CR) made LF, as an XML parser makes them before reading
+        (so lines are counted as XML counts them); a CR at its end waits for the next read, which may
+        start with its LF."""
+        data = self.cr + data
+        self.cr = b""
+        if data[-1:] == b"\r" and not self.eof:
+            data, self.cr = data[:-1], b"\r"
+        return data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
 
     def _byte_order_mark(self) -> None:
         """Refuse UTF-16 and drop a UTF-8 byte order mark: decided on the input's first three bytes."""
@@ -580,6 +597,8 @@ class Splitter:
             del stack[stack.index(name) if name in stack else -1:]
         self._advance(m.end())
         if not stack:
+            if self.undecided and _BLANK.match(self.buf, self.tag_end, i) and not self._ts_attr.search(self.start_attrs):
+                return True  # an empty root (a document without events): nothing to read
             self._complete()
         return True
 
