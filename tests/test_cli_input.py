@@ -38,6 +38,13 @@ def test_an_empty_input_is_not_an_error(tmp_path, capsys):
     assert run(capsys, "run", "-q", PAIR, "-i", str(feed))[0] == 0
 
 
+def test_a_well_formed_empty_document_is_not_an_error(tmp_path, capsys):
+    feed = tmp_path / "feed.xml"
+    feed.write_text('<?xml version="1.0"?>\n<!-- nothing today -->\n<stream source="dock 4">\n</stream>\n')
+    code, out, err = run(capsys, "run", "-q", PAIR, "-i", str(feed), "--stats")
+    assert (code, out) == (0, "") and "dead letters      0" in err
+
+
 def test_strict_makes_a_dead_letter_exit_1(tmp_path, capsys):
     feed = tmp_path / "feed.jsonl"
     feed.write_text('{"type": "a", "ts": 1, "k": 1}\nnot json\n{"type": "b", "ts": 2, "k": 1}\n')

@@ -15,6 +15,7 @@ from lxml import etree
 from yfpp import xml_reader
 from yfpp.dead_letters import DeadLetters
 from yfpp.engine import Engine
+from yfpp.errors import InputError
 from yfpp.readers import read_xml
 
 
@@ -129,6 +130,27 @@ def test_text_stray_end_tags_and_an_unclosed_root_are_reported():
     assert "not closed at the end of the input" in dead[-1]["reason"]
 
 
+@pytest.mark.parametrize("trickle", [False, True])
+def test_an_empty_root_is_no_events_and_no_dead_letter_but_an_empty_event_is_read(trickle):
+    data = ('<?xml version="1.0"?>\n<stream>\n</stream>\n<stream ts="0" a="1">  </stream>\n<e ts="5"></e>\n'
+            '<heartbeat></heartbeat>\n<heartbeat/>\n<s>\n  <e></e>\n  <e ts="6"/>\n</s>\n').encode()
+    events, dead = read(data, Trickle(data, 1) if trickle else None)
+    assert events == [(0, "stream", 0.0, {"a": 1}), (1, "e", 5.0, {}), (4, "e", 6.0, {})]
+    assert [(d["seq"], d["position"], d["reason"].split(":")[0]) for d in dead] == [
+        (2, "line 7", "missing ts"), (3, "line 9", "missing ts")]
+
+
+@pytest.mark.parametrize("ends", ["\r", "\r\n", "\n"])
+@pytest.mark.parametrize("trickle", [False, True])
+def test_lines_are_counted_at_cr_lf_and_crlf_alike(ends, trickle):
+    lines = ["<stream>", '<e ts="1"/>', "<bad ts=2/>", '<e ts="3"><v>a</v></e>', "<!-- x", "-->",
+             '<e ts="4" a="y', 'z"/>', "oops", "</stream>"]
+    data = ends.join(lines).encode()
+    events, dead = read(data, Trickle(data, 11) if trickle else None)
+    assert [e[2] for e in events] == [1.0, 3.0, 4.0] and events[2][3] == {"a": "y z"}
+    assert [d["position"] for d in dead] == ["line 3", "line 9"]
+
+
 def test_a_json_lines_file_read_as_xml_is_reported_not_silent():
     events, dead = read('{"type": "a", "ts": 1}\n{"type": "a", "ts": 2}\n')
     assert events == [] and len(dead) == 1 and dead[0]["reason"] == "malformed XML: text outside an event"
@@ -155,6 +177,52 @@ def test_a_huge_value_is_not_held_in_memory():
     assert peak < 40_000_000  # the input itself is 30 MB; nothing near a second copy
 
 
+def _pretty(n: int, unclosed: int) -> str:
+    """A rooted feed of ``n`` events carrying ts as a child element, record ``unclosed`` without its end tag."""
+    records = (f"  <shelf>\n    <ts>{i}</ts>\n    <tag_id>{i % 50}</tag_id>\n" + ("" if i == unclosed else "  </shelf>\n")
+               for i in range(n))
+    return '<?xml version="1.0"?>\n<stream>\n' + "".join(records) + "</stream>\n"
+
+
+@pytest.mark.parametrize("trickle", [False, True])
+def test_an_unclosed_event_past_the_size_cap_costs_that_record_not_the_rest(trickle):
+    """Record 5 is not closed: past the cap (its next sibling, of its own name, read as its child) the reader
+    reads again from its start tag on, as it does at the root's end tag under the cap: the same result."""
+    data = _pretty(300, unclosed=5).encode()
+    under = read(data)
+    over = read(data, Trickle(data, 3) if trickle else None, max_record_bytes=1000)
+    assert over == under
+    events, dead = over
+    assert [e[2] for e in events] == [float(i) for i in range(300) if i != 5]
+    assert [(d["seq"], d["position"], d["reason"].split(":")[0], d["raw"]) for d in dead] == [
+        (5, "line 23", "malformed XML", "<shelf>"), (6, "line 24", "missing ts", "<ts>5</ts>"),
+        (7, "line 25", "missing ts", "<tag_id>5</tag_id>")]
+
+
+@pytest.mark.parametrize("trickle", [False, True])
+def test_a_start_tag_over_the_size_cap_costs_its_record_and_invents_nothing(trickle):
+    """Whether the tag is whole in a read block or still arriving, its element is one dead letter and its
+    content is skipped (quotes followed: '>' and '/>' inside a value do not end the tag)."""
+    big = "x/>" * 700 + ">"
+    data = (f'<s>\n<e ts="1"/>\n<order ts="2" note="{big}"><item><ts>6</ts></item></order>\n'
+            f"<shelf ts='3' v='{big}'><zone>Z</zone></shelf>\n<e ts=\"4\" v='{big}'/>\n"
+            f'<e ts="5"><c v="{big}">1</c><c/></e>\n<e ts="7"/>\n</s>\n').encode()
+    events, dead = read(data, Trickle(data, 5) if trickle else None, max_record_bytes=1000)
+    assert [(e[0], e[1], e[2]) for e in events] == [(0, "e", 1.0), (5, "e", 7.0)]
+    assert [(d["seq"], d["position"], d["reason"].split(":")[0]) for d in dead] == [
+        (1, "line 3", "too large"), (2, "line 4", "too large"), (3, "line 5", "too large"), (4, "line 6", "too large")]
+    assert [d["raw"][:9] for d in dead] == ['<order ts', "<shelf ts", '<e ts="4"', '<e ts="5"']
+
+
+@pytest.mark.parametrize("trickle", [False, True])
+def test_a_root_start_tag_over_the_size_cap_is_reported_and_its_children_read(trickle):
+    data = f'<stream v="{"x" * 3000}">\n<e ts="1"/>\n<e ts="2"><v>3</v></e>\n</stream>\n<e ts="4"/>\n'.encode()
+    events, dead = read(data, Trickle(data, 2) if trickle else None, max_record_bytes=1000)
+    assert [(e[0], e[2]) for e in events] == [(1, 1.0), (2, 2.0), (3, 4.0)]
+    assert [(d["seq"], d["reason"].split(":")[0]) for d in dead] == [(0, "too large")]
+    assert "read as a root" in dead[0]["reason"]
+
+
 def test_depth_cap_is_a_dead_letter():
     deep = '<e ts="1">' + "<a>" * 100 + "</a>" * 100 + "</e>"
     events, dead = read(f'<s>{deep}<e ts="2"/></s>', max_depth=50)
@@ -165,6 +233,38 @@ def test_bare_doctype_is_ignored_and_one_naming_a_dtd_is_refused():
     assert read('<!DOCTYPE stream>\n<stream><e ts="1"/></stream>')[0] == [(0, "e", 1.0, {})]
     events, dead = read('<!DOCTYPE stream SYSTEM "http://127.0.0.1:9/x.dtd">\n<stream><e ts="1"/></stream>')
     assert events == [] and [d["reason"].split(":")[0] for d in dead] == ["DTD not allowed"]
+
+
+class Pieces(io.RawIOBase):
+    """A binary stream whose ``read1`` returns the given pieces one at a time (a socket feed)."""
+
+    def __init__(self, pieces: list[bytes]):
+        self.pieces = list(pieces)
+
+    def readable(self) -> bool:
+        return True
+
+    def read1(self, n: int = -1) -> bytes:
+        return self.pieces.pop(0) if self.pieces else b""
+
+    read = read1
+
+
+@pytest.mark.parametrize("head", [b"", b"\xef\xbb\xbf", b"<!DOCTYPE stream >\n", b"\xef\xbb\xbf<!DOCTYPE stream>\n"])
+def test_a_first_read_shorter_than_the_checks_reads_as_the_whole(head):
+    """A byte order mark or a bare DOCTYPE cut by the first reads (at every byte) is told as the whole."""
+    data = head + b'<stream>\n<e ts="1"/>\n<e ts="2"/>\n</stream>\n'
+    whole = read(data)
+    assert whole == ([(0, "e", 1.0, {}), (1, "e", 2.0, {})], [])
+    for cut in range(1, len(head) + 10):
+        for second in (cut + 1, cut + 3):
+            assert read(data, Pieces([data[:cut], data[cut:second], data[second:]])) == whole, (cut, second)
+
+
+def test_utf16_is_refused_even_when_its_mark_comes_a_byte_at_a_time():
+    data = '<stream><e ts="1"/></stream>'.encode("utf-16")
+    with pytest.raises(InputError, match="UTF-16"):
+        read(data, Pieces([data[:1], data[1:2], data[2:]]))
 
 
 def test_type_field_names_the_attribute_that_holds_the_type():

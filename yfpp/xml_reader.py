@@ -4,21 +4,25 @@ Which elements are events: every top-level element is looked at in turn. A
 self-closing one, or one whose children are all plain leaves (``<v>1</v>``,
 ``<v/>``: no attributes, no element children), is one event. Any other is a
 *root* (``<stream ts="0">`` included: attributes do not matter): its children
-are the events, and when it closes the next top-level element is looked at
+are the events; one with an end tag, no ts attribute and only blank space
+inside is an empty root (no event). When a root closes the next top-level element is looked at
 the same way — so a document, a rootless concatenation of events (a socket
 feed) and concatenated documents (XML declarations between them included) all
 read. A root not closed at the end of the input is reported.
 
 Resynchronisation: the splitter knows only what it needs to find where an
 element ends (tag syntax, quotes, comments, CDATA, processing instructions)
-and counts lines. Each event element is parsed on its own, so a syntax error
+and counts lines (line ends CR LF and CR are made LF as they are read, as XML
+does). Each event element is parsed on its own, so a syntax error
 (bad UTF-8, a control character, an undefined entity, a bad name…) costs that
 record: one dead letter at its true line. A malformed tag costs the text up to
 the next ``<`` (attribute values cannot contain ``<``). An element that is not
 closed is reported when an end tag of the root (or the end of the input)
-shows it — the reader then reads again from just after its start tag — or when
-an element carrying the ts attribute appears inside it: that is taken as the
-next event (so an event may not contain elements with a ts attribute).
+shows it, or when it passes ``max_record_bytes`` with a child of its own name
+(most likely the next event) — the reader then reads again from just after its
+start tag — or when an element carrying the ts attribute appears inside it:
+that is taken as the next event (so an event may not contain elements with a ts
+attribute).
 Non-blank text and stray end tags between events are dead letters too.
 
 Speed: before the splitter reads a block, the block's lines up to the last
@@ -36,7 +40,9 @@ element, line included.
 
 Caps (:class:`~yfpp.record_fields.ReaderOptions`): an event element longer than
 ``max_record_bytes`` is one dead letter (its first bytes as ``raw``) and is
-skipped to its end without being held in memory; an event nested deeper than
+skipped to its end without being held in memory — a start tag over the cap
+included (:meth:`Splitter._skip_tag` follows its quotes); at top level such a
+start tag is reported and its element read as a root; an event nested deeper than
 ``max_depth`` is one dead letter. Memory holds one read block plus at most
 one capped element.
 
@@ -66,9 +72,13 @@ _NAME = rb"[^\s<>/!?=\"'&]+"
 _START = re.compile(rb"<(" + _NAME + rb")((?:\s+[^\s<>/=\"']+\s*=\s*(?:\"[^\"<]*\"|'[^'<]*'))*)\s*(/?)>")
 _SPACE_EMPTY = re.compile(rb"[ \t\r\n]*(<" + _NAME + rb"(?:\s+[^\s<>/=\"']+\s*=\s*(?:\"[^\"<]*\"|'[^'<]*'))*\s*/>)")
 _END = re.compile(rb"</(" + _NAME + rb")\s*>")
+_TAG_NAME = re.compile(rb"<(" + _NAME + rb")")
+# the text of a start tag up to what ends it or starts or ends a quoted value ('<' ends it too: a malformed tag)
+_TAG_TEXT = {b"": re.compile(rb"[^\"'<>]*"), b'"': re.compile(rb'[^"<]*'), b"'": re.compile(rb"[^'<]*")}
 _XMLNS = re.compile(rb"""\s(xmlns(?::[^\s=]+)?\s*=\s*(?:"[^"\n]*"|'[^'\n]*'))""")
 _ENCODING = re.compile(rb"""\sencoding\s*=\s*["']([A-Za-z0-9._-]+)["']""")
-_DOCTYPE = re.compile(rb"<!DOCTYPE\s+" + _NAME + rb"\s*(.)", re.S)
+# the name and the space after it possessive: a name cut short by the end of the buffer does not match
+_DOCTYPE = re.compile(rb"<!DOCTYPE\s+(?>" + _NAME + rb")\s*+(.)", re.S)
 _BLANK = re.compile(rb"[ \t\r\n]*\Z")
 _SPACE = re.compile(rb"[ \t\r\n]*")
 _INDENT = re.compile(rb"[ \t]*")
@@ -126,7 +136,9 @@ class Splitter:
         # attributes or children of their own (a root).
         plain_test = "text()[normalize-space()] | */descendant::*[@*[name()=$ts]] | *" + "/*" * opts.max_depth
         self._not_plain_in_root = etree.XPath(f"boolean({plain_test})")
-        self._not_plain_at_top = etree.XPath(f"boolean({plain_test} | */*[* or @*])")
+        # (or an element holding nothing, without a ts attribute: perhaps an empty root, which the splitter tells)
+        self._not_plain_at_top = etree.XPath(
+            f"boolean({plain_test} | */*[* or @*] | *[not(*) and not(normalize-space()) and not(@*[name()=$ts])])")
         self._text_in = etree.XPath("boolean(text()[normalize-space()])")
         self._ts_attr = re.compile(rb"\s" + re.escape(opts.ts_field.encode()) + rb"\s*=")
         self.buf = b""
@@ -135,6 +147,7 @@ class Splitter:
         self.eof = False
         self.stopped = False
         self.first = True
+        self.cr = b""  # a CR that ended the last read (see _line_ends)
         self.encoding: str | None = None
         self.wrapper: bytes | None = None  # name of the open root
         self.wrapper_line = 0
@@ -154,6 +167,10 @@ class Splitter:
         self.undecided = False  # a top-level element: event or root?
         self.broken: str | None = None
         self.skipping: str | None = None  # the raw preview of an element over the cap (content dropped)
+        self.twin = False  # the event being read has a child of its own name (a sign it was not closed)
+        # in a start tag over the cap (skipped as it is read): b"" outside its quotes, else the open quote
+        self.tag_quote: bytes | None = None
+        self.tag_slash = False  # that tag's last byte read so far was '/'
 
     # -- input -----------------------------------------------------------------------------
 
@@ -164,16 +181,30 @@ class Splitter:
             data = data.encode("utf-8")
         if not data:
             self.eof = True
-        if self.first and data:
-            self.first = False
-            if data[:2] in (b"\xff\xfe", b"\xfe\xff"):
-                raise InputError("UTF-16 XML is not supported (ASCII-compatible encodings only)")
-            if data[:3] == b"\xef\xbb\xbf":
-                data = data[3:]
+        if self.cr or b"\r" in data:
+            data = self._line_ends(data)
         self.buf = self.buf[keep:] + data
         self.pos -= keep
         self.start -= keep
         self.tag_end -= keep
+
+    def _line_ends(self, data: bytes) -> bytes:
+        """``data`` with its line ends (CR LF, lone CR) made LF, as an XML parser makes them before reading
+        (so lines are counted as XML counts them); a CR at its end waits for the next read, which may
+        start with its LF."""
+        data = self.cr + data
+        self.cr = b""
+        if data[-1:] == b"\r" and not self.eof:
+            data, self.cr = data[:-1], b"\r"
+        return data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+
+    def _byte_order_mark(self) -> None:
+        """Refuse UTF-16 and drop a UTF-8 byte order mark: decided on the input's first three bytes."""
+        self.first = False
+        if self.buf[:2] in (b"\xff\xfe", b"\xfe\xff"):
+            raise InputError("UTF-16 XML is not supported (ASCII-compatible encodings only)")
+        if self.buf[:3] == b"\xef\xbb\xbf":
+            self.buf = self.buf[3:]
 
     def parser(self) -> Any:
         """The hardened lxml parser for the current encoding."""
@@ -186,9 +217,13 @@ class Splitter:
         """Lists of records, one list per block read (so a live feed is read as it arrives)."""
         while not self.stopped:
             self._refill()
+            if self.first:
+                if len(self.buf) < 3 and not self.eof:
+                    continue  # a byte order mark may be cut short
+                self._byte_order_mark()
             if not self.stack and not self.skip_text:
                 self._whole_lines()
-            while not self.stopped and (self._step_in() if self.stack else self._step_out()):
+            while not self.stopped and self._step():
                 pass
             if self.eof and not self.stopped:
                 self._finish()
@@ -202,6 +237,12 @@ class Splitter:
                 self.out = []
             if self.eof:
                 return
+
+    def _step(self) -> bool:
+        """Read one thing; False when more input is needed."""
+        if self.tag_quote is not None:
+            return self._skip_tag()
+        return self._step_in() if self.stack else self._step_out()
 
     def _whole_lines(self) -> None:
         """The fast path: parse every complete line in the buffer at once when that is plainly a run of events.
@@ -341,15 +382,9 @@ class Splitter:
         if not kind:
             return self._bad_markup(i)
         m = _START.match(buf, i)
-        if m is None:
-            return self._bad_markup(i)
+        if m is None or m.end() - i > self.cap:
+            return self._big_tag(i, m) or self._bad_markup(i)
         self._learn_indent(pos, i)
-        if m.end() - i > self.cap:
-            self._bad(self.line, f"too large: a start tag over {self.cap:,} bytes", m[0])
-            self._advance(m.end())
-            if not m[3]:
-                self.skip_text = True  # its content, to the next '<', goes with it
-            return True
         if m[3]:
             self.out.append(Chunk(buf[i:m.end()], self.line, self.wrapper_open))
             self._advance(m.end())
@@ -357,11 +392,16 @@ class Splitter:
         self.start, self.start_line, self.start_attrs = i, self.line, m[2]
         self._advance(m.end())
         self.tag_end, self.tag_end_line = self.pos, self.line
-        self.stack = [m[1]]
+        self._open(m[1])
+        return True
+
+    def _open(self, name: bytes) -> None:
+        """Start reading a top-level element or an event of the root, named ``name``."""
+        self.stack = [name]
         self.extra = 0
         self.undecided = self.wrapper is None
+        self.twin = False
         self.broken = self.skipping = None
-        return True
 
     def _skip_special(self, i: int, kind: bytes) -> bool:
         """A comment, CDATA section, processing instruction or DOCTYPE between events."""
@@ -458,24 +498,88 @@ class Splitter:
             self._advance(j + len(close))
             return True
         m = _START.match(buf, i)
-        if m is None:
-            return self._bad_markup(i)
-        depth = len(self.stack) + self.extra
-        if self.undecided and (depth > 1 or m[2].strip()):
+        if m is None or m.end() - i > self.cap:
+            return self._big_tag(i, m) or self._bad_markup(i)
+        if self.undecided and (len(self.stack) + self.extra > 1 or m[2].strip()):
             self._become_root()
             return True
         if self._ts_attr.search(m[2]) is not None:  # an event inside an event: the open one was not closed
             self._unclosed(i, resume_here=True)
             return True
         if not m[3]:
-            if len(self.stack) < self.max_depth:
-                self.stack.append(m[1])
-            else:
-                self.extra += 1
-            if depth + 1 > self.max_depth:
-                self.broken = self.broken or f"too deep: more than {self.max_depth} levels of elements"
+            self._push(m[1])
         self._advance(m.end())
         return True
+
+    def _push(self, name: bytes) -> None:
+        """A child element of the element being read starts."""
+        depth = len(self.stack) + self.extra
+        if depth == 1 and name == self.stack[0]:
+            self.twin = True
+        if len(self.stack) < self.max_depth:
+            self.stack.append(name)
+        else:
+            self.extra += 1
+        if depth + 1 > self.max_depth:
+            self.broken = self.broken or f"too deep: more than {self.max_depth} levels of elements"
+
+    def _big_tag(self, i: int, m: re.Match[bytes] | None) -> bool:
+        """A start tag at ``i`` over the cap (``m``: its match, when it is whole in the buffer): its element
+        is read on from there with the tag skipped as it is read (:meth:`_skip_tag`). False when there is
+        none: not a start tag, or one that may still end within the cap."""
+        buf = self.buf
+        if m is None:
+            if len(buf) - i <= self.cap or buf.find(b"<", i + 1) >= 0:
+                return False
+            m = _TAG_NAME.match(buf, i)
+            if m is None:
+                return False
+        if not self.stack:
+            self.start, self.start_line, self.start_attrs = i, self.line, b""
+            self._open(m[1])
+            self.skipping = preview(buf[i:i + RAW_PREVIEW + 1])
+        else:
+            if self.skipping is None and not self._over_cap():
+                return True  # re-read from elsewhere
+            self._push(m[1])
+        self.tag_quote, self.tag_slash = b"", False
+        self._advance(m.end(1))
+        return True
+
+    def _skip_tag(self) -> bool:
+        """Read on through a start tag over the cap, keeping nothing; False when more input is needed."""
+        buf, pos, quote, slash = self.buf, self.pos, self.tag_quote, self.tag_slash
+        while True:
+            end = _TAG_TEXT[quote].match(buf, pos).end()  # type: ignore[index, union-attr]
+            if not quote and end > pos:
+                slash = buf[end - 1] == 47  # '/'
+            if end == len(buf):
+                self.tag_quote, self.tag_slash = quote, slash
+                self._advance(end)
+                return False
+            char = buf[end]
+            if char == 34 or char == 39:  # a quote opens or closes
+                quote, slash, pos = (b"" if quote else buf[end:end + 1]), False, end + 1
+                continue
+            self.tag_quote = None
+            self._advance(end + 1 if char == 62 else end)  # '>', or a '<' that ends a malformed tag
+            self._tag_end(char == 62 and slash)
+            return True
+
+    def _tag_end(self, self_closing: bool) -> None:
+        """The end of a start tag over the cap."""
+        if self_closing:
+            if self.extra:
+                self.extra -= 1
+            else:
+                self.stack.pop()
+            if not self.stack:
+                self._complete()
+        elif self.undecided:  # a top-level element over the cap before any child: a root
+            self.out.append(Bad(self.start_line, f"too large: a start tag over {self.cap:,} bytes (read as a root: "
+                                                 "its attributes are not read, its children are events)", self.skipping))
+            self.tag_end, self.tag_end_line = self.pos, self.line
+            self._become_root()
 
     def _end_tag(self, i: int, m: re.Match[bytes]) -> bool:
         name, stack = m[1], self.stack
@@ -493,6 +597,8 @@ class Splitter:
             del stack[stack.index(name) if name in stack else -1:]
         self._advance(m.end())
         if not stack:
+            if self.undecided and _BLANK.match(self.buf, self.tag_end, i) and not self._ts_attr.search(self.start_attrs):
+                return True  # an empty root (a document without events): nothing to read
             self._complete()
         return True
 
@@ -508,6 +614,9 @@ class Splitter:
         """The element outgrew the cap: a root if still undecided, else skipped to its end; False if it was re-read."""
         if self.undecided:
             self._become_root()
+            return False
+        if self.twin:  # a child of its own name: more likely the next event, this one not closed
+            self._unclosed(self.pos)
             return False
         self.skipping = preview(self.buf[self.start:self.start + RAW_PREVIEW + 1])
         return True
@@ -525,6 +634,7 @@ class Splitter:
         name = self.stack[0].decode("utf-8", "replace")
         reason = f"malformed XML: <{name}> at line {self.start_line} is not closed"
         self.stack = []
+        self.tag_quote = None
         if self.skipping is not None:
             self.out.append(Bad(self.start_line, reason, self.skipping))
             return  # its content was not kept: go on from here
@@ -538,7 +648,7 @@ class Splitter:
         """End of input: close what is open (re-reading the content of an unclosed event)."""
         while self.stack and not self.stopped:
             self._unclosed(len(self.buf))
-            while not self.stopped and (self._step_in() if self.stack else self._step_out()):
+            while not self.stopped and self._step():
                 pass
         if self.wrapper is not None:
             name = self.wrapper.decode("utf-8", "replace")
