@@ -179,6 +179,22 @@ def test_trailing_negation_matches_feed_back_at_their_deadline():
 # --- loop guards ---------------------------------------------------------------------------
 
 
+def test_a_chain_of_deadlines_rearmed_by_their_own_derived_events_is_stopped_by_the_depth_guard():
+    """Each deadline's match binds the event the last deadline derived: its own goes one deeper, so the chain
+    ends at max_feedback_depth (flush used to loop for ever, each deadline starting again at depth 1)."""
+    eng, sink = engine(max_feedback_depth=3)
+    eng.register("PATTERN SEQ(x a, ~y b) WITHIN 1 RETURN x(n = a.n + 1) FEEDBACK", name="tick")
+    eng.process({"type": "x", "ts": 0, "n": 0})
+    assert [m["emit"]["attrs"]["n"] for m in eng.flush()] == [1, 2, 3, 4]  # the 4th match's event is dropped
+    assert "feedback depth limit: query 'tick' derived an event at depth 4 > max_feedback_depth 3" in sink.getvalue()
+    eng, _ = engine(max_feedback_depth=1)  # independent deadlines of input events: each derives at depth 1
+    eng.register("PATTERN SEQ(x a, ~y b) WITHIN 1 RETURN z() FEEDBACK", name="alone")
+    eng.register("PATTERN SEQ(z c)", name="seen")
+    out = [m for t in range(0, 50, 10) for m in eng.process({"type": "x", "ts": t})] + eng.advance_time(100)
+    assert Counter(m["query"] for m in out) == {"alone": 5, "seen": 5}
+
+
+
 def test_self_feeding_query_is_stopped_by_the_depth_guard():
     eng, sink = engine(max_feedback_depth=5)
     eng.register("//x => x(n = e1.n + 1) feedback", name="loop")

@@ -183,7 +183,8 @@ def snapshot(engine) -> dict:
     for deadline, order, p in sorted(rt.deadlines.heap, key=lambda d: (d[0], d[1])):
         if p.plan in plan_id and not p.killed:
             pending.append({"query": plan_id[p.plan], "key": w.value(p.key), "vec": [w.value(x) for x in p.vec],
-                            "last_pos": p.last_pos, "deadline": deadline, "order": order, "match": p.match})
+                            "last_pos": p.last_pos, "deadline": deadline, "order": order, "match": p.match,
+                            "depth": p.depth})
     held = [[ts, sk, arrival, w.event(ev)] for ts, sk, arrival, ev in sorted(engine._held, key=lambda h: h[:3])]
     c = rt.counters
     data = {
@@ -329,7 +330,8 @@ def _restore(data: dict, Engine, engine_opts: dict):
     for p in data["pending"]:
         plan = eng.queries[p["query"]]
         key = rd.value(p["key"])
-        pend = Pending(plan, key, tuple(rd.value(x) for x in p["vec"]), p["last_pos"], p["deadline"], p["match"])
+        pend = Pending(plan, key, tuple(rd.value(x) for x in p["vec"]), p["last_pos"], p["deadline"], p["match"],
+                       depth=p.get("depth", 0))
         rt.deadlines.pending[plan].setdefault(key, []).append(pend)
         rt.deadlines.heap.append((p["deadline"], p["order"], pend))  # sorted: already a heap
     for attrs, ticks in data["partition_ticks"]:

@@ -26,6 +26,7 @@ class Pending:
     deadline: float
     match: dict
     killed: bool = False
+    depth: int = 0  #: the deepest derived event the match binds: its own derived event goes one deeper
 
 
 class Deadlines:

@@ -393,7 +393,7 @@ class Engine:
                 self.runtime.counters.matches[m["query"]] += 1
             if matcher.fed:
                 if matcher.plan in fed:
-                    self.runtime.fed.extend((matcher.plan, m, r) for m, r in matcher.fed)
+                    self.runtime.fed.extend((matcher.plan, m, r, 0) for m, r in matcher.fed)
                 matcher.fed = []
             out.extend(matches)
         return out

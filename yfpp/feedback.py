@@ -23,7 +23,9 @@ next input event:
 
 Loop guards bound the work one input event (or one deadline) can cause: a
 derived event deeper than ``max_depth`` in its cascade (an event derived from
-an input event has depth 1, one derived from that depth 2, …) or beyond
+an input event has depth 1, one derived from that depth 2, …; a deadline's
+match goes one deeper than the deepest derived event it binds, so a chain of
+deadlines each re-armed by the last one's derived event ends too) or beyond
 ``max_derived`` derived events is dropped, and each guard reports once per
 cascade and query to the dead letters, with the chain of derivations. The
 engine then goes on with the next input event.
@@ -54,7 +56,8 @@ class DerivedEvent(Event):
         super().__init__(type, ts, attrs, seq)
         self.query = query  # the name of the query whose match built it
         self.sources = sources  # the ids (seq) of the events that match bound, in stream order
-        self.depth = depth  # 1 + the depth of the event that completed the match (input events: 0)
+        self.depth = depth  # 1 + the depth of the event that completed the match (input events: 0), or for a
+        # trailing-negation deadline's match, of the deepest derived event it binds
         self.parent = parent  # that completing event (None: a deadline), for guard reports
 
     def describe(self) -> dict[str, Any]:
@@ -130,8 +133,9 @@ class Feedback:
         if not fed:
             return
         fed.sort(key=lambda item: (self.order.get(item[0], -1), item[2] or (0, [], [])))
-        depth = getattr(cause, "depth", 0) + 1
-        for plan, m, _ in fed:
+        base = getattr(cause, "depth", 0)
+        for plan, m, _, bound in fed:
+            depth = max(base, bound) + 1  # (bound: a deadline's match, whose cause is no event)
             ev = derived_event(plan, m, depth, cause)
             if depth > self.max_depth:
                 self._drop("depth", ev)

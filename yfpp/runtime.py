@@ -146,7 +146,7 @@ class Runtime:
         self._next_sweep = self.SWEEP_EVERY
         self._next_check = 0  # the next tick at which _periodic looks (0: the next event)
         self.full_events = False  # matches list their bound events in full ("events")
-        self.fed: list[tuple[QueryPlan, dict, Any]] = []  # matches of feedback queries, drained by yfpp.feedback
+        self.fed: list[tuple[QueryPlan, dict, Any, int]] = []  # feedback queries' matches, drained by yfpp.feedback
         self.to_hold: list[Pending] = []  # trailing-negation matches the current event completed, held at commit
         self.merger = RunMerger() if merge_runs else None  # merging equivalent runs (yfpp.run_merging)
         self.merging_run: Run | None = None  # the merged run being stepped: completions are per member
@@ -1035,7 +1035,8 @@ class Runtime:
                 shared: dict = {}
             match = self._match(plan, binds, vec, shared)
             if plan.trailing is not None:
-                self.to_hold.append(Pending(plan, key, vec, last.pos, first_ts + plan.window, match))
+                depth = max(getattr(e, "depth", 0) for _, e in binds) if plan.pattern.feedback else 0
+                self.to_hold.append(Pending(plan, key, vec, last.pos, first_ts + plan.window, match, depth=depth))
             else:
                 accepted.append((plan, key, match, binds))
 
@@ -1086,19 +1087,20 @@ class Runtime:
             m["events"] = events
         return m
 
-    def _emitted(self, plan: QueryPlan, m: dict, binds: list | None, out: list[dict]) -> None:
-        """Output match ``m``; a feedback query's also goes to ``fed``, ranked by its bound events (None: a deadline's)."""
+    def _emitted(self, plan: QueryPlan, m: dict, binds: list | None, out: list[dict], depth: int = 0) -> None:
+        """Output match ``m``; a feedback query's also goes to ``fed``, ranked by its bound events (None: a deadline's,
+        with the depth of the deepest derived event it binds)."""
         out.append(m)
         self._counters.matches[plan.name] += 1
         if plan.pattern.feedback:
-            self.fed.append((plan, m, binds and overlap_rank(len(plan.var_names), binds)))
+            self.fed.append((plan, m, binds and overlap_rank(len(plan.var_names), binds), depth))
 
     # --- negation, deadlines, policy --------------------------------------------------
 
     def _expire(self, now: float, everything: bool = False) -> list[dict]:
         out: list[dict] = []
         for p in self.deadlines.expire(now, everything):
-            self._emitted(p.plan, p.match, None, out)
+            self._emitted(p.plan, p.match, None, out, p.depth)
         return out
 
     def advance_time(self, ts: float) -> list[dict]:
