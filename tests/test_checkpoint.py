@@ -201,6 +201,20 @@ def test_restore_of_an_input_read_in_the_wrong_format_is_an_error(tmp_path, caps
     assert "no events in" in capsys.readouterr().err
 
 
+def test_restore_keeps_the_checkpoints_feedback_guards_and_full_events(tmp_path):
+    feed = tmp_path / "feed.jsonl"
+    feed.write_text('{"type":"x","ts":0,"n":0}\n{"type":"y","ts":1}\n{"type":"x","ts":2,"n":0}\n')
+    query, ck = "//x => x(n = e1.n + 1) feedback", tmp_path / "ck.json"
+    whole, rest = tmp_path / "whole.jsonl", tmp_path / "rest.jsonl"
+    opts = ["--max-feedback-depth", "2", "--events", "--dead-letters", str(tmp_path / "dead.jsonl")]
+    assert main(["run", "-q", query, "-i", str(feed), "-o", str(whole), *opts]) == 0
+    assert main(["run", "-q", query, "-i", str(feed), "-o", str(tmp_path / "first.jsonl"), *opts,
+                 "--checkpoint", str(ck), "--checkpoint-every", "2"]) == 0
+    assert main(["run", "--restore", str(ck), "-i", str(feed), "-o", str(rest), "--dead-letters", str(tmp_path / "d2")]) == 0
+    after = [line for line in whole.read_text().splitlines() if json.loads(line)["start"] == 2.0]
+    assert rest.read_text().splitlines() == after and len(after) == 3 and all('"events"' in line for line in after)
+
+
 def test_checkpoint_every_needs_a_checkpoint(capsys):
     assert main(["run", "-q", "//a//b", "-i", str(SAMPLE), "--checkpoint-every", "5"]) == 2
     assert "--checkpoint-every needs --checkpoint FILE" in capsys.readouterr().err

@@ -176,6 +176,14 @@ def test_trailing_negation_matches_feed_back_at_their_deadline():
     assert [(m["query"], m["bindings"]) for m in out] == [("lost", {"a": [2]}), ("never_lost", {"a": [3]})]
 
 
+def test_a_deadline_past_every_float_fires_at_the_end_with_a_feedback_query_registered():
+    eng, _ = engine()
+    eng.register("PATTERN SEQ(a x, ~b y) WITHIN 1e308 RETURN c() FEEDBACK", name="quiet")  # 1e308 + 1e308: inf
+    eng.register("PATTERN SEQ(c z)", name="derived")
+    assert eng.process({"type": "a", "ts": 1e308}) == [] and eng.advance_time(1.7e308) == []
+    assert [m["query"] for m in eng.flush()] == ["quiet", "derived"]  # (flush looped for ever)
+
+
 # --- loop guards ---------------------------------------------------------------------------
 
 

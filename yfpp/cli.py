@@ -124,11 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="resume from a checkpoint over the SAME input: its queries, options and way of reading the "
                           "input (--format, --ts-*, --type-field, --max-record-bytes, --max-depth), skipping the "
                           "records it consumed")
-    run.add_argument("--events", action="store_true",
+    run.add_argument("--events", action="store_true", default=None,
                      help="add each bound event in full (seq, type, ts, attrs; a derived event's provenance) to every match")
-    run.add_argument("--max-feedback-depth", type=int, default=MAX_FEEDBACK_DEPTH, metavar="N",
+    run.add_argument("--max-feedback-depth", type=int, metavar="N",
                      help=f"feedback loop guard: drop derived events deeper than N in one cascade (default {MAX_FEEDBACK_DEPTH})")
-    run.add_argument("--max-derived", type=int, default=MAX_DERIVED, metavar="N",
+    run.add_argument("--max-derived", type=int, metavar="N",
                      help=f"feedback loop guard: at most N derived events per input event (default {MAX_DERIVED})")
     run.add_argument("--stats", action="store_true", help="print events/s, peak runs, buffer size and matches per query to stderr")
     run.add_argument("--stats-json", metavar="FILE", help="write the --stats figures to FILE as one JSON object")
@@ -290,8 +290,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     dead = DeadLetters(dead_file or sys.stderr)
     caps = {"max_runs_per_query": args.max_runs_per_query, "max_buffer_per_query": args.max_buffer_per_query,
             "max_held": args.max_held, "merge_runs": args.merge_runs}
-    feedback_opts = {"full_events": args.events, "max_feedback_depth": args.max_feedback_depth,
-                     "max_derived_per_event": args.max_derived}
+    feedback_opts = {k: v for k, v in (("full_events", args.events), ("max_feedback_depth", args.max_feedback_depth),
+                                       ("max_derived_per_event", args.max_derived)) if v is not None}  # (else: the
+    # checkpoint's with --restore, the engine's defaults without)
     skip = None
     if args.restore:
         from yfpp.checkpoint import SkipConsumed

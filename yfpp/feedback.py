@@ -110,7 +110,9 @@ class Feedback:
         rt = self.runtime
         out: list[dict] = []
         while (d := rt.deadlines.earliest()) is not None and (everything or d < ts):
-            out.extend(self._cascade(rt.advance_time(math.nextafter(d, math.inf)), None))
+            # (a deadline past every float, first.ts + W overflowing, fires only at the end: with all that are left)
+            fired = rt.advance_time(math.nextafter(d, math.inf)) if d < math.inf else rt.flush()
+            out.extend(self._cascade(fired, None))
         return out
 
     def _cascade(self, out: list[dict], cause: Event | None) -> list[dict]:
