@@ -43,7 +43,7 @@ def finish(eng: Engine) -> list[str]:
 
 def reloaded(eng: Engine) -> Engine:
     """Through JSON text, as a checkpoint file holds it."""
-    return Engine.restore(json.loads(json.dumps(eng.snapshot())), dead_letters=DeadLetters())
+    return Engine.restore(json.loads(json.dumps(eng.snapshot(), allow_nan=False)), dead_letters=DeadLetters())
 
 
 @SETTINGS
@@ -72,7 +72,7 @@ def test_a_kill_between_checkpoints_loses_nothing_and_repeats_only_after_the_las
     for i, e in enumerate(events[:kill]):
         written += feed(eng, [e])
         if (i + 1) % every == 0:
-            snap, at_snap, consumed = json.loads(json.dumps(eng.snapshot())), len(written), i + 1
+            snap, at_snap, consumed = json.loads(json.dumps(eng.snapshot(), allow_nan=False)), len(written), i + 1
     # killed: everything written so far stays written; resume from the last checkpoint (or the start)
     resumed = Engine.restore(snap, dead_letters=DeadLetters()) if snap else engine(pats, 0)
     again = feed(resumed, events[consumed:]) + finish(resumed)
@@ -213,6 +213,22 @@ def test_restore_keeps_the_checkpoints_feedback_guards_and_full_events(tmp_path)
     assert main(["run", "--restore", str(ck), "-i", str(feed), "-o", str(rest), "--dead-letters", str(tmp_path / "d2")]) == 0
     after = [line for line in whole.read_text().splitlines() if json.loads(line)["start"] == 2.0]
     assert rest.read_text().splitlines() == after and len(after) == 3 and all('"events"' in line for line in after)
+
+
+def test_a_snapshot_is_strict_json_and_survives_any_json_library():
+    """±inf (the watermark after advance_time, a deadline that overflows, an attribute given from Python) is
+    written as {"$float": "-inf"}: strict parsers read it, and orjson does not turn it into null."""
+    import orjson
+
+    eng = Engine(max_delay=2)
+    eng.register("PATTERN SEQ(a x, ~b y) WITHIN 1e308", name="quiet")
+    eng.register("PATTERN SEQ(a x, c z) WHERE x.v < z.v", name="pair")
+    eng.process({"type": "a", "ts": 1e308, "v": float("-inf")})
+    eng.advance_time(1e308)
+    restored = Engine.restore(orjson.loads(json.dumps(eng.snapshot(), allow_nan=False)))
+    later = [Event("c", 1.5e308, {"v": 0.0})]
+    got, want = feed(restored, later) + finish(restored), feed(eng, later) + finish(eng)
+    assert got == want and sorted(json.loads(m)["query"] for m in want) == ["pair", "quiet"]
 
 
 def test_checkpoint_every_needs_a_checkpoint(capsys):

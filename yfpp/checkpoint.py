@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import math
 import os
 import tempfile
 from collections import Counter, defaultdict
@@ -70,6 +71,27 @@ def decode_pattern(data: Any, as_tuple: bool = False) -> Any:
 # --- snapshot -----------------------------------------------------------------------
 
 
+def _num(x: Any) -> Any:
+    """``x``, or for a float that JSON cannot hold (±inf, NaN) ``{"$float": "inf"}`` and the like."""
+    return {"$float": repr(x)} if type(x) is float and not math.isfinite(x) else x
+
+
+def _unnum(x: Any) -> Any:
+    """What :func:`_num` wrote, read back (a number written otherwise is refused)."""
+    if isinstance(x, dict) and set(x) == {"$float"} and x["$float"] in ("inf", "-inf", "nan"):
+        return float(x["$float"])
+    if type(x) is bool or not isinstance(x, (int, float)):
+        raise TypeError(f"not a number: {x!r:.40}")
+    return x
+
+
+def _attrs(attrs: dict[str, Any]) -> dict[str, Any]:
+    """An event's attributes, a float JSON cannot hold (given from Python) as :func:`_num` writes it."""
+    if any(type(v) is float and not math.isfinite(v) for v in attrs.values()):
+        return {k: _num(v) for k, v in attrs.items()}
+    return attrs
+
+
 class _Writer:
     """Numbers the events and buffer entries a snapshot refers to."""
 
@@ -84,7 +106,7 @@ class _Writer:
         i = self._event_ids.get(id(ev))
         if i is None:
             i = self._event_ids[id(ev)] = len(self.events)
-            rec = {"type": ev.type, "ts": ev.ts, "attrs": ev.attrs, "seq": ev.seq, "pos": ev.pos}
+            rec = {"type": ev.type, "ts": ev.ts, "attrs": _attrs(ev.attrs), "seq": ev.seq, "pos": ev.pos}
             if isinstance(ev, DerivedEvent):  # keep the provenance full-event output shows
                 rec["from"] = {"query": ev.query, "events": ev.sources, "depth": ev.depth}
             if ev._element is not None:
@@ -107,8 +129,10 @@ class _Writer:
 
     def value(self, v: Any) -> Any:
         """A vec slot, partition key or aggregate: None/numbers/strings, MISSING, tuples, events, Kleene states."""
-        if v is None or isinstance(v, (bool, int, float, str)):
+        if v is None or isinstance(v, (bool, int, str)):
             return v
+        if isinstance(v, float):
+            return _num(v)
         if v is MISSING:
             return {"$missing": True}
         if isinstance(v, tuple):
@@ -183,9 +207,9 @@ def snapshot(engine) -> dict:
     for deadline, order, p in sorted(rt.deadlines.heap, key=lambda d: (d[0], d[1])):
         if p.plan in plan_id and not p.killed:
             pending.append({"query": plan_id[p.plan], "key": w.value(p.key), "vec": [w.value(x) for x in p.vec],
-                            "last_pos": p.last_pos, "deadline": deadline, "order": order, "match": p.match,
+                            "last_pos": p.last_pos, "deadline": _num(deadline), "order": order, "match": p.match,
                             "depth": p.depth})
-    held = [[ts, sk, arrival, w.event(ev)] for ts, sk, arrival, ev in sorted(engine._held, key=lambda h: h[:3])]
+    held = [[ts, _num(sk), arrival, w.event(ev)] for ts, sk, arrival, ev in sorted(engine._held, key=lambda h: h[:3])]
     c = rt.counters
     data = {
         "format": FORMAT,
@@ -200,8 +224,8 @@ def snapshot(engine) -> dict:
             for qid, (pat, text, name) in engine.sources.items()
         ],
         "next_query_id": _peek(engine, "_ids"),
-        "stream": {"next_seq": engine._next_seq, "watermark": list(engine._mark), "next_arrival": _peek(engine, "_arrivals"),
-                   "tick": rt.tick, "now": rt.now, "next_sweep": rt._next_sweep},
+        "stream": {"next_seq": engine._next_seq, "watermark": [_num(x) for x in engine._mark],
+                   "next_arrival": _peek(engine, "_arrivals"), "tick": rt.tick, "now": _num(rt.now), "next_sweep": rt._next_sweep},
         "held": held,
         "runs": runs,
         "buffer": stacks,
@@ -243,10 +267,13 @@ class _Reader:
             parser = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False)
             element = etree.fromstring(rec["xml"], parser)
         origin = rec.get("from")
+        attrs = rec["attrs"]
+        if any(isinstance(v, dict) for v in attrs.values()):
+            attrs = {k: _unnum(v) if isinstance(v, dict) else v for k, v in attrs.items()}
         if origin is None:
-            ev = Event(rec["type"], rec["ts"], rec["attrs"], rec["seq"], element)
+            ev = Event(rec["type"], rec["ts"], attrs, rec["seq"], element)
         else:
-            ev = DerivedEvent(rec["type"], rec["ts"], rec["attrs"], rec["seq"], origin["query"], origin["events"],
+            ev = DerivedEvent(rec["type"], rec["ts"], attrs, rec["seq"], origin["query"], origin["events"],
                               origin["depth"], None)
         ev.pos = rec["pos"]
         return ev
@@ -254,6 +281,8 @@ class _Reader:
     def value(self, v: Any) -> Any:
         if not isinstance(v, dict):
             return v
+        if "$float" in v:
+            return _unnum(v)
         if "$missing" in v:
             return MISSING
         if "$tuple" in v:
@@ -278,7 +307,7 @@ def restore(data: dict, **engine_opts: Any):
                         f"{', '.join(map(str, READABLE))})")
     try:
         return _restore(data, Engine, engine_opts)
-    except (KeyError, IndexError, TypeError, ValueError, RecursionError) as e:
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError, RecursionError) as e:
         raise YfppError(f"corrupt checkpoint: {type(e).__name__}: {e}") from e
 
 
@@ -311,10 +340,10 @@ def _restore(data: dict, Engine, engine_opts: dict):
     s = data["stream"]
     if not all(type(s[k]) is int and s[k] >= 0 for k in ("next_seq", "next_arrival", "tick")):
         raise ValueError("stream: next_seq, next_arrival and tick must be integers >= 0")
-    eng._next_seq, eng._mark = s["next_seq"], tuple(s["watermark"])
+    eng._next_seq, eng._mark = s["next_seq"], tuple(map(_unnum, s["watermark"]))
     eng._arrivals = count(s["next_arrival"])
-    rt.tick, rt.now, rt._next_sweep = s["tick"], s["now"], s["next_sweep"]
-    eng._held = [(ts, sk, arrival, rd.events[i]) for ts, sk, arrival, i in data["held"]]
+    rt.tick, rt.now, rt._next_sweep = s["tick"], _unnum(s["now"]), s["next_sweep"]
+    eng._held = [(_unnum(ts), _unnum(sk), arrival, rd.events[i]) for ts, sk, arrival, i in data["held"]]
     eng.max_delay = eng.max_delay  # (with events held, the next events go through the reorder buffer whatever it is)
     for rec in data["runs"]:
         r = FullRun(state_at(rec["state"]), tuple(rd.value(x) for x in rec["vec"]), None if rec["entry"] is None else rd.entries[rec["entry"]],
@@ -330,10 +359,13 @@ def _restore(data: dict, Engine, engine_opts: dict):
     for p in data["pending"]:
         plan = eng.queries[p["query"]]
         key = rd.value(p["key"])
-        pend = Pending(plan, key, tuple(rd.value(x) for x in p["vec"]), p["last_pos"], p["deadline"], p["match"],
+        deadline = _unnum(p["deadline"])
+        if deadline != deadline:
+            raise ValueError("a NaN deadline")
+        pend = Pending(plan, key, tuple(rd.value(x) for x in p["vec"]), p["last_pos"], deadline, p["match"],
                        depth=p.get("depth", 0))
         rt.deadlines.pending[plan].setdefault(key, []).append(pend)
-        rt.deadlines.heap.append((p["deadline"], p["order"], pend))  # sorted: already a heap
+        rt.deadlines.heap.append((deadline, p["order"], pend))  # sorted: already a heap
     for attrs, ticks in data["partition_ticks"]:
         rt.pticks[tuple(attrs)] = {rd.value(k): n for k, n in ticks}
     for ref, shed, reported in data["branches"]:
