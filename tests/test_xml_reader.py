@@ -267,6 +267,43 @@ def test_utf16_is_refused_even_when_its_mark_comes_a_byte_at_a_time():
         read(data, Pieces([data[:1], data[1:2], data[2:]]))
 
 
+def _doc(events: int, ts: int, encoding: str, declared: str | None) -> bytes:
+    """A document of ``events`` events (the first self-closing, the rest with a child: the splitter's and
+    the fast path's records alike) whose ``z`` is ``café``, from ts ``ts``, in ``encoding``."""
+    head = "" if declared is None else f'<?xml version="1.0"{declared}?>\n'
+    body = "".join(f'  <a ts="{ts + i}" z="café"/>\n' if i == 0 else f'  <a ts="{ts + i}" z="café"><k>{i}</k></a>\n'
+                   for i in range(events))
+    return f"{head}<stream>\n{body}</stream>\n".encode(encoding)
+
+
+LATIN1 = ' encoding="ISO-8859-1"'
+
+
+@pytest.mark.parametrize("trickle", [False, True])
+@pytest.mark.parametrize("events", [2, 3000], ids=["small", "over-a-block"])
+@pytest.mark.parametrize("first,second", [
+    (("utf-8", ' encoding="UTF-8"'), ("latin-1", LATIN1)),
+    (("latin-1", LATIN1), ("utf-8", "")),    # <?xml version="1.0"?>: UTF-8
+    (("latin-1", LATIN1), ("utf-8", None)),  # no declaration: UTF-8, not the previous document's encoding
+], ids=["utf8-then-latin1", "latin1-then-declared-utf8", "latin1-then-undeclared-utf8"])
+def test_each_concatenated_document_is_read_in_its_own_encoding(first, second, events, trickle):
+    """A declaration holds from where it stands to its document's end: not for records before it (in the
+    same read block), not for the next document."""
+    data = _doc(events, 0, *first) + _doc(events, events, *second)
+    got, dead = read(data, Trickle(data, 13) if trickle else None)
+    assert dead == [] and [e[2] for e in got] == [float(i) for i in range(2 * events)]
+    assert {e[3]["z"] for e in got} == {"café"}
+
+
+@pytest.mark.parametrize("trickle", [False, True])
+def test_a_declaration_holds_for_a_rootless_feed_and_an_empty_root_ends_its_document(trickle):
+    rootless = '<?xml version="1.0" encoding="ISO-8859-1"?>\n<a ts="1" z="é"/>\n<a ts="2" z="é"><k>1</k></a>\n'
+    empty = '<?xml version="1.0" encoding="ISO-8859-1"?>\n<stream>\n</stream>\n'
+    data = (rootless + empty).encode("latin-1") + '<a ts="3" z="é"/>\n'.encode()
+    got, dead = read(data, Trickle(data, 5) if trickle else None)
+    assert dead == [] and [(e[2], e[3]["z"]) for e in got] == [(1.0, "é"), (2.0, "é"), (3.0, "é")]
+
+
 def test_type_field_names_the_attribute_that_holds_the_type():
     events, dead = read('<s><event kind="shelf" ts="1" tag="7"/><event ts="2"/><event ts="3"><kind>exit</kind></event></s>',
                         type_field="kind")

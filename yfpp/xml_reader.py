@@ -51,7 +51,11 @@ an internal subset or an external identifier (SYSTEM / PUBLIC) is refused: one
 dead letter ``DTD not allowed`` and nothing after it is read; nothing is
 expanded, loaded or fetched. No entity but the five predefined ones and
 character references exists (an undefined one is malformed). Encodings: the
-XML declaration's (ASCII-compatible encodings only; UTF-8 by default).
+XML declaration's (ASCII-compatible encodings only; UTF-8 by default), from
+where it stands to the end of its document (the end tag of the next root, or
+of an empty root); the next document is UTF-8 unless it declares otherwise.
+Each record keeps the encoding it was read in (:class:`Chunk`), so a
+declaration never applies to records before it in the same read block.
 """
 
 from __future__ import annotations
@@ -89,11 +93,13 @@ _BLOCK = 1 << 16
 
 
 class Chunk(NamedTuple):
-    """One event element's bytes, the line it starts on, and the start tag its namespaces come from."""
+    """One event element's bytes, the line it starts on, the start tag its namespaces come from, and the
+    encoding its bytes are in (its document's: None for UTF-8)."""
 
     data: bytes
     line: int
     scope: bytes
+    encoding: str | None
 
 
 class Region(NamedTuple):
@@ -148,7 +154,7 @@ class Splitter:
         self.stopped = False
         self.first = True
         self.cr = b""  # a CR that ended the last read (see _line_ends)
-        self.encoding: str | None = None
+        self.encoding: str | None = None  # the current document's (None: UTF-8), see _declaration
         self.wrapper: bytes | None = None  # name of the open root
         self.wrapper_line = 0
         self.wrapper_open = b"<yfpp-batch>"
@@ -206,11 +212,11 @@ class Splitter:
         if self.buf[:3] == b"\xef\xbb\xbf":
             self.buf = self.buf[3:]
 
-    def parser(self) -> Any:
-        """The hardened lxml parser for the current encoding."""
-        parser = self._parsers.get(self.encoding)
+    def parser(self, encoding: str | None) -> Any:
+        """The hardened lxml parser for ``encoding`` (None: UTF-8)."""
+        parser = self._parsers.get(encoding)
         if parser is None:
-            parser = self._parsers[self.encoding] = _parser(self.encoding)
+            parser = self._parsers[encoding] = _parser(encoding)
         return parser
 
     def records(self) -> Iterator[list[Chunk | Region | Lines | Bad]]:
@@ -262,7 +268,7 @@ class Splitter:
             self.pos = cut
             return
         try:
-            root = etree.fromstring(b"".join((self.wrapper_open, region, _BATCH_END)), self.parser())
+            root = etree.fromstring(b"".join((self.wrapper_open, region, _BATCH_END)), self.parser(self.encoding))
         except etree.XMLSyntaxError:
             return
         flat = b"</" not in region  # every element self-closing: no children, no text in an event
@@ -339,13 +345,14 @@ class Splitter:
 
     def _step_out(self) -> bool:
         """Read one thing between events; False when more input is needed."""
-        buf, pos, line, out, scope = self.buf, self.pos, self.line, self.out, self.wrapper_open
+        buf, pos, line, out = self.buf, self.pos, self.line, self.out
+        scope, encoding = self.wrapper_open, self.encoding
         if not self.skip_text:  # the hot path: blank space and a self-closing element, repeated
             match, count, last = _SPACE_EMPTY.match, buf.count, None
             while (m := match(buf, pos)) is not None and m.end() - m.start(1) <= self.cap:
                 start, end = m.start(1), m.end()
                 line += count(b"\n", pos, start)
-                out.append(Chunk(buf[start:end], line, scope))
+                out.append(Chunk(buf[start:end], line, scope, encoding))
                 line += count(b"\n", start, end)
                 pos, last = end, m
             if last is not None:
@@ -373,6 +380,7 @@ class Splitter:
                 return self._bad_markup(i)
             if m[1] == self.wrapper:
                 self.wrapper, self.wrapper_open = None, b"<yfpp-batch>"
+                self.encoding = None  # the document ended: the next one is UTF-8 unless it declares otherwise
             else:
                 self._bad(self.line, f"malformed XML: stray end tag </{m[1].decode('utf-8', 'replace')}>", m[0])
             self._advance(m.end())
@@ -386,7 +394,7 @@ class Splitter:
             return self._big_tag(i, m) or self._bad_markup(i)
         self._learn_indent(pos, i)
         if m[3]:
-            self.out.append(Chunk(buf[i:m.end()], self.line, self.wrapper_open))
+            self.out.append(Chunk(buf[i:m.end()], self.line, self.wrapper_open, self.encoding))
             self._advance(m.end())
             return True
         self.start, self.start_line, self.start_attrs = i, self.line, m[2]
@@ -436,6 +444,8 @@ class Splitter:
         return self._bad_markup(i)
 
     def _declaration(self, decl: bytes) -> None:
+        """An XML declaration: its encoding holds from here to the end of the document (the next root's end
+        tag); none declared is UTF-8."""
         m = _ENCODING.search(decl)
         encoding = m[1].decode("ascii") if m else None
         try:
@@ -598,7 +608,9 @@ class Splitter:
         self._advance(m.end())
         if not stack:
             if self.undecided and _BLANK.match(self.buf, self.tag_end, i) and not self._ts_attr.search(self.start_attrs):
-                return True  # an empty root (a document without events): nothing to read
+                # an empty root (a document without events): nothing to read, and the document ended
+                self.encoding = None
+                return True
             self._complete()
         return True
 
@@ -608,7 +620,7 @@ class Splitter:
         elif self.broken:
             self._bad(self.start_line, self.broken, self.buf[self.start:self.pos])
         else:
-            self.out.append(Chunk(self.buf[self.start:self.pos], self.start_line, self.wrapper_open))
+            self.out.append(Chunk(self.buf[self.start:self.pos], self.start_line, self.wrapper_open, self.encoding))
 
     def _over_cap(self) -> bool:
         """The element outgrew the cap: a root if still undecided, else skipped to its end; False if it was re-read."""
@@ -770,17 +782,18 @@ def _attributes(elem: Any) -> Any:
     return target.attrs.items()  # type: ignore[union-attr]
 
 
-def _parse_chunks(chunks: list[Chunk], parser: Any) -> list[Any]:
+def _parse_chunks(chunks: list[Chunk], parser: Callable[[str | None], Any]) -> list[Any]:
     """The element of each chunk (detached), or the :class:`Bad` for a chunk that does not parse.
 
-    Chunks of one scope are parsed in one go inside a copy of its root's namespace
-    declarations; only when that fails is each parsed alone.
+    Consecutive chunks of one scope and encoding are parsed in one go, by ``parser(encoding)``, inside a
+    copy of their root's namespace declarations; only when that fails is each parsed alone.
     """
     out: list[Any] = []
     start = 0
     for i in range(1, len(chunks) + 1):
-        if i == len(chunks) or chunks[i].scope is not chunks[start].scope:
-            out += _parse_run(chunks[start:i], chunks[start].scope, parser)
+        first = chunks[start]
+        if i == len(chunks) or chunks[i].scope is not first.scope or chunks[i].encoding != first.encoding:
+            out += _parse_run(chunks[start:i], first.scope, parser(first.encoding))
             start = i
     return out
 
@@ -820,7 +833,7 @@ def xml_batches(f: IO[Any], owned: bool, opts: ReaderOptions, dl: DeadLetters) -
     try:
         for records in splitter.records():
             chunks = [r for r in records if type(r) is Chunk]
-            parsed = iter(_parse_chunks(chunks, splitter.parser()) if chunks else ())
+            parsed = iter(_parse_chunks(chunks, splitter.parser) if chunks else ())
             events: list[Event] = []
             for record in records:
                 kind = type(record)
