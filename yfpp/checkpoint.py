@@ -21,7 +21,7 @@ import tempfile
 from collections import Counter, defaultdict
 from itertools import count
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from yfpp import pattern as ir
 from yfpp import set_checkpoint
@@ -238,6 +238,8 @@ def snapshot(engine) -> dict:
             "events": c.events, "runs_started": c.runs_started, "runs_created": c.runs_created, "runs_touched": c.runs_touched,
             "peak_runs": c.peak_runs, "peak_buffer": c.peak_buffer, "failed": c.failed,
             "matches": [[k, v] for k, v in c.matches.items()], "shed_runs": [[k, v] for k, v in c.shed_runs.items()],
+            "derived": engine.feedback.derived, "derived_dropped": engine.feedback.dropped,
+            "released_early": engine.released_early,
         },
         "dead_letters": {"count": engine.dead_letters.count, "by_reason": dict(engine.dead_letters.by_reason)},
         "set_queries": [[qid, set_checkpoint.save(m, w)] for qid, m in engine.set_queries.items()],
@@ -380,6 +382,8 @@ def _restore(data: dict, Engine, engine_opts: dict):
         setattr(c, k, saved[k])
     c.matches = defaultdict(int, {k: n for k, n in saved["matches"]})
     c.shed_runs = defaultdict(int, {k: n for k, n in saved["shed_runs"]})
+    eng.feedback.derived, eng.feedback.dropped = saved.get("derived", 0), saved.get("derived_dropped", 0)
+    eng.released_early = saved.get("released_early", 0)
     dl = eng.dead_letters
     dl.count += data["dead_letters"]["count"]
     dl.by_reason.update(data["dead_letters"]["by_reason"])
@@ -392,27 +396,34 @@ def _restore(data: dict, Engine, engine_opts: dict):
 class SkipConsumed:
     """Re-reading the same input after a restore: drop what the checkpoint already consumed.
 
-    Stands in for the reader's dead-letter sink (reports of records before the
-    cut are not repeated) and filters its events (``seq`` below the restored
-    engine's next seq were processed, or are held in its reorder buffer).
+    Stands in for the reader's dead-letter sink and filters its events: ``seq``
+    below the restored engine's next seq were processed (or are held in its
+    reorder buffer), and the reports of records up to ``reported`` (the last
+    seq the checkpoint's run had reported: its reader reads ahead of the
+    engine) are in the checkpoint's count and output already — neither is
+    repeated.
     """
 
-    def __init__(self, engine, dead_letters) -> None:
+    def __init__(self, engine, dead_letters, reported: int = -1) -> None:
         self.cut = engine._next_seq
+        self.reported = reported
         self.dead_letters = dead_letters
         self.skipped: Counter[str] = Counter()  #: reports not repeated, by reason (what the input held is still known)
 
     def report(self, seq: int, position: str, reason: str, raw: str | None = None) -> None:
-        if seq >= self.cut:
+        if seq >= self.cut and seq > self.reported:
             self.dead_letters.report(seq, position, reason, raw)
         else:
             self.skipped[reason.split(":", 1)[0]] += 1
 
-    def batches(self, batches):
-        """The batches of events (``yfpp.readers.read_event_batches``) without the consumed events."""
+    def batches(self, batches, seen: Callable[[list], None] | None = None):
+        """The batches of events (``yfpp.readers.read_event_batches``) without the consumed events (passed
+        to ``seen``, if given)."""
         cut = self.cut
         for batch in batches:
             if batch[0].seq < cut:
+                if seen is not None:
+                    seen([ev for ev in batch if ev.seq < cut])
                 batch = [ev for ev in batch if ev.seq >= cut]
             if batch:
                 yield batch

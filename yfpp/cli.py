@@ -305,7 +305,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise YfppError(f"--restore keeps the checkpoint's {', '.join(kept)}: leave {'them' if len(kept) > 1 else 'it'} out")
         engine = Engine.restore(stored, dead_letters=dead,
                                 **{k: v for k, v in caps.items() if v is not None}, **feedback_opts)
-        skip = SkipConsumed(engine, dead)  # records the checkpoint consumed: neither matched nor reported again
+        reported = stored.get("dead_letters_reported", -1)
+        if type(reported) is not int:
+            raise YfppError("corrupt checkpoint: dead_letters_reported is not an integer")
+        skip = SkipConsumed(engine, dead, reported)  # records the checkpoint consumed: neither matched nor reported again
     elif not args.query:
         raise YfppError("give at least one query with -q (or --restore FILE)")
     else:
@@ -336,8 +339,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         out = MatchWriter(args.output, live_input=live, iso_times=args.ts_format == "iso")
         try:
-            write_matches(engine, events if skip is None else skip.batches(events), out, progress,
-                          (args.checkpoint, args.checkpoint_every, {"reader": reading}) if args.checkpoint else None,
+            write_matches(engine, events if skip is None else skip.batches(events, vocabulary.note), out, progress,
+                          (args.checkpoint, args.checkpoint_every,
+                           lambda: {"reader": reading, "dead_letters_reported": dead.last_seq}) if args.checkpoint else None,
                           vocabulary)
         except KeyboardInterrupt:
             interrupted = True
@@ -411,12 +415,13 @@ def _open_input(path: str) -> BinaryIO:
 
 
 def write_matches(engine: Engine, batches: Iterable[list[Event]], out: MatchWriter, progress: Progress | None,
-                  checkpoint: tuple[str, int, dict] | None = None, vocabulary: Vocabulary | None = None) -> int:
+                  checkpoint: tuple[str, int, Callable[[], dict]] | None = None,
+                  vocabulary: Vocabulary | None = None) -> int:
     """Stream batches of events through the engine, writing matches as they complete; return the event count.
 
-    With ``checkpoint = (path, every, extra)`` the engine's state (and the ``extra`` fields) is written to
-    ``path`` every ``every`` events, after the matches written so far are flushed; ``vocabulary`` notes
-    each batch's types and attribute names.
+    With ``checkpoint = (path, every, extra)`` the engine's state (and the fields ``extra()`` gives) is
+    written to ``path`` every ``every`` events, after the matches written so far are flushed;
+    ``vocabulary`` notes each batch's types and attribute names.
     """
     n = 0
     process = engine.process_batch
@@ -431,7 +436,7 @@ def write_matches(engine: Engine, batches: Iterable[list[Event]], out: MatchWrit
                 from yfpp.checkpoint import write_checkpoint
 
                 out.flush()
-                write_checkpoint(engine, checkpoint[0], checkpoint[2])
+                write_checkpoint(engine, checkpoint[0], checkpoint[2]())
         if progress is not None:
             progress.update(n, engine)
     out.extend(engine.flush())

@@ -25,6 +25,7 @@ class DeadLetters:
     def __init__(self, out: str | os.PathLike[str] | TextIO | None = None, append: bool = False):
         self.count = 0
         self.by_reason: Counter[str] = Counter()
+        self.last_seq = -1  #: the largest int seq reported (what a checkpoint's run had reported, for --restore)
         self._owned = isinstance(out, (str, os.PathLike))
         # backslashreplace: a lone surrogate in a record's text is written as its JSON escape (\ud800)
         self._out: TextIO | None = (open(out, "a" if append else "w", encoding="utf-8", errors="backslashreplace")  # type: ignore[arg-type]
@@ -34,6 +35,8 @@ class DeadLetters:
         """Record one dead letter: its ``seq``, where it was (``"line 12"``), why, and its text."""
         self.count += 1
         self.by_reason[reason.split(":", 1)[0]] += 1
+        if type(seq) is int and seq > self.last_seq:
+            self.last_seq = seq
         if self._out is not None:
             record = {"seq": seq, "position": position, "reason": reason, "raw": raw}
             self._out.write(json.dumps(record, ensure_ascii=False) + "\n")
