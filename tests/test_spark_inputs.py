@@ -284,3 +284,58 @@ def test_a_missing_stream_directory_is_one_error_line(spark, queries, tmp_path, 
     code, err = run_cli(capsys, queries, "--stream", "-i", "in", "-o", "out", "--idle-stop", "1")
     assert code == 2 and err == "yfpp: error: no such input: in\n", err
     assert not spark.streams.active
+
+
+#: ISO-8601 timestamps (one with an offset: late; one a fraction), the type in field ``kind``, a bad ts
+ISO_FEED = """\
+{"kind": "shelf", "ts": "2026-11-22T10:00:00Z", "tag_id": 1}
+{"kind": "shelf", "ts": "2026-11-22T10:00:05Z", "tag_id": 2}
+{"kind": "register", "ts": "2026-11-22T10:00:20Z", "tag_id": 2}
+{"kind": "exit", "ts": "2026-11-22T10:00:40+01:00", "tag_id": 1}
+{"kind": "exit", "ts": "2026-11-22T10:00:50Z", "tag_id": 1}
+{"kind": "exit", "ts": "2026-11-22T10:01:00Z", "tag_id": 2}
+{"kind": "exit", "ts": "not a time", "tag_id": 1}
+{"kind": "shelf", "ts": "2026-11-22T10:31:00.25Z", "tag_id": 3}
+{"kind": "exit", "ts": "2026-11-22T10:31:30Z", "tag_id": 3}
+{"kind": "exit", "ts": "2026-11-22T10:40:00Z", "tag_id": 3}
+"""
+ISO_QUERY = "PATTERN SEQ(shelf a, ~register b, exit c) WHERE [tag_id] WITHIN 120"  # a bare window: seconds
+#: --ts-unit is ignored for ISO timestamps, as by yfpp run: the bare window stays 120 s, not 120 ms
+ISO_OPTIONS = ["--ts-format", "iso", "--type-field", "kind", "--ts-unit", "ms"]
+
+
+@pytest.mark.parametrize("plan", ["scan", "shuffle"])
+def test_iso_timestamps_and_a_type_field_as_yfpp_run(spark, tmp_path, monkeypatch, capsys, plan):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "feed.jsonl").write_text(ISO_FEED)
+    assert main(["run", "-q", ISO_QUERY, "-i", "feed.jsonl", *ISO_OPTIONS]) == 0
+    expected = sorted(capsys.readouterr().out.splitlines())
+    assert [json.loads(x)["start"] for x in expected] == ["2026-11-22T10:00:00Z", "2026-11-22T10:31:00.250000Z"]
+    code, err = run_cli(capsys, ISO_QUERY, "-i", "feed.jsonl", "-o", "out", "--plan", plan, *ISO_OPTIONS)
+    assert code == 0 and "dead letters      2\n" in err, err  # the bad ts and the late exit
+    assert sorted(output(spark, tmp_path / "out").elements()) == expected
+
+
+def test_the_stream_reads_iso_timestamps_and_a_type_field_as_yfpp_run(tmp_path, capsys):
+    """The socket source's rows (its reader options) through the streaming state function: the lines of yfpp run."""
+    import pandas as pd
+
+    from yfpp.spark.parse import records
+    from yfpp.spark.plan import group_queries
+    from yfpp.spark.source import _Sequencer
+    from yfpp.spark.stream import _RECORD_COLS, _state_function
+
+    class NoState:  # a key's GroupState before its first event, no watermark yet
+        exists = False
+        update = remove = setTimeoutTimestamp = staticmethod(lambda *a: None)
+        getCurrentWatermarkMs = staticmethod(lambda: 0)
+
+    rows = _Sequencer(0, None).rows(records(io.BytesIO(ISO_FEED.encode()), {"format": "jsonl", "ts_unit": "iso",
+                                                                               "type_field": "kind"}))
+    assert sum(r[5] is not None for r in rows) == 2  # the bad ts and the late exit
+    groups = group_queries(load([ISO_QUERY], ts_unit="s"), streaming=True, iso_times=True)
+    pdf = pd.DataFrame([r for r in rows if r[5] is None], columns=_RECORD_COLS)
+    found = [line for frame in _state_function(groups)((0, 0), iter([pdf]), NoState()) for line in frame["json"]]
+    (tmp_path / "feed.jsonl").write_text(ISO_FEED)
+    assert main(["run", "-q", ISO_QUERY, "-i", str(tmp_path / "feed.jsonl"), *ISO_OPTIONS]) == 0
+    assert sorted(found) == sorted(capsys.readouterr().out.splitlines())

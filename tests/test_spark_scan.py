@@ -59,6 +59,7 @@ def test_partitions_below_one_are_one_error_line(capsys):
 
 @pytest.mark.parametrize(("flags", "message"), [
     (["--ts-unit", "fortnight"], "unknown --ts-unit 'fortnight'; expected one of s, ms"),
+    (["--ts-format", "iso", "--type-field", "ts"], "the timestamp and the event type cannot both be field 'ts'"),
     (["--stream", "--max-files", "0"], "--max-files must be above 0, got 0"),
     (["--stream", "--trigger", "-1"], "--trigger must be above 0, got -1.0"),
     (["--partitions", "100001"], "--partitions must be from 1 to 10,000"),

@@ -147,11 +147,20 @@ def read_event_batches(
                 f.close()
             name = getattr(path_or_file, "name", path_or_file)  # a file object: its file name
             raise InputError(f"cannot tell the format of {name!r}; give format='xml' or 'jsonl'")
-    if ts_field == (opts.type_field or ("type" if fmt == "jsonl" else None)):
+    clash = field_clash(ts_field, opts.type_field, fmt)
+    if clash:
         if owned:
             f.close()
-        raise InputError(f"the timestamp and the event type cannot both be field {ts_field!r}")
+        raise InputError(clash)
     return _batches(fmt)(f, owned, opts, _sink(dead_letters))
+
+
+def field_clash(ts_field: str, type_field: str | None, fmt: str | None) -> str | None:
+    """Why the timestamp and the event type would be one field (JSON lines: the type is field ``type``
+    without ``type_field``), else None; ``fmt`` None: not known yet."""
+    if ts_field == (type_field or ("type" if fmt == "jsonl" else None)):
+        return f"the timestamp and the event type cannot both be field {ts_field!r}"
+    return None
 
 
 class _Held:

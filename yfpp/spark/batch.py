@@ -117,7 +117,7 @@ def _slice_route(route: Callable[..., Column], g: int, zero: Column, n: int) -> 
 
 def match(spark: SparkSession, queries: Any, events_df: DataFrame, *, policy: str | None = None,
           partitions: int | None = None, full_events: bool = False,
-          feedback_limits: tuple[int, int] = (MAX_DEPTH, MAX_DERIVED)) -> DataFrame:
+          feedback_limits: tuple[int, int] = (MAX_DEPTH, MAX_DERIVED), iso_times: bool = False) -> DataFrame:
     """The matches of ``queries`` over ``events_df`` (see :func:`events_only`), one row per match.
 
     Columns: ``query``, ``bindings`` (variable → seq numbers, pattern order),
@@ -127,15 +127,16 @@ def match(spark: SparkSession, queries: Any, events_df: DataFrame, *, policy: st
     ``full_events``: each match's ``json`` also lists its bound events in full
     (``"events"``, as ``yfpp run --events`` writes them). ``feedback_limits``: the engines'
     ``(max_feedback_depth, max_derived_per_event)`` (``yfpp run --max-feedback-depth/--max-derived``).
+    ``iso_times``: ``json`` has ``start`` and ``end`` as ISO-8601 UTC text (``yfpp run --ts-format iso``).
     """
     return match_with_stats(spark, queries, events_df, policy=policy, partitions=partitions, full_events=full_events,
-                            feedback_limits=feedback_limits).where(F.col("query").isNotNull())
+                            feedback_limits=feedback_limits, iso_times=iso_times).where(F.col("query").isNotNull())
 
 
 def match_with_stats(spark: SparkSession, queries: Any, events_df: DataFrame, *, policy: str | None = None,
                      partitions: int | None = None, full_events: bool = False,
                      feedback_limits: tuple[int, int] = (MAX_DEPTH, MAX_DERIVED), hashed: Sequence[tuple[str, ...]] = (),
-                     time_range: tuple[float | None, float | None] | None = None) -> DataFrame:
+                     time_range: tuple[float | None, float | None] | None = None, iso_times: bool = False) -> DataFrame:
     """:func:`match`'s rows plus one row per task with ``query`` null and in ``json``
     ``{"task", "rows", "engines", "seconds", "matches"}``: the rows (event copies) it matched, the
     engines it ran (one per group and slice), its Python time, its matches per query.
@@ -143,7 +144,8 @@ def match_with_stats(spark: SparkSession, queries: Any, events_df: DataFrame, *,
     ``hashed``: equivalence keys whose hashes ``events_df`` carries (``key_hashes``, from
     :func:`yfpp.spark.read.parse_input`); ``time_range``: the events' smallest and largest ts
     when known (else a job computes them when a group is sliced)."""
-    groups = group_queries(effective_queries(queries, policy), full_events=full_events, feedback_limits=feedback_limits)
+    groups = group_queries(effective_queries(queries, policy), full_events=full_events, feedback_limits=feedback_limits,
+                           iso_times=iso_times)
     derived_ids = any(p.feedback for g in groups for _, p in g.queries)  # bindings hold strings too
     events = events_only(events_df)
     n = partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
@@ -180,9 +182,10 @@ def _runner(groups: list[Group], slicings: dict[int, Slicing], schema: pa.Schema
         per_query: dict[str, int] = {}
 
         def keep(ms: list[dict], s: int) -> None:
+            iso = groups[current[0]].iso_times
             for m in ms:
                 if sl is None or sl.own(m["start"]) == s:
-                    rows.append(match_row(m, as_text))
+                    rows.append(match_row(m, as_text, iso))
                     per_query[str(m["query"])] = per_query.get(str(m["query"]), 0) + 1
 
         for rb in batches:

@@ -19,6 +19,7 @@ from yfpp.spark.inputs import PLANS, local_path, qualify
 from yfpp.spark.starting import StartingSession
 from yfpp.pattern import Pattern
 from yfpp.query_text import load_patterns
+from yfpp.record_fields import ISO_UNIT_NAME
 
 if TYPE_CHECKING:
     from yfpp.spark.plan import EffectiveQueries
@@ -56,7 +57,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--policy", choices=["all", "non_overlapping"], help="output policy for every query")
     p.add_argument("--ts-field", default="ts", help="timestamp field name (default: ts)")
     p.add_argument("--ts-unit", default="s", help="timestamp unit: s, ms, us, ns, min, h (default: s); a window written "
-                                                  "without a unit (WITHIN 500) is in this unit too")
+                                                  "without a unit (WITHIN 500) is in this unit too (in s with --ts-format iso)")
+    p.add_argument("--ts-format", choices=["number", "iso"], default="number",
+                   help="timestamps are numbers in --ts-unit (default), or ISO-8601 text; with iso, a match's start/end "
+                        "are written as ISO-8601 UTC too (matches.jsonl; matches.parquet keeps seconds), as 'yfpp run'")
+    p.add_argument("--type-field", metavar="NAME",
+                   help="the event type is this JSON field / XML attribute or leaf child (default: JSON 'type', XML element name)")
     p.add_argument("--max-runs-per-query", type=int, metavar="N", help="cap on each query's live runs per engine (see docs/operations.md)")
     p.add_argument("--max-buffer-per-query", type=int, metavar="N", help="cap on each query's buffered events per engine")
     p.add_argument("--events", action="store_true",
@@ -118,6 +124,7 @@ def load(query_args: list[str], policy: str | None = None, ts_unit: str = "s") -
 def _check_arguments(args: argparse.Namespace) -> None:
     """What can be refused before a JVM starts."""
     from yfpp.cli import check_ts_unit  # (yfpp.cli imports this module's parser when it builds its own)
+    from yfpp.readers import field_clash  # (lxml: only when 'spark' runs)
 
     if not args.input and not (args.stream and args.socket):
         raise YfppError("give an input with -i (or --stream --socket HOST:PORT)")
@@ -126,6 +133,9 @@ def _check_arguments(args: argparse.Namespace) -> None:
     if args.partitions is not None and not 1 <= args.partitions <= MAX_PARTITIONS:
         raise YfppError(f"--partitions must be from 1 to {MAX_PARTITIONS:,}")
     check_ts_unit(args.ts_unit)
+    clash = field_clash(args.ts_field, args.type_field, args.format)  # (without --format: the readers refuse it)
+    if clash:
+        raise YfppError(clash)
     for flag, value in (("--max-files", args.max_files), ("--trigger", args.trigger), ("--idle-stop", args.idle_stop)):
         if value is not None and not value > 0:
             raise YfppError(f"{flag} must be above 0, got {value}")
@@ -134,6 +144,12 @@ def _check_arguments(args: argparse.Namespace) -> None:
     out = local_path(args.output) if ":" in args.output else args.output
     if out is not None and os.path.isfile(out):
         raise YfppError(f"-o names a file, {args.output}: give a directory (it is created)")
+
+
+def reading(args: argparse.Namespace) -> dict[str, Any]:
+    """The readers' options: ``ts_field``, ``ts_unit`` (``iso`` with ``--ts-format iso``), ``type_field``."""
+    return {"ts_field": args.ts_field, "ts_unit": ISO_UNIT_NAME if args.ts_format == "iso" else args.ts_unit,
+            "type_field": args.type_field or None}
 
 
 def cmd_spark(args: argparse.Namespace) -> int:
@@ -174,7 +190,8 @@ def cmd_spark(args: argparse.Namespace) -> int:
         builder = builder.config("spark.sql.shuffle.partitions", str(args.partitions))
     starting = StartingSession(builder) if owned else None  # a new JVM: started while the queries are read
     try:
-        queries = load(args.query, args.policy, args.ts_unit)  # validated and compiled once: the job reuses them
+        # validated and compiled once (the job reuses them); a window without a unit: seconds for ISO-8601 times, as yfpp run
+        queries = load(args.query, args.policy, "s" if args.ts_format == "iso" else args.ts_unit)
         from yfpp.spark.plan import group_queries
 
         group_queries(queries, streaming=args.stream)  # refuses unsupported feedback before the job
@@ -328,7 +345,7 @@ def scan_rows(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Nam
     tasks = args.partitions or spark.sparkContext.defaultParallelism
     with steps.step("plan the scan"):  # the queries compiled and grouped, the job's first DataFrame (SQL's classes load)
         rows = scan_match(spark, queries, files, single=single_file(args.input, files), tasks=tasks, format=args.format,
-                          ts_field=args.ts_field, ts_unit=args.ts_unit, policy=args.policy, full_events=args.events,
+                          **reading(args), policy=args.policy, full_events=args.events,
                           feedback_limits=(args.max_feedback_depth, args.max_derived)
                           ).persist(StorageLevel.MEMORY_AND_DISK)
 
@@ -357,13 +374,13 @@ def shuffle_rows(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.
     limits = (args.max_feedback_depth, args.max_derived)
     groups = group_queries(effective_queries(queries, args.policy), feedback_limits=limits)
     hashed = hashable_keys(groups)
-    parsed = parse_input(spark, args.input, args.format, ts_field=args.ts_field, ts_unit=args.ts_unit,
-                         xml=needs_xml(groups), keys=hashed, step=steps.step)
+    parsed = parse_input(spark, args.input, args.format, **reading(args), xml=needs_xml(groups), keys=hashed,
+                         step=steps.step)
     events = events_of(spark, parsed)
     with steps.step("plan the match"):
         rows = match_with_stats(spark, queries, events, policy=args.policy, partitions=args.partitions,
                                 full_events=args.events, feedback_limits=limits, hashed=hashed,
-                                time_range=parsed.time_range()).persist()
+                                time_range=parsed.time_range(), iso_times=args.ts_format == "iso").persist()
     observed = Observation("dead letters")
     dead = events.where(F.col("reason").isNotNull())
     none = not parsed.late and not parsed.malformed  # the summaries show none: an empty output, no pass over the input
@@ -384,8 +401,7 @@ def stream(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namesp
     out = qualify(spark, args.output)
     running = start_stream(spark, queries, out, qualify(spark, args.checkpoint or os.path.join(out, "_checkpoint")),
                            path=None if args.socket else args.input, socket=args.socket, policy=args.policy,
-                           full_events=args.events, format=args.format, ts_field=args.ts_field, ts_unit=args.ts_unit,
-                           max_files=args.max_files, interval=f"{args.trigger} seconds" if args.trigger else None)
+                           full_events=args.events, format=args.format, **reading(args), max_files=args.max_files, interval=f"{args.trigger} seconds" if args.trigger else None)
     try:
         wait_idle(running, args.idle_stop)
         finish(running)  # idle: the matching query takes what the ingest query staged last

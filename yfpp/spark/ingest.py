@@ -135,8 +135,8 @@ class Stager:
 
 
 def start_ingest(spark: SparkSession, path: str, checkpoint: str, *, format: str | None = None, ts_field: str = "ts",
-                 ts_unit: str = "s", max_files: int | None = None, interval: str | None = None,
-                 ) -> tuple[StreamingQuery, DataFrame]:
+                 ts_unit: str = "s", type_field: str | None = None, max_files: int | None = None,
+                 interval: str | None = None) -> tuple[StreamingQuery, DataFrame]:
     """Start ingesting directory ``path`` (recursively; names starting with ``.`` or ``_`` skipped)
     into ``checkpoint``; return the query and the streaming DataFrame of staged events
     (columns :data:`EVENT_SCHEMA`, dead letters included).
@@ -149,7 +149,7 @@ def start_ingest(spark: SparkSession, path: str, checkpoint: str, *, format: str
     if not Files(spark, given).exists(given):
         raise InputError(f"no such input: {path}")
     root = Files(spark, given).qualified(given)
-    opts = {"ts_field": ts_field, "ts_unit": ts_unit, **({"format": format} if format else {})}
+    opts = {"ts_field": ts_field, "ts_unit": ts_unit, "type_field": type_field, **({"format": format} if format else {})}
     reader = (spark.readStream.format("binaryFile").schema(_BINARY_FILE)
               .option("recursiveFileLookup", "true").option("maxFileAge", _MAX_FILE_AGE))
     if max_files:

@@ -24,7 +24,8 @@ ts before them in the split)
 from which the driver computes global seq numbers and late events
 (:mod:`yfpp.spark.read`).
 
-Options (a dict): ``ts_field``, ``ts_unit``, ``format``; ``xml`` (default
+Options (a dict): ``ts_field``, ``ts_unit`` (``iso``: ISO-8601 text), ``type_field``, ``format`` (the
+readers' arguments, :func:`reader_kwargs`); ``xml`` (default
 true): ship each XML event's element as text (only XPath predicates read it);
 ``keys``: equivalence lists whose key hash (:func:`key_hash`) each event
 carries in ``key_hashes`` (``"a,b"`` → hash, null when the event lacks one),
@@ -75,13 +76,18 @@ class _Collect(DeadLetters):
         self.items.append((seq, position, reason, raw))
 
 
+def reader_kwargs(options: dict[str, Any]) -> dict[str, Any]:
+    """The readers' keyword arguments among ``options``: ``ts_field``, ``ts_unit``, ``type_field``."""
+    return {"ts_field": options.get("ts_field", "ts"), "ts_unit": options.get("ts_unit", "s"),
+            "type_field": options.get("type_field") or None}
+
+
 def records(source: Any, options: dict[str, Any]) -> Iterator[tuple]:
     """``(pos, type, ts, attrs JSON, xml, reason, position, raw)`` for every record of ``source``, in order
     (the socket source's rows, :mod:`yfpp.spark.source`)."""
     dead = _Collect()
     with_xml = options.get("xml", True)
-    events = read_events(source, options.get("format") or None, ts_field=options.get("ts_field", "ts"),
-                         ts_unit=options.get("ts_unit", "s"), dead_letters=dead)
+    events = read_events(source, options.get("format") or None, **reader_kwargs(options), dead_letters=dead)
     for ev in events:
         if dead.items:
             yield from _drain(dead)
@@ -140,8 +146,7 @@ class _Split:
         dead = _Collect()
         base_pos, base_line, last = self.n, self.lines, -1
         try:
-            for events in read_event_batches(source, fmt, ts_field=options.get("ts_field", "ts"),
-                                             ts_unit=options.get("ts_unit", "s"), dead_letters=dead):
+            for events in read_event_batches(source, fmt, **reader_kwargs(options), dead_letters=dead):
                 if dead.items:
                     last = max(last, out.dead(self, dead.items, base_pos, base_line))
                 out.events(self, events, base_pos, options.get("xml", True))

@@ -39,6 +39,7 @@ from yfpp.errors import YfppError
 from yfpp.event_sets import partition_attributes
 from yfpp.events import MISSING, Event
 from yfpp.feedback import MAX_DEPTH, MAX_DERIVED
+from yfpp.output import iso_time
 from yfpp.pattern import Contiguity, Index, Kind, Pattern, Ref, XPathTest, walk
 
 Query = tuple[Any, Pattern]  # (name — or the engine's id for an unnamed query, pattern)
@@ -101,6 +102,7 @@ class Group:
     window: float | None = None  # the largest window; None: unbounded
     sliced: bool = False
     full_events: bool = False  # matches list their bound events in full (``Engine(full_events=True)``)
+    iso_times: bool = False  # a match's JSON line has its start and end as ISO-8601 UTC text (``yfpp run --ts-format iso``)
     feedback_limits: tuple[int, int] = (MAX_DEPTH, MAX_DERIVED)  # the engine's max_feedback_depth, max_derived_per_event
 
     def engine(self) -> Engine:
@@ -128,14 +130,14 @@ def _max_window(patterns: Iterable[Pattern]) -> float | None:
 
 
 def group_queries(queries: Sequence[Query], *, streaming: bool = False, full_events: bool = False,
-                  feedback_limits: tuple[int, int] = (MAX_DEPTH, MAX_DERIVED)) -> list[Group]:
+                  feedback_limits: tuple[int, int] = (MAX_DEPTH, MAX_DERIVED), iso_times: bool = False) -> list[Group]:
     """Keyed groups by equivalence list, then at most one sliced and one whole group.
 
     ``streaming``: every ``non_overlapping`` query gets a group of its own (its
     state is cut after each chosen match, see ``yfpp.spark.stream``), and
     nothing is sliced (an unkeyed group is one state key). ``full_events``: the
     groups' engines list each match's bound events in full; ``feedback_limits``: their
-    ``(max_feedback_depth, max_derived_per_event)`` loop guards.
+    ``(max_feedback_depth, max_derived_per_event)`` loop guards; ``iso_times``: see :attr:`Group.iso_times`.
     """
     keyed: dict[tuple[str, ...], list[Query]] = {}
     sliced: list[Query] = []
@@ -160,7 +162,7 @@ def group_queries(queries: Sequence[Query], *, streaming: bool = False, full_eve
         p = q[1]
         groups.append(Group((q,), spark_key(p) if not is_strict(p) else (), p.window))
     check_feedback(groups, streaming=streaming)
-    return [replace(g, full_events=full_events, feedback_limits=feedback_limits) for g in groups]
+    return [replace(g, full_events=full_events, feedback_limits=feedback_limits, iso_times=iso_times) for g in groups]
 
 
 def hashable_keys(groups: Sequence[Group]) -> list[tuple[str, ...]]:
@@ -308,12 +310,15 @@ def make_event(type: str, ts: float, seq: int, attrs: str, xml: str | None) -> E
     return Event(type, ts, a, seq) if xml is None else XmlEvent(type, ts, a, seq, xml)
 
 
-def match_row(m: dict, ids_as_text: bool = False) -> tuple:
-    """``(query, bindings, start, end, emit JSON, docs/semantics.md §10 JSON line)``; ``ids_as_text``: seq numbers as strings."""
+def match_row(m: dict, ids_as_text: bool = False, iso_times: bool = False) -> tuple:
+    """``(query, bindings, start, end, emit JSON, docs/semantics.md §10 JSON line)``; ``ids_as_text``: seq numbers
+    as strings; ``iso_times``: the line's start and end as ISO-8601 UTC text, as ``yfpp run --ts-format iso`` writes
+    them (the columns stay seconds)."""
     emit = m.get("emit")
     binds = {v: [str(s) for s in ids] for v, ids in m["bindings"].items()} if ids_as_text else m["bindings"]
+    line = {**m, "start": iso_time(m["start"]), "end": iso_time(m["end"])} if iso_times else m
     return (str(m["query"]), binds, m["start"], m["end"],
-            None if emit is None else json.dumps(emit), json.dumps(m))
+            None if emit is None else json.dumps(emit), json.dumps(line))
 
 
 # --- streaming state ------------------------------------------------------------------

@@ -57,7 +57,7 @@ class Parsed(NamedTuple):
 
 
 def read_events_df(spark: SparkSession, path: str | os.PathLike[str], format: str | None = None, *,
-                   ts_field: str = "ts", ts_unit: str = "s",
+                   ts_field: str = "ts", ts_unit: str = "s", type_field: str | None = None,
                    step: Callable[[str], ContextManager[Any]] | None = None) -> DataFrame:
     """Every record of a file, a directory's files (recursively) or a glob's, in path order, as a
     persisted DataFrame (``unpersist()`` it when done).
@@ -70,10 +70,11 @@ def read_events_df(spark: SparkSession, path: str | os.PathLike[str], format: st
     events (ts below the largest earlier ts, as ``yfpp run`` with
     ``max_delay`` 0) are dead letters; :func:`yfpp.spark.match` skips them.
     Raises :class:`~yfpp.errors.InputError` for a missing or empty input.
+    ``ts_field``, ``ts_unit`` (``iso``: ISO-8601 text), ``type_field``: as :func:`yfpp.readers.read_events`'s.
     ``step``: names the Spark jobs of each reading step (:meth:`yfpp.spark.costs.Steps.step`).
     """
     step = step or (lambda name: nullcontext())
-    parsed = parse_input(spark, path, format, ts_field=ts_field, ts_unit=ts_unit, step=step)
+    parsed = parse_input(spark, path, format, ts_field=ts_field, ts_unit=ts_unit, type_field=type_field, step=step)
     events = events_of(spark, parsed).drop("key_hashes").persist(StorageLevel.MEMORY_AND_DISK)
     with step("seq numbers, late events, cache"):
         events.count()
@@ -82,8 +83,8 @@ def read_events_df(spark: SparkSession, path: str | os.PathLike[str], format: st
 
 
 def parse_input(spark: SparkSession, path: str | os.PathLike[str], format: str | None = None, *,
-                ts_field: str = "ts", ts_unit: str = "s", xml: bool = True, keys: Sequence[Sequence[str]] = (),
-                step: Callable[[str], ContextManager[Any]] | None = None) -> Parsed:
+                ts_field: str = "ts", ts_unit: str = "s", type_field: str | None = None, xml: bool = True,
+                keys: Sequence[Sequence[str]] = (), step: Callable[[str], ContextManager[Any]] | None = None) -> Parsed:
     """The input of :func:`read_events_df` read and parsed by the executors, kept (persisted), with
     the splits' summaries collected — one Spark job. ``xml``: keep XML events' elements (for XPath
     predicates); ``keys``: equivalence lists to hash per event (``key_hashes``, see :mod:`yfpp.spark.parse`)."""
@@ -91,8 +92,8 @@ def parse_input(spark: SparkSession, path: str | os.PathLike[str], format: str |
     given = os.fspath(path)
     with step("list input"):
         files = inputs.list_files(spark, given)
-    opts: dict[str, Any] = {"ts_field": ts_field, "ts_unit": ts_unit, "xml": xml, "keys": [list(k) for k in keys],
-                            **({"format": format} if format else {})}
+    opts: dict[str, Any] = {"ts_field": ts_field, "ts_unit": ts_unit, "type_field": type_field, "xml": xml,
+                            "keys": [list(k) for k in keys], **({"format": format} if format else {})}
     split = [f for f in files if inputs.splittable(f, format)]
     small = set(small_files(spark, split))
     split = [f for f in split if f not in small]

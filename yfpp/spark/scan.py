@@ -33,8 +33,10 @@ from yfpp.engine import Engine, event_raw
 from yfpp.events import MISSING, PSEUDO_ATTRS, Event
 from yfpp.feedback import MAX_DEPTH, MAX_DERIVED
 from yfpp.readers import read_event_batches
+from yfpp.record_fields import ISO_UNIT_NAME
 from yfpp.spark.batch import _ARROW_SCHEMA, _ID_ARROW_SCHEMA, _batch
 from yfpp.spark.inputs import local_path
+from yfpp.spark.parse import reader_kwargs
 from yfpp.spark.plan import Group, Slicing, effective_queries, group_queries, match_row, rare_collections
 from yfpp.spark.read import split_offsets
 
@@ -49,18 +51,21 @@ SLICE_EVENTS_PER_QUERY = 100
 
 
 def scan_match(spark: SparkSession, queries: Any, files: Sequence[str], *, single: bool, tasks: int,
-               format: str | None = None, ts_field: str = "ts", ts_unit: str = "s", policy: str | None = None,
-               full_events: bool = False, feedback_limits: tuple[int, int] = (MAX_DEPTH, MAX_DERIVED),
-               slice_events: int | None = None) -> DataFrame:
+               format: str | None = None, ts_field: str = "ts", ts_unit: str = "s", type_field: str | None = None,
+               policy: str | None = None, full_events: bool = False,
+               feedback_limits: tuple[int, int] = (MAX_DEPTH, MAX_DERIVED), slice_events: int | None = None) -> DataFrame:
     """The rows of :func:`yfpp.spark.batch.match_with_stats` (matches, then a stats row per task with
     also ``records`` and ``dead``) and the dead letters (:data:`DEAD_COLUMNS` set, the rest null) of
     the ``files`` (listed URIs, path order; ``single``: one file named, positions without its name),
     matched by ``tasks`` tasks that each read them all. ``slice_events``: see :func:`slicing_of`
-    (default: :data:`SLICE_EVENTS`, or :data:`SLICE_EVENTS_PER_QUERY` per query if more)."""
-    groups = group_queries(effective_queries(queries, policy), full_events=full_events, feedback_limits=feedback_limits)
+    (default: :data:`SLICE_EVENTS`, or :data:`SLICE_EVENTS_PER_QUERY` per query if more). ``ts_unit``
+    ``iso``: ISO-8601 timestamps, and the matches' lines have ISO-8601 start and end, as ``yfpp run
+    --ts-format iso``."""
+    groups = group_queries(effective_queries(queries, policy), full_events=full_events, feedback_limits=feedback_limits,
+                           iso_times=ts_unit == ISO_UNIT_NAME)
     ids_as_text = any(p.feedback for g in groups for _, p in g.queries)
     inputs = scan_inputs(files, single)
-    reading = {"format": format, "ts_field": ts_field, "ts_unit": ts_unit}
+    reading = {"format": format, "ts_field": ts_field, "ts_unit": ts_unit, "type_field": type_field}
     run = _scanner(groups, inputs, reading, tasks, ids_as_text, slice_events)
     # the schema as a StructType, not DDL text: no first use of Spark's SQL parser (0.2–0.3 JVM CPU-s)
     return spark.range(tasks, numPartitions=tasks).mapInArrow(run, from_arrow_schema(_arrow_schema(ids_as_text)))
@@ -124,8 +129,7 @@ def scan_events(inputs: Sequence[tuple[str, str]], reading: dict[str, Any], dead
         dead.prefix, dead.last = prefix, -1
         base = dead.base
         last = -1
-        for events in read_event_batches(path, reading["format"], ts_field=reading["ts_field"],
-                                         ts_unit=reading["ts_unit"], dead_letters=dead):
+        for events in read_event_batches(path, reading["format"], **reader_kwargs(reading), dead_letters=dead):
             if not events:
                 continue
             last = events[-1].seq
@@ -173,7 +177,7 @@ class _Share:
     def keep(self, ms: list[dict], out: list[tuple], owned: Callable[[dict], bool] | None = None) -> None:
         for m in ms:
             if owned is None or owned(m):
-                out.append(match_row(m, self.text) + (None, None, None, None))
+                out.append(match_row(m, self.text, self.grp.iso_times) + (None, None, None, None))
                 q = str(m["query"])
                 self.per_query[q] = self.per_query.get(q, 0) + 1
 
@@ -330,7 +334,7 @@ class _Sliced(_Share):
 def scan_task(groups: list[Group], inputs: list[tuple[str, str]], reading: dict[str, Any], task: int, n: int,
           ids_as_text: bool, slice_events: int | None = None) -> Iterator[tuple]:
     """Task ``task`` of ``n``: its rows of :func:`scan_match` — its matches, its dead letters (task 0 only),
-    then its stats row. ``inputs``: :func:`scan_inputs`; ``reading``: ``format``, ``ts_field``, ``ts_unit``."""
+    then its stats row. ``inputs``: :func:`scan_inputs`; ``reading``: ``format`` and :func:`~yfpp.spark.parse.reader_kwargs`'s."""
     started = time.process_time()
     shares: list[_Share] = []
     for g, grp in enumerate(groups):

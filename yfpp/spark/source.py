@@ -26,7 +26,7 @@ EVENT_SCHEMA = "seq long, type string, ts double, attrs string, xml string, reas
 class YfppStreamSource(DataSource):
     """``spark.readStream.format("yfpp_stream")`` with option ``socket`` (host:port).
 
-    Options: format, ts_field, ts_unit.
+    Options: format, ts_field, ts_unit, type_field.
     """
 
     @classmethod

@@ -37,6 +37,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.streaming.state import GroupState
 
+from yfpp.record_fields import ISO_UNIT_NAME
 from yfpp.spark import ingest, inputs, source
 from yfpp.spark.batch import MATCH_SCHEMA, key_hash
 from yfpp.spark.plan import Group, advance_key, effective_queries, group_queries, match_row
@@ -56,7 +57,8 @@ warnings.filterwarnings("ignore", "The behavior of DataFrame concatenation with 
 
 def read_stream(spark: SparkSession, path: str | None = None, *, socket: str | None = None,
                 checkpoint: str | None = None, format: str | None = None, ts_field: str = "ts", ts_unit: str = "s",
-                max_files: int | None = None, interval: str | None = None) -> tuple[DataFrame, StreamingQuery | None]:
+                type_field: str | None = None, max_files: int | None = None,
+                interval: str | None = None) -> tuple[DataFrame, StreamingQuery | None]:
     """A streaming event DataFrame from new files of directory ``path`` or lines from ``socket``
     (host:port), and the query ingesting the directory (``None`` for a socket).
 
@@ -64,31 +66,35 @@ def read_stream(spark: SparkSession, path: str | None = None, *, socket: str | N
     query of its own numbers and stages the events under ``checkpoint`` (required
     then; see :mod:`yfpp.spark.ingest`); ``max_files`` new files at most per
     micro-batch, ``interval`` its trigger. A socket is read on the driver (a demo source).
+    ``ts_field``, ``ts_unit`` (``iso``: ISO-8601 text), ``type_field``: as :func:`yfpp.readers.read_events`'s.
     """
     if path is not None:
         if checkpoint is None:
             raise ValueError("a directory stream needs a checkpoint folder")
         query, events = ingest.start_ingest(spark, path, checkpoint, format=format, ts_field=ts_field, ts_unit=ts_unit,
-                                            max_files=max_files, interval=interval)
+                                            type_field=type_field, max_files=max_files, interval=interval)
         return events, query
     source.register(spark)
-    opts = {"ts_field": ts_field, "ts_unit": ts_unit, "socket": str(socket), **({"format": format} if format else {})}
+    opts = {"ts_field": ts_field, "ts_unit": ts_unit, "socket": str(socket), **({"format": format} if format else {}),
+            **({"type_field": type_field} if type_field else {})}  # (a data source's options are strings)
     return spark.readStream.format("yfpp_stream").options(**opts).load(), None
 
 
 def start_stream(spark: SparkSession, queries: Any, outdir: str, checkpoint: str, *, path: str | None = None,
                  socket: str | None = None, policy: str | None = None, full_events: bool = False,
-                 format: str | None = None, ts_field: str = "ts", ts_unit: str = "s", max_files: int | None = None,
-                 interval: str | None = None, log: Any = None) -> list[StreamingQuery]:
+                 format: str | None = None, ts_field: str = "ts", ts_unit: str = "s", type_field: str | None = None,
+                 max_files: int | None = None, interval: str | None = None, log: Any = None) -> list[StreamingQuery]:
     """Start a stream's queries: ingest (a directory only) and matching, checkpointed under
     ``checkpoint`` (``ingest/``, ``staged/``, ``numbering/``; ``match/``), written to ``outdir``
-    (:func:`write_stream`); ``policy``, ``full_events``: as :func:`stream_matches`'s. Stop them
-    with :func:`finish`, or ``stop()`` each."""
+    (:func:`write_stream`); ``policy``, ``full_events``: as :func:`stream_matches`'s; the reading options
+    as :func:`read_stream`'s (``ts_unit`` ``iso``: the matches' lines have ISO-8601 start and end too, as
+    ``yfpp run --ts-format iso``). Stop them with :func:`finish`, or ``stop()`` each."""
     checkpoint, outdir = inputs.qualify(spark, checkpoint).rstrip("/"), inputs.qualify(spark, outdir)
     events, ingesting = read_stream(spark, path, socket=socket, checkpoint=checkpoint, format=format, ts_field=ts_field,
-                                    ts_unit=ts_unit, max_files=max_files, interval=interval)
+                                    ts_unit=ts_unit, type_field=type_field, max_files=max_files, interval=interval)
     try:
-        matches = stream_matches(spark, queries, events, policy=policy, full_events=full_events)
+        matches = stream_matches(spark, queries, events, policy=policy, full_events=full_events,
+                                 iso_times=ts_unit == ISO_UNIT_NAME)
         matching = write_stream(matches, outdir, f"{checkpoint}/match", interval=interval, log=log)
     except BaseException:
         if ingesting is not None:
@@ -108,12 +114,14 @@ def finish(queries: list[StreamingQuery]) -> None:
 
 
 def stream_matches(spark: SparkSession, queries: Any, events: DataFrame, *, policy: str | None = None,
-                   full_events: bool = False) -> DataFrame:
+                   full_events: bool = False, iso_times: bool = False) -> DataFrame:
     """Matches (``kind`` = ``match``) and dead letters (``kind`` = ``dead``, the record in ``json``) of a stream.
 
-    ``events``: as :func:`read_stream` gives. Columns as :func:`yfpp.spark.match`'s, plus ``kind``.
+    ``events``: as :func:`read_stream` gives. Columns as :func:`yfpp.spark.match`'s, plus ``kind``;
+    ``full_events``, ``iso_times``: as :func:`yfpp.spark.match`'s.
     """
-    groups = group_queries(effective_queries(queries, policy), streaming=True, full_events=full_events)
+    groups = group_queries(effective_queries(queries, policy), streaming=True, full_events=full_events,
+                           iso_times=iso_times)
     routed = (events.select(F.explode(_routes(groups)).alias("r"), "*")
               .select("r.*", *_RECORD_COLS).where(F.col("h").isNotNull())
               .withColumn("event_time", F.when(F.col("reason").isNull(), F.timestamp_seconds(F.col("ts") + SHIFT)))
@@ -143,7 +151,7 @@ def _state_function(groups: list[Group]) -> Callable[[tuple, Iterator[pd.DataFra
         rows = [(float(r.ts), int(r.seq), r.type, r.attrs, r.xml) for pdf in pdfs for r in pdf.itertuples(index=False)]
         found = advance_key(groups[g], state, rows, state.getCurrentWatermarkMs(), SHIFT)
         if found:
-            yield _frame([("match", *match_row(m)) for m in found])
+            yield _frame([("match", *match_row(m, iso_times=groups[g].iso_times)) for m in found])
 
     return fn
 
