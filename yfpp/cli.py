@@ -261,7 +261,7 @@ def reader_options(args: argparse.Namespace, stored: Any = None) -> dict[str, An
 
 def cmd_run(args: argparse.Namespace) -> int:
     from yfpp.readers import read_event_batches
-    from yfpp.record_fields import ISO_UNIT_NAME
+    from yfpp.record_fields import reading_unit, window_unit
 
     stored = None
     if args.restore:
@@ -313,7 +313,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise YfppError("give at least one query with -q (or --restore FILE)")
     else:
         caps["merge_runs"] = bool(args.merge_runs)
-        engine = build_engine(args.query, "s" if args.ts_format == "iso" else args.ts_unit, max_delay=args.max_delay or 0.0, dead_letters=dead, policy=args.policy, **caps,
+        engine = build_engine(args.query, window_unit(args.ts_unit, args.ts_format), max_delay=args.max_delay or 0.0,
+                              dead_letters=dead, policy=args.policy, **caps,
                               **feedback_opts, strategy=args.strategy or "direct")
     show = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
     live = is_live_input(args.input)
@@ -323,9 +324,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         progress = Progress(sys.stderr, total=os.fstat(source.fileno()).st_size, position=source.tell)
     elif show:
         progress = Progress(sys.stderr)
-    ts_unit = ISO_UNIT_NAME if args.ts_format == "iso" else args.ts_unit
-    reader = read_event_batches(source, args.format, ts_field=args.ts_field, ts_unit=ts_unit,
-                                type_field=args.type_field, max_record_bytes=args.max_record_bytes,
+    reader = read_event_batches(source, args.format, ts_field=args.ts_field,
+                                ts_unit=reading_unit(args.ts_unit, args.ts_format), type_field=args.type_field, max_record_bytes=args.max_record_bytes,
                                 max_depth=args.max_depth, dead_letters=skip if skip is not None else dead)
     events = InputFeed(reader)
     # Runs, buffer entries and events form no reference cycles: keep the cyclic collector from

@@ -46,6 +46,16 @@ def unit_factors(name: str) -> tuple[int, int]:
     return TS_UNITS[name]
 
 
+def reading_unit(ts_unit: str, ts_format: str) -> str:
+    """The readers' ``ts_unit`` for ``--ts-unit`` and ``--ts-format``: ``iso`` for ISO-8601 text."""
+    return ISO_UNIT_NAME if ts_format == "iso" else ts_unit
+
+
+def window_unit(ts_unit: str, ts_format: str) -> str:
+    """The unit of a query window written without one: the feed's numeric unit, seconds for ISO-8601 text."""
+    return "s" if ts_format == "iso" else ts_unit
+
+
 def typed_value(text: str) -> int | float | str:
     """``"12"`` → 12, ``"1.5"`` / ``"1e3"`` → float, anything else unchanged.
 

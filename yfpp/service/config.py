@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from yfpp.errors import YfppError
-from yfpp.record_fields import ISO_UNIT_NAME, unit_factors
+from yfpp.record_fields import reading_unit, unit_factors, window_unit
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -43,13 +43,13 @@ class ServiceConfig:
     @property
     def read_opts(self) -> dict[str, Any]:
         """The readers' options for every feed."""
-        return {"ts_field": self.ts_field, "ts_unit": ISO_UNIT_NAME if self.ts_format == "iso" else self.ts_unit,
+        return {"ts_field": self.ts_field, "ts_unit": reading_unit(self.ts_unit, self.ts_format),
                 "type_field": self.type_field}
 
     @property
     def window_unit(self) -> str:
         """The unit of a query window written without one: the feeds' timestamp unit (seconds for ISO text)."""
-        return "s" if self.ts_format == "iso" else self.ts_unit
+        return window_unit(self.ts_unit, self.ts_format)
 
     @classmethod
     def load(cls, path: str | None, overrides: dict[str, Any]) -> "ServiceConfig":

@@ -19,7 +19,7 @@ from yfpp.spark.inputs import PLANS, local_path, qualify
 from yfpp.spark.starting import StartingSession
 from yfpp.pattern import Pattern
 from yfpp.query_text import load_patterns
-from yfpp.record_fields import ISO_UNIT_NAME
+from yfpp.record_fields import reading_unit, window_unit
 
 if TYPE_CHECKING:
     from yfpp.spark.plan import EffectiveQueries
@@ -148,7 +148,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
 
 def reading(args: argparse.Namespace) -> dict[str, Any]:
     """The readers' options: ``ts_field``, ``ts_unit`` (``iso`` with ``--ts-format iso``), ``type_field``."""
-    return {"ts_field": args.ts_field, "ts_unit": ISO_UNIT_NAME if args.ts_format == "iso" else args.ts_unit,
+    return {"ts_field": args.ts_field, "ts_unit": reading_unit(args.ts_unit, args.ts_format),
             "type_field": args.type_field or None}
 
 
@@ -191,7 +191,7 @@ def cmd_spark(args: argparse.Namespace) -> int:
     starting = StartingSession(builder) if owned else None  # a new JVM: started while the queries are read
     try:
         # validated and compiled once (the job reuses them); a window without a unit: seconds for ISO-8601 times, as yfpp run
-        queries = load(args.query, args.policy, "s" if args.ts_format == "iso" else args.ts_unit)
+        queries = load(args.query, args.policy, window_unit(args.ts_unit, args.ts_format))
         from yfpp.spark.plan import group_queries
 
         group_queries(queries, streaming=args.stream)  # refuses unsupported feedback before the job
@@ -401,7 +401,8 @@ def stream(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namesp
     out = qualify(spark, args.output)
     running = start_stream(spark, queries, out, qualify(spark, args.checkpoint or os.path.join(out, "_checkpoint")),
                            path=None if args.socket else args.input, socket=args.socket, policy=args.policy,
-                           full_events=args.events, format=args.format, **reading(args), max_files=args.max_files, interval=f"{args.trigger} seconds" if args.trigger else None)
+                           full_events=args.events, format=args.format, **reading(args), max_files=args.max_files,
+                           interval=f"{args.trigger} seconds" if args.trigger else None)
     try:
         wait_idle(running, args.idle_stop)
         finish(running)  # idle: the matching query takes what the ingest query staged last
