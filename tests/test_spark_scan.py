@@ -185,8 +185,10 @@ def test_a_sliced_group_with_several_slices_per_task(spark, tmp_path):
 def test_dead_letters_of_a_directory_as_yfpp_run(spark, tmp_path, capsys, plan):
     feeds = tmp_path / "feeds"
     (feeds / "b").mkdir(parents=True)
-    recs = [json.dumps(r) for r in generate_rfid(900, tags=6, seed=9)]
-    parts = {"a.jsonl": recs[:300], "b/c.jsonl": recs[300:600] + ["not json", '{"type": "exit", "ts": 3, "tag_id": 1}'],
+    # epoch-seconds ts: the late event's reason prints them as yfpp run does (Spark's own format says 1.79533804E9)
+    recs = [json.dumps({**r, "ts": r["ts"] + 1_795_338_040}) for r in generate_rfid(900, tags=6, seed=9)]
+    parts = {"a.jsonl": recs[:300],
+             "b/c.jsonl": recs[300:600] + ["not json", '{"type": "exit", "ts": 1795338043, "tag_id": 1}'],
              "b/d.jsonl": recs[600:] + ['{"type": "shelf"}']}
     for name, part in parts.items():
         (feeds / name).write_text("\n".join(part) + "\n")

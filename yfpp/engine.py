@@ -281,7 +281,7 @@ class Engine:
         mark_ts, mark_sk = self._mark_ts, self._mark_sk
         if ts <= mark_ts and (ts < mark_ts or sk < mark_sk):
             self.dead_letters.report(
-                seq, f"seq {seq}", f"late event: ts {ts} < stream time {mark_ts} (max_delay {self.max_delay})", _raw(ev)
+                seq, f"seq {seq}", late_reason(ts, mark_ts, self.max_delay), _raw(ev)
             )
             return []
         if self._direct:
@@ -541,6 +541,11 @@ def _bad_type(etype: Any) -> str | None:
 
 def _raw(ev: Event) -> str:
     return event_raw(ev.type, ev.ts, ev.attrs)
+
+
+def late_reason(ts: float, stream_time: float, max_delay: float) -> str:
+    """The reason of a late event's dead letter (the same text from ``yfpp run``, ``yfpp spark`` and ``yfpp serve``)."""
+    return f"late event: ts {ts} < stream time {stream_time} (max_delay {max_delay})"
 
 
 def event_raw(etype: str, ts: float, attrs: Mapping[str, Any]) -> str:

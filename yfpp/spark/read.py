@@ -21,7 +21,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from yfpp.engine import event_raw
+from yfpp.engine import event_raw, late_reason
 from yfpp.errors import InputError
 from yfpp.spark import inputs
 from yfpp.spark.parse import PARSED_SCHEMA, parse_batches
@@ -176,17 +176,20 @@ def events_of(spark: SparkSession, parsed: Parsed) -> DataFrame:
     line = F.concat(F.lit("line "), (F.col("line") + F.col("line_base")).cast("string"))
     position = F.concat("prefix", F.regexp_replace("position", r"^line \d+", line))
     events = r.select(
-        seq.alias("seq"), "type", "ts", "attrs", "xml",
-        F.when(late, F.format_string("late event: ts %s < stream time %s (max_delay 0.0)", "ts", stream_time))
-        .otherwise(F.col("reason")).alias("reason"),
+        seq.alias("seq"), "type", "ts", "attrs", "xml", "reason",
         F.when(late, F.concat(F.lit("seq "), seq)).otherwise(position).alias("position"),
         "raw", "key_hashes", F.coalesce(late, F.lit(False)).alias("late"),  # null (no earlier ts) is not late
+        stream_time.alias("stream_time"),
     )
-    if not parsed.late:  # an ordered feed: no Python stage for late events
-        return events.drop("late")
-    late_raw = F.udf(lambda t, ts, attrs: event_raw(t, ts, json.loads(attrs)), "string")  # the engine's raw of a late event
-    return events.where(~F.col("late")).drop("late").unionByName(  # the UDF runs on the late rows only
-        events.where(F.col("late")).drop("late").withColumn("raw", late_raw("type", "ts", "attrs")))
+    if not parsed.late:  # an ordered feed: no late event, no Python stage
+        return events.drop("late", "stream_time")
+    # the engine's reason and raw of a late event, made in Python so that numbers read as in yfpp run (Spark's
+    # format_string would print a large ts in Java's form, 1.79533804E9); the UDFs run on the late rows only
+    reason = F.udf(lambda ts, mark: late_reason(ts, mark, 0.0), "string")
+    raw = F.udf(lambda t, ts, attrs: event_raw(t, ts, json.loads(attrs)), "string")
+    return events.where(~F.col("late")).drop("late", "stream_time").unionByName(
+        events.where(F.col("late")).withColumn("reason", reason("ts", "stream_time"))
+        .withColumn("raw", raw("type", "ts", "attrs")).drop("late", "stream_time"))
 
 
 def any_late(stats: list[Any], offsets: list[tuple]) -> bool:

@@ -29,7 +29,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from yfpp.dead_letters import DeadLetters
-from yfpp.engine import Engine, event_raw
+from yfpp.engine import Engine, event_raw, late_reason
 from yfpp.events import MISSING, PSEUDO_ATTRS, Event
 from yfpp.feedback import MAX_DEPTH, MAX_DERIVED
 from yfpp.readers import read_event_batches
@@ -145,8 +145,8 @@ def scan_events(inputs: Sequence[tuple[str, str]], reading: dict[str, Any], dead
                         ts = ev.ts
                         if ts < hi:
                             if report:
-                                dead.items.append((ev.seq, f"seq {ev.seq}", f"late event: ts {ts} < stream time {hi} "
-                                                   "(max_delay 0.0)", event_raw(ev.type, ts, ev.attrs)))
+                                dead.items.append((ev.seq, f"seq {ev.seq}", late_reason(ts, hi, 0.0),
+                                                   event_raw(ev.type, ts, ev.attrs)))
                         else:
                             hi = ts
                             kept.append(ev)

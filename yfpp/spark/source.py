@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
 
-from yfpp.engine import event_raw
+from yfpp.engine import event_raw, late_reason
 from yfpp.errors import InputError
 from yfpp.spark.parse import records
 
@@ -53,7 +53,7 @@ class _Sequencer:
             seq = base + pos
             n = pos + 1
             if reason is None and self.max_ts is not None and ts < self.max_ts:
-                reason = f"late event: ts {ts} < stream time {self.max_ts} (max_delay 0.0)"
+                reason = late_reason(ts, self.max_ts, 0.0)
                 position, raw = f"seq {seq}", event_raw(type_, ts, json.loads(attrs))
             elif ts is not None:
                 self.max_ts = ts if self.max_ts is None else max(ts, self.max_ts)
