@@ -10,6 +10,7 @@ import tracemalloc
 import pytest
 
 from yfpp.dead_letters import DeadLetters
+from yfpp.engine import Engine
 from yfpp.errors import InputError
 from yfpp.events import Event
 from yfpp.generate import generate_stock, write_events
@@ -322,6 +323,18 @@ def test_element_for_json_event():
     assert el.get("ok") == "false" and el.get("loc.x") == "1.5"
     assert {a.get("name"): a.text for a in el.findall("attr")} == {"1x": "a", "a b": "c"}
     assert e.element is el
+
+
+def test_names_lxml_refuses_become_attr_children_and_other_predicates_still_hold():
+    """``²`` is a letter to a regex's ``\\w`` but not to XML: the name goes to a child, as ``1x`` does, and
+    predicates elementpath evaluates on the rest of the event are not falsified by it."""
+    el = element_for(Event("²t", 1, {"²x": 1, "x²": 2, "v": 2}))
+    assert el.tag == "event" and dict(el.attrib) == {"ts": "1", "v": "2"}
+    assert {a.get("name"): a.text for a in el.findall("attr")} == {"²x": "1", "x²": "2"}
+    eng = Engine()
+    for i, q in enumerate(['//t[matches(@v, "^2$")]', '//t[name() = "t"]', "//t[@v = 2]"]):
+        eng.register(q, name=f"q{i}")
+    assert sorted(m["query"] for m in eng.process_all([{"type": "t", "ts": 1, "²x": 1, "v": 2}])) == ["q0", "q1", "q2"]
 
 
 def test_element_for_odd_type_and_text():

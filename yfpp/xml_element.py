@@ -5,7 +5,7 @@
 ``[@zone='Z1']`` work on JSON input too. Values are written as ``str(value)``,
 except booleans as ``true``/``false`` (XML Schema); characters XML cannot hold
 become U+FFFD. ``ts`` is the event's ts in seconds unless an attribute is named
-``ts``. A name that is not an XML name (``1x``, ``a b``, ``a:b``…) becomes a child
+``ts``. A name that is not an XML name (``1x``, ``²x``, ``a b``, ``a:b``…) becomes a child
 ``<attr name="1x">value</attr>``; a type that is not an XML name gives the tag
 ``event`` (a step's name test cannot match it anyway).
 """
@@ -13,12 +13,27 @@ become U+FFFD. ``ts`` is the event's ts in seconds unless an attribute is named
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from typing import Any
 
 from yfpp.events import Event
 
 _NAME = re.compile(r"[^\W\d][\w.\-]*\Z")
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+@lru_cache(maxsize=4096)
+def plain_xml_name(name: str) -> bool:
+    """Is ``name`` an XML name without a colon, as lxml checks it (so it can name the element or an attribute)?"""
+    if not _NAME.match(name):
+        return False
+    from lxml import etree
+
+    try:
+        etree.Element("e").set(name, "")
+    except ValueError:  # letter-like characters a regex's \w takes and XML does not (``²``, ``ⅰ``…)
+        return False
+    return True
 
 
 def xml_text(value: Any) -> str:
@@ -34,11 +49,11 @@ def element_for(event: Event) -> Any:
     """A standalone lxml element ``<type attr="value" …/>`` for ``event``."""
     from lxml import etree  # imported when first needed: a JSON-lines run without XPath never loads lxml
 
-    el = etree.Element(event.type if _NAME.match(event.type) else "event")
+    el = etree.Element(event.type if plain_xml_name(event.type) else "event")
     if "ts" not in event.attrs:
         el.set("ts", xml_text(event.ts))
     for name, value in event.attrs.items():
-        if _NAME.match(name):
+        if plain_xml_name(name):
             el.set(name, xml_text(value))
         else:
             etree.SubElement(el, "attr", name=xml_text(name)).text = xml_text(value)
@@ -64,7 +79,7 @@ def attribute_text(event: Event, name: str) -> str | None:
     if el is not None:
         return el.get(name)
     if name in event.attrs:
-        return xml_text(event.attrs[name]) if _NAME.match(name) else None
+        return xml_text(event.attrs[name]) if plain_xml_name(name) else None
     return xml_text(event.ts) if name == "ts" else None
 
 
