@@ -83,3 +83,52 @@ def test_picture_with_graphviz(tmp_path, capsys):
 def test_a_trailing_negation_is_listed_once(capsys):
     assert main(["explain", "-q", "PATTERN SEQ(shelf a, ~exit b) WITHIN 5"]) == 0
     assert "q: no exit after a\n" in capsys.readouterr().out
+
+
+def test_a_long_query_is_explained_without_recursion(capsys, monkeypatch):
+    """A query of thousands of steps (the limit is 10,000 components) walks the trie in a loop."""
+    query = "//a" * 3000
+    assert main(["explain", "-q", query]) == 0
+    out = capsys.readouterr().out
+    assert out.count("// a") == 2999 and "3000 components → 3000 NFA nodes" in out
+    g = explain.nfa_graph(build_engine([query]))
+    pos, layers, rows = explain.layered_layout(g)
+    assert layers == 3000 and rows == 1 and len(pos) == 3001
+
+
+def test_text_lists_what_each_accepting_query_checks_alone(capsys):
+    queries = ["[id]&&//a//b&&(10)", "[id]&&//a//b&&(20)",
+               "PATTERN SEQ(a x, b y) WHERE [id] WITHIN 20 OUTPUT non_overlapping RETURN z(v = x.v)"]
+    assert main(["explain", *sum((["-q", q] for q in queries), [])]) == 0
+    out = capsys.readouterr().out
+    assert "accepts q, q2\n      q: within 10\n" in out  # q2's window is the node's: nothing of its own
+    assert "q3: non_overlapping; emits z" in out
+
+
+def test_event_set_queries_are_shown_beside_the_nfa_in_every_format(tmp_path, capsys, monkeypatch):
+    queries = ["-q", "[PID]//{C, P+}//B(15 days)", "-q", "//a//b"]
+    assert main(["explain", *queries, "--format", "json"]) == 0
+    g = json.loads(capsys.readouterr().out)
+    assert g["set_queries"] == [{"query": "q", "pattern": "[PID]//{C, P+}//B(15 days)"}]
+    assert g["figures"]["set_queries"] == 1 and g["figures"]["queries"] == 1
+    assert main(["explain", *queries, "--format", "dot"]) == 0
+    assert '"set 0" [label="q: event-set query\\n(its own matcher)\\n[PID]//{C, P+}//B(15 days)", shape=note' in capsys.readouterr().out
+    pytest.importorskip("matplotlib", reason="the fallback drawing needs matplotlib")
+    monkeypatch.setattr(explain.shutil, "which", lambda name: None)
+    assert main(["explain", *queries, "--png", str(tmp_path / "nfa.png")]) == 0
+    assert (tmp_path / "nfa.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("name", ["nfa.svg", "nfa", "dir/"])
+def test_png_must_name_a_png_file(tmp_path, capsys, name):
+    assert main(["explain", "-q", "//a//b", "--png", str(tmp_path / name)]) == 2
+    assert capsys.readouterr().err == (f"yfpp: error: --png writes a PNG file: give a file name ending in .png, not "
+                                       f"{str(tmp_path / name)!r}\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_too_large_a_picture_for_matplotlib_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(explain.shutil, "which", lambda name: None)
+    g = explain.nfa_graph(build_engine(["//a" * 601]))
+    with pytest.raises(RuntimeError, match="601 NFA nodes are too many to draw with matplotlib"):
+        explain.write_picture(g, explain.as_dot(g), tmp_path / "nfa.png")

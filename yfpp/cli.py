@@ -167,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--format", choices=["text", "json", "dot"], default="text",
                      help="what to print: the indented trie (default), the graph as JSON for tools, or Graphviz DOT")
     exp.add_argument("--dot", metavar="FILE", help="also write the graph in Graphviz DOT")
-    exp.add_argument("--png", metavar="FILE", help="also draw it (Graphviz dot if installed, else matplotlib)")
+    exp.add_argument("--png", metavar="FILE.png", help="also draw it as a PNG picture (Graphviz dot if installed, else matplotlib)")
     exp.set_defaults(func=cmd_explain)
 
     ex = sub.add_parser(
@@ -459,23 +459,23 @@ def _parts(batch: list[Event], n: int, every: int) -> list[list[Event]]:
 def cmd_explain(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from yfpp.explain import as_dot, as_json, as_text, nfa_graph, write_picture
+    from yfpp.explain import as_dot, as_json, as_text, nfa_graph, set_queries, write_picture
 
+    if args.png and Path(args.png).suffix.lower() != ".png":
+        raise YfppError(f"--png writes a PNG file: give a file name ending in .png, not {args.png!r}")
     for path, what in ((args.dot, "dot file"), (args.png, "picture")):
         if path:
             check_writable(path, what)
     engine = build_engine(args.query)
     g = nfa_graph(engine)
-    dot = as_dot(g)
+    sets = set_queries(engine)
+    dot = as_dot(g, sets)
     print({"text": lambda: as_text(engine, g), "json": lambda: as_json(engine, g), "dot": lambda: dot.rstrip("\n")}[args.format]())
-    if args.format == "text":
-        for matcher in engine.set_queries.values():  # not part of the shared NFA
-            print(f"{matcher.plan.name}: event-set query, evaluated by its own matcher (docs/event_sets.md)")
     if args.dot:
         Path(args.dot).write_text(dot, encoding="utf-8")
     if args.png:
         try:
-            how = write_picture(g, dot, Path(args.png))
+            how = write_picture(g, dot, Path(args.png), sets)
         except RuntimeError as e:
             raise YfppError(str(e)) from e
         print(f"drew {args.png} with {how}", file=sys.stderr)

@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import networkx as nx
 
@@ -115,16 +115,31 @@ def number_text(v: float) -> str:
     return repr(v)
 
 
-def _accept_text(a: dict[str, Any]) -> str:
-    parts = [a["query"]]
-    if a["window"] is not None:
+def _accept_checks(a: dict[str, Any], node_window: float | None = None) -> list[str]:
+    """What an accepting query checks alone, as text: ``within W`` (unless it is ``node_window``), its
+    negations, its policy (unless ``all``), ``emits T``."""
+    parts = []
+    if a["window"] is not None and a["window"] != node_window:
         parts.append(f"within {number_text(a['window'])}")
     parts += a["negations"]
     if a["policy"] != "all":
         parts.append(a["policy"])
     if a["emit"]:
         parts.append(f"emits {a['emit']}")
-    return "; ".join(parts)
+    return parts
+
+
+def _accept_text(a: dict[str, Any]) -> str:
+    return "; ".join([a["query"], *_accept_checks(a)])
+
+
+def set_queries(engine: Engine) -> list[dict[str, str]]:
+    """The event-set queries (not part of the shared NFA: each has a matcher of its own), name and text."""
+    return [{"query": str(m.plan.name), "pattern": m.plan.pattern.source or ""} for m in engine.set_queries.values()]
+
+
+def _set_text(q: dict[str, str]) -> str:
+    return f"{q['query']}: event-set query, evaluated by its own matcher (docs/event_sets.md)"
 
 
 # --- expressions as text ----------------------------------------------------------------------
@@ -172,10 +187,12 @@ def expr_text(e: Expr, names: tuple[str, ...] = ()) -> str:
 
 
 def sharing_figures(engine: Engine, g: nx.DiGraph) -> dict[str, float]:
+    """Figures of the shared NFA (``queries``: those in it; ``set_queries``: the event-set queries beside it)."""
     components = sum(len(p.specs) for p in engine.queries.values())
     nodes = g.number_of_nodes() - 1
     return {
         "queries": len(engine.queries),
+        "set_queries": len(engine.set_queries),
         "components": components,
         "nodes": nodes,
         "shared_nodes": sum(1 for n, d in g.nodes(data=True) if n != "start" and len(d["queries"]) > 1),
@@ -184,41 +201,56 @@ def sharing_figures(engine: Engine, g: nx.DiGraph) -> dict[str, float]:
     }
 
 
+def _children(g: nx.DiGraph, n: Any) -> list[Any]:
+    return sorted((c for c in g.successors(n) if c != n), key=str)
+
+
+def _preorder(g: nx.DiGraph) -> Iterator[tuple[Any, Any, int]]:
+    """(parent, node, depth) of every node below ``start``, depth first in the order of :func:`_children`
+    (a loop, not recursion: a query may have thousands of components)."""
+    stack = [("start", c, 0) for c in reversed(_children(g, "start"))]
+    while stack:
+        parent, n, depth = stack.pop()
+        yield parent, n, depth
+        stack.extend((n, c, depth + 1) for c in reversed(_children(g, n)))
+
+
 def as_text(engine: Engine, g: nx.DiGraph) -> str:
-    """The trie, one node a line, indented by depth; the details of a node on the lines under it."""
+    """The trie, one node a line, indented by depth; the details of a node on the lines under it: its
+    predicates, its index, and what each query ending there checks alone. Event-set queries follow."""
     lines = []
-
-    def walk(n: Any, depth: int) -> None:
-        for child in sorted((c for c in g.successors(n) if c != n), key=str):
-            d = g.nodes[child]
-            edge = g.edges[n, child]["label"]
-            loop = g.edges[child, child]["label"] if g.has_edge(child, child) else ""
-            share = f"  shared by {len(d['queries'])}" if len(d["queries"]) > 1 else ""
-            acc = f"  accepts {', '.join(a['query'] for a in d['accepts'])}" if d["accepts"] else ""
-            win = f"  window {number_text(d['window'])}" if d["window"] is not None else ""
-            lines.append(f"{'  ' * depth}{edge + ' ' if edge else ''}{d['label']}{' ⟲ ' + loop if loop else ''}{win}{share}{acc}")
-            pad = "  " * depth + "    "
-            lines.extend(f"{pad}where {p}" for p in d["predicates"])
-            if d["index"]:
-                lines.append(f"{pad}index {d['index']}")
-            lines.extend(f"{pad}{a['query']}: {'; '.join(a['negations'])}" for a in d["accepts"] if a["negations"])
-            walk(child, depth + 1)
-
-    walk("start", 0)
+    for n, child, depth in _preorder(g):
+        d = g.nodes[child]
+        edge = g.edges[n, child]["label"]
+        loop = g.edges[child, child]["label"] if g.has_edge(child, child) else ""
+        share = f"  shared by {len(d['queries'])}" if len(d["queries"]) > 1 else ""
+        acc = f"  accepts {', '.join(a['query'] for a in d['accepts'])}" if d["accepts"] else ""
+        win = f"  window {number_text(d['window'])}" if d["window"] is not None else ""
+        lines.append(f"{'  ' * depth}{edge + ' ' if edge else ''}{d['label']}{' ⟲ ' + loop if loop else ''}{win}{share}{acc}")
+        pad = "  " * depth + "    "
+        lines.extend(f"{pad}where {p}" for p in d["predicates"])
+        if d["index"]:
+            lines.append(f"{pad}index {d['index']}")
+        for a in d["accepts"]:
+            checks = _accept_checks(a, d["window"])
+            if checks:
+                lines.append(f"{pad}{a['query']}: {'; '.join(checks)}")
     f = sharing_figures(engine, g)
     lines.append("")
     lines.append(
         f"{f['queries']} quer{'y' if f['queries'] == 1 else 'ies'}, {f['components']} components → {f['nodes']} NFA nodes "
         f"({f['shared_nodes']} shared), sharing ratio {f['sharing_ratio']:.2f}, {f['states']} run states"
     )
+    lines.extend(_set_text(q) for q in set_queries(engine))
     return "\n".join(lines)
 
 
 def as_json(engine: Engine, g: nx.DiGraph) -> str:
-    """The graph for tools: ``{"nodes": […], "edges": […], "figures": {…}}``."""
+    """The graph for tools: ``{"nodes": […], "edges": […], "set_queries": […], "figures": {…}}``."""
     nodes = [{"id": str(n), **d} for n, d in g.nodes(data=True)]
     edges = [{"from": str(a), "to": str(b), "label": d["label"]} for a, b, d in g.edges(data=True)]
-    return json.dumps({"nodes": nodes, "edges": edges, "figures": sharing_figures(engine, g)}, indent=2, ensure_ascii=False)
+    return json.dumps({"nodes": nodes, "edges": edges, "set_queries": set_queries(engine),
+                       "figures": sharing_figures(engine, g)}, indent=2, ensure_ascii=False)
 
 
 # --- DOT and pictures -------------------------------------------------------------------------
@@ -242,7 +274,12 @@ def node_caption(d: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def as_dot(g: nx.DiGraph) -> str:
+def set_caption(q: dict[str, str]) -> str:
+    """The caption of an event-set query's box in pictures (beside the shared NFA)."""
+    return "\n".join([f"{q['query']}: event-set query", "(its own matcher)", *textwrap.wrap(q["pattern"], 48)])
+
+
+def as_dot(g: nx.DiGraph, sets: list[dict[str, str]] = ()) -> str:
     q = _dot_string
     out = [
         "digraph yfpp {",
@@ -258,17 +295,26 @@ def as_dot(g: nx.DiGraph) -> str:
         out.append(f"  {q(n)} [label={q(node_caption(d))}{fill}];")
     for a, b, d in g.edges(data=True):
         out.append(f"  {q(a)} -> {q(b)} [label={q(d['label'])}];")
+    for i, s in enumerate(sets):
+        out.append(f"  {q(f'set {i}')} [label={q(set_caption(s))}, shape=note, fillcolor=\"#e4f2d9\"];")
     out.append("}")
     return "\n".join(out) + "\n"
 
 
-def write_picture(g: nx.DiGraph, dot_text: str, path: Path) -> str:
-    """PNG via Graphviz ``dot`` if installed, else a layered matplotlib drawing; return which (or raise)."""
+MAX_DRAWN_NODES = 501  # the matplotlib drawing's (start included): a wider picture is no longer readable
+
+
+def write_picture(g: nx.DiGraph, dot_text: str, path: Path, sets: list[dict[str, str]] = ()) -> str:
+    """PNG at ``path`` via Graphviz ``dot`` if installed, else a layered matplotlib drawing (the event-set
+    queries ``sets`` as boxes under it); return which (or raise RuntimeError)."""
     if shutil.which("dot"):
         done = subprocess.run(["dot", "-Tpng", "-Gdpi=110", "-o", str(path)], input=dot_text.encode(), capture_output=True)
         if done.returncode:
             raise RuntimeError(f"Graphviz could not write {path}: {done.stderr.decode(errors='replace').strip()}")
         return "graphviz"
+    if g.number_of_nodes() > MAX_DRAWN_NODES:
+        raise RuntimeError(f"{g.number_of_nodes() - 1} NFA nodes are too many to draw with matplotlib (at most "
+                           f"{MAX_DRAWN_NODES - 1}): install Graphviz (apt install graphviz) or write --dot")
     try:
         import matplotlib
 
@@ -277,7 +323,9 @@ def write_picture(g: nx.DiGraph, dot_text: str, path: Path) -> str:
     except ImportError as e:
         raise RuntimeError("a PNG needs Graphviz (apt install graphviz) or matplotlib (pip install matplotlib)") from e
     pos, layers, rows = layered_layout(g)
-    lines = max(node_caption(d).count("\n") + 2 for _, d in g.nodes(data=True))
+    captions = [set_caption(s) for s in sets]
+    lines = max(text.count("\n") + 2 for text in [*(node_caption(d) for _, d in g.nodes(data=True)), *captions])
+    rows += len(captions)
     fig, ax = plt.subplots(figsize=(3.4 * (layers + 1), max(3.0, 0.16 * lines * rows)))
     plain = nx.DiGraph((a, b, d) for a, b, d in g.edges(data=True) if a != b)
     nx.draw_networkx_edges(plain, pos, ax=ax, arrows=True, arrowsize=12, node_size=2500, edge_color="#777")
@@ -290,30 +338,34 @@ def write_picture(g: nx.DiGraph, dot_text: str, path: Path) -> str:
         text = node_caption(d) + ("\n⟲ " + g.edges[n, n]["label"] if g.has_edge(n, n) else "")
         ax.text(x, y, text, ha="center", va="center", fontsize=7,
                 bbox={"boxstyle": "round", "fc": "#f7d774" if d["accepts"] else "#dbe9f6", "ec": "#555"})
+    for i, text in enumerate(captions):  # the rows under the trie's
+        ax.text(0.0, float(len(captions) - rows - i), text, ha="left", va="center", fontsize=7,
+                bbox={"boxstyle": "square", "fc": "#e4f2d9", "ec": "#555"})
+    ax.set_xlim(-0.5, layers + 0.5)
+    ax.set_ylim(0.5 - rows, 0.5)
     ax.set_axis_off()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=110, format="png")
+    except (OSError, ValueError) as e:
+        raise RuntimeError(f"could not write {path}: {e}") from e
+    finally:
+        plt.close(fig)
     return "matplotlib"
 
 
 def layered_layout(g: nx.DiGraph) -> tuple[dict[Any, tuple[float, float]], int, int]:
     """A tidy-tree layout of the trie, left to right: x is the depth, each leaf gets a row of its own
     and a node sits at the middle of its children. Also the number of layers and of rows."""
+    order = [("start", 0), *((n, depth + 1) for _, n, depth in _preorder(g))]
     pos: dict[Any, tuple[float, float]] = {}
     rows = 0
-
-    def place(n: Any, depth: int) -> float:
-        nonlocal rows
-        children = sorted((c for c in g.successors(n) if c != n), key=str)
-        if children:
-            ys = [place(c, depth + 1) for c in children]
-            y = (ys[0] + ys[-1]) / 2
-        else:
-            y = float(-rows)
+    for n, depth in order:  # leaves take rows in depth-first order
+        if not _children(g, n):
+            pos[n] = (float(depth), float(-rows))
             rows += 1
-        pos[n] = (float(depth), y)
-        return y
-
-    place("start", 0)
+    for n, depth in reversed(order):  # then each parent, after its children, between its first and last
+        if n not in pos:
+            children = _children(g, n)
+            pos[n] = (float(depth), (pos[children[0]][1] + pos[children[-1]][1]) / 2)
     return pos, int(max(x for x, _ in pos.values())), rows
