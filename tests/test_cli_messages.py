@@ -70,6 +70,8 @@ def test_a_write_that_fails_mid_run_is_exit_2(capsys):
 @pytest.mark.parametrize("argv, message", [
     (["stock", "--symbols", "0"], "argument --symbols: must be at least 1, got 0"),
     (["rfid", "--tags", "-3"], "argument --tags: must be at least 1, got -3"),
+    (["stock", "--symbols", "10000000"], "argument --symbols: must be at most 1,000,000, got 10,000,000"),  # a price each
+    (["rfid", "--tags", "100001"], "argument --tags: must be at most 100,000, got 100,001"),  # about 2 KB each
     (["rfid", "--events", "-5"], "argument --events: must be at least 0, got -5"),
     (["stock", "--p-up", "nan"], "argument --p-up: must be from 0 to 1, got nan"),
     (["rfid", "--theft-rate", "5"], "argument --theft-rate: must be from 0 to 1, got 5"),

@@ -25,6 +25,7 @@ from yfpp.stats import Progress, format_figures, run_figures, write_figures_json
 from yfpp.vocabulary import Vocabulary
 
 CHECKPOINT_EVERY = 100_000  #: events between checkpoints of ``yfpp run --checkpoint``
+MAX_SYMBOLS, MAX_TAGS = 1_000_000, 100_000  #: yfpp generate's: a price per symbol, a lifecycle per tag is held
 
 RUN_EXAMPLES = """\
 examples:
@@ -148,9 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("-o", "--output", default="-", help="output file (.xml or .jsonl; default stdout)")
     gen.add_argument("--format", choices=["xml", "jsonl"], help="output format (default: from the extension, else jsonl)")
     gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--symbols", type=_count(1), default=2, help="stock: number of symbols")
+    gen.add_argument("--symbols", type=_count(1, MAX_SYMBOLS), default=2,
+                     help=f"stock: number of symbols (at most {MAX_SYMBOLS:,}: each holds a price)")
     gen.add_argument("--p-up", type=_probability, default=0.5, help="stock: probability that a price goes up")
-    gen.add_argument("--tags", type=_count(1), default=20, help="rfid: tag lifecycles under way at once")
+    gen.add_argument("--tags", type=_count(1, MAX_TAGS), default=20,
+                     help=f"rfid: tag lifecycles under way at once (at most {MAX_TAGS:,}: each is held, about 2 KB)")
     gen.add_argument("--zones", type=_count(1), default=5, help="rfid: number of shelf zones")
     gen.add_argument("--doors", type=_count(1), default=2, help="rfid: number of exit doors")
     gen.add_argument("--theft-rate", type=_probability, default=0.1, help="rfid: fraction of tags that skip the register")
@@ -192,12 +195,14 @@ def build_parser() -> argparse.ArgumentParser:
 # --- run ----------------------------------------------------------------------------------
 
 
-def _count(least: int) -> Callable[[str], int]:
-    """An argparse type: an integer of at least ``least``."""
+def _count(least: int, most: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer of at least ``least`` (and at most ``most``)."""
     def count(text: str) -> int:
         n = int(text)
         if n < least:
             raise argparse.ArgumentTypeError(f"must be at least {least}, got {n}")
+        if most is not None and n > most:
+            raise argparse.ArgumentTypeError(f"must be at most {most:,}, got {n:,}")
         return n
     count.__name__ = "integer"  # argparse names the type in its message for a non-integer
     return count

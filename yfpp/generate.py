@@ -1,7 +1,9 @@
 """Synthetic event streams and a streaming writer.
 
 Generators yield plain dicts ``{"type": …, "ts": …, <attributes>…}``, are
-deterministic for a given ``seed`` and use constant memory.
+deterministic for a given ``seed`` and hold no events: their memory is one price
+per symbol (stock) or one lifecycle per tag (rfid, about 2 KB each), whatever
+the number of events (``yfpp generate`` caps ``--symbols`` and ``--tags``).
 
 * :func:`generate_stock` — the stock stream of the SIGMOD 2008 paper (§6).
   Each event's ``symbol`` is uniform in 1..symbols; that symbol's price then
