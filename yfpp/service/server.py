@@ -35,7 +35,7 @@ from yfpp.engine import Engine
 from yfpp.errors import YfppError
 from yfpp.events import Event
 from yfpp.pattern import Pattern
-from yfpp.query_text import parse_query
+from yfpp.query_text import parse_written_query
 from yfpp.service import checkpoint
 from yfpp.service.config import ServiceConfig
 from yfpp.service.feeds import FeedClosed, SharedDeadLetters, TcpFeed, pump, start_input
@@ -219,7 +219,7 @@ class Service:
             try:
                 spec = SubscriptionSpec.model_validate_json(text)
                 name = spec.name or sid
-                pattern = parse_query(spec.query, spec.language, self.config.window_unit)
+                pattern = parse_written_query(spec.query, spec.language, self.config.window_unit)
                 qid = restored.pop(name, None)
                 if qid is not None and not self._same_query(qid, pattern, spec.policy):
                     self.engine.unregister(qid)  # the name was deleted and taken again after the checkpoint
@@ -264,7 +264,7 @@ class Service:
         self._claimed.add(claim)
         try:
             try:
-                pattern = await asyncio.to_thread(parse_query, spec.query, spec.language, self.config.window_unit)
+                pattern = await asyncio.to_thread(parse_written_query, spec.query, spec.language, self.config.window_unit)
             except YfppError as e:
                 raise RequestError(400, f"query: {e}", **_error_position(e)) from e
             except (RecursionError, ValueError, OverflowError) as e:  # a parser limit, not the client's fault alone
