@@ -109,7 +109,7 @@ def create_app(service: Service) -> FastAPI:
                     quiet = 0.0
                     yield b"".join(f"id: {r['id']}\ndata: {json.dumps(r, separators=(',', ':'))}\n\n".encode()
                                    for r in batch)
-                    sub.counters.delivered += len(batch)
+                    sub.pull.add("delivered", len(batch))
                     box.in_flight = 0
             finally:
                 sub.listeners.discard(box)
