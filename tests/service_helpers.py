@@ -6,6 +6,7 @@ import json
 import socket
 import threading
 import time
+import urllib.request
 from typing import Any, Callable
 
 TIMEOUT = 10.0
@@ -101,3 +102,11 @@ def send(port: int, data: bytes, close: bool = True) -> socket.socket:
 
 def jsonl(records: list[dict]) -> bytes:
     return b"".join(json.dumps(r).encode() + b"\n" for r in records)
+
+
+def scrape(port: int) -> dict[str, float]:
+    """``GET /metrics`` of the service on ``port``: each sample (name with its labels) and its value."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=TIMEOUT) as r:
+        text = r.read().decode()
+    return {name: float(value) for name, value in
+            (line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))}

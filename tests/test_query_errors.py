@@ -14,9 +14,9 @@ from tests.test_query_fuzz import watchdog
 from yfpp.cli import main
 from yfpp.engine import Engine
 from yfpp.events import Event
-from yfpp.errors import PatternError, QueryError, QuerySyntaxError
+from yfpp.errors import PatternError, QueryError, QuerySyntaxError, YfppError
 from yfpp.query_limits import MAX_COMPONENTS, MAX_NESTING, MAX_QUERY_CHARS
-from yfpp.query_text import detect_language, load_queries
+from yfpp.query_text import detect_language, load_queries, parse_written_query
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = str(ROOT / "yfpp" / "data" / "sample_rfid.xml")
@@ -185,6 +185,20 @@ def test_pattern_error_in_a_bare_file_has_its_absolute_line(tmp_path, capsys):
     code, _, err = run(capsys, "run", "-q", str(path), "-i", SAMPLE)
     assert code == 2
     assert err.startswith(f"yfpp: error: query 'lost' in {path}, line 4, column 15: trailing negation ~b needs a window")
+
+
+def test_a_written_query_has_comments_and_positions_in_its_text():
+    """What yfpp serve takes: a query as its file holds it (no '@query' line), errors placed in that text."""
+    text = "# unsold\n\n  PATTERN SEQ(shelf a,\n    ~register b)\n"
+    with pytest.raises(PatternError) as e:
+        parse_written_query(text)
+    assert str(e.value).startswith("line 4, column 15: trailing negation ~b needs a window")
+    assert str(e.value).endswith("\n      ~register b)\n                ^")
+    assert parse_written_query(text.replace("b)", "b) WITHIN 5")).window == 5
+    assert parse_written_query("# paths\n//a//b\n", "xpath") == parse_written_query("//a//b")
+    for text in ("@query a\n//a\n", "# x\n@query a\n//a\n@query b\n//b\n"):
+        with pytest.raises(YfppError, match="without '@query NAME' lines"):
+            parse_written_query(text)
 
 
 def test_xpath_file_error_has_its_absolute_line(tmp_path, capsys):

@@ -211,6 +211,27 @@ def test_bad_requests_get_clear_errors(tmp_path):
         assert {"/subscriptions", "/subscriptions/{sid}", "/subscriptions/{sid}/matches", "/events"} <= set(api["paths"])
 
 
+def test_the_api_takes_a_query_as_its_file_holds_it_with_comments(tmp_path, listeners):
+    """The text of queries/shoplifting.sase, ``#`` comments and all, as ``yfpp subscribe -q FILE`` takes it;
+    an error's position is a line of that text; ``@query`` blocks are yfpp subscribe's to split."""
+    out = listeners()
+    text = (ROOT / "queries" / "shoplifting.sase").read_text()
+    want = expected(SHOPLIFTING, "shop")
+    with BackgroundService(config(tmp_path)) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        assert c.subscribe(text, sink=out.url, name="shop")["query"] == text  # stored and shown as given
+        with pytest.raises(ServiceError) as e:
+            c.subscribe(text.replace("exit c)", "exit c"))  # line 3 of the file
+        assert e.value.status == 400 and (e.value.body["line"], e.value.body["column"]) == (4, 1)
+        assert e.value.body["error"].startswith("query: line 4, column 1: unexpected 'WHERE'\n  WHERE ")
+        with pytest.raises(ServiceError) as e:
+            c.subscribe(f"@query a\n{THEFT}\n@query b\n{THEFT}\n")
+        assert e.value.status == 400 and "@query" in e.value.body["error"]
+    with BackgroundService(config(tmp_path)) as svc:  # the stored text registers again
+        send(svc.feed_port("jsonl"), SAMPLE.read_bytes())
+        assert out.wait_lines(len(want)) and out.results() == want
+
+
 def test_bodies_that_cannot_be_echoed_are_still_422_and_id_like_names_are_refused(tmp_path):
     """FastAPI's own 422 echoes the input back: a lone surrogate or 1e400 made it a 500."""
     with BackgroundService(config(tmp_path)) as svc:

@@ -134,6 +134,20 @@ def _source(name: str, lines: list[str], first_line: int, origin: str | None, la
     return QuerySource(name, "\n".join(lines[skip:]).rstrip(), language, origin, first_line + skip)
 
 
+def parse_written_query(text: str, language: str | None = None, ts_unit: str = "s") -> Pattern:
+    """One query as a query file holds it (``#`` comment lines, no ``@query`` line), parsed; an error's
+    line is a line of ``text``. What ``yfpp serve`` takes, as ``yfpp subscribe -q FILE`` reads a file."""
+    sources = read_query_file(text, "", language=language)
+    if len(sources) > 1 or sources[0].name:  # (a loose query is named "", which no '@query' line can give)
+        raise YfppError("one query, without '@query NAME' lines: 'yfpp subscribe -q FILE' subscribes each "
+                        "query of such a file")
+    q = sources[0]
+    try:
+        return parse_query(q.text, q.language, ts_unit)
+    except QueryError as err:
+        raise err.relocated("", q.first_line) from None
+
+
 def split_query_file(text: str, default_name: str) -> list[tuple[str, str]]:
     """``[(name, query text), …]`` of a query file's text."""
     return [(q.name, q.text) for q in read_query_file(text, default_name)]

@@ -12,6 +12,7 @@ import hmac
 import io
 import json
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
@@ -29,12 +30,17 @@ POLL = 0.5  #: how often a quiet pull stream checks that its subscription and th
 
 
 def create_app(service: Service) -> FastAPI:
+    # a scrape renders here, one at a time: with thousands of subscriptions that takes seconds, which the
+    # loop (routing results, writing TCP sinks, serving the API) must not wait for
+    scrapes = ThreadPoolExecutor(1, thread_name_prefix="metrics")
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await service.start()
         try:
             yield
         finally:
+            scrapes.shutdown(wait=False)
             await service.stop()
 
     app = FastAPI(title="yfpp serve", version="1",
@@ -103,7 +109,7 @@ def create_app(service: Service) -> FastAPI:
                     quiet = 0.0
                     yield b"".join(f"id: {r['id']}\ndata: {json.dumps(r, separators=(',', ':'))}\n\n".encode()
                                    for r in batch)
-                    sub.counters.delivered += len(batch)
+                    sub.pull.add("delivered", len(batch))
                     box.in_flight = 0
             finally:
                 sub.listeners.discard(box)
@@ -132,7 +138,8 @@ def create_app(service: Service) -> FastAPI:
 
     @app.get("/metrics", summary="Prometheus metrics", response_class=Response)
     async def prometheus() -> Response:
-        return Response(metrics.render(registry), media_type="text/plain; version=0.0.4; charset=utf-8")
+        text = await asyncio.get_running_loop().run_in_executor(scrapes, metrics.render, registry)
+        return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return app
 

@@ -66,6 +66,9 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--max-body-bytes", type=int, help="largest POST /events body (default 16777216)")
     s.add_argument("--max-feed-connections", type=int, help="TCP feed connections at once, per port (default 64)")
     s.add_argument("--queue-size", type=int, help="default per-subscription result queue (default 10000)")
+    s.add_argument("--subscription-metrics", action=argparse.BooleanOptionalAction,
+                   help="series per subscription in GET /metrics (default); --no-subscription-metrics: totals only, "
+                        "for many subscriptions")
     s.add_argument("--log-level", choices=LOG_LEVELS, help="default info")
     s.set_defaults(func=cmd_serve)
 

@@ -38,6 +38,7 @@ class ServiceConfig:
     max_body_bytes: int = 16 * 1024 * 1024  #: POST /events body cap
     max_feed_connections: int = 64  #: concurrent TCP feed connections per port
     queue_size: int = 10_000  #: default per-subscription sink queue (results)
+    subscription_metrics: bool = True  #: GET /metrics has series per subscription (False: totals only)
     log_level: str = "info"
 
     @property
@@ -97,6 +98,8 @@ class ServiceConfig:
             v = getattr(self, name)
             if v is not None and not isinstance(v, str):
                 raise YfppError(f"{name} must be a string, got {v!r}")
+        if not isinstance(self.subscription_metrics, bool):
+            raise YfppError(f"subscription_metrics must be true or false, got {self.subscription_metrics!r}")
         if self.type_field is not None and not self.type_field:
             raise YfppError("type_field must be a non-empty string")
         if self.ts_field == (self.type_field or "type") and (self.type_field or self.input_format != "xml"):

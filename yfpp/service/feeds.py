@@ -36,6 +36,7 @@ class SharedDeadLetters(DeadLetters):
 
     A report the output cannot take (a full disk, a closed pipe) never raises: it is
     counted in ``count`` and ``lost``, and logged once per :data:`LOST_LOG_EVERY` seconds.
+    ``count`` goes on from a restored checkpoint's; ``reported`` and ``lost`` count this process's reports.
     """
 
     def __init__(self, out: Any):
@@ -44,12 +45,14 @@ class SharedDeadLetters(DeadLetters):
         except OSError as e:
             raise YfppError(f"dead-letter file {out}: {e.strerror or e}") from e
         self._lock = threading.Lock()
+        self.reported = 0  #: reports taken since this process started
         self.lost = 0  #: reports counted but not written
         self.failing: str | None = None  #: the output's last error, while writing fails
         self._logged_at = float("-inf")
 
     def report(self, seq: int, position: str, reason: str, raw: str | None = None) -> None:
         with self._lock:
+            self.reported += 1
             try:
                 super().report(seq, position, reason, raw)
             except (OSError, ValueError) as e:  # ValueError: the stream was closed

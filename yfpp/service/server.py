@@ -35,12 +35,12 @@ from yfpp.engine import Engine
 from yfpp.errors import YfppError
 from yfpp.events import Event
 from yfpp.pattern import Pattern
-from yfpp.query_text import parse_query
+from yfpp.query_text import parse_written_query
 from yfpp.service import checkpoint
 from yfpp.service.config import ServiceConfig
 from yfpp.service.feeds import FeedClosed, SharedDeadLetters, TcpFeed, pump, start_input
 from yfpp.service.registry import Registry, RegistryError
-from yfpp.service.subscriptions import Subscription, SubscriptionSpec
+from yfpp.service.subscriptions import Subscription, SubscriptionSpec, Totals
 
 log = logging.getLogger("yfpp.service")
 
@@ -87,7 +87,9 @@ class Service:
         self.ingest = ThreadPoolExecutor(INGEST_THREADS, thread_name_prefix="ingest")
         self.subs: dict[str, Subscription] = {}
         self.by_name: dict[str, Subscription] = {}
-        self.events_in = self.engine.next_seq  #: events given to the engine since its state began, like dead_letters
+        self.events_taken = 0  #: events given to the engine by this process
+        self._events_before = self.engine.next_seq  # events the restored state had taken
+        self.totals = Totals()  #: counts over every subscription held since the start (the metrics' totals)
         self.rate = 0.0
         self.started_at = time.time()
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -107,6 +109,12 @@ class Service:
         self._handed_over = 0  # results in _results
         self._room = threading.Condition()  # guards _results, _handed_over and _route_scheduled
         self._route_scheduled = False
+
+    @property
+    def events_in(self) -> int:
+        """Events given to the engine since its state began (as ``dead_letters.count`` counts): the restored
+        state's, then this process's; also the seq the next event gets."""
+        return self._events_before + self.events_taken
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -219,7 +227,7 @@ class Service:
             try:
                 spec = SubscriptionSpec.model_validate_json(text)
                 name = spec.name or sid
-                pattern = parse_query(spec.query, spec.language, self.config.window_unit)
+                pattern = parse_written_query(spec.query, spec.language, self.config.window_unit)
                 qid = restored.pop(name, None)
                 if qid is not None and not self._same_query(qid, pattern, spec.policy):
                     self.engine.unregister(qid)  # the name was deleted and taken again after the checkpoint
@@ -229,7 +237,7 @@ class Service:
             except (YfppError, ValidationError) as e:
                 log.error("stored subscription no longer registers", extra={"subscription": sid, "error": str(e)})
                 continue
-            sub = Subscription(sid, spec, qid, self.config.queue_size)
+            sub = Subscription(sid, spec, qid, self.config.queue_size, self.totals)
             self._attach(sub)
             for result in kept.get(sid, ()):  # queued at the last stop: counted as matches of this run
                 sub.deliver(result)
@@ -264,7 +272,7 @@ class Service:
         self._claimed.add(claim)
         try:
             try:
-                pattern = await asyncio.to_thread(parse_query, spec.query, spec.language, self.config.window_unit)
+                pattern = await asyncio.to_thread(parse_written_query, spec.query, spec.language, self.config.window_unit)
             except YfppError as e:
                 raise RequestError(400, f"query: {e}", **_error_position(e)) from e
             except (RecursionError, ValueError, OverflowError) as e:  # a parser limit, not the client's fault alone
@@ -282,7 +290,7 @@ class Service:
                 raise RequestError(400, f"query: {e}", **_error_position(e)) from e
         finally:
             self._claimed.discard(claim)
-        sub = Subscription(sid, spec, qid, cfg.queue_size)
+        sub = Subscription(sid, spec, qid, cfg.queue_size, self.totals)
         self._attach(sub)
         log.info("subscribed", extra={"subscription": sid, "query_name": name, "sink": spec.sink})
         return sub
@@ -356,7 +364,7 @@ class Service:
     def _engine_loop(self) -> None:
         tick = min(self.config.advance_idle or 0.5, 0.5)
         next_checkpoint = time.monotonic() + self.config.checkpoint_every
-        rate_t, rate_n = time.monotonic(), self.events_in
+        rate_t, rate_n = time.monotonic(), self.events_taken
         while True:
             try:
                 item = self.inbox.get(timeout=tick)
@@ -369,8 +377,8 @@ class Service:
                 log.exception("engine thread: a batch failed", extra={"events": len(item) if isinstance(item, list) else 0})
             now = time.monotonic()
             if now - rate_t >= 1.0:
-                self.rate = (self.events_in - rate_n) / (now - rate_t)
-                rate_t, rate_n = now, self.events_in
+                self.rate = (self.events_taken - rate_n) / (now - rate_t)
+                rate_t, rate_n = now, self.events_taken
             if stop or now >= next_checkpoint:
                 self.save_checkpoint()
                 next_checkpoint = now + self.config.checkpoint_every
@@ -391,7 +399,7 @@ class Service:
 
     def _process(self, ev: Event) -> list[dict]:
         ev.seq = -1  # the engine numbers events across all feeds
-        self.events_in += 1
+        self.events_taken += 1
         if ev.ts > self._last_ts:
             self._last_ts = ev.ts
         self._last_wall = time.monotonic()

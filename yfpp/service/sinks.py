@@ -48,17 +48,29 @@ HIGH_WATER = 256 * 1024  #: bytes buffered on a TCP connection before its sink s
 CONNECT_TIMEOUT = 5.0  #: seconds a TCP connect may take
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class Counters:
-    """What ``GET /subscriptions/{id}`` and the metrics show for one subscription."""
+    """The counts of one subscription's push sink, or of its pull streams (their ``delivered`` and ``dropped``),
+    since this process registered it: what ``GET /subscriptions/{id}`` and the metrics show. Each count goes
+    to ``totals`` too, the service's counts over all subscriptions (deleted ones included)."""
 
+    totals: "Counters | None" = None
     matches: int = 0
     delivered: int = 0
     dropped: int = 0
+    sink_errors: int = 0  #: failed connects, lost connections, failed writes or POSTs
     last_error: str | None = None
     last_error_at: float | None = None  #: Unix time
 
+    def add(self, count: str, n: int = 1) -> None:
+        """``n`` more of ``count`` (matches, delivered, dropped or sink_errors), here and in ``totals``."""
+        setattr(self, count, getattr(self, count) + n)
+        if self.totals is not None:
+            self.totals.add(count, n)
+
     def error(self, text: str) -> None:
+        """A failure of the destination: counted, and its text kept as ``last_error``."""
+        self.add("sink_errors")
         self.last_error, self.last_error_at = text, time.time()
 
 
@@ -80,7 +92,7 @@ class Outbox:
 
     def offer(self, result: dict) -> None:
         if len(self.items) >= self.size:
-            self.counters.dropped += 1
+            self.counters.add("dropped")
             if self.overflow == "drop_newest":
                 return
             self.items.popleft()
@@ -107,7 +119,7 @@ class Outbox:
         self.in_flight = 0
         room = self.size - len(self.items)
         keep = batch[-room:] if room > 0 else []
-        self.counters.dropped += len(batch) - len(keep)
+        self.counters.add("dropped", len(batch) - len(keep))
         self.items.extendleft(reversed(keep))
 
 
@@ -271,7 +283,7 @@ class TcpSink(LoopSink):
                 outbox.give_back(batch)
                 self._abandon(e)
                 return
-            outbox.counters.delivered += len(batch)
+            outbox.counters.add("delivered", len(batch))
 
     def _abandon(self, error: Exception) -> None:
         """Drop the connection after an error writing to it; what is queued goes to the next one, after backoff."""
@@ -356,7 +368,7 @@ class TaskSink(PushSink):
                 await self.reset()
                 await self.backoff.wait()
                 continue
-            outbox.counters.delivered += len(batch)
+            outbox.counters.add("delivered", len(batch))
             outbox.in_flight = 0
             self.recovered()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any, Literal
 
@@ -53,15 +54,26 @@ class SubscriptionSpec(BaseModel):
         return None if v is None or v in ("", "pull") else check_sink(v)
 
 
+@dataclasses.dataclass
+class Totals:
+    """The service's counts over every subscription it has held since it started, as a subscription keeps
+    them: ``counters`` (matches, and the push sinks' counts), ``pull`` (the pull streams')."""
+
+    counters: Counters = dataclasses.field(default_factory=Counters)
+    pull: Counters = dataclasses.field(default_factory=Counters)
+
+
 class Subscription:
     """One registered subscription: engine query id, counters, push destination and pull listeners."""
 
-    def __init__(self, sid: str, spec: SubscriptionSpec, qid: int, queue_size: int):
+    def __init__(self, sid: str, spec: SubscriptionSpec, qid: int, queue_size: int, totals: Totals | None = None):
         self.id = sid
         self.spec = spec
         self.qid = qid
         self.name = spec.name or sid
-        self.counters = Counters()
+        totals = totals if totals is not None else Totals()
+        self.counters = Counters(totals.counters)  #: matches, and the push sink's counts
+        self.pull = Counters(totals.pull)  #: the pull streams' delivered and dropped
         self.queue_size = spec.queue or queue_size
         self.outbox: Outbox | None = None
         self.sink: PushSink | None = None
@@ -81,22 +93,27 @@ class Subscription:
 
     def deliver(self, result: dict) -> None:
         """A result from the engine: count it and queue it for every destination."""
-        self.counters.matches += 1
+        self.counters.add("matches")
         if self.outbox is not None:
             self.outbox.offer(result)
         for listener in self.listeners:
             listener.offer(result)
 
     def listen(self) -> Outbox:
-        """A new pull-stream listener's own bounded outbox (its drops count in ``dropped``)."""
-        box = Outbox(self.queue_size, self.spec.overflow, self.counters)
+        """A new pull-stream listener's own bounded outbox (its drops count in ``pull.dropped``)."""
+        box = Outbox(self.queue_size, self.spec.overflow, self.pull)
         self.listeners.add(box)
         return box
 
     @property
     def queued(self) -> int:
-        boxes = [self.outbox, *self.listeners] if self.outbox else self.listeners
-        return sum(len(b.items) + b.in_flight for b in boxes)
+        """Results waiting for the push sink, or being sent."""
+        return len(self.outbox.items) + self.outbox.in_flight if self.outbox else 0
+
+    @property
+    def pull_queued(self) -> int:
+        """Results waiting for the pull streams, or being sent."""
+        return sum(len(b.items) + b.in_flight for b in list(self.listeners))
 
     def info(self) -> dict[str, Any]:
         c = self.counters
@@ -105,6 +122,8 @@ class Subscription:
             "sink": self.spec.sink, "format": self.spec.format, "policy": self.spec.policy,
             "queue": self.queue_size, "overflow": self.spec.overflow,
             "counters": {"matches": c.matches, "delivered": c.delivered, "dropped": c.dropped,
-                         "queued": self.queued, "listeners": len(self.listeners),
-                         "last_error": c.last_error, "last_error_at": c.last_error_at},
+                         "queued": self.queued, "sink_errors": c.sink_errors, "last_error": c.last_error,
+                         "last_error_at": c.last_error_at, "listeners": len(self.listeners),
+                         "pulled": self.pull.delivered, "pull_dropped": self.pull.dropped,
+                         "pull_queued": self.pull_queued},
         }
