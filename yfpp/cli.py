@@ -444,7 +444,7 @@ def write_matches(engine: Engine, batches: Iterable[list[Event]], out: MatchWrit
                 write_checkpoint(engine, checkpoint[0], checkpoint[2]())
         if progress is not None:
             progress.update(n, engine)
-    out.extend(engine.flush())
+    engine.flush(out)  # (matches into the writer as they are made: the end can complete many windows)
     if progress is not None:
         progress.done(n, engine)
     return n

@@ -49,10 +49,10 @@ STDERR: Any = type("Stderr", (), {"__repr__": lambda self: "sys.stderr"})()  # t
 
 
 class _Extendable(Protocol):
-    def extend(self, matches: list[dict], /) -> None: ...
+    def extend(self, matches: list[dict], /) -> Any: ...
 
 
-MatchOut = TypeVar("MatchOut", bound=_Extendable)  #: where process_batch puts matches: a list, a writer…
+MatchOut = TypeVar("MatchOut", bound=_Extendable)  #: where matches go as they are made: a list, a writer…
 
 _LAST = float("inf")  # the order key of a derived event's non-int seq: after the int seqs of its ts
 
@@ -157,7 +157,7 @@ class Engine:
         if pattern.has_sets or (self.strategy == "match-window" and _windowable(pattern)):
             from yfpp.event_sets import Limits, set_matcher
 
-            limits = Limits(self.runtime.max_runs, self.runtime.max_buffer, self._shed_sets)
+            limits = Limits(self.runtime.max_runs, self.runtime.max_buffer, self._shed_sets, self._matched_sets)
             matcher = self.set_queries[qid] = set_matcher(pattern, name if name is not None else qid, self.strategy, limits)
             matcher.plan.full_events = self.runtime.full_events
             self.sources[qid] = source
@@ -220,22 +220,36 @@ class Engine:
                     self._mark_sk = seq
                     return self._one(event)
             return self._in_order(event)
+        ev = self._as_event(event)
+        return [] if ev is None else self._in_order(ev)
+
+    def _as_event(self, event: Any) -> Event | None:
+        """An Event, or a mapping as one (None: reported as malformed); anything else is refused."""
+        if isinstance(event, Event):
+            return event
         if isinstance(event, Mapping):
-            ev = self._from_record(event)
-            if ev is None:
-                return []
-            return self._in_order(ev)
+            return self._from_record(event)
         raise YfppError(f"process() takes an Event or a mapping, not {type(event).__name__}")
 
     def process_batch(self, events: Iterable[Event | Mapping[str, Any]], out: MatchOut) -> MatchOut:
         """:meth:`process` of each event in turn, their matches appended to ``out`` (returned), in order:
-        ``out.extend(matches)`` after each event that completes any (a list, or a writer).
+        ``out.extend(matches)`` as they are made (a list, or a writer).
 
         The same results as one ``process`` call per event, for less: an event that takes ``process``'s
         fast path goes to the runtime from this loop, with no call of ``process`` between.  Matches are
-        appended as each event completes them, so what ``out`` holds when an exception (Ctrl-C) escapes
-        is every match of the events processed before it.
+        appended as they are made — those of the shared NFA after each event, those of event-set
+        queries a search at a time (``EMIT_CHUNK`` matches at most per ``extend``) — so what is held at
+        once is not all the matches one event releases (docs/operations.md, "Memory caps").  When an
+        exception escapes ``out.extend`` (Ctrl-C, a failed write), it ends the call with that event
+        partly processed: go no further with this engine.
         """
+        if not self._plain:  # event-set or feedback queries: matches into out as they are made
+            in_order, as_event = self._in_order, self._as_event
+            for event in events:
+                ev = event if type(event) is Event else as_event(event)
+                if ev is not None:
+                    in_order(ev, out)
+            return out
         one, process, extend = self._one, self.process, out.extend
         direct = self._direct
         for event in events:
@@ -258,14 +272,16 @@ class Engine:
                 extend(found)
         return out
 
-    def _in_order(self, ev: Event) -> list[dict]:
+    def _in_order(self, ev: Event, out: Any = None) -> Any:
         """:meth:`process` of an Event the fast path did not take: checked, given a seq, reported if late, held
-        for reordering or passed on."""
+        for reordering or passed on.  Its matches come back as a list, or go into ``out`` (returned) as they
+        are made."""
         ts = ev.ts
         if not (type(ts) is float and ts - ts == 0.0 and type(ev.type) is str and ev.type):  # else not a finite float
-            ev = self._checked(ev)
-            if ev is None:
-                return []
+            checked = self._checked(ev)
+            if checked is None:
+                return [] if out is None else out
+            ev = checked
             ts = ev.ts
         seq = ev.seq
         if type(seq) is int:
@@ -283,12 +299,14 @@ class Engine:
             self.dead_letters.report(
                 seq, f"seq {seq}", late_reason(ts, mark_ts, self.max_delay), _raw(ev)
             )
-            return []
+            return [] if out is None else out
         if self._direct:
             self._mark_ts, self._mark_sk = ts, sk
-            return self._one(ev)
+            if out is None:
+                return self._one(ev)
+            return self._into(ev, out)
         heapq.heappush(self._held, (ts, sk, next(self._arrivals), ev))
-        return self._release(ts - self.max_delay)
+        return self._release(ts - self.max_delay, [] if out is None else out)
 
     @property
     def max_delay(self) -> float:
@@ -343,16 +361,16 @@ class Engine:
         self.dead_letters.report(seq, f"seq {seq}", f"malformed record: {why}", _record_text(record))
         return None
 
-    def _release(self, upto: float) -> list[dict]:
-        """The held events up to ``upto`` released in stream order, and the oldest beyond ``max_held``."""
-        out: list[dict] = []
+    def _release(self, upto: float, out: MatchOut) -> MatchOut:
+        """The held events up to ``upto`` released in stream order, and the oldest beyond ``max_held``; their
+        matches into ``out`` (returned)."""
         held = self._held
         while held and (held[0][0] <= upto or len(held) > self.max_held):
             if held[0][0] > upto:
                 self._released_early()
             ts, sk, _, ev = heapq.heappop(held)
             self._mark_ts, self._mark_sk = ts, sk
-            out.extend(self._one(ev))
+            self._into(ev, out)
         if not held and self._max_delay <= 0:
             self._direct = True  # (max_delay was lowered to 0 with events held: they are out now)
         return out
@@ -364,39 +382,65 @@ class Engine:
                          f"before max_delay has passed, and an event arriving behind them is a late event")
 
     def _route_events(self) -> None:
-        """Set ``_one``, what an event in stream order goes through: the runtime alone when there is no
-        feedback or set query, else :meth:`_process`."""
-        self._one = self._process if self.feedback.order or self.set_queries else self.runtime.process
+        """Set what an event in stream order goes through: ``_one`` (its matches as a list) and ``_into``
+        (its matches into an ``out``): the runtime alone when there is no feedback or set query, else
+        :meth:`_process`."""
+        self._plain = not (self.feedback.order or self.set_queries)  # (the runtime alone)
+        if self._plain:
+            self._one, self._into = self.runtime.process, self._runtime_into
+        else:
+            self._one, self._into = self._process_list, self._process
 
-    def _process(self, ev: Event) -> list[dict]:
-        """One event in stream order, with the derived events of feedback queries."""
-        return self.feedback.process(ev) if self.feedback.order else self._step(ev)
+    def _runtime_into(self, ev: Event, out: MatchOut) -> MatchOut:
+        found = self.runtime.process(ev)
+        if found:
+            out.extend(found)
+        return out
 
-    def _step(self, ev: Event) -> list[dict]:
-        """One event (input or derived) through the shared NFA and every set query's matcher.
+    def _process_list(self, ev: Event) -> list[dict]:
+        return self._process(ev, [])
+
+    def _process(self, ev: Event, out: MatchOut) -> MatchOut:
+        """One event in stream order, with the derived events of feedback queries; matches into ``out``."""
+        return self.feedback.process(ev, out) if self.feedback.order else self._step(ev, out)
+
+    def _step(self, ev: Event, out: MatchOut) -> MatchOut:
+        """One event (input or derived) through the shared NFA and every set query's matcher; matches
+        into ``out`` (returned): the runtime's, then each set query's as its matcher makes them.
 
         The runtime gives it its stream position ``pos``; an event it rolled back has none, and
         only moves stream time.
         """
-        out = self.runtime.process(ev)
+        found = self.runtime.process(ev)
+        if found:
+            out.extend(found)
         if self.set_queries:
             if ev.pos >= 0:
-                self._count_sets(out, [m.process(ev) for m in self.set_queries.values()])
+                for m in self.set_queries.values():
+                    m.process(ev, out)
+                    if m.fed:
+                        self._drain_fed(m)
             else:  # rolled back: only its time counts, as for the runtime
-                self._count_sets(out, [m.advance_time(ev.ts) for m in self.set_queries.values()])
+                self._sets_to(ev.ts, out)
         return out
 
-    def _count_sets(self, out: list[dict], found: list[list[dict]]) -> list[dict]:
-        fed = self.feedback.order
-        for matcher, matches in zip(self.set_queries.values(), found):
-            for m in matches:
-                self.runtime.counters.matches[m["query"]] += 1
-            if matcher.fed:
-                if matcher.plan in fed:
-                    self.runtime.fed.extend((matcher.plan, m, r, 0) for m, r in matcher.fed)
-                matcher.fed = []
-            out.extend(matches)
+    def _sets_to(self, ts: float, out: MatchOut) -> MatchOut:
+        """Stream time moves to ``ts`` (``inf``: the end) for every set query; matches into ``out``."""
+        for m in self.set_queries.values():
+            m.advance_time(ts, out)
+            if m.fed:
+                self._drain_fed(m)
         return out
+
+    def _drain_fed(self, matcher: SetMatcher) -> None:
+        """A feedback set query's matches to the runtime's ``fed``, where the feedback cascade takes them."""
+        if matcher.plan in self.feedback.order:
+            self.runtime.fed.extend((matcher.plan, m, r, 0) for m, r in matcher.fed)
+        matcher.fed = []
+
+    def _matched_sets(self, query: str | int, n: int) -> None:
+        """A set query put ``n`` matches out (``yfpp.event_sets.Limits``)."""
+        self.runtime.counters.matches[query] += n
 
     def _shed_sets(self, query: str | int, n: int, report: str | None) -> None:
         """A set query's cap dropped ``n`` partial matches or events (``yfpp.event_sets.Limits``)."""
@@ -420,29 +464,43 @@ class Engine:
             yield from self.process(ev)
         yield from self.flush()
 
-    def advance_time(self, ts: float) -> list[dict]:
+    def advance_time(self, ts: float, out: MatchOut | None = None) -> Any:
         """The stream time moves to ``ts`` with no event, as an event at ``ts`` would move it.
 
         Held events up to ``ts - max_delay`` are released, trailing-negation
         deadlines before ``ts - max_delay`` fire (so none fires while the
         reorder buffer may still hold an event that kills it), and the
         watermark moves there: an event below it afterwards is late.
+        The matches come back as a list, or go into ``out`` (returned) as they
+        are made, as in :meth:`process_batch`.
         """
         t = _ts(ts)
         if t is None:
             raise YfppError(f"advance_time() takes a finite real number, not {ts!r}")
         mark = t - self.max_delay
-        out = self._release(mark) if self._held else []
+        out = [] if out is None else out
+        if self._held:
+            self._release(mark, out)
         if (mark, float("-inf")) > self._mark:
             self._mark = (mark, float("-inf"))
-        out.extend(self.feedback.advance_time(mark) if self.feedback.order else self.runtime.advance_time(mark))
-        return self._count_sets(out, [m.advance_time(mark) for m in self.set_queries.values()])
+        if self.feedback.order:
+            self.feedback.advance_time(mark, out)
+        else:
+            out.extend(self.runtime.advance_time(mark))
+        return self._sets_to(mark, out)
 
-    def flush(self) -> list[dict]:
-        """End of input: release held events, decide pending trailing negations."""
-        out = self._release(float("inf"))
-        out.extend(self.feedback.flush() if self.feedback.order else self.runtime.flush())
-        return self._count_sets(out, [m.flush() for m in self.set_queries.values()])
+    def flush(self, out: MatchOut | None = None) -> Any:
+        """End of input: release held events, decide pending trailing negations, complete every match window.
+
+        The matches come back as a list, or go into ``out`` (returned) as they are made, as in
+        :meth:`process_batch`.
+        """
+        out = self._release(float("inf"), [] if out is None else out)
+        if self.feedback.order:
+            self.feedback.flush(out)
+        else:
+            out.extend(self.runtime.flush())
+        return self._sets_to(float("inf"), out)
 
     # --- checkpoints ----------------------------------------------------------------
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from yfpp.errors import YfppError
 from yfpp.events import MISSING, Event
@@ -62,6 +62,9 @@ from yfpp.predicates import (
     kleene_take,
 )
 from yfpp.runs import PLAIN_KEYS, usable_key
+
+if TYPE_CHECKING:
+    from yfpp.engine import MatchOut as Out  # where matches go as they are made: a list, a writer (``out.extend``)
 
 _equal = compare_fn("=")
 
@@ -568,13 +571,20 @@ def rank(binding: Binding) -> tuple:
 
 @dataclass
 class Limits:
-    """A set query's caps (docs/operations.md): ``max_runs`` partial substitutions per search
-    and matches held for ``earliest_maximal``, ``max_buffer`` buffered events;
-    ``shed(query, n, report)`` counts what a cap dropped (``report``: a line to print, or None)."""
+    """A set query's caps (docs/operations.md) and what it tells the Engine: ``max_runs`` partial
+    substitutions per search and matches held for ``earliest_maximal``, ``max_buffer`` buffered events;
+    ``shed(query, n, report)`` counts what a cap dropped (``report``: a line to print, or None),
+    ``matched(query, n)`` the matches it put out."""
 
     max_runs: int
     max_buffer: int
     shed: Callable[[Any, int, str | None], None]
+    matched: Callable[[Any, int], None] | None = None
+
+
+#: Matches made into dicts and handed to ``out.extend`` at once: what a matcher holds of a release beyond
+#: the bindings of one search (which ``max_runs_per_query`` bounds) — not the event's whole release.
+EMIT_CHUNK = 1024
 
 
 class _Held:
@@ -595,15 +605,14 @@ class _Held:
             self.groups[first.pos].append(b)
             self.size += 1
 
-    def release(self, now: float) -> list[dict]:
-        """Groups whose window ended before ``now`` (``inf``: all)."""
-        out: list[dict] = []
-        while self.heap and _passed(now, self.heap[0][0], self.plan.window):
-            _, pos = heapq.heappop(self.heap)
-            group = self.groups.pop(pos)
-            self.size -= len(group)
-            out += [to_match(self.plan, b) for b in earliest_maximal(self.plan, group)]
-        return out
+    def pop_due(self, now: float) -> list[Binding] | None:
+        """The earliest group whose window ended before ``now`` (``inf``: any), taken out; None if there is none."""
+        if not (self.heap and _passed(now, self.heap[0][0], self.plan.window)):
+            return None
+        _, pos = heapq.heappop(self.heap)
+        group = self.groups.pop(pos)
+        self.size -= len(group)
+        return group
 
     def shed(self, target: int) -> int:
         """Drop the groups of the oldest first events until at most ``target`` matches are held."""
@@ -629,12 +638,13 @@ class PendingMatch:
 
 
 class _Matcher:
-    """What both strategies share: the plan, caps, the earliest_maximal holding area, counters."""
+    """What both strategies share: the plan, caps, counters, putting matches out."""
+
+    held: _Held | None  # earliest_maximal matches waiting for their first event's τ (DirectMatcher)
 
     def __init__(self, plan: SetPlan, limits: Limits | None = None):
         self.plan = plan
         self.limits = limits
-        self.held = _Held(plan) if plan.policy == "earliest_maximal" else None
         self.counters: dict[str, int] = {"matcher_calls": 0}
         self.reported = False  # the first shed of this query is reported
         self.tick = 0  # positions given to events fed without an Engine
@@ -667,25 +677,17 @@ class _Matcher:
             line = f"query {self.plan.name!r}: {why}; those matches are lost (counted in the stats)"
         self.limits.shed(self.plan.name, n, line)
 
-    def _emit(self, bindings: list[Binding], now: float) -> list[dict]:
-        if self.held is None:
-            out = [to_match(self.plan, b) for b in bindings]
-            if self.plan.pattern.feedback:
-                self.fed += zip(out, map(rank, bindings))
-            return out
-        self.held.add(bindings)
-        cap = self.limits.max_runs if self.limits is not None else None
-        if cap is not None and self.held.size > cap:
-            n = self.held.shed(cap * 3 // 4)
-            self._shed(n, f"over max_runs_per_query={cap:,}; dropped {n:,} matches held for earliest_maximal "
-                          "(those of the oldest first events)")
-        return self.held.release(now)
-
-    def advance_time(self, ts: float) -> list[dict]:
-        return self._emit([], ts)
-
-    def flush(self) -> list[dict]:
-        return self._emit([], float("inf"))
+    def _put(self, bindings: list[Binding], out: Out) -> None:
+        """``bindings`` as matches into ``out``, :data:`EMIT_CHUNK` at a time (counted, and kept for feedback)."""
+        plan, limits = self.plan, self.limits
+        for i in range(0, len(bindings), EMIT_CHUNK):
+            part = bindings[i:i + EMIT_CHUNK] if len(bindings) > EMIT_CHUNK else bindings
+            ms = [to_match(plan, b) for b in part]
+            if plan.pattern.feedback:
+                self.fed += zip(ms, map(rank, part))
+            if limits is not None and limits.matched is not None:
+                limits.matched(plan.name, len(ms))
+            out.extend(ms)
 
 
 class DirectMatcher(_Matcher):
@@ -704,6 +706,7 @@ class DirectMatcher(_Matcher):
 
     def __init__(self, plan: SetPlan, limits: Limits | None = None):
         super().__init__(plan, limits)
+        self.held = _Held(plan) if plan.policy == "earliest_maximal" else None
         self.buffers: dict[Any, deque[tuple[Event, int]]] = {}
         self.size = 0  # events buffered, in all partitions
         self._events = 0
@@ -713,8 +716,12 @@ class DirectMatcher(_Matcher):
         self.deadlines: list[tuple[float, int, PendingMatch]] = []  # (first.ts, order, pending)
         self.next_order = 0
 
-    def process(self, ev: Event) -> list[dict]:
+    def process(self, ev: Event, out: Out | None = None) -> Out:
+        """Take ``ev``: its matches (and those whose trailing negation's τ it passes) into ``out`` (None: a new
+        list), returned."""
         self._position(ev)
+        if out is None:
+            out = []
         plan = self.plan
         self._events += 1
         if self._events % self.SWEEP_EVERY == 0:
@@ -724,10 +731,10 @@ class DirectMatcher(_Matcher):
             self._kill(ev)
         bits = event_bits(plan, ev)
         if not keeps(plan, ev, bits):
-            return self._emit(found, ev.ts)
+            return self._emit(found, ev.ts, out)
         key = key_of(ev, plan.eq_attrs)
         if key is MISSING:
-            return self._emit(found, ev.ts)  # lacks an attribute every event of a match must share
+            return self._emit(found, ev.ts, out)  # lacks an attribute every event of a match must share
         buf = self.buffers.get(key)
         if buf is None:
             buf = self.buffers[key] = deque()
@@ -748,7 +755,24 @@ class DirectMatcher(_Matcher):
                 self._sweep(ev.ts)  # (a pass over the partitions: at most once per quarter cap of events)
             if self.size > cap:
                 self._shed_buffer()
-        return self._emit(found, ev.ts)
+        return self._emit(found, ev.ts, out)
+
+    def _emit(self, bindings: list[Binding], now: float, out: Out) -> Out:
+        """``bindings`` into ``out`` — under ``earliest_maximal`` through the holding area, whose groups
+        ``now`` completes go out, one group at a time."""
+        if self.held is None:
+            if bindings:
+                self._put(bindings, out)
+            return out
+        self.held.add(bindings)
+        cap = self.limits.max_runs if self.limits is not None else None
+        if cap is not None and self.held.size > cap:
+            n = self.held.shed(cap * 3 // 4)
+            self._shed(n, f"over max_runs_per_query={cap:,}; dropped {n:,} matches held for earliest_maximal "
+                          "(those of the oldest first events)")
+        while (group := self.held.pop_due(now)) is not None:
+            self._put(earliest_maximal(self.plan, group), out)
+        return out
 
     def _complete(self, ev: Event, bits: int, buf: deque) -> list[Binding]:
         """The matches ``ev`` completes, by policy."""
@@ -814,11 +838,11 @@ class DirectMatcher(_Matcher):
                 out.append(p.binding)
         return out
 
-    def advance_time(self, ts: float) -> list[dict]:
-        return self._emit(self._expire(ts), ts)
+    def advance_time(self, ts: float, out: Out | None = None) -> Out:
+        return self._emit(self._expire(ts), ts, [] if out is None else out)
 
-    def flush(self) -> list[dict]:
-        return self._emit(self._expire(float("inf")), float("inf"))
+    def flush(self, out: Out | None = None) -> Out:
+        return self._emit(self._expire(float("inf")), float("inf"), [] if out is None else out)
 
     def _sweep(self, now: float) -> None:
         """Forget the buffered events older than τ before ``now`` (no later match can use them)."""
@@ -942,15 +966,22 @@ class MatchWindowMatcher(_Matcher):
         self.size = 0  # events buffered, in all windows
         self.counters.update(windows_seen=0, candidate_windows=0, events_filtered=0)
         self.trace: list[tuple[list[Event], tuple[bool, bool, bool]]] | None = None  # set to a list to record windows
+        # a window's search finds every match that starts at its first event: earliest_maximal is applied to
+        # them then, and nothing is held
+        self.held = None
+        self.maximal = plan.policy == "earliest_maximal"
 
-    def process(self, ev: Event) -> list[dict]:
+    def process(self, ev: Event, out: Out | None = None) -> Out:
+        """Take ``ev``: the matches of the windows it completes into ``out`` (None: a new list), returned."""
         self._position(ev)
-        found = self._close(ev.ts)
+        if out is None:
+            out = []
+        self._close(ev.ts, out)
         bits = event_bits(self.plan, ev)
         key = key_of(ev, self.key_attrs)
         if (self.filtering and not keeps(self.plan, ev, bits)) or key is MISSING:
             self.counters["events_filtered"] += 1
-            return self._emit(found, ev.ts)
+            return out
         w = self.windows.get(key)
         if w is None:
             w = self.windows[key] = MatchWindow(SummaryStatistics(self.plan))
@@ -960,37 +991,70 @@ class MatchWindowMatcher(_Matcher):
         self.size += 1
         if self.limits is not None and self.size > self.limits.max_buffer:
             self._shed_buffer()
-        return self._emit(found, ev.ts)
+        return out
 
     def _schedule(self, w: MatchWindow, first_ts: float, key: Any) -> None:
         w.due = self.next_order
         self.next_order += 1
         heapq.heappush(self.deadlines, (first_ts, w.due, key))
 
-    def advance_time(self, ts: float) -> list[dict]:
-        return self._emit(self._close(ts), ts)
+    def advance_time(self, ts: float, out: Out | None = None) -> Out:
+        out = [] if out is None else out
+        self._close(ts, out)
+        return out
 
-    def flush(self) -> list[dict]:
-        return self._emit(self._close(float("inf")), float("inf"))
+    def flush(self, out: Out | None = None) -> Out:
+        return self.advance_time(float("inf"), out)
 
-    def _close(self, now: float) -> list[Binding]:
-        """Complete every window whose τ ended before ``now``: its first event's matches are known."""
-        found: list[Binding] = []
+    def _close(self, now: float, out: Out) -> None:
+        """Complete every window whose τ ended before ``now``, one first event at a time: the matches that
+        start at it (its search's) go into ``out`` before the next one is searched, so a release holds one
+        search's matches, however many windows ``now`` completes."""
         tau = self.plan.window
+        due: list[tuple[Any, MatchWindow]] = []
         while self.deadlines and _passed(now, self.deadlines[0][0], tau):
             _, order, key = heapq.heappop(self.deadlines)
             w = self.windows.get(key)
-            if w is None or w.due != order:
-                continue  # its window was shed over a cap
-            while w.entries and _passed(now, w.entries[0][0].ts, tau):
-                found += self._complete(w)
+            if w is not None and w.due == order:  # (else its window was shed over a cap)
+                due.append((key, w))
+        if not due:
+            return
+        try:
+            for w in self._firsts([w for _, w in due], now):
+                found = self._complete(w)
                 w.pop()
                 self.size -= 1
-            if w.entries:
-                self._schedule(w, w.entries[0][0].ts, key)
-            else:
-                del self.windows[key]
-        return found
+                if found:
+                    self._put(earliest_maximal(self.plan, found) if self.maximal else found, out)
+        finally:  # (also when out.extend raised: each window is left whole, what it has left still due)
+            for key, w in due:
+                if w.entries:
+                    self._schedule(w, w.entries[0][0].ts, key)
+                else:
+                    del self.windows[key]
+
+    def _firsts(self, windows: list[MatchWindow], now: float) -> Iterator[MatchWindow]:
+        """Each due window once per first event to complete (the caller pops it), in output order: window
+        after window, in deadline order; under ``earliest_maximal``, the first events in stream order
+        (ts, then position) across the windows."""
+        tau = self.plan.window
+
+        def first_due(w: MatchWindow) -> bool:
+            return bool(w.entries) and _passed(now, w.entries[0][0].ts, tau)
+
+        if not self.maximal:
+            for w in windows:
+                while first_due(w):
+                    yield w
+            return
+        heap = [(w.entries[0][0].ts, w.entries[0][0].pos, i) for i, w in enumerate(windows) if first_due(w)]
+        heapq.heapify(heap)
+        while heap:
+            i = heapq.heappop(heap)[2]
+            w = windows[i]
+            yield w
+            if first_due(w):
+                heapq.heappush(heap, (w.entries[0][0].ts, w.entries[0][0].pos, i))
 
     def _complete(self, w: MatchWindow) -> list[Binding]:
         c = self.counters

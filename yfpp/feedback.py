@@ -69,13 +69,13 @@ class DerivedEvent(Event):
 class Feedback:
     """Wraps :class:`Runtime` calls of an engine that has feedback queries."""
 
-    def __init__(self, runtime: Runtime, dead_letters: DeadLetters, max_depth: int = MAX_DEPTH,
-                 max_derived: int = MAX_DERIVED, step: Callable[[Event], list[dict]] | None = None):
+    def __init__(self, runtime: Runtime, dead_letters: DeadLetters, max_depth: int, max_derived: int,
+                 step: Callable[[Event, Any], Any]):
         if not all(type(v) is int and v >= 1 for v in (max_depth, max_derived)):
             raise YfppError(f"max_feedback_depth and max_derived_per_event must be integers >= 1, "
                             f"not {max_depth!r:.40} and {max_derived!r:.40}")
         self.runtime = runtime
-        self.step = step or runtime.process  # one event through every query (the Engine's: also its set queries)
+        self.step = step  # one event through every query, its matches into an ``out`` (the Engine's ``_step``)
         self.dead_letters = dead_letters
         self.max_depth = max_depth
         self.max_derived = max_derived
@@ -87,43 +87,42 @@ class Feedback:
 
     # --- the Engine's calls -----------------------------------------------------------
 
-    def process(self, ev: Event) -> list[dict]:
-        """``Runtime.process`` of an input event, then its derived events."""
-        out = self._until(ev.ts, everything=False)
-        out.extend(self._cascade(self.step(ev), ev))
-        return out
+    def process(self, ev: Event, out: Any) -> Any:
+        """``Runtime.process`` of an input event, then its derived events; matches into ``out`` (returned)."""
+        self._until(ev.ts, False, out)
+        self.step(ev, out)
+        return self._cascade(ev, out)
 
-    def advance_time(self, ts: float) -> list[dict]:
-        out = self._until(ts, everything=False)
+    def advance_time(self, ts: float, out: Any) -> Any:
+        self._until(ts, False, out)
         out.extend(self.runtime.advance_time(ts))
         return out
 
-    def flush(self) -> list[dict]:
-        out = self._until(math.inf, everything=True)
+    def flush(self, out: Any) -> Any:
+        self._until(math.inf, True, out)
         out.extend(self.runtime.flush())  # nothing pending is left; whatever else the runtime does at the end
         return out
 
     # --- cascades ---------------------------------------------------------------------
 
-    def _until(self, ts: float, everything: bool) -> list[dict]:
+    def _until(self, ts: float, everything: bool, out: Any) -> None:
         """Fire deadlines before ``ts`` (all: ``everything``) one deadline at a time, each with its cascade."""
         rt = self.runtime
-        out: list[dict] = []
         while (d := rt.deadlines.earliest()) is not None and (everything or d < ts):
             # (a deadline past every float, first.ts + W overflowing, fires only at the end: with all that are left)
-            fired = rt.advance_time(math.nextafter(d, math.inf)) if d < math.inf else rt.flush()
-            out.extend(self._cascade(fired, None))
-        return out
+            out.extend(rt.advance_time(math.nextafter(d, math.inf)) if d < math.inf else rt.flush())
+            self._cascade(None, out)
 
-    def _cascade(self, out: list[dict], cause: Event | None) -> list[dict]:
-        """Process the derived events of ``cause``'s matches (None: a deadline), breadth first."""
+    def _cascade(self, cause: Event | None, out: Any) -> Any:
+        """Process the derived events of ``cause``'s matches (None: a deadline), breadth first; their matches
+        into ``out`` (returned)."""
         self._made = 0
         queue: deque[DerivedEvent] = deque()
         self._derive(cause, queue)
         while queue:
             x = queue.popleft()
             self.derived += 1
-            out.extend(self.step(x))
+            self.step(x, out)
             self._derive(x, queue)
         if self._drops:
             self._report(cause)

@@ -133,8 +133,9 @@ class MatchWriter:
             self.flush()
 
     def extend(self, matches: Iterable[dict[str, Any]]) -> None:
-        """:meth:`write` each match: :meth:`Engine.process_batch` writes into this as each event completes
-        matches, so no more than one event's matches are held."""
+        """:meth:`write` each match: :meth:`Engine.process_batch` and :meth:`Engine.flush` write into this as
+        matches are made, so no more than one event's matches of an ordinary query, or one search's of an
+        event-set query, are held."""
         write = self.write
         for match in matches:
             write(match)
