@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 from yfpp.events import Event
 from yfpp.pattern import (
     Aggregate,
+    And,
     Arith,
     Compare,
     Component,
@@ -58,6 +59,12 @@ def _single_preds(draw, v: str, earlier: list[Component]) -> list:
                 Compare(">", Ref(v, "x"), Ref(u.var, "x")),  # ∀ over u's events
                 Compare("<=", Ref(v, "x"), Aggregate("max", u.var, "x", upto_prev=False)),
                 Compare(">=", Length(u.var), Literal(2)),
+                # u[1] beside a ∀ over u: in the same comparison, in another operand of an OR; two ∀ in an OR
+                Compare(">", Ref(v, "x"), Arith("+", Ref(u.var, "x"), Ref(u.var, "x", Index.FIRST))),
+                Or((Compare(">", Ref(v, "x"), Ref(u.var, "x")), Compare("<", Ref(u.var, "x", Index.FIRST), Ref(v, "x")))),
+                Or((Compare(">", Ref(v, "x"), Ref(u.var, "x")), Compare("<", Ref(v, "y"), Ref(u.var, "y")))),
+                Or((Compare("=", Ref(v, "x"), Literal(9)),
+                    And((Not(Compare("=", Ref(u.var, "x"), c)), Compare(">", Ref(u.var, "x", Index.LAST), c))))),
             ]
         else:
             options += [
@@ -150,7 +157,8 @@ def _set_preds(draw, v: Component, others: list[Component]) -> list:
         if v.kind is Kind.KLEENE:
             options.append(Compare("<", Ref(v.var, "x", Index.PREV), Arith("+", x, Ref(u.var, "x"))))
         if u.kind is Kind.KLEENE:
-            options.append(Compare(">", x, Ref(u.var, "x", Index.LAST)))
+            options += [Compare(">", x, Ref(u.var, "x", Index.LAST)),
+                        Or((Compare(">", x, Ref(u.var, "x")), Compare("<", Ref(u.var, "x", Index.FIRST), x)))]
     return draw(st.lists(st.sampled_from(options), max_size=2, unique=True))
 
 

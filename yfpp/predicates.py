@@ -237,7 +237,7 @@ class _Compiler:
         self.scope = scope
         self.xpath_compiler = xpath_compiler
         self.list_each = list_each
-        self.cells: dict[str, list] = {}  # quantified var -> one-element cell
+        self.cells: dict[str, list] = {}  # quantified var -> one-element cell, while its comparison compiles
 
     # -- booleans
     def boolean(self, e: Expr) -> Check:
@@ -261,8 +261,15 @@ class _Compiler:
         return lambda ev, vec: get(ev, vec) is True
 
     def _forall(self, e: Expr, qvars: list[str]) -> Check:
+        """``e`` for every combination of the bound events of ``qvars``: each ``v.attr`` of them reads the
+        event of the combination (a cell); ``v[1]``, ``v[v.len]`` still read the first and last event. The
+        cells are this comparison's alone: another operand of an OR quantifies on its own."""
         cells = [self.cells.setdefault(v, [None]) for v in qvars]
-        inner = self.boolean(e)
+        try:
+            inner = self.boolean(e)
+        finally:
+            for v in qvars:
+                del self.cells[v]
         slots = [self.scope.slot_of[v] for v in qvars]
 
         def check(ev, vec):
@@ -325,14 +332,15 @@ class _Compiler:
             slot = self.scope.slot_of[r.var]
             return lambda ev, vec: [x.get(attr) for x in vec[slot].iter_events()]
         place = self.place
-        if r.var == place.current and place.mode != "bound" and r.var not in self.cells and attr not in PSEUDO_ATTRS:
+        quantified = r.index is Index.EACH and r.var in self.cells
+        if r.var == place.current and place.mode != "bound" and not quantified and attr not in PSEUDO_ATTRS:
             if place.mode == "event" or r.index is Index.EACH:  # the hot case: the event being tested
                 return lambda ev, vec: ev.attrs.get(attr, MISSING)
             if r.index is Index.PREV:
                 slot = self.scope.slot_of[r.var]
                 return lambda ev, vec: vec[slot].last.attrs.get(attr, MISSING) if vec[slot] is not None else MISSING
         scope = self.scope
-        if (r.var in scope.slot_of and r.var not in scope.kleene and r.var not in self.cells and attr not in PSEUDO_ATTRS
+        if (r.var in scope.slot_of and r.var not in scope.kleene and not quantified and attr not in PSEUDO_ATTRS
                 and (r.var != place.current or place.mode == "bound")):  # a bound single event's (Event.get, inline)
             slot = scope.slot_of[r.var]
 
@@ -353,7 +361,7 @@ class _Compiler:
     def _event_of(self, var: str, index: Index) -> Callable[[Any, tuple], Event | None]:
         """A function giving the event ``var[index]`` denotes at this place."""
         place = self.place
-        if var in self.cells:
+        if index is Index.EACH and var in self.cells:
             cell = self.cells[var]
             return lambda ev, vec: cell[0]
         if var == place.current and place.mode != "bound":

@@ -95,7 +95,7 @@ def _cmp(op: str, a: Any, b: Any) -> bool:
 
 
 def _event(env: Env, var: str, index: Index) -> Event | None:
-    if var in env.fixed:
+    if index is Index.EACH and var in env.fixed:  # (v[1], v[v.len] of a quantified v: its first, last event)
         return env.fixed[var]
     if var == env.current:
         if not env.iterating or index is Index.EACH:
