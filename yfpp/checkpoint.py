@@ -86,10 +86,29 @@ def _unnum(x: Any) -> Any:
 
 
 def _attrs(attrs: dict[str, Any]) -> dict[str, Any]:
-    """An event's attributes, a float JSON cannot hold (given from Python) as :func:`_num` writes it."""
-    if any(type(v) is float and not math.isfinite(v) for v in attrs.values()):
-        return {k: _num(v) for k, v in attrs.items()}
+    """An event's attributes as JSON: a float JSON cannot hold (given from Python) as :func:`_num` writes it, and
+    an object value that looks like such an encoding (``{"$float": …}``, ``{"$dict": …}``) as ``{"$dict": value}``."""
+    if any(_attr(v) is not v for v in attrs.values()):
+        return {k: _attr(v) for k, v in attrs.items()}
     return attrs
+
+
+def _attr(v: Any) -> Any:
+    if type(v) is float:
+        return _num(v)
+    if type(v) is dict and len(v) == 1 and ("$float" in v or "$dict" in v):
+        return {"$dict": v}
+    return v
+
+
+def _unattr(v: Any) -> Any:
+    """What :func:`_attr` wrote, read back."""
+    if type(v) is dict and len(v) == 1:
+        if "$float" in v:
+            return _unnum(v)
+        if "$dict" in v:
+            return v["$dict"]
+    return v
 
 
 class _Writer:
@@ -270,8 +289,8 @@ class _Reader:
             element = etree.fromstring(rec["xml"], parser)
         origin = rec.get("from")
         attrs = rec["attrs"]
-        if any(isinstance(v, dict) for v in attrs.values()):
-            attrs = {k: _unnum(v) if isinstance(v, dict) else v for k, v in attrs.items()}
+        if any(type(v) is dict for v in attrs.values()):
+            attrs = {k: _unattr(v) for k, v in attrs.items()}
         if origin is None:
             ev = Event(rec["type"], rec["ts"], attrs, rec["seq"], element)
         else:
