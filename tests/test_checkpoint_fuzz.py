@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+import pickle
 import random
 import subprocess
 import sys
@@ -274,3 +275,18 @@ def test_yfpp_run_restore_of_a_damaged_checkpoint_is_one_error_line(tmp_path):
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.splitlines() == ["yfpp: error: corrupt checkpoint: runs[0]: vec[0] must be an event"]
+
+
+@pytest.mark.parametrize("name", [*ENGINES, "xml"])
+@pytest.mark.parametrize("how", ["deepcopy", "copy", "pickle"])
+def test_a_copy_of_an_engine_goes_on_as_the_engine(name, how):
+    """A copy mid-stream: the same state, the same matches after; it used to fail (outputs that cannot be copied,
+    compiled predicates that cannot be pickled)."""
+    eng, later = fed(name, dead_letters=DeadLetters(sys.stderr), reports=sys.stderr)  # (a new engine's outputs)
+    eng.reports.append("a warning so far")
+    twin = pickle.loads(pickle.dumps(eng)) if how == "pickle" else getattr(copy, how)(eng)
+    assert twin is not eng and twin.reports == eng.reports and twin.snapshot() == eng.snapshot()
+    a = [m for e in later for m in eng.process(dict(e))] + eng.flush()
+    b = [m for e in later for m in twin.process(dict(e))] + twin.flush()
+    assert a == b and twin.stats.matches == eng.stats.matches and twin.dead_letters.count == eng.dead_letters.count
+    assert a or name == "xml"
