@@ -306,6 +306,9 @@ def _check_relations(data: dict) -> None:
     for i, (ts, sk, _, ev) in enumerate(data["held"]):
         if ts != events[ev]["ts"]:
             raise corrupt(f"held[{i}]", "ts differs from its event's")
+    arrivals = [h[2] for h in data["held"]]  # (ties in the reorder buffer's heap go by arrival)
+    if len(set(arrivals)) != len(arrivals) or any(a >= stream["next_arrival"] for a in arrivals):
+        raise corrupt("held", "arrivals must be distinct and below next_arrival")
     for i, (_, _, positions, evs) in enumerate(data["negations"]):
         if len(positions) != len(evs) or positions != sorted(positions):
             raise corrupt(f"negations[{i}]", "positions must be ascending, one per event")
