@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import heapq
 import json
 import math
 import os
 import tempfile
+import types
+import typing
 from collections import Counter, defaultdict
 from itertools import count
 from pathlib import Path
@@ -25,6 +28,8 @@ from typing import Any, Callable
 
 from yfpp import pattern as ir
 from yfpp import set_checkpoint
+from yfpp.checkpoint_plans import Plans, check_entries, check_stack
+from yfpp.checkpoint_schema import check_shape, corrupt
 from yfpp.errors import YfppError
 from yfpp.events import MISSING, Event
 from yfpp.feedback import DerivedEvent
@@ -56,16 +61,43 @@ def encode_pattern(obj: Any) -> Any:
 
 
 def decode_pattern(data: Any, as_tuple: bool = False) -> Any:
+    """What :func:`encode_pattern` wrote, read back; a field of the wrong type is refused (``ValueError``)."""
     if isinstance(data, dict):
         if "$enum" in data:
             return _IR_ENUMS[data["$enum"]](data["value"])
         cls = _IR_CLASSES.get(data.get("$ir"))
         if cls is None:
             raise YfppError(f"checkpoint: unknown pattern class {data.get('$ir')!r}")
-        return cls(**{k: decode_pattern(v, True) for k, v in data.items() if k != "$ir"})
+        obj = cls(**{k: decode_pattern(v, True) for k, v in data.items() if k != "$ir"})
+        for name, hint in _IR_HINTS[cls].items():
+            if not _fits(getattr(obj, name), hint):
+                raise ValueError(f"pattern: {cls.__name__}.{name} is not a {hint}: {getattr(obj, name)!r:.60}")
+        return obj
     if isinstance(data, list):
         return tuple(decode_pattern(x, True) for x in data)
     return data
+
+
+def _fits(v: Any, hint: Any) -> bool:
+    """Is ``v`` of the pattern IR's type ``hint`` (``Any``: a literal's JSON scalar)?"""
+    if hint is Any:
+        return v is None or type(v) in (bool, int, float, str)
+    origin = typing.get_origin(hint)
+    if origin is typing.Union or origin is types.UnionType:
+        return any(_fits(v, h) for h in typing.get_args(hint))
+    if origin is tuple:
+        args = typing.get_args(hint)
+        if type(v) is not tuple:
+            return False
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(_fits(x, args[0]) for x in v)
+        return len(v) == len(args) and all(map(_fits, v, args))
+    if hint is float:
+        return type(v) in (int, float)
+    return type(v) is hint  # (NoneType too)
+
+
+_IR_HINTS = {c: typing.get_type_hints(c) for c in _IR_CLASSES.values()}
 
 
 # --- snapshot -----------------------------------------------------------------------
@@ -86,10 +118,29 @@ def _unnum(x: Any) -> Any:
 
 
 def _attrs(attrs: dict[str, Any]) -> dict[str, Any]:
-    """An event's attributes, a float JSON cannot hold (given from Python) as :func:`_num` writes it."""
-    if any(type(v) is float and not math.isfinite(v) for v in attrs.values()):
-        return {k: _num(v) for k, v in attrs.items()}
+    """An event's attributes as JSON: a float JSON cannot hold (given from Python) as :func:`_num` writes it, and
+    an object value that looks like such an encoding (``{"$float": …}``, ``{"$dict": …}``) as ``{"$dict": value}``."""
+    if any(_attr(v) is not v for v in attrs.values()):
+        return {k: _attr(v) for k, v in attrs.items()}
     return attrs
+
+
+def _attr(v: Any) -> Any:
+    if type(v) is float:
+        return _num(v)
+    if type(v) is dict and len(v) == 1 and ("$float" in v or "$dict" in v):
+        return {"$dict": v}
+    return v
+
+
+def _unattr(v: Any) -> Any:
+    """What :func:`_attr` wrote, read back."""
+    if type(v) is dict and len(v) == 1:
+        if "$float" in v:
+            return _unnum(v)
+        if "$dict" in v:
+            return v["$dict"]
+    return v
 
 
 class _Writer:
@@ -253,6 +304,8 @@ def snapshot(engine) -> dict:
 
 
 class _Reader:
+    """The checkpoint's events and entries as objects, and its values decoded."""
+
     def __init__(self, data: dict) -> None:
         self.events = [self._event(rec) for rec in data["events"]]
         self.entries = [Entry(self.events[rec["event"]], rec["unit"]) for rec in data["entries"]]
@@ -267,11 +320,14 @@ class _Reader:
             from lxml import etree
 
             parser = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False)
-            element = etree.fromstring(rec["xml"], parser)
+            try:
+                element = etree.fromstring(rec["xml"], parser)
+            except etree.XMLSyntaxError as e:
+                raise ValueError(f"an event's xml: {e}") from None
         origin = rec.get("from")
         attrs = rec["attrs"]
-        if any(isinstance(v, dict) for v in attrs.values()):
-            attrs = {k: _unnum(v) if isinstance(v, dict) else v for k, v in attrs.items()}
+        if any(type(v) is dict for v in attrs.values()):
+            attrs = {k: _unattr(v) for k, v in attrs.items()}
         if origin is None:
             ev = Event(rec["type"], rec["ts"], attrs, rec["seq"], element)
         else:
@@ -299,7 +355,10 @@ class _Reader:
 
 
 def restore(data: dict, **engine_opts: Any):
-    """A new Engine in the state ``data`` describes; ``engine_opts`` (dead_letters, reports…) override its options."""
+    """A new Engine in the state ``data`` describes; ``engine_opts`` (dead_letters, reports…) override its options.
+
+    ``data`` is checked first (``yfpp.checkpoint_schema``, ``yfpp.checkpoint_plans``): a damaged or hand-edited
+    checkpoint is a :class:`YfppError` ``corrupt checkpoint: …`` here, never an error in a later ``process``."""
     from yfpp.engine import Engine
 
     if not isinstance(data, dict) or data.get("format") != FORMAT:
@@ -308,6 +367,7 @@ def restore(data: dict, **engine_opts: Any):
         raise YfppError(f"checkpoint version {data.get('version')!r} is not supported (this yfpp reads versions "
                         f"{', '.join(map(str, READABLE))})")
     try:
+        check_shape(data)
         return _restore(data, Engine, engine_opts)
     except (KeyError, IndexError, TypeError, ValueError, AttributeError, RecursionError) as e:
         raise YfppError(f"corrupt checkpoint: {type(e).__name__}: {e}") from e
@@ -320,61 +380,60 @@ def _restore(data: dict, Engine, engine_opts: dict):
                         f"restore it with that strategy, not {engine_opts['strategy']!r}")
     eng = Engine(**{**data["options"], **engine_opts})
     rt = eng.runtime
-    for q in data["queries"]:
+    for i, q in enumerate(data["queries"]):
         eng._ids = count(q["id"])
         eng.register(decode_pattern(q["pattern"]), name=q["name"])
         eng.sources[q["id"]] = (eng.sources[q["id"]][0], q["text"], q["name"])
         if q["id"] in eng.queries:
+            if q["since_tick"] is None:
+                raise corrupt(f"queries[{i}]", "a pattern query needs since_tick")
             eng.queries[q["id"]].since_tick = q["since_tick"]
     eng._ids = count(data["next_query_id"])
-
-    def node_at(ref: list):
-        return eng.queries[ref[0]].nodes[ref[1]]
-
-    def state_at(ref: list):
-        node = node_at(ref[0])
-        if ref[1] == "in":
-            return node.inside
-        contiguity = ir.Contiguity(ref[2])
-        return node.waits[node_at(ref[3]).id if ref[3] is not None else contiguity]
-
+    plans = Plans(eng)
     rd = _Reader(data)
+    check_entries(rd.entries)
     s = data["stream"]
-    if not all(type(s[k]) is int and s[k] >= 0 for k in ("next_seq", "next_arrival", "tick")):
-        raise ValueError("stream: next_seq, next_arrival and tick must be integers >= 0")
     eng._next_seq, eng._mark = s["next_seq"], tuple(map(_unnum, s["watermark"]))
     eng._arrivals = count(s["next_arrival"])
     rt.tick, rt.now, rt._next_sweep = s["tick"], _unnum(s["now"]), s["next_sweep"]
     eng._held = [(_unnum(ts), _unnum(sk), arrival, rd.events[i]) for ts, sk, arrival, i in data["held"]]
+    heapq.heapify(eng._held)
     eng.max_delay = eng.max_delay  # (with events held, the next events go through the reorder buffer whatever it is)
-    for rec in data["runs"]:
-        r = FullRun(state_at(rec["state"]), tuple(rd.value(x) for x in rec["vec"]), None if rec["entry"] is None else rd.entries[rec["entry"]],
-                tuple(rec["version"]), rec["first_ts"], rec["first_pos"], rd.value(rec["key"]), rec["born"], rec["tick"], rec["ptick"])
-        r.blocked = frozenset(node_at(n) for n in rec["blocked"])
+    for i, rec in enumerate(data["runs"]):
+        where = f"runs[{i}]"
+        r = FullRun(plans.state(rec["state"], where), tuple(rd.value(x) for x in rec["vec"]),
+                    None if rec["entry"] is None else rd.entries[rec["entry"]], tuple(rec["version"]), rec["first_ts"],
+                    rec["first_pos"], rd.value(rec["key"]), rec["born"], rec["tick"], rec["ptick"])
+        r.blocked = frozenset(plans.node(n, where) for n in rec["blocked"])
+        plans.run(r, where)
         rt._store_many([r])
         r.state.node.root.live += 1
         rt.counters.live_runs += 1
-    for ref, entries in data["buffer"]:
-        rt.buffer.load(node_at(ref), [rd.entries[i] for i in entries])
-    for (qid, i), key, positions, events in data["negations"]:
-        rt.negations.of[eng.queries[qid].negations[i]].buckets[rd.value(key)] = (list(positions), [rd.events[j] for j in events])
-    for p in data["pending"]:
-        plan = eng.queries[p["query"]]
-        key = rd.value(p["key"])
-        deadline = _unnum(p["deadline"])
-        if deadline != deadline:
-            raise ValueError("a NaN deadline")
-        pend = Pending(plan, key, tuple(rd.value(x) for x in p["vec"]), p["last_pos"], deadline, p["match"],
-                       depth=p.get("depth", 0))
+    for i, (ref, entries) in enumerate(data["buffer"]):
+        node = plans.node(ref, f"buffer[{i}]")
+        stack = [rd.entries[j] for j in entries]
+        check_stack(node, stack, f"buffer[{i}]")
+        rt.buffer.load(node, stack)
+    for i, (ref, key, positions, events) in enumerate(data["negations"]):
+        neg = plans.negation(ref, f"negations[{i}]")
+        rt.negations.of[neg].buckets[rd.value(key)] = (list(positions), [rd.events[j] for j in events])
+    for i, p in enumerate(data["pending"]):
+        plan = plans.plan(p["query"], f"pending[{i}]")
+        key, vec, deadline = rd.value(p["key"]), tuple(rd.value(x) for x in p["vec"]), _unnum(p["deadline"])
+        plans.pending(plan, vec, p["match"], f"pending[{i}]")
+        pend = Pending(plan, key, vec, p["last_pos"], deadline, p["match"], depth=p.get("depth", 0))
         rt.deadlines.pending[plan].setdefault(key, []).append(pend)
-        rt.deadlines.heap.append((deadline, p["order"], pend))  # sorted: already a heap
-    for attrs, ticks in data["partition_ticks"]:
+        rt.deadlines.heap.append((deadline, p["order"], pend))
+    heapq.heapify(rt.deadlines.heap)
+    for i, (attrs, ticks) in enumerate(data["partition_ticks"]):
+        if tuple(attrs) not in rt.pticks:
+            raise corrupt(f"partition_ticks[{i}]", f"no query counts partition ticks by {attrs}")
         rt.pticks[tuple(attrs)] = {rd.value(k): n for k, n in ticks}
-    for ref, shed, reported in data["branches"]:
-        root = node_at(ref).root
+    for i, (ref, shed, reported) in enumerate(data["branches"]):
+        root = plans.node(ref, f"branches[{i}]").root
         root.shed, root.reported = shed, reported
-    for qid, state in data.get("set_queries", []):
-        set_checkpoint.load(eng.set_queries[qid], state, rd)
+    for i, (qid, state) in enumerate(data.get("set_queries", [])):
+        set_checkpoint.load(plans.matcher(qid, state, f"set_queries[{i}]"), state, rd, f"set_queries[{i}]")
     v = data["versions"]
     rt._roots, rt._branches, rt.deadlines.order = count(v["next_root"]), count(v["next_branch"]), count(v["next_order"])
     c, saved = rt.counters, data["counters"]

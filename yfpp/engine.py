@@ -16,6 +16,7 @@ int-seq events of the same ts, in arrival order).  The *watermark* is the
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import heapq
 import json
@@ -77,6 +78,13 @@ class Engine:
     (``yfpp.feedback``).  ``merge_runs``: merge equivalent runs into one
     (SIGMOD 2008 §5.2.2, ``yfpp.run_merging``): the same matches, fewer runs
     to step when many runs of a partition agree on what lies ahead.
+
+    ``copy.deepcopy(engine)``, ``copy.copy`` and ``pickle`` give an engine in the same state
+    (queries, options, runs, held events, counters, the ``reports`` lines):
+    it is ``Engine.restore(engine.snapshot())``, so it goes on with the same
+    matches.  The outputs are not copied: the copy's dead letters and warnings
+    go to stderr, as a new engine's do (``Engine.restore(engine.snapshot(),
+    dead_letters=…, reports=…)`` gives a copy other outputs).
     """
 
     def __init__(
@@ -517,6 +525,14 @@ class Engine:
 
         return restore(snapshot, **engine_opts)
 
+    def __reduce__(self) -> tuple:
+        """``copy.deepcopy`` and ``pickle``: the engine restored from its snapshot (see the class docstring)."""
+        return _copy_of, (self.snapshot(), self.reports)
+
+    def __copy__(self) -> "Engine":
+        """``copy.copy`` is a whole copy too (a snapshot shares the engine's match dicts and attributes)."""
+        return copy.deepcopy(self)
+
     @property
     def stats(self):
         return self.runtime.counters
@@ -537,6 +553,13 @@ class Engine:
         """The largest ts the engine's state knows it has taken in, held or past the watermark (-inf before any;
         after :meth:`advance_time`, that time less ``max_delay``)."""
         return max(self._mark_ts, max((h[0] for h in self._held), default=float("-inf")))
+
+
+def _copy_of(snapshot: dict, reports: list[str]) -> Engine:
+    """A copy of an engine (``Engine.__reduce__``): its snapshot restored, with its warnings so far."""
+    engine = Engine.restore(snapshot)
+    engine.reports = list(reports)
+    return engine
 
 
 def _windowable(pattern: Pattern) -> bool:

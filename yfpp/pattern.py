@@ -318,6 +318,8 @@ def validate(p: Pattern) -> None:
                 raise PatternError(f"{what} needs a Kleene variable; {node.var!r} binds a single event", var=node.var)
             if isinstance(node, Aggregate) and node.func not in AGGREGATE_FUNCS:
                 raise PatternError(f"unknown aggregate {node.func!r}", var=node.var)
+            if isinstance(node, (Compare, Arith)) and node.op not in (COMPARE_OPS if isinstance(node, Compare) else ARITH_OPS):
+                raise PatternError(f"unknown operator {node.op!r}")
     for expr in p.where:
         negs = sorted(v for v in variables(expr) if not by_var[v].positive)
         if len(negs) > 1:

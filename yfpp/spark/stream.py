@@ -4,9 +4,9 @@ Its input is a directory's staged events (the ingest query of
 :mod:`yfpp.spark.ingest` reads, numbers and stages them) or the socket demo
 source (:mod:`yfpp.spark.source`); :func:`start_stream` starts both queries.
 
-The engine holds compiled predicate closures, so ``pickle.dumps(engine)``
-fails. The state of a key is therefore its **not-yet-finished events**: each
-micro-batch replays them, with the key's new events, into a fresh engine and
+The state of a key is its **not-yet-finished events**, not a pickled engine
+(which is its snapshot: its queries would be compiled again at every
+micro-batch all the same): each micro-batch replays them, with the key's new events, into a fresh engine and
 drops the matches it emitted before (a match is identified by query and
 bindings). An event is kept while a future match could still use it: while
 its ts is at least ``max(the key's last ts, watermark) − W`` (W: the group's
