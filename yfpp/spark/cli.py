@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import re
 import signal
@@ -154,7 +155,16 @@ def reading(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_spark(args: argparse.Namespace) -> int:
     """Check the arguments, start the JVM and session — in the background while the queries are read
-    and checked, the two sharing the cores — and run the batch or streaming job."""
+    and checked, the two sharing the cores — and run the batch or streaming job. Ctrl-C: the jobs
+    cancelled, the streaming queries stopped, one line ``yfpp: interrupted``, exit 130 (as ``yfpp run``)."""
+    try:
+        return _spark_job(args)
+    except KeyboardInterrupt:
+        print("yfpp: interrupted", file=sys.stderr)
+        return 130
+
+
+def _spark_job(args: argparse.Namespace) -> int:
     _check_arguments(args)
     confs = []
     for kv in args.conf:
@@ -178,6 +188,10 @@ def cmd_spark(args: argparse.Namespace) -> int:
     builder = SparkSession.builder.appName("yfpp").config("spark.ui.showConsoleProgress", "false")  # counters on stderr
     # a JVM this command starts (not spark-submit's, nor a borrowed session's): cheap to start; --conf overrides
     builder = builder.config("spark.driver.extraJavaOptions", archive.options)
+    if owned:  # Spark's own log off (a failure is one line); --conf spark.log.level=WARN (Spark's default) shows it
+        builder = builder.config("spark.log.level", "OFF")
+        if dict(confs).get("spark.log.level", "OFF").upper() == "OFF":
+            logging.getLogger("py4j").setLevel(logging.CRITICAL)  # (its report of a failed foreachBatch too)
     for cap in ("max_runs_per_query", "max_buffer_per_query"):  # the engines on the executors read these
         if getattr(args, cap) is not None:
             os.environ[f"YFPP_{cap.upper()}"] = str(getattr(args, cap))
@@ -206,23 +220,30 @@ def cmd_spark(args: argparse.Namespace) -> int:
     saved = {} if owned else {k: active.conf.get(k, None) for k in keys if active.conf.isModifiable(k)}
     try:
         spark = starting.result() if starting is not None else builder.getOrCreate()
+    except KeyboardInterrupt:  # Ctrl-C while the JVM starts: it is killed, not left starting
+        if starting is not None:
+            starting.cancel()
+            archive.finish(SparkContext)
+        raise
     except Exception as e:  # no JVM (JAVA_HOME, --master): one line
         first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
         raise YfppError(f"cannot start Spark: {first} (Java 17 on PATH or JAVA_HOME? --master {args.master or 'local[*]'}?)") from None
     start_cpu = {k: v - cpu.get(k, 0.0) for k, v in tree_cpu_by_kind().items()}
     args.before_steps = [driver_start, (f"start JVM + session (queries {queries_wall:.2f} s alongside)",
                                         time.perf_counter() - started, start_cpu)] if owned else []
-    if owned:
-        cancel_on_interrupt(spark.sparkContext)
+    interrupt = Interrupt(spark) if owned else None  # (a borrowed session's owner has its own Ctrl-C handling)
+    args.interrupted = interrupt.hit if interrupt is not None else threading.Event()
     if not args.partitions and not spark.sparkContext.getConf().contains("spark.sql.shuffle.partitions"):
         spark.conf.set("spark.sql.shuffle.partitions", str(2 * spark.sparkContext.defaultParallelism))
     try:
-        return (stream if args.stream else batch)(spark, queries, args)
-    except YfppError:
-        raise
+        code = (stream if args.stream else batch)(spark, queries, args)
     except Exception as e:  # a failed Spark job: one line, not a Java and Python traceback
-        raise YfppError(job_error(e)) from None
+        if args.interrupted.is_set():  # a job cancelled, a query stopped by Ctrl-C
+            raise KeyboardInterrupt from None
+        raise e if isinstance(e, YfppError) else YfppError(job_error(e)) from None
     finally:
+        if interrupt is not None:
+            interrupt.close()
         if owned:
             stopping = time.perf_counter()
             spark.stop()
@@ -235,21 +256,46 @@ def cmd_spark(args: argparse.Namespace) -> int:
                 spark.conf.unset(k)
             else:
                 spark.conf.set(k, v)
+    if args.interrupted.is_set():  # (Ctrl-C after the last job: its outputs are whole, but the user asked to stop)
+        raise KeyboardInterrupt
+    return code
 
 
-def cancel_on_interrupt(sc: Any) -> None:
-    """Ctrl-C cancels the running Spark jobs and raises KeyboardInterrupt — what SparkContext sets up
-    itself when it is created on the main thread, not on :class:`StartingSession`'s."""
-    if threading.current_thread() is not threading.main_thread():
-        return
+class Interrupt:
+    """Ctrl-C while a session runs: :attr:`hit` is set, and a thread of its own stops the streaming
+    queries and cancels the Spark jobs (again every half second, until :meth:`close`: a job the main
+    thread starts meanwhile too). The handler makes no call to the JVM itself — the main thread is
+    usually waiting in one, on the same connection — and raises nothing: the main thread's call returns
+    (its job cancelled, its query stopped) and the job sees :attr:`hit`. A second Ctrl-C exits at once."""
 
-    def handler(signum: int, frame: Any) -> None:
+    def __init__(self, spark: Any):
+        self.spark, self.hit, self.done = spark, threading.Event(), threading.Event()
+        self.previous: Any = None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._handler)
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if self.hit.is_set():
+            print("yfpp: interrupted", file=sys.stderr)
+            os._exit(130)  # the JVM ends when our end of its stdin closes
+        self.hit.set()
+        threading.Thread(target=self._cancel, name="yfpp: Ctrl-C", daemon=True).start()
+
+    def _cancel(self) -> None:
         try:
-            sc.cancelAllJobs()
-        finally:
-            raise KeyboardInterrupt()
+            for q in self.spark.streams.active:
+                q.stop()
+            while not self.done.is_set():
+                self.spark.sparkContext.cancelAllJobs()
+                self.done.wait(0.5)
+        except Exception:  # the session is being stopped
+            pass
 
-    signal.signal(signal.SIGINT, handler)
+    def close(self) -> None:
+        """Stop cancelling; give SIGINT back its handler."""
+        self.done.set()
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
 
 
 def class_archive(args: argparse.Namespace, new_jvm: bool) -> str | None:
@@ -403,20 +449,24 @@ def stream(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namesp
                            path=None if args.socket else args.input, socket=args.socket, policy=args.policy,
                            full_events=args.events, format=args.format, **reading(args), max_files=args.max_files,
                            interval=f"{args.trigger} seconds" if args.trigger else None)
+    interrupted = getattr(args, "interrupted", None) or threading.Event()
     try:
-        wait_idle(running, args.idle_stop)
-        finish(running)  # idle: the matching query takes what the ingest query staged last
-    except KeyboardInterrupt:
-        pass
-    finally:
+        wait_idle(running, args.idle_stop, interrupted)
+    except BaseException:
         for q in running:
             q.stop()
+        raise
+    if interrupted.is_set():  # Ctrl-C: stopped where they were (a restart goes on from the checkpoint)
+        for q in running:
+            q.stop()
+        raise KeyboardInterrupt
+    finish(running)  # idle: the matching query takes what the ingest query staged last
     return 0
 
 
-def wait_idle(queries: list[Any], idle_stop: float | None) -> None:
-    """Wait until a query of ``queries`` ends (a failed one raises its error), or (``idle_stop``)
-    until the first — the one reading the input — has read nothing for that long.
+def wait_idle(queries: list[Any], idle_stop: float | None, stop: threading.Event | None = None) -> None:
+    """Wait until a query of ``queries`` ends (a failed one raises its error), ``stop`` is set, or
+    (``idle_stop``) until the first — the one reading the input — has read nothing for that long.
 
     Activity is a finished micro-batch that read rows (its progress report), or
     one running on new data now — not the trigger's polling, which never stops.
@@ -426,7 +476,7 @@ def wait_idle(queries: list[Any], idle_stop: float | None) -> None:
     """
     query = queries[0]
     last_active, last_batch, looked = time.monotonic(), None, False
-    while not query.awaitTermination(1):
+    while not query.awaitTermination(1) and not (stop is not None and stop.is_set()):
         for other in queries[1:]:
             if not other.isActive:
                 other.awaitTermination()  # raises the query's error

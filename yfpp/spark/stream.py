@@ -179,7 +179,7 @@ def write_stream(matches: DataFrame, outdir: str, checkpoint: str, *, interval: 
               file=log or sys.stderr)
         df.unpersist()
 
-    writer = matches.writeStream.foreachBatch(sink).option("checkpointLocation", checkpoint)
+    writer = matches.writeStream.foreachBatch(ingest.one_line_errors(sink)).option("checkpointLocation", checkpoint)
     if interval:
         writer = writer.trigger(processingTime=interval)
     return writer.start()
