@@ -175,7 +175,8 @@ def start_ingest(spark: SparkSession, path: str, checkpoint: str, *, format: str
     if not Files(spark, given).exists(given):
         raise InputError(f"no such input: {path}")
     root = Files(spark, given).qualified(given)
-    opts = {"ts_field": ts_field, "ts_unit": ts_unit, "type_field": type_field, **({"format": format} if format else {})}
+    opts = {"ts_field": ts_field, "ts_unit": ts_unit, "type_field": type_field, "bad_files": True,  # dead letters
+            **({"format": format} if format else {})}
     reader = (spark.readStream.format("binaryFile").schema(_BINARY_FILE)
               .option("recursiveFileLookup", "true").option("maxFileAge", _MAX_FILE_AGE))
     if max_files:
