@@ -84,6 +84,16 @@ def assert_quiet_stop(code: int, err: str) -> None:
     assert not [ln for ln in err.splitlines() if any(w in ln for w in NOISE)], err
 
 
+def bounded(spark, args: list[str], seconds: float = 120) -> int:
+    """``main(args)``, its streams stopped after ``seconds`` (one that should have been refused may never idle)."""
+    timer = threading.Timer(seconds, lambda: [q.stop() for q in spark.streams.active])
+    timer.start()
+    try:
+        return main(args)
+    finally:
+        timer.cancel()
+
+
 def engine_lines(path: Path) -> Counter:
     """What ``yfpp run`` prints for ``path``, as a multiset of lines."""
     eng = Engine(dead_letters=DeadLetters())
@@ -119,10 +129,126 @@ def test_ctrl_c_stops_a_stream_quietly_and_its_checkpoint_goes_on(spark, tmp_pat
     code, err = interrupt(args, tmp_path, lambda pid, err: "batch 0:" in err)
     assert_quiet_stop(code, err)
     assert "batch 3:" not in err  # stopped in the middle
-    timer = threading.Timer(600, lambda: [q.stop() for q in spark.streams.active])
-    timer.start()
-    try:
-        assert main(["spark", *args[:-2], "--idle-stop", "2"]) == 0  # the rest in one micro-batch
-    finally:
-        timer.cancel()
+    assert bounded(spark, ["spark", *args[:-2], "--idle-stop", "2"], 600) == 0  # the rest in one micro-batch
     assert output(tmp_path / "out" / "matches.jsonl") == engine_lines(tmp_path / "all.jsonl")
+
+
+@pytest.mark.parametrize("where", ["-o", "--checkpoint", "-o = -i"])
+def test_a_stream_writing_into_its_input_directory_is_refused_before_the_jvm_starts(spark, tmp_path, capsys, where):
+    inbox = tmp_path / "in"
+    (inbox / "sub").mkdir(parents=True)
+    out = {"-o": inbox / "sub" / "out", "-o = -i": inbox}.get(where, tmp_path / "out")
+    args = ["spark", "--stream", "-q", QUERY, "-i", str(inbox), "-o", str(out), "--idle-stop", "1"]
+    if where == "--checkpoint":
+        args += ["--checkpoint", str(inbox / "ck")]
+    assert bounded(spark, args) == 2
+    flag = "--checkpoint" if where == "--checkpoint" else "-o"
+    assert capsys.readouterr().err == (f"yfpp: error: {flag} {inbox / 'ck' if flag == '--checkpoint' else out} is inside "
+                                       f"the watched directory {inbox}: the stream would read its own "
+                                       f"{'checkpoint' if flag == '--checkpoint' else 'output'}; give a folder outside it\n")
+
+
+def test_within():
+    from yfpp.spark.cli import within
+
+    assert within("/a/b", "/a") and within("/a", "/a/") and within("file:///a/b", "/a") and within("/", "/")
+    assert not within("/ab", "/a") and not within("/a", "/a/b")
+    assert within("hdfs://nn:8020/in/out", "hdfs://nn:8020/in") and not within("hdfs://nn:8020/in/out", "hdfs://mm/in")
+    assert not within("hdfs://nn/in", "/in")
+
+
+class FakeQuery:
+    """A streaming query that ended by itself (``failed``: with that error) or runs until stopped; a stop
+    of a running one may leave ``stopped`` as its error (the interruption of its micro-batch)."""
+
+    def __init__(self, failed: Exception | None = None, stopped: Exception | None = None):
+        self.isActive, self.error, self.stopped = failed is None, failed, stopped
+
+    def processAllAvailable(self) -> None:
+        pass
+
+    def awaitTermination(self, timeout: float | None = None) -> bool:
+        return True
+
+    def stop(self) -> None:
+        if self.isActive:
+            self.isActive, self.error = False, self.stopped
+
+    def exception(self) -> Exception | None:
+        return self.error
+
+
+FAILED = Exception("[STREAM_FAILED] Query [id = 1, runId = 2] terminated with exception: [FOREACH_BATCH_USER_FUNCTION_ERROR]"
+                   " …\nTraceback (most recent call last):\n  …\nyfpp.errors.InputError: cannot tell the format of 'x'\n")
+INTERRUPTED = Exception("[STREAM_FAILED] Query [id = 1] terminated with exception: … py4j.protocol.Py4JJavaError: "
+                        "An error occurred while calling o854.collectToPython. : java.lang.InterruptedException")
+
+
+def test_finish_raises_the_error_of_a_query_that_failed_before_its_stop():
+    from yfpp.spark.stream import finish
+
+    queries = [FakeQuery(failed=FAILED), FakeQuery()]  # the ingest query failed after its last processAllAvailable
+    with pytest.raises(Exception, match="cannot tell the format"):
+        finish(queries)
+    assert not any(q.isActive for q in queries)
+    finish([FakeQuery(stopped=INTERRUPTED), FakeQuery()])  # a micro-batch interrupted by the stop: no failure
+
+
+def test_a_stream_whose_query_failed_exits_2_with_one_line(spark, tmp_path, capsys, monkeypatch):
+    """(The tests' session, its queries replaced: the query that failed as the stream stopped, which exited 0.)"""
+    from yfpp.spark import stream
+
+    monkeypatch.setattr(stream, "start_stream", lambda *a, **k: [FakeQuery(failed=FAILED), FakeQuery()])
+    (tmp_path / "in").mkdir()
+    code = bounded(spark, ["spark", "--stream", "-q", QUERY, "-i", str(tmp_path / "in"), "-o", str(tmp_path / "out"),
+                           "--idle-stop", "1"])
+    assert (code, capsys.readouterr().err) == (2, "yfpp: error: cannot tell the format of 'x'\n")
+
+
+@pytest.mark.parametrize("option, value, line", [
+    ("--socket", "localhost", "--socket must be HOST:PORT (a port from 1 to 65535), not 'localhost'"),
+    ("--socket", "127.0.0.1:0", "--socket must be HOST:PORT (a port from 1 to 65535), not '127.0.0.1:0'"),
+    ("--trigger", "inf", "--trigger must be from 0.001 to 86,400 seconds, got inf"),
+    ("--trigger", "0.0001", "--trigger must be from 0.001 to 86,400 seconds, got 0.0001"),
+    ("--max-files", str(2**31), "--max-files must be at most 2,147,483,647"),
+])
+def test_bad_stream_options_are_refused_before_the_jvm_starts(spark, tmp_path, capsys, option, value, line):
+    (tmp_path / "in").mkdir()
+    source = ["--socket", value] if option == "--socket" else ["-i", str(tmp_path / "in"), option, value]
+    assert bounded(spark, ["spark", "--stream", "-q", QUERY, *source, "-o", str(tmp_path / "out"), "--idle-stop", "1"]) == 2
+    assert capsys.readouterr().err == f"yfpp: error: {line}\n"
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 nothing listens on (bound, then closed)."""
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        return s.getsockname()[1]
+
+
+def test_a_socket_nothing_listens_on_is_one_error_line(tmp_path):
+    """The command as a user runs it (its own JVM): the failed stream is one line, no trace of Spark's."""
+    port = free_port()
+    proc = subprocess.run([sys.executable, "-m", "yfpp", "spark", "--stream", "-q", QUERY, "--socket", f"127.0.0.1:{port}",
+                           "-o", str(tmp_path / "out"), "--master", "local[2]"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.endswith(f"\nyfpp: error: cannot connect to 127.0.0.1:{port}: Connection refused\n"), proc.stderr
+    assert not [ln for ln in proc.stderr.splitlines()[:-1] if any(w in ln for w in NOISE)], proc.stderr
+
+
+def test_a_failed_spark_job_or_stream_is_one_line_saying_why():
+    from yfpp.spark.cli import job_error
+
+    refused = ("[STREAM_FAILED] Query [id = 7, runId = 8] terminated with exception: [PYTHON_STREAMING_DATA_SOURCE_RUNTIME_ERROR]"
+               " Failed when Python streaming data source perform latestOffset: Traceback (most recent call last):\n"
+               '  File "/x/socket.py", line 836, in create_connection\n    sock.connect(sa)\n'
+               "ConnectionRefusedError: [Errno 111] Connection refused\n SQLSTATE: 38000\n\tat org.apache.spark.X(X.scala:1)")
+    assert job_error(Exception(refused)) == "streaming query failed: ConnectionRefusedError: [Errno 111] Connection refused"
+    assert job_error(Exception(refused.replace("ConnectionRefusedError: [Errno 111]",
+                                               "yfpp.errors.InputError: cannot connect to h:1:"))) == "cannot connect to h:1: Connection refused"
+    other = "[STREAM_FAILED] Query [id = 7, runId = 8] terminated with exception: Disk quota exceeded\n\tat x"
+    assert job_error(Exception(other)) == "streaming query failed: Disk quota exceeded"
+    assert job_error(Exception("An error occurred while calling o1.save.\n: java.io.IOException: No space left")) == (
+        "No space left")

@@ -6,17 +6,19 @@ import argparse
 import json
 import logging
 import os
+import posixpath
 import re
 import signal
 import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
 
 from yfpp import examples
 from yfpp.errors import QueryError, YfppError
 from yfpp.feedback import MAX_DEPTH, MAX_DERIVED
-from yfpp.spark.inputs import PLANS, local_path, qualify
+from yfpp.spark.inputs import PLANS, local_path, qualify, socket_address
 from yfpp.spark.starting import StartingSession
 from yfpp.pattern import Pattern
 from yfpp.query_text import load_patterns
@@ -97,13 +99,15 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--socket", metavar="HOST:PORT", help="stream: read lines from a socket (a demo source, not replayable)")
     p.add_argument("--checkpoint", help="stream: checkpoint directory (default OUTDIR/_checkpoint)")
     p.add_argument("--max-files", type=int, help="stream: at most this many new files per micro-batch")
-    p.add_argument("--trigger", type=float, metavar="SECONDS", help="stream: micro-batch interval (default: as soon as data arrives)")
+    p.add_argument("--trigger", type=float, metavar="SECONDS", help="stream: micro-batch interval, 0.001 to 86400 (default: as soon as data arrives)")
     p.add_argument("--idle-stop", type=float, metavar="SECONDS",
                    help="stream: stop after this long with no micro-batch running or due (default: run until Ctrl-C)")
     p.set_defaults(func=cmd_spark)
 
 
 MAX_PARTITIONS = 10_000  #: --partitions: above it the scan plan's tasks would each re-read the input for nothing
+MAX_FILES = 2**31 - 1  #: --max-files: Spark's maxFilesPerTrigger is an int
+MIN_TRIGGER, MAX_TRIGGER = 0.001, 86_400  #: --trigger, seconds: Spark's interval is in milliseconds; at most a day
 
 
 def load(query_args: list[str], policy: str | None = None, ts_unit: str = "s") -> EffectiveQueries:
@@ -140,11 +144,36 @@ def _check_arguments(args: argparse.Namespace) -> None:
     for flag, value in (("--max-files", args.max_files), ("--trigger", args.trigger), ("--idle-stop", args.idle_stop)):
         if value is not None and not value > 0:
             raise YfppError(f"{flag} must be above 0, got {value}")
+    if args.max_files is not None and args.max_files > MAX_FILES:
+        raise YfppError(f"--max-files must be at most {MAX_FILES:,}")
+    if args.trigger is not None and not MIN_TRIGGER <= args.trigger <= MAX_TRIGGER:
+        raise YfppError(f"--trigger must be from {MIN_TRIGGER} to {MAX_TRIGGER:,} seconds, got {args.trigger}")
+    if args.socket is not None and socket_address(args.socket) is None:
+        raise YfppError(f"--socket must be HOST:PORT (a port from 1 to 65535), not {args.socket!r}")
     if args.input:
         args.input = examples.resolve(args.input)
+    if args.stream and args.input and not args.socket:
+        for flag, path in (("-o", args.output), ("--checkpoint", args.checkpoint)):
+            if path is not None and within(path, args.input):
+                raise YfppError(f"{flag} {path} is inside the watched directory {args.input}: the stream would read "
+                                f"its own {'output' if flag == '-o' else 'checkpoint'}; give a folder outside it")
     out = local_path(args.output) if ":" in args.output else args.output
     if out is not None and os.path.isfile(out):
         raise YfppError(f"-o names a file, {args.output}: give a directory (it is created)")
+
+
+def within(path: str, folder: str) -> bool:
+    """Is ``path`` ``folder`` or below it? Local paths (and ``file:`` URIs) by their real paths, other
+    URIs by scheme, host and path."""
+    def place(p: str) -> tuple[str, str]:
+        local = local_path(p)
+        if local is not None:
+            return "", os.path.realpath(local)
+        u = urlparse(p)
+        return f"{u.scheme}://{u.netloc}", posixpath.normpath(u.path or "/")
+
+    (where, p), (where_f, f) = place(path), place(folder)
+    return where == where_f and (p == f or p.startswith(f.rstrip("/") + "/"))
 
 
 def reading(args: argparse.Namespace) -> dict[str, Any]:
@@ -322,8 +351,16 @@ def job_error(e: BaseException) -> str:
         if m:
             hint = " (--mode overwrite or append)" if "ALREADY_EXISTS" in pattern and "ALREADY_EXISTS" in text else ""
             return m.group(1).strip() + hint
-    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(e).__name__)
-    return f"Spark job failed: {first}"
+    stream = re.search(r"\[STREAM_FAILED\] Query \[[^\]]*\] terminated with exception: ", text)
+    why = python_error(text) or next((ln.strip() for ln in text[stream.end() if stream else 0:].splitlines()
+                                      if ln.strip()), type(e).__name__)
+    return f"{'streaming query' if stream else 'Spark job'} failed: {why}"
+
+
+def python_error(text: str) -> str | None:
+    """The exception line that ends the first Python traceback in ``text`` (a Spark error's message), if any."""
+    _, found, rest = text.partition("Traceback (most recent call last):")
+    return next((ln.strip() for ln in rest.splitlines() if ln.strip() and not ln[0].isspace()), None) if found else None
 
 
 def batch(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namespace) -> int:
@@ -448,7 +485,7 @@ def stream(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namesp
     running = start_stream(spark, queries, out, qualify(spark, args.checkpoint or os.path.join(out, "_checkpoint")),
                            path=None if args.socket else args.input, socket=args.socket, policy=args.policy,
                            full_events=args.events, format=args.format, **reading(args), max_files=args.max_files,
-                           interval=f"{args.trigger} seconds" if args.trigger else None)
+                           interval=f"{round(args.trigger * 1000)} milliseconds" if args.trigger else None)
     interrupted = getattr(args, "interrupted", None) or threading.Event()
     try:
         wait_idle(running, args.idle_stop, interrupted)
@@ -460,7 +497,7 @@ def stream(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namesp
         for q in running:
             q.stop()
         raise KeyboardInterrupt
-    finish(running)  # idle: the matching query takes what the ingest query staged last
+    finish(running)  # idle: the matching query takes what the ingest query staged last; a failed one raises
     return 0
 
 

@@ -27,6 +27,7 @@ feed, an event with a later ts (a heartbeat of any type) lets them out.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import warnings
 from typing import Any, Callable, Iterator
@@ -108,13 +109,36 @@ def start_stream(spark: SparkSession, queries: Any, outdir: str, checkpoint: str
 
 
 def finish(queries: list[StreamingQuery]) -> None:
-    """Process what is available, in order (ingest, then matching: what it staged), then stop every query."""
+    """Process what is available, in order (ingest, then matching: what it staged), then :func:`stop`
+    every query: the error of one that failed is raised, also when it failed after its last
+    ``processAllAvailable`` (a file that came meanwhile), which stopping it would hide."""
     try:
         for q in queries:
             q.processAllAvailable()
-    finally:
+    except BaseException:
         for q in queries:
             q.stop()
+        raise
+    stop(queries)
+
+
+#: A stopped query's error that is the interruption of its micro-batch by the stop, not a failure.
+_STOPPED = re.compile(r"java\.lang\.InterruptedException|InterruptedIOException|ClosedByInterruptException"
+                      r"|SPARK_JOB_CANCELLED")
+
+
+def stop(queries: list[StreamingQuery]) -> None:
+    """Stop every query of ``queries``; raise the error of the first that had failed (the
+    ``StreamingQueryException``), not counting the interruption of a micro-batch by this stop."""
+    failed = []
+    for q in queries:
+        active = q.isActive
+        q.stop()
+        error = q.exception()
+        if error is not None and not (active and _STOPPED.search(str(error))):
+            failed.append(error)
+    if failed:
+        raise failed[0]
 
 
 def stream_matches(spark: SparkSession, queries: Any, events: DataFrame, *, policy: str | None = None,
