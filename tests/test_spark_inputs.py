@@ -241,7 +241,7 @@ def test_an_input_without_dead_letters_writes_an_empty_dead_letter_output(spark,
 
 
 @pytest.mark.parametrize("case, plan", [(c, "auto") for c in ("missing", "empty", "only_success", "only_empty_subdirs")]
-                         + [("truncated_gzip", "scan"), ("truncated_gzip", "shuffle")])
+                         + [(c, p) for c in ("truncated_gzip", "neither_format") for p in ("scan", "shuffle")])
 def test_bad_inputs_are_one_error_line(spark, queries, tmp_path, monkeypatch, capsys, case, plan):
     monkeypatch.chdir(tmp_path)
     d = tmp_path / "in"
@@ -255,9 +255,13 @@ def test_bad_inputs_are_one_error_line(spark, queries, tmp_path, monkeypatch, ca
     elif case == "truncated_gzip":  # listed by the driver, unreadable on the executor
         data = gzip.compress("".join(f'{{"type": "a", "ts": {i}, "x": {i * 7919 % 100003}}}\n' for i in range(5000)).encode())
         (d / "feed.jsonl.gz").write_bytes(data[: len(data) // 2])
+    elif case == "neither_format":  # a stray file: the line names it
+        write_events(generate_rfid(50, tags=4, seed=2), d / "feed.jsonl")
+        (d / "zz.parquet").write_bytes(b"PAR1\x15\x04" * 100)
     code, err = run_cli(capsys, queries, "-i", "in", "-o", "out", "--plan", plan)
     assert code == 2 and err.startswith("yfpp: error: ") and err.count("\n") == 1, err
-    assert {"missing": "no such input", "truncated_gzip": "cannot read"}.get(case, "no input files") in err
+    assert {"missing": "no such input", "truncated_gzip": "cannot read",
+            "neither_format": f"cannot tell the format of '{d / 'zz.parquet'}'"}.get(case, "no input files") in err
 
 
 def test_late_event_step_runs_only_when_an_event_can_be_late():
@@ -284,6 +288,36 @@ def test_a_missing_stream_directory_is_one_error_line(spark, queries, tmp_path, 
     code, err = run_cli(capsys, queries, "--stream", "-i", "in", "-o", "out", "--idle-stop", "1")
     assert code == 2 and err == "yfpp: error: no such input: in\n", err
     assert not spark.streams.active
+
+
+def test_the_stream_makes_dead_letters_of_a_file_of_neither_format_and_of_a_ts_it_cannot_hold(spark, tmp_path):
+    """A stray file and events whose ts a stream cannot match (a millisecond epoch read as seconds; one far
+    before 1938) are dead letters with their positions, and the stream goes on: yfpp run's matches."""
+    from yfpp.spark.stream import finish, start_stream
+
+    inbox = tmp_path / "in"
+    inbox.mkdir()
+    records = list(generate_rfid(600, tags=4, gap=10, seed=6))
+    early = {"type": "shelf", "ts": -5e9, "tag_id": 1}
+    ms = {"type": "shelf", "ts": 1732400000000, "tag_id": 1}
+    write_events([early, *records[:300]], inbox / "a.jsonl")
+    write_events([*records[300:], ms], inbox / "b.jsonl")
+    (inbox / "zz.parquet").write_bytes(b"PAR1\x15\x04" * 100)
+    query = {"shop": "PATTERN SEQ(shelf a, ~register b, exit c) WHERE [tag_id] WITHIN 1 hour"}
+    finish(start_stream(spark, query, str(tmp_path / "out"), str(tmp_path / "ck"), path=str(inbox)))
+    write_events([early, *records, ms], tmp_path / "all.jsonl")
+    eng = Engine(dead_letters=DeadLetters())
+    eng.register(query["shop"], name="shop")
+    assert output(spark, tmp_path / "out") == Counter(json.dumps(m) for m in eng.process_all(
+        read_events(tmp_path / "all.jsonl", dead_letters=DeadLetters())))
+    dead = sorted((json.loads(r.value) for r in spark.read.text(str(tmp_path / "out" / "dead_letters.jsonl")).collect()),
+                  key=lambda d: d["seq"])
+    assert [(d["seq"], d["position"], d["reason"].split(",")[0].split(";")[0]) for d in dead] == [
+        (0, "seq 0", "ts -5000000000.0 is outside the range a stream can match"),
+        (601, "seq 601", "ts 1732400000000.0 is outside the range a stream can match"),
+        (602, "zz.parquet", f"cannot tell the format of '{inbox / 'zz.parquet'}'")]
+    assert "-1000000000 < ts < 8000000000 s" in dead[0]["reason"]
+    assert json.loads(dead[1]["raw"]) == {"type": "shelf", "ts": 1732400000000.0, "tag_id": 1}
 
 
 #: ISO-8601 timestamps (one with an offset: late; one a fraction), the type in field ``kind``, a bad ts

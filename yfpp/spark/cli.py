@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
+import posixpath
 import re
 import signal
 import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
 
 from yfpp import examples
 from yfpp.errors import QueryError, YfppError
 from yfpp.feedback import MAX_DEPTH, MAX_DERIVED
-from yfpp.spark.inputs import PLANS, local_path, qualify
+from yfpp.spark.inputs import PLANS, local_path, qualify, socket_address
 from yfpp.spark.starting import StartingSession
 from yfpp.pattern import Pattern
 from yfpp.query_text import load_patterns
@@ -96,13 +99,15 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--socket", metavar="HOST:PORT", help="stream: read lines from a socket (a demo source, not replayable)")
     p.add_argument("--checkpoint", help="stream: checkpoint directory (default OUTDIR/_checkpoint)")
     p.add_argument("--max-files", type=int, help="stream: at most this many new files per micro-batch")
-    p.add_argument("--trigger", type=float, metavar="SECONDS", help="stream: micro-batch interval (default: as soon as data arrives)")
+    p.add_argument("--trigger", type=float, metavar="SECONDS", help="stream: micro-batch interval, 0.001 to 86400 (default: as soon as data arrives)")
     p.add_argument("--idle-stop", type=float, metavar="SECONDS",
                    help="stream: stop after this long with no micro-batch running or due (default: run until Ctrl-C)")
     p.set_defaults(func=cmd_spark)
 
 
 MAX_PARTITIONS = 10_000  #: --partitions: above it the scan plan's tasks would each re-read the input for nothing
+MAX_FILES = 2**31 - 1  #: --max-files: Spark's maxFilesPerTrigger is an int
+MIN_TRIGGER, MAX_TRIGGER = 0.001, 86_400  #: --trigger, seconds: Spark's interval is in milliseconds; at most a day
 
 
 def load(query_args: list[str], policy: str | None = None, ts_unit: str = "s") -> EffectiveQueries:
@@ -139,11 +144,36 @@ def _check_arguments(args: argparse.Namespace) -> None:
     for flag, value in (("--max-files", args.max_files), ("--trigger", args.trigger), ("--idle-stop", args.idle_stop)):
         if value is not None and not value > 0:
             raise YfppError(f"{flag} must be above 0, got {value}")
+    if args.max_files is not None and args.max_files > MAX_FILES:
+        raise YfppError(f"--max-files must be at most {MAX_FILES:,}")
+    if args.trigger is not None and not MIN_TRIGGER <= args.trigger <= MAX_TRIGGER:
+        raise YfppError(f"--trigger must be from {MIN_TRIGGER} to {MAX_TRIGGER:,} seconds, got {args.trigger}")
+    if args.socket is not None and socket_address(args.socket) is None:
+        raise YfppError(f"--socket must be HOST:PORT (a port from 1 to 65535), not {args.socket!r}")
     if args.input:
         args.input = examples.resolve(args.input)
+    if args.stream and args.input and not args.socket:
+        for flag, path in (("-o", args.output), ("--checkpoint", args.checkpoint)):
+            if path is not None and within(path, args.input):
+                raise YfppError(f"{flag} {path} is inside the watched directory {args.input}: the stream would read "
+                                f"its own {'output' if flag == '-o' else 'checkpoint'}; give a folder outside it")
     out = local_path(args.output) if ":" in args.output else args.output
     if out is not None and os.path.isfile(out):
         raise YfppError(f"-o names a file, {args.output}: give a directory (it is created)")
+
+
+def within(path: str, folder: str) -> bool:
+    """Is ``path`` ``folder`` or below it? Local paths (and ``file:`` URIs) by their real paths, other
+    URIs by scheme, host and path."""
+    def place(p: str) -> tuple[str, str]:
+        local = local_path(p)
+        if local is not None:
+            return "", os.path.realpath(local)
+        u = urlparse(p)
+        return f"{u.scheme}://{u.netloc}", posixpath.normpath(u.path or "/")
+
+    (where, p), (where_f, f) = place(path), place(folder)
+    return where == where_f and (p == f or p.startswith(f.rstrip("/") + "/"))
 
 
 def reading(args: argparse.Namespace) -> dict[str, Any]:
@@ -154,7 +184,16 @@ def reading(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_spark(args: argparse.Namespace) -> int:
     """Check the arguments, start the JVM and session — in the background while the queries are read
-    and checked, the two sharing the cores — and run the batch or streaming job."""
+    and checked, the two sharing the cores — and run the batch or streaming job. Ctrl-C: the jobs
+    cancelled, the streaming queries stopped, one line ``yfpp: interrupted``, exit 130 (as ``yfpp run``)."""
+    try:
+        return _spark_job(args)
+    except KeyboardInterrupt:
+        print("yfpp: interrupted", file=sys.stderr)
+        return 130
+
+
+def _spark_job(args: argparse.Namespace) -> int:
     _check_arguments(args)
     confs = []
     for kv in args.conf:
@@ -178,6 +217,10 @@ def cmd_spark(args: argparse.Namespace) -> int:
     builder = SparkSession.builder.appName("yfpp").config("spark.ui.showConsoleProgress", "false")  # counters on stderr
     # a JVM this command starts (not spark-submit's, nor a borrowed session's): cheap to start; --conf overrides
     builder = builder.config("spark.driver.extraJavaOptions", archive.options)
+    if owned:  # Spark's own log off (a failure is one line); --conf spark.log.level=WARN (Spark's default) shows it
+        builder = builder.config("spark.log.level", "OFF")
+        if dict(confs).get("spark.log.level", "OFF").upper() == "OFF":
+            logging.getLogger("py4j").setLevel(logging.CRITICAL)  # (its report of a failed foreachBatch too)
     for cap in ("max_runs_per_query", "max_buffer_per_query"):  # the engines on the executors read these
         if getattr(args, cap) is not None:
             os.environ[f"YFPP_{cap.upper()}"] = str(getattr(args, cap))
@@ -206,23 +249,30 @@ def cmd_spark(args: argparse.Namespace) -> int:
     saved = {} if owned else {k: active.conf.get(k, None) for k in keys if active.conf.isModifiable(k)}
     try:
         spark = starting.result() if starting is not None else builder.getOrCreate()
+    except KeyboardInterrupt:  # Ctrl-C while the JVM starts: it is killed, not left starting
+        if starting is not None:
+            starting.cancel()
+            archive.finish(SparkContext)
+        raise
     except Exception as e:  # no JVM (JAVA_HOME, --master): one line
         first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
         raise YfppError(f"cannot start Spark: {first} (Java 17 on PATH or JAVA_HOME? --master {args.master or 'local[*]'}?)") from None
     start_cpu = {k: v - cpu.get(k, 0.0) for k, v in tree_cpu_by_kind().items()}
     args.before_steps = [driver_start, (f"start JVM + session (queries {queries_wall:.2f} s alongside)",
                                         time.perf_counter() - started, start_cpu)] if owned else []
-    if owned:
-        cancel_on_interrupt(spark.sparkContext)
+    interrupt = Interrupt(spark) if owned else None  # (a borrowed session's owner has its own Ctrl-C handling)
+    args.interrupted = interrupt.hit if interrupt is not None else threading.Event()
     if not args.partitions and not spark.sparkContext.getConf().contains("spark.sql.shuffle.partitions"):
         spark.conf.set("spark.sql.shuffle.partitions", str(2 * spark.sparkContext.defaultParallelism))
     try:
-        return (stream if args.stream else batch)(spark, queries, args)
-    except YfppError:
-        raise
+        code = (stream if args.stream else batch)(spark, queries, args)
     except Exception as e:  # a failed Spark job: one line, not a Java and Python traceback
-        raise YfppError(job_error(e)) from None
+        if args.interrupted.is_set():  # a job cancelled, a query stopped by Ctrl-C
+            raise KeyboardInterrupt from None
+        raise e if isinstance(e, YfppError) else YfppError(job_error(e)) from None
     finally:
+        if interrupt is not None:
+            interrupt.close()
         if owned:
             stopping = time.perf_counter()
             spark.stop()
@@ -235,21 +285,46 @@ def cmd_spark(args: argparse.Namespace) -> int:
                 spark.conf.unset(k)
             else:
                 spark.conf.set(k, v)
+    if args.interrupted.is_set():  # (Ctrl-C after the last job: its outputs are whole, but the user asked to stop)
+        raise KeyboardInterrupt
+    return code
 
 
-def cancel_on_interrupt(sc: Any) -> None:
-    """Ctrl-C cancels the running Spark jobs and raises KeyboardInterrupt — what SparkContext sets up
-    itself when it is created on the main thread, not on :class:`StartingSession`'s."""
-    if threading.current_thread() is not threading.main_thread():
-        return
+class Interrupt:
+    """Ctrl-C while a session runs: :attr:`hit` is set, and a thread of its own stops the streaming
+    queries and cancels the Spark jobs (again every half second, until :meth:`close`: a job the main
+    thread starts meanwhile too). The handler makes no call to the JVM itself — the main thread is
+    usually waiting in one, on the same connection — and raises nothing: the main thread's call returns
+    (its job cancelled, its query stopped) and the job sees :attr:`hit`. A second Ctrl-C exits at once."""
 
-    def handler(signum: int, frame: Any) -> None:
+    def __init__(self, spark: Any):
+        self.spark, self.hit, self.done = spark, threading.Event(), threading.Event()
+        self.previous: Any = None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._handler)
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if self.hit.is_set():
+            print("yfpp: interrupted", file=sys.stderr)
+            os._exit(130)  # the JVM ends when our end of its stdin closes
+        self.hit.set()
+        threading.Thread(target=self._cancel, name="yfpp: Ctrl-C", daemon=True).start()
+
+    def _cancel(self) -> None:
         try:
-            sc.cancelAllJobs()
-        finally:
-            raise KeyboardInterrupt()
+            for q in self.spark.streams.active:
+                q.stop()
+            while not self.done.is_set():
+                self.spark.sparkContext.cancelAllJobs()
+                self.done.wait(0.5)
+        except Exception:  # the session is being stopped
+            pass
 
-    signal.signal(signal.SIGINT, handler)
+    def close(self) -> None:
+        """Stop cancelling; give SIGINT back its handler."""
+        self.done.set()
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
 
 
 def class_archive(args: argparse.Namespace, new_jvm: bool) -> str | None:
@@ -276,8 +351,16 @@ def job_error(e: BaseException) -> str:
         if m:
             hint = " (--mode overwrite or append)" if "ALREADY_EXISTS" in pattern and "ALREADY_EXISTS" in text else ""
             return m.group(1).strip() + hint
-    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(e).__name__)
-    return f"Spark job failed: {first}"
+    stream = re.search(r"\[STREAM_FAILED\] Query \[[^\]]*\] terminated with exception: ", text)
+    why = python_error(text) or next((ln.strip() for ln in text[stream.end() if stream else 0:].splitlines()
+                                      if ln.strip()), type(e).__name__)
+    return f"{'streaming query' if stream else 'Spark job'} failed: {why}"
+
+
+def python_error(text: str) -> str | None:
+    """The exception line that ends the first Python traceback in ``text`` (a Spark error's message), if any."""
+    _, found, rest = text.partition("Traceback (most recent call last):")
+    return next((ln.strip() for ln in rest.splitlines() if ln.strip() and not ln[0].isspace()), None) if found else None
 
 
 def batch(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namespace) -> int:
@@ -402,21 +485,25 @@ def stream(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namesp
     running = start_stream(spark, queries, out, qualify(spark, args.checkpoint or os.path.join(out, "_checkpoint")),
                            path=None if args.socket else args.input, socket=args.socket, policy=args.policy,
                            full_events=args.events, format=args.format, **reading(args), max_files=args.max_files,
-                           interval=f"{args.trigger} seconds" if args.trigger else None)
+                           interval=f"{round(args.trigger * 1000)} milliseconds" if args.trigger else None)
+    interrupted = getattr(args, "interrupted", None) or threading.Event()
     try:
-        wait_idle(running, args.idle_stop)
-        finish(running)  # idle: the matching query takes what the ingest query staged last
-    except KeyboardInterrupt:
-        pass
-    finally:
+        wait_idle(running, args.idle_stop, interrupted)
+    except BaseException:
         for q in running:
             q.stop()
+        raise
+    if interrupted.is_set():  # Ctrl-C: stopped where they were (a restart goes on from the checkpoint)
+        for q in running:
+            q.stop()
+        raise KeyboardInterrupt
+    finish(running)  # idle: the matching query takes what the ingest query staged last; a failed one raises
     return 0
 
 
-def wait_idle(queries: list[Any], idle_stop: float | None) -> None:
-    """Wait until a query of ``queries`` ends (a failed one raises its error), or (``idle_stop``)
-    until the first — the one reading the input — has read nothing for that long.
+def wait_idle(queries: list[Any], idle_stop: float | None, stop: threading.Event | None = None) -> None:
+    """Wait until a query of ``queries`` ends (a failed one raises its error), ``stop`` is set, or
+    (``idle_stop``) until the first — the one reading the input — has read nothing for that long.
 
     Activity is a finished micro-batch that read rows (its progress report), or
     one running on new data now — not the trigger's polling, which never stops.
@@ -426,7 +513,7 @@ def wait_idle(queries: list[Any], idle_stop: float | None) -> None:
     """
     query = queries[0]
     last_active, last_batch, looked = time.monotonic(), None, False
-    while not query.awaitTermination(1):
+    while not query.awaitTermination(1) and not (stop is not None and stop.is_set()):
         for other in queries[1:]:
             if not other.isActive:
                 other.awaitTermination()  # raises the query's error

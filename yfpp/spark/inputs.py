@@ -45,6 +45,15 @@ def local_path(uri: str) -> str | None:
     return unquote(u.path) if u.scheme == "file" and u.netloc in ("", "localhost") else None
 
 
+def socket_address(text: str) -> tuple[str, int] | None:
+    """``HOST:PORT`` as ``(host, port)`` (no host: localhost; ``[::1]``: ``::1``), None unless the
+    port is a number from 1 to 65535."""
+    host, colon, port = text.rpartition(":")
+    if not colon or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    return host.removeprefix("[").removesuffix("]") or "localhost", int(port)
+
+
 def hadoop_path(uri: str) -> str:
     """A URI as Spark lists it (percent-encoded: ``file:/a%20b/x``) as the path string that Spark's readers
     turn back into that file (``file:/a b/x``: Hadoop's ``Path`` encodes again), glob characters escaped."""

@@ -29,7 +29,11 @@ readers' arguments, :func:`reader_kwargs`); ``xml`` (default
 true): ship each XML event's element as text (only XPath predicates read it);
 ``keys``: equivalence lists whose key hash (:func:`key_hash`) each event
 carries in ``key_hashes`` (``"a,b"`` → hash, null when the event lacks one),
-so the routing needs no JSON parsing in the JVM.
+so the routing needs no JSON parsing in the JVM; ``bad_files`` (default
+false): a whole file the readers cannot read (neither XML nor JSON lines, a
+corrupt gzip stream) is a dead letter after the records read before the damage,
+position ``""`` (the file; a stream must go on), rather than an
+:class:`~yfpp.errors.InputError` naming it (which fails a batch job).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import json
 import re
 import zlib
 from typing import Any, Iterator, Sequence
+from urllib.parse import unquote
 
 import numpy as np
 import orjson
@@ -48,8 +53,10 @@ import pyarrow.compute as pc
 from lxml import etree
 
 from yfpp.dead_letters import DeadLetters
+from yfpp.errors import InputError
 from yfpp.events import MISSING, PSEUDO_ATTRS, Event
 from yfpp.readers import format_of, read_event_batches, read_events
+from yfpp.spark.inputs import local_path
 
 #: Rows of :func:`parse_batches`: a record (``n`` null) or a split's summary (``n``, ``path``, ``block`` set).
 PARSED_SCHEMA = ("split long, pos long, line long, prev_max double, type string, ts double, attrs string, "
@@ -153,6 +160,11 @@ class _Split:
                 last = max(last, events[-1].seq)
                 if len(out) >= _BATCH_ROWS:
                     yield out.batch()
+        except InputError as e:
+            if not options.get("bad_files"):
+                raise
+            last = max([last, *(seq for seq, *_ in dead.items)])
+            dead.report(last + 1, "", str(e))  # the file itself, after its records
         finally:
             if dead.items:
                 last = max(last, out.dead(self, dead.items, base_pos, base_line))
@@ -303,7 +315,7 @@ def parse_batches(options: dict[str, Any]) -> Any:
                 if whole[a].as_py():  # a whole file (one row)
                     fmt = options.get("format") or format_of(path)
                     for i in range(a, b):
-                        yield from split.read(io.BufferedReader(io.BytesIO(contents[i].as_py())), fmt, 0, options, out)
+                        yield from split.read(_named(contents[i].as_py(), path), fmt, 0, options, out)
                 else:
                     yield from split.read(io.BytesIO(_piece(contents, a, b)), "jsonl", b - a, options, out)
         if split is not None:
@@ -312,6 +324,13 @@ def parse_batches(options: dict[str, Any]) -> Any:
             yield out.batch()
 
     return run
+
+
+def _named(content: bytes, path: str) -> io.BufferedReader:
+    """A file's bytes as a binary file named as the file (a local path, else the URI), for the readers' errors."""
+    raw = io.BytesIO(content)
+    raw.name = local_path(path) or unquote(path)  # type: ignore[attr-defined]  (BytesIO takes attributes)
+    return io.BufferedReader(raw)
 
 
 def _runs(paths: pa.Array, blocks: pa.Array) -> list[tuple[int, int]]:

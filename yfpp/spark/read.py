@@ -174,7 +174,8 @@ def events_of(spark: SparkSession, parsed: Parsed) -> DataFrame:
     stream_time = F.greatest("prev_max", "before")
     late = F.col("reason").isNull() & (F.col("ts") < stream_time)
     line = F.concat(F.lit("line "), (F.col("line") + F.col("line_base")).cast("string"))
-    position = F.concat("prefix", F.regexp_replace("position", r"^line \d+", line))
+    position = F.when(F.col("position") == "", F.regexp_replace("prefix", " $", "")).otherwise(  # a whole file's
+        F.concat("prefix", F.regexp_replace("position", r"^line \d+", line)))
     events = r.select(
         seq.alias("seq"), "type", "ts", "attrs", "xml", "reason",
         F.when(late, F.concat(F.lit("seq "), seq)).otherwise(position).alias("position"),

@@ -17,8 +17,10 @@ from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
 
 from yfpp.engine import event_raw, late_reason
 from yfpp.errors import InputError
+from yfpp.spark.inputs import socket_address
 from yfpp.spark.parse import records
 
+CONNECT_TIMEOUT = 10  #: seconds to connect to the socket
 #: Columns of an event table (the stream source's, and read_events_df's result).
 EVENT_SCHEMA = "seq long, type string, ts double, attrs string, xml string, reason string, position string, raw string"
 
@@ -74,8 +76,10 @@ class _SocketReader(SimpleDataSourceStreamReader):
 
     def __init__(self, options: dict[str, str]):
         self.options = {**options, "format": options.get("format") or "jsonl"}
-        host, _, port = options["socket"].rpartition(":")
-        self.address = (host or "localhost", int(port))
+        address = socket_address(options["socket"])
+        if address is None:
+            raise InputError(f"a socket must be HOST:PORT (a port from 1 to 65535), not {options['socket']!r}")
+        self.address = address
         self.sock: socket.socket | None = None  # connected on the first read, on the driver
         self.pending = b""
 
@@ -87,7 +91,11 @@ class _SocketReader(SimpleDataSourceStreamReader):
 
     def read(self, start: dict) -> tuple[Iterator[tuple], dict]:
         if self.sock is None:
-            self.sock = socket.create_connection(self.address)
+            try:
+                self.sock = socket.create_connection(self.address, timeout=CONNECT_TIMEOUT)
+            except OSError as e:
+                host, port = self.address
+                raise InputError(f"cannot connect to {host}:{port}: {e.strerror or e}") from None
             self.sock.settimeout(0.2)
         try:
             while chunk := self.sock.recv(1 << 16):

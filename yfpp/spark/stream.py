@@ -27,6 +27,7 @@ feed, an event with a later ts (a heartbeat of any type) lets them out.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import warnings
 from typing import Any, Callable, Iterator
@@ -37,6 +38,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.streaming.state import GroupState
 
+from yfpp.engine import event_raw
 from yfpp.record_fields import ISO_UNIT_NAME
 from yfpp.spark import ingest, inputs, source
 from yfpp.spark.batch import MATCH_SCHEMA, key_hash
@@ -48,8 +50,11 @@ _RECORD_COLS = ["seq", "type", "ts", "attrs", "xml", "reason", "position", "raw"
 DEAD = -1  # the group number of dead letters (one state key, no state)
 #: Seconds added to ts for Spark's event time: its first watermark is 0 and it drops rows at or below
 #: the watermark, so an event at ts 0 (or below) would be lost without it. pandas holds event times in
-#: nanoseconds (up to 2262), so ts must lie within (-10^9, 8·10^9) seconds.
+#: nanoseconds (up to 2262), so ts must lie within :data:`TS_RANGE`.
 SHIFT = 10**9
+#: The ts (seconds, both ends excluded) a stream can match: 1938-04-24 to 2223-07-04 UTC; an event outside
+#: is a dead letter (a millisecond epoch read as seconds, ~1.7·10^12, is one).
+TS_RANGE = (-SHIFT, 8 * 10**9)
 
 # pyspark's worker concatenates our output frames; pandas warns when a column (emit) is all null.
 warnings.filterwarnings("ignore", "The behavior of DataFrame concatenation with empty or all-NA", FutureWarning)
@@ -104,13 +109,36 @@ def start_stream(spark: SparkSession, queries: Any, outdir: str, checkpoint: str
 
 
 def finish(queries: list[StreamingQuery]) -> None:
-    """Process what is available, in order (ingest, then matching: what it staged), then stop every query."""
+    """Process what is available, in order (ingest, then matching: what it staged), then :func:`stop`
+    every query: the error of one that failed is raised, also when it failed after its last
+    ``processAllAvailable`` (a file that came meanwhile), which stopping it would hide."""
     try:
         for q in queries:
             q.processAllAvailable()
-    finally:
+    except BaseException:
         for q in queries:
             q.stop()
+        raise
+    stop(queries)
+
+
+#: A stopped query's error that is the interruption of its micro-batch by the stop, not a failure.
+_STOPPED = re.compile(r"java\.lang\.InterruptedException|InterruptedIOException|ClosedByInterruptException"
+                      r"|SPARK_JOB_CANCELLED")
+
+
+def stop(queries: list[StreamingQuery]) -> None:
+    """Stop every query of ``queries``; raise the error of the first that had failed (the
+    ``StreamingQueryException``), not counting the interruption of a micro-batch by this stop."""
+    failed = []
+    for q in queries:
+        active = q.isActive
+        q.stop()
+        error = q.exception()
+        if error is not None and not (active and _STOPPED.search(str(error))):
+            failed.append(error)
+    if failed:
+        raise failed[0]
 
 
 def stream_matches(spark: SparkSession, queries: Any, events: DataFrame, *, policy: str | None = None,
@@ -122,21 +150,31 @@ def stream_matches(spark: SparkSession, queries: Any, events: DataFrame, *, poli
     """
     groups = group_queries(effective_queries(queries, policy), streaming=True, full_events=full_events,
                            iso_times=iso_times)
-    routed = (events.select(F.explode(_routes(groups)).alias("r"), "*")
+    low, high = TS_RANGE
+    good = F.col("reason").isNull() & (F.col("ts") > low) & (F.col("ts") < high)
+    routed = (events.select(F.explode(_routes(groups, good)).alias("r"), "*")
               .select("r.*", *_RECORD_COLS).where(F.col("h").isNotNull())
-              .withColumn("event_time", F.when(F.col("reason").isNull(), F.timestamp_seconds(F.col("ts") + SHIFT)))
+              .withColumn("event_time", F.when(good, F.timestamp_seconds(F.col("ts") + SHIFT)))
               .withWatermark("event_time", "1 millisecond"))  # dead letters have no event time: never dropped
     return routed.groupBy("g", "h").applyInPandasWithState(
         _state_function(groups), OUTPUT_SCHEMA, "events binary", "append", "EventTimeTimeout")
 
 
-def _routes(groups: list[Group]) -> Column:
-    """``(g, h)`` per copy of an event: its group and key hash (0 for an unkeyed group); dead letters to DEAD."""
+def _routes(groups: list[Group], good: Column) -> Column:
+    """``(g, h)`` per copy of an event: its group and key hash (0 for an unkeyed group); dead letters,
+    and events whose ts is outside :data:`TS_RANGE` (not ``good``), to DEAD."""
     zero = F.lit(0).cast("long")
     arrays = [F.array(F.struct(F.lit(g).alias("g"), (key_hash(grp.key) if grp.key else zero).alias("h")))
               for g, grp in enumerate(groups)]
-    return F.when(F.col("reason").isNull(), F.flatten(F.array(*arrays))).otherwise(
+    return F.when(good, F.flatten(F.array(*arrays))).otherwise(
         F.array(F.struct(F.lit(DEAD).alias("g"), zero.alias("h"))))
+
+
+def range_reason(ts: float) -> str:
+    """The reason of the dead letter of an event whose ts is outside :data:`TS_RANGE`."""
+    low, high = TS_RANGE
+    return (f"ts {ts} is outside the range a stream can match, {low} < ts < {high} s "
+            "(1938 to 2223, docs/spark.md): is --ts-unit right?")
 
 
 def _state_function(groups: list[Group]) -> Callable[[tuple, Iterator[pd.DataFrame], GroupState], Iterator[pd.DataFrame]]:
@@ -144,9 +182,8 @@ def _state_function(groups: list[Group]) -> Callable[[tuple, Iterator[pd.DataFra
         g = int(key[0])
         if g == DEAD:
             for pdf in pdfs:
-                yield _frame([("dead", None, None, None, None, None, json.dumps(
-                    {"seq": int(r.seq), "position": r.position, "reason": r.reason, "raw": r.raw}))
-                    for r in pdf.itertuples(index=False)])
+                yield _frame([("dead", None, None, None, None, None, json.dumps(_dead_letter(r)))
+                              for r in pdf.itertuples(index=False)])
             return
         rows = [(float(r.ts), int(r.seq), r.type, r.attrs, r.xml) for pdf in pdfs for r in pdf.itertuples(index=False)]
         found = advance_key(groups[g], state, rows, state.getCurrentWatermarkMs(), SHIFT)
@@ -154,6 +191,16 @@ def _state_function(groups: list[Group]) -> Callable[[tuple, Iterator[pd.DataFra
             yield _frame([("match", *match_row(m, iso_times=groups[g].iso_times)) for m in found])
 
     return fn
+
+
+def _dead_letter(r: Any) -> dict[str, Any]:
+    """A DEAD row's dead letter: a record's own, or that of an event outside :data:`TS_RANGE` (at its seq,
+    as a late event's)."""
+    if isinstance(r.reason, str):
+        return {"seq": int(r.seq), "position": r.position, "reason": r.reason, "raw": r.raw}
+    ts = float(r.ts)
+    return {"seq": int(r.seq), "position": f"seq {int(r.seq)}", "reason": range_reason(ts),
+            "raw": event_raw(r.type, ts, json.loads(r.attrs))}
 
 
 def _frame(rows: list[tuple]) -> pd.DataFrame:
@@ -179,7 +226,7 @@ def write_stream(matches: DataFrame, outdir: str, checkpoint: str, *, interval: 
               file=log or sys.stderr)
         df.unpersist()
 
-    writer = matches.writeStream.foreachBatch(sink).option("checkpointLocation", checkpoint)
+    writer = matches.writeStream.foreachBatch(ingest.one_line_errors(sink)).option("checkpointLocation", checkpoint)
     if interval:
         writer = writer.trigger(processingTime=interval)
     return writer.start()
