@@ -9,6 +9,8 @@ import time
 import urllib.request
 from typing import Any, Callable
 
+import pytest
+
 TIMEOUT = 10.0
 
 
@@ -110,3 +112,17 @@ def scrape(port: int) -> dict[str, float]:
         text = r.read().decode()
     return {name: float(value) for name, value in
             (line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))}
+
+
+@pytest.fixture
+def listeners():
+    """``listeners(**kw)`` makes a :class:`LineListener`; all are closed after the test (import the fixture)."""
+    made: list[LineListener] = []
+
+    def make(**kw) -> LineListener:
+        made.append(LineListener(**kw))
+        return made[-1]
+
+    yield make
+    for x in made:
+        x.close()

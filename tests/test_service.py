@@ -19,7 +19,7 @@ import pytest
 
 pytest.importorskip("fastapi", reason="the service needs pip install -e '.[serve]' in yfpp's clone")
 
-from tests.service_helpers import TIMEOUT, LineListener, jsonl, send, wait_for  # noqa: E402
+from tests.service_helpers import TIMEOUT, jsonl, listeners, send, wait_for  # noqa: E402
 from yfpp.cli import main  # noqa: E402
 from yfpp.engine import Engine  # noqa: E402
 from yfpp.errors import YfppError  # noqa: E402
@@ -50,19 +50,6 @@ def expected(query: str, name: str, records: list[bytes] | None = None) -> list[
     eng.register(query, name=name)
     src = SAMPLE if records is None else io.BytesIO(b"".join(records))
     return list(eng.process_all(read_events(src, "jsonl")))
-
-
-@pytest.fixture
-def listeners():
-    made: list[LineListener] = []
-
-    def make(**kw) -> LineListener:
-        made.append(LineListener(**kw))
-        return made[-1]
-
-    yield make
-    for x in made:
-        x.close()
 
 
 def test_subscribe_feed_over_tcp_and_receive_on_tcp_sink_and_pull_stream(tmp_path, listeners):

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("fastapi", reason="the service needs pip install -e '.[serve]' in yfpp's clone")
 
-from tests.service_helpers import TIMEOUT, LineListener, jsonl, scrape, send, wait_for  # noqa: E402
+from tests.service_helpers import TIMEOUT, jsonl, listeners, scrape, send, wait_for  # noqa: E402
 from yfpp.errors import YfppError  # noqa: E402
 from yfpp.service import metrics  # noqa: E402
 from yfpp.service.client import Client  # noqa: E402
@@ -32,19 +32,6 @@ def config(tmp_path: Path, **kw) -> ServiceConfig:
 def theft(tag: int, ts: int) -> bytes:
     """A shelf then an exit reading of ``tag``: one match of THEFT."""
     return jsonl([{"type": "shelf", "ts": ts, "tag_id": tag}, {"type": "exit", "ts": ts + 1, "tag_id": tag}])
-
-
-@pytest.fixture
-def listeners():
-    made: list[LineListener] = []
-
-    def make(**kw) -> LineListener:
-        made.append(LineListener(**kw))
-        return made[-1]
-
-    yield make
-    for x in made:
-        x.close()
 
 
 def test_counters_start_at_0_in_every_process_and_the_state_counts_are_gauges(tmp_path):
