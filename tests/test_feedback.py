@@ -19,7 +19,7 @@ from yfpp.engine import Engine
 from yfpp.errors import PatternError, QuerySyntaxError
 from yfpp.events import Event
 from yfpp.pattern import Arith, Emit, Index, Kind, Literal, Pattern, Ref
-from yfpp.query_text import load_queries
+from yfpp.query_text import load_queries, parse_query
 from yfpp.readers import read_events
 from yfpp.reference import StreamTooLong, reference_feedback
 
@@ -279,6 +279,18 @@ def test_feedback_matches_reference(queries, events):
 def test_feedback_with_set_queries_matches_reference(queries, events):
     # fewer derived events: the set reference is exponential in the events within τ
     check_feedback(queries, events, max_derived=2)
+
+
+def test_a_null_return_attribute_is_left_out_of_the_derived_event_by_engine_and_reference():
+    """``y`` is None on the input event (given from Python): the derived R has no ``y``, so count() is 0
+    (a soak found the reference keeping ``y = None``, which count() counted)."""
+    queries = [("make", parse_query("PATTERN SEQ(A a) RETURN R(y = a.y) FEEDBACK")),
+               ("no_y", parse_query("PATTERN SEQ(R+ r[]) WHERE count(r[..].y) = 0"))]
+    check_feedback(queries, [Event("A", 1.0, {"y": None}, 0)])
+    eng = Engine()
+    for name, q in queries:
+        eng.register(q, name=name)
+    assert sorted(m["query"] for m in eng.process_all([Event("A", 1.0, {"y": None}, 0)])) == ["make", "no_y"]
 
 
 #: Inputs and derived events the reference evaluates at most (a Kleene query over 36 once took hours).

@@ -465,7 +465,7 @@ def reference_feedback(
                 if p.feedback and p.emit is not None:
                     env = Env({v: [stream[s] for s in lst] for v, lst in b.items()}, {c.var for c in p.positives if c.kind is Kind.KLEENE})
                     attrs = {k: value(x, env) for k, x in p.emit.attrs}
-                    attrs = {k: v for k, v in attrs.items() if v is not _NOVALUE}
+                    attrs = {k: v for k, v in attrs.items() if v is not _NOVALUE and v is not None}  # null: left out
                     bound = [s for lst in b.values() for s in lst]
                     mid = match_id(name, binds, stream[min(bound)].ts, stream[max(bound)].ts)
                     derived.append((Event(p.emit.event_type, e.ts, attrs), mid, d + 1))
