@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from tests.process_helpers import default_sigint
 from yfpp.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,7 +82,8 @@ def test_truncated_gzip_writes_the_matches_before_it_then_fails(tmp_path, capsys
 def test_ctrl_c_exits_130_with_the_stats_and_no_traceback():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "yfpp.cli", "run", "-q", PAIR, "-i", "-", "--format", "jsonl", "--stats"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT,
+                            preexec_fn=default_sigint)
     try:
         proc.stdin.write(b'{"type": "a", "ts": 1, "k": 1}\nnot json\n')
         proc.stdin.flush()

@@ -16,6 +16,7 @@ import pytest
 
 pytest.importorskip("pyspark", reason="pyspark is not installed (pip install '.[spark]')")
 
+from tests.process_helpers import default_sigint  # noqa: E402
 from yfpp.cli import main  # noqa: E402
 from yfpp.dead_letters import DeadLetters  # noqa: E402
 from yfpp.engine import Engine  # noqa: E402
@@ -62,7 +63,8 @@ def interrupt(args: list[str], tmp_path: Path, ready, timeout: float = 300) -> t
     err = tmp_path / "stderr.txt"
     with err.open("wb") as f:
         proc = subprocess.Popen([sys.executable, "-m", "yfpp", "spark", *args, "--master", "local[2]"], cwd=ROOT,
-                                stdout=subprocess.DEVNULL, stderr=f, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                                stdout=subprocess.DEVNULL, stderr=f, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                                preexec_fn=default_sigint)
     try:
         deadline = time.monotonic() + timeout
         while not ready(proc.pid, err.read_text()):
