@@ -47,3 +47,35 @@ def test_a_query_error_is_one_line_and_kills_the_starting_jvm(tmp_path, bad_firs
         time.sleep(0.1)
     assert not _processes_with(marker)
     assert not (tmp_path / "out").exists()
+
+
+class _Builder:
+    """A stand-in for ``SparkSession.builder`` once a JVM is up: ``getOrCreate`` gives ``result`` or raises it."""
+
+    def __init__(self, result):
+        self._options, self.result = {}, result
+
+    def getOrCreate(self):
+        if isinstance(self.result, BaseException):
+            raise self.result
+        return self.result
+
+
+@pytest.mark.parametrize("quiet, failure, shown", [(True, None, ""), (False, None, "WARN NativeCodeLoader\n"),
+                                                   (True, OSError("no Java"), "WARN NativeCodeLoader\n")],
+                         ids=["quiet", "log on", "quiet, the start failed"])
+def test_a_quiet_start_drops_what_the_jvm_said_while_starting_unless_it_failed(spark, capsys, quiet, failure, shown):
+    import io
+
+    from yfpp.spark.starting import StartingSession
+
+    starting = StartingSession(_Builder(failure or spark), quiet)  # (the tests' JVM is up: no JVM is launched)
+    starting._pass_on(io.BytesIO(b"WARN NativeCodeLoader\n"))  # what the JVM said while it started
+    if failure is None:
+        assert starting.result() is spark
+    else:
+        with pytest.raises(OSError):
+            starting.result()
+    assert capsys.readouterr().err == shown
+    starting._pass_on(io.BytesIO(b"said later\n"))  # once the session is up, everything goes through
+    assert capsys.readouterr().err == "said later\n"

@@ -217,10 +217,11 @@ def _spark_job(args: argparse.Namespace) -> int:
     builder = SparkSession.builder.appName("yfpp").config("spark.ui.showConsoleProgress", "false")  # counters on stderr
     # a JVM this command starts (not spark-submit's, nor a borrowed session's): cheap to start; --conf overrides
     builder = builder.config("spark.driver.extraJavaOptions", archive.options)
+    quiet = owned and dict(confs).get("spark.log.level", "OFF").upper() == "OFF"
     if owned:  # Spark's own log off (a failure is one line); --conf spark.log.level=WARN (Spark's default) shows it
         builder = builder.config("spark.log.level", "OFF")
-        if dict(confs).get("spark.log.level", "OFF").upper() == "OFF":
-            logging.getLogger("py4j").setLevel(logging.CRITICAL)  # (its report of a failed foreachBatch too)
+    if quiet:
+        logging.getLogger("py4j").setLevel(logging.CRITICAL)  # (its report of a failed foreachBatch too)
     for cap in ("max_runs_per_query", "max_buffer_per_query"):  # the engines on the executors read these
         if getattr(args, cap) is not None:
             os.environ[f"YFPP_{cap.upper()}"] = str(getattr(args, cap))
@@ -231,7 +232,7 @@ def _spark_job(args: argparse.Namespace) -> int:
         builder = builder.config(key, value)
     if args.partitions:
         builder = builder.config("spark.sql.shuffle.partitions", str(args.partitions))
-    starting = StartingSession(builder) if owned else None  # a new JVM: started while the queries are read
+    starting = StartingSession(builder, quiet) if owned else None  # a new JVM: started while the queries are read
     try:
         # validated and compiled once (the job reuses them); a window without a unit: seconds for ISO-8601 times, as yfpp run
         queries = load(args.query, args.policy, window_unit(args.ts_unit, args.ts_format))

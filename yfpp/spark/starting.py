@@ -5,7 +5,9 @@ JVM and session 3–5 s, mostly in the JVM: side by side they share the cores
 instead of taking turns. The JVM's messages (its start-up warnings, Spark's
 log lines) are held back until the queries are known to be good — a query
 error is then one ``yfpp: error:`` line, the JVM is killed and nothing it
-said is shown — and passed on to stderr from then on.
+said is shown — and passed on to stderr from then on. With ``quiet`` (Spark's
+log off, ``yfpp spark``'s default) what the JVM said while starting is dropped
+once the session is up (shown when the start failed: it may say why).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ class StartingSession:
     meanwhile (5 ms by default), so that the starting thread's many short calls to the JVM do not
     wait for the reading thread's time slices."""
 
-    def __init__(self, builder: Any):
+    def __init__(self, builder: Any, quiet: bool = False):
+        self.quiet = quiet
         self.value: Any = None
         self.error: BaseException | None = None
         self.proc: subprocess.Popen | None = None
@@ -69,10 +72,10 @@ class StartingSession:
                     continue
             _write(line)
 
-    def _release(self) -> None:
+    def _release(self, drop: bool) -> None:
         with self.lock:
             held, self.held = self.held, None
-        for line in held or ():
+        for line in () if drop else held or ():
             _write(line)
 
     def result(self) -> Any:
@@ -80,7 +83,7 @@ class StartingSession:
         exception of a failed start raised."""
         self.thread.join()
         sys.setswitchinterval(self.interval)
-        self._release()
+        self._release(drop=self.quiet and self.error is None)
         if self.error is not None:
             raise self.error
         return self.value
