@@ -1,12 +1,15 @@
 """The service process: one Engine in one thread, feeds funnelling into it, results routed to subscriptions.
 
-Threads: the engine thread owns the Engine (every ``process``, ``advance_time``
+Threads: the engine thread owns the Engine (every batch of events, ``advance_time``
 and checkpoint holds ``engine_lock``; live register/unregister take the same
-lock); each feed reads in its own thread and hands events over through the
+lock, in a worker thread); each feed reads in its own thread and hands events over through the
 bounded ``inbox`` (a full inbox slows the feeds, never the sinks); the asyncio
 loop runs the HTTP API and every subscription's sender task.  The engine
-thread passes each batch of results to the loop, which queues them per
-subscription (see :mod:`yfpp.service.sinks`).
+thread hands results to the loop as the engine makes them, :data:`CHUNK` at a
+time, and waits while :data:`HANDED_OVER` wait for the loop, which queues them per
+subscription (see :mod:`yfpp.service.sinks`).  That wait can come in the middle
+of an event, holding ``engine_lock``: so the loop thread never takes
+``engine_lock`` once the engine thread runs (only :meth:`Service.start`, before it).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ STOP_WAIT = 30.0  #: seconds a stopping service waits for the engine thread to f
 INBOX = 64  #: batches (of up to feeds.BATCH events) waiting for the engine thread before feeds block
 INGEST_THREADS = 4  #: POST /events bodies read at once (more wait their turn); apart from the loop's default pool
 HANDED_OVER = 65_536  #: results from the engine thread not yet routed by the loop before the engine thread waits
+CHUNK = 1024  #: results the engine thread gathers before handing them to the loop (and at the end of each batch)
 
 
 class RequestError(YfppError):
@@ -386,53 +390,52 @@ class Service:
                 return
 
     def _step(self, item: list[Event] | None) -> None:
-        """One batch of events (or, for None, a quiet tick) through the engine; the results to the loop."""
-        out: list[dict] = []
+        """One batch of events (or, for None, a quiet tick) through the engine; the results to the loop as they
+        are made (an event that completes many matches hands them over while it runs, :data:`CHUNK` at a time)."""
+        out = _Results(self._hand_over)
         with self.engine_lock:
             if isinstance(item, list):
                 for ev in item:
-                    out.extend(self._process(ev))
+                    self._process(ev, out)
             elif item is None:
-                out.extend(self._advance_idle())
-        if out:
-            self._hand_over(out)
+                self._advance_idle(out)
+        out.hand_over()
 
-    def _process(self, ev: Event) -> list[dict]:
+    def _process(self, ev: Event, out: _Results) -> None:
         ev.seq = -1  # the engine numbers events across all feeds
         self.events_taken += 1
         if ev.ts > self._last_ts:
             self._last_ts = ev.ts
         self._last_wall = time.monotonic()
         try:
-            return self.engine.process(ev)
-        except Exception as e:  # one record's failure is that record's problem
+            self.engine.process_batch((ev,), out)
+        except Exception as e:  # one record's failure is that record's problem (its matches so far are out)
             log.exception("engine failed on an event", extra={"event": repr(ev)[:300]})
             self.dead_letters.report(ev.seq, f"seq {ev.seq}", f"engine error: {type(e).__name__}: {e}", repr(ev)[:500])
-            return []
 
-    def _advance_idle(self) -> list[dict]:
+    def _advance_idle(self, out: _Results) -> None:
         """With ``advance_idle``: once the feed was quiet that long, stream time follows the wall clock."""
         idle = self.config.advance_idle
         if idle is None or self._last_ts == float("-inf"):
-            return []
+            return
         quiet = time.monotonic() - self._last_wall
         if quiet < idle:
-            return []
+            return
         target = self._last_ts + quiet
         if target <= self._advanced:
-            return []
+            return
         self._advanced = target
         try:
-            return self.engine.advance_time(target)
+            self.engine.advance_time(target, out)
         except Exception:
             log.exception("advance_time failed", extra={"ts": target})
-            return []
 
     def _hand_over(self, results: list[dict]) -> None:
         """Engine thread: queue a batch for the loop, waking the loop only if it has no routing pending.
 
         While :data:`HANDED_OVER` results wait for the loop, the engine thread waits (a loop that
-        falls behind slows the engine, and so the feeds, rather than holding results without bound).
+        falls behind slows the engine, and so the feeds, rather than holding results without bound);
+        it may hold ``engine_lock`` meanwhile, which the loop never takes.
         (Each wake-up is a write to the loop's self-pipe, and every system call the engine
         thread makes gives the GIL away; a busy loop takes several batches in one turn.)
         """
@@ -441,6 +444,8 @@ class Service:
         with self._room:
             while self._handed_over >= HANDED_OVER and not loop.is_closed():
                 self._room.wait(0.5)
+            if loop.is_closed():  # (the service stopped without this thread: nothing routes them any more)
+                return
             self._results.append(results)
             self._handed_over += len(results)
             wake, self._route_scheduled = not self._route_scheduled, True
@@ -492,6 +497,26 @@ class Service:
                 "live_runs": self.engine.stats.live_runs, "subscriptions": len(self.subs),
                 "inbox": self.inbox.qsize(), "feeds": {f.fmt: f.port for f in self.feeds},
                 "checkpoints": self.checkpoint_path is not None, "last_checkpoint_error": self.last_checkpoint_error}
+
+
+class _Results:
+    """The engine thread's ``out`` (``Engine.process_batch``, ``advance_time``): the matches as the engine makes
+    them, handed to the loop :data:`CHUNK` at a time (fewer at :meth:`hand_over`)."""
+
+    def __init__(self, hand_over: Callable[[list[dict]], None]):
+        self._hand_over = hand_over
+        self.items: list[dict] = []
+
+    def extend(self, matches: list[dict]) -> None:
+        self.items += matches
+        if len(self.items) >= CHUNK:
+            self.hand_over()
+
+    def hand_over(self) -> None:
+        """What is gathered, to the loop."""
+        if self.items:
+            items, self.items = self.items, []
+            self._hand_over(items)
 
 
 def _error_position(e: Exception) -> dict[str, Any]:
