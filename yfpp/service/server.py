@@ -43,7 +43,7 @@ from yfpp.service import checkpoint
 from yfpp.service.config import ServiceConfig
 from yfpp.service.feeds import FeedClosed, SharedDeadLetters, TcpFeed, pump, start_input
 from yfpp.service.registry import Registry, RegistryError
-from yfpp.service.subscriptions import Subscription, SubscriptionSpec, Totals
+from yfpp.service.subscriptions import SUBSCRIPTION_ID, Subscription, SubscriptionSpec, Totals
 
 log = logging.getLogger("yfpp.service")
 
@@ -84,6 +84,7 @@ class Service:
         restored = checkpoint.load(self.checkpoint_path, **engine_opts) if self.checkpoint_path else None
         self.engine: Engine = restored or Engine(**engine_opts)
         self.restored = restored is not None
+        self._stored = (self.registry.all(), self.registry.kept_queued())  # read now: what fails stops the start
         self.engine_lock = threading.Lock()
         self.inbox: queue.Queue = queue.Queue(INBOX)
         # POST /events bodies, which wait while the inbox is full, are read here: never in the loop's default
@@ -224,11 +225,14 @@ class Service:
 
     def _reload(self) -> None:
         """Subscriptions from the registry into the engine: the restored engine's query of the same name is
-        kept (with its runs) when it is the same query, else replaced; one that no longer loads is logged."""
-        restored = {plan.name: qid for qid, plan in self.engine.queries.items()}
-        kept = self.registry.kept_queued()
-        for sid, text in self.registry.all():
+        kept (with its runs) when it is the same query, else replaced; one that no longer loads is logged; the
+        restored queries of no subscription are dropped."""
+        restored = {name: qid for qid, (_, _, name) in self.engine.sources.items()}
+        stored, kept = self._stored
+        for sid, text in stored:
             try:
+                if not (isinstance(sid, str) and SUBSCRIPTION_ID.fullmatch(sid)) or sid in self.subs:
+                    raise YfppError(f"its id {sid!r} is not one the registry gives (s1, s2, …) or is taken")
                 spec = SubscriptionSpec.model_validate_json(text)
                 name = spec.name or sid
                 pattern = parse_written_query(spec.query, spec.language, self.config.window_unit)
@@ -245,8 +249,14 @@ class Service:
             self._attach(sub)
             for result in kept.get(sid, ()):  # queued at the last stop: counted as matches of this run
                 sub.deliver(result)
-        for qid in restored.values():  # in the checkpoint but deleted since
+        for qid in restored.values():  # in the checkpoint but deleted since (or not loaded)
             self.engine.unregister(qid)
+        if restored:
+            log.warning("checkpointed queries of no subscription are dropped", extra={"queries": sorted(map(str, restored))})
+        lost = sum(len(results) for sid, results in kept.items() if sid not in self.subs)
+        if lost:
+            log.warning("results kept for a subscription that is not there are dropped", extra={"results": lost})
+        self._stored = ([], {})
 
     def _same_query(self, qid: int, pattern: Pattern, policy: str | None) -> bool:
         """Whether the engine's query ``qid`` is ``pattern`` registered with ``policy``."""
