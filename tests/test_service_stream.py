@@ -139,3 +139,22 @@ def test_requests_go_on_while_the_engine_thread_waits_for_the_loop_in_the_middle
         assert done == {"health": "ok", "metrics": 1.0, "subscribe": "new", "delete": None}
         wait_for(lambda: svc.by_name["q"].counters.matches == N, what="every match routed")
         assert sorted(svc.by_name) == ["new", "q"]
+
+
+def test_feedback_queries_stream_their_matches_and_the_derived_events_ones(tmp_path, listeners):
+    out = listeners()
+    pairs = "PATTERN SEQ(a x, b y) WHERE [k] WITHIN 10 RETURN ab(k = x.k) FEEDBACK"
+    after = "PATTERN SEQ(ab z, c w) WHERE [k] WITHIN 10"
+    feed = [{"type": t, "ts": i, "k": k} for i, (t, k) in enumerate([("a", 1), ("a", 2), ("b", 1), ("b", 2), ("c", 2)])]
+    eng = Engine()
+    eng.register(pairs, name="pairs")
+    eng.register(after, name="after")
+    want = [m for r in feed for m in eng.process(r)]
+    with BackgroundService(config(tmp_path)) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        c.subscribe(pairs, sink=out.url, name="pairs")
+        c.subscribe(after, sink=out.url, name="after")
+        c.post_events(jsonl(feed))
+        out.wait_lines(len(want))
+    assert sorted(out.results(), key=lambda m: m["id"]) == sorted(want, key=lambda m: m["id"])
+    assert [m["query"] for m in want] == ["pairs", "pairs", "after"]
