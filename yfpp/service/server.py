@@ -511,16 +511,21 @@ class Service:
 
 class _Results:
     """The engine thread's ``out`` (``Engine.process_batch``, ``advance_time``): the matches as the engine makes
-    them, handed to the loop :data:`CHUNK` at a time (fewer at :meth:`hand_over`)."""
+    them, handed to the loop :data:`CHUNK` at a time (fewer at :meth:`hand_over`); so at most
+    ``HANDED_OVER + CHUNK`` wait for the loop, also when the engine gives one event's matches in one list (those
+    of a pattern query)."""
 
     def __init__(self, hand_over: Callable[[list[dict]], None]):
         self._hand_over = hand_over
         self.items: list[dict] = []
 
     def extend(self, matches: list[dict]) -> None:
-        self.items += matches
-        if len(self.items) >= CHUNK:
-            self.hand_over()
+        items = self.items
+        items += matches
+        if len(items) >= CHUNK:
+            self.items = []
+            for i in range(0, len(items), CHUNK):
+                self._hand_over(items[i:i + CHUNK] if len(items) > CHUNK else items)
 
     def hand_over(self) -> None:
         """What is gathered, to the loop."""
