@@ -89,8 +89,8 @@ VALUES = [None, 0, -1, 1.5, "", "x", "s1", "s9", "shop", "not json", "{}", "[]",
 SPEC_FIELDS = {"name": [None, "shop", "sets", "s2", "bad name", 5], "query": ["", "PATTERN SEQ(", THEFT, 5],
                "sink": [None, "ftp://x", "tcp://127.0.0.1:0"], "format": ["yaml", "xml"], "queue": [0, 10**9, "x"],
                "policy": ["non_overlapping", "sometimes"], "language": ["xpath", "sase"], "other": [1]}
-RESULT_FIELDS = {"bindings": [7, None, [], {"a": 5}, {"a": [0], "c": "x"}, {}], "id": [None, 5, ""],
-                 "query": [None, 5, "gone"], "start": ["x", None], "extra": [{"a": [1]}]}
+RESULT_FIELDS = {"bindings": [7, None, [], {"a": 5}, {"a": [0], "c": "x"}, {}], "id": [None, 5, "", "\ud800"],
+                 "query": [None, 5, "gone"], "start": ["x", None], "extra": [{"a": [1]}], "emit": [{"k": "\ud800"}]}
 SCHEMA = {
     "drop subscriptions": "DROP TABLE subscriptions",
     "drop queued": "DROP TABLE queued",
@@ -111,6 +111,9 @@ SCHEMA = {
     "results of no subscription": "UPDATE queued SET sub = 's77'",
     "ids swapped": "UPDATE subscriptions SET id = CASE id WHEN 's1' THEN 's3' WHEN 's3' THEN 's1' ELSE id END",
     "sequence lowered": "UPDATE sqlite_sequence SET seq = 1",
+    "text not UTF-8": "UPDATE queued SET result = CAST(x'7b2271756572ff' AS TEXT) WHERE seq = 1; "
+                      "UPDATE subscriptions SET spec = CAST(x'7b22ff' AS TEXT) WHERE seq = 2; "
+                      "UPDATE subscriptions SET id = CAST(x'73ff' AS TEXT) WHERE seq = 3",
 }
 
 
@@ -246,6 +249,7 @@ def damaged(tmp_path: Path, *how) -> Path:
     ("schema", "a view"),  # started, then every POST /subscriptions failed (503)
     ("schema", "loose columns"),  # (the same: ids no longer set)
     ("bytes", ("garble", 0.6)),  # a damaged page past the first: found reading the rows, a traceback (exit 3)
+    ("bytes", ("garble", 0.072265625)),  # the schema's text: UnicodeDecodeError in the first statement, a traceback
 ])
 def test_what_the_fuzzer_found_is_refused_at_the_start_or_restored_whole(tmp_path, how):
     refuses_or_restores(damaged(tmp_path, *how), tmp_path / "dead.jsonl")
@@ -257,6 +261,7 @@ def test_what_the_fuzzer_found_is_refused_at_the_start_or_restored_whole(tmp_pat
     (("schema", "drop subscriptions"), "it has no table subscriptions"),
     (("schema", "a view"), "subscriptions is a view, not a table"),
     (("bytes", ("garble", 0.6)), "damaged file ("),
+    (("bytes", ("garble", 0.072265625)), "damaged file (SQLite's error quotes bytes of it that are not UTF-8)"),
 ])
 def test_yfpp_serve_on_a_damaged_registry_is_one_error_line_and_exit_2(tmp_path, how, why):
     state = damaged(tmp_path, *how)

@@ -43,10 +43,13 @@ class Registry:
         self.path = path
         try:
             self._db = sqlite3.connect(path or ":memory:", check_same_thread=False, isolation_level=None)
+            self._db.text_factory = _text  # (text that is not UTF-8, in a damaged file, is not valid where it is read)
             self._db.execute("PRAGMA journal_mode=WAL" if path else "PRAGMA journal_mode=MEMORY")
             self._check_tables()
         except sqlite3.Error as e:
             self._refuse(str(e))
+        except UnicodeDecodeError:  # SQLite's error message quotes text of the file that is not UTF-8
+            self._refuse("damaged file (SQLite's error quotes bytes of it that are not UTF-8)")
 
     def _refuse(self, why: str) -> None:
         why = " ".join(why.split())  # one line
@@ -85,7 +88,7 @@ class Registry:
                     self._db.execute("ROLLBACK")
                     raise
                 self._db.execute("COMMIT")
-            except sqlite3.Error as e:
+            except (sqlite3.Error, UnicodeDecodeError) as e:  # (the second: an error message quoting a damaged file)
                 if self._db.in_transaction:
                     self._db.execute("ROLLBACK")
                 raise RegistryError(f"subscription registry {self.path}: {e}") from e
@@ -157,7 +160,16 @@ def _result(text: Any) -> tuple[str | None, Any]:
     if not (isinstance(bindings, dict) and all(isinstance(v, list) and all(type(s) is int for s in v)
                                                for v in bindings.values())):
         return "bindings are not variables with lists of seqs", None
+    try:  # (the text fields a sink writes as they are: the XML form's attributes)
+        [v.encode() for v in r.values() if isinstance(v, str)]
+    except UnicodeEncodeError:
+        return "a field holds text that is not Unicode (a lone surrogate)", None
     return None, r
+
+
+def _text(data: bytes) -> str:
+    """A TEXT value as a str; bytes that are not UTF-8 kept as lone surrogates (as the file system's names are)."""
+    return data.decode("utf-8", "surrogateescape")
 
 
 def _described(columns: list[tuple]) -> str:
