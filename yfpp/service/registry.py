@@ -8,7 +8,7 @@ import logging
 import sqlite3
 import threading
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Iterator, NoReturn
 
 from yfpp.errors import YfppError
 
@@ -51,7 +51,7 @@ class Registry:
         except UnicodeDecodeError:  # SQLite's error message quotes text of the file that is not UTF-8
             self._refuse("damaged file (SQLite's error quotes bytes of it that are not UTF-8)")
 
-    def _refuse(self, why: str) -> None:
+    def _refuse(self, why: str) -> NoReturn:
         why = " ".join(why.split())  # one line
         raise YfppError(f"subscription registry {self.path}: {why} (move the file away to start with none)")
 
@@ -59,6 +59,10 @@ class Registry:
         """Create the tables of a new registry (and ``queued``, which the first versions lacked); refuse a
         registry whose tables are not the ones this version reads and writes, or whose file is damaged."""
         db = self._db
+        problems = [line for (text,) in db.execute("PRAGMA quick_check") for line in str(text).splitlines()
+                    if not line.startswith("*** ")]  # ("*** in database main ***" heads a list)
+        if problems != ["ok"]:  # (before anything is written to it)
+            self._refuse(f"damaged file ({problems[0]}{', …' if len(problems) > 1 else ''})")
         kinds = dict(db.execute("SELECT name, type FROM sqlite_master WHERE name IN (?, ?)", tuple(_TABLES)).fetchall())
         if "subscriptions" not in kinds and "queued" in kinds:
             self._refuse("it has no table subscriptions")
@@ -71,10 +75,6 @@ class Registry:
                 found = [(c[1], c[2].upper(), c[3], c[5]) for c in db.execute(f"PRAGMA table_info({table})")]
                 if found != _COLUMNS[table]:
                     self._refuse(f"table {table} has the columns {_described(found)}, not {_described(_COLUMNS[table])}")
-        problems = [line for (text,) in db.execute("PRAGMA quick_check") for line in str(text).splitlines()
-                    if not line.startswith("*** ")]  # ("*** in database main ***" heads a list)
-        if problems != ["ok"]:
-            self._refuse(f"damaged file ({problems[0]}{', …' if len(problems) > 1 else ''})")
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -160,11 +160,17 @@ def _result(text: Any) -> tuple[str | None, Any]:
     if not (isinstance(bindings, dict) and all(isinstance(v, list) and all(type(s) is int for s in v)
                                                for v in bindings.values())):
         return "bindings are not variables with lists of seqs", None
-    try:  # (the text fields a sink writes as they are: the XML form's attributes)
-        [v.encode() for v in r.values() if isinstance(v, str)]
-    except UnicodeEncodeError:
+    if not all(_unicode(v) for v in r.values() if isinstance(v, str)):  # (a sink writes these as they are: XML)
         return "a field holds text that is not Unicode (a lone surrogate)", None
     return None, r
+
+
+def _unicode(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _text(data: bytes) -> str:

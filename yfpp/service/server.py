@@ -227,7 +227,9 @@ class Service:
         """Subscriptions from the registry into the engine: the restored engine's query of the same name is
         kept (with its runs) when it is the same query, else replaced; one that no longer loads is logged; the
         restored queries of no subscription are dropped."""
-        restored = {name: qid for qid, (_, _, name) in self.engine.sources.items()}
+        engine = self.engine
+        restored = {**{plan.name: qid for qid, plan in engine.queries.items()},  # pattern and event-set queries
+                    **{m.plan.name: qid for qid, m in engine.set_queries.items()}}
         stored, kept = self._stored
         for sid, text in stored:
             try:
