@@ -4,25 +4,31 @@ their push sinks still held at a stop)."""
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import threading
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Iterator, NoReturn
 
 from yfpp.errors import YfppError
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS subscriptions (
+log = logging.getLogger("yfpp.service")
+
+_TABLES = {
+    "subscriptions": """CREATE TABLE subscriptions (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     id TEXT UNIQUE NOT NULL,
     spec TEXT NOT NULL  -- the subscription request as JSON (name, query, sink, options)
-);
-CREATE TABLE IF NOT EXISTS queued (
+)""",
+    "queued": """CREATE TABLE queued (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     sub TEXT NOT NULL,    -- the subscription's id
     result TEXT NOT NULL  -- one result as JSON, queued for its push sink at the last stop
-);
-"""
+)""",
+}
+#: each table's columns as ``PRAGMA table_info`` gives them: (name, declared type, not null, primary key)
+_COLUMNS = {"subscriptions": [("seq", "INTEGER", 0, 1), ("id", "TEXT", 1, 0), ("spec", "TEXT", 1, 0)],
+            "queued": [("seq", "INTEGER", 0, 1), ("sub", "TEXT", 1, 0), ("result", "TEXT", 1, 0)]}
 
 
 class RegistryError(YfppError):
@@ -34,12 +40,41 @@ class Registry:
 
     def __init__(self, path: str | None):
         self._lock = threading.Lock()
+        self.path = path
         try:
             self._db = sqlite3.connect(path or ":memory:", check_same_thread=False, isolation_level=None)
+            self._db.text_factory = _text  # (text that is not UTF-8, in a damaged file, is not valid where it is read)
             self._db.execute("PRAGMA journal_mode=WAL" if path else "PRAGMA journal_mode=MEMORY")
-            self._db.executescript(_SCHEMA)
+            self._check_tables()
         except sqlite3.Error as e:
-            raise YfppError(f"subscription registry {path}: {e} (move the file away to start with none)") from e
+            self._refuse(str(e))
+        except UnicodeDecodeError:  # SQLite's error message quotes text of the file that is not UTF-8
+            self._refuse("damaged file (SQLite's error quotes bytes of it that are not UTF-8)")
+
+    def _refuse(self, why: str) -> NoReturn:
+        why = " ".join(why.split())  # one line
+        raise YfppError(f"subscription registry {self.path}: {why} (move the file away to start with none)")
+
+    def _check_tables(self) -> None:
+        """Create the tables of a new registry (and ``queued``, which the first versions lacked); refuse a
+        registry whose tables are not the ones this version reads and writes, or whose file is damaged."""
+        db = self._db
+        problems = [line for (text,) in db.execute("PRAGMA quick_check") for line in str(text).splitlines()
+                    if not line.startswith("*** ")]  # ("*** in database main ***" heads a list)
+        if problems != ["ok"]:  # (before anything is written to it)
+            self._refuse(f"damaged file ({problems[0]}{', …' if len(problems) > 1 else ''})")
+        kinds = dict(db.execute("SELECT name, type FROM sqlite_master WHERE name IN (?, ?)", tuple(_TABLES)).fetchall())
+        if "subscriptions" not in kinds and "queued" in kinds:
+            self._refuse("it has no table subscriptions")
+        for table, create in _TABLES.items():
+            if table not in kinds:
+                db.execute(create)
+            elif kinds[table] != "table":
+                self._refuse(f"{table} is a {kinds[table]}, not a table")
+            else:
+                found = [(c[1], c[2].upper(), c[3], c[5]) for c in db.execute(f"PRAGMA table_info({table})")]
+                if found != _COLUMNS[table]:
+                    self._refuse(f"table {table} has the columns {_described(found)}, not {_described(_COLUMNS[table])}")
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -53,10 +88,10 @@ class Registry:
                     self._db.execute("ROLLBACK")
                     raise
                 self._db.execute("COMMIT")
-            except sqlite3.Error as e:
+            except (sqlite3.Error, UnicodeDecodeError) as e:  # (the second: an error message quoting a damaged file)
                 if self._db.in_transaction:
                     self._db.execute("ROLLBACK")
-                raise RegistryError(f"subscription registry: {e}") from e
+                raise RegistryError(f"subscription registry {self.path}: {e}") from e
 
     def add(self, spec: dict[str, Any]) -> str:
         """Store a subscription; return its fresh id ``s1``, ``s2``, … (never reused, also across restarts)."""
@@ -86,13 +121,62 @@ class Registry:
 
     def kept_queued(self) -> dict[str, list[dict]]:
         """The results kept at the last stop, by subscription id, oldest first (they stay until the next
-        :meth:`keep_queued`, so a crash before it keeps them too)."""
+        :meth:`keep_queued`, so a crash before it keeps them too); a row that holds no result is logged and
+        left out."""
         out: dict[str, list[dict]] = {}
+        bad: list[str] = []
         with self._transaction() as db:
-            for sid, text in db.execute("SELECT sub, result FROM queued ORDER BY seq"):
-                out.setdefault(sid, []).append(json.loads(text))
+            for seq, sid, text in db.execute("SELECT seq, sub, result FROM queued ORDER BY seq"):
+                why, result = _result(text)
+                if why is None and not isinstance(sid, str):
+                    why = f"its subscription id is {type(sid).__name__}"
+                if why is None:
+                    out.setdefault(sid, []).append(result)
+                else:
+                    bad.append(f"row {seq}: {why}")
+        if bad:
+            log.error("kept results that are not results are left out", extra={"results": len(bad), "first": bad[0]})
         return out
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def _result(text: Any) -> tuple[str | None, Any]:
+    """(None, the result) of a kept result's JSON text, or (why it is none, None): a result is an object with
+    the ``query`` and ``id`` strings and ``bindings`` (variables to lists of seqs) every sink relies on."""
+    if not isinstance(text, (str, bytes)):
+        return f"{type(text).__name__}, not JSON text", None
+    try:
+        r = json.loads(text)
+    except ValueError as e:  # (UnicodeDecodeError too)
+        return f"not JSON ({e})", None
+    if not isinstance(r, dict):
+        return f"a JSON {type(r).__name__}, not an object", None
+    if not (isinstance(r.get("query"), str) and isinstance(r.get("id"), str) and r["id"]):
+        return "no query or id string", None
+    bindings = r.get("bindings")
+    if not (isinstance(bindings, dict) and all(isinstance(v, list) and all(type(s) is int for s in v)
+                                               for v in bindings.values())):
+        return "bindings are not variables with lists of seqs", None
+    if not all(_unicode(v) for v in r.values() if isinstance(v, str)):  # (a sink writes these as they are: XML)
+        return "a field holds text that is not Unicode (a lone surrogate)", None
+    return None, r
+
+
+def _unicode(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _text(data: bytes) -> str:
+    """A TEXT value as a str; bytes that are not UTF-8 kept as lone surrogates (as the file system's names are)."""
+    return data.decode("utf-8", "surrogateescape")
+
+
+def _described(columns: list[tuple]) -> str:
+    return "(" + ", ".join(f"{name} {kind}".strip() for name, kind, *_ in columns) + ")"

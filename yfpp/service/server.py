@@ -1,12 +1,15 @@
 """The service process: one Engine in one thread, feeds funnelling into it, results routed to subscriptions.
 
-Threads: the engine thread owns the Engine (every ``process``, ``advance_time``
+Threads: the engine thread owns the Engine (every batch of events, ``advance_time``
 and checkpoint holds ``engine_lock``; live register/unregister take the same
-lock); each feed reads in its own thread and hands events over through the
+lock, in a worker thread); each feed reads in its own thread and hands events over through the
 bounded ``inbox`` (a full inbox slows the feeds, never the sinks); the asyncio
 loop runs the HTTP API and every subscription's sender task.  The engine
-thread passes each batch of results to the loop, which queues them per
-subscription (see :mod:`yfpp.service.sinks`).
+thread hands results to the loop as the engine makes them, :data:`CHUNK` at a
+time, and waits while :data:`HANDED_OVER` wait for the loop, which queues them per
+subscription (see :mod:`yfpp.service.sinks`).  That wait can come in the middle
+of an event, holding ``engine_lock``: so the loop thread never takes
+``engine_lock`` once the engine thread runs (only :meth:`Service.start`, before it).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from yfpp.service import checkpoint
 from yfpp.service.config import ServiceConfig
 from yfpp.service.feeds import FeedClosed, SharedDeadLetters, TcpFeed, pump, start_input
 from yfpp.service.registry import Registry, RegistryError
-from yfpp.service.subscriptions import Subscription, SubscriptionSpec, Totals
+from yfpp.service.subscriptions import SUBSCRIPTION_ID, Subscription, SubscriptionSpec, Totals
 
 log = logging.getLogger("yfpp.service")
 
@@ -50,6 +53,7 @@ STOP_WAIT = 30.0  #: seconds a stopping service waits for the engine thread to f
 INBOX = 64  #: batches (of up to feeds.BATCH events) waiting for the engine thread before feeds block
 INGEST_THREADS = 4  #: POST /events bodies read at once (more wait their turn); apart from the loop's default pool
 HANDED_OVER = 65_536  #: results from the engine thread not yet routed by the loop before the engine thread waits
+CHUNK = 1024  #: results the engine thread gathers before handing them to the loop (and at the end of each batch)
 
 
 class RequestError(YfppError):
@@ -80,6 +84,7 @@ class Service:
         restored = checkpoint.load(self.checkpoint_path, **engine_opts) if self.checkpoint_path else None
         self.engine: Engine = restored or Engine(**engine_opts)
         self.restored = restored is not None
+        self._stored = (self.registry.all(), self.registry.kept_queued())  # read now: what fails stops the start
         self.engine_lock = threading.Lock()
         self.inbox: queue.Queue = queue.Queue(INBOX)
         # POST /events bodies, which wait while the inbox is full, are read here: never in the loop's default
@@ -220,11 +225,16 @@ class Service:
 
     def _reload(self) -> None:
         """Subscriptions from the registry into the engine: the restored engine's query of the same name is
-        kept (with its runs) when it is the same query, else replaced; one that no longer loads is logged."""
-        restored = {plan.name: qid for qid, plan in self.engine.queries.items()}
-        kept = self.registry.kept_queued()
-        for sid, text in self.registry.all():
+        kept (with its runs) when it is the same query, else replaced; one that no longer loads is logged; the
+        restored queries of no subscription are dropped."""
+        engine = self.engine
+        restored = {**{plan.name: qid for qid, plan in engine.queries.items()},  # pattern and event-set queries
+                    **{m.plan.name: qid for qid, m in engine.set_queries.items()}}
+        stored, kept = self._stored
+        for sid, text in stored:
             try:
+                if not (isinstance(sid, str) and SUBSCRIPTION_ID.fullmatch(sid)) or sid in self.subs:
+                    raise YfppError(f"its id {sid!r} is not one the registry gives (s1, s2, …) or is taken")
                 spec = SubscriptionSpec.model_validate_json(text)
                 name = spec.name or sid
                 pattern = parse_written_query(spec.query, spec.language, self.config.window_unit)
@@ -241,8 +251,14 @@ class Service:
             self._attach(sub)
             for result in kept.get(sid, ()):  # queued at the last stop: counted as matches of this run
                 sub.deliver(result)
-        for qid in restored.values():  # in the checkpoint but deleted since
+        for qid in restored.values():  # in the checkpoint but deleted since (or not loaded)
             self.engine.unregister(qid)
+        if restored:
+            log.warning("checkpointed queries of no subscription are dropped", extra={"queries": sorted(map(str, restored))})
+        lost = sum(len(results) for sid, results in kept.items() if sid not in self.subs)
+        if lost:
+            log.warning("results kept for a subscription that is not there are dropped", extra={"results": lost})
+        self._stored = ([], {})
 
     def _same_query(self, qid: int, pattern: Pattern, policy: str | None) -> bool:
         """Whether the engine's query ``qid`` is ``pattern`` registered with ``policy``."""
@@ -386,53 +402,52 @@ class Service:
                 return
 
     def _step(self, item: list[Event] | None) -> None:
-        """One batch of events (or, for None, a quiet tick) through the engine; the results to the loop."""
-        out: list[dict] = []
+        """One batch of events (or, for None, a quiet tick) through the engine; the results to the loop as they
+        are made (an event that completes many matches hands them over while it runs, :data:`CHUNK` at a time)."""
+        out = _Results(self._hand_over)
         with self.engine_lock:
             if isinstance(item, list):
                 for ev in item:
-                    out.extend(self._process(ev))
+                    self._process(ev, out)
             elif item is None:
-                out.extend(self._advance_idle())
-        if out:
-            self._hand_over(out)
+                self._advance_idle(out)
+        out.hand_over()
 
-    def _process(self, ev: Event) -> list[dict]:
+    def _process(self, ev: Event, out: _Results) -> None:
         ev.seq = -1  # the engine numbers events across all feeds
         self.events_taken += 1
         if ev.ts > self._last_ts:
             self._last_ts = ev.ts
         self._last_wall = time.monotonic()
         try:
-            return self.engine.process(ev)
-        except Exception as e:  # one record's failure is that record's problem
+            self.engine.process_batch((ev,), out)
+        except Exception as e:  # one record's failure is that record's problem (its matches so far are out)
             log.exception("engine failed on an event", extra={"event": repr(ev)[:300]})
             self.dead_letters.report(ev.seq, f"seq {ev.seq}", f"engine error: {type(e).__name__}: {e}", repr(ev)[:500])
-            return []
 
-    def _advance_idle(self) -> list[dict]:
+    def _advance_idle(self, out: _Results) -> None:
         """With ``advance_idle``: once the feed was quiet that long, stream time follows the wall clock."""
         idle = self.config.advance_idle
         if idle is None or self._last_ts == float("-inf"):
-            return []
+            return
         quiet = time.monotonic() - self._last_wall
         if quiet < idle:
-            return []
+            return
         target = self._last_ts + quiet
         if target <= self._advanced:
-            return []
+            return
         self._advanced = target
         try:
-            return self.engine.advance_time(target)
+            self.engine.advance_time(target, out)
         except Exception:
             log.exception("advance_time failed", extra={"ts": target})
-            return []
 
     def _hand_over(self, results: list[dict]) -> None:
         """Engine thread: queue a batch for the loop, waking the loop only if it has no routing pending.
 
         While :data:`HANDED_OVER` results wait for the loop, the engine thread waits (a loop that
-        falls behind slows the engine, and so the feeds, rather than holding results without bound).
+        falls behind slows the engine, and so the feeds, rather than holding results without bound);
+        it may hold ``engine_lock`` meanwhile, which the loop never takes.
         (Each wake-up is a write to the loop's self-pipe, and every system call the engine
         thread makes gives the GIL away; a busy loop takes several batches in one turn.)
         """
@@ -441,6 +456,8 @@ class Service:
         with self._room:
             while self._handed_over >= HANDED_OVER and not loop.is_closed():
                 self._room.wait(0.5)
+            if loop.is_closed():  # (the service stopped without this thread: nothing routes them any more)
+                return
             self._results.append(results)
             self._handed_over += len(results)
             wake, self._route_scheduled = not self._route_scheduled, True
@@ -492,6 +509,31 @@ class Service:
                 "live_runs": self.engine.stats.live_runs, "subscriptions": len(self.subs),
                 "inbox": self.inbox.qsize(), "feeds": {f.fmt: f.port for f in self.feeds},
                 "checkpoints": self.checkpoint_path is not None, "last_checkpoint_error": self.last_checkpoint_error}
+
+
+class _Results:
+    """The engine thread's ``out`` (``Engine.process_batch``, ``advance_time``): the matches as the engine makes
+    them, handed to the loop :data:`CHUNK` at a time (fewer at :meth:`hand_over`); so at most
+    ``HANDED_OVER + CHUNK`` wait for the loop, also when the engine gives one event's matches in one list (those
+    of a pattern query)."""
+
+    def __init__(self, hand_over: Callable[[list[dict]], None]):
+        self._hand_over = hand_over
+        self.items: list[dict] = []
+
+    def extend(self, matches: list[dict]) -> None:
+        items = self.items
+        items += matches
+        if len(items) >= CHUNK:
+            self.items = []
+            for i in range(0, len(items), CHUNK):
+                self._hand_over(items[i:i + CHUNK] if len(items) > CHUNK else items)
+
+    def hand_over(self) -> None:
+        """What is gathered, to the loop."""
+        if self.items:
+            items, self.items = self.items, []
+            self._hand_over(items)
 
 
 def _error_position(e: Exception) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field, field_validator
 from yfpp.service.sinks import Counters, Outbox, PushSink, check_sink, sink_for
 
 _NAME = re.compile(r"[A-Za-z_][\w.\-]*\Z")
-_ID = re.compile(r"s[0-9]+")  #: the ids the registry gives (Registry.add), the names of unnamed subscriptions
+SUBSCRIPTION_ID = re.compile(r"s[0-9]+")  #: the ids the registry gives (Registry.add), the names of unnamed subscriptions
 
 
 class SubscriptionSpec(BaseModel):
@@ -44,7 +44,7 @@ class SubscriptionSpec(BaseModel):
     def _name(cls, v: str | None) -> str | None:
         if v is not None and not _NAME.match(v):
             raise ValueError("name must start with a letter or '_' and hold only letters, digits, '_', '.', '-'")
-        if v is not None and _ID.fullmatch(v):
+        if v is not None and SUBSCRIPTION_ID.fullmatch(v):
             raise ValueError(f"{v!r} has the form of a subscription id: s1, s2, … name the unnamed subscriptions")
         return v
 
