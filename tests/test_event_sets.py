@@ -265,3 +265,21 @@ def test_restoring_set_queries_under_another_strategy_is_a_clear_error():
         Engine.restore(eng.snapshot(), strategy="direct")
     back = Engine.restore(eng.snapshot(), strategy="match-window")
     assert back.process({"type": "B", "ts": 2}) + back.flush() == eng.process({"type": "B", "ts": 2}) + eng.flush()
+
+
+@pytest.mark.parametrize("strategy", ["direct", "match-window"])
+def test_a_search_tries_each_event_once_per_partial_match_not_per_match(strategy, monkeypatch):
+    # a complete match of single variables has nothing left to bind: the search used to scan every later
+    # (direct: earlier) event of the window after each match anyway, n³ work for n² matches (a window of
+    # 1,200 A/B events, 185,103 matches: 18.5 CPU s, against 1.1 for the same matches on the shared NFA)
+    from yfpp import event_sets
+
+    compared = []
+    real = event_sets._equal
+    monkeypatch.setattr(event_sets, "_equal", lambda x, y: compared.append(1) or real(x, y))
+    eng = Engine(strategy=strategy)
+    eng.register("PATTERN SEQ({A a}, {B b}) WHERE a.k = b.k WITHIN 100", name="q")
+    out = [m for i in range(120) for m in eng.process({"type": "AB"[i % 2], "ts": i / 2, "k": 1})] + eng.flush()
+    assert len(out) == 60 * 61 // 2
+    assert len(compared) == len(out)  # each (a, b) pair tried once: a's event against b's, nothing more
+

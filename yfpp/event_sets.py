@@ -389,8 +389,8 @@ def search(plan: SetPlan, entries: list[tuple[Event, int]], forward: bool, check
                     return False
         return True
 
-    def extensions(j0: int, b: int) -> Iterator[tuple[int, int, int]]:
-        """Record the substitution if it is a match; then every (variable, entry, set) that extends it."""
+    def reached(j0: int, b: int) -> Iterator[tuple[int, int, int]] | None:
+        """Record the substitution if it is a match; then the frame of what extends it (None: nothing can)."""
         here = full(b)
         if b == end and here:
             binding = [list(x) for x in binds] if forward else [x[::-1] for x in binds]
@@ -399,10 +399,23 @@ def search(plan: SetPlan, entries: list[tuple[Event, int]], forward: bool, check
                 out.append(binding)
         nb = b + step
         move = here and 0 <= nb < k
-        mask = plan.block_mask[b] | (plan.block_mask[nb] if move else 0)
+        # the variables that can take one more event: those of this set but a bound single one (``takes``
+        # refuses it anything), and those of the next set; none (e.g. a complete match of single
+        # variables): no frame, no scan of the entries left
+        closed = 0
+        for i in plan.blocks[b]:
+            if binds[i] and not plan.kleene[i]:
+                closed |= plan.bit[i]
+        mask = (plan.block_mask[b] & ~closed) | (plan.block_mask[nb] if move else 0)
+        return extensions(j0, b, nb, move, mask) if mask else None
+
+    def extensions(j0: int, b: int, nb: int, move: bool, mask: int) -> Iterator[tuple[int, int, int]]:
+        """Every (variable, entry, set) after entry ``j0`` that extends the substitution: a variable of
+        ``mask`` in set ``b``, or (``move``) in the next set ``nb``."""
         for j in range(j0 + 1, n):
             ev, bits = entries[j]
-            if not bits & mask:
+            bits &= mask
+            if not bits:
                 continue
             for block in (b, nb) if move else (b,):  # stay in this set, or begin the next one
                 for i in plan.blocks[block]:
@@ -433,8 +446,12 @@ def search(plan: SetPlan, entries: list[tuple[Event, int]], forward: bool, check
         i, j, block = step_
         spend()
         binds[i].append(entries[j][0])
-        bound.append(i)
-        stack.append(extensions(j, block))
+        frame = reached(j, block)
+        if frame is None:
+            binds[i].pop()
+        else:
+            bound.append(i)
+            stack.append(frame)
     return out
 
 
