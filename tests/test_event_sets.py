@@ -283,3 +283,14 @@ def test_a_search_tries_each_event_once_per_partial_match_not_per_match(strategy
     assert len(out) == 60 * 61 // 2
     assert len(compared) == len(out)  # each (a, b) pair tried once: a's event against b's, nothing more
 
+
+def test_set_match_ids_are_the_defined_ones():
+    from yfpp.match_id import match_id
+
+    eng = Engine()
+    eng.register("PATTERN SEQ({A a, B b}) WITHIN 5 RETURN pair(x = a.x) FEEDBACK", name='q"1')
+    eng.register("PATTERN {pair p, C c} WITHIN 5")  # binds derived events: string seqs; an int name
+    out = [m for i, t in enumerate("ABAC") for m in eng.process({"type": t, "ts": i, "x": i})] + eng.flush()
+    derived = [s for m in out if m["query"] == 1 for s in m["bindings"]["p"]]
+    assert {m["query"] for m in out} == {'q"1', 1} and derived and all(type(s) is str for s in derived)
+    assert all(m["id"] == match_id(m["query"], m["bindings"], m["start"], m["end"]) for m in out)

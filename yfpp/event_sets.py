@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from yfpp.errors import YfppError
 from yfpp.events import MISSING, Event
-from yfpp.match_id import match_id
+from yfpp.match_id import match_id_of
 from yfpp.nfa_compiler import make_scope, structure
 from yfpp.pattern import (
     Aggregate,
@@ -106,6 +106,10 @@ class SetPlan:
     eq_attrs: tuple[str, ...] = ()  # Definition 6's X, derived from equality relationships
     eq_groups: tuple[tuple[tuple[str, tuple[int, ...]], ...], ...] = ()  # per variable: (A, its Θ+eq group)
     full_events: bool = False  # matches list their bound events in full (``Engine(full_events=True)``)
+    ident: Callable = field(init=False, repr=False)  # a match's id from its seqs (``yfpp.match_id.match_id_of``)
+
+    def __post_init__(self) -> None:
+        self.ident = match_id_of(self.name, self.vars)
 
     @property
     def m(self) -> int:
@@ -519,11 +523,22 @@ def keeps(plan: SetPlan, ev: Event, bits: int) -> bool:
 
 def to_match(plan: SetPlan, binding: Binding) -> dict:
     """A match in the docs/semantics.md §10 form."""
-    seqs = {v: [e.seq for e in events] for v, events in zip(plan.vars, binding)}
-    flat = [e for events in binding for e in events]
-    first = min(flat, key=lambda e: e.pos)
-    last = max(flat, key=lambda e: e.pos)
-    m = {"query": plan.name, "id": match_id(plan.name, seqs, first.ts, last.ts), "bindings": seqs, "start": first.ts, "end": last.ts}
+    seqs = {}
+    ints = True  # every seq an int (an input event's)
+    first = last = binding[0][0]
+    for v, events in zip(plan.vars, binding):
+        seqs[v] = got = []
+        for e in events:
+            s = e.seq
+            got.append(s)
+            if type(s) is not int:
+                ints = False
+            if e.pos < first.pos:
+                first = e
+            elif e.pos > last.pos:
+                last = e
+    m = {"query": plan.name, "id": plan.ident(seqs, ints, first.ts, last.ts), "bindings": seqs, "start": first.ts,
+         "end": last.ts}
     if plan.emit is not None:
         vec = state_vector(plan, binding)
         etype, attrs = plan.emit
