@@ -294,3 +294,18 @@ def test_set_match_ids_are_the_defined_ones():
     derived = [s for m in out if m["query"] == 1 for s in m["bindings"]["p"]]
     assert {m["query"] for m in out} == {'q"1', 1} and derived and all(type(s) is str for s in derived)
     assert all(m["id"] == match_id(m["query"], m["bindings"], m["start"], m["end"]) for m in out)
+
+
+@pytest.mark.parametrize("strategy", ["direct", "match-window"])
+def test_equality_relationships_are_checked_once_through_their_group(strategy):
+    # vi.A = vj.A is what the search's Θ+eq test checks as each event binds: no ∀ check over the bound events
+    # (a Kleene variable's state rebuilt per candidate event) on top of it
+    from yfpp.event_sets import compile_sets
+
+    query = "PATTERN SEQ({C c, P+ p[]}, B b) WHERE c.PID = p.PID AND p.PID = b.PID AND c.V < p.V WITHIN 15"
+    plan = compile_sets(parse_query(query), "q")
+    assert [[others for _, others in r] for r in plan.relations] == [[(1,)], [(0,)], []]  # c.V < p.V only
+    feed = [("C", 1, 5), ("P", 1, 6), ("P", 2, 7), ("P", 1.0, 8), ("P", "1", 9), ("B", 2, 0), ("B", 1, 0)]
+    events = [Event(t, float(i), {"PID": pid, "V": v}, i) for i, (t, pid, v) in enumerate(feed)]
+    want = Counter(w[:2] for w in expected([parse_query(query)], events))
+    assert want and Counter(g[:2] for g in run([parse_query(query)], events, strategy)) == want

@@ -194,6 +194,8 @@ def compile_sets(pattern: Pattern, name: str | int) -> SetPlan:
         elif len(vs) == 1 and not indexed:
             (v,) = vs
             props[slot[v]].append(compile_check(conj, _own(comps[slot[v]]), scope))
+        elif _equality_link(conj) is not None:
+            continue  # vi.A = vj.A: search's Θ+eq test (eq_groups) holds it — every event of the group has one A
         elif isinstance(conj, Compare) and len(vs) > 1 and not indexed:
             # ∀ over every combination of events = one check per event, against the others' events
             for v in vs:
@@ -265,16 +267,9 @@ def equality_components(pattern: Pattern) -> dict[str, list[set[str]]]:
     event has the same A (Example 12's Θ+eq)."""
     edges: dict[str, list[tuple[str, str]]] = {}
     for conj in pattern.where:
-        if (
-            isinstance(conj, Compare)
-            and conj.op == "="
-            and isinstance(conj.left, Ref)
-            and isinstance(conj.right, Ref)
-            and conj.left.attr == conj.right.attr
-            and conj.left.index is Index.EACH
-            and conj.right.index is Index.EACH
-        ):
-            edges.setdefault(conj.left.attr, []).append((conj.left.var, conj.right.var))
+        link = _equality_link(conj)
+        if link is not None:
+            edges.setdefault(link[0], []).append(link[1:])
     out: dict[str, list[set[str]]] = {}
     for attr, pairs in edges.items():
         parent: dict[str, str] = {}
@@ -292,6 +287,21 @@ def equality_components(pattern: Pattern) -> dict[str, list[set[str]]]:
             groups.setdefault(root(v), set()).add(v)
         out[attr] = list(groups.values())
     return out
+
+
+def _equality_link(conj) -> tuple[str, str, str] | None:
+    """``(A, vi, vj)`` for a relationship ``vi.A = vj.A``, else None."""
+    if (
+        isinstance(conj, Compare)
+        and conj.op == "="
+        and isinstance(conj.left, Ref)
+        and isinstance(conj.right, Ref)
+        and conj.left.attr == conj.right.attr
+        and conj.left.index is Index.EACH
+        and conj.right.index is Index.EACH
+    ):
+        return conj.left.attr, conj.left.var, conj.right.var
+    return None
 
 
 def partition_attributes(pattern: Pattern) -> tuple[str, ...]:
