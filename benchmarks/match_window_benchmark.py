@@ -22,20 +22,29 @@ rising, then IBM falling).  Throughput is events per CPU second
     python benchmarks/match_window_benchmark.py --quick    # a smoke run
     python benchmarks/match_window_benchmark.py --sweeps P_onco,P_nyse --save b.json   # some sweeps
     python benchmarks/match_window_benchmark.py --sweeps none --load a.json b.json     # plot saved ones
+    python benchmarks/match_window_benchmark.py --one-window 1200     # one large window, both strategies
+
+``--one-window N``: one partition of N events A or B (drawn at random) within one window,
+``[k]//A//B(100)`` and its set forms through ``Engine.process_batch`` under each strategy — CPU
+seconds, matches, the most matches handed to one ``out.extend`` and a digest of the matches in output order.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import random
 import sys
 import time
 from pathlib import Path
 
+import orjson
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_common import ROOT, commit  # noqa: E402
+from yfpp.engine import Engine  # noqa: E402
 from yfpp.event_sets import DirectMatcher, MatchWindowMatcher, compile_sets  # noqa: E402
 from yfpp.events import Event  # noqa: E402
 from yfpp.query_text import parse_query  # noqa: E402
@@ -121,6 +130,50 @@ def p_nyse(tau_ms: int) -> str:
 # --- measuring -------------------------------------------------------------------------------
 
 
+ONE_WINDOW_QUERIES = [
+    "[k]//A//B(100)",
+    "PATTERN SEQ({A a}, {B b}) WHERE [k] WITHIN 100",
+    "PATTERN {A a, B b} WHERE [k] WITHIN 100",
+]
+
+
+def one_window_events(n: int, seed: int = 1) -> list[Event]:
+    """One partition: ``n`` events, each A or B at random, spread over 99 time units (one window of 100)."""
+    rng = random.Random(seed)
+    return [Event(rng.choice("AB"), round(i * 99.0 / n, 3), {"k": 1}, i) for i in range(n)]
+
+
+class _Digest:
+    """An ``out`` that keeps no match: counts them, the largest ``extend``, a sha256 of them in order."""
+
+    def __init__(self) -> None:
+        self.n, self.most, self.sha = 0, 0, hashlib.sha256()
+
+    def extend(self, matches) -> None:
+        matches = list(matches)
+        self.n += len(matches)
+        self.most = max(self.most, len(matches))
+        for m in matches:
+            self.sha.update(orjson.dumps(m, option=orjson.OPT_SORT_KEYS))
+
+
+def one_window(n: int) -> None:
+    """CPU seconds of each strategy over one window of ``n`` events (Engine.process_batch, then flush)."""
+    print(f"commit {commit()}; one partition, {n:,} events in one window")
+    for query in ONE_WINDOW_QUERIES:
+        for strategy in ("direct", "match-window"):
+            events = [Event(e.type, e.ts, dict(e.attrs), e.seq) for e in one_window_events(n)]
+            eng = Engine(strategy=strategy)
+            eng.register(query, name="q")
+            out = _Digest()
+            t0 = time.process_time()
+            eng.process_batch(events, out)
+            eng.flush(out)
+            cpu = time.process_time() - t0  # (the digest's orjson.dumps is in it, alike for both)
+            print(f"{query:<48} {strategy:<13} {cpu:7.2f} CPU s  {out.n:>9,} matches  at most {out.most:,} per "
+                  f"extend  sha256 {out.sha.hexdigest()[:16]}", flush=True)
+
+
 def measure(query: str, events: list[Event], config: str) -> tuple[float, int, dict]:
     """(events per CPU second, matches, matcher stats) of one matcher over ``events``."""
     plan = compile_sets(parse_query(query), "q")
@@ -174,7 +227,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweeps", default="all", help="comma-separated: Pseq, Pset, P_onco, P_nyse (default all; none)")
     ap.add_argument("--save", help="write the results as JSON here after each sweep")
     ap.add_argument("--load", nargs="*", default=[], help="results saved by --save to plot with these")
+    ap.add_argument("--one-window", type=int, metavar="N", help="only the one-window workload of N events")
     args = ap.parse_args(argv)
+    if args.one_window:
+        one_window(args.one_window)
+        return 0
     chosen = {"Pseq", "Pset", "P_onco", "P_nyse"} if args.sweeps == "all" else set(args.sweeps.split(","))
     results: dict[str, list[dict]] = {}
     for path in args.load:

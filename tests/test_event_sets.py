@@ -265,3 +265,47 @@ def test_restoring_set_queries_under_another_strategy_is_a_clear_error():
         Engine.restore(eng.snapshot(), strategy="direct")
     back = Engine.restore(eng.snapshot(), strategy="match-window")
     assert back.process({"type": "B", "ts": 2}) + back.flush() == eng.process({"type": "B", "ts": 2}) + eng.flush()
+
+
+@pytest.mark.parametrize("strategy", ["direct", "match-window"])
+def test_a_search_tries_each_event_once_per_partial_match_not_per_match(strategy, monkeypatch):
+    # a complete match of single variables has nothing left to bind: the search used to scan every later
+    # (direct: earlier) event of the window after each match anyway, n³ work for n² matches (a window of
+    # 1,200 A/B events, 185,103 matches: 18.5 CPU s, against 1.1 for the same matches on the shared NFA)
+    from yfpp import event_sets
+
+    compared = []
+    real = event_sets._equal
+    monkeypatch.setattr(event_sets, "_equal", lambda x, y: compared.append(1) or real(x, y))
+    eng = Engine(strategy=strategy)
+    eng.register("PATTERN SEQ({A a}, {B b}) WHERE a.k = b.k WITHIN 100", name="q")
+    out = [m for i in range(120) for m in eng.process({"type": "AB"[i % 2], "ts": i / 2, "k": 1})] + eng.flush()
+    assert len(out) == 60 * 61 // 2
+    assert len(compared) == len(out)  # each (a, b) pair tried once: a's event against b's, nothing more
+
+
+def test_set_match_ids_are_the_defined_ones():
+    from yfpp.match_id import match_id
+
+    eng = Engine()
+    eng.register("PATTERN SEQ({A a, B b}) WITHIN 5 RETURN pair(x = a.x) FEEDBACK", name='q"1')
+    eng.register("PATTERN {pair p, C c} WITHIN 5")  # binds derived events: string seqs; an int name
+    out = [m for i, t in enumerate("ABAC") for m in eng.process({"type": t, "ts": i, "x": i})] + eng.flush()
+    derived = [s for m in out if m["query"] == 1 for s in m["bindings"]["p"]]
+    assert {m["query"] for m in out} == {'q"1', 1} and derived and all(type(s) is str for s in derived)
+    assert all(m["id"] == match_id(m["query"], m["bindings"], m["start"], m["end"]) for m in out)
+
+
+@pytest.mark.parametrize("strategy", ["direct", "match-window"])
+def test_equality_relationships_are_checked_once_through_their_group(strategy):
+    # vi.A = vj.A is what the search's Θ+eq test checks as each event binds: no ∀ check over the bound events
+    # (a Kleene variable's state rebuilt per candidate event) on top of it
+    from yfpp.event_sets import compile_sets
+
+    query = "PATTERN SEQ({C c, P+ p[]}, B b) WHERE c.PID = p.PID AND p.PID = b.PID AND c.V < p.V WITHIN 15"
+    plan = compile_sets(parse_query(query), "q")
+    assert [[others for _, others in r] for r in plan.relations] == [[(1,)], [(0,)], []]  # c.V < p.V only
+    feed = [("C", 1, 5), ("P", 1, 6), ("P", 2, 7), ("P", 1.0, 8), ("P", "1", 9), ("B", 2, 0), ("B", 1, 0)]
+    events = [Event(t, float(i), {"PID": pid, "V": v}, i) for i, (t, pid, v) in enumerate(feed)]
+    want = Counter(w[:2] for w in expected([parse_query(query)], events))
+    assert want and Counter(g[:2] for g in run([parse_query(query)], events, strategy)) == want

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from yfpp.errors import YfppError
 from yfpp.events import MISSING, Event
-from yfpp.match_id import match_id
+from yfpp.match_id import match_id_of
 from yfpp.nfa_compiler import make_scope, structure
 from yfpp.pattern import (
     Aggregate,
@@ -106,6 +106,10 @@ class SetPlan:
     eq_attrs: tuple[str, ...] = ()  # Definition 6's X, derived from equality relationships
     eq_groups: tuple[tuple[tuple[str, tuple[int, ...]], ...], ...] = ()  # per variable: (A, its Θ+eq group)
     full_events: bool = False  # matches list their bound events in full (``Engine(full_events=True)``)
+    ident: Callable = field(init=False, repr=False)  # a match's id from its seqs (``yfpp.match_id.match_id_of``)
+
+    def __post_init__(self) -> None:
+        self.ident = match_id_of(self.name, self.vars)
 
     @property
     def m(self) -> int:
@@ -190,6 +194,8 @@ def compile_sets(pattern: Pattern, name: str | int) -> SetPlan:
         elif len(vs) == 1 and not indexed:
             (v,) = vs
             props[slot[v]].append(compile_check(conj, _own(comps[slot[v]]), scope))
+        elif _equality_link(conj) is not None:
+            continue  # vi.A = vj.A: search's Θ+eq test (eq_groups) holds it — every event of the group has one A
         elif isinstance(conj, Compare) and len(vs) > 1 and not indexed:
             # ∀ over every combination of events = one check per event, against the others' events
             for v in vs:
@@ -261,16 +267,9 @@ def equality_components(pattern: Pattern) -> dict[str, list[set[str]]]:
     event has the same A (Example 12's Θ+eq)."""
     edges: dict[str, list[tuple[str, str]]] = {}
     for conj in pattern.where:
-        if (
-            isinstance(conj, Compare)
-            and conj.op == "="
-            and isinstance(conj.left, Ref)
-            and isinstance(conj.right, Ref)
-            and conj.left.attr == conj.right.attr
-            and conj.left.index is Index.EACH
-            and conj.right.index is Index.EACH
-        ):
-            edges.setdefault(conj.left.attr, []).append((conj.left.var, conj.right.var))
+        link = _equality_link(conj)
+        if link is not None:
+            edges.setdefault(link[0], []).append(link[1:])
     out: dict[str, list[set[str]]] = {}
     for attr, pairs in edges.items():
         parent: dict[str, str] = {}
@@ -288,6 +287,21 @@ def equality_components(pattern: Pattern) -> dict[str, list[set[str]]]:
             groups.setdefault(root(v), set()).add(v)
         out[attr] = list(groups.values())
     return out
+
+
+def _equality_link(conj) -> tuple[str, str, str] | None:
+    """``(A, vi, vj)`` for a relationship ``vi.A = vj.A``, else None."""
+    if (
+        isinstance(conj, Compare)
+        and conj.op == "="
+        and isinstance(conj.left, Ref)
+        and isinstance(conj.right, Ref)
+        and conj.left.attr == conj.right.attr
+        and conj.left.index is Index.EACH
+        and conj.right.index is Index.EACH
+    ):
+        return conj.left.attr, conj.left.var, conj.right.var
+    return None
 
 
 def partition_attributes(pattern: Pattern) -> tuple[str, ...]:
@@ -389,8 +403,8 @@ def search(plan: SetPlan, entries: list[tuple[Event, int]], forward: bool, check
                     return False
         return True
 
-    def extensions(j0: int, b: int) -> Iterator[tuple[int, int, int]]:
-        """Record the substitution if it is a match; then every (variable, entry, set) that extends it."""
+    def reached(j0: int, b: int) -> Iterator[tuple[int, int, int]] | None:
+        """Record the substitution if it is a match; then the frame of what extends it (None: nothing can)."""
         here = full(b)
         if b == end and here:
             binding = [list(x) for x in binds] if forward else [x[::-1] for x in binds]
@@ -399,10 +413,23 @@ def search(plan: SetPlan, entries: list[tuple[Event, int]], forward: bool, check
                 out.append(binding)
         nb = b + step
         move = here and 0 <= nb < k
-        mask = plan.block_mask[b] | (plan.block_mask[nb] if move else 0)
+        # the variables that can take one more event: those of this set but a bound single one (``takes``
+        # refuses it anything), and those of the next set; none (e.g. a complete match of single
+        # variables): no frame, no scan of the entries left
+        closed = 0
+        for i in plan.blocks[b]:
+            if binds[i] and not plan.kleene[i]:
+                closed |= plan.bit[i]
+        mask = (plan.block_mask[b] & ~closed) | (plan.block_mask[nb] if move else 0)
+        return extensions(j0, b, nb, move, mask) if mask else None
+
+    def extensions(j0: int, b: int, nb: int, move: bool, mask: int) -> Iterator[tuple[int, int, int]]:
+        """Every (variable, entry, set) after entry ``j0`` that extends the substitution: a variable of
+        ``mask`` in set ``b``, or (``move``) in the next set ``nb``."""
         for j in range(j0 + 1, n):
             ev, bits = entries[j]
-            if not bits & mask:
+            bits &= mask
+            if not bits:
                 continue
             for block in (b, nb) if move else (b,):  # stay in this set, or begin the next one
                 for i in plan.blocks[block]:
@@ -433,8 +460,12 @@ def search(plan: SetPlan, entries: list[tuple[Event, int]], forward: bool, check
         i, j, block = step_
         spend()
         binds[i].append(entries[j][0])
-        bound.append(i)
-        stack.append(extensions(j, block))
+        frame = reached(j, block)
+        if frame is None:
+            binds[i].pop()
+        else:
+            bound.append(i)
+            stack.append(frame)
     return out
 
 
@@ -502,11 +533,22 @@ def keeps(plan: SetPlan, ev: Event, bits: int) -> bool:
 
 def to_match(plan: SetPlan, binding: Binding) -> dict:
     """A match in the docs/semantics.md §10 form."""
-    seqs = {v: [e.seq for e in events] for v, events in zip(plan.vars, binding)}
-    flat = [e for events in binding for e in events]
-    first = min(flat, key=lambda e: e.pos)
-    last = max(flat, key=lambda e: e.pos)
-    m = {"query": plan.name, "id": match_id(plan.name, seqs, first.ts, last.ts), "bindings": seqs, "start": first.ts, "end": last.ts}
+    seqs = {}
+    ints = True  # every seq an int (an input event's)
+    first = last = binding[0][0]
+    for v, events in zip(plan.vars, binding):
+        seqs[v] = got = []
+        for e in events:
+            s = e.seq
+            got.append(s)
+            if type(s) is not int:
+                ints = False
+            if e.pos < first.pos:
+                first = e
+            elif e.pos > last.pos:
+                last = e
+    m = {"query": plan.name, "id": plan.ident(seqs, ints, first.ts, last.ts), "bindings": seqs, "start": first.ts,
+         "end": last.ts}
     if plan.emit is not None:
         vec = state_vector(plan, binding)
         etype, attrs = plan.emit
