@@ -142,7 +142,8 @@ def _set_preds(draw, v: Component, others: list[Component]) -> list:
     """Properties of ``v``, prev() chains, and relationships with other variables of a set pattern."""
     c = Literal(draw(st.integers(0, 3)))
     x = Ref(v.var, "x")
-    options = [Compare(">", x, c), Compare("!=", Ref(v.var, "y"), c), Not(Compare("=", x, c))]
+    options = [Compare(">", x, c), Compare("!=", Ref(v.var, "y"), c), Not(Compare("=", x, c)),
+               Compare("=", Ref(v.var, "k"), Ref(v.var, "k"))]  # a property of each event, not a relationship
     if v.kind is Kind.KLEENE:
         prev = Ref(v.var, "x", Index.PREV)
         options += [
@@ -184,15 +185,18 @@ def set_patterns(draw, max_vars: int = 4, types=TYPES) -> Pattern:
     if len(sizes) > 1 and draw(st.booleans()):  # a negation between two sets
         at = sum(sizes[: draw(st.integers(1, len(sizes) - 1))])
         n = Component("n", draw(st.sampled_from(types)), Kind.NEGATED)
-        before = comps[at - 1]
-        options = [Compare("=", Ref("n", "x"), Literal(draw(st.integers(0, 3)))), Compare(">", Ref("n", "x"), Ref(before.var, "x"))]
-        where += draw(st.lists(st.sampled_from(options), max_size=1))
+        before, after = comps[at - 1], comps[at]
+        options = [Compare("=", Ref("n", "x"), Literal(draw(st.integers(0, 3)))), Compare(">", Ref("n", "x"), Ref(before.var, "x")),
+                   # equality links through the negation (before.k = n.k AND n.k = after.k does not make before.k = after.k)
+                   Compare("=", Ref(before.var, "k"), Ref("n", "k")), Compare("=", Ref("n", "k"), Ref(after.var, "k"))]
+        where += draw(st.lists(st.sampled_from(options), max_size=2, unique=True))
         comps.insert(at, n)
     trailing = draw(st.integers(0, 3)) == 0
     if trailing:  # a negation after the last set: none within τ of the match's first event
         n = Component("nt", draw(st.sampled_from(types)), Kind.NEGATED)
-        options = [Compare("=", Ref("nt", "x"), Literal(draw(st.integers(0, 3)))), Compare(">", Ref("nt", "x"), Ref(comps[-1].var, "x"))]
-        where += draw(st.lists(st.sampled_from(options), max_size=1))
+        options = [Compare("=", Ref("nt", "x"), Literal(draw(st.integers(0, 3)))), Compare(">", Ref("nt", "x"), Ref(comps[-1].var, "x")),
+                   Compare("=", Ref("nt", "k"), Ref(comps[0].var, "k"))]
+        where += draw(st.lists(st.sampled_from(options), max_size=2, unique=True))
         comps.append(n)
     keyed = draw(st.integers(0, 3)) == 0
     policy = draw(st.sampled_from(["all", "all", "earliest_maximal"] + ([] if trailing else ["non_overlapping"])))

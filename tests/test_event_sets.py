@@ -309,3 +309,27 @@ def test_equality_relationships_are_checked_once_through_their_group(strategy):
     events = [Event(t, float(i), {"PID": pid, "V": v}, i) for i, (t, pid, v) in enumerate(feed)]
     want = Counter(w[:2] for w in expected([parse_query(query)], events))
     assert want and Counter(g[:2] for g in run([parse_query(query)], events, strategy)) == want
+
+
+@pytest.mark.parametrize("strategy", ["direct", "match-window"])
+@pytest.mark.parametrize("query, events, want", [
+    # a.x = n.x AND n.x = b.x says which N witnesses the negation, not that a.x = b.x
+    ("PATTERN SEQ({A a}, ~N n, {B b}) WHERE a.x = n.x AND n.x = b.x WITHIN 10",
+     [("A", 0, 1), ("N", 0.5, 1), ("B", 1, 2)], [{"a": [0], "b": [2]}]),
+    # v.x = v.x holds for each event of v: no reason to split p's events by x
+    ("PATTERN {P+ p[]} WHERE p.x = p.x WITHIN 10", [("P", 0, 1), ("P", 1, 2)], [{"p": [0]}, {"p": [0, 1]}, {"p": [1]}]),
+    # a Kleene variable linked only to a negation: its events need not share x
+    ("PATTERN SEQ({A+ a[]}, ~N n) WHERE n.x = a.x WITHIN 10", [("A", 0, 1), ("A", 0, 2)], [{"a": [0]}, {"a": [0, 1]}, {"a": [1]}]),
+])
+def test_equality_links_that_do_not_make_a_partition(strategy, query, events, want):
+    """Found by the match-window audit and the generators: each of these was split into partitions by x, and lost matches."""
+    from yfpp.event_sets import partition_attributes
+    from yfpp.reference_sets import set_reference_matches
+
+    p = parse_query(query)
+    evs = [Event(t, float(ts), {"x": x}, i) for i, (t, ts, x) in enumerate(events)]
+    assert sorted(map(str, (b for b, _ in set_reference_matches(p, evs)))) == sorted(map(str, want))
+    eng = Engine(strategy=strategy)
+    eng.register(query)
+    assert sorted(str(m["bindings"]) for m in eng.process_batch(evs, []) + eng.flush()) == sorted(map(str, want))
+    assert partition_attributes(p) == ()

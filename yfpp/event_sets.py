@@ -262,35 +262,48 @@ def _own(c) -> Place:
 
 
 def equality_components(pattern: Pattern) -> dict[str, list[set[str]]]:
-    """Per attribute A, the variables linked by relationships ``vi.A = vj.A`` (top-level
-    WHERE conjuncts), grouped by the transitive closure: within a group every bound
-    event has the same A (Example 12's Θ+eq)."""
-    edges: dict[str, list[tuple[str, str]]] = {}
+    """Per attribute A, the positive variables linked by relationships ``vi.A = vj.A`` between two of them
+    (top-level WHERE conjuncts), grouped by the transitive closure: within a group every bound event has
+    the same A (Example 12's Θ+eq).  A link through a negated variable links nothing (``a.x = n.x AND
+    n.x = b.x`` is a test of the negation's witness, not ``a.x = b.x``)."""
+    positive = {c.var for c in pattern.components if c.positive}
+    return {attr: groups for attr, pairs in _equality_links(pattern).items()
+            if (groups := _connected([], [(a, b) for a, b in pairs if a in positive and b in positive]))}
+
+
+def _equality_links(pattern: Pattern) -> dict[str, list[tuple[str, str]]]:
+    """Per attribute A, the pairs of variables of the relationships ``vi.A = vj.A`` (i ≠ j)."""
+    links: dict[str, list[tuple[str, str]]] = {}
     for conj in pattern.where:
         link = _equality_link(conj)
         if link is not None:
-            edges.setdefault(link[0], []).append(link[1:])
-    out: dict[str, list[set[str]]] = {}
-    for attr, pairs in edges.items():
-        parent: dict[str, str] = {}
+            links.setdefault(link[0], []).append(link[1:])
+    return links
 
-        def root(v: str) -> str:
-            parent.setdefault(v, v)
-            while parent[v] != v:
-                v = parent[v]
-            return v
 
-        for a, b in pairs:
-            parent[root(a)] = root(b)
-        groups: dict[str, set[str]] = {}
-        for v in parent:
-            groups.setdefault(root(v), set()).add(v)
-        out[attr] = list(groups.values())
-    return out
+def _connected(nodes: list[str], pairs: list[tuple[str, str]]) -> list[set[str]]:
+    """The groups of ``nodes`` and of the variables of ``pairs`` that ``pairs`` connect."""
+    parent: dict[str, str] = {}
+
+    def root(v: str) -> str:
+        parent.setdefault(v, v)
+        while parent[v] != v:
+            v = parent[v]
+        return v
+
+    for v in nodes:
+        root(v)
+    for a, b in pairs:
+        parent[root(a)] = root(b)
+    groups: dict[str, set[str]] = {}
+    for v in parent:
+        groups.setdefault(root(v), set()).add(v)
+    return list(groups.values())
 
 
 def _equality_link(conj) -> tuple[str, str, str] | None:
-    """``(A, vi, vj)`` for a relationship ``vi.A = vj.A``, else None."""
+    """``(A, vi, vj)`` for a relationship ``vi.A = vj.A`` of two variables, else None (``v.A = v.A`` is a
+    property of each event of ``v``)."""
     if (
         isinstance(conj, Compare)
         and conj.op == "="
@@ -299,18 +312,26 @@ def _equality_link(conj) -> tuple[str, str, str] | None:
         and conj.left.attr == conj.right.attr
         and conj.left.index is Index.EACH
         and conj.right.index is Index.EACH
+        and conj.left.var != conj.right.var
     ):
         return conj.left.attr, conj.left.var, conj.right.var
     return None
 
 
 def partition_attributes(pattern: Pattern) -> tuple[str, ...]:
-    """Definition 6's X: the equivalence list plus every attribute whose equality
-    relationships connect all variables (negated ones included)."""
-    names = {c.var for c in pattern.components}  # a negation's witnesses too: else they may lie elsewhere
+    """Definition 6's X: the equivalence list plus every attribute whose equality relationships connect all
+    positive variables among themselves — so every event of a match has one value of it (a Kleene variable
+    alone has no such link: its events may differ) — and link each negated variable to a positive one (so a
+    witness shares the attribute with the match it would kill: else it may lie in another partition)."""
+    positive = [c.var for c in pattern.components if c.positive]
+    negated = [c.var for c in pattern.components if not c.positive]
+    one_kleene = len(positive) == 1 and any(c.kind is Kind.KLEENE for c in pattern.components if c.positive)
     out = list(pattern.partition_by)
-    for attr, groups in equality_components(pattern).items():
-        if any(g == names for g in groups) and attr not in out:
+    for attr, pairs in _equality_links(pattern).items():
+        inner = [(a, b) for a, b in pairs if a in positive and b in positive]
+        witnessed = {v for a, b in pairs for v, other in ((a, b), (b, a)) if other in positive}
+        if (not one_kleene and len(_connected(positive, inner)) == 1 and witnessed.issuperset(negated)
+                and attr not in out):
             out.append(attr)
     return tuple(out)
 
