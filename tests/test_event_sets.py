@@ -320,6 +320,8 @@ def test_equality_relationships_are_checked_once_through_their_group(strategy):
     ("PATTERN {P+ p[]} WHERE p.x = p.x WITHIN 10", [("P", 0, 1), ("P", 1, 2)], [{"p": [0]}, {"p": [0, 1]}, {"p": [1]}]),
     # a Kleene variable linked only to a negation: its events need not share x
     ("PATTERN SEQ({A+ a[]}, ~N n) WHERE n.x = a.x WITHIN 10", [("A", 0, 1), ("A", 0, 2)], [{"a": [0]}, {"a": [0, 1]}, {"a": [1]}]),
+    # nor is a single variable's event without x kept out of the match (the link only says which N witnesses)
+    ("PATTERN SEQ({A a}, ~N n) WHERE n.x = a.x WITHIN 10", [("A", 0, None), ("N", 1, 2)], [{"a": [0]}]),
 ])
 def test_equality_links_that_do_not_make_a_partition(strategy, query, events, want):
     """Found by the match-window audit and the generators: each of these was split into partitions by x, and lost matches."""

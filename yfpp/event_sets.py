@@ -320,18 +320,17 @@ def _equality_link(conj) -> tuple[str, str, str] | None:
 
 def partition_attributes(pattern: Pattern) -> tuple[str, ...]:
     """Definition 6's X: the equivalence list plus every attribute whose equality relationships connect all
-    positive variables among themselves — so every event of a match has one value of it (a Kleene variable
-    alone has no such link: its events may differ) — and link each negated variable to a positive one (so a
-    witness shares the attribute with the match it would kill: else it may lie in another partition)."""
+    positive variables among themselves — so every event of a match has one value of it, and an event
+    without one binds nothing (a variable alone has no such relationship: its events may differ, or lack
+    the attribute) — and link each negated variable to a positive one (so a witness shares the attribute
+    with the match it would kill: else it may lie in another partition)."""
     positive = [c.var for c in pattern.components if c.positive]
     negated = [c.var for c in pattern.components if not c.positive]
-    one_kleene = len(positive) == 1 and any(c.kind is Kind.KLEENE for c in pattern.components if c.positive)
     out = list(pattern.partition_by)
     for attr, pairs in _equality_links(pattern).items():
         inner = [(a, b) for a, b in pairs if a in positive and b in positive]
         witnessed = {v for a, b in pairs for v, other in ((a, b), (b, a)) if other in positive}
-        if (not one_kleene and len(_connected(positive, inner)) == 1 and witnessed.issuperset(negated)
-                and attr not in out):
+        if inner and len(_connected(positive, inner)) == 1 and witnessed.issuperset(negated) and attr not in out:
             out.append(attr)
     return tuple(out)
 
