@@ -291,13 +291,15 @@ class Splitter:
         texts, and its element, should anything ask for it, is built from them (``Event.texts``).
         """
         n = region.count(b"\n")
-        if (not self.lines_ok or not n or region[-1:] != b"\n" or region.count(b">") != n
-                or region.count(b"/>\n") != n or self.wrapper_open != b"<yfpp-batch>"
+        if (not self.lines_ok or not n or region[-3:] != b"/>\n" or region.count(b">") != n
+                or self.wrapper_open != b"<yfpp-batch>"
                 or b"xmlns" in region or b"xml:" in region or b"&" in region):  # lxml's target gets "&#38;" for "&amp;"
             return None
         first = _INDENT.match(region).end()  # type: ignore[union-attr]
         indent = _INDENT.match(region, region.find(b"\n") + 1).group()  # type: ignore[union-attr]
-        if region[first:first + 1] != b"<" or region.count(b"\n" + indent + b"<") != n - 1:
+        # every line but the last ends "/>" and the next starts at the indentation, the last ends "/>": each of the
+        # n line ends is a "/>\n" (one count for the two, a pass over the region less)
+        if region[first:first + 1] != b"<" or region.count(b"/>\n" + indent + b"<") != n - 1:
             return None
         parser = self._line_parsers.get(self.encoding)
         if parser is None:
