@@ -262,7 +262,6 @@ class Engine:
         direct = self._direct
         rt = self.runtime
         routes, route_of = rt._routes, rt._route
-        fresh: list[dict] = []  # the runtime's out list for the next event (a new one only after it is filled)
         for event in events:
             if type(event) is not Event:  # (a subclass or a mapping takes process)
                 found = process(event)
@@ -280,7 +279,7 @@ class Engine:
                     tick = rt.tick = rt.tick + 1
                     event.pos = tick
                     rt.now = ts
-                    found = rt._expire(ts) if rt._deadline_heap else fresh
+                    found = rt._expire(ts) if rt._deadline_heap else []
                     route = routes.get(etype) or route_of(etype)
                     if rt.strict:
                         found = rt._steps(event, route, tick, found)
@@ -290,8 +289,6 @@ class Engine:
                     found = self._in_order(event)
             if found:
                 extend(found)
-                if found is fresh:
-                    fresh = []
         return out
 
     def _in_order(self, ev: Event, out: Any = None) -> Any:
