@@ -258,10 +258,8 @@ class Engine:
                 if ev is not None:
                     in_order(ev, out)
             return out
-        process, extend = self.process, out.extend
+        one, process, extend = self._one, self.process, out.extend
         direct = self._direct
-        rt = self.runtime
-        routes, route_of = rt._routes, rt._route
         for event in events:
             if type(event) is not Event:  # (a subclass or a mapping takes process)
                 found = process(event)
@@ -275,16 +273,7 @@ class Engine:
                     self._next_seq = seq + 1
                     self._mark_ts = ts
                     self._mark_sk = seq
-                    # Runtime.process(event), inline
-                    tick = rt.tick = rt.tick + 1
-                    event.pos = tick
-                    rt.now = ts
-                    found = rt._expire(ts) if rt._deadline_heap else []
-                    route = routes.get(etype) or route_of(etype)
-                    if rt.strict:
-                        found = rt._steps(event, route, tick, found)
-                    else:
-                        found = route.step(rt, event, route, tick, found)
+                    found = one(event)
                 else:
                     found = self._in_order(event)
             if found:

@@ -256,7 +256,7 @@ class Runtime:
         The event gets its tick (stream position) and fires the deadlines before it; then its type's
         ``_Route.step`` takes it (while no strict run is stored): :meth:`_starts` for an event that can only begin
         one root, :meth:`_candidate` for one that can only be a middle negation's candidate, :meth:`_quiet` for
-        one that may change nothing, :meth:`_steps` for any other.  (``Engine.process_batch`` has this inline.)
+        one that may change nothing, :meth:`_steps` for any other.
         """
         tick = self.tick = self.tick + 1
         ev.pos = tick
