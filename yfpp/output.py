@@ -74,30 +74,29 @@ def match_line(match: dict[str, Any]) -> bytes:
         text = orjson.dumps(match, option=orjson.OPT_APPEND_NEWLINE)
     except TypeError:  # orjson.JSONEncodeError: an integer beyond 64 bits, a key that is not a string…
         return (json.dumps(match) + "\n").encode()
-    check = text.translate(_CHECK)
-    # (``find`` rather than ``in``: a bytes ``in`` first tries its operand as an integer, and the error it
-    # makes and drops costs more than the search)
-    if check.find(b"\x00") >= 0:
+    # (read as str: a str ``in`` parses no arguments, where a bytes ``find`` does and a bytes ``in`` first tries
+    # its operand as an integer, making and dropping an error)
+    check = text.translate(_CHECK).decode("ascii")
+    if "\x00" in check:
         return (json.dumps(match) + "\n").encode()
     # the match id, 16 hex digits, is left out of the number checks (its digits read as 0s often hold a
     # "0e"); what is left out must be string content: a closing quote right after it and none in it
-    i = check.find(b'"id":"') + 6
-    if i > 5 and check[i + 16:i + 17] == b'"' and check.find(b'"', i, i + 16) < 0:
-        check = check[:i] + check[i + 16:]
-    if ((_plain_numbers(check) or _plain_numbers(b"".join(check.split(b'"')[::2])))
-            and text.translate(None, _NOT_QUOTE_OR_SEPARATOR).replace(b'""', b"").find(b'"') < 0):
+    head, key, tail = check.partition('"id":"')
+    if key and tail[16:17] == '"' and '"' not in tail[:16]:
+        check = head + key + tail[16:]
+    if ((_plain_numbers(check) or _plain_numbers("".join(check.split('"')[::2])))
+            and '"' not in text.translate(None, _NOT_QUOTE_OR_SEPARATOR).decode("ascii").replace('""', "")):
         # (the last test: with every byte but quotes, commas and colons deleted, a string is "" unless it
         # holds a comma or colon — consecutive strings always have a separator between them)
         return text.replace(b",", b", ").replace(b":", b": ")
     return (json.dumps(match) + "\n").encode()
 
 
-def _plain_numbers(check: bytes) -> bool:
+def _plain_numbers(check: str) -> bool:
     """No exponent, no ``0.0000…`` and no ``null`` in ``check`` (digits read as 0s; strings left in, this
     may refuse a text whose strings look like that: the caller then looks outside the strings). Neither
     orjson nor ``repr`` writes an exponent ``E``."""
-    find = check.find
-    return find(b"0e") < 0 and find(b"0.0000") < 0 and find(b"null") < 0
+    return "0e" not in check and "0.0000" not in check and "null" not in check
 
 
 def iso_time(ts: float) -> str:

@@ -39,6 +39,7 @@ from yfpp.runs import PLAIN_KEYS, Counters, FullRun, Run, partition_key, usable_
 from yfpp.shared_nfa import Node, SharedNFA, State
 
 _UNSET: Any = object()  # an event's key not yet computed (Runtime._steps)
+_new = object.__new__
 _ROOT_VEC = (None,)  # a root's begin: its type and key hold, its window cannot be passed
 STRICT, PARTITION, STNM, STAM = (
     Contiguity.STRICT,
@@ -291,9 +292,20 @@ class Runtime:
                     if tick >= self._next_check:  # (_done, inline: the common end of a query that never matches)
                         self._periodic(tick)
                     return out
-            r = Run(wait, (ev, None), None, (next(self._roots),), ev.ts, tick, ek, tick)  # (no entry: see _start)
+            version = (next(self._roots),)
         except BaseException as exc:
             return self._failed(ev, exc, out)
+        # Run(wait, (ev, None), None, version, ev.ts, tick, ek, tick) without the call to __init__ (no entry: see
+        # _start); half the events of a keyed SEQ begin a run here
+        r = _new(Run)
+        r.state = wait
+        r.vec = (ev, None)
+        r.entry = None
+        r.version = version
+        r.first_ts = ev.ts
+        r.first_pos = tick
+        r.key = ek
+        r.born = tick
         if states is None:
             by_key[ek] = {wait: [r]}
         else:
