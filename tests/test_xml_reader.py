@@ -400,3 +400,36 @@ def test_plain_lines_read_alike_the_long_way_whatever_the_lines_hold(monkeypatch
     with monkeypatch.context() as m:
         m.setattr(xml_reader.Splitter, "_plain_lines", lambda self, region: None)
         assert read() == short
+
+
+# The splitter's token patterns as first written, every repetition backtracking: the possessive forms in
+# yfpp.xml_reader must match exactly as these do (they only fail faster on a long token cut short).
+_BACKTRACKING_NAME = rb"[^\s<>/!?=\"'&]+"
+_BACKTRACKING_ATTRIBUTES = rb"(?:\s+[^\s<>/=\"']+\s*=\s*(?:\"[^\"<]*\"|'[^'<]*'))*"
+_BACKTRACKING = {
+    "_START": rb"<(" + _BACKTRACKING_NAME + rb")(" + _BACKTRACKING_ATTRIBUTES + rb")\s*(/?)>",
+    "_SPACE_EMPTY": rb"[ \t\r\n]*(<" + _BACKTRACKING_NAME + _BACKTRACKING_ATTRIBUTES + rb"\s*/>)",
+    "_END": rb"</(" + _BACKTRACKING_NAME + rb")\s*>",
+}
+
+
+_TAG_PARTS = st.tuples(
+    st.sampled_from([b"<", b"</", b" <", b"\n\t<", b"<!", b"<?"]),
+    st.sampled_from([b"a", b"b1", b"x:y", b"", b"a&", b"a=", b"\xc3\xa9"]),
+    st.lists(st.sampled_from([b' x="1"', b" y='<'", b' z = "v w"', b"\n\tk='\"'", b' x="1', b" x=1", b" =", b" x",
+                              b" /", b' x="a>b"', b"  ", b'k="2"']), max_size=4).map(b"".join),
+    st.sampled_from([b">", b"/>", b" />", b"\n/>", b"/ >", b"", b"/", b">>"]),
+).map(b"".join)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.lists(_TAG_PARTS | st.sampled_from([b"<", b">", b"/", b"=", b'"', b"'", b" ", b"a", b"&"]), max_size=4),
+       st.sampled_from(sorted(_BACKTRACKING)))
+def test_possessive_token_patterns_match_as_the_backtracking_ones(parts, name):
+    import re
+
+    text = b"".join(parts)
+    ours, theirs = getattr(xml_reader, name), re.compile(_BACKTRACKING[name])
+    for pos in range(len(text) + 1):
+        m, r = ours.match(text, pos), theirs.match(text, pos)
+        assert (m and (m.span(), m.groups())) == (r and (r.span(), r.groups())), (text, pos)
