@@ -38,6 +38,10 @@ def xml_shapes(n: int) -> dict[str, bytes]:
         "spaces in a tag": b"<e" + b" " * n + b'ts="2"/>',
         "end tag name": b'<e ts="2"></' + b"a" * n + b">",
         "deep nesting": b'<e ts="2">' + b"<c>" * (n // 3) + b"</e>",
+        "children": b'<e ts="2">' + b"<c/>" * (n // 4) + b"</e>",
+        "stray end tags (n/4 dead letters)": b"</x>" * (n // 4),
+        "lone < (n dead letters)": b"<" * n,
+        "events on one line (n/11)": b'<e ts="2"/>' * (n // 11),
     }
 
 
@@ -55,7 +59,7 @@ def feed(directory: Path, fmt: str, name: str, record: bytes) -> Path:
         data = b'<feed>\n<e type="x" ts="1"/>\n' + record + b'\n<e type="x" ts="3"/>\n</feed>\n'
     else:
         data = b'{"type": "e", "ts": 1}\n' + record + b'\n{"type": "e", "ts": 3}\n'
-    path = directory / f"{fmt}-{name.replace(' ', '_')}.{fmt if fmt == 'xml' else 'jsonl'}"
+    path = directory / f"{fmt}-{len(list(directory.iterdir()))}.{fmt if fmt == 'xml' else 'jsonl'}"
     path.write_bytes(data)
     return path
 

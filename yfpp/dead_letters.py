@@ -14,6 +14,9 @@ import os
 from collections import Counter
 from typing import TextIO
 
+#: one encoder for every report (``json.dumps`` with an option builds a new one per call)
+_encode = json.JSONEncoder(ensure_ascii=False).encode
+
 
 class DeadLetters:
     """Counts reported records and writes them to ``out`` (a path or a text stream), if given.
@@ -39,7 +42,7 @@ class DeadLetters:
             self.last_seq = seq
         if self._out is not None:
             record = {"seq": seq, "position": position, "reason": reason, "raw": raw}
-            self._out.write(json.dumps(record, ensure_ascii=False) + "\n")
+            self._out.write(_encode(record) + "\n")
             self._out.flush()
 
     def close(self) -> None:
