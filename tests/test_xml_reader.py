@@ -330,10 +330,11 @@ SPOILERS = ["&amp;", "x\ny"]
                                  st.dictionaries(st.sampled_from(NAMES), st.sampled_from(VALUES), max_size=3),
                                  st.sampled_from(["", "", "", "", ' xml:lang="en"', f' a="{SPOILERS[0]}"', f' b="{SPOILERS[1]}"'])),
                        min_size=1, max_size=8),
-       root=st.sampled_from(["<stream>", '<stream xmlns:p="urn:p">', ""]), trickle=st.one_of(st.none(), st.integers(0, 50)))
-def test_flat_events_read_alike_the_short_and_the_long_way(monkeypatch, events, root, trickle):
+       root=st.sampled_from(["<stream>", '<stream xmlns:p="urn:p">', ""]), trickle=st.one_of(st.none(), st.integers(0, 50)),
+       end=st.sampled_from(["\n", "\n", "", " "]))  # "": a feed on one line
+def test_flat_events_read_alike_the_short_and_the_long_way(monkeypatch, events, root, trickle, end):
     lines = "".join(f'  <{tag}' + ("" if ts is None else f' ts="{ts}"') + "".join(f' {k}="{v}"' for k, v in attrs.items() if spoiler[1:2] != k) + spoiler
-                    + "/>\n" for tag, ts, attrs, spoiler in events)
+                    + "/>" + end for tag, ts, attrs, spoiler in events)
     data = (root + "\n" + lines + ("</stream>\n" if root else "")).encode()
 
     def read() -> tuple[list, str]:
@@ -345,6 +346,9 @@ def test_flat_events_read_alike_the_short_and_the_long_way(monkeypatch, events, 
         return got, out.getvalue()
 
     short = read()
+    with monkeypatch.context() as m:
+        m.setattr(xml_reader.Splitter, "_whole_lines", lambda self: None)  # every record cut by the splitter
+        assert read() == short
     with monkeypatch.context() as m:
         m.setattr(xml_reader, "_flat_events",
                   lambda elements, seq, base, opts, typed, dl, out: xml_reader._long_events(elements, seq, base, opts, dl, out))
@@ -376,7 +380,8 @@ PLAIN_LINE_POOL = ['<e ts="1" a="x"/>', '<e ts="2" a="007" b="2.5"/>', "<e ts='3
                    "<!-- c -->", "<?pi x?>", "text", '<e ts="11" a="b', '<1e ts="12"/>', '<e ts="13"/> <e ts="14"/>',
                    '<p:e ts="15"/>', '<e ts="16" p:a="1"/>', '<e ts="17" a="tab\there"/>', '<yfpp-batch ts="18"/>',
                    '<e ts="19" a="\xe9"/>', "", "</x>", '<e ts="20" ts="21"/>', '<e ts="22"\t a="1" />',
-                   '<e ts="\u0662\u0663"/>']  # (digits, not ASCII ones: not a number)
+                   '<e ts="\u0662\u0663"/>',  # (digits, not ASCII ones: not a number)
+                   '<e ts="23" a="x\ny"/>', '<e\nts="24"/>', '<e ts="25"><!-- a\nb --></e>']  # a record over two lines
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
@@ -399,6 +404,8 @@ def test_plain_lines_read_alike_the_long_way_whatever_the_lines_hold(monkeypatch
     short = read()
     with monkeypatch.context() as m:
         m.setattr(xml_reader.Splitter, "_plain_lines", lambda self, region: None)
+        assert read() == short
+        m.setattr(xml_reader.Splitter, "_whole_lines", lambda self: None)  # every record cut by the splitter
         assert read() == short
 
 

@@ -27,9 +27,12 @@ Non-blank text and stray end tags between events are dead letters too.
 
 Speed: before the splitter reads a block, the block's lines up to the last
 one that starts an event (at the indentation event start tags were last seen
-at) are parsed by lxml in one go; when that parses and is plainly a run of
-events (:meth:`Splitter._not_plain` finds nothing the splitter would treat
-differently) the splitter is not needed. So the per-event cost of a clean feed
+at; in a feed on one line, up to the last start tag named as the first) are
+parsed by lxml in one go; when that parses and is plainly a run of events
+(:meth:`Splitter._not_plain` finds nothing the splitter would treat
+differently) the splitter is not needed. A block where a tag runs across a line
+end is left to the splitter: lxml gives an element the line its start tag ends
+on, a record's line is the one it starts on. So the per-event cost of a clean feed
 is lxml's, and the splitter only reads blocks that hold something wrong. The
 plainest feed — every line one self-closing element, no namespace, no entity or
 character reference (:meth:`Splitter._plain_lines`) — builds no tree at all: a
@@ -81,6 +84,11 @@ _START = re.compile(rb"<(" + _NAME + rb")(" + _ATTRIBUTES + rb")\s*+(/?)>")
 _SPACE_EMPTY = re.compile(rb"[ \t\r\n]*+(<" + _NAME + _ATTRIBUTES + rb"\s*+/>)")
 _END = re.compile(rb"</(" + _NAME + rb")\s*+>")
 _TAG_NAME = re.compile(rb"<(" + _NAME + rb")")
+# a tag (or comment, CDATA section, processing instruction) that goes on past a line end, in or out of its
+# quoted values: an element's ``sourceline`` from lxml is the line its start tag ends on, a record's line is
+# where it starts (the splitter counts those)
+_MARKUP_ACROSS_LINES = re.compile(rb"""<[^<>"'\n]*+(?:(?:"[^"\n]*+"|'[^'\n]*+')[^<>"'\n]*+)*+[\n"']""")
+_AFTER_NAME = (b" ", b"\t", b"\r", b"\n", b"/", b">")  # what may follow a tag's name (\r: before line ends are made LF)
 # the text of a start tag up to what ends it or starts or ends a quoted value ('<' ends it too: a malformed tag)
 _TAG_TEXT = {b"": re.compile(rb"[^\"'<>]*"), b'"': re.compile(rb'[^"<]*'), b"'": re.compile(rb"[^'<]*")}
 _XMLNS = re.compile(rb"""\s(xmlns(?::[^\s=]+)?\s*=\s*(?:"[^"\n]*"|'[^'\n]*'))""")
@@ -261,7 +269,7 @@ class Splitter:
         text between them, none over a cap, and each is what the splitter would call an
         event (see ``_not_plain``); otherwise the splitter reads them.
         """
-        cut = len(self.buf) if self.eof else self._last_event_line()
+        cut = len(self.buf) if self.eof else self._last_event_line() or self._last_event_tag()
         if cut - self.pos <= 0 or cut - self.pos > self.cap:
             return
         region = self.buf[self.pos:cut]
@@ -270,6 +278,8 @@ class Splitter:
             self.out.append(lines)
             self.line += len(lines.items)  # one line each
             self.pos = cut
+            return
+        if _MARKUP_ACROSS_LINES.search(region) is not None:  # lxml would give the line the tag ends on
             return
         try:
             root = etree.fromstring(b"".join((self.wrapper_open, region, _BATCH_END)), self.parser(self.encoding))
@@ -339,6 +349,20 @@ class Splitter:
         while cut >= 0 and buf[cut + len(needle):cut + len(needle) + 1] in (b"/", b"!", b"?", b""):
             cut = buf.rfind(needle, pos, cut)
         return cut + 1 if cut >= 0 else 0
+
+    def _last_event_tag(self) -> int:
+        """For a feed with no such line (its events on one line): where the last start tag named as the first
+        one begins (a likely event boundary; if it is not, the region does not parse and the splitter reads
+        it); 0 if there is none."""
+        buf, pos = self.buf, self.pos
+        m = _TAG_NAME.match(buf, _SPACE.match(buf, pos).end())
+        if m is None:
+            return 0
+        needle = m[0]
+        cut = buf.rfind(needle, m.end())
+        while cut >= 0 and buf[cut + len(needle):cut + len(needle) + 1] not in _AFTER_NAME:
+            cut = buf.rfind(needle, m.end(), cut)
+        return max(cut, 0)
 
     def _advance(self, to: int) -> None:
         self.line += self.buf.count(b"\n", self.pos, to)
