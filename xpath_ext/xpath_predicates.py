@@ -7,12 +7,13 @@ anything else its effective boolean value; a dynamic error (an attribute
 that cannot be cast to a number, …) makes the predicate false.
 
 The fast path turns the common forms — general comparisons ``= != < <= > >=``
-between attributes (``@a``), literals and arithmetic (``+ - * div``) on
-attributes, ``and``/``or``/``not(…)``, ``@a`` existence — into closures that
-read the raw attribute text from the element and compare exactly as
-elementpath does: they build the same values (``UntypedAtomic`` for an
-attribute, the literal's own value) and apply the same Python operators,
-conversions and evaluation order.  The attribute text is read from
+between attributes (``@a``), child elements (``a``), literals and arithmetic
+(``+ - * div``) on attributes, ``and``/``or``/``not(…)``, ``@a`` and ``a``
+existence — into closures that read the raw attribute text (or each leaf child's
+text) from the element and compare exactly as elementpath does: they build the
+same values (``UntypedAtomic`` for an attribute or a child, the literal's own
+value) and apply the same Python operators, conversions and evaluation order; a
+child that is not a leaf sends that event to elementpath.  The attribute text is read from
 ``event.element`` rather than the reader's typed ``event.attrs``: the typed
 values lose what XPath sees (``@a = '07'`` on ``a="07"`` typed as 7;
 "attributes" that came from child elements, which ``@a`` does not see).  Everything else is evaluated by
@@ -203,16 +204,15 @@ def compile_xpath_test(source: str, namespaces: Namespaces = ()) -> Test:
     except ElementPathError as err:
         message, line, column = error_location(err)
         raise QuerySyntaxError(f"invalid XPath predicate: {message}", source, line, column) from None
+    slow = _elementpath_test(token, dict(namespaces))
     fast = _boolean(token)
-    if fast is not None:
-        return _fast_test(fast)
-    return _elementpath_test(token, dict(namespaces))
+    return slow if fast is None else _fast_test(fast, slow)
 
 
-def _fast_test(fast: Callable[[Any], bool]) -> Test:
+def _fast_test(fast: Callable[[Any], bool], slow: Test) -> Test:
     def test(event: Event) -> bool:
-        # the fast path reads only attributes (``.get``): no element is built for JSON events nor for
-        # XML events that keep their attribute texts
+        # the fast path reads attributes (``.get``) and leaf children: no element is built for JSON events
+        # nor for XML events that keep their attribute texts (those have no children)
         el = event.texts
         if el is None:
             el = event._element
@@ -220,6 +220,8 @@ def _fast_test(fast: Callable[[Any], bool]) -> Test:
             return fast(el if el is not None else AttributeView(event))
         except _ERRORS:
             return False
+        except _Slow:
+            return slow(event)
 
     return test
 
@@ -241,6 +243,11 @@ def _elementpath_test(token: XPathToken, namespaces: dict[str, str]) -> Test:
 # --- fast path: token -> closure over the element, or None (unsupported) ----
 
 
+class _Slow(Exception):
+    """A child element the fast path does not read (one with children, comments or entity references of its
+    own): elementpath decides for that event."""
+
+
 def _boolean(tok: XPathToken) -> Callable[[Any], bool] | None:
     """A closure for a boolean-valued token (its effective boolean value)."""
     sym = tok.symbol
@@ -249,6 +256,9 @@ def _boolean(tok: XPathToken) -> Callable[[Any], bool] | None:
     if sym == "@":
         name = _attribute_name(tok)
         return None if name is None else (lambda el: el.get(name) is not None)
+    child = _child_name(tok)
+    if child is not None:  # a node sequence: true when not empty
+        return lambda el: next(iter(_child_elements(el, child)), None) is not None
     if sym == "not" and tok.label == "function" and len(tok) == 1:
         arg = _boolean(tok[0])
         return None if arg is None else (lambda el: not arg(el))
@@ -268,6 +278,8 @@ def _comparison(op: Callable[[Any, Any], Any], ltok: XPathToken, rtok: XPathToke
     """A general comparison of two single values, as elementpath's
     ``iter_comparison_data`` does it: both sides evaluated, left first; an
     empty side → false; str with a number → type error."""
+    if _child_name(ltok) is not None or _child_name(rtok) is not None:
+        return _sequence_comparison(op, ltok, rtok)
     left, right = _value(ltok), _value(rtok)
     if left is None or right is None or (ltok.symbol in _LITERALS and rtok.symbol in _LITERALS):
         return None
@@ -276,18 +288,83 @@ def _comparison(op: Callable[[Any, Any], Any], ltok: XPathToken, rtok: XPathToke
         x, y = left(el), right(el)
         if x is None or y is None:
             return False
-        if isinstance(x, str):
-            if not isinstance(y, (str, UntypedAtomic)):
-                raise TypeError(f"cannot compare {type(x)!r} and {type(y)!r}")
-        elif isinstance(y, str) and not isinstance(x, UntypedAtomic):
-            raise TypeError(f"cannot compare {type(x)!r} and {type(y)!r}")
-        elif isinstance(x, float) and isinstance(y, Decimal):
-            y = float(y)
-        elif isinstance(x, Decimal) and isinstance(y, float):
-            x = float(x)
-        return bool(op(x, y))
+        return _holds(op, x, y)
 
     return compare
+
+
+def _holds(op: Callable[[Any, Any], Any], x: Any, y: Any) -> bool:
+    """``op`` on one pair of values, with elementpath's type rules (str with a number → type error)."""
+    if isinstance(x, str):
+        if not isinstance(y, (str, UntypedAtomic)):
+            raise TypeError(f"cannot compare {type(x)!r} and {type(y)!r}")
+    elif isinstance(y, str) and not isinstance(x, UntypedAtomic):
+        raise TypeError(f"cannot compare {type(x)!r} and {type(y)!r}")
+    elif isinstance(x, float) and isinstance(y, Decimal):
+        y = float(y)
+    elif isinstance(x, Decimal) and isinstance(y, float):
+        x = float(x)
+    return bool(op(x, y))
+
+
+def _sequence_comparison(op: Callable[[Any, Any], Any], ltok: XPathToken,
+                         rtok: XPathToken) -> Callable[[Any], bool] | None:
+    """A general comparison with a child step on either side (``reading > 30``): true when some pair of a
+    left and a right value holds. As elementpath: both sides evaluated first, left then right; then the
+    pairs in order (left outer), a pair that cannot be compared before one that holds → type error."""
+    left, right = _values(ltok), _values(rtok)
+    if left is None or right is None:
+        return None
+
+    def compare(el: Any) -> bool:
+        xs, ys = left(el), right(el)
+        return any(_holds(op, x, y) for x in xs for y in ys)
+
+    return compare
+
+
+def _values(tok: XPathToken) -> Callable[[Any], list[Any]] | None:
+    """A closure for a token's sequence of values: the leaf children named by a child step (each its
+    text as ``UntypedAtomic``), else the single value of :func:`_value` (none for the empty sequence)."""
+    child = _child_name(tok)
+    if child is not None:
+
+        def children(el: Any) -> list[Any]:
+            out = []
+            for c in _child_elements(el, child):
+                if len(c):  # (comments, processing instructions and entity references count too)
+                    raise _Slow
+                out.append(UntypedAtomic(c.text or ""))
+            return out
+
+        return children
+    value = _value(tok)
+    if value is None:
+        return None
+
+    def single(el: Any) -> list[Any]:
+        v = value(el)
+        return [] if v is None else [v]
+
+    return single
+
+
+def _child_elements(el: Any, name: str) -> Any:
+    """The child elements named ``name`` of what the fast path reads: none for an XML event's attribute
+    texts (a childless element), the built element's for an event that came from JSON."""
+    if type(el) is dict:
+        return ()
+    if type(el) is AttributeView:
+        el = el.event.element
+    return el.iterchildren(name)
+
+
+def _child_name(tok: XPathToken) -> str | None:
+    """``a`` for the child step ``a`` (no prefix, no wildcard, no default element namespace), else None."""
+    if (tok.symbol == "(name)" and tok.label == "name" and not len(tok) and isinstance(tok.value, str)
+            and ":" not in tok.value and not tok.parser.default_namespace):
+        return tok.value
+    return None
 
 
 def _value(tok: XPathToken) -> _Fn | None:
