@@ -118,7 +118,9 @@ child_comparison = st.one_of(
     st.tuples(few, general, st.one_of(literals, texts, attribute)).map(" ".join),
     st.tuples(st.one_of(literals, texts, attribute), general, few).map(" ".join),
 )
-child_predicates = st.recursive(st.one_of(child_comparison, few), connectives, max_leaves=3)
+string_test = st.tuples(st.sampled_from(["contains", "starts-with", "ends-with"]), st.one_of(few, attribute),
+                        st.sampled_from(["''", "'7'", "' '", "'x y'", "'a'", "'1'"])).map(lambda t: f"{t[0]}({t[1]}, {t[2]})")
+child_predicates = st.recursive(st.one_of(child_comparison, few, string_test), connectives, max_leaves=3)
 few_children = st.lists(st.tuples(few, st.one_of(
     st.sampled_from([" 7 ", "7", "12", "x y", "abc", "", "-3", "NaN"]),
     st.sampled_from(["<x>1</x>2", "<x>1</x>", "<!--c-->5", "<x/>", "1<x/>"]))), max_size=3)
@@ -144,9 +146,11 @@ FAST = [
     "@a = 'x'", "@a > 3", "3 < @a", "@a >= 2.5", "@a = 1e3", "@a != @b", "@a < @b",
     "@a + @b > 10", "(@a - 1) * 2 div @b <= 0", "@a", "not(@a)", "@a and (@b or not(@c = 'z'))",
     "qty > 5", "'x' = name", "qty", "not(qty = @min) and @a",
+    "starts-with(@id, 'RFID-')", "contains(note, 'x')", "ends-with(@a, '')",
 ]  # fmt: skip
 SLOW = ["count(@*) = 2", "@a eq 3", "-@a > 1", "@a mod 2 = 0", "1 + 2 = @a", "2", "@a + 1", "local-name() = 'e'", "@*",
-        "qty + 1 > 5", "item/qty = 1", "* = 1", "qty eq 5"]
+        "qty + 1 > 5", "item/qty = 1", "* = 1", "qty eq 5", "contains(@a, @b)",
+        "contains(@a, 1)", "starts-with(concat(@a, @b), 'x')"]
 
 
 @pytest.mark.parametrize("source", FAST)

@@ -8,8 +8,9 @@ that cannot be cast to a number, …) makes the predicate false.
 
 The fast path turns the common forms — general comparisons ``= != < <= > >=``
 between attributes (``@a``), child elements (``a``), literals and arithmetic
-(``+ - * div``) on attributes, ``and``/``or``/``not(…)``, ``@a`` and ``a``
-existence — into closures that read the raw attribute text (or each leaf child's
+(``+ - * div``) on attributes, ``contains``/``starts-with``/``ends-with`` of an
+attribute or a child with a string literal, ``and``/``or``/``not(…)``, ``@a``
+and ``a`` existence — into closures that read the raw attribute text (or each leaf child's
 text) from the element and compare exactly as elementpath does: they build the
 same values (``UntypedAtomic`` for an attribute or a child, the literal's own
 value) and apply the same Python operators, conversions and evaluation order; a
@@ -271,7 +272,30 @@ def _boolean(tok: XPathToken) -> Callable[[Any], bool] | None:
         return lambda el: left(el) or right(el)
     if sym in _COMPARE and len(tok) == 2:
         return _comparison(_COMPARE[sym], tok[0], tok[1])
+    if sym in _STRING_TESTS and tok.label == "function" and len(tok) == 2 and tok[1].symbol == "(string)":
+        return _string_test(_STRING_TESTS[sym], tok[0], tok[1].value)
     return None
+
+
+#: ``contains``, ``starts-with``, ``ends-with`` with the default (codepoint) collation: Python's own
+_STRING_TESTS: dict[str, Callable[[str, str], bool]] = {
+    "contains": operator.contains, "starts-with": str.startswith, "ends-with": str.endswith}
+
+
+def _string_test(test: Callable[[str, str], bool], tok: XPathToken, literal: str) -> Callable[[Any], bool] | None:
+    """``contains(x, 'lit')`` and the like for an attribute or a child step ``x``: its text (the empty sequence
+    gives ``''``, more than one child is a type error, as elementpath's ``xs:string?`` argument)."""
+    values = _values(tok) if tok.symbol == "@" or _child_name(tok) is not None else None
+    if values is None:
+        return None
+
+    def string_test(el: Any) -> bool:
+        items = values(el)
+        if len(items) > 1:
+            raise TypeError("a sequence of more than one item is not allowed as argument")
+        return test(str(items[0]) if items else "", literal)
+
+    return string_test
 
 
 def _comparison(op: Callable[[Any, Any], Any], ltok: XPathToken, rtok: XPathToken) -> Callable[[Any], bool] | None:
