@@ -301,7 +301,8 @@ def _string_test(test: Callable[[str, str], bool], tok: XPathToken, literal: str
 def _comparison(op: Callable[[Any, Any], Any], ltok: XPathToken, rtok: XPathToken) -> Callable[[Any], bool] | None:
     """A general comparison of two single values, as elementpath's
     ``iter_comparison_data`` does it: both sides evaluated, left first; an
-    empty side → false; str with a number → type error."""
+    empty side → false; str with a number → type error (with a child step on
+    a side, :func:`_sequence_comparison`)."""
     if _child_name(ltok) is not None or _child_name(rtok) is not None:
         return _sequence_comparison(op, ltok, rtok)
     left, right = _value(ltok), _value(rtok)

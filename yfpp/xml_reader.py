@@ -88,7 +88,7 @@ _TAG_NAME = re.compile(rb"<(" + _NAME + rb")")
 # quoted values: an element's ``sourceline`` from lxml is the line its start tag ends on, a record's line is
 # where it starts (the splitter counts those)
 _MARKUP_ACROSS_LINES = re.compile(rb"""<[^<>"'\n]*+(?:(?:"[^"\n]*+"|'[^'\n]*+')[^<>"'\n]*+)*+[\n"']""")
-_AFTER_NAME = (b" ", b"\t", b"\r", b"\n", b"/", b">")  # what may follow a tag's name (\r: before line ends are made LF)
+_AFTER_NAME = (b" ", b"\t", b"\n", b"/", b">")  # what may follow a tag's name (line ends are LF by then)
 # the text of a start tag up to what ends it or starts or ends a quoted value ('<' ends it too: a malformed tag)
 _TAG_TEXT = {b"": re.compile(rb"[^\"'<>]*"), b'"': re.compile(rb'[^"<]*'), b"'": re.compile(rb"[^'<]*")}
 _XMLNS = re.compile(rb"""\s(xmlns(?::[^\s=]+)?\s*=\s*(?:"[^"\n]*"|'[^'\n]*'))""")
