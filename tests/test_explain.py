@@ -31,6 +31,13 @@ def test_text_shows_predicates_indexes_windows_negations(capsys):
     assert "where e1[@zone='Z1']" in out and "index @zone = 'Z1' (hash index)" in out
 
 
+def test_xpath_predicates_outside_the_fast_path_are_marked(capsys):
+    assert main(["explain", "-q", "//shelf[tag_id = 7 and starts-with(@zone, 'Z')]//exit[contains(name(), 'x')]"]) == 0
+    out = capsys.readouterr().out
+    assert "where e1[tag_id = 7 and starts-with(@zone, 'Z')]\n" in out
+    assert "where e2[contains(name(), 'x')] (by elementpath: tens of µs per event)\n" in out
+
+
 def test_numbers_are_shown_as_written_not_rounded(capsys):
     query = "PATTERN SEQ(a x, b y) WHERE x.v = 100000000000000000000 AND y.w > 1.2345678 AND y.z < 1e300 WITHIN 365 days"
     assert main(["explain", "-q", query]) == 0

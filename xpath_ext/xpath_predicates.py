@@ -210,6 +210,11 @@ def compile_xpath_test(source: str, namespaces: Namespaces = ()) -> Test:
     return slow if fast is None else _fast_test(fast, slow)
 
 
+def by_elementpath(source: str, namespaces: Namespaces = ()) -> bool:
+    """Is the (valid) predicate ``[source]`` evaluated by elementpath for every event, not by the fast path?"""
+    return _boolean(parse_expression(source, namespaces)) is None
+
+
 def _fast_test(fast: Callable[[Any], bool], slow: Test) -> Test:
     def test(event: Event) -> bool:
         # the fast path reads attributes (``.get``) and leaf children: no element is built for JSON events

@@ -167,7 +167,10 @@ def expr_text(e: Expr, names: tuple[str, ...] = ()) -> str:
         if isinstance(e, Aggregate):
             return f"{e.func}({var(e.var)}[..{'i-1' if e.upto_prev else ''}].{e.attr})"
         if isinstance(e, XPathTest):
-            return f"{var(e.var)}[{e.source}]"
+            from xpath_ext.xpath_predicates import by_elementpath  # (elementpath loaded only for XPath queries)
+
+            slow = " (by elementpath: tens of µs per event)" if by_elementpath(e.source, e.namespaces) else ""
+            return f"{var(e.var)}[{e.source}]{slow}"
         if isinstance(e, Neg):
             return f"-{show(e.operand, False)}"
         if isinstance(e, Not):
