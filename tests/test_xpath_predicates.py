@@ -126,6 +126,15 @@ few_children = st.lists(st.tuples(few, st.one_of(
     st.sampled_from(["<x>1</x>2", "<x>1</x>", "<!--c-->5", "<x/>", "1<x/>"]))), max_size=3)
 
 
+@settings(max_examples=800, deadline=None)
+@given(st.tuples(st.one_of(attribute, literals, texts), general, st.one_of(attribute, literals, texts)).map(" ".join),
+       attributes | st.dictionaries(st.sampled_from(NAMES), st.sampled_from(TRICKY), min_size=2))
+def test_one_comparison_agrees_with_elementpath(source: str, attrs: dict[str, str]) -> None:
+    """``@a op literal`` and ``literal op @a`` (the commonest predicates, which take a path of their own)."""
+    assume(not source.startswith(("'", *"0123456789.")) or "@" in source)  # (two literals: a static error)
+    agree(source, event(attrs))
+
+
 @settings(max_examples=1000, deadline=None)
 @given(child_predicates, attributes, few_children)
 def test_child_steps_agree_with_elementpath(source: str, attrs: dict[str, str], kids: list) -> None:

@@ -310,6 +310,10 @@ def _comparison(op: Callable[[Any, Any], Any], ltok: XPathToken, rtok: XPathToke
     a side, :func:`_sequence_comparison`)."""
     if _child_name(ltok) is not None or _child_name(rtok) is not None:
         return _sequence_comparison(op, ltok, rtok)
+    if ltok.symbol in ("(string)", "(integer)") and rtok.symbol == "@":  # 3 < @a is @a > 3
+        return _attribute_with_literal(lambda x, y: op(y, x), rtok, ltok)
+    if ltok.symbol == "@" and rtok.symbol in ("(string)", "(integer)"):
+        return _attribute_with_literal(op, ltok, rtok)
     left, right = _value(ltok), _value(rtok)
     if left is None or right is None or (ltok.symbol in _LITERALS and rtok.symbol in _LITERALS):
         return None
@@ -321,6 +325,21 @@ def _comparison(op: Callable[[Any, Any], Any], ltok: XPathToken, rtok: XPathToke
         return _holds(op, x, y)
 
     return compare
+
+
+def _attribute_with_literal(op: Callable[[Any, Any], Any], atok: XPathToken,
+                            ltok: XPathToken) -> Callable[[Any], bool] | None:
+    """``@a op 'text'`` and ``@a op 12``, the commonest predicates, without the ``UntypedAtomic``: what its
+    comparison does — the attribute's text compared with a string as it is, cast with ``get_double`` for an
+    integer (a text that is no number: a value error)."""
+    name = _attribute_name(atok)
+    if name is None:
+        return None
+    literal = ltok.value
+    if ltok.symbol == "(string)":
+        return lambda el: (raw := el.get(name)) is not None and bool(op(raw, literal))
+    xsd_version = None  # (an UntypedAtomic made without a parser)
+    return lambda el: (raw := el.get(name)) is not None and bool(op(get_double(raw, xsd_version), literal))
 
 
 def _holds(op: Callable[[Any, Any], Any], x: Any, y: Any) -> bool:
