@@ -321,3 +321,30 @@ def test_events_without_an_element_read_what_their_built_element_would_say(sourc
         return
     got = test(ev)
     assert got == oracle(source, element_for(Event("e", 1.0, dict(attrs), 0)))
+
+
+def test_the_child_element_example_matches_its_sase_equivalent() -> None:
+    """queries/overheating.xpe compares child elements; SASE+ on the attributes the reader makes of the
+    same leaf children gives the same matches."""
+    from pathlib import Path
+
+    from yfpp.engine import Engine
+    from yfpp.query_text import load_queries
+    from yfpp.readers import read_events
+
+    root = Path(__file__).resolve().parent.parent
+    events = list(read_events(str(root / "yfpp/data/sensor_readings.xml")))
+    assert [e.attrs for e in events[:1]] == [{"sensor": "T1", "room": "lab", "celsius": 21.5}]
+
+    def bindings(*queries: str) -> list:
+        engine = Engine()
+        for q in queries:
+            engine.register(q)
+        found = [m for ev in events for m in engine.process(ev)] + engine.flush()
+        return [(m["bindings"]["e1" if "e1" in m["bindings"] else "a"], m["bindings"]["e2" if "e2" in m["bindings"] else "b"])
+                for m in found]
+
+    xpath = bindings(*(q.text for q in load_queries([str(root / "queries/overheating.xpe")])))
+    sase = bindings("PATTERN SEQ(reading a, ~reading n, reading b) WHERE skip_till_any_match(a, n, b) "
+                    "{ [sensor] AND a.celsius > 30 AND n.celsius < 25 AND b.celsius > 30 } WITHIN 10 minutes")
+    assert xpath == sase == [([2], [4]), ([5], [7])]
