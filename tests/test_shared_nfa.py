@@ -171,6 +171,38 @@ def test_xpath_equality_index_reads_the_xml_attribute_text():
     assert [m["query"] for m in out] == ["07"]
 
 
+NUMBER_TEXTS = ["7", "07", " 7 ", "7.0", "7e0", "+7", "-7", "-0", "0", "0.0", "INF", "NaN", "nan", "1_000", "1000",
+                "x", "", "9007199254740993", "9007199254740992", "1e400", "\xa07"]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(values=st.lists(st.sampled_from([7, 0, 1000, 9007199254740993, 9007199254740992, 12]), min_size=1, max_size=5),
+       texts=st.lists(st.one_of(st.none(), st.sampled_from(NUMBER_TEXTS)), min_size=1, max_size=8), xml=st.booleans())
+def test_xpath_number_index_finds_what_the_predicate_finds(values, texts, xml):
+    """``@x = 12`` is looked up by the attribute's text cast as elementpath casts it: the same matches as the
+    same predicate in parentheses, which no index reads (every node of the type evaluates it)."""
+    import io
+
+    from yfpp.readers import read_events
+
+    def run(template: str) -> list:
+        eng = Engine()
+        for i, v in enumerate(values):
+            eng.register(template.format(v), name=f"q{i}")
+        if xml:
+            lines = "".join(f'<a ts="{i}"' + ("" if t is None else f' x="{t}"') + "/>" for i, t in enumerate(texts))
+            events = list(read_events(io.BytesIO(f"<s>{lines}</s>".encode()), "xml"))
+        else:
+            events = [Event("a", float(i), {} if t is None else {"x": t}, -1) for i, t in enumerate(texts)]
+        return sorted(_canon(m) for ev in events for m in eng.process(ev))
+
+    indexed = run("//a[@x = {}]")
+    assert run("//a[(@x = {})]") == indexed
+    eng = Engine()
+    assert [n.index_key for n in eng.queries[eng.register("//a[(@x = 7)]")].nodes] == [None]
+    assert [n.index_key for n in eng.queries[eng.register("//a[@x = 7]")].nodes] == [("xnum", "x", 7)]
+
+
 def test_equivalent_negations_share_one_candidate_store():
     eng = Engine()
     ids = [eng.register(f"PATTERN SEQ(shelf a, ~register b, exit c) WHERE [tag_id] WITHIN {10 + i} hours", name=f"q{i}")

@@ -338,8 +338,16 @@ def _attribute_with_literal(op: Callable[[Any, Any], Any], atok: XPathToken,
     literal = ltok.value
     if ltok.symbol == "(string)":
         return lambda el: (raw := el.get(name)) is not None and bool(op(raw, literal))
-    xsd_version = None  # (an UntypedAtomic made without a parser)
-    return lambda el: (raw := el.get(name)) is not None and bool(op(get_double(raw, xsd_version), literal))
+    return lambda el: (raw := el.get(name)) is not None and bool(op(get_double(raw, None), literal))  # (no parser)
+
+
+def untyped_number(text: str) -> float | None:
+    """An attribute's text as ``@a = 12`` compares it (``get_double``, as ``UntypedAtomic`` casts it for an
+    integer), or None when that is an error (the predicate is false)."""
+    try:
+        return get_double(text, None)
+    except _ERRORS:
+        return None
 
 
 def _holds(op: Callable[[Any, Any], Any], x: Any, y: Any) -> bool:

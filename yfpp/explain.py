@@ -86,7 +86,7 @@ def _index_text(key: tuple | None) -> str | None:
         return None
     if key[0] == "range":
         return f"{key[1]} {key[2]} {key[3]!r} (range index)"
-    return f"{'@' if key[0] == 'xeq' else ''}{key[1]} = {key[2]!r} (hash index)"
+    return f"{'@' if key[0] in ('xeq', 'xnum') else ''}{key[1]} = {key[2]!r} (hash index)"
 
 
 def _acceptance(plan: QueryPlan) -> dict[str, Any]:

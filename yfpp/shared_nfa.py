@@ -130,7 +130,8 @@ class _TypeGroup:
     def __init__(self) -> None:
         self.plain: list[Node] = []
         self.eq: dict[str, dict[Any, list[Node]]] = {}
-        self.xeq: dict[str, dict[str, list[Node]]] = {}
+        self.xeq: dict[str, dict[str, list[Node]]] = {}  # XPath @a = 'text': by the attribute's text
+        self.xnum: dict[str, dict[int, list[Node]]] = {}  # XPath @a = 12: by the text cast as elementpath casts it
         self.ranges: dict[tuple[str, str], tuple[list[tuple[Any, int]], dict[int, Node]]] = {}
 
     def add(self, node: Node) -> None:
@@ -144,8 +145,10 @@ class _TypeGroup:
             nodes[node.id] = node
         else:
             kind, attr, value = key
-            table = self.eq if kind == "eq" else self.xeq
-            table.setdefault(attr, {}).setdefault(value, []).append(node)
+            self._hash_tables(kind).setdefault(attr, {}).setdefault(value, []).append(node)
+
+    def _hash_tables(self, kind: str) -> dict[str, dict[Any, list[Node]]]:
+        return self.eq if kind == "eq" else self.xeq if kind == "xeq" else self.xnum  # type: ignore[return-value]
 
     def remove(self, node: Node) -> None:
         key = node.index_key
@@ -158,7 +161,7 @@ class _TypeGroup:
             del nodes[node.id]
         else:
             kind, attr, value = key
-            table = self.eq if kind == "eq" else self.xeq
+            table = self._hash_tables(kind)
             lst = table[attr][value]
             lst.remove(node)
             if not lst:
@@ -169,12 +172,12 @@ class _TypeGroup:
         event of the type gets, and the equality indexes (attribute, value -> nodes) to look its values up in,
         in :meth:`candidates`' order — or ``((), (), self)`` when an XPath or range index needs :meth:`candidates`.
         A snapshot of ``plain`` (made again after every registration change), live index tables."""
-        if self.xeq or self.ranges:
+        if self.xeq or self.xnum or self.ranges:
             return (), (), self
         return tuple(self.plain), tuple(self.eq.items()), None
 
     def candidates(self, ev: Event) -> Sequence[Node]:
-        if not (self.eq or self.xeq or self.ranges):
+        if not (self.eq or self.xeq or self.xnum or self.ranges):
             return self.plain
         out = list(self.plain)
         for attr, table in self.eq.items():
@@ -188,6 +191,15 @@ class _TypeGroup:
             text = attribute_text(ev, attr)
             if text is not None:
                 out += table.get(text, ())
+        if self.xnum:
+            from xpath_ext.xpath_predicates import untyped_number  # (loaded already: an XPath query is registered)
+
+            for attr, table in self.xnum.items():
+                text = attribute_text(ev, attr)
+                if text is not None:
+                    number = untyped_number(text)
+                    if number is not None:  # (12 and 12.0 are one key; NaN finds none)
+                        out += table.get(number, ())
         for (attr, op), (keys, nodes) in self.ranges.items():
             v = ev.attrs.get(attr, MISSING)
             if not is_number(v):
@@ -220,6 +232,7 @@ def _reactions(node: Node) -> list[str | None]:
 
 
 _XPATH_EQ = re.compile(r"""\s*@([A-Za-z_][\w.\-]*)\s*=\s*(?:'([^']*)'|"([^"]*)")\s*\Z""")
+_XPATH_NUMBER_EQ = re.compile(r"\s*@([A-Za-z_][\w.\-]*)\s*=\s*([0-9]{1,15})\s*\Z")  # (below 2**53: exact as a double)
 _FLIP = {">": "<", ">=": "<=", "<": ">", "<=": ">=", "=": "="}
 
 
@@ -232,6 +245,9 @@ def index_key(spec: ComponentSpec) -> tuple | None:
             m = _XPATH_EQ.match(expr.source)
             if m:
                 found.append(("xeq", m.group(1), m.group(2) if m.group(2) is not None else m.group(3)))
+            m = _XPATH_NUMBER_EQ.match(expr.source)
+            if m:
+                found.append(("xnum", m.group(1), int(m.group(2))))
         elif isinstance(expr, Compare) and expr.op in _FLIP:
             left, right, op = expr.left, expr.right, expr.op
             if isinstance(left, Literal):
