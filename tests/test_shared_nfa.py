@@ -175,32 +175,52 @@ NUMBER_TEXTS = ["7", "07", " 7 ", "7.0", "7e0", "+7", "-7", "-0", "0", "0.0", "I
                 "x", "", "9007199254740993", "9007199254740992", "1e400", "\xa07"]
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
-@given(values=st.lists(st.sampled_from([7, 0, 1000, 9007199254740993, 9007199254740992, 12]), min_size=1, max_size=5),
-       texts=st.lists(st.one_of(st.none(), st.sampled_from(NUMBER_TEXTS)), min_size=1, max_size=8), xml=st.booleans())
-def test_xpath_number_index_finds_what_the_predicate_finds(values, texts, xml):
-    """``@x = 12`` is looked up by the attribute's text cast as elementpath casts it: the same matches as the
-    same predicate in parentheses, which no index reads (every node of the type evaluates it)."""
+@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@given(values=st.lists(st.sampled_from([7, 7, "'7'", "' 7 '", 0, 1000, 9007199254740993, 9007199254740992, "'x'", "''"]),
+                       min_size=1, max_size=4),
+       texts=st.lists(st.one_of(st.none(), st.sampled_from(NUMBER_TEXTS)), min_size=1, max_size=6),
+       source=st.sampled_from(["xml", "json", "children", "children"]), step=st.sampled_from(["@x", "x"]),
+       kids=st.lists(st.sampled_from(["7", "7", " 7 ", "7.0", "x", "", "<y>7</y>", "7<!--c-->", "1000"] + NUMBER_TEXTS),
+                     max_size=3))
+def test_xpath_equality_indexes_find_what_the_predicate_finds(values, texts, source, step, kids):
+    """``@x = 12``, ``@x = 'text'``, ``x = 12``, ``x = 'text'`` are looked up in hash indexes (by the text, or
+    the text cast as elementpath casts it): the same matches as the same predicate in parentheses, which no
+    index reads (every node of the type evaluates it)."""
     import io
 
+    from lxml import etree
+
     from yfpp.readers import read_events
+
+    def event(i: int, t: str | None) -> Event:
+        el = etree.Element("a", {} if t is None else {"x": t})
+        for k in kids[i % 2:]:  # children x: leaves of the texts, one not a leaf, one holding a comment
+            el.append(etree.fromstring(f"<x>{k}</x>"))
+        return Event("a", float(i), {}, -1, el)
 
     def run(template: str) -> list:
         eng = Engine()
         for i, v in enumerate(values):
-            eng.register(template.format(v), name=f"q{i}")
-        if xml:
+            eng.register(template.format(step=step, value=v), name=f"q{i}")
+        if source == "xml":
             lines = "".join(f'<a ts="{i}"' + ("" if t is None else f' x="{t}"') + "/>" for i, t in enumerate(texts))
             events = list(read_events(io.BytesIO(f"<s>{lines}</s>".encode()), "xml"))
-        else:
+        elif source == "json":
             events = [Event("a", float(i), {} if t is None else {"x": t}, -1) for i, t in enumerate(texts)]
+        else:
+            events = [event(i, t) for i, t in enumerate(texts)]
         return sorted(_canon(m) for ev in events for m in eng.process(ev))
 
-    indexed = run("//a[@x = {}]")
-    assert run("//a[(@x = {})]") == indexed
+    indexed = run("//a[{step} = {value}]")
+    assert run("//a[({step} = {value})]") == indexed
+
+
+def test_xpath_equalities_take_their_indexes():
     eng = Engine()
-    assert [n.index_key for n in eng.queries[eng.register("//a[(@x = 7)]")].nodes] == [None]
-    assert [n.index_key for n in eng.queries[eng.register("//a[@x = 7]")].nodes] == [("xnum", "x", 7)]
+    keys = {q: [n.index_key for n in eng.queries[eng.register(q)].nodes]
+            for q in ["//a[(@x = 7)]", "//a[@x = 7]", "//a[@x='7']", "//a[x = 7]", "//a[x = \"7\"]", "//a[@x = 1e3]"]}
+    assert keys == {"//a[(@x = 7)]": [None], "//a[@x = 7]": [("xnum", "x", 7)], "//a[@x='7']": [("xeq", "x", "7")],
+                    "//a[x = 7]": [("cnum", "x", 7)], '//a[x = "7"]': [("ceq", "x", "7")], "//a[@x = 1e3]": [None]}
 
 
 def test_equivalent_negations_share_one_candidate_store():

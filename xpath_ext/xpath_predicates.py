@@ -341,13 +341,35 @@ def _attribute_with_literal(op: Callable[[Any, Any], Any], atok: XPathToken,
     return lambda el: (raw := el.get(name)) is not None and bool(op(get_double(raw, None), literal))  # (no parser)
 
 
-def untyped_number(text: str) -> float | None:
-    """An attribute's text as ``@a = 12`` compares it (``get_double``, as ``UntypedAtomic`` casts it for an
-    integer), or None when that is an error (the predicate is false)."""
-    try:
-        return get_double(text, None)
-    except _ERRORS:
-        return None
+def index_keys(kind: str, name: str, event: Event) -> list[Any] | None:
+    """What a hash index of XPath equalities looks ``event`` up by (``yfpp.shared_nfa``): for ``@name = 'text'``
+    (``xeq``) the attribute's text, for ``@name = 12`` (``xnum``) that text cast as the comparison casts it
+    (``get_double``; none when that fails: the predicate is false), for the child step ``name`` (``ceq``,
+    ``cnum``) the same of each leaf child, or None when a child named so is not a leaf (the fast path leaves
+    those to elementpath, and so does the index: every node of the table checks its predicate)."""
+    el = event.texts
+    if el is None:
+        el = event._element
+    if el is None:
+        el = AttributeView(event)
+    if kind[0] == "x":
+        text = el.get(name)
+        texts = [] if text is None else [text]
+    else:
+        texts = []
+        for c in _child_elements(el, name):
+            if len(c):
+                return None
+            texts.append(c.text or "")
+    if kind[1:] == "eq":
+        return list(dict.fromkeys(texts))  # (two children of one text: each node found once)
+    numbers = set()
+    for text in texts:
+        try:
+            numbers.add(get_double(text, None))
+        except _ERRORS:
+            pass
+    return list(numbers)
 
 
 def _holds(op: Callable[[Any, Any], Any], x: Any, y: Any) -> bool:

@@ -86,6 +86,8 @@ def _index_text(key: tuple | None) -> str | None:
         return None
     if key[0] == "range":
         return f"{key[1]} {key[2]} {key[3]!r} (range index)"
+    if key[0] in ("ceq", "cnum"):
+        return f"{key[1]} = {key[2]!r} (hash index of child elements)"
     return f"{'@' if key[0] in ('xeq', 'xnum') else ''}{key[1]} = {key[2]!r} (hash index)"
 
 

@@ -38,7 +38,6 @@ from yfpp.events import MISSING, Event
 from yfpp.nfa_compiler import ComponentSpec, QueryPlan
 from yfpp.pattern import Compare, Contiguity, Index, Literal, Ref, XPathTest
 from yfpp.predicates import AggSlot, Check, is_number
-from yfpp.xml_element import attribute_text
 
 _ids = count()
 
@@ -130,8 +129,9 @@ class _TypeGroup:
     def __init__(self) -> None:
         self.plain: list[Node] = []
         self.eq: dict[str, dict[Any, list[Node]]] = {}
-        self.xeq: dict[str, dict[str, list[Node]]] = {}  # XPath @a = 'text': by the attribute's text
-        self.xnum: dict[str, dict[int, list[Node]]] = {}  # XPath @a = 12: by the text cast as elementpath casts it
+        # XPath equalities, by (kind, name): @a = 'text' ("xeq"), @a = 12 ("xnum"), a = 'text' ("ceq"), a = 12
+        # ("cnum"); looked up by what xpath_ext.xpath_predicates.index_keys reads of the event
+        self.xpath: dict[tuple[str, str], dict[Any, list[Node]]] = {}
         self.ranges: dict[tuple[str, str], tuple[list[tuple[Any, int]], dict[int, Node]]] = {}
 
     def add(self, node: Node) -> None:
@@ -145,10 +145,8 @@ class _TypeGroup:
             nodes[node.id] = node
         else:
             kind, attr, value = key
-            self._hash_tables(kind).setdefault(attr, {}).setdefault(value, []).append(node)
-
-    def _hash_tables(self, kind: str) -> dict[str, dict[Any, list[Node]]]:
-        return self.eq if kind == "eq" else self.xeq if kind == "xeq" else self.xnum  # type: ignore[return-value]
+            table = self.eq.setdefault(attr, {}) if kind == "eq" else self.xpath.setdefault((kind, attr), {})
+            table.setdefault(value, []).append(node)
 
     def remove(self, node: Node) -> None:
         key = node.index_key
@@ -161,23 +159,24 @@ class _TypeGroup:
             del nodes[node.id]
         else:
             kind, attr, value = key
-            table = self._hash_tables(kind)
-            lst = table[attr][value]
+            tables: dict = self.eq if kind == "eq" else self.xpath
+            table = tables[attr if kind == "eq" else (kind, attr)]
+            lst = table[value]
             lst.remove(node)
             if not lst:
-                del table[attr][value]
+                del table[value]
 
     def finder(self) -> tuple[tuple[Node, ...], tuple[tuple[str, dict], ...], "_TypeGroup | None"]:
         """How the runtime finds this group's candidates without a call: ``(plain, eq, None)`` — the nodes every
         event of the type gets, and the equality indexes (attribute, value -> nodes) to look its values up in,
         in :meth:`candidates`' order — or ``((), (), self)`` when an XPath or range index needs :meth:`candidates`.
         A snapshot of ``plain`` (made again after every registration change), live index tables."""
-        if self.xeq or self.xnum or self.ranges:
+        if self.xpath or self.ranges:
             return (), (), self
         return tuple(self.plain), tuple(self.eq.items()), None
 
     def candidates(self, ev: Event) -> Sequence[Node]:
-        if not (self.eq or self.xeq or self.xnum or self.ranges):
+        if not (self.eq or self.xpath or self.ranges):
             return self.plain
         out = list(self.plain)
         for attr, table in self.eq.items():
@@ -187,19 +186,16 @@ class _TypeGroup:
                     out += table.get(v, ())
                 except TypeError:  # unhashable value
                     pass
-        for attr, table in self.xeq.items():
-            text = attribute_text(ev, attr)
-            if text is not None:
-                out += table.get(text, ())
-        if self.xnum:
-            from xpath_ext.xpath_predicates import untyped_number  # (loaded already: an XPath query is registered)
+        if self.xpath:
+            from xpath_ext.xpath_predicates import index_keys  # (loaded already: an XPath query is registered)
 
-            for attr, table in self.xnum.items():
-                text = attribute_text(ev, attr)
-                if text is not None:
-                    number = untyped_number(text)
-                    if number is not None:  # (12 and 12.0 are one key; NaN finds none)
-                        out += table.get(number, ())
+            for (kind, name), table in self.xpath.items():
+                keys = index_keys(kind, name, ev)
+                if keys is None:  # (a child the index does not read: every node of the table checks it)
+                    out += [n for nodes in table.values() for n in nodes]
+                else:
+                    for k in keys:
+                        out += table.get(k, ())
         for (attr, op), (keys, nodes) in self.ranges.items():
             v = ev.attrs.get(attr, MISSING)
             if not is_number(v):
@@ -231,8 +227,8 @@ def _reactions(node: Node) -> list[str | None]:
     return out
 
 
-_XPATH_EQ = re.compile(r"""\s*@([A-Za-z_][\w.\-]*)\s*=\s*(?:'([^']*)'|"([^"]*)")\s*\Z""")
-_XPATH_NUMBER_EQ = re.compile(r"\s*@([A-Za-z_][\w.\-]*)\s*=\s*([0-9]{1,15})\s*\Z")  # (below 2**53: exact as a double)
+# @a = 'text' or a = 'text' (a child step), and with an integer literal below 2**53 (exact as a double)
+_XPATH_EQ = re.compile(r"""\s*(@?)([A-Za-z_][\w.\-]*)\s*=\s*(?:'([^']*)'|"([^"]*)"|([0-9]{1,15}))\s*\Z""")
 _FLIP = {">": "<", ">=": "<=", "<": ">", "<=": ">=", "=": "="}
 
 
@@ -244,10 +240,10 @@ def index_key(spec: ComponentSpec) -> tuple | None:
         if isinstance(expr, XPathTest) and expr.var == me and not expr.namespaces:
             m = _XPATH_EQ.match(expr.source)
             if m:
-                found.append(("xeq", m.group(1), m.group(2) if m.group(2) is not None else m.group(3)))
-            m = _XPATH_NUMBER_EQ.match(expr.source)
-            if m:
-                found.append(("xnum", m.group(1), int(m.group(2))))
+                attribute, name, single, double, number = m.groups()
+                text = single if single is not None else double
+                kind = ("x" if attribute else "c") + ("eq" if text is not None else "num")
+                found.append((kind, name, text if text is not None else int(number)))
         elif isinstance(expr, Compare) and expr.op in _FLIP:
             left, right, op = expr.left, expr.right, expr.op
             if isinstance(left, Literal):
