@@ -180,12 +180,13 @@ NUMBER_TEXTS = ["7", "07", " 7 ", "7.0", "7e0", "+7", "-7", "-0", "0", "0.0", "I
                        min_size=1, max_size=4),
        texts=st.lists(st.one_of(st.none(), st.sampled_from(NUMBER_TEXTS)), min_size=1, max_size=6),
        source=st.sampled_from(["xml", "json", "children", "children"]), step=st.sampled_from(["@x", "x"]),
+       op=st.sampled_from(["=", "=", "<", "<=", ">", ">="]), flipped=st.booleans(),
        kids=st.lists(st.sampled_from(["7", "7", " 7 ", "7.0", "x", "", "<y>7</y>", "7<!--c-->", "1000"] + NUMBER_TEXTS),
                      max_size=3))
-def test_xpath_equality_indexes_find_what_the_predicate_finds(values, texts, source, step, kids):
+def test_xpath_indexes_find_what_the_predicate_finds(values, texts, source, step, op, flipped, kids):
     """``@x = 12``, ``@x = 'text'``, ``x = 12``, ``x = 'text'`` are looked up in hash indexes (by the text, or
-    the text cast as elementpath casts it): the same matches as the same predicate in parentheses, which no
-    index reads (every node of the type evaluates it)."""
+    the text cast as elementpath casts it), ``@x > 12``, ``12 <= x``… in range indexes: the same matches as the
+    same predicate in parentheses, which no index reads (every node of the type evaluates it)."""
     import io
 
     from lxml import etree
@@ -211,16 +212,20 @@ def test_xpath_equality_indexes_find_what_the_predicate_finds(values, texts, sou
             events = [event(i, t) for i, t in enumerate(texts)]
         return sorted(_canon(m) for ev in events for m in eng.process(ev))
 
-    indexed = run("//a[{step} = {value}]")
-    assert run("//a[({step} = {value})]") == indexed
+    predicate = "{value} " + op + " {step}" if flipped else "{step} " + op + " {value}"
+    indexed = run("//a[" + predicate + "]")
+    assert run("//a[(" + predicate + ")]") == indexed
 
 
 def test_xpath_equalities_take_their_indexes():
     eng = Engine()
     keys = {q: [n.index_key for n in eng.queries[eng.register(q)].nodes]
-            for q in ["//a[(@x = 7)]", "//a[@x = 7]", "//a[@x='7']", "//a[x = 7]", "//a[x = \"7\"]", "//a[@x = 1e3]"]}
+            for q in ["//a[(@x = 7)]", "//a[@x = 7]", "//a[@x='7']", "//a[x = 7]", "//a[x = \"7\"]", "//a[@x = 1e3]",
+                      "//a[@x > 7]", "//a[7 >= x]", "//a[@x > 7.5]"]}
     assert keys == {"//a[(@x = 7)]": [None], "//a[@x = 7]": [("xnum", "x", 7)], "//a[@x='7']": [("xeq", "x", "7")],
-                    "//a[x = 7]": [("cnum", "x", 7)], '//a[x = "7"]': [("ceq", "x", "7")], "//a[@x = 1e3]": [None]}
+                    "//a[x = 7]": [("cnum", "x", 7)], '//a[x = "7"]': [("ceq", "x", "7")], "//a[@x = 1e3]": [None],
+                    "//a[@x > 7]": [("xrange", "xnum", "x", ">", 7)], "//a[7 >= x]": [("xrange", "cnum", "x", "<=", 7)],
+                    "//a[@x > 7.5]": [None]}
 
 
 def test_equivalent_negations_share_one_candidate_store():

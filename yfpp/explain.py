@@ -86,6 +86,9 @@ def _index_text(key: tuple | None) -> str | None:
         return None
     if key[0] == "range":
         return f"{key[1]} {key[2]} {key[3]!r} (range index)"
+    if key[0] == "xrange":
+        _, source, name, op, bound = key
+        return f"{'@' if source == 'xnum' else ''}{name} {op} {bound!r} (range index{'' if source == 'xnum' else ' of child elements'})"
     if key[0] in ("ceq", "cnum"):
         return f"{key[1]} = {key[2]!r} (hash index of child elements)"
     return f"{'@' if key[0] in ('xeq', 'xnum') else ''}{key[1]} = {key[2]!r} (hash index)"

@@ -132,15 +132,17 @@ class _TypeGroup:
         # XPath equalities, by (kind, name): @a = 'text' ("xeq"), @a = 12 ("xnum"), a = 'text' ("ceq"), a = 12
         # ("cnum"); looked up by what xpath_ext.xpath_predicates.index_keys reads of the event
         self.xpath: dict[tuple[str, str], dict[Any, list[Node]]] = {}
-        self.ranges: dict[tuple[str, str], tuple[list[tuple[Any, int]], dict[int, Node]]] = {}
+        # range predicates, by (source, attribute, op): a SASE+ attribute's value (source None), an XPath
+        # attribute's or child's text cast as XPath casts it ("xnum", "cnum"); sorted (bound, node id) keys
+        self.ranges: dict[tuple[str | None, str, str], tuple[list[tuple[Any, int]], dict[int, Node]]] = {}
 
     def add(self, node: Node) -> None:
         key = node.index_key
         if key is None:
             self.plain.append(node)
-        elif key[0] == "range":
-            _, attr, op, c = key
-            keys, nodes = self.ranges.setdefault((attr, op), ([], {}))
+        elif key[0] in ("range", "xrange"):
+            slot, c = _range_slot(key)
+            keys, nodes = self.ranges.setdefault(slot, ([], {}))
             insort(keys, (c, node.id))
             nodes[node.id] = node
         else:
@@ -152,9 +154,9 @@ class _TypeGroup:
         key = node.index_key
         if key is None:
             self.plain.remove(node)
-        elif key[0] == "range":
-            _, attr, op, c = key
-            keys, nodes = self.ranges[(attr, op)]
+        elif key[0] in ("range", "xrange"):
+            slot, c = _range_slot(key)
+            keys, nodes = self.ranges[slot]
             keys.pop(bisect_left(keys, (c, node.id)))
             del nodes[node.id]
         else:
@@ -196,20 +198,43 @@ class _TypeGroup:
                 else:
                     for k in keys:
                         out += table.get(k, ())
-        for (attr, op), (keys, nodes) in self.ranges.items():
-            v = ev.attrs.get(attr, MISSING)
-            if not is_number(v):
-                continue
-            if op == ">":  # v > c
-                sel = keys[: bisect_left(keys, (v, -1))]
-            elif op == ">=":
-                sel = keys[: bisect_right(keys, (v, float("inf")))]
-            elif op == "<":
-                sel = keys[bisect_right(keys, (v, float("inf"))) :]
+        for (source, attr, op), (keys, nodes) in self.ranges.items():
+            if source is None:
+                v = ev.attrs.get(attr, MISSING)
+                values = (v,) if is_number(v) else ()
             else:
-                sel = keys[bisect_left(keys, (v, -1)) :]
-            out += [nodes[nid] for _, nid in sel]
+                from xpath_ext.xpath_predicates import index_keys
+
+                found = index_keys(source, attr, ev)
+                if found is None:  # (as above)
+                    out += nodes.values()
+                    continue
+                values = tuple(v for v in found if v == v)  # (NaN compares false)
+            if len(values) == 1:
+                out += [nodes[nid] for _, nid in _in_range(keys, op, values[0])]
+            elif values:  # (several children: each node once)
+                out += {nid: nodes[nid] for v in values for _, nid in _in_range(keys, op, v)}.values()
         return out
+
+
+def _in_range(keys: list[tuple[Any, int]], op: str, v: Any) -> list[tuple[Any, int]]:
+    """The (bound, node id) keys whose predicate ``v op bound`` holds."""
+    if op == ">":  # v > c
+        return keys[: bisect_left(keys, (v, -1))]
+    if op == ">=":
+        return keys[: bisect_right(keys, (v, float("inf")))]
+    if op == "<":
+        return keys[bisect_right(keys, (v, float("inf"))) :]
+    return keys[bisect_left(keys, (v, -1)) :]
+
+
+def _range_slot(key: tuple) -> tuple[tuple[str | None, str, str], Any]:
+    """A range index key's table in ``_TypeGroup.ranges`` and its bound."""
+    if key[0] == "range":
+        _, attr, op, c = key
+        return (None, attr, op), c
+    _, source, name, op, c = key
+    return (source, name, op), c
 
 
 def _reactions(node: Node) -> list[str | None]:
@@ -229,6 +254,9 @@ def _reactions(node: Node) -> list[str | None]:
 
 # @a = 'text' or a = 'text' (a child step), and with an integer literal below 2**53 (exact as a double)
 _XPATH_EQ = re.compile(r"""\s*(@?)([A-Za-z_][\w.\-]*)\s*=\s*(?:'([^']*)'|"([^"]*)"|([0-9]{1,15}))\s*\Z""")
+_XPATH_NAME, _XPATH_BOUND = r"(@?)([A-Za-z_][\w.\-]*)", r"([0-9]{1,15})"
+_XPATH_RANGE = re.compile(rf"\s*{_XPATH_NAME}\s*(<=|>=|<|>)\s*{_XPATH_BOUND}\s*\Z")  # @a > 12, a > 12
+_XPATH_RANGE_FLIPPED = re.compile(rf"\s*{_XPATH_BOUND}\s*(<=|>=|<|>)\s*{_XPATH_NAME}\s*\Z")  # 12 < @a
 _FLIP = {">": "<", ">=": "<=", "<": ">", "<=": ">=", "=": "="}
 
 
@@ -244,6 +272,14 @@ def index_key(spec: ComponentSpec) -> tuple | None:
                 text = single if single is not None else double
                 kind = ("x" if attribute else "c") + ("eq" if text is not None else "num")
                 found.append((kind, name, text if text is not None else int(number)))
+            m = _XPATH_RANGE.match(expr.source)
+            if m:
+                attribute, name, op, bound = m.groups()
+                found.append(("xrange", "xnum" if attribute else "cnum", name, op, int(bound)))
+            m = _XPATH_RANGE_FLIPPED.match(expr.source)
+            if m:
+                bound, op, attribute, name = m.groups()
+                found.append(("xrange", "xnum" if attribute else "cnum", name, _FLIP[op], int(bound)))
         elif isinstance(expr, Compare) and expr.op in _FLIP:
             left, right, op = expr.left, expr.right, expr.op
             if isinstance(left, Literal):
@@ -257,7 +293,7 @@ def index_key(spec: ComponentSpec) -> tuple | None:
                 found.append(("eq", left.attr, v))
             elif op != "=" and is_number(v):
                 found.append(("range", left.attr, op, v))
-    found.sort(key=lambda k: k[0] == "range")
+    found.sort(key=lambda k: k[0] in ("range", "xrange"))
     return found[0] if found else None
 
 
