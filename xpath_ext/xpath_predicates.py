@@ -217,19 +217,24 @@ def by_elementpath(source: str, namespaces: Namespaces = ()) -> bool:
 
 def _fast_test(fast: Callable[[Any], bool], slow: Test) -> Test:
     def test(event: Event) -> bool:
-        # the fast path reads attributes (``.get``) and leaf children: no element is built for JSON events
-        # nor for XML events that keep their attribute texts (those have no children)
-        el = event.texts
-        if el is None:
-            el = event._element
         try:
-            return fast(el if el is not None else AttributeView(event))
+            return fast(_read_view(event))
         except _ERRORS:
             return False
         except _Slow:
             return slow(event)
 
     return test
+
+
+def _read_view(event: Event) -> Any:
+    """What the fast path and the indexes read attributes (``.get``) and leaf children of: the attribute texts
+    of an XML event that keeps only those (it has no children), else its element, else (an event from JSON)
+    an :class:`AttributeView` — no element is built for either."""
+    el = event.texts
+    if el is None:
+        el = event._element
+    return el if el is not None else AttributeView(event)
 
 
 def _elementpath_test(token: XPathToken, namespaces: dict[str, str]) -> Test:
@@ -347,11 +352,7 @@ def index_keys(kind: str, name: str, event: Event) -> list[Any] | None:
     (``get_double``; none when that fails: the predicate is false), for the child step ``name`` (``ceq``,
     ``cnum``) the same of each leaf child, or None when a child named so is not a leaf (the fast path leaves
     those to elementpath, and so does the index: every node of the table checks its predicate)."""
-    el = event.texts
-    if el is None:
-        el = event._element
-    if el is None:
-        el = AttributeView(event)
+    el = _read_view(event)
     if kind[0] == "x":
         text = el.get(name)
         texts = [] if text is None else [text]

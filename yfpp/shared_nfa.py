@@ -32,7 +32,7 @@ from bisect import bisect_left, bisect_right, insort
 from collections import Counter
 from dataclasses import dataclass, field
 from itertools import count
-from typing import Any, Hashable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Hashable, Iterable, Iterator, Sequence
 
 from yfpp.events import MISSING, Event
 from yfpp.nfa_compiler import ComponentSpec, QueryPlan
@@ -135,9 +135,15 @@ class _TypeGroup:
         # range predicates, by (source, attribute, op): a SASE+ attribute's value (source None), an XPath
         # attribute's or child's text cast as XPath casts it ("xnum", "cnum"); sorted (bound, node id) keys
         self.ranges: dict[tuple[str | None, str, str], tuple[list[tuple[Any, int]], dict[int, Node]]] = {}
+        #: xpath_ext.xpath_predicates.index_keys, once an XPath index is made (a run without XPath never loads it)
+        self.xpath_keys: Callable[[str, str, Event], list[Any] | None] | None = None
 
     def add(self, node: Node) -> None:
         key = node.index_key
+        if key is not None and key[0] not in ("eq", "range") and self.xpath_keys is None:
+            from xpath_ext.xpath_predicates import index_keys
+
+            self.xpath_keys = index_keys
         if key is None:
             self.plain.append(node)
         elif key[0] in ("range", "xrange"):
@@ -188,11 +194,10 @@ class _TypeGroup:
                     out += table.get(v, ())
                 except TypeError:  # unhashable value
                     pass
+        index_keys = self.xpath_keys
         if self.xpath:
-            from xpath_ext.xpath_predicates import index_keys  # (loaded already: an XPath query is registered)
-
             for (kind, name), table in self.xpath.items():
-                keys = index_keys(kind, name, ev)
+                keys = index_keys(kind, name, ev)  # type: ignore[misc]
                 if keys is None:  # (a child the index does not read: every node of the table checks it)
                     out += [n for nodes in table.values() for n in nodes]
                 else:
@@ -203,9 +208,7 @@ class _TypeGroup:
                 v = ev.attrs.get(attr, MISSING)
                 values = (v,) if is_number(v) else ()
             else:
-                from xpath_ext.xpath_predicates import index_keys
-
-                found = index_keys(source, attr, ev)
+                found = index_keys(source, attr, ev)  # type: ignore[misc]
                 if found is None:  # (as above)
                     out += nodes.values()
                     continue
