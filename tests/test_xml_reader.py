@@ -12,11 +12,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lxml import etree
 
-from yfpp import xml_reader
+from yfpp import xml_lines, xml_reader
 from yfpp.dead_letters import DeadLetters
 from yfpp.engine import Engine
 from yfpp.errors import InputError
 from yfpp.readers import read_xml
+from yfpp.record_fields import typed_value
 
 
 class Trickle(io.RawIOBase):
@@ -440,3 +441,104 @@ def test_possessive_token_patterns_match_as_the_backtracking_ones(parts, name):
     for pos in range(len(text) + 1):
         m, r = ours.match(text, pos), theirs.match(text, pos)
         assert (m and (m.span(), m.groups())) == (r and (r.span(), r.groups())), (text, pos)
+
+
+# Lines aimed at JsonLines (yfpp.xml_lines), the reader of blocks of <tag ts="digits" …/> lines that needs no
+# XML parser: what it must read exactly as lxml does, and what it must leave to lxml or the splitter.
+JSON_LINE_POOL = [
+    '<e ts="1" a="x"/>', '<shelf ts="56" tag_id="14" zone="Z4"/>', '<e ts="2"/>', '<e ts="3" />', '<e  ts="3"/>',
+    '<e ts = "4"\ta="1"  b = "2" />', '<e ts="0005" a="007" b="-0" c="+5" d="1e3" e=".5" f="5." g="-0.0" h="0"/>',
+    '<e ts="123456789012345" a="18446744073709551615" b="18446744073709551616" c="-9223372036854775809"/>',
+    '<e ts="1234567890123456"/>', '<e ts="31" a="12345678901234567890123"/>',
+    '<e ts="6" a="1e999" b="nan" c="inf" d="1_0" e="" f=" 7 " g="true" h="null" i="1e-7" j="2.5E+300"/>',
+    '<e ts="7" a="back\\\\slash" b="x>y" c="é" d="\u00a0" e="\U0001f600"/>', '<e ts="32" a="\ufffe"/>',
+    '<e ts="33" a="\uffff"/>', '<e ts="8" a="tab\there"/>', '<e ts="9" a="1" a="2"/>', '<e ts="10" ts="11"/>',
+    '<e a="1" ts="12"/>', '<e ts="13" xmlns="urn:x"/>', '<e ts="14" xmlnsx="1"/>', '<e ts="15" p:a="1"/>',
+    '<p:e ts="16"/>', '<é ts="17"/>', '<e ts="18" é="1"/>', '<e.x-y_z ts="19" _a.b-c="1"/>', '<e ts="20" a="1"b="2"/>',
+    "<e ts=\"21\" a='1'/>", '<e ts="22" a="x=" b="=y"/>', '<e ts="23" a=" b=" c="/>"/>', '<e ts="\u0662"/>',
+    '<e ts="24" a="\x7f"/>', '<e ts="25" a="x&amp;y"/>', "<e ts=\"26\" a=\"a'b\"/>", '<e ts="27" a="{}[]," b=":"/>',
+    '<e ts="28"></e>', "<!-- c -->", "", '<e ts="29"/><e ts="30"/>', '<e ts="34" a="<"/>', '<e ts="35" a="\x01"/>',
+    '<1e ts="36"/>', '<e ts="37" 1a="1"/>', '<e ts="38" a="1"/', '<e ts="39" a="1">', '<e ts="40" a/>',
+    '<e ts="41" ="1"/>', '<e ts="42" a="x\\u0041"/>', '<e ts="43" a="1"/> ', "text", '<e ts="44" a="x" /><!-- c -->',
+]
+
+
+def _read_all(data: bytes, trickle: int | None, **opts) -> tuple[list, str]:
+    """Every field of every event, its element (built from its texts when it keeps them: which events do is
+    the path's choice) and the dead letters."""
+    out = io.StringIO()
+    source = Trickle(data, trickle) if trickle is not None else io.BytesIO(data)
+    got = [(e.seq, e.type, e.ts, type(e.ts), sorted((k, v, type(v)) for k, v in e.attrs.items()),
+            e.element.sourceline, etree.tostring(e.element, with_tail=False))
+           for e in read_xml(source, dead_letters=DeadLetters(out), **opts)]
+    return got, out.getvalue()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(lines=st.lists(st.sampled_from(JSON_LINE_POOL[:8] + JSON_LINE_POOL), min_size=1, max_size=10),
+       indents=st.lists(st.sampled_from(["", "  ", "\t", " "]), min_size=10, max_size=10),
+       head=st.sampled_from(["", "<stream>\n", '<?xml version="1.0" encoding="UTF-8"?>\n<stream>\n',
+                             '<?xml version="1.0" encoding="utf8"?>\n', '<?xml version="1.0" encoding="ISO-8859-1"?>\n<s>\n']),
+       crlf=st.booleans(), trickle=st.one_of(st.none(), st.integers(0, 50)), unit=st.sampled_from(["s", "ms", "h"]))
+def test_json_lines_read_as_lxml_reads_them(monkeypatch, lines, indents, head, crlf, trickle, unit):
+    """The same events, texts, elements and dead letters with JsonLines, with lxml's parser target in its place,
+    and with the splitter alone."""
+    end = "\r\n" if crlf else "\n"
+    body = "".join(indent + line + end for indent, line in zip(indents, lines))
+    tail = ("</stream>" if "<stream>" in head else "</s>" if "<s>" in head else "") + end
+    encoding = "iso-8859-1" if "ISO" in head else "utf-8"
+    data = (head.replace("\n", end) + body + tail).encode(encoding, errors="xmlcharrefreplace")
+    json_read = _read_all(data, trickle, ts_unit=unit)
+    with monkeypatch.context() as m:
+        m.setattr(xml_lines.JsonLines, "read", lambda self, region, n, seq, line: None)
+        assert _read_all(data, trickle, ts_unit=unit) == json_read
+        m.setattr(xml_reader.Splitter, "_plain_lines", lambda self, region: None)
+        assert _read_all(data, trickle, ts_unit=unit) == json_read
+        m.setattr(xml_reader.Splitter, "_whole_lines", lambda self: None)  # every record cut by the splitter
+        assert _read_all(data, trickle, ts_unit=unit) == json_read
+
+
+_VALUE_CHARS = st.sampled_from(list("0123456789+-.eE xZé\\>=/_:,{}[]'\t") + ["\u00a0", "\U0001f600", "\ufffe", "\x7f"])
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(rows=st.lists(st.tuples(st.integers(0, 10 ** 16), st.dictionaries(st.sampled_from(["a", "b", "tag_id", "z.1"]),
+                                                                          st.text(_VALUE_CHARS, max_size=8), max_size=3)),
+                     min_size=1, max_size=30))
+def test_json_lines_type_values_as_typed_value_does(monkeypatch, rows):
+    """Generated values (numbers of every shape, signs, exponents, spaces, non-ASCII, backslashes): the same
+    events and dead letters as lxml's parser target gives, the JsonLines path taken unless a value makes the block
+    one it cannot read (then it reads nothing)."""
+    data = "".join(f'<e ts="{ts}"' + "".join(f' {k}="{v}"' for k, v in attrs.items()) + "/>\n" for ts, attrs in rows).encode()
+    taken = []
+    original = xml_lines.JsonLines.read
+
+    def counted(self, region, n, seq, line):
+        events = original(self, region, n, seq, line)
+        taken.append(events is not None)
+        return events
+
+    with monkeypatch.context() as m:
+        m.setattr(xml_lines.JsonLines, "read", counted)
+        json_read = _read_all(data, None)
+    with monkeypatch.context() as m:
+        m.setattr(xml_lines.JsonLines, "read", lambda self, region, n, seq, line: None)
+        assert _read_all(data, None) == json_read
+    plain = all(ts < 10 ** 15 for ts, _ in rows) and all("\\" not in v and "\t" not in v and "\ufffe" not in v
+                                                       for _, attrs in rows for v in attrs.values())
+    # (the last line of a rootless feed is the splitter's: it cannot know the line is whole before the input ends)
+    if len(rows) > 1 and plain and all(abs(v) < 2 ** 63 for _, attrs in rows for v in map(typed_value, attrs.values())
+                                       if type(v) is int):
+        assert taken and all(taken)
+
+
+def test_json_lines_take_the_plainest_feed_and_keep_each_line_for_its_texts():
+    data = b'<?xml version="1.0" encoding="UTF-8"?>\n<stream>\n' + b"".join(
+        b'  <shelf ts="%d" tag_id="%d" zone="Z%d"/>\n' % (i, i * 7, i % 3) for i in range(1, 2001)) + b"</stream>\n"
+    events = list(read_xml(io.BytesIO(data)))
+    assert len(events) == 2000
+    # (the first block, with the declaration and the root's start tag, is the splitter's)
+    assert type(events[1500]._texts) is bytes  # read by JsonLines: the texts are read from the line when asked for
+    assert events[1500].texts == {"ts": "1501", "tag_id": "10507", "zone": "Z1"} and type(events[1500]._texts) is dict
+    assert (events[1500].type, events[1500].ts, events[1500].attrs, events[1500].element.sourceline) == (
+        "shelf", 1501.0, {"tag_id": 10507, "zone": "Z1"}, 1503)

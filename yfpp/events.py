@@ -22,7 +22,7 @@ class Event:
     element ``<type texts…/>`` is then built only when something asks for it.
     """
 
-    __slots__ = ("type", "ts", "attrs", "seq", "pos", "texts", "_el")
+    __slots__ = ("type", "ts", "attrs", "seq", "pos", "_texts", "_el")
 
     def __init__(self, type: str, ts: float, attrs: dict[str, Any] | None = None, seq: int = -1, element: Any = None,
                  texts: dict[str, str] | None = None):
@@ -31,10 +31,18 @@ class Event:
         self.attrs = attrs if attrs is not None else {}
         self.seq = seq
         self.pos = -1
-        #: The attribute texts of an XML event whose element is built only when asked for (the plainest XML
-        #: feeds, :mod:`yfpp.xml_reader`): what ``element.get(name)`` gives, without the element; else None.
-        self.texts = texts
+        # the attribute texts (see texts), or the bytes of the line they are read from when first asked for
+        self._texts: dict[str, str] | bytes | None = texts
         self._el = element
+
+    @property
+    def texts(self) -> dict[str, str] | None:
+        """The attribute texts of an XML event whose element is built only when asked for (the plainest XML
+        feeds, :mod:`yfpp.xml_lines`): what ``element.get(name)`` gives, without the element; else None."""
+        texts = self._texts
+        if type(texts) is bytes:
+            texts = self._texts = _line_texts(texts)
+        return texts
 
     @property
     def _element(self) -> Any:
@@ -83,3 +91,9 @@ class Event:
 
     def __repr__(self) -> str:
         return f"Event({self.type!r}, ts={self.ts!r}, seq={self.seq}, {self.attrs!r})"
+
+
+def _line_texts(raw: bytes) -> dict[str, str]:
+    from yfpp.xml_lines import line_texts  # (xml_lines imports this module)
+
+    return line_texts(raw)

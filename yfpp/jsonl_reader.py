@@ -173,7 +173,7 @@ def _plain_events(records: list[Any], seq: int, opts: ReaderOptions, out: list[E
             event.attrs = record
             event.seq = seq
             event.pos = -1
-            event.texts = event._el = None
+            event._texts = event._el = None
             append(event)
             seq += 1
     except OverflowError:

@@ -35,11 +35,13 @@ end is left to the splitter: lxml gives an element the line its start tag ends
 on, a record's line is the one it starts on. So the per-event cost of a clean feed
 is lxml's, and the splitter only reads blocks that hold something wrong. The
 plainest feed — every line one self-closing element, no namespace, no entity or
-character reference (:meth:`Splitter._plain_lines`) — builds no tree at all: a
-parser target makes each event from the tag and attribute texts lxml reads, and
-the event keeps those texts (``Event.texts``) and builds its element from them
-only when something asks for it (XPath predicates, checkpoints): the same
-element, line included.
+character reference (:meth:`Splitter._plain_lines`) — builds no tree at all
+(:mod:`yfpp.xml_lines`): in UTF-8 with the ts first and of digits, a block is read
+as one JSON document without an XML parser; otherwise a parser target makes each
+event from the tag and attribute texts lxml reads. The event keeps those texts
+(``Event.texts``, read from its line when first asked for) and builds its element
+from them only when something asks for it (XPath predicates, checkpoints): the
+same element, line included.
 
 Caps (:class:`~yfpp.record_fields.ReaderOptions`): an event element longer than
 ``max_record_bytes`` is one dead letter (its first bytes as ``raw``) and is
@@ -74,6 +76,7 @@ from yfpp.errors import InputError
 from yfpp.events import Event
 from yfpp.record_fields import ISO_8601, RAW_PREVIEW, ReaderOptions, pop_ts, pop_type, preview, scaled_ts, typed_value
 from yfpp.xml_element import line_element
+from yfpp.xml_lines import JsonLines, LineEvents, Lines, TypedValues, number_ts
 
 # Every repetition possessive (``++``, ``*+``): what follows each can never be what it repeats, so the matches
 # are the same, and a long token cut short by the end of the buffer fails in one pass instead of backtracking
@@ -101,6 +104,7 @@ _INDENT = re.compile(rb"[ \t]*")
 _LEAD = re.compile(rb"(?:[ \t\r\n]*\n)?([ \t]*)<")
 _LINE_COL = re.compile(r", line \d+, column \d+$")
 _BATCH_END = b"</yfpp-batch>"
+_UTF8 = ("utf-8", "utf8")  # a declared encoding that is UTF-8
 _BLOCK = 1 << 16
 
 
@@ -121,15 +125,6 @@ class Region(NamedTuple):
     elements: list[Any]
     line: int
     flat: bool
-
-
-class Lines(NamedTuple):
-    """Self-closing event elements one per line, read in one go (see :meth:`Splitter._plain_lines`): the
-    event of each (keeping its attribute texts), or ``(tag, attribute texts, seq, line)`` for one whose ts the long way
-    must read (and perhaps report); ``clean`` when there is none of those."""
-
-    items: list[Any]
-    clean: bool
 
 
 class Bad(NamedTuple):
@@ -174,7 +169,8 @@ class Splitter:
         self.out: list[Chunk | Region | Lines | Bad] = []
         self._parsers: dict[str | None, Any] = {}
         self.count = 0  # records handed out (the seq of the next one)
-        self._line_events = _LineEvents(opts)
+        self._json_lines = JsonLines(opts)
+        self._line_events = LineEvents(opts)
         self._line_parsers: dict[str | None, Any] = {}
         self.indent: bytes | None = None  # the indentation of event start tags, as last seen
         # the element being read (self.stack non-empty)
@@ -301,13 +297,20 @@ class Splitter:
         between them), no namespace, no entity or character reference; None otherwise or when lxml does not
         accept it.
 
-        No element tree is built: a parser target makes each event from the element's tag and attribute
-        texts, and its element, should anything ask for it, is built from them (``Event.texts``).
+        No element tree is built (:mod:`yfpp.xml_lines`): a UTF-8 block of ``<tag ts="digits" …/>`` lines
+        is read as one JSON document, any other by an lxml parser target that makes each event from the
+        element's tag and attribute texts; an element, should anything ask for it, is built from the texts
+        (``Event.texts``).
         """
         n = region.count(b"\n")
-        if (not self.lines_ok or not n or region[-3:] != b"/>\n" or region.count(b">") != n
-                or self.wrapper_open != b"<yfpp-batch>"
-                or b"xmlns" in region or b"xml:" in region or b"&" in region):  # lxml's target gets "&#38;" for "&amp;"
+        if (not self.lines_ok or not n or region[-3:] != b"/>\n" or self.wrapper_open != b"<yfpp-batch>"
+                or b"&" in region):  # lxml's target gets "&#38;" for "&amp;"
+            return None
+        if self.encoding is None or self.encoding.lower() in _UTF8:  # (JsonLines checks the rest itself)
+            events = self._json_lines.read(region, n, self.count, self.line)
+            if events is not None:
+                return Lines(events, True)
+        if region.count(b">") != n or b"xmlns" in region or b"xml:" in region:
             return None
         first = _INDENT.match(region).end()  # type: ignore[union-attr]
         indent = _INDENT.match(region, region.find(b"\n") + 1).group()  # type: ignore[union-attr]
@@ -708,78 +711,6 @@ def _parser(encoding: str | None, target: Any = None) -> Any:
     )
 
 
-class _LineEvents:
-    """The parser target of :meth:`Splitter._plain_lines`: the event of each element as lxml reads it,
-    numbered from the seq and line given to :meth:`reset` (the first element, the wrapper, skipped)."""
-
-    def __init__(self, opts: ReaderOptions):
-        self.start, self.reset, self.close = _line_event_maker(opts)
-
-
-def _line_event_maker(opts: ReaderOptions) -> tuple[Callable[[str, Any], None], Callable[[int, int, bool], None],
-                                                      Callable[[], Lines]]:
-    """``start(tag, attributes)``, ``reset(seq, line, all_ascii)`` and ``close()`` of a :class:`_LineEvents` (closures: the
-    per-element work reads no attributes). An element's event is what :func:`_flat_events` would make;
-    one with no attributes or whose ts is missing or not a usable number is left to the long way."""
-    ts_field, unit = opts.ts_field, opts.unit
-    m, d = unit
-    seconds = unit == (1, 1)
-    new = object.__new__
-    typed = _TypedValues()
-    items: list[Any] = []
-    append = items.append
-    seq = to_line = 0  # the seq of the next element, and what its line is more than its seq
-    wrapper = clean = region_ascii = True
-
-    def start(tag: str, texts: Any) -> None:
-        nonlocal seq, wrapper, clean
-        if type(texts) is dict:  # else an immutable empty mapping: no attributes (the wrapper has none)
-            attrs = texts.copy()
-            raw_ts = attrs.pop(ts_field, None)
-            if raw_ts is None:
-                ts = None
-            elif raw_ts.isdigit() and len(raw_ts) < 16 and (region_ascii or raw_ts.isascii()):
-                # below 10¹⁶ × 3600: finite; below 2⁵³ in seconds: float() is exactly int() / 1
-                ts = float(raw_ts) if seconds else int(raw_ts) * m / d
-            else:
-                ts = _number_ts(raw_ts, unit)
-            if ts is not None:
-                for name in attrs:  # values replaced in place: the dict's size does not change (keys, no pairs: less)
-                    attrs[name] = typed[attrs[name]]
-                # Event(tag, ts, attrs, seq, line, texts) without the call to __init__ (5 % of this reader's work)
-                event = new(Event)
-                event.type = tag
-                event.ts = ts
-                event.attrs = attrs
-                event.seq = seq
-                event.pos = -1
-                event.texts = texts
-                event._el = seq + to_line
-                append(event)
-                seq += 1
-                return
-        elif wrapper:
-            wrapper = False
-            return
-        append((tag, dict(texts), seq, seq + to_line))
-        clean = False
-        seq += 1
-
-    def reset(first_seq: int, first_line: int, all_ascii: bool) -> None:
-        """Start a region: its first element's seq and line, and whether all its bytes are ASCII (then a
-        ts of ASCII digits is told by ``isdigit`` alone)."""
-        nonlocal seq, to_line, wrapper, clean, region_ascii
-        items.clear()
-        seq, to_line, wrapper, clean, region_ascii = first_seq, first_line - first_seq, True, True, all_ascii
-
-    def close() -> Lines:
-        lines = Lines(items[:], clean)
-        items.clear()
-        return lines
-
-    return start, reset, close
-
-
 class _FirstAttributes:
     """A parser target that keeps the attributes of the first element it sees."""
 
@@ -858,7 +789,7 @@ def xml_batches(f: IO[Any], owned: bool, opts: ReaderOptions, dl: DeadLetters) -
     completes) that has any; dead letters go to ``dl`` as a block is read."""
     splitter = Splitter(getattr(f, "read1", f.read), opts)
     seq = 0
-    typed = _TypedValues()
+    typed = TypedValues()
     flat_ok = opts.type_field is None and opts.unit is not ISO_8601
     try:
         for records in splitter.records():
@@ -908,25 +839,6 @@ def _event_or_report(el: Any, seq: int, line: int, opts: ReaderOptions, dl: Dead
     return None
 
 
-class _TypedValues(dict):
-    """``typed_value`` of attribute texts, remembered (up to 4,096, then forgotten all at once)."""
-
-    def __missing__(self, text: str) -> int | float | str:
-        # (typed_value's common case inline: most misses are the first sight of a new id, a call less each)
-        value = int(text) if text.isdigit() and text.isascii() and len(text) < 4300 else typed_value(text)
-        if len(self) >= 4096:
-            self.clear()
-        self[text] = value
-        return value
-
-
-def _number_ts(raw_ts: str, unit: tuple[int, int]) -> float | None:
-    """The ts in seconds of an attribute text that is a number (:func:`typed_value`), else None: what the
-    fast paths take; anything else (blanks around it, not a number, not finite) goes the long way."""
-    number = typed_value(raw_ts)
-    return None if type(number) is str else scaled_ts(number, unit)
-
-
 def _long_events(elements: list[Any], seq: int, base: int, opts: ReaderOptions, dl: DeadLetters,
                  out: list[Event]) -> int:
     """The events of a region's elements (their lines counted from ``base``) appended to ``out``, numbered
@@ -941,7 +853,7 @@ def _long_events(elements: list[Any], seq: int, base: int, opts: ReaderOptions, 
     return seq
 
 
-def _flat_events(elements: list[Any], seq: int, base: int, opts: ReaderOptions, typed: _TypedValues,
+def _flat_events(elements: list[Any], seq: int, base: int, opts: ReaderOptions, typed: TypedValues,
                  dl: DeadLetters, out: list[Event]) -> int:
     """:func:`_long_events` for childless elements without namespaces (no ``type_field``, a numeric unit):
     the same events, built in one loop; an element whose ts is missing or not a usable number goes the
@@ -958,7 +870,7 @@ def _flat_events(elements: list[Any], seq: int, base: int, opts: ReaderOptions, 
         elif raw_ts.isdigit() and len(raw_ts) < 16 and raw_ts.isascii():
             ts = int(raw_ts) * m / d  # below 10¹⁶ × 3600: finite (the common case, without a call)
         else:
-            ts = _number_ts(raw_ts, opts.unit)
+            ts = number_ts(raw_ts, opts.unit)
         if ts is None:
             event = _event_or_report(el, seq, line, opts, dl)
             if event is not None:
