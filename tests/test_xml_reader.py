@@ -17,7 +17,7 @@ from yfpp.dead_letters import DeadLetters
 from yfpp.engine import Engine
 from yfpp.errors import InputError
 from yfpp.readers import read_xml
-from yfpp.record_fields import typed_value
+from yfpp.record_fields import ReaderOptions, typed_value
 
 
 class Trickle(io.RawIOBase):
@@ -460,6 +460,9 @@ JSON_LINE_POOL = [
     '<e ts="28"></e>', "<!-- c -->", "", '<e ts="29"/><e ts="30"/>', '<e ts="34" a="<"/>', '<e ts="35" a="\x01"/>',
     '<1e ts="36"/>', '<e ts="37" 1a="1"/>', '<e ts="38" a="1"/', '<e ts="39" a="1">', '<e ts="40" a/>',
     '<e ts="41" ="1"/>', '<e ts="42" a="x\\u0041"/>', '<e ts="43" a="1"/> ', "text", '<e ts="44" a="x" /><!-- c -->',
+    # names near and over libxml2's limit of 50,000 characters
+    "<" + "t" * 1000 + ' ts="45"/>', "<" + "t" * 50001 + ' ts="46"/>', '<e ts="47" ' + "a" * 50001 + '="1"/>',
+    '<xml ts="48"/>', '<xmlns ts="49"/>', '<e ts="50" xml="1" xmlnsx="2"/>', '<e ts="51" xmlns:p="urn:p" p:a="1"/>',
 ]
 
 
@@ -542,3 +545,17 @@ def test_json_lines_take_the_plainest_feed_and_keep_each_line_for_its_texts():
     assert events[1500].texts == {"ts": "1501", "tag_id": "10507", "zone": "Z1"} and type(events[1500]._texts) is dict
     assert (events[1500].type, events[1500].ts, events[1500].attrs, events[1500].element.sourceline) == (
         "shelf", 1501.0, {"tag_id": 10507, "zone": "Z1"}, 1503)
+
+
+def test_the_plain_line_tables_keep_no_long_text():
+    """The tables of pieces, values, tags and typed texts hold 4,096 entries at most, none over 256 bytes: a
+    feed of long distinct values cannot make them hold 4,096 records' worth of bytes."""
+    lines = b"".join(b'  <e%s ts="%d" a="%s%d" b%s="7"/>\n' % (b"t" * (300 * (i % 2)), i, b"x" * 300, i, b"c" * 300)
+                     for i in range(50))
+    reader = xml_lines.JsonLines(ReaderOptions())
+    events = reader.read(lines, 50, 0, 1)
+    assert [(e.type, e.attrs["a"]) for e in events[:2]] == [("e", "x" * 300 + "0"), ("e" + "t" * 300, "x" * 300 + "1")]
+    tables = [reader._between, reader._tokens, reader._tags]
+    assert all(tables) and all(len(key) <= 256 for table in tables for key in table)
+    typed = xml_lines.TypedValues()
+    assert typed["7" * 300] == int("7" * 300) and typed["7"] == 7 and list(typed) == ["7"]

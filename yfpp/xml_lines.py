@@ -28,6 +28,7 @@ from yfpp.events import Event
 from yfpp.record_fields import ISO_8601, ReaderOptions, scaled_ts, typed_value
 
 _CACHE_SIZE = 4096  # entries of each table below; a full table is emptied at once
+_CACHED_BYTES = 256  # longer keys are not kept (the tables hold at most about 4096 × 256 bytes each)
 
 
 class Lines(NamedTuple):
@@ -40,14 +41,16 @@ class Lines(NamedTuple):
 
 
 class TypedValues(dict):
-    """``typed_value`` of attribute texts, remembered (up to 4,096, then forgotten all at once)."""
+    """``typed_value`` of attribute texts, remembered (up to 4,096 of at most 256 characters, then forgotten all
+    at once)."""
 
     def __missing__(self, text: str) -> int | float | str:
         # (typed_value's common case inline: most misses are the first sight of a new id, a call less each)
         value = int(text) if text.isdigit() and text.isascii() and len(text) < 4300 else typed_value(text)
-        if len(self) >= _CACHE_SIZE:
-            self.clear()
-        self[text] = value
+        if len(text) <= _CACHED_BYTES:
+            if len(self) >= _CACHE_SIZE:
+                self.clear()
+            self[text] = value
         return value
 
 
@@ -60,7 +63,9 @@ def number_ts(raw_ts: str, unit: tuple[int, int]) -> float | None:
 
 # --------------------------------------------------------------------------- without an XML parser
 
-_NAME = rb"[A-Za-z_][A-Za-z0-9._-]*+"  # an XML name, ASCII only and without a colon (no namespace)
+# an XML name, ASCII only, without a colon (no namespace) and far shorter than libxml2's limit (50,000)
+_NAME = rb"[A-Za-z_][A-Za-z0-9._-]{0,999}+(?![A-Za-z0-9._-])"
+_MAX_BYTES = 1 << 20  # a larger block is left to lxml (libxml2 limits an attribute value to 10,000,000 bytes)
 # one quoted attribute of a line (its value holds no quote): what Event.texts reads from the line's bytes
 _ATTRIBUTE = re.compile(rb"[ \t]++(" + _NAME + rb")[ \t]*+=[ \t]*+\"([^\"]*+)\"")
 # what lies between two quoted values once each line's head (``<tag ts="digits"``) is cut down to ``<``:
@@ -93,7 +98,7 @@ class _Between(dict):
         if m["name"]:
             json.append(b'%s"%s":' % (b"" if m["open"] else b",", m["name"]))
         value = b"".join(json)
-        if len(piece) <= 256:  # (a run of elements with no other attribute is not worth keeping)
+        if len(piece) <= _CACHED_BYTES:  # (nor a run of elements with no other attribute)
             if len(self) >= _CACHE_SIZE:
                 self.clear()
             self[piece] = value
@@ -108,9 +113,10 @@ class _Tokens(dict):
             token = raw  # the common case: an integer, written as JSON writes it
         else:
             token = self._token(raw)
-        if len(self) >= _CACHE_SIZE:
-            self.clear()
-        self[raw] = token
+        if len(raw) <= _CACHED_BYTES:
+            if len(self) >= _CACHE_SIZE:
+                self.clear()
+            self[raw] = token
         return token
 
     @staticmethod
@@ -138,9 +144,11 @@ class _Tags(dict):
     """Tag names as text, one ``str`` for each."""
 
     def __missing__(self, raw: bytes) -> str:
-        if len(self) >= _CACHE_SIZE:
-            self.clear()
-        tag = self[raw] = raw.decode("ascii")
+        tag = raw.decode("ascii")
+        if len(raw) <= _CACHED_BYTES:
+            if len(self) >= _CACHE_SIZE:
+                self.clear()
+            self[raw] = tag
         return tag
 
 
@@ -161,7 +169,7 @@ class JsonLines:
     def read(self, region: bytes, n: int, seq: int, line: int) -> list[Event] | None:
         """The events of ``region``'s ``n`` lines (each one self-closing element and a ``\\n``, ``>`` and
         ``&`` nowhere else, UTF-8), numbered from ``seq`` and ``line``; None if it is not what this reads."""
-        if (not self.enabled or b"\\" in region or region.count(b"<") != n
+        if (not self.enabled or len(region) > _MAX_BYTES or b"\\" in region or region.count(b"<") != n
                 or (b"\xef" in region and (_NOT_XML_CHARS[0] in region or _NOT_XML_CHARS[1] in region))):
             return None
         pieces = self._head.split(region)  # before the first head, then tag, ts, what follows, for each line
