@@ -493,7 +493,7 @@ def test_json_lines_read_as_lxml_reads_them(monkeypatch, lines, indents, head, c
     data = (head.replace("\n", end) + body + tail).encode(encoding, errors="xmlcharrefreplace")
     json_read = _read_all(data, trickle, ts_unit=unit)
     with monkeypatch.context() as m:
-        m.setattr(xml_lines.JsonLines, "read", lambda self, region, n, seq, line: None)
+        m.setattr(xml_lines.JsonLines, "read", lambda self, region, seq, line: None)
         assert _read_all(data, trickle, ts_unit=unit) == json_read
         m.setattr(xml_reader.Splitter, "_plain_lines", lambda self, region: None)
         assert _read_all(data, trickle, ts_unit=unit) == json_read
@@ -516,8 +516,8 @@ def test_json_lines_type_values_as_typed_value_does(monkeypatch, rows):
     taken = []
     original = xml_lines.JsonLines.read
 
-    def counted(self, region, n, seq, line):
-        events = original(self, region, n, seq, line)
+    def counted(self, region, seq, line):
+        events = original(self, region, seq, line)
         taken.append(events is not None)
         return events
 
@@ -525,7 +525,7 @@ def test_json_lines_type_values_as_typed_value_does(monkeypatch, rows):
         m.setattr(xml_lines.JsonLines, "read", counted)
         json_read = _read_all(data, None)
     with monkeypatch.context() as m:
-        m.setattr(xml_lines.JsonLines, "read", lambda self, region, n, seq, line: None)
+        m.setattr(xml_lines.JsonLines, "read", lambda self, region, seq, line: None)
         assert _read_all(data, None) == json_read
     plain = all(ts < 10 ** 15 for ts, _ in rows) and all("\\" not in v and "\t" not in v and "\ufffe" not in v
                                                        for _, attrs in rows for v in attrs.values())
@@ -553,7 +553,7 @@ def test_the_plain_line_tables_keep_no_long_text():
     lines = b"".join(b'  <e%s ts="%d" a="%s%d" b%s="7"/>\n' % (b"t" * (300 * (i % 2)), i, b"x" * 300, i, b"c" * 300)
                      for i in range(50))
     reader = xml_lines.JsonLines(ReaderOptions())
-    events = reader.read(lines, 50, 0, 1)
+    events = reader.read(lines, 0, 1)
     assert [(e.type, e.attrs["a"]) for e in events[:2]] == [("e", "x" * 300 + "0"), ("e" + "t" * 300, "x" * 300 + "1")]
     tables = [reader._between, reader._tokens, reader._tags]
     assert all(tables) and all(len(key) <= 256 for table in tables for key in table)

@@ -72,7 +72,8 @@ _ATTRIBUTE = re.compile(rb"[ \t]++(" + _NAME + rb")[ \t]*+=[ \t]*+\"([^\"]*+)\""
 # the end of an element, elements with no other attribute, the start of the next, an attribute's name
 _BETWEEN = re.compile(rb"(?P<close>[ \t]*+/>\n)?(?P<empty>(?:[ \t]*+<[ \t]*+/>\n)*+)(?P<open>[ \t]*+<)?"
                       rb"(?:[ \t]++(?P<name>" + _NAME + rb")[ \t]*+=[ \t]*+)?")
-_NOT_XML_CHARS = (b"\xef\xbf\xbe", b"\xef\xbf\xbf")  # U+FFFE, U+FFFF: JSON takes them, XML does not
+# what a value may not hold: a "<" (XML), a backslash (a JSON escape), U+FFFE or U+FFFF (JSON takes them, XML does not)
+_NOT_IN_VALUES = (b"<", b"\\", b"\xef\xbf\xbe", b"\xef\xbf\xbf")
 _INT64 = range(-(1 << 63), 1 << 64)  # the integers orjson reads
 
 
@@ -121,6 +122,8 @@ class _Tokens(dict):
 
     @staticmethod
     def _token(raw: bytes) -> bytes:
+        if any(map(raw.__contains__, _NOT_IN_VALUES)):  # (checked here, where a value is first seen)
+            raise _NotPlain
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:
@@ -166,12 +169,13 @@ class JsonLines:
         self._tags = _Tags()
         self._unit = opts.unit
 
-    def read(self, region: bytes, n: int, seq: int, line: int) -> list[Event] | None:
-        """The events of ``region``'s ``n`` lines (each one self-closing element and a ``\\n``, ``>`` and
-        ``&`` nowhere else, UTF-8), numbered from ``seq`` and ``line``; None if it is not what this reads."""
-        if (not self.enabled or len(region) > _MAX_BYTES or b"\\" in region or region.count(b"<") != n
-                or (b"\xef" in region and (_NOT_XML_CHARS[0] in region or _NOT_XML_CHARS[1] in region))):
+    def read(self, region: bytes, seq: int, line: int) -> list[Event] | None:
+        """The events of ``region``'s lines (UTF-8, each line ending ``\\n``, no ``&``), numbered from ``seq``
+        and ``line``; None if they are not each one element as the module docstring says."""
+        if not self.enabled or len(region) > _MAX_BYTES:
             return None
+        lines = region.split(b"\n")  # (the last is the b"" after the last line end)
+        n = len(lines) - 1
         pieces = self._head.split(region)  # before the first head, then tag, ts, what follows, for each line
         if len(pieces) != 3 * n + 1:
             return None
@@ -196,7 +200,7 @@ class JsonLines:
         append = events.append
         new = object.__new__
         to_line = line - seq
-        for tag, ts, attrs, raw in zip(map(self._tags.__getitem__, pieces[1::3]), times, records, region.split(b"\n")):
+        for tag, ts, attrs, raw in zip(map(self._tags.__getitem__, pieces[1::3]), times, records, lines):
             # Event(tag, ts, attrs, seq, line, texts=raw) without the call to __init__
             event = new(Event)
             event.type = tag

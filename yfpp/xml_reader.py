@@ -302,14 +302,14 @@ class Splitter:
         element's tag and attribute texts; an element, should anything ask for it, is built from the texts
         (``Event.texts``).
         """
-        n = region.count(b"\n")
-        if (not self.lines_ok or not n or region[-3:] != b"/>\n" or self.wrapper_open != b"<yfpp-batch>"
+        if (not self.lines_ok or region[-3:] != b"/>\n" or self.wrapper_open != b"<yfpp-batch>"
                 or b"&" in region):  # lxml's target gets "&#38;" for "&amp;"
             return None
         if self.encoding is None or self.encoding.lower() in _UTF8:  # (JsonLines checks the rest itself)
-            events = self._json_lines.read(region, n, self.count, self.line)
+            events = self._json_lines.read(region, self.count, self.line)
             if events is not None:
                 return Lines(events, True)
+        n = region.count(b"\n")
         if region.count(b">") != n or b"xmlns" in region or b"xml:" in region:
             return None
         first = _INDENT.match(region).end()  # type: ignore[union-attr]
