@@ -277,9 +277,12 @@ class Splitter:
             return
         if _MARKUP_ACROSS_LINES.search(region) is not None:  # lxml would give the line the tag ends on
             return
+        parser = self.parser(self.encoding)
         try:
-            root = etree.fromstring(b"".join((self.wrapper_open, region, _BATCH_END)), self.parser(self.encoding))
+            root = etree.fromstring(b"".join((self.wrapper_open, region, _BATCH_END)), parser)
         except etree.XMLSyntaxError:
+            return
+        if len(parser.error_log):  # an error lxml logs without raising it (an undeclared prefix): the splitter's
             return
         flat = b"</" not in region  # every element self-closing: no children, no text in an event
         if not len(root) or self._not_plain(root, ts=self.ts_field, flat=flat):
@@ -763,7 +766,7 @@ def _parse_run(chunks: list[Chunk], wrapper_open: bytes, parser: Any) -> list[An
     try:
         root = etree.fromstring(b"".join([wrapper_open, *[c.data for c in chunks], _BATCH_END]), parser)
         elements = list(root)
-        if len(elements) == len(chunks):
+        if len(elements) == len(chunks) and not len(parser.error_log):  # (a logged error: each alone says whose)
             for el, chunk in zip(elements, chunks):
                 root.remove(el)
                 el.sourceline = min(chunk.line, 65535)  # libxml2 keeps an unsigned short
