@@ -1,19 +1,21 @@
 """The plainest XML feed — every line one self-closing event element — read a block of lines at a time.
 
-:meth:`yfpp.xml_reader.Splitter._plain_lines` finds such a block (no namespace, no entity or character
-reference, nothing but the elements and their line ends) and asks two readers in turn; both give exactly
-the events lxml would, or nothing (then the next one, or the splitter, reads the block):
+:meth:`yfpp.xml_reader.Splitter._plain_lines` finds a block of whole lines without entity or character
+references and asks two readers in turn; both give exactly the events lxml would, or nothing (then the next
+one, or the splitter, reads the block):
 
 * :class:`JsonLines` reads the block without an XML parser when every line is
   ``<tag ts="digits" name="value" …/>`` with ASCII names: the block is cut at its quotes and rewritten, a
   piece at a time through tables of the pieces already seen, into one JSON document of the typed
   attributes (``[{"tag_id":14,"zone":"Z4"},…]``), which one ``orjson.loads`` call reads. The tags and ts
-  come from the same regular-expression split. What XML does not allow and JSON would (U+FFFE, U+FFFF,
-  a duplicate attribute) is checked for; what JSON does not allow and XML would (a backslash, a tab in a
-  value) sends the block to the next reader. An event keeps its line's bytes, and the attribute texts
+  come from the same regular-expression split. Every piece between two values must be one of a few forms
+  (an element's end, the next one's start, an attribute's name: no namespace, comment or text); what XML
+  does not allow and JSON would (``<``, U+FFFE or U+FFFF in a value, a duplicate attribute) is checked for;
+  what JSON does not allow and XML would (a backslash, a tab in a value) sends the block to the next reader. An event keeps its line's bytes, and the attribute texts
   (:attr:`yfpp.events.Event.texts`) are read from them when something asks.
-* :class:`LineEvents` is an lxml parser target: lxml parses the block, and the target makes each event
-  from the tag and attribute texts lxml gives it.
+* :class:`LineEvents` is an lxml parser target, for a block of lines that are each one self-closing element
+  without namespace: lxml parses the block, and the target makes each event from the tag and attribute texts
+  lxml gives it.
 """
 
 from __future__ import annotations
