@@ -74,7 +74,7 @@ from lxml import etree
 from yfpp.dead_letters import DeadLetters
 from yfpp.errors import InputError
 from yfpp.events import Event
-from yfpp.record_fields import ISO_8601, RAW_PREVIEW, ReaderOptions, pop_ts, pop_type, preview, scaled_ts, typed_value
+from yfpp.record_fields import ISO_8601, RAW_PREVIEW, ReaderOptions, pop_ts, pop_type, preview, typed_value
 from yfpp.xml_element import line_element
 from yfpp.xml_lines import JsonLines, LineEvents, Lines, TypedValues, number_ts
 
