@@ -33,6 +33,19 @@ _CACHE_SIZE = 4096  # entries of each table below; a full table is emptied at on
 _CACHED_BYTES = 256  # longer keys are not kept (the tables hold at most about 4096 × 256 bytes each)
 
 
+class _Table(dict):
+    """A dict its ``__missing__`` fills through :meth:`keep`: at most 4,096 keys of at most 256 bytes each, then
+    emptied at once."""
+
+    def keep(self, key: Any, value: Any) -> Any:
+        """``value``, kept under ``key`` unless the key is long."""
+        if len(key) <= _CACHED_BYTES:
+            if len(self) >= _CACHE_SIZE:
+                self.clear()
+            self[key] = value
+        return value
+
+
 class Lines(NamedTuple):
     """Self-closing event elements one per line, read in one go: the event of each (keeping its attribute
     texts), or ``(tag, attribute texts, seq, line)`` for one whose ts the long way must read (and perhaps
@@ -42,18 +55,13 @@ class Lines(NamedTuple):
     clean: bool
 
 
-class TypedValues(dict):
+class TypedValues(_Table):
     """``typed_value`` of attribute texts, remembered (up to 4,096 of at most 256 characters, then forgotten all
     at once)."""
 
     def __missing__(self, text: str) -> int | float | str:
         # (typed_value's common case inline: most misses are the first sight of a new id, a call less each)
-        value = int(text) if text.isdigit() and text.isascii() and len(text) < 4300 else typed_value(text)
-        if len(text) <= _CACHED_BYTES:
-            if len(self) >= _CACHE_SIZE:
-                self.clear()
-            self[text] = value
-        return value
+        return self.keep(text, int(text) if text.isdigit() and text.isascii() and len(text) < 4300 else typed_value(text))
 
 
 def number_ts(raw_ts: str, unit: tuple[int, int]) -> float | None:
@@ -83,7 +91,7 @@ class _NotPlain(Exception):
     """The block is not what :class:`JsonLines` reads."""
 
 
-class _Between(dict):
+class _Between(_Table):
     """The JSON for a piece of a block between two quoted values (see ``_BETWEEN``), or :class:`_NotPlain`:
     ``}`` ends an element, ``,{`` starts one, ``"name":`` names the next value. Every piece starts with the
     ``,`` it needs, so the JSON of a block is its pieces and values joined (the first piece's comma cut)."""
@@ -100,15 +108,10 @@ class _Between(dict):
         json = [b"}" if m["close"] else b"", b",{}" * m["empty"].count(b"\n"), b",{" if m["open"] else b""]
         if m["name"]:
             json.append(b'%s"%s":' % (b"" if m["open"] else b",", m["name"]))
-        value = b"".join(json)
-        if len(piece) <= _CACHED_BYTES:  # (nor a run of elements with no other attribute)
-            if len(self) >= _CACHE_SIZE:
-                self.clear()
-            self[piece] = value
-        return value
+        return self.keep(piece, b"".join(json))  # (a long piece, a run of elements with no other attribute, is not kept)
 
 
-class _Tokens(dict):
+class _Tokens(_Table):
     """The JSON of an attribute value's typed value (:func:`typed_value`): a number, or its text quoted."""
 
     def __missing__(self, raw: bytes) -> bytes:
@@ -116,11 +119,7 @@ class _Tokens(dict):
             token = raw  # the common case: an integer, written as JSON writes it
         else:
             token = self._token(raw)
-        if len(raw) <= _CACHED_BYTES:
-            if len(self) >= _CACHE_SIZE:
-                self.clear()
-            self[raw] = token
-        return token
+        return self.keep(raw, token)
 
     @staticmethod
     def _token(raw: bytes) -> bytes:
@@ -145,16 +144,11 @@ class _Tokens(dict):
         return token
 
 
-class _Tags(dict):
+class _Tags(_Table):
     """Tag names as text, one ``str`` for each."""
 
     def __missing__(self, raw: bytes) -> str:
-        tag = raw.decode("ascii")
-        if len(raw) <= _CACHED_BYTES:
-            if len(self) >= _CACHE_SIZE:
-                self.clear()
-            self[raw] = tag
-        return tag
+        return self.keep(raw, raw.decode("ascii"))
 
 
 class JsonLines:
