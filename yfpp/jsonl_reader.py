@@ -34,9 +34,8 @@ import orjson
 from yfpp.dead_letters import DeadLetters
 from yfpp.errors import InputError
 from yfpp.events import Event
-from yfpp.record_fields import ISO_8601, ReaderOptions, pop_ts, pop_type, preview, scaled_ts
+from yfpp.record_fields import ISO_8601, READ_BLOCK, ReaderOptions, pop_ts, pop_type, preview, scaled_ts
 
-_BLOCK = 1 << 16
 _INEXACT = "inexact"  # _flatten's answer for a float that may be a rounded integer
 _BIG = float(1 << 63)
 _BLANK = object()  # a blank line: not a record
@@ -58,7 +57,7 @@ def jsonl_batches(f: IO[Any], owned: bool, opts: ReaderOptions, dl: DeadLetters)
     first = True
     try:
         while True:
-            data = read(_BLOCK)
+            data = read(READ_BLOCK)
             if isinstance(data, str):
                 data = data.encode("utf-8")
             eof = not data

@@ -21,7 +21,7 @@ Common to both readers:
   Only an unreadable input raises (:class:`InputError`): a file that cannot be
   opened, or a corrupt or truncated gzip stream — raised when reading reaches
   the damage, after every record before it was yielded, with the last line read.
-  Input is read in blocks (64 KiB, or what a live feed has sent): the dead letters
+  Input is read in blocks (16 KiB, or what a live feed has sent): the dead letters
   of a block's records are reported when it is read, before its events are handed on.
 * Sources: a path, ``-`` (stdin) or a binary file object; gzip input is
   recognised by its magic bytes (any ``.gz`` file). Input is read with

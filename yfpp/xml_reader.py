@@ -74,7 +74,7 @@ from lxml import etree
 from yfpp.dead_letters import DeadLetters
 from yfpp.errors import InputError
 from yfpp.events import Event
-from yfpp.record_fields import ISO_8601, RAW_PREVIEW, ReaderOptions, pop_ts, pop_type, preview, typed_value
+from yfpp.record_fields import ISO_8601, RAW_PREVIEW, READ_BLOCK, ReaderOptions, pop_ts, pop_type, preview, typed_value
 from yfpp.xml_element import line_element
 from yfpp.xml_lines import JsonLines, LineEvents, Lines, TypedValues, number_ts
 
@@ -105,7 +105,6 @@ _LEAD = re.compile(rb"(?:[ \t\r\n]*\n)?([ \t]*)<")
 _LINE_COL = re.compile(r", line \d+, column \d+$")
 _BATCH_END = b"</yfpp-batch>"
 _UTF8 = ("utf-8", "utf8")  # a declared encoding that is UTF-8
-_BLOCK = 1 << 16
 
 
 class Chunk(NamedTuple):
@@ -190,7 +189,7 @@ class Splitter:
 
     def _refill(self) -> None:
         keep = self.start if self.stack and self.skipping is None else self.pos
-        data = self._read(_BLOCK)
+        data = self._read(READ_BLOCK)
         if isinstance(data, str):
             data = data.encode("utf-8")
         if not data:
@@ -241,7 +240,7 @@ class Splitter:
                 pass
             if self.eof and not self.stopped:
                 self._finish()
-            elif self.stack and self.skipping is None and len(self.buf) - self.start < _BLOCK:
+            elif self.stack and self.skipping is None and len(self.buf) - self.start < READ_BLOCK:
                 # leave a small unfinished element to the next block, where the fast path may take it
                 self.stack, self.pos, self.line = [], self.start, self.start_line
             if self.out:
