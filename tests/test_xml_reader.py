@@ -178,6 +178,29 @@ def test_a_huge_value_is_not_held_in_memory():
     assert peak < 40_000_000  # the input itself is 30 MB; nothing near a second copy
 
 
+class CountedReads(io.BytesIO):
+    """A file whose ``read1`` calls are counted."""
+
+    reads = 0
+
+    def read1(self, n: int = -1) -> bytes:
+        self.reads += 1
+        return super().read1(n)
+
+
+@pytest.mark.parametrize("record", [b'<e ts="2" v="' + b"x" * 900_000 + b'"/>', b"<e" + b" " * 900_000 + b'ts="2"/>',
+                                    b'<e ts="2">' + b"<c>x</c>" * 110_000 + b"</e>"])
+def test_a_record_longer_than_a_block_is_read_in_growing_reads(record):
+    """A record spanning many 16 KiB blocks is read in reads that grow with what is kept of it (what is scanned
+    again at each read adds up to about twice the record, not its square over the block): a few dozen reads
+    for 900 KB, where blocks of the same size would take 55."""
+    data = b'<s><e ts="1"/>' + record + b'<e ts="3"/></s>'
+    source = CountedReads(data)
+    events, dead = read(data, source)
+    assert [e[2] for e in events] == [1.0, 2.0, 3.0] and dead == []
+    assert source.reads <= 12
+
+
 def _pretty(n: int, unclosed: int) -> str:
     """A rooted feed of ``n`` events carrying ts as a child element, record ``unclosed`` without its end tag."""
     records = (f"  <shelf>\n    <ts>{i}</ts>\n    <tag_id>{i % 50}</tag_id>\n" + ("" if i == unclosed else "  </shelf>\n")

@@ -189,7 +189,9 @@ class Splitter:
 
     def _refill(self) -> None:
         keep = self.start if self.stack and self.skipping is None else self.pos
-        data = self._read(READ_BLOCK)
+        # a record longer than a block: ask for as much again as is kept of it, so that what is scanned again
+        # at each read adds up to about twice the record, not its square over the block
+        data = self._read(max(READ_BLOCK, len(self.buf) - keep))
         if isinstance(data, str):
             data = data.encode("utf-8")
         if not data:
