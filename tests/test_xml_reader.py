@@ -192,8 +192,8 @@ class CountedReads(io.BytesIO):
                                     b'<e ts="2">' + b"<c>x</c>" * 110_000 + b"</e>"])
 def test_a_record_longer_than_a_block_is_read_in_growing_reads(record):
     """A record spanning many 16 KiB blocks is read in reads that grow with what is kept of it (what is scanned
-    again at each read adds up to about twice the record, not its square over the block): a few dozen reads
-    for 900 KB, where blocks of the same size would take 55."""
+    again at each read adds up to about twice the record, not its square over the block): at most a dozen
+    reads for 900 KB, where reads of 16 KiB each take 56."""
     data = b'<s><e ts="1"/>' + record + b'<e ts="3"/></s>'
     source = CountedReads(data)
     events, dead = read(data, source)
