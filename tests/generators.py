@@ -28,8 +28,8 @@ _ABSENT = object()
 
 
 @st.composite
-def streams(draw, max_events: int = 10, types=TYPES) -> list[Event]:
-    n = draw(st.integers(0, max_events))
+def streams(draw, max_events: int = 10, types=TYPES, min_events: int = 0) -> list[Event]:
+    n = draw(st.integers(min_events, max_events))
     ts = 0
     out = []
     for seq in range(n):
@@ -104,9 +104,10 @@ def _negation_preds(draw, n: str, before: Component, after: Component | None) ->
 
 
 @st.composite
-def patterns(draw, allow_negation: bool = True, max_positives: int = 3) -> Pattern:
+def patterns(draw, allow_negation: bool = True, max_positives: int = 3, trailing: bool | None = None) -> Pattern:
+    """A SEQ pattern; ``trailing``: True ends it in a negation (and a window), False never, None sometimes."""
     n_pos = draw(st.integers(1, max_positives))
-    window = draw(st.one_of(st.none(), st.integers(0, 6)))
+    window = draw(st.integers(0, 6) if trailing else st.one_of(st.none(), st.integers(0, 6)))
     mixed = draw(st.booleans())
     strategy = draw(st.sampled_from(CONTIGUITIES))
     keyed = draw(st.booleans())
@@ -128,7 +129,8 @@ def patterns(draw, allow_negation: bool = True, max_positives: int = 3) -> Patte
         where += preds
         comps.append(c)
         positives.append(c)
-    trailing = allow_negation and window is not None and draw(st.integers(0, 4)) == 0
+    if trailing is None:
+        trailing = allow_negation and window is not None and draw(st.integers(0, 4)) == 0
     if trailing:
         for j in range(draw(st.sampled_from([1, 1, 2]))):
             n = Component("nt" + "b" * j, draw(st.sampled_from(TYPES)), Kind.NEGATED)

@@ -259,7 +259,7 @@ def snapshot(engine) -> dict:
         if p.plan in plan_id and not p.killed:
             pending.append({"query": plan_id[p.plan], "key": w.value(p.key), "vec": [w.value(x) for x in p.vec],
                             "last_pos": p.last_pos, "deadline": _num(deadline), "order": order, "match": p.match,
-                            "depth": p.depth})
+                            "depth": p.depth, **({"rank": p.rank} if p.rank is not None else {})})
     held = [[ts, _num(sk), arrival, w.event(ev)] for ts, sk, arrival, ev in sorted(engine._held, key=lambda h: h[:3])]
     c = rt.counters
     data = {
@@ -421,7 +421,9 @@ def _restore(data: dict, Engine, engine_opts: dict):
         plan = plans.plan(p["query"], f"pending[{i}]")
         key, vec, deadline = rd.value(p["key"]), tuple(rd.value(x) for x in p["vec"]), _unnum(p["deadline"])
         plans.pending(plan, vec, p["match"], f"pending[{i}]")
-        pend = Pending(plan, key, vec, p["last_pos"], deadline, p["match"], depth=p.get("depth", 0))
+        rank = p.get("rank")  # (absent: not a feedback query's)
+        pend = Pending(plan, key, vec, p["last_pos"], deadline, p["match"], depth=p.get("depth", 0),
+                       rank=None if rank is None else (rank[0], rank[1], rank[2]))
         rt.deadlines.pending[plan].setdefault(key, []).append(pend)
         rt.deadlines.heap.append((deadline, p["order"], pend))
     heapq.heapify(rt.deadlines.heap)

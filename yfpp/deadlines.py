@@ -27,6 +27,7 @@ class Pending:
     match: dict
     killed: bool = False
     depth: int = 0  #: the deepest derived event the match binds: its own derived event goes one deeper
+    rank: tuple | None = None  #: a feedback query's match order among those its deadline releases (overlap_rank)
 
 
 class Deadlines:

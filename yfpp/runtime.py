@@ -1047,8 +1047,12 @@ class Runtime:
                 shared: dict = {}
             match = self._match(plan, binds, vec, shared)
             if plan.trailing is not None:
-                depth = max(getattr(e, "depth", 0) for _, e in binds) if plan.pattern.feedback else 0
-                self.to_hold.append(Pending(plan, key, vec, last.pos, first_ts + plan.window, match, depth=depth))
+                if plan.pattern.feedback:  # released at the deadline, ranked there like any event's matches
+                    depth = max(getattr(e, "depth", 0) for _, e in binds)
+                    rank = overlap_rank(len(plan.var_names), binds)
+                else:
+                    depth, rank = 0, None
+                self.to_hold.append(Pending(plan, key, vec, last.pos, first_ts + plan.window, match, depth=depth, rank=rank))
             else:
                 accepted.append((plan, key, match, binds))
 
@@ -1099,20 +1103,22 @@ class Runtime:
             m["events"] = events
         return m
 
-    def _emitted(self, plan: QueryPlan, m: dict, binds: list | None, out: list[dict], depth: int = 0) -> None:
-        """Output match ``m``; a feedback query's also goes to ``fed``, ranked by its bound events (None: a deadline's,
-        with the depth of the deepest derived event it binds)."""
+    def _emitted(self, plan: QueryPlan, m: dict, binds: list, out: list[dict]) -> None:
+        """Output match ``m``; a feedback query's also goes to ``fed``, ranked by its bound events."""
         out.append(m)
         self._counters.matches[plan.name] += 1
         if plan.pattern.feedback:
-            self.fed.append((plan, m, binds and overlap_rank(len(plan.var_names), binds), depth))
+            self.fed.append((plan, m, overlap_rank(len(plan.var_names), binds), 0))
 
     # --- negation, deadlines, policy --------------------------------------------------
 
     def _expire(self, now: float, everything: bool = False) -> list[dict]:
         out: list[dict] = []
         for p in self.deadlines.expire(now, everything):
-            self._emitted(p.plan, p.match, None, out, p.depth)
+            out.append(p.match)
+            self._counters.matches[p.plan.name] += 1
+            if p.plan.pattern.feedback:  # with the rank and depth its binds had when it was held
+                self.fed.append((p.plan, p.match, p.rank, p.depth))
         return out
 
     def advance_time(self, ts: float) -> list[dict]:
