@@ -23,7 +23,7 @@ RAW_PREVIEW = 1024
 #: Bytes a reader asks for at a time; each read block's events go on as one batch. 16 KiB (a few hundred
 #: events): a batch's events, with their attributes and the reader's copies of the block, stay within the
 #: processor's own cache until the engine has taken them. 64 KiB took more CPU, mostly cache misses
-#: (benchmarks/RESULTS.md, "Session 30").
+#: (benchmarks/RESULTS.md, "Hot path", "Read blocks of 16 KiB").
 READ_BLOCK = 1 << 14
 
 _INT = re.compile(r"[+-]?[0-9]+\Z")
