@@ -1,6 +1,6 @@
 """The basic algorithm against the backtrack baseline (SIGMOD 2008 §5.3, Figure 8(d)).
 
-Both orders run on the reference evaluator's run step (``yfpp/backtrack.py``):
+Both orders run on the reference evaluator's run step (``yfpp/reference/backtrack.py``):
 breadth first (every run of a partition advances on each event: the basic
 algorithm's order) and depth first (one singleton run per partition, postponed
 runs on a stack, events re-read after each backtrack: the backtrack
@@ -19,10 +19,10 @@ import shlex
 import sys
 import time
 
-from yfpp.backtrack import Backtrack, BreadthFirst
+from yfpp.reference.backtrack import Backtrack, BreadthFirst
 from yfpp.engine import Engine
-from yfpp.readers import read_events
-from yfpp.sase_parser import parse_sase
+from yfpp.input.readers import read_events
+from yfpp.language.sase_parser import parse_sase
 from bench_common import commit
 from stock_benchmark import PREDICATES, STRATEGIES, query, stream_file
 

@@ -5,7 +5,7 @@ Usage::
     python benchmarks/engine_cost.py [--baseline main] [--instructions-events 15000] [--events 200000] [--rounds 2]
 
 For each query (one that never matches, shoplifting) and each feed (the issue-12 benchmark's JSON lines and XML,
-``benchmarks/data/shoplifting_1000000.*``, read with ``yfpp.readers.read_events``):
+``benchmarks/data/shoplifting_1000000.*``, read with ``yfpp.input.readers.read_events``):
 
 * instructions per event — ``valgrind --tool=callgrind`` of ``Engine.process`` over the first
   ``--instructions-events`` events, minus the same script without the loop (``PYTHONHASHSEED=0``), divided by
@@ -35,7 +35,7 @@ from hotpath_benchmark import NEVER, QUERY, extract, feed  # noqa: E402
 LOOP = """
 import itertools, sys, time
 from yfpp.engine import Engine
-from yfpp.readers import read_events
+from yfpp.input.readers import read_events
 path, n, query, passes = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 if query.endswith('.sase'):
     query = ''.join(line for line in open(query) if not line.startswith('#'))

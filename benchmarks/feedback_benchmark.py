@@ -15,9 +15,9 @@ import time
 
 from bench_common import commit
 
-from yfpp.dead_letters import DeadLetters
+from yfpp.input.dead_letters import DeadLetters
 from yfpp.engine import Engine
-from yfpp.events import Event
+from yfpp.input.events import Event
 
 
 def run(queries: list[tuple[str, str]], events: list[Event], **opts) -> tuple[float, int, Engine]:

@@ -71,9 +71,9 @@ PARSE_AND_READ_XML = ("from lxml import etree\n"
                       "        del el.getparent()[0]\n")
 READER_ONLY = ("import gc, sys\n"
                "try:\n"
-               "    from yfpp.readers import read_event_batches\n"
+               "    from yfpp.input.readers import read_event_batches\n"
                "except ImportError:  # a tree before the batch API: its event generator\n"
-               "    from yfpp.readers import read_events as read_event_batches\n"
+               "    from yfpp.input.readers import read_events as read_event_batches\n"
                "gc.freeze()\n"
                "gc.set_threshold(100_000, 50, 100)  # as yfpp run\n"
                "for batch in read_event_batches(sys.argv[1]):\n"
@@ -81,7 +81,7 @@ READER_ONLY = ("import gc, sys\n"
 ENGINE_ONLY = """
 import itertools, sys, time
 from yfpp.engine import Engine
-from yfpp.readers import read_events
+from yfpp.input.readers import read_events
 path, n, query = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 if query.endswith('.sase'):
     query = ''.join(line for line in open(query) if not line.startswith('#'))
@@ -98,7 +98,7 @@ def feed(events: int, fmt: str) -> Path:
     """The benchmark feed, generated once."""
     path = DATA / f"shoplifting_{events}.{fmt}"
     if not path.exists():
-        from yfpp.generate import generate_rfid, write_events
+        from yfpp.input.generate import generate_rfid, write_events
 
         DATA.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp.{fmt}")

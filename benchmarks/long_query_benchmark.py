@@ -2,7 +2,7 @@
 
 Prints CPU seconds for ``Engine().register`` of queries with n = 2,500, 5,000
 and 10,000 components in four shapes, and checks that n = 10,001 is refused
-by the documented cap (yfpp.query_limits.MAX_COMPONENTS).
+by the documented cap (yfpp.language.query_limits.MAX_COMPONENTS).
 
     python benchmarks/long_query_benchmark.py [--sizes 2500 5000 10000]
 """
@@ -16,7 +16,7 @@ import time
 from bench_common import commit
 from yfpp.engine import Engine
 from yfpp.errors import PatternError
-from yfpp.query_limits import MAX_COMPONENTS
+from yfpp.language.query_limits import MAX_COMPONENTS
 
 
 def plain_sase(n: int) -> str:

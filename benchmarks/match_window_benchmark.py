@@ -45,9 +45,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_common import ROOT, commit  # noqa: E402
 from yfpp.engine import Engine  # noqa: E402
-from yfpp.event_sets import DirectMatcher, MatchWindowMatcher, compile_sets  # noqa: E402
-from yfpp.events import Event  # noqa: E402
-from yfpp.query_text import parse_query  # noqa: E402
+from yfpp.sets.direct import DirectMatcher  # noqa: E402
+from yfpp.sets.match_window import MatchWindowMatcher
+from yfpp.sets.plan import compile_sets
+from yfpp.input.events import Event  # noqa: E402
+from yfpp.language.query_text import parse_query  # noqa: E402
 
 DAY = 86400.0
 ONCO_TYPES = ["C", "D", "P", "R", "B", "H", "X"]

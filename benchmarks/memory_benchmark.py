@@ -40,9 +40,9 @@ def measure(case: str, n: int, caps: dict) -> dict:
     import resource
     import time
 
-    from yfpp.dead_letters import DeadLetters
+    from yfpp.input.dead_letters import DeadLetters
     from yfpp.engine import Engine
-    from yfpp.events import Event
+    from yfpp.input.events import Event
 
     gc.freeze()
     eng = Engine(dead_letters=DeadLetters(), reports=None, **caps)

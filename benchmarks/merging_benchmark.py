@@ -26,8 +26,8 @@ from collections import Counter
 from bench_common import commit
 from stock_benchmark import PREDICATES, STRATEGIES, query, stream_file
 from yfpp.engine import Engine
-from yfpp.events import Event
-from yfpp.readers import read_events
+from yfpp.input.events import Event
+from yfpp.input.readers import read_events
 
 
 def one_pass(text: str, stream: list[Event], merge: bool) -> tuple[float, Counter, int, int, int]:

@@ -1,9 +1,9 @@
-"""CPU seconds to read a feed with :func:`yfpp.readers.read_events` (no engine).
+"""CPU seconds to read a feed with :func:`yfpp.input.readers.read_events` (no engine).
 
 Usage: ``python benchmarks/reader_benchmark.py FILE [FILE …] [--repeat N] [--baseline REV]``; make
 the feeds with ``yfpp generate rfid --events 1000000 -o /tmp/rfid.xml`` (and ``.jsonl``). Prints
 events, CPU seconds (best of N, ``time.process_time``) and µs per event for each file. With
-``--baseline REV`` it also reads each file with ``yfpp/readers.py`` as of git revision ``REV`` (a
+``--baseline REV`` it also reads each file with ``yfpp/input/readers.py`` as of git revision ``REV`` (a
 single-module reader, as before the split), alternating the two, so both see the same machine load.
 """
 
@@ -20,8 +20,8 @@ from pathlib import Path
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
 
 from bench_common import commit  # noqa: E402
-from yfpp.dead_letters import DeadLetters  # noqa: E402
-from yfpp.readers import read_events  # noqa: E402
+from yfpp.input.dead_letters import DeadLetters  # noqa: E402
+from yfpp.input.readers import read_events  # noqa: E402
 
 
 def cpu_seconds(path: str, reader=read_events) -> tuple[int, float, int]:
@@ -33,9 +33,9 @@ def cpu_seconds(path: str, reader=read_events) -> tuple[int, float, int]:
 
 
 def reader_at(rev: str):
-    """``read_events`` of ``yfpp/readers.py`` at git revision ``rev``, loaded as a separate module."""
+    """``read_events`` of ``yfpp/input/readers.py`` at git revision ``rev``, loaded as a separate module."""
     root = Path(__file__).resolve().parent.parent
-    text = subprocess.run(["git", "show", f"{rev}:yfpp/readers.py"], cwd=root, check=True, capture_output=True).stdout
+    text = subprocess.run(["git", "show", f"{rev}:yfpp/input/readers.py"], cwd=root, check=True, capture_output=True).stdout
     path = Path(tempfile.mkdtemp()) / "baseline_readers.py"
     path.write_bytes(text)
     spec = importlib.util.spec_from_file_location("baseline_readers", path)
@@ -54,7 +54,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("files", nargs="+")
     ap.add_argument("--repeat", type=int, default=1)
-    ap.add_argument("--baseline", metavar="REV", help="also time yfpp/readers.py of this git revision")
+    ap.add_argument("--baseline", metavar="REV", help="also time yfpp/input/readers.py of this git revision")
     args = ap.parse_args()
     print(f"commit {commit()}")
     old = reader_at(args.baseline) if args.baseline else None

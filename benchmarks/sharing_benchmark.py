@@ -49,8 +49,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from yfpp.engine import Engine
-from yfpp.events import Event
-from yfpp.query_text import split_query_file
+from yfpp.input.events import Event
+from yfpp.language.query_text import split_query_file
 from bench_common import GcTimer, commit, short_path
 
 ROOT = Path(__file__).resolve().parent.parent

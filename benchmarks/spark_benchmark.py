@@ -36,11 +36,11 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from yfpp.dead_letters import DeadLetters
+from yfpp.input.dead_letters import DeadLetters
 from yfpp.engine import Engine
-from yfpp.generate import generate_rfid, write_events
-from yfpp.query_text import load_patterns
-from yfpp.readers import read_events
+from yfpp.input.generate import generate_rfid, write_events
+from yfpp.language.query_text import load_patterns
+from yfpp.input.readers import read_events
 from yfpp.spark.costs import tree_cpu_seconds
 
 DATA = Path(tempfile.gettempdir()) / "yfpp_spark_bench"  # large: kept out of the repository

@@ -4,7 +4,7 @@ The rows are made as Spark hands them to the ``mapInArrow`` function: a JSON-lin
 feed as ``text`` rows (one line each, ending with ``\\n`` as the JVM appends it,
 10,000 per Arrow batch, Spark's ``maxRecordsPerBatch``) and as one
 ``binaryFile`` row (the whole file); the equivalence key ``tag_id`` is hashed
-as for the shoplifting query. Best of three; ``yfpp.readers`` alone on the same
+as for the shoplifting query. Best of three; ``yfpp.input.readers`` alone on the same
 file for comparison.
 
     PYTHONPATH=. python benchmarks/spark_parse_benchmark.py /tmp/yfpp_spark_bench/feed_n100000_z1000_s0.jsonl
@@ -18,8 +18,8 @@ from typing import Callable
 
 import pyarrow as pa
 
-from yfpp.dead_letters import DeadLetters
-from yfpp.readers import read_event_batches
+from yfpp.input.dead_letters import DeadLetters
+from yfpp.input.readers import read_event_batches
 from yfpp.spark.parse import parse_batches
 
 
@@ -47,7 +47,7 @@ def main() -> None:
         n, cpu = best(lambda: sum(b.num_rows for b in parse(iter(batches))))
         print(f"parse_batches, {name:<28} {n:>10,} rows  {cpu:.3f} CPU s")
     n, cpu = best(lambda: sum(len(b) for b in read_event_batches(args.feed, dead_letters=DeadLetters())))
-    print(f"yfpp.readers alone{'':<29} {n:>10,} events {cpu:.3f} CPU s")
+    print(f"yfpp.input.readers alone{'':<29} {n:>10,} events {cpu:.3f} CPU s")
 
 
 if __name__ == "__main__":

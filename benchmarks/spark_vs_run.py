@@ -39,7 +39,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from yfpp.generate import generate_rfid, write_events
+from yfpp.input.generate import generate_rfid, write_events
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(tempfile.gettempdir()) / "yfpp_spark_bench"

@@ -12,9 +12,9 @@ min(a[..i-1].price)``); ES = s2 (partition_contiguity), s3
 symbols and ts = global event index, W events of one symbol span about 2·W ts
 units, hence ``WITHIN 2*W``.
 
-Streams come from :func:`yfpp.generate.generate_stock` (2 symbols) and are
+Streams come from :func:`yfpp.input.generate.generate_stock` (2 symbols) and are
 written once per (size, p_up, seed) as JSON lines under ``benchmarks/data/``.
-Each engine pass reads the file with :func:`yfpp.readers.read_events`; a
+Each engine pass reads the file with :func:`yfpp.input.readers.read_events`; a
 parse-only pass over the same file runs before and after every engine pass
 (same process), and their mean rate gives the ratio engine time / parse time.
 
@@ -39,8 +39,8 @@ from pathlib import Path
 from typing import Iterable
 
 from yfpp.engine import Engine
-from yfpp.generate import generate_stock, write_events
-from yfpp.readers import read_events
+from yfpp.input.generate import generate_stock, write_events
+from yfpp.input.readers import read_events
 from bench_common import commit
 
 DATA = Path(__file__).resolve().parent / "data"

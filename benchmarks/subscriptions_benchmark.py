@@ -10,7 +10,7 @@ registered N at a time in one engine; the shared NFA finds the one
 ``shelf[@zone='Zk']`` / ``exit[@door='Dk']`` node of an event through its
 predicate indexes, so the per-event cost should hardly depend on N.
 
-Streams (``--events``, default 200,000, from :func:`yfpp.generate.generate_rfid`,
+Streams (``--events``, default 200,000, from :func:`yfpp.input.generate.generate_rfid`,
 20 tags in flight, gap 20 s, seed ``--seed``).  One base stream is generated
 with zones = doors = L = lcm(sizes) (10,000 by default) and, for size N, zone
 ``Zz`` becomes ``Z((z-1) mod N + 1)`` and door ``Dd`` becomes
@@ -72,8 +72,8 @@ from collections import deque
 from pathlib import Path
 
 from yfpp.engine import Engine
-from yfpp.events import Event
-from yfpp.generate import generate_rfid
+from yfpp.input.events import Event
+from yfpp.input.generate import generate_rfid
 from bench_common import GcTimer, commit, short_path
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from yfpp.events import Event
-from yfpp.pattern import (
+from yfpp.input.events import Event
+from yfpp.language.pattern import (
     Aggregate,
     And,
     Arith,

@@ -12,19 +12,13 @@ from pathlib import Path
 import pytest
 
 from yfpp.engine import Engine
-from yfpp.event_sets import (
-    MatchWindowMatcher,
-    SummaryStatistics,
-    compile_sets,
-    earliest_maximal,
-    event_bits,
-    key_of,
-    search,
-)
-from yfpp.events import Event
-from yfpp.query_text import load_queries, parse_query
-from yfpp.readers import read_events
-from yfpp.reference import reference_matches
+from yfpp.sets.match_window import MatchWindowMatcher, SummaryStatistics
+from yfpp.sets.plan import compile_sets, event_bits, key_of
+from yfpp.sets.search import earliest_maximal, search
+from yfpp.input.events import Event
+from yfpp.language.query_text import load_queries, parse_query
+from yfpp.input.readers import read_events
+from yfpp.reference.oracle import reference_matches
 
 ROOT = Path(__file__).resolve().parents[1]
 _Q1_TEXT = load_queries([str(ROOT / "queries" / "chemo_q1.sase")])[0].text

@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from yfpp.dead_letters import DeadLetters
+from yfpp.input.dead_letters import DeadLetters
 from yfpp.engine import Engine
 from yfpp.errors import PatternError, QuerySyntaxError, YfppError
-from yfpp.events import Event
-from yfpp.match_id import match_id
+from yfpp.input.events import Event
+from yfpp.runtime.match_id import match_id
 
 SHOP = "PATTERN SEQ(shelf a, ~register b, exit c) WHERE [tag_id] WITHIN 100"
 
@@ -272,7 +272,7 @@ def test_integers_too_long_to_print_are_reported_not_raised():
 
 
 def test_wrong_argument_types_are_clear_errors():
-    from yfpp.readers import read_events
+    from yfpp.input.readers import read_events
 
     for opts in ({"max_feedback_depth": "x"}, {"max_derived_per_event": 0}, {"reports": 42}):
         with pytest.raises(YfppError, match="must be|reports must be a text stream"):

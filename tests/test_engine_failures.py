@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.generators import patterns, streams
-from yfpp.dead_letters import DeadLetters
+from yfpp.input.dead_letters import DeadLetters
 from yfpp.engine import Engine
 from yfpp.errors import YfppError
-from yfpp.events import Event
+from yfpp.input.events import Event
 
 
 class Boom(Exception):

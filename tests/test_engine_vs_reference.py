@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from tests.generators import patterns, streams
 from yfpp.engine import Engine
-from yfpp.events import Event
-from yfpp.reference import reference_matches
+from yfpp.input.events import Event
+from yfpp.reference.oracle import reference_matches
 
 SETTINGS = settings(max_examples=1500, deadline=None, suppress_health_check=list(HealthCheck))
 

@@ -71,12 +71,12 @@ def test_ctrl_c_while_the_command_loads_is_quiet():
 
 IMPORTS_CHECK = """
 import io, sys
-from yfpp.readers import read_events
+from yfpp.input.readers import read_events
 assert [e.type for e in read_events(io.BytesIO(b'{"type": "a", "ts": 1}\\n'), "jsonl")] == ["a"]
-assert not (loaded := {"yfpp.engine", "yfpp.xml_reader", "lxml.etree", "lark"} & set(sys.modules)), loaded
+assert not (loaded := {"yfpp.engine", "yfpp.input.xml_reader", "lxml.etree", "lark"} & set(sys.modules)), loaded
 from yfpp import Engine
 Engine().register("PATTERN SEQ(a x, b y) WHERE [k]")
-assert not (loaded := {"yfpp.event_sets", "xpath_ext.parser", "lxml.etree"} & set(sys.modules)), loaded
+assert not (loaded := {"yfpp.sets.plan", "yfpp.sets.strategies", "xpath_ext.parser", "lxml.etree"} & set(sys.modules)), loaded
 """
 
 

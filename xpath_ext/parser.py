@@ -1,4 +1,4 @@
-"""Extended XPath (YFilter++, docs/semantics.md §9) → :class:`yfpp.pattern.Pattern`.
+"""Extended XPath (YFilter++, docs/semantics.md §9) → :class:`yfpp.language.pattern.Pattern`.
 
 ``[tag_id]&&//shelf//!register//exit&&(12 hours)`` compiles to::
 
@@ -20,7 +20,7 @@
   nothing.
 - ``=> type(name = expr, …) [feedback]`` last: the result event, the SASE+
   ``RETURN`` clause with the steps' variables (``e1.total + 1``); parsed by
-  :func:`yfpp.sase_parser.parse_result`.
+  :func:`yfpp.language.sase_parser.parse_result`.
 - ``//{C, P+}//B`` is an event-set pattern (docs/event_sets.md): the members
   of ``{…}`` bind ``e1, e2, …`` in the order written, then the steps after
   it; every axis of such a path must be ``//`` and negation is refused.
@@ -38,11 +38,11 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 
 from xpath_ext.xpath_predicates import error_location, parse_expression
 from yfpp.errors import QuerySyntaxError
-from yfpp.lark_tables import lalr_parser
-from yfpp.pattern import Component, Contiguity, Emit, Expr, Kind, Pattern, XPathTest
-from yfpp.query_limits import check_text, deepest, finite_number, finite_window, line_column, too_deep
-from yfpp.sase_parser import parse_result
-from yfpp.units import UNIT_SECONDS, bare_window, window_seconds
+from yfpp.language.lark_tables import lalr_parser
+from yfpp.language.pattern import Component, Contiguity, Emit, Expr, Kind, Pattern, XPathTest
+from yfpp.language.query_limits import check_text, deepest, finite_number, finite_window, line_column, too_deep
+from yfpp.language.sase_parser import parse_result
+from yfpp.language.units import UNIT_SECONDS, bare_window, window_seconds
 
 GRAMMAR = Path(__file__).with_name("xpath_grammar.lark")
 LARK_OPTIONS = {"maybe_placeholders": True}

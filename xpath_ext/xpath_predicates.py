@@ -35,8 +35,8 @@ from elementpath.helpers import get_double
 from elementpath.tdop import Parser as TdopParser
 
 from yfpp.errors import QuerySyntaxError
-from yfpp.events import Event
-from yfpp.xml_element import AttributeView
+from yfpp.input.events import Event
+from yfpp.input.xml_element import AttributeView
 
 Namespaces = tuple[tuple[str, str], ...]
 Test = Callable[[Event], bool]
@@ -347,7 +347,7 @@ def _attribute_with_literal(op: Callable[[Any, Any], Any], atok: XPathToken,
 
 
 def index_keys(kind: str, name: str, event: Event) -> list[Any] | None:
-    """What a hash index of XPath equalities looks ``event`` up by (``yfpp.shared_nfa``): for ``@name = 'text'``
+    """What a hash index of XPath equalities looks ``event`` up by (``yfpp.nfa.shared_nfa``): for ``@name = 'text'``
     (``xeq``) the attribute's text, for ``@name = 12`` (``xnum``) that text cast as the comparison casts it
     (``get_double``; none when that fails: the predicate is false), for the child step ``name`` (``ceq``,
     ``cnum``) the same of each leaf child, or None when a child named so is not a leaf (the fast path leaves

@@ -12,8 +12,8 @@ from yfpp._version import __version__
 
 __all__ = ["Engine", "Event", "YfppError", "__version__"]
 
-# imported on first use: a program that only reads events (yfpp.readers) does not load the engine
-_LAZY = {"Engine": "yfpp.engine", "Event": "yfpp.events", "YfppError": "yfpp.errors"}
+# imported on first use: a program that only reads events (yfpp.input.readers) does not load the engine
+_LAZY = {"Engine": "yfpp.engine", "Event": "yfpp.input.events", "YfppError": "yfpp.errors"}
 
 
 def __getattr__(name: str) -> Any:

@@ -12,17 +12,17 @@ from typing import Any, BinaryIO, Callable, Iterable, Iterator
 
 from yfpp import examples
 from yfpp._version import __version__
-from yfpp.dead_letters import DeadLetters
+from yfpp.input.dead_letters import DeadLetters
 from yfpp.engine import MAX_BUFFER_PER_QUERY, MAX_HELD, MAX_RUNS_PER_QUERY, Engine
 from yfpp.errors import InputError, YfppError
-from yfpp.events import Event
-from yfpp.feedback import MAX_DEPTH as MAX_FEEDBACK_DEPTH
-from yfpp.feedback import MAX_DERIVED
-from yfpp.output import MatchWriter, check_writable, is_live_input, open_for_writing
-from yfpp.query_text import load_patterns
-from yfpp.record_fields import MAX_DEPTH, MAX_RECORD_BYTES
-from yfpp.stats import Progress, format_figures, run_figures, write_figures_json
-from yfpp.vocabulary import Vocabulary
+from yfpp.input.events import Event
+from yfpp.runtime.feedback import MAX_DEPTH as MAX_FEEDBACK_DEPTH
+from yfpp.runtime.feedback import MAX_DERIVED
+from yfpp.output.writer import MatchWriter, check_writable, is_live_input, open_for_writing
+from yfpp.language.query_text import load_patterns
+from yfpp.input.record_fields import MAX_DEPTH, MAX_RECORD_BYTES, check_ts_unit
+from yfpp.output.stats import Progress, format_figures, run_figures, write_figures_json
+from yfpp.output.vocabulary import Vocabulary
 
 CHECKPOINT_EVERY = 100_000  #: events between checkpoints of ``yfpp run --checkpoint``
 MAX_SYMBOLS, MAX_TAGS = 1_000_000, 100_000  #: yfpp generate's: a price per symbol, a lifecycle per tag is held
@@ -225,14 +225,6 @@ def build_engine(query_args: Iterable[str], ts_unit: str = "s", **engine_opts: A
     return engine
 
 
-def check_ts_unit(unit: str) -> None:
-    """``--ts-unit`` of ``yfpp run`` and ``yfpp spark``: one of the readers' units."""
-    from yfpp.record_fields import TS_UNITS
-
-    if unit not in TS_UNITS:
-        raise YfppError(f"unknown --ts-unit {unit!r}; expected one of {', '.join(TS_UNITS)}")
-
-
 #: ``yfpp run``'s options that decide how the input is read, and their defaults: a checkpoint keeps them, so
 #: that ``--restore`` reads the input as the run that wrote it did (another unit would give other matches)
 READER_DEFAULTS: dict[str, Any] = {"format": None, "ts_field": "ts", "ts_unit": "s", "ts_format": "number",
@@ -265,12 +257,12 @@ def reader_options(args: argparse.Namespace, stored: Any = None) -> dict[str, An
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from yfpp.readers import read_event_batches
-    from yfpp.record_fields import reading_unit, window_unit
+    from yfpp.input.readers import read_event_batches
+    from yfpp.input.record_fields import reading_unit, window_unit
 
     stored = None
     if args.restore:
-        from yfpp.checkpoint import read_checkpoint
+        from yfpp.state.checkpoint import read_checkpoint
 
         stored = read_checkpoint(args.restore)
     reading = reader_options(args, stored.get("reader") if isinstance(stored, dict) else None)
@@ -300,7 +292,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # checkpoint's with --restore, the engine's defaults without)
     skip = None
     if args.restore:
-        from yfpp.checkpoint import SkipConsumed
+        from yfpp.state.checkpoint import SkipConsumed
 
         if args.query:
             raise YfppError("--restore takes the queries from the checkpoint: leave out -q")
@@ -438,7 +430,7 @@ def write_matches(engine: Engine, batches: Iterable[list[Event]], out: MatchWrit
             process(part, out)  # each event's matches written as it completes them (so before a Ctrl-C)
             n += len(part)
             if every and n % every == 0:
-                from yfpp.checkpoint import write_checkpoint
+                from yfpp.state.checkpoint import write_checkpoint
 
                 out.flush()
                 write_checkpoint(engine, checkpoint[0], checkpoint[2]())
@@ -464,7 +456,7 @@ def _parts(batch: list[Event], n: int, every: int) -> list[list[Event]]:
 def cmd_explain(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from yfpp.explain import as_dot, as_json, as_text, nfa_graph, set_queries, write_picture
+    from yfpp.output.explain import as_dot, as_json, as_text, nfa_graph, set_queries, write_picture
 
     if args.png and Path(args.png).suffix.lower() != ".png":
         raise YfppError(f"--png writes a PNG file: give a file name ending in .png, not {args.png!r}")
@@ -496,8 +488,8 @@ def cmd_examples(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from yfpp.generate import generate_rfid, generate_stock, write_events
-    from yfpp.readers import format_of
+    from yfpp.input.generate import generate_rfid, generate_stock, write_events
+    from yfpp.input.readers import format_of
 
     if args.kind == "stock":
         records = generate_stock(args.events, symbols=args.symbols, p_up=args.p_up, seed=args.seed)

@@ -2,10 +2,10 @@
 
 ``Engine`` owns stream order: it assigns ``seq`` to events that have none,
 reorders within ``max_delay`` (default 0: no reordering) and reports late
-events to its :class:`~yfpp.dead_letters.DeadLetters` instead of dropping
-them silently.  Matching itself is the :class:`~yfpp.runtime.Runtime`'s;
+events to its :class:`~yfpp.input.dead_letters.DeadLetters` instead of dropping
+them silently.  Matching itself is the :class:`~yfpp.runtime.runtime.Runtime`'s;
 once a feedback query is registered, events go through
-:class:`~yfpp.feedback.Feedback`, which also processes the derived events.
+:class:`~yfpp.runtime.feedback.Feedback`, which also processes the derived events.
 
 Stream order is ``(ts, seq)``: the reorder buffer releases events in that
 order (events whose ``seq`` is not an int — derived events — after the
@@ -28,17 +28,17 @@ from decimal import Decimal
 from itertools import count
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol, TextIO, TypeVar
 
-from yfpp.dead_letters import DeadLetters
+from yfpp.input.dead_letters import DeadLetters
 from yfpp.errors import YfppError
-from yfpp.events import Event
-from yfpp.feedback import MAX_DEPTH, MAX_DERIVED, Feedback
-from yfpp.nfa_compiler import QueryPlan, compile_pattern
-from yfpp.pattern import POLICIES, SET_POLICIES, STRATEGIES, Pattern
-from yfpp.query_text import parse_query
-from yfpp.runtime import Runtime
+from yfpp.input.events import Event
+from yfpp.runtime.feedback import MAX_DEPTH, MAX_DERIVED, Feedback
+from yfpp.nfa.compiler import QueryPlan, compile_pattern
+from yfpp.language.pattern import POLICIES, SET_POLICIES, STRATEGIES, Pattern
+from yfpp.language.query_text import parse_query
+from yfpp.runtime.runtime import Runtime
 
 if TYPE_CHECKING:
-    from yfpp.event_sets import SetMatcher  # imported when an event-set query is registered
+    from yfpp.sets.strategies import SetMatcher  # imported when an event-set query is registered
 
 #: Default caps per query (per branch of the shared NFA, see docs/operations.md); the environment
 #: variables YFPP_MAX_RUNS_PER_QUERY / YFPP_MAX_BUFFER_PER_QUERY override them (how `yfpp spark`
@@ -75,8 +75,8 @@ class Engine:
     queries without a window.  ``full_events``: every match also lists its
     bound events in full (``"events"``); ``max_feedback_depth`` /
     ``max_derived_per_event``: the loop guards of feedback queries
-    (``yfpp.feedback``).  ``merge_runs``: merge equivalent runs into one
-    (SIGMOD 2008 §5.2.2, ``yfpp.run_merging``): the same matches, fewer runs
+    (``yfpp.runtime.feedback``).  ``merge_runs``: merge equivalent runs into one
+    (SIGMOD 2008 §5.2.2, ``yfpp.runtime.run_merging``): the same matches, fewer runs
     to step when many runs of a partition agree on what lies ahead.
 
     ``copy.deepcopy(engine)``, ``copy.copy`` and ``pickle`` give an engine in the same state
@@ -141,7 +141,7 @@ class Engine:
 
         ``name`` (a non-empty string) names its matches; without one they carry the id.
         ``feedback=True`` routes its result events back into the stream, as
-        its own ``FEEDBACK`` clause does (``yfpp.feedback``).  A query refused
+        its own ``FEEDBACK`` clause does (``yfpp.runtime.feedback``).  A query refused
         (an error raised) leaves the engine as it was.
         """
         if name is not None and not (isinstance(name, str) and name):
@@ -163,7 +163,8 @@ class Engine:
         qid = next(self._ids)
         source = (pattern, query if isinstance(query, str) else None, name)
         if pattern.has_sets or (self.strategy == "match-window" and _windowable(pattern)):
-            from yfpp.event_sets import Limits, set_matcher
+            from yfpp.sets.matcher import Limits
+            from yfpp.sets.strategies import set_matcher
 
             limits = Limits(self.runtime.max_runs, self.runtime.max_buffer, self._shed_sets, self._matched_sets)
             matcher = self.set_queries[qid] = set_matcher(pattern, name if name is not None else qid, self.strategy, limits)
@@ -447,11 +448,11 @@ class Engine:
         matcher.fed = []
 
     def _matched_sets(self, query: str | int, n: int) -> None:
-        """A set query put ``n`` matches out (``yfpp.event_sets.Limits``)."""
+        """A set query put ``n`` matches out (``yfpp.sets.matcher.Limits``)."""
         self.runtime.counters.matches[query] += n
 
     def _shed_sets(self, query: str | int, n: int, report: str | None) -> None:
-        """A set query's cap dropped ``n`` partial matches or events (``yfpp.event_sets.Limits``)."""
+        """A set query's cap dropped ``n`` partial matches or events (``yfpp.sets.matcher.Limits``)."""
         self.runtime.counters.shed_runs[query] += n
         if report is not None:
             self._report(report)
@@ -514,16 +515,16 @@ class Engine:
 
     def snapshot(self) -> dict:
         """The whole engine state as versioned JSON-safe data (format: docs/operations.md)."""
-        from yfpp.checkpoint import snapshot
+        from yfpp.state.checkpoint import snapshot
 
         return snapshot(self)
 
     @classmethod
     def restore(cls, snapshot: dict, **engine_opts: Any) -> "Engine":
         """An engine in the state of ``snapshot``; ``engine_opts`` (dead_letters, reports, …) override its options."""
-        from yfpp.checkpoint import restore
+        from yfpp.state.checkpoint import restore
 
-        return restore(snapshot, **engine_opts)
+        return restore(snapshot, cls, **engine_opts)
 
     def __reduce__(self) -> tuple:
         """``copy.deepcopy`` and ``pickle``: the engine restored from its snapshot (see the class docstring)."""
@@ -563,8 +564,8 @@ def _copy_of(snapshot: dict, reports: list[str]) -> Engine:
 
 
 def _windowable(pattern: Pattern) -> bool:
-    """``yfpp.event_sets.windowable`` (that module is imported only for event-set queries)."""
-    from yfpp.event_sets import windowable
+    """``yfpp.sets.plan.windowable`` (that module is imported only for event-set queries)."""
+    from yfpp.sets.plan import windowable
 
     return windowable(pattern)
 

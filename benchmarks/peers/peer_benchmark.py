@@ -31,7 +31,7 @@ sys.path.insert(0, str(HERE.parent))
 from bench_common import ROOT, commit  # noqa: E402
 from shoplifting_queries import query_file  # noqa: E402
 
-from yfpp.generate import generate_rfid  # noqa: E402
+from yfpp.input.generate import generate_rfid  # noqa: E402
 
 DATA = HERE.parent / "data"
 PLOT = HERE.parent / "peers.png"

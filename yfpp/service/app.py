@@ -14,15 +14,18 @@ import json
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
 
 from yfpp.service import metrics
-from yfpp.service.server import RequestError, Service
+from yfpp.service.errors import RequestError
 from yfpp.service.subscriptions import SubscriptionSpec
+
+if TYPE_CHECKING:
+    from yfpp.service.server import Service
 
 HEARTBEAT = 15.0  #: seconds between SSE keep-alive comments
 GZIP_MAGIC = b"\x1f\x8b"

@@ -1,6 +1,6 @@
 """Engine-state checkpoints: the one place the service saves and restores its Engine.
 
-The format and the atomic write are the engine's (``yfpp.checkpoint``,
+The format and the atomic write are the engine's (``yfpp.state.checkpoint``,
 documented in docs/operations.md); this module only decides what "no
 checkpoint yet" means for a starting service.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from yfpp.checkpoint import read_checkpoint, write_checkpoint
+from yfpp.state.checkpoint import read_checkpoint, write_checkpoint
 from yfpp.engine import Engine
 
 

@@ -9,7 +9,7 @@ import os
 from typing import Any
 
 from yfpp.errors import YfppError
-from yfpp.query_text import load_queries
+from yfpp.language.query_text import load_queries
 from yfpp.service.config import LOG_LEVELS, ServiceConfig
 
 SERVE_EXAMPLES = """\

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from yfpp.errors import YfppError
-from yfpp.record_fields import reading_unit, unit_factors, window_unit
+from yfpp.input.record_fields import reading_unit, unit_factors, window_unit
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 

@@ -1,4 +1,4 @@
-"""Feeds in: TCP listeners (XML or JSON lines), files / stdin, HTTP bodies — all read by ``yfpp.readers``.
+"""Feeds in: TCP listeners (XML or JSON lines), files / stdin, HTTP bodies — all read by ``yfpp.input.readers``.
 
 Each source is read in its own thread by the same readers as ``yfpp run`` (so
 the same dead letters), and every event goes into the service's one inbox; the
@@ -19,10 +19,10 @@ import threading
 import time
 from typing import Any, Callable
 
-from yfpp.dead_letters import DeadLetters
+from yfpp.input.dead_letters import DeadLetters
 from yfpp.errors import YfppError
-from yfpp.events import Event
-from yfpp.readers import read_events
+from yfpp.input.events import Event
+from yfpp.input.readers import read_events
 
 log = logging.getLogger("yfpp.service.feeds")
 

@@ -33,14 +33,15 @@ from typing import Any, Callable, Iterator
 import uvicorn
 from pydantic import ValidationError
 
-from yfpp.checkpoint import encode_pattern
+from yfpp.state.checkpoint import encode_pattern
 from yfpp.engine import Engine
 from yfpp.errors import YfppError
-from yfpp.events import Event
-from yfpp.pattern import Pattern
-from yfpp.query_text import parse_written_query
+from yfpp.input.events import Event
+from yfpp.language.pattern import Pattern
+from yfpp.language.query_text import parse_written_query
 from yfpp.service import checkpoint
 from yfpp.service.config import ServiceConfig
+from yfpp.service.errors import RequestError
 from yfpp.service.feeds import FeedClosed, SharedDeadLetters, TcpFeed, pump, start_input
 from yfpp.service.registry import Registry, RegistryError
 from yfpp.service.subscriptions import SUBSCRIPTION_ID, Subscription, SubscriptionSpec, Totals
@@ -54,15 +55,6 @@ INBOX = 64  #: batches (of up to feeds.BATCH events) waiting for the engine thre
 INGEST_THREADS = 4  #: POST /events bodies read at once (more wait their turn); apart from the loop's default pool
 HANDED_OVER = 65_536  #: results from the engine thread not yet routed by the loop before the engine thread waits
 CHUNK = 1024  #: results the engine thread gathers before handing them to the loop (and at the end of each batch)
-
-
-class RequestError(YfppError):
-    """A request the service refuses: HTTP ``status`` and a JSON ``body``."""
-
-    def __init__(self, status: int, error: str, **extra: Any):
-        super().__init__(error)
-        self.status = status
-        self.body = {"error": error, **extra}
 
 
 class Service:

@@ -5,6 +5,12 @@
 * :func:`stream_matches` — the same over a streaming DataFrame, state kept per key.
 
 pyspark is imported only when one of these is first used.
+
+Modules: ``cli`` (``yfpp spark``), ``starting`` (the JVM and session started while queries are read),
+``inputs``, ``parse`` and ``read`` (inputs through Spark's file systems, parsed on the executors), ``plan``
+(query groups, partition and slice plans), ``scan`` and ``batch`` (the scan and shuffle plans of a batch
+job), ``ingest`` and ``stream`` (a directory stream), ``source`` (the socket source), ``costs`` (per-step
+costs for ``--stats``, JVM options, the class-data archive).
 """
 
 from __future__ import annotations

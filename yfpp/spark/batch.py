@@ -13,8 +13,8 @@ from pyspark import TaskContext
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from yfpp.events import PSEUDO_ATTRS
-from yfpp.feedback import MAX_DEPTH, MAX_DERIVED
+from yfpp.input.events import PSEUDO_ATTRS
+from yfpp.runtime.feedback import MAX_DEPTH, MAX_DERIVED
 from yfpp.spark.plan import Group, Slicing, effective_queries, group_queries, make_event, match_row, rare_collections
 
 MATCH_SCHEMA = "query string, bindings map<string, array<bigint>>, start double, end double, emit string, json string"

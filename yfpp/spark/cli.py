@@ -17,12 +17,12 @@ from urllib.parse import urlparse
 
 from yfpp import examples
 from yfpp.errors import QueryError, YfppError
-from yfpp.feedback import MAX_DEPTH, MAX_DERIVED
+from yfpp.runtime.feedback import MAX_DEPTH, MAX_DERIVED
 from yfpp.spark.inputs import PLANS, local_path, qualify, socket_address
 from yfpp.spark.starting import StartingSession
-from yfpp.pattern import Pattern
-from yfpp.query_text import load_patterns
-from yfpp.record_fields import reading_unit, window_unit
+from yfpp.language.pattern import Pattern
+from yfpp.language.query_text import load_patterns
+from yfpp.input.record_fields import check_ts_unit, reading_unit, window_unit
 
 if TYPE_CHECKING:
     from yfpp.spark.plan import EffectiveQueries
@@ -128,8 +128,7 @@ def load(query_args: list[str], policy: str | None = None, ts_unit: str = "s") -
 
 def _check_arguments(args: argparse.Namespace) -> None:
     """What can be refused before a JVM starts."""
-    from yfpp.cli import check_ts_unit  # (yfpp.cli imports this module's parser when it builds its own)
-    from yfpp.readers import field_clash  # (lxml: only when 'spark' runs)
+    from yfpp.input.readers import field_clash  # (lxml: only when 'spark' runs)
 
     if not args.input and not (args.stream and args.socket):
         raise YfppError("give an input with -i (or --stream --socket HOST:PORT)")

@@ -2,7 +2,7 @@
 
 Spark reads the input through its own file system layer (any Hadoop URI) in
 one of two shapes, and :func:`parse_batches` (a ``mapInArrow`` function) runs
-:func:`yfpp.readers.read_event_batches` over them:
+:func:`yfpp.input.readers.read_event_batches` over them:
 
 * a **whole file** per row (``binaryFile``): XML, gzip, a small JSON-lines
   file, or any file whose name is not a plain JSON-lines name — parsed in one go;
@@ -52,10 +52,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from lxml import etree
 
-from yfpp.dead_letters import DeadLetters
+from yfpp.input.dead_letters import DeadLetters
 from yfpp.errors import InputError
-from yfpp.events import MISSING, PSEUDO_ATTRS, Event
-from yfpp.readers import format_of, read_event_batches, read_events
+from yfpp.input.events import MISSING, PSEUDO_ATTRS, Event
+from yfpp.input.readers import format_of, read_event_batches, read_events
 from yfpp.spark.inputs import local_path
 
 #: Rows of :func:`parse_batches`: a record (``n`` null) or a split's summary (``n``, ``path``, ``block`` set).

@@ -15,7 +15,7 @@ stream, one yfpp :class:`~yfpp.engine.Engine` per slice:
 * **whole** — no window, or ``non_overlapping`` without a key (its output
   depends on the whole history): one slice, one engine.
 
-Feedback queries (``yfpp.feedback``) run in their group's engines, so their
+Feedback queries (``yfpp.runtime.feedback``) run in their group's engines, so their
 derived events reach only the queries of their own partition:
 :func:`check_feedback` accepts them when that is all ``yfpp run`` would
 reach too (see its docstring) and refuses them otherwise.
@@ -33,14 +33,14 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from lxml import etree
 
-from yfpp.dead_letters import DeadLetters
+from yfpp.input.dead_letters import DeadLetters
 from yfpp.engine import Engine
 from yfpp.errors import YfppError
-from yfpp.event_sets import partition_attributes
-from yfpp.events import MISSING, Event
-from yfpp.feedback import MAX_DEPTH, MAX_DERIVED
-from yfpp.output import iso_time
-from yfpp.pattern import Contiguity, Index, Kind, Pattern, Ref, XPathTest, walk
+from yfpp.sets.plan import partition_attributes
+from yfpp.input.events import MISSING, Event
+from yfpp.runtime.feedback import MAX_DEPTH, MAX_DERIVED
+from yfpp.output.writer import iso_time
+from yfpp.language.pattern import Contiguity, Index, Kind, Pattern, Ref, XPathTest, walk
 
 Query = tuple[Any, Pattern]  # (name — or the engine's id for an unnamed query, pattern)
 
@@ -79,7 +79,7 @@ def effective_queries(queries: Mapping[str, str | Pattern] | Iterable[str | Patt
 def spark_key(p: Pattern) -> tuple[str, ...]:
     """The attributes a query can be partitioned by: its equivalence list, or for an event-set
     query without one, the attributes its equality relationships give every event of a match
-    (``yfpp.event_sets.partition_attributes``, Definition 6 of the match-windows paper) — unless
+    (``yfpp.sets.plan.partition_attributes``, Definition 6 of the match-windows paper) — unless
     it is ``non_overlapping``: that policy goes by the equivalence list's partitions alone."""
     if p.partition_by or not p.has_sets or p.policy == "non_overlapping":
         return p.partition_by

@@ -70,7 +70,7 @@ def read_events_df(spark: SparkSession, path: str | os.PathLike[str], format: st
     events (ts below the largest earlier ts, as ``yfpp run`` with
     ``max_delay`` 0) are dead letters; :func:`yfpp.spark.match` skips them.
     Raises :class:`~yfpp.errors.InputError` for a missing or empty input.
-    ``ts_field``, ``ts_unit`` (``iso``: ISO-8601 text), ``type_field``: as :func:`yfpp.readers.read_events`'s.
+    ``ts_field``, ``ts_unit`` (``iso``: ISO-8601 text), ``type_field``: as :func:`yfpp.input.readers.read_events`'s.
     ``step``: names the Spark jobs of each reading step (:meth:`yfpp.spark.costs.Steps.step`).
     """
     step = step or (lambda name: nullcontext())

@@ -28,12 +28,12 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from yfpp.dead_letters import DeadLetters
+from yfpp.input.dead_letters import DeadLetters
 from yfpp.engine import Engine, event_raw, late_reason
-from yfpp.events import MISSING, PSEUDO_ATTRS, Event
-from yfpp.feedback import MAX_DEPTH, MAX_DERIVED
-from yfpp.readers import read_event_batches
-from yfpp.record_fields import ISO_UNIT_NAME
+from yfpp.input.events import MISSING, PSEUDO_ATTRS, Event
+from yfpp.runtime.feedback import MAX_DEPTH, MAX_DERIVED
+from yfpp.input.readers import read_event_batches
+from yfpp.input.record_fields import ISO_UNIT_NAME
 from yfpp.spark.batch import _ARROW_SCHEMA, _ID_ARROW_SCHEMA, _batch
 from yfpp.spark.inputs import local_path
 from yfpp.spark.parse import reader_kwargs

@@ -39,7 +39,7 @@ from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.streaming.state import GroupState
 
 from yfpp.engine import event_raw
-from yfpp.record_fields import ISO_UNIT_NAME
+from yfpp.input.record_fields import ISO_UNIT_NAME
 from yfpp.spark import ingest, inputs, source
 from yfpp.spark.batch import MATCH_SCHEMA, key_hash
 from yfpp.spark.plan import Group, advance_key, effective_queries, group_queries, match_row
@@ -71,7 +71,7 @@ def read_stream(spark: SparkSession, path: str | None = None, *, socket: str | N
     query of its own numbers and stages the events under ``checkpoint`` (required
     then; see :mod:`yfpp.spark.ingest`); ``max_files`` new files at most per
     micro-batch, ``interval`` its trigger. A socket is read on the driver (a demo source).
-    ``ts_field``, ``ts_unit`` (``iso``: ISO-8601 text), ``type_field``: as :func:`yfpp.readers.read_events`'s.
+    ``ts_field``, ``ts_unit`` (``iso``: ISO-8601 text), ``type_field``: as :func:`yfpp.input.readers.read_events`'s.
     """
     if path is not None:
         if checkpoint is None:

@@ -1,0 +1,141 @@
+"""``yfpp explain``: text, JSON and DOT of the shared NFA; pictures with and without Graphviz."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from yfpp.output import explain
+from yfpp.cli import build_engine, main
+
+ROOT = Path(__file__).resolve().parents[2]
+QUERIES = [
+    "PATTERN SEQ(shelf a, ~register b, exit c) WHERE [tag_id] AND c.door = 'D1' AND b.lane > 2 WITHIN 12 hours",
+    "PATTERN SEQ(stock+ a[], stock b) WHERE [symbol] AND a[i].price > avg(a[..i-1].price) AND b.volume < 80% * a[a.len].volume WITHIN 1 hour",
+    "[tag_id]//shelf[@zone='Z1']//exit",
+]
+
+
+def test_text_shows_predicates_indexes_windows_negations(capsys):
+    assert main(["explain", *sum((["-q", q] for q in QUERIES), [])]) == 0
+    out = capsys.readouterr().out
+    assert "next exit [tag_id]  window 43200  accepts q" in out
+    assert "where c.door = 'D1'" in out and "index door = 'D1' (hash index)" in out
+    assert "q: no register between a and c with b.lane > 2" in out
+    assert "stock+ [symbol] ⟲ take (next)  window 3600" in out
+    assert "where take: a.price > avg(a[..i-1].price)" in out
+    assert "where b.volume < (0.8 * a[a.len].volume)" in out
+    assert "where e1[@zone='Z1']" in out and "index @zone = 'Z1' (hash index)" in out
+
+
+def test_xpath_predicates_outside_the_fast_path_are_marked(capsys):
+    assert main(["explain", "-q", "//shelf[tag_id = 7 and starts-with(@zone, 'Z')]//exit[contains(name(), 'x')]"]) == 0
+    out = capsys.readouterr().out
+    assert "where e1[tag_id = 7 and starts-with(@zone, 'Z')]\n" in out
+    assert "where e2[contains(name(), 'x')] (by elementpath: tens of µs per event)\n" in out
+
+
+def test_numbers_are_shown_as_written_not_rounded(capsys):
+    query = "PATTERN SEQ(a x, b y) WHERE x.v = 100000000000000000000 AND y.w > 1.2345678 AND y.z < 1e300 WITHIN 365 days"
+    assert main(["explain", "-q", query]) == 0
+    out = capsys.readouterr().out
+    assert "where x.v = 100000000000000000000" in out and "where y.w > 1.2345678" in out
+    assert "where y.z < 1e+300" in out and "window 31536000" in out
+
+
+def test_json_is_the_graph_for_tools(capsys):
+    assert main(["explain", "-q", str(ROOT / "queries/sharing.xpe"), "--format", "json"]) == 0
+    g = json.loads(capsys.readouterr().out)
+    assert g["figures"]["nodes"] == 9 and g["figures"]["queries"] == 8
+    assert len(g["nodes"]) == 10 and len(g["edges"]) == 9
+    accepting = {a["query"]: a for n in g["nodes"] for a in n["accepts"]}
+    assert sorted(accepting) == [f"q{i}" for i in range(1, 9)]
+    assert accepting["q3"]["negations"] == ["no b between e1 and e2"]
+    first = next(n for n in g["nodes"] if n["id"] == next(e["to"] for e in g["edges"] if e["from"] == "start"))
+    assert first["type"] == "a" and first["partition_by"] == ["id"] and len(first["queries"]) == 8
+
+
+def test_dot_labels_have_real_line_breaks(tmp_path):
+    g = explain.nfa_graph(build_engine(QUERIES))
+    dot = explain.as_dot(g)
+    assert "\\\\n" not in dot  # the old bug: the line break escaped twice
+    assert '\\n→ q; within 43200; no register' in dot
+    assert dot.count("->") == g.number_of_edges()
+
+
+def test_picture_without_graphviz_uses_a_layered_matplotlib_drawing(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib", reason="the fallback drawing needs matplotlib")
+    monkeypatch.setattr(explain.shutil, "which", lambda name: None)
+    g = explain.nfa_graph(build_engine([str(ROOT / "queries/negations.xpe"), str(ROOT / "queries/stock_templates.sase")]))
+    assert 20 <= g.number_of_nodes() <= 50
+    path = tmp_path / "nfa.png"
+    assert explain.write_picture(g, explain.as_dot(g), path) == "matplotlib"
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, layers, rows = explain.layered_layout(g)
+    assert layers == max(len(p.nodes) for p in build_engine([str(ROOT / "queries/negations.xpe")]).queries.values())
+    for a, b in g.edges:  # children to the right of their parent
+        assert a == b or pos[b][0] == pos[a][0] + 1
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz is not installed")
+def test_picture_with_graphviz(tmp_path, capsys):
+    path = tmp_path / "nfa.png"
+    assert main(["explain", "-q", str(ROOT / "queries/sharing.xpe"), "--png", str(path)]) == 0
+    assert "with graphviz" in capsys.readouterr().err and path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_trailing_negation_is_listed_once(capsys):
+    assert main(["explain", "-q", "PATTERN SEQ(shelf a, ~exit b) WITHIN 5"]) == 0
+    assert "q: no exit after a\n" in capsys.readouterr().out
+
+
+def test_a_long_query_is_explained_without_recursion(capsys, monkeypatch):
+    """A query of thousands of steps (the limit is 10,000 components) walks the trie in a loop."""
+    query = "//a" * 3000
+    assert main(["explain", "-q", query]) == 0
+    out = capsys.readouterr().out
+    assert out.count("// a") == 2999 and "3000 components → 3000 NFA nodes" in out
+    g = explain.nfa_graph(build_engine([query]))
+    pos, layers, rows = explain.layered_layout(g)
+    assert layers == 3000 and rows == 1 and len(pos) == 3001
+
+
+def test_text_lists_what_each_accepting_query_checks_alone(capsys):
+    queries = ["[id]&&//a//b&&(10)", "[id]&&//a//b&&(20)",
+               "PATTERN SEQ(a x, b y) WHERE [id] WITHIN 20 OUTPUT non_overlapping RETURN z(v = x.v)"]
+    assert main(["explain", *sum((["-q", q] for q in queries), [])]) == 0
+    out = capsys.readouterr().out
+    assert "accepts q, q2\n      q: within 10\n" in out  # q2's window is the node's: nothing of its own
+    assert "q3: non_overlapping; emits z" in out
+
+
+def test_event_set_queries_are_shown_beside_the_nfa_in_every_format(tmp_path, capsys, monkeypatch):
+    queries = ["-q", "[PID]//{C, P+}//B(15 days)", "-q", "//a//b"]
+    assert main(["explain", *queries, "--format", "json"]) == 0
+    g = json.loads(capsys.readouterr().out)
+    assert g["set_queries"] == [{"query": "q", "pattern": "[PID]//{C, P+}//B(15 days)"}]
+    assert g["figures"]["set_queries"] == 1 and g["figures"]["queries"] == 1
+    assert main(["explain", *queries, "--format", "dot"]) == 0
+    assert '"set 0" [label="q: event-set query\\n(its own matcher)\\n[PID]//{C, P+}//B(15 days)", shape=note' in capsys.readouterr().out
+    pytest.importorskip("matplotlib", reason="the fallback drawing needs matplotlib")
+    monkeypatch.setattr(explain.shutil, "which", lambda name: None)
+    assert main(["explain", *queries, "--png", str(tmp_path / "nfa.png")]) == 0
+    assert (tmp_path / "nfa.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("name", ["nfa.svg", "nfa", "dir/"])
+def test_png_must_name_a_png_file(tmp_path, capsys, name):
+    assert main(["explain", "-q", "//a//b", "--png", str(tmp_path / name)]) == 2
+    assert capsys.readouterr().err == (f"yfpp: error: --png writes a PNG file: give a file name ending in .png, not "
+                                       f"{str(tmp_path / name)!r}\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_too_large_a_picture_for_matplotlib_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(explain.shutil, "which", lambda name: None)
+    g = explain.nfa_graph(build_engine(["//a" * 601]))
+    with pytest.raises(RuntimeError, match="601 NFA nodes are too many to draw with matplotlib"):
+        explain.write_picture(g, explain.as_dot(g), tmp_path / "nfa.png")

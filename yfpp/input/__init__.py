@@ -1,0 +1,16 @@
+"""Input layer: events and the readers that make them. May import ``yfpp.errors`` only.
+
+- ``events``: ``Event`` (type, ts, attrs, seq, stream position; its XML element built on demand), the hot path's type.
+- ``readers``: sources (files, stdin, gzip), format detection, ``read_events`` and ``read_event_batches`` (a
+  list per 16 KiB read block, ``record_fields.READ_BLOCK``).
+- ``xml_reader``: a byte-level splitter cuts the feed into event elements (caps, resynchronisation), each
+  parsed by a hardened lxml parser, whole runs of plain lines at once.
+- ``xml_lines``: blocks of plain self-closing lines read without an XML parser (one regex split, one orjson
+  call), else through an lxml parser target.
+- ``line_attributes``: the attribute texts of a plain line, read back from its bytes (``Event.texts``).
+- ``jsonl_reader``: JSON lines, a block of flat records by one orjson call, any other line by itself.
+- ``record_fields``: what both readers share: options and caps, typed values, ts units and ISO-8601.
+- ``xml_element``: the XML element XPath predicates read, for events that did not come from XML.
+- ``dead_letters``: malformed and late records, counted and written with seq, position and reason.
+- ``generate``: the SIGMOD §6 stock stream and an RFID feed, written as XML or JSON lines.
+"""

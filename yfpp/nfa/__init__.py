@@ -1,0 +1,10 @@
+"""NFA layer: one query's plan and the shared NFA of all queries. May import ``yfpp.errors``,
+``yfpp.input``, ``yfpp.language`` and ``xpath_ext``.
+
+- ``compiler``: a query's NFA^b plan, the paper's steps as passes (structure, predicate placement,
+  negations); each component spec carries its sharing signature.
+- ``predicates``: expression trees → closures ``f(ev, vec)`` (docs/semantics.md §4), Kleene state with
+  incremental aggregates.
+- ``shared_nfa``: all plans merged into a trie of nodes (YFilter); wait/in states; transition tables by type
+  with equality (hash) and range (sorted) indexes; live add and remove.
+"""

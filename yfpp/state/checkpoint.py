@@ -1,0 +1,523 @@
+"""Checkpoints: the whole engine state as versioned, JSON-safe data (docs/operations.md).
+
+``snapshot(engine) -> dict`` and ``restore(data, **engine_opts) -> Engine``
+(``Engine.snapshot`` / ``Engine.restore``), ``write_checkpoint`` (atomic:
+temp file + rename) and ``read_checkpoint``.  Nothing is pickled: queries are
+kept as their pattern IR (plain dataclasses, encoded by class name from
+``yfpp.language.pattern`` only) and recompiled in registration order, which rebuilds
+the same shared NFA; runs, buffer entries and negation candidates then refer
+to its nodes as ``[query id, component index]``.  Events are stored once in a
+table and referred to by index.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import heapq
+import json
+import math
+import os
+import tempfile
+import types
+import typing
+from collections import Counter, defaultdict
+from itertools import count
+from pathlib import Path
+from typing import Any, Callable
+
+from yfpp.language import pattern as ir
+from yfpp.state import set_checkpoint
+from yfpp.state.plans import Plans, check_entries, check_stack
+from yfpp.state.schema import check_shape, corrupt
+from yfpp.errors import YfppError
+from yfpp.input.events import MISSING, Event
+from yfpp.runtime.feedback import DerivedEvent
+from yfpp.runtime.match_buffer import Entry
+from yfpp.nfa.predicates import KleeneState
+from yfpp.runtime.deadlines import Pending
+from yfpp.runtime.run_merging import as_plain_runs
+from yfpp.runtime.runs import FullRun, Run
+
+FORMAT = "yfpp-checkpoint"
+VERSION = 2  # 2: event-set queries (``set_queries``) and the ``strategy`` option
+READABLE = (1, 2)
+_IR_CLASSES = {c.__name__: c for c in vars(ir).values() if isinstance(c, type) and dataclasses.is_dataclass(c)}
+_IR_ENUMS = {c.__name__: c for c in vars(ir).values() if isinstance(c, type) and issubclass(c, enum.Enum) and c is not enum.Enum}
+
+
+# --- pattern IR <-> JSON ------------------------------------------------------------
+
+
+def encode_pattern(obj: Any) -> Any:
+    """A pattern IR value as JSON: dataclasses as ``{"$ir": name, fields…}``, enums as ``{"$enum": …}``."""
+    if dataclasses.is_dataclass(obj):
+        return {"$ir": type(obj).__name__, **{f.name: encode_pattern(getattr(obj, f.name)) for f in dataclasses.fields(obj)}}
+    if isinstance(obj, enum.Enum):
+        return {"$enum": type(obj).__name__, "value": obj.value}
+    if isinstance(obj, tuple):
+        return [encode_pattern(x) for x in obj]
+    return obj
+
+
+def decode_pattern(data: Any, as_tuple: bool = False) -> Any:
+    """What :func:`encode_pattern` wrote, read back; a field of the wrong type is refused (``ValueError``)."""
+    if isinstance(data, dict):
+        if "$enum" in data:
+            return _IR_ENUMS[data["$enum"]](data["value"])
+        cls = _IR_CLASSES.get(data.get("$ir"))
+        if cls is None:
+            raise YfppError(f"checkpoint: unknown pattern class {data.get('$ir')!r}")
+        obj = cls(**{k: decode_pattern(v, True) for k, v in data.items() if k != "$ir"})
+        for name, hint in _IR_HINTS[cls].items():
+            if not _fits(getattr(obj, name), hint):
+                raise ValueError(f"pattern: {cls.__name__}.{name} is not a {hint}: {getattr(obj, name)!r:.60}")
+        return obj
+    if isinstance(data, list):
+        return tuple(decode_pattern(x, True) for x in data)
+    return data
+
+
+def _fits(v: Any, hint: Any) -> bool:
+    """Is ``v`` of the pattern IR's type ``hint`` (``Any``: a literal's JSON scalar)?"""
+    if hint is Any:
+        return v is None or type(v) in (bool, int, float, str)
+    origin = typing.get_origin(hint)
+    if origin is typing.Union or origin is types.UnionType:
+        return any(_fits(v, h) for h in typing.get_args(hint))
+    if origin is tuple:
+        args = typing.get_args(hint)
+        if type(v) is not tuple:
+            return False
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(_fits(x, args[0]) for x in v)
+        return len(v) == len(args) and all(map(_fits, v, args))
+    if hint is float:
+        return type(v) in (int, float)
+    return type(v) is hint  # (NoneType too)
+
+
+_IR_HINTS = {c: typing.get_type_hints(c) for c in _IR_CLASSES.values()}
+
+
+# --- snapshot -----------------------------------------------------------------------
+
+
+def _num(x: Any) -> Any:
+    """``x``, or for a float that JSON cannot hold (±inf, NaN) ``{"$float": "inf"}`` and the like."""
+    return {"$float": repr(x)} if type(x) is float and not math.isfinite(x) else x
+
+
+def _unnum(x: Any) -> Any:
+    """What :func:`_num` wrote, read back (a number written otherwise is refused)."""
+    if isinstance(x, dict) and set(x) == {"$float"} and x["$float"] in ("inf", "-inf", "nan"):
+        return float(x["$float"])
+    if type(x) is bool or not isinstance(x, (int, float)):
+        raise TypeError(f"not a number: {x!r:.40}")
+    return x
+
+
+def _attrs(attrs: dict[str, Any]) -> dict[str, Any]:
+    """An event's attributes as JSON: a float JSON cannot hold (given from Python) as :func:`_num` writes it, and
+    an object value that looks like such an encoding (``{"$float": …}``, ``{"$dict": …}``) as ``{"$dict": value}``."""
+    if any(_attr(v) is not v for v in attrs.values()):
+        return {k: _attr(v) for k, v in attrs.items()}
+    return attrs
+
+
+def _attr(v: Any) -> Any:
+    if type(v) is float:
+        return _num(v)
+    if type(v) is dict and len(v) == 1 and ("$float" in v or "$dict" in v):
+        return {"$dict": v}
+    return v
+
+
+def _unattr(v: Any) -> Any:
+    """What :func:`_attr` wrote, read back."""
+    if type(v) is dict and len(v) == 1:
+        if "$float" in v:
+            return _unnum(v)
+        if "$dict" in v:
+            return v["$dict"]
+    return v
+
+
+class _Writer:
+    """Numbers the events and buffer entries a snapshot refers to."""
+
+    def __init__(self, node_ref: dict) -> None:
+        self.node_ref = node_ref
+        self.events: list[dict] = []
+        self.entries: list[dict] = []
+        self._event_ids: dict[int, int] = {}
+        self._entry_ids: dict[int, int] = {}
+
+    def event(self, ev: Event) -> int:
+        i = self._event_ids.get(id(ev))
+        if i is None:
+            i = self._event_ids[id(ev)] = len(self.events)
+            rec = {"type": ev.type, "ts": ev.ts, "attrs": _attrs(ev.attrs), "seq": ev.seq, "pos": ev.pos}
+            if isinstance(ev, DerivedEvent):  # keep the provenance full-event output shows
+                rec["from"] = {"query": ev.query, "events": ev.sources, "depth": ev.depth}
+            if ev._element is not None:
+                from lxml import etree
+
+                rec["xml"] = etree.tostring(ev._element, encoding="unicode", with_tail=False)
+            self.events.append(rec)
+        return i
+
+    def entry(self, e: Entry | None) -> int | None:
+        if e is None:
+            return None
+        i = self._entry_ids.get(id(e))
+        if i is None:
+            i = self._entry_ids[id(e)] = len(self.entries)
+            rec: dict = {"event": self.event(e.event), "unit": e.unit}
+            self.entries.append(rec)
+            rec["preds"] = [[list(v), self.entry(p)] for v, p in e.pointers()]
+        return i
+
+    def value(self, v: Any) -> Any:
+        """A vec slot, partition key or aggregate: None/numbers/strings, MISSING, tuples, events, Kleene states."""
+        if v is None or isinstance(v, (bool, int, str)):
+            return v
+        if isinstance(v, float):
+            return _num(v)
+        if v is MISSING:
+            return {"$missing": True}
+        if isinstance(v, tuple):
+            return {"$tuple": [self.value(x) for x in v]}
+        if isinstance(v, Event):
+            return {"$event": self.event(v)}
+        if isinstance(v, KleeneState):
+            evs = list(v.iter_events()) if v.events is not None else None
+            return {"$kleene": [self.event(v.first), self.event(v.last), v.n, self.value(v.aggs),
+                                None if evs is None else [self.event(e) for e in evs]]}
+        raise YfppError(f"checkpoint: cannot store a value of type {type(v).__name__}: {v!r:.80}")
+
+    def run(self, r: Run, state_ref: list) -> dict:
+        return {
+            "state": state_ref, "vec": [self.value(x) for x in r.vec], "entry": self.entry(r.entry),
+            "version": list(r.version), "first_ts": r.first_ts, "first_pos": r.first_pos, "key": self.value(r.key),
+            "born": r.born, "tick": r.tick, "ptick": r.ptick, "blocked": [self.node_ref[n] for n in r.blocked],
+        }
+
+
+def _peek(engine_obj: Any, attr: str) -> int:
+    """The next value of an ``itertools.count`` attribute (left as it was)."""
+    n = next(getattr(engine_obj, attr))
+    setattr(engine_obj, attr, count(n))
+    return n
+
+
+def _node_refs(engine) -> dict:
+    """Every live node of the shared NFA -> ``[query id, component index]`` of the first query through it."""
+    refs: dict = {}
+    for qid, plan in engine.queries.items():
+        for i, node in enumerate(plan.nodes):
+            refs.setdefault(node, [qid, i])
+    return refs
+
+
+def _state_ref(st, node_ref: dict) -> list | None:
+    node = node_ref.get(st.node)
+    if node is None:
+        return None
+    if st.mode == "in":
+        return [node, "in"]
+    return [node, "wait", st.contiguity.value, node_ref[st.child] if st.child is not None else None]
+
+
+def snapshot(engine) -> dict:
+    """The engine's whole state as JSON-safe data (``FORMAT``, ``VERSION``; see docs/operations.md)."""
+    rt = engine.runtime
+    node_ref = _node_refs(engine)
+    w = _Writer(node_ref)
+    runs = []
+    for store in rt._stores():
+        for st, lst in store.items():
+            ref = _state_ref(st, node_ref) if st not in rt.dead else None
+            if ref is not None:
+                runs += [w.run(x, ref) for r in lst for x in as_plain_runs(r)]  # a merged run as its members
+    stacks = []
+    for node in rt.buffer.stacks():
+        if node in node_ref:
+            stacks.append([node_ref[node], [w.entry(e) for e in rt.buffer.entries(node)]])
+    neg_index = {neg: [qid, i] for qid, plan in engine.queries.items() for i, neg in enumerate(plan.negations)}
+    negations = []
+    written: set[int] = set()
+    for neg, store in rt.negations.of.items():  # a store shared by equivalent negations: written once
+        if id(store) in written:
+            continue
+        written.add(id(store))
+        for key, (positions, events) in store.buckets.items():
+            negations.append([neg_index[neg], w.value(key), positions, [w.event(e) for e in events]])
+    plan_id = {plan: qid for qid, plan in engine.queries.items()}
+    pending = []
+    for deadline, order, p in sorted(rt.deadlines.heap, key=lambda d: (d[0], d[1])):
+        if p.plan in plan_id and not p.killed:
+            pending.append({"query": plan_id[p.plan], "key": w.value(p.key), "vec": [w.value(x) for x in p.vec],
+                            "last_pos": p.last_pos, "deadline": _num(deadline), "order": order, "match": p.match,
+                            "depth": p.depth, **({"rank": p.rank} if p.rank is not None else {})})
+    held = [[ts, _num(sk), arrival, w.event(ev)] for ts, sk, arrival, ev in sorted(engine._held, key=lambda h: h[:3])]
+    c = rt.counters
+    data = {
+        "format": FORMAT,
+        "version": VERSION,
+        "options": {"max_delay": engine.max_delay, "max_held": engine.max_held, "policy": engine.default_policy,
+                    "max_runs_per_query": rt.max_runs, "max_buffer_per_query": rt.max_buffer, "strategy": engine.strategy,
+                    "merge_runs": rt.merger is not None, "full_events": rt.full_events,
+                    "max_feedback_depth": engine.feedback.max_depth, "max_derived_per_event": engine.feedback.max_derived},
+        "queries": [
+            {"id": qid, "name": name, "text": text, "pattern": encode_pattern(pat),
+             "since_tick": engine.queries[qid].since_tick if qid in engine.queries else None}
+            for qid, (pat, text, name) in engine.sources.items()
+        ],
+        "next_query_id": _peek(engine, "_ids"),
+        "stream": {"next_seq": engine._next_seq, "watermark": [_num(x) for x in engine._mark],
+                   "next_arrival": _peek(engine, "_arrivals"), "tick": rt.tick, "now": _num(rt.now), "next_sweep": rt._next_sweep},
+        "held": held,
+        "runs": runs,
+        "buffer": stacks,
+        "negations": negations,
+        "pending": pending,
+        "partition_ticks": [[list(attrs), [[w.value(k), n] for k, n in ticks.items()]] for attrs, ticks in rt.pticks.items()],
+        "branches": [[node_ref[root], root.shed, root.reported] for root in rt.branch_queries if root in node_ref],
+        "versions": {"next_root": _peek(rt, "_roots"), "next_branch": _peek(rt, "_branches"), "next_order": _peek(rt.deadlines, "order")},
+        "counters": {
+            "events": c.events, "runs_started": c.runs_started, "runs_created": c.runs_created, "runs_touched": c.runs_touched,
+            "peak_runs": c.peak_runs, "peak_buffer": c.peak_buffer, "failed": c.failed,
+            "matches": [[k, v] for k, v in c.matches.items()], "shed_runs": [[k, v] for k, v in c.shed_runs.items()],
+            "derived": engine.feedback.derived, "derived_dropped": engine.feedback.dropped,
+            "released_early": engine.released_early,
+        },
+        "dead_letters": {"count": engine.dead_letters.count, "by_reason": dict(engine.dead_letters.by_reason)},
+        "set_queries": [[qid, set_checkpoint.save(m, w)] for qid, m in engine.set_queries.items()],
+        "events": w.events,
+        "entries": w.entries,
+    }
+    return data
+
+
+# --- restore ------------------------------------------------------------------------
+
+
+class _Reader:
+    """The checkpoint's events and entries as objects, and its values decoded."""
+
+    def __init__(self, data: dict) -> None:
+        self.events = [self._event(rec) for rec in data["events"]]
+        self.entries = [Entry(self.events[rec["event"]], rec["unit"]) for rec in data["entries"]]
+        for e, rec in zip(self.entries, data["entries"]):
+            for v, p in rec["preds"]:
+                e.link(tuple(v), None if p is None else self.entries[p])
+
+    @staticmethod
+    def _event(rec: dict) -> Event:
+        element = None
+        if "xml" in rec:
+            from lxml import etree
+
+            parser = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False)
+            try:
+                element = etree.fromstring(rec["xml"], parser)
+            except etree.XMLSyntaxError as e:
+                raise ValueError(f"an event's xml: {e}") from None
+        origin = rec.get("from")
+        attrs = rec["attrs"]
+        if any(type(v) is dict for v in attrs.values()):
+            attrs = {k: _unattr(v) for k, v in attrs.items()}
+        if origin is None:
+            ev = Event(rec["type"], rec["ts"], attrs, rec["seq"], element)
+        else:
+            ev = DerivedEvent(rec["type"], rec["ts"], attrs, rec["seq"], origin["query"], origin["events"],
+                              origin["depth"], None)
+        ev.pos = rec["pos"]
+        return ev
+
+    def value(self, v: Any) -> Any:
+        if not isinstance(v, dict):
+            return v
+        if "$float" in v:
+            return _unnum(v)
+        if "$missing" in v:
+            return MISSING
+        if "$tuple" in v:
+            return tuple(self.value(x) for x in v["$tuple"])
+        if "$event" in v:
+            return self.events[v["$event"]]
+        first, last, n, aggs, evs = v["$kleene"]
+        chain = None
+        for i in evs or ():
+            chain = (self.events[i], chain)
+        return KleeneState(self.events[first], self.events[last], n, self.value(aggs), chain if evs is not None else None)
+
+
+def restore(data: dict, engine_class: type, **engine_opts: Any):
+    """A new ``engine_class`` (``Engine``) in the state ``data`` describes; ``engine_opts`` (dead_letters, reports…)
+    override its options.
+
+    ``data`` is checked first (``yfpp.state.schema``, ``yfpp.state.plans``): a damaged or hand-edited
+    checkpoint is a :class:`YfppError` ``corrupt checkpoint: …`` here, never an error in a later ``process``."""
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise YfppError("not a yfpp checkpoint")
+    if data.get("version") not in READABLE:
+        raise YfppError(f"checkpoint version {data.get('version')!r} is not supported (this yfpp reads versions "
+                        f"{', '.join(map(str, READABLE))})")
+    try:
+        check_shape(data)
+        return _restore(data, engine_class, engine_opts)
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError, RecursionError) as e:
+        raise YfppError(f"corrupt checkpoint: {type(e).__name__}: {e}") from e
+
+
+def _restore(data: dict, engine_class: type, engine_opts: dict):
+    saved = data["options"].get("strategy", "direct")
+    if data.get("set_queries") and engine_opts.get("strategy", saved) != saved:
+        raise YfppError(f"this checkpoint's event-set queries were evaluated with strategy {saved!r}: "
+                        f"restore it with that strategy, not {engine_opts['strategy']!r}")
+    eng = engine_class(**{**data["options"], **engine_opts})
+    rt = eng.runtime
+    for i, q in enumerate(data["queries"]):
+        eng._ids = count(q["id"])
+        eng.register(decode_pattern(q["pattern"]), name=q["name"])
+        eng.sources[q["id"]] = (eng.sources[q["id"]][0], q["text"], q["name"])
+        if q["id"] in eng.queries:
+            if q["since_tick"] is None:
+                raise corrupt(f"queries[{i}]", "a pattern query needs since_tick")
+            eng.queries[q["id"]].since_tick = q["since_tick"]
+    eng._ids = count(data["next_query_id"])
+    plans = Plans(eng)
+    rd = _Reader(data)
+    check_entries(rd.entries)
+    s = data["stream"]
+    eng._next_seq, eng._mark = s["next_seq"], tuple(map(_unnum, s["watermark"]))
+    eng._arrivals = count(s["next_arrival"])
+    rt.tick, rt.now, rt._next_sweep = s["tick"], _unnum(s["now"]), s["next_sweep"]
+    eng._held = [(_unnum(ts), _unnum(sk), arrival, rd.events[i]) for ts, sk, arrival, i in data["held"]]
+    heapq.heapify(eng._held)
+    eng.max_delay = eng.max_delay  # (with events held, the next events go through the reorder buffer whatever it is)
+    for i, rec in enumerate(data["runs"]):
+        where = f"runs[{i}]"
+        r = FullRun(plans.state(rec["state"], where), tuple(rd.value(x) for x in rec["vec"]),
+                    None if rec["entry"] is None else rd.entries[rec["entry"]], tuple(rec["version"]), rec["first_ts"],
+                    rec["first_pos"], rd.value(rec["key"]), rec["born"], rec["tick"], rec["ptick"])
+        r.blocked = frozenset(plans.node(n, where) for n in rec["blocked"])
+        plans.run(r, where)
+        rt._store_many([r])
+        r.state.node.root.live += 1
+        rt.counters.live_runs += 1
+    for i, (ref, entries) in enumerate(data["buffer"]):
+        node = plans.node(ref, f"buffer[{i}]")
+        stack = [rd.entries[j] for j in entries]
+        check_stack(node, stack, f"buffer[{i}]")
+        rt.buffer.load(node, stack)
+    for i, (ref, key, positions, events) in enumerate(data["negations"]):
+        neg = plans.negation(ref, f"negations[{i}]")
+        rt.negations.of[neg].buckets[rd.value(key)] = (list(positions), [rd.events[j] for j in events])
+    for i, p in enumerate(data["pending"]):
+        plan = plans.plan(p["query"], f"pending[{i}]")
+        key, vec, deadline = rd.value(p["key"]), tuple(rd.value(x) for x in p["vec"]), _unnum(p["deadline"])
+        plans.pending(plan, vec, p["match"], f"pending[{i}]")
+        rank = p.get("rank")  # (absent: not a feedback query's)
+        pend = Pending(plan, key, vec, p["last_pos"], deadline, p["match"], depth=p.get("depth", 0),
+                       rank=None if rank is None else (rank[0], rank[1], rank[2]))
+        rt.deadlines.pending[plan].setdefault(key, []).append(pend)
+        rt.deadlines.heap.append((deadline, p["order"], pend))
+    heapq.heapify(rt.deadlines.heap)
+    for i, (attrs, ticks) in enumerate(data["partition_ticks"]):
+        if tuple(attrs) not in rt.pticks:
+            raise corrupt(f"partition_ticks[{i}]", f"no query counts partition ticks by {attrs}")
+        rt.pticks[tuple(attrs)] = {rd.value(k): n for k, n in ticks}
+    for i, (ref, shed, reported) in enumerate(data["branches"]):
+        root = plans.node(ref, f"branches[{i}]").root
+        root.shed, root.reported = shed, reported
+    for i, (qid, state) in enumerate(data.get("set_queries", [])):
+        set_checkpoint.load(plans.matcher(qid, state, f"set_queries[{i}]"), state, rd, f"set_queries[{i}]")
+    v = data["versions"]
+    rt._roots, rt._branches, rt.deadlines.order = count(v["next_root"]), count(v["next_branch"]), count(v["next_order"])
+    c, saved = rt.counters, data["counters"]
+    for k in ("events", "runs_started", "runs_created", "runs_touched", "peak_runs", "peak_buffer", "failed"):
+        setattr(c, k, saved[k])
+    c.matches = defaultdict(int, {k: n for k, n in saved["matches"]})
+    c.shed_runs = defaultdict(int, {k: n for k, n in saved["shed_runs"]})
+    eng.feedback.derived, eng.feedback.dropped = saved.get("derived", 0), saved.get("derived_dropped", 0)
+    eng.released_early = saved.get("released_early", 0)
+    dl = eng.dead_letters
+    dl.count += data["dead_letters"]["count"]
+    dl.by_reason.update(data["dead_letters"]["by_reason"])
+    return eng
+
+
+# --- resuming a feed ----------------------------------------------------------------
+
+
+class SkipConsumed:
+    """Re-reading the same input after a restore: drop what the checkpoint already consumed.
+
+    Stands in for the reader's dead-letter sink and filters its events: ``seq``
+    below the restored engine's next seq were processed (or are held in its
+    reorder buffer), and the reports of records up to ``reported`` (the last
+    seq the checkpoint's run had reported: its reader reads ahead of the
+    engine) are in the checkpoint's count and output already — neither is
+    repeated.
+    """
+
+    def __init__(self, engine, dead_letters, reported: int = -1) -> None:
+        self.cut = engine._next_seq
+        self.reported = reported
+        self.dead_letters = dead_letters
+        self.skipped: Counter[str] = Counter()  #: reports not repeated, by reason (what the input held is still known)
+
+    def report(self, seq: int, position: str, reason: str, raw: str | None = None) -> None:
+        if seq >= self.cut and seq > self.reported:
+            self.dead_letters.report(seq, position, reason, raw)
+        else:
+            self.skipped[reason.split(":", 1)[0]] += 1
+
+    def batches(self, batches, seen: Callable[[list], None] | None = None):
+        """The batches of events (``yfpp.input.readers.read_event_batches``) without the consumed events (passed
+        to ``seen``, if given)."""
+        cut = self.cut
+        for batch in batches:
+            if batch[0].seq < cut:
+                if seen is not None:
+                    seen([ev for ev in batch if ev.seq < cut])
+                batch = [ev for ev in batch if ev.seq >= cut]
+            if batch:
+                yield batch
+
+
+# --- files --------------------------------------------------------------------------
+
+
+def write_checkpoint(engine, path: str | os.PathLike[str], extra: dict | None = None) -> None:
+    """Write ``engine``'s snapshot (plus ``extra`` fields) to ``path`` atomically: a temp file, fsync, rename."""
+    data = snapshot(engine)
+    if extra:
+        data.update(extra)
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent or ".")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, separators=(",", ":"))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_checkpoint(path: str | os.PathLike[str]) -> dict:
+    """The checkpoint data in ``path`` (restore it with ``Engine.restore``)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except OSError as e:
+        raise YfppError(f"cannot read checkpoint {path}: {e.strerror}") from e
+    except ValueError as e:
+        raise YfppError(f"checkpoint {path} is not valid JSON: {e}") from e
+    except RecursionError as e:
+        raise YfppError(f"checkpoint {path} is not a checkpoint: nested too deeply") from e
