@@ -2,7 +2,7 @@
 
 Modules: ``config`` (settings), ``server`` (the process: engine thread, feeds,
 routing), ``app`` (HTTP API), ``subscriptions``, ``sinks`` (destinations and
-their queues), ``feeds``, ``registry`` (SQLite), ``checkpoint``, ``metrics``,
+their queues), ``feeds``, ``mqtt`` (MQTT feed and sink), ``dashboard`` (the page at ``/``, offline ``/docs``), ``registry`` (SQLite), ``checkpoint``, ``metrics``,
 ``logs``, ``client`` (Python client), ``cli`` (``serve``/``subscribe``/``unsubscribe``).
 The server side needs ``pip install -e '.[serve]'`` in yfpp's clone; the client only the stdlib.
 """
