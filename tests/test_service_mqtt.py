@@ -108,6 +108,7 @@ def matches(results: list[dict]) -> list[tuple]:
     ("mqtt://h/t?colour=red", "unknown option"),
     ("http://h/t", "mqtt://HOST"),
     ("mqtt://:1883/t", "no broker host"),
+    ("mqtt://h/t?password_file=/x", "needs a user name"),
 ])
 def test_bad_urls_are_clear_errors(url, error):
     with pytest.raises(YfppError, match=error):

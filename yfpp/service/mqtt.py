@@ -135,6 +135,8 @@ def parse_url(url: str, *, secrets: bool = True) -> tuple[Broker, str, dict[str,
     password = None
     if secrets:
         path = opts.pop("password_file", None)
+        if path is not None and not at:
+            raise YfppError(f"{url!r}: password_file needs a user name: mqtt://USER@HOST…")
         if path is not None:
             try:
                 with open(path, encoding="utf-8") as f:
