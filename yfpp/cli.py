@@ -86,7 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-q", "--query", action="extend", nargs="+", metavar="QUERY_OR_FILE",
                      help="query text or a query file (.sase, .xpe, or any file: language from the text); repeatable "
                           "(required unless --restore)")
-    run.add_argument("-i", "--input", required=True, help="input file (.xml, .jsonl, optionally .gz) or - for stdin")
+    run.add_argument("-i", "--input", required=True,
+                     help="input file (.xml, .jsonl, optionally .gz), - for stdin, or mqtt(s)://HOST[:PORT]/TOPIC "
+                          "(docs/service.md: MQTT)")
+    run.add_argument("--idle-stop", type=float, metavar="SECONDS",
+                     help="with an MQTT input: stop after this many seconds without a message (default: at Ctrl-C)")
     run.add_argument("--format", choices=["xml", "jsonl"], help="input format (default: from the extension or content)")
     run.add_argument("-o", "--output", help="write matches here instead of stdout")
     run.add_argument("--policy", choices=["all", "non_overlapping", "earliest_maximal"],
@@ -273,11 +277,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.checkpoint_every < 1:
         raise YfppError("--checkpoint-every must be at least 1")
     args.input = examples.resolve(args.input)
+    mqtt_input = args.input.startswith(("mqtt://", "mqtts://"))
+    if mqtt_input and (args.restore or args.checkpoint):
+        raise YfppError("--checkpoint and --restore read a file again; an MQTT input is not read again")
+    if args.idle_stop is not None and not (mqtt_input and args.idle_stop > 0):
+        raise YfppError("--idle-stop takes a number of seconds > 0, with an MQTT input")
     for path, what in ((args.output, "output"), (args.dead_letters, "dead-letter file"), (args.stats_json, "stats file"),
                        (args.checkpoint, "checkpoint")):
         if path:
             check_writable(path, what)  # before the run, not after it
-            if args.input != "-" and os.path.exists(path) and os.path.samefile(path, args.input):
+            if args.input != "-" and not mqtt_input and os.path.exists(path) and os.path.samefile(path, args.input):
                 raise YfppError(f"the {what} {path} is the input file: writing it would destroy the input")
     if args.input == "-" and sys.stdin is None:
         raise YfppError("standard input is closed: give the input with -i FILE")
@@ -321,9 +330,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         progress = Progress(sys.stderr, total=os.fstat(source.fileno()).st_size, position=source.tell)
     elif show:
         progress = Progress(sys.stderr)
-    reader = read_event_batches(source, args.format, ts_field=args.ts_field,
-                                ts_unit=reading_unit(args.ts_unit, args.ts_format), type_field=args.type_field, max_record_bytes=args.max_record_bytes,
-                                max_depth=args.max_depth, dead_letters=skip if skip is not None else dead)
+    read_opts = {"ts_field": args.ts_field, "ts_unit": reading_unit(args.ts_unit, args.ts_format),
+                 "type_field": args.type_field, "max_record_bytes": args.max_record_bytes, "max_depth": args.max_depth}
+    if mqtt_input:
+        from yfpp.service.mqtt import read_batches
+
+        reader = read_batches(args.input, read_opts, dead, args.idle_stop, args.format)
+    else:
+        reader = read_event_batches(source, args.format, dead_letters=skip if skip is not None else dead, **read_opts)
     events = InputFeed(reader)
     # Runs, buffer entries and events form no reference cycles: keep the cyclic collector from
     # rescanning millions of them (it took a third of the time on large runs).

@@ -21,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
 
 from yfpp.service import metrics
+from yfpp.service.dashboard import add_dashboard
 from yfpp.service.errors import RequestError
 from yfpp.service.subscriptions import SubscriptionSpec
 
@@ -48,7 +49,7 @@ def create_app(service: Service) -> FastAPI:
 
     app = FastAPI(title="yfpp serve", version="1",
                   description="Subscriptions (SASE+ or extended XPath) on live event feeds; see docs/service.md.",
-                  lifespan=lifespan)
+                  lifespan=lifespan, docs_url=None, redoc_url=None)  # (served offline by add_dashboard)
     registry = metrics.registry_for(service)
 
     def authorised(request: Request) -> None:
@@ -72,6 +73,7 @@ def create_app(service: Service) -> FastAPI:
         return _json_response({"detail": detail}, 422)
 
     guarded = [Depends(authorised)]
+    add_dashboard(app, service, guarded)
 
     @app.post("/subscriptions", status_code=201, dependencies=guarded, summary="Add a subscription")
     async def add_subscription(spec: SubscriptionSpec) -> dict[str, Any]:

@@ -17,6 +17,7 @@ examples:
   yfpp serve --jsonl-port 9001 --xml-port 9002
   yfpp serve --config service.toml
   yfpp serve --port 8765 --jsonl-port 9001 --max-delay 5 --advance-idle 2 --state /var/lib/yfpp
+  yfpp serve --mqtt mqtt://127.0.0.1:1883 --mqtt-topic 'sensors/{site}/{sensor}'
 """
 
 SUBSCRIBE_EXAMPLES = """\
@@ -52,6 +53,12 @@ def add_parsers(sub: Any) -> None:
                                                                   "or ISO-8601 text")
     s.add_argument("--type-field", metavar="NAME", help="the event type is this JSON field / XML attribute or leaf "
                                                         "child (default: JSON 'type', XML element name)")
+    s.add_argument("--mqtt", metavar="URL", help="MQTT broker to read from (and the sinks' credentials): "
+                                                 "mqtt(s)://[USER@]HOST[:PORT][/TOPIC][?qos=1&client_id=…&clean=0&"
+                                                 "format=…]; password in $YFPP_MQTT_PASSWORD or password_file=PATH")
+    s.add_argument("--mqtt-topic", dest="mqtt_topics", action="append", metavar="FILTER",
+                   help="topic filter to subscribe to, repeatable; {name} levels become attributes: "
+                        "'sensors/{site}/{sensor}'")
     s.add_argument("--max-delay", type=float, help="reorder buffer merging the feeds, in seconds (default 0)")
     s.add_argument("--advance-idle", type=float, metavar="SECONDS",
                    help="when no event came for this long, advance stream time with the wall clock")
@@ -85,7 +92,7 @@ def add_parsers(sub: Any) -> None:
             continue
         p.add_argument("-q", "--query", required=True, metavar="QUERY_OR_FILE",
                        help="query text or a query file (a file of several @query blocks subscribes each)")
-        p.add_argument("--sink", help="tcp://HOST:PORT, http(s)://URL (webhook) or file:PATH "
+        p.add_argument("--sink", help="tcp://HOST:PORT, http(s)://URL (webhook), mqtt(s)://HOST:PORT/TOPIC or file:PATH "
                                       "(default: none, read GET /subscriptions/ID/matches)")
         p.add_argument("--name", help="query name in the results (default: from the file, else the id)")
         p.add_argument("--format", choices=["json", "xml"], help="one JSON line (default) or one XML element per result")

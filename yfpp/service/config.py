@@ -40,6 +40,8 @@ class ServiceConfig:
     queue_size: int = 10_000  #: default per-subscription sink queue (results)
     subscription_metrics: bool = True  #: GET /metrics has series per subscription (False: totals only)
     log_level: str = "info"
+    mqtt: str | None = None  #: MQTT broker to subscribe to, mqtt(s)://[USER@]HOST[:PORT][/TOPIC][?OPTIONS] (yfpp.service.mqtt)
+    mqtt_topics: list[Any] = dataclasses.field(default_factory=list)  #: topic filters ("sensors/{site}/#" or {topic, format})
 
     @property
     def read_opts(self) -> dict[str, Any]:
@@ -94,7 +96,9 @@ class ServiceConfig:
             v = getattr(self, name)
             if not (isinstance(v, str) and v):
                 raise YfppError(f"{name} must be a non-empty string, got {v!r}")
-        for name in ("state", "dead_letters", "token", "type_field"):
+        if not isinstance(self.mqtt_topics, list) or (self.mqtt_topics and self.mqtt is None):
+            raise YfppError("mqtt_topics must be a list of topic filters, and needs mqtt (the broker URL)")
+        for name in ("state", "dead_letters", "token", "type_field", "mqtt"):
             v = getattr(self, name)
             if v is not None and not isinstance(v, str):
                 raise YfppError(f"{name} must be a string, got {v!r}")

@@ -39,7 +39,7 @@ from yfpp.errors import YfppError
 from yfpp.input.events import Event
 from yfpp.language.pattern import Pattern
 from yfpp.language.query_text import parse_written_query
-from yfpp.service import checkpoint
+from yfpp.service import checkpoint, mqtt
 from yfpp.service.config import ServiceConfig
 from yfpp.service.errors import RequestError
 from yfpp.service.feeds import FeedClosed, SharedDeadLetters, TcpFeed, pump, start_input
@@ -92,6 +92,7 @@ class Service:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.http_socket: socket.socket | None = None
         self.feeds: list[TcpFeed] = []
+        self.mqtt_feeds: list[mqtt.MqttFeed] = []
         self._engine_thread: threading.Thread | None = None
         self.stopping = threading.Event()  #: set when shutdown begins: feeds and pull streams end
         self._last_ts = self.engine.latest_ts  # largest ts fed, and the wall time it came (for advance_idle)
@@ -126,6 +127,7 @@ class Service:
             if port is not None:
                 self.feeds.append(TcpFeed(cfg.host, port, fmt, self.put, self.dead_letters, self.read_opts,
                                           cfg.max_feed_connections))
+        self.mqtt_feeds = mqtt.start_feeds(cfg.mqtt, cfg.mqtt_topics, self.put, self.dead_letters, self.read_opts)
 
     @property
     def port(self) -> int:
@@ -156,7 +158,7 @@ class Service:
         """Stop feeds, let the engine thread finish its inbox and checkpoint, give senders a second, keep
         what they still hold for the next start, close."""
         self.stopping.set()
-        for feed in self.feeds:
+        for feed in [*self.feeds, *self.mqtt_feeds]:
             await asyncio.to_thread(feed.stop)
         self.ingest.shutdown(wait=False)  # (bodies still waiting are refused: put raises FeedClosed)
         if self._engine_thread is not None:
@@ -500,6 +502,7 @@ class Service:
                 "dead_letters_lost": self.dead_letters.lost, "dead_letters_error": self.dead_letters.failing,
                 "live_runs": self.engine.stats.live_runs, "subscriptions": len(self.subs),
                 "inbox": self.inbox.qsize(), "feeds": {f.fmt: f.port for f in self.feeds},
+                "mqtt": [f.info() for f in self.mqtt_feeds],
                 "checkpoints": self.checkpoint_path is not None, "last_checkpoint_error": self.last_checkpoint_error}
 
 

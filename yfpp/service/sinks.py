@@ -516,6 +516,10 @@ def check_sink(url: str) -> str:
     if any(unicodedata.category(c) in ("Cc", "Cs") for c in url):
         raise ValueError(f"sink must not hold control characters or unpaired surrogates, got {url!r}")
     parts = urlsplit(url)
+    if parts.scheme in ("mqtt", "mqtts"):
+        from yfpp.service.mqtt import check_sink_url
+
+        return check_sink_url(url)
     if parts.scheme in ("tcp", "http", "https") and parts.hostname:
         check_host(parts.hostname)
         if parts.scheme != "tcp":
@@ -530,7 +534,8 @@ def check_sink(url: str) -> str:
             return url
     elif parts.scheme == "file" and url[len("file:"):].lstrip("/"):
         return url
-    raise ValueError(f"sink must be tcp://HOST:PORT, http(s)://… (webhook) or file:PATH, got {url!r}")
+    raise ValueError(f"sink must be tcp://HOST:PORT, http(s)://… (webhook), mqtt(s)://HOST:PORT/TOPIC or file:PATH, "
+                     f"got {url!r}")
 
 
 def check_host(host: str) -> None:
@@ -561,5 +566,9 @@ def _check_webhook_url(url: str, host: str) -> None:
 
 def sink_for(url: str, fmt: str) -> PushSink:
     scheme = urlsplit(url).scheme
+    if scheme in ("mqtt", "mqtts"):
+        from yfpp.service.mqtt import MqttSink
+
+        return MqttSink(url, ENCODERS[fmt])
     cls = {"tcp": TcpSink, "http": WebhookSink, "https": WebhookSink, "file": FileSink}[scheme]
     return cls(url, ENCODERS[fmt])

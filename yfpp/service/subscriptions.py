@@ -22,7 +22,8 @@ class SubscriptionSpec(BaseModel):
     query: str = Field(min_length=1, description="SASE+ or extended-XPath query text")
     name: str | None = Field(None, max_length=200, description="query name in results (default: the id); unique")
     language: Literal["sase", "xpath"] | None = Field(None, description="default: detected from the text")
-    sink: str | None = Field(None, description="tcp://HOST:PORT, http(s)://URL (webhook) or file:PATH; "
+    sink: str | None = Field(None, description="tcp://HOST:PORT, http(s)://URL (webhook), mqtt(s)://HOST:PORT/TOPIC "
+                                               "(the topic may name {query} or a RETURN attribute) or file:PATH; "
                                                "none: results only on GET /subscriptions/{id}/matches")
     format: Literal["json", "xml"] = Field("json", description="one JSON line or one XML element per result")
     policy: Literal["all", "non_overlapping"] | None = Field(None, description="output policy (default: the query's)")
