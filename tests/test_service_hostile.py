@@ -10,6 +10,7 @@ import ssl
 import stat
 import subprocess
 import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import pytest
 
 pytest.importorskip("fastapi", reason="the service needs pip install -e '.[serve]' in yfpp's clone")
 
-from tests.service_helpers import TIMEOUT, jsonl, listeners, send, wait_for  # noqa: E402,F401
+from tests.service_helpers import TIMEOUT, jsonl, listeners, scrape, send, wait_for  # noqa: E402,F401
 from yfpp.cli import main  # noqa: E402
 from yfpp.errors import YfppError  # noqa: E402
 from yfpp.service.client import Client, ServiceError  # noqa: E402
@@ -368,3 +369,44 @@ def test_delete_answers_while_the_engine_is_busy_and_health_stays_up(tmp_path, m
         wait_for(lambda: [p.name for p in svc.engine.queries.values()] == ["light"], what="the unregistration")
         wait_for(lambda: "heavy" not in svc._claimed, what="the name to be free")
         c.subscribe("PATTERN SEQ(a x)", name="heavy")
+
+
+def test_each_subscription_shows_its_cost(tmp_path):
+    with BackgroundService(config(tmp_path, admin_key=None)) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        heavy = c.subscribe("//a//b", name="heavy")
+        c.subscribe("PATTERN SEQ(x p, y q)", name="light")
+        assert heavy["cost"] == {"degree": 2, "window": None, "partitioned": False}
+        c.post_events(jsonl([{"type": "a", "ts": i} for i in range(300)]))
+        wait_for(lambda: c.subscription("s1")["usage"]["runs"] == 300, what="the heavy query's runs sampled")
+        assert c.subscription("s2")["usage"]["runs"] == 0
+        m = scrape(svc.port)
+        assert m['yfpp_subscription_runs{name="heavy",subscription="s1"}'] == 300
+        assert m['yfpp_subscription_cpu_seconds_total{name="heavy",subscription="s1"}'] >= \
+            m['yfpp_subscription_cpu_seconds_total{name="light",subscription="s2"}']
+
+
+def test_a_subscription_over_its_cpu_share_is_suspended_and_the_others_go_on(tmp_path, listeners):
+    out = listeners()
+    with BackgroundService(config(tmp_path, admin_key=None, max_cpu_share=0.3)) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        c.subscribe("//a//b", name="heavy")
+        c.subscribe("PATTERN SEQ(ping p)", name="light", sink=out.url)
+        ts = 0
+
+        def burst() -> bytes:
+            nonlocal ts
+            ts += 2001
+            return jsonl([{"type": "a", "ts": ts - 2001 + i} for i in range(2000)] + [{"type": "b", "ts": ts}])
+
+        end = time.monotonic() + 6 * TIMEOUT
+        while c.subscription("s1")["suspended"] is None:  # each b completes a match with every a before it
+            assert time.monotonic() < end, "the heavy subscription was never suspended"
+            c.post_events(burst())
+        assert "max_cpu_share" in c.subscription("s1")["suspended"]
+        wait_for(lambda: [p.name for p in svc.engine.queries.values()] == ["light"], what="its query unregistered")
+        c.post_events(jsonl([{"type": "ping", "ts": ts + 1}]))
+        assert [r["query"] for r in map(json.loads, out.wait_lines(1))] == ["light"]
+        c.unsubscribe("s1")  # (its query is gone already)
+        assert [s["name"] for s in c.subscriptions()] == ["light"]
+        assert svc.status == "ok"

@@ -88,6 +88,9 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--key-max-queue", type=int, help="results queued per subscriber key (default 1000000)")
     s.add_argument("--max-query-degree", type=int, metavar="N", help="refuse a subscriber's query whose runs may "
                                                                       "grow faster than events**N (default: admit all)")
+    s.add_argument("--max-cpu-share", type=float, metavar="FRACTION",
+                   help="suspend a subscription attributed more of the engine's time than this, beside others "
+                        "(default: never)")
     s.add_argument("--dead-letters-per-second", type=float, help="dead letters written per second at most (default 100)")
     s.add_argument("--dead-letters-max-bytes", type=int, help="rotate the dead-letter file at this size (default 64 MiB)")
     s.add_argument("--max-subscriptions", type=int, help="default 10000")

@@ -41,6 +41,7 @@ from yfpp.events import Event
 from yfpp.pattern import Pattern
 from yfpp.query_text import parse_written_query
 from yfpp.service import auth, checkpoint, quotas
+from yfpp.service.accounting import Usage
 from yfpp.service.config import ServiceConfig
 from yfpp.service.feeds import FeedClosed, FeedLimits, SharedDeadLetters, TcpFeed, pump, start_input
 from yfpp.service.registry import Registry, RegistryError
@@ -110,6 +111,7 @@ class Service:
         self.events_taken = 0  #: events given to the engine by this process
         self._events_before = self.engine.next_seq  # events the restored state had taken
         self.totals = Totals()  #: counts over every subscription held since the start (the metrics' totals)
+        self.usage = Usage()  #: each query's runs and CPU, sampled by the engine thread
         self.rate = 0.0
         self.started_at = time.time()
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -292,6 +294,7 @@ class Service:
             return self.engine.register(pattern, name=name, policy=policy)
 
     def _attach(self, sub: Subscription) -> None:
+        sub.usage = self.usage
         sub.start()
         self.subs[sub.id] = sub
         self.by_name[sub.name] = sub
@@ -390,12 +393,29 @@ class Service:
         if not done.done():
             done.set_result(None)
 
+    def _suspend(self, name: str) -> None:
+        """(engine thread, holding ``engine_lock``) Suspend the subscription of query ``name``, over its CPU
+        share: its query is unregistered (its runs freed); it stays, ``suspended`` saying why, until deleted."""
+        sub = self.by_name.get(name)
+        if sub is None or sub.suspended is not None:
+            return
+        sub.suspended = (f"suspended: its query took more than {self.config.max_cpu_share:.0%} of the engine's "
+                         f"time (max_cpu_share) beside other subscriptions; delete it")
+        self._drop_query(sub.qid)
+        log.warning("subscription suspended", extra={"subscription": sub.id, "query_name": name,
+                                                      "usage": self.usage.of(name)})
+
+    def _drop_query(self, qid: int) -> None:
+        """(engine thread, holding ``engine_lock``) Unregister ``qid`` unless it is gone already (suspended)."""
+        if qid in self.engine.queries or qid in self.engine.set_queries:
+            self.engine.unregister(qid)
+
     def _unregister_retired(self) -> None:
         """(engine thread, holding ``engine_lock``) Unregister the deleted subscriptions' queries; free their names."""
         while self._retired:
             qid, name, done = self._retired.popleft()
             try:
-                self.engine.unregister(qid)
+                self._drop_query(qid)
             finally:
                 try:
                     self.loop.call_soon_threadsafe(self._retire_done, name, done)  # type: ignore[union-attr]
@@ -470,6 +490,9 @@ class Service:
             if now - rate_t >= 1.0:
                 self.rate = (self.events_taken - rate_n) / (now - rate_t)
                 rate_t, rate_n = now, self.events_taken
+                with self.engine_lock:
+                    for name in self.usage.sample(self.engine, self.config.max_cpu_share):
+                        self._suspend(name)
             if stop or now >= next_checkpoint:
                 self.save_checkpoint()
                 next_checkpoint = now + self.config.checkpoint_every

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
+from yfpp.service.accounting import Usage
 from yfpp.service.auth import ADMIN
 from yfpp.service.sink_policy import SinkPolicy, shown
 from yfpp.service.sinks import Counters, Outbox, PushSink, check_sink, sink_for
@@ -78,6 +79,8 @@ class Subscription:
         self.policy = policy
         self.name = spec.name or sid
         self.cost: dict[str, Any] | None = None  #: the plan's cost estimate (quotas.estimate), once registered here
+        self.usage: Usage | None = None  #: the service's samples of each query's runs and CPU
+        self.suspended: str | None = None  #: why the service suspended it (over max_cpu_share), if it did
         totals = totals if totals is not None else Totals()
         self.counters = Counters(totals.counters)  #: matches, and the push sink's counts
         self.pull = Counters(totals.pull)  #: the pull streams' delivered and dropped
@@ -128,6 +131,7 @@ class Subscription:
             "id": self.id, "name": self.name, "query": self.spec.query, "language": self.spec.language,
             "owner": self.owner, "sink": shown(self.spec.sink), "format": self.spec.format, "policy": self.spec.policy,
             "queue": self.queue_size, "overflow": self.spec.overflow, "cost": self.cost,
+            "usage": self.usage.of(self.name) if self.usage else None, "suspended": self.suspended,
             "counters": {"matches": c.matches, "delivered": c.delivered, "dropped": c.dropped,
                          "queued": self.queued, "sink_errors": c.sink_errors, "last_error": c.last_error,
                          "last_error_at": c.last_error_at, "listeners": len(self.listeners),
