@@ -18,6 +18,7 @@ import asyncio
 import dataclasses
 import io
 import logging
+import os
 import queue
 import signal
 import socket
@@ -39,11 +40,13 @@ from yfpp.errors import YfppError
 from yfpp.input.events import Event
 from yfpp.language.pattern import Pattern
 from yfpp.language.query_text import parse_written_query
-from yfpp.service import checkpoint, mqtt
+from yfpp.service import auth, checkpoint, mqtt, quotas
+from yfpp.service.accounting import Usage
 from yfpp.service.config import ServiceConfig
 from yfpp.service.errors import RequestError
-from yfpp.service.feeds import FeedClosed, SharedDeadLetters, TcpFeed, pump, start_input
+from yfpp.service.feeds import FeedClosed, FeedLimits, SharedDeadLetters, TcpFeed, pump, start_input
 from yfpp.service.registry import Registry, RegistryError
+from yfpp.service.sink_policy import SinkPolicy, SinkRefused
 from yfpp.service.subscriptions import SUBSCRIPTION_ID, Subscription, SubscriptionSpec, Totals
 
 log = logging.getLogger("yfpp.service")
@@ -54,6 +57,7 @@ STOP_WAIT = 30.0  #: seconds a stopping service waits for the engine thread to f
 INBOX = 64  #: batches (of up to feeds.BATCH events) waiting for the engine thread before feeds block
 INGEST_THREADS = 4  #: POST /events bodies read at once (more wait their turn); apart from the loop's default pool
 HANDED_OVER = 65_536  #: results from the engine thread not yet routed by the loop before the engine thread waits
+RETIRE_WAIT = 0.8  #: seconds a DELETE waits for the engine thread to unregister the query (it answers anyway)
 CHUNK = 1024  #: results the engine thread gathers before handing them to the loop (and at the end of each batch)
 
 
@@ -62,15 +66,27 @@ class Service:
 
     def __init__(self, config: ServiceConfig):
         self.config = config
+        admin_key = config.admin_key or auth.admin_key(config.admin_key_file, {})
+        if admin_key is None and not auth.is_loopback(config.host):
+            raise YfppError(f"binding {config.host} (beyond loopback) needs authentication: give an admin key "
+                            f"(admin_key_file, or ${auth.ADMIN_KEY_ENV})")
+        if admin_key is not None and len(admin_key) < auth.MIN_ADMIN_KEY:
+            raise YfppError(f"the admin key must have at least {auth.MIN_ADMIN_KEY} characters")
+        try:
+            self.sink_policy = SinkPolicy(config.file_sink_dir, config.sink_networks)
+        except ValueError as e:
+            raise YfppError(str(e)) from None
         state = Path(config.state) if config.state else None
         if state is not None:
             try:
-                state.mkdir(parents=True, exist_ok=True)
+                state.mkdir(mode=0o700, parents=True, exist_ok=True)  # (the checkpoint holds events: not for others)
             except OSError as e:
                 raise YfppError(f"state directory {state}: {e.strerror or e}") from e
         self.checkpoint_path = state / "engine-checkpoint.json" if state else None
         self.registry = Registry(str(state / "subscriptions.sqlite") if state else None)
-        self.dead_letters = SharedDeadLetters(config.dead_letters or sys.stderr)
+        self.keys = auth.Keys(self.registry, admin_key)
+        self.dead_letters = SharedDeadLetters(config.dead_letters or sys.stderr, config.dead_letters_per_second,
+                                              config.dead_letters_max_bytes)
         self.read_opts = config.read_opts
         engine_opts = {"max_delay": config.max_delay, "dead_letters": self.dead_letters}
         restored = checkpoint.load(self.checkpoint_path, **engine_opts) if self.checkpoint_path else None
@@ -87,6 +103,7 @@ class Service:
         self.events_taken = 0  #: events given to the engine by this process
         self._events_before = self.engine.next_seq  # events the restored state had taken
         self.totals = Totals()  #: counts over every subscription held since the start (the metrics' totals)
+        self.usage = Usage()  #: each query's runs and CPU, sampled by the engine thread
         self.rate = 0.0
         self.started_at = time.time()
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -102,7 +119,9 @@ class Service:
         self.on_failure: Callable[[], None] = lambda: None  #: called on the loop when the engine thread dies
         self.checkpoint_errors = 0
         self.last_checkpoint_error: str | None = None  #: the last checkpoint's error, while checkpoints fail
-        self._claimed: set[Any] = set()  # names (or tokens) of subscriptions being registered
+        self._claimed: set[Any] = set()  # names (or tokens) of subscriptions being registered, or being unregistered
+        self._retired: deque[tuple[int, str, asyncio.Future]] = deque()  # deleted subscriptions' (qid, name, done),
+        # for the engine thread to unregister
         self._results: deque[list[dict]] = deque()  # result batches from the engine thread, not yet routed
         self._handed_over = 0  # results in _results
         self._room = threading.Condition()  # guards _results, _handed_over and _route_scheduled
@@ -126,7 +145,8 @@ class Service:
         for fmt, port in (("xml", cfg.xml_port), ("jsonl", cfg.jsonl_port)):
             if port is not None:
                 self.feeds.append(TcpFeed(cfg.host, port, fmt, self.put, self.dead_letters, self.read_opts,
-                                          cfg.max_feed_connections))
+                                          FeedLimits(cfg.max_feed_connections, cfg.max_feed_connections_per_key,
+                                                     cfg.feed_idle_timeout), self.keys))
         self.mqtt_feeds = mqtt.start_feeds(cfg.mqtt, cfg.mqtt_topics, self.put, self.dead_letters, self.read_opts)
 
     @property
@@ -144,6 +164,7 @@ class Service:
         # would wait up to the default 5 ms to get it back each time (thousands of sinks: seconds).
         sys.setswitchinterval(SWITCH_INTERVAL)
         self._reload()
+        self.keys.on_revoke.append(self.revoked)
         self._engine_thread = threading.Thread(target=self._run_engine, name="engine", daemon=True)
         self._engine_thread.start()
         for feed in self.feeds:
@@ -225,11 +246,13 @@ class Service:
         restored = {**{plan.name: qid for qid, plan in engine.queries.items()},  # pattern and event-set queries
                     **{m.plan.name: qid for qid, m in engine.set_queries.items()}}
         stored, kept = self._stored
-        for sid, text in stored:
+        for sid, text, owner in stored:
             try:
                 if not (isinstance(sid, str) and SUBSCRIPTION_ID.fullmatch(sid)) or sid in self.subs:
                     raise YfppError(f"its id {sid!r} is not one the registry gives (s1, s2, …) or is taken")
                 spec = SubscriptionSpec.model_validate_json(text)
+                if spec.sink is not None:
+                    self._check_sink(spec.sink)
                 name = spec.name or sid
                 pattern = parse_written_query(spec.query, spec.language, self.config.window_unit)
                 qid = restored.pop(name, None)
@@ -241,7 +264,7 @@ class Service:
             except (YfppError, ValidationError) as e:
                 log.error("stored subscription no longer registers", extra={"subscription": sid, "error": str(e)})
                 continue
-            sub = Subscription(sid, spec, qid, self.config.queue_size, self.totals)
+            sub = Subscription(sid, spec, qid, self.config.queue_size, self.totals, owner or auth.ADMIN, self.sink_policy)
             self._attach(sub)
             for result in kept.get(sid, ()):  # queued at the last stop: counted as matches of this run
                 sub.deliver(result)
@@ -265,17 +288,32 @@ class Service:
             return self.engine.register(pattern, name=name, policy=policy)
 
     def _attach(self, sub: Subscription) -> None:
+        sub.usage = self.usage
         sub.start()
         self.subs[sub.id] = sub
         self.by_name[sub.name] = sub
 
-    async def subscribe(self, spec: SubscriptionSpec) -> Subscription:
-        """Validate, register on the running engine, persist; RequestError for what the client must fix."""
+    def _check_sink(self, sink: str) -> None:
+        """RequestError 403 (saying why) for a sink the server's policy does not allow (blocking: resolves)."""
+        try:
+            self.sink_policy.check(sink)
+        except SinkRefused as e:
+            raise RequestError(403, f"sink: {e}") from None
+
+    async def subscribe(self, spec: SubscriptionSpec, owner: str = auth.ADMIN) -> Subscription:
+        """Validate, check against the key ``owner``'s quotas and the sink policy, register on the running
+        engine, persist; RequestError for what the client must fix."""
         cfg = self.config
         if len(spec.query) > cfg.max_query_chars:
             raise RequestError(413, f"query is {len(spec.query)} characters; the limit is {cfg.max_query_chars}")
         if len(self.subs) + len(self._claimed) >= cfg.max_subscriptions:
             raise RequestError(409, f"subscription limit reached ({cfg.max_subscriptions})")
+        try:
+            quotas.check(spec, owner, [s for s in self.subs.values() if s.owner == owner], cfg)
+        except quotas.QuotaError as e:
+            raise RequestError(e.status, str(e)) from None
+        if spec.sink is not None:
+            await asyncio.to_thread(self._check_sink, spec.sink)
         if spec.name is not None and (spec.name in self.by_name or spec.name in self._claimed):
             raise RequestError(409, f"a subscription named {spec.name!r} exists")
         claim = spec.name or object()
@@ -288,8 +326,13 @@ class Service:
             except (RecursionError, ValueError, OverflowError) as e:  # a parser limit, not the client's fault alone
                 log.warning("query refused by a parser limit", extra={"error": repr(e)[:300]})
                 raise RequestError(400, f"query: cannot be parsed ({type(e).__name__})") from e
+            cost = quotas.estimate(pattern)
             try:
-                sid = self.registry.add(spec.model_dump())
+                quotas.check_cost(cost, owner, cfg)
+            except quotas.QuotaError as e:
+                raise RequestError(e.status, str(e), cost=cost) from None
+            try:
+                sid = self.registry.add(spec.model_dump(), None if owner == auth.ADMIN else owner)
             except RegistryError as e:
                 raise RequestError(503, f"cannot store the subscription; nothing was added: {e}") from e
             name = spec.name or sid
@@ -300,7 +343,8 @@ class Service:
                 raise RequestError(400, f"query: {e}", **_error_position(e)) from e
         finally:
             self._claimed.discard(claim)
-        sub = Subscription(sid, spec, qid, cfg.queue_size, self.totals)
+        sub = Subscription(sid, spec, qid, cfg.queue_size, self.totals, owner, self.sink_policy)
+        sub.cost = cost
         self._attach(sub)
         log.info("subscribed", extra={"subscription": sid, "query_name": name, "sink": spec.sink})
         return sub
@@ -313,9 +357,12 @@ class Service:
         except RegistryError as e:
             log.error("a refused subscription stays in the registry", extra={"subscription": sid, "error": str(e)})
 
-    async def unsubscribe(self, sid: str) -> None:
-        """Remove a subscription: from the registry first, so that a failure leaves it wholly in place."""
-        self.get(sid)
+    async def unsubscribe(self, sid: str, caller: auth.Principal = auth.OPEN) -> None:
+        """Remove a subscription: from the registry first, so that a failure leaves it wholly in place; then
+        detached at once (its results are dropped from now on), and unregistered by the engine thread between
+        two events (its name stays taken until then). The answer waits for that :data:`RETIRE_WAIT` seconds at
+        most: never for an engine busy on one costly event."""
+        self.get(sid, caller)
         try:
             await asyncio.to_thread(self.registry.remove, sid)
         except RegistryError as e:
@@ -324,19 +371,67 @@ class Service:
         if sub is None:  # a concurrent DELETE removed it meanwhile
             return
         self.by_name.pop(sub.name, None)
-        await asyncio.to_thread(self._unregister, sub.qid)
+        self._claimed.add(sub.name)
+        done = asyncio.get_running_loop().create_future()
+        self._retired.append((sub.qid, sub.name, done))
+        try:
+            self.inbox.put_nowait(None)  # (wakes an idle engine thread; a busy one comes to it after its event)
+        except queue.Full:
+            pass
         await sub.stop()
+        await asyncio.wait([done], timeout=RETIRE_WAIT)
         log.info("unsubscribed", extra={"subscription": sid, "query_name": sub.name})
 
-    def _unregister(self, qid: int) -> None:
-        with self.engine_lock:
+    def _retire_done(self, name: str, done: asyncio.Future) -> None:
+        self._claimed.discard(name)
+        if not done.done():
+            done.set_result(None)
+
+    def _suspend(self, name: str) -> None:
+        """(engine thread, holding ``engine_lock``) Suspend the subscription of query ``name``, over its CPU
+        share: its query is unregistered (its runs freed); it stays, ``suspended`` saying why, until deleted."""
+        sub = self.by_name.get(name)
+        if sub is None or sub.suspended is not None:
+            return
+        sub.suspended = (f"suspended: its query took more than {self.config.max_cpu_share:.0%} of the engine's "
+                         f"time (max_cpu_share) beside other subscriptions; delete it")
+        self._drop_query(sub.qid)
+        log.warning("subscription suspended", extra={"subscription": sub.id, "query_name": name,
+                                                      "usage": self.usage.of(name)})
+
+    def _drop_query(self, qid: int) -> None:
+        """(engine thread, holding ``engine_lock``) Unregister ``qid`` unless it is gone already (suspended)."""
+        if qid in self.engine.queries or qid in self.engine.set_queries:
             self.engine.unregister(qid)
 
-    def get(self, sid: str) -> Subscription:
+    def _unregister_retired(self) -> None:
+        """(engine thread, holding ``engine_lock``) Unregister the deleted subscriptions' queries; free their names."""
+        while self._retired:
+            qid, name, done = self._retired.popleft()
+            try:
+                self._drop_query(qid)
+            finally:
+                try:
+                    self.loop.call_soon_threadsafe(self._retire_done, name, done)  # type: ignore[union-attr]
+                except RuntimeError:  # the loop has closed: nothing subscribes any more
+                    pass
+
+    def get(self, sid: str, caller: auth.Principal = auth.OPEN) -> Subscription:
+        """Subscription ``sid`` if ``caller`` may see it: a subscriber sees only its own (another's is a 404,
+        as one that does not exist: its existence is not told)."""
         sub = self.subs.get(sid)
-        if sub is None:
+        if sub is None or not (caller.admin or sub.owner == caller.key_id):
             raise RequestError(404, f"no subscription {sid!r}")
         return sub
+
+    def visible(self, caller: auth.Principal) -> list[Subscription]:
+        """The subscriptions ``caller`` sees: all for the admin, else its own."""
+        return [s for s in self.subs.values() if caller.admin or s.owner == caller.key_id]
+
+    def revoked(self, kid: str) -> None:
+        """A key was revoked: its feed connections end now (its requests and streams fail from now on)."""
+        for feed in self.feeds:
+            feed.drop(kid)
 
     # --- events ------------------------------------------------------------------------
 
@@ -389,6 +484,9 @@ class Service:
             if now - rate_t >= 1.0:
                 self.rate = (self.events_taken - rate_n) / (now - rate_t)
                 rate_t, rate_n = now, self.events_taken
+                with self.engine_lock:
+                    for name in self.usage.sample(self.engine, self.config.max_cpu_share):
+                        self._suspend(name)
             if stop or now >= next_checkpoint:
                 self.save_checkpoint()
                 next_checkpoint = now + self.config.checkpoint_every
@@ -400,6 +498,7 @@ class Service:
         are made (an event that completes many matches hands them over while it runs, :data:`CHUNK` at a time)."""
         out = _Results(self._hand_over)
         with self.engine_lock:
+            self._unregister_retired()
             if isinstance(item, list):
                 for ev in item:
                     self._process(ev, out)
@@ -480,6 +579,7 @@ class Service:
         with self.engine_lock:
             try:
                 checkpoint.save(self.engine, self.checkpoint_path)
+                os.chmod(self.checkpoint_path, 0o600)
             except Exception as e:  # a full disk (OSError), or state the format cannot hold
                 self.checkpoint_errors += 1
                 self.last_checkpoint_error = f"{type(e).__name__}: {e}"
@@ -499,7 +599,8 @@ class Service:
     def health(self) -> dict[str, Any]:
         return {"status": self.status, "error": self.failed, "uptime_s": round(time.time() - self.started_at, 3), "events_in": self.events_in,
                 "events_per_s": round(self.rate, 1), "dead_letters": self.dead_letters.count,
-                "dead_letters_lost": self.dead_letters.lost, "dead_letters_error": self.dead_letters.failing,
+                "dead_letters_lost": self.dead_letters.lost,
+                "dead_letters_suppressed": self.dead_letters.suppressed, "dead_letters_error": self.dead_letters.failing,
                 "live_runs": self.engine.stats.live_runs, "subscriptions": len(self.subs),
                 "inbox": self.inbox.qsize(), "feeds": {f.fmt: f.port for f in self.feeds},
                 "mqtt": [f.info() for f in self.mqtt_feeds],
@@ -577,7 +678,8 @@ def make_server(service: Service) -> _Server:
     from yfpp.service.app import create_app
 
     config = uvicorn.Config(create_app(service), log_config=None, access_log=False, lifespan="on",
-                            log_level=service.config.log_level, timeout_graceful_shutdown=3)
+                            log_level=service.config.log_level, timeout_graceful_shutdown=3,
+                            ssl_certfile=service.config.tls_cert, ssl_keyfile=service.config.tls_key)
     return _Server(config, service)
 
 
@@ -604,7 +706,8 @@ class BackgroundService:
 
     @property
     def url(self) -> str:
-        return f"http://{self.service.config.host}:{self.service.port}"
+        scheme = "https" if self.service.config.tls_cert else "http"
+        return f"{scheme}://{self.service.config.host}:{self.service.port}"
 
     def __enter__(self) -> Service:
         self._thread.start()
