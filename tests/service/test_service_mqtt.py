@@ -226,7 +226,7 @@ def test_xml_sink_qos0(broker):
 def test_broker_restart_under_a_qos1_feed_loses_nothing(tmp_path):
     b = Mosquitto(tmp_path).start()
     try:
-        cfg = ServiceConfig(port=0, state=None, log_level="warning",
+        cfg = ServiceConfig(port=0, state=None, log_level="warning", file_sink_dir=str(tmp_path),
                             mqtt=f"{b.url}/r?qos=1&client_id=yfpp-restart&clean=0")
         with BackgroundService(cfg) as svc:
             client = Client(f"http://127.0.0.1:{svc.port}")
