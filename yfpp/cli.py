@@ -21,6 +21,7 @@ from yfpp.runtime.feedback import MAX_DERIVED
 from yfpp.output.writer import MatchWriter, check_writable, is_live_input, open_for_writing
 from yfpp.language.query_text import load_patterns
 from yfpp.input.record_fields import MAX_DEPTH, MAX_RECORD_BYTES, check_ts_unit
+from yfpp.output.ordered import OrderedMatches
 from yfpp.output.stats import Progress, format_figures, run_figures, write_figures_json
 from yfpp.output.vocabulary import Vocabulary
 
@@ -34,6 +35,7 @@ examples:
   yfpp run -q queries/stock_templates.sase -i ticks.xml --policy non_overlapping -o matches.jsonl
   yfpp run -q queries/count.xpe -i yfpp/data/count_shelves.xml --events
   tail -f feed.xml | yfpp run -q queries/shoplifting.xpe -i - --format xml
+  yfpp run -q queries/shoplifting.sase -i feed.jsonl --workers auto --ordered -o matches.jsonl
 """
 
 GENERATE_EXAMPLES = """\
@@ -135,6 +137,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"feedback loop guard: drop derived events deeper than N in one cascade (default {MAX_FEEDBACK_DEPTH})")
     run.add_argument("--max-derived", type=int, metavar="N",
                      help=f"feedback loop guard: at most N derived events per input event (default {MAX_DERIVED})")
+    run.add_argument("--workers", metavar="N|auto",
+                     help="match in N processes (auto: one per core available), the events partitioned by each "
+                          "query's equivalence key or cut into time slices, as 'yfpp spark' does; the same matches, "
+                          "each worker's in stream order (default $YFPP_WORKERS, else 1; docs/operations.md: Workers)")
+    run.add_argument("--ordered", action="store_true",
+                     help="write the matches at the end, ordered by end, query, start and id (the same lines for any "
+                          "--workers; holds every match until the end of the input)")
     run.add_argument("--stats", action="store_true", help="print events/s, peak runs, buffer size and matches per query to stderr")
     run.add_argument("--stats-json", metavar="FILE", help="write the --stats figures to FILE as one JSON object")
     run.add_argument("--progress", choices=["auto", "always", "never"], default="auto",
@@ -322,6 +331,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         engine = build_engine(args.query, window_unit(args.ts_unit, args.ts_format), max_delay=args.max_delay or 0.0,
                               dead_letters=dead, policy=args.policy, **caps,
                               **feedback_opts, strategy=args.strategy or "direct")
+    workers = _workers(args)
     show = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
     live = is_live_input(args.input)
     source, progress = args.input, None
@@ -347,16 +357,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     vocabulary = Vocabulary(plan.pattern for plan in plans)
     started = time.perf_counter()
     interrupted = False
+    pool = None
     try:
         out = MatchWriter(args.output, live_input=live, iso_times=args.ts_format == "iso")
+        if args.ordered:
+            out = OrderedMatches(out, [str(plan.name) for plan in plans])
         try:
-            write_matches(engine, events if skip is None else skip.batches(events, vocabulary.note), out, progress,
+            if workers > 1:
+                pool = _start_workers(engine, workers, out, dead, caps, args)
+            write_matches(engine if pool is None else pool,
+                          events if skip is None else skip.batches(events, vocabulary.note), out, progress,
                           (args.checkpoint, args.checkpoint_every,
                            lambda: {"reader": reading, "dead_letters_reported": dead.last_seq}) if args.checkpoint else None,
                           vocabulary)
         except KeyboardInterrupt:
             interrupted = True
         finally:
+            if pool is not None:
+                pool.close()
             out.close()
     finally:
         dead.close()
@@ -370,13 +388,41 @@ def cmd_run(args: argparse.Namespace) -> int:
         for plan in plans:
             for warning in vocabulary.unknown_names(str(plan.name), plan.pattern):
                 print(f"yfpp: warning: {warning}", file=sys.stderr)
-    figures = run_figures(engine, events.count, time.perf_counter() - started, dead)
+    elapsed = time.perf_counter() - started
+    figures = run_figures(engine, events.count, elapsed, dead) if pool is None else pool.figures(events.count, elapsed)
     if args.stats:
         sys.stderr.write(format_figures(figures))
     if args.stats_json:
         with open_for_writing(args.stats_json, "stats file") as f:
             write_figures_json(figures, f)
     return run_status(args, events, dead.by_reason, skip.skipped if skip is not None else Counter(), interrupted)
+
+
+def _workers(args: argparse.Namespace) -> int:
+    """``--workers``' count (else $YFPP_WORKERS', else 1); with more than one, the options they cannot take are refused."""
+    from yfpp.workers import worker_count
+
+    text = args.workers if args.workers is not None else os.environ.get("YFPP_WORKERS", "1")
+    n = worker_count(text)
+    if n > 1:
+        refused = [flag for flag, v in (("--checkpoint", args.checkpoint), ("--restore", args.restore),
+                                        ("--max-delay", args.max_delay)) if v]
+        if refused:
+            raise YfppError(f"{', '.join(refused)} with --workers {text}: not supported yet; "
+                            "run with --workers 1 (docs/operations.md: Workers)")
+    return n
+
+
+def _start_workers(engine: Engine, n: int, out: Any, dead: DeadLetters, caps: dict[str, Any],
+                   args: argparse.Namespace) -> Any:
+    """The :class:`yfpp.workers.Workers` running ``engine``'s queries (as registered: names, policies) in ``n`` processes."""
+    from yfpp.workers import Workers
+
+    queries = [(name, pattern) for _, (pattern, _, name) in sorted(engine.sources.items())]
+    opts = {k: v for k, v in caps.items() if v is not None and k != "max_held"}
+    return Workers(queries, n, out, dead, full_events=bool(args.events),
+                   feedback_limits=(engine.feedback.max_depth, engine.feedback.max_derived),
+                   engine_opts={**opts, "strategy": engine.strategy})
 
 
 class InputFeed:
