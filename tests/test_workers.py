@@ -163,3 +163,14 @@ def test_cli_feedback_refusal_is_one_line(capsys, feed):
     code, out, err = run(capsys, "run", "-q", "PATTERN SEQ(shelf a, exit c) WITHIN 60 RETURN out(tag = a.tag_id) FEEDBACK",
                          "-i", feed, "--workers", "2")
     assert code == 2 and err.startswith("yfpp: error: query 'q': with --workers a feedback query needs an equivalence list")
+
+
+def test_cli_xpath_predicates_read_the_xml_element_in_the_workers(capsys, tmp_path):
+    """An XML event travels with its element's text: an XPath predicate reads its attribute texts, not the
+    ts the reader converted (5000 ms is 5 s)."""
+    feed = tmp_path / "ms.xml"
+    feed.write_text('<stream><a ts="5000" zone="z1"/><b ts="6000" zone="z1"/><a ts="7000" zone="z2"/></stream>\n')
+    code, out, err = run(capsys, "run", "-q", "//a[@ts > 100]", "[zone]&&//a//b[@ts >= 6000]&&(1 min)", "-i", str(feed),
+                         "--ts-unit", "ms", "--workers", "2", "--ordered")
+    assert code == 0, err
+    assert [json.loads(line)["query"] for line in out.splitlines()] == ["q", "q2", "q"]

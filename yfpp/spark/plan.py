@@ -311,10 +311,15 @@ class XmlEvent(Event):
         self.xml = xml
 
     @property
-    def element(self):
-        if self._element is None:
-            self._element = etree.fromstring(self.xml, _PARSER)
-        return self._element
+    def _element(self):
+        """The element, parsed from ``xml`` on first use (also by the XPath fast path, which reads ``_element``)."""
+        if self._el is None:
+            self._el = etree.fromstring(self.xml, _PARSER)
+        return self._el
+
+    @_element.setter
+    def _element(self, el) -> None:
+        self._el = el
 
 
 def make_event(type: str, ts: float, seq: int, attrs: str, xml: str | None) -> Event:
