@@ -34,9 +34,12 @@ def one_engine(queries: list, events: list[Event]) -> Counter:
     return Counter(json.dumps(m, sort_keys=True) for m in eng.process_all(events))
 
 
-def with_workers(queries: list, events: list[Event], n: int = 2, slice_events: int = 5, batch: int = 7) -> Counter:
+def with_workers(queries: list, events: list[Event], n: int = 2, slice_events: int = 5, batch: int = 7,
+                 live: bool = True) -> Counter:
+    """The workers' matches, ``batch`` events routed at a time (``live``: each batch sent at once, closing the
+    slices behind it as it goes; else gathered)."""
     out: list[dict] = []
-    workers = Workers(queries, n, out, DeadLetters(), slice_events=slice_events)
+    workers = Workers(queries, n, out, DeadLetters(), slice_events=slice_events, live=live)
     try:
         for i in range(0, len(events), batch):
             workers.process_batch(events[i:i + batch])
@@ -67,7 +70,7 @@ def test_workers_on_the_spark_plans_workloads(workload):
     named = list(effective_queries(queries))
     expected = one_engine(named, stream_of(records))
     assert sum(expected.values()) > 100
-    assert with_workers(named, stream_of(records), n=3, slice_events=100, batch=500) == expected
+    assert with_workers(named, stream_of(records), n=3, slice_events=100, batch=500, live=False) == expected
 
 
 FEEDBACK = "PATTERN SEQ(shelf a, ~register b, exit c) WHERE [tag_id] WITHIN 1 hour RETURN theft(tag_id = a.tag_id) FEEDBACK"

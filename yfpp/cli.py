@@ -364,7 +364,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             out = OrderedMatches(out, [str(plan.name) for plan in plans])
         try:
             if workers > 1:
-                pool = _start_workers(engine, workers, out, dead, caps, args)
+                pool = _start_workers(engine, workers, out, dead, caps, args, live)
             write_matches(engine if pool is None else pool,
                           events if skip is None else skip.batches(events, vocabulary.note), out, progress,
                           (args.checkpoint, args.checkpoint_every,
@@ -414,15 +414,16 @@ def _workers(args: argparse.Namespace) -> int:
 
 
 def _start_workers(engine: Engine, n: int, out: Any, dead: DeadLetters, caps: dict[str, Any],
-                   args: argparse.Namespace) -> Any:
-    """The :class:`yfpp.workers.Workers` running ``engine``'s queries (as registered: names, policies) in ``n`` processes."""
+                   args: argparse.Namespace, live: bool) -> Any:
+    """The :class:`yfpp.workers.Workers` running ``engine``'s queries (as registered: names, policies) in ``n``
+    processes; ``live``: the input is live (each batch is sent on at once)."""
     from yfpp.workers import Workers
 
     queries = [(name, pattern) for _, (pattern, _, name) in sorted(engine.sources.items())]
     opts = {k: v for k, v in caps.items() if v is not None and k != "max_held"}
     return Workers(queries, n, out, dead, full_events=bool(args.events),
                    feedback_limits=(engine.feedback.max_depth, engine.feedback.max_derived),
-                   engine_opts={**opts, "strategy": engine.strategy})
+                   engine_opts={**opts, "strategy": engine.strategy}, live=live)
 
 
 class InputFeed:

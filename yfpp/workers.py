@@ -33,13 +33,14 @@ from lxml import etree
 from yfpp.engine import Engine, _raw, late_reason
 from yfpp.errors import YfppError
 from yfpp.input.dead_letters import DeadLetters
-from yfpp.input.events import Event
+from yfpp.input.events import MISSING, Event
 from yfpp.output.stats import run_figures
 from yfpp.spark.plan import Group, Runner, Slicing, XmlEvent, group_queries, needs_xml
 
 WORKERS = Runner("with --workers", "run with --workers 1")
 SLICE_EVENTS = 20_000  #: about this many events per time slice of an unkeyed group (at least its window long)
-INBOX = 64  #: batches a worker's inbox holds before the reader waits (so it can run ahead of a busy worker)
+SEND_ROWS = 4096  #: rows gathered before they are sent (the readers' batches can be a few dozen events)
+INBOX = 64  #: messages a worker's inbox holds before the reader waits (so it can run ahead of a busy worker)
 _POLL = 0.5  #: seconds between checks that the workers are alive while the reader waits
 
 
@@ -64,12 +65,13 @@ class Workers:
     from a collector thread, as the workers send them); :meth:`flush` ends the stream, waits for the
     workers and returns their ``--stats`` figures summed. ``engine_opts``: the workers' engines'
     options (caps, ``merge_runs``, ``strategy``); ``dead``: where late events and the workers' dead
-    letters (events whose processing failed) are reported; ``slice_events``: see :data:`SLICE_EVENTS`.
+    letters (events whose processing failed) are reported; ``slice_events``: see :data:`SLICE_EVENTS`;
+    ``live``: the input is live (a pipe, a socket), so each batch is sent at once rather than gathered.
     """
 
     def __init__(self, queries: Sequence[tuple[Any, Any]], n: int, out: Any, dead: DeadLetters, *,
                  full_events: bool = False, feedback_limits: tuple[int, int] | None = None,
-                 engine_opts: dict[str, Any] | None = None, slice_events: int = SLICE_EVENTS):
+                 engine_opts: dict[str, Any] | None = None, slice_events: int = SLICE_EVENTS, live: bool = False):
         limits = {"feedback_limits": feedback_limits} if feedback_limits is not None else {}
         self.groups = group_queries(queries, full_events=full_events, runner=WORKERS, **limits)
         self.names = [str(name) for name, _ in queries]
@@ -78,6 +80,9 @@ class Workers:
         self.dead = dead
         self.xml = needs_xml(self.groups)
         self.slice_events = slice_events
+        self.live = live
+        self._parts: list[dict[tuple[int, int], list[tuple]]] = [{} for _ in range(n)]  # rows not sent yet
+        self._pending = 0
         self.slicings: dict[int, Slicing | None] = {}  # a sliced group's, fixed at the first batch
         self._open = {g: 0 for g, grp in enumerate(self.groups) if grp.sliced}  # its first slice not yet closed
         self._mark = float("-inf")  # the stream time: the largest ts routed
@@ -100,38 +105,71 @@ class Workers:
     # --- routing ----------------------------------------------------------------------------
 
     def process_batch(self, batch: list[Event], out: Any = None) -> Any:
-        """Route one batch of events (in stream order, ``seq`` set) to the workers; ``out`` is returned as it is."""
+        """Route one batch of events (in stream order, ``seq`` set) to the workers; ``out`` is returned as it is.
+        The rows are sent once :data:`SEND_ROWS` are pending (with a live input, at each batch)."""
         if not batch:
             return out
         if not self._started:
             self._start(batch)
-        n, mark = self.n, self._mark
-        routed: list[dict[tuple[int, int], list[tuple]]] = [{} for _ in range(n)]
-        as_xml = self.xml
+        mark = self._mark
+        kept = []
         for ev in batch:
             ts = ev.ts
             if ts < mark:
                 self.dead.report(ev.seq, f"seq {ev.seq}", late_reason(ts, mark, 0.0), _raw(ev))
                 continue
             mark = ts
-            row = (ev.type, ts, ev.attrs, ev.seq, etree.tostring(ev.element, encoding="unicode")) if as_xml else (
-                ev.type, ts, ev.attrs, ev.seq)
-            for g, grp in enumerate(self.groups):
-                if grp.key:
-                    k = grp.key_of(ev)
-                    if k is not None:
-                        routed[_hash(k) % n].setdefault((g, 0), []).append(row)
-                elif grp.sliced and (sl := self.slicings[g]) is not None:
-                    for s in sl.reads(ts):
-                        routed[(s + g) % n].setdefault((g, s), []).append(row)
-                else:
-                    routed[g % n].setdefault((g, 0), []).append(row)
+            kept.append(ev)
         self._mark = mark
-        closes = self._closing(mark)
-        for i in range(n):
-            if routed[i] or closes[i]:
-                self._put(i, (list(routed[i].items()), closes[i]))
+        if self.xml:
+            rows = [(ev.type, ev.ts, ev.attrs, ev.seq, etree.tostring(ev.element, encoding="unicode")) for ev in kept]
+        else:
+            rows = [(ev.type, ev.ts, ev.attrs, ev.seq) for ev in kept]
+        for g, grp in enumerate(self.groups):
+            if grp.key:
+                self._route_keyed(g, grp.key, kept, rows)
+            elif grp.sliced and (sl := self.slicings[g]) is not None:
+                parts, n = self._parts, self.n
+                for ev, row in zip(kept, rows):
+                    for s in sl.reads(ev.ts):
+                        parts[(s + g) % n].setdefault((g, s), []).append(row)
+            else:
+                self._parts[g % self.n].setdefault((g, 0), []).extend(rows)
+        self._pending += len(rows)
+        if self._pending >= SEND_ROWS or self.live:
+            self._send(self._closing(mark))
         return out
+
+    def _route_keyed(self, g: int, key: tuple[str, ...], events: list[Event], rows: list[tuple]) -> None:
+        """Each row of an event with the key to the worker of its key value's hash (a one-attribute key: the hash of
+        the value, read without building a tuple)."""
+        n = self.n
+        lists = [self._parts[w].setdefault((g, 0), []) for w in range(n)]
+        if len(key) == 1:
+            a = key[0]
+            for ev, row in zip(events, rows):
+                v = ev.attrs.get(a, MISSING)
+                if v is MISSING and (v := ev.get(a)) is MISSING:
+                    continue
+                try:
+                    h = hash(v)
+                except TypeError:
+                    h = _hash(v)
+                lists[h % n].append(row)
+        else:
+            for ev, row in zip(events, rows):
+                k = tuple(ev.get(x) for x in key)
+                if MISSING not in k:
+                    lists[_hash(k) % n].append(row)
+
+    def _send(self, closes: list[list[tuple[int, int]]]) -> None:
+        """The pending rows (and the slices to close) to the workers."""
+        for i in range(self.n):
+            routed = [(target, rows) for target, rows in self._parts[i].items() if rows]
+            if routed or closes[i]:
+                self._put(i, (routed, closes[i]))
+            self._parts[i] = {}
+        self._pending = 0
 
     def _start(self, batch: list[Event]) -> None:
         """Fix each sliced group's slices: from the first event's ts, about so many events long
@@ -212,10 +250,8 @@ class Workers:
         """End of the stream: every worker flushes its engines; wait for their last matches (``out`` is returned)."""
         if not self._started:
             self._start([])
-        closes = self._closing(self._mark, end=True)
+        self._send(self._closing(self._mark, end=True))
         for i in range(self.n):
-            if closes[i]:
-                self._put(i, ([], closes[i]))
             self._put(i, None)
         while self._collector.is_alive():
             self._collector.join(_POLL)
