@@ -27,19 +27,19 @@ from yfpp.spark.plan import effective_queries
 from yfpp.workers import Workers, worker_count
 
 
-def one_engine(queries: list, events: list[Event]) -> Counter:
-    eng = Engine(dead_letters=DeadLetters())
+def one_engine(queries: list, events: list[Event], max_delay: float = 0.0, dead: DeadLetters | None = None) -> Counter:
+    eng = Engine(dead_letters=dead or DeadLetters(), max_delay=max_delay)
     for name, p in queries:
         eng.register(p, name=name)
     return Counter(json.dumps(m, sort_keys=True) for m in eng.process_all(events))
 
 
 def with_workers(queries: list, events: list[Event], n: int = 2, slice_events: int = 5, batch: int = 7,
-                 live: bool = True) -> Counter:
+                 live: bool = True, max_delay: float = 0.0, dead: DeadLetters | None = None) -> Counter:
     """The workers' matches, ``batch`` events routed at a time (``live``: each batch sent at once, closing the
     slices behind it as it goes; else gathered)."""
     out: list[dict] = []
-    workers = Workers(queries, n, out, DeadLetters(), slice_events=slice_events, live=live)
+    workers = Workers(queries, n, out, dead or DeadLetters(), slice_events=slice_events, live=live, max_delay=max_delay)
     try:
         for i in range(0, len(events), batch):
             workers.process_batch(events[i:i + batch])
@@ -60,6 +60,23 @@ def test_workers_find_one_engines_matches(pats, events):
     negations, non_overlapping, event sets: the same multiset of match lines as one engine."""
     queries = [(f"q{i}", p) for i, p in enumerate(pats)]
     assert with_workers(queries, copies(events)) == one_engine(queries, copies(events))
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.lists(patterns(), min_size=1, max_size=2), streams(max_events=30), st.data())
+def test_workers_reorder_and_report_late_events_as_one_engine(pats, events, data):
+    """Out of order arrivals: the reorder buffer (--max-delay) and late events are one engine's, before the routing."""
+    swaps = data.draw(st.lists(st.integers(0, max(len(events) - 2, 0)), max_size=6))
+    for i in swaps:
+        if len(events) > 1:
+            events[i], events[i + 1] = events[i + 1], events[i]
+    events = [Event(e.type, e.ts, e.attrs, seq) for seq, e in enumerate(events)]  # numbered in arrival order
+    max_delay = data.draw(st.sampled_from([0, 1, 3]))
+    queries = [(f"q{i}", p) for i, p in enumerate(pats)]
+    dead_one, dead_workers = DeadLetters(), DeadLetters()
+    expected = one_engine(queries, copies(events), max_delay, dead_one)
+    assert with_workers(queries, copies(events), max_delay=max_delay, dead=dead_workers) == expected
+    assert dead_workers.by_reason == dead_one.by_reason
 
 
 @pytest.mark.parametrize("workload", ["rfid", "stock"])
@@ -154,12 +171,13 @@ def test_cli_stats_and_dead_letters_are_summed_over_the_workers(capsys, tmp_path
         assert two[key] == one[key], key
 
 
-@pytest.mark.parametrize("flags, refused", [(["--max-delay", "5"], "--max-delay"),
-                                             (["--checkpoint", "CK"], "--checkpoint")])
-def test_cli_refuses_what_workers_cannot_do_yet(capsys, tmp_path, feed, flags, refused):
-    flags = [str(tmp_path / f) if f == "CK" else f for f in flags]
-    code, out, err = run(capsys, "run", "-q", QUERIES[0], "-i", feed, "--workers", "2", *flags)
-    assert code == 2 and f"{refused} with --workers 2: not supported yet" in err and "Traceback" not in err
+def test_cli_refuses_checkpoints_with_workers(capsys, tmp_path, feed):
+    ck = str(tmp_path / "ck.json")
+    code, out, err = run(capsys, "run", "-q", QUERIES[0], "-i", feed, "--workers", "2", "--checkpoint", ck)
+    assert code == 2 and "--checkpoint with --workers 2: not supported yet" in err and "Traceback" not in err
+    assert run(capsys, "run", "-q", QUERIES[0], "-i", feed, "--checkpoint", ck, "--checkpoint-every", "1000")[0] == 0
+    code, out, err = run(capsys, "run", "--restore", ck, "-i", feed, "--workers", "2")
+    assert code == 2 and "--restore with --workers 2: not supported yet" in err and "Traceback" not in err
 
 
 def test_cli_feedback_refusal_is_one_line(capsys, feed):

@@ -405,8 +405,7 @@ def _workers(args: argparse.Namespace) -> int:
     text = args.workers if args.workers is not None else os.environ.get("YFPP_WORKERS", "1")
     n = worker_count(text)
     if n > 1:
-        refused = [flag for flag, v in (("--checkpoint", args.checkpoint), ("--restore", args.restore),
-                                        ("--max-delay", args.max_delay)) if v]
+        refused = [flag for flag, v in (("--checkpoint", args.checkpoint), ("--restore", args.restore)) if v]
         if refused:
             raise YfppError(f"{', '.join(refused)} with --workers {text}: not supported yet; "
                             "run with --workers 1 (docs/operations.md: Workers)")
@@ -423,7 +422,8 @@ def _start_workers(engine: Engine, n: int, out: Any, dead: DeadLetters, caps: di
     opts = {k: v for k, v in caps.items() if v is not None and k != "max_held"}
     return Workers(queries, n, out, dead, full_events=bool(args.events),
                    feedback_limits=(engine.feedback.max_depth, engine.feedback.max_derived),
-                   engine_opts={**opts, "strategy": engine.strategy}, live=live)
+                   engine_opts={**opts, "strategy": engine.strategy}, live=live, max_delay=engine.max_delay,
+                   max_held=engine.max_held)
 
 
 class InputFeed:

@@ -30,7 +30,7 @@ from typing import Any, Sequence
 
 from lxml import etree
 
-from yfpp.engine import Engine, _raw, late_reason
+from yfpp.engine import Engine
 from yfpp.errors import YfppError
 from yfpp.input.dead_letters import DeadLetters
 from yfpp.input.events import MISSING, Event
@@ -66,12 +66,14 @@ class Workers:
     workers and returns their ``--stats`` figures summed. ``engine_opts``: the workers' engines'
     options (caps, ``merge_runs``, ``strategy``); ``dead``: where late events and the workers' dead
     letters (events whose processing failed) are reported; ``slice_events``: see :data:`SLICE_EVENTS`;
-    ``live``: the input is live (a pipe, a socket), so each batch is sent at once rather than gathered.
+    ``live``: the input is live (a pipe, a socket), so each batch is sent at once rather than gathered;
+    ``max_delay``, ``max_held``: the reorder buffer's, as one engine's (:class:`Sequencer`).
     """
 
     def __init__(self, queries: Sequence[tuple[Any, Any]], n: int, out: Any, dead: DeadLetters, *,
                  full_events: bool = False, feedback_limits: tuple[int, int] | None = None,
-                 engine_opts: dict[str, Any] | None = None, slice_events: int = SLICE_EVENTS, live: bool = False):
+                 engine_opts: dict[str, Any] | None = None, slice_events: int = SLICE_EVENTS, live: bool = False,
+                 max_delay: float = 0.0, max_held: int | None = None):
         limits = {"feedback_limits": feedback_limits} if feedback_limits is not None else {}
         self.groups = group_queries(queries, full_events=full_events, runner=WORKERS, **limits)
         self.names = [str(name) for name, _ in queries]
@@ -85,7 +87,8 @@ class Workers:
         self._pending = 0
         self.slicings: dict[int, Slicing | None] = {}  # a sliced group's, fixed at the first batch
         self._open = {g: 0 for g, grp in enumerate(self.groups) if grp.sliced}  # its first slice not yet closed
-        self._mark = float("-inf")  # the stream time: the largest ts routed
+        self._mark = float("-inf")  # the stream time: the ts of the last event routed
+        self._sequencer = Sequencer(max_delay=max_delay, max_held=max_held, dead_letters=dead)
         self._error: str | None = None  # a worker's failure
         self._failure: BaseException | None = None  # the collector's failed write
         self.stats = Tally()  # for the progress line: the matches written so far
@@ -105,40 +108,36 @@ class Workers:
     # --- routing ----------------------------------------------------------------------------
 
     def process_batch(self, batch: list[Event], out: Any = None) -> Any:
-        """Route one batch of events (in stream order, ``seq`` set) to the workers; ``out`` is returned as it is.
+        """Route one batch of events (``seq`` set) to the workers, in stream order; ``out`` is returned as it is.
         The rows are sent once :data:`SEND_ROWS` are pending (with a live input, at each batch)."""
-        if not batch:
-            return out
+        self._sequencer.process_batch(batch, [])
+        self._route(self._sequencer.take())
+        if self._pending >= SEND_ROWS or (self.live and self._started):
+            self._send(self._closing(self._mark))
+        return out
+
+    def _route(self, events: list[Event]) -> None:
+        """Events in stream order (the sequencer's) into the pending rows of the workers."""
+        if not events:
+            return
         if not self._started:
-            self._start(batch)
-        mark = self._mark
-        kept = []
-        for ev in batch:
-            ts = ev.ts
-            if ts < mark:
-                self.dead.report(ev.seq, f"seq {ev.seq}", late_reason(ts, mark, 0.0), _raw(ev))
-                continue
-            mark = ts
-            kept.append(ev)
-        self._mark = mark
+            self._start(events)
+        self._mark = events[-1].ts
         if self.xml:
-            rows = [(ev.type, ev.ts, ev.attrs, ev.seq, etree.tostring(ev.element, encoding="unicode")) for ev in kept]
+            rows = [(ev.type, ev.ts, ev.attrs, ev.seq, etree.tostring(ev.element, encoding="unicode")) for ev in events]
         else:
-            rows = [(ev.type, ev.ts, ev.attrs, ev.seq) for ev in kept]
+            rows = [(ev.type, ev.ts, ev.attrs, ev.seq) for ev in events]
         for g, grp in enumerate(self.groups):
             if grp.key:
-                self._route_keyed(g, grp.key, kept, rows)
+                self._route_keyed(g, grp.key, events, rows)
             elif grp.sliced and (sl := self.slicings[g]) is not None:
                 parts, n = self._parts, self.n
-                for ev, row in zip(kept, rows):
+                for ev, row in zip(events, rows):
                     for s in sl.reads(ev.ts):
                         parts[(s + g) % n].setdefault((g, s), []).append(row)
             else:
                 self._parts[g % self.n].setdefault((g, 0), []).extend(rows)
         self._pending += len(rows)
-        if self._pending >= SEND_ROWS or self.live:
-            self._send(self._closing(mark))
-        return out
 
     def _route_keyed(self, g: int, key: tuple[str, ...], events: list[Event], rows: list[tuple]) -> None:
         """Each row of an event with the key to the worker of its key value's hash (a one-attribute key: the hash of
@@ -248,6 +247,8 @@ class Workers:
 
     def flush(self, out: Any = None) -> Any:
         """End of the stream: every worker flushes its engines; wait for their last matches (``out`` is returned)."""
+        self._sequencer.flush([])
+        self._route(self._sequencer.take())
         if not self._started:
             self._start([])
         self._send(self._closing(self._mark, end=True))
@@ -303,6 +304,34 @@ class Workers:
         for q in (*self._inboxes, self._results):
             q.cancel_join_thread()
             q.close()
+
+
+class Sequencer(Engine):
+    """An engine without queries whose events come out in stream order (:meth:`take`): one engine's numbering,
+    reorder buffer (``max_delay``, ``max_held``) and late events (reported to its dead letters), before the
+    routing — so N workers see the events one engine would match, in its order."""
+
+    def __init__(self, **opts: Any):
+        self.released: list[Event] = []
+        super().__init__(**opts)
+
+    def _route_events(self) -> None:
+        """Every event released in stream order goes to :attr:`released` (there is no query to match)."""
+        self._plain = True
+        self._one, self._into = self._keep, self._keep_into
+
+    def _keep(self, ev: Event) -> list[dict]:
+        self.released.append(ev)
+        return []
+
+    def _keep_into(self, ev: Event, out: Any) -> Any:
+        self.released.append(ev)
+        return out
+
+    def take(self) -> list[Event]:
+        """The events released since the last call, in stream order."""
+        out, self.released = self.released, []
+        return out
 
 
 @dataclass
