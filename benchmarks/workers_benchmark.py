@@ -16,6 +16,7 @@ busy processes get at once is measured (a shared machine may give two of them we
     python benchmarks/workers_benchmark.py                          # 1M events, N = 1, 2, both workloads
     python benchmarks/workers_benchmark.py --events 5000000
     python benchmarks/workers_benchmark.py --max-workers 16         # N = 1, 2, 4, 8, 16 on a bigger machine
+    python benchmarks/workers_benchmark.py --events 200000 --costs  # and the CPU of reading vs shipping an event
 """
 
 from __future__ import annotations
@@ -63,11 +64,36 @@ def counts(n_max: int) -> list[int]:
     return ns if ns[-1] == n_max else [*ns, n_max]
 
 
+def shipping_costs(path: Path) -> dict[str, float]:
+    """CPU µs per event, in this process, of what the two ways to split the work cost: reading (the reader over
+    the feed: what each worker would pay for every record if it read the input itself), and shipping a parsed event
+    to a worker (a row tuple pickled, unpickled and made an Event again: what reading in the parent adds)."""
+    import pickle
+    import time
+
+    from yfpp.input.dead_letters import DeadLetters
+    from yfpp.input.events import Event
+    from yfpp.input.readers import read_event_batches
+
+    started = time.process_time()
+    events = [ev for batch in read_event_batches(str(path), None, dead_letters=DeadLetters()) for ev in batch]
+    read = time.process_time() - started
+    started = time.process_time()
+    rows = [(ev.type, ev.ts, ev.attrs, ev.seq) for ev in events]
+    blobs = [pickle.dumps(rows[i:i + 4096], protocol=pickle.HIGHEST_PROTOCOL) for i in range(0, len(rows), 4096)]
+    shipped = [Event(*r) for blob in blobs for r in pickle.loads(blob)]
+    ship = time.process_time() - started
+    assert len(shipped) == len(events)
+    return {"read": read / len(events) * 1e6, "ship": ship / len(events) * 1e6}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--max-workers", type=int, default=2, help="largest N (N = 1, 2, 4, … up to it)")
     ap.add_argument("--workloads", default="keyed,unkeyed")
+    ap.add_argument("--costs", action="store_true",
+                    help="also measure reading and shipping an event, per event (why the parent reads)")
     args = ap.parse_args()
     print(f"commit {commit()}, {args.events:,} events; two busy processes get {cores_for_two():.2f} cores")
     print(f"{'workload':<9} {'N':>3} {'wall s':>7} {'events/s':>10} {'speed-up':>8} {'CPU s':>7} {'CPU µs/ev':>9}  matches")
@@ -75,6 +101,10 @@ def main() -> int:
         for workload in args.workloads.split(","):
             path = feed(workload, args.events)
             base_wall, base = None, None
+            if args.costs:
+                c = shipping_costs(path)
+                print(f"{workload:<9} reading {c['read']:.2f} CPU µs/event; shipping a parsed event to a worker "
+                      f"{c['ship']:.2f} CPU µs/event", flush=True)
             for n in counts(args.max_workers):
                 out = Path(tmp) / f"{workload}_{n}.jsonl"
                 wall, cpu, _ = timed([sys.executable, "-m", "yfpp", "run", "-q", query(workload), "-i", str(path),

@@ -44,6 +44,17 @@ INBOX = 64  #: messages a worker's inbox holds before the reader waits (so it ca
 _POLL = 0.5  #: seconds between checks that the workers are alive while the reader waits
 
 
+def _context() -> Any:
+    """``forkserver`` where there is one (one process imports yfpp, each worker is forked from it: a worker starts
+    in milliseconds, not the half second of an import), else ``spawn``; never a plain fork of a threaded parent."""
+    methods = multiprocessing.get_all_start_methods()
+    if "forkserver" not in methods:
+        return multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["yfpp.workers"])
+    return ctx
+
+
 def worker_count(text: str) -> int:
     """``--workers``' value: a count of at least 1, or ``auto``: the cores this process may run on."""
     if text == "auto":
@@ -93,7 +104,7 @@ class Workers:
         self._failure: BaseException | None = None  # the collector's failed write
         self.stats = Tally()  # for the progress line: the matches written so far
         self._figures: list[dict] = []
-        ctx = multiprocessing.get_context("spawn")
+        ctx = _context()
         self._results = ctx.Queue()
         self._inboxes = [ctx.Queue(INBOX) for _ in range(n)]
         self._procs = [ctx.Process(target=_work, args=(i, self._inboxes[i], self._results, self.groups,
