@@ -24,7 +24,8 @@ from yfpp.input.dead_letters import DeadLetters
 from yfpp.input.events import Event
 from yfpp.input.generate import generate_rfid, generate_stock, write_events
 from yfpp.spark.plan import effective_queries
-from yfpp.workers import Workers, worker_count
+from yfpp.state.checkpoint import read_checkpoint
+from yfpp.workers import Sequencer, Workers, worker_count
 
 
 def one_engine(queries: list, events: list[Event], max_delay: float = 0.0, dead: DeadLetters | None = None) -> Counter:
@@ -171,13 +172,69 @@ def test_cli_stats_and_dead_letters_are_summed_over_the_workers(capsys, tmp_path
         assert two[key] == one[key], key
 
 
-def test_cli_refuses_checkpoints_with_workers(capsys, tmp_path, feed):
-    ck = str(tmp_path / "ck.json")
-    code, out, err = run(capsys, "run", "-q", QUERIES[0], "-i", feed, "--workers", "2", "--checkpoint", ck)
-    assert code == 2 and "--checkpoint with --workers 2: not supported yet" in err and "Traceback" not in err
-    assert run(capsys, "run", "-q", QUERIES[0], "-i", feed, "--checkpoint", ck, "--checkpoint-every", "1000")[0] == 0
-    code, out, err = run(capsys, "run", "--restore", ck, "-i", feed, "--workers", "2")
-    assert code == 2 and "--restore with --workers 2: not supported yet" in err and "Traceback" not in err
+def test_cli_checkpoint_and_restore_with_workers(capsys, tmp_path, feed):
+    """A run with two workers checkpoints (a manifest and one file per worker); restored, it needs as many workers
+    and skips what the checkpoint consumed; a one-engine checkpoint is not resumed by workers."""
+    ck = tmp_path / "ck.json"
+    code, full, err = run(capsys, "run", "-q", *QUERIES, "-i", feed, "--workers", "2", "--checkpoint", str(ck),
+                          "--checkpoint-every", "700")  # the last at event 2,800 of 3,000
+    assert code == 0, err
+    manifest = json.loads(ck.read_text())
+    assert manifest["workers"]["n"] == 2 and sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["ck.json", *manifest["workers"]["files"]])
+    code, out, err = run(capsys, "run", "--restore", str(ck), "-i", feed, "--workers", "1")
+    assert code == 2 and "the checkpoint was written by 2 workers: restore it with --workers 2" in err
+    code, rest, err = run(capsys, "run", "--restore", str(ck), "-i", feed)
+    assert code == 0, err
+    assert set(rest.splitlines()) <= set(full.splitlines()) and 0 < len(rest.splitlines()) < len(full.splitlines())
+    one = tmp_path / "one.json"
+    assert run(capsys, "run", "-q", QUERIES[0], "-i", feed, "--checkpoint", str(one), "--checkpoint-every", "1000")[0] == 0
+    code, out, err = run(capsys, "run", "--restore", str(one), "-i", feed, "--workers", "2")
+    assert code == 2 and "written by 1 worker: restore it with --workers 1" in err and "Traceback" not in err
+
+
+class Lines(list):
+    """A list of matches that a checkpoint can flush."""
+
+    def flush(self) -> None:
+        pass
+
+
+def test_a_checkpoint_of_the_workers_resumes_exactly_once(tmp_path):
+    """Matches written before a checkpoint plus those of the run restored from it (over the events after it) are
+    one engine's matches, each once — also when the run went on past the checkpoint before it stopped."""
+    queries = list(effective_queries(KEYED))
+    records = list(generate_rfid(2000, seed=6))
+    catalog = Engine(dead_letters=DeadLetters())
+    for name, p in queries:
+        catalog.register(p, name=name)
+    path = tmp_path / "ck.json"
+    first = Lines()
+    workers = Workers(queries, 2, first, DeadLetters(), slice_events=100, max_delay=30)
+    try:
+        events = stream_of(records)
+        for i in range(0, 1200, 100):
+            workers.process_batch(events[i:i + 100])
+        workers.checkpoint(str(path), catalog, {})
+        before = list(first)
+        workers.process_batch(events[1200:1500])  # ... then the process dies
+    finally:
+        workers.close()
+    stored = read_checkpoint(str(path))
+    sequencer = Sequencer.restore(stored["workers"]["sequencer"], dead_letters=DeadLetters())
+    assert 1100 < sequencer.next_seq <= 1200  # (events within max_delay of the last are held in its reorder buffer)
+    second = Lines()
+    workers = Workers(queries, 2, second, DeadLetters(), slice_events=100, sequencer=sequencer,
+                      resume={"workers": stored["workers"], "folder": str(tmp_path)})
+    try:
+        rest = [ev for ev in stream_of(records) if ev.seq >= sequencer.next_seq]
+        for i in range(0, len(rest), 100):
+            workers.process_batch(rest[i:i + 100])
+        workers.flush()
+    finally:
+        workers.close()
+    expected = one_engine(queries, stream_of(records), max_delay=30)
+    assert Counter(json.dumps(m, sort_keys=True) for m in before + second) == expected
 
 
 def test_cli_feedback_refusal_is_one_line(capsys, feed):

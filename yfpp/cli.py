@@ -308,7 +308,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     feedback_opts = {k: v for k, v in (("full_events", args.events), ("max_feedback_depth", args.max_feedback_depth),
                                        ("max_derived_per_event", args.max_derived)) if v is not None}  # (else: the
     # checkpoint's with --restore, the engine's defaults without)
-    skip = None
+    skip = sequencer = None
     if args.restore:
         from yfpp.state.checkpoint import SkipConsumed
 
@@ -323,7 +323,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         reported = stored.get("dead_letters_reported", -1)
         if type(reported) is not int:
             raise YfppError("corrupt checkpoint: dead_letters_reported is not an integer")
-        skip = SkipConsumed(engine, dead, reported)  # records the checkpoint consumed: neither matched nor reported again
+        if "workers" in stored:  # written by workers: their reorder buffer says what was consumed
+            from yfpp.workers import Sequencer
+
+            sequencer = Sequencer.restore(stored["workers"].get("sequencer") or {}, dead_letters=dead)
+        skip = SkipConsumed(sequencer or engine, dead, reported)  # records the checkpoint consumed: neither matched nor reported again
     elif not args.query:
         raise YfppError("give at least one query with -q (or --restore FILE)")
     else:
@@ -331,7 +335,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         engine = build_engine(args.query, window_unit(args.ts_unit, args.ts_format), max_delay=args.max_delay or 0.0,
                               dead_letters=dead, policy=args.policy, **caps,
                               **feedback_opts, strategy=args.strategy or "direct")
-    workers = _workers(args)
+    workers = _workers(args, stored)
     show = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
     live = is_live_input(args.input)
     source, progress = args.input, None
@@ -364,12 +368,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             out = OrderedMatches(out, [str(plan.name) for plan in plans])
         try:
             if workers > 1:
-                pool = _start_workers(engine, workers, out, dead, caps, args, live)
+                pool = _start_workers(engine, workers, out, dead, caps, args, live, stored, sequencer)
             write_matches(engine if pool is None else pool,
                           events if skip is None else skip.batches(events, vocabulary.note), out, progress,
                           (args.checkpoint, args.checkpoint_every,
                            lambda: {"reader": reading, "dead_letters_reported": dead.last_seq}) if args.checkpoint else None,
-                          vocabulary)
+                          vocabulary, engine)
         except KeyboardInterrupt:
             interrupted = True
         finally:
@@ -398,32 +402,41 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run_status(args, events, dead.by_reason, skip.skipped if skip is not None else Counter(), interrupted)
 
 
-def _workers(args: argparse.Namespace) -> int:
-    """``--workers``' count (else $YFPP_WORKERS', else 1); with more than one, the options they cannot take are refused."""
+def _workers(args: argparse.Namespace, stored: dict | None) -> int:
+    """``--workers``' count (else $YFPP_WORKERS', else 1; with ``--restore``, else the checkpoint's): a checkpoint
+    is resumed by as many workers as wrote it."""
     from yfpp.workers import worker_count
 
-    text = args.workers if args.workers is not None else os.environ.get("YFPP_WORKERS", "1")
-    n = worker_count(text)
-    if n > 1:
-        refused = [flag for flag, v in (("--checkpoint", args.checkpoint), ("--restore", args.restore)) if v]
-        if refused:
-            raise YfppError(f"{', '.join(refused)} with --workers {text}: not supported yet; "
-                            "run with --workers 1 (docs/operations.md: Workers)")
+    written = (stored["workers"].get("n") if isinstance(stored["workers"], dict) else None) \
+        if stored is not None and "workers" in stored else 1 if stored is not None else None
+    if written is not None and (type(written) is not int or written < 1):
+        raise YfppError("corrupt checkpoint: bad 'workers' entry")
+    text = args.workers if args.workers is not None else os.environ.get("YFPP_WORKERS") if written is None \
+        else str(written)
+    n = worker_count(text or "1")
+    if written is not None and n != written:
+        raise YfppError(f"the checkpoint was written by {written} worker{'s' if written > 1 else ''}: "
+                        f"restore it with --workers {written}")
     return n
 
 
 def _start_workers(engine: Engine, n: int, out: Any, dead: DeadLetters, caps: dict[str, Any],
-                   args: argparse.Namespace, live: bool) -> Any:
+                   args: argparse.Namespace, live: bool, stored: dict | None, sequencer: Any) -> Any:
     """The :class:`yfpp.workers.Workers` running ``engine``'s queries (as registered: names, policies) in ``n``
-    processes; ``live``: the input is live (each batch is sent on at once)."""
+    processes; ``live``: the input is live (each batch is sent on at once); ``stored``, ``sequencer``: the
+    checkpoint to resume from (``--restore``) and its restored reorder buffer."""
     from yfpp.workers import Workers
+
+    resume = None
+    if stored is not None and sequencer is not None:
+        resume = {"workers": stored["workers"], "folder": os.path.dirname(args.restore) or "."}
 
     queries = [(name, pattern) for _, (pattern, _, name) in sorted(engine.sources.items())]
     opts = {k: v for k, v in caps.items() if v is not None and k != "max_held"}
     return Workers(queries, n, out, dead, full_events=bool(args.events),
                    feedback_limits=(engine.feedback.max_depth, engine.feedback.max_derived),
                    engine_opts={**opts, "strategy": engine.strategy}, live=live, max_delay=engine.max_delay,
-                   max_held=engine.max_held)
+                   max_held=engine.max_held, resume=resume, sequencer=sequencer)
 
 
 class InputFeed:
@@ -472,14 +485,15 @@ def _open_input(path: str) -> BinaryIO:
         raise YfppError(f"cannot read {path!r}: {e.strerror or e}") from e
 
 
-def write_matches(engine: Engine, batches: Iterable[list[Event]], out: MatchWriter, progress: Progress | None,
+def write_matches(engine: Any, batches: Iterable[list[Event]], out: MatchWriter, progress: Progress | None,
                   checkpoint: tuple[str, int, Callable[[], dict]] | None = None,
-                  vocabulary: Vocabulary | None = None) -> int:
-    """Stream batches of events through the engine, writing matches as they complete; return the event count.
+                  vocabulary: Vocabulary | None = None, catalog: Engine | None = None) -> int:
+    """Stream batches of events through the engine (or a :class:`yfpp.workers.Workers`), writing matches as they
+    complete; return the event count.
 
     With ``checkpoint = (path, every, extra)`` the engine's state (and the fields ``extra()`` gives) is
-    written to ``path`` every ``every`` events, after the matches written so far are flushed;
-    ``vocabulary`` notes each batch's types and attribute names.
+    written to ``path`` every ``every`` events, after the matches written so far are flushed (workers: with
+    ``catalog``, the engine holding their queries); ``vocabulary`` notes each batch's types and attribute names.
     """
     n = 0
     process = engine.process_batch
@@ -493,8 +507,11 @@ def write_matches(engine: Engine, batches: Iterable[list[Event]], out: MatchWrit
             if every and n % every == 0:
                 from yfpp.state.checkpoint import write_checkpoint
 
-                out.flush()
-                write_checkpoint(engine, checkpoint[0], checkpoint[2]())
+                if isinstance(engine, Engine):
+                    out.flush()
+                    write_checkpoint(engine, checkpoint[0], checkpoint[2]())
+                else:  # workers: each writes its engines, then the manifest (yfpp.workers.Workers.checkpoint)
+                    engine.checkpoint(checkpoint[0], catalog, checkpoint[2]())
         if progress is not None:
             progress.update(n, engine)
     engine.flush(out)  # (matches into the writer as they are made: the end can complete many windows)

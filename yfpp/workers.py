@@ -34,6 +34,7 @@ from yfpp.engine import Engine
 from yfpp.errors import YfppError
 from yfpp.input.dead_letters import DeadLetters
 from yfpp.input.events import MISSING, Event
+from yfpp.state.checkpoint import write_checkpoint, write_json
 from yfpp.output.stats import run_figures
 from yfpp.spark.plan import Group, Runner, Slicing, XmlEvent, group_queries, needs_xml
 
@@ -78,13 +79,15 @@ class Workers:
     options (caps, ``merge_runs``, ``strategy``); ``dead``: where late events and the workers' dead
     letters (events whose processing failed) are reported; ``slice_events``: see :data:`SLICE_EVENTS`;
     ``live``: the input is live (a pipe, a socket), so each batch is sent at once rather than gathered;
-    ``max_delay``, ``max_held``: the reorder buffer's, as one engine's (:class:`Sequencer`).
+    ``max_delay``, ``max_held``: the reorder buffer's, as one engine's (:class:`Sequencer`); ``resume``: a
+    checkpoint's data (:meth:`checkpoint`) and the ``folder`` of its files, with its restored ``sequencer``.
     """
 
     def __init__(self, queries: Sequence[tuple[Any, Any]], n: int, out: Any, dead: DeadLetters, *,
                  full_events: bool = False, feedback_limits: tuple[int, int] | None = None,
                  engine_opts: dict[str, Any] | None = None, slice_events: int = SLICE_EVENTS, live: bool = False,
-                 max_delay: float = 0.0, max_held: int | None = None):
+                 max_delay: float = 0.0, max_held: int | None = None, resume: dict[str, Any] | None = None,
+                 sequencer: "Sequencer | None" = None):
         limits = {"feedback_limits": feedback_limits} if feedback_limits is not None else {}
         self.groups = group_queries(queries, full_events=full_events, runner=WORKERS, **limits)
         self.names = [str(name) for name, _ in queries]
@@ -99,10 +102,13 @@ class Workers:
         self.slicings: dict[int, Slicing | None] = {}  # a sliced group's, fixed at the first batch
         self._open = {g: 0 for g, grp in enumerate(self.groups) if grp.sliced}  # its first slice not yet closed
         self._mark = float("-inf")  # the stream time: the ts of the last event routed
-        self._sequencer = Sequencer(max_delay=max_delay, max_held=max_held, dead_letters=dead)
+        self._sequencer = sequencer or Sequencer(max_delay=max_delay, max_held=max_held, dead_letters=dead)
         self._error: str | None = None  # a worker's failure
         self._failure: BaseException | None = None  # the collector's failed write
         self.stats = Tally()  # for the progress line: the matches written so far
+        self._acked = threading.Condition()  # the workers that wrote their part of a checkpoint
+        self._acks = 0
+        self._files: list[str] = []  # the workers' files of the last checkpoint
         self._figures: list[dict] = []
         ctx = _context()
         self._results = ctx.Queue()
@@ -115,6 +121,8 @@ class Workers:
         self._started = False
         self._collector = threading.Thread(target=self._collect, name="yfpp-collector", daemon=True)
         self._collector.start()
+        if resume is not None:
+            self._resume(resume["workers"], resume["folder"])
 
     # --- routing ----------------------------------------------------------------------------
 
@@ -190,8 +198,12 @@ class Workers:
             w = self.groups[g].window
             length = max(w, self.slice_events / rate if rate else w)
             self.slicings[g] = Slicing(t0, length, w) if length > 0 else None
+        self._begin()
+
+    def _begin(self, restore: Sequence[str | None] | None = None) -> None:
+        """The workers' first message: the slicings, and each one's checkpoint file to restore."""
         for i in range(self.n):
-            self._put(i, dict(self.slicings))
+            self._put(i, {"slicings": dict(self.slicings), "restore": restore[i] if restore else None})
         self._started = True
 
     def _closing(self, ts: float, end: bool = False) -> list[list[tuple[int, int]]]:
@@ -249,6 +261,10 @@ class Workers:
                 except BaseException as e:  # a failed write (a full disk, the reader gone): the run stops
                     self._failure = e
                     return
+            elif kind == "checkpointed":
+                with self._acked:
+                    self._acks += 1
+                    self._acked.notify()
             elif kind == "done":
                 self._figures.append(payload)
                 done += 1
@@ -275,6 +291,58 @@ class Workers:
         for p in self._procs:
             p.join()
         return out
+
+    def checkpoint(self, path: str, catalog: Engine, extra: dict[str, Any]) -> None:
+        """Write a checkpoint: each worker's engines to ``PATH.wI.K`` (K counts the checkpoints), then — once every
+        worker wrote its file and its matches before it were written and flushed — the manifest ``path``:
+        ``catalog``'s snapshot (the queries and options, as one engine's checkpoint) with ``extra`` and
+        ``"workers"``: their count and files, the reorder buffer's state, the slicings. A crash leaves the
+        previous manifest and the files it names intact (the older files are removed after the rename)."""
+        if not self._started:
+            self._start([])
+        self._send(self._closing(self._mark))
+        name = os.path.basename(path)
+        generation = int(self._files[0].rsplit(".", 1)[1]) + 1 if self._files else 1
+        files = [f"{name}.w{i}.{generation}" for i in range(self.n)]
+        folder = os.path.dirname(path) or "."
+        with self._acked:
+            self._acks = 0
+        for i, f in enumerate(files):
+            self._put(i, os.path.join(folder, f))
+        with self._acked:
+            while self._acks < self.n:
+                self._check()
+                if not all(p.is_alive() for p in self._procs):
+                    raise YfppError("a worker stopped before it wrote its checkpoint")
+                self._acked.wait(_POLL)
+        self.out.flush()
+        write_checkpoint(catalog, path, {**extra, "workers": {
+            "n": self.n, "files": files, "sequencer": self._sequencer.snapshot(), "mark": self._mark,
+            "slicings": {str(g): None if sl is None else [sl.t0, sl.length, sl.window] for g, sl in self.slicings.items()},
+            "open": {str(g): s for g, s in self._open.items()}}})
+        for old in self._files:
+            try:
+                os.unlink(os.path.join(folder, old))
+            except OSError:
+                pass
+        self._files = files
+
+    def _resume(self, saved: dict[str, Any], folder: str) -> None:
+        """Start from a checkpoint's ``"workers"`` entry (its files in ``folder``)."""
+        try:
+            self.slicings = {int(g): None if sl is None else Slicing(*sl) for g, sl in saved["slicings"].items()}
+            self._open = {int(g): int(s) for g, s in saved["open"].items()}
+            self._mark = float(saved["mark"])
+            files = [os.path.join(folder, f) for f in saved["files"]]
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise YfppError(f"corrupt checkpoint: bad 'workers' entry ({e})") from None
+        if set(self.slicings) != set(self._open) or len(files) != self.n:
+            raise YfppError("corrupt checkpoint: its 'workers' entry does not fit its queries")
+        missing = [f for f in files if not os.path.isfile(f)]
+        if missing:
+            raise YfppError(f"cannot read checkpoint {missing[0]}: No such file (a worker's part of the checkpoint)")
+        self._files = list(saved["files"])
+        self._begin(files)
 
     def figures(self, events: int, elapsed: float) -> dict[str, Any]:
         """The ``--stats`` figures of the run (:func:`yfpp.output.stats.run_figures`' keys), summed over the
@@ -392,7 +460,8 @@ class _Collect(DeadLetters):
 
 def _work(index: int, inbox: Any, results: Any, groups: list[Group], engine_opts: dict[str, Any]) -> None:
     """A worker: engines per (group, slice) fed the routed rows; matches (a slice's: those starting in it)
-    and dead letters back after each message; the figures at the end."""
+    and dead letters back after each message; its state into a file at a checkpoint (a message that is a
+    path); the figures at the end. Its first message gives the slicings and the file to restore, if any."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     gc.freeze()  # as yfpp run: runs, buffered events and matches form no reference cycles
     gc.set_threshold(100_000, 50, 100)
@@ -402,7 +471,13 @@ def _work(index: int, inbox: Any, results: Any, groups: list[Group], engine_opts
         figures: dict[str, Any] = {}
         kept: Counter[str] = Counter()
         events = 0
-        slicings: dict[int, Slicing | None] = inbox.get()
+        start = inbox.get()
+        slicings: dict[int, Slicing | None] = start["slicings"]
+        if start["restore"] is not None:  # the engines, figures and match counts of a checkpoint
+            with open(start["restore"], encoding="utf-8") as f:
+                saved = json.load(f)
+            engines = {(g, s): Engine.restore(snap, dead_letters=dead) for g, s, snap in saved["engines"]}
+            figures, kept, events = saved["figures"], Counter(saved["kept"]), saved["events"]
 
         def keep(found: list[dict], g: int, s: int, into: list[dict]) -> None:
             sl = slicings.get(g)
@@ -420,6 +495,11 @@ def _work(index: int, inbox: Any, results: Any, groups: list[Group], engine_opts
             _add(figures, f)
 
         while (msg := inbox.get()) is not None:
+            if type(msg) is str:  # a checkpoint: this worker's state into the file msg names
+                write_json({"engines": [[g, s, eng.snapshot()] for (g, s), eng in engines.items()],
+                            "figures": figures, "kept": kept, "events": events}, msg)
+                results.put((index, "checkpointed", msg))
+                continue
             routed, closes = msg
             out: list[dict] = []
             for (g, s), rows in routed:
