@@ -11,8 +11,8 @@ The parent reads and parses the input with the one reader (so ``seq`` numbers, d
 events are the stream's: an event behind the stream time is reported here, as one engine would),
 routes each batch — compact tuples ``(type, ts, attrs, seq[, xml])`` per engine, pickled — and writes
 the matches the workers send back, each worker's in its stream order (so per key in stream order).
-Reading in the parent is the faster choice on two cores: a worker that read the input itself would
-parse every record, its partition's or not (see benchmarks/RESULTS.md, "Workers").
+Shipping an event costs more CPU than reading it (benchmarks/RESULTS.md, "Workers"); one reader keeps the
+stream's order, numbering and dead letters one engine's and reads a pipe or MQTT feed, which can be read once.
 """
 
 from __future__ import annotations
