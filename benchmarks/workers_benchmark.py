@@ -29,10 +29,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_common import commit  # noqa: E402
-from spark_vs_run import cores_for_two, timed  # noqa: E402
+from bench_common import commit
+from spark_vs_run import cores_for_two, timed
 
-from yfpp.input.generate import generate_rfid, generate_stock, write_events  # noqa: E402
+from yfpp.input.generate import generate_rfid, generate_stock, write_events
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(tempfile.gettempdir()) / "yfpp-workers-bench"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -149,7 +150,7 @@ def test_cli_ordered_lines_are_the_same_for_one_and_two_workers(capsys, feed):
 
 
 def test_cli_stats_and_dead_letters_are_summed_over_the_workers(capsys, tmp_path, feed):
-    records = [json.loads(line) for line in open(feed)][:400]
+    records = [json.loads(line) for line in Path(feed).read_text().splitlines()][:400]
     records.insert(50, {"type": "shelf", "ts": 0, "tag_id": "late"})  # behind the stream time: a late event
     lines = [json.dumps(r) for r in records]
     lines.insert(10, "{not json")
@@ -159,7 +160,7 @@ def test_cli_stats_and_dead_letters_are_summed_over_the_workers(capsys, tmp_path
     for n in ("1", "2"):
         stats = tmp_path / f"stats{n}.json"
         dead = tmp_path / f"dead{n}.jsonl"
-        code, out, err = run(capsys, "run", "-q", *QUERIES, "-i", str(path), "--workers", n,
+        code, _, err = run(capsys, "run", "-q", *QUERIES, "-i", str(path), "--workers", n,
                              "--stats-json", str(stats), "--dead-letters", str(dead))
         assert code == 0, err
         figures[n] = json.loads(stats.read_text())
@@ -182,14 +183,14 @@ def test_cli_checkpoint_and_restore_with_workers(capsys, tmp_path, feed):
     manifest = json.loads(ck.read_text())
     assert manifest["workers"]["n"] == 2 and sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["ck.json", *manifest["workers"]["files"]])
-    code, out, err = run(capsys, "run", "--restore", str(ck), "-i", feed, "--workers", "1")
+    code, _, err = run(capsys, "run", "--restore", str(ck), "-i", feed, "--workers", "1")
     assert code == 2 and "the checkpoint was written by 2 workers: restore it with --workers 2" in err
     code, rest, err = run(capsys, "run", "--restore", str(ck), "-i", feed)
     assert code == 0, err
     assert set(rest.splitlines()) <= set(full.splitlines()) and 0 < len(rest.splitlines()) < len(full.splitlines())
     one = tmp_path / "one.json"
     assert run(capsys, "run", "-q", QUERIES[0], "-i", feed, "--checkpoint", str(one), "--checkpoint-every", "1000")[0] == 0
-    code, out, err = run(capsys, "run", "--restore", str(one), "-i", feed, "--workers", "2")
+    code, _, err = run(capsys, "run", "--restore", str(one), "-i", feed, "--workers", "2")
     assert code == 2 and "written by 1 worker: restore it with --workers 1" in err and "Traceback" not in err
 
 
@@ -238,7 +239,7 @@ def test_a_checkpoint_of_the_workers_resumes_exactly_once(tmp_path):
 
 
 def test_cli_feedback_refusal_is_one_line(capsys, feed):
-    code, out, err = run(capsys, "run", "-q", "PATTERN SEQ(shelf a, exit c) WITHIN 60 RETURN out(tag = a.tag_id) FEEDBACK",
+    code, _, err = run(capsys, "run", "-q", "PATTERN SEQ(shelf a, exit c) WITHIN 60 RETURN out(tag = a.tag_id) FEEDBACK",
                          "-i", feed, "--workers", "2")
     assert code == 2 and err.startswith("yfpp: error: query 'q': with --workers a feedback query needs an equivalence list")
 

@@ -7,9 +7,9 @@ window (:class:`~yfpp.spark.plan.Slicing`, slices dealt round-robin, each slice'
 matches that start in it), and a **whole** group (no window, or ``non_overlapping`` without a key) runs
 in one worker. Each worker runs one engine per group and slice; together they find one engine's matches.
 
-The parent reads and parses the input with the one reader (so ``seq`` numbers, dead letters and late
-events are the stream's: an event behind the stream time is reported here, as one engine would),
-routes each batch — compact tuples ``(type, ts, attrs, seq[, xml])`` per engine, pickled — and writes
+The parent reads and parses the input with the one reader and puts the events through one engine's
+reorder buffer (:class:`Sequencer`: ``seq`` numbers, dead letters, late events and stream order are one
+engine's), routes them — compact tuples ``(type, ts, attrs, seq[, xml])`` per engine, pickled — and writes
 the matches the workers send back, each worker's in its stream order (so per key in stream order).
 Shipping an event costs more CPU than reading it (benchmarks/RESULTS.md, "Workers"); one reader keeps the
 stream's order, numbering and dead letters one engine's and reads a pipe or MQTT feed, which can be read once.
@@ -87,7 +87,7 @@ class Workers:
                  full_events: bool = False, feedback_limits: tuple[int, int] | None = None,
                  engine_opts: dict[str, Any] | None = None, slice_events: int = SLICE_EVENTS, live: bool = False,
                  max_delay: float = 0.0, max_held: int | None = None, resume: dict[str, Any] | None = None,
-                 sequencer: "Sequencer | None" = None):
+                 sequencer: Sequencer | None = None):
         limits = {"feedback_limits": feedback_limits} if feedback_limits is not None else {}
         self.groups = group_queries(queries, full_events=full_events, runner=WORKERS, **limits)
         self.names = [str(name) for name, _ in queries]
