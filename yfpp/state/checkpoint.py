@@ -512,6 +512,11 @@ def write_checkpoint(engine, path: str | os.PathLike[str], extra: dict | None = 
     data = snapshot(engine)
     if extra:
         data.update(extra)
+    write_json(data, path)
+
+
+def write_json(data: Any, path: str | os.PathLike[str]) -> None:
+    """``data`` as JSON in ``path``, atomically: a temp file in the same directory, fsync, rename."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent or ".")
     try:
