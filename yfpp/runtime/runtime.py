@@ -85,7 +85,7 @@ class Runtime(EventSteps, RunMoves, Acceptance):
     def __init__(self, max_runs: int = 250_000, max_buffer: int = 1_000_000,
                  on_error: Callable[[Event, Exception], None] | None = None,
                  report: Callable[[str], None] | None = None, merge_runs: bool = False) -> None:
-        self.max_runs = max_runs  # per branch of the shared NFA (see ``yfpp.runtime.caps``)
+        self.max_runs = max_runs  # per query, checked per branch of the shared NFA (see ``yfpp.runtime.caps``)
         self.max_buffer = max_buffer
         self.on_error = on_error or _raise
         self.report = report or (lambda msg: None)
