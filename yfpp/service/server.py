@@ -45,6 +45,7 @@ from yfpp.service.accounting import Usage
 from yfpp.service.config import ServiceConfig
 from yfpp.service.errors import RequestError
 from yfpp.service.feeds import FeedClosed, FeedLimits, SharedDeadLetters, TcpFeed, pump, start_input
+from yfpp.service.mqtt_api import ApiFeeds
 from yfpp.service.registry import Registry, RegistryError
 from yfpp.service.sink_policy import SinkPolicy, SinkRefused
 from yfpp.service.subscriptions import SUBSCRIPTION_ID, Subscription, SubscriptionSpec, Totals
@@ -109,7 +110,8 @@ class Service:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.http_socket: socket.socket | None = None
         self.feeds: list[TcpFeed] = []
-        self.mqtt_feeds: list[mqtt.MqttFeed] = []
+        self.mqtt_feeds: list[mqtt.MqttFeed] = []  #: those of the configuration
+        self.api_feeds = ApiFeeds(self.registry, self.sink_policy, self.put, self.dead_letters, self.read_opts)
         self._engine_thread: threading.Thread | None = None
         self.stopping = threading.Event()  #: set when shutdown begins: feeds and pull streams end
         self._last_ts = self.engine.latest_ts  # largest ts fed, and the wall time it came (for advance_idle)
@@ -171,6 +173,7 @@ class Service:
             feed.start()
         for path in self.config.inputs:
             start_input(path, self.config.input_format, self.put, self.dead_letters, self.read_opts)
+        await asyncio.to_thread(self.api_feeds.start_stored)
         log.info("service started", extra={
             "http": f"{self.config.host}:{self.port}", "restored_checkpoint": self.restored,
             "feeds": {f.fmt: f.port for f in self.feeds}, "subscriptions": len(self.subs)})
@@ -179,7 +182,7 @@ class Service:
         """Stop feeds, let the engine thread finish its inbox and checkpoint, give senders a second, keep
         what they still hold for the next start, close."""
         self.stopping.set()
-        for feed in [*self.feeds, *self.mqtt_feeds]:
+        for feed in [*self.feeds, *self.mqtt_feeds, self.api_feeds]:
             await asyncio.to_thread(feed.stop)
         self.ingest.shutdown(wait=False)  # (bodies still waiting are refused: put raises FeedClosed)
         if self._engine_thread is not None:
@@ -603,7 +606,7 @@ class Service:
                 "dead_letters_suppressed": self.dead_letters.suppressed, "dead_letters_error": self.dead_letters.failing,
                 "live_runs": self.engine.stats.live_runs, "subscriptions": len(self.subs),
                 "inbox": self.inbox.qsize(), "feeds": {f.fmt: f.port for f in self.feeds},
-                "mqtt": [f.info() for f in self.mqtt_feeds],
+                "mqtt": [f.info() for f in self.mqtt_feeds] + self.api_feeds.all(),
                 "checkpoints": self.checkpoint_path is not None, "last_checkpoint_error": self.last_checkpoint_error}
 
 
