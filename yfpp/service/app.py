@@ -154,7 +154,7 @@ def create_app(service: Service) -> FastAPI:
                     quiet = 0.0
                     yield b"".join(f"id: {r['id']}\ndata: {json.dumps(r, separators=(',', ':'))}\n\n".encode()
                                    for r in batch)
-                    sub.pull.add("delivered", len(batch))
+                    box.delivered()
                     box.in_flight = 0
             finally:
                 sub.listeners.discard(box)
