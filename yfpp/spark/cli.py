@@ -210,7 +210,10 @@ def _spark_job(args: argparse.Namespace) -> int:
 
     active = SparkSession.getActiveSession()
     owned = active is None
-    from yfpp.spark.costs import ClassArchive, process_age, tree_cpu_by_kind
+    from yfpp.spark.costs import ClassArchive, keep_orphans, process_age, tree_cpu_by_kind, tree_cpu_seconds
+
+    if owned:
+        keep_orphans()  # a Python worker whose daemon dies first stays in the tree --stats counts
 
     started, cpu = time.perf_counter(), tree_cpu_by_kind()
     driver_start = ("driver: start, imports", process_age(), {"driver": time.process_time()})
@@ -285,7 +288,7 @@ def _spark_job(args: argparse.Namespace) -> int:
         if interrupt is not None:
             interrupt.close()
         if owned:
-            stopping = time.perf_counter()
+            stopping, stop_cpu = time.perf_counter(), tree_cpu_seconds()
             try:
                 spark.stop()
             except Exception:  # the JVM has died: the job's failure says why
@@ -294,7 +297,9 @@ def _spark_job(args: argparse.Namespace) -> int:
             archive.finish(SparkContext)
             if args.stats and not args.stream:
                 what = "stop session, write the class archive" if archive.writing else "stop session"
-                print(f"{what:<34} {time.perf_counter() - stopping:6.2f}  (wall s, after the steps)", file=sys.stderr)
+                total = tree_cpu_seconds()
+                print(f"{what:<34} {time.perf_counter() - stopping:6.2f}  (wall s, after the steps; "
+                      f"{total - stop_cpu:.1f} CPU s)\nprocess CPU s, the whole run  {total:.1f}", file=sys.stderr)
         for k, v in saved.items():
             if v is None:
                 spark.conf.unset(k)
