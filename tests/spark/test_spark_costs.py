@@ -94,3 +94,95 @@ def test_no_archive_for_a_jvm_this_command_does_not_start(tmp_path, monkeypatch)
 
 def test_process_age_is_the_wall_time_since_the_process_started():
     assert 0 < process_age() < 24 * 3600
+
+
+#: Runs a command as a child subreaper (its orphans come back to it), reaps every descendant, prints
+#: their CPU seconds: the process tree's CPU, measured from outside.
+_MEASURE = """
+import ctypes, os, resource, subprocess, sys
+ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)
+code = subprocess.call(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=open(os.environ["ERR"], "w"))
+while True:
+    try:
+        os.wait()
+    except ChildProcessError:
+        break
+r = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(code, r.ru_utime + r.ru_stime)
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc") or not sys.platform.startswith("linux"), reason="Linux: /proc, prctl")
+def test_stats_counts_the_cpu_of_the_whole_process_tree_workers_that_exited_too(tmp_path):
+    """A small event-set job whose Python workers exit after each task (no reuse): the total ``--stats``
+    reports is the process tree's CPU (every process reaped, orphans too) within 10 %; no step's CPU
+    is negative."""
+    from pathlib import Path
+
+    from yfpp.input.generate import generate_rfid, write_events
+
+    root = Path(__file__).resolve().parent.parent
+    write_events(generate_rfid(20_000, tags=50, gap=3, seed=7), tmp_path / "feed.jsonl")
+    query = "PATTERN SEQ(shelf a, {exit b, exit c}) WHERE [tag_id] WITHIN 1 hour"
+    cmd = [sys.executable, "-m", "yfpp", "spark", "-q", query, "-i", str(tmp_path / "feed.jsonl"), "-o",
+           str(tmp_path / "out"), "--master", "local[2]", "--plan", "shuffle", "--stats",
+           "--conf", "spark.python.worker.reuse=false"]
+    err = tmp_path / "stderr.txt"
+    measured = subprocess.run([sys.executable, "-c", _MEASURE, *cmd], capture_output=True, text=True, timeout=300, cwd=root,
+                              env={**os.environ, "PYTHONPATH": str(root), "ERR": str(err)})
+    code, tree = measured.stdout.split()
+    text = err.read_text()
+    assert code == "0", text
+    reported = float(text.rsplit("process CPU s, the whole run", 1)[1].split()[0])
+    assert abs(reported - float(tree)) <= 0.1 * float(tree), (reported, tree, text)
+    steps = text.split("time per step:")[1].split("process CPU s")[0]
+    cpu = [float(x) for line in steps.splitlines() if line.startswith("  ") and not line.startswith("      ")
+           for x in line.split()[-3:] if line.split()[-1].replace(".", "").replace("-", "").isdigit()]
+    assert cpu and min(cpu) >= -0.05, steps
+
+
+#: A stand-in for Spark's Python daemon: waits to be seen, forks three workers that each burn 0.3 CPU-s
+#: and exit (reaped by it), burns 0.1 CPU-s itself and exits.
+_DAEMON = """
+import os, sys, time
+def burn(s):
+    t = time.process_time()
+    while time.process_time() - t < s:
+        pass
+sys.stdin.readline()
+for _ in range(3):
+    pid = os.fork()
+    if pid == 0:
+        burn(0.3)
+        os._exit(0)
+    os.waitpid(pid, 0)
+burn(0.1)
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="Linux: /proc")
+def test_the_ledger_keeps_exited_workers_in_their_kind_and_never_goes_back():
+    """The daemon's workers exit early and it exits too (reaped by this process): their seconds stay
+    Python workers' (the sum of live processes' times moved them to the parent's column), none lost."""
+    import resource
+
+    from yfpp.spark.costs import CpuLedger
+
+    ledger = CpuLedger(os.getpid())
+    before, reaped = ledger.sample(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    daemon = subprocess.Popen([sys.executable, "-c", _DAEMON], stdin=subprocess.PIPE, text=True)
+    samples = []
+    while not samples or samples[-1]["Python workers"] == before["Python workers"]:  # seen (its start-up counted)
+        samples.append(ledger.sample())
+    daemon.stdin.write("go\n")
+    daemon.stdin.flush()
+    while daemon.poll() is None:
+        samples.append(ledger.sample())
+    samples.append(ledger.sample())
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    used = after.ru_utime + after.ru_stime - reaped.ru_utime - reaped.ru_stime
+    workers = samples[-1]["Python workers"] - before["Python workers"]
+    assert abs(workers - used) <= 0.1 * used, (workers, used)
+    assert workers >= 1.0 - 0.05
+    for earlier, later in zip(samples, samples[1:]):
+        assert all(later[k] >= earlier[k] - 0.02 for k in later), (earlier, later)

@@ -12,6 +12,8 @@ import random
 from collections import Counter, defaultdict
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from yfpp.input.dead_letters import DeadLetters
 from yfpp.engine import Engine
@@ -269,3 +271,22 @@ def test_readers_key_hashes_and_what_travels():
     assert not needs_xml(groups) and ("tag_id",) in hashable_keys(groups)
     assert needs_xml(group_queries(effective_queries(["[tag_id]&&//shelf[@zone='Z1']//exit&&(1 hour)"])))
     assert hashable_keys(group_queries(effective_queries(["PATTERN SEQ(a x, b y) WHERE [seq] WITHIN 5"]))) == []
+
+
+_SCALARS = (st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8)
+            | st.sampled_from([2**63 - 1, 2**63, -2**63, -2**63 - 1, 10**30, 2.0**63, 1e300, float("nan"), float("inf")]))
+_ATTRS = st.dictionaries(st.text(max_size=6), _SCALARS | st.lists(_SCALARS, max_size=3)
+                         | st.dictionaries(st.text(max_size=3), _SCALARS, max_size=3), max_size=6)
+
+
+@settings(max_examples=500, deadline=None)
+@given(_ATTRS)
+def test_load_attrs_reads_what_the_readers_write_as_the_standard_library_does(attrs):
+    """orjson where it is exact; the standard library for big integers, NaN/Infinity and nested values."""
+    from yfpp.spark.parse import _json
+    from yfpp.spark.plan import load_attrs
+
+    for text in {_json(attrs), json.dumps(attrs), json.dumps(attrs, separators=(",", ":"))}:
+        text = text.decode() if isinstance(text, bytes) else text
+        got, want = load_attrs(text), json.loads(text)
+        assert repr(got) == repr(want) and [type(v) for v in got.values()] == [type(v) for v in want.values()]

@@ -18,6 +18,7 @@ from urllib.parse import urlparse
 from yfpp import examples
 from yfpp.errors import QueryError, YfppError
 from yfpp.runtime.feedback import MAX_DEPTH, MAX_DERIVED
+from yfpp.spark.errors import Jvm, error_text, jvm_gone, known_cause, root_cause
 from yfpp.spark.inputs import PLANS, local_path, qualify, socket_address
 from yfpp.spark.starting import StartingSession
 from yfpp.language.pattern import Pattern
@@ -208,7 +209,10 @@ def _spark_job(args: argparse.Namespace) -> int:
 
     active = SparkSession.getActiveSession()
     owned = active is None
-    from yfpp.spark.costs import ClassArchive, process_age, tree_cpu_by_kind
+    from yfpp.spark.costs import ClassArchive, keep_orphans, process_age, tree_cpu_by_kind, tree_cpu_seconds
+
+    if owned:
+        keep_orphans()  # a Python worker whose daemon dies first stays in the tree --stats counts
 
     started, cpu = time.perf_counter(), tree_cpu_by_kind()
     driver_start = ("driver: start, imports", process_age(), {"driver": time.process_time()})
@@ -221,6 +225,7 @@ def _spark_job(args: argparse.Namespace) -> int:
         builder = builder.config("spark.log.level", "OFF")
     if quiet:
         logging.getLogger("py4j").setLevel(logging.CRITICAL)  # (its report of a failed foreachBatch too)
+        logging.getLogger().addFilter(_not_py4j)  # (py4j reports a connection the dead JVM dropped on the root logger)
     for cap in ("max_runs_per_query", "max_buffer_per_query"):  # the engines on the executors read these
         if getattr(args, cap) is not None:
             os.environ[f"YFPP_{cap.upper()}"] = str(getattr(args, cap))
@@ -254,32 +259,46 @@ def _spark_job(args: argparse.Namespace) -> int:
             starting.cancel()
             archive.finish(SparkContext)
         raise
-    except Exception as e:  # no JVM (JAVA_HOME, --master): one line
-        first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+    except YfppError:  # the cause found (StartingSession.result)
+        raise
+    except Exception as e:  # no JVM (JAVA_HOME, --master), and nothing said why: one line
+        first = next((ln.strip() for ln in error_text(e).splitlines() if ln.strip()), type(e).__name__)
         raise YfppError(f"cannot start Spark: {first} (Java 17 on PATH or JAVA_HOME? --master {args.master or 'local[*]'}?)") from None
     start_cpu = {k: v - cpu.get(k, 0.0) for k, v in tree_cpu_by_kind().items()}
     args.before_steps = [driver_start, (f"start JVM + session (queries {queries_wall:.2f} s alongside)",
                                         time.perf_counter() - started, start_cpu)] if owned else []
     interrupt = Interrupt(spark) if owned else None  # (a borrowed session's owner has its own Ctrl-C handling)
     args.interrupted = interrupt.hit if interrupt is not None else threading.Event()
-    if not args.partitions and not spark.sparkContext.getConf().contains("spark.sql.shuffle.partitions"):
-        spark.conf.set("spark.sql.shuffle.partitions", str(2 * spark.sparkContext.defaultParallelism))
+    failed = True
     try:
+        if not args.partitions and not spark.sparkContext.getConf().contains("spark.sql.shuffle.partitions"):
+            spark.conf.set("spark.sql.shuffle.partitions", str(2 * spark.sparkContext.defaultParallelism))
         code = (stream if args.stream else batch)(spark, queries, args)
+        failed = False
     except Exception as e:  # a failed Spark job: one line, not a Java and Python traceback
         if args.interrupted.is_set():  # a job cancelled, a query stopped by Ctrl-C
             raise KeyboardInterrupt from None
-        raise e if isinstance(e, YfppError) else YfppError(job_error(e)) from None
+        if isinstance(e, YfppError):
+            raise
+        text = error_text(e)  # (now: a Py4J error asks the JVM for its text)
+        jvm = starting.jvm(wait=5.0 if jvm_gone(text) else 0.0) if starting is not None else None
+        raise YfppError(job_error(e, spark.sparkContext.master, jvm, text)) from None
     finally:
         if interrupt is not None:
             interrupt.close()
         if owned:
-            stopping = time.perf_counter()
-            spark.stop()
+            stopping, stop_cpu = time.perf_counter(), tree_cpu_seconds()
+            try:
+                spark.stop()
+            except Exception:  # the JVM has died: the job's failure says why
+                if not failed:
+                    raise
             archive.finish(SparkContext)
             if args.stats and not args.stream:
                 what = "stop session, write the class archive" if archive.writing else "stop session"
-                print(f"{what:<34} {time.perf_counter() - stopping:6.2f}  (wall s, after the steps)", file=sys.stderr)
+                total = tree_cpu_seconds()
+                print(f"{what:<34} {time.perf_counter() - stopping:6.2f}  (wall s, after the steps; "
+                      f"{total - stop_cpu:.1f} CPU s)\nprocess CPU s, the whole run  {total:.1f}", file=sys.stderr)
         for k, v in saved.items():
             if v is None:
                 spark.conf.unset(k)
@@ -288,6 +307,11 @@ def _spark_job(args: argparse.Namespace) -> int:
     if args.interrupted.is_set():  # (Ctrl-C after the last job: its outputs are whole, but the user asked to stop)
         raise KeyboardInterrupt
     return code
+
+
+def _not_py4j(record: logging.LogRecord) -> bool:
+    """A log filter: drops what Py4J's gateway logs on the root logger."""
+    return os.path.basename(os.path.dirname(record.pathname)) != "py4j"
 
 
 class Interrupt:
@@ -342,9 +366,15 @@ def class_archive(args: argparse.Namespace, new_jvm: bool) -> str | None:
     return default_class_archive(confs)
 
 
-def job_error(e: BaseException) -> str:
-    """The one line that says why a Spark job failed: the reader's or file system's message."""
-    text = str(e)
+def job_error(e: BaseException, master: str | None = None, jvm: Jvm | None = None, text: str | None = None) -> str:
+    """The one line that says why a Spark job failed: a cause with a fix to name (out of memory, a
+    missing package or file system: :func:`~yfpp.spark.errors.known_cause`), the reader's or file
+    system's message, the Python exception, the root of the Java exception chain (``jvm``: what the
+    driver JVM said and its exit status, for when it died); ``text``: ``e``'s, when already taken."""
+    text = error_text(e) if text is None else text
+    known = known_cause(text, master, jvm)
+    if known:
+        return known
     for pattern in (r"yfpp\.errors\.\w+: (.+)", r"(?:FileNotFoundException|AccessDeniedException|IOException): (.+)",
                     r"\[PATH_ALREADY_EXISTS\] (.+?)(?: SQLSTATE|$)", r"\[(?:PATH_NOT_FOUND|TABLE_OR_VIEW_ALREADY_EXISTS)\] (.+?)(?: SQLSTATE|$)"):
         m = re.search(pattern, text, re.MULTILINE)
@@ -352,8 +382,9 @@ def job_error(e: BaseException) -> str:
             hint = " (--mode overwrite or append)" if "ALREADY_EXISTS" in pattern and "ALREADY_EXISTS" in text else ""
             return m.group(1).strip() + hint
     stream = re.search(r"\[STREAM_FAILED\] Query \[[^\]]*\] terminated with exception: ", text)
-    why = python_error(text) or next((ln.strip() for ln in text[stream.end() if stream else 0:].splitlines()
-                                      if ln.strip()), type(e).__name__)
+    rest = text[stream.end() if stream else 0:]
+    why = python_error(text) or root_cause(rest, jvm) or next((ln.strip() for ln in rest.splitlines() if ln.strip()),
+                                                              type(e).__name__)
     return f"{'streaming query' if stream else 'Spark job'} failed: {why}"
 
 

@@ -123,37 +123,120 @@ def process_age() -> float:
 
 
 def tree_cpu_seconds() -> float:
-    """CPU seconds of this process and all its live descendants (JVM, Python workers), with their
-    reaped children (Linux: from ``/proc``; NaN elsewhere)."""
+    """CPU seconds of this process and all its descendants (JVM, Python workers), those that have
+    exited too (:class:`CpuLedger`; Linux: from ``/proc``; NaN elsewhere)."""
     return sum(tree_cpu_by_kind().values()) if os.path.isdir("/proc") else float("nan")
 
 
 def tree_cpu_by_kind() -> dict[str, float]:
     """:func:`tree_cpu_seconds` split into ``driver`` (this process), ``JVM`` (``java`` processes)
-    and ``Python workers`` (every other descendant: Spark's Python daemon and its workers);
-    empty without ``/proc``."""
+    and ``Python workers`` (every other descendant: Spark's Python daemon and its workers), as
+    this process's :class:`CpuLedger` has counted them; empty without ``/proc``."""
+    global _ledger
     if not os.path.isdir("/proc"):
         return {}
-    stats: dict[int, tuple[str, list[str]]] = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            text = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue
-        head, _, rest = text.rpartition(")")
-        stats[int(pid)] = (head.partition("(")[2], rest.split())
-    me = os.getpid()
-    tree, grew = {me}, True
-    while grew:
-        new = {pid for pid, (_, f) in stats.items() if int(f[1]) in tree} - tree
-        tree |= new
-        grew = bool(new)
-    out = {"driver": 0.0, "JVM": 0.0, "Python workers": 0.0}
-    for pid in tree & stats.keys():
-        comm, f = stats[pid]
-        kind = "driver" if pid == me else "JVM" if comm == "java" else "Python workers"
-        out[kind] += sum(int(x) for x in f[11:15]) / os.sysconf("SC_CLK_TCK")  # utime stime cutime cstime
-    return out
+    if _ledger is None or _ledger.root != os.getpid():
+        _ledger = CpuLedger(os.getpid())
+    return _ledger.sample()
+
+
+_ledger: CpuLedger | None = None
+KINDS = ("driver", "JVM", "Python workers")
+#: ``prctl`` option: orphaned descendants are re-parented to this process, not to init.
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def keep_orphans() -> bool:
+    """Make this process a child subreaper (Linux): a descendant whose parent exits first — a Python
+    worker whose daemon was killed — becomes this process's child, not init's, so its CPU stays in the
+    tree (as a zombie once it exits: ``/proc`` keeps its times). True when set."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+class CpuLedger:
+    """The CPU of a process tree, by kind, counted so that nothing is lost or counted twice as
+    processes exit.
+
+    A process's ``/proc`` times are its own (utime + stime) and those of its children it has
+    reaped (cutime + cstime). Summing both over the live tree loses a process that exited without
+    being reaped by a process of the tree (an orphan: see :func:`keep_orphans`), and moves a reaped
+    child's CPU to its parent's kind — a Python daemon reaped by its JVM took its workers' seconds to
+    the JVM's column (a step showed −53 CPU-s of Python workers). Here each sample adds the growth of
+    every process's own time to its kind; a parent's reaped-children time grows by what its exited
+    children used, less what was already counted of them (their last sample), and the rest — their
+    time after that sample, and children never sampled (a worker that lived between two samples) — is
+    added to the kind of the children (a ``java`` or Python parent's unseen children are Python
+    workers, the driver's are JVMs). Seconds are clock ticks, integers until reported.
+    """
+
+    def __init__(self, root: int):
+        self.root = root
+        self.tick = os.sysconf("SC_CLK_TCK")
+        #: (pid, start time) → (kind, own ticks, reaped-children ticks, parent's key) at the last sample
+        self.seen: dict[tuple[int, int], tuple[str, int, int, tuple[int, int] | None]] = {}
+        self.total = dict.fromkeys(KINDS, 0)
+        #: key → ticks of its exited children counted already but not yet in its reaped-children time (read
+        #: before the reaping: /proc is not read at one instant)
+        self.owed: dict[tuple[int, int], int] = {}
+
+    def _read(self) -> dict[tuple[int, int], tuple[str, int, int, int]]:
+        """The tree now: key → (kind, own ticks, reaped-children ticks, parent pid)."""
+        procs: dict[int, tuple[str, list[str]]] = {}
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                text = Path(f"/proc/{pid}/stat").read_text()
+            except OSError:
+                continue
+            head, _, rest = text.rpartition(")")
+            procs[int(pid)] = (head.partition("(")[2], rest.split())
+        tree, grew = {self.root}, True
+        while grew:
+            new = {pid for pid, (_, f) in procs.items() if int(f[1]) in tree} - tree
+            tree |= new
+            grew = bool(new)
+        out = {}
+        for pid in tree & procs.keys():
+            comm, f = procs[pid]
+            kind = "driver" if pid == self.root else "JVM" if comm == "java" else "Python workers"
+            out[(pid, int(f[19]))] = (kind, int(f[11]) + int(f[12]), int(f[13]) + int(f[14]), int(f[1]))
+        return out
+
+    def sample(self) -> dict[str, float]:
+        """The seconds counted so far per kind (cumulative)."""
+        now = self._read()
+        by_pid = {key[0]: key for key in now}
+        gone: dict[tuple[int, int], list[tuple[str, int]]] = {}  # live parent → its exited children (kind, counted)
+        for key, (kind, own, children, parent) in self.seen.items():
+            if key in now:
+                continue
+            while parent is not None and parent not in now:  # its parent exited too: the nearest live ancestor reaped both
+                parent = self.seen[parent][3] if parent in self.seen else None
+            if parent is not None:
+                gone.setdefault(parent, []).append((kind, own + children + self.owed.get(key, 0)))
+        seen, owed = {}, {}
+        for key, (kind, own, children, ppid) in now.items():
+            before = self.seen.get(key)
+            if before is None:  # first sight: its children so far (a launcher it exec'd from, reaped workers) are its kind's
+                self.total[kind] += own + children
+            else:
+                self.total[kind] += own - before[1]
+                kids = gone.get(key, [])
+                grown = children - before[2] - self.owed.get(key, 0) - sum(counted for _, counted in kids)
+                if grown < 0:  # children counted, their reaping not seen yet
+                    owed[key] = -grown
+                else:
+                    rest_kind = kids[0][0] if kids else "JVM" if kind == "driver" else "Python workers"
+                    self.total[rest_kind] += grown
+            seen[key] = (kind, own, children, by_pid.get(ppid))
+        self.seen, self.owed = seen, owed
+        return {k: v / self.tick for k, v in self.total.items()}
 
 
 class Steps:

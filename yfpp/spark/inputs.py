@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from yfpp.errors import InputError
+from yfpp.spark.errors import error_text, spark_cause
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
 #: Names Spark may split at line boundaries (anything else — XML, .gz — is read whole, one task per file).
@@ -119,10 +120,10 @@ def _hidden(name: str) -> bool:
 
 def listing_error(path: str, e: BaseException) -> str:
     """One line for an exception Spark raised while listing ``path``."""
-    text = str(e)
+    text = error_text(e)
     if "PATH_NOT_FOUND" in text or "does not exist" in text:
         return f"no such input: {path}"
-    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(e).__name__)
+    first = spark_cause(e) or next((ln.strip() for ln in text.splitlines() if ln.strip()), type(e).__name__)
     return f"cannot list {path}: {first}"
 
 

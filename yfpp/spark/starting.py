@@ -7,7 +7,9 @@ log lines) are held back until the queries are known to be good — a query
 error is then one ``yfpp: error:`` line, the JVM is killed and nothing it
 said is shown — and passed on to stderr from then on. With ``quiet`` (Spark's
 log off, ``yfpp spark``'s default) what the JVM said while starting is dropped
-once the session is up (shown when the start failed: it may say why).
+once the session is up (shown when the start failed and :mod:`yfpp.spark.errors` finds no cause in
+it). The end of what the JVM said is kept (:meth:`StartingSession.jvm`): when the JVM dies — out of
+memory, or spark-submit refusing ``--master`` — the cause is there, not in the Python error.
 """
 
 from __future__ import annotations
@@ -16,7 +18,14 @@ import os
 import subprocess
 import sys
 import threading
+from collections import deque
 from typing import IO, Any
+
+from yfpp.errors import YfppError
+from yfpp.spark.errors import Jvm, error_text, jvm_gone, spark_cause
+
+#: Lines of the JVM's stderr kept for :meth:`StartingSession.jvm`.
+KEPT_LINES = 400
 
 
 class StartingSession:
@@ -33,6 +42,9 @@ class StartingSession:
         self.cancelled = False
         self.lock = threading.Lock()
         self.held: list[bytes] | None = []  # the JVM's stderr lines, until the queries are known good
+        self.tail: deque[bytes] = deque(maxlen=KEPT_LINES)  # its last lines, for the cause of a failure
+        self.reader: threading.Thread | None = None
+        self.builder_options: dict[str, str] = dict(getattr(builder, "_options", {}))
         self.interval = sys.getswitchinterval()
         sys.setswitchinterval(min(self.interval, 0.0005))
         self.thread = threading.Thread(target=self._start, args=(builder,), name="yfpp: start JVM + session",
@@ -48,11 +60,18 @@ class StartingSession:
                 conf = SparkConf()  # what getOrCreate gives the JVM it launches
                 for key, value in builder._options.items():
                     conf.set(key, value)
-                gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})
+                # the JVM's stderr is read from the start, so that a JVM which exits before the gateway is up
+                # (spark-submit refusing --master) still says why
+                read_end, write_end = os.pipe()
+                self.reader = threading.Thread(target=self._pass_on, args=(os.fdopen(read_end, "rb"),), daemon=True)
+                self.reader.start()
+                try:
+                    gateway = launch_gateway(conf, popen_kwargs={"stderr": write_end})
+                finally:
+                    os.close(write_end)
                 with self.lock:
                     self.proc = gateway.proc
                     cancelled = self.cancelled
-                threading.Thread(target=self._pass_on, args=(gateway.proc.stderr,), daemon=True).start()
                 if cancelled:
                     gateway.proc.kill()
                     return
@@ -65,6 +84,7 @@ class StartingSession:
         """The JVM's stderr: held while :attr:`held` is a list, then written to ours."""
         for line in iter(stream.readline, b""):
             with self.lock:
+                self.tail.append(line)
                 if self.cancelled:
                     continue
                 if self.held is not None:
@@ -79,14 +99,41 @@ class StartingSession:
             _write(line)
 
     def result(self) -> Any:
-        """The session (what the JVM said so far written out, and from now on as it comes); the
-        exception of a failed start raised."""
+        """The session (what the JVM said so far written out — with ``quiet``, dropped — and from now on
+        as it comes). A failed start raises :class:`YfppError` naming its cause (:func:`spark_cause`, what
+        the JVM said dropped with ``quiet``), or its own exception when no cause is found."""
         self.thread.join()
         sys.setswitchinterval(self.interval)
-        self._release(drop=self.quiet and self.error is None)
-        if self.error is not None:
-            raise self.error
-        return self.value
+        if self.error is None:
+            self._release(drop=self.quiet)
+            return self.value
+        cause = spark_cause(self.error, self.master, self.jvm(wait=5.0 if jvm_gone(error_text(self.error)) else 0.0))
+        self._release(drop=self.quiet and cause is not None)
+        if cause is not None:
+            master = self.master
+            where = f" with --master {master}" if master and not master.startswith("local") else ""
+            raise YfppError(f"cannot start Spark{where}: {cause}") from None
+        raise self.error
+
+    @property
+    def master(self) -> str | None:
+        return self.builder_options.get("spark.master")
+
+    def jvm(self, wait: float = 0.0) -> Jvm:
+        """The end of what the JVM said, and its exit status once it has exited (waited for up to ``wait``
+        seconds, and as long again for its last words to be read)."""
+        proc = self.proc
+        code = None
+        if proc is not None:
+            try:
+                code = proc.wait(wait) if wait else proc.poll()
+            except subprocess.TimeoutExpired:
+                pass
+        if self.reader is not None and (code is not None or proc is None):
+            self.reader.join(wait)
+        with self.lock:
+            said = b"".join(self.tail).decode("utf-8", "replace")
+        return Jvm(said, code)
 
     def cancel(self) -> None:
         """Kill the JVM this started (what it said dropped) and forget its gateway, or stop the session
