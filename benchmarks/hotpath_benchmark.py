@@ -69,19 +69,21 @@ PARSE_AND_READ_XML = ("from lxml import etree\n"
                       "    el.clear()\n"
                       "    while el.getprevious() is not None:\n"
                       "        del el.getparent()[0]\n")
-READER_ONLY = ("import gc, sys\n"
-               "try:\n"
-               "    from yfpp.input.readers import read_event_batches\n"
-               "except ImportError:  # a tree before the batch API: its event generator\n"
-               "    from yfpp.input.readers import read_events as read_event_batches\n"
+READERS = ("try:\n"
+           "    from yfpp.input import readers\n"
+           "except ImportError:  # a tree before the layered layout\n"
+           "    from yfpp import readers\n")
+READER_ONLY = ("import gc, sys\n" + READERS +
+               "read_event_batches = getattr(readers, 'read_event_batches', readers.read_events)"
+               "  # a tree before the batch API: its event generator\n"
                "gc.freeze()\n"
                "gc.set_threshold(100_000, 50, 100)  # as yfpp run\n"
                "for batch in read_event_batches(sys.argv[1]):\n"
                "    pass\n")
-ENGINE_ONLY = """
+ENGINE_ONLY = READERS + """
 import itertools, sys, time
 from yfpp.engine import Engine
-from yfpp.input.readers import read_events
+read_events = readers.read_events
 path, n, query = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 if query.endswith('.sase'):
     query = ''.join(line for line in open(query) if not line.startswith('#'))

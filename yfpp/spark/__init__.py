@@ -10,7 +10,8 @@ Modules: ``cli`` (``yfpp spark``), ``starting`` (the JVM and session started whi
 ``inputs``, ``parse`` and ``read`` (inputs through Spark's file systems, parsed on the executors), ``plan``
 (query groups, partition and slice plans), ``scan`` and ``batch`` (the scan and shuffle plans of a batch
 job), ``ingest`` and ``stream`` (a directory stream), ``source`` (the socket source), ``costs`` (per-step
-costs for ``--stats``, JVM options, the class-data archive).
+costs for ``--stats``, JVM options, the class-data archive), ``errors`` (a failure of the JVM, the
+cluster manager, a source or a sink as one line naming Spark's cause).
 """
 
 from __future__ import annotations
