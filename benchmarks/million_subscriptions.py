@@ -16,8 +16,9 @@ One synthetic feed (shelf, register, exit, reading, alarm events, 1 s apart, see
 made for each configuration: every constant value is drawn as ``r mod m + 1`` from the
 same random draws ``r`` (m = the distinct constants of the configuration), so each event
 finds about one subscription of a shape at every N.  The *one query* baseline of a kind is
-its first subscription over the same feed drawn with m = 1: the one query then matches
-every event that one of the N subscriptions would, the same matching work.
+its first subscription (of each shape, for ``b``) over the same feed drawn with m = 1: the
+one query then matches every event that one of the N subscriptions would, the same
+matching work.
 
 Each configuration runs in a fresh subprocess (``--worker``), which builds the feed and the
 query texts, warms the parsers up, then measures: registration one at a time (and through
@@ -122,8 +123,8 @@ def rss_kib() -> int:
 
 
 def worker(args: argparse.Namespace) -> dict:
-    one = args.n == 0  # the one-query baseline
-    n = 1 if one else args.n
+    one = args.n == 0  # the baseline: one query of each shape
+    n = len(TEMPLATES[args.kind]) if one else args.n
     m = 1 if one else distinct(args.kind, n)
     texts = [query(args.kind, k, m) for k in range(n)]
     events = feed(args.events, m, args.seed)

@@ -416,7 +416,9 @@ def _restore(data: dict, Engine, engine_opts: dict):
         rt.buffer.load(node, stack)
     for i, (ref, key, positions, events) in enumerate(data["negations"]):
         neg = plans.negation(ref, f"negations[{i}]")
-        rt.negations.of[neg].buckets[rd.value(key)] = (list(positions), [rd.events[j] for j in events])
+        store = rt.negations.of[neg]
+        store.buckets[rd.value(key)] = (list(positions), [rd.events[j] for j in events])
+        rt.negations.holding.add(store)
     for i, p in enumerate(data["pending"]):
         plan = plans.plan(p["query"], f"pending[{i}]")
         key, vec, deadline = rd.value(p["key"]), tuple(rd.value(x) for x in p["vec"]), _unnum(p["deadline"])
