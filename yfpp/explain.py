@@ -89,6 +89,20 @@ def _index_text(key: tuple | None) -> str | None:
     if key[0] == "xrange":
         _, source, name, op, bound = key
         return f"{'@' if source == 'xnum' else ''}{name} {op} {bound!r} (range index{'' if source == 'xnum' else ' of child elements'})"
+    if key[0] == "interval":
+        _, source, name, lo, lo_in, hi, hi_in = key
+        name = f"{'@' if source == 'xnum' else ''}{name}"
+        return (f"{lo!r} {'<=' if lo_in else '<'} {name} {'<=' if hi_in else '<'} {hi!r} "
+                f"(interval index{' of child elements' if source == 'cnum' else ''})")
+    if key[0] == "prefix":
+        _, kind, name, prefix = key
+        return (f"starts-with({'@' if kind == 'xeq' else ''}{name}, {prefix!r}) "
+                f"(prefix index{' of child elements' if kind == 'ceq' else ''})")
+    if key[0] == "anyof":
+        first = key[1][0]
+        name = first[1] if first[0] == "eq" else f"{'@' if first[0] in ('xeq', 'xnum') else ''}{first[1]}"
+        return (f"{name} in ({', '.join(repr(k[2]) for k in key[1])}) "
+                f"(hash index, {len(key[1])} keys{' of child elements' if first[0] in ('ceq', 'cnum') else ''})")
     if key[0] in ("ceq", "cnum"):
         return f"{key[1]} = {key[2]!r} (hash index of child elements)"
     return f"{'@' if key[0] in ('xeq', 'xnum') else ''}{key[1]} = {key[2]!r} (hash index)"
