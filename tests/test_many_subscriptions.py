@@ -4,11 +4,14 @@ subscriptions added and removed between events against the reference evaluator (
 from __future__ import annotations
 
 from collections import Counter
+from unittest.mock import patch
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.generators import patterns, streams
+from yfpp import runtime
 from yfpp.engine import Engine
 from yfpp.errors import QueryError, YfppError
 from yfpp.events import Event
@@ -131,3 +134,14 @@ def test_subscriptions_added_and_removed_between_events_match_the_reference(subs
     assert Counter({k: c for k, c in got.items() if k[0] not in trailing}) == \
         Counter({k: c for k, c in want.items() if k[0] not in trailing})
 
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(patterns(max_positives=3), min_size=1, max_size=3), streams(max_events=9))
+def test_negations_found_through_live_state_match_the_reference(pats, events):
+    """Over ``runtime.WIDE`` negations of a type, an event finds the candidate stores and trailing negations
+    that matter through the branches and queries holding state (``Runtime._live_negs``): here with every
+    negation so found, the matches are the reference's."""
+    from tests.test_engine_vs_reference import check
+
+    with patch.object(runtime, "WIDE", 0):
+        check(pats, events)

@@ -425,6 +425,7 @@ def _restore(data: dict, Engine, engine_opts: dict):
         plans.pending(plan, vec, p["match"], f"pending[{i}]")
         pend = Pending(plan, key, vec, p["last_pos"], deadline, p["match"], depth=p.get("depth", 0))
         rt.deadlines.pending[plan].setdefault(key, []).append(pend)
+        rt.deadlines.waiting.add(plan)
         rt.deadlines.heap.append((deadline, p["order"], pend))
     heapq.heapify(rt.deadlines.heap)
     for i, (attrs, ticks) in enumerate(data["partition_ticks"]):

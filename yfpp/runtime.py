@@ -39,6 +39,7 @@ from yfpp.runs import PLAIN_KEYS, Counters, FullRun, Run, partition_key, usable_
 from yfpp.shared_nfa import Node, SharedNFA, State
 
 _UNSET: Any = object()  # an event's key not yet computed (Runtime._steps)
+WIDE = 16  # negations of one event type beyond which an event finds those with live state through indexes
 _new = object.__new__
 _ROOT_VEC = (None,)  # a root's begin: its type and key hold, its window cannot be passed
 STRICT, PARTITION, STNM, STAM = (
@@ -54,7 +55,7 @@ class _Route:
     begin (per root-table group, :meth:`~yfpp.shared_nfa._TypeGroup.finder`), whether any state reacts to it,
     and (filled as met) whether a given state's runs react to it (partition-contiguity states always do)."""
 
-    __slots__ = ("negs", "starters", "scan", "touch", "quick", "starts", "step")
+    __slots__ = ("negs", "starters", "scan", "touch", "quick", "starts", "step", "wide")
 
     def __init__(self, negs: tuple, starters: tuple, scan: bool) -> None:
         # (shared candidate store, None, the wait states whose runs a candidate ends: see Runtime._ended_by)
@@ -63,6 +64,22 @@ class _Route:
         self.starters = starters
         self.scan = scan  # may the event move a stored run (else the stores are not looked at)
         self.touch: dict[State, bool] = {}
+        # Over WIDE negations, what an event looks at is found through what is live (Runtime._live_negs): the
+        # keyed shared stores by branch, the trailing negations by query, the unkeyed stores in a list.
+        self.wide: tuple[dict[Node, list], dict[QueryPlan, list], list] | None = None
+        if len(negs) > WIDE:
+            by_root: dict[Node, list] = {}
+            by_plan: dict[QueryPlan, list] = {}
+            plain = []
+            for entry in negs:
+                owner, neg, _ = entry
+                if neg is not None:
+                    by_plan.setdefault(owner, []).append(entry)
+                elif owner.partition_by:
+                    by_root.setdefault(owner.root, []).append(entry)
+                else:
+                    plain.append(entry)
+            self.wide = (by_root, by_plan, plain)
         # For Runtime._quiet, when the type feeds only shared candidate stores and begins no root or only through
         # one equality index: () or that index's (attribute, table); else None (no shortcut).
         self.quick: tuple | None = None
@@ -439,7 +456,7 @@ class Runtime:
                         ticks[k] = ticks.get(k, 0) + 1
                         bumped.append((ticks, k))
             if route.negs:
-                for owner, neg, ends in route.negs:
+                for owner, neg, ends in (route.negs if route.wide is None else self._live_negs(route, ev)):
                     if neg is None and not owner.root.live:
                         continue  # a shared candidate store of a branch without runs (see _may_need)
                     attrs = owner.partition_by
@@ -679,7 +696,7 @@ class Runtime:
         """:meth:`_steps` of an event of a route with ``quick`` (no partition ticks or strict runs), which may
         change nothing: no candidate store it feeds has a live branch, no run is stored under its keys for it to
         move, and it begins no root.  Then it stops here; else it goes through ``_steps``."""
-        for store, _, _ in route.negs:
+        for store, _, _ in (route.negs if route.wide is None else self._live_negs(route, ev)):
             if store.root.live:
                 return self._steps(ev, route, tick, out)
         if route.scan:
@@ -711,6 +728,27 @@ class Runtime:
                     pass
         if tick >= self._next_check:
             self._periodic(tick)
+        return out
+
+    def _live_negs(self, route: _Route, ev: Event) -> list:
+        """The entries of ``route.negs`` an event may matter to, found through what is live rather than tried one
+        by one: shared stores of the branches holding runs under the event's keys (or strict runs: see
+        ``_may_need``), trailing negations of the queries holding pending matches, every unkeyed store."""
+        by_root, by_plan, out = route.wide  # type: ignore[misc]
+        out = list(out)
+        if by_root:
+            roots = {st.node.root for st in self.strict}
+            for attrs, by_key in self._parts:
+                if by_key:
+                    k = _key_of(ev, attrs)
+                    states = by_key.get(k) if k is not None else None
+                    if states:
+                        roots.update(st.node.root for st in states)
+            for root in roots:
+                out += by_root.get(root, ())
+        if by_plan:
+            for plan in self.deadlines.waiting:
+                out += by_plan.get(plan, ())
         return out
 
     @property
