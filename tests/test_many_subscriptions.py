@@ -7,7 +7,7 @@ from collections import Counter
 from unittest.mock import patch
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.generators import patterns, streams
@@ -92,18 +92,18 @@ def test_registration_beyond_max_queries_is_refused():
 @given(subs=st.lists(subscriptions, min_size=1, max_size=10),
        events=st.lists(st.tuples(st.sampled_from("abc"), st.sampled_from(VALUES), st.sampled_from(VALUES),
                                  st.sampled_from([1, 2])), max_size=10),
-       data=st.data())
-def test_subscriptions_added_and_removed_between_events_match_the_reference(subs, events, data):
+       cuts=st.lists(st.tuples(st.integers(0, 10), st.integers(0, 11)), min_size=10, max_size=10))
+@example(subs=[(1, 2, 2, 0, "1", 5), (7, 1, 1, 0, "x", 5), (6, 1, 1, 1, "1", 5)],
+         events=[("a", 2, 1, 1), ("b", "x1", 1, 1), ("a", 1, 1, 1), ("b", 1, 1, 1)],
+         cuts=[(0, 11)] * 10).via("the bounds of intervals, a prefix, an or")
+def test_subscriptions_added_and_removed_between_events_match_the_reference(subs, events, cuts):
     """Churn: each subscription is registered (in batches, through its shape) before some event and unregistered
     before a later one; it gives exactly the reference evaluator's matches over the events it saw, as one query
     alone (but a removed query ending in a negation: its deadlines may fall after the removal)."""
     stream = [Event(t, float(i), {k: v for k, v in (("x", x), ("y", y), ("k", key)) if v is not None}, i)
               for i, (t, x, y, key) in enumerate(events)]
     n = len(stream)
-    spans = []
-    for _ in subs:
-        start = data.draw(st.integers(0, n))
-        spans.append((start, data.draw(st.integers(start, n + 1))))
+    spans = [(min(a, n), max(min(a, n), min(b, n + 1))) for a, b in cuts[:len(subs)]]  # (added, removed) before
     eng = Engine()
     ids: dict[int, int] = {}
     got: Counter = Counter()
