@@ -256,10 +256,11 @@ _MISSING: object = object()
 class _Shape:
     """A parsed shape: its pattern with stand-ins, and how to put a query's constants in their place."""
 
-    __slots__ = ("pattern", "sentinels", "kinds", "lines")
+    __slots__ = ("pattern", "sentinels", "kinds", "lines", "hot")
 
     def __init__(self, pattern: Pattern, sentinels: list[str], kinds: list[type], lines: list[tuple[int, int]]):
         self.pattern = pattern
+        self.hot = _hot(pattern, {(s[1:-1] if s[0] in "'\"" else s) for s in sentinels}, sentinels, set())
         self.sentinels = sentinels  # each constant's stand-in as written in the shape's text
         self.kinds = kinds  # the type the parser made of each stand-in (str, int, float, Decimal…)
         self.lines = lines  # (line, column) of each stand-in in the shape's text
@@ -321,7 +322,7 @@ class _Shape:
             shifts.setdefault(line, []).append((column, len(c) - len(s)))
         positions = tuple((var, line, column + sum(d for at, d in shifts.get(line, ()) if at < column))
                           for var, line, column in self.pattern.positions)
-        pattern = _substitute(self.pattern, literals, texts)
+        pattern = _substitute(self.pattern, literals, texts, self.hot)
         object.__setattr__(pattern, "source", text)
         object.__setattr__(pattern, "positions", positions)
         return pattern
@@ -339,27 +340,36 @@ def _walk(obj: object) -> Iterator[object]:
             stack.extend(getattr(o, f.name) for f in fields(o))
 
 
-def _substitute(obj: Any, literals: dict, texts: list[tuple[str, str]]) -> Any:
-    """``obj`` rebuilt with the literals and XPath texts replaced (what holds none of them is shared, not copied)."""
+def _hot(obj: Any, values: set[str], sentinels: list[str], hot: set[int]) -> set[int]:
+    """The ids of the objects of ``obj`` (a shape's pattern, which keeps them) that hold a stand-in: what
+    :func:`_substitute` rebuilds; the rest is shared between the shape's queries."""
     if isinstance(obj, Literal):
-        v = obj.value
-        new = literals.get((type(v), v), _MISSING)
-        return obj if new is _MISSING else Literal(new)
+        if str(obj.value) in values:
+            hot.add(id(obj))
+    elif isinstance(obj, XPathTest):
+        if any(s in obj.source for s in sentinels):
+            hot.add(id(obj))
+    elif isinstance(obj, tuple) or (is_dataclass(obj) and not isinstance(obj, type)):
+        items = obj if isinstance(obj, tuple) else [getattr(obj, f.name) for f in fields(obj)]
+        for item in items:
+            _hot(item, values, sentinels, hot)
+        if any(id(item) in hot for item in items):
+            hot.add(id(obj))
+    return hot
+
+
+def _substitute(obj: Any, literals: dict, texts: list[tuple[str, str]], hot: set[int]) -> Any:
+    """``obj`` rebuilt with the literals and XPath texts replaced where :func:`_hot` found stand-ins."""
+    if id(obj) not in hot:
+        return obj
+    if isinstance(obj, Literal):
+        return Literal(literals[(type(obj.value), obj.value)])
     if isinstance(obj, XPathTest):
         source = obj.source
         for s, c in texts:
             source = source.replace(s, c)
-        return obj if source == obj.source else replace(obj, source=source)
+        return replace(obj, source=source)
     if isinstance(obj, tuple):
-        items = tuple(_substitute(o, literals, texts) for o in obj)
-        return obj if all(a is b for a, b in zip(items, obj)) else items
-    if is_dataclass(obj) and not isinstance(obj, type):
-        changes = {}
-        for f in fields(obj):
-            v = getattr(obj, f.name)
-            if isinstance(v, (tuple, Literal, XPathTest)) or (is_dataclass(v) and not isinstance(v, type)):
-                new = _substitute(v, literals, texts)
-                if new is not v:
-                    changes[f.name] = new
-        return replace(obj, **changes) if changes else obj
-    return obj
+        return tuple([_substitute(o, literals, texts, hot) for o in obj])
+    return replace(obj, **{f.name: _substitute(getattr(obj, f.name), literals, texts, hot) for f in fields(obj)
+                           if id(getattr(obj, f.name)) in hot})
