@@ -31,6 +31,7 @@ cost of unregistering a sample of 1,000 subscriptions.
     python benchmarks/million_subscriptions.py --sizes 1000 10000 --kinds a-sase c
     python benchmarks/million_subscriptions.py --million --kinds a-sase c   # adds 1M (needs memory)
     python benchmarks/million_subscriptions.py --plot                  # also benchmarks/million_subscriptions.png
+    python benchmarks/million_subscriptions.py --forms --events 5000   # and-form vs brackets, intervals
 """
 
 from __future__ import annotations
@@ -211,6 +212,39 @@ def plot(rows: list[dict], bases: dict[str, dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+FORMS = {  # issue 33's cases: one predicate written two ways, and overlapping intervals
+    "and in one bracket": "[sensor]&&//reading[@sensor='S{j}' and @celsius > {t}]//reading[@celsius > {t}]&&(1 min)",
+    "separate brackets": "[sensor]&&//reading[@sensor='S{j}'][@celsius > {t}]//reading[@celsius > {t}]&&(1 min)",
+    "interval": ("PATTERN SEQ(shelf a, exit c) WHERE skip_till_next_match(a, c) {{ [tag_id] AND a.tag_id >= {lo} "
+                 "AND a.tag_id < {hi} AND c.door = 'D{d}' }} WITHIN {w} seconds"),
+}
+
+
+def forms(n_events: int, seed: int) -> list[str]:
+    """CPU µs per event of 1,000 subscriptions of each way of writing a predicate, and of 143 and 1,428
+    overlapping intervals (the issue's figures), over one feed each."""
+    rng = random.Random(seed)
+    readings = [Event("reading", float(i), {"sensor": f"S{rng.randrange(1000)}", "celsius": rng.randrange(60)}, i)
+                for i in range(n_events)]
+    rfid = []
+    for i in range(n_events):
+        tag = rng.randrange(2000)
+        rfid.append(Event("shelf", float(i), {"tag_id": tag}, i) if rng.random() < 0.7 else
+                    Event("exit", float(i), {"tag_id": tag, "door": f"D{rng.randrange(10)}"}, i))
+    cases = [(f"1,000 × {name}", FORMS[name], 1000, readings) for name in ("and in one bracket", "separate brackets")]
+    cases += [(f"{n:,} × interval", FORMS["interval"], n, rfid) for n in (143, 1428)]
+    out = ["| case | CPU µs/event | matches |", "|---|---|---|"]
+    for label, template, n, events in cases:
+        eng = Engine(reports=None)
+        for k in range(n):  # (one at a time: the same call before and after register_many)
+            eng.register(template.format(j=k, t=20 + k % 30, lo=k, hi=k + 50 + k % 200, d=k % 10, w=60 + k % 600))
+        c0 = time.process_time()
+        matches = sum(len(eng.process(Event(e.type, e.ts, dict(e.attrs), e.seq))) for e in events)
+        out.append(f"| {label} | {1e6 * (time.process_time() - c0) / len(events):,.1f} | {matches:,} |")
+        print(out[-1], flush=True)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
@@ -220,6 +254,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=33)
     p.add_argument("--plot", action="store_true", help="write benchmarks/million_subscriptions.png")
     p.add_argument("--no-batch", action="store_true", help="skip the register_many measurement")
+    p.add_argument("--rows", type=Path, help="append each measurement to this JSON-lines file, and plot every row in it")
+    p.add_argument("--forms", action="store_true", help="only the ways of writing a predicate (and, brackets, intervals)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--kind", help=argparse.SUPPRESS)
     p.add_argument("--n", type=int, help=argparse.SUPPRESS)
@@ -227,6 +263,9 @@ def main() -> None:
     args = p.parse_args()
     if args.worker:
         print(json.dumps(worker(args)))
+        return
+    if args.forms:
+        forms(args.events, args.seed)
         return
     sizes = sorted(set(args.sizes) | ({1_000_000} if args.million else set()))
     batched_api = hasattr(Engine, "register_many") and not args.no_batch
@@ -240,10 +279,20 @@ def main() -> None:
             r = run_worker(kind, n, args)
             b = run_worker(kind, n, args, batch=True) if batched_api else None
             rows.append(r)
+            if args.rows:
+                with args.rows.open("a") as f:
+                    f.write(json.dumps({"row": r, "base": base}) + "\n")
             line = "| " + " | ".join(row(r, base, b)) + " |"
             lines.append(line)
             print(line, flush=True)
     if args.plot:
+        if args.rows:  # every run's rows (one per kind and size: the latest)
+            recorded = {}
+            for line in args.rows.read_text().splitlines():
+                d = json.loads(line)
+                recorded[(d["row"]["kind"], d["row"]["n"])] = d["row"]
+                bases.setdefault(d["row"]["kind"], d["base"])
+            rows = sorted(recorded.values(), key=lambda r: (r["kind"], r["n"]))
         plot(rows, bases, HERE / "million_subscriptions.png")
         print(f"wrote {HERE / 'million_subscriptions.png'}")
 
