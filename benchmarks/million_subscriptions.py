@@ -32,6 +32,7 @@ cost of unregistering a sample of 1,000 subscriptions.
     python benchmarks/million_subscriptions.py --million --kinds a-sase c   # adds 1M (needs memory)
     python benchmarks/million_subscriptions.py --plot                  # also benchmarks/million_subscriptions.png
     python benchmarks/million_subscriptions.py --forms --events 5000   # and-form vs brackets, intervals
+    python benchmarks/million_subscriptions.py --churn c 10000         # subscribe/unsubscribe beside a feed
 """
 
 from __future__ import annotations
@@ -245,6 +246,30 @@ def forms(n_events: int, seed: int) -> list[str]:
     return out
 
 
+def churn(kind: str, n: int, seed: int) -> str:
+    """CPU µs per subscribe + unsubscribe beside a feed: ``n`` subscriptions of ``kind``, 2,000 events, then 1,000
+    rounds of (register one, unregister one at random, process one event), less 1,000 events alone."""
+    m = distinct(kind, n)
+    eng = Engine(reports=None)
+    ids = [eng.register(query(kind, k, m)) for k in range(n)]
+    events = feed(4000, m, seed)
+    for ev in events[:2000]:
+        eng.process(ev)
+    rng = random.Random(seed)
+    c0 = time.process_time()
+    for i, ev in enumerate(events[2000:3000]):
+        ids.append(eng.register(query(kind, n + i, m)))
+        eng.unregister(ids.pop(rng.randrange(len(ids) - 1)))
+        eng.process(ev)
+    changing = time.process_time() - c0
+    c0 = time.process_time()
+    for ev in events[3000:]:
+        eng.process(ev)
+    plain = time.process_time() - c0
+    return (f"{kind}, {n:,} subscriptions: {1e6 * (changing - plain) / 1000:,.0f} µs CPU per subscribe + unsubscribe "
+            f"beside the feed (an event alone: {1e6 * plain / 1000:,.1f} µs)")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
@@ -256,6 +281,8 @@ def main() -> None:
     p.add_argument("--no-batch", action="store_true", help="skip the register_many measurement")
     p.add_argument("--rows", type=Path, help="append each measurement to this JSON-lines file, and plot every row in it")
     p.add_argument("--forms", action="store_true", help="only the ways of writing a predicate (and, brackets, intervals)")
+    p.add_argument("--churn", nargs=2, metavar=("KIND", "N"), help="only the cost of subscribing and unsubscribing "
+                   "beside a feed, N subscriptions of KIND")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--kind", help=argparse.SUPPRESS)
     p.add_argument("--n", type=int, help=argparse.SUPPRESS)
@@ -263,6 +290,9 @@ def main() -> None:
     args = p.parse_args()
     if args.worker:
         print(json.dumps(worker(args)))
+        return
+    if args.churn:
+        print(churn(args.churn[0], int(args.churn[1]), args.seed))
         return
     if args.forms:
         forms(args.events, args.seed)
