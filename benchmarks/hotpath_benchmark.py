@@ -69,9 +69,10 @@ PARSE_AND_READ_XML = ("from lxml import etree\n"
                       "    el.clear()\n"
                       "    while el.getprevious() is not None:\n"
                       "        del el.getparent()[0]\n")
-READERS = ("try:\n"
+READERS = ("import os, yfpp\n"  # (by the tree's own folders: an installed yfpp may answer an import the tree lacks)
+           "if os.path.isdir(os.path.join(os.path.dirname(yfpp.__file__), 'input')):\n"
            "    from yfpp.input import readers\n"
-           "except ImportError:  # a tree before the layered layout\n"
+           "else:  # a tree before the layered layout\n"
            "    from yfpp import readers\n")
 READER_ONLY = ("import gc, sys\n" + READERS +
                "read_event_batches = getattr(readers, 'read_event_batches', readers.read_events)"

@@ -34,7 +34,7 @@ from yfpp.input.events import Event
 from yfpp.runtime.feedback import MAX_DEPTH, MAX_DERIVED, Feedback
 from yfpp.nfa.compiler import QueryPlan, compile_pattern
 from yfpp.language.pattern import POLICIES, SET_POLICIES, STRATEGIES, Pattern
-from yfpp.language.query_text import parse_query
+from yfpp.language.query_text import QueryShapes
 from yfpp.runtime.runtime import Runtime
 
 if TYPE_CHECKING:
@@ -47,6 +47,9 @@ if TYPE_CHECKING:
 MAX_RUNS_PER_QUERY = 250_000
 MAX_BUFFER_PER_QUERY = 1_000_000
 MAX_HELD = 1_000_000  #: events the reorder buffer holds at most (docs/operations.md)
+#: queries an engine holds at most (docs/operations.md, "Memory caps"; YFPP_MAX_QUERIES overrides it): at the
+#: memory a subscription takes (benchmarks/RESULTS.md, "Million subscriptions"), a bound on what registering takes
+MAX_QUERIES = 2_000_000
 STDERR: Any = type("Stderr", (), {"__repr__": lambda self: "sys.stderr"})()  # the default report stream, looked up when used
 
 
@@ -78,7 +81,8 @@ class Engine:
     ``max_derived_per_event``: the loop guards of feedback queries
     (``yfpp.runtime.feedback``).  ``merge_runs``: merge equivalent runs into one
     (SIGMOD 2008 §5.2.2, ``yfpp.runtime.run_merging``): the same matches, fewer runs
-    to step when many runs of a partition agree on what lies ahead.
+    to step when many runs of a partition agree on what lies ahead.  ``max_queries``: how many queries
+    it holds at most (default ``MAX_QUERIES``; a registration beyond is refused with an error).
 
     ``copy.deepcopy(engine)``, ``copy.copy`` and ``pickle`` give an engine in the same state
     (queries, options, runs, held events, counters, the ``reports`` lines):
@@ -103,6 +107,7 @@ class Engine:
         max_derived_per_event: int = MAX_DERIVED,
         strategy: str = "direct",
         merge_runs: bool = False,
+        max_queries: int | None = None,
     ):
         if strategy not in STRATEGIES:
             raise YfppError(f"unknown evaluation strategy {strategy!r} (expected one of {', '.join(STRATEGIES)})")
@@ -112,6 +117,7 @@ class Engine:
         self.released_early = 0  # events the reorder buffer released over max_held, before their delay was up
         max_runs_per_query = _cap("max_runs_per_query", max_runs_per_query, MAX_RUNS_PER_QUERY)
         max_buffer_per_query = _cap("max_buffer_per_query", max_buffer_per_query, MAX_BUFFER_PER_QUERY)
+        self.max_queries = _cap("max_queries", max_queries, MAX_QUERIES)
         _check_policy(policy)
         self.runtime = Runtime(int(max_runs_per_query), int(max_buffer_per_query), self._failed, self._report,
                                merge_runs=bool(merge_runs))
@@ -127,6 +133,7 @@ class Engine:
         self._report_stream = sys.stderr if reports is STDERR else reports
         if reports is not None and not callable(getattr(self._report_stream, "write", None)):
             raise YfppError(f"reports must be a text stream or None, not {type(reports).__name__}")
+        self._shapes = QueryShapes()  # query texts that differ only by constants are parsed once
         self._names: set[str | int] = set()  # explicit names (str) and the ids of unnamed queries
         self._ids = count()
         self._next_seq = 0
@@ -151,13 +158,16 @@ class Engine:
         if query_id is not None and (type(query_id) is not int or query_id < 0 or query_id in self.sources):
             raise YfppError(f"query id {query_id!r} is not a free id (a non-negative integer no query has)")
         if isinstance(query, str):
-            pattern = parse_query(query)
+            pattern = self._shapes.parse(query)
         elif isinstance(query, Pattern):
             pattern = query.validate()
         else:
             raise YfppError(f"register() takes query text or a Pattern, not {type(query).__name__}")
         if name is not None and name in self._names:
             raise YfppError(f"a query named {name!r} is already registered")
+        if len(self.queries) + len(self.set_queries) >= self.max_queries:
+            raise YfppError(f"the engine holds max_queries={self.max_queries:,} queries: unregister some, or give "
+                            f"Engine(max_queries=…) / YFPP_MAX_QUERIES more (docs/operations.md, \"Memory caps\")")
         _check_policy(policy)
         policy = policy or self.default_policy
         if policy is not None and policy != pattern.policy:
@@ -188,6 +198,21 @@ class Engine:
             self.feedback.order[plan] = qid
         self._route_events()
         return qid
+
+    def register_many(self, queries: Iterable[str | Pattern | tuple[str | Pattern, str | None]], *,
+                      policy: str | None = None, feedback: bool = False) -> list[int | YfppError]:
+        """:meth:`register` each query (text or Pattern, or a ``(query, name)`` pair) in turn; return, per item in
+        order, its id or the error that refused it (a :class:`~yfpp.errors.QueryError` says where in the text):
+        a bad query refuses only itself.  Queries that differ only by constants are parsed once (as by
+        :meth:`register`); the runtime's dispatch per event type is made again once, at the next event."""
+        out: list[int | YfppError] = []
+        for item in queries:
+            query, name = item if isinstance(item, tuple) and len(item) == 2 else (item, None)
+            try:
+                out.append(self.register(query, name, policy=policy, feedback=feedback))
+            except YfppError as err:
+                out.append(err)
+        return out
 
     def unregister(self, qid: int) -> None:
         """Remove a query: it emits nothing more and its runs are freed."""

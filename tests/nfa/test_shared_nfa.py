@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.generators import patterns, streams
@@ -243,3 +243,68 @@ def test_equivalent_negations_share_one_candidate_store():
     for qid in ids:
         eng.unregister(qid)
     assert not eng.runtime.negations.stores and not any(eng.runtime.negations.by_type.values())
+
+
+INDEXED_FORMS = [  # {p}: the variable or step the predicate reads; every form is found through an index
+    "PATTERN SEQ(a e, b f) WHERE skip_till_any_match(e, f) {{ f.x >= {lo} AND f.x < {hi} }}",
+    "PATTERN SEQ(a e, b f) WHERE skip_till_any_match(e, f) {{ e.x > {lo} AND e.x <= {hi} AND e.y = {v} }}",
+    "PATTERN SEQ(a e, b f) WHERE skip_till_any_match(e, f) {{ (f.x = {v} OR f.x = {w}) AND f.y < {hi} }}",
+    "PATTERN SEQ(a e) WHERE (e.x = '{s}' OR e.x = {w})",
+    "//a[@x = {v} and @y > {lo}]//b",
+    "//a//b[@x >= {lo} and @x < {hi}]",
+    "//a//b[@x > {lo}][@x <= {hi}]",
+    "//a[x >= {lo} and {hi} > x]",
+    "//a//b[@x = {v} or @x = {w}]",
+    "//a[(@x = '{s}' or @x = {w}) and @y >= {lo}]",
+    "//a//b[starts-with(@x, '{s}')]",
+    "//a[starts-with(x, '{s}') and @y < {hi}]",
+]
+INDEX_VALUES = [0, 1, 2, 3, 5, 7, 7.5, -1, "7", "7x", "x", "x7", "", None]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(forms=st.lists(st.tuples(st.sampled_from(INDEXED_FORMS), st.integers(-1, 6), st.integers(0, 4),
+                                st.integers(-1, 8), st.integers(0, 8), st.sampled_from(["7", "x", "x7", "1"])),
+                      min_size=1, max_size=6),
+       events=st.lists(st.tuples(st.sampled_from("ab"), st.sampled_from(INDEX_VALUES),
+                                 st.sampled_from(INDEX_VALUES)), max_size=8))
+@example(forms=[(INDEXED_FORMS[10], 0, 0, 0, 0, "x"), (INDEXED_FORMS[11], 0, 0, 0, 0, "7")],
+         events=[("a", "x7", None), ("b", "x7", None), ("a", "7x", -1)])
+@example(forms=[(INDEXED_FORMS[0], 2, 3, 0, 0, "x"), (INDEXED_FORMS[5], 2, 0, 0, 0, "x")],
+         events=[("a", 0, None), ("b", 2, None), ("b", 5, None), ("b", 1, None)])
+def test_interval_anyof_prefix_and_conjunct_indexes_match_the_reference(forms, events):
+    """Ranges with both bounds (interval index), ``or`` of equalities (several hash keys), ``starts-with`` (prefix
+    index) and ``and`` in one XPath bracket, in many subscriptions at once: the matches of each are the
+    reference evaluator's for it alone."""
+    from yfpp.language.query_text import parse_query
+    from yfpp.reference.evaluator import reference_matches
+
+    stream = [Event(t, float(i), {k: v for k, v in (("x", x), ("y", y)) if v is not None}, i)
+              for i, (t, x, y) in enumerate(events)]
+    eng = Engine()
+    want: Counter = Counter()
+    for i, (form, lo, width, v, w, s) in enumerate(forms):
+        pattern = parse_query(form.format(lo=lo, hi=lo + width, v=v, w=w, s=s))
+        eng.register(pattern, name=f"q{i}")
+        want.update((f"q{i}", tuple((k, tuple(b)) for k, b in binds.items()))
+                    for binds, _ in reference_matches(pattern, stream))
+    assert Counter(_canon(m) for m in _feed(eng, stream)) == want
+
+
+def test_every_predicate_form_takes_an_index():
+    eng = Engine()
+    keys = {q: eng.queries[eng.register(q)].nodes[-1].index_key
+            for q in ["//a[@x = 'k' and @y > 3]", "//a[@y > 3 and @x = 'k']", "//a[@x >= 1 and @x < 5]",
+                      "//a[@x >= 1][@x < 5]", "//a[@x = 'k' or @x = 'j']", "//a[starts-with(@x, 'k-')]",
+                      "//a[@x = 'k' or @y = 'j']", "PATTERN SEQ(a e) WHERE e.x >= 1 AND e.x < 5",
+                      "PATTERN SEQ(a e) WHERE e.x = 'k' OR e.x = 'j'"]}
+    assert keys == {
+        "//a[@x = 'k' and @y > 3]": ("xeq", "x", "k"), "//a[@y > 3 and @x = 'k']": ("xeq", "x", "k"),
+        "//a[@x >= 1 and @x < 5]": ("interval", "xnum", "x", 1, True, 5, False),
+        "//a[@x >= 1][@x < 5]": ("interval", "xnum", "x", 1, True, 5, False),
+        "//a[@x = 'k' or @x = 'j']": ("anyof", (("xeq", "x", "k"), ("xeq", "x", "j"))),
+        "//a[starts-with(@x, 'k-')]": ("prefix", "xeq", "x", "k-"),
+        "//a[@x = 'k' or @y = 'j']": None,  # (two attributes: no one table holds it)
+        "PATTERN SEQ(a e) WHERE e.x >= 1 AND e.x < 5": ("interval", None, "x", 1, True, 5, False),
+        "PATTERN SEQ(a e) WHERE e.x = 'k' OR e.x = 'j'": ("anyof", (("eq", "x", "k"), ("eq", "x", "j"))),
+    }

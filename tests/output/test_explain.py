@@ -139,3 +139,16 @@ def test_too_large_a_picture_for_matplotlib_is_refused(tmp_path, monkeypatch):
     g = explain.nfa_graph(build_engine(["//a" * 601]))
     with pytest.raises(RuntimeError, match="601 NFA nodes are too many to draw with matplotlib"):
         explain.write_picture(g, explain.as_dot(g), tmp_path / "nfa.png")
+
+
+def test_explain_counts_the_nodes_found_through_an_index_and_those_every_event_tests():
+    from yfpp.engine import Engine
+    from yfpp.output.explain import as_text, nfa_graph, sharing_figures
+
+    eng = Engine()
+    eng.register("[k]&&//a[@x='1' and @y > 2]//b[@y > 3 or @z = 1]")
+    eng.register("PATTERN SEQ(a e, b f) WHERE e.x >= 1 AND e.x < 5")
+    g = nfa_graph(eng)
+    figures = sharing_figures(eng, g)
+    assert (figures["indexed_nodes"], figures["tested_nodes"]) == (2, 1)
+    assert as_text(eng, g).endswith("nodes with predicates: 2 found through an index, 1 evaluated for every event of their type")

@@ -21,12 +21,12 @@ from __future__ import annotations
 import difflib
 import re
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass, replace
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 from yfpp.errors import QueryError, QuerySyntaxError, YfppError
-from yfpp.language.pattern import Pattern
+from yfpp.language.pattern import Literal, Pattern, XPathTest
 
 _QUERY_LINE = re.compile(r"@query\s+([A-Za-z_][\w.\-]*)\s*$")
 _SPACE = re.compile(r"\s*")
@@ -202,3 +202,174 @@ def _load_file(path: Path) -> list[QuerySource]:
     except OSError as e:
         raise YfppError(f"cannot read query file {path}: {e.strerror or e}") from None
     return read_query_file(text, path.stem, str(path), _SUFFIX_LANGUAGE.get(path.suffix))
+
+
+# --- query shapes: parse once per shape, constants substituted ------------------------------------------------
+
+# A constant that a subscriber varies: a quoted string without quote or backslash inside, or a number (at most 15
+# digits each side of the point) right after a comparison operator and not part of a longer token (80%, 5.x).
+_CONSTANT = re.compile(r"""'[^'\\\n]*'|"[^"\\\n]*"|(?<=[=<>])(\s*)(\d{1,15}(?:\.\d{1,15})?)(?![\w.%])""")
+_SENTINEL = "\ue000{}\ue001"  # a string constant's stand-in (private-use characters)
+_NUMBER_SENTINEL = 987_654_321_000  # + i: an integer constant's stand-in (12 digits, exact as a double)
+
+
+class QueryShapes:
+    """Parse queries that differ only by constants once: :meth:`parse` lifts the constants out of the text, parses
+    the *shape* (the text with stand-ins) the first time it is met, and substitutes each query's constants into
+    the shape's pattern (its ``Literal`` s and XPath predicate texts).  A shape whose stand-ins the parser does
+    not keep each exactly once, as written (folded, in a comment, in a name), is parsed query by query; so is
+    one that fails to parse, for its own positioned error."""
+
+    def __init__(self, max_shapes: int = 4096) -> None:
+        self.max_shapes = max_shapes
+        self._shapes: dict[tuple, _Shape | None] = {}
+
+    def parse(self, text: str, ts_unit: str = "s") -> Pattern:
+        """:func:`parse_query` of ``text``, the same pattern, from the shape's when it was met before."""
+        from yfpp.language.query_limits import check_text
+
+        check_text(text)  # (the caps on the whole text: the shape's is shorter)
+        tokens = [(m.start(2) if m.group(2) else m.start(), m.group(2) or m.group()) for m in _CONSTANT.finditer(text)]
+        if not tokens:
+            return parse_query(text, None, ts_unit)
+        pieces, last = [], 0
+        for start, tok in tokens:
+            pieces.append(text[last:start])
+            pieces.append("\x00" + ("s" if tok[0] in "'\"" else "d" if "." in tok else "n") + tok[0] * (tok[0] in "'\""))
+            last = start + len(tok)
+        pieces.append(text[last:])
+        key = (ts_unit, "".join(pieces))
+        shape = self._shapes.get(key, _MISSING)
+        if shape is _MISSING:
+            shape = _Shape.make(pieces, ts_unit)
+            if len(self._shapes) >= self.max_shapes:
+                self._shapes.pop(next(iter(self._shapes)))
+            self._shapes[key] = shape
+        if shape is None:
+            return parse_query(text, None, ts_unit)
+        return shape.instance(text, [tok for _, tok in tokens])
+
+
+_MISSING: object = object()
+
+
+class _Shape:
+    """A parsed shape: its pattern with stand-ins, and how to put a query's constants in their place."""
+
+    __slots__ = ("pattern", "sentinels", "kinds", "lines", "hot")
+
+    def __init__(self, pattern: Pattern, sentinels: list[str], kinds: list[type], lines: list[tuple[int, int]]):
+        self.pattern = pattern
+        self.hot = _hot(pattern, {(s[1:-1] if s[0] in "'\"" else s) for s in sentinels}, sentinels, set())
+        self.sentinels = sentinels  # each constant's stand-in as written in the shape's text
+        self.kinds = kinds  # the type the parser made of each stand-in (str, int, float, Decimal…)
+        self.lines = lines  # (line, column) of each stand-in in the shape's text
+
+    @classmethod
+    def make(cls, pieces: list[str], ts_unit: str) -> "_Shape | None":
+        sentinels, text = [], []
+        for i, piece in enumerate(pieces):
+            if i % 2 == 0:
+                text.append(piece)
+                continue
+            kind = piece[1]
+            sentinels.append(piece[2] + _SENTINEL.format(i // 2) + piece[2] if kind == "s"
+                             else f"{_NUMBER_SENTINEL + i // 2}" + (".5" if kind == "d" else ""))
+            text.append(sentinels[-1])
+        source = "".join(text)
+        try:
+            pattern = parse_query(source, None, ts_unit)
+        except YfppError:
+            return None
+        values = {(s[1:-1] if s[0] in "'\"" else s): i for i, s in enumerate(sentinels)}
+        found: list[int] = [0] * len(sentinels)
+        kinds: list[type] = [str] * len(sentinels)
+        for obj in _walk(pattern):
+            if isinstance(obj, Literal):
+                v = obj.value
+                i = values.get(v if isinstance(v, str) else str(v))
+                if i is not None and (isinstance(v, str) == (sentinels[i][0] in "'\"")):
+                    found[i] += 1
+                    kinds[i] = type(v)
+            elif isinstance(obj, XPathTest):
+                for i, s in enumerate(sentinels):
+                    found[i] += obj.source.count(s)
+            elif isinstance(obj, str) and obj is not pattern.source:
+                for i, s in enumerate(sentinels):
+                    if s.strip("'\"") in obj:
+                        return None  # (a stand-in in a name, a namespace…: not a constant)
+        if found != [1] * len(sentinels):
+            return None
+        lines, offset = [], 0
+        for i, piece in enumerate(text):
+            if i % 2:
+                line = source.count("\n", 0, offset) + 1
+                lines.append((line, offset - source.rfind("\n", 0, offset)))
+            offset += len(piece)
+        return cls(pattern, sentinels, kinds, lines)
+
+    def instance(self, text: str, constants: list[str]) -> Pattern:
+        """The shape's pattern with ``constants`` (as written) in place of its stand-ins, and ``text`` its source."""
+        literals, texts = {}, []
+        for s, kind, c in zip(self.sentinels, self.kinds, constants):
+            if s[0] in "'\"":
+                literals[(str, s[1:-1])] = c[1:-1]
+            else:
+                literals[(kind, kind(s))] = kind(c)
+            texts.append((s, c))
+        shifts: dict[int, list[tuple[int, int]]] = {}
+        for (line, column), (s, c) in zip(self.lines, texts):
+            shifts.setdefault(line, []).append((column, len(c) - len(s)))
+        positions = tuple((var, line, column + sum(d for at, d in shifts.get(line, ()) if at < column))
+                          for var, line, column in self.pattern.positions)
+        pattern = _substitute(self.pattern, literals, texts, self.hot)
+        object.__setattr__(pattern, "source", text)
+        object.__setattr__(pattern, "positions", positions)
+        return pattern
+
+
+def _walk(obj: object) -> Iterator[object]:
+    """Every dataclass, tuple item and string inside a pattern (a ``Literal`` or ``XPathTest`` as a whole)."""
+    stack = [obj]
+    while stack:
+        o = stack.pop()
+        yield o
+        if isinstance(o, tuple):
+            stack.extend(o)
+        elif is_dataclass(o) and not isinstance(o, (Literal, XPathTest)):
+            stack.extend(getattr(o, f.name) for f in fields(o))
+
+
+def _hot(obj: Any, values: set[str], sentinels: list[str], hot: set[int]) -> set[int]:
+    """The ids of the objects of ``obj`` (a shape's pattern, which keeps them) that hold a stand-in: what
+    :func:`_substitute` rebuilds; the rest is shared between the shape's queries."""
+    if isinstance(obj, Literal):
+        if str(obj.value) in values:
+            hot.add(id(obj))
+    elif isinstance(obj, XPathTest):
+        if any(s in obj.source for s in sentinels):
+            hot.add(id(obj))
+    elif isinstance(obj, tuple) or (is_dataclass(obj) and not isinstance(obj, type)):
+        items = obj if isinstance(obj, tuple) else [getattr(obj, f.name) for f in fields(obj)]
+        for item in items:
+            _hot(item, values, sentinels, hot)
+        if any(id(item) in hot for item in items):
+            hot.add(id(obj))
+    return hot
+
+
+def _substitute(obj: Any, literals: dict, texts: list[tuple[str, str]], hot: set[int]) -> Any:
+    """``obj`` rebuilt with the literals and XPath texts replaced where :func:`_hot` found stand-ins."""
+    if id(obj) not in hot:
+        return obj
+    if isinstance(obj, Literal):
+        return Literal(literals[(type(obj.value), obj.value)])
+    if isinstance(obj, XPathTest):
+        source = obj.source
+        for s, c in texts:
+            source = source.replace(s, c)
+        return replace(obj, source=source)
+    if isinstance(obj, tuple):
+        return tuple([_substitute(o, literals, texts, hot) for o in obj])
+    return replace(obj, **{f.name: _substitute(getattr(obj, f.name), literals, texts, hot) for f in fields(obj)
+                           if id(getattr(obj, f.name)) in hot})

@@ -27,6 +27,7 @@ without testing the others.
 
 from __future__ import annotations
 
+import math
 import re
 from bisect import bisect_left, bisect_right, insort
 from collections import Counter
@@ -36,7 +37,7 @@ from typing import Any, Callable, Hashable, Iterable, Iterator, Sequence
 
 from yfpp.input.events import MISSING, Event
 from yfpp.nfa.compiler import ComponentSpec, QueryPlan
-from yfpp.language.pattern import Compare, Contiguity, Index, Literal, Ref, XPathTest
+from yfpp.language.pattern import Compare, Contiguity, Index, Literal, Or, Ref, XPathTest
 from yfpp.nfa.predicates import AggSlot, Check, is_number
 
 _ids = count()
@@ -136,12 +137,16 @@ class _TypeGroup:
         # range predicates, by (source, attribute, op): a SASE+ attribute's value (source None), an XPath
         # attribute's or child's text cast as XPath casts it ("xnum", "cnum"); sorted (bound, node id) keys
         self.ranges: dict[tuple[str | None, str, str], tuple[list[tuple[Any, int]], dict[int, Node]]] = {}
+        # both bounds of a range (lo <= x < hi), by (source, attribute) as for ranges: stabbed by the value
+        self.intervals: dict[tuple[str | None, str], IntervalIndex] = {}
+        # XPath starts-with(@a, 'p') / starts-with(a, 'p'), by (kind, name): prefix length -> prefix -> nodes
+        self.prefixes: dict[tuple[str, str], dict[int, dict[str, list[Node]]]] = {}
         #: xpath_ext.xpath_predicates.index_keys, once an XPath index is made (a run without XPath never loads it)
         self.xpath_keys: Callable[[str, str, Event], list[Any] | None] | None = None
 
     def add(self, node: Node) -> None:
         key = node.index_key
-        if key is not None and key[0] not in ("eq", "range") and self.xpath_keys is None:
+        if key is not None and self.xpath_keys is None and _reads_xpath(key):
             from xpath_ext.xpath_predicates import index_keys
 
             self.xpath_keys = index_keys
@@ -152,10 +157,17 @@ class _TypeGroup:
             keys, nodes = self.ranges.setdefault(slot, ([], {}))
             insort(keys, (c, node.id))
             nodes[node.id] = node
+        elif key[0] == "interval":
+            _, source, attr, lo, lo_in, hi, hi_in = key
+            self.intervals.setdefault((source, attr), IntervalIndex()).add(node, lo, lo_in, hi, hi_in)
+        elif key[0] == "prefix":
+            _, kind, name, prefix = key
+            by_len = self.prefixes.setdefault((kind, name), {})
+            by_len.setdefault(len(prefix), {}).setdefault(prefix, []).append(node)
         else:
-            kind, attr, value = key
-            table = self.eq.setdefault(attr, {}) if kind == "eq" else self.xpath.setdefault((kind, attr), {})
-            table.setdefault(value, []).append(node)
+            for kind, attr, value in _eq_keys(key):
+                table = self.eq.setdefault(attr, {}) if kind == "eq" else self.xpath.setdefault((kind, attr), {})
+                table.setdefault(value, []).append(node)
 
     def remove(self, node: Node) -> None:
         key = node.index_key
@@ -166,26 +178,41 @@ class _TypeGroup:
             keys, nodes = self.ranges[slot]
             keys.pop(bisect_left(keys, (c, node.id)))
             del nodes[node.id]
+            if not nodes:
+                del self.ranges[slot]
+        elif key[0] == "interval":
+            _, source, attr, lo, _, hi, _ = key
+            index = self.intervals[(source, attr)]
+            index.remove(node, lo, hi)
+            if not index:
+                del self.intervals[(source, attr)]
+        elif key[0] == "prefix":
+            _, kind, name, prefix = key
+            by_len = self.prefixes[(kind, name)]
+            _drop(by_len[len(prefix)], prefix, node)
+            if not by_len[len(prefix)]:
+                del by_len[len(prefix)]
+                if not by_len:
+                    del self.prefixes[(kind, name)]
         else:
-            kind, attr, value = key
-            tables: dict = self.eq if kind == "eq" else self.xpath
-            table = tables[attr if kind == "eq" else (kind, attr)]
-            lst = table[value]
-            lst.remove(node)
-            if not lst:
-                del table[value]
+            for kind, attr, value in _eq_keys(key):
+                tables: dict = self.eq if kind == "eq" else self.xpath
+                table = tables[attr if kind == "eq" else (kind, attr)]
+                _drop(table, value, node)
+                if not table:
+                    del tables[attr if kind == "eq" else (kind, attr)]
 
     def finder(self) -> tuple[tuple[Node, ...], tuple[tuple[str, dict], ...], "_TypeGroup | None"]:
         """How the runtime finds this group's candidates without a call: ``(plain, eq, None)`` — the nodes every
         event of the type gets, and the equality indexes (attribute, value -> nodes) to look its values up in,
         in :meth:`candidates`' order — or ``((), (), self)`` when an XPath or range index needs :meth:`candidates`.
         A snapshot of ``plain`` (made again after every registration change), live index tables."""
-        if self.xpath or self.ranges:
+        if self.xpath or self.ranges or self.intervals or self.prefixes:
             return (), (), self
         return tuple(self.plain), tuple(self.eq.items()), None
 
     def candidates(self, ev: Event) -> Sequence[Node]:
-        if not (self.eq or self.xpath or self.ranges):
+        if not (self.eq or self.xpath or self.ranges or self.intervals or self.prefixes):
             return self.plain
         out = list(self.plain)
         for attr, table in self.eq.items():
@@ -200,10 +227,11 @@ class _TypeGroup:
             for (kind, name), table in self.xpath.items():
                 keys = index_keys(kind, name, ev)  # type: ignore[misc]
                 if keys is None:  # (a child the index does not read: every node of the table checks it)
-                    out += [n for nodes in table.values() for n in nodes]
-                else:
-                    for k in keys:
-                        out += table.get(k, ())
+                    out += dict.fromkeys(n for nodes in table.values() for n in nodes)
+                elif len(keys) == 1:
+                    out += table.get(keys[0], ())
+                else:  # (several children: a node of several keys, [@a='x' or @a='y'], found once)
+                    out += dict.fromkeys(n for k in keys for n in table.get(k, ()))
         for (source, attr, op), (keys, nodes) in self.ranges.items():
             if source is None:
                 v = ev.attrs.get(attr, MISSING)
@@ -218,7 +246,98 @@ class _TypeGroup:
                 out += [nodes[nid] for _, nid in _in_range(keys, op, values[0])]
             elif values:  # (several children: each node once)
                 out += {nid: nodes[nid] for v in values for _, nid in _in_range(keys, op, v)}.values()
+        for (source, attr), index in self.intervals.items():
+            if source is None:
+                v = ev.attrs.get(attr, MISSING)
+                values = (v,) if is_number(v) else ()
+            else:
+                found = index_keys(source, attr, ev)  # type: ignore[misc]
+                if found is None:  # (as above)
+                    out += index.nodes()
+                    continue
+                values = tuple(v for v in found if v == v)
+            if len(values) == 1:
+                out += index.stab(values[0])
+            elif values:
+                out += dict.fromkeys(n for v in values for n in index.stab(v))
+        for (kind, name), by_len in self.prefixes.items():
+            texts = index_keys(kind, name, ev)  # type: ignore[misc]
+            if texts is None:  # (as above)
+                out += [n for table in by_len.values() for nodes in table.values() for n in nodes]
+                continue
+            found = [n for text in texts for length, table in by_len.items() if len(text) >= length
+                     for n in table.get(text[:length], ())]
+            out += found if len(texts) < 2 else dict.fromkeys(found)
         return out
+
+
+class IntervalIndex:
+    """Nodes whose predicate holds for values in one interval (``lo <= x < hi`` and the like): a stabbing query
+    finds those whose interval holds a value.  Intervals are kept by width class (widths in ``[2**(e-1), 2**e)``),
+    each class sorted by lower bound: a value ``v`` looks at the lower bounds in ``[v - 2**e, v]`` of each class,
+    about twice the intervals that hold it at most, whatever their overlap."""
+
+    __slots__ = ("classes",)
+
+    def __init__(self) -> None:
+        # width exponent -> (sorted (lo, node id), node id -> (node, lo inclusive, hi, hi inclusive))
+        self.classes: dict[int, tuple[list[tuple[Any, int]], dict[int, tuple[Node, bool, Any, bool]]]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.classes)
+
+    def add(self, node: Node, lo: Any, lo_in: bool, hi: Any, hi_in: bool) -> None:
+        keys, entries = self.classes.setdefault(_width_class(lo, hi), ([], {}))
+        insort(keys, (lo, node.id))
+        entries[node.id] = (node, lo_in, hi, hi_in)
+
+    def remove(self, node: Node, lo: Any, hi: Any) -> None:
+        e = _width_class(lo, hi)
+        keys, entries = self.classes[e]
+        keys.pop(bisect_left(keys, (lo, node.id)))
+        del entries[node.id]
+        if not entries:
+            del self.classes[e]
+
+    def nodes(self) -> list[Node]:
+        return [n for _, entries in self.classes.values() for n, _, _, _ in entries.values()]
+
+    def stab(self, v: Any) -> list[Node]:
+        """The nodes whose interval holds ``v`` (a number, not NaN)."""
+        out = []
+        for e, (keys, entries) in self.classes.items():
+            start = bisect_left(keys, (v - 2.0 ** e, -1))
+            stop = bisect_right(keys, (v, float("inf")), start)
+            for lo, nid in keys[start:stop]:
+                node, lo_in, hi, hi_in = entries[nid]
+                if (v < hi or (hi_in and v == hi)) and (lo_in or lo < v):
+                    out.append(node)
+        return out
+
+
+def _width_class(lo: Any, hi: Any) -> int:
+    """The exponent ``e`` with ``hi - lo < 2**e`` (and ``>= 2**(e-1)`` unless 0): an interval's width class."""
+    return math.frexp(hi - lo)[1]
+
+
+def _reads_xpath(key: tuple) -> bool:
+    """Is ``key`` looked up through ``xpath_ext.xpath_predicates.index_keys`` (an XPath index)?"""
+    if key[0] == "anyof":
+        key = key[1][0]
+    return key[0] not in ("eq", "range") and not (key[0] == "interval" and key[1] is None)
+
+
+def _eq_keys(key: tuple) -> tuple[tuple, ...]:
+    """The equality keys a node is found by: one, or several of one table (``anyof``: ``a = 'x' OR a = 'y'``)."""
+    return key[1] if key[0] == "anyof" else (key,)
+
+
+def _drop(table: dict, key: Any, node: Node) -> None:
+    """Take ``node`` out of ``table[key]``'s list, and the key when that empties it."""
+    lst = table[key]
+    lst.remove(node)
+    if not lst:
+        del table[key]
 
 
 def _in_range(keys: list[tuple[Any, int]], op: str, v: Any) -> list[tuple[Any, int]]:
@@ -261,44 +380,184 @@ _XPATH_EQ = re.compile(r"""\s*(@?)([A-Za-z_][\w.\-]*)\s*=\s*(?:'([^']*)'|"([^"]*
 _XPATH_NAME, _XPATH_BOUND = r"(@?)([A-Za-z_][\w.\-]*)", r"([0-9]{1,15})"
 _XPATH_RANGE = re.compile(rf"\s*{_XPATH_NAME}\s*(<=|>=|<|>)\s*{_XPATH_BOUND}\s*\Z")  # @a > 12, a > 12
 _XPATH_RANGE_FLIPPED = re.compile(rf"\s*{_XPATH_BOUND}\s*(<=|>=|<|>)\s*{_XPATH_NAME}\s*\Z")  # 12 < @a
+_XPATH_PREFIX = re.compile(rf"""\s*starts-with\(\s*{_XPATH_NAME}\s*,\s*(?:'([^']+)'|"([^"]+)")\s*\)\s*\Z""")
 _FLIP = {">": "<", ">=": "<=", "<": ">", "<=": ">=", "=": "="}
+_LOWER, _UPPER = (">", ">="), ("<", "<=")
 
 
 def index_key(spec: ComponentSpec) -> tuple | None:
-    """An equality (preferred) or range conjunct of ``spec``'s begin condition on its own event."""
+    """How a transition table finds ``spec``'s node: a conjunct of its begin condition on its own event — an
+    equality (preferred), an ``or`` of equalities on one attribute (``anyof``), an XPath ``starts-with``
+    (``prefix``), both bounds of a range on one attribute (``interval``), else one bound (``range``).  XPath
+    brackets are split at their top-level ``and`` (``[@a='x' and @b > 3]`` as ``[@a='x'][@b > 3]``), SASE+
+    conditions are conjuncts already.  None: the node is tested by every event of its type."""
     me = f"#{spec.index}"
     found: list[tuple] = []
     for expr, _ in spec.begin:
-        if isinstance(expr, XPathTest) and expr.var == me and not expr.namespaces:
-            m = _XPATH_EQ.match(expr.source)
-            if m:
-                attribute, name, single, double, number = m.groups()
-                text = single if single is not None else double
-                kind = ("x" if attribute else "c") + ("eq" if text is not None else "num")
-                found.append((kind, name, text if text is not None else int(number)))
-            m = _XPATH_RANGE.match(expr.source)
-            if m:
-                attribute, name, op, bound = m.groups()
-                found.append(("xrange", "xnum" if attribute else "cnum", name, op, int(bound)))
-            m = _XPATH_RANGE_FLIPPED.match(expr.source)
-            if m:
-                bound, op, attribute, name = m.groups()
-                found.append(("xrange", "xnum" if attribute else "cnum", name, _FLIP[op], int(bound)))
-        elif isinstance(expr, Compare) and expr.op in _FLIP:
-            left, right, op = expr.left, expr.right, expr.op
-            if isinstance(left, Literal):
-                left, right, op = right, left, _FLIP[op]
-            if not (isinstance(left, Ref) and left.var == me and isinstance(right, Literal)):
-                continue
-            if left.index not in (Index.EACH, Index.FIRST) or left.attr in ("ts", "type", "seq"):
-                continue
-            v = right.value
-            if op == "=" and (is_number(v) or type(v) is str):
-                found.append(("eq", left.attr, v))
-            elif op != "=" and is_number(v):
-                found.append(("range", left.attr, op, v))
-    found.sort(key=lambda k: k[0] in ("range", "xrange"))
-    return found[0] if found else None
+        if isinstance(expr, XPathTest):
+            if expr.var == me and not expr.namespaces:
+                found += _xpath_keys(expr.source)
+        else:
+            found += _sase_keys(expr, me)
+    return _best(found)
+
+
+def _best(found: list[tuple]) -> tuple | None:
+    """The most selective of the keys found: equality, then ``anyof`` (fewest values), prefix (longest),
+    interval (both bounds of one attribute, the first of each), range."""
+    if not found:
+        return None
+    eqs = [k for k in found if k[0] not in ("anyof", "prefix", "range", "xrange")]
+    if eqs:
+        return eqs[0]
+    anyof = [k for k in found if k[0] == "anyof"]
+    if anyof:
+        return min(anyof, key=lambda k: len(k[1]))
+    prefixes = [k for k in found if k[0] == "prefix"]
+    if prefixes:
+        return max(prefixes, key=lambda k: len(k[3]))
+    bounds: dict[tuple, tuple[tuple | None, tuple | None]] = {}
+    for k in found:  # ("range", attr, op, c) / ("xrange", source, name, op, c): the attribute, the bound
+        slot, c = _range_slot(k)
+        source, attr, op = slot
+        lo, hi = bounds.get((source, attr), (None, None))
+        if op in _LOWER and lo is None:
+            lo = (c, op == ">=")
+        elif op in _UPPER and hi is None:
+            hi = (c, op == "<=")
+        bounds[(source, attr)] = (lo, hi)
+    for (source, attr), (lo, hi) in bounds.items():
+        if lo is not None and hi is not None and lo[0] <= hi[0] and _finite_width(lo[0], hi[0]):
+            return ("interval", source, attr, lo[0], lo[1], hi[0], hi[1])
+    return found[0]
+
+
+def _finite_width(lo: Any, hi: Any) -> bool:
+    try:
+        return math.isfinite(hi - lo)
+    except OverflowError:  # (integers beyond a double)
+        return False
+
+
+def _sase_keys(expr: Any, me: str) -> list[tuple]:
+    """The index keys of one SASE+ conjunct: a comparison of the event's attribute with a literal, or an ``OR`` of
+    equalities of one attribute."""
+    if isinstance(expr, Or):
+        keys = [_sase_compare(e, me) for e in expr.operands]
+        if keys and all(k is not None and k[0] == "eq" and k[1] == keys[0][1] for k in keys):
+            return [("anyof", tuple(dict.fromkeys(keys)))]
+        return []
+    key = _sase_compare(expr, me)
+    return [] if key is None else [key]
+
+
+def _sase_compare(expr: Any, me: str) -> tuple | None:
+    if not (isinstance(expr, Compare) and expr.op in _FLIP):
+        return None
+    left, right, op = expr.left, expr.right, expr.op
+    if isinstance(left, Literal):
+        left, right, op = right, left, _FLIP[op]
+    if not (isinstance(left, Ref) and left.var == me and isinstance(right, Literal)):
+        return None
+    if left.index not in (Index.EACH, Index.FIRST) or left.attr in ("ts", "type", "seq"):
+        return None
+    v = right.value
+    if op == "=" and (is_number(v) or type(v) is str):
+        return ("eq", left.attr, v)
+    if op != "=" and is_number(v):
+        return ("range", left.attr, op, v)
+    return None
+
+
+def _xpath_keys(source: str) -> list[tuple]:
+    """The index keys of an XPath predicate's text: of itself, of each operand of a top-level ``and``, or one
+    ``anyof`` for a top-level ``or`` of equalities on one attribute or child."""
+    disjuncts = _split_top(source, "or")
+    if len(disjuncts) > 1:
+        keys = [_xpath_atom(_unparen(d)) for d in disjuncts]
+        if all(k is not None and k[0] in ("xeq", "xnum", "ceq", "cnum") and k[:2] == keys[0][:2] for k in keys):
+            return [("anyof", tuple(dict.fromkeys(keys)))]  # type: ignore[arg-type]
+        return []
+    conjuncts = _split_top(source, "and")
+    if len(conjuncts) > 1:
+        return [k for c in conjuncts for k in _xpath_keys(_unparen(c))]
+    key = _xpath_atom(source)
+    return [] if key is None else [key]
+
+
+def _xpath_atom(source: str) -> tuple | None:
+    """The index key of one comparison (or ``starts-with``) of an attribute or child with a literal."""
+    m = _XPATH_EQ.match(source)
+    if m:
+        attribute, name, single, double, number = m.groups()
+        text = single if single is not None else double
+        return (("x" if attribute else "c") + ("eq" if text is not None else "num"), name,
+                text if text is not None else int(number))
+    m = _XPATH_RANGE.match(source)
+    if m:
+        attribute, name, op, bound = m.groups()
+        return ("xrange", "xnum" if attribute else "cnum", name, op, int(bound))
+    m = _XPATH_RANGE_FLIPPED.match(source)
+    if m:
+        bound, op, attribute, name = m.groups()
+        return ("xrange", "xnum" if attribute else "cnum", name, _FLIP[op], int(bound))
+    m = _XPATH_PREFIX.match(source)
+    if m:
+        attribute, name, single, double = m.groups()
+        return ("prefix", "xeq" if attribute else "ceq", name, single if single is not None else double)
+    return None
+
+
+def _split_top(source: str, word: str) -> list[str]:
+    """``source`` cut at each ``word`` (``and``/``or``, between spaces) outside quotes, brackets and parentheses."""
+    parts, depth, quote, start, i, n = [], 0, "", 0, 0, len(source)
+    token = f" {word} "
+    while i < n:
+        ch = source[i]
+        if quote:
+            if ch == quote:
+                quote = ""
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
+        elif depth == 0 and ch.isspace() and source.startswith(word, i + 1) and i + 1 + len(word) < n \
+                and source[i + 1 + len(word)].isspace():
+            parts.append(source[start:i])
+            i += len(token)
+            start = i
+            continue
+        i += 1
+    parts.append(source[start:])
+    return parts
+
+
+def _unparen(source: str) -> str:
+    """``source`` without parentheses around all of it."""
+    s = source.strip()
+    while s.startswith("(") and s.endswith(")") and _balanced(s[1:-1]):
+        s = s[1:-1].strip()
+    return s
+
+
+def _balanced(source: str) -> bool:
+    """Do the parentheses outside quotes of ``source`` pair up left to right (``(a) or (b)`` does not)?"""
+    depth, quote = 0, ""
+    for ch in source:
+        if quote:
+            if ch == quote:
+                quote = ""
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth < 0:
+                return False
+    return depth == 0
 
 
 @dataclass(eq=False)

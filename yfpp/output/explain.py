@@ -89,6 +89,20 @@ def _index_text(key: tuple | None) -> str | None:
     if key[0] == "xrange":
         _, source, name, op, bound = key
         return f"{'@' if source == 'xnum' else ''}{name} {op} {bound!r} (range index{'' if source == 'xnum' else ' of child elements'})"
+    if key[0] == "interval":
+        _, source, name, lo, lo_in, hi, hi_in = key
+        name = f"{'@' if source == 'xnum' else ''}{name}"
+        return (f"{lo!r} {'<=' if lo_in else '<'} {name} {'<=' if hi_in else '<'} {hi!r} "
+                f"(interval index{' of child elements' if source == 'cnum' else ''})")
+    if key[0] == "prefix":
+        _, kind, name, prefix = key
+        return (f"starts-with({'@' if kind == 'xeq' else ''}{name}, {prefix!r}) "
+                f"(prefix index{' of child elements' if kind == 'ceq' else ''})")
+    if key[0] == "anyof":
+        first = key[1][0]
+        name = first[1] if first[0] == "eq" else f"{'@' if first[0] in ('xeq', 'xnum') else ''}{first[1]}"
+        return (f"{name} in ({', '.join(repr(k[2]) for k in key[1])}) "
+                f"(hash index, {len(key[1])} keys{' of child elements' if first[0] in ('ceq', 'cnum') else ''})")
     if key[0] in ("ceq", "cnum"):
         return f"{key[1]} = {key[2]!r} (hash index of child elements)"
     return f"{'@' if key[0] in ('xeq', 'xnum') else ''}{key[1]} = {key[2]!r} (hash index)"
@@ -198,6 +212,7 @@ def sharing_figures(engine: Engine, g: nx.DiGraph) -> dict[str, float]:
     """Figures of the shared NFA (``queries``: those in it; ``set_queries``: the event-set queries beside it)."""
     components = sum(len(p.specs) for p in engine.queries.values())
     nodes = g.number_of_nodes() - 1
+    nfa = list(engine.runtime.nfa.nodes())
     return {
         "queries": len(engine.queries),
         "set_queries": len(engine.set_queries),
@@ -206,6 +221,9 @@ def sharing_figures(engine: Engine, g: nx.DiGraph) -> dict[str, float]:
         "shared_nodes": sum(1 for n, d in g.nodes(data=True) if n != "start" and len(d["queries"]) > 1),
         "sharing_ratio": components / nodes if nodes else 1.0,
         "states": engine.runtime.live_states,
+        # nodes whose begin predicates an event can fail: found through an index, or tested by every event of the type
+        "indexed_nodes": sum(1 for n in nfa if n.begin and n.index_key is not None),
+        "tested_nodes": sum(1 for n in nfa if n.begin and n.index_key is None),
     }
 
 
@@ -249,6 +267,9 @@ def as_text(engine: Engine, g: nx.DiGraph) -> str:
         f"{f['queries']} quer{'y' if f['queries'] == 1 else 'ies'}, {f['components']} components → {f['nodes']} NFA nodes "
         f"({f['shared_nodes']} shared), sharing ratio {f['sharing_ratio']:.2f}, {f['states']} run states"
     )
+    if f["indexed_nodes"] or f["tested_nodes"]:
+        lines.append(f"nodes with predicates: {f['indexed_nodes']} found through an index, {f['tested_nodes']} "
+                     f"evaluated for every event of their type")
     lines.extend(_set_text(q) for q in set_queries(engine))
     return "\n".join(lines)
 

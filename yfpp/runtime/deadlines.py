@@ -37,12 +37,14 @@ class Deadlines:
         self.pending: dict[QueryPlan, dict[Any, list[Pending]]] = {}
         self.heap: list[tuple[float, int, Pending]] = []
         self.order = count()  # ties between equal deadlines go by holding order
+        self.waiting: set[QueryPlan] = set()  # the queries holding matches (pending, or killed not yet expired)
 
     def add(self, plan: QueryPlan) -> None:
         if plan.trailing is not None:
             self.pending[plan] = {}
 
     def remove(self, plan: QueryPlan) -> None:
+        self.waiting.discard(plan)
         for group in self.pending.pop(plan, {}).values():
             for p in group:
                 p.killed = True
@@ -52,6 +54,7 @@ class Deadlines:
 
     def hold(self, p: Pending) -> None:
         self.pending[p.plan].setdefault(p.key, []).append(p)
+        self.waiting.add(p.plan)
         heapq.heappush(self.heap, (p.deadline, next(self.order), p))
 
     def killed_by(self, plan: QueryPlan, neg: NegationPlan, ev: Event, ek: Any, kills: list[Pending]) -> None:
@@ -72,6 +75,8 @@ class Deadlines:
                 group.remove(p)
                 if not group:
                     del self.pending[p.plan][p.key]
+                    if not self.pending[p.plan]:
+                        self.waiting.discard(p.plan)
             if not p.killed:
                 out.append(p)
         return out

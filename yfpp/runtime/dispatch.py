@@ -249,7 +249,7 @@ class EventSteps:
                         ticks[k] = ticks.get(k, 0) + 1
                         bumped.append((ticks, k))
             if route.negs:
-                for owner, neg, ends in route.negs:
+                for owner, neg, ends in (route.negs if route.wide is None else self._live_negs(route, ev)):
                     if neg is None and not owner.root.live:
                         continue  # a shared candidate store of a branch without runs (see _may_need)
                     attrs = owner.partition_by
@@ -489,7 +489,7 @@ class EventSteps:
         """:meth:`_steps` of an event of a route with ``quick`` (no partition ticks or strict runs), which may
         change nothing: no candidate store it feeds has a live branch, no run is stored under its keys for it to
         move, and it begins no root.  Then it stops here; else it goes through ``_steps``."""
-        for store, _, _ in route.negs:
+        for store, _, _ in (route.negs if route.wide is None else self._live_negs(route, ev)):
             if store.root.live:
                 return self._steps(ev, route, tick, out)
         if route.scan:
@@ -538,3 +538,24 @@ class EventSteps:
         self._accepted.clear()
         self.tick -= 1
         ev.pos = -1
+
+    def _live_negs(self, route: Route, ev: Event) -> list:
+        """The entries of ``route.negs`` an event may matter to, found through what is live rather than tried one
+        by one: shared stores of the branches holding runs under the event's keys (or strict runs: see
+        ``_may_need``), trailing negations of the queries holding pending matches, every unkeyed store."""
+        by_root, by_plan, out = route.wide  # type: ignore[misc]
+        out = list(out)
+        if by_root:
+            roots = {st.node.root for st in self.strict}
+            for attrs, by_key in self._parts:
+                if by_key:
+                    k = _key_of(ev, attrs)
+                    states = by_key.get(k) if k is not None else None
+                    if states:
+                        roots.update(st.node.root for st in states)
+            for root in roots:
+                out += by_root.get(root, ())
+        if by_plan:
+            for plan in self.deadlines.waiting:
+                out += by_plan.get(plan, ())
+        return out

@@ -30,21 +30,24 @@ from yfpp.nfa.shared_nfa import Node
 class CandidateStore:
     """The candidates of one class of equivalent middle negations: key → (stream positions, events)."""
 
-    __slots__ = ("signature", "self_preds", "partition_by", "root", "buckets", "users")
+    __slots__ = ("signature", "self_preds", "partition_by", "root", "buckets", "users", "holding")
 
-    def __init__(self, signature: Hashable, self_preds: tuple[Check, ...], partition_by: tuple[str, ...], root: Node):
+    def __init__(self, signature: Hashable, self_preds: tuple[Check, ...], partition_by: tuple[str, ...], root: Node,
+                 holding: set["CandidateStore"]):
         self.signature = signature
         self.self_preds = self_preds
         self.partition_by = partition_by
         self.root = root
         self.buckets: dict[Any, tuple[list[int], list[Event]]] = {}
         self.users = 0
+        self.holding = holding  # NegationStores.holding: this store joins it with its first bucket
 
     def hold(self, key: Any, tick: int, ev: Event) -> None:
         """Keep ``ev`` (at stream position ``tick``) as a candidate for the runs of ``key``."""
         bucket = self.buckets.get(key)
         if bucket is None:
             self.buckets[key] = ([tick], [ev])
+            self.holding.add(self)
         else:
             bucket[0].append(tick)
             bucket[1].append(ev)
@@ -62,6 +65,9 @@ class NegationStores:
         self.by_type: dict[str | None, list[tuple[Any, NegationPlan | None]]] = defaultdict(list)
         self.stores: dict[Hashable, CandidateStore] = {}
         self.of: dict[NegationPlan, CandidateStore] = {}
+        # the stores that may hold a candidate (each holding one is here): what pruning visits, however many
+        # stores are registered
+        self.holding: set[CandidateStore] = set()
 
     def add(self, plan: QueryPlan) -> None:
         for neg in plan.negations:
@@ -71,7 +77,8 @@ class NegationStores:
             sig = (neg.signature, plan.partition_by, plan.nodes[0].root)
             store = self.stores.get(sig)
             if store is None:
-                store = self.stores[sig] = CandidateStore(sig, neg.self_preds, plan.partition_by, plan.nodes[0].root)
+                store = self.stores[sig] = CandidateStore(sig, neg.self_preds, plan.partition_by, plan.nodes[0].root,
+                                                           self.holding)
                 self.by_type[neg.event_type].append((store, None))
             store.users += 1
             self.of[neg] = store
@@ -85,6 +92,7 @@ class NegationStores:
             store.users -= 1
             if not store.users:
                 del self.stores[store.signature]
+                self.holding.discard(store)
                 self.by_type[neg.event_type].remove((store, None))
 
     def allows(self, plan: QueryPlan, vec: tuple, key: Any) -> bool:
@@ -118,15 +126,15 @@ class NegationStores:
 
     def held(self) -> bool:
         """Does any store hold a candidate?"""
-        for store in self.stores.values():
-            if store.buckets:
-                return True
-        return False
+        holding = self.holding
+        for store in [s for s in holding if not s.buckets]:
+            holding.discard(store)
+        return bool(holding)
 
     def prune(self, floor: dict[Node, int], only: Node | None = None) -> int:
         """Drop candidates before the first event of every live run of their branch; return the buckets left."""
         buckets = 0
-        for store in self.stores.values():
+        for store in list(self.holding):
             if only is not None and store.root is not only:
                 continue
             cut_pos = floor.get(store.root, NO_RUN)
@@ -138,6 +146,8 @@ class NegationStores:
                     del positions[:cut], events[:cut]
                 if not positions:
                     del by_key[k]
+            if not by_key:
+                self.holding.discard(store)
             buckets += len(by_key)
         return buckets
 

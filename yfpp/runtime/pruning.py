@@ -1,6 +1,8 @@
 """The runtime's periodic sweep: runs past their window or of removed queries go, and what no run can reach.
 
-A sweep visits every stored run, so it is amortised: the next one waits at
+A sweep visits every stored run, and only what is stored (branches, buffer
+stacks and negation stores that hold nothing are not looked at, however many
+subscriptions are registered), so it is amortised: the next one waits at
 least as many events as this one visited objects (``Runtime.SWEEP_EVERY`` at
 the least).  It also reports branches without a window whose state keeps
 growing (each doubling from ``Runtime.GROWTH_REPORT``).
@@ -21,13 +23,14 @@ def sweep(rt: Runtime) -> None:
     """Drop runs of removed states and past their window; prune what no run can reach."""
     now = rt.now
     floor: dict[Node, int] = {}
-    per_root: dict[Node, int] = {}
+    per_root: dict[Node, int] = {}  # every branch that held a run before the sweep: its runs after it
     live = 0
     dead, merger = rt.dead, rt.merger
     for store in rt._stores():
         for st in list(store):
             if st in dead:
                 del store[st]
+                per_root.setdefault(st.node.root, 0)
                 continue
             runs = store[st]
             w = st.node.window
@@ -36,12 +39,13 @@ def sweep(rt: Runtime) -> None:
                 if merger is not None:
                     runs = merger.trim(runs, now, w)  # a merged run's members expire one by one
                 store[st] = runs
+            root = st.node.root
             if not runs:
                 del store[st]
+                per_root.setdefault(root, 0)
                 continue
             n = len(runs)
             live += n
-            root = st.node.root
             per_root[root] = per_root.get(root, 0) + n
             first = min([r.first_pos for r in runs]) if n > 1 else runs[0].first_pos
             if first < floor.get(root, NO_RUN):
@@ -50,8 +54,8 @@ def sweep(rt: Runtime) -> None:
     dead.clear()
     counters = rt._counters
     counters.live_runs = live
-    for root in rt.branch_queries:
-        root.live = per_root.get(root, 0)
+    for root, n in per_root.items():  # (a branch holding no run has none to count: Node.live is exact)
+        root.live = n
     stacks = rt.buffer.stacks()  # only stacks that hold entries: the cost follows live state
     buffered: dict[Node, int] = {}
     for node in stacks:
@@ -75,9 +79,11 @@ def drop_empty_keys(rt: Runtime) -> None:
 
 
 def _report_growth(rt: Runtime, per_root: dict[Node, int], buffered: dict[Node, int]) -> None:
-    """Say so when a branch some query of which has no window keeps growing (each doubling)."""
-    for root, plans in rt.branch_queries.items():
-        if root.window is not None:
+    """Say so when a branch some query of which has no window keeps growing (each doubling): the branches
+    holding runs or buffered events are looked at, not every registered one."""
+    for root in sorted(per_root.keys() | buffered.keys(), key=lambda n: n.id):  # (in the order they were made)
+        plans = rt.branch_queries.get(root)
+        if plans is None or root.window is not None:
             continue
         size = per_root.get(root, 0) + buffered.get(root, 0)
         if size < max(rt.GROWTH_REPORT, 2 * root.reported):

@@ -38,12 +38,15 @@ from yfpp.runtime.run_merging import RunMerger
 from yfpp.runtime.runs import Counters, Run
 
 
+WIDE = 16  # negations of one event type beyond which an event finds those with live state through indexes
+
+
 class Route:
     """Dispatch of one event type: the negations it is a candidate for, how to find the root nodes it may
     begin (per root-table group, :meth:`~yfpp.nfa.shared_nfa._TypeGroup.finder`), whether any state reacts to it,
     and (filled as met) whether a given state's runs react to it (partition-contiguity states always do)."""
 
-    __slots__ = ("negs", "starters", "scan", "touch", "quick", "starts", "step")
+    __slots__ = ("negs", "starters", "scan", "touch", "quick", "starts", "step", "wide")
 
     def __init__(self, negs: tuple, starters: tuple, scan: bool) -> None:
         # (shared candidate store, None, the wait states whose runs a candidate ends: see Runtime._ended_by)
@@ -52,6 +55,22 @@ class Route:
         self.starters = starters
         self.scan = scan  # may the event move a stored run (else the stores are not looked at)
         self.touch: dict[State, bool] = {}
+        # Over WIDE negations, what an event looks at is found through what is live (EventSteps._live_negs): the
+        # keyed shared stores by branch, the trailing negations by query, the unkeyed stores in a list.
+        self.wide: tuple[dict[Node, list], dict[QueryPlan, list], list] | None = None
+        if len(negs) > WIDE:
+            by_root: dict[Node, list] = {}
+            by_plan: dict[QueryPlan, list] = {}
+            plain = []
+            for entry in negs:
+                owner, neg, _ = entry
+                if neg is not None:
+                    by_plan.setdefault(owner, []).append(entry)
+                elif owner.partition_by:
+                    by_root.setdefault(owner.root, []).append(entry)
+                else:
+                    plain.append(entry)
+            self.wide = (by_root, by_plan, plain)
         # For Runtime._quiet, when the type feeds only shared candidate stores and begins no root or only through
         # one equality index: () or that index's (attribute, table); else None (no shortcut).
         self.quick: tuple | None = None

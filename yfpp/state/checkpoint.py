@@ -430,7 +430,9 @@ def _restore(data: dict, engine_class: type, engine_opts: dict):
         rt.buffer.load(node, stack)
     for i, (ref, key, positions, events) in enumerate(data["negations"]):
         neg = plans.negation(ref, f"negations[{i}]")
-        rt.negations.of[neg].buckets[rd.value(key)] = (list(positions), [rd.events[j] for j in events])
+        store = rt.negations.of[neg]
+        store.buckets[rd.value(key)] = (list(positions), [rd.events[j] for j in events])
+        rt.negations.holding.add(store)
     for i, p in enumerate(data["pending"]):
         plan = plans.plan(p["query"], f"pending[{i}]")
         key, vec, deadline = rd.value(p["key"]), tuple(rd.value(x) for x in p["vec"]), _unnum(p["deadline"])
@@ -439,6 +441,7 @@ def _restore(data: dict, engine_class: type, engine_opts: dict):
         pend = Pending(plan, key, vec, p["last_pos"], deadline, p["match"], depth=p.get("depth", 0),
                        rank=None if rank is None else (rank[0], rank[1], rank[2]))
         rt.deadlines.pending[plan].setdefault(key, []).append(pend)
+        rt.deadlines.waiting.add(plan)
         rt.deadlines.heap.append((deadline, p["order"], pend))
     heapq.heapify(rt.deadlines.heap)
     for i, (attrs, ticks) in enumerate(data["partition_ticks"]):
