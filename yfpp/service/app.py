@@ -20,7 +20,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
 
-from yfpp.service import metrics
+from yfpp.service import batch, metrics
 from yfpp.service.dashboard import add_dashboard
 from yfpp.service.errors import RequestError
 from yfpp.service.subscriptions import SubscriptionSpec
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 HEARTBEAT = 15.0  #: seconds between SSE keep-alive comments
 GZIP_MAGIC = b"\x1f\x8b"
+SPEC_SCHEMA = SubscriptionSpec.model_json_schema()
 POLL = 0.5  #: how often a quiet pull stream checks that its subscription and the service are still there
 
 
@@ -75,9 +76,21 @@ def create_app(service: Service) -> FastAPI:
     guarded = [Depends(authorised)]
     add_dashboard(app, service, guarded)
 
-    @app.post("/subscriptions", status_code=201, dependencies=guarded, summary="Add a subscription")
-    async def add_subscription(spec: SubscriptionSpec) -> dict[str, Any]:
-        return (await service.subscribe(spec)).info()
+    @app.post("/subscriptions", status_code=201, dependencies=guarded, summary="Add a subscription, or many",
+              description="One subscription (a JSON object: 201 and the subscription), or many (a JSON array, or "
+                          "NDJSON: 200 and, for each in order, {status: 201, subscription} or {status, error}).",
+              openapi_extra={"requestBody": {"required": True, "content": {
+                  "application/json": {"schema": {"anyOf": [SPEC_SCHEMA, {"type": "array", "items": SPEC_SCHEMA}]}},
+                  "application/x-ndjson": {"schema": SPEC_SCHEMA}}}})
+    async def add_subscription(request: Request) -> Response:
+        body = await _body(request, service.config.max_body_bytes)
+        many, items = batch.read_body(body, request.headers.get("content-type", ""))
+        if not many:
+            (spec,) = items
+            if isinstance(spec, RequestError):
+                raise spec
+            return _json_response((await service.subscribe(spec)).info(), 201)
+        return _json_response([batch.answer(x) for x in await service.subscribe_many(items)], 200)
 
     @app.get("/subscriptions", dependencies=guarded, summary="List the subscriptions")
     async def list_subscriptions() -> list[dict[str, Any]]:
@@ -115,7 +128,7 @@ def create_app(service: Service) -> FastAPI:
                     yield b"".join(f"id: {r['id']}\ndata: {json.dumps(r, separators=(',', ':'))}\n\n".encode()
                                    for r in batch)
                     sub.pull.add("delivered", len(batch))
-                    box.in_flight = 0
+                    box.done()
             finally:
                 sub.listeners.discard(box)
 
@@ -128,13 +141,9 @@ def create_app(service: Service) -> FastAPI:
         if fmt not in ("xml", "jsonl"):
             raise RequestError(400, f"format must be xml or jsonl, got {fmt!r}")
         limit = service.config.max_body_bytes
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                raise RequestError(413, f"body over {limit} bytes; use a TCP feed for streams")
+        body = await _body(request, limit, "; use a TCP feed for streams")
         return await asyncio.get_running_loop().run_in_executor(
-            service.ingest, lambda: service.post_events(_unpacked(bytes(body), limit), fmt))
+            service.ingest, lambda: service.post_events(_unpacked(body, limit), fmt))
 
     @app.get("/health", summary="Liveness and a few figures (503 when the engine thread has died)")
     async def health() -> Response:
@@ -147,6 +156,16 @@ def create_app(service: Service) -> FastAPI:
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return app
+
+
+async def _body(request: Request, limit: int, hint: str = "") -> bytes:
+    """The request's body, refused (413) past ``limit`` bytes."""
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise RequestError(413, f"body over {limit} bytes{hint}")
+    return bytes(body)
 
 
 def _unpacked(body: bytes, limit: int) -> bytes:

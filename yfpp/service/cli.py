@@ -65,6 +65,9 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--state", metavar="DIR", help="directory of the subscription registry and checkpoint "
                                                   "(default ./yfpp-state)")
     s.add_argument("--no-state", action="store_true", help="keep nothing on disk")
+    s.add_argument("--registry-lost", action="store_true", default=None,
+                   help="start although the subscription registry is empty or missing beside a checkpoint that holds "
+                        "queries (else refused): the checkpoint's queries and partial matches are dropped")
     s.add_argument("--checkpoint-every", type=float, metavar="SECONDS", help="engine checkpoint period (default 60)")
     s.add_argument("--dead-letters", metavar="FILE", help="write dead letters here (default stderr)")
     s.add_argument("--token", help="bearer token required by the API (default: $YFPP_TOKEN, else none)")

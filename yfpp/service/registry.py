@@ -95,17 +95,28 @@ class Registry:
 
     def add(self, spec: dict[str, Any]) -> str:
         """Store a subscription; return its fresh id ``s1``, ``s2``, … (never reused, also across restarts)."""
+        return self.add_many([spec])[0]
+
+    def add_many(self, specs: list[dict[str, Any]]) -> list[str]:
+        """Store subscriptions in one transaction (all or none); their fresh ids, in order."""
+        sids = []
         with self._transaction() as db:
-            cur = db.execute("INSERT INTO subscriptions (id, spec) VALUES (hex(randomblob(8)), ?)", (json.dumps(spec),))
-            sid = f"s{cur.lastrowid}"
-            db.execute("UPDATE subscriptions SET id = ? WHERE seq = ?", (sid, cur.lastrowid))
-        return sid
+            for spec in specs:
+                cur = db.execute("INSERT INTO subscriptions (id, spec) VALUES (hex(randomblob(8)), ?)", (json.dumps(spec),))
+                sids.append(f"s{cur.lastrowid}")
+                db.execute("UPDATE subscriptions SET id = ? WHERE seq = ?", (sids[-1], cur.lastrowid))
+        return sids
 
     def remove(self, sid: str) -> None:
         """Remove a subscription and the results kept for it."""
+        self.remove_many([sid])
+
+    def remove_many(self, sids: list[str]) -> None:
+        """Remove subscriptions and what is kept for them, in one transaction."""
+        rows = [(sid,) for sid in sids]
         with self._transaction() as db:
-            db.execute("DELETE FROM subscriptions WHERE id = ?", (sid,))
-            db.execute("DELETE FROM queued WHERE sub = ?", (sid,))
+            for table, column in (("subscriptions", "id"), ("queued", "sub")):
+                db.executemany(f"DELETE FROM {table} WHERE {column} = ?", rows)
 
     def all(self) -> list[tuple[str, str]]:
         """Every ``(id, spec as JSON text)``, in creation order (the caller decodes and checks each)."""
