@@ -39,6 +39,7 @@ from yfpp.runtime.runtime import Runtime
 
 if TYPE_CHECKING:
     from yfpp.sets.strategies import SetMatcher  # imported when an event-set query is registered
+    from yfpp.state.checkpoint import StreamState
 
 #: Default caps per query (per branch of the shared NFA, see docs/operations.md); the environment
 #: variables YFPP_MAX_RUNS_PER_QUERY / YFPP_MAX_BUFFER_PER_QUERY override them (how `yfpp spark`
@@ -136,16 +137,19 @@ class Engine:
     # --- queries --------------------------------------------------------------------
 
     def register(self, query: str | Pattern, name: str | None = None, *, policy: str | None = None,
-                 feedback: bool = False) -> int:
+                 feedback: bool = False, query_id: int | None = None) -> int:
         """Compile and add a query (SASE+ text, extended-XPath text or a Pattern); return its id.
 
         ``name`` (a non-empty string) names its matches; without one they carry the id.
         ``feedback=True`` routes its result events back into the stream, as
-        its own ``FEEDBACK`` clause does (``yfpp.runtime.feedback``).  A query refused
+        its own ``FEEDBACK`` clause does (``yfpp.runtime.feedback``).  ``query_id``: the id
+        to give it (a restored query keeps its own), else the next one.  A query refused
         (an error raised) leaves the engine as it was.
         """
         if name is not None and not (isinstance(name, str) and name):
             raise YfppError(f"a query name must be a non-empty string, not {_printable(name)!r:.80}")
+        if query_id is not None and (type(query_id) is not int or query_id < 0 or query_id in self.sources):
+            raise YfppError(f"query id {query_id!r} is not a free id (a non-negative integer no query has)")
         if isinstance(query, str):
             pattern = parse_query(query)
         elif isinstance(query, Pattern):
@@ -160,7 +164,7 @@ class Engine:
             pattern = dataclasses.replace(pattern, policy=policy).validate()
         if feedback and not pattern.feedback:
             pattern = dataclasses.replace(pattern, feedback=True).validate()
-        qid = next(self._ids)
+        qid = next(self._ids) if query_id is None else query_id
         source = (pattern, query if isinstance(query, str) else None, name)
         if pattern.has_sets or (self.strategy == "match-window" and _windowable(pattern)):
             from yfpp.sets.matcher import Limits
@@ -330,6 +334,22 @@ class Engine:
         self._max_delay = value
         # events go straight on, not through the reorder buffer, once it holds none (else they would overtake)
         self._direct = value <= 0 and not self._held
+
+    def stream_state(self) -> StreamState:
+        """Where the engine stands in its stream: what a checkpoint keeps besides the queries and the runtime."""
+        from yfpp.state.checkpoint import StreamState, peek
+
+        next_id, self._ids = peek(self._ids)
+        next_arrival, self._arrivals = peek(self._arrivals)
+        return StreamState(self._next_seq, self._mark, next_arrival, next_id, sorted(self._held, key=lambda h: h[:3]))
+
+    def resume_stream(self, state: StreamState) -> None:
+        """Take the stream up where ``state`` left it (an engine restored from a checkpoint, before any event)."""
+        self._next_seq, self._mark = state.next_seq, state.watermark
+        self._arrivals, self._ids = count(state.next_arrival), count(state.next_query_id)
+        self._held = list(state.held)
+        heapq.heapify(self._held)
+        self.max_delay = self.max_delay  # (with events held, the next events go through the reorder buffer)
 
     @property
     def _mark(self) -> tuple[float, float]:

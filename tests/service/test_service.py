@@ -35,11 +35,12 @@ SAMPLE = ROOT / "yfpp" / "data" / "sample_rfid.jsonl"
 SHOPLIFTING = "\n".join(x for x in (ROOT / "queries" / "shoplifting.sase").read_text().splitlines()
                         if not x.startswith("#"))
 EXITS = "[tag_id]&&//shelf//exit&&(1 hour)"
+ADMIN_KEY = "an admin key of 16+ characters"
 
 
 def config(tmp_path: Path, **kw) -> ServiceConfig:
     opts = dict(port=0, jsonl_port=0, xml_port=0, state=str(tmp_path / "state"),
-                dead_letters=str(tmp_path / "dead.jsonl"), log_level="warning")
+                dead_letters=str(tmp_path / "dead.jsonl"), file_sink_dir=str(tmp_path), log_level="warning")
     opts.update(kw)
     return ServiceConfig(**opts)
 
@@ -166,12 +167,12 @@ def test_restart_keeps_subscriptions(tmp_path, listeners):
 
 
 def test_bad_requests_get_clear_errors(tmp_path):
-    with BackgroundService(config(tmp_path, token="sesame", max_subscriptions=2, max_query_chars=200)) as svc:
+    with BackgroundService(config(tmp_path, admin_key=ADMIN_KEY, max_subscriptions=2, max_query_chars=200)) as svc:
         url = f"http://127.0.0.1:{svc.port}"
         with pytest.raises(ServiceError) as e:
             Client(url).subscriptions()
         assert e.value.status == 401
-        c = Client(url, token="sesame")
+        c = Client(url, token=ADMIN_KEY)
         with pytest.raises(ServiceError) as e:
             c.subscribe("PATTERN SEQ(shelf a, exit c WITHIN 1 hour")
         assert e.value.status == 400

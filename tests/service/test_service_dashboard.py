@@ -42,10 +42,11 @@ def test_page_assets_and_docs_are_local(tmp_path):
     assert nfa["nodes"][0]["id"] == "start" and nfa["hidden"] == 0
 
 
-def test_nfa_and_api_keep_the_token(tmp_path):
-    with BackgroundService(ServiceConfig(port=0, state=None, log_level="warning", token="sesame")) as svc:
+def test_nfa_and_api_keep_the_keys(tmp_path):
+    with BackgroundService(ServiceConfig(port=0, state=None, log_level="warning",
+                                         admin_key="sesame-sesame-sesame")) as svc:
         base = f"http://127.0.0.1:{svc.port}"
-        assert get(base + "/")[0] == 200  # the page itself; what it shows needs the token
+        assert get(base + "/")[0] == 200  # the page itself; what it shows needs a key
         with pytest.raises(urllib.error.HTTPError) as e:
             get(base + "/nfa")
         assert e.value.code == 401

@@ -154,7 +154,7 @@ def test_message_events_and_dead_letters_with_topic_and_position():
 
 
 def test_sink_urls_are_checked_when_subscribing():
-    from yfpp.service.sinks import check_sink
+    from yfpp.service.sink_urls import check_sink
 
     assert check_sink("mqtt://127.0.0.1:1883/alerts/{zone}?qos=1")
     for bad in ("mqtt://h:1883/alerts/#", "mqtt://h:1883", "mqtt://h/t?password_file=/etc/shadow",

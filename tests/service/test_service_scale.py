@@ -92,7 +92,7 @@ def test_registration_refused_by_the_registry_is_503_for_each_item(tmp_path, mon
     with BackgroundService(config(tmp_path)) as svc:
         c = Client(f"http://127.0.0.1:{svc.port}")
 
-        def failing(self, specs):
+        def failing(self, specs, owner=None):
             raise RegistryError("disk full")
 
         monkeypatch.setattr(Registry, "add_many", failing)
@@ -105,7 +105,7 @@ def test_kill_9_with_a_sink_backlog_loses_no_result_and_keeps_the_counters(tmp_p
     after a checkpoint: the restarted service sends what the sink held (at least once, by id)."""
     state = tmp_path / "state"
     slow = LineListener(read=False, rcvbuf=4096)
-    records = pairs(4000, 1)
+    records = pairs(3000, 1)
     want = expected({"p": PAIR.format(k=0)}, records)
     proc = subprocess.Popen([sys.executable, "-m", "yfpp.cli", "serve", "--port", "0", "--jsonl-port", "0",
                              "--state", str(state), "--checkpoint-every", "0.3", "--log-level", "info"],
@@ -113,7 +113,7 @@ def test_kill_9_with_a_sink_backlog_loses_no_result_and_keeps_the_counters(tmp_p
     try:
         started = json.loads(next(line for line in proc.stderr if '"service started"' in line))
         c = Client(f"http://{started['http']}", timeout=TIMEOUT)
-        c.subscribe(PAIR.format(k=0), name="p", sink=slow.url, queue=200_000)
+        c.subscribe(PAIR.format(k=0), name="p", sink=slow.url, queue=100_000)
         send(started["feeds"]["jsonl"], b"".join(records))
         for line in proc.stderr:  # a checkpoint past every event
             if '"checkpoint written"' in line and json.loads(line)["events_in"] == len(records):

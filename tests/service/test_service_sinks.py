@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from yfpp.service.sinks import Counters, Outbox, sink_for
+from yfpp.service.sink_urls import sink_for
+from yfpp.service.sinks import Counters, Outbox
 
 TIMEOUT = 10.0
 

@@ -8,21 +8,25 @@ from __future__ import annotations
 
 import asyncio
 import gzip
-import hmac
 import io
 import json
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Literal
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, Field
 
 from yfpp.service import batch, metrics
+from yfpp.service.auth import Principal
 from yfpp.service.dashboard import add_dashboard
 from yfpp.service.errors import RequestError
+from yfpp.service.limits import BodyLimit
+from yfpp.service.registry import RegistryError
 from yfpp.service.subscriptions import SubscriptionSpec
 
 if TYPE_CHECKING:
@@ -31,7 +35,28 @@ if TYPE_CHECKING:
 HEARTBEAT = 15.0  #: seconds between SSE keep-alive comments
 GZIP_MAGIC = b"\x1f\x8b"
 SPEC_SCHEMA = SubscriptionSpec.model_json_schema()
-POLL = 0.5  #: how often a quiet pull stream checks that its subscription and the service are still there
+POLL = 0.5  #: how often a quiet pull stream checks that its subscription, its key and the service are still there
+
+#: the answers of the routes, for the OpenAPI document (each route lists those it gives)
+ANSWERS: dict[int, str] = {
+    400: "a bad request (the error says what)", 401: "no key, or a wrong or revoked one",
+    403: "the key's role may not do this, or the sink or query is not allowed (the error says why)",
+    404: "no such subscription or key (another key's subscription too)", 409: "a name taken, or a server limit",
+    413: "a body or query over its cap", 422: "a body that is not the model", 429: "over the key's quota",
+    503: "the registry or the service cannot take it now"}
+
+
+def _answers(*codes: int) -> dict[int | str, dict[str, Any]]:
+    return {code: {"description": ANSWERS[code]} for code in codes}
+
+
+class KeySpec(BaseModel):
+    """``POST /keys`` body."""
+
+    model_config = {"extra": "forbid"}
+
+    name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.\-@ ]+$", description="who holds it")
+    role: Literal["subscriber", "feed"] = Field(description="subscriber: its own subscriptions; feed: events in")
 
 
 def create_app(service: Service) -> FastAPI:
@@ -51,15 +76,25 @@ def create_app(service: Service) -> FastAPI:
     app = FastAPI(title="yfpp serve", version="1",
                   description="Subscriptions (SASE+ or extended XPath) on live event feeds; see docs/service.md.",
                   lifespan=lifespan, docs_url=None, redoc_url=None)  # (served offline by add_dashboard)
+    cfg = service.config
+    app.add_middleware(BodyLimit, limit_for=lambda path: cfg.max_body_bytes if path == "/events" else cfg.max_request_bytes)
     registry = metrics.registry_for(service)
+    bearer = HTTPBearer(auto_error=False, description="an API key (admin, subscriber or feed); see docs/service.md")
 
-    def authorised(request: Request) -> None:
-        token = service.config.token
-        if token is None:
-            return
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-            raise RequestError(401, "missing or wrong bearer token (Authorization: Bearer TOKEN)")
+    def caller(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> Principal:
+        who = service.keys.authenticate(credentials.credentials if credentials else None)
+        if who is None:
+            raise RequestError(401, "missing, wrong or revoked key (Authorization: Bearer KEY)")
+        return who
+
+    def acting_as(role: str) -> Callable[..., Principal]:
+        def check(who: Principal = Depends(caller)) -> Principal:
+            if not who.may(role):
+                raise RequestError(403, f"this key's role ({who.role}) may not do this: it needs a {role} key")
+            return who
+        return check
+
+    subscriber, feeder, admin = acting_as("subscriber"), acting_as("feed"), acting_as("admin")
 
     @app.exception_handler(RequestError)
     async def request_error(request: Request, e: RequestError) -> Response:
@@ -73,49 +108,51 @@ def create_app(service: Service) -> FastAPI:
                    "type": str(err.get("type", ""))} for err in e.errors()]
         return _json_response({"detail": detail}, 422)
 
-    guarded = [Depends(authorised)]
-    add_dashboard(app, service, guarded)
+    add_dashboard(app, service, [Depends(admin)])  # the shared NFA holds every key's queries: the admin's view
 
-    @app.post("/subscriptions", status_code=201, dependencies=guarded, summary="Add a subscription, or many",
+    @app.post("/subscriptions", status_code=201, summary="Add a subscription, or many (of the key that asks)",
               description="One subscription (a JSON object: 201 and the subscription), or many (a JSON array, or "
                           "NDJSON: 200 and, for each in order, {status: 201, subscription} or {status, error}).",
+              responses=_answers(400, 401, 403, 409, 413, 422, 429, 503),
               openapi_extra={"requestBody": {"required": True, "content": {
                   "application/json": {"schema": {"anyOf": [SPEC_SCHEMA, {"type": "array", "items": SPEC_SCHEMA}]}},
                   "application/x-ndjson": {"schema": SPEC_SCHEMA}}}})
-    async def add_subscription(request: Request) -> Response:
+    async def add_subscription(request: Request, who: Principal = Depends(subscriber)) -> Response:
         body = await _body(request, service.config.max_body_bytes)
         many, items = batch.read_body(body, request.headers.get("content-type", ""))
         if not many:
             (spec,) = items
             if isinstance(spec, RequestError):
                 raise spec
-            return _json_response((await service.subscribe(spec)).info(), 201)
-        return _json_response([batch.answer(x) for x in await service.subscribe_many(items)], 200)
+            return _json_response((await service.subscribe(spec, who.key_id)).info(), 201)
+        return _json_response([batch.answer(x) for x in await service.subscribe_many(items, who.key_id)], 200)
 
-    @app.get("/subscriptions", dependencies=guarded, summary="List the subscriptions")
-    async def list_subscriptions() -> list[dict[str, Any]]:
-        return [s.info() for s in service.subs.values()]
+    @app.get("/subscriptions", summary="List the subscriptions (a subscriber key: its own)",
+             responses=_answers(401, 403))
+    async def list_subscriptions(who: Principal = Depends(subscriber)) -> list[dict[str, Any]]:
+        return [s.info() for s in service.visible(who)]
 
-    @app.get("/subscriptions/{sid}", dependencies=guarded, summary="One subscription and its counters")
-    async def get_subscription(sid: str) -> dict[str, Any]:
-        return service.get(sid).info()
+    @app.get("/subscriptions/{sid}", summary="One subscription and its counters", responses=_answers(401, 403, 404))
+    async def get_subscription(sid: str, who: Principal = Depends(subscriber)) -> dict[str, Any]:
+        return service.get(sid, who).info()
 
-    @app.delete("/subscriptions/{sid}", status_code=204, dependencies=guarded, summary="Remove a subscription")
-    async def delete_subscription(sid: str) -> Response:
-        await service.unsubscribe(sid)
+    @app.delete("/subscriptions/{sid}", status_code=204, summary="Remove a subscription",
+                responses=_answers(401, 403, 404, 503))
+    async def delete_subscription(sid: str, who: Principal = Depends(subscriber)) -> Response:
+        await service.unsubscribe(sid, who)
         return Response(status_code=204)
 
-    @app.get("/subscriptions/{sid}/matches", dependencies=guarded, summary="Results as Server-Sent Events",
-             response_class=StreamingResponse)
-    async def pull_matches(sid: str, request: Request) -> StreamingResponse:
-        sub = service.get(sid)
+    @app.get("/subscriptions/{sid}/matches", summary="Results as Server-Sent Events",
+             response_class=StreamingResponse, responses=_answers(401, 403, 404))
+    async def pull_matches(sid: str, request: Request, who: Principal = Depends(subscriber)) -> StreamingResponse:
+        sub = service.get(sid, who)
         box = sub.listen()
 
         async def events() -> AsyncIterator[bytes]:
             try:
                 yield b": subscribed " + sub.id.encode() + b"\n\n"
                 quiet = 0.0
-                while sub.id in service.subs and not service.stopping.is_set():
+                while sub.id in service.subs and not service.stopping.is_set() and service.keys.active(who):
                     try:
                         batch = await asyncio.wait_for(box.take(), POLL)
                     except asyncio.TimeoutError:
@@ -135,8 +172,9 @@ def create_app(service: Service) -> FastAPI:
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
-    @app.post("/events", status_code=202, dependencies=guarded, summary="Feed events (JSON lines or XML body)")
-    async def post_events(request: Request, format: str | None = None) -> dict[str, int]:
+    @app.post("/events", status_code=202, summary="Feed events (JSON lines or XML body; a feed key)",
+              responses=_answers(400, 401, 403, 413, 503))
+    async def post_events(request: Request, format: str | None = None, who: Principal = Depends(feeder)) -> dict[str, int]:
         fmt = format or ("xml" if "xml" in request.headers.get("content-type", "") else "jsonl")
         if fmt not in ("xml", "jsonl"):
             raise RequestError(400, f"format must be xml or jsonl, got {fmt!r}")
@@ -145,13 +183,38 @@ def create_app(service: Service) -> FastAPI:
         return await asyncio.get_running_loop().run_in_executor(
             service.ingest, lambda: service.post_events(_unpacked(body, limit), fmt))
 
+    @app.post("/keys", status_code=201, summary="Create a key (admin); its text is shown this once",
+              responses=_answers(401, 403, 413, 422, 503))
+    async def create_key(spec: KeySpec, who: Principal = Depends(admin)) -> dict[str, Any]:
+        try:
+            key, text = await asyncio.to_thread(service.keys.create, spec.name, spec.role)
+        except RegistryError as e:
+            raise RequestError(503, f"cannot store the key; none was made: {e}") from e
+        return {**key.info(), "key": text}
+
+    @app.get("/keys", summary="List the keys (admin; never their secrets)", responses=_answers(401, 403))
+    async def list_keys(who: Principal = Depends(admin)) -> list[dict[str, Any]]:
+        return [k.info() for k in service.keys.all()]
+
+    @app.delete("/keys/{kid}", status_code=204, summary="Revoke a key (admin): it fails from the next request on",
+                responses=_answers(401, 403, 404, 503))
+    async def revoke_key(kid: str, who: Principal = Depends(admin)) -> Response:
+        try:
+            revoked = await asyncio.to_thread(service.keys.revoke, kid)
+        except RegistryError as e:
+            raise RequestError(503, f"cannot record the revocation; the key stays: {e}") from e
+        if not revoked:
+            raise RequestError(404, f"no key {kid!r}")
+        return Response(status_code=204)
+
     @app.get("/health", summary="Liveness and a few figures (503 when the engine thread has died)")
     async def health() -> Response:
         body = service.health()
         return _json_response(body, 503 if body["status"] == "failed" else 200)
 
-    @app.get("/metrics", summary="Prometheus metrics", response_class=Response)
-    async def prometheus() -> Response:
+    @app.get("/metrics", summary="Prometheus metrics (admin key when keys are on)", response_class=Response,
+             responses=_answers(401, 403))
+    async def prometheus(who: Principal = Depends(admin)) -> Response:
         text = await asyncio.get_running_loop().run_in_executor(scrapes, metrics.render, registry)
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 

@@ -48,7 +48,7 @@ def load(path: Path, **opts: Any) -> tuple[Engine | None, dict[str, Any]]:
 def save_counts(path: Path, counts: dict[str, dict[str, int]]) -> None:
     """Write the subscriptions' counters (by id; ``""``: the totals) to ``path`` atomically."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as f:
         json.dump(counts, f, separators=(",", ":"))
         f.flush()
         os.fsync(f.fileno())
@@ -93,6 +93,7 @@ class Forked:
             raise YfppError(why or f"the checkpoint process ended with status {code}")
 
     def commit(self) -> None:
+        os.chmod(staged(self.path), 0o600)  # (the state holds events: their owner's alone)
         os.replace(staged(self.path), self.path)
 
     def discard(self) -> None:

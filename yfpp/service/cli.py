@@ -1,4 +1,5 @@
-"""``yfpp serve``, ``yfpp subscribe`` and ``yfpp unsubscribe`` (server libraries imported only by ``serve``)."""
+"""``yfpp serve``, ``yfpp subscribe``, ``yfpp unsubscribe`` and ``yfpp keys`` (server libraries imported only by
+``serve``). Keys are read from a file or the environment, never from the command line (``ps`` shows it)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,17 @@ examples:
   yfpp subscribe --server http://127.0.0.1:8765 -q queries/shoplifting.sase --sink tcp://127.0.0.1:9000
   yfpp subscribe -q "[tag_id]&&//shelf//exit&&(1 hour)" --name exits --sink file:/tmp/exits.jsonl
   yfpp unsubscribe --server http://127.0.0.1:8765 s1
+  YFPP_KEY=$(cat my.key) yfpp subscribe -q "//shelf//exit"
 """
+
+KEYS_EXAMPLES = """\
+examples:
+  YFPP_KEY=$(cat admin.key) yfpp keys create --name alice --role subscriber > alice.key
+  yfpp keys --key-file admin.key list
+  yfpp keys --key-file admin.key revoke 3f2a9c0d1b2e4f56
+"""
+
+ARGV_KEY = ("a key on the command line shows in 'ps': put it in a file ({file}) or in ${env}")
 
 DEFAULT_SERVER = "http://127.0.0.1:8765"
 
@@ -70,7 +81,28 @@ def add_parsers(sub: Any) -> None:
                         "queries (else refused): the checkpoint's queries and partial matches are dropped")
     s.add_argument("--checkpoint-every", type=float, metavar="SECONDS", help="engine checkpoint period (default 60)")
     s.add_argument("--dead-letters", metavar="FILE", help="write dead letters here (default stderr)")
-    s.add_argument("--token", help="bearer token required by the API (default: $YFPP_TOKEN, else none)")
+    s.add_argument("--token", "--admin-key", dest="admin_key", help=argparse.SUPPRESS)  # refused: see ARGV_KEY
+    s.add_argument("--admin-key-file", metavar="FILE", help="file whose first line is the admin key (default: "
+                   "$YFPP_ADMIN_KEY); with one, every request and feed needs a key; needed beyond loopback")
+    s.add_argument("--tls-cert", metavar="PEM", help="certificate (chain): the API answers HTTPS (with --tls-key)")
+    s.add_argument("--tls-key", metavar="PEM", help="private key of --tls-cert")
+    s.add_argument("--file-sink-dir", metavar="DIR", help="file sinks only under this directory (default: none allowed)")
+    s.add_argument("--sink-network", dest="sink_networks", action="append", metavar="NET",
+                   help="network (10.0.0.0/8) or address network sinks may reach; repeatable (default: loopback)")
+    s.add_argument("--max-request-bytes", type=int, help="largest body of any other request (default 1048576)")
+    s.add_argument("--max-feed-connections-per-key", type=int, help="TCP feed connections at once per feed key (default 8)")
+    s.add_argument("--feed-idle-timeout", type=float, metavar="SECONDS", help="a feed connection quiet this long is "
+                                                                               "closed (default 300)")
+    s.add_argument("--max-queue", type=int, help="largest queue a subscription may ask (default 100000)")
+    s.add_argument("--key-max-subscriptions", type=int, help="subscriptions per subscriber key (default 1000)")
+    s.add_argument("--key-max-queue", type=int, help="results queued per subscriber key (default 1000000)")
+    s.add_argument("--max-query-degree", type=int, metavar="N", help="refuse a subscriber's query whose runs may "
+                                                                      "grow faster than events**N (default: admit all)")
+    s.add_argument("--max-cpu-share", type=float, metavar="FRACTION",
+                   help="suspend a subscription attributed more of the engine's time than this, beside others "
+                        "(default: never)")
+    s.add_argument("--dead-letters-per-second", type=float, help="dead letters written per second at most (default 100)")
+    s.add_argument("--dead-letters-max-bytes", type=int, help="rotate the dead-letter file at this size (default 64 MiB)")
     s.add_argument("--max-subscriptions", type=int, help="default 10000")
     s.add_argument("--max-query-chars", type=int, help="default 65536")
     s.add_argument("--max-body-bytes", type=int, help="largest POST /events body (default 16777216)")
@@ -88,7 +120,7 @@ def add_parsers(sub: Any) -> None:
                            epilog=SUBSCRIBE_EXAMPLES, formatter_class=fmt)
         p.add_argument("--server", default=os.environ.get("YFPP_SERVER", DEFAULT_SERVER),
                        help=f"service URL (default $YFPP_SERVER, else {DEFAULT_SERVER})")
-        p.add_argument("--token", default=os.environ.get("YFPP_TOKEN"), help="bearer token (default $YFPP_TOKEN)")
+        _key_options(p)
         if name == "unsubscribe":
             p.add_argument("ids", nargs="+", metavar="ID", help="subscription id(s), as printed by 'yfpp subscribe'")
             p.set_defaults(func=cmd_unsubscribe)
@@ -105,6 +137,41 @@ def add_parsers(sub: Any) -> None:
         p.add_argument("--json", action="store_true", help="print the whole subscription as JSON, not just the id")
         p.set_defaults(func=cmd_subscribe)
 
+    k = sub.add_parser("keys", help="create, list or revoke the API keys of a running 'yfpp serve' (admin key)",
+                       description="Create, list or revoke the API keys of a running 'yfpp serve'; needs its admin "
+                                   "key ($YFPP_KEY or --key-file).", epilog=KEYS_EXAMPLES, formatter_class=fmt)
+    k.add_argument("--server", default=os.environ.get("YFPP_SERVER", DEFAULT_SERVER),
+                   help=f"service URL (default $YFPP_SERVER, else {DEFAULT_SERVER})")
+    _key_options(k)
+    actions = k.add_subparsers(dest="action", required=True, metavar="ACTION")
+    create = actions.add_parser("create", help="a new key: prints its text (shown this once)")
+    create.add_argument("--name", required=True, help="who holds it")
+    create.add_argument("--role", required=True, choices=["subscriber", "feed"])
+    actions.add_parser("list", help="the keys (id, name, role; never a secret), one JSON line each")
+    revoke = actions.add_parser("revoke", help="revoke keys: they fail from the next request on")
+    revoke.add_argument("ids", nargs="+", metavar="ID")
+    k.set_defaults(func=cmd_keys)
+
+
+def _key_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--key-file", metavar="FILE", help="file whose first line is the API key (default $YFPP_KEY)")
+    p.add_argument("--token", help=argparse.SUPPRESS)  # refused: see ARGV_KEY
+
+
+def client_key(args: argparse.Namespace) -> str | None:
+    """The API key of a client command: from ``--key-file``, else ``$YFPP_KEY`` (never from argv)."""
+    from yfpp.service.auth import CLIENT_KEY_ENV
+
+    if args.token is not None:
+        raise YfppError(ARGV_KEY.format(file="--key-file", env=CLIENT_KEY_ENV))
+    if args.key_file:
+        try:
+            with open(args.key_file, encoding="utf-8") as f:
+                return f.readline().strip() or None
+        except OSError as e:
+            raise YfppError(f"key file {args.key_file}: {e.strerror or e}") from e
+    return os.environ.get(CLIENT_KEY_ENV) or None
+
 
 def cmd_serve(args: argparse.Namespace) -> int:
     try:
@@ -118,18 +185,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def serve_config(args: argparse.Namespace) -> ServiceConfig:
     """The settings of ``yfpp serve ARGS``: defaults, then ``--config``'s file, then the flags (one per setting)."""
+    from yfpp.service import auth
+
+    if args.admin_key is not None:
+        raise YfppError(ARGV_KEY.format(file="--admin-key-file", env=auth.ADMIN_KEY_ENV))
     overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(ServiceConfig)}
-    overrides["token"] = overrides["token"] or os.environ.get("YFPP_TOKEN")
     cfg = ServiceConfig.load(args.config, overrides)
     if args.no_state:
         cfg.state = None
+    if cfg.admin_key is None:
+        cfg.admin_key = auth.admin_key(cfg.admin_key_file, dict(os.environ))
     return cfg
 
 
 def cmd_subscribe(args: argparse.Namespace) -> int:
     from yfpp.service.client import Client
 
-    client = Client(args.server, args.token)
+    client = Client(args.server, client_key(args))
     queries = load_queries([args.query])
     for q in queries:
         name, text, language = q.name, q.text, q.language
@@ -146,7 +218,22 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
 def cmd_unsubscribe(args: argparse.Namespace) -> int:
     from yfpp.service.client import Client
 
-    client = Client(args.server, args.token)
+    client = Client(args.server, client_key(args))
     for sid in args.ids:
         client.unsubscribe(sid)
+    return 0
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    from yfpp.service.client import Client
+
+    client = Client(args.server, client_key(args))
+    if args.action == "create":
+        print(client.create_key(args.name, args.role)["key"])
+    elif args.action == "list":
+        for key in client.keys():
+            print(json.dumps(key))
+    else:
+        for kid in args.ids:
+            client.revoke_key(kid)
     return 0

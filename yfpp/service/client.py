@@ -28,10 +28,11 @@ class ServiceError(YfppError):
 
 
 class Client:
-    def __init__(self, url: str, token: str | None = None, timeout: float = 10.0):
+    def __init__(self, url: str, token: str | None = None, timeout: float = 10.0, context: Any = None):
         self.url = url.rstrip("/")
-        self.token = token
+        self.token = token  #: the API key sent as ``Authorization: Bearer``
         self.timeout = timeout
+        self.context = context  #: an ssl.SSLContext for https (default: the system's)
 
     def _open(self, method: str, path: str, body: bytes | None = None, content_type: str = "application/json",
               timeout: float | None = None) -> http.client.HTTPResponse:
@@ -42,7 +43,7 @@ class Client:
                 req.add_header("Content-Type", content_type)
             if self.token:
                 req.add_header("Authorization", f"Bearer {self.token}")
-            return urllib.request.urlopen(req, timeout=timeout or self.timeout)
+            return urllib.request.urlopen(req, timeout=timeout or self.timeout, context=self.context)
         except urllib.error.HTTPError as e:
             raw = e.read()
             try:
@@ -85,6 +86,16 @@ class Client:
         """Feed a body of JSON lines or XML; return how many events and dead letters it held."""
         kind = "application/xml" if format == "xml" else "application/x-ndjson"
         return self._request("POST", f"/events?format={format}", data, kind)
+
+    def create_key(self, name: str, role: str) -> dict[str, Any]:
+        """A new key (admin): its id, name, role and ``key``, its text (shown this once)."""
+        return self._request("POST", "/keys", json.dumps({"name": name, "role": role}).encode())
+
+    def keys(self) -> list[dict[str, Any]]:
+        return self._request("GET", "/keys")
+
+    def revoke_key(self, kid: str) -> None:
+        self._request("DELETE", "/keys/" + quote(kid, safe=""))
 
     def health(self) -> dict[str, Any]:
         return self._request("GET", "/health")

@@ -33,12 +33,27 @@ class ServiceConfig:
     registry_lost: bool = False  #: start although the registry is empty or missing beside a checkpoint with queries
     checkpoint_every: float = 60.0  #: seconds between engine checkpoints (when the engine supports them)
     dead_letters: str | None = None  #: file of dead letters (JSON lines); default stderr
-    token: str | None = None  #: bearer token required by the control API and POST /events
+    admin_key_file: str | None = None  #: file whose first line is the admin key (else $YFPP_ADMIN_KEY); auth is on with one
+    admin_key: str | None = None  #: the admin key itself (set from admin_key_file or the environment; never a flag)
+    tls_cert: str | None = None  #: PEM certificate (chain): the HTTP API answers HTTPS
+    tls_key: str | None = None  #: its private key
+    file_sink_dir: str | None = None  #: file sinks only under this directory (None: no file sinks)
+    sink_networks: list[str] = dataclasses.field(default_factory=lambda: ["127.0.0.0/8", "::1/128"])  #: where network sinks may connect
     max_subscriptions: int = 10_000
     max_query_chars: int = 65_536
     max_body_bytes: int = 16 * 1024 * 1024  #: POST /events body cap
+    max_request_bytes: int = 1024 * 1024  #: body cap of every other request
     max_feed_connections: int = 64  #: concurrent TCP feed connections per port
+    max_feed_connections_per_key: int = 8  #: of them, per feed key
+    feed_idle_timeout: float = 300.0  #: seconds a feed connection may send nothing before it is closed
     queue_size: int = 10_000  #: default per-subscription sink queue (results)
+    max_queue: int = 100_000  #: the largest ``queue`` a subscription may ask
+    key_max_subscriptions: int = 1_000  #: subscriptions per subscriber key
+    key_max_queue: int = 1_000_000  #: results queued per subscriber key, over its subscriptions' ``queue``
+    max_query_degree: int | None = None  #: refuse a subscriber's query whose runs may grow faster than events**this
+    max_cpu_share: float | None = None  #: suspend a subscription taking more of the engine's time, beside others
+    dead_letters_per_second: float = 100.0  #: dead letters written per second at most (the others are counted)
+    dead_letters_max_bytes: int = 64 * 1024 * 1024  #: a dead-letter file this big is rotated to FILE.1
     subscription_metrics: bool = True  #: GET /metrics has series per subscription (False: totals only)
     log_level: str = "info"
     mqtt: str | None = None  #: MQTT broker to subscribe to, mqtt(s)://[USER@]HOST[:PORT][/TOPIC][?OPTIONS] (yfpp.service.mqtt)
@@ -81,13 +96,15 @@ class ServiceConfig:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or not 0 <= v <= 65535):
                 raise YfppError(f"{name} must be a port number 0-65535, got {v!r}")
-        for name in ("max_subscriptions", "max_query_chars", "max_body_bytes", "max_feed_connections", "queue_size"):
+        for name in ("max_subscriptions", "max_query_chars", "max_body_bytes", "max_request_bytes", "max_feed_connections",
+                     "max_feed_connections_per_key", "queue_size", "max_queue", "key_max_subscriptions", "key_max_queue",
+                     "dead_letters_max_bytes"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise YfppError(f"{name} must be a positive integer, got {v!r}")
         if not (isinstance(self.max_delay, (int, float)) and self.max_delay >= 0):
             raise YfppError(f"max_delay must be a number >= 0, got {self.max_delay!r}")
-        for name in ("advance_idle", "checkpoint_every"):
+        for name in ("advance_idle", "checkpoint_every", "feed_idle_timeout", "dead_letters_per_second"):
             v = getattr(self, name)
             if v is not None and not (isinstance(v, (int, float)) and v > 0):
                 raise YfppError(f"{name} must be a number > 0, got {v!r}")
@@ -99,10 +116,20 @@ class ServiceConfig:
                 raise YfppError(f"{name} must be a non-empty string, got {v!r}")
         if not isinstance(self.mqtt_topics, list) or (self.mqtt_topics and self.mqtt is None):
             raise YfppError("mqtt_topics must be a list of topic filters, and needs mqtt (the broker URL)")
-        for name in ("state", "dead_letters", "token", "type_field", "mqtt"):
+        if not (isinstance(self.sink_networks, list) and all(isinstance(n, str) for n in self.sink_networks)):
+            raise YfppError("sink_networks must be a list of networks (\"10.0.0.0/8\") or addresses")
+        for name in ("state", "dead_letters", "admin_key_file", "admin_key", "tls_cert", "tls_key", "file_sink_dir",
+                     "type_field", "mqtt"):
             v = getattr(self, name)
             if v is not None and not isinstance(v, str):
                 raise YfppError(f"{name} must be a string, got {v!r}")
+        if self.max_query_degree is not None and not (isinstance(self.max_query_degree, int) and self.max_query_degree >= 1):
+            raise YfppError(f"max_query_degree must be a positive integer, got {self.max_query_degree!r}")
+        if self.max_cpu_share is not None and not (isinstance(self.max_cpu_share, (int, float))
+                                                   and 0 < self.max_cpu_share <= 1):
+            raise YfppError(f"max_cpu_share must be a number in (0, 1], got {self.max_cpu_share!r}")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise YfppError("tls_cert and tls_key go together")
         if not isinstance(self.subscription_metrics, bool):
             raise YfppError(f"subscription_metrics must be true or false, got {self.subscription_metrics!r}")
         if self.type_field is not None and not self.type_field:

@@ -9,6 +9,7 @@ order), not the reader's per-source record index.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import logging
 import os
@@ -17,12 +18,16 @@ import socketserver
 import sys
 import threading
 import time
-from typing import Any, Callable
+from collections import Counter
+from typing import TYPE_CHECKING, Any, Callable
 
 from yfpp.input.dead_letters import DeadLetters
 from yfpp.errors import YfppError
 from yfpp.input.events import Event
 from yfpp.input.readers import read_events
+
+if TYPE_CHECKING:
+    from yfpp.service.auth import Keys
 
 log = logging.getLogger("yfpp.service.feeds")
 
@@ -37,30 +42,67 @@ class SharedDeadLetters(DeadLetters):
     A report the output cannot take (a full disk, a closed pipe) never raises: it is
     counted in ``count`` and ``lost``, and logged once per :data:`LOST_LOG_EVERY` seconds.
     ``count`` goes on from a restored checkpoint's; ``reported`` and ``lost`` count this process's reports.
+    At most ``per_second`` reports a second are written (a burst of as many; the others are counted in
+    ``suppressed``), and a file (created readable by its owner only) that reaches ``max_bytes`` is renamed
+    FILE.1 (replacing the one before) and started again.
     """
 
-    def __init__(self, out: Any):
+    def __init__(self, out: Any, per_second: float = float("inf"), max_bytes: int | None = None):
+        self.path = out if isinstance(out, (str, os.PathLike)) else None
         try:
+            if self.path is not None:
+                os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
             super().__init__(out, append=True)
         except OSError as e:
             raise YfppError(f"dead-letter file {out}: {e.strerror or e}") from e
         self._lock = threading.Lock()
         self.reported = 0  #: reports taken since this process started
         self.lost = 0  #: reports counted but not written
+        self.suppressed = 0  #: reports counted but not written, over the rate
         self.failing: str | None = None  #: the output's last error, while writing fails
         self._logged_at = float("-inf")
+        self.per_second, self.max_bytes = per_second, max_bytes
+        self._tokens, self._filled_at = min(per_second, 1e9), time.monotonic()
+
+    def _allowed(self) -> bool:
+        """Whether the rate lets one more report be written now (a token bucket of ``per_second``)."""
+        now = time.monotonic()
+        self._tokens = min(self.per_second, self._tokens + (now - self._filled_at) * self.per_second)
+        self._filled_at = now
+        if self._tokens >= 1:
+            self._tokens -= 1
+            return True
+        return False
 
     def report(self, seq: int, position: str, reason: str, raw: str | None = None) -> None:
         with self._lock:
             self.reported += 1
+            if not self._allowed():
+                self.suppressed += 1
+                out, self._out = self._out, None  # counted as any report, not written
+                try:
+                    super().report(seq, position, reason, raw)
+                finally:
+                    self._out = out
+                return
             try:
                 super().report(seq, position, reason, raw)
+                self._rotate()
             except (OSError, ValueError) as e:  # ValueError: the stream was closed
                 self._lost(e)
                 return
             if self.failing is not None:
                 self.failing = None
                 log.warning("dead-letter output recovered", extra={"lost": self.lost})
+
+    def _rotate(self) -> None:
+        """A file at ``max_bytes`` or more becomes FILE.1; a new FILE follows."""
+        if self.path is None or self.max_bytes is None or self._out is None or self._out.tell() < self.max_bytes:
+            return
+        self._out.close()
+        os.replace(self.path, f"{os.fspath(self.path)}.1")
+        os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+        self._out = open(self.path, "a", encoding="utf-8", errors="backslashreplace")
 
     def _lost(self, error: Exception) -> None:
         self.lost += 1
@@ -158,8 +200,22 @@ def pump(source: Any, fmt: str | None, name: str, put: Put, shared: DeadLetters,
     return n, dl.count, False
 
 
+@dataclasses.dataclass
+class FeedLimits:
+    """The bounds of a feed port: connections at once, of them per key, and seconds a connection may be quiet."""
+
+    connections: int = 64
+    per_key: int = 8
+    idle_timeout: float = 300.0
+
+
+AUTH_TIMEOUT = 5.0  #: seconds a connection has to send its AUTH line
+AUTH_LINE = 512  #: bytes an AUTH line may have
+
+
 class TcpFeed(socketserver.ThreadingTCPServer):
-    """A TCP listener: every connection is one stream of ``fmt`` read into ``put`` (a thread each)."""
+    """A TCP listener: every connection is one stream of ``fmt`` read into ``put`` (a thread each). With
+    ``keys`` enabled, a connection first sends ``AUTH <feed key>`` and a newline (docs/service.md, "Security")."""
 
     daemon_threads = True
     block_on_close = False
@@ -167,10 +223,12 @@ class TcpFeed(socketserver.ThreadingTCPServer):
     request_queue_size = 128  #: connections the kernel holds until accepted (socketserver's default, 5, stalls bursts)
 
     def __init__(self, host: str, port: int, fmt: str, put: Put, shared: DeadLetters, read_opts: dict[str, Any],
-                 max_connections: int):
+                 limits: FeedLimits, keys: "Keys | None" = None):
         self.fmt, self.put, self.shared, self.read_opts = fmt, put, shared, read_opts
-        self._slots = threading.BoundedSemaphore(max_connections)
-        self._open: set[socket.socket] = set()
+        self.limits, self.keys = limits, keys
+        self._slots = threading.BoundedSemaphore(limits.connections)
+        self._open: dict[socket.socket, str] = {}  # each open connection and its key id
+        self._per_key: Counter[str] = Counter()
         self._lock = threading.Lock()
         try:
             super().__init__((host, port), _FeedHandler)
@@ -190,12 +248,41 @@ class TcpFeed(socketserver.ThreadingTCPServer):
         """Stop accepting, and end the open connections (their readers see end of input)."""
         self.shutdown()
         self.server_close()
+        self._end(lambda kid: True)
+
+    def drop(self, kid: str) -> None:
+        """End the connections of key ``kid`` (revoked)."""
+        self._end(lambda k: k == kid)
+
+    def _end(self, which: Callable[[str], bool]) -> None:
         with self._lock:
-            for s in self._open:
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            for s, kid in self._open.items():
+                if which(kid):
+                    try:
+                        s.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+
+    def authenticate(self, conn: socket.socket) -> str | None:
+        """The key id of a connection (``admin`` when the service is open), read from its AUTH line; None if it
+        sent none, a wrong one, or a key that is not a feed key."""
+        if self.keys is None or not self.keys.enabled:
+            return "admin"
+        conn.settimeout(AUTH_TIMEOUT)
+        line = bytearray()
+        try:
+            while len(line) < AUTH_LINE and not line.endswith(b"\n"):
+                byte = conn.recv(1)  # (one at a time: what follows the line is the feed's, read by pump)
+                if not byte:
+                    return None
+                line += byte
+        except OSError:
+            return None
+        word, _, key = bytes(line).strip().partition(b" ")
+        if word != b"AUTH":
+            return None
+        who = self.keys.authenticate(key.decode("ascii", "replace").strip())
+        return who.key_id if who is not None and who.may("feed") else None
 
 
 class _FeedHandler(socketserver.StreamRequestHandler):
@@ -204,12 +291,28 @@ class _FeedHandler(socketserver.StreamRequestHandler):
     def handle(self) -> None:
         srv = self.server
         peer = "%s:%s" % self.client_address[:2]
+        kid = srv.authenticate(self.connection)
+        if kid is None:
+            self.wfile.write(b"yfpp: unauthorised: send 'AUTH <feed key>' and a newline first\n")
+            log.warning("feed refused: not authenticated", extra={"feed": f"tcp {peer}"})
+            return
+        with srv._lock:
+            crowded = srv._per_key[kid] >= srv.limits.per_key and kid != "admin"
+            if not crowded:
+                srv._per_key[kid] += 1
+        if crowded:
+            self.wfile.write(b"yfpp: too many feed connections of this key\n")
+            log.warning("feed refused: too many connections of one key", extra={"feed": f"tcp {peer}", "key": kid})
+            return
         if not srv._slots.acquire(blocking=False):
+            with srv._lock:
+                srv._per_key[kid] -= 1
             self.wfile.write(b"yfpp: too many feed connections\n")
             log.warning("feed refused: too many connections", extra={"feed": f"tcp {peer}"})
             return
+        self.connection.settimeout(srv.limits.idle_timeout)  # a quiet connection ends (pump sees a timeout)
         with srv._lock:
-            srv._open.add(self.connection)
+            srv._open[self.connection] = kid
         try:
             name = f"{srv.fmt} feed {peer}"
             log.info("feed connected", extra={"feed": name})
@@ -217,7 +320,8 @@ class _FeedHandler(socketserver.StreamRequestHandler):
             log.info("feed closed", extra={"feed": name, "events": n, "dead_letters": bad})
         finally:
             with srv._lock:
-                srv._open.discard(self.connection)
+                srv._open.pop(self.connection, None)
+                srv._per_key[kid] -= 1
             srv._slots.release()
 
 

@@ -77,6 +77,15 @@ def _per_subscription(subs: list) -> Iterator[Metric]:
     for sub in subs:
         depth.add_metric([sub.id, sub.name], sub.queued)
     yield depth
+    runs = GaugeMetricFamily("yfpp_subscription_runs", "live runs of its shared-NFA branch (last sample)", labels=LABELS)
+    cpu = CounterMetricFamily("yfpp_subscription_cpu_seconds", "engine CPU attributed to it, by its share of the "
+                              "live runs (an estimate)", labels=LABELS)
+    for sub in subs:
+        use = sub.usage.of(sub.name) if sub.usage else {"runs": 0, "cpu_s": 0.0}
+        runs.add_metric([sub.id, sub.name], use["runs"])
+        cpu.add_metric([sub.id, sub.name], use["cpu_s"])
+    yield runs
+    yield cpu
 
 
 def registry_for(service: "Service") -> CollectorRegistry:

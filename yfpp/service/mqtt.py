@@ -39,6 +39,7 @@ from yfpp.input.events import Event
 from yfpp.input.readers import read_events
 from yfpp.input.record_fields import typed_value
 from yfpp.service.feeds import FeedClosed
+from yfpp.service.sink_policy import SinkPolicy
 from yfpp.service.sinks import TaskSink, check_host
 
 log = logging.getLogger("yfpp.service.mqtt")
@@ -446,13 +447,16 @@ class Publishers:
     def configure(self, broker: Broker | None) -> None:
         self.known = {(broker.host, broker.port): broker} if broker is not None else {}
 
-    def acquire(self, url: str) -> tuple[Publisher, str, int]:
-        """(the connection, the topic template, the QoS) of a sink URL."""
+    def acquire(self, url: str, address: str | None = None) -> tuple[Publisher, str, int]:
+        """(the connection, the topic template, the QoS) of a sink URL; ``address``: the one the sink policy
+        checked for its host, connected to instead of the name (plain MQTT: TLS keeps the name it verifies)."""
         given, topic, _ = parse_url(url, secrets=False)
         known = self.known.get((given.host, given.port))
         broker = dataclasses.replace(
             known if known is not None else given, client_id="", clean=True, qos=given.qos,
             username=given.username if given.username is not None or known is None else known.username)
+        if address is not None and not broker.tls:
+            broker = dataclasses.replace(broker, host=address)
         with self._lock:
             pub = self.open.get(broker)
             if pub is None:
@@ -490,14 +494,18 @@ class MqttSink(TaskSink):
     """``mqtt://HOST:PORT/TOPIC``: each result published (one JSON object or XML element per message) to the
     topic its template gives; a QoS 1 batch is delivered once the broker acknowledged all of it."""
 
-    def __init__(self, url: str, encode: Callable[[dict], bytes]):
-        super().__init__(url, encode)
+    def __init__(self, url: str, encode: Callable[[dict], bytes], policy: SinkPolicy | None = None):
+        super().__init__(url, encode, policy)
         self.pub: Publisher | None = None
         self.template, self.qos = "", 0
 
     async def send(self, batch: list[dict]) -> None:
         if self.pub is None:
-            self.pub, self.template, self.qos = PUBLISHERS.acquire(self.url)
+            address = None
+            if self.policy is not None:  # the broker's host checked again at connect time (no DNS rebinding)
+                given, _, _ = parse_url(self.url, secrets=False)
+                address = await self.policy.resolve(given.host, given.port)
+            self.pub, self.template, self.qos = PUBLISHERS.acquire(self.url, address)
         client = self.pub.client
         end = time.monotonic() + CONNECT_TIMEOUT
         while not client.is_connected():  # (connecting, or reconnecting after a loss)

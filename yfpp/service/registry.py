@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sqlite3
 import threading
 from contextlib import contextmanager
@@ -25,10 +26,25 @@ _TABLES = {
     sub TEXT NOT NULL,    -- the subscription's id
     result TEXT NOT NULL  -- one result as JSON, queued for its push sink at the last stop
 )""",
+    "keys": """CREATE TABLE keys (
+    id TEXT PRIMARY KEY,     -- the key's public id (yfpp_<id>_<secret>)
+    name TEXT NOT NULL,
+    role TEXT NOT NULL,      -- subscriber or feed
+    digest TEXT NOT NULL,    -- SHA-256 of the secret (the secret itself is never stored)
+    created REAL NOT NULL
+)""",
+    "owners": """CREATE TABLE owners (
+    sub TEXT PRIMARY KEY,  -- a subscription's id (one with no row here is the admin's)
+    key TEXT NOT NULL      -- the id of the key that made it
+)""",
 }
+_WHEN_USED = ("keys", "owners")  #: tables made at their first row (a registry of a service without keys stays as it was)
 #: each table's columns as ``PRAGMA table_info`` gives them: (name, declared type, not null, primary key)
 _COLUMNS = {"subscriptions": [("seq", "INTEGER", 0, 1), ("id", "TEXT", 1, 0), ("spec", "TEXT", 1, 0)],
-            "queued": [("seq", "INTEGER", 0, 1), ("sub", "TEXT", 1, 0), ("result", "TEXT", 1, 0)]}
+            "queued": [("seq", "INTEGER", 0, 1), ("sub", "TEXT", 1, 0), ("result", "TEXT", 1, 0)],
+            "keys": [("id", "TEXT", 0, 1), ("name", "TEXT", 1, 0), ("role", "TEXT", 1, 0), ("digest", "TEXT", 1, 0),
+                     ("created", "REAL", 1, 0)],
+            "owners": [("sub", "TEXT", 0, 1), ("key", "TEXT", 1, 0)]}
 
 
 class RegistryError(YfppError):
@@ -36,18 +52,23 @@ class RegistryError(YfppError):
 
 
 class Registry:
-    """Subscriptions by id, in creation order; ``path=None`` keeps them in memory only."""
+    """Subscriptions by id, in creation order, their owners and the API keys; ``path=None`` keeps them in
+    memory only. A new file is readable by its owner only (it holds key digests)."""
 
     def __init__(self, path: str | None):
         self._lock = threading.Lock()
         self.path = path
         try:
+            if path:
+                os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
             self._db = sqlite3.connect(path or ":memory:", check_same_thread=False, isolation_level=None)
             self._db.text_factory = _text  # (text that is not UTF-8, in a damaged file, is not valid where it is read)
             self._db.execute("PRAGMA journal_mode=WAL" if path else "PRAGMA journal_mode=MEMORY")
             self._check_tables()
         except sqlite3.Error as e:
             self._refuse(str(e))
+        except OSError as e:  # (creating the file)
+            self._refuse(e.strerror or str(e))
         except UnicodeDecodeError:  # SQLite's error message quotes text of the file that is not UTF-8
             self._refuse("damaged file (SQLite's error quotes bytes of it that are not UTF-8)")
 
@@ -59,16 +80,24 @@ class Registry:
         """Create the tables of a new registry (and ``queued``, which the first versions lacked); refuse a
         registry whose tables are not the ones this version reads and writes, or whose file is damaged."""
         db = self._db
-        problems = [line for (text,) in db.execute("PRAGMA quick_check") for line in str(text).splitlines()
+        try:
+            checked = db.execute("PRAGMA quick_check").fetchall()
+        except sqlite3.DatabaseError as e:  # a page the check itself cannot read
+            self._refuse(f"damaged file ({e})")
+        problems = [line for (text,) in checked for line in str(text).splitlines()
                     if not line.startswith("*** ")]  # ("*** in database main ***" heads a list)
         if problems != ["ok"]:  # (before anything is written to it)
             self._refuse(f"damaged file ({problems[0]}{', …' if len(problems) > 1 else ''})")
-        kinds = dict(db.execute("SELECT name, type FROM sqlite_master WHERE name IN (?, ?)", tuple(_TABLES)).fetchall())
+        kinds = dict(db.execute(f"SELECT name, type FROM sqlite_master WHERE name IN ({', '.join('?' * len(_TABLES))})",
+                                tuple(_TABLES)).fetchall())
         if "subscriptions" not in kinds and "queued" in kinds:
             self._refuse("it has no table subscriptions")
+        self._made = set(kinds)
         for table, create in _TABLES.items():
             if table not in kinds:
-                db.execute(create)
+                if table not in _WHEN_USED:
+                    db.execute(create)
+                    self._made.add(table)
             elif kinds[table] != "table":
                 self._refuse(f"{table} is a {kinds[table]}, not a table")
             else:
@@ -93,18 +122,22 @@ class Registry:
                     self._db.execute("ROLLBACK")
                 raise RegistryError(f"subscription registry {self.path}: {e}") from e
 
-    def add(self, spec: dict[str, Any]) -> str:
-        """Store a subscription; return its fresh id ``s1``, ``s2``, … (never reused, also across restarts)."""
-        return self.add_many([spec])[0]
+    def add(self, spec: dict[str, Any], owner: str | None = None) -> str:
+        """Store a subscription (of the key ``owner``; None: the admin's); return its fresh id ``s1``, ``s2``, …
+        (never reused, also across restarts)."""
+        return self.add_many([spec], owner)[0]
 
-    def add_many(self, specs: list[dict[str, Any]]) -> list[str]:
-        """Store subscriptions in one transaction (all or none); their fresh ids, in order."""
+    def add_many(self, specs: list[dict[str, Any]], owner: str | None = None) -> list[str]:
+        """Store subscriptions (all of ``owner``) in one transaction (all or none); their fresh ids, in order."""
         sids = []
         with self._transaction() as db:
             for spec in specs:
                 cur = db.execute("INSERT INTO subscriptions (id, spec) VALUES (hex(randomblob(8)), ?)", (json.dumps(spec),))
                 sids.append(f"s{cur.lastrowid}")
                 db.execute("UPDATE subscriptions SET id = ? WHERE seq = ?", (sids[-1], cur.lastrowid))
+            if owner is not None and sids:
+                self._make(db, "owners")
+                db.executemany("INSERT OR REPLACE INTO owners (sub, key) VALUES (?, ?)", [(sid, owner) for sid in sids])
         return sids
 
     def remove(self, sid: str) -> None:
@@ -115,13 +148,40 @@ class Registry:
         """Remove subscriptions and what is kept for them, in one transaction."""
         rows = [(sid,) for sid in sids]
         with self._transaction() as db:
-            for table, column in (("subscriptions", "id"), ("queued", "sub")):
+            tables = [("subscriptions", "id"), ("queued", "sub")] + ([("owners", "sub")] if "owners" in self._made else [])
+            for table, column in tables:
                 db.executemany(f"DELETE FROM {table} WHERE {column} = ?", rows)
 
-    def all(self) -> list[tuple[str, str]]:
-        """Every ``(id, spec as JSON text)``, in creation order (the caller decodes and checks each)."""
+    def all(self) -> list[tuple[str, str, str | None]]:
+        """Every ``(id, spec as JSON text, owner key id or None)``, in creation order (the caller decodes and
+        checks each)."""
         with self._transaction() as db:
-            return db.execute("SELECT id, spec FROM subscriptions ORDER BY seq").fetchall()
+            if "owners" not in self._made:
+                return [(sid, spec, None) for sid, spec in db.execute("SELECT id, spec FROM subscriptions ORDER BY seq")]
+            return db.execute("SELECT id, spec, key FROM subscriptions LEFT JOIN owners ON owners.sub = id "
+                              "ORDER BY seq").fetchall()
+
+    def _make(self, db: sqlite3.Connection, table: str) -> None:
+        """Create a table of :data:`_WHEN_USED` at its first row (in the caller's transaction)."""
+        db.execute(_TABLES[table].replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS", 1))  # (also after a rollback)
+        self._made.add(table)
+
+    def add_key(self, row: tuple[str, str, str, str, float]) -> None:
+        """Store a key: (id, name, role, digest, created)."""
+        with self._transaction() as db:
+            self._make(db, "keys")
+            db.execute("INSERT INTO keys (id, name, role, digest, created) VALUES (?, ?, ?, ?, ?)", row)
+
+    def remove_key(self, kid: str) -> None:
+        with self._transaction() as db:
+            db.execute("DELETE FROM keys WHERE id = ?", (kid,))
+
+    def keys(self) -> list[tuple[str, str, str, str, float]]:
+        """Every key's (id, name, role, digest, created)."""
+        if "keys" not in self._made:
+            return []
+        with self._transaction() as db:
+            return db.execute("SELECT id, name, role, digest, created FROM keys ORDER BY created").fetchall()
 
     def keep_queued(self, queued: dict[str, list[dict]]) -> None:
         """Replace the kept results by ``queued`` (results by subscription id, oldest first)."""

@@ -25,6 +25,7 @@ import socket
 import sys
 import threading
 import time
+import types
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -40,11 +41,13 @@ from yfpp.errors import YfppError
 from yfpp.input.events import Event
 from yfpp.language.pattern import Pattern
 from yfpp.language.query_text import parse_written_query
-from yfpp.service import checkpoint, mqtt
+from yfpp.service import auth, checkpoint, mqtt, quotas
+from yfpp.service.accounting import Usage
 from yfpp.service.config import ServiceConfig
 from yfpp.service.errors import RequestError
-from yfpp.service.feeds import FeedClosed, SharedDeadLetters, TcpFeed, pump, start_input
+from yfpp.service.feeds import FeedClosed, FeedLimits, SharedDeadLetters, TcpFeed, pump, start_input
 from yfpp.service.registry import Registry, RegistryError
+from yfpp.service.sink_policy import SinkPolicy, SinkRefused
 from yfpp.service.subscriptions import SUBSCRIPTION_ID, Subscription, SubscriptionSpec, Totals
 
 log = logging.getLogger("yfpp.service")
@@ -57,6 +60,7 @@ CHECKPOINT_WAIT = 30.0  #: seconds a checkpoint waits for the loop to say what t
 INBOX = 64  #: batches (of up to feeds.BATCH events) waiting for the engine thread before feeds block
 INGEST_THREADS = 4  #: POST /events bodies read at once (more wait their turn); apart from the loop's default pool
 HANDED_OVER = 65_536  #: results from the engine thread not yet routed by the loop before the engine thread waits
+RETIRE_WAIT = 0.8  #: seconds a DELETE waits for the engine thread to unregister the query (it answers anyway)
 CHUNK = 1024  #: results the engine thread gathers before handing them to the loop (and at the end of each batch)
 
 
@@ -65,16 +69,28 @@ class Service:
 
     def __init__(self, config: ServiceConfig):
         self.config = config
+        admin_key = config.admin_key or auth.admin_key(config.admin_key_file, {})
+        if admin_key is None and not auth.is_loopback(config.host):
+            raise YfppError(f"binding {config.host} (beyond loopback) needs authentication: give an admin key "
+                            f"(admin_key_file, or ${auth.ADMIN_KEY_ENV})")
+        if admin_key is not None and len(admin_key) < auth.MIN_ADMIN_KEY:
+            raise YfppError(f"the admin key must have at least {auth.MIN_ADMIN_KEY} characters")
+        try:
+            self.sink_policy = SinkPolicy(config.file_sink_dir, config.sink_networks)
+        except ValueError as e:
+            raise YfppError(str(e)) from None
         state = Path(config.state) if config.state else None
         if state is not None:
             try:
-                state.mkdir(parents=True, exist_ok=True)
+                state.mkdir(mode=0o700, parents=True, exist_ok=True)  # (the checkpoint holds events: not for others)
             except OSError as e:
                 raise YfppError(f"state directory {state}: {e.strerror or e}") from e
         self.checkpoint_path = state / "engine-checkpoint.json" if state else None
         self.counts_path = state / "counts.json" if state else None  #: the counters kept with the queued results
         self.registry = Registry(str(state / "subscriptions.sqlite") if state else None)
-        self.dead_letters = SharedDeadLetters(config.dead_letters or sys.stderr)
+        self.keys = auth.Keys(self.registry, admin_key)
+        self.dead_letters = SharedDeadLetters(config.dead_letters or sys.stderr, config.dead_letters_per_second,
+                                              config.dead_letters_max_bytes)
         self.read_opts = config.read_opts
         engine_opts = {"max_delay": config.max_delay, "dead_letters": self.dead_letters}
         restored, self._sources = checkpoint.load(self.checkpoint_path, **engine_opts) if self.checkpoint_path else (None, {})
@@ -96,6 +112,7 @@ class Service:
         self.events_taken = 0  #: events given to the engine by this process
         self._events_before = self.engine.next_seq  # events the restored state had taken
         self.totals = Totals()  #: counts over every subscription held since the start (the metrics' totals)
+        self.usage = Usage()  #: each query's runs and CPU, sampled by the engine thread
         self.rate = 0.0
         self.started_at = time.time()
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -111,7 +128,9 @@ class Service:
         self.on_failure: Callable[[], None] = lambda: None  #: called on the loop when the engine thread dies
         self.checkpoint_errors = 0
         self.last_checkpoint_error: str | None = None  #: the last checkpoint's error, while checkpoints fail
-        self._claimed: set[Any] = set()  # names (or tokens) of subscriptions being registered
+        self._claimed: set[Any] = set()  # names (or tokens) of subscriptions being registered, or being unregistered
+        self._retired: deque[tuple[int, str, asyncio.Future]] = deque()  # deleted subscriptions' (qid, name, done),
+        # for the engine thread to unregister
         self._results: deque[list[dict]] = deque()  # result batches from the engine thread, not yet routed
         self._handed_over = 0  # results in _results
         self._room = threading.Condition()  # guards _results, _handed_over and _route_scheduled
@@ -137,7 +156,8 @@ class Service:
         for fmt, port in (("xml", cfg.xml_port), ("jsonl", cfg.jsonl_port)):
             if port is not None:
                 self.feeds.append(TcpFeed(cfg.host, port, fmt, self.put, self.dead_letters, self.read_opts,
-                                          cfg.max_feed_connections))
+                                          FeedLimits(cfg.max_feed_connections, cfg.max_feed_connections_per_key,
+                                                     cfg.feed_idle_timeout), self.keys))
         self.mqtt_feeds = mqtt.start_feeds(cfg.mqtt, cfg.mqtt_topics, self.put, self.dead_letters, self.read_opts)
 
     @property
@@ -155,6 +175,7 @@ class Service:
         # would wait up to the default 5 ms to get it back each time (thousands of sinks: seconds).
         sys.setswitchinterval(SWITCH_INTERVAL)
         self._reload()
+        self.keys.on_revoke.append(self.revoked)
         self._engine_thread = threading.Thread(target=self._run_engine, name="engine", daemon=True)
         self._engine_thread.start()
         for feed in self.feeds:
@@ -292,14 +313,16 @@ class Service:
         gc.disable()  # (a great many objects made that live on: collecting meanwhile doubles the time)
         try:
             subs, todo = [], []
-            for sid, text in stored:
+            for sid, text, owner in stored:
                 try:
                     if not (isinstance(sid, str) and SUBSCRIPTION_ID.fullmatch(sid)) or sid in self.subs:
                         raise YfppError(f"its id {sid!r} is not one the registry gives (s1, s2, …) or is taken")
                     spec = SubscriptionSpec.model_validate_json(text)
+                    if spec.sink is not None:
+                        self._check_sink(spec.sink)
                     name = spec.name or sid
                     if name in restored and sources.get(name) == _source(spec):
-                        subs.append((sid, spec, restored.pop(name)))
+                        subs.append((sid, spec, restored.pop(name), owner))
                         continue
                     pattern = parse_written_query(spec.query, spec.language, self.config.window_unit)
                     qid = restored.pop(name, None)
@@ -307,22 +330,23 @@ class Service:
                         engine.unregister(qid)  # the name was deleted and taken again after the checkpoint
                         qid = None
                     if qid is not None:
-                        subs.append((sid, spec, qid))
+                        subs.append((sid, spec, qid, owner))
                     else:
-                        todo.append((sid, spec, pattern))
+                        todo.append((sid, spec, pattern, owner))
                 except (YfppError, ValidationError) as e:
                     log.error("stored subscription no longer registers", extra={"subscription": sid, "error": str(e)})
-            qids = self._register_patterns([(pattern, spec.name or sid, spec.policy) for sid, spec, pattern in todo])
-            for (sid, spec, _), qid in zip(todo, qids):
+            qids = self._register_patterns([(pattern, spec.name or sid, spec.policy) for sid, spec, pattern, _ in todo])
+            for (sid, spec, _, owner), qid in zip(todo, qids):
                 if isinstance(qid, YfppError):
                     log.error("stored subscription no longer registers", extra={"subscription": sid, "error": str(qid)})
                 else:
-                    subs.append((sid, spec, qid))
+                    subs.append((sid, spec, qid, owner))
             if isinstance(counts.get(""), dict):
                 self.totals.restore_counts(counts[""])
-            order = {sid: i for i, (sid, _) in enumerate(stored)}
-            for sid, spec, qid in sorted(subs, key=lambda x: order[x[0]]):
-                sub = Subscription(sid, spec, qid, self.config.queue_size, self.totals)
+            order = {sid: i for i, (sid, *_) in enumerate(stored)}
+            for sid, spec, qid, owner in sorted(subs, key=lambda x: order[x[0]]):
+                sub = Subscription(sid, spec, qid, self.config.queue_size, self.totals, owner or auth.ADMIN,
+                                   self.sink_policy)
                 self._attach(sub)
                 if isinstance(counts.get(sid), dict):  # the results kept are counted in them
                     sub.restore_counts(counts[sid])
@@ -363,41 +387,61 @@ class Service:
         return out
 
     def _attach(self, sub: Subscription) -> None:
+        sub.usage = self.usage
         sub.start()
         self.subs[sub.id] = sub
         self.by_name[sub.name] = sub
 
-    async def subscribe(self, spec: SubscriptionSpec) -> Subscription:
-        """Validate, register on the running engine, persist; RequestError for what the client must fix."""
-        (item,) = await self.subscribe_many([spec])
+    def _check_sink(self, sink: str) -> None:
+        """RequestError 403 (saying why) for a sink the server's policy does not allow (blocking: resolves)."""
+        try:
+            self.sink_policy.check(sink)
+        except SinkRefused as e:
+            raise RequestError(403, f"sink: {e}") from None
+
+    async def subscribe(self, spec: SubscriptionSpec, owner: str = auth.ADMIN) -> Subscription:
+        """Validate, check against the key ``owner``'s quotas and the sink policy, register on the running
+        engine, persist; RequestError for what the client must fix."""
+        (item,) = await self.subscribe_many([spec], owner)
         if isinstance(item, RequestError):
             raise item
         return item
 
-    async def subscribe_many(self, specs: list[SubscriptionSpec | RequestError]) -> list[Subscription | RequestError]:
-        """Each request in turn (one that is already a RequestError stays one): checked, parsed, stored in one
-        registry transaction, registered in one hold of ``engine_lock``; per request, the subscription or why it
-        was refused, so a bad one refuses only itself."""
+    async def subscribe_many(self, specs: list[SubscriptionSpec | RequestError],
+                             owner: str = auth.ADMIN) -> list[Subscription | RequestError]:
+        """Each request in turn (one that is already a RequestError stays one): checked (the key ``owner``'s
+        quotas counting those of the batch before it, the sink policy), parsed, stored in one registry
+        transaction, registered in one hold of ``engine_lock``; per request, the subscription or why it was
+        refused, so a bad one refuses only itself."""
         cfg = self.config
         out: list[Subscription | RequestError] = list(specs)
         claims: list[Any] = []
         try:
             todo: list[int] = []
+            owned: list[Any] = [s for s in self.subs.values() if s.owner == owner]
             for i, spec in enumerate(specs):
                 if isinstance(spec, RequestError):
                     continue
                 if len(spec.query) > cfg.max_query_chars:
                     out[i] = RequestError(413, f"query is {len(spec.query)} characters; the limit is {cfg.max_query_chars}")
-                elif len(self.subs) + len(self._claimed) >= cfg.max_subscriptions:
+                    continue
+                if len(self.subs) + len(self._claimed) >= cfg.max_subscriptions:
                     out[i] = RequestError(409, f"subscription limit reached ({cfg.max_subscriptions})")
-                elif spec.name is not None and (spec.name in self.by_name or spec.name in self._claimed):
+                    continue
+                try:
+                    quotas.check(spec, owner, owned, cfg)
+                except quotas.QuotaError as e:
+                    out[i] = RequestError(e.status, str(e))
+                    continue
+                if spec.name is not None and (spec.name in self.by_name or spec.name in self._claimed):
                     out[i] = RequestError(409, f"a subscription named {spec.name!r} exists")
                 else:
                     claim = spec.name or object()
                     self._claimed.add(claim)
                     claims.append(claim)
+                    owned.append(types.SimpleNamespace(queue_size=spec.queue or cfg.queue_size))
                     todo.append(i)
-            parsed = await asyncio.to_thread(lambda: [_parsed(specs[i], cfg.window_unit) for i in todo])
+            parsed = await asyncio.to_thread(lambda: [self._admitted(specs[i], owner) for i in todo])
             ready = [(i, p) for i, p in zip(todo, parsed) if not isinstance(p, RequestError)]
             for i, p in zip(todo, parsed):
                 if isinstance(p, RequestError):
@@ -405,7 +449,8 @@ class Service:
             if not ready:
                 return out
             try:
-                sids = await asyncio.to_thread(self.registry.add_many, [specs[i].model_dump() for i, _ in ready])
+                sids = await asyncio.to_thread(self.registry.add_many, [specs[i].model_dump() for i, _ in ready],
+                                               None if owner == auth.ADMIN else owner)
             except RegistryError as e:
                 for i, _ in ready:
                     out[i] = RequestError(503, f"cannot store the subscription; nothing was added: {e}")
@@ -414,12 +459,13 @@ class Service:
             qids = await asyncio.to_thread(self._register_patterns, [(p, name, specs[i].policy)
                                                                      for (i, p), name in zip(ready, names)])
             refused = []
-            for (i, _), sid, qid in zip(ready, sids, qids):
+            for (i, pattern), sid, qid in zip(ready, sids, qids):
                 if isinstance(qid, YfppError):
                     refused.append(sid)
                     out[i] = RequestError(400, f"query: {qid}", **_error_position(qid))
                 else:
-                    sub = out[i] = Subscription(sid, specs[i], qid, cfg.queue_size, self.totals)
+                    sub = out[i] = Subscription(sid, specs[i], qid, cfg.queue_size, self.totals, owner, self.sink_policy)
+                    sub.cost = quotas.estimate(pattern)
                     self._attach(sub)
             if refused:
                 self._forget(refused)
@@ -433,6 +479,23 @@ class Service:
             log.info("subscribed", extra={"subscriptions": len(made), "first": made[0].id, "last": made[-1].id})
         return out
 
+    def _admitted(self, spec: SubscriptionSpec, owner: str) -> Pattern | RequestError:
+        """(Blocking: resolves a sink's host.) The pattern of a request the sink policy and the key's cost quota
+        allow, or the RequestError that refuses it."""
+        try:
+            if spec.sink is not None:
+                self._check_sink(spec.sink)
+            pattern = _parsed(spec, self.config.window_unit)
+            if not isinstance(pattern, RequestError):
+                cost = quotas.estimate(pattern)
+                try:
+                    quotas.check_cost(cost, owner, self.config)
+                except quotas.QuotaError as e:
+                    return RequestError(e.status, str(e), cost=cost)
+            return pattern
+        except RequestError as e:
+            return e
+
     def _forget(self, sids: list[str]) -> None:
         """Remove subscriptions the engine refused from the registry (else a restart logs them as ones that no
         longer register)."""
@@ -441,9 +504,12 @@ class Service:
         except RegistryError as e:
             log.error("refused subscriptions stay in the registry", extra={"subscriptions": sids, "error": str(e)})
 
-    async def unsubscribe(self, sid: str) -> None:
-        """Remove a subscription: from the registry first, so that a failure leaves it wholly in place."""
-        self.get(sid)
+    async def unsubscribe(self, sid: str, caller: auth.Principal = auth.OPEN) -> None:
+        """Remove a subscription: from the registry first, so that a failure leaves it wholly in place; then
+        detached at once (its results are dropped from now on), and unregistered by the engine thread between
+        two events (its name stays taken until then). The answer waits for that :data:`RETIRE_WAIT` seconds at
+        most: never for an engine busy on one costly event."""
+        self.get(sid, caller)
         try:
             await asyncio.to_thread(self.registry.remove, sid)
         except RegistryError as e:
@@ -452,19 +518,67 @@ class Service:
         if sub is None:  # a concurrent DELETE removed it meanwhile
             return
         self.by_name.pop(sub.name, None)
-        await asyncio.to_thread(self._unregister, sub.qid)
+        self._claimed.add(sub.name)
+        done = asyncio.get_running_loop().create_future()
+        self._retired.append((sub.qid, sub.name, done))
+        try:
+            self.inbox.put_nowait(None)  # (wakes an idle engine thread; a busy one comes to it after its event)
+        except queue.Full:
+            pass
         await sub.stop()
+        await asyncio.wait([done], timeout=RETIRE_WAIT)
         log.info("unsubscribed", extra={"subscription": sid, "query_name": sub.name})
 
-    def _unregister(self, qid: int) -> None:
-        with self.engine_lock:
+    def _retire_done(self, name: str, done: asyncio.Future) -> None:
+        self._claimed.discard(name)
+        if not done.done():
+            done.set_result(None)
+
+    def _suspend(self, name: str) -> None:
+        """(engine thread, holding ``engine_lock``) Suspend the subscription of query ``name``, over its CPU
+        share: its query is unregistered (its runs freed); it stays, ``suspended`` saying why, until deleted."""
+        sub = self.by_name.get(name)
+        if sub is None or sub.suspended is not None:
+            return
+        sub.suspended = (f"suspended: its query took more than {self.config.max_cpu_share:.0%} of the engine's "
+                         f"time (max_cpu_share) beside other subscriptions; delete it")
+        self._drop_query(sub.qid)
+        log.warning("subscription suspended", extra={"subscription": sub.id, "query_name": name,
+                                                      "usage": self.usage.of(name)})
+
+    def _drop_query(self, qid: int) -> None:
+        """(engine thread, holding ``engine_lock``) Unregister ``qid`` unless it is gone already (suspended)."""
+        if qid in self.engine.queries or qid in self.engine.set_queries:
             self.engine.unregister(qid)
 
-    def get(self, sid: str) -> Subscription:
+    def _unregister_retired(self) -> None:
+        """(engine thread, holding ``engine_lock``) Unregister the deleted subscriptions' queries; free their names."""
+        while self._retired:
+            qid, name, done = self._retired.popleft()
+            try:
+                self._drop_query(qid)
+            finally:
+                try:
+                    self.loop.call_soon_threadsafe(self._retire_done, name, done)  # type: ignore[union-attr]
+                except RuntimeError:  # the loop has closed: nothing subscribes any more
+                    pass
+
+    def get(self, sid: str, caller: auth.Principal = auth.OPEN) -> Subscription:
+        """Subscription ``sid`` if ``caller`` may see it: a subscriber sees only its own (another's is a 404,
+        as one that does not exist: its existence is not told)."""
         sub = self.subs.get(sid)
-        if sub is None:
+        if sub is None or not (caller.admin or sub.owner == caller.key_id):
             raise RequestError(404, f"no subscription {sid!r}")
         return sub
+
+    def visible(self, caller: auth.Principal) -> list[Subscription]:
+        """The subscriptions ``caller`` sees: all for the admin, else its own."""
+        return [s for s in self.subs.values() if caller.admin or s.owner == caller.key_id]
+
+    def revoked(self, kid: str) -> None:
+        """A key was revoked: its feed connections end now (its requests and streams fail from now on)."""
+        for feed in self.feeds:
+            feed.drop(kid)
 
     # --- events ------------------------------------------------------------------------
 
@@ -520,6 +634,9 @@ class Service:
             if now - rate_t >= 1.0:
                 self.rate = (self.events_taken - rate_n) / (now - rate_t)
                 rate_t, rate_n = now, self.events_taken
+                with self.engine_lock:
+                    for name in self.usage.sample(self.engine, self.config.max_cpu_share):
+                        self._suspend(name)
             if stop:
                 return  # (the stop checkpoints, once the sinks have had their second: _final_checkpoint)
             if now >= next_checkpoint:
@@ -545,6 +662,7 @@ class Service:
         are made (an event that completes many matches hands them over while it runs, :data:`CHUNK` at a time)."""
         out = _Results(self._hand_over)
         with self.engine_lock:
+            self._unregister_retired()
             if isinstance(item, list):
                 for ev in item:
                     self._process(ev, out)
@@ -693,7 +811,8 @@ class Service:
     def health(self) -> dict[str, Any]:
         return {"status": self.status, "error": self.failed, "uptime_s": round(time.time() - self.started_at, 3), "events_in": self.events_in,
                 "events_per_s": round(self.rate, 1), "dead_letters": self.dead_letters.count,
-                "dead_letters_lost": self.dead_letters.lost, "dead_letters_error": self.dead_letters.failing,
+                "dead_letters_lost": self.dead_letters.lost,
+                "dead_letters_suppressed": self.dead_letters.suppressed, "dead_letters_error": self.dead_letters.failing,
                 "live_runs": self.engine.stats.live_runs, "subscriptions": len(self.subs),
                 "inbox": self.inbox.qsize(), "feeds": {f.fmt: f.port for f in self.feeds},
                 "mqtt": [f.info() for f in self.mqtt_feeds],
@@ -788,7 +907,8 @@ def make_server(service: Service) -> _Server:
     from yfpp.service.app import create_app
 
     config = uvicorn.Config(create_app(service), log_config=None, access_log=False, lifespan="on",
-                            log_level=service.config.log_level, timeout_graceful_shutdown=3)
+                            log_level=service.config.log_level, timeout_graceful_shutdown=3,
+                            ssl_certfile=service.config.tls_cert, ssl_keyfile=service.config.tls_key)
     return _Server(config, service)
 
 
@@ -815,7 +935,8 @@ class BackgroundService:
 
     @property
     def url(self) -> str:
-        return f"http://{self.service.config.host}:{self.service.port}"
+        scheme = "https" if self.service.config.tls_cert else "http"
+        return f"{scheme}://{self.service.config.host}:{self.service.port}"
 
     def __enter__(self) -> Service:
         self._thread.start()

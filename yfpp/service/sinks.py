@@ -32,13 +32,14 @@ import queue
 import re
 import threading
 import time
-import unicodedata
 from collections import deque
 from typing import Any, Callable
 from urllib.parse import urlsplit
 from xml.sax.saxutils import escape, quoteattr
 
 import orjson
+
+from yfpp.service.sink_policy import CONNECT_FAILED, SinkPolicy, shown
 
 log = logging.getLogger("yfpp.service.sinks")
 
@@ -185,11 +186,13 @@ class Backoff:
 
 
 class PushSink:
-    """A push destination of one subscription: its outbox, its failure bookkeeping and backoff."""
+    """A push destination of one subscription: its outbox, its failure bookkeeping and backoff; with a
+    ``policy``, it reaches only what the policy allows (checked at each connection or open)."""
 
-    def __init__(self, url: str, encode: Callable[[dict], bytes]):
+    def __init__(self, url: str, encode: Callable[[dict], bytes], policy: SinkPolicy | None = None):
         self.url = url
         self.encode = encode
+        self.policy = policy
         self.backoff = Backoff()
         self.failing = False
         self.outbox: Outbox | None = None
@@ -203,7 +206,7 @@ class PushSink:
 
     def failed(self, error: str) -> None:
         assert self.outbox is not None
-        self.outbox.counters.error(f"{self.url}: {error}")
+        self.outbox.counters.error(f"{shown(self.url)}: {error}")
         if not self.failing:
             log.warning("sink failing", extra={"sink": self.url, "error": self.outbox.counters.last_error})
         self.failing = True
@@ -218,8 +221,8 @@ class PushSink:
 class LoopSink(PushSink):
     """A sink written from the loop: at most one ``flush`` scheduled at a time, however many results arrive."""
 
-    def __init__(self, url: str, encode: Callable[[dict], bytes]):
-        super().__init__(url, encode)
+    def __init__(self, url: str, encode: Callable[[dict], bytes], policy: SinkPolicy | None = None):
+        super().__init__(url, encode, policy)
         self.loop: asyncio.AbstractEventLoop | None = None
         self._scheduled = False
 
@@ -272,8 +275,8 @@ class _Connection(asyncio.Protocol):
 class TcpSink(LoopSink):
     """``tcp://HOST:PORT``: one persistent client connection, opened at the first result, one line per result."""
 
-    def __init__(self, url: str, encode: Callable[[dict], bytes]):
-        super().__init__(url, encode)
+    def __init__(self, url: str, encode: Callable[[dict], bytes], policy: SinkPolicy | None = None):
+        super().__init__(url, encode, policy)
         parts = urlsplit(url)
         self.host, self.port = parts.hostname, parts.port
         self.transport: asyncio.WriteTransport | None = None
@@ -334,10 +337,14 @@ class TcpSink(LoopSink):
                 if self.failing:
                     await self.backoff.wait()
                 try:
+                    host = await self.policy.resolve(self.host, self.port) if self.policy else self.host  # type: ignore[arg-type]
                     transport, connection = await asyncio.wait_for(
-                        self.loop.create_connection(lambda: _Connection(self), self.host, self.port),  # type: ignore[union-attr]
+                        self.loop.create_connection(lambda: _Connection(self), host, self.port),  # type: ignore[union-attr]
                         CONNECT_TIMEOUT)
-                except Exception as e:  # refused, unreachable, a timeout; or a host the resolver cannot encode
+                except (OSError, asyncio.TimeoutError):  # refused, unreachable, a timeout: one text for all
+                    self.failed(CONNECT_FAILED)
+                    continue
+                except Exception as e:  # a host the resolver cannot encode; one the policy does not allow now
                     self.failed(reason(e))
                     continue
                 if transport.get_extra_info("sockname") == transport.get_extra_info("peername"):
@@ -382,8 +389,8 @@ class TaskSink(PushSink):
 
     most = BATCH
 
-    def __init__(self, url: str, encode: Callable[[dict], bytes]):
-        super().__init__(url, encode)
+    def __init__(self, url: str, encode: Callable[[dict], bytes], policy: SinkPolicy | None = None):
+        super().__init__(url, encode, policy)
         self._task: asyncio.Task | None = None
 
     def start(self, outbox: Outbox) -> None:
@@ -473,9 +480,10 @@ class FileSink(TaskSink):
 
     most = CHUNK
 
-    def __init__(self, url: str, encode: Callable[[dict], bytes]):
-        super().__init__(url, encode)
+    def __init__(self, url: str, encode: Callable[[dict], bytes], policy: SinkPolicy | None = None):
+        super().__init__(url, encode, policy)
         self.path = url[len("file://"):] if url.startswith("file://") else url[len("file:"):]
+        self._opener = policy.opener(url) if policy else None  # (inside the policy's directory, no symlink followed)
         self._f: Any = None
         self._thread = SinkThread(f"sink {url}")
 
@@ -485,7 +493,7 @@ class FileSink(TaskSink):
     def _write(self, batch: list[dict]) -> None:
         """(the sink's thread) An OSError, or a ValueError for a path open() refuses, is the caller's."""
         if self._f is None:
-            self._f = open(self.path, "ab")
+            self._f = open(self.path, "ab", opener=self._opener)
         self._f.write(b"".join(map(self.encode, batch)))
         self._f.flush()
 
@@ -508,8 +516,8 @@ class FileSink(TaskSink):
 class WebhookSink(TaskSink):
     """``http(s)://…``: a task POSTing each batch, one result per line (JSON lines, or XML elements); any 2xx is delivered."""
 
-    def __init__(self, url: str, encode: Callable[[dict], bytes]):
-        super().__init__(url, encode)
+    def __init__(self, url: str, encode: Callable[[dict], bytes], policy: SinkPolicy | None = None):
+        super().__init__(url, encode, policy)
         self._client: Any = None
 
     async def send(self, batch: list[dict]) -> None:
@@ -518,7 +526,21 @@ class WebhookSink(TaskSink):
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=10.0)
         kind = "application/x-ndjson" if self.encode is as_json_line else "application/xml"
-        r = await self._client.post(self.url, content=b"".join(map(self.encode, batch)), headers={"content-type": kind})
+        url, headers, extensions = self.url, {"content-type": kind}, {}
+        if self.policy is not None:  # to the address just checked, under the URL's own host name (Host, TLS SNI)
+            parts = urlsplit(url)
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+            address = await self.policy.resolve(parts.hostname or "", port)
+            literal = f"[{address}]" if ":" in address else address
+            userinfo = parts.netloc.rpartition("@")[0]
+            url = parts._replace(netloc=(userinfo + "@" if userinfo else "") + f"{literal}:{port}").geturl()
+            headers["host"] = parts.netloc.rpartition("@")[2]
+            extensions["sni_hostname"] = parts.hostname
+        try:
+            r = await self._client.post(url, content=b"".join(map(self.encode, batch)), headers=headers,
+                                        extensions=extensions)
+        except (httpx.ConnectError, httpx.ConnectTimeout):
+            raise Refused(CONNECT_FAILED) from None
         if not 200 <= r.status_code < 300:
             raise Refused(f"HTTP {r.status_code}")
 
@@ -543,37 +565,6 @@ def reason(error: Exception) -> str:
 _LABEL = re.compile(r"[a-z0-9_-]{1,63}\Z", re.IGNORECASE)  #: one label of a hostname, IDNA-encoded
 
 
-def check_sink(url: str) -> str:
-    """The sink URL if it is one of the supported forms and usable, else ValueError saying what is wrong.
-
-    Usable: no control character anywhere; for tcp and http(s) a hostname (IDNA)
-    or IP address and a port in 1–65535 (tcp must name one).
-    """
-    if any(unicodedata.category(c) in ("Cc", "Cs") for c in url):
-        raise ValueError(f"sink must not hold control characters or unpaired surrogates, got {url!r}")
-    parts = urlsplit(url)
-    if parts.scheme in ("mqtt", "mqtts"):
-        from yfpp.service.mqtt import check_sink_url
-
-        return check_sink_url(url)
-    if parts.scheme in ("tcp", "http", "https") and parts.hostname:
-        check_host(parts.hostname)
-        if parts.scheme != "tcp":
-            _check_webhook_url(url, parts.hostname)
-        try:
-            port = parts.port
-        except ValueError:  # not a number, or above 65535
-            port = 0
-        if port == 0:
-            raise ValueError(f"sink port must be 1-65535, got {url!r}")
-        if port is not None or parts.scheme != "tcp":
-            return url
-    elif parts.scheme == "file" and url[len("file:"):].lstrip("/"):
-        return url
-    raise ValueError(f"sink must be tcp://HOST:PORT, http(s)://… (webhook), mqtt(s)://HOST:PORT/TOPIC or file:PATH, "
-                     f"got {url!r}")
-
-
 def check_host(host: str) -> None:
     """ValueError unless ``host`` is an IP address or a hostname (labels of up to 63 letters, digits, '-', '_')."""
     try:
@@ -587,24 +578,3 @@ def check_host(host: str) -> None:
         name = ""
     if len(name) > 253 or not all(map(_LABEL.match, name.split("."))):
         raise ValueError(f"sink host {host!r} is not a hostname or IP address")
-
-
-def _check_webhook_url(url: str, host: str) -> None:
-    """ValueError unless httpx, which sends the webhooks, takes ``url``: it encodes hosts by IDNA 2008,
-    stricter than Python's IDNA 2003 that :func:`check_host` (and a TCP sink's connection) uses."""
-    import httpx
-
-    try:
-        httpx.URL(url).host  # (an invalid A-label fails only when the host is decoded, as sending does)
-    except Exception:  # InvalidURL, or idna's own error unwrapped
-        raise ValueError(f"sink host {host!r} is not a hostname a webhook can reach (IDNA 2008)") from None
-
-
-def sink_for(url: str, fmt: str) -> PushSink:
-    scheme = urlsplit(url).scheme
-    if scheme in ("mqtt", "mqtts"):
-        from yfpp.service.mqtt import MqttSink
-
-        return MqttSink(url, ENCODERS[fmt])
-    cls = {"tcp": TcpSink, "http": WebhookSink, "https": WebhookSink, "file": FileSink}[scheme]
-    return cls(url, ENCODERS[fmt])

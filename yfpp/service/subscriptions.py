@@ -8,7 +8,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from yfpp.service.sinks import Counters, Outbox, PushSink, check_sink, sink_for
+from yfpp.service.accounting import Usage
+from yfpp.service.auth import ADMIN
+from yfpp.service.sink_policy import SinkPolicy, shown
+from yfpp.service.sink_urls import check_sink, sink_for
+from yfpp.service.sinks import Counters, Outbox, PushSink
 
 _NAME = re.compile(r"[A-Za-z_][\w.\-]*\Z")
 SUBSCRIPTION_ID = re.compile(r"s[0-9]+")  #: the ids the registry gives (Registry.add), the names of unnamed subscriptions
@@ -86,13 +90,20 @@ class Totals(_Counted):
 
 
 class Subscription(_Counted):
-    """One registered subscription: engine query id, counters, push destination and pull listeners."""
+    """One registered subscription: engine query id, owner (a key id), counters, push destination and pull
+    listeners."""
 
-    def __init__(self, sid: str, spec: SubscriptionSpec, qid: int, queue_size: int, totals: Totals | None = None):
+    def __init__(self, sid: str, spec: SubscriptionSpec, qid: int, queue_size: int, totals: Totals | None = None,
+                 owner: str = ADMIN, policy: SinkPolicy | None = None):
         self.id = sid
         self.spec = spec
         self.qid = qid
+        self.owner = owner
+        self.policy = policy
         self.name = spec.name or sid
+        self.cost: dict[str, Any] | None = None  #: the plan's cost estimate (quotas.estimate), once registered here
+        self.usage: Usage | None = None  #: the service's samples of each query's runs and CPU
+        self.suspended: str | None = None  #: why the service suspended it (over max_cpu_share), if it did
         totals = totals if totals is not None else Totals()
         self.counters = Counters(totals.counters)  #: matches, and the push sink's counts
         self.pull = Counters(totals.pull)  #: the pull streams' delivered and dropped
@@ -105,7 +116,7 @@ class Subscription(_Counted):
         """Start delivering to the push destination (on the running loop)."""
         if self.spec.sink is not None:
             self.outbox = Outbox(self.queue_size, self.spec.overflow, self.counters)
-            self.sink = sink_for(self.spec.sink, self.spec.format)
+            self.sink = sink_for(self.spec.sink, self.spec.format, self.policy)
             self.sink.start(self.outbox)
 
     async def stop(self) -> None:
@@ -153,8 +164,9 @@ class Subscription(_Counted):
         c = self.counters
         return {
             "id": self.id, "name": self.name, "query": self.spec.query, "language": self.spec.language,
-            "sink": self.spec.sink, "format": self.spec.format, "policy": self.spec.policy,
-            "queue": self.queue_size, "overflow": self.spec.overflow,
+            "owner": self.owner, "sink": shown(self.spec.sink), "format": self.spec.format, "policy": self.spec.policy,
+            "queue": self.queue_size, "overflow": self.spec.overflow, "cost": self.cost,
+            "usage": self.usage.of(self.name) if self.usage else None, "suspended": self.suspended,
             "counters": {"matches": c.matches, "delivered": c.delivered, "dropped": c.dropped,
                          "queued": self.queued, "sink_errors": c.sink_errors, "last_error": c.last_error,
                          "last_error_at": c.last_error_at, "listeners": len(self.listeners),

@@ -204,11 +204,27 @@ class _Writer:
         }
 
 
-def _peek(engine_obj: Any, attr: str) -> int:
-    """The next value of an ``itertools.count`` attribute (left as it was)."""
-    n = next(getattr(engine_obj, attr))
-    setattr(engine_obj, attr, count(n))
-    return n
+def _rank(rank: tuple) -> list:
+    """A held feedback match's rank (``overlap_rank``) as JSON data of its own."""
+    first, flat, lists = rank
+    return [first, list(flat), [list(x) for x in lists]]
+
+
+def peek(counter: count) -> tuple[int, count]:
+    """The next value of an ``itertools.count``, and a counter that gives it again."""
+    n = next(counter)
+    return n, count(n)
+
+
+@dataclasses.dataclass
+class StreamState:
+    """An engine's place in its stream (``Engine.stream_state`` / ``Engine.resume_stream``)."""
+
+    next_seq: int  #: the seq the next event without one gets
+    watermark: tuple[float, float]  #: (ts, seq key)
+    next_arrival: int  #: the reorder buffer's next arrival number
+    next_query_id: int
+    held: list[tuple[float, float, int, Event]]  #: the reorder buffer: (ts, seq key, arrival, event), in order
 
 
 def _node_refs(engine) -> dict:
@@ -259,8 +275,11 @@ def snapshot(engine) -> dict:
         if p.plan in plan_id and not p.killed:
             pending.append({"query": plan_id[p.plan], "key": w.value(p.key), "vec": [w.value(x) for x in p.vec],
                             "last_pos": p.last_pos, "deadline": _num(deadline), "order": order, "match": p.match,
-                            "depth": p.depth, **({"rank": p.rank} if p.rank is not None else {})})
-    held = [[ts, _num(sk), arrival, w.event(ev)] for ts, sk, arrival, ev in sorted(engine._held, key=lambda h: h[:3])]
+                            "depth": p.depth, **({"rank": _rank(p.rank)} if p.rank is not None else {})})
+    stream = engine.stream_state()
+    (next_root, rt._roots), (next_branch, rt._branches) = peek(rt._roots), peek(rt._branches)
+    next_order, rt.deadlines.order = peek(rt.deadlines.order)
+    held = [[ts, _num(sk), arrival, w.event(ev)] for ts, sk, arrival, ev in stream.held]
     c = rt.counters
     data = {
         "format": FORMAT,
@@ -274,9 +293,9 @@ def snapshot(engine) -> dict:
              "since_tick": engine.queries[qid].since_tick if qid in engine.queries else None}
             for qid, (pat, text, name) in engine.sources.items()
         ],
-        "next_query_id": _peek(engine, "_ids"),
-        "stream": {"next_seq": engine._next_seq, "watermark": [_num(x) for x in engine._mark],
-                   "next_arrival": _peek(engine, "_arrivals"), "tick": rt.tick, "now": _num(rt.now), "next_sweep": rt._next_sweep},
+        "next_query_id": stream.next_query_id,
+        "stream": {"next_seq": stream.next_seq, "watermark": [_num(x) for x in stream.watermark],
+                   "next_arrival": stream.next_arrival, "tick": rt.tick, "now": _num(rt.now), "next_sweep": rt._next_sweep},
         "held": held,
         "runs": runs,
         "buffer": stacks,
@@ -284,7 +303,7 @@ def snapshot(engine) -> dict:
         "pending": pending,
         "partition_ticks": [[list(attrs), [[w.value(k), n] for k, n in ticks.items()]] for attrs, ticks in rt.pticks.items()],
         "branches": [[node_ref[root], root.shed, root.reported] for root in rt.branch_queries if root in node_ref],
-        "versions": {"next_root": _peek(rt, "_roots"), "next_branch": _peek(rt, "_branches"), "next_order": _peek(rt.deadlines, "order")},
+        "versions": {"next_root": next_root, "next_branch": next_branch, "next_order": next_order},
         "counters": {
             "events": c.events, "runs_started": c.runs_started, "runs_created": c.runs_created, "runs_touched": c.runs_touched,
             "peak_runs": c.peak_runs, "peak_buffer": c.peak_buffer, "failed": c.failed,
@@ -380,24 +399,20 @@ def _restore(data: dict, engine_class: type, engine_opts: dict):
     eng = engine_class(**{**data["options"], **engine_opts})
     rt = eng.runtime
     for i, q in enumerate(data["queries"]):
-        eng._ids = count(q["id"])
-        eng.register(decode_pattern(q["pattern"]), name=q["name"])
+        eng.register(decode_pattern(q["pattern"]), name=q["name"], query_id=q["id"])
         eng.sources[q["id"]] = (eng.sources[q["id"]][0], q["text"], q["name"])
         if q["id"] in eng.queries:
             if q["since_tick"] is None:
                 raise corrupt(f"queries[{i}]", "a pattern query needs since_tick")
             eng.queries[q["id"]].since_tick = q["since_tick"]
-    eng._ids = count(data["next_query_id"])
     plans = Plans(eng)
     rd = _Reader(data)
     check_entries(rd.entries)
     s = data["stream"]
-    eng._next_seq, eng._mark = s["next_seq"], tuple(map(_unnum, s["watermark"]))
-    eng._arrivals = count(s["next_arrival"])
+    held = [(_unnum(ts), _unnum(sk), arrival, rd.events[i]) for ts, sk, arrival, i in data["held"]]
+    eng.resume_stream(StreamState(s["next_seq"], tuple(map(_unnum, s["watermark"])), s["next_arrival"],
+                                  data["next_query_id"], held))
     rt.tick, rt.now, rt._next_sweep = s["tick"], _unnum(s["now"]), s["next_sweep"]
-    eng._held = [(_unnum(ts), _unnum(sk), arrival, rd.events[i]) for ts, sk, arrival, i in data["held"]]
-    heapq.heapify(eng._held)
-    eng.max_delay = eng.max_delay  # (with events held, the next events go through the reorder buffer whatever it is)
     for i, rec in enumerate(data["runs"]):
         where = f"runs[{i}]"
         r = FullRun(plans.state(rec["state"], where), tuple(rd.value(x) for x in rec["vec"]),
@@ -465,7 +480,7 @@ class SkipConsumed:
     """
 
     def __init__(self, engine, dead_letters, reported: int = -1) -> None:
-        self.cut = engine._next_seq
+        self.cut = engine.next_seq
         self.reported = reported
         self.dead_letters = dead_letters
         self.skipped: Counter[str] = Counter()  #: reports not repeated, by reason (what the input held is still known)

@@ -1,0 +1,190 @@
+"""Noisy neighbour (issue 34): a light subscriber's latency alone and beside a heavy subscription.
+
+Setup, all on 127.0.0.1: ``yfpp serve --no-state`` as its own process with a
+JSON-lines feed port. One feed connection carries, in one ts order:
+
+* the background stream: ``a`` events at ``--rate`` events/s with a ``b`` every
+  ``--b-every`` events (sent in every run);
+* pings: ``{"type": "ping"}``, one at a time, the next ``--gap`` seconds after
+  the last one's result came back.
+
+The light subscription is ``PATTERN SEQ(ping p)`` with a TCP sink to this
+script; a ping's latency is from its write to its result's arrival. The heavy
+one, added in the second and third runs, is ``//a//b`` (skip-till-any, no window,
+no equivalence key: each ``b`` completes a match with every ``a`` before it, the
+issue's case); the third run has the service suspend a subscription taking more
+than ``--max-cpu-share`` of the engine's time. Each run lasts ``--seconds``; a
+ping not answered within 30 s ends the run.
+
+    python benchmarks/service_noisy_neighbour.py --seconds 8 --rate 2000 --b-every 500 --max-cpu-share 0.5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_common import commit  # noqa: E402
+
+PING_WAIT = 30.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def api(port: int, method: str, path: str, body: dict | None = None) -> dict | None:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method,
+                                 data=json.dumps(body).encode() if body is not None else None,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        data = r.read()
+    return json.loads(data) if data else None
+
+
+class Service:
+    """``yfpp serve`` in its own process (stopped by its pid)."""
+
+    def __init__(self, *flags: str) -> None:
+        self.port, self.feed = free_port(), free_port()
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        self.proc = subprocess.Popen([sys.executable, "-m", "yfpp", "serve", "--no-state", "--port", str(self.port),
+                                      "--jsonl-port", str(self.feed), "--log-level", "error", *flags], env=env, cwd=ROOT)
+        end = time.monotonic() + 30
+        while True:
+            try:
+                api(self.port, "GET", "/health")
+                return
+            except OSError:
+                if time.monotonic() > end or self.proc.poll() is not None:
+                    raise RuntimeError("the service did not start") from None
+                time.sleep(0.1)
+
+    def cpu(self) -> float:
+        """The service process's CPU seconds so far."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+def run(heavy: bool, share: float | None, args: argparse.Namespace) -> dict:
+    svc = Service(*(["--max-cpu-share", str(share)] if share else []))
+    try:
+        sink = socket.socket()
+        sink.bind(("127.0.0.1", 0))
+        sink.listen()
+        api(svc.port, "POST", "/subscriptions", {"query": "PATTERN SEQ(ping p)", "name": "light",
+                                                 "sink": f"tcp://127.0.0.1:{sink.getsockname()[1]}"})
+        if heavy:
+            api(svc.port, "POST", "/subscriptions", {"query": "//a//b", "name": "heavy"})
+        feed = socket.create_connection(("127.0.0.1", svc.feed))
+        lock = threading.Lock()
+        ts = [0]
+        stop = threading.Event()
+
+        def send(kind: str, n: int = 1) -> float:
+            with lock:
+                lines = []
+                for _ in range(n):
+                    ts[0] += 1
+                    kind_i = "b" if kind == "a" and ts[0] % args.b_every == 0 else kind
+                    lines.append(f'{{"type":"{kind_i}","ts":{ts[0]}}}\n')
+                feed.sendall("".join(lines).encode())
+                return time.perf_counter()
+
+        def background() -> None:
+            chunk = max(1, args.rate // 50)
+            next_at = time.perf_counter()
+            while not stop.is_set():
+                send("a", chunk)
+                next_at += chunk / args.rate
+                time.sleep(max(0.0, next_at - time.perf_counter()))
+
+        feeder = threading.Thread(target=background, daemon=True)
+        cpu0 = svc.cpu()
+        feeder.start()
+        latencies: list[float] = []
+        end = time.monotonic() + args.seconds
+        reader = None
+        buf = b""
+        timed_out = False
+        while time.monotonic() < end:
+            sent = send("ping")
+            if reader is None:
+                sink.settimeout(PING_WAIT)
+                reader, _ = sink.accept()
+                reader.settimeout(PING_WAIT)
+            try:
+                while b"\n" not in buf:
+                    data = reader.recv(65536)
+                    if not data:
+                        raise OSError("sink closed")
+                    buf += data
+            except TimeoutError:
+                timed_out = True
+                break
+            latencies.append(time.perf_counter() - sent)
+            buf = buf.split(b"\n", 1)[1]
+            time.sleep(args.gap)
+        stop.set()
+        feeder.join(10)
+        cpu = svc.cpu() - cpu0
+        health = api(svc.port, "GET", "/health")
+        usage = api(svc.port, "GET", "/subscriptions")
+        feed.close()
+        if reader is not None:
+            reader.close()
+        sink.close()
+    finally:
+        svc.stop()
+    latencies.sort()
+
+    def pick(q: float) -> float:
+        return latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000 if latencies else float("nan")
+
+    return {"heavy": heavy, "share": share, "pings": len(latencies), "p50_ms": pick(0.5), "p99_ms": pick(0.99),
+            "max_ms": latencies[-1] * 1000 if latencies else float("nan"), "timed_out": timed_out,
+            "events": health["events_in"], "service_cpu_s": cpu,
+            "usage": {s["name"]: s["usage"] for s in usage},
+            "suspended": [s["name"] for s in usage if s["suspended"]]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seconds", type=float, default=8.0)
+    p.add_argument("--rate", type=int, default=2000, help="background events per second")
+    p.add_argument("--b-every", type=int, default=500)
+    p.add_argument("--gap", type=float, default=0.02, help="seconds between a ping's result and the next ping")
+    p.add_argument("--max-cpu-share", type=float, default=0.5, help="the third run's yfpp serve --max-cpu-share")
+    args = p.parse_args()
+    print(f"commit {commit()}; {args.seconds:g} s a run; background {args.rate} events/s, a b every {args.b_every}")
+    rows = [run(False, None, args), run(True, None, args), run(True, args.max_cpu_share, args)]
+    print(f"{'run':<34}{'pings':>6}{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}{'events':>9}{'svc CPU s':>11}"
+          f"{'p99/alone':>10}")
+    for r in rows:
+        label = ("beside //a//b" + (f", max-cpu-share {r['share']:g}" if r["share"] else "")) if r["heavy"] else "alone"
+        print(f"{label:<34}{r['pings']:>6}{r['p50_ms']:>10.1f}{r['p99_ms']:>10.1f}{r['max_ms']:>10.1f}"
+              f"{r['events']:>9}{r['service_cpu_s']:>11.2f}{r['p99_ms'] / rows[0]['p99_ms']:>10.1f}"
+              + ("  (a ping unanswered for 30 s)" if r["timed_out"] else ""))
+    for r in rows[1:]:
+        print(f"usage (max-cpu-share {r['share']}):", json.dumps(r["usage"]), "suspended:", r["suspended"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""What one key may hold (docs/service.md, "Security"): the server caps what a client asks.
+
+Checked when a subscription is made: the ``queue`` it asks is at most the
+server's ``max_queue``; a subscriber key holds at most ``key_max_subscriptions``
+subscriptions and ``key_max_queue`` queued results over all of them; and with
+``max_query_degree`` set, a subscriber's query whose estimated cost grows faster
+than that power of the events is refused. The admin is held to ``max_queue``
+only.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterable
+
+from yfpp.language.pattern import Contiguity, Kind, Pattern
+from yfpp.service.auth import ADMIN
+
+if TYPE_CHECKING:
+    from yfpp.service.config import ServiceConfig
+    from yfpp.service.subscriptions import Subscription, SubscriptionSpec
+
+
+def estimate(plan: Any) -> dict[str, Any]:
+    """A query plan's cost estimate: ``degree``, the power of the number of events its live runs and matches
+    may grow with (each skip-till-any component after the first forks every run; a Kleene closure under
+    skip-till-any forks without bound: None), its window and whether an equivalence key splits its runs."""
+    if not isinstance(plan, Pattern):  # an event-set query: searched within its own budget
+        return {"degree": 1, "window": None, "partitioned": False}
+    degree: int | None = 1 + sum(c.contiguity is Contiguity.SKIP_TILL_ANY for c in plan.components[1:])
+    if any(c.kind is not Kind.SINGLE and (c.inner_contiguity or c.contiguity) is Contiguity.SKIP_TILL_ANY
+           for c in plan.components):
+        degree = None
+    return {"degree": degree, "window": plan.window, "partitioned": bool(plan.partition_by)}
+
+
+class QuotaError(Exception):
+    """A request over a quota or a server cap: ``status`` and the reason."""
+
+    def __init__(self, status: int, reason: str):
+        super().__init__(reason)
+        self.status = status
+
+
+def check(spec: "SubscriptionSpec", owner: str, owned: Iterable["Subscription"], config: "ServiceConfig") -> None:
+    """QuotaError unless the key ``owner``, holding ``owned``, may add ``spec``."""
+    if spec.queue is not None and spec.queue > config.max_queue:
+        raise QuotaError(400, f"queue {spec.queue} is over the server's max_queue ({config.max_queue})")
+    if owner == ADMIN:
+        return
+    owned = list(owned)
+    if len(owned) >= config.key_max_subscriptions:
+        raise QuotaError(429, f"quota: this key holds {len(owned)} subscriptions, its most "
+                              f"(key_max_subscriptions={config.key_max_subscriptions})")
+    queued = sum(s.queue_size for s in owned) + (spec.queue or config.queue_size)
+    if queued > config.key_max_queue:
+        raise QuotaError(429, f"quota: this key's subscriptions would queue up to {queued} results, over "
+                              f"key_max_queue={config.key_max_queue}")
+
+
+def check_cost(cost: dict[str, Any], owner: str, config: "ServiceConfig") -> None:
+    """QuotaError when a subscriber's query is estimated costlier than ``max_query_degree`` allows."""
+    most = config.max_query_degree
+    if owner == ADMIN or most is None or (cost["degree"] is not None and cost["degree"] <= most):
+        return
+    degree = "unbounded (a Kleene closure under skip-till-any)" if cost["degree"] is None else cost["degree"]
+    raise QuotaError(403, f"query too costly: its runs may grow with the events to the power {degree}; this "
+                          f"server admits at most {most} (fewer skip-till-any components, or a strict "
+                          f"contiguity, make it cheaper)")
