@@ -173,3 +173,37 @@ def test_subscriptions_without_a_push_sink_keep_the_metrics_identity(tmp_path):
         metrics = scrape(svc.port)
         assert metrics["yfpp_matches_total"] - metrics["yfpp_delivered_total"] - metrics["yfpp_dropped_total"] == \
             metrics["yfpp_queue_depth"]
+
+
+def test_post_events_answers_what_it_did_with_the_body(tmp_path):
+    with BackgroundService(config(tmp_path)) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        xml = b'<stream><a ts="1" k="0"/><b ts="2" k="0"/></stream>'
+        assert c._request("POST", "/events", xml, "application/octet-stream") == {"events": 2, "dead_letters": 0}
+        wait_for(lambda: svc.events_in == 2, what="the events taken")
+        with pytest.raises(ServiceError) as e:  # said to be JSON lines, evidently XML: refused, nothing taken
+            c.post_events(xml, "jsonl")
+        assert e.value.status == 400 and "format=xml" in e.value.body["error"]
+        with pytest.raises(ServiceError) as e:  # every record a dead letter: not a 202
+            c.post_events(b'{"ts": 3}\n{"type": "a"}\nnot json\n')
+        assert e.value.status == 400 and (e.value.body["events"], e.value.body["dead_letters"]) == (0, 3)
+        assert e.value.body["first"].startswith("line 1: missing type")
+        assert c.post_events(b'{"ts": 3}\n{"type": "a", "ts": 4}\n') == {"events": 1, "dead_letters": 1}
+        wait_for(lambda: svc.events_in == 3, what="the events taken")  # (the refused XML body: none)
+
+
+def test_no_state_says_what_it_discards_at_the_stop(tmp_path, caplog):
+    down = LineListener(listen=False)  # refuses connections: its results stay queued
+    try:
+        with caplog.at_level("WARNING", logger="yfpp.service"):
+            with BackgroundService(config(tmp_path, state=None)) as svc:
+                c = Client(f"http://127.0.0.1:{svc.port}")
+                c.subscribe("PATTERN SEQ(a x)", sink=down.url)
+                c.subscribe(PAIR.format(k=0))
+                c.post_events(b"".join(pairs(5, 1)))
+                wait_for(lambda: svc.subs["s1"].queued == 3, what="the results queued")
+        [record] = [r for r in caplog.records if "discarded at the stop" in r.getMessage()]
+        assert (record.queued_results, record.subscriptions, record.partial_matches) == (3, 2, 3)  # (an a: a run each)
+        assert not [r for r in caplog.records if "kept for the next start" in r.getMessage()]
+    finally:
+        down.close()

@@ -175,13 +175,17 @@ def create_app(service: Service) -> FastAPI:
     @app.post("/events", status_code=202, summary="Feed events (JSON lines or XML body; a feed key)",
               responses=_answers(400, 401, 403, 413, 503))
     async def post_events(request: Request, format: str | None = None, who: Principal = Depends(feeder)) -> dict[str, int]:
-        fmt = format or ("xml" if "xml" in request.headers.get("content-type", "") else "jsonl")
-        if fmt not in ("xml", "jsonl"):
-            raise RequestError(400, f"format must be xml or jsonl, got {fmt!r}")
+        if format not in (None, "xml", "jsonl"):
+            raise RequestError(400, f"format must be xml or jsonl, got {format!r}")
+        said = format or ("xml" if "xml" in request.headers.get("content-type", "") else None)
         limit = service.config.max_body_bytes
         body = await _body(request, limit, "; use a TCP feed for streams")
-        return await asyncio.get_running_loop().run_in_executor(
-            service.ingest, lambda: service.post_events(_unpacked(body, limit), fmt))
+
+        def read() -> dict[str, int]:
+            data = _unpacked(body, limit)
+            return service.post_events(data, _events_format(data, said))
+
+        return await asyncio.get_running_loop().run_in_executor(service.ingest, read)
 
     @app.post("/keys", status_code=201, summary="Create a key (admin); its text is shown this once",
               responses=_answers(401, 403, 413, 422, 503))
@@ -246,6 +250,18 @@ def _unpacked(body: bytes, limit: int) -> bytes:
     if data[:2] == GZIP_MAGIC:
         raise RequestError(400, "body: gzip inside gzip")
     return data
+
+
+def _events_format(body: bytes, said: str | None) -> str:
+    """The format of a ``POST /events`` body: what the request says (``format``, else an XML content type),
+    else what the body evidently is (XML starts with ``<``), else JSON lines; a 400 when what it says is not
+    what the body evidently is."""
+    first = body.lstrip()[:1]
+    evident = "xml" if first == b"<" else "jsonl" if first in (b"{", b"[") else None
+    if said is not None and evident is not None and said != evident:
+        raise RequestError(400, f"the body is {'XML' if evident == 'xml' else 'JSON'} (it starts with "
+                                f"{first.decode()!r}), not {said}: send it with format={evident}")
+    return said or evident or "jsonl"
 
 
 def _json_response(body: dict[str, Any], status: int, headers: dict[str, str] | None = None) -> Response:

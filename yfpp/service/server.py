@@ -45,7 +45,7 @@ from yfpp.service import auth, checkpoint, mqtt, quotas
 from yfpp.service.accounting import Usage
 from yfpp.service.config import ServiceConfig
 from yfpp.service.errors import RequestError
-from yfpp.service.feeds import FeedClosed, FeedLimits, SharedDeadLetters, TcpFeed, pump, start_input
+from yfpp.service.feeds import FeedClosed, FeedLimits, SharedDeadLetters, SourceDeadLetters, TcpFeed, pump, start_input
 from yfpp.service.registry import Registry, RegistryError
 from yfpp.service.sink_policy import SinkPolicy, SinkRefused
 from yfpp.service.subscriptions import SUBSCRIPTION_ID, Subscription, SubscriptionSpec, Totals
@@ -268,8 +268,13 @@ class Service:
                 log.info("checkpoint written", extra={"path": str(self.checkpoint_path), "events_in": self.events_in})
 
     def _keep_queued(self, queued: dict[str, list[dict]], counts: dict[str, dict[str, int]]) -> None:
-        """Store the results the push sinks still hold at the stop, and the counters."""
+        """Store the results the push sinks still hold at the stop, and the counters (with no state kept: say
+        what is lost)."""
         n = sum(map(len, queued.values()))
+        if self.checkpoint_path is None:
+            log.warning("no state is kept (--no-state): discarded at the stop", extra={
+                "queued_results": n, "subscriptions": len(self.subs), "partial_matches": self.engine.stats.live_runs})
+            return
         try:
             self._keep(queued, counts)
         except (RegistryError, OSError) as e:
@@ -595,11 +600,16 @@ class Service:
 
     def post_events(self, body: bytes, fmt: str) -> dict[str, int]:
         """A ``POST /events`` body: read it like a feed; say how many events and dead letters it held (a 503
-        saying how many it took if the service stopped taking them)."""
-        n, bad, stopped = pump(io.BytesIO(body), fmt, "POST /events", self.put, self.dead_letters, self.read_opts)
+        saying how many it took if the service stopped taking them; a 400 with the first reason if every
+        record was a dead letter)."""
+        dl = SourceDeadLetters("POST /events", self.dead_letters)
+        n, bad, stopped = pump(io.BytesIO(body), fmt, dl.source, self.put, self.dead_letters, self.read_opts, dl)
         if stopped:
             raise RequestError(503, f"the service is stopping: it took the body's first {n} events, not the "
                                     f"others; send those again", events=n, dead_letters=bad)
+        if n == 0 and bad:
+            raise RequestError(400, f"no event in the body: its {bad} records were dead letters, the first: {dl.first}",
+                               events=0, dead_letters=bad, first=dl.first)
         return {"events": n, "dead_letters": bad}
 
     def _run_engine(self) -> None:
