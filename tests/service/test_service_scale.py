@@ -207,3 +207,46 @@ def test_no_state_says_what_it_discards_at_the_stop(tmp_path, caplog):
         assert not [r for r in caplog.records if "kept for the next start" in r.getMessage()]
     finally:
         down.close()
+
+
+def test_put_changes_a_subscription_in_place(tmp_path):
+    first, second = LineListener(), LineListener()
+    try:
+        with BackgroundService(config(tmp_path)) as svc:
+            c = Client(f"http://127.0.0.1:{svc.port}")
+            c.subscribe(PAIR.format(k=0), name="p", sink=first.url)
+            c.post_events(b"".join(pairs(4, 1)))  # a0 b1 a2 b3: 3 results, a run of a2 left
+            first.wait_lines(3)
+            changed = c._request("PUT", "/subscriptions/s1", json.dumps({"sink": second.url}).encode())
+            assert changed["id"] == "s1" and changed["counters"]["matches"] == 3
+            assert svc.engine.stats.live_runs == 2  # same query: its partial matches kept
+            c.post_events(b'{"type": "b", "ts": 5, "k": 0}\n')
+            assert len(second.wait_lines(2)) == 2 and len(first.lines) == 3
+            longer = PAIR.format(k=0).replace("WITHIN 100", "WITHIN 101")
+            c._request("PUT", "/subscriptions/s1", json.dumps({"query": longer}).encode())
+            with pytest.raises(ServiceError) as e:
+                c._request("PUT", "/subscriptions/s1", json.dumps({"query": "PATTERN SEQ("}).encode())
+            assert e.value.status == 400 and svc.subs["s1"].spec.query == longer
+            c.post_events(b'{"type": "b", "ts": 6, "k": 0}\n{"type": "a", "ts": 7, "k": 0}\n{"type": "b", "ts": 8, "k": 0}\n')
+            # a new query starts afresh: b6 completes nothing (the runs of a0, a2 went with the old query)
+            assert [json.loads(x)["bindings"] for x in second.wait_lines(3)[2:]] == [{"x": [6], "y": [7]}]
+        with BackgroundService(config(tmp_path)) as svc:  # the change is stored
+            longer = PAIR.format(k=0).replace("WITHIN 100", "WITHIN 101")
+            assert svc.subs["s1"].spec.query == longer and svc.subs["s1"].spec.sink == second.url
+    finally:
+        first.close()
+        second.close()
+
+
+def test_yfpp_subscriptions_lists_them(tmp_path, capsys):
+    from yfpp.cli import main
+
+    with BackgroundService(config(tmp_path)) as svc:
+        url = f"http://127.0.0.1:{svc.port}"
+        Client(url).subscribe_many([{"query": "PATTERN SEQ(a x)", "name": "ax"}, {"query": "PATTERN SEQ(b x)"}])
+        assert main(["subscriptions", "--server", url]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert [line.split("\t")[:2] for line in lines] == [["s1", "ax"], ["s2", "s2"]]
+        assert "matches=0 delivered=0 dropped=0 queued=0" in lines[0] and lines[0].endswith("pull")
+        assert main(["subscriptions", "--server", url, "--json"]) == 0
+        assert [json.loads(x)["id"] for x in capsys.readouterr().out.splitlines()] == ["s1", "s2"]

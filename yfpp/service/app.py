@@ -136,6 +136,20 @@ def create_app(service: Service) -> FastAPI:
     async def get_subscription(sid: str, who: Principal = Depends(subscriber)) -> dict[str, Any]:
         return service.get(sid, who).info()
 
+    @app.put("/subscriptions/{sid}", summary="Change a subscription in place (its id stays)",
+             description="The fields given replace the subscription's. A changed query, language, policy or name "
+                         "starts its query afresh (the old one's partial matches are dropped); a changed sink gets "
+                         "the results the old one still held.", responses=_answers(400, 401, 403, 404, 409, 413, 422, 503))
+    async def change_subscription(sid: str, request: Request, who: Principal = Depends(subscriber)) -> Response:
+        body = await _body(request, service.config.max_body_bytes)
+        try:
+            changes = json.loads(body)
+        except ValueError as e:
+            raise RequestError(400, f"body: not JSON ({e})") from None
+        if not isinstance(changes, dict):
+            raise RequestError(400, "body: a JSON object of the fields to change")
+        return _json_response((await service.update(sid, changes, who)).info(), 200)
+
     @app.delete("/subscriptions/{sid}", status_code=204, summary="Remove a subscription",
                 responses=_answers(401, 403, 404, 503))
     async def delete_subscription(sid: str, who: Principal = Depends(subscriber)) -> Response:

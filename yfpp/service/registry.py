@@ -140,6 +140,11 @@ class Registry:
                 db.executemany("INSERT OR REPLACE INTO owners (sub, key) VALUES (?, ?)", [(sid, owner) for sid in sids])
         return sids
 
+    def update(self, sid: str, spec: dict[str, Any]) -> None:
+        """Replace subscription ``sid``'s request by ``spec`` (its id, owner and kept results stay)."""
+        with self._transaction() as db:
+            db.execute("UPDATE subscriptions SET spec = ? WHERE id = ?", (json.dumps(spec), sid))
+
     def remove(self, sid: str) -> None:
         """Remove a subscription and the results kept for it."""
         self.remove_many([sid])

@@ -44,6 +44,7 @@ from yfpp.language.query_text import parse_written_query
 from yfpp.service import auth, checkpoint, mqtt, quotas
 from yfpp.service.accounting import Usage
 from yfpp.service.config import ServiceConfig
+from yfpp.service.batch import spec_of as batch_spec
 from yfpp.service.errors import RequestError
 from yfpp.service.feeds import FeedClosed, FeedLimits, SharedDeadLetters, SourceDeadLetters, TcpFeed, pump, start_input
 from yfpp.service.registry import Registry, RegistryError
@@ -484,6 +485,64 @@ class Service:
             log.info("subscribed", extra={"subscriptions": len(made), "first": made[0].id, "last": made[-1].id})
         return out
 
+    async def update(self, sid: str, changes: dict[str, Any], caller: auth.Principal = auth.OPEN) -> Subscription:
+        """``PUT /subscriptions/{sid}``: the fields of ``changes`` replace the subscription's, in place (its id,
+        counters and pull streams stay). A changed query, language, policy or name replaces its engine query:
+        the old one's partial matches are dropped, the new one matches from the next event on; results already
+        made stay queued (under the name they were made with). A changed sink gets what the old one held."""
+        cfg = self.config
+        sub = self.get(sid, caller)
+        old = sub.spec
+        item = batch_spec({**old.model_dump(), **changes})
+        if isinstance(item, RequestError):
+            raise item
+        spec = item
+        if len(spec.query) > cfg.max_query_chars:
+            raise RequestError(413, f"query is {len(spec.query)} characters; the limit is {cfg.max_query_chars}")
+        try:
+            quotas.check(spec, sub.owner, [s for s in self.subs.values() if s.owner == sub.owner and s is not sub], cfg)
+        except quotas.QuotaError as e:
+            raise RequestError(e.status, str(e)) from None
+        name = spec.name or sid
+        if name != sub.name and (name in self.by_name or name in self._claimed):
+            raise RequestError(409, f"a subscription named {name!r} exists")
+        requery = _source(spec) != _source(old) or name != sub.name
+        pattern = await asyncio.to_thread(self._admitted, spec, sub.owner) if requery or spec.sink != old.sink else None
+        if isinstance(pattern, RequestError):
+            raise pattern
+        self._claimed.add(name)
+        try:
+            try:
+                await asyncio.to_thread(self.registry.update, sid, spec.model_dump())
+            except RegistryError as e:
+                raise RequestError(503, f"cannot store the change; nothing was changed: {e}") from e
+            qid = sub.qid
+            if requery:
+                qid, refused = await asyncio.to_thread(self._replace_query, sub.qid, pattern, name, spec.policy)
+                if refused is not None:
+                    sub.qid = qid
+                    await asyncio.to_thread(self.registry.update, sid, old.model_dump())
+                    raise RequestError(400, f"query: {refused}", **_error_position(refused))
+                sub.cost = quotas.estimate(pattern)
+        finally:
+            self._claimed.discard(name)
+        self.by_name.pop(sub.name, None)
+        await sub.change(spec, qid, cfg.queue_size)
+        self.by_name[sub.name] = sub
+        log.info("subscription changed", extra={"subscription": sid, "query_name": sub.name, "requery": requery})
+        return sub
+
+    def _replace_query(self, qid: int, pattern: Any, name: str, policy: str | None) -> tuple[int, YfppError | None]:
+        """In one hold of ``engine_lock``: query ``qid`` unregistered, ``pattern`` registered as ``name``: (its
+        id, None); if the engine refuses it, the old query registered again (afresh): (its id, the refusal)."""
+        with self.engine_lock:
+            old, _, old_name = self.engine.sources[qid]
+            self._drop_query(qid)
+            try:
+                return self.engine.register(pattern, name=name, policy=policy), None
+            except YfppError as e:
+                return self.engine.register(old, name=old_name), e
+
     def _admitted(self, spec: SubscriptionSpec, owner: str) -> Pattern | RequestError:
         """(Blocking: resolves a sink's host.) The pattern of a request the sink policy and the key's cost quota
         allow, or the RequestError that refuses it."""
@@ -759,6 +818,7 @@ class Service:
             self._writer.join()
         loop = self.loop
         held: Future = Future()
+        start = time.perf_counter()
         with self.engine_lock:
             try:
                 forked = checkpoint.fork(self.engine, self.checkpoint_path, self._checkpoint_sources)
@@ -769,7 +829,8 @@ class Service:
                 loop.call_soon_threadsafe(self._hold, held)  # (the results so far are handed over: _step)
             else:
                 held.set_result(None)
-        self._writer = threading.Thread(target=self._finish_checkpoint, args=(forked, held, self.events_in),
+        stall = time.perf_counter() - start  # (what the engine thread gave: the fork)
+        self._writer = threading.Thread(target=self._finish_checkpoint, args=(forked, held, self.events_in, stall),
                                         name="checkpoint", daemon=True)
         self._writer.start()
         if wait:
@@ -789,7 +850,7 @@ class Service:
         except BaseException as e:
             held.set_exception(e)
 
-    def _finish_checkpoint(self, forked: checkpoint.Forked, held: Future, events_in: int) -> None:
+    def _finish_checkpoint(self, forked: checkpoint.Forked, held: Future, events_in: int, stall: float) -> None:
         """The checkpoint's own thread: once the child has written the state and the loop has said what the
         sinks hold, store that, then put the checkpoint in place (so a crash between keeps results twice,
         never none)."""
@@ -804,7 +865,8 @@ class Service:
             self._checkpoint_failed(e)
             return
         self.last_checkpoint_error = None
-        log.info("checkpoint written", extra={"path": str(self.checkpoint_path), "events_in": events_in})
+        log.info("checkpoint written", extra={"path": str(self.checkpoint_path), "events_in": events_in,
+                                              "engine_thread_s": round(stall, 4)})
 
     def _checkpoint_failed(self, e: Exception) -> None:
         self.checkpoint_errors += 1

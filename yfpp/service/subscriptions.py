@@ -124,6 +124,23 @@ class Subscription(_Counted):
             await self.sink.stop()
             self.sink = None
 
+    async def change(self, spec: "SubscriptionSpec", qid: int, queue_size: int) -> None:
+        """Take ``spec`` (and the engine query ``qid``) in place, keeping the id, the counters, the pull streams
+        and what the push sink still held (queued again, to the new sink if it changed)."""
+        held = self.outbox.held() if self.outbox is not None else []
+        unsent = len(self.outbox.unsent()) if self.outbox is not None else 0
+        await self.stop()
+        self.counters.add("delivered", -unsent)  # (counted delivered, maybe not: sent again)
+        self.spec, self.qid, self.name = spec, qid, spec.name or self.id
+        self.queue_size = spec.queue or queue_size
+        self.outbox = None
+        self.start()
+        for result in held:
+            if self.outbox is not None:
+                self.outbox.offer(result)
+            else:  # (no push sink any more: what it held is dropped)
+                self.counters.add("dropped")
+
     def deliver(self, result: dict) -> None:
         """A result from the engine: count it and queue it for every destination.
 
