@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -250,3 +251,29 @@ def test_yfpp_subscriptions_lists_them(tmp_path, capsys):
         assert "matches=0 delivered=0 dropped=0 queued=0" in lines[0] and lines[0].endswith("pull")
         assert main(["subscriptions", "--server", url, "--json"]) == 0
         assert [json.loads(x)["id"] for x in capsys.readouterr().out.splitlines()] == ["s1", "s2"]
+
+
+def test_a_stop_while_busy_discards_the_inbox_after_a_while_and_writes_the_final_checkpoint(tmp_path, monkeypatch,
+                                                                                            caplog):
+    from yfpp.service import server
+
+    monkeypatch.setattr(server, "STOP_DRAIN", 0.2)
+    bg = BackgroundService(config(tmp_path))
+    with caplog.at_level("INFO", logger="yfpp.service"):
+        with bg as svc:
+            Client(f"http://127.0.0.1:{svc.port}").subscribe(PAIR.format(k=0), name="p")
+            real = svc.engine.process_batch
+
+            def slow(events, out):
+                time.sleep(0.01)
+                return real(events, out)
+
+            monkeypatch.setattr(svc.engine, "process_batch", slow)
+            send(svc.feed_port("jsonl"), b"".join(pairs(3000, 1)))
+            wait_for(lambda: svc.inbox.qsize() > 2, what="a busy engine")
+    [record] = [r for r in caplog.records if r.getMessage().startswith("events still waiting at the stop")]
+    taken = record.resend_from_seq
+    assert 0 < taken < 3000 and record.events + taken <= 3000
+    assert any(r.getMessage() == "checkpoint written" and r.events_in == taken for r in caplog.records)
+    with BackgroundService(config(tmp_path)) as svc:  # the checkpoint holds what was taken, no more
+        assert svc.events_in == taken

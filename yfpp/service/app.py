@@ -118,7 +118,7 @@ def create_app(service: Service) -> FastAPI:
                   "application/json": {"schema": {"anyOf": [SPEC_SCHEMA, {"type": "array", "items": SPEC_SCHEMA}]}},
                   "application/x-ndjson": {"schema": SPEC_SCHEMA}}}})
     async def add_subscription(request: Request, who: Principal = Depends(subscriber)) -> Response:
-        body = await _body(request, service.config.max_body_bytes)
+        body = await _body(request, service.config.max_request_bytes)
         many, items = batch.read_body(body, request.headers.get("content-type", ""))
         if not many:
             (spec,) = items
@@ -141,7 +141,7 @@ def create_app(service: Service) -> FastAPI:
                          "starts its query afresh (the old one's partial matches are dropped); a changed sink gets "
                          "the results the old one still held.", responses=_answers(400, 401, 403, 404, 409, 413, 422, 503))
     async def change_subscription(sid: str, request: Request, who: Principal = Depends(subscriber)) -> Response:
-        body = await _body(request, service.config.max_body_bytes)
+        body = await _body(request, service.config.max_request_bytes)
         try:
             changes = json.loads(body)
         except ValueError as e:
