@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import os
+import sys
 from typing import Any
 
 from yfpp.errors import YfppError
@@ -186,7 +188,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise YfppError(f"'yfpp serve' needs the server libraries: pip install -e '.[serve]' in yfpp's clone ({e})") from e
     cfg = serve_config(args)
     logs.setup(cfg.log_level)
-    return server.run(cfg)
+    code = server.run(cfg)
+    # everything is kept by now: end without the interpreter's teardown of the engine and the subscriptions
+    # (seconds with thousands of them)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def serve_config(args: argparse.Namespace) -> ServiceConfig:

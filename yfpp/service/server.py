@@ -479,6 +479,8 @@ class Service:
             for claim in claims:
                 self._claimed.discard(claim)
         made = [s for s in out if isinstance(s, Subscription)]
+        if len(made) > 1:
+            gc.freeze()  # (what they made lives as long as they do: no collection need look at it again)
         if len(made) == 1:
             log.info("subscribed", extra={"subscription": made[0].id, "query_name": made[0].name, "sink": made[0].spec.sink})
         elif made:
