@@ -116,7 +116,8 @@ def fork(engine: Engine, path: Path, service_of: Callable[[], dict[str, Any]]) -
     if pid == 0:  # the child
         code = 1
         try:
-            os.close(r)
+            os.closerange(3, w)  # (the sockets too: a parent killed meanwhile leaves no port held by the child)
+            os.closerange(w + 1, os.sysconf("SC_OPEN_MAX"))
             gc.disable()
             save(engine, staged(path), service_of())
             code = 0
