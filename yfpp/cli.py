@@ -21,6 +21,7 @@ from yfpp.runtime.feedback import MAX_DERIVED
 from yfpp.output.writer import MatchWriter, check_writable, is_live_input, open_for_writing
 from yfpp.language.query_text import load_patterns
 from yfpp.input.record_fields import MAX_DEPTH, MAX_RECORD_BYTES, check_ts_unit
+from yfpp.output.ordered import OrderedMatches
 from yfpp.output.stats import Progress, format_figures, run_figures, write_figures_json
 from yfpp.output.vocabulary import Vocabulary
 
@@ -34,6 +35,7 @@ examples:
   yfpp run -q queries/stock_templates.sase -i ticks.xml --policy non_overlapping -o matches.jsonl
   yfpp run -q queries/count.xpe -i yfpp/data/count_shelves.xml --events
   tail -f feed.xml | yfpp run -q queries/shoplifting.xpe -i - --format xml
+  yfpp run -q queries/shoplifting.sase -i feed.jsonl --workers auto --ordered -o matches.jsonl
 """
 
 GENERATE_EXAMPLES = """\
@@ -135,6 +137,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"feedback loop guard: drop derived events deeper than N in one cascade (default {MAX_FEEDBACK_DEPTH})")
     run.add_argument("--max-derived", type=int, metavar="N",
                      help=f"feedback loop guard: at most N derived events per input event (default {MAX_DERIVED})")
+    run.add_argument("--workers", metavar="N|auto",
+                     help="match in N processes (auto: one per core available), the events partitioned by each "
+                          "query's equivalence key or cut into time slices, as 'yfpp spark' does; the same matches, "
+                          "each worker's in stream order (default $YFPP_WORKERS, else 1; docs/operations.md: Workers)")
+    run.add_argument("--ordered", action="store_true",
+                     help="write the matches at the end, ordered by end, query, start and id (the same lines for any "
+                          "--workers; holds every match until the end of the input)")
     run.add_argument("--stats", action="store_true", help="print events/s, peak runs, buffer size and matches per query to stderr")
     run.add_argument("--stats-json", metavar="FILE", help="write the --stats figures to FILE as one JSON object")
     run.add_argument("--progress", choices=["auto", "always", "never"], default="auto",
@@ -299,7 +308,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     feedback_opts = {k: v for k, v in (("full_events", args.events), ("max_feedback_depth", args.max_feedback_depth),
                                        ("max_derived_per_event", args.max_derived)) if v is not None}  # (else: the
     # checkpoint's with --restore, the engine's defaults without)
-    skip = None
+    skip = sequencer = None
     if args.restore:
         from yfpp.state.checkpoint import SkipConsumed
 
@@ -314,7 +323,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         reported = stored.get("dead_letters_reported", -1)
         if type(reported) is not int:
             raise YfppError("corrupt checkpoint: dead_letters_reported is not an integer")
-        skip = SkipConsumed(engine, dead, reported)  # records the checkpoint consumed: neither matched nor reported again
+        if "workers" in stored:  # written by workers: their reorder buffer says what was consumed
+            from yfpp.workers import Sequencer
+
+            sequencer = Sequencer.restore(stored["workers"].get("sequencer") or {}, dead_letters=dead)
+        skip = SkipConsumed(sequencer or engine, dead, reported)  # records the checkpoint consumed: neither matched nor reported again
     elif not args.query:
         raise YfppError("give at least one query with -q (or --restore FILE)")
     else:
@@ -322,6 +335,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         engine = build_engine(args.query, window_unit(args.ts_unit, args.ts_format), max_delay=args.max_delay or 0.0,
                               dead_letters=dead, policy=args.policy, **caps,
                               **feedback_opts, strategy=args.strategy or "direct")
+    workers = _workers(args, stored)
     show = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
     live = is_live_input(args.input)
     source, progress = args.input, None
@@ -347,16 +361,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     vocabulary = Vocabulary(plan.pattern for plan in plans)
     started = time.perf_counter()
     interrupted = False
+    pool = None
     try:
         out = MatchWriter(args.output, live_input=live, iso_times=args.ts_format == "iso")
+        if args.ordered:
+            out = OrderedMatches(out, [str(plan.name) for plan in plans])
         try:
-            write_matches(engine, events if skip is None else skip.batches(events, vocabulary.note), out, progress,
+            if workers > 1:
+                pool = _start_workers(engine, workers, out, dead, caps, args, live, stored, sequencer)
+            write_matches(engine if pool is None else pool,
+                          events if skip is None else skip.batches(events, vocabulary.note), out, progress,
                           (args.checkpoint, args.checkpoint_every,
                            lambda: {"reader": reading, "dead_letters_reported": dead.last_seq}) if args.checkpoint else None,
-                          vocabulary)
+                          vocabulary, engine)
         except KeyboardInterrupt:
             interrupted = True
         finally:
+            if pool is not None:
+                pool.close()
             out.close()
     finally:
         dead.close()
@@ -370,13 +392,51 @@ def cmd_run(args: argparse.Namespace) -> int:
         for plan in plans:
             for warning in vocabulary.unknown_names(str(plan.name), plan.pattern):
                 print(f"yfpp: warning: {warning}", file=sys.stderr)
-    figures = run_figures(engine, events.count, time.perf_counter() - started, dead)
+    elapsed = time.perf_counter() - started
+    figures = run_figures(engine, events.count, elapsed, dead) if pool is None else pool.figures(events.count, elapsed)
     if args.stats:
         sys.stderr.write(format_figures(figures))
     if args.stats_json:
         with open_for_writing(args.stats_json, "stats file") as f:
             write_figures_json(figures, f)
     return run_status(args, events, dead.by_reason, skip.skipped if skip is not None else Counter(), interrupted)
+
+
+def _workers(args: argparse.Namespace, stored: dict | None) -> int:
+    """``--workers``' count (else $YFPP_WORKERS', else 1; with ``--restore``, else the checkpoint's): a checkpoint
+    is resumed by as many workers as wrote it."""
+    from yfpp.workers import worker_count
+
+    written = (stored["workers"].get("n") if isinstance(stored["workers"], dict) else None) \
+        if stored is not None and "workers" in stored else 1 if stored is not None else None
+    if written is not None and (type(written) is not int or written < 1):
+        raise YfppError("corrupt checkpoint: bad 'workers' entry")
+    text = args.workers if args.workers is not None else os.environ.get("YFPP_WORKERS") if written is None \
+        else str(written)
+    n = worker_count(text or "1")
+    if written is not None and n != written:
+        raise YfppError(f"the checkpoint was written by {written} worker{'s' if written > 1 else ''}: "
+                        f"restore it with --workers {written}")
+    return n
+
+
+def _start_workers(engine: Engine, n: int, out: Any, dead: DeadLetters, caps: dict[str, Any],
+                   args: argparse.Namespace, live: bool, stored: dict | None, sequencer: Any) -> Any:
+    """The :class:`yfpp.workers.Workers` running ``engine``'s queries (as registered: names, policies) in ``n``
+    processes; ``live``: the input is live (each batch is sent on at once); ``stored``, ``sequencer``: the
+    checkpoint to resume from (``--restore``) and its restored reorder buffer."""
+    from yfpp.workers import Workers
+
+    resume = None
+    if stored is not None and sequencer is not None:
+        resume = {"workers": stored["workers"], "folder": os.path.dirname(args.restore) or "."}
+
+    queries = [(name, pattern) for _, (pattern, _, name) in sorted(engine.sources.items())]
+    opts = {k: v for k, v in caps.items() if v is not None and k != "max_held"}
+    return Workers(queries, n, out, dead, full_events=bool(args.events),
+                   feedback_limits=(engine.feedback.max_depth, engine.feedback.max_derived),
+                   engine_opts={**opts, "strategy": engine.strategy}, live=live, max_delay=engine.max_delay,
+                   max_held=engine.max_held, resume=resume, sequencer=sequencer)
 
 
 class InputFeed:
@@ -425,14 +485,15 @@ def _open_input(path: str) -> BinaryIO:
         raise YfppError(f"cannot read {path!r}: {e.strerror or e}") from e
 
 
-def write_matches(engine: Engine, batches: Iterable[list[Event]], out: MatchWriter, progress: Progress | None,
+def write_matches(engine: Any, batches: Iterable[list[Event]], out: MatchWriter, progress: Progress | None,
                   checkpoint: tuple[str, int, Callable[[], dict]] | None = None,
-                  vocabulary: Vocabulary | None = None) -> int:
-    """Stream batches of events through the engine, writing matches as they complete; return the event count.
+                  vocabulary: Vocabulary | None = None, catalog: Engine | None = None) -> int:
+    """Stream batches of events through the engine (or a :class:`yfpp.workers.Workers`), writing matches as they
+    complete; return the event count.
 
     With ``checkpoint = (path, every, extra)`` the engine's state (and the fields ``extra()`` gives) is
-    written to ``path`` every ``every`` events, after the matches written so far are flushed;
-    ``vocabulary`` notes each batch's types and attribute names.
+    written to ``path`` every ``every`` events, after the matches written so far are flushed (workers: with
+    ``catalog``, the engine holding their queries); ``vocabulary`` notes each batch's types and attribute names.
     """
     n = 0
     process = engine.process_batch
@@ -446,8 +507,11 @@ def write_matches(engine: Engine, batches: Iterable[list[Event]], out: MatchWrit
             if every and n % every == 0:
                 from yfpp.state.checkpoint import write_checkpoint
 
-                out.flush()
-                write_checkpoint(engine, checkpoint[0], checkpoint[2]())
+                if isinstance(engine, Engine):
+                    out.flush()
+                    write_checkpoint(engine, checkpoint[0], checkpoint[2]())
+                else:  # workers: each writes its engines, then the manifest (yfpp.workers.Workers.checkpoint)
+                    engine.checkpoint(checkpoint[0], catalog, checkpoint[2]())
         if progress is not None:
             progress.update(n, engine)
     engine.flush(out)  # (matches into the writer as they are made: the end can complete many windows)

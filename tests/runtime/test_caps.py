@@ -11,15 +11,16 @@ from collections import Counter
 
 import pytest
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from tests.generators import patterns, set_patterns, streams
+from tests.generators import CONTIGUITIES, TYPES, patterns, set_patterns, streams
 from yfpp.cli import main
 from yfpp.input.dead_letters import DeadLetters
 from yfpp.engine import Engine
 from yfpp.input.events import Event
-from yfpp.language.pattern import Pattern
+from yfpp.errors import PatternError
+from yfpp.language.pattern import Component, Kind, Pattern, variables
 
 RUNAWAY = "PATTERN SEQ(a x, b+ y[], c z) WHERE skip_till_any_match(x, y, z) WITHIN 1 hour"
 
@@ -28,10 +29,10 @@ def runaway_feed(n_b: int = 1000) -> list[dict]:
     return [{"type": "a", "ts": 0}] + [{"type": "b", "ts": 1 + i} for i in range(n_b)] + [{"type": "c", "ts": n_b + 1}]
 
 
-def matches_of(p: Pattern, events: list[Event], **opts) -> tuple[Counter, Engine]:
+def matches_of(p: Pattern, events: list[Event], name: str = "q", **opts) -> tuple[Counter, Engine]:
     """The matches of ``p`` alone on ``events`` (as JSON texts, counted) and the engine after them."""
     eng = Engine(dead_letters=DeadLetters(), reports=None, **opts)
-    eng.register(p, name="q")
+    eng.register(p, name=name)
     out = [m for e in events for m in eng.process(Event(e.type, e.ts, dict(e.attrs), e.seq))] + eng.flush()
     return Counter(json.dumps(m, sort_keys=True) for m in out), eng
 
@@ -65,7 +66,7 @@ def test_buffer_cap_sheds_a_long_kleene():
     assert 300 < eng.stats.peak_buffer <= 300 + 64 * 3  # the size that passed the cap, not what the shed left
 
 
-def test_a_shared_run_is_counted_once_and_shed_for_every_query_of_its_branch():
+def test_a_shared_run_counts_for_each_query_and_each_shed_names_its_query():
     sink = io.StringIO()
     eng = Engine(max_runs_per_query=500, reports=sink, dead_letters=DeadLetters())
     eng.register(RUNAWAY, name="to_c")
@@ -74,7 +75,43 @@ def test_a_shared_run_is_counted_once_and_shed_for_every_query_of_its_branch():
     for r in runaway_feed(30):
         eng.process(r)
     assert eng.stats.shed_runs["to_c"] == eng.stats.shed_runs["to_d"] > 0 and eng.stats.shed_runs["other"] == 0
-    assert "query 'to_c', 'to_d': over max_runs_per_query=500" in sink.getvalue()
+    lines = sink.getvalue().splitlines()
+    assert [line.split(":")[1].strip() for line in lines] == ["warning", "warning"]
+    assert "query 'to_c': over max_runs_per_query=500" in lines[0] and "query 'to_d': over max_runs_per_query=500" in lines[1]
+
+
+SHELF = "PATTERN SEQ(shelf a, exit b) WHERE [tag] WITHIN 1 hour"
+BUSY = "PATTERN SEQ(shelf a, counter+ c[], exit b) WHERE skip_till_any_match(a, c, b) { [tag] } WITHIN 1 hour"
+
+
+def shelf_feed(tags: int = 6, counters: int = 12) -> list[dict]:
+    """Per tag: a shelf, counters (every one doubles the busy query's runs), an exit."""
+    feed = [{"type": "shelf", "ts": t, "tag": t} for t in range(tags)]
+    feed += [{"type": "counter", "ts": tags + i, "tag": t} for i in range(counters) for t in range(tags)]
+    return feed + [{"type": "exit", "ts": 100 + t, "tag": t} for t in range(tags)]
+
+
+def outputs(queries: dict[str, str], feed: list[dict], **caps) -> tuple[dict[str, Counter], Engine]:
+    """Each query's matches (JSON texts, counted) of ``queries`` registered together, and the engine."""
+    eng = Engine(dead_letters=DeadLetters(), reports=None, **caps)
+    for name, q in queries.items():
+        eng.register(q, name=name)
+    out: dict[str, Counter] = {name: Counter() for name in queries}
+    for m in [m for r in feed for m in eng.process(r)] + eng.flush():
+        out[m["query"]][json.dumps(m, sort_keys=True)] += 1
+    return out, eng
+
+
+def test_a_query_keeps_its_matches_beside_a_sharer_over_the_cap():
+    """The shelf query shares its first node with a busy one: the busy one is shed, the shelf query loses nothing."""
+    alone, _ = outputs({"shelf": SHELF}, shelf_feed(), max_runs_per_query=200)
+    both, eng = outputs({"shelf": SHELF, "busy": BUSY}, shelf_feed(), max_runs_per_query=200)
+    assert len(eng.runtime.branch_queries) == 1  # one branch: the shelf node is shared
+    assert both["shelf"] == alone["shelf"] and len(alone["shelf"]) == 6
+    assert eng.stats.shed_runs["busy"] > 0 and "shelf" not in eng.stats.shed_runs
+    busy_alone, _ = outputs({"busy": BUSY}, shelf_feed(), max_runs_per_query=200)
+    assert both["busy"] == busy_alone["busy"]  # and the busy one loses what it loses alone
+    assert eng.reports == [line for line in eng.reports if "'busy'" in line] and len(eng.reports) == 1
 
 
 def test_a_query_without_a_window_says_its_state_is_growing():
@@ -105,6 +142,66 @@ def test_shedding_never_invents_a_match(pattern, events, max_runs, max_buffer):
         assert not capped - every
     else:
         assert not capped - free
+
+
+@st.composite
+def sharers(draw, p: Pattern) -> Pattern:
+    """A query that begins as ``p`` does, so shares its first nodes: a prefix of ``p`` up to one of its positive
+    components (the predicates on the components kept), maybe one more component, its own window."""
+    ends = [i for i, c in enumerate(p.components) if c.positive]
+    comps = list(p.components[:draw(st.sampled_from(ends)) + 1])
+    if draw(st.booleans()):
+        comps.append(Component("w", draw(st.sampled_from(TYPES)), draw(st.sampled_from([Kind.SINGLE, Kind.KLEENE])),
+                               draw(st.sampled_from(CONTIGUITIES))))
+    kept = {c.var for c in comps}
+    where = tuple(e for e in p.where if variables(e) <= kept)
+    window = draw(st.one_of(st.none(), st.integers(0, 6)))
+    try:
+        return Pattern(tuple(comps), where, p.partition_by, window, "all").validate()
+    except PatternError:
+        assume(False)
+        raise
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.data(), patterns(), streams(max_events=14), st.integers(1, 4))
+def test_a_query_s_matches_under_the_runs_cap_do_not_depend_on_its_sharers(data, pattern, events, cap):
+    others = data.draw(st.lists(sharers(pattern), min_size=1, max_size=3))
+    alone, eng_alone = matches_of(pattern, events, max_runs_per_query=cap)
+    eng = Engine(dead_letters=DeadLetters(), reports=None, max_runs_per_query=cap)
+    eng.register(pattern, name="q")
+    for i, other in enumerate(others):
+        eng.register(other, name=f"s{i}")
+    out = [m for e in events for m in eng.process(Event(e.type, e.ts, dict(e.attrs), e.seq))] + eng.flush()
+    together = Counter(json.dumps(m, sort_keys=True) for m in out if m["query"] == "q")
+    assert together == alone
+    assert eng.stats.shed_runs.get("q", 0) == eng_alone.stats.shed_runs.get("q", 0)
+    for i, other in enumerate(others):  # and each sharer's, beside q and the others, is its own alone
+        own, _ = matches_of(other, events, name=f"s{i}", max_runs_per_query=cap)
+        mine = Counter(json.dumps(m, sort_keys=True) for m in out if m["query"] == f"s{i}")
+        assert mine == own
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.data(), patterns(), streams(max_events=14), st.integers(1, 4), st.integers(1, 6))
+def test_under_both_caps_a_query_s_lost_matches_are_its_own_sheds(data, pattern, events, max_runs, max_buffer):
+    """The buffer of a node shared with other queries holds their events too, so under the buffer cap a query
+    beside sharers may be shed where alone it is not (or the other way): every difference is a shed counted
+    against that very query, and nothing is invented."""
+    caps = {"max_runs_per_query": max_runs, "max_buffer_per_query": max_buffer}
+    others = data.draw(st.lists(sharers(pattern), min_size=1, max_size=3))
+    free, _ = matches_of(pattern, events)
+    alone, eng_alone = matches_of(pattern, events, **caps)
+    eng = Engine(dead_letters=DeadLetters(), reports=None, **caps)
+    eng.register(pattern, name="q")
+    for i, other in enumerate(others):
+        eng.register(other, name=f"s{i}")
+    out = [m for e in events for m in eng.process(Event(e.type, e.ts, dict(e.attrs), e.seq))] + eng.flush()
+    together = Counter(json.dumps(m, sort_keys=True) for m in out if m["query"] == "q")
+    if together != alone:
+        assert eng.stats.shed_runs.get("q") or eng_alone.stats.shed_runs.get("q")
+    if pattern.policy == "all":
+        assert not together - free
 
 
 def test_cli_caps_and_stats(tmp_path, capsys):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import urllib.request
 from pathlib import Path
@@ -68,6 +69,9 @@ def test_dashboard_in_headless_chromium_shows_a_subscription_and_its_live_match(
             shown = browser.wait_until("[...document.querySelectorAll('#live li.result')].map(li => li.textContent)"
                                        ".find(t => t.includes('gone_tags'))")
             browser.wait_until("document.querySelector('#subs tbody td:nth-child(4)').textContent === '1'")
+            cells = json.loads(browser.wait_until(  # latency p50 / p99, live runs, CPU s: once the page got the match
+                "(() => { const t = [9, 10, 11].map(i => document.querySelector(`#subs tbody td:nth-child(${i})`)"
+                ".textContent); return t[0] ? JSON.stringify(t) : null; })()"))
             shot = browser.screenshot(tmp_path / "dashboard.png")
             browser.goto(f"{base}/docs")
             browser.wait_until("document.querySelectorAll('.opblock').length > 0")  # Swagger UI ran, offline
@@ -76,6 +80,8 @@ def test_dashboard_in_headless_chromium_shows_a_subscription_and_its_live_match(
     result = json.loads(shown)
     assert result["emit"] == {"type": "gone", "attrs": {"tag": 7}} and result["bindings"] == {"a": [0], "c": [1]}
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    number = r"\d+(\.\d+)?"
+    assert re.fullmatch(f"{number} / {number}", cells[0]) and all(re.fullmatch(number, c) for c in cells[1:]), cells
     keep = os.environ.get("YFPP_SCREENSHOTS")
     if keep:  # CI keeps it as an artifact
         shutil.copy(shot, Path(keep) / "dashboard.png")

@@ -20,7 +20,7 @@ from tests.service_helpers import wait_for  # noqa: E402
 from yfpp.input.dead_letters import DeadLetters  # noqa: E402
 from yfpp.errors import YfppError  # noqa: E402
 from yfpp.service import mqtt  # noqa: E402
-from yfpp.service.client import Client  # noqa: E402
+from yfpp.service.client import Client, ServiceError  # noqa: E402
 from yfpp.service.config import ServiceConfig  # noqa: E402
 from yfpp.service.server import BackgroundService  # noqa: E402
 
@@ -226,7 +226,7 @@ def test_xml_sink_qos0(broker):
 def test_broker_restart_under_a_qos1_feed_loses_nothing(tmp_path):
     b = Mosquitto(tmp_path).start()
     try:
-        cfg = ServiceConfig(port=0, state=None, log_level="warning",
+        cfg = ServiceConfig(port=0, state=None, log_level="warning", file_sink_dir=str(tmp_path),
                             mqtt=f"{b.url}/r?qos=1&client_id=yfpp-restart&clean=0")
         with BackgroundService(cfg) as svc:
             client = Client(f"http://127.0.0.1:{svc.port}")
@@ -289,3 +289,80 @@ def test_wrong_password_is_a_clear_error(tmp_path):
         assert ok.returncode == 0, ok.stderr
     finally:
         b.stop()
+
+
+@needs_broker
+def test_feeds_added_over_the_api_feed_persist_and_stop_when_deleted(broker, tmp_path):
+    """POST /feeds/mqtt (admin key only) connects and feeds; the feed survives a restart; DELETE stops it."""
+    admin = "admin-key-for-the-feeds-test"
+    cfg = ServiceConfig(port=0, state=str(tmp_path / "state"), log_level="warning", admin_key=admin)
+    pub = publisher(broker)
+    with BackgroundService(cfg) as svc:
+        client = Client(f"http://127.0.0.1:{svc.port}", token=admin)
+        sub = client.subscribe(EACH, name="each")["id"]
+        subscriber = Client(client.url, token=client.create_key("alice", "subscriber")["key"])
+        with pytest.raises(ServiceError) as refused:
+            subscriber.add_mqtt_feed(broker.url, ["r/#"])
+        assert refused.value.status == 403
+        with pytest.raises(ServiceError) as refused:
+            subscriber.mqtt_feeds()
+        assert refused.value.status == 403
+        feed = client.add_mqtt_feed(f"{broker.url}?qos=1", ["r/{site}", {"topic": "x/#", "format": "xml"}])
+        assert feed["id"] == "m1" and feed["connected"] and feed["topics"] == ["r/{site}", "x/#"]
+        publish_all(pub, [("r/north", b'{"type":"r","ts":1,"n":1}'), ("x/1", b'<r ts="2" n="2"/>'),
+                          ("r/north", b"not an event")])
+        wait_for(lambda: svc.subs[sub].counters.matches >= 2, TIMEOUT, "the matches of the feed's events")
+        wait_for(lambda: client.mqtt_feeds()[0]["dead_letters"] == 1, TIMEOUT, "the dead letter")
+        listed = client.mqtt_feeds()
+        assert [(f["id"], f["connected"], f["messages"], f["events"], f["dead_letters"]) for f in listed] == \
+            [("m1", True, 3, 2, 1)]
+        with pytest.raises(ServiceError) as refused:
+            subscriber.remove_mqtt_feed("m1")
+        assert refused.value.status == 403
+    with BackgroundService(cfg) as svc:  # restarted: the feed is back, connecting in the background
+        before = svc.subs[sub].counters.matches  # (the counters go on from the stop's)
+        client = Client(f"http://127.0.0.1:{svc.port}", token=admin)
+        wait_for(lambda: client.mqtt_feeds()[0]["connected"], TIMEOUT, "the stored feed's connection")
+        publish_all(pub, [("r/south", b'{"type":"r","ts":3,"n":3}')])
+        wait_for(lambda: svc.subs[sub].counters.matches >= before + 1, TIMEOUT, "a match after the restart")
+        client.remove_mqtt_feed("m1")
+        assert client.mqtt_feeds() == []
+        with pytest.raises(ServiceError) as missing:
+            client.remove_mqtt_feed("m1")
+        assert missing.value.status == 404
+        publish_all(pub, [("r/south", b'{"type":"r","ts":4,"n":4}')])
+        client.post_events(b'{"type":"r","ts":5,"n":5}\n')  # (after it: the engine has taken what came before)
+        wait_for(lambda: svc.subs[sub].counters.matches >= before + 2, TIMEOUT, "the posted event's match")
+        assert svc.subs[sub].counters.matches == before + 2 and svc.events_taken == 2
+    pub.loop_stop()
+
+
+@needs_broker
+@pytest.mark.parametrize("broker_url, status, error", [
+    ("mqtt://bob:secret@127.0.0.1:{port}", 400, "not in the URL"),
+    ("mqtt://bob@127.0.0.1:{port}?password_file=/etc/passwd", 400, "cannot name a key or password file"),
+    ("mqtt://127.0.0.1:{port}/r", 400, "not part of the broker URL"),
+    ("mqtt://127.0.0.1:{port}?cert=/etc/ssl/x.pem", 400, "client certificate"),
+    ("mqtt://10.1.2.3:{port}", 403, "not allowed by the server's sink policy"),
+    ("mqtt://127.0.0.1:{closed}", 502, "cannot connect"),
+])
+def test_feeds_over_the_api_refused_with_clear_errors(broker, broker_url, status, error):
+    from tests.mosquitto import free_port
+
+    with BackgroundService(ServiceConfig(port=0, state=None, log_level="warning")) as svc:
+        client = Client(f"http://127.0.0.1:{svc.port}", timeout=TIMEOUT)
+        with pytest.raises(ServiceError) as refused:
+            client.add_mqtt_feed(broker_url.format(port=broker.port, closed=free_port()), ["r/#"])
+        assert refused.value.status == status and error in refused.value.body["error"]
+        assert client.mqtt_feeds() == []
+
+
+def test_openapi_lists_the_mqtt_feed_routes_and_their_answers():
+    import urllib.request
+
+    with BackgroundService(ServiceConfig(port=0, state=None, log_level="warning")) as svc:
+        api = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{svc.port}/openapi.json", timeout=TIMEOUT).read())
+    answers = {(path, method): set(op["responses"]) for path, ops in api["paths"].items() for method, op in ops.items()}
+    assert answers[("/feeds/mqtt", "post")] == {"201", "400", "401", "403", "409", "422", "502", "503"}
+    assert answers[("/feeds/mqtt", "get")] == {"200", "401", "403"}
+    assert answers[("/feeds/mqtt/{fid}", "delete")] == {"204", "401", "403", "404", "422", "503"}

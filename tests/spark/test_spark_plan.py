@@ -168,7 +168,7 @@ def test_streaming_replay_state_equals_whole_stream(seed):
 
 def test_xml_events_parse_their_element_only_when_read():
     ev = make_event("shelf", 1.0, 3, '{"zone": 7}', '<shelf ts="1" zone="07"/>')
-    assert ev.attrs == {"zone": 7} and ev._element is None
+    assert ev.attrs == {"zone": 7} and ev._el is None
     assert ev.element.get("zone") == "07"
     assert make_event("shelf", 1.0, 3, "{}", None).element.get("ts") == "1.0"
 

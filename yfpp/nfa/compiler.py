@@ -111,7 +111,7 @@ class QueryPlan:
     policy: str
     emit: tuple[str, tuple[tuple[str, Callable], ...]] | None
     var_names: tuple[str, ...] = ()
-    since_tick: int = 0  # runtime tick at registration: only runs born later count
+    since_tick: int = 0  # only runs born later count: the runtime tick at registration, raised by a shed (yfpp.runtime.caps)
     negation_key: Hashable = ()  # its middle negations' check signatures: equal keys, equal answers at a node
     nodes: list = field(default_factory=list)  # the shared-NFA nodes it passes through
 

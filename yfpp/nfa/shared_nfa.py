@@ -69,9 +69,10 @@ class Node:
     users: int = 0  # queries through this node
     windows: Counter = field(default_factory=Counter)  # window -> queries through here with it
     window: float | None = None  # the largest of them (None: unbounded): runs here live that long
-    # kept on a branch's root node by the runtime: its runs now, runs it shed, its last "growing" report
+    # kept on a branch's root node by the runtime: its runs now, when the caps count its queries' runs again
+    # (yfpp.runtime.caps), its last "growing" report
     live: int = 0
-    shed: int = 0
+    cap_check: int = 0
     reported: int = 0
 
     def count_window(self, window: float | None, delta: int) -> None:

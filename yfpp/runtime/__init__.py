@@ -1,8 +1,10 @@
 """Runtime layer: runs over the shared NFA, event by event. May import ``yfpp.errors``, ``yfpp.input``,
 ``yfpp.language``, ``yfpp.nfa`` and ``xpath_ext`` (docs/internals.md tells how it works).
 
-- ``runtime``: ``Runtime``: runs by key and state, per-event dispatch by type (a route per event type),
-  the moves of a run, per-query acceptance and building a match.
+- ``runtime``: ``Runtime``: runs by key and state, registration, a route per event type, housekeeping,
+  deadlines; its mixins ``dispatch`` (the per-event handlers a route names, undo of a raising event),
+  ``moves`` (begin, take, ignore, proceed) and ``acceptance`` (per-query checks where queries accept,
+  building a match).
 - ``runs``: ``Run`` and ``FullRun``, counters, partition keys.
 - ``match_buffer``: the shared versioned buffer (Dewey-labelled predecessor pointers).
 - ``negation_store``: negation candidates by class and key, the "between" check at acceptance.

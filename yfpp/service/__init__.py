@@ -2,11 +2,11 @@
 
 Modules: ``config`` (settings), ``server`` (the process: engine thread, feeds,
 routing), ``app`` (HTTP API), ``subscriptions``, ``sinks`` (destinations and
-their queues), ``sink_urls`` (the sink URLs a subscription may name), ``feeds``, ``mqtt`` (MQTT feed and sink), ``dashboard`` (the page at ``/``, offline ``/docs``),
+their queues), ``sink_urls`` (the sink URLs a subscription may name), ``feeds``, ``mqtt`` (MQTT feed and sink), ``mqtt_api`` (MQTT feeds added over the API), ``dashboard`` (the page at ``/``, offline ``/docs``),
 ``registry`` (SQLite), ``checkpoint``, ``metrics``, ``logs``, ``errors`` (what requests are refused with),
 ``auth`` (API keys: admin, subscriber, feed; hashed), ``sink_policy`` (file sinks under one directory, network
 sinks to allowed networks), ``limits`` (body caps), ``quotas`` (per-key caps, cost estimates at subscribe time),
-``accounting`` (each subscription's runs and CPU), ``client`` (Python client), ``cli``
+``accounting`` (each subscription's runs and CPU), ``latency`` (each subscription's result latency), ``client`` (Python client), ``cli``
 (``serve``/``subscribe``/``unsubscribe``/``keys``).
 The server side needs ``pip install -e '.[serve]'`` in yfpp's clone; the client only the stdlib.
 """

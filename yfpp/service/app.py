@@ -26,6 +26,7 @@ from yfpp.service.auth import Principal
 from yfpp.service.dashboard import add_dashboard
 from yfpp.service.errors import RequestError
 from yfpp.service.limits import BodyLimit
+from yfpp.service.mqtt_api import add_feed_routes
 from yfpp.service.registry import RegistryError
 from yfpp.service.subscriptions import SubscriptionSpec
 
@@ -43,6 +44,7 @@ ANSWERS: dict[int, str] = {
     403: "the key's role may not do this, or the sink or query is not allowed (the error says why)",
     404: "no such subscription or key (another key's subscription too)", 409: "a name taken, or a server limit",
     413: "a body or query over its cap", 422: "a body that is not the model", 429: "over the key's quota",
+    502: "the MQTT broker refused the connection or did not answer (the error says which)",
     503: "the registry or the service cannot take it now"}
 
 
@@ -109,6 +111,7 @@ def create_app(service: Service) -> FastAPI:
         return _json_response({"detail": detail}, 422)
 
     add_dashboard(app, service, [Depends(admin)])  # the shared NFA holds every key's queries: the admin's view
+    add_feed_routes(app, service, [Depends(admin)], _answers)
 
     @app.post("/subscriptions", status_code=201, summary="Add a subscription, or many (of the key that asks)",
               description="One subscription (a JSON object: 201 and the subscription), or many (a JSON array, or "
@@ -178,7 +181,7 @@ def create_app(service: Service) -> FastAPI:
                     quiet = 0.0
                     yield b"".join(f"id: {r['id']}\ndata: {json.dumps(r, separators=(',', ':'))}\n\n".encode()
                                    for r in batch)
-                    sub.pull.add("delivered", len(batch))
+                    box.delivered()
                     box.done()
             finally:
                 sub.listeners.discard(box)

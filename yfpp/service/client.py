@@ -97,6 +97,17 @@ class Client:
     def revoke_key(self, kid: str) -> None:
         self._request("DELETE", "/keys/" + quote(kid, safe=""))
 
+    def add_mqtt_feed(self, broker: str, topics: list[Any]) -> dict[str, Any]:
+        """Add an MQTT feed (admin): ``broker`` a URL without password, ``topics`` filters or
+        ``{"topic": …, "format": …}``; return its description (its ``id`` among them)."""
+        return self._request("POST", "/feeds/mqtt", json.dumps({"broker": broker, "topics": topics}).encode())
+
+    def mqtt_feeds(self) -> list[dict[str, Any]]:
+        return self._request("GET", "/feeds/mqtt")
+
+    def remove_mqtt_feed(self, fid: str) -> None:
+        self._request("DELETE", "/feeds/mqtt/" + quote(fid, safe=""))
+
     def health(self) -> dict[str, Any]:
         return self._request("GET", "/health")
 

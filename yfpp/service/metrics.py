@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 if TYPE_CHECKING:
     from yfpp.service.server import Service
@@ -86,6 +86,11 @@ def _per_subscription(subs: list) -> Iterator[Metric]:
         cpu.add_metric([sub.id, sub.name], use["cpu_s"])
     yield runs
     yield cpu
+    latency = HistogramMetricFamily("yfpp_subscription_latency_seconds", "from the arrival of a result's event "
+                                    "to the result's delivery (push sink or pull stream)", labels=LABELS)
+    for sub in subs:
+        latency.add_metric([sub.id, sub.name], sub.latency.cumulative(), sub.latency.sum)
+    yield latency
 
 
 def registry_for(service: "Service") -> CollectorRegistry:

@@ -284,12 +284,16 @@ class MqttFeed:
         self.client.on_disconnect = self._on_disconnect
         self.client.on_message = self._on_message
 
-    def start(self, timeout: float = CONNECT_TIMEOUT) -> None:
+    def start(self, timeout: float | None = CONNECT_TIMEOUT) -> None:
+        """Connect; ``timeout`` None: without waiting for the first connection (it is tried, with backoff,
+        until it succeeds or the feed stops)."""
         try:
             self.client.connect_async(self.broker.host, self.broker.port, keepalive=30)
         except (OSError, ValueError) as e:
             raise YfppError(f"{self.name}: {e}") from e
         self.client.loop_start()
+        if timeout is None:
+            return
         if not self._first.wait(timeout) or self._refused is not None:
             self.stop()
             why = self._refused or f"no answer in {timeout:g} s"
@@ -367,6 +371,26 @@ def start_feeds(url: str | None, topics: list[Any], put: Callable[[list[Event]],
     feed.start()
     log.info("MQTT feed connected", extra={"feed": feed.name, "topics": [t.filter for t in specs]})
     return [feed]
+
+
+def api_broker(url: str) -> tuple[Broker, str | None]:
+    """The broker of a feed added over the API, and its URL's ``format``. The URL names no secret and no file
+    of the server's but a CA (no password, ``password_file``, ``key`` or ``cert``) and no topic: the service's
+    ``--mqtt`` broker (the same host and port, and user if the URL names one) lends its credentials and TLS
+    files; another broker's user gets ``$YFPP_MQTT_PASSWORD``."""
+    given, topic, opts = parse_url(url, secrets=False)
+    if topic:
+        raise YfppError(f"{url!r}: the topics of a feed are its 'topics', not part of the broker URL")
+    if given.cert is not None:
+        raise YfppError(f"{url!r}: a feed added over the API cannot name a client certificate (the service's "
+                        f"--mqtt broker's is used for that broker)")
+    known = PUBLISHERS.known.get((given.host, given.port))
+    if known is not None and given.username in (None, known.username):
+        broker = dataclasses.replace(known, client_id=given.client_id, clean=given.clean, qos=given.qos,
+                                     ca=given.ca or known.ca)
+    else:
+        broker = dataclasses.replace(given, password=os.environ.get(PASSWORD_ENV) if given.username else None)
+    return broker, opts.get("format")
 
 
 def read_batches(url: str, read_opts: dict[str, Any], dead_letters: DeadLetters,

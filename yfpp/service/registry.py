@@ -1,5 +1,5 @@
 """The subscription registry: SQLite tables, so a restarted service keeps its subscriptions (and the results
-their push sinks still held at a stop)."""
+their push sinks still held at a stop), its keys and the MQTT feeds added over the API."""
 
 from __future__ import annotations
 
@@ -37,14 +37,20 @@ _TABLES = {
     sub TEXT PRIMARY KEY,  -- a subscription's id (one with no row here is the admin's)
     key TEXT NOT NULL      -- the id of the key that made it
 )""",
+    "mqtt_feeds": """CREATE TABLE mqtt_feeds (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT UNIQUE NOT NULL,
+    spec TEXT NOT NULL  -- the POST /feeds/mqtt request as JSON (broker URL, topics; no secret)
+)""",
 }
-_WHEN_USED = ("keys", "owners")  #: tables made at their first row (a registry of a service without keys stays as it was)
+_WHEN_USED = ("keys", "owners", "mqtt_feeds")  #: tables made at their first row (a registry of a service without keys stays as it was)
 #: each table's columns as ``PRAGMA table_info`` gives them: (name, declared type, not null, primary key)
 _COLUMNS = {"subscriptions": [("seq", "INTEGER", 0, 1), ("id", "TEXT", 1, 0), ("spec", "TEXT", 1, 0)],
             "queued": [("seq", "INTEGER", 0, 1), ("sub", "TEXT", 1, 0), ("result", "TEXT", 1, 0)],
             "keys": [("id", "TEXT", 0, 1), ("name", "TEXT", 1, 0), ("role", "TEXT", 1, 0), ("digest", "TEXT", 1, 0),
                      ("created", "REAL", 1, 0)],
-            "owners": [("sub", "TEXT", 0, 1), ("key", "TEXT", 1, 0)]}
+            "owners": [("sub", "TEXT", 0, 1), ("key", "TEXT", 1, 0)],
+            "mqtt_feeds": [("seq", "INTEGER", 0, 1), ("id", "TEXT", 1, 0), ("spec", "TEXT", 1, 0)]}
 
 
 class RegistryError(YfppError):
@@ -52,8 +58,8 @@ class RegistryError(YfppError):
 
 
 class Registry:
-    """Subscriptions by id, in creation order, their owners and the API keys; ``path=None`` keeps them in
-    memory only. A new file is readable by its owner only (it holds key digests)."""
+    """Subscriptions by id, in creation order, their owners, the API keys and the MQTT feeds added over the API;
+    ``path=None`` keeps them in memory only. A new file is readable by its owner only (it holds key digests)."""
 
     def __init__(self, path: str | None):
         self._lock = threading.Lock()
@@ -187,6 +193,27 @@ class Registry:
             return []
         with self._transaction() as db:
             return db.execute("SELECT id, name, role, digest, created FROM keys ORDER BY created").fetchall()
+
+    def add_feed(self, spec: dict[str, Any]) -> str:
+        """Store an MQTT feed added over the API; return its fresh id ``m1``, ``m2``, … (never reused)."""
+        with self._transaction() as db:
+            self._make(db, "mqtt_feeds")
+            cur = db.execute("INSERT INTO mqtt_feeds (id, spec) VALUES (hex(randomblob(8)), ?)", (json.dumps(spec),))
+            fid = f"m{cur.lastrowid}"
+            db.execute("UPDATE mqtt_feeds SET id = ? WHERE seq = ?", (fid, cur.lastrowid))
+        return fid
+
+    def remove_feed(self, fid: str) -> None:
+        with self._transaction() as db:
+            if "mqtt_feeds" in self._made:
+                db.execute("DELETE FROM mqtt_feeds WHERE id = ?", (fid,))
+
+    def feeds(self) -> list[tuple[str, str]]:
+        """Every stored MQTT feed's ``(id, spec as JSON text)``, in creation order."""
+        if "mqtt_feeds" not in self._made:
+            return []
+        with self._transaction() as db:
+            return db.execute("SELECT id, spec FROM mqtt_feeds ORDER BY seq").fetchall()
 
     def keep_queued(self, queued: dict[str, list[dict]]) -> None:
         """Replace the kept results by ``queued`` (results by subscription id, oldest first)."""

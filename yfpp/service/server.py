@@ -47,6 +47,7 @@ from yfpp.service.config import ServiceConfig
 from yfpp.service.batch import spec_of as batch_spec
 from yfpp.service.errors import RequestError
 from yfpp.service.feeds import FeedClosed, FeedLimits, SharedDeadLetters, SourceDeadLetters, TcpFeed, pump, start_input
+from yfpp.service.mqtt_api import ApiFeeds
 from yfpp.service.registry import Registry, RegistryError
 from yfpp.service.sink_policy import SinkPolicy, SinkRefused
 from yfpp.service.subscriptions import SUBSCRIPTION_ID, Subscription, SubscriptionSpec, Totals
@@ -119,7 +120,8 @@ class Service:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.http_socket: socket.socket | None = None
         self.feeds: list[TcpFeed] = []
-        self.mqtt_feeds: list[mqtt.MqttFeed] = []
+        self.mqtt_feeds: list[mqtt.MqttFeed] = []  #: those of the configuration
+        self.api_feeds = ApiFeeds(self.registry, self.sink_policy, self.put, self.dead_letters, self.read_opts)
         self._engine_thread: threading.Thread | None = None
         self.stopping = threading.Event()  #: set when shutdown begins: feeds and pull streams end
         self._last_ts = self.engine.latest_ts  # largest ts fed, and the wall time it came (for advance_idle)
@@ -133,6 +135,8 @@ class Service:
         self._retired: deque[tuple[int, str, asyncio.Future]] = deque()  # deleted subscriptions' (qid, name, done),
         # for the engine thread to unregister
         self._results: deque[list[dict]] = deque()  # result batches from the engine thread, not yet routed
+        self._arrivals: deque[float | None] = deque()  # when the event of each batch in _results arrived
+        self._arrived: float | None = None  # (engine thread) when the batch of events it works on arrived
         self._handed_over = 0  # results in _results
         self._room = threading.Condition()  # guards _results, _handed_over and _route_scheduled
         self._route_scheduled = False
@@ -183,6 +187,7 @@ class Service:
             feed.start()
         for path in self.config.inputs:
             start_input(path, self.config.input_format, self.put, self.dead_letters, self.read_opts)
+        await asyncio.to_thread(self.api_feeds.start_stored)
         log.info("service started", extra={
             "http": f"{self.config.host}:{self.port}", "restored_checkpoint": self.restored,
             "feeds": {f.fmt: f.port for f in self.feeds}, "subscriptions": len(self.subs)})
@@ -191,7 +196,7 @@ class Service:
         """Stop feeds, let the engine thread finish its inbox, give senders a second, then checkpoint the engine
         with what they still hold for the next start, close."""
         self.stopping.set()
-        for feed in [*self.feeds, *self.mqtt_feeds]:
+        for feed in [*self.feeds, *self.mqtt_feeds, self.api_feeds]:
             await asyncio.to_thread(feed.stop)
         self.ingest.shutdown(wait=False)  # (bodies still waiting are refused: put raises FeedClosed)
         if self._engine_thread is not None:
@@ -649,12 +654,14 @@ class Service:
     # --- events ------------------------------------------------------------------------
 
     def put(self, batch: list[Event]) -> None:
-        """Hand events to the engine thread (blocks while the inbox is full; FeedClosed when stopping)."""
+        """Hand events to the engine thread (blocks while the inbox is full; FeedClosed when stopping); the
+        time they arrived goes with them (for each result's latency)."""
+        arrived = time.monotonic()
         while True:
             if self.stopping.is_set() or self.failed is not None:
                 raise FeedClosed()
             try:
-                self.inbox.put(batch, timeout=0.5)
+                self.inbox.put((arrived, batch), timeout=0.5)
                 return
             except queue.Full:
                 continue
@@ -697,7 +704,7 @@ class Service:
             try:
                 self._step(item)
             except Exception:  # a fault of one batch is that batch's: the service's only engine thread goes on
-                log.exception("engine thread: a batch failed", extra={"events": len(item) if isinstance(item, list) else 0})
+                log.exception("engine thread: a batch failed", extra={"events": len(item[1]) if isinstance(item, tuple) else 0})
             now = time.monotonic()
             if not stop and self._stop_by is not None and now > self._stop_by:
                 self._discard_inbox()
@@ -723,21 +730,24 @@ class Service:
                 item = self.inbox.get_nowait()
             except queue.Empty:
                 break
-            n += len(item) if isinstance(item, list) else 0
+            n += len(item[1]) if isinstance(item, tuple) else 0
         if n:
             log.warning("events still waiting at the stop are discarded, not processed: send them again",
                         extra={"events": n, "seconds": STOP_DRAIN, "resend_from_seq": self.events_in})
 
-    def _step(self, item: list[Event] | None) -> None:
-        """One batch of events (or, for None, a quiet tick) through the engine; the results to the loop as they
-        are made (an event that completes many matches hands them over while it runs, :data:`CHUNK` at a time)."""
+    def _step(self, item: tuple[float, list[Event]] | None) -> None:
+        """One batch of events, with its arrival time (or, for None, a quiet tick) through the engine; the results
+        to the loop as they are made (an event that completes many matches hands them over while it runs,
+        :data:`CHUNK` at a time)."""
         out = _Results(self._hand_over)
         with self.engine_lock:
             self._unregister_retired()
-            if isinstance(item, list):
-                for ev in item:
+            if isinstance(item, tuple):
+                self._arrived, events = item
+                for ev in events:
                     self._process(ev, out)
             elif item is None:
+                self._arrived = time.monotonic()  # (what the clock releases counts from now)
                 self._advance_idle(out)
         out.hand_over()
 
@@ -787,6 +797,7 @@ class Service:
             if loop.is_closed():  # (the service stopped without this thread: nothing routes them any more)
                 return
             self._results.append(results)
+            self._arrivals.append(self._arrived)
             self._handed_over += len(results)
             wake, self._route_scheduled = not self._route_scheduled, True
         if wake:
@@ -796,16 +807,17 @@ class Service:
         """On the loop: each result to its subscription (results of a just-deleted one are dropped)."""
         with self._room:  # a batch queued after this schedules another turn
             self._route_scheduled = False
-            batches = list(self._results)
+            batches = list(zip(self._results, self._arrivals))
             self._results.clear()
+            self._arrivals.clear()
             self._handed_over = 0
             self._room.notify_all()
         by_name = self.by_name
-        for batch in batches:
+        for batch, arrived in batches:
             for r in batch:
                 sub = by_name.get(r["query"])
                 if sub is not None:
-                    sub.deliver(r)
+                    sub.deliver(r, arrived)
 
     def save_checkpoint(self, wait: bool = True) -> bool:
         """Checkpoint the engine state as it is now (engine thread, or with the engine stopped): a child process
@@ -889,7 +901,7 @@ class Service:
                 "dead_letters_suppressed": self.dead_letters.suppressed, "dead_letters_error": self.dead_letters.failing,
                 "live_runs": self.engine.stats.live_runs, "subscriptions": len(self.subs),
                 "inbox": self.inbox.qsize(), "feeds": {f.fmt: f.port for f in self.feeds},
-                "mqtt": [f.info() for f in self.mqtt_feeds],
+                "mqtt": [f.info() for f in self.mqtt_feeds] + self.api_feeds.all(),
                 "checkpoints": self.checkpoint_path is not None, "last_checkpoint_error": self.last_checkpoint_error}
 
 

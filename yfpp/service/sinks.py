@@ -39,6 +39,7 @@ from xml.sax.saxutils import escape, quoteattr
 
 import orjson
 
+from yfpp.service.latency import Latency
 from yfpp.service.sink_policy import CONNECT_FAILED, SinkPolicy, shown
 
 log = logging.getLogger("yfpp.service.sinks")
@@ -80,13 +81,17 @@ class Outbox:
 
     ``wake`` is called after each result queued: by default it wakes :meth:`take`;
     a loop-written sink replaces it with its own (cheap, idempotent) scheduling.
+    Beside each result it keeps when its event arrived, for ``latency`` (recorded at :meth:`delivered`).
     """
 
-    def __init__(self, size: int, overflow: str, counters: Counters):
+    def __init__(self, size: int, overflow: str, counters: Counters, latency: Latency | None = None):
         self.size = size
         self.overflow = overflow
         self.counters = counters
+        self.latency = latency
         self.items: deque[dict] = deque()
+        self.arrivals: deque[float] = deque()  #: the ``time.monotonic()`` of each queued result's event
+        self.taken: list[float] = []  #: the arrivals of the results taken last
         self.in_flight = 0  #: results taken by a sender and not yet delivered or given back
         self.sending: list[dict] = []  #: those results (a checkpoint keeps them with the queued ones)
         #: results counted delivered that may not have left the process yet (a TCP connection's send buffer)
@@ -94,19 +99,30 @@ class Outbox:
         self._ready = asyncio.Event()
         self.wake: Callable[[], None] = self._ready.set
 
-    def offer(self, result: dict) -> None:
+    def offer(self, result: dict, arrived: float | None = None) -> None:
+        """Queue ``result``, whose event arrived at ``arrived`` (default: now)."""
         if len(self.items) >= self.size:
             self.counters.add("dropped")
             if self.overflow == "drop_newest":
                 return
             self.items.popleft()
+            self.arrivals.popleft()
         self.items.append(result)
+        self.arrivals.append(time.monotonic() if arrived is None else arrived)
         self.wake()
 
     def take_now(self, most: int) -> list[dict]:
         """Up to ``most`` queued results, oldest first (possibly none)."""
-        items = self.items
-        return [items.popleft() for _ in range(min(most, len(items)))]
+        items, arrivals = self.items, self.arrivals
+        n = min(most, len(items))
+        self.taken = [arrivals.popleft() for _ in range(n)]
+        return [items.popleft() for _ in range(n)]
+
+    def delivered(self) -> None:
+        """The results taken last were delivered: counted, and their latency recorded."""
+        self.counters.add("delivered", len(self.taken))
+        if self.latency is not None:
+            self.latency.record(time.monotonic(), self.taken)
 
     async def take(self, most: int = BATCH) -> list[dict]:
         """Wait for at least one result; return up to ``most``, oldest first."""
@@ -136,6 +152,7 @@ class Outbox:
         keep = batch[-room:] if room > 0 else []
         self.counters.add("dropped", len(batch) - len(keep))
         self.items.extendleft(reversed(keep))
+        self.arrivals.extendleft(reversed(self.taken[len(self.taken) - len(keep):]))
 
 
 def as_json_line(result: dict) -> bytes:
@@ -319,7 +336,7 @@ class TcpSink(LoopSink):
                 outbox.give_back(batch)
                 self._abandon(e)
                 return
-            outbox.counters.add("delivered", len(batch))
+            outbox.delivered()
             self.written.append((len(data), batch))
             self.written_bytes += len(data)
             self._forget_sent()
@@ -411,7 +428,7 @@ class TaskSink(PushSink):
                 await self.reset()
                 await self.backoff.wait()
                 continue
-            outbox.counters.add("delivered", len(batch))
+            outbox.delivered()
             outbox.done()
             self.recovered()
 

@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from yfpp.service.accounting import Usage
 from yfpp.service.auth import ADMIN
+from yfpp.service.latency import Latency
 from yfpp.service.sink_policy import SinkPolicy, shown
 from yfpp.service.sink_urls import check_sink, sink_for
 from yfpp.service.sinks import Counters, Outbox, PushSink
@@ -107,6 +108,7 @@ class Subscription(_Counted):
         totals = totals if totals is not None else Totals()
         self.counters = Counters(totals.counters)  #: matches, and the push sink's counts
         self.pull = Counters(totals.pull)  #: the pull streams' delivered and dropped
+        self.latency = Latency()  #: from each result's event's arrival to the result's delivery (push or pull)
         self.queue_size = spec.queue or queue_size
         self.outbox: Outbox | None = None
         self.sink: PushSink | None = None
@@ -115,7 +117,7 @@ class Subscription(_Counted):
     def start(self) -> None:
         """Start delivering to the push destination (on the running loop)."""
         if self.spec.sink is not None:
-            self.outbox = Outbox(self.queue_size, self.spec.overflow, self.counters)
+            self.outbox = Outbox(self.queue_size, self.spec.overflow, self.counters, self.latency)
             self.sink = sink_for(self.spec.sink, self.spec.format, self.policy)
             self.sink.start(self.outbox)
 
@@ -141,20 +143,21 @@ class Subscription(_Counted):
             else:  # (no push sink any more: what it held is dropped)
                 self.counters.add("dropped")
 
-    def deliver(self, result: dict) -> None:
-        """A result from the engine: count it and queue it for every destination.
+    def deliver(self, result: dict, arrived: float | None = None) -> None:
+        """A result from the engine, whose event arrived at ``arrived`` (``time.monotonic()``; default: now):
+        count it and queue it for every destination.
 
         With no push sink, ``delivered`` counts the results given to pull streams and ``dropped`` those made
         while none listened (so ``matches - delivered - dropped = queued`` holds for every subscription)."""
         self.counters.add("matches")
         if self.outbox is not None:
-            self.outbox.offer(result)
+            self.outbox.offer(result, arrived)
         elif self.listeners:
             self.counters.add("delivered")
         else:
             self.counters.add("dropped")
         for listener in self.listeners:
-            listener.offer(result)
+            listener.offer(result, arrived)
 
     def requeue(self, result: dict) -> None:
         """A result kept by a checkpoint or at a stop, counted in the counts restored with it: queued again."""
@@ -163,7 +166,7 @@ class Subscription(_Counted):
 
     def listen(self) -> Outbox:
         """A new pull-stream listener's own bounded outbox (its drops count in ``pull.dropped``)."""
-        box = Outbox(self.queue_size, self.spec.overflow, self.pull)
+        box = Outbox(self.queue_size, self.spec.overflow, self.pull, self.latency)
         self.listeners.add(box)
         return box
 
@@ -183,7 +186,8 @@ class Subscription(_Counted):
             "id": self.id, "name": self.name, "query": self.spec.query, "language": self.spec.language,
             "owner": self.owner, "sink": shown(self.spec.sink), "format": self.spec.format, "policy": self.spec.policy,
             "queue": self.queue_size, "overflow": self.spec.overflow, "cost": self.cost,
-            "usage": self.usage.of(self.name) if self.usage else None, "suspended": self.suspended,
+            "usage": self.usage.of(self.name) if self.usage else None, "latency": self.latency.info(),
+            "suspended": self.suspended,
             "counters": {"matches": c.matches, "delivered": c.delivered, "dropped": c.dropped,
                          "queued": self.queued, "sink_errors": c.sink_errors, "last_error": c.last_error,
                          "last_error_at": c.last_error_at, "listeners": len(self.listeners),

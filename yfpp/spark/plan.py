@@ -105,10 +105,11 @@ class Group:
     iso_times: bool = False  # a match's JSON line has its start and end as ISO-8601 UTC text (``yfpp run --ts-format iso``)
     feedback_limits: tuple[int, int] = (MAX_DEPTH, MAX_DERIVED)  # the engine's max_feedback_depth, max_derived_per_event
 
-    def engine(self) -> Engine:
+    def engine(self, **opts: Any) -> Engine:
+        """A fresh engine with the group's queries; ``opts``: further :class:`Engine` options (caps, strategy…)."""
         depth, derived = self.feedback_limits
-        eng = Engine(dead_letters=DeadLetters(), full_events=self.full_events, max_feedback_depth=depth,
-                     max_derived_per_event=derived)
+        eng = Engine(full_events=self.full_events, max_feedback_depth=depth, max_derived_per_event=derived,
+                     **{"dead_letters": DeadLetters(), **opts})
         for name, pattern in self.queries:
             eng.register(pattern, name=name)
         return eng
@@ -130,7 +131,8 @@ def _max_window(patterns: Iterable[Pattern]) -> float | None:
 
 
 def group_queries(queries: Sequence[Query], *, streaming: bool = False, full_events: bool = False,
-                  feedback_limits: tuple[int, int] = (MAX_DEPTH, MAX_DERIVED), iso_times: bool = False) -> list[Group]:
+                  feedback_limits: tuple[int, int] = (MAX_DEPTH, MAX_DERIVED), iso_times: bool = False,
+                  runner: Runner | None = None) -> list[Group]:
     """Keyed groups by equivalence list, then at most one sliced and one whole group.
 
     ``streaming``: every ``non_overlapping`` query gets a group of its own (its
@@ -161,7 +163,7 @@ def group_queries(queries: Sequence[Query], *, streaming: bool = False, full_eve
     for q in alone:
         p = q[1]
         groups.append(Group((q,), spark_key(p) if not is_strict(p) else (), p.window))
-    check_feedback(groups, streaming=streaming)
+    check_feedback(groups, streaming=streaming, runner=runner or SPARK)
     return [replace(g, full_events=full_events, feedback_limits=feedback_limits, iso_times=iso_times) for g in groups]
 
 
@@ -177,7 +179,18 @@ def needs_xml(groups: Sequence[Group]) -> bool:
                for expr in [*p.where, *(e for _, e in (p.emit.attrs if p.emit else ()))] for node in walk(expr))
 
 
-def check_feedback(groups: Sequence[Group], *, streaming: bool = False) -> None:
+@dataclass(frozen=True)
+class Runner:
+    """Who runs a partitioned plan, as :func:`check_feedback`'s messages name it."""
+
+    where: str  # "on Spark": a feedback query needs … ``where``
+    instead: str  # what to run for one engine's routing of derived events
+
+
+SPARK = Runner("on Spark", "run 'yfpp run'")
+
+
+def check_feedback(groups: Sequence[Group], *, streaming: bool = False, runner: Runner = SPARK) -> None:
     """Refuse feedback queries whose derived events a partitioned job would route differently from ``yfpp run``.
 
     A feedback query is accepted when it is in a keyed group (an equivalence
@@ -195,13 +208,13 @@ def check_feedback(groups: Sequence[Group], *, streaming: bool = False) -> None:
             if streaming:
                 raise YfppError(f"query {name!r}: feedback queries run in batch jobs only, not with --stream")
             if not grp.key:
-                raise YfppError(f"query {name!r}: on Spark a feedback query needs an equivalence list and no strict "
+                raise YfppError(f"query {name!r}: {runner.where} a feedback query needs an equivalence list and no strict "
                                 "step, so that its derived events stay in the partition of the events they came from")
             kept = {k for k, e in p.emit.attrs if _keeps(p, k, e)}
             missing = [a for a in grp.key if a not in kept]
             if missing:
                 want = ", ".join(f"{a} = {p.positives[0].var}.{a}" for a in missing)
-                raise YfppError(f"query {name!r}: on Spark a feedback query's result event must keep the partition "
+                raise YfppError(f"query {name!r}: {runner.where} a feedback query's result event must keep the partition "
                                 f"key of the events it came from: add {want} to its RETURN / => attributes")
             derived = p.emit.event_type
             for other in groups:
@@ -210,8 +223,8 @@ def check_feedback(groups: Sequence[Group], *, streaming: bool = False) -> None:
                 for oname, op in other.queries:
                     if _may_see(op, derived):
                         raise YfppError(f"query {oname!r} would see the events query {name!r} feeds back, but runs in "
-                                        f"another Spark partitioning (equivalence list {list(op.partition_by)} vs "
-                                        f"{list(grp.key)}): give both the same equivalence list, or run 'yfpp run'")
+                                        f"another partitioning {runner.where} (equivalence list {list(op.partition_by)} "
+                                        f"vs {list(grp.key)}): give both the same equivalence list, or {runner.instead}")
 
 
 def _keeps(p: Pattern, attr: str, expr: Any) -> bool:
@@ -298,10 +311,15 @@ class XmlEvent(Event):
         self.xml = xml
 
     @property
-    def element(self):
-        if self._element is None:
-            self._element = etree.fromstring(self.xml, _PARSER)
-        return self._element
+    def _element(self):
+        """The element, parsed from ``xml`` on first use (also by the XPath fast path, which reads ``_element``)."""
+        if self._el is None:
+            self._el = etree.fromstring(self.xml, _PARSER)
+        return self._el
+
+    @_element.setter
+    def _element(self, el) -> None:
+        self._el = el
 
 
 def make_event(type: str, ts: float, seq: int, attrs: str, xml: str | None) -> Event:

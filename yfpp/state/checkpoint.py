@@ -302,7 +302,7 @@ def snapshot(engine) -> dict:
         "negations": negations,
         "pending": pending,
         "partition_ticks": [[list(attrs), [[w.value(k), n] for k, n in ticks.items()]] for attrs, ticks in rt.pticks.items()],
-        "branches": [[node_ref[root], root.shed, root.reported] for root in rt.branch_queries if root in node_ref],
+        "branches": [[node_ref[root], root.cap_check, root.reported] for root in rt.branch_queries if root in node_ref],
         "versions": {"next_root": next_root, "next_branch": next_branch, "next_order": next_order},
         "counters": {
             "events": c.events, "runs_started": c.runs_started, "runs_created": c.runs_created, "runs_touched": c.runs_touched,
@@ -445,9 +445,9 @@ def _restore(data: dict, engine_class: type, engine_opts: dict):
         if tuple(attrs) not in rt.pticks:
             raise corrupt(f"partition_ticks[{i}]", f"no query counts partition ticks by {attrs}")
         rt.pticks[tuple(attrs)] = {rd.value(k): n for k, n in ticks}
-    for i, (ref, shed, reported) in enumerate(data["branches"]):
+    for i, (ref, cap_check, reported) in enumerate(data["branches"]):
         root = plans.node(ref, f"branches[{i}]").root
-        root.shed, root.reported = shed, reported
+        root.cap_check, root.reported = cap_check, reported
     for i, (qid, state) in enumerate(data.get("set_queries", [])):
         set_checkpoint.load(plans.matcher(qid, state, f"set_queries[{i}]"), state, rd, f"set_queries[{i}]")
     v = data["versions"]
@@ -512,6 +512,11 @@ def write_checkpoint(engine, path: str | os.PathLike[str], extra: dict | None = 
     data = snapshot(engine)
     if extra:
         data.update(extra)
+    write_json(data, path)
+
+
+def write_json(data: Any, path: str | os.PathLike[str]) -> None:
+    """``data`` as JSON in ``path``, atomically: a temp file in the same directory, fsync, rename."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent or ".")
     try:

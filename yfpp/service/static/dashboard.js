@@ -48,11 +48,12 @@ async function refresh() {
     const subs = await api("/subscriptions");
     if (!watched && subs.length) watched = subs[0].id;
     $("#subs tbody").replaceChildren(...subs.map((s) => {
-      const c = s.counters, b = document.createElement("button");
+      const c = s.counters, l = s.latency, u = s.usage || {}, b = document.createElement("button");
       b.textContent = "watch";
       b.onclick = () => { watched = s.id; follow(); refresh(); };
+      const latency = l.window ? `${l.p50_ms} / ${l.p99_ms}` : "";
       const tr = row([s.id, s.name, s.sink || "pull", c.matches, c.delivered, c.dropped + c.pull_dropped,
-        c.queued + c.pull_queued, c.sink_errors, b], [3, 4, 5, 6, 7]);
+        c.queued + c.pull_queued, c.sink_errors, latency, u.runs, u.cpu_s, b], [3, 4, 5, 6, 7, 8, 9, 10]);
       tr.dataset.id = s.id;
       if (s.id === watched) tr.className = "chosen";
       return tr;

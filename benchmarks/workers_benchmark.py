@@ -1,0 +1,123 @@
+"""``yfpp run --workers N`` scaling: events per wall second and CPU per event at N = 1, 2, … .
+
+Two workloads, each a JSON-lines feed from :mod:`yfpp.input.generate` (written once under the temp
+directory, then reused):
+
+* ``keyed``: ``queries/shoplifting.sase`` over ``generate_rfid(E, tags=1000)`` — one keyed group
+  (``tag_id``): each event goes to one worker;
+* ``unkeyed``: ``PATTERN SEQ(stock a, stock b) WHERE b.price > a.price + 4 WITHIN 3`` over
+  ``generate_stock(E, symbols=10)`` — no equivalence list: time slices overlapping by the window.
+
+Each command (``python -m yfpp run -q … -i FEED --workers N -o OUT``) runs as a subprocess; its
+wall time is the subprocess's, its CPU the whole process tree's (the command and its workers). The
+matches of every N are compared with N = 1's (as multisets of lines). Before the runs, the cores two
+busy processes get at once is measured (a shared machine may give two of them well under two cores).
+
+    python benchmarks/workers_benchmark.py                          # 1M events, N = 1, 2, both workloads
+    python benchmarks/workers_benchmark.py --events 5000000
+    python benchmarks/workers_benchmark.py --max-workers 16         # N = 1, 2, 4, 8, 16 on a bigger machine
+    python benchmarks/workers_benchmark.py --events 200000 --costs  # and the CPU of reading vs shipping an event
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_common import commit
+from spark_vs_run import cores_for_two, timed
+
+from yfpp.input.generate import generate_rfid, generate_stock, write_events
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = Path(tempfile.gettempdir()) / "yfpp-workers-bench"
+UNKEYED = "PATTERN SEQ(stock a, stock b) WHERE b.price > a.price + 4 WITHIN 3"
+
+
+def feed(workload: str, events: int) -> Path:
+    """The workload's feed of ``events`` events (generated once)."""
+    path = DATA / f"{workload}_{events}.jsonl"
+    if not path.is_file():
+        DATA.mkdir(parents=True, exist_ok=True)
+        records = generate_rfid(events, tags=1000, seed=1) if workload == "keyed" else generate_stock(
+            events, symbols=10, seed=1)
+        tmp = path.with_suffix(".tmp")
+        write_events(records, str(tmp), "jsonl")
+        tmp.rename(path)
+    return path
+
+
+def query(workload: str) -> str:
+    return str(ROOT / "queries" / "shoplifting.sase") if workload == "keyed" else UNKEYED
+
+
+def counts(n_max: int) -> list[int]:
+    """1, 2, 4, … up to ``n_max`` (and ``n_max`` itself)."""
+    ns = [1]
+    while ns[-1] * 2 <= n_max:
+        ns.append(ns[-1] * 2)
+    return ns if ns[-1] == n_max else [*ns, n_max]
+
+
+def shipping_costs(path: Path) -> dict[str, float]:
+    """CPU µs per event, in this process, of what the two ways to split the work cost: reading (the reader over
+    the feed: what each worker would pay for every record if it read the input itself), and shipping a parsed event
+    to a worker (a row tuple pickled, unpickled and made an Event again: what reading in the parent adds)."""
+    import pickle
+    import time
+
+    from yfpp.input.dead_letters import DeadLetters
+    from yfpp.input.events import Event
+    from yfpp.input.readers import read_event_batches
+
+    started = time.process_time()
+    events = [ev for batch in read_event_batches(str(path), None, dead_letters=DeadLetters()) for ev in batch]
+    read = time.process_time() - started
+    started = time.process_time()
+    rows = [(ev.type, ev.ts, ev.attrs, ev.seq) for ev in events]
+    blobs = [pickle.dumps(rows[i:i + 4096], protocol=pickle.HIGHEST_PROTOCOL) for i in range(0, len(rows), 4096)]
+    shipped = [Event(*r) for blob in blobs for r in pickle.loads(blob)]
+    ship = time.process_time() - started
+    assert len(shipped) == len(events)
+    return {"read": read / len(events) * 1e6, "ship": ship / len(events) * 1e6}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--events", type=int, default=1_000_000)
+    ap.add_argument("--max-workers", type=int, default=2, help="largest N (N = 1, 2, 4, … up to it)")
+    ap.add_argument("--workloads", default="keyed,unkeyed")
+    ap.add_argument("--repeat", type=int, default=1, help="run the N = 1, 2, … sequence this many times, in turn")
+    ap.add_argument("--costs", action="store_true",
+                    help="also measure reading and shipping an event, per event (why the parent reads)")
+    args = ap.parse_args()
+    print(f"commit {commit()}, {args.events:,} events; two busy processes get {cores_for_two():.2f} cores")
+    print(f"{'workload':<9} {'N':>3} {'wall s':>7} {'events/s':>10} {'speed-up':>8} {'CPU s':>7} {'CPU µs/ev':>9}  matches")
+    with tempfile.TemporaryDirectory(prefix="yfpp-workers-") as tmp:
+        for workload in args.workloads.split(","):
+            path = feed(workload, args.events)
+            base_wall, base = None, None
+            if args.costs:
+                c = shipping_costs(path)
+                print(f"{workload:<9} reading {c['read']:.2f} CPU µs/event; shipping a parsed event to a worker "
+                      f"{c['ship']:.2f} CPU µs/event", flush=True)
+            for n in [n for _ in range(args.repeat) for n in counts(args.max_workers)]:  # N = 1, 2, 1, 2, …
+                out = Path(tmp) / f"{workload}_{n}.jsonl"
+                wall, cpu, _ = timed([sys.executable, "-m", "yfpp", "run", "-q", query(workload), "-i", str(path),
+                                      "--workers", str(n), "-o", str(out), "--progress", "never"])
+                found = Counter(out.read_text().splitlines())
+                base_wall = wall if n == 1 else base_wall  # (speed-up: against the N = 1 run just before)
+                base = base if base is not None else found
+                same = "same as N=1" if found == base else "DIFFERENT from N=1"
+                print(f"{workload:<9} {n:>3} {wall:>7.2f} {args.events / wall:>10,.0f} {base_wall / wall:>7.2f}x "
+                      f"{cpu:>7.2f} {cpu / args.events * 1e6:>9.1f}  {sum(found.values()):,} ({same})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
