@@ -598,6 +598,7 @@ class Service:
             pass
         await sub.stop()
         await asyncio.wait([done], timeout=RETIRE_WAIT)
+        gc.unfreeze()  # (what a batch froze may now be garbage in cycles: the collector looks at it again)
         log.info("unsubscribed", extra={"subscription": sid, "query_name": sub.name})
 
     def _retire_done(self, name: str, done: asyncio.Future) -> None:
