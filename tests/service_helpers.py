@@ -67,6 +67,18 @@ class LineListener:
             *done, buf = buf.split(b"\n")
             self.lines.extend(done)
 
+    def drain(self, timeout: float = TIMEOUT) -> list[bytes]:
+        """(``read=False``) Every line its connections hold, read until each peer has closed."""
+        end = time.monotonic() + timeout
+        lines: list[bytes] = []
+        for conn in list(self.conns):
+            conn.settimeout(max(0.1, end - time.monotonic()))
+            buf = b""
+            while data := conn.recv(65536):
+                buf += data
+            lines += buf.split(b"\n")[:-1]
+        return lines
+
     def results(self) -> list[dict]:
         return [json.loads(x) for x in list(self.lines)]
 

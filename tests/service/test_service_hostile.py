@@ -331,7 +331,9 @@ def test_dead_letters_are_rate_limited_and_rotated(tmp_path):
     cfg = config(tmp_path, admin_key=None, dead_letters_per_second=50, dead_letters_max_bytes=4096)
     with BackgroundService(cfg) as svc:
         garbage = b"".join(b"not json %d %s\n" % (i, b"x" * 100) for i in range(2000))  # 220 kB of garbage
-        Client(f"http://127.0.0.1:{svc.port}").post_events(garbage)
+        with pytest.raises(ServiceError) as e:  # (no event in it: a 400 that says so)
+            Client(f"http://127.0.0.1:{svc.port}").post_events(garbage)
+        assert e.value.status == 400 and e.value.body["dead_letters"] == 2000
         dl = svc.dead_letters
         assert dl.count == 2000 and dl.suppressed >= 2000 - 50 * 30  # (at most 50 a second written)
         written = dl.reported - dl.suppressed

@@ -21,7 +21,7 @@ from fastapi.responses import Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
 
-from yfpp.service import metrics
+from yfpp.service import batch, metrics
 from yfpp.service.auth import Principal
 from yfpp.service.dashboard import add_dashboard
 from yfpp.service.errors import RequestError
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 HEARTBEAT = 15.0  #: seconds between SSE keep-alive comments
 GZIP_MAGIC = b"\x1f\x8b"
+SPEC_SCHEMA = SubscriptionSpec.model_json_schema()
 POLL = 0.5  #: how often a quiet pull stream checks that its subscription, its key and the service are still there
 
 #: the answers of the routes, for the OpenAPI document (each route lists those it gives)
@@ -112,10 +113,22 @@ def create_app(service: Service) -> FastAPI:
     add_dashboard(app, service, [Depends(admin)])  # the shared NFA holds every key's queries: the admin's view
     add_feed_routes(app, service, [Depends(admin)], _answers)
 
-    @app.post("/subscriptions", status_code=201, summary="Add a subscription (of the key that asks)",
-              responses=_answers(400, 401, 403, 409, 413, 422, 429, 503))
-    async def add_subscription(spec: SubscriptionSpec, who: Principal = Depends(subscriber)) -> dict[str, Any]:
-        return (await service.subscribe(spec, who.key_id)).info()
+    @app.post("/subscriptions", status_code=201, summary="Add a subscription, or many (of the key that asks)",
+              description="One subscription (a JSON object: 201 and the subscription), or many (a JSON array, or "
+                          "NDJSON: 200 and, for each in order, {status: 201, subscription} or {status, error}).",
+              responses=_answers(400, 401, 403, 409, 413, 422, 429, 503),
+              openapi_extra={"requestBody": {"required": True, "content": {
+                  "application/json": {"schema": {"anyOf": [SPEC_SCHEMA, {"type": "array", "items": SPEC_SCHEMA}]}},
+                  "application/x-ndjson": {"schema": SPEC_SCHEMA}}}})
+    async def add_subscription(request: Request, who: Principal = Depends(subscriber)) -> Response:
+        body = await _body(request, service.config.max_request_bytes)
+        many, items = batch.read_body(body, request.headers.get("content-type", ""))
+        if not many:
+            (spec,) = items
+            if isinstance(spec, RequestError):
+                raise spec
+            return _json_response((await service.subscribe(spec, who.key_id)).info(), 201)
+        return _json_response([batch.answer(x) for x in await service.subscribe_many(items, who.key_id)], 200)
 
     @app.get("/subscriptions", summary="List the subscriptions (a subscriber key: its own)",
              responses=_answers(401, 403))
@@ -125,6 +138,20 @@ def create_app(service: Service) -> FastAPI:
     @app.get("/subscriptions/{sid}", summary="One subscription and its counters", responses=_answers(401, 403, 404))
     async def get_subscription(sid: str, who: Principal = Depends(subscriber)) -> dict[str, Any]:
         return service.get(sid, who).info()
+
+    @app.put("/subscriptions/{sid}", summary="Change a subscription in place (its id stays)",
+             description="The fields given replace the subscription's. A changed query, language, policy or name "
+                         "starts its query afresh (the old one's partial matches are dropped); a changed sink gets "
+                         "the results the old one still held.", responses=_answers(400, 401, 403, 404, 409, 413, 422, 503))
+    async def change_subscription(sid: str, request: Request, who: Principal = Depends(subscriber)) -> Response:
+        body = await _body(request, service.config.max_request_bytes)
+        try:
+            changes = json.loads(body)
+        except ValueError as e:
+            raise RequestError(400, f"body: not JSON ({e})") from None
+        if not isinstance(changes, dict):
+            raise RequestError(400, "body: a JSON object of the fields to change")
+        return _json_response((await service.update(sid, changes, who)).info(), 200)
 
     @app.delete("/subscriptions/{sid}", status_code=204, summary="Remove a subscription",
                 responses=_answers(401, 403, 404, 503))
@@ -155,7 +182,7 @@ def create_app(service: Service) -> FastAPI:
                     yield b"".join(f"id: {r['id']}\ndata: {json.dumps(r, separators=(',', ':'))}\n\n".encode()
                                    for r in batch)
                     box.delivered()
-                    box.in_flight = 0
+                    box.done()
             finally:
                 sub.listeners.discard(box)
 
@@ -165,17 +192,17 @@ def create_app(service: Service) -> FastAPI:
     @app.post("/events", status_code=202, summary="Feed events (JSON lines or XML body; a feed key)",
               responses=_answers(400, 401, 403, 413, 503))
     async def post_events(request: Request, format: str | None = None, who: Principal = Depends(feeder)) -> dict[str, int]:
-        fmt = format or ("xml" if "xml" in request.headers.get("content-type", "") else "jsonl")
-        if fmt not in ("xml", "jsonl"):
-            raise RequestError(400, f"format must be xml or jsonl, got {fmt!r}")
+        if format not in (None, "xml", "jsonl"):
+            raise RequestError(400, f"format must be xml or jsonl, got {format!r}")
+        said = format or ("xml" if "xml" in request.headers.get("content-type", "") else None)
         limit = service.config.max_body_bytes
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                raise RequestError(413, f"body over {limit} bytes; use a TCP feed for streams")
-        return await asyncio.get_running_loop().run_in_executor(
-            service.ingest, lambda: service.post_events(_unpacked(bytes(body), limit), fmt))
+        body = await _body(request, limit, "; use a TCP feed for streams")
+
+        def read() -> dict[str, int]:
+            data = _unpacked(body, limit)
+            return service.post_events(data, _events_format(data, said))
+
+        return await asyncio.get_running_loop().run_in_executor(service.ingest, read)
 
     @app.post("/keys", status_code=201, summary="Create a key (admin); its text is shown this once",
               responses=_answers(401, 403, 413, 422, 503))
@@ -215,6 +242,16 @@ def create_app(service: Service) -> FastAPI:
     return app
 
 
+async def _body(request: Request, limit: int, hint: str = "") -> bytes:
+    """The request's body, refused (413) past ``limit`` bytes."""
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise RequestError(413, f"body over {limit} bytes{hint}")
+    return bytes(body)
+
+
 def _unpacked(body: bytes, limit: int) -> bytes:
     """A gzip body unpacked, held to ``limit`` bytes unpacked too (a small bomb would otherwise stand for
     gigabytes); any other body as it is."""
@@ -230,6 +267,18 @@ def _unpacked(body: bytes, limit: int) -> bytes:
     if data[:2] == GZIP_MAGIC:
         raise RequestError(400, "body: gzip inside gzip")
     return data
+
+
+def _events_format(body: bytes, said: str | None) -> str:
+    """The format of a ``POST /events`` body: what the request says (``format``, else an XML content type),
+    else what the body evidently is (XML starts with ``<``), else JSON lines; a 400 when what it says is not
+    what the body evidently is."""
+    first = body.lstrip()[:1]
+    evident = "xml" if first == b"<" else "jsonl" if first in (b"{", b"[") else None
+    if said is not None and evident is not None and said != evident:
+        raise RequestError(400, f"the body is {'XML' if evident == 'xml' else 'JSON'} (it starts with "
+                                f"{first.decode()!r}), not {said}: send it with format={evident}")
+    return said or evident or "jsonl"
 
 
 def _json_response(body: dict[str, Any], status: int, headers: dict[str, str] | None = None) -> Response:

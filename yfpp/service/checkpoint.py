@@ -1,26 +1,129 @@
 """Engine-state checkpoints: the one place the service saves and restores its Engine.
 
 The format and the atomic write are the engine's (``yfpp.state.checkpoint``,
-documented in docs/operations.md); this module only decides what "no
-checkpoint yet" means for a starting service.
+documented in docs/operations.md); the service adds a ``service`` field (what
+each query of the state was registered from, so that a start need not parse it
+again).  A periodic checkpoint stalls the engine thread only for a ``fork``:
+the child process writes the snapshot of the state as it was at the fork to a
+staged file, which the parent moves into place once it has stored what the
+sinks still held at that point (:class:`Forked`).
 """
 
 from __future__ import annotations
 
+import gc
+import json
+import os
+import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from yfpp.state.checkpoint import read_checkpoint, write_checkpoint
 from yfpp.engine import Engine
+from yfpp.errors import YfppError
+from yfpp.state.checkpoint import read_checkpoint, write_checkpoint
+
+SERVICE = "service"  #: the checkpoint field of the service's own data
 
 
-def save(engine: Engine, path: Path) -> None:
-    """Write the engine's snapshot to ``path`` atomically (temp file, fsync, rename)."""
-    write_checkpoint(engine, path)
+def save(engine: Engine, path: Path, service: dict[str, Any] | None = None) -> None:
+    """Write the engine's snapshot (and ``service``) to ``path`` atomically (temp file, fsync, rename)."""
+    write_checkpoint(engine, path, {SERVICE: service} if service is not None else None)
 
 
-def load(path: Path, **opts: Any) -> Engine | None:
-    """The engine restored from ``path``, or None when there is no checkpoint yet."""
+def load(path: Path, **opts: Any) -> tuple[Engine | None, dict[str, Any]]:
+    """The engine restored from ``path`` and the checkpoint's service data, or (None, {}) when there is no
+    checkpoint yet."""
     if not path.is_file():
-        return None
-    return Engine.restore(read_checkpoint(path), **opts)
+        return None, {}
+    data = read_checkpoint(path)
+    service = data.pop(SERVICE, None) if isinstance(data, dict) else None
+    gc.disable()  # (restoring makes a great many objects that live on: collecting meanwhile doubles the time)
+    try:
+        engine = Engine.restore(data, **opts)
+    finally:
+        gc.enable()
+    return engine, service if isinstance(service, dict) else {}
+
+
+def save_counts(path: Path, counts: dict[str, dict[str, int]]) -> None:
+    """Write the subscriptions' counters (by id; ``""``: the totals) to ``path`` atomically."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as f:
+        json.dump(counts, f, separators=(",", ":"))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load_counts(path: Path) -> dict[str, dict[str, int]]:
+    """What :func:`save_counts` wrote (none if there is no such file); an entry that is not counts is left out."""
+    try:
+        data = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        raise YfppError(f"counters {path}: {e} (move the file away to start the counts from 0)") from e
+    if not isinstance(data, dict):
+        return {}
+    return {sid: c for sid, c in data.items()
+            if isinstance(c, dict) and all(type(v) is int and v >= 0 for v in c.values())}
+
+
+def staged(path: Path) -> Path:
+    """Where a forked child writes the checkpoint before the parent moves it to ``path``."""
+    return path.with_name(path.name + ".staged")
+
+
+class Forked:
+    """A checkpoint being written by a child process (``pid``; None: written already): :meth:`wait`, then
+    :meth:`commit` (or :meth:`discard`)."""
+
+    def __init__(self, pid: int | None, errors: int | None, path: Path):
+        self.pid, self._errors, self.path = pid, errors, path
+
+    def wait(self) -> None:
+        """Wait for the child; YfppError saying why if it wrote no checkpoint."""
+        if self.pid is None or self._errors is None:
+            return
+        _, status = os.waitpid(self.pid, 0)
+        why = os.read(self._errors, 4096).decode("utf-8", "replace")
+        os.close(self._errors)
+        code = os.waitstatus_to_exitcode(status)
+        if code != 0:
+            raise YfppError(why or f"the checkpoint process ended with status {code}")
+
+    def commit(self) -> None:
+        os.chmod(staged(self.path), 0o600)  # (the state holds events: their owner's alone)
+        os.replace(staged(self.path), self.path)
+
+    def discard(self) -> None:
+        staged(self.path).unlink(missing_ok=True)
+
+
+def fork(engine: Engine, path: Path, service_of: Callable[[], dict[str, Any]]) -> Forked:
+    """Start writing the engine's state as it is now (and ``service_of()``) to the staged file of ``path``, in
+    a child process (where the system cannot fork, here and now).
+
+    Call it with the engine quiet (``engine_lock`` held); the child touches nothing but the engine, the
+    service's subscriptions and that file, and ends with ``os._exit``."""
+    staged(path).unlink(missing_ok=True)
+    if not hasattr(os, "fork"):
+        save(engine, staged(path), service_of())
+        return Forked(None, None, path)
+    tempfile._get_candidate_names()  # type: ignore[attr-defined]  # (made before the fork: no lock to inherit)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        code = 1
+        try:
+            os.closerange(3, w)  # (the sockets too: a parent killed meanwhile leaves no port held by the child)
+            os.closerange(w + 1, os.sysconf("SC_OPEN_MAX"))
+            gc.disable()
+            save(engine, staged(path), service_of())
+            code = 0
+        except BaseException as e:
+            os.write(w, f"{type(e).__name__}: {e}".encode("utf-8", "replace")[:4000])
+        finally:
+            os._exit(code)
+    os.close(w)
+    return Forked(pid, r, path)

@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import os
+import sys
 from typing import Any
 
 from yfpp.errors import YfppError
@@ -26,6 +28,7 @@ examples:
   yfpp subscribe --server http://127.0.0.1:8765 -q queries/shoplifting.sase --sink tcp://127.0.0.1:9000
   yfpp subscribe -q "[tag_id]&&//shelf//exit&&(1 hour)" --name exits --sink file:/tmp/exits.jsonl
   yfpp unsubscribe --server http://127.0.0.1:8765 s1
+  yfpp subscriptions --server http://127.0.0.1:8765
   YFPP_KEY=$(cat my.key) yfpp subscribe -q "//shelf//exit"
 """
 
@@ -76,6 +79,9 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--state", metavar="DIR", help="directory of the subscription registry and checkpoint "
                                                   "(default ./yfpp-state)")
     s.add_argument("--no-state", action="store_true", help="keep nothing on disk")
+    s.add_argument("--registry-lost", action="store_true", default=None,
+                   help="start although the subscription registry is empty or missing beside a checkpoint that holds "
+                        "queries (else refused): the checkpoint's queries and partial matches are dropped")
     s.add_argument("--checkpoint-every", type=float, metavar="SECONDS", help="engine checkpoint period (default 60)")
     s.add_argument("--dead-letters", metavar="FILE", help="write dead letters here (default stderr)")
     s.add_argument("--token", "--admin-key", dest="admin_key", help=argparse.SUPPRESS)  # refused: see ARGV_KEY
@@ -112,12 +118,17 @@ def add_parsers(sub: Any) -> None:
     s.set_defaults(func=cmd_serve)
 
     for name, helptext in (("subscribe", "add a subscription to a running 'yfpp serve'"),
-                           ("unsubscribe", "remove a subscription from a running 'yfpp serve'")):
+                           ("unsubscribe", "remove a subscription from a running 'yfpp serve'"),
+                           ("subscriptions", "list the subscriptions of a running 'yfpp serve' (a key: its own)")):
         p = sub.add_parser(name, help=helptext, description=helptext[0].upper() + helptext[1:] + ".",
                            epilog=SUBSCRIBE_EXAMPLES, formatter_class=fmt)
         p.add_argument("--server", default=os.environ.get("YFPP_SERVER", DEFAULT_SERVER),
                        help=f"service URL (default $YFPP_SERVER, else {DEFAULT_SERVER})")
         _key_options(p)
+        if name == "subscriptions":
+            p.add_argument("--json", action="store_true", help="print each subscription as a JSON line")
+            p.set_defaults(func=cmd_subscriptions)
+            continue
         if name == "unsubscribe":
             p.add_argument("ids", nargs="+", metavar="ID", help="subscription id(s), as printed by 'yfpp subscribe'")
             p.set_defaults(func=cmd_unsubscribe)
@@ -177,7 +188,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise YfppError(f"'yfpp serve' needs the server libraries: pip install -e '.[serve]' in yfpp's clone ({e})") from e
     cfg = serve_config(args)
     logs.setup(cfg.log_level)
-    return server.run(cfg)
+    code = server.run(cfg)
+    # everything is kept by now: end without the interpreter's teardown of the engine and the subscriptions
+    # (seconds with thousands of them)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def serve_config(args: argparse.Namespace) -> ServiceConfig:
@@ -218,6 +235,20 @@ def cmd_unsubscribe(args: argparse.Namespace) -> int:
     client = Client(args.server, client_key(args))
     for sid in args.ids:
         client.unsubscribe(sid)
+    return 0
+
+
+def cmd_subscriptions(args: argparse.Namespace) -> int:
+    """One line per subscription: id, name, counters, sink (or each as a JSON line)."""
+    from yfpp.service.client import Client
+
+    for s in Client(args.server, client_key(args)).subscriptions():
+        if args.json:
+            print(json.dumps(s))
+            continue
+        c = s["counters"]
+        print(f"{s['id']}\t{s['name']}\tmatches={c['matches']} delivered={c['delivered']} dropped={c['dropped']} "
+              f"queued={c['queued']}\t{s['sink'] or 'pull'}{'  ' + s['suspended'] if s.get('suspended') else ''}")
     return 0
 
 

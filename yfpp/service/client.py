@@ -68,6 +68,11 @@ class Client:
         spec = {"query": query, "sink": sink, "name": name, **options}
         return self._request("POST", "/subscriptions", json.dumps({k: v for k, v in spec.items() if v is not None}).encode())
 
+    def subscribe_many(self, specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Add many subscriptions in one request (each a dict of query, sink, name and options); for each, in
+        order, ``{"status": 201, "subscription": …}`` or ``{"status": …, "error": …}``."""
+        return self._request("POST", "/subscriptions", json.dumps(specs).encode())
+
     def unsubscribe(self, sid: str) -> None:
         self._request("DELETE", _path(sid))
 

@@ -30,6 +30,7 @@ class ServiceConfig:
     max_delay: float = 0.0  #: reorder buffer that merges the feeds, in stream seconds
     advance_idle: float | None = None  #: after this many wall seconds without events, stream time follows the wall clock
     state: str | None = "yfpp-state"  #: directory of the SQLite registry and the checkpoint; None: nothing kept
+    registry_lost: bool = False  #: start although the registry is empty or missing beside a checkpoint with queries
     checkpoint_every: float = 60.0  #: seconds between engine checkpoints (when the engine supports them)
     dead_letters: str | None = None  #: file of dead letters (JSON lines); default stderr
     admin_key_file: str | None = None  #: file whose first line is the admin key (else $YFPP_ADMIN_KEY); auth is on with one

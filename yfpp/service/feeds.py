@@ -128,9 +128,12 @@ class SourceDeadLetters(DeadLetters):
         super().__init__(None)
         self.source = source
         self.shared = shared
+        self.first: str | None = None  #: the first one's position and reason
 
     def report(self, seq: int, position: str, reason: str, raw: str | None = None) -> None:
         super().report(seq, position, reason, raw)
+        if self.first is None:
+            self.first = f"{position}: {reason}"
         self.shared.report(seq, f"{self.source} {position}", reason, raw)
 
 
@@ -165,11 +168,11 @@ class _FlushBeforeRead(io.RawIOBase):
 
 
 def pump(source: Any, fmt: str | None, name: str, put: Put, shared: DeadLetters,
-         read_opts: dict[str, Any]) -> tuple[int, int, bool]:
+         read_opts: dict[str, Any], dl: SourceDeadLetters | None = None) -> tuple[int, int, bool]:
     """Read every event of ``source`` (a path, ``-`` or a binary stream) into ``put`` in batches; return
     (events ``put`` took, the first of the source in order; dead letters; whether the service stopped the
-    reading). Never raises for bad input."""
-    dl = SourceDeadLetters(name, shared)
+    reading). Never raises for bad input. ``dl``: the source's dead letters (default: made here)."""
+    dl = dl if dl is not None else SourceDeadLetters(name, shared)
     batch: list[Event] = []
     n = 0
 

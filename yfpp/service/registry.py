@@ -131,22 +131,37 @@ class Registry:
     def add(self, spec: dict[str, Any], owner: str | None = None) -> str:
         """Store a subscription (of the key ``owner``; None: the admin's); return its fresh id ``s1``, ``s2``, …
         (never reused, also across restarts)."""
+        return self.add_many([spec], owner)[0]
+
+    def add_many(self, specs: list[dict[str, Any]], owner: str | None = None) -> list[str]:
+        """Store subscriptions (all of ``owner``) in one transaction (all or none); their fresh ids, in order."""
+        sids = []
         with self._transaction() as db:
-            cur = db.execute("INSERT INTO subscriptions (id, spec) VALUES (hex(randomblob(8)), ?)", (json.dumps(spec),))
-            sid = f"s{cur.lastrowid}"
-            db.execute("UPDATE subscriptions SET id = ? WHERE seq = ?", (sid, cur.lastrowid))
-            if owner is not None:
+            for spec in specs:
+                cur = db.execute("INSERT INTO subscriptions (id, spec) VALUES (hex(randomblob(8)), ?)", (json.dumps(spec),))
+                sids.append(f"s{cur.lastrowid}")
+                db.execute("UPDATE subscriptions SET id = ? WHERE seq = ?", (sids[-1], cur.lastrowid))
+            if owner is not None and sids:
                 self._make(db, "owners")
-                db.execute("INSERT OR REPLACE INTO owners (sub, key) VALUES (?, ?)", (sid, owner))
-        return sid
+                db.executemany("INSERT OR REPLACE INTO owners (sub, key) VALUES (?, ?)", [(sid, owner) for sid in sids])
+        return sids
+
+    def update(self, sid: str, spec: dict[str, Any]) -> None:
+        """Replace subscription ``sid``'s request by ``spec`` (its id, owner and kept results stay)."""
+        with self._transaction() as db:
+            db.execute("UPDATE subscriptions SET spec = ? WHERE id = ?", (json.dumps(spec), sid))
 
     def remove(self, sid: str) -> None:
         """Remove a subscription and the results kept for it."""
+        self.remove_many([sid])
+
+    def remove_many(self, sids: list[str]) -> None:
+        """Remove subscriptions and what is kept for them, in one transaction."""
+        rows = [(sid,) for sid in sids]
         with self._transaction() as db:
-            db.execute("DELETE FROM subscriptions WHERE id = ?", (sid,))
-            db.execute("DELETE FROM queued WHERE sub = ?", (sid,))
-            if "owners" in self._made:
-                db.execute("DELETE FROM owners WHERE sub = ?", (sid,))
+            tables = [("subscriptions", "id"), ("queued", "sub")] + ([("owners", "sub")] if "owners" in self._made else [])
+            for table, column in tables:
+                db.executemany(f"DELETE FROM {table} WHERE {column} = ?", rows)
 
     def all(self) -> list[tuple[str, str, str | None]]:
         """Every ``(id, spec as JSON text, owner key id or None)``, in creation order (the caller decodes and

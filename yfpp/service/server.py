@@ -16,17 +16,18 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import io
 import logging
-import os
 import queue
 import signal
 import socket
 import sys
 import threading
 import time
+import types
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -43,8 +44,9 @@ from yfpp.language.query_text import parse_written_query
 from yfpp.service import auth, checkpoint, mqtt, quotas
 from yfpp.service.accounting import Usage
 from yfpp.service.config import ServiceConfig
+from yfpp.service.batch import spec_of as batch_spec
 from yfpp.service.errors import RequestError
-from yfpp.service.feeds import FeedClosed, FeedLimits, SharedDeadLetters, TcpFeed, pump, start_input
+from yfpp.service.feeds import FeedClosed, FeedLimits, SharedDeadLetters, SourceDeadLetters, TcpFeed, pump, start_input
 from yfpp.service.mqtt_api import ApiFeeds
 from yfpp.service.registry import Registry, RegistryError
 from yfpp.service.sink_policy import SinkPolicy, SinkRefused
@@ -55,6 +57,8 @@ log = logging.getLogger("yfpp.service")
 _STOP = object()
 SWITCH_INTERVAL = 0.0005  #: seconds a thread holds the GIL while another waits for it (Python's default: 0.005)
 STOP_WAIT = 30.0  #: seconds a stopping service waits for the engine thread to finish its inbox
+STOP_DRAIN = 3.0  #: seconds a stopping engine thread goes on with its inbox; what is left then is discarded
+CHECKPOINT_WAIT = 30.0  #: seconds a checkpoint waits for the loop to say what the sinks hold
 INBOX = 64  #: batches (of up to feeds.BATCH events) waiting for the engine thread before feeds block
 INGEST_THREADS = 4  #: POST /events bodies read at once (more wait their turn); apart from the loop's default pool
 HANDED_OVER = 65_536  #: results from the engine thread not yet routed by the loop before the engine thread waits
@@ -84,16 +88,22 @@ class Service:
             except OSError as e:
                 raise YfppError(f"state directory {state}: {e.strerror or e}") from e
         self.checkpoint_path = state / "engine-checkpoint.json" if state else None
+        self.counts_path = state / "counts.json" if state else None  #: the counters kept with the queued results
         self.registry = Registry(str(state / "subscriptions.sqlite") if state else None)
         self.keys = auth.Keys(self.registry, admin_key)
         self.dead_letters = SharedDeadLetters(config.dead_letters or sys.stderr, config.dead_letters_per_second,
                                               config.dead_letters_max_bytes)
         self.read_opts = config.read_opts
         engine_opts = {"max_delay": config.max_delay, "dead_letters": self.dead_letters}
-        restored = checkpoint.load(self.checkpoint_path, **engine_opts) if self.checkpoint_path else None
+        restored, self._sources = checkpoint.load(self.checkpoint_path, **engine_opts) if self.checkpoint_path else (None, {})
         self.engine: Engine = restored or Engine(**engine_opts)
         self.restored = restored is not None
-        self._stored = (self.registry.all(), self.registry.kept_queued())  # read now: what fails stops the start
+        self._stored = (self.registry.all(), self.registry.kept_queued(),
+                        checkpoint.load_counts(self.counts_path) if self.counts_path else {})  # what fails stops the start
+        if restored is not None and restored.sources and not self._stored[0] and not config.registry_lost:
+            raise YfppError(f"the subscription registry {self.registry.path} holds no subscription, but the checkpoint "
+                            f"{self.checkpoint_path} holds {len(restored.sources)} queries: start with --registry-lost "
+                            f"to drop them (and their partial matches), or put the registry back")
         self.engine_lock = threading.Lock()
         self.inbox: queue.Queue = queue.Queue(INBOX)
         # POST /events bodies, which wait while the inbox is full, are read here: never in the loop's default
@@ -130,6 +140,8 @@ class Service:
         self._handed_over = 0  # results in _results
         self._room = threading.Condition()  # guards _results, _handed_over and _route_scheduled
         self._route_scheduled = False
+        self._writer: threading.Thread | None = None  # the thread finishing the last checkpoint
+        self._stop_by: float | None = None  # set at a stop: the engine thread discards what its inbox holds after it
 
     @property
     def events_in(self) -> int:
@@ -181,19 +193,22 @@ class Service:
             "feeds": {f.fmt: f.port for f in self.feeds}, "subscriptions": len(self.subs)})
 
     async def stop(self) -> None:
-        """Stop feeds, let the engine thread finish its inbox and checkpoint, give senders a second, keep
-        what they still hold for the next start, close."""
+        """Stop feeds, let the engine thread finish its inbox, give senders a second, then checkpoint the engine
+        with what they still hold for the next start, close."""
         self.stopping.set()
         for feed in [*self.feeds, *self.mqtt_feeds, self.api_feeds]:
             await asyncio.to_thread(feed.stop)
         self.ingest.shutdown(wait=False)  # (bodies still waiting are refused: put raises FeedClosed)
         if self._engine_thread is not None:
             await asyncio.to_thread(self._stop_engine_thread)
+        if self._writer is not None:
+            await asyncio.to_thread(self._writer.join)
         self._route()  # the engine thread's last results
         await self._drain(1.0)
+        held = self._held()  # (before the TCP sinks close: what their connections still buffer is kept too)
         for sub in list(self.subs.values()):
             await sub.stop()
-        self._keep_queued()
+        await asyncio.to_thread(self._final_checkpoint, held)
         self.registry.close()
         self.dead_letters.close()
         log.info("service stopped", extra={"events_in": self.events_in})
@@ -207,6 +222,7 @@ class Service:
             log.error("the engine thread had died: stopping without the final checkpoint", extra={"error": self.failed})
             return
         end = time.monotonic() + STOP_WAIT
+        self._stop_by = time.monotonic() + STOP_DRAIN
         while thread.is_alive() and time.monotonic() < end:
             try:
                 self.inbox.put(_STOP, timeout=0.5)
@@ -218,14 +234,56 @@ class Service:
             log.error("the engine thread did not finish in time: stopping without the final checkpoint",
                       extra={"seconds": STOP_WAIT, "inbox": self.inbox.qsize()})
 
-    def _keep_queued(self) -> None:
-        """Store the results the push sinks still hold, to be queued again at the next start (the final
-        checkpoint is past them: the engine will not produce them again)."""
-        queued = {sid: list(sub.outbox.items) for sid, sub in self.subs.items() if sub.outbox and sub.outbox.items}
+    def _held(self) -> tuple[dict[str, list[dict]], dict[str, dict[str, int]]]:
+        """On the loop: the results the push sinks hold (being sent, or queued) by subscription, and the counts
+        (``""``: the totals) that go with them."""
+        queued: dict[str, list[dict]] = {}
+        counts = {"": self.totals.counts()}
+        for sid, sub in self.subs.items():
+            counts[sid] = sub.counts()
+            if sub.outbox is not None:
+                unsent = len(sub.outbox.unsent())  # (counted delivered, kept all the same: not delivered as kept)
+                counts[sid]["delivered"] -= unsent
+                counts[""]["delivered"] -= unsent
+                if held := sub.outbox.held():
+                    queued[sid] = held
+        return queued, counts
+
+    def _final_checkpoint(self, held: tuple[dict[str, list[dict]], dict[str, dict[str, int]]]) -> None:
+        """At the stop: store the results the push sinks still hold, to be queued again at the next start, and
+        the counters; then checkpoint the engine (past those results: it will not produce them again), unless
+        its thread died or did not finish."""
+        thread = self._engine_thread
+        engine_done = self.failed is None and (thread is None or not thread.is_alive())
+        forked = None
+        if engine_done and self.checkpoint_path is not None:
+            try:
+                forked = checkpoint.fork(self.engine, self.checkpoint_path, self._checkpoint_sources)
+            except Exception as e:
+                self._checkpoint_failed(e)
+        self._keep_queued(*held)
+        if forked is not None:
+            try:
+                forked.wait()
+                forked.commit()
+            except Exception as e:
+                forked.discard()
+                self._checkpoint_failed(e)
+            else:
+                self.last_checkpoint_error = None
+                log.info("checkpoint written", extra={"path": str(self.checkpoint_path), "events_in": self.events_in})
+
+    def _keep_queued(self, queued: dict[str, list[dict]], counts: dict[str, dict[str, int]]) -> None:
+        """Store the results the push sinks still hold at the stop, and the counters (with no state kept: say
+        what is lost)."""
         n = sum(map(len, queued.values()))
+        if self.checkpoint_path is None:
+            log.warning("no state is kept (--no-state): discarded at the stop", extra={
+                "queued_results": n, "subscriptions": len(self.subs), "partial_matches": self.engine.stats.live_runs})
+            return
         try:
-            self.registry.keep_queued(queued)
-        except RegistryError as e:
+            self._keep(queued, counts)
+        except (RegistryError, OSError) as e:
             if n:
                 log.error("results still queued at the stop are lost", extra={"results": n, "error": str(e)})
             else:  # (those of the last stop, if any, stay: the next start queues them again)
@@ -234,6 +292,12 @@ class Service:
         if n:
             log.warning("results still queued at the stop are kept for the next start",
                         extra={"results": n, "subscriptions": len(queued)})
+
+    def _keep(self, queued: dict[str, list[dict]], counts: dict[str, dict[str, int]]) -> None:
+        """Store what the push sinks hold and the counters (RegistryError, OSError if it cannot)."""
+        self.registry.keep_queued(queued)
+        if self.counts_path is not None:
+            checkpoint.save_counts(self.counts_path, counts)
 
     async def _drain(self, seconds: float) -> None:
         """Wait up to ``seconds`` for the push destinations to empty their queues."""
@@ -246,41 +310,74 @@ class Service:
     def _reload(self) -> None:
         """Subscriptions from the registry into the engine: the restored engine's query of the same name is
         kept (with its runs) when it is the same query, else replaced; one that no longer loads is logged; the
-        restored queries of no subscription are dropped."""
+        restored queries of no subscription are dropped; the counters and the results kept are restored.
+
+        A restored query registered from the same text as the stored subscription's (the checkpoint says) is
+        kept without parsing that text again; the others are parsed, then registered in one hold of
+        ``engine_lock``."""
         engine = self.engine
         restored = {**{plan.name: qid for qid, plan in engine.queries.items()},  # pattern and event-set queries
                     **{m.plan.name: qid for qid, m in engine.set_queries.items()}}
-        stored, kept = self._stored
-        for sid, text, owner in stored:
-            try:
-                if not (isinstance(sid, str) and SUBSCRIPTION_ID.fullmatch(sid)) or sid in self.subs:
-                    raise YfppError(f"its id {sid!r} is not one the registry gives (s1, s2, …) or is taken")
-                spec = SubscriptionSpec.model_validate_json(text)
-                if spec.sink is not None:
-                    self._check_sink(spec.sink)
-                name = spec.name or sid
-                pattern = parse_written_query(spec.query, spec.language, self.config.window_unit)
-                qid = restored.pop(name, None)
-                if qid is not None and not self._same_query(qid, pattern, spec.policy):
-                    self.engine.unregister(qid)  # the name was deleted and taken again after the checkpoint
-                    qid = None
-                if qid is None:
-                    qid = self._register_pattern(pattern, name, spec.policy)
-            except (YfppError, ValidationError) as e:
-                log.error("stored subscription no longer registers", extra={"subscription": sid, "error": str(e)})
-                continue
-            sub = Subscription(sid, spec, qid, self.config.queue_size, self.totals, owner or auth.ADMIN, self.sink_policy)
-            self._attach(sub)
-            for result in kept.get(sid, ()):  # queued at the last stop: counted as matches of this run
-                sub.deliver(result)
-        for qid in restored.values():  # in the checkpoint but deleted since (or not loaded)
-            self.engine.unregister(qid)
+        sources = self._sources.get("queries") if self._sources.get("window_unit") == self.config.window_unit else None
+        sources = sources if isinstance(sources, dict) else {}
+        stored, kept, counts = self._stored
+        gc.disable()  # (a great many objects made that live on: collecting meanwhile doubles the time)
+        try:
+            subs, todo = [], []
+            for sid, text, owner in stored:
+                try:
+                    if not (isinstance(sid, str) and SUBSCRIPTION_ID.fullmatch(sid)) or sid in self.subs:
+                        raise YfppError(f"its id {sid!r} is not one the registry gives (s1, s2, …) or is taken")
+                    spec = SubscriptionSpec.model_validate_json(text)
+                    if spec.sink is not None:
+                        self._check_sink(spec.sink)
+                    name = spec.name or sid
+                    if name in restored and sources.get(name) == _source(spec):
+                        subs.append((sid, spec, restored.pop(name), owner))
+                        continue
+                    pattern = parse_written_query(spec.query, spec.language, self.config.window_unit)
+                    qid = restored.pop(name, None)
+                    if qid is not None and not self._same_query(qid, pattern, spec.policy):
+                        engine.unregister(qid)  # the name was deleted and taken again after the checkpoint
+                        qid = None
+                    if qid is not None:
+                        subs.append((sid, spec, qid, owner))
+                    else:
+                        todo.append((sid, spec, pattern, owner))
+                except (YfppError, ValidationError) as e:
+                    log.error("stored subscription no longer registers", extra={"subscription": sid, "error": str(e)})
+            qids = self._register_patterns([(pattern, spec.name or sid, spec.policy) for sid, spec, pattern, _ in todo])
+            for (sid, spec, _, owner), qid in zip(todo, qids):
+                if isinstance(qid, YfppError):
+                    log.error("stored subscription no longer registers", extra={"subscription": sid, "error": str(qid)})
+                else:
+                    subs.append((sid, spec, qid, owner))
+            if isinstance(counts.get(""), dict):
+                self.totals.restore_counts(counts[""])
+            order = {sid: i for i, (sid, *_) in enumerate(stored)}
+            for sid, spec, qid, owner in sorted(subs, key=lambda x: order[x[0]]):
+                sub = Subscription(sid, spec, qid, self.config.queue_size, self.totals, owner or auth.ADMIN,
+                                   self.sink_policy)
+                self._attach(sub)
+                if isinstance(counts.get(sid), dict):  # the results kept are counted in them
+                    sub.restore_counts(counts[sid])
+                    for result in kept.get(sid, ()):
+                        sub.requeue(result)
+                else:  # kept by a version that kept no counters: counted as matches of this run
+                    for result in kept.get(sid, ()):
+                        sub.deliver(result)
+            for qid in restored.values():  # in the checkpoint but deleted since (or not loaded)
+                engine.unregister(qid)
+        finally:
+            gc.enable()
+        gc.freeze()  # (the queries live as long as the service: no collection need look at them again)
         if restored:
             log.warning("checkpointed queries of no subscription are dropped", extra={"queries": sorted(map(str, restored))})
         lost = sum(len(results) for sid, results in kept.items() if sid not in self.subs)
         if lost:
             log.warning("results kept for a subscription that is not there are dropped", extra={"results": lost})
-        self._stored = ([], {})
+        self._stored = ([], {}, {})
+        self._sources = {}
 
     def _same_query(self, qid: int, pattern: Pattern, policy: str | None) -> bool:
         """Whether the engine's query ``qid`` is ``pattern`` registered with ``policy``."""
@@ -288,9 +385,17 @@ class Service:
             pattern = dataclasses.replace(pattern, policy=policy)
         return encode_pattern(self.engine.sources[qid][0]) == encode_pattern(pattern)
 
-    def _register_pattern(self, pattern: Any, name: str, policy: str | None) -> int:
+    def _register_patterns(self, items: list[tuple[Pattern, str, str | None]]) -> list[int | YfppError]:
+        """``(pattern, name, policy)`` each registered, in one hold of ``engine_lock``: its query id, or the
+        engine's refusal."""
+        out: list[int | YfppError] = []
         with self.engine_lock:
-            return self.engine.register(pattern, name=name, policy=policy)
+            for pattern, name, policy in items:
+                try:
+                    out.append(self.engine.register(pattern, name=name, policy=policy))
+                except YfppError as e:
+                    out.append(e)
+        return out
 
     def _attach(self, sub: Subscription) -> None:
         sub.usage = self.usage
@@ -308,59 +413,167 @@ class Service:
     async def subscribe(self, spec: SubscriptionSpec, owner: str = auth.ADMIN) -> Subscription:
         """Validate, check against the key ``owner``'s quotas and the sink policy, register on the running
         engine, persist; RequestError for what the client must fix."""
+        (item,) = await self.subscribe_many([spec], owner)
+        if isinstance(item, RequestError):
+            raise item
+        return item
+
+    async def subscribe_many(self, specs: list[SubscriptionSpec | RequestError],
+                             owner: str = auth.ADMIN) -> list[Subscription | RequestError]:
+        """Each request in turn (one that is already a RequestError stays one): checked (the key ``owner``'s
+        quotas counting those of the batch before it, the sink policy), parsed, stored in one registry
+        transaction, registered in one hold of ``engine_lock``; per request, the subscription or why it was
+        refused, so a bad one refuses only itself."""
         cfg = self.config
+        out: list[Subscription | RequestError] = list(specs)
+        claims: list[Any] = []
+        try:
+            todo: list[int] = []
+            owned: list[Any] = [s for s in self.subs.values() if s.owner == owner]
+            for i, spec in enumerate(specs):
+                if isinstance(spec, RequestError):
+                    continue
+                if len(spec.query) > cfg.max_query_chars:
+                    out[i] = RequestError(413, f"query is {len(spec.query)} characters; the limit is {cfg.max_query_chars}")
+                    continue
+                if len(self.subs) + len(self._claimed) >= cfg.max_subscriptions:
+                    out[i] = RequestError(409, f"subscription limit reached ({cfg.max_subscriptions})")
+                    continue
+                try:
+                    quotas.check(spec, owner, owned, cfg)
+                except quotas.QuotaError as e:
+                    out[i] = RequestError(e.status, str(e))
+                    continue
+                if spec.name is not None and (spec.name in self.by_name or spec.name in self._claimed):
+                    out[i] = RequestError(409, f"a subscription named {spec.name!r} exists")
+                else:
+                    claim = spec.name or object()
+                    self._claimed.add(claim)
+                    claims.append(claim)
+                    owned.append(types.SimpleNamespace(queue_size=spec.queue or cfg.queue_size))
+                    todo.append(i)
+            parsed = await asyncio.to_thread(lambda: [self._admitted(specs[i], owner) for i in todo])
+            ready = [(i, p) for i, p in zip(todo, parsed) if not isinstance(p, RequestError)]
+            for i, p in zip(todo, parsed):
+                if isinstance(p, RequestError):
+                    out[i] = p
+            if not ready:
+                return out
+            try:
+                sids = await asyncio.to_thread(self.registry.add_many, [specs[i].model_dump() for i, _ in ready],
+                                               None if owner == auth.ADMIN else owner)
+            except RegistryError as e:
+                for i, _ in ready:
+                    out[i] = RequestError(503, f"cannot store the subscription; nothing was added: {e}")
+                return out
+            names = [specs[i].name or sid for (i, _), sid in zip(ready, sids)]
+            qids = await asyncio.to_thread(self._register_patterns, [(p, name, specs[i].policy)
+                                                                     for (i, p), name in zip(ready, names)])
+            refused = []
+            for (i, pattern), sid, qid in zip(ready, sids, qids):
+                if isinstance(qid, YfppError):
+                    refused.append(sid)
+                    out[i] = RequestError(400, f"query: {qid}", **_error_position(qid))
+                else:
+                    sub = out[i] = Subscription(sid, specs[i], qid, cfg.queue_size, self.totals, owner, self.sink_policy)
+                    sub.cost = quotas.estimate(pattern)
+                    self._attach(sub)
+            if refused:
+                self._forget(refused)
+        finally:
+            for claim in claims:
+                self._claimed.discard(claim)
+        made = [s for s in out if isinstance(s, Subscription)]
+        if len(made) > 1:
+            gc.freeze()  # (what they made lives as long as they do: no collection need look at it again)
+        if len(made) == 1:
+            log.info("subscribed", extra={"subscription": made[0].id, "query_name": made[0].name, "sink": made[0].spec.sink})
+        elif made:
+            log.info("subscribed", extra={"subscriptions": len(made), "first": made[0].id, "last": made[-1].id})
+        return out
+
+    async def update(self, sid: str, changes: dict[str, Any], caller: auth.Principal = auth.OPEN) -> Subscription:
+        """``PUT /subscriptions/{sid}``: the fields of ``changes`` replace the subscription's, in place (its id,
+        counters and pull streams stay). A changed query, language, policy or name replaces its engine query:
+        the old one's partial matches are dropped, the new one matches from the next event on; results already
+        made stay queued (under the name they were made with). A changed sink gets what the old one held."""
+        cfg = self.config
+        sub = self.get(sid, caller)
+        old = sub.spec
+        item = batch_spec({**old.model_dump(), **changes})
+        if isinstance(item, RequestError):
+            raise item
+        spec = item
         if len(spec.query) > cfg.max_query_chars:
             raise RequestError(413, f"query is {len(spec.query)} characters; the limit is {cfg.max_query_chars}")
-        if len(self.subs) + len(self._claimed) >= cfg.max_subscriptions:
-            raise RequestError(409, f"subscription limit reached ({cfg.max_subscriptions})")
         try:
-            quotas.check(spec, owner, [s for s in self.subs.values() if s.owner == owner], cfg)
+            quotas.check(spec, sub.owner, [s for s in self.subs.values() if s.owner == sub.owner and s is not sub], cfg)
         except quotas.QuotaError as e:
             raise RequestError(e.status, str(e)) from None
-        if spec.sink is not None:
-            await asyncio.to_thread(self._check_sink, spec.sink)
-        if spec.name is not None and (spec.name in self.by_name or spec.name in self._claimed):
-            raise RequestError(409, f"a subscription named {spec.name!r} exists")
-        claim = spec.name or object()
-        self._claimed.add(claim)
+        name = spec.name or sid
+        if name != sub.name and (name in self.by_name or name in self._claimed):
+            raise RequestError(409, f"a subscription named {name!r} exists")
+        requery = _source(spec) != _source(old) or name != sub.name
+        pattern = await asyncio.to_thread(self._admitted, spec, sub.owner) if requery or spec.sink != old.sink else None
+        if isinstance(pattern, RequestError):
+            raise pattern
+        self._claimed.add(name)
         try:
             try:
-                pattern = await asyncio.to_thread(parse_written_query, spec.query, spec.language, self.config.window_unit)
-            except YfppError as e:
-                raise RequestError(400, f"query: {e}", **_error_position(e)) from e
-            except (RecursionError, ValueError, OverflowError) as e:  # a parser limit, not the client's fault alone
-                log.warning("query refused by a parser limit", extra={"error": repr(e)[:300]})
-                raise RequestError(400, f"query: cannot be parsed ({type(e).__name__})") from e
-            cost = quotas.estimate(pattern)
-            try:
-                quotas.check_cost(cost, owner, cfg)
-            except quotas.QuotaError as e:
-                raise RequestError(e.status, str(e), cost=cost) from None
-            try:
-                sid = self.registry.add(spec.model_dump(), None if owner == auth.ADMIN else owner)
+                await asyncio.to_thread(self.registry.update, sid, spec.model_dump())
             except RegistryError as e:
-                raise RequestError(503, f"cannot store the subscription; nothing was added: {e}") from e
-            name = spec.name or sid
-            try:
-                qid = await asyncio.to_thread(self._register_pattern, pattern, name, spec.policy)
-            except YfppError as e:
-                self._forget(sid)
-                raise RequestError(400, f"query: {e}", **_error_position(e)) from e
+                raise RequestError(503, f"cannot store the change; nothing was changed: {e}") from e
+            qid = sub.qid
+            if requery:
+                qid, refused = await asyncio.to_thread(self._replace_query, sub.qid, pattern, name, spec.policy)
+                if refused is not None:
+                    sub.qid = qid
+                    await asyncio.to_thread(self.registry.update, sid, old.model_dump())
+                    raise RequestError(400, f"query: {refused}", **_error_position(refused))
+                sub.cost = quotas.estimate(pattern)
         finally:
-            self._claimed.discard(claim)
-        sub = Subscription(sid, spec, qid, cfg.queue_size, self.totals, owner, self.sink_policy)
-        sub.cost = cost
-        self._attach(sub)
-        log.info("subscribed", extra={"subscription": sid, "query_name": name, "sink": spec.sink})
+            self._claimed.discard(name)
+        self.by_name.pop(sub.name, None)
+        await sub.change(spec, qid, cfg.queue_size)
+        self.by_name[sub.name] = sub
+        log.info("subscription changed", extra={"subscription": sid, "query_name": sub.name, "requery": requery})
         return sub
 
-    def _forget(self, sid: str) -> None:
-        """Remove a subscription the engine refused from the registry (else a restart logs it as one that no
-        longer registers)."""
+    def _replace_query(self, qid: int, pattern: Any, name: str, policy: str | None) -> tuple[int, YfppError | None]:
+        """In one hold of ``engine_lock``: query ``qid`` unregistered, ``pattern`` registered as ``name``: (its
+        id, None); if the engine refuses it, the old query registered again (afresh): (its id, the refusal)."""
+        with self.engine_lock:
+            old, _, old_name = self.engine.sources[qid]
+            self._drop_query(qid)
+            try:
+                return self.engine.register(pattern, name=name, policy=policy), None
+            except YfppError as e:
+                return self.engine.register(old, name=old_name), e
+
+    def _admitted(self, spec: SubscriptionSpec, owner: str) -> Pattern | RequestError:
+        """(Blocking: resolves a sink's host.) The pattern of a request the sink policy and the key's cost quota
+        allow, or the RequestError that refuses it."""
         try:
-            self.registry.remove(sid)
+            if spec.sink is not None:
+                self._check_sink(spec.sink)
+            pattern = _parsed(spec, self.config.window_unit)
+            if not isinstance(pattern, RequestError):
+                cost = quotas.estimate(pattern)
+                try:
+                    quotas.check_cost(cost, owner, self.config)
+                except quotas.QuotaError as e:
+                    return RequestError(e.status, str(e), cost=cost)
+            return pattern
+        except RequestError as e:
+            return e
+
+    def _forget(self, sids: list[str]) -> None:
+        """Remove subscriptions the engine refused from the registry (else a restart logs them as ones that no
+        longer register)."""
+        try:
+            self.registry.remove_many(sids)
         except RegistryError as e:
-            log.error("a refused subscription stays in the registry", extra={"subscription": sid, "error": str(e)})
+            log.error("refused subscriptions stay in the registry", extra={"subscriptions": sids, "error": str(e)})
 
     async def unsubscribe(self, sid: str, caller: auth.Principal = auth.OPEN) -> None:
         """Remove a subscription: from the registry first, so that a failure leaves it wholly in place; then
@@ -385,6 +598,7 @@ class Service:
             pass
         await sub.stop()
         await asyncio.wait([done], timeout=RETIRE_WAIT)
+        gc.unfreeze()  # (what a batch froze may now be garbage in cycles: the collector looks at it again)
         log.info("unsubscribed", extra={"subscription": sid, "query_name": sub.name})
 
     def _retire_done(self, name: str, done: asyncio.Future) -> None:
@@ -455,11 +669,16 @@ class Service:
 
     def post_events(self, body: bytes, fmt: str) -> dict[str, int]:
         """A ``POST /events`` body: read it like a feed; say how many events and dead letters it held (a 503
-        saying how many it took if the service stopped taking them)."""
-        n, bad, stopped = pump(io.BytesIO(body), fmt, "POST /events", self.put, self.dead_letters, self.read_opts)
+        saying how many it took if the service stopped taking them; a 400 with the first reason if every
+        record was a dead letter)."""
+        dl = SourceDeadLetters("POST /events", self.dead_letters)
+        n, bad, stopped = pump(io.BytesIO(body), fmt, dl.source, self.put, self.dead_letters, self.read_opts, dl)
         if stopped:
             raise RequestError(503, f"the service is stopping: it took the body's first {n} events, not the "
                                     f"others; send those again", events=n, dead_letters=bad)
+        if n == 0 and bad:
+            raise RequestError(400, f"no event in the body: its {bad} records were dead letters, the first: {dl.first}",
+                               events=0, dead_letters=bad, first=dl.first)
         return {"events": n, "dead_letters": bad}
 
     def _run_engine(self) -> None:
@@ -488,17 +707,34 @@ class Service:
             except Exception:  # a fault of one batch is that batch's: the service's only engine thread goes on
                 log.exception("engine thread: a batch failed", extra={"events": len(item[1]) if isinstance(item, tuple) else 0})
             now = time.monotonic()
+            if not stop and self._stop_by is not None and now > self._stop_by:
+                self._discard_inbox()
+                stop = True
             if now - rate_t >= 1.0:
                 self.rate = (self.events_taken - rate_n) / (now - rate_t)
                 rate_t, rate_n = now, self.events_taken
                 with self.engine_lock:
                     for name in self.usage.sample(self.engine, self.config.max_cpu_share):
                         self._suspend(name)
-            if stop or now >= next_checkpoint:
-                self.save_checkpoint()
-                next_checkpoint = now + self.config.checkpoint_every
             if stop:
-                return
+                return  # (the stop checkpoints, once the sinks have had their second: _final_checkpoint)
+            if now >= next_checkpoint:
+                self.save_checkpoint(wait=False)  # (the engine thread goes on meanwhile)
+                next_checkpoint = now + self.config.checkpoint_every
+
+    def _discard_inbox(self) -> None:
+        """At a stop that took too long: what the inbox still holds is not processed (and so not in the
+        final checkpoint: ``events_in`` says where a feeder resends from)."""
+        n = 0
+        while True:
+            try:
+                item = self.inbox.get_nowait()
+            except queue.Empty:
+                break
+            n += len(item[1]) if isinstance(item, tuple) else 0
+        if n:
+            log.warning("events still waiting at the stop are discarded, not processed: send them again",
+                        extra={"events": n, "seconds": STOP_DRAIN, "resend_from_seq": self.events_in})
 
     def _step(self, item: tuple[float, list[Event]] | None) -> None:
         """One batch of events, with its arrival time (or, for None, a quiet tick) through the engine; the results
@@ -584,22 +820,73 @@ class Service:
                 if sub is not None:
                     sub.deliver(r, arrived)
 
-    def save_checkpoint(self) -> bool:
-        """Checkpoint the engine state now (engine thread, or with the engine stopped)."""
+    def save_checkpoint(self, wait: bool = True) -> bool:
+        """Checkpoint the engine state as it is now (engine thread, or with the engine stopped): a child process
+        writes it (``checkpoint.fork``) while the loop says what the push sinks hold at this point; a thread of
+        its own then stores that in the registry and moves the checkpoint into place. False if none was started
+        (the previous one still being written, or no state kept); ``wait``: return once it is written."""
         if self.checkpoint_path is None:
             return False
+        if self._writer is not None and self._writer.is_alive():
+            if not wait:
+                return False
+            self._writer.join()
+        loop = self.loop
+        held: Future = Future()
+        start = time.perf_counter()
         with self.engine_lock:
             try:
-                checkpoint.save(self.engine, self.checkpoint_path)
-                os.chmod(self.checkpoint_path, 0o600)
-            except Exception as e:  # a full disk (OSError), or state the format cannot hold
-                self.checkpoint_errors += 1
-                self.last_checkpoint_error = f"{type(e).__name__}: {e}"
-                log.error("checkpoint failed", extra={"path": str(self.checkpoint_path), "error": self.last_checkpoint_error})
+                forked = checkpoint.fork(self.engine, self.checkpoint_path, self._checkpoint_sources)
+            except Exception as e:  # (no process to be had: the same as a failed write)
+                self._checkpoint_failed(e)
                 return False
-        self.last_checkpoint_error = None
-        log.info("checkpoint written", extra={"path": str(self.checkpoint_path), "events_in": self.events_in})
+            if loop is not None and not loop.is_closed():
+                loop.call_soon_threadsafe(self._hold, held)  # (the results so far are handed over: _step)
+            else:
+                held.set_result(None)
+        stall = time.perf_counter() - start  # (what the engine thread gave: the fork)
+        self._writer = threading.Thread(target=self._finish_checkpoint, args=(forked, held, self.events_in, stall),
+                                        name="checkpoint", daemon=True)
+        self._writer.start()
+        if wait:
+            self._writer.join()
         return True
+
+    def _checkpoint_sources(self) -> dict[str, Any]:
+        """The checkpoint's ``service`` field (in the child process): what each query was registered from."""
+        return {"window_unit": self.config.window_unit,
+                "queries": {sub.name: _source(sub.spec) for sub in self.subs.values()}}
+
+    def _hold(self, held: Future) -> None:
+        """On the loop: route what the engine thread has handed over, then say what the sinks hold."""
+        try:
+            self._route()
+            held.set_result(self._held())
+        except BaseException as e:
+            held.set_exception(e)
+
+    def _finish_checkpoint(self, forked: checkpoint.Forked, held: Future, events_in: int, stall: float) -> None:
+        """The checkpoint's own thread: once the child has written the state and the loop has said what the
+        sinks hold, store that, then put the checkpoint in place (so a crash between keeps results twice,
+        never none)."""
+        try:
+            forked.wait()
+            state = held.result(CHECKPOINT_WAIT)
+            if state is not None:
+                self._keep(*state)
+            forked.commit()
+        except Exception as e:  # a full disk (OSError), state the format cannot hold, a loop that did not answer
+            forked.discard()
+            self._checkpoint_failed(e)
+            return
+        self.last_checkpoint_error = None
+        log.info("checkpoint written", extra={"path": str(self.checkpoint_path), "events_in": events_in,
+                                              "engine_thread_s": round(stall, 4)})
+
+    def _checkpoint_failed(self, e: Exception) -> None:
+        self.checkpoint_errors += 1
+        self.last_checkpoint_error = f"{type(e).__name__}: {e}"
+        log.error("checkpoint failed", extra={"path": str(self.checkpoint_path), "error": self.last_checkpoint_error})
 
     @property
     def status(self) -> str:
@@ -642,6 +929,23 @@ class _Results:
         if self.items:
             items, self.items = self.items, []
             self._hand_over(items)
+
+
+def _source(spec: SubscriptionSpec) -> list[Any]:
+    """What a subscription's query is registered from (with the service's window unit): the checkpoint keeps it
+    for each query, so that a start knows the query it restores is this one without parsing it."""
+    return [spec.query, spec.language, spec.policy]
+
+
+def _parsed(spec: SubscriptionSpec, window_unit: str | None) -> Pattern | RequestError:
+    """The pattern of a subscription's query, or the 400 that refuses it."""
+    try:
+        return parse_written_query(spec.query, spec.language, window_unit)
+    except YfppError as e:
+        return RequestError(400, f"query: {e}", **_error_position(e))
+    except (RecursionError, ValueError, OverflowError) as e:  # a parser limit, not the client's fault alone
+        log.warning("query refused by a parser limit", extra={"error": repr(e)[:300]})
+        return RequestError(400, f"query: cannot be parsed ({type(e).__name__})")
 
 
 def _error_position(e: Exception) -> dict[str, Any]:

@@ -93,6 +93,9 @@ class Outbox:
         self.arrivals: deque[float] = deque()  #: the ``time.monotonic()`` of each queued result's event
         self.taken: list[float] = []  #: the arrivals of the results taken last
         self.in_flight = 0  #: results taken by a sender and not yet delivered or given back
+        self.sending: list[dict] = []  #: those results (a checkpoint keeps them with the queued ones)
+        #: results counted delivered that may not have left the process yet (a TCP connection's send buffer)
+        self.unsent: Callable[[], list[dict]] = list
         self._ready = asyncio.Event()
         self.wake: Callable[[], None] = self._ready.set
 
@@ -123,17 +126,28 @@ class Outbox:
 
     async def take(self, most: int = BATCH) -> list[dict]:
         """Wait for at least one result; return up to ``most``, oldest first."""
-        self.in_flight = 0
+        self.done()
         while not self.items:
             self._ready.clear()
             await self._ready.wait()
         batch = self.take_now(most)
         self.in_flight = len(batch)
+        self.sending = batch
         return batch
+
+    def done(self) -> None:
+        """The batch :meth:`take` gave is delivered."""
+        self.in_flight = 0
+        self.sending = []
+
+    def held(self) -> list[dict]:
+        """What may not have reached the destination (a copy, oldest first): what was written but may still be
+        in the process (:attr:`unsent`), the batch being sent, the queue."""
+        return [*self.unsent(), *self.sending, *self.items]
 
     def give_back(self, batch: list[dict]) -> None:
         """Put an unsent batch back in front; what no longer fits is dropped and counted."""
-        self.in_flight = 0
+        self.done()
         room = self.size - len(self.items)
         keep = batch[-room:] if room > 0 else []
         self.counters.add("dropped", len(batch) - len(keep))
@@ -287,6 +301,24 @@ class TcpSink(LoopSink):
         self.paused = False
         self.connecting: asyncio.Task | None = None
         self.stopped = False
+        self.written: deque[tuple[int, list[dict]]] = deque()  # the last batches written, while their bytes may be buffered
+        self.written_bytes = 0
+
+    def start(self, outbox: Outbox) -> None:
+        super().start(outbox)
+        outbox.unsent = self.unsent
+
+    def unsent(self) -> list[dict]:
+        """The results written whose bytes may still be in the connection's buffer, in this process (at a
+        crash they would be lost, though counted delivered: a checkpoint keeps them, at least once)."""
+        self._forget_sent()
+        return [r for _, batch in self.written for r in batch]
+
+    def _forget_sent(self) -> None:
+        """Forget the batches written whose bytes have all left the connection's buffer."""
+        buffered = self.transport.get_write_buffer_size() if self.transport is not None else 0
+        while self.written and self.written_bytes - self.written[0][0] >= buffered:
+            self.written_bytes -= self.written.popleft()[0]
 
     def flush(self) -> None:
         outbox = self.outbox
@@ -298,12 +330,16 @@ class TcpSink(LoopSink):
         while outbox.items and not self.paused:  # pause_writing (from write) sets paused above HIGH_WATER
             batch = outbox.take_now(CHUNK)
             try:
-                self.transport.write(self.encoded(batch))
+                data = self.encoded(batch)
+                self.transport.write(data)
             except Exception as e:  # the transport reports socket errors in connection_lost: this is something else
                 outbox.give_back(batch)
                 self._abandon(e)
                 return
             outbox.delivered()
+            self.written.append((len(data), batch))
+            self.written_bytes += len(data)
+            self._forget_sent()
 
     def _abandon(self, error: Exception) -> None:
         """Drop the connection after an error writing to it; what is queued goes to the next one, after backoff."""
@@ -393,7 +429,7 @@ class TaskSink(PushSink):
                 await self.backoff.wait()
                 continue
             outbox.delivered()
-            outbox.in_flight = 0
+            outbox.done()
             self.recovered()
 
     async def send(self, batch: list[dict]) -> None:

@@ -60,16 +60,37 @@ class SubscriptionSpec(BaseModel):
         return None if v is None or v in ("", "pull") else check_sink(v)
 
 
+#: the counts a checkpoint keeps: (name, the Counters attribute of a Subscription or of the Totals, the count in it)
+COUNTS = (("matches", "counters", "matches"), ("delivered", "counters", "delivered"), ("dropped", "counters", "dropped"),
+          ("sink_errors", "counters", "sink_errors"), ("pulled", "pull", "delivered"), ("pull_dropped", "pull", "dropped"))
+
+
+class _Counted:
+    """The counts of :data:`COUNTS` as a dict, and set back from one (a restored checkpoint's)."""
+
+    counters: Counters
+    pull: Counters
+
+    def counts(self) -> dict[str, int]:
+        return {name: getattr(getattr(self, side), count) for name, side, count in COUNTS}
+
+    def restore_counts(self, counts: dict[str, int]) -> None:
+        """Set the counts (not adding them to the totals: those are restored on their own)."""
+        for name, side, count in COUNTS:
+            if type(counts.get(name)) is int:
+                setattr(getattr(self, side), count, counts[name])
+
+
 @dataclasses.dataclass
-class Totals:
-    """The service's counts over every subscription it has held since it started, as a subscription keeps
+class Totals(_Counted):
+    """The service's counts over every subscription it has held since its state began, as a subscription keeps
     them: ``counters`` (matches, and the push sinks' counts), ``pull`` (the pull streams')."""
 
     counters: Counters = dataclasses.field(default_factory=Counters)
     pull: Counters = dataclasses.field(default_factory=Counters)
 
 
-class Subscription:
+class Subscription(_Counted):
     """One registered subscription: engine query id, owner (a key id), counters, push destination and pull
     listeners."""
 
@@ -105,14 +126,43 @@ class Subscription:
             await self.sink.stop()
             self.sink = None
 
+    async def change(self, spec: "SubscriptionSpec", qid: int, queue_size: int) -> None:
+        """Take ``spec`` (and the engine query ``qid``) in place, keeping the id, the counters, the pull streams
+        and what the push sink still held (queued again, to the new sink if it changed)."""
+        held = self.outbox.held() if self.outbox is not None else []
+        unsent = len(self.outbox.unsent()) if self.outbox is not None else 0
+        await self.stop()
+        self.counters.add("delivered", -unsent)  # (counted delivered, maybe not: sent again)
+        self.spec, self.qid, self.name = spec, qid, spec.name or self.id
+        self.queue_size = spec.queue or queue_size
+        self.outbox = None
+        self.start()
+        for result in held:
+            if self.outbox is not None:
+                self.outbox.offer(result)
+            else:  # (no push sink any more: what it held is dropped)
+                self.counters.add("dropped")
+
     def deliver(self, result: dict, arrived: float | None = None) -> None:
         """A result from the engine, whose event arrived at ``arrived`` (``time.monotonic()``; default: now):
-        count it and queue it for every destination."""
+        count it and queue it for every destination.
+
+        With no push sink, ``delivered`` counts the results given to pull streams and ``dropped`` those made
+        while none listened (so ``matches - delivered - dropped = queued`` holds for every subscription)."""
         self.counters.add("matches")
         if self.outbox is not None:
             self.outbox.offer(result, arrived)
+        elif self.listeners:
+            self.counters.add("delivered")
+        else:
+            self.counters.add("dropped")
         for listener in self.listeners:
             listener.offer(result, arrived)
+
+    def requeue(self, result: dict) -> None:
+        """A result kept by a checkpoint or at a stop, counted in the counts restored with it: queued again."""
+        if self.outbox is not None:
+            self.outbox.offer(result)
 
     def listen(self) -> Outbox:
         """A new pull-stream listener's own bounded outbox (its drops count in ``pull.dropped``)."""

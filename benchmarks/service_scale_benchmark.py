@@ -1,0 +1,263 @@
+"""``yfpp serve`` against ``yfpp run`` (issue 35): CPU per event, registration, stop, restart, checkpoint stall.
+
+All on 127.0.0.1, the service as its own process (``yfpp serve --state DIR``, a JSON-lines feed port):
+
+* N subscriptions of the correlated RFID template of ``subscriptions_benchmark.py`` are registered in
+  ``POST /subscriptions`` of 4,000 each (JSON arrays): the service's CPU seconds for it; then 100 more one request each
+  (service CPU per request);
+* E events (``build_events``, as JSON lines) are written to the feed: the service's CPU seconds from the
+  first write until it has taken every event, per event; against ``yfpp run``'s own loop
+  (``yfpp.cli.write_matches``: the reader, the engine, each match a JSON line to /dev/null) over the same
+  events (a file) and the same N queries (a query file), in a process of its own, its CPU seconds apart
+  from registering the queries, per event;
+* SIGTERM: seconds until the process has ended, and that the final checkpoint was written;
+* the service started again on that state: seconds until ``/health`` answers 200 (every subscription
+  registered again), and its CPU seconds;
+* the engine thread's seconds for each periodic checkpoint (the service's log, ``engine_thread_s``);
+* ``--runs R``: in this process, an engine holding R partial matches, the seconds ``checkpoint.fork`` holds
+  the caller (the service's engine thread) and the seconds until the checkpoint is written.
+
+    python benchmarks/service_scale_benchmark.py --subs 100 --events 20000
+    python benchmarks/service_scale_benchmark.py --subs 10000 --events 20000 --runs 240000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_common import commit  # noqa: E402
+from subscriptions_benchmark import TEMPLATES, build_events  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+BATCH = 4000  #: subscriptions per POST /subscriptions
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Serve:
+    """``yfpp serve`` on ``state``: its log lines gathered by a thread."""
+
+    def __init__(self, state: Path, subs: int, checkpoint_every: float):
+        self.started_at = time.perf_counter()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "yfpp.cli", "serve", "--port", "0", "--jsonl-port", "0", "--state", str(state),
+             "--log-level", "info", "--max-subscriptions", str(subs + 1000), "--no-subscription-metrics",
+             "--checkpoint-every", str(checkpoint_every)],
+            cwd=ROOT, stderr=subprocess.PIPE, text=True, env=ENV)
+        self.log: list[dict] = []
+        self.ready = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+        if not self.ready.wait(600):
+            raise SystemExit("the service did not start")
+        info = next(x for x in self.log if x.get("msg") == "service started")
+        self.url, self.feed = f"http://{info['http']}", info["feeds"]["jsonl"]
+
+    def _read(self) -> None:
+        for line in self.proc.stderr:  # type: ignore[union-attr]
+            try:
+                self.log.append(json.loads(line))
+            except ValueError:
+                continue
+            if self.log[-1].get("msg") == "service started":
+                self.ready.set()
+
+    def request(self, method: str, path: str, body: object = None) -> object:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=600) as r:
+            return json.loads(r.read())
+
+    def cpu(self) -> float:
+        return cpu_seconds(self.proc.pid)
+
+    def stop(self) -> float:
+        """SIGTERM; the seconds until the process ended."""
+        t0 = time.perf_counter()
+        self.proc.terminate()
+        self.proc.wait(120)
+        return time.perf_counter() - t0
+
+    def __enter__(self) -> "Serve":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)
+
+
+RUN_LOOP = """
+import json, sys, time
+from yfpp.cli import write_matches
+from yfpp.engine import Engine
+from yfpp.input.readers import read_event_batches
+from yfpp.language.query_text import load_queries
+from yfpp.output.writer import MatchWriter
+t0 = time.process_time()
+engine = Engine()
+for q in load_queries([sys.argv[1]]):
+    engine.register(q.text, name=q.name)
+t1 = time.process_time()
+out = MatchWriter("/dev/null", live_input=False)
+n = write_matches(engine, read_event_batches(sys.argv[2], "jsonl"), out, None)
+out.close()
+print(json.dumps({"register_s": t1 - t0, "events": n, "loop_s": time.process_time() - t1}))
+"""
+
+
+def run_cpu(queries: Path, feed: Path) -> dict:
+    """``yfpp run``'s own loop (``yfpp.cli.write_matches``: reading the feed, the engine, matches written as
+    JSON lines to /dev/null) over ``feed`` with the queries of ``queries``, in a process of its own: the CPU
+    seconds of registering and of the loop, apart."""
+    done = subprocess.run([sys.executable, "-c", RUN_LOOP, str(queries), str(feed)], cwd=ROOT, env=ENV, check=True,
+                          capture_output=True, text=True)
+    return json.loads(done.stdout)
+
+
+def checkpoint_stall(runs: int) -> dict:
+    """An engine with ``runs`` partial matches: seconds ``checkpoint.fork`` holds its caller, then until written."""
+    from yfpp.engine import Engine
+    from yfpp.input.events import Event
+    from yfpp.service import checkpoint
+
+    eng = Engine()
+    eng.register("PATTERN SEQ(a x, b y) WHERE skip_till_any_match(x, y) { [id] } WITHIN 1000 hours", name="runs")
+    for i in range(runs):
+        eng.process(Event("a", float(i), {"id": i}))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "engine-checkpoint.json"
+        t0 = time.perf_counter()
+        forked = checkpoint.fork(eng, path, dict)
+        held = time.perf_counter() - t0
+        forked.wait()
+        forked.commit()
+        written = time.perf_counter() - t0
+        size = path.stat().st_size
+    return {"live_runs": eng.stats.live_runs, "engine_thread_s": held, "written_s": written, "bytes": size}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--subs", type=int, default=100)
+    ap.add_argument("--events", type=int, default=20_000)
+    ap.add_argument("--runs", type=int, default=0, help="also the checkpoint stall of an engine with this many runs")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--record", help="append the figures (JSON, one line) to this file")
+    ap.add_argument("--plot", help="plot every run of the --record file to this PNG (and run nothing)")
+    args = ap.parse_args()
+    if args.plot:
+        plot([json.loads(line) for line in Path(args.record).read_text().splitlines()], args.plot)
+        return
+    n, e = args.subs, args.events
+    events = build_events(e, n, n, "correlated", args.seed)
+    lines = b"".join(json.dumps({"type": ev.type, "ts": ev.ts, **ev.attrs}).encode() + b"\n" for ev in events)
+    texts = [TEMPLATES["sase"].format(k=k) for k in range(1, n + 1)]
+    r: dict = {"subs": n, "events": e}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp_path = Path(tmp)
+        feed, queries = tmp_path / "feed.jsonl", tmp_path / "queries.sase"
+        feed.write_bytes(lines)
+        queries.write_text("".join(f"@query q{k}\n{t}\n" for k, t in enumerate(texts, 1)))
+        run = run_cpu(queries, feed)
+        assert run["events"] == e, run
+        r["run_cpu_per_event_us"] = 1e6 * run["loop_s"] / e
+        r["run_register_cpu_s"] = run["register_s"]
+
+        state = tmp_path / "state"
+        with Serve(state, n, checkpoint_every=5) as svc:
+            cpu0 = svc.cpu()
+            specs = [{"query": t, "name": f"q{k}"} for k, t in enumerate(texts, 1)]
+            for i in range(0, n, BATCH):  # (a request body is held to max_request_bytes, 1 MB)
+                answers = svc.request("POST", "/subscriptions", specs[i:i + BATCH])
+                assert all(a["status"] == 201 for a in answers), answers[:3]  # type: ignore[union-attr]
+            r["batch_register_cpu_s"] = svc.cpu() - cpu0
+            cpu0 = svc.cpu()
+            t0 = time.perf_counter()
+            for k in range(100):
+                svc.request("POST", "/subscriptions", {"query": TEMPLATES["sase"].format(k=n + 1 + k), "name": f"one{k}"})
+            r["single_register_cpu_ms"] = 1000 * (svc.cpu() - cpu0) / 100
+            r["single_register_wall_ms"] = 1000 * (time.perf_counter() - t0) / 100
+            cpu0 = svc.cpu()
+            t0 = time.perf_counter()
+            with socket.create_connection(("127.0.0.1", svc.feed)) as s:
+                s.sendall(lines)
+            while svc.request("GET", "/health")["events_in"] < e:  # type: ignore[index]
+                time.sleep(0.05)
+            r["serve_cpu_per_event_us"] = 1e6 * (svc.cpu() - cpu0) / e
+            r["serve_events_per_s"] = e / (time.perf_counter() - t0)
+            r["ratio"] = r["serve_cpu_per_event_us"] / r["run_cpu_per_event_us"]
+            time.sleep(6)  # (a periodic checkpoint past every event)
+            r["periodic_checkpoint_engine_thread_s"] = [x["engine_thread_s"] for x in svc.log
+                                                        if x.get("msg") == "checkpoint written" and "engine_thread_s" in x]
+            r["stop_s"] = svc.stop()
+            r["stop_checkpoint_written"] = any(x.get("msg") == "checkpoint written" for x in svc.log[-5:])
+        with Serve(state, n, checkpoint_every=60) as svc:
+            r["restart_s"] = time.perf_counter() - svc.started_at
+            r["restart_cpu_s"] = svc.cpu()
+            r["restart_subscriptions"] = svc.request("GET", "/health")["subscriptions"]  # type: ignore[index]
+            svc.stop()
+    if args.runs:
+        r["checkpoint"] = checkpoint_stall(args.runs)
+    print(f"commit {commit()}  {n:,} subscriptions, {e:,} events")
+    print(f"CPU per event       serve {r['serve_cpu_per_event_us']:.0f} µs, yfpp run {r['run_cpu_per_event_us']:.0f} µs "
+          f"(× {r['ratio']:.2f}); serve took {r['serve_events_per_s']:,.0f} events/s")
+    print(f"registration        {n:,} in requests of {BATCH:,}: {r['batch_register_cpu_s']:.1f} s service CPU "
+          f"(yfpp run registers them in {r['run_register_cpu_s']:.1f} s); one at a time: "
+          f"{r['single_register_cpu_ms']:.2f} ms CPU, {r['single_register_wall_ms']:.1f} ms wall")
+    print(f"checkpoints         engine thread {', '.join(f'{x:.3f}' for x in r['periodic_checkpoint_engine_thread_s'])} s")
+    print(f"stop (SIGTERM)      {r['stop_s']:.1f} s, final checkpoint written: {r['stop_checkpoint_written']}")
+    print(f"restart             /health 200 after {r['restart_s']:.1f} s ({r['restart_cpu_s']:.1f} s CPU), "
+          f"{r['restart_subscriptions']:,} subscriptions")
+    if args.runs:
+        c = r["checkpoint"]
+        print(f"checkpoint of {c['live_runs']:,} runs: engine thread {c['engine_thread_s']:.3f} s, written after "
+              f"{c['written_s']:.1f} s ({c['bytes'] / 1e6:.0f} MB)")
+    print(json.dumps(r))
+    if args.record:
+        with open(args.record, "a") as f:
+            f.write(json.dumps({"commit": commit(), **r}) + "\n")
+
+
+def plot(records: list[dict], path: str) -> None:
+    """CPU per event of serve and yfpp run against subscriptions (the last record of each count)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    last = {r["subs"]: r for r in records}
+    subs = sorted(last)
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    xs = range(len(subs))
+    ax.bar([x - 0.2 for x in xs], [last[n]["serve_cpu_per_event_us"] for n in subs], 0.4, label="yfpp serve")
+    ax.bar([x + 0.2 for x in xs], [last[n]["run_cpu_per_event_us"] for n in subs], 0.4, label="yfpp run")
+    for x, n in zip(xs, subs):
+        ax.annotate(f"× {last[n]['ratio']:.2f}", (x, last[n]["serve_cpu_per_event_us"]), ha="center", va="bottom")
+    ax.set_xticks(list(xs), [f"{n:,}" for n in subs])
+    ax.set_xlabel("subscriptions")
+    ax.set_ylabel("CPU µs per event")
+    ax.set_title("yfpp serve against yfpp run, same events and queries")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()

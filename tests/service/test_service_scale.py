@@ -1,0 +1,279 @@
+"""``yfpp serve`` at scale, over real sockets on 127.0.0.1: batch registration, restarts that keep the results the
+sinks held (kill -9 too) and the counters, truthful answers (each wait bounded)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi", reason="the service needs pip install -e '.[serve]' in yfpp's clone")
+
+from tests.service_helpers import TIMEOUT, LineListener, scrape, send, wait_for  # noqa: E402
+from yfpp.engine import Engine  # noqa: E402
+from yfpp.errors import YfppError  # noqa: E402
+from yfpp.service.client import Client, ServiceError  # noqa: E402
+from yfpp.service.config import ServiceConfig  # noqa: E402
+from yfpp.service.server import BackgroundService, Service  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+PAIR = "PATTERN SEQ(a x, b y) WHERE skip_till_any_match(x, y) {{ x.k = {k} AND y.k = {k} }} WITHIN 100"
+
+
+def config(tmp_path: Path, **kw) -> ServiceConfig:
+    opts = dict(port=0, jsonl_port=0, state=str(tmp_path / "state"), dead_letters=str(tmp_path / "dead.jsonl"),
+                log_level="warning")
+    opts.update(kw)
+    return ServiceConfig(**opts)
+
+
+def pairs(n: int, keys: int) -> list[bytes]:
+    """``n`` a/b events over ``keys`` keys, as JSON lines."""
+    return [json.dumps({"type": "ab"[i % 2], "ts": i, "k": (i // 2) % keys}).encode() + b"\n" for i in range(n)]
+
+
+def expected(queries: dict[str, str], records: list[bytes]) -> list[dict]:
+    eng = Engine()
+    for name, q in queries.items():
+        eng.register(q, name=name)
+    out = []
+    for i, line in enumerate(records):
+        r = json.loads(line)
+        out += eng.process({**r, "seq": i})
+    return out
+
+
+def test_a_batch_registers_each_item_on_its_own_and_refuses_only_the_bad_ones(tmp_path):
+    out = LineListener()
+    try:
+        with BackgroundService(config(tmp_path, max_subscriptions=6)) as svc:
+            c = Client(f"http://127.0.0.1:{svc.port}")
+            c.subscribe("PATTERN SEQ(a x)", name="taken")
+            answers = c.subscribe_many([
+                {"query": PAIR.format(k=0), "name": "k0", "sink": out.url},
+                {"query": "PATTERN SEQ(a x, b y", "name": "broken"},  # 400, with the position
+                {"query": "PATTERN SEQ(a x)", "name": "taken"},  # 409: the name exists
+                {"query": PAIR.format(k=1), "name": "k1", "sink": out.url},
+                {"query": "PATTERN SEQ(a x)", "queue": 0},  # 422
+                "not an object",  # 422
+                {"query": PAIR.format(k=1), "name": "k1"},  # 409: taken earlier in this batch
+                {"query": PAIR.format(k=2)},
+                {"query": PAIR.format(k=3)},
+                {"query": PAIR.format(k=4)},  # 409: over max_subscriptions
+            ])
+            assert [a["status"] for a in answers] == [201, 400, 409, 201, 422, 422, 409, 201, 201, 409]
+            assert answers[1]["line"] == 1 and "limit" in answers[9]["error"]
+            assert [a["subscription"]["id"] for a in answers if a["status"] == 201] == ["s2", "s3", "s4", "s5"]
+            assert answers[7]["subscription"]["name"] == "s4"  # (unnamed: named by its id)
+            ndjson = c._request("POST", "/subscriptions", b'{"query": "PATTERN SEQ(c x)"}\n\nnot json\n',
+                                "application/x-ndjson")
+            assert [a["status"] for a in ndjson] == [201, 400] and "line 3" in ndjson[1]["error"]
+            records = pairs(40, 2)
+            send(svc.feed_port("jsonl"), b"".join(records))
+            want = expected({"k0": PAIR.format(k=0), "k1": PAIR.format(k=1)}, records)
+            out.wait_lines(len(want))
+            assert sorted(r["id"] for r in out.results()) == sorted(r["id"] for r in want)
+        with BackgroundService(config(tmp_path)) as svc:  # stored, as one by one
+            assert list(svc.subs) == ["s1", "s2", "s3", "s4", "s5", "s6"]
+    finally:
+        out.close()
+
+
+def test_registration_refused_by_the_registry_is_503_for_each_item(tmp_path, monkeypatch):
+    from yfpp.service.registry import Registry, RegistryError
+
+    with BackgroundService(config(tmp_path)) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+
+        def failing(self, specs, owner=None):
+            raise RegistryError("disk full")
+
+        monkeypatch.setattr(Registry, "add_many", failing)
+        answers = c.subscribe_many([{"query": "PATTERN SEQ(a x)"}, {"query": "PATTERN SEQ("}])
+        assert [a["status"] for a in answers] == [503, 400] and not svc.subs
+
+
+def test_kill_9_with_a_sink_backlog_loses_no_result_and_keeps_the_counters(tmp_path):
+    """A reader that takes nothing holds results in the sink's queue and connection; the service is killed
+    after a checkpoint: the restarted service sends what the sink held (at least once, by id)."""
+    state = tmp_path / "state"
+    slow = LineListener(read=False, rcvbuf=4096)
+    records = pairs(3000, 1)
+    want = expected({"p": PAIR.format(k=0)}, records)
+    proc = subprocess.Popen([sys.executable, "-m", "yfpp.cli", "serve", "--port", "0", "--jsonl-port", "0",
+                             "--state", str(state), "--checkpoint-every", "0.3", "--log-level", "info"],
+                            cwd=ROOT, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        started = json.loads(next(line for line in proc.stderr if '"service started"' in line))
+        c = Client(f"http://{started['http']}", timeout=TIMEOUT)
+        c.subscribe(PAIR.format(k=0), name="p", sink=slow.url, queue=100_000)
+        send(started["feeds"]["jsonl"], b"".join(records))
+        for line in proc.stderr:  # a checkpoint past every event
+            if '"checkpoint written"' in line and json.loads(line)["events_in"] == len(records):
+                break
+        counters = c.subscription("s1")["counters"]
+        assert counters["matches"] == len(want) and counters["queued"] > 0  # a backlog
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(TIMEOUT)
+        proc.stderr.close()
+    got = slow.drain()  # what reached the slow reader's socket before the kill
+    slow.close()
+    out = LineListener()
+    try:
+        with sqlite3.connect(state / "subscriptions.sqlite") as db:  # the reader is now a quick one
+            db.execute("UPDATE subscriptions SET spec = json_set(spec, '$.sink', ?)", (out.url,))
+        with BackgroundService(config(tmp_path, jsonl_port=None)) as svc:
+            sub = svc.subs["s1"]
+            assert sub.counters.matches == len(want)  # restored, not from 0
+            wait_for(lambda: sub.queued == 0, what="the kept results sent")
+            c = sub.counters
+            assert c.matches - c.delivered - c.dropped == sub.queued == 0 and c.dropped == 0
+        ids = {json.loads(x)["id"] for x in got} | {r["id"] for r in out.results()}
+        assert ids >= {r["id"] for r in want}
+    finally:
+        out.close()
+
+
+def test_an_empty_or_missing_registry_beside_a_checkpoint_refuses_to_start(tmp_path):
+    with BackgroundService(config(tmp_path)) as svc:
+        Client(f"http://127.0.0.1:{svc.port}").subscribe("PATTERN SEQ(a x)", name="x")
+    (tmp_path / "state" / "subscriptions.sqlite").unlink()
+    with pytest.raises(YfppError, match="holds no subscription, but the checkpoint .* holds 1 queries: start with "
+                                        "--registry-lost"):
+        Service(config(tmp_path))
+    with BackgroundService(config(tmp_path, registry_lost=True)) as svc:
+        assert not svc.subs and not svc.engine.sources
+
+
+def test_subscriptions_without_a_push_sink_keep_the_metrics_identity(tmp_path):
+    """matches - delivered - dropped = queued: with no push sink, a result with no pull stream listening is
+    dropped, one given to the pull streams delivered."""
+    with BackgroundService(config(tmp_path)) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        c.subscribe("PATTERN SEQ(a x)", name="pull")
+        c.post_events(b'{"type": "a", "ts": 1}\n{"type": "a", "ts": 2}\n')
+        wait_for(lambda: svc.subs["s1"].counters.matches == 2, what="the matches")
+        got: list[dict] = []
+        stream = threading.Thread(target=lambda: got.append(next(c.matches("s1", timeout=TIMEOUT))))
+        stream.start()
+        wait_for(lambda: svc.subs["s1"].listeners, what="the pull stream")
+        c.post_events(b'{"type": "a", "ts": 3}\n')
+        stream.join(TIMEOUT)
+        assert got[0]["bindings"] == {"x": [2]}
+        counters = c.subscription("s1")["counters"]
+        assert (counters["matches"], counters["delivered"], counters["dropped"], counters["queued"]) == (3, 1, 2, 0)
+        metrics = scrape(svc.port)
+        assert metrics["yfpp_matches_total"] - metrics["yfpp_delivered_total"] - metrics["yfpp_dropped_total"] == \
+            metrics["yfpp_queue_depth"]
+
+
+def test_post_events_answers_what_it_did_with_the_body(tmp_path):
+    with BackgroundService(config(tmp_path)) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        xml = b'<stream><a ts="1" k="0"/><b ts="2" k="0"/></stream>'
+        assert c._request("POST", "/events", xml, "application/octet-stream") == {"events": 2, "dead_letters": 0}
+        wait_for(lambda: svc.events_in == 2, what="the events taken")
+        with pytest.raises(ServiceError) as e:  # said to be JSON lines, evidently XML: refused, nothing taken
+            c.post_events(xml, "jsonl")
+        assert e.value.status == 400 and "format=xml" in e.value.body["error"]
+        with pytest.raises(ServiceError) as e:  # every record a dead letter: not a 202
+            c.post_events(b'{"ts": 3}\n{"type": "a"}\nnot json\n')
+        assert e.value.status == 400 and (e.value.body["events"], e.value.body["dead_letters"]) == (0, 3)
+        assert e.value.body["first"].startswith("line 1: missing type")
+        assert c.post_events(b'{"ts": 3}\n{"type": "a", "ts": 4}\n') == {"events": 1, "dead_letters": 1}
+        wait_for(lambda: svc.events_in == 3, what="the events taken")  # (the refused XML body: none)
+
+
+def test_no_state_says_what_it_discards_at_the_stop(tmp_path, caplog):
+    down = LineListener(listen=False)  # refuses connections: its results stay queued
+    try:
+        with caplog.at_level("WARNING", logger="yfpp.service"):
+            with BackgroundService(config(tmp_path, state=None)) as svc:
+                c = Client(f"http://127.0.0.1:{svc.port}")
+                c.subscribe("PATTERN SEQ(a x)", sink=down.url)
+                c.subscribe(PAIR.format(k=0))
+                c.post_events(b"".join(pairs(5, 1)))
+                wait_for(lambda: svc.subs["s1"].queued == 3, what="the results queued")
+        [record] = [r for r in caplog.records if "discarded at the stop" in r.getMessage()]
+        assert (record.queued_results, record.subscriptions, record.partial_matches) == (3, 2, 3)  # (an a: a run each)
+        assert not [r for r in caplog.records if "kept for the next start" in r.getMessage()]
+    finally:
+        down.close()
+
+
+def test_put_changes_a_subscription_in_place(tmp_path):
+    first, second = LineListener(), LineListener()
+    try:
+        with BackgroundService(config(tmp_path)) as svc:
+            c = Client(f"http://127.0.0.1:{svc.port}")
+            c.subscribe(PAIR.format(k=0), name="p", sink=first.url)
+            c.post_events(b"".join(pairs(4, 1)))  # a0 b1 a2 b3: 3 results, a run of a2 left
+            first.wait_lines(3)
+            changed = c._request("PUT", "/subscriptions/s1", json.dumps({"sink": second.url}).encode())
+            assert changed["id"] == "s1" and changed["counters"]["matches"] == 3
+            assert svc.engine.stats.live_runs == 2  # same query: its partial matches kept
+            c.post_events(b'{"type": "b", "ts": 5, "k": 0}\n')
+            assert len(second.wait_lines(2)) == 2 and len(first.lines) == 3
+            longer = PAIR.format(k=0).replace("WITHIN 100", "WITHIN 101")
+            c._request("PUT", "/subscriptions/s1", json.dumps({"query": longer}).encode())
+            with pytest.raises(ServiceError) as e:
+                c._request("PUT", "/subscriptions/s1", json.dumps({"query": "PATTERN SEQ("}).encode())
+            assert e.value.status == 400 and svc.subs["s1"].spec.query == longer
+            c.post_events(b'{"type": "b", "ts": 6, "k": 0}\n{"type": "a", "ts": 7, "k": 0}\n{"type": "b", "ts": 8, "k": 0}\n')
+            # a new query starts afresh: b6 completes nothing (the runs of a0, a2 went with the old query)
+            assert [json.loads(x)["bindings"] for x in second.wait_lines(3)[2:]] == [{"x": [6], "y": [7]}]
+        with BackgroundService(config(tmp_path)) as svc:  # the change is stored
+            longer = PAIR.format(k=0).replace("WITHIN 100", "WITHIN 101")
+            assert svc.subs["s1"].spec.query == longer and svc.subs["s1"].spec.sink == second.url
+    finally:
+        first.close()
+        second.close()
+
+
+def test_yfpp_subscriptions_lists_them(tmp_path, capsys):
+    from yfpp.cli import main
+
+    with BackgroundService(config(tmp_path)) as svc:
+        url = f"http://127.0.0.1:{svc.port}"
+        Client(url).subscribe_many([{"query": "PATTERN SEQ(a x)", "name": "ax"}, {"query": "PATTERN SEQ(b x)"}])
+        assert main(["subscriptions", "--server", url]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert [line.split("\t")[:2] for line in lines] == [["s1", "ax"], ["s2", "s2"]]
+        assert "matches=0 delivered=0 dropped=0 queued=0" in lines[0] and lines[0].endswith("pull")
+        assert main(["subscriptions", "--server", url, "--json"]) == 0
+        assert [json.loads(x)["id"] for x in capsys.readouterr().out.splitlines()] == ["s1", "s2"]
+
+
+def test_a_stop_while_busy_discards_the_inbox_after_a_while_and_writes_the_final_checkpoint(tmp_path, monkeypatch,
+                                                                                            caplog):
+    from yfpp.service import server
+
+    monkeypatch.setattr(server, "STOP_DRAIN", 0.2)
+    bg = BackgroundService(config(tmp_path))
+    with caplog.at_level("INFO", logger="yfpp.service"):
+        with bg as svc:
+            Client(f"http://127.0.0.1:{svc.port}").subscribe(PAIR.format(k=0), name="p")
+            real = svc.engine.process_batch
+
+            def slow(events, out):
+                time.sleep(0.01)
+                return real(events, out)
+
+            monkeypatch.setattr(svc.engine, "process_batch", slow)
+            send(svc.feed_port("jsonl"), b"".join(pairs(3000, 1)))
+            wait_for(lambda: svc.inbox.qsize() > 2, what="a busy engine")
+    [record] = [r for r in caplog.records if r.getMessage().startswith("events still waiting at the stop")]
+    taken = record.resend_from_seq
+    assert 0 < taken < 3000 and record.events + taken <= 3000
+    assert any(r.getMessage() == "checkpoint written" and r.events_in == taken for r in caplog.records)
+    with BackgroundService(config(tmp_path)) as svc:  # the checkpoint holds what was taken, no more
+        assert svc.events_in == taken
