@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, fields, is_dataclass, replace
 from pathlib import Path
@@ -134,15 +135,19 @@ def _source(name: str, lines: list[str], first_line: int, origin: str | None, la
     return QuerySource(name, "\n".join(lines[skip:]).rstrip(), language, origin, first_line + skip)
 
 
-def parse_written_query(text: str, language: str | None = None, ts_unit: str = "s") -> Pattern:
+def parse_written_query(text: str, language: str | None = None, ts_unit: str = "s",
+                        shapes: QueryShapes | None = None) -> Pattern:
     """One query as a query file holds it (``#`` comment lines, no ``@query`` line), parsed; an error's
-    line is a line of ``text``. What ``yfpp serve`` takes, as ``yfpp subscribe -q FILE`` reads a file."""
+    line is a line of ``text``. What ``yfpp serve`` takes, as ``yfpp subscribe -q FILE`` reads a file.
+    ``shapes``: queries of a shape met before are parsed from it (the same pattern)."""
     sources = read_query_file(text, "", language=language)
     if len(sources) > 1 or sources[0].name:  # (a loose query is named "", which no '@query' line can give)
         raise YfppError("one query, without '@query NAME' lines: 'yfpp subscribe -q FILE' subscribes each "
                         "query of such a file")
     q = sources[0]
     try:
+        if shapes is not None and language is None:
+            return shapes.parse(q.text, ts_unit)
         return parse_query(q.text, q.language, ts_unit)
     except QueryError as err:
         raise err.relocated("", q.first_line) from None
@@ -223,6 +228,7 @@ class QueryShapes:
     def __init__(self, max_shapes: int = 4096) -> None:
         self.max_shapes = max_shapes
         self._shapes: dict[tuple, _Shape | None] = {}
+        self._lock = threading.Lock()
 
     def parse(self, text: str, ts_unit: str = "s") -> Pattern:
         """:func:`parse_query` of ``text``, the same pattern, from the shape's when it was met before."""
@@ -242,9 +248,10 @@ class QueryShapes:
         shape = self._shapes.get(key, _MISSING)
         if shape is _MISSING:
             shape = _Shape.make(pieces, ts_unit)
-            if len(self._shapes) >= self.max_shapes:
-                self._shapes.pop(next(iter(self._shapes)))
-            self._shapes[key] = shape
+            with self._lock:  # (the service parses on several threads)
+                if len(self._shapes) >= self.max_shapes:
+                    self._shapes.pop(next(iter(self._shapes)))
+                self._shapes[key] = shape
         if shape is None:
             return parse_query(text, None, ts_unit)
         return shape.instance(text, [tok for _, tok in tokens])

@@ -40,7 +40,7 @@ from yfpp.engine import Engine
 from yfpp.errors import YfppError
 from yfpp.input.events import Event
 from yfpp.language.pattern import Pattern
-from yfpp.language.query_text import parse_written_query
+from yfpp.language.query_text import QueryShapes, parse_written_query
 from yfpp.service import auth, checkpoint, mqtt, quotas
 from yfpp.service.accounting import Usage
 from yfpp.service.config import ServiceConfig
@@ -105,6 +105,7 @@ class Service:
                             f"{self.checkpoint_path} holds {len(restored.sources)} queries: start with --registry-lost "
                             f"to drop them (and their partial matches), or put the registry back")
         self.engine_lock = threading.Lock()
+        self.shapes = QueryShapes()  # subscriptions that differ only by constants: parsed once
         self.inbox: queue.Queue = queue.Queue(INBOX)
         # POST /events bodies, which wait while the inbox is full, are read here: never in the loop's default
         # pool, where they would hold up what subscription requests run there
@@ -335,7 +336,7 @@ class Service:
                     if name in restored and sources.get(name) == _source(spec):
                         subs.append((sid, spec, restored.pop(name), owner))
                         continue
-                    pattern = parse_written_query(spec.query, spec.language, self.config.window_unit)
+                    pattern = parse_written_query(spec.query, spec.language, self.config.window_unit, self.shapes)
                     qid = restored.pop(name, None)
                     if qid is not None and not self._same_query(qid, pattern, spec.policy):
                         engine.unregister(qid)  # the name was deleted and taken again after the checkpoint
@@ -556,7 +557,7 @@ class Service:
         try:
             if spec.sink is not None:
                 self._check_sink(spec.sink)
-            pattern = _parsed(spec, self.config.window_unit)
+            pattern = _parsed(spec, self.config.window_unit, self.shapes)
             if not isinstance(pattern, RequestError):
                 cost = quotas.estimate(pattern)
                 try:
@@ -937,10 +938,10 @@ def _source(spec: SubscriptionSpec) -> list[Any]:
     return [spec.query, spec.language, spec.policy]
 
 
-def _parsed(spec: SubscriptionSpec, window_unit: str | None) -> Pattern | RequestError:
+def _parsed(spec: SubscriptionSpec, window_unit: str | None, shapes: QueryShapes) -> Pattern | RequestError:
     """The pattern of a subscription's query, or the 400 that refuses it."""
     try:
-        return parse_written_query(spec.query, spec.language, window_unit)
+        return parse_written_query(spec.query, spec.language, window_unit, shapes)
     except YfppError as e:
         return RequestError(400, f"query: {e}", **_error_position(e))
     except (RecursionError, ValueError, OverflowError) as e:  # a parser limit, not the client's fault alone
