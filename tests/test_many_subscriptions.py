@@ -16,7 +16,7 @@ from yfpp.engine import Engine
 from yfpp.errors import QueryError, YfppError
 from yfpp.input.events import Event
 from yfpp.language.query_text import QueryShapes, parse_query
-from yfpp.reference.evaluator import reference_matches
+from yfpp.reference.oracle import reference_matches
 
 TEMPLATES = [  # what subscribers write, constants in braces
     "PATTERN SEQ(a e, b f) WHERE skip_till_any_match(e, f) {{ [k] AND e.x = {v} AND f.y > {t} }} WITHIN {w}",

@@ -277,7 +277,7 @@ def test_interval_anyof_prefix_and_conjunct_indexes_match_the_reference(forms, e
     index) and ``and`` in one XPath bracket, in many subscriptions at once: the matches of each are the
     reference evaluator's for it alone."""
     from yfpp.language.query_text import parse_query
-    from yfpp.reference.evaluator import reference_matches
+    from yfpp.reference.oracle import reference_matches
 
     stream = [Event(t, float(i), {k: v for k, v in (("x", x), ("y", y)) if v is not None}, i)
               for i, (t, x, y) in enumerate(events)]
