@@ -34,14 +34,16 @@ differently) the splitter is not needed. A block where a tag runs across a line
 end is left to the splitter: lxml gives an element the line its start tag ends
 on, a record's line is the one it starts on. So the per-event cost of a clean feed
 is lxml's, and the splitter only reads blocks that hold something wrong. The
-plainest feed — every line one self-closing element, no namespace, no entity or
-character reference (:meth:`Splitter._plain_lines`) — builds no tree at all
-(:mod:`yfpp.xml_lines`): in UTF-8 with the ts first and of digits, a block is read
-as one JSON document without an XML parser; otherwise a parser target makes each
-event from the tag and attribute texts lxml reads. The event keeps those texts
+plainest feeds — every line one self-closing element or one element of leaf
+children, no namespace but the root's, no entity or character reference
+(:meth:`Splitter._plain_lines`) — build no tree at all (:mod:`yfpp.xml_lines`): in
+UTF-8 with a ts of digits (a decimal fraction allowed) or ISO-8601, attributes in
+any order, a block is read as one JSON document without an XML parser; leaf
+children by regular expressions; otherwise (no namespace) a parser target makes
+each event from the tag and attribute texts lxml reads. The event keeps those texts
 (``Event.texts``, read from its line when first asked for) and builds its element
-from them only when something asks for it (XPath predicates, checkpoints): the
-same element, line included.
+from them, or parses its line, only when something asks for it (XPath predicates,
+checkpoints): the same element, line included.
 
 Caps (:class:`~yfpp.record_fields.ReaderOptions`): an event element longer than
 ``max_record_bytes`` is one dead letter (its first bytes as ``raw``) and is
@@ -66,6 +68,7 @@ declaration never applies to records before it in the same read block.
 from __future__ import annotations
 
 import re
+import threading
 import zlib
 from typing import IO, Any, Callable, Iterator, NamedTuple
 
@@ -76,7 +79,7 @@ from yfpp.errors import InputError
 from yfpp.events import Event
 from yfpp.record_fields import ISO_8601, RAW_PREVIEW, READ_BLOCK, ReaderOptions, pop_ts, pop_type, preview, typed_value
 from yfpp.xml_element import line_element
-from yfpp.xml_lines import JsonLines, LineEvents, Lines, TypedValues, number_ts
+from yfpp.xml_lines import PLAIN_SCOPE, ChildReadings, JsonLines, LineEvents, Lines, TypedValues, number_ts
 
 # Every repetition possessive (``++``, ``*+``): what follows each can never be what it repeats, so the matches
 # are the same, and a long token cut short by the end of the buffer fails in one pass instead of backtracking
@@ -168,7 +171,9 @@ class Splitter:
         self.out: list[Chunk | Region | Lines | Bad] = []
         self._parsers: dict[str | None, Any] = {}
         self.count = 0  # records handed out (the seq of the next one)
-        self._json_lines = JsonLines(opts)
+        self.opts = opts
+        # JsonLines and ChildReadings for each wrapper (by its start tag: the namespaces it declares)
+        self._readers: dict[bytes, tuple[JsonLines, ChildReadings] | None] = {}
         self._line_events = LineEvents(opts)
         self._line_parsers: dict[str | None, Any] = {}
         self.indent: bytes | None = None  # the indentation of event start tags, as last seen
@@ -296,23 +301,27 @@ class Splitter:
         self._advance(cut)
 
     def _plain_lines(self, region: bytes) -> Lines | None:
-        """The events of ``region`` when it is the plainest feed: every line one self-closing element and a
-        ``\\n``, all but the first at one indentation (no ``>`` elsewhere: no text, comment or other markup
-        between them), no namespace, no entity or character reference; None otherwise or when lxml does not
-        accept it.
+        """The events of ``region`` when it is the plainest feed: every line one self-closing element (or one
+        element of leaf children) and a ``\\n``, all but the first at one indentation (no ``>`` elsewhere: no
+        text, comment or other markup between them), no namespace but its root's, no entity or character
+        reference; None otherwise or when lxml does not accept it.
 
-        No element tree is built (:mod:`yfpp.xml_lines`): a UTF-8 block of ``<tag ts="digits" …/>`` lines
-        is read as one JSON document, any other by an lxml parser target that makes each event from the
-        element's tag and attribute texts; an element, should anything ask for it, is built from the texts
-        (``Event.texts``).
+        No element tree is built (:mod:`yfpp.xml_lines`): a UTF-8 block of ``<tag … ts="number" …/>`` lines
+        (or ISO-8601 ts) is read as one JSON document, one of leaf children by regular expressions, any other
+        without namespaces by an lxml parser target that makes each event from the element's tag and attribute
+        texts; an element, should anything ask for it, is built from the texts (``Event.texts``) or parsed
+        from its line.
         """
-        if (not self.lines_ok or region[-3:] != b"/>\n" or self.wrapper_open != b"<yfpp-batch>"
-                or b"&" in region):  # lxml's target gets "&#38;" for "&amp;"
+        if region[-2:] != b">\n" or b"&" in region:  # lxml's target gets "&#38;" for "&amp;"
             return None
-        if self.encoding is None or self.encoding.lower() in _UTF8:  # (JsonLines checks the rest itself)
-            events = self._json_lines.read(region, self.count, self.line)
-            if events is not None:
-                return Lines(events, True)
+        if self.encoding is None or self.encoding.lower() in _UTF8:  # (the readers check the rest themselves)
+            readers = self._scoped_readers()
+            if readers is not None:
+                events = readers[region[-3:] != b"/>\n"].read(region, self.count, self.line)
+                if events is not None:
+                    return Lines(events, True)
+        if not self.lines_ok or region[-3:] != b"/>\n" or self.wrapper_open != PLAIN_SCOPE:
+            return None
         n = region.count(b"\n")
         if region.count(b">") != n or b"xmlns" in region or b"xml:" in region:
             return None
@@ -332,6 +341,22 @@ class Splitter:
             return None
         # an error lxml logs without raising it to a target (an undeclared prefix) makes the tree parse fail
         return lines if len(lines.items) == n and not len(parser.error_log) else None
+
+    def _scoped_readers(self) -> tuple[JsonLines, ChildReadings] | None:
+        """The readers of plain lines inside the current wrapper (its namespaces), or None when the wrapper does
+        not parse (then every record is a dead letter, which the splitter reports)."""
+        scope = self.wrapper_open
+        readers = self._readers.get(scope)
+        if readers is None and scope not in self._readers:
+            try:
+                etree.fromstring(scope + _BATCH_END, self.parser(None))
+                readers = (JsonLines(self.opts, scope), ChildReadings(self.opts, scope))
+            except etree.XMLSyntaxError:
+                pass
+            if len(self._readers) >= 64:  # (roots declare few namespaces: a feed of many keeps none)
+                self._readers.clear()
+            self._readers[scope] = readers
+        return readers
 
     def _not_plain(self, root: Any, ts: str, flat: bool = False) -> bool:
         if flat:  # only text between the events could make it not plain
@@ -777,15 +802,29 @@ def _parse_run(chunks: list[Chunk], wrapper_open: bytes, parser: Any) -> list[An
     out: list[Any] = []
     for chunk in chunks:
         try:
-            root = etree.fromstring(wrapper_open + chunk.data + _BATCH_END, parser)
-            el = root[0]
-            root.remove(el)
-            el.sourceline = min(chunk.line, 65535)  # libxml2 keeps an unsigned short
-            out.append(el)
+            out.append(parse_alone(chunk.data, chunk.line, wrapper_open, parser))
         except etree.XMLSyntaxError as e:
             line = chunk.line + (e.lineno or 1) - 1
             out.append(Bad(line, "malformed XML: " + _LINE_COL.sub("", e.msg or "syntax error"), preview(chunk.data)))
     return out
+
+
+_PARSERS = threading.local()  # parse_alone's UTF-8 parser, one per thread (an lxml parser is not shared)
+
+
+def parse_alone(data: bytes, line: int, scope: bytes, parser: Any = None) -> Any:
+    """The detached element of one record's bytes parsed alone inside ``scope`` (the wrapper that declares its
+    root's namespaces) by ``parser`` (a hardened UTF-8 one if None), its line ``line``; XMLSyntaxError if
+    it does not parse."""
+    if parser is None:
+        parser = getattr(_PARSERS, "utf8", None)
+        if parser is None:
+            parser = _PARSERS.utf8 = _parser(None)
+    root = etree.fromstring(scope + data + _BATCH_END, parser)
+    el = root[0]
+    root.remove(el)
+    el.sourceline = min(line, 65535)  # libxml2 keeps an unsigned short
+    return el
 
 
 def xml_batches(f: IO[Any], owned: bool, opts: ReaderOptions, dl: DeadLetters) -> Iterator[list[Event]]:
