@@ -1,6 +1,6 @@
 """Each feed shape sensors write, read by yfpp and by the bare parser, side by side: the ratio to the parse floor.
 
-Usage: ``python benchmarks/reader_shapes.py [--events N] [--rounds R] [--shapes NAME …]``. For each shape it
+Usage: ``python benchmarks/reader_shapes.py [--events N] [--rounds R] [--shapes NAME …] [--write DIR]``. For each shape it
 writes a feed of N events (default 200,000) to a temporary folder and, alternating, R rounds (default 3) of:
 
 * yfpp — ``read_event_batches`` over the file, every event made (the reader's whole cost, no engine);
@@ -111,7 +111,12 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=200_000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES), metavar="SHAPE")
+    ap.add_argument("--write", metavar="DIR", help="only write the feeds into DIR (for timing whole processes)")
     args = ap.parse_args()
+    if args.write:
+        for shape in args.shapes:
+            print(write_feed(shape, args.events, Path(args.write)))
+        return
     print(f"commit {commit()}, {args.events:,} events, best of {args.rounds} rounds (CPU s)")
     print(f"| shape | yfpp CPU s | µs/event | parse floor CPU s | yfpp / floor | events | dead letters |")
     print("|---|---:|---:|---:|---:|---:|---:|")
