@@ -233,3 +233,14 @@ def test_iso_minutes_are_what_iso_seconds_reads():
     with pytest.raises(xml_lines._NotPlain):
         xml_lines._IsoMinutes(b"Z")[b"2026-02-30T10:00"]
     assert xml_lines.JsonLines(ReaderOptions(unit=unit_factors("iso"))).enabled
+
+
+def test_child_readings_over_the_depth_cap_are_left_to_the_splitter(monkeypatch):
+    """With ``max_depth=1`` a reading's children are too deep: dead letters, as the splitter reports them."""
+    _, root, lines = SHAPES["child readings"]
+    feed = _feed(root + "\n", lines[:40], ["  "] * 40, False)
+    events, dead = _read_all(feed, -1, max_depth=1)
+    assert not events and dead.count("too deep") == 40
+    with monkeypatch.context() as m:
+        m.setattr(xml_reader.Splitter, "_whole_lines", lambda self: None)
+        assert _read_all(feed, -1, max_depth=1) == (events, dead)
