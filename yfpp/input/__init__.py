@@ -5,8 +5,11 @@
   list per 16 KiB read block, ``record_fields.READ_BLOCK``).
 - ``xml_reader``: a byte-level splitter cuts the feed into event elements (caps, resynchronisation), each
   parsed by a hardened lxml parser, whole runs of plain lines at once.
-- ``xml_lines``: blocks of plain self-closing lines read without an XML parser (one regex split, one orjson
-  call), else through an lxml parser target.
+- ``xml_lines``: blocks of plain lines read without an XML parser: self-closing elements with attributes in
+  any order and integer, decimal or ISO-8601 ts (one regex split, one orjson call), leaf-child readings (regular
+  expressions), under a root's namespaces too; else through an lxml parser target.
+- ``xml_parsing``: the hardened lxml parser (no DTD, entities or network) and one record parsed alone in its
+  root's namespaces.
 - ``line_attributes``: the attribute texts of a plain line, read back from its bytes (``Event.texts``).
 - ``jsonl_reader``: JSON lines, a block of flat records by one orjson call, any other line by itself.
 - ``record_fields``: what both readers share: options and caps, typed values, ts units and ISO-8601.

@@ -21,7 +21,9 @@ class Event:
     stream position, set by the runtime: "before", "between" and pruning go by
     ``pos``, never by ``seq``.  ``element`` is the XML element, or, with
     ``texts`` (the element's attribute texts), the line it starts on: the
-    element ``<type texts…/>`` is then built only when something asks for it.
+    element ``<type texts…/>`` is then built only when something asks for it
+    (or parsed from the line's bytes, for an element in a namespace or with
+    children: ``(line, bytes, wrapper)``).
     """
 
     __slots__ = ("type", "ts", "attrs", "seq", "pos", "_texts", "_el")
@@ -54,6 +56,10 @@ class Event:
             from yfpp.input.xml_element import line_element
 
             el = self._el = line_element(self.type, self.texts, el)  # type: ignore[arg-type]
+        elif type(el) is tuple:  # (line, the line's bytes, the wrapper that declares its namespaces)
+            from yfpp.input.xml_element import parsed_line_element
+
+            el = self._el = parsed_line_element(*el)
         return el
 
     @_element.setter

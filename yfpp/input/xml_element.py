@@ -71,6 +71,14 @@ def line_element(tag: str, texts: dict[str, str], line: int) -> Any:
     return el
 
 
+def parsed_line_element(line: int, raw: bytes, scope: bytes) -> Any:
+    """The detached element of one line of an XML feed (UTF-8) parsed inside ``scope``, the start tag of a
+    wrapper that declares its root's namespaces, at ``line``: what the XML reader parses for a record alone."""
+    from yfpp.input.xml_parsing import parse_alone
+
+    return parse_alone(raw, line, scope)
+
+
 def attribute_text(event: Event, name: str) -> str | None:
     """What ``event.element.get(name)`` gives (XPath's ``@name``), without building the element."""
     texts = event.texts

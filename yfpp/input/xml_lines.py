@@ -1,34 +1,47 @@
-"""The plainest XML feed — every line one self-closing event element — read a block of lines at a time.
+"""The plainest XML feeds — every line one event element — read a block of lines at a time.
 
 :meth:`yfpp.input.xml_reader.Splitter._plain_lines` finds a block of whole lines without entity or character
-references and asks two readers in turn; both give exactly the events lxml would, or nothing (then the next
-one, or the splitter, reads the block):
+references and asks the readers below in turn; each gives exactly the events lxml would, or nothing (then the
+next one, or the splitter, reads the block):
 
-* :class:`JsonLines` reads the block without an XML parser when every line is
-  ``<tag ts="digits" name="value" …/>`` with ASCII names: the block is cut at its quotes and rewritten, a
-  piece at a time through tables of the pieces already seen, into one JSON document of the typed
-  attributes (``[{"tag_id":14,"zone":"Z4"},…]``), which one ``orjson.loads`` call reads. The tags and ts
-  come from the same regular-expression split. Every piece between two values must be one of a few forms
-  (an element's end, the next one's start, an attribute's name: no namespace, comment or text); what XML
-  does not allow and JSON would (``<``, U+FFFE or U+FFFF in a value, a duplicate attribute) is checked for;
-  what JSON does not allow and XML would (a backslash, a tab in a value) sends the block to the next reader. An event keeps its line's bytes, and the attribute texts
-  (:attr:`yfpp.input.events.Event.texts`) are read from them when something asks.
+* :class:`JsonLines` reads the block without an XML parser when every line is a self-closing element
+  ``<tag name="value" … ts="…" …/>`` with ASCII names, its attributes in any order, the ts digits (perhaps with
+  a decimal fraction) or, with ``ts_unit="iso"``, ISO-8601 text (``2026-11-22T10:00:05.311Z``; one offset in
+  a block): the block is cut at its quotes and rewritten, a piece at a time through tables of the pieces
+  already seen, into one JSON document of the typed attributes (``[{"tag_id":14,"zone":"Z4"},…]``), which
+  one ``orjson.loads`` call reads. The tags and ts come from one regular-expression split (each line's tag,
+  the attributes before its ts, its ts). Every piece between two values must be one of a few forms (an
+  element's end, the next one's start, an attribute's name: no namespace, comment or text); what XML does
+  not allow and JSON would (``<``, U+FFFE or U+FFFF in a value, a duplicate attribute) is checked for; what
+  JSON does not allow and XML would (a backslash, a tab in a value) sends the block to the next reader. An
+  event keeps its line's bytes, and the attribute texts (:attr:`yfpp.input.events.Event.texts`) are read from them
+  when something asks.
+* :class:`ChildReadings` reads a block of lines that are each one event of plain leaf children
+  (``<reading><sensor>T1</sensor><ts>12.5</ts></reading>``) by regular expressions, each child's text typed
+  as the long way types it.
 * :class:`LineEvents` is an lxml parser target, for a block of lines that are each one self-closing element
   without namespace: lxml parses the block, and the target makes each event from the tag and attribute texts
   lxml gives it.
+
+Under a root that declares namespaces (``<stream xmlns="urn:…">``) the first two read the lines alike (no
+line may declare or use one itself), and an event's element, should anything ask for it, is its line parsed
+alone in the root's namespaces (:func:`yfpp.input.xml_parsing.parse_alone`), as the splitter would parse it.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from itertools import compress, repeat
+from operator import add, is_, truediv
+from datetime import datetime, timezone
 from typing import Any, Callable, NamedTuple
 
 import orjson
 
 from yfpp.input.events import Event
 from yfpp.input.line_attributes import NAME
-from yfpp.input.record_fields import ISO_8601, ReaderOptions, scaled_ts, typed_value
+from yfpp.input.record_fields import ISO_8601, ReaderOptions, scaled_ts, seconds, typed_value
 
 _CACHE_SIZE = 4096  # entries of each table below; a full table is emptied at once
 _CACHED_BYTES = 256  # longer keys are not kept (the tables hold at most about 4096 × 256 bytes each)
@@ -108,6 +121,9 @@ class _Between(_Table):
         return self.keep(piece, b"".join(json))  # (a long piece, a run of elements with no other attribute, is not kept)
 
 
+_INTEGERS = re.compile(rb'(?:[1-9][0-9]{0,17}|0)(?:"(?:[1-9][0-9]{0,17}|0))*+')  # what _Tokens writes as it is
+
+
 class _Tokens(_Table):
     """The JSON of an attribute value's typed value (:func:`typed_value`): a number, or its text quoted."""
 
@@ -117,6 +133,15 @@ class _Tokens(_Table):
         else:
             token = self._token(raw)
         return self.keep(raw, token)
+
+    def tokens(self, values: list[bytes]) -> list[bytes]:
+        """The JSON of each value. A value not in the table that is an integer as JSON writes it (an id, a
+        sequence number: mostly new ones) is its own JSON, and is neither looked up the long way nor kept."""
+        tokens = list(map(self.get, values, values))  # (a value not in the table: itself)
+        new = b'"'.join(compress(values, map(is_, tokens, values)))  # (no value holds a quote)
+        if new and _INTEGERS.fullmatch(new) is None:
+            tokens = list(map(self.__getitem__, values))
+        return tokens
 
     @staticmethod
     def _token(raw: bytes) -> bytes:
@@ -148,19 +173,55 @@ class _Tags(_Table):
         return self.keep(raw, raw.decode("ascii"))
 
 
+# the ts values JsonLines reads: digits, perhaps with a decimal fraction (15 digits each at most: float() of the
+# text is typed_value's number, finite at any unit), or ISO-8601 (see _IsoMinutes): the minute, the seconds, a
+# fraction of up to 6 digits, the offset (Z, ±hh:mm, none: UTC)
+_NUMBER_TS = rb"([0-9]{1,15}(?:\.[0-9]{1,15})?)"
+_ISO_TS = (rb"([0-9]{4}-[0-9]{2}-[0-9]{2}T(?:[01][0-9]|2[0-3]):[0-5][0-9]):([0-5][0-9])(?:\.([0-9]{1,6}))?"
+           rb"(Z|[+-][0-9]{2}:[0-9]{2})?")
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+PLAIN_SCOPE = b"<yfpp-batch>"  #: the wrapper of events outside a root that declares namespaces
+
+
+class _IsoMinutes(_Table):
+    """Microseconds since the epoch at the start of an ISO-8601 minute (``b"2026-11-22T10:00"``) at one offset:
+    what :func:`yfpp.input.record_fields.iso_seconds` reads for it, exactly (``timestamp()`` of an aware datetime is
+    its microseconds since the epoch over 10⁶); :class:`_NotPlain` for a minute it refuses."""
+
+    def __init__(self, offset: bytes):
+        super().__init__()
+        self.offset = offset.decode("ascii")
+
+    def __missing__(self, minute: bytes) -> int:
+        try:
+            t = datetime.fromisoformat(minute.decode("ascii") + ":00" + self.offset)
+            delta = (t if t.tzinfo else t.replace(tzinfo=timezone.utc)) - _EPOCH
+        except (ValueError, OverflowError):
+            raise _NotPlain from None
+        return self.keep(minute, (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds)
+
+
 class JsonLines:
     """Reads a block of plain lines (see the module docstring) into its events, or says it cannot."""
 
-    def __init__(self, opts: ReaderOptions):
+    def __init__(self, opts: ReaderOptions, scope: bytes = PLAIN_SCOPE):
         ts_field = opts.ts_field.encode("utf-8")
+        m, d = opts.unit
+        self.iso = opts.unit is ISO_8601
+        # (float(text) * m / d is typed_value's number scaled, exactly, when m or d is 1: every unit there is)
         self.enabled = (re.fullmatch(NAME, ts_field) is not None and opts.type_field is None
-                        and opts.unit is not ISO_8601)
-        # each line's head: its tag and its ts, the first attribute, of 15 digits at most (finite at any unit)
-        self._head = re.compile(rb"<(" + NAME + rb")[ \t]++" + re.escape(ts_field) + rb"[ \t]*+=[ \t]*+\"([0-9]{1,15})\"")
+                        and (self.iso or m == 1 or d == 1))
+        # each line's head: its tag, the attributes before its ts, and its ts (the first one)
+        self._head = re.compile(rb"<(" + NAME + rb")((?:[ \t]++" + NAME + rb"[ \t]*+=[ \t]*+\"[^\"\n]*+\")*?)[ \t]++"
+                                + re.escape(ts_field) + rb"[ \t]*+=[ \t]*+\"" + (_ISO_TS if self.iso else _NUMBER_TS) + rb"\"")
+        self._step = self._head.groups + 1  # pieces of the split per line
         self._between = _Between(ts_field)
         self._tokens = _Tokens()
         self._tags = _Tags()
+        self._minutes: dict[bytes, _IsoMinutes] = {}
         self._unit = opts.unit
+        # an element is built from its texts, or in a root's namespaces parsed from its line (see Event._element)
+        self._scope = None if scope == PLAIN_SCOPE else scope
 
     def read(self, region: bytes, seq: int, line: int) -> list[Event] | None:
         """The events of ``region``'s lines (UTF-8, each line ending ``\\n``, no ``&``), numbered from ``seq``
@@ -169,31 +230,37 @@ class JsonLines:
             return None
         lines = region.split(b"\n")  # (the last is the b"" after the last line end)
         n = len(lines) - 1
-        pieces = self._head.split(region)  # before the first head, then tag, ts, what follows, for each line
-        if len(pieces) != 3 * n + 1:
+        step = self._step
+        pieces = self._head.split(region)  # before the first head, then the head's groups and what follows, each line
+        if len(pieces) != step * n + 1:
             return None
-        parts = b"<".join(pieces[0::3]).split(b'"')  # between values, value, between, …, between
+        tags = pieces[1::step]
+        ts_pieces = [pieces[i::step] for i in range(3, step)]
+        pieces[1::step] = [b"<"] * n  # what is left of each head: its "<" and the attributes before the ts
+        for i in range(3, step):
+            pieces[i::step] = [b""] * n
+        parts = b"".join(pieces).split(b'"')  # between values, value, between, …, between
         if not len(parts) & 1:
             return None
         try:
             parts[0::2] = map(self._between.__getitem__, parts[0::2])
-            parts[1::2] = map(self._tokens.__getitem__, parts[1::2])
+            parts[1::2] = self._tokens.tokens(parts[1::2])
             if parts[0][:1] != b",":  # (the block starts with an element)
                 return None
             parts[0] = b"[" + parts[0][1:]
             parts[-1] += b"]"
             records = orjson.loads(b"".join(parts))
+            times = self._iso_times(*ts_pieces) if self.iso else self._number_times(ts_pieces[0])
         except (_NotPlain, ValueError):
             return None
         if len(records) != n or sum(map(len, records)) != len(parts) >> 1:  # a name given twice
             return None
-        m, d = self._unit
-        times = map(float, pieces[2::3]) if m == d == 1 else [int(raw) * m / d for raw in pieces[2::3]]
         events: list[Event] = []
         append = events.append
         new = object.__new__
         to_line = line - seq
-        for tag, ts, attrs, raw in zip(map(self._tags.__getitem__, pieces[1::3]), times, records, lines):
+        scope = self._scope
+        for tag, ts, attrs, raw in zip(map(self._tags.__getitem__, tags), times, records, lines):
             # Event(tag, ts, attrs, seq, line, texts=raw) without the call to __init__
             event = new(Event)
             event.type = tag
@@ -202,9 +269,104 @@ class JsonLines:
             event.seq = seq
             event.pos = -1
             event._texts = raw
-            event._el = seq + to_line
+            event._el = seq + to_line if scope is None else (seq + to_line, raw, scope)
             append(event)
             seq += 1
+        return events
+
+    def _number_times(self, raw: list[bytes]) -> Any:
+        m, d = self._unit
+        return map(float, raw) if m == d == 1 else [float(r) * m / d for r in raw]
+
+    def _iso_times(self, minutes: list[bytes], seconds: list[bytes], fractions: list[bytes | None],
+                   offsets: list[bytes | None]) -> list[float]:
+        """The ts in seconds of ISO-8601 texts cut in pieces by ``_ISO_TS`` (one offset in a block)."""
+        offset = offsets[0]
+        if offsets.count(offset) != len(offsets):
+            raise _NotPlain
+        table = self._minutes.get(offset or b"")
+        if table is None:
+            if len(self._minutes) >= 64:  # (offsets change rarely: a feed of many is read, its tables not kept)
+                self._minutes.clear()
+            table = self._minutes[offset or b""] = _IsoMinutes(offset or b"")
+        if None in fractions:
+            fractions = [f or b"" for f in fractions]
+        # microseconds into the minute: the seconds and the fraction's six digits read as one integer
+        micro = map(int, map(add, seconds, map(bytes.ljust, fractions, repeat(6), repeat(b"0"))))
+        return list(map(truediv, map(add, map(table.__getitem__, minutes), micro), repeat(1_000_000)))
+
+
+# a line that is one event of leaf children: its tag, then its children (a name, its text: no markup, no entity)
+_S_NAME = r"[A-Za-z_][A-Za-z0-9._-]{0,999}+(?![A-Za-z0-9._-])"
+_READING = re.compile(r"^[ \t]*+<(" + _S_NAME + r")>((?:<" + _S_NAME + r">[^<&\n]*+</" + _S_NAME + r">)++)</\1>\n", re.M)
+_CHILD = re.compile(r"<(" + _S_NAME + r")>([^<]*+)</\1>")
+_NUMBER_TEXT = re.compile(_NUMBER_TS.decode("ascii"))  # (a str pattern)
+# what XML does not allow in text: a control character (deleted from a copy: the copy is shorter), U+FFFE, U+FFFF, "]]>"
+_CONTROLS = bytes([*range(9), 11, 12, *range(14, 32)])
+_NOT_IN_TEXT = (b"\xef\xbf\xbe", b"\xef\xbf\xbf", b"]]>")
+
+
+class ChildReadings:
+    """Reads a block of lines that are each one event of plain leaf children, ``<reading><sensor>T1</sensor>
+    <celsius>31.5</celsius></reading>`` (the ts a child too, no attribute, no entity, one line each), into its
+    events as the long way reads them (``xml_reader._xml_event``: each child's text stripped and typed, the first
+    of a name kept), or says it cannot. No tree is built: an event's element is parsed from its line when
+    something asks for it."""
+
+    def __init__(self, opts: ReaderOptions, scope: bytes = PLAIN_SCOPE):
+        self.enabled = opts.type_field is None and opts.max_depth >= 2
+        self._ts_field, self._unit = opts.ts_field, opts.unit
+        self._typed = TypedValues()
+        self._scope = scope
+
+    def read(self, region: bytes, seq: int, line: int) -> list[Event] | None:
+        """The events of ``region``'s lines (each ending ``\\n``, no ``&``), numbered from ``seq`` and ``line``;
+        None unless each line is one such event with a usable ts."""
+        if not self.enabled or len(region) > _MAX_BYTES:
+            return None
+        try:
+            text = region.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        lines = region.split(b"\n")
+        rows = _READING.findall(text)
+        if (len(rows) != len(lines) - 1 or len(region.translate(None, _CONTROLS)) != len(region)
+                or any(map(region.__contains__, _NOT_IN_TEXT))):
+            return None
+        events: list[Event] = []
+        append, new, typed, ts_field, scope = events.append, object.__new__, self._typed, self._ts_field, self._scope
+        m, d = unit = self._unit
+        number = _NUMBER_TEXT.fullmatch if unit is not ISO_8601 else lambda text: None
+        for (tag, children), raw in zip(rows, lines):
+            pairs = _CHILD.findall(children)
+            texts = dict(pairs)
+            if len(texts) != len(pairs) or len(pairs) != children.count("</"):
+                # a name given twice (the long way keeps the first) or an end tag that does not match
+                if len(pairs) != children.count("</"):
+                    return None
+                texts = {}
+                for name, value in pairs:
+                    texts.setdefault(name, value)
+            raw_ts = texts.pop(ts_field, None)
+            if raw_ts is None:
+                return None  # (the long way reports it)
+            # the ts as the long way reads it (typed, then in seconds): digits (and a fraction) directly
+            ts = float(raw_ts) * m / d if number(raw_ts) else seconds(typed_value(raw_ts.strip()), unit)
+            if ts is None:
+                return None
+            attrs = dict(zip(texts, map(typed.__getitem__, map(str.strip, texts.values()))))
+            # Event(tag, ts, attrs, seq, (line, raw, scope)) without the call to __init__
+            event = new(Event)
+            event.type = tag
+            event.ts = ts
+            event.attrs = attrs
+            event.seq = seq
+            event.pos = -1
+            event._texts = None
+            event._el = (line, raw, scope)
+            append(event)
+            seq += 1
+            line += 1
         return events
 
 

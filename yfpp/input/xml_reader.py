@@ -34,14 +34,16 @@ differently) the splitter is not needed. A block where a tag runs across a line
 end is left to the splitter: lxml gives an element the line its start tag ends
 on, a record's line is the one it starts on. So the per-event cost of a clean feed
 is lxml's, and the splitter only reads blocks that hold something wrong. The
-plainest feed — every line one self-closing element, no namespace, no entity or
-character reference (:meth:`Splitter._plain_lines`) — builds no tree at all
-(:mod:`yfpp.input.xml_lines`): in UTF-8 with the ts first and of digits, a block is read
-as one JSON document without an XML parser; otherwise a parser target makes each
-event from the tag and attribute texts lxml reads. The event keeps those texts
+plainest feeds — every line one self-closing element or one element of leaf
+children, no namespace but the root's, no entity or character reference
+(:meth:`Splitter._plain_lines`) — build no tree at all (:mod:`yfpp.input.xml_lines`): in
+UTF-8 with a ts of digits (a decimal fraction allowed) or ISO-8601, attributes in
+any order, a block is read as one JSON document without an XML parser; leaf
+children by regular expressions; otherwise (no namespace) a parser target makes
+each event from the tag and attribute texts lxml reads. The event keeps those texts
 (``Event.texts``, read from its line when first asked for) and builds its element
-from them only when something asks for it (XPath predicates, checkpoints): the
-same element, line included.
+from them, or parses its line, only when something asks for it (XPath predicates,
+checkpoints): the same element, line included.
 
 Caps (:class:`~yfpp.input.record_fields.ReaderOptions`): an event element longer than
 ``max_record_bytes`` is one dead letter (its first bytes as ``raw``) and is
@@ -76,7 +78,8 @@ from yfpp.errors import InputError
 from yfpp.input.events import Event
 from yfpp.input.record_fields import ISO_8601, RAW_PREVIEW, READ_BLOCK, ReaderOptions, pop_ts, pop_type, preview, typed_value
 from yfpp.input.xml_element import line_element
-from yfpp.input.xml_lines import JsonLines, LineEvents, Lines, TypedValues, number_ts
+from yfpp.input.xml_parsing import BATCH_END, hardened_parser, parse_alone
+from yfpp.input.xml_lines import PLAIN_SCOPE, ChildReadings, JsonLines, LineEvents, Lines, TypedValues, number_ts
 
 # Every repetition possessive (``++``, ``*+``): what follows each can never be what it repeats, so the matches
 # are the same, and a long token cut short by the end of the buffer fails in one pass instead of backtracking
@@ -103,7 +106,6 @@ _SPACE = re.compile(rb"[ \t\r\n]*")
 _INDENT = re.compile(rb"[ \t]*")
 _LEAD = re.compile(rb"(?:[ \t\r\n]*\n)?([ \t]*)<")
 _LINE_COL = re.compile(r", line \d+, column \d+$")
-_BATCH_END = b"</yfpp-batch>"
 _UTF8 = ("utf-8", "utf8")  # a declared encoding that is UTF-8
 
 
@@ -168,7 +170,9 @@ class Splitter:
         self.out: list[Chunk | Region | Lines | Bad] = []
         self._parsers: dict[str | None, Any] = {}
         self.count = 0  # records handed out (the seq of the next one)
-        self._json_lines = JsonLines(opts)
+        self.opts = opts
+        # JsonLines and ChildReadings for each wrapper (by its start tag: the namespaces it declares)
+        self._readers: dict[bytes, tuple[JsonLines, ChildReadings] | None] = {}
         self._line_events = LineEvents(opts)
         self._line_parsers: dict[str | None, Any] = {}
         self.indent: bytes | None = None  # the indentation of event start tags, as last seen
@@ -225,7 +229,7 @@ class Splitter:
         """The hardened lxml parser for ``encoding`` (None: UTF-8)."""
         parser = self._parsers.get(encoding)
         if parser is None:
-            parser = self._parsers[encoding] = _parser(encoding)
+            parser = self._parsers[encoding] = hardened_parser(encoding)
         return parser
 
     def records(self) -> Iterator[list[Chunk | Region | Lines | Bad]]:
@@ -280,7 +284,7 @@ class Splitter:
             return
         parser = self.parser(self.encoding)
         try:
-            root = etree.fromstring(b"".join((self.wrapper_open, region, _BATCH_END)), parser)
+            root = etree.fromstring(b"".join((self.wrapper_open, region, BATCH_END)), parser)
         except etree.XMLSyntaxError:
             return
         if len(parser.error_log):  # an error lxml logs without raising it (an undeclared prefix): the splitter's
@@ -296,23 +300,27 @@ class Splitter:
         self._advance(cut)
 
     def _plain_lines(self, region: bytes) -> Lines | None:
-        """The events of ``region`` when it is the plainest feed: every line one self-closing element and a
-        ``\\n``, all but the first at one indentation (no ``>`` elsewhere: no text, comment or other markup
-        between them), no namespace, no entity or character reference; None otherwise or when lxml does not
-        accept it.
+        """The events of ``region`` when it is the plainest feed: every line one self-closing element (or one
+        element of leaf children) and a ``\\n``, all but the first at one indentation (no ``>`` elsewhere: no
+        text, comment or other markup between them), no namespace but its root's, no entity or character
+        reference; None otherwise or when lxml does not accept it.
 
-        No element tree is built (:mod:`yfpp.input.xml_lines`): a UTF-8 block of ``<tag ts="digits" …/>`` lines
-        is read as one JSON document, any other by an lxml parser target that makes each event from the
-        element's tag and attribute texts; an element, should anything ask for it, is built from the texts
-        (``Event.texts``).
+        No element tree is built (:mod:`yfpp.input.xml_lines`): a UTF-8 block of ``<tag … ts="number" …/>`` lines
+        (or ISO-8601 ts) is read as one JSON document, one of leaf children by regular expressions, any other
+        without namespaces by an lxml parser target that makes each event from the element's tag and attribute
+        texts; an element, should anything ask for it, is built from the texts (``Event.texts``) or parsed
+        from its line.
         """
-        if (not self.lines_ok or region[-3:] != b"/>\n" or self.wrapper_open != b"<yfpp-batch>"
-                or b"&" in region):  # lxml's target gets "&#38;" for "&amp;"
+        if region[-2:] != b">\n" or b"&" in region:  # lxml's target gets "&#38;" for "&amp;"
             return None
-        if self.encoding is None or self.encoding.lower() in _UTF8:  # (JsonLines checks the rest itself)
-            events = self._json_lines.read(region, self.count, self.line)
-            if events is not None:
-                return Lines(events, True)
+        if self.encoding is None or self.encoding.lower() in _UTF8:  # (the readers check the rest themselves)
+            readers = self._scoped_readers()
+            if readers is not None:
+                events = readers[region[-3:] != b"/>\n"].read(region, self.count, self.line)
+                if events is not None:
+                    return Lines(events, True)
+        if not self.lines_ok or region[-3:] != b"/>\n" or self.wrapper_open != PLAIN_SCOPE:
+            return None
         n = region.count(b"\n")
         if region.count(b">") != n or b"xmlns" in region or b"xml:" in region:
             return None
@@ -324,14 +332,30 @@ class Splitter:
             return None
         parser = self._line_parsers.get(self.encoding)
         if parser is None:
-            parser = self._line_parsers[self.encoding] = _parser(self.encoding, self._line_events)
+            parser = self._line_parsers[self.encoding] = hardened_parser(self.encoding, self._line_events)
         self._line_events.reset(self.count, self.line, region.isascii())
         try:
-            lines = etree.fromstring(b"".join((b"<yfpp-batch>", region, _BATCH_END)), parser)
+            lines = etree.fromstring(b"".join((b"<yfpp-batch>", region, BATCH_END)), parser)
         except etree.XMLSyntaxError:
             return None
         # an error lxml logs without raising it to a target (an undeclared prefix) makes the tree parse fail
         return lines if len(lines.items) == n and not len(parser.error_log) else None
+
+    def _scoped_readers(self) -> tuple[JsonLines, ChildReadings] | None:
+        """The readers of plain lines inside the current wrapper (its namespaces), or None when the wrapper does
+        not parse (then every record is a dead letter, which the splitter reports)."""
+        scope = self.wrapper_open
+        readers = self._readers.get(scope)
+        if readers is None and scope not in self._readers:
+            try:
+                etree.fromstring(scope + BATCH_END, self.parser(None))
+                readers = (JsonLines(self.opts, scope), ChildReadings(self.opts, scope))
+            except etree.XMLSyntaxError:
+                pass
+            if len(self._readers) >= 64:  # (roots declare few namespaces: a feed of many keeps none)
+                self._readers.clear()
+            self._readers[scope] = readers
+        return readers
 
     def _not_plain(self, root: Any, ts: str, flat: bool = False) -> bool:
         if flat:  # only text between the events could make it not plain
@@ -708,13 +732,6 @@ class Splitter:
 # --------------------------------------------------------------------------- parsing chunks
 
 
-def _parser(encoding: str | None, target: Any = None) -> Any:
-    return etree.XMLParser(
-        encoding=encoding, resolve_entities=False, no_network=True, load_dtd=False, huge_tree=False,
-        collect_ids=False, remove_comments=True, remove_pis=True, target=target,
-    )
-
-
 class _FirstAttributes:
     """A parser target that keeps the attributes of the first element it sees."""
 
@@ -765,7 +782,7 @@ def _parse_chunks(chunks: list[Chunk], parser: Callable[[str | None], Any]) -> l
 
 def _parse_run(chunks: list[Chunk], wrapper_open: bytes, parser: Any) -> list[Any]:
     try:
-        root = etree.fromstring(b"".join([wrapper_open, *[c.data for c in chunks], _BATCH_END]), parser)
+        root = etree.fromstring(b"".join([wrapper_open, *[c.data for c in chunks], BATCH_END]), parser)
         elements = list(root)
         if len(elements) == len(chunks) and not len(parser.error_log):  # (a logged error: each alone says whose)
             for el, chunk in zip(elements, chunks):
@@ -777,11 +794,7 @@ def _parse_run(chunks: list[Chunk], wrapper_open: bytes, parser: Any) -> list[An
     out: list[Any] = []
     for chunk in chunks:
         try:
-            root = etree.fromstring(wrapper_open + chunk.data + _BATCH_END, parser)
-            el = root[0]
-            root.remove(el)
-            el.sourceline = min(chunk.line, 65535)  # libxml2 keeps an unsigned short
-            out.append(el)
+            out.append(parse_alone(chunk.data, chunk.line, wrapper_open, parser))
         except etree.XMLSyntaxError as e:
             line = chunk.line + (e.lineno or 1) - 1
             out.append(Bad(line, "malformed XML: " + _LINE_COL.sub("", e.msg or "syntax error"), preview(chunk.data)))

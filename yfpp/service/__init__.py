@@ -1,7 +1,7 @@
 """``yfpp serve``: many subscriptions on live feeds in one long-running process (see docs/service.md).
 
 Modules: ``config`` (settings), ``server`` (the process: engine thread, feeds,
-routing), ``app`` (HTTP API), ``subscriptions``, ``sinks`` (destinations and
+routing), ``app`` (HTTP API), ``batch`` (a batch of subscriptions in one request), ``subscriptions``, ``sinks`` (destinations and
 their queues), ``sink_urls`` (the sink URLs a subscription may name), ``feeds``, ``mqtt`` (MQTT feed and sink), ``mqtt_api`` (MQTT feeds added over the API), ``dashboard`` (the page at ``/``, offline ``/docs``),
 ``registry`` (SQLite), ``checkpoint``, ``metrics``, ``logs``, ``errors`` (what requests are refused with),
 ``auth`` (API keys: admin, subscriber, feed; hashed), ``sink_policy`` (file sinks under one directory, network
