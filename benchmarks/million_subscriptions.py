@@ -1,4 +1,4 @@
-"""A million subscriptions in one engine (issue 33): registration, memory and per-event cost against N.
+"""A million subscriptions in one engine: registration, memory and per-event cost against N.
 
 Kinds of subscriptions (``j`` is the subscription's constant, 1..m):
 

@@ -1,4 +1,4 @@
-"""MQTT through a real broker (issue 36): events/s and end-to-end latency at N subscriptions.
+"""MQTT through a real broker: events/s and end-to-end latency at N subscriptions.
 
 Setup, all on 127.0.0.1: Mosquitto (tests/mosquitto.py) on a free port; ``yfpp serve`` in this process
 (``BackgroundService``, no state) reading ``sensors/{sensor}`` at QoS 1; N subscriptions

@@ -9,7 +9,7 @@ writes a feed of N events (default 200,000) to a temporary folder and, alternati
 
 It prints the best (least CPU, ``time.process_time``) of each and their ratio. The shapes: integer ts first;
 ``seq`` before ``ts``; decimal seconds; ISO-8601 ts (``ts_unit="iso"``); a default namespace declared on the
-root; readings as child elements; JSON lines. Targets (issue 37): each XML shape ≤ 2.5× lxml, JSON lines ≤ 4×.
+root; readings as child elements; JSON lines. Targets: each XML shape ≤ 2.5× lxml, JSON lines ≤ 4×.
 """
 
 from __future__ import annotations

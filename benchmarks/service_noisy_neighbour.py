@@ -1,4 +1,4 @@
-"""Noisy neighbour (issue 34): a light subscriber's latency alone and beside a heavy subscription.
+"""Noisy neighbour: a light subscriber's latency alone and beside a heavy subscription.
 
 Setup, all on 127.0.0.1: ``yfpp serve --no-state`` as its own process with a
 JSON-lines feed port. One feed connection carries, in one ts order:

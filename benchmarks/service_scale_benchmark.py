@@ -1,4 +1,4 @@
-"""``yfpp serve`` against ``yfpp run`` (issue 35): CPU per event, registration, stop, restart, checkpoint stall.
+"""``yfpp serve`` against ``yfpp run``: CPU per event, registration, stop, restart, checkpoint stall.
 
 All on 127.0.0.1, the service as its own process (``yfpp serve --state DIR``, a JSON-lines feed port):
 

@@ -1,5 +1,5 @@
 """Many subscriptions in one engine: batch registration, query shapes parsed once, the cap on queries, and
-subscriptions added and removed between events against the reference evaluator (issue 33)."""
+subscriptions added and removed between events against the reference evaluator."""
 
 from __future__ import annotations
 
