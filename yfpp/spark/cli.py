@@ -271,6 +271,9 @@ def _spark_job(args: argparse.Namespace) -> int:
     if not args.partitions and not spark.sparkContext.getConf().contains("spark.sql.shuffle.partitions"):
         spark.conf.set("spark.sql.shuffle.partitions", str(2 * spark.sparkContext.defaultParallelism))
     try:
+        from yfpp.spark.shipping import ship_packages
+
+        ship_packages(spark)  # a cluster's executors: yfpp's packages sent, what they need checked
         code = (stream if args.stream else batch)(spark, queries, args)
     except Exception as e:  # a failed Spark job: one line, not a Java and Python traceback
         if args.interrupted.is_set():  # a job cancelled, a query stopped by Ctrl-C
