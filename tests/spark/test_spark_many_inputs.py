@@ -74,9 +74,10 @@ def test_a_stream_watches_one_directory(spark, feeds, tmp_path, capsys):
     assert capsys.readouterr().err.strip() == "yfpp: error: --stream watches one input directory, not 2: give one -i"
 
 
-def test_append_to_a_table_on_every_run(spark, feeds, tmp_path, capsys):
-    name = f"yfpp_append_{os.getpid()}"
-    args = ["-i", str(feeds / "all.jsonl"), "--table", name, "--mode", "append"]
+@pytest.mark.parametrize("partition_by", [[], ["--partition-by", "query"]])
+def test_append_to_a_table_on_every_run(spark, feeds, tmp_path, capsys, partition_by):
+    name = f"yfpp_append_{os.getpid()}_{len(partition_by)}"
+    args = ["-i", str(feeds / "all.jsonl"), "--table", name, "--mode", "append", *partition_by]
     try:
         first, _ = spark_lines(spark, capsys, tmp_path / "out", *args)
         n = sum(first.values())
@@ -93,6 +94,7 @@ def test_append_to_a_table_on_every_run(spark, feeds, tmp_path, capsys):
         assert second == Counter({line: 2 * k for line, k in first.items()})  # matches.jsonl appended too
         spark_lines(spark, capsys, tmp_path / "out", *args)  # the table known: Spark appends by itself
         assert spark.table(name).count() == 3 * n
+        assert spark.table(name).where("query = 'q2'").count() == 3 * sum(k for m, k in first.items() if '"q2"' in m)
     finally:
         folder = managed_folder(spark, name).removeprefix("file:")
         spark.sql(f"DROP TABLE IF EXISTS {name}")
