@@ -11,7 +11,8 @@ Modules: ``cli`` (``yfpp spark``), ``starting`` (the JVM and session started whi
 (query groups, partition and slice plans), ``scan`` and ``batch`` (the scan and shuffle plans of a batch
 job), ``ingest`` and ``stream`` (a directory stream), ``source`` (the socket source), ``costs`` (per-step
 costs for ``--stats``, JVM options, the class-data archive), ``errors`` (a failure of the JVM, the
-cluster manager, a source or a sink as one line naming Spark's cause).
+cluster manager, a source or a sink as one line naming Spark's cause), ``shipping`` (yfpp's packages sent to a
+cluster's executors, what they need checked at job start), ``table`` (``--table`` writes, appending across runs).
 """
 
 from __future__ import annotations

@@ -53,8 +53,10 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("-q", "--query", action="extend", nargs="+", required=True, metavar="QUERY_OR_FILE",
                    help="query text or a query file, as for 'yfpp run'; repeatable")
-    p.add_argument("-i", "--input", help="a file, directory (read recursively, files in path order) or glob; "
-                                         "any URI Spark reads (file://, hdfs://, s3a://), relative paths from here")
+    p.add_argument("-i", "--input", action="extend", nargs="+", metavar="PATH",
+                   help="files, directories (read recursively, files in path order) or globs, read as one stream "
+                        "in the order given (a glob's matches sorted); any URI Spark reads (file://, hdfs://, s3a://), "
+                        "relative paths from here; --stream: one directory")
     p.add_argument("-o", "--output", required=True, metavar="OUTDIR", help="output directory")
     p.add_argument("--master", help="Spark master, e.g. local[4] or spark://host:7077 (default: spark-submit's, else local[*])")
     p.add_argument("--format", choices=["xml", "jsonl"], help="input format (default: from each file's extension or content)")
@@ -151,7 +153,11 @@ def _check_arguments(args: argparse.Namespace) -> None:
     if args.socket is not None and socket_address(args.socket) is None:
         raise YfppError(f"--socket must be HOST:PORT (a port from 1 to 65535), not {args.socket!r}")
     if args.input:
-        args.input = examples.resolve(args.input)
+        args.input = [examples.resolve(p) for p in args.input]
+    if args.stream and args.input:
+        if len(args.input) > 1:
+            raise YfppError(f"--stream watches one input directory, not {len(args.input)}: give one -i")
+        args.input = args.input[0]
     if args.stream and args.input and not args.socket:
         for flag, path in (("-o", args.output), ("--checkpoint", args.checkpoint)):
             if path is not None and within(path, args.input):
@@ -273,6 +279,9 @@ def _spark_job(args: argparse.Namespace) -> int:
     try:
         if not args.partitions and not spark.sparkContext.getConf().contains("spark.sql.shuffle.partitions"):
             spark.conf.set("spark.sql.shuffle.partitions", str(2 * spark.sparkContext.defaultParallelism))
+        from yfpp.spark.shipping import ship_packages
+
+        ship_packages(spark)  # a cluster's executors: yfpp's packages sent, what they need checked
         code = (stream if args.stream else batch)(spark, queries, args)
         failed = False
     except Exception as e:  # a failed Spark job: one line, not a Java and Python traceback
@@ -405,7 +414,7 @@ def batch(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namespa
 
     started = time.perf_counter()
     steps = Steps(spark, getattr(args, "before_steps", ()))
-    plan = choose_plan(args.plan, qualify(spark, args.input), default_fs(spark))
+    plan = choose_plan(args.plan, [qualify(spark, p) for p in args.input], default_fs(spark))
     rows, dead_of, what, counted = (scan_rows if plan == "scan" else shuffle_rows)(spark, queries, args, steps)
     matches = rows.where(F.col("query").isNotNull()).select(*rows.columns[:6])
     columns = matches.withColumn("events", F.get_json_object("json", "$.events")) if args.events else matches
@@ -418,6 +427,10 @@ def batch(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namespa
     with steps.step("write matches.parquet"):
         columns.drop("json").write.mode(mode).partitionBy(*args.partition_by).parquet(os.path.join(out, "matches.parquet"))
         if args.table:
+            from yfpp.spark.table import adopt_folder
+
+            if mode == "append":
+                adopt_folder(spark, args.table)
             columns.drop("json").write.mode(mode).partitionBy(*args.partition_by).saveAsTable(args.table)
     with steps.step("write dead letters"):
         dead_of(tasks).select(F.to_json(F.struct("seq", "position", "reason", "raw"), {"ignoreNullFields": "false"})) \
@@ -451,11 +464,11 @@ def scan_rows(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Nam
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    from yfpp.spark.inputs import list_files, local_files, single_file
+    from yfpp.spark.inputs import list_inputs, single_file
     from yfpp.spark.scan import scan_match
 
     with steps.step("list input"):
-        files = local_files(qualify(spark, args.input)) or list_files(spark, args.input)
+        files = list_inputs(spark, args.input, here=True)
     tasks = args.partitions or spark.sparkContext.defaultParallelism
     with steps.step("plan the scan"):  # the queries compiled and grouped, the job's first DataFrame (SQL's classes load)
         rows = scan_match(spark, queries, files, single=single_file(args.input, files), tasks=tasks, format=args.format,

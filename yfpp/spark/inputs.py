@@ -13,7 +13,7 @@ from __future__ import annotations
 import glob
 import os
 import re
-from typing import Any
+from typing import Any, Sequence
 from urllib.parse import unquote, urlparse
 
 from yfpp.errors import InputError
@@ -61,17 +61,42 @@ def hadoop_path(uri: str) -> str:
     return re.sub(r"([\\{}\[\]*?])", r"\\\1", unquote(uri))
 
 
-def choose_plan(requested: str, path: str, fs: str = "file:///") -> str:
-    """``scan`` or ``shuffle`` for a batch job over ``path`` (qualified, :func:`qualify`; ``fs``: the
-    default file system). ``auto`` scans when the path is local — a ``file:`` URI, or a path without a
+def choose_plan(requested: str, paths: str | Sequence[str], fs: str = "file:///") -> str:
+    """``scan`` or ``shuffle`` for a batch job over ``paths`` (qualified, :func:`qualify`; ``fs``: the
+    default file system). ``auto`` scans when every path is local — a ``file:`` URI, or a path without a
     scheme on a local default file system — since every scan task opens the files itself; ``scan`` of
     another file system is refused (:class:`InputError`)."""
-    local = local_path(path) is not None if _SCHEME.match(path) else fs.startswith("file:")
+    remote = [p for p in ([paths] if isinstance(paths, str) else paths)
+              if not (local_path(p) is not None if _SCHEME.match(p) else fs.startswith("file:"))]
     if requested == "auto":
-        return "scan" if local else "shuffle"
-    if requested == "scan" and not local:
-        raise InputError(f"--plan scan reads the input in every task as local files, not from {path}: use --plan shuffle")
+        return "shuffle" if remote else "scan"
+    if requested == "scan" and remote:
+        raise InputError(f"--plan scan reads the input in every task as local files, not from {remote[0]}: use --plan shuffle")
     return requested
+
+
+def list_inputs(spark: Any, paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+                here: bool = False) -> list[str]:
+    """The files of one or several paths, read as one stream: the paths in the order given, each one's
+    files in path order (a glob's matches sorted, a directory's files too), listed by Spark
+    (:func:`list_files`; ``here``: local paths listed here instead, :func:`local_files`). Raises
+    :class:`InputError` as they do, and for a file that two paths name (it would be read twice)."""
+    files: list[str] = []
+    seen: dict[str, str] = {}
+    for given in [paths] if isinstance(paths, (str, os.PathLike)) else paths:
+        given = os.fspath(given)
+        for f in (here and local_files(qualify(spark, given))) or list_files(spark, given):
+            if same_file(f) in seen:
+                raise InputError(f"{f} is named twice, by {seen[same_file(f)]} and {given}: give each file once")
+            seen[same_file(f)] = given
+            files.append(f)
+    return files
+
+
+def same_file(uri: str) -> str:
+    """One name per file for its listed forms: a local path, ``file:/x`` (Spark's reader columns) and
+    ``file:///x`` (Spark's listing) as the decoded local path; another URI decoded."""
+    return local_path(uri) or unquote(uri)
 
 
 def list_files(spark: Any, path: str | os.PathLike[str]) -> list[str]:
@@ -132,7 +157,12 @@ def splittable(uri: str, format: str | None) -> bool:
     return format in (None, "jsonl") and uri.lower().endswith(SPLITTABLE)
 
 
-def single_file(given: str, files: list[str]) -> bool:
-    """Did ``given`` name one file (its dead letters' positions then carry no file name, as in ``yfpp run``)?"""
+def single_file(given: str | Sequence[str], files: list[str]) -> bool:
+    """Did ``given`` (a path, or the paths of :func:`list_inputs`) name one file (its dead letters'
+    positions then carry no file name, as in ``yfpp run``)?"""
+    if not isinstance(given, str):
+        if len(given) != 1:
+            return False
+        given = given[0]
     name = os.path.basename(given.rstrip("/"))
     return len(files) == 1 and not any(c in given for c in "*?[{") and files[0].rsplit("/", 1)[-1] == name

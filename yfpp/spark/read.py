@@ -56,14 +56,15 @@ class Parsed(NamedTuple):
         return (min(lows) if lows else None, max(highs) if highs else None)
 
 
-def read_events_df(spark: SparkSession, path: str | os.PathLike[str], format: str | None = None, *,
+def read_events_df(spark: SparkSession, path: str | os.PathLike[str] | Sequence[str], format: str | None = None, *,
                    ts_field: str = "ts", ts_unit: str = "s", type_field: str | None = None,
                    step: Callable[[str], ContextManager[Any]] | None = None) -> DataFrame:
     """Every record of a file, a directory's files (recursively) or a glob's, in path order, as a
     persisted DataFrame (``unpersist()`` it when done).
 
     ``path``: any URI Spark reads, or a local path (relative: to the driver's
-    working directory). Columns: ``seq`` (global: the record's index in its
+    working directory); or several, read as one stream in the order given
+    (:func:`yfpp.spark.inputs.list_inputs`). Columns: ``seq`` (global: the record's index in its
     file plus the records of the files before it), ``type``, ``ts``, ``attrs``
     (a JSON object), ``xml`` (the event's element, XML input only), and for a
     dead letter ``reason``, ``position``, ``raw``. Malformed records and late
@@ -82,16 +83,16 @@ def read_events_df(spark: SparkSession, path: str | os.PathLike[str], format: st
     return events
 
 
-def parse_input(spark: SparkSession, path: str | os.PathLike[str], format: str | None = None, *,
+def parse_input(spark: SparkSession, path: str | os.PathLike[str] | Sequence[str], format: str | None = None, *,
                 ts_field: str = "ts", ts_unit: str = "s", type_field: str | None = None, xml: bool = True,
                 keys: Sequence[Sequence[str]] = (), step: Callable[[str], ContextManager[Any]] | None = None) -> Parsed:
     """The input of :func:`read_events_df` read and parsed by the executors, kept (persisted), with
     the splits' summaries collected — one Spark job. ``xml``: keep XML events' elements (for XPath
     predicates); ``keys``: equivalence lists to hash per event (``key_hashes``, see :mod:`yfpp.spark.parse`)."""
     step = step or (lambda name: nullcontext())
-    given = os.fspath(path)
+    given = os.fspath(path) if isinstance(path, (str, os.PathLike)) else list(path)
     with step("list input"):
-        files = inputs.list_files(spark, given)
+        files = inputs.list_inputs(spark, given)
     opts: dict[str, Any] = {"ts_field": ts_field, "ts_unit": ts_unit, "type_field": type_field, "xml": xml,
                             "keys": [list(k) for k in keys], **({"format": format} if format else {})}
     split = [f for f in files if inputs.splittable(f, format)]
@@ -111,7 +112,7 @@ def parse_input(spark: SparkSession, path: str | os.PathLike[str], format: str |
         .persist(StorageLevel.MEMORY_AND_DISK)
     with step("read + parse (readers), summaries"):
         stats = summaries(parsed)
-    offsets = split_offsets(stats, inputs.single_file(given, files), uris=True)
+    offsets = split_offsets(stats, inputs.single_file(given, files), uris=True, order=files)
     return Parsed(parsed, stats, offsets, any_late(stats, offsets))
 
 
@@ -202,15 +203,19 @@ def any_late(stats: list[Any], offsets: list[tuple]) -> bool:
 
 
 def split_offsets(stats: list[Any], single: bool, start: tuple[int, float | None] = (0, None),
-                  root: str | None = None, uris: bool = False) -> list[tuple]:
+                  root: str | None = None, uris: bool = False, order: Sequence[str] | None = None) -> list[tuple]:
     """``(path, block, seq_base, line_base, before, prefix)`` per split from the splits'
     ``(path, block, n, line, ts)`` summaries: the records and largest ts of the
     splits before it (path order; ``start``: those of the input before these splits),
     the lines before it in its file, and the prefix of its dead letters' positions
     (its path below folder ``root``, by default the files' common folder). ``uris``: the paths
-    are Spark's percent-encoded URIs, ordered and shown decoded (``a b`` before ``a!``, as on disk)."""
+    are Spark's percent-encoded URIs, ordered and shown decoded (``a b`` before ``a!``, as on disk).
+    ``order``: the files in the order they are read (several inputs: :func:`yfpp.spark.inputs.list_inputs`),
+    instead of path order."""
     name = unquote if uris else str
-    rows = sorted(((s[0], s[1], s[2], s[3], s[4]) for s in stats), key=lambda r: (name(r[0]), r[1]))
+    rank = {inputs.same_file(f): i for i, f in enumerate(order or ())}
+    rows = sorted(((s[0], s[1], s[2], s[3], s[4]) for s in stats),
+                  key=lambda r: (rank.get(inputs.same_file(r[0]), -1), name(r[0]), r[1]))
     paths = sorted({name(r[0]) for r in rows})
     common = name(root).rstrip("/") + "/" if root else os.path.commonprefix(paths).rpartition("/")[0] + "/" if paths else ""
     out = []

@@ -74,7 +74,7 @@ def scan_match(spark: SparkSession, queries: Any, files: Sequence[str], *, singl
 def scan_inputs(files: Sequence[str], single: bool) -> list[tuple[str, str]]:
     """``(local path, dead-letter position prefix)`` of each listed file: the prefix is its path below
     the files' common folder, as the shuffle plan writes it (:func:`yfpp.spark.read.split_offsets`)."""
-    prefixes = [o[5] for o in split_offsets([(f, 0, 0, 0, None) for f in files], single)]
+    prefixes = [o[5] for o in split_offsets([(f, 0, 0, 0, None) for f in files], single, order=files)]
     return [(local_path(f), prefix) for f, prefix in zip(files, prefixes)]
 
 

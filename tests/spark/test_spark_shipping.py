@@ -1,0 +1,114 @@
+"""Jobs that ship themselves (:mod:`yfpp.spark.shipping`): on a cluster whose executors' Python lacks yfpp,
+``yfpp spark`` sends its packages and gives ``yfpp run``'s matches; a missing dependency is one error line.
+
+The executors' Python is a wrapper (``PYSPARK_PYTHON``) that runs this Python isolated (``-I -S``: no
+PYTHONPATH, no ``.pth`` files — so not the editable install of yfpp) with site-packages on its path, and can
+hide modules (``YFPP_TEST_HIDE``). The cluster is ``local-cluster[1,1,1024]``: a standalone master and worker
+whose executor is a JVM of its own, with Python workers of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import site
+import subprocess
+import sys
+import zipfile
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyspark", reason="pyspark is not installed (pip install '.[spark]')")
+
+from yfpp.input.generate import generate_rfid, write_events  # noqa: E402
+from yfpp.spark.shipping import _why, package_zip, ships  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+QUERY = "[tag_id]&&//shelf//!register//exit&&(1 hour)"
+RUNNER = f"""\
+import os, runpy, sys
+sys.path += {site.getsitepackages()!r}  # without their .pth files: no editable install of yfpp
+hide = set(filter(None, os.environ.get("YFPP_TEST_HIDE", "").split(",")))
+
+class Hide:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in hide:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+        return None
+
+sys.meta_path.insert(0, Hide())
+args = sys.argv[1:]
+while args[0] != "-m":  # Spark starts "python -m pyspark.daemon" (maybe with flags)
+    args.pop(0)
+sys.argv = [args[1], *args[2:]]
+runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+"""
+
+
+def test_ships_only_to_masters_whose_python_runs_apart():
+    assert not any(ships(m) for m in ("local", "local[4]", "local[*]", "local[2,3]"))
+    assert all(ships(m) for m in ("local-cluster[1,1,1024]", "spark://host:7077", "yarn", "k8s://https://h:6443"))
+
+
+def test_the_zip_is_cached_by_content(tmp_path):
+    path = package_zip(str(tmp_path))
+    assert package_zip(str(tmp_path)) == path and os.listdir(tmp_path) == [os.path.basename(path)]
+    names = zipfile.ZipFile(path).namelist()
+    assert "yfpp/engine.py" in names and "yfpp/spark/shipping.py" in names and "xpath_ext/__init__.py" in names
+    assert not [n for n in names if n.endswith(".pyc") or "__pycache__" in n]
+
+
+def test_why_the_executors_python_did_not_run_is_one_line():
+    mismatch = ("An error occurred while calling o41.collectAndServe.\n: org.apache.spark.SparkException: Job aborted\n"
+                "pyspark.errors.exceptions.base.PySparkRuntimeError: [PYTHON_VERSION_MISMATCH] Python in worker has "
+                "different version: 3.10 than that in driver: 3.11, PySpark cannot run with different minor versions.\n"
+                "Please check environment variables PYSPARK_PYTHON and PYSPARK_DRIVER_PYTHON are correctly set.\n")
+    assert _why(mismatch) == ("Python in worker has different version: 3.10 than that in driver: 3.11, "
+                              "PySpark cannot run with different minor versions")
+    assert _why('x\njava.io.IOException: Cannot run program "/no/python": error=2, No such file or directory\n\tat y') \
+        == 'Cannot run program "/no/python": error=2, No such file or directory'
+    assert _why("An error occurred\norg.apache.spark.SparkException: Python worker exited unexpectedly\n\tat x") \
+        == "Python worker exited unexpectedly"
+
+
+@pytest.fixture(scope="module")
+def worker_python(tmp_path_factory) -> Path:
+    """A Python for the executors that cannot import yfpp (checked)."""
+    d = tmp_path_factory.mktemp("worker")
+    (d / "runner.py").write_text(RUNNER)
+    wrapper = d / "python"
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} -I -S {d / "runner.py"} "$@"\n')
+    wrapper.chmod(0o755)
+    probe = subprocess.run([str(wrapper), "-m", "yfpp"], capture_output=True, text=True, timeout=60, cwd=d)
+    assert probe.returncode != 0 and "No module named yfpp" in probe.stderr
+    assert subprocess.run([str(wrapper), "-m", "pyspark.find_spark_home"], capture_output=True, timeout=60).returncode == 0
+    return wrapper
+
+
+def spark_job(worker_python: Path, tmp_path: Path, feed: Path, out: Path, **env: str) -> subprocess.CompletedProcess:
+    """``yfpp spark`` on ``local-cluster[1,1,1024]`` with executors' Python ``worker_python``; bounded in time."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYSPARK_PYTHON": str(worker_python),
+           "XDG_CACHE_HOME": str(tmp_path / "cache"), **env}
+    return subprocess.run([sys.executable, "-m", "yfpp", "spark", "-q", QUERY, "-i", str(feed), "-o", str(out),
+                           "--master", "local-cluster[1,1,1024]", "--conf", "spark.executor.memory=512m",
+                           "--conf", "spark.task.maxFailures=1"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=400)
+
+
+def test_a_worker_without_yfpp_gets_it_shipped(worker_python, tmp_path):
+    feed = tmp_path / "feed.jsonl"
+    write_events(generate_rfid(1000, tags=8, gap=12, seed=5), feed)
+    done = spark_job(worker_python, tmp_path, feed, tmp_path / "out")
+    assert done.returncode == 0, done.stderr[-3000:]
+    expected = subprocess.run([sys.executable, "-m", "yfpp", "run", "-q", QUERY, "-i", str(feed)], capture_output=True,
+                              text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout
+    got = Counter(ln for f in sorted((tmp_path / "out" / "matches.jsonl").glob("part-*")) for ln in f.read_text().splitlines())
+    assert got == Counter(expected.splitlines()) and got
+    assert len(list((tmp_path / "cache" / "yfpp" / "pyfiles").glob("yfpp-*.zip"))) == 1
+
+    missing = spark_job(worker_python, tmp_path, feed, tmp_path / "out2", YFPP_TEST_HIDE="orjson,lark")
+    assert missing.returncode == 2
+    line = missing.stderr.strip().splitlines()[-1]
+    assert line.startswith("yfpp: error: the executors' Python lacks orjson, lark (Python "), line
+    assert "pip install orjson lark" in line and not (tmp_path / "out2").exists()

@@ -1,0 +1,149 @@
+"""Jobs that ship themselves: yfpp's pure-Python packages sent to the executors at job start.
+
+With yfpp installed on the driver only, ``yfpp spark --master spark://…``
+zips the installed packages (:data:`PACKAGES`, as the driver imports them),
+caches the zip under ``$XDG_CACHE_HOME/yfpp/pyfiles`` (``~/.cache``), named by
+yfpp's version and a hash of the files' names and contents — the next run
+with the same code reuses it — and hands it to ``SparkContext.addPyFile``:
+every executor's Python finds yfpp there, ahead of any copy installed on the
+worker, so driver and executors run the same code.
+
+What cannot be shipped — the compiled libraries (lxml, orjson, pyarrow…) and
+Python itself — must be on the workers already. A one-task-per-core job checks
+that before the real job starts (:func:`check_workers`), and a missing piece is
+one ``yfpp: error:`` line that names it. Local masters (``local``,
+``local[N]``) run their Python workers on this machine, with the driver's
+packages: nothing is shipped or checked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+import re
+import tempfile
+import zipfile
+from typing import Any
+
+from yfpp._version import __version__
+from yfpp.errors import YfppError
+
+#: The packages shipped to the executors (pure Python).
+PACKAGES = ("yfpp", "xpath_ext")
+#: What the executors' Python must have installed (import names: yfpp's dependencies, PySpark's Arrow and pandas).
+NEEDED = ("lxml", "orjson", "elementpath", "lark", "networkx", "pyarrow", "pandas")
+
+
+def ships(master: str) -> bool:
+    """Do the executors of ``master`` run their Python apart from the driver's packages (not ``local[…]``)?"""
+    return not re.fullmatch(r"local(\[[^\]]*\])?", master)
+
+
+def ship_packages(spark: Any) -> str | None:
+    """Add the packages' zip (:func:`package_zip`) to the session's Python path on every executor and
+    check the workers (:func:`check_workers`), unless the master is local; the zip's path, or None."""
+    sc = spark.sparkContext
+    if not ships(sc.master):
+        return None
+    path = package_zip()
+    sc.addPyFile(path)
+    check_workers(spark)
+    return path
+
+
+def package_files() -> list[tuple[str, str]]:
+    """``(name in the zip, file)`` of every file of :data:`PACKAGES` as installed (compiled ``.pyc`` left
+    out), in name order."""
+    found = []
+    for name in PACKAGES:
+        root = os.path.dirname(importlib.import_module(name).__file__ or "")
+        base = os.path.dirname(root)
+        for folder, dirs, files in os.walk(root):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            found += [(os.path.relpath(os.path.join(folder, f), base).replace(os.sep, "/"), os.path.join(folder, f))
+                      for f in files if not f.endswith((".pyc", ".pyo"))]
+    return sorted(found)
+
+
+def package_zip(cache: str | None = None) -> str:
+    """The zip of :func:`package_files`, built once per version and content under ``cache`` (default
+    ``$XDG_CACHE_HOME/yfpp/pyfiles``; a temporary folder when that cannot be written)."""
+    files = package_files()
+    digest = hashlib.sha256()
+    contents = []
+    for arcname, path in files:
+        with open(path, "rb") as f:
+            data = f.read()
+        digest.update(arcname.encode() + b"\0" + len(data).to_bytes(8, "big") + data)
+        contents.append((arcname, data))
+    name = f"yfpp-{__version__}-{digest.hexdigest()[:16]}.zip"
+    folder = cache or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "yfpp", "pyfiles")
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError:
+        folder = tempfile.gettempdir()
+    target = os.path.join(folder, name)
+    if os.path.exists(target):
+        return target
+    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".zip.part")
+    with os.fdopen(fd, "wb") as out, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
+        for arcname, data in contents:
+            z.writestr(zipfile.ZipInfo(arcname, (1980, 1, 1, 0, 0, 0)), data, zipfile.ZIP_DEFLATED)
+    os.replace(tmp, target)  # (another run building the same zip at once writes the same bytes)
+    return target
+
+
+def check_workers(spark: Any) -> None:
+    """Run a task per core that imports what the job needs on the executors (:data:`NEEDED`, then the
+    shipped :data:`PACKAGES`); raise :class:`YfppError` with one line naming what is missing, or why
+    the executors' Python did not run."""
+    sc = spark.sparkContext
+    needed, packages = NEEDED, PACKAGES
+
+    def probe(_: Any) -> tuple[str, str, list[str], str | None]:  # (pickled by value: runs before yfpp is known there)
+        import importlib
+        import platform
+        import socket
+
+        missing = []
+        for module in needed:
+            try:
+                importlib.import_module(module)
+            except Exception:
+                missing.append(module)
+        broken = None
+        if not missing:
+            for module in packages:
+                try:
+                    importlib.import_module(module)
+                except Exception as e:
+                    broken = f"{module}: {type(e).__name__}: {e}"
+                    break
+        return socket.gethostname(), platform.python_version(), missing, broken
+
+    n = max(sc.defaultParallelism, 1)
+    try:
+        reports = sc.parallelize(range(n), n).map(probe).collect()
+    except Exception as e:
+        raise YfppError(f"cannot run Python on the executors: {_why(str(e))}") from None
+    for host, version, missing, broken in reports:
+        if missing:
+            raise YfppError(f"the executors' Python lacks {', '.join(missing)} (Python {version} on {host}): install "
+                            f"{'it' if len(missing) == 1 else 'them'} there (pip install {' '.join(missing)}), or set "
+                            f"spark.pyspark.python (PYSPARK_PYTHON) to a Python that has {'it' if len(missing) == 1 else 'them'}")
+        if broken:
+            raise YfppError(f"the executors cannot import the shipped {broken} (Python {version} on {host})")
+
+
+def _why(text: str) -> str:
+    """The line of a failed probe job's error that says why: a Python version mismatch, a Python that
+    would not start, or the message's first line."""
+    for pattern in (r"\[PYTHON_VERSION_MISMATCH\] (.+?)(?:\.\s|\n|$)", r"(Cannot run program \"[^\"]*\"[^\n]*)",
+                    r"^[\w.$]*(?:Error|Exception): (.+)$"):
+        m = re.search(pattern, text, re.MULTILINE)
+        if m:
+            return m.group(1).strip()
+    return next((ln.strip() for ln in text.splitlines() if ln.strip()), "unknown error")
+
+
