@@ -233,29 +233,19 @@ class _TypeGroup:
                 else:  # (several children: a node of several keys, [@a='x' or @a='y'], found once)
                     out += dict.fromkeys(n for k in keys for n in table.get(k, ()))
         for (source, attr, op), (keys, nodes) in self.ranges.items():
-            if source is None:
-                v = ev.attrs.get(attr, MISSING)
-                values = (v,) if is_number(v) else ()
-            else:
-                found = index_keys(source, attr, ev)  # type: ignore[misc]
-                if found is None:  # (as above)
-                    out += nodes.values()
-                    continue
-                values = tuple(v for v in found if v == v)  # (NaN compares false)
+            values = _numbers(source, attr, ev, index_keys)
+            if values is None:  # (as above)
+                out += nodes.values()
+                continue
             if len(values) == 1:
                 out += [nodes[nid] for _, nid in _in_range(keys, op, values[0])]
             elif values:  # (several children: each node once)
                 out += {nid: nodes[nid] for v in values for _, nid in _in_range(keys, op, v)}.values()
         for (source, attr), index in self.intervals.items():
-            if source is None:
-                v = ev.attrs.get(attr, MISSING)
-                values = (v,) if is_number(v) else ()
-            else:
-                found = index_keys(source, attr, ev)  # type: ignore[misc]
-                if found is None:  # (as above)
-                    out += index.nodes()
-                    continue
-                values = tuple(v for v in found if v == v)
+            values = _numbers(source, attr, ev, index_keys)
+            if values is None:  # (as above)
+                out += index.nodes()
+                continue
             if len(values) == 1:
                 out += index.stab(values[0])
             elif values:
@@ -338,6 +328,17 @@ def _drop(table: dict, key: Any, node: Node) -> None:
     lst.remove(node)
     if not lst:
         del table[key]
+
+
+def _numbers(source: str | None, attr: str, ev: Event, index_keys: Any) -> tuple | None:
+    """The numbers a range or interval index on ``(source, attr)`` looks up for ``ev`` (an attribute's number,
+    or what ``index_keys`` reads of an XPath source, NaN left out: it compares false); None when ``index_keys``
+    cannot tell, and every node of the index is a candidate."""
+    if source is None:
+        v = ev.attrs.get(attr, MISSING)
+        return (v,) if is_number(v) else ()
+    found = index_keys(source, attr, ev)
+    return None if found is None else tuple(v for v in found if v == v)
 
 
 def _in_range(keys: list[tuple[Any, int]], op: str, v: Any) -> list[tuple[Any, int]]:
