@@ -50,6 +50,14 @@ def test_the_chain_is_read_from_the_text_and_its_root_named_with_the_most_said_o
     assert spark_cause(Exception("no trace here")) is None
 
 
+def test_no_java_to_start_names_java_home():
+    said = ("/usr/lib/pyspark/bin/spark-class: line 71: /opt/none/bin/java: No such file or directory\n"
+            "/usr/lib/pyspark/bin/spark-class: line 97: CMD: bad array subscript\n")
+    cause = spark_cause(RuntimeError("[JAVA_GATEWAY_EXITED] Java gateway process exited before sending its port number."),
+                        None, Jvm(said, None))
+    assert cause == "no Java: /opt/none/bin/java does not exist; set JAVA_HOME to a Java 17 (or put its java on PATH)"
+
+
 def test_a_jvm_that_exited_is_asked_what_it_said():
     exited = Exception("[JAVA_GATEWAY_EXITED] Java gateway process exited before sending its port number.")
     assert spark_cause(exited, "yarn", Jvm(YARN, 1)) == (

@@ -140,10 +140,14 @@ def spark_cause(e: BaseException, master: str | None = None, jvm: Jvm | None = N
 
 
 def known_cause(text: str, master: str | None = None, jvm: Jvm | None = None) -> str | None:
-    """The causes that have a fix to name: the JVM out of memory (anywhere in the chain, in its stderr,
-    or its exit status 52), a data source or class not on the class path, a file system scheme Hadoop
-    does not know."""
+    """The causes that have a fix to name: no Java to start, the JVM out of memory (anywhere in the chain, in
+    its stderr, or its exit status 52), a data source or class not on the class path, a file system scheme
+    Hadoop does not know."""
     said = jvm.said if jvm else ""
+    java = re.search(r"(\S*/bin/java): No such file or directory|JAVA_HOME is not set|java: command not found", said)
+    if java:  # (spark-class could not run a JVM at all)
+        where = f"{java.group(1)} does not exist" if java.group(1) else java.group(0)
+        return f"no Java: {where}; set JAVA_HOME to a Java 17 (or put its java on PATH)"
     if "OutOfMemoryError" in text or "OutOfMemoryError" in said or (jvm and jvm.exit_code == OOM_EXIT):
         return out_of_memory(text if "OutOfMemoryError" in text else said, master)
     package = missing_package(text)
