@@ -62,6 +62,8 @@ def test_a_jvm_that_exited_is_asked_what_it_said():
     exited = Exception("[JAVA_GATEWAY_EXITED] Java gateway process exited before sending its port number.")
     assert spark_cause(exited, "yarn", Jvm(YARN, 1)) == (
         "When running with master 'yarn' either HADOOP_CONF_DIR or YARN_CONF_DIR must be set in the environment.")
+    shut = Exception("Job 0 cancelled because SparkContext was shut down")  # the job's side of a JVM that died
+    assert spark_cause(shut, "local[1]", Jvm("", 52)).startswith("the driver JVM ran out of memory")
     refused = ConnectionRefusedError(111, "Connection refused")
     assert "spark.driver.memory" in spark_cause(refused, "local[2]", Jvm("", 52))  # Spark's exit status for OOM
     assert spark_cause(refused, "local[2]", Jvm("some last words\n", 3)) == (

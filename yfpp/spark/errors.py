@@ -34,7 +34,7 @@ _EXCEPTION = re.compile(r'^(?:: |Caused by: |Exception in thread "[^"]*" )?'
                         r'((?:[a-z_$][\w$]*\.)+[A-Z][\w$]*(?:Exception|Error|Throwable|Failure))(?:: ?(.*))?$')
 _NOT_MESSAGE = re.compile(r"^\s*(?:at |\.\.\. \d+ more|Caused by: |Driver stacktrace:|$)")
 _GONE = ("Connection refused", "JAVA_GATEWAY_EXITED", "Java gateway process exited", "Error while sending or receiving",
-         "Answer from Java side is empty", "Py4JNetworkError")
+         "Answer from Java side is empty", "Py4JNetworkError", "SparkContext was shut down")
 
 
 @dataclass(frozen=True)
