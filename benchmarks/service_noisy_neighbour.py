@@ -13,8 +13,10 @@ script; a ping's latency is from its write to its result's arrival. The heavy
 one, added in the second and third runs, is ``//a//b`` (skip-till-any, no window,
 no equivalence key: each ``b`` completes a match with every ``a`` before it, the
 issue's case); the third run has the service suspend a subscription taking more
-than ``--max-cpu-share`` of the engine's time. Each run lasts ``--seconds``; a
-ping not answered within 30 s ends the run.
+than ``--max-cpu-share`` of the engine's time, the fourth move it to an
+isolation engine instead (``--max-isolated 1``), the fifth start it in one
+(``--isolate-degree 1``: its estimated degree is 2). Each run lasts
+``--seconds``; a ping not answered within 30 s ends the run.
 
     python benchmarks/service_noisy_neighbour.py --seconds 8 --rate 2000 --b-every 500 --max-cpu-share 0.5
 """
@@ -83,8 +85,8 @@ class Service:
         self.proc.wait(30)
 
 
-def run(heavy: bool, share: float | None, args: argparse.Namespace) -> dict:
-    svc = Service(*(["--max-cpu-share", str(share)] if share else []))
+def run(heavy: bool, label: str, flags: list[str], args: argparse.Namespace) -> dict:
+    svc = Service(*flags)
     try:
         sink = socket.socket()
         sink.bind(("127.0.0.1", 0))
@@ -158,7 +160,7 @@ def run(heavy: bool, share: float | None, args: argparse.Namespace) -> dict:
     def pick(q: float) -> float:
         return latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000 if latencies else float("nan")
 
-    return {"heavy": heavy, "share": share, "pings": len(latencies), "p50_ms": pick(0.5), "p99_ms": pick(0.99),
+    return {"heavy": heavy, "label": label, "pings": len(latencies), "p50_ms": pick(0.5), "p99_ms": pick(0.99),
             "max_ms": latencies[-1] * 1000 if latencies else float("nan"), "timed_out": timed_out,
             "events": health["events_in"], "service_cpu_s": cpu,
             "usage": {s["name"]: s["usage"] for s in usage},
@@ -174,16 +176,19 @@ def main() -> None:
     p.add_argument("--max-cpu-share", type=float, default=0.5, help="the third run's yfpp serve --max-cpu-share")
     args = p.parse_args()
     print(f"commit {commit()}; {args.seconds:g} s a run; background {args.rate} events/s, a b every {args.b_every}")
-    rows = [run(False, None, args), run(True, None, args), run(True, args.max_cpu_share, args)]
-    print(f"{'run':<34}{'pings':>6}{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}{'events':>9}{'svc CPU s':>11}"
+    share = ["--max-cpu-share", str(args.max_cpu_share)]
+    rows = [run(False, "alone", [], args), run(True, "beside //a//b", [], args),
+            run(True, f"beside, max-cpu-share {args.max_cpu_share:g}", share, args),
+            run(True, "beside, moved (max-isolated 1)", [*share, "--max-isolated", "1"], args),
+            run(True, "beside, isolated (isolate-degree 1)", ["--max-isolated", "1", "--isolate-degree", "1"], args)]
+    print(f"{'run':<38}{'pings':>6}{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}{'events':>9}{'svc CPU s':>11}"
           f"{'p99/alone':>10}")
     for r in rows:
-        label = ("beside //a//b" + (f", max-cpu-share {r['share']:g}" if r["share"] else "")) if r["heavy"] else "alone"
-        print(f"{label:<34}{r['pings']:>6}{r['p50_ms']:>10.1f}{r['p99_ms']:>10.1f}{r['max_ms']:>10.1f}"
+        print(f"{r['label']:<38}{r['pings']:>6}{r['p50_ms']:>10.1f}{r['p99_ms']:>10.1f}{r['max_ms']:>10.1f}"
               f"{r['events']:>9}{r['service_cpu_s']:>11.2f}{r['p99_ms'] / rows[0]['p99_ms']:>10.1f}"
               + ("  (a ping unanswered for 30 s)" if r["timed_out"] else ""))
     for r in rows[1:]:
-        print(f"usage (max-cpu-share {r['share']}):", json.dumps(r["usage"]), "suspended:", r["suspended"])
+        print(f"usage ({r['label']}):", json.dumps(r["usage"]), "suspended:", r["suspended"])
 
 
 if __name__ == "__main__":

@@ -8,16 +8,20 @@ it, and an estimate of the engine CPU it took, the engine thread's CPU time
 since the last sample shared out by live runs (evenly among a branch's
 queries; evenly among all queries while none has runs). The loop reads the
 last sample, a dict replaced whole. :meth:`Usage.sample` also names the queries
-whose share of the last interval is over a bound (the service suspends them).
+whose share of the engine thread's CPU over the last interval is over a bound
+(the service moves them to isolation engines, or suspends them).
 """
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import Any
+from typing import Any, Callable
 
 from yfpp.engine import Engine
+
+
+BUSY = 0.1  #: a query is over its CPU share only while the engine thread is busy this fraction of the time at least
 
 
 class Usage:
@@ -26,10 +30,13 @@ class Usage:
         self._cpu: defaultdict[str, float] = defaultdict(float)
         self._cpu_at: float | None = None
         self._wall_at = time.monotonic()
+        #: the usage of a query that runs in an isolation engine (yfpp.service.isolation), else None
+        self.elsewhere: Callable[[str], dict[str, Any] | None] = lambda name: None
 
     def sample(self, engine: Engine, max_share: float | None = None) -> list[str]:
         """(engine thread, holding ``engine_lock``) Take a sample; return the queries attributed more than
-        ``max_share`` of the wall time since the last sample (when there are several queries to protect)."""
+        ``max_share`` of the engine thread's CPU time since the last sample, while it was busy (:data:`BUSY`) and
+        there are several queries to protect."""
         now, wall = time.thread_time(), time.monotonic()
         spent, self._cpu_at = (now - self._cpu_at if self._cpu_at is not None else 0.0), now
         interval, self._wall_at = wall - self._wall_at, wall
@@ -44,8 +51,9 @@ class Usage:
             for name in group:
                 self._cpu[name] += share
                 sample[str(name)] = {"runs": n, "runs_shed": rt.counters.shed_runs.get(name, 0),
-                                     "cpu_s": round(self._cpu[name], 3)}
-                if max_share is not None and len(names) > 1 and interval > 0 and share > max_share * interval:
+                                     "cpu_s": round(self._cpu[name], 3), "engine": "main"}
+                if max_share is not None and live and len(names) > 1 and spent >= BUSY * interval > 0 \
+                        and share > max_share * spent:
                     over.append(str(name))
         for gone in set(self._cpu) - set(names):  # (deleted queries)
             del self._cpu[gone]
@@ -53,5 +61,6 @@ class Usage:
         return over
 
     def of(self, name: str) -> dict[str, Any]:
-        """The last sample of query ``name`` (zeros before the first, and for an event-set query)."""
-        return self.by_name.get(name, {"runs": 0, "runs_shed": 0, "cpu_s": 0.0})
+        """The last sample of query ``name`` (zeros before the first, and for an event-set query); ``engine`` says
+        where it runs (``main``, or ``isolated`` with the child's ``pid``)."""
+        return self.elsewhere(name) or self.by_name.get(name, {"runs": 0, "runs_shed": 0, "cpu_s": 0.0, "engine": "main"})

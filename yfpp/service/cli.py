@@ -104,6 +104,12 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--max-cpu-share", type=float, metavar="FRACTION",
                    help="suspend a subscription attributed more of the engine's time than this, beside others "
                         "(default: never)")
+    s.add_argument("--max-isolated", type=int, metavar="N",
+                   help="move up to N heavy queries (over --max-cpu-share, or --isolate-degree) each to an engine "
+                        "of its own, in a child process, rather than suspend them (default 0)")
+    s.add_argument("--isolate-degree", type=int, metavar="N",
+                   help="a query whose runs may grow faster than events**N starts in an isolation engine "
+                        "(with --max-isolated; default: none)")
     s.add_argument("--dead-letters-per-second", type=float, help="dead letters written per second at most (default 100)")
     s.add_argument("--dead-letters-max-bytes", type=int, help="rotate the dead-letter file at this size (default 64 MiB)")
     s.add_argument("--max-subscriptions", type=int, help="default 10000")

@@ -52,6 +52,8 @@ class ServiceConfig:
     key_max_queue: int = 1_000_000  #: results queued per subscriber key, over its subscriptions' ``queue``
     max_query_degree: int | None = None  #: refuse a subscriber's query whose runs may grow faster than events**this
     max_cpu_share: float | None = None  #: suspend a subscription taking more of the engine's time, beside others
+    max_isolated: int = 0  #: queries moved to isolation engines (child processes) at most, rather than suspended
+    isolate_degree: int | None = None  #: a query estimated to grow faster than events**this starts isolated
     dead_letters_per_second: float = 100.0  #: dead letters written per second at most (the others are counted)
     dead_letters_max_bytes: int = 64 * 1024 * 1024  #: a dead-letter file this big is rotated to FILE.1
     subscription_metrics: bool = True  #: GET /metrics has series per subscription (False: totals only)
@@ -125,6 +127,10 @@ class ServiceConfig:
                 raise YfppError(f"{name} must be a string, got {v!r}")
         if self.max_query_degree is not None and not (isinstance(self.max_query_degree, int) and self.max_query_degree >= 1):
             raise YfppError(f"max_query_degree must be a positive integer, got {self.max_query_degree!r}")
+        if not (isinstance(self.max_isolated, int) and self.max_isolated >= 0):
+            raise YfppError(f"max_isolated must be an integer >= 0, got {self.max_isolated!r}")
+        if self.isolate_degree is not None and not (isinstance(self.isolate_degree, int) and self.isolate_degree >= 1):
+            raise YfppError(f"isolate_degree must be a positive integer, got {self.isolate_degree!r}")
         if self.max_cpu_share is not None and not (isinstance(self.max_cpu_share, (int, float))
                                                    and 0 < self.max_cpu_share <= 1):
             raise YfppError(f"max_cpu_share must be a number in (0, 1], got {self.max_cpu_share!r}")

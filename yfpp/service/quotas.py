@@ -33,6 +33,12 @@ def estimate(plan: Any) -> dict[str, Any]:
     return {"degree": degree, "window": plan.window, "partitioned": bool(plan.partition_by)}
 
 
+def isolated(cost: dict[str, Any], config: "ServiceConfig") -> bool:
+    """Whether a query of estimate ``cost`` runs in an isolation engine from the start (over ``isolate_degree``)."""
+    most = config.isolate_degree
+    return most is not None and (cost["degree"] is None or cost["degree"] > most)
+
+
 class QuotaError(Exception):
     """A request over a quota or a server cap: ``status`` and the reason."""
 

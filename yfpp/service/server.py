@@ -46,6 +46,7 @@ from yfpp.service.accounting import Usage
 from yfpp.service.config import ServiceConfig
 from yfpp.service.batch import spec_of as batch_spec
 from yfpp.service.errors import RequestError
+from yfpp.service.isolation import BACKLOG, Isolation, Returns
 from yfpp.service.feeds import FeedClosed, FeedLimits, SharedDeadLetters, SourceDeadLetters, TcpFeed, pump, start_input
 from yfpp.service.mqtt_api import ApiFeeds
 from yfpp.service.registry import Registry, RegistryError
@@ -116,6 +117,9 @@ class Service:
         self._events_before = self.engine.next_seq  # events the restored state had taken
         self.totals = Totals()  #: counts over every subscription held since the start (the metrics' totals)
         self.usage = Usage()  #: each query's runs and CPU, sampled by the engine thread
+        self.isolation = Isolation(Returns(self._route_batch, lambda: self.loop).put, self._isolation_failed,
+                                   config.max_isolated)
+        self.usage.elsewhere = self.isolation.usage
         self.rate = 0.0
         self.started_at = time.time()
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -204,6 +208,7 @@ class Service:
             await asyncio.to_thread(self._stop_engine_thread)
         if self._writer is not None:
             await asyncio.to_thread(self._writer.join)
+        await asyncio.to_thread(self.isolation.close)  # (each child after what it was sent)
         self._route()  # the engine thread's last results
         await self._drain(1.0)
         held = self._held()  # (before the TCP sinks close: what their connections still buffer is kept too)
@@ -479,6 +484,8 @@ class Service:
                     sub = out[i] = Subscription(sid, specs[i], qid, cfg.queue_size, self.totals, owner, self.sink_policy)
                     sub.cost = quotas.estimate(pattern)
                     self._attach(sub)
+                    if quotas.isolated(sub.cost, cfg):
+                        await asyncio.to_thread(self._isolate_new, sub)
             if refused:
                 self._forget(refused)
         finally:
@@ -544,7 +551,8 @@ class Service:
         """In one hold of ``engine_lock``: query ``qid`` unregistered, ``pattern`` registered as ``name``: (its
         id, None); if the engine refuses it, the old query registered again (afresh): (its id, the refusal)."""
         with self.engine_lock:
-            old, _, old_name = self.engine.sources[qid]
+            isolated = self.isolation.by_qid.get(qid)
+            old, _, old_name = isolated.source if isolated is not None else self.engine.sources[qid]
             self._drop_query(qid)
             try:
                 return self.engine.register(pattern, name=name, policy=policy), None
@@ -607,22 +615,56 @@ class Service:
         if not done.done():
             done.set_result(None)
 
-    def _suspend(self, name: str) -> None:
-        """(engine thread, holding ``engine_lock``) Suspend the subscription of query ``name``, over its CPU
-        share: its query is unregistered (its runs freed); it stays, ``suspended`` saying why, until deleted."""
+    def _offload(self, name: str) -> None:
+        """(engine thread, holding ``engine_lock``) The query ``name`` took more than its CPU share: moved to an
+        isolation engine while ``max_isolated`` allows, else its subscription suspended."""
         sub = self.by_name.get(name)
         if sub is None or sub.suspended is not None:
             return
-        sub.suspended = (f"suspended: its query took more than {self.config.max_cpu_share:.0%} of the engine's "
-                         f"time (max_cpu_share) beside other subscriptions; delete it")
+        if not self._isolate(sub):
+            self._suspend(name, f"suspended: its query took more than {self.config.max_cpu_share:.0%} of the "
+                                f"engine's time (max_cpu_share) beside other subscriptions; delete it")
+
+    def _isolate(self, sub: Subscription) -> bool:
+        """(holding ``engine_lock``) Move ``sub``'s query to an isolation engine if there is room (max_isolated)."""
+        if not self.isolation.can_take(self.engine, sub.qid):
+            return False
+        try:
+            self.isolation.move(self.engine, sub.qid)
+        except OSError as e:  # (no process to be had: it stays here)
+            log.error("cannot start an isolation engine", extra={"query_name": sub.name, "error": str(e)})
+            return False
+        return True
+
+    def _isolate_new(self, sub: Subscription) -> None:
+        """A new subscription whose estimated cost is over ``isolate_degree``: isolated from the start (if there
+        is room; else it stays in the main engine)."""
+        with self.engine_lock:
+            if sub.qid in self.engine.sources:  # (not deleted meanwhile)
+                self._isolate(sub)
+
+    def _isolation_failed(self, name: str, why: str) -> None:
+        """(an isolation engine's reader) Its child ended: its subscription is suspended, saying why."""
+        with self.engine_lock:
+            self._suspend(name, f"suspended: {why}; delete it")
+
+    def _suspend(self, name: str, why: str) -> None:
+        """(engine thread, holding ``engine_lock``) Suspend the subscription of query ``name``: its query is
+        unregistered (its runs freed); it stays, ``suspended`` saying ``why``, until deleted."""
+        sub = self.by_name.get(name)
+        if sub is None or sub.suspended is not None:
+            return
+        sub.suspended = why
         self._drop_query(sub.qid)
         log.warning("subscription suspended", extra={"subscription": sub.id, "query_name": name,
                                                       "usage": self.usage.of(name)})
 
     def _drop_query(self, qid: int) -> None:
-        """(engine thread, holding ``engine_lock``) Unregister ``qid`` unless it is gone already (suspended)."""
+        """(engine thread, holding ``engine_lock``) Unregister ``qid`` (or stop its isolation engine) unless it
+        is gone already (suspended)."""
         if qid in self.engine.queries or qid in self.engine.set_queries:
             self.engine.unregister(qid)
+        self.isolation.drop(qid)
 
     def _unregister_retired(self) -> None:
         """(engine thread, holding ``engine_lock``) Unregister the deleted subscriptions' queries; free their names."""
@@ -716,7 +758,7 @@ class Service:
                 rate_t, rate_n = now, self.events_taken
                 with self.engine_lock:
                     for name in self.usage.sample(self.engine, self.config.max_cpu_share):
-                        self._suspend(name)
+                        self._offload(name)
             if stop:
                 return  # (the stop checkpoints, once the sinks have had their second: _final_checkpoint)
             if now >= next_checkpoint:
@@ -748,6 +790,9 @@ class Service:
                 self._arrived, events = item
                 for ev in events:
                     self._process(ev, out)
+                for iso in self.isolation.feed(self._arrived, events):
+                    self._suspend(iso.name, f"suspended: its isolation engine fell more than {BACKLOG:,} events "
+                                            f"behind; delete it")
             elif item is None:
                 self._arrived = time.monotonic()  # (what the clock releases counts from now)
                 self._advance_idle(out)
@@ -779,6 +824,7 @@ class Service:
         self._advanced = target
         try:
             self.engine.advance_time(target, out)
+            self.isolation.advance(target)
         except Exception:
             log.exception("advance_time failed", extra={"ts": target})
 
@@ -814,12 +860,16 @@ class Service:
             self._arrivals.clear()
             self._handed_over = 0
             self._room.notify_all()
-        by_name = self.by_name
         for batch, arrived in batches:
-            for r in batch:
-                sub = by_name.get(r["query"])
-                if sub is not None:
-                    sub.deliver(r, arrived)
+            self._route_batch(batch, arrived)
+
+    def _route_batch(self, batch: list[dict], arrived: float | None) -> None:
+        """On the loop: results of one batch of events, which arrived at ``arrived``, to their subscriptions."""
+        by_name = self.by_name
+        for r in batch:
+            sub = by_name.get(r["query"])
+            if sub is not None:
+                sub.deliver(r, arrived)
 
     def save_checkpoint(self, wait: bool = True) -> bool:
         """Checkpoint the engine state as it is now (engine thread, or with the engine stopped): a child process
@@ -902,7 +952,7 @@ class Service:
                 "dead_letters_lost": self.dead_letters.lost,
                 "dead_letters_suppressed": self.dead_letters.suppressed, "dead_letters_error": self.dead_letters.failing,
                 "live_runs": self.engine.stats.live_runs, "subscriptions": len(self.subs),
-                "inbox": self.inbox.qsize(), "feeds": {f.fmt: f.port for f in self.feeds},
+                "inbox": self.inbox.qsize(), "isolated": self.isolation.info(), "feeds": {f.fmt: f.port for f in self.feeds},
                 "mqtt": [f.info() for f in self.mqtt_feeds] + self.api_feeds.all(),
                 "checkpoints": self.checkpoint_path is not None, "last_checkpoint_error": self.last_checkpoint_error}
 

@@ -1,0 +1,162 @@
+"""Isolation engines (yfpp.service.isolation): a heavy query moved to a child process of its own matches
+exactly as it does alone, before, during and after the move; the service moves it, says where it runs,
+and reports a child that ends. Real sockets on 127.0.0.1, each wait bounded."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("fastapi", reason="the service needs pip install -e '.[serve]' in yfpp's clone")
+
+from tests.service_helpers import TIMEOUT, jsonl, listeners, wait_for  # noqa: E402,F401
+from yfpp.engine import Engine  # noqa: E402
+from yfpp.input.events import Event  # noqa: E402
+from yfpp.service.client import Client  # noqa: E402
+from yfpp.service.config import ServiceConfig  # noqa: E402
+from yfpp.service.isolation import Isolation  # noqa: E402
+from yfpp.service.server import BackgroundService  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="isolation engines are forked")
+
+QUERIES = ["//a//b", "PATTERN SEQ(a x, b y) WHERE x.v = y.v", "PATTERN SEQ(a x, c+ y[], b z) WITHIN 6",
+           "PATTERN SEQ(a x, ~(c y), b z)", "//a[@v = 1]//c//b"]
+
+
+def config(tmp_path, **kw) -> ServiceConfig:
+    opts = dict(port=0, jsonl_port=0, state=str(tmp_path / "state"), dead_letters=str(tmp_path / "dead.jsonl"),
+                log_level="warning", max_isolated=1)
+    opts.update(kw)
+    return ServiceConfig(**opts)
+
+
+def key(r: dict) -> tuple:
+    return r["id"], json.dumps(r["bindings"], sort_keys=True)
+
+
+def alone(query: str, events: list[dict]) -> list[tuple]:
+    """The matches of ``query`` registered alone in an engine of its own, to the end of time."""
+    engine = Engine()
+    engine.register(query, name="heavy")
+    out: list[dict] = []
+    engine.process_batch([dict(e) for e in events], out)
+    engine.advance_time(1e6, out)
+    return sorted(key(r) for r in out if r["query"] == "heavy")
+
+
+def stream(n: int, seed: int) -> list[dict]:
+    import random
+
+    rnd = random.Random(seed)
+    return [{"type": rnd.choice("aabc"), "ts": i, "v": rnd.randint(0, 2)} for i in range(n)]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(QUERIES), st.integers(0, 2**16), st.integers(0, 40), st.lists(st.sampled_from(QUERIES), max_size=3))
+def test_moved_at_any_point_a_query_matches_as_alone(query, seed, at, sharers):
+    """The property: a query moved after any prefix of the stream, beside any sharers, has the matches it has
+    alone (those made in the main engine before the move, then those of its child)."""
+    events = stream(40, seed)
+    got: list[dict] = []
+    failed: list[str] = []
+    iso = Isolation(lambda rs, arrived: got.extend(rs), lambda name, why: failed.append(why), most=1)
+    engine = Engine()
+    qid = engine.register(query, name="heavy")
+    for i, q in enumerate(sharers):
+        engine.register(q, name=f"sharer{i}")
+    out: list[dict] = []
+    for n, e in enumerate(events):
+        if n == at:
+            iso.move(engine, qid)
+        ev = Event.from_dict(e)
+        engine.process_batch((ev,), out)
+        iso.feed(None, [ev])
+    if at >= len(events):
+        iso.move(engine, qid)
+    iso.advance(1e6)  # (the end of the stream, as alone() gives it)
+    iso.close()
+    assert not failed
+    assert "heavy" not in [p.name for p in engine.queries.values()]
+    mine = [r for r in out if r["query"] == "heavy"] + got
+    assert sorted(key(r) for r in mine) == alone(query, events)
+
+
+def test_a_query_moved_by_the_service_matches_as_alone_and_says_where_it_runs(tmp_path, listeners):
+    heavy_out, light_out = listeners(), listeners()
+    events = stream(300, 7)
+    with BackgroundService(config(tmp_path)) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        c.subscribe("//a//b", name="heavy", sink=heavy_out.url)
+        c.subscribe("PATTERN SEQ(c x)", name="light", sink=light_out.url)
+        assert c.subscription("s1")["usage"]["engine"] == "main"
+        c.post_events(jsonl(events[:100]))  # before the move: its runs so far go with it
+        wait_for(lambda: svc.events_in == 100, what="the first events taken")
+        with svc.engine_lock:
+            assert svc._isolate(svc.subs["s1"])
+        assert [p.name for p in svc.engine.queries.values()] == ["light"]
+        c.post_events(jsonl(events[100:200]))
+        c.post_events(jsonl(events[200:]))
+        expected = alone("//a//b", events)
+        lines = heavy_out.wait_lines(len(expected))
+        assert sorted(key(json.loads(x)) for x in lines) == expected
+        assert len(light_out.wait_lines(sum(e["type"] == "c" for e in events))) == sum(e["type"] == "c" for e in events)
+        usage = wait_for(lambda: (u := c.subscription("s1")["usage"])["engine"] == "isolated" and u, what="its usage")
+        assert usage["pid"] == c.health()["isolated"][0]["pid"] and c.subscription("s1")["suspended"] is None
+        pid = usage["pid"]
+        c.unsubscribe("s1")
+        wait_for(lambda: not _alive(pid), what="its child reaped once deleted")
+        assert svc.status == "ok"
+
+
+def test_a_query_over_its_cpu_share_is_moved_not_suspended_and_keeps_matching(tmp_path, listeners):
+    out = listeners()
+    with BackgroundService(config(tmp_path, max_cpu_share=0.3)) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        c.subscribe("//a//b", name="heavy")
+        c.subscribe("PATTERN SEQ(ping p)", name="light", sink=out.url)
+        ts = 0
+
+        def burst() -> bytes:
+            nonlocal ts
+            ts += 2001
+            return jsonl([{"type": "a", "ts": ts - 2001 + i} for i in range(2000)] + [{"type": "b", "ts": ts}])
+
+        end = time.monotonic() + 6 * TIMEOUT
+        while c.subscription("s1")["usage"]["engine"] != "isolated":
+            assert time.monotonic() < end, "the heavy subscription was never moved"
+            assert c.subscription("s1")["suspended"] is None
+            c.post_events(burst())
+        assert [p.name for p in svc.engine.queries.values()] == ["light"]
+        matched = c.subscription("s1")["counters"]["matches"]
+        c.post_events(jsonl([{"type": "b", "ts": ts + 1}, {"type": "ping", "ts": ts + 2}]))
+        assert [json.loads(x)["query"] for x in out.wait_lines(1)] == ["light"]
+        wait_for(lambda: c.subscription("s1")["counters"]["matches"] > matched, what="the moved query matching on")
+
+
+def test_isolate_degree_starts_a_costly_query_isolated_and_a_child_that_dies_is_reported(tmp_path):
+    with BackgroundService(config(tmp_path, isolate_degree=1)) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        c.subscribe("PATTERN SEQ(ping p)", name="light")  # degree 1: stays
+        c.subscribe("//a//b", name="heavy")  # degree 2: isolated from the start
+        assert [p.name for p in svc.engine.queries.values()] == ["light"]
+        c.subscribe("//a//c", name="second")  # max_isolated=1: stays in the main engine
+        assert sorted(p.name for p in svc.engine.queries.values()) == ["light", "second"]
+        c.post_events(jsonl([{"type": "a", "ts": 1}]))
+        (child,) = wait_for(lambda: c.health()["isolated"], what="the child listed")
+        os.kill(child["pid"], signal.SIGKILL)
+        why = wait_for(lambda: c.subscription("s2")["suspended"], what="the subscription suspended")
+        assert "isolation engine ended" in why
+        c.post_events(jsonl([{"type": "c", "ts": 2}]))
+        wait_for(lambda: c.subscription("s3")["counters"]["matches"] == 1, what="the others going on")
+        assert c.health()["isolated"] == [] and svc.status == "ok"
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` is there (a zombie not yet reaped is)."""
+    return os.path.exists(f"/proc/{pid}")

@@ -1,0 +1,342 @@
+"""Isolation engines (docs/service.md, "Isolation"): a heavy subscription's query moved out of the service's
+engine into an engine of its own, in a child process, so that the main engine's latency no longer depends on it.
+
+A move happens with the main engine quiet (``engine_lock`` held): the
+service process forks; the child keeps, of the engine it inherits, the moved
+query (with its runs, buffer and clock: nothing of its state is lost) and the
+feedback queries (whose derived events it may read), and the parent
+unregisters the moved query. From then on every batch of events the main
+engine takes, and each ``advance_time``, goes to the child too, in the same
+order: so the child numbers the events as the main engine does, and the
+query's matches are exactly those it has alone. The child sends its results
+(only the moved query's, :data:`RESULT_CHUNK` at a time) and, once a second,
+its usage back; the service routes them as its own.
+
+Per child, two threads of the service: a sender (pickles what the engine
+thread queued and writes it to the child: the engine thread never waits for
+the child) and a reader (results to :class:`Returns`, which routes them on the
+loop :data:`TURN` at a time, so that a burst of them never holds the loop
+long: the main engine's results go between). A child
+that falls :data:`BACKLOG` events behind, or ends, is reported through
+``on_fail``: its subscription is suspended, saying why. The child runs at a
+lower priority (:data:`NICE`) than the service. Its state is not
+checkpointed: after a restart the query starts afresh in the main engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from multiprocessing.connection import Connection
+from typing import Any, Callable
+
+from yfpp.engine import Engine
+from yfpp.input.dead_letters import DeadLetters
+from yfpp.input.events import Event
+
+log = logging.getLogger("yfpp.service")
+
+BACKLOG = 500_000  #: events queued for a child before its subscription is suspended as fallen behind
+NICE = 10  #: how much lower the children's CPU priority is than the service's
+USAGE_EVERY = 1.0  #: seconds between a child's usage reports
+STOP_WAIT = 3.0  #: seconds a stopped child has to finish what it was sent before it is killed
+RESULT_CHUNK = 256  #: results a child sends at once (one message: unpickled holding the GIL)
+TURN = 512  #: results from the children routed in one turn of the loop
+HELD = 65_536  #: results from the children waiting for the loop before their readers wait
+
+Deliver = Callable[[list[dict], "float | None"], None]  #: results (and when their event arrived) to the service
+Failed = Callable[[str, str], None]  #: (query name, why) of an isolated query that no longer runs
+
+
+class Returns:
+    """The children's results, handed from their readers to the loop, where ``route`` takes them :data:`TURN`
+    at a time (a reader waits while :data:`HELD` wait)."""
+
+    def __init__(self, route: Deliver, loop: Callable[[], Any]):
+        self._route, self._loop = route, loop
+        self._batches: deque[tuple[list[dict], float | None]] = deque()
+        self._held = 0
+        self._room = threading.Condition()
+        self._scheduled = False
+
+    def put(self, results: list[dict], arrived: float | None) -> None:
+        """(a reader) Queue results for the loop."""
+        loop = self._loop()
+        if loop is None:
+            return
+        with self._room:
+            while self._held >= HELD and not loop.is_closed():
+                self._room.wait(0.5)
+            if loop.is_closed():
+                return
+            self._batches.append((results, arrived))
+            self._held += len(results)
+            wake, self._scheduled = not self._scheduled, True
+        if wake:
+            loop.call_soon_threadsafe(self.drain)
+
+    def drain(self) -> None:
+        """(the loop) Route up to :data:`TURN` results; another turn for the rest."""
+        n = 0
+        while n < TURN:
+            with self._room:
+                if not self._batches:
+                    self._scheduled = False
+                    return
+                results, arrived = self._batches.popleft()
+                self._held -= len(results)
+                self._room.notify_all()
+            self._route(results, arrived)
+            n += len(results)
+        self._loop().call_soon(self.drain)
+
+
+def pack(ev: Event) -> tuple:
+    """An event as the child rebuilds it (its element as XML text when it was parsed already)."""
+    el = ev._el
+    if el is not None and type(el) not in (int, tuple):
+        from lxml import etree
+
+        el = etree.tostring(el)
+    return ev.type, ev.ts, ev.attrs, ev._texts, el
+
+
+def unpack(t: tuple) -> Event:
+    """The event of :func:`pack` (numbered by the child's engine)."""
+    kind, ts, attrs, texts, el = t
+    if type(el) is bytes:
+        from lxml import etree
+
+        el = etree.fromstring(el, etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False))
+    ev = Event(kind, ts, attrs)
+    ev._texts, ev._el = texts, el
+    return ev
+
+
+class Isolated:
+    """One query in a child process: what the service holds of it."""
+
+    def __init__(self, qid: int, name: str, source: tuple, pid: int, to_child: Connection, from_child: Connection,
+                 deliver: Deliver, failed: Failed):
+        self.qid, self.name, self.source, self.pid = qid, name, source, pid
+        self._to, self._from = to_child, from_child
+        self._deliver, self._failed = deliver, failed
+        self._queue: deque[tuple] = deque()  # messages for the child: ("events", arrived, packed) / ("advance", ts)
+        self._queued = 0  # events in _queue
+        self._wake = threading.Condition()
+        self._stopping = False
+        self.usage: dict[str, Any] = {"runs": 0, "runs_shed": 0, "cpu_s": 0.0}
+        self.behind = 0  #: events sent to the child that it has not yet processed (as it last said)
+        self._sent = 0
+        self._sender = threading.Thread(target=self._send, name=f"isolated-{pid}-send", daemon=True)
+        self._reader = threading.Thread(target=self._read, name=f"isolated-{pid}-read", daemon=True)
+        self._sender.start()
+        self._reader.start()
+
+    def feed(self, arrived: float | None, packed: list[tuple]) -> bool:
+        """(engine thread) Queue a batch for the child; False when it is :data:`BACKLOG` events behind."""
+        with self._wake:
+            if self._queued + len(packed) > BACKLOG:
+                return False
+            self._queue.append(("events", arrived, packed))
+            self._queued += len(packed)
+            self._wake.notify()
+        return True
+
+    def advance(self, ts: float) -> None:
+        with self._wake:
+            self._queue.append(("advance", ts))
+            self._wake.notify()
+
+    def stop(self) -> None:
+        """Tell the child to end once it has what was queued (the sender reaps it, or kills it after
+        :data:`STOP_WAIT` seconds)."""
+        with self._wake:
+            self._stopping = True
+            self._queue.append(("stop",))
+            self._wake.notify()
+
+    def join(self, timeout: float) -> None:
+        self._sender.join(timeout)
+        self._reader.join(timeout)
+
+    def info(self) -> dict[str, Any]:
+        return {"name": self.name, "pid": self.pid, "queued_events": self._queued, **self.usage}
+
+    def _send(self) -> None:
+        try:
+            while True:
+                with self._wake:
+                    while not self._queue:
+                        self._wake.wait()
+                    msg = self._queue.popleft()
+                    if msg[0] == "events":
+                        self._queued -= len(msg[2])
+                self._to.send(msg)
+                if msg[0] == "stop":
+                    break
+        except OSError as e:  # the child ended (the reader says so)
+            log.debug("isolated query's child no longer reads", extra={"query_name": self.name, "error": str(e)})
+        finally:
+            self._to.close()
+            self._reap()
+
+    def _reap(self) -> None:
+        end = time.monotonic() + STOP_WAIT
+        while time.monotonic() < end:
+            pid, _ = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                return
+            time.sleep(0.02)
+        try:
+            os.kill(self.pid, 9)
+            os.waitpid(self.pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+
+    def _read(self) -> None:
+        why = "its isolation engine ended"
+        try:
+            while True:
+                msg = self._from.recv()
+                if msg[0] == "results":
+                    self._deliver(msg[2], msg[1])  # (Returns.put)
+                elif msg[0] == "usage":
+                    self.usage = {**msg[1], "engine": "isolated", "pid": self.pid}
+                elif msg[0] == "error":
+                    why = f"its isolation engine failed: {msg[1]}"
+        except (EOFError, OSError):
+            pass
+        finally:
+            self._from.close()
+        if not self._stopping:
+            with self._wake:  # (the sender ends too)
+                self._stopping = True
+                self._queue.append(("stop",))
+                self._wake.notify()
+            self._failed(self.name, why)
+
+
+class Isolation:
+    """The service's isolated queries, by query id."""
+
+    def __init__(self, deliver: Deliver, failed: Failed, most: int):
+        self._deliver, self._failed = deliver, failed
+        self.most = most  #: isolated queries at once at most (max_isolated)
+        self.by_qid: dict[int, Isolated] = {}
+
+    def can_take(self, engine: Engine, qid: int) -> bool:
+        """Whether query ``qid`` of ``engine`` may be moved (room left, fork available, not a feedback query)."""
+        source = engine.sources.get(qid)
+        return (hasattr(os, "fork") and len(self.by_qid) < self.most and source is not None
+                and not source[0].feedback)
+
+    def move(self, engine: Engine, qid: int) -> Isolated:
+        """(holding ``engine_lock``) Query ``qid`` out of ``engine`` into a child process of its own (OSError
+        if no process can be made: the query then stays)."""
+        source = engine.sources[qid]
+        name = str(engine.queries[qid].name if qid in engine.queries else engine.set_queries[qid].plan.name)
+        in_r, in_w = _pipe()
+        out_r, out_w = _pipe()
+        pid = os.fork()
+        if pid == 0:  # the child
+            code = 0
+            try:
+                _close_all_but({in_r.fileno(), out_w.fileno(), 0, 1, 2})
+                os.nice(NICE)
+                _child(engine, qid, name, in_r, out_w)
+            except BaseException as e:
+                code = 1
+                try:
+                    out_w.send(("error", f"{type(e).__name__}: {e}"[:500]))
+                except OSError:
+                    pass
+            finally:
+                os._exit(code)
+        in_r.close()
+        out_w.close()
+        engine.unregister(qid)
+        iso = self.by_qid[qid] = Isolated(qid, name, source, pid, in_w, out_r, self._deliver, self._failed)
+        log.warning("query moved to an isolation engine", extra={"query_name": name, "pid": pid})
+        return iso
+
+    def feed(self, arrived: float | None, events: list[Event] | tuple[Event, ...]) -> list[Isolated]:
+        """(engine thread, after the main engine took ``events``) The batch to every child; those that are
+        too far behind to take it."""
+        if not self.by_qid:
+            return []
+        packed = [pack(ev) for ev in events]
+        return [iso for iso in self.by_qid.values() if not iso.feed(arrived, packed)]
+
+    def advance(self, ts: float) -> None:
+        for iso in self.by_qid.values():
+            iso.advance(ts)
+
+    def drop(self, qid: int) -> bool:
+        """Stop the child of query ``qid``; False if it has none."""
+        iso = self.by_qid.pop(qid, None)
+        if iso is None:
+            return False
+        iso.stop()
+        return True
+
+    def usage(self, name: str) -> dict[str, Any] | None:
+        return next((iso.usage for iso in list(self.by_qid.values()) if iso.name == name), None)
+
+    def info(self) -> list[dict[str, Any]]:
+        return [iso.info() for iso in list(self.by_qid.values())]  # (the loop reads; the engine thread moves)
+
+    def close(self) -> None:
+        """Stop every child, each after what it was sent (its results go on to the service meanwhile)."""
+        isos = list(self.by_qid.values())
+        self.by_qid.clear()
+        for iso in isos:
+            iso.stop()
+        for iso in isos:
+            iso.join(STOP_WAIT + 1)
+
+
+def _pipe() -> tuple[Connection, Connection]:
+    r, w = os.pipe()
+    return Connection(r, writable=False), Connection(w, readable=False)
+
+
+def _close_all_but(keep: set[int]) -> None:
+    """Close the inherited descriptors (the service's sockets among them) but ``keep``."""
+    last = 3
+    for fd in sorted(keep | {os.sysconf("SC_OPEN_MAX")}):
+        if fd >= last:
+            os.closerange(last, fd)
+            last = fd + 1
+
+
+def _child(engine: Engine, qid: int, name: str, inbox: Connection, out: Connection) -> None:
+    """The child: ``engine`` with only query ``qid`` (and the feedback queries) left, fed what the service sends."""
+    for other, (pattern, _, _) in list(engine.sources.items()):
+        if other != qid and not pattern.feedback:
+            engine.unregister(other)
+    engine.dead_letters = engine.feedback.dead_letters = DeadLetters(os.devnull)  # the service reports them
+    results: list[dict] = []
+    next_usage = time.monotonic()
+    cpu0 = time.thread_time()
+    while True:
+        msg = inbox.recv()
+        if msg[0] == "stop":
+            return
+        if msg[0] == "events":
+            for t in msg[2]:
+                engine.process_batch((unpack(t),), results)
+        elif msg[0] == "advance":
+            engine.advance_time(msg[1], results)
+        mine = [r for r in results if r.get("query") == name]
+        results.clear()
+        for i in range(0, len(mine), RESULT_CHUNK):
+            out.send(("results", msg[1] if msg[0] == "events" else None, mine[i:i + RESULT_CHUNK]))
+        if time.monotonic() >= next_usage:
+            next_usage = time.monotonic() + USAGE_EVERY
+            rt = engine.runtime
+            out.send(("usage", {"runs": engine.stats.live_runs, "runs_shed": rt.counters.shed_runs.get(name, 0),
+                                "cpu_s": round(time.thread_time() - cpu0, 3)}))
