@@ -27,6 +27,9 @@ BUSY = 0.1  #: a query is over its CPU share only while the engine thread is bus
 class Usage:
     def __init__(self) -> None:
         self.by_name: dict[str, dict[str, Any]] = {}  #: the last sample, by query name
+        #: each query's part of the last sample: its branch's runs shared evenly among the branch's queries, and
+        #: its fraction of the engine thread's CPU (0 while the thread was not busy: :data:`BUSY`)
+        self.parts: dict[str, tuple[float, float]] = {}
         self._cpu: defaultdict[str, float] = defaultdict(float)
         self._cpu_at: float | None = None
         self._wall_at = time.monotonic()
@@ -46,18 +49,20 @@ class Usage:
         live = sum(n for n, _ in branches)
         names = [name for _, group in branches for name in group]
         sample: dict[str, dict[str, Any]] = {}
+        parts: dict[str, tuple[float, float]] = {}
+        busy = bool(live) and spent >= BUSY * interval > 0
         for n, group in branches:
             share = spent * n / live / len(group) if live else spent / len(names)
             for name in group:
                 self._cpu[name] += share
                 sample[str(name)] = {"runs": n, "runs_shed": rt.counters.shed_runs.get(name, 0),
                                      "cpu_s": round(self._cpu[name], 3), "engine": "main"}
-                if max_share is not None and live and len(names) > 1 and spent >= BUSY * interval > 0 \
-                        and share > max_share * spent:
+                parts[str(name)] = (n / len(group), share / spent if busy else 0.0)
+                if max_share is not None and busy and len(names) > 1 and share > max_share * spent:
                     over.append(str(name))
         for gone in set(self._cpu) - set(names):  # (deleted queries)
             del self._cpu[gone]
-        self.by_name = sample
+        self.by_name, self.parts = sample, parts
         return over
 
     def of(self, name: str) -> dict[str, Any]:

@@ -104,6 +104,12 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--max-cpu-share", type=float, metavar="FRACTION",
                    help="suspend a subscription attributed more of the engine's time than this, beside others "
                         "(default: never)")
+    s.add_argument("--key-max-runs", type=int, metavar="N",
+                   help="a subscriber key whose subscriptions hold more live runs gives up its costliest one "
+                        "(default: no limit)")
+    s.add_argument("--key-max-cpu-share", type=float, metavar="FRACTION",
+                   help="a subscriber key whose subscriptions take more of the engine's time gives up its "
+                        "costliest one (default: no limit)")
     s.add_argument("--max-isolated", type=int, metavar="N",
                    help="move up to N heavy queries (over --max-cpu-share, or --isolate-degree) each to an engine "
                         "of its own, in a child process, rather than suspend them (default 0)")

@@ -52,6 +52,8 @@ class ServiceConfig:
     key_max_queue: int = 1_000_000  #: results queued per subscriber key, over its subscriptions' ``queue``
     max_query_degree: int | None = None  #: refuse a subscriber's query whose runs may grow faster than events**this
     max_cpu_share: float | None = None  #: suspend a subscription taking more of the engine's time, beside others
+    key_max_runs: int | None = None  #: live runs per subscriber key, over its subscriptions (sampled)
+    key_max_cpu_share: float | None = None  #: a subscriber key's subscriptions' share of the engine's time
     max_isolated: int = 0  #: queries moved to isolation engines (child processes) at most, rather than suspended
     isolate_degree: int | None = None  #: a query estimated to grow faster than events**this starts isolated
     dead_letters_per_second: float = 100.0  #: dead letters written per second at most (the others are counted)
@@ -131,9 +133,12 @@ class ServiceConfig:
             raise YfppError(f"max_isolated must be an integer >= 0, got {self.max_isolated!r}")
         if self.isolate_degree is not None and not (isinstance(self.isolate_degree, int) and self.isolate_degree >= 1):
             raise YfppError(f"isolate_degree must be a positive integer, got {self.isolate_degree!r}")
-        if self.max_cpu_share is not None and not (isinstance(self.max_cpu_share, (int, float))
-                                                   and 0 < self.max_cpu_share <= 1):
-            raise YfppError(f"max_cpu_share must be a number in (0, 1], got {self.max_cpu_share!r}")
+        if self.key_max_runs is not None and not (isinstance(self.key_max_runs, int) and self.key_max_runs >= 1):
+            raise YfppError(f"key_max_runs must be a positive integer, got {self.key_max_runs!r}")
+        for name in ("max_cpu_share", "key_max_cpu_share"):
+            v = getattr(self, name)
+            if v is not None and not (isinstance(v, (int, float)) and 0 < v <= 1):
+                raise YfppError(f"{name} must be a number in (0, 1], got {v!r}")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise YfppError("tls_cert and tls_key go together")
         if not isinstance(self.subscription_metrics, bool):

@@ -5,7 +5,8 @@ server's ``max_queue``; a subscriber key holds at most ``key_max_subscriptions``
 subscriptions and ``key_max_queue`` queued results over all of them; and with
 ``max_query_degree`` set, a subscriber's query whose estimated cost grows faster
 than that power of the events is refused. The admin is held to ``max_queue``
-only.
+only. Once a second, after the usage sample, a key over ``key_max_runs`` or
+``key_max_cpu_share`` gives up its costliest subscription (:func:`over_keys`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from yfpp.language.pattern import Contiguity, Kind, Pattern
 from yfpp.service.auth import ADMIN
 
 if TYPE_CHECKING:
+    from yfpp.service.accounting import Usage
     from yfpp.service.config import ServiceConfig
     from yfpp.service.subscriptions import Subscription, SubscriptionSpec
 
@@ -61,6 +63,32 @@ def check(spec: "SubscriptionSpec", owner: str, owned: Iterable["Subscription"],
     if queued > config.key_max_queue:
         raise QuotaError(429, f"quota: this key's subscriptions would queue up to {queued} results, over "
                               f"key_max_queue={config.key_max_queue}")
+
+
+def over_keys(subs: Iterable["Subscription"], usage: "Usage", config: "ServiceConfig") -> list[tuple[str, str]]:
+    """``(query name, why)`` of the subscriptions to take from the main engine, after a usage sample: of each
+    subscriber key over ``key_max_runs`` (its subscriptions' runs, each branch's shared evenly among its
+    queries) or ``key_max_cpu_share`` (their fraction of the engine thread's CPU), its costliest one by that
+    measure (one a sample: the next sample says whether the key is still over)."""
+    most_runs, most_share = config.key_max_runs, config.key_max_cpu_share
+    if most_runs is None and most_share is None:
+        return []
+    by_key: dict[str, list[tuple[float, float, str]]] = {}
+    for sub in subs:
+        part = usage.parts.get(sub.name)
+        if part is not None and sub.owner != ADMIN and sub.suspended is None:
+            by_key.setdefault(sub.owner, []).append((*part, sub.name))
+    out = []
+    for mine in by_key.values():
+        runs, share = sum(p[0] for p in mine), sum(p[1] for p in mine)
+        if most_runs is not None and runs > most_runs:
+            name = max(mine, key=lambda p: p[0])[2]
+            out.append((name, f"its key's subscriptions held {runs:,.0f} live runs, over key_max_runs={most_runs:,}"))
+        elif most_share is not None and share > most_share:
+            name = max(mine, key=lambda p: p[1])[2]
+            out.append((name, f"its key's subscriptions took {share:.0%} of the engine's time, over "
+                              f"key_max_cpu_share={most_share:g}"))
+    return out
 
 
 def check_cost(cost: dict[str, Any], owner: str, config: "ServiceConfig") -> None:

@@ -615,15 +615,14 @@ class Service:
         if not done.done():
             done.set_result(None)
 
-    def _offload(self, name: str) -> None:
-        """(engine thread, holding ``engine_lock``) The query ``name`` took more than its CPU share: moved to an
-        isolation engine while ``max_isolated`` allows, else its subscription suspended."""
+    def _offload(self, name: str, why: str) -> None:
+        """(engine thread, holding ``engine_lock``) The query ``name`` costs more than it may (``why``): moved to
+        an isolation engine while ``max_isolated`` allows, else its subscription suspended."""
         sub = self.by_name.get(name)
-        if sub is None or sub.suspended is not None:
+        if sub is None or sub.suspended is not None or sub.qid in self.isolation.by_qid:
             return
         if not self._isolate(sub):
-            self._suspend(name, f"suspended: its query took more than {self.config.max_cpu_share:.0%} of the "
-                                f"engine's time (max_cpu_share) beside other subscriptions; delete it")
+            self._suspend(name, f"suspended: {why}; delete it")
 
     def _isolate(self, sub: Subscription) -> bool:
         """(holding ``engine_lock``) Move ``sub``'s query to an isolation engine if there is room (max_isolated)."""
@@ -758,7 +757,10 @@ class Service:
                 rate_t, rate_n = now, self.events_taken
                 with self.engine_lock:
                     for name in self.usage.sample(self.engine, self.config.max_cpu_share):
-                        self._offload(name)
+                        self._offload(name, f"its query took more than {self.config.max_cpu_share:.0%} of the "
+                                            f"engine's time (max_cpu_share) beside other subscriptions")
+                    for name, why in quotas.over_keys(list(self.subs.values()), self.usage, self.config):
+                        self._offload(name, why)
             if stop:
                 return  # (the stop checkpoints, once the sinks have had their second: _final_checkpoint)
             if now >= next_checkpoint:

@@ -1,0 +1,66 @@
+"""Per-key quotas sampled while the service runs (yfpp.service.quotas.over_keys): a subscriber key over
+``key_max_runs`` or ``key_max_cpu_share`` gives up its costliest subscription, reported to its owner; the
+other keys' subscriptions go on. Real sockets on 127.0.0.1, each wait bounded."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+pytest.importorskip("fastapi", reason="the service needs pip install -e '.[serve]' in yfpp's clone")
+
+from tests.service_helpers import TIMEOUT, jsonl, wait_for  # noqa: E402
+from yfpp.service.client import Client  # noqa: E402
+from yfpp.service.config import ServiceConfig  # noqa: E402
+from yfpp.service.server import BackgroundService  # noqa: E402
+
+ADMIN = "the admin key, 16+ characters"
+
+
+def serve(tmp_path, **kw) -> BackgroundService:
+    return BackgroundService(ServiceConfig(port=0, jsonl_port=0, state=str(tmp_path / "state"), admin_key=ADMIN,
+                                           dead_letters=str(tmp_path / "dead.jsonl"), log_level="warning", **kw))
+
+
+def clients(svc) -> tuple[Client, Client, Client]:
+    admin = Client(f"http://127.0.0.1:{svc.port}", ADMIN)
+    alice = Client(admin.url, admin.create_key("alice", "subscriber")["key"])
+    bob = Client(admin.url, admin.create_key("bob", "subscriber")["key"])
+    return admin, alice, bob
+
+
+def test_a_key_over_its_runs_gives_up_its_costliest_subscription(tmp_path):
+    with serve(tmp_path, key_max_runs=100) as svc:
+        admin, alice, bob = clients(svc)
+        heavy = alice.subscribe("//a//b", name="heavy")["id"]
+        small = alice.subscribe("PATTERN SEQ(c x)", name="small")["id"]
+        admins = admin.subscribe("//a//e", name="admins")["id"]  # (shares heavy's branch: it counts half; no quota)
+        bobs = bob.subscribe("PATTERN SEQ(d x, a y)", name="bobs")["id"]
+        admin.post_events(jsonl([{"type": "a", "ts": i} for i in range(300)]))  # alice: 150 runs
+        why = wait_for(lambda: alice.subscription(heavy)["suspended"], what="alice's costliest suspended")
+        assert "key_max_runs=100" in why
+        time.sleep(2.5)  # (two more samples)
+        assert alice.subscription(small)["suspended"] is None
+        assert bob.subscription(bobs)["suspended"] is None and admin.subscription(admins)["suspended"] is None
+        admin.post_events(jsonl([{"type": t, "ts": 300 + i} for i, t in enumerate("dace")]))
+        wait_for(lambda: bob.subscription(bobs)["counters"]["matches"] == 1, what="bob's query matching on")
+        wait_for(lambda: alice.subscription(small)["counters"]["matches"] == 1, what="alice's other one on")
+        wait_for(lambda: admin.subscription(admins)["counters"]["matches"] == 301, what="the admin's on")
+
+
+def test_a_key_over_its_cpu_share_gives_up_its_costliest_subscription(tmp_path):
+    with serve(tmp_path, key_max_cpu_share=0.3) as svc:
+        admin, alice, bob = clients(svc)
+        heavy = alice.subscribe("//a//b", name="heavy")["id"]
+        light = bob.subscribe("PATTERN SEQ(ping p)", name="light")["id"]
+        ts = 0
+        end = time.monotonic() + 6 * TIMEOUT
+        while alice.subscription(heavy)["suspended"] is None:  # each b completes a match with every a before it
+            assert time.monotonic() < end, "the heavy subscription was never suspended"
+            ts += 2001
+            admin.post_events(jsonl([{"type": "a", "ts": ts - 2001 + i} for i in range(2000)] + [{"type": "b", "ts": ts}]))
+        assert "key_max_cpu_share=0.3" in alice.subscription(heavy)["suspended"]
+        admin.post_events(jsonl([{"type": "ping", "ts": ts + 1}]))
+        wait_for(lambda: bob.subscription(light)["counters"]["matches"] == 1, what="bob's query matching on")
+        assert bob.subscription(light)["suspended"] is None
