@@ -177,12 +177,18 @@ def test_openapi_declares_the_scheme_and_the_answers(served):
     assert {"401", "403", "404"} <= set(api["paths"]["/keys/{kid}"]["delete"]["responses"])
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="makes its certificate with the openssl command")
-def test_tls(tmp_path):
+def certificate(tmp_path: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and its key, made by the openssl command."""
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
                     "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
                    check=True, capture_output=True, timeout=60)
+    return cert, key
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="makes its certificate with the openssl command")
+def test_tls(tmp_path):
+    cert, key = certificate(tmp_path)
     background = BackgroundService(config(tmp_path, tls_cert=str(cert), tls_key=str(key)))
     with background:
         assert background.url.startswith("https://")
@@ -192,6 +198,44 @@ def test_tls(tmp_path):
             Client(background.url, ADMIN).subscriptions()  # an untrusted certificate
         with pytest.raises(YfppError):
             Client(background.url.replace("https", "http"), ADMIN).subscriptions()
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="makes its certificate with the openssl command")
+def test_tls_on_the_feed_ports(tmp_path):
+    cert, key = certificate(tmp_path)
+    with BackgroundService(config(tmp_path, tls_cert=str(cert), tls_key=str(key))) as svc:
+        feed_key = Client(f"https://127.0.0.1:{svc.port}", ADMIN, context=ssl.create_default_context(cafile=str(cert))
+                          ).create_key("sensors", "feed")["key"]
+        trusted = ssl.create_default_context(cafile=str(cert))
+
+        def tls_feed(key: str) -> bytes:
+            with socket.create_connection(("127.0.0.1", svc.feed_port("jsonl")), timeout=TIMEOUT) as raw:
+                with trusted.wrap_socket(raw, server_hostname="127.0.0.1") as s:
+                    s.sendall(f"AUTH {key}\n".encode() + jsonl([{"type": "a", "ts": 1}]))
+                    s.settimeout(1.0)  # (a feed answers only to refuse, then closes; else it waits for more)
+                    out = b""
+                    try:
+                        while chunk := s.recv(4096):
+                            out += chunk
+                    except TimeoutError:
+                        pass
+            return out
+
+        assert tls_feed(feed_key) == b""
+        wait_for(lambda: svc.events_in == 1, what="the event over TLS taken")
+        assert b"unauthorised" in tls_feed("yfpp_0123456789abcdef_" + "x" * 43)
+        with socket.create_connection(("127.0.0.1", svc.feed_port("jsonl")), timeout=TIMEOUT) as plain:
+            try:  # plain TCP: no handshake, the connection ends (with a TLS alert at most)
+                plain.sendall(f"AUTH {feed_key}\n".encode() + jsonl([{"type": "a", "ts": 2}]))
+                while plain.recv(4096):
+                    pass
+            except OSError:
+                pass
+        with pytest.raises(ssl.SSLError):  # an untrusted certificate
+            with socket.create_connection(("127.0.0.1", svc.feed_port("jsonl")), timeout=TIMEOUT) as raw:
+                ssl.create_default_context().wrap_socket(raw, server_hostname="127.0.0.1")
+        time.sleep(0.5)
+        assert svc.events_in == 1 and svc.status == "ok"
 
 
 # --- the sink policy ------------------------------------------------------------------------------

@@ -87,7 +87,8 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--token", "--admin-key", dest="admin_key", help=argparse.SUPPRESS)  # refused: see ARGV_KEY
     s.add_argument("--admin-key-file", metavar="FILE", help="file whose first line is the admin key (default: "
                    "$YFPP_ADMIN_KEY); with one, every request and feed needs a key; needed beyond loopback")
-    s.add_argument("--tls-cert", metavar="PEM", help="certificate (chain): the API answers HTTPS (with --tls-key)")
+    s.add_argument("--tls-cert", metavar="PEM", help="certificate (chain): the API answers HTTPS and the feed ports speak TLS "
+                                                          "(with --tls-key)")
     s.add_argument("--tls-key", metavar="PEM", help="private key of --tls-cert")
     s.add_argument("--file-sink-dir", metavar="DIR", help="file sinks only under this directory (default: none allowed)")
     s.add_argument("--sink-network", dest="sink_networks", action="append", metavar="NET",

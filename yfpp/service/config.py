@@ -35,7 +35,7 @@ class ServiceConfig:
     dead_letters: str | None = None  #: file of dead letters (JSON lines); default stderr
     admin_key_file: str | None = None  #: file whose first line is the admin key (else $YFPP_ADMIN_KEY); auth is on with one
     admin_key: str | None = None  #: the admin key itself (set from admin_key_file or the environment; never a flag)
-    tls_cert: str | None = None  #: PEM certificate (chain): the HTTP API answers HTTPS
+    tls_cert: str | None = None  #: PEM certificate (chain): the HTTP API answers HTTPS, the TCP feed ports speak TLS
     tls_key: str | None = None  #: its private key
     file_sink_dir: str | None = None  #: file sinks only under this directory (None: no file sinks)
     sink_networks: list[str] = dataclasses.field(default_factory=lambda: ["127.0.0.0/8", "::1/128"])  #: where network sinks may connect

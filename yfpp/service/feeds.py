@@ -14,6 +14,7 @@ import io
 import logging
 import os
 import socket
+import ssl
 import socketserver
 import sys
 import threading
@@ -218,7 +219,8 @@ AUTH_LINE = 512  #: bytes an AUTH line may have
 
 class TcpFeed(socketserver.ThreadingTCPServer):
     """A TCP listener: every connection is one stream of ``fmt`` read into ``put`` (a thread each). With
-    ``keys`` enabled, a connection first sends ``AUTH <feed key>`` and a newline (docs/service.md, "Security")."""
+    ``keys`` enabled, a connection first sends ``AUTH <feed key>`` and a newline (docs/service.md, "Security");
+    with ``tls``, it speaks TLS (the handshake in the connection's thread, bounded by :data:`AUTH_TIMEOUT`)."""
 
     daemon_threads = True
     block_on_close = False
@@ -226,9 +228,9 @@ class TcpFeed(socketserver.ThreadingTCPServer):
     request_queue_size = 128  #: connections the kernel holds until accepted (socketserver's default, 5, stalls bursts)
 
     def __init__(self, host: str, port: int, fmt: str, put: Put, shared: DeadLetters, read_opts: dict[str, Any],
-                 limits: FeedLimits, keys: "Keys | None" = None):
+                 limits: FeedLimits, keys: "Keys | None" = None, tls: ssl.SSLContext | None = None):
         self.fmt, self.put, self.shared, self.read_opts = fmt, put, shared, read_opts
-        self.limits, self.keys = limits, keys
+        self.limits, self.keys, self.tls = limits, keys, tls
         self._slots = threading.BoundedSemaphore(limits.connections)
         self._open: dict[socket.socket, str] = {}  # each open connection and its key id
         self._per_key: Counter[str] = Counter()
@@ -246,6 +248,24 @@ class TcpFeed(socketserver.ThreadingTCPServer):
 
     def start(self) -> None:
         self.thread.start()
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        """An accepted connection, wrapped for TLS when the feed has it (no handshake yet: see :meth:`secure`)."""
+        conn, addr = super().get_request()
+        if self.tls is not None:
+            conn = self.tls.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
+        return conn, addr
+
+    def secure(self, conn: socket.socket) -> bool:
+        """The TLS handshake of a connection (True without TLS); False when it fails or takes too long."""
+        if not isinstance(conn, ssl.SSLSocket):
+            return True
+        conn.settimeout(AUTH_TIMEOUT)
+        try:
+            conn.do_handshake()
+        except (OSError, ValueError):  # (ssl.SSLError is an OSError)
+            return False
+        return True
 
     def stop(self) -> None:
         """Stop accepting, and end the open connections (their readers see end of input)."""
@@ -294,6 +314,9 @@ class _FeedHandler(socketserver.StreamRequestHandler):
     def handle(self) -> None:
         srv = self.server
         peer = "%s:%s" % self.client_address[:2]
+        if not srv.secure(self.connection):
+            log.warning("feed refused: no TLS handshake", extra={"feed": f"tcp {peer}"})
+            return
         kid = srv.authenticate(self.connection)
         if kid is None:
             self.wfile.write(b"yfpp: unauthorised: send 'AUTH <feed key>' and a newline first\n")

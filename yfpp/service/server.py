@@ -22,6 +22,7 @@ import logging
 import queue
 import signal
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -167,8 +168,20 @@ class Service:
             if port is not None:
                 self.feeds.append(TcpFeed(cfg.host, port, fmt, self.put, self.dead_letters, self.read_opts,
                                           FeedLimits(cfg.max_feed_connections, cfg.max_feed_connections_per_key,
-                                                     cfg.feed_idle_timeout), self.keys))
+                                                     cfg.feed_idle_timeout), self.keys, self._feed_tls()))
         self.mqtt_feeds = mqtt.start_feeds(cfg.mqtt, cfg.mqtt_topics, self.put, self.dead_letters, self.read_opts)
+
+    def _feed_tls(self) -> ssl.SSLContext | None:
+        """The feed ports' TLS context: the API's certificate and key (None without them)."""
+        cfg = self.config
+        if cfg.tls_cert is None or cfg.tls_key is None:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        try:
+            context.load_cert_chain(cfg.tls_cert, cfg.tls_key)
+        except (OSError, ssl.SSLError) as e:
+            raise YfppError(f"tls_cert / tls_key: {e.strerror or e}") from None
+        return context
 
     @property
     def port(self) -> int:
