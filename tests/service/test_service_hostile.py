@@ -12,6 +12,7 @@ import stat
 import subprocess
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -458,3 +459,26 @@ def test_a_subscription_over_its_cpu_share_is_suspended_and_the_others_go_on(tmp
         c.unsubscribe("s1")  # (its query is gone already)
         assert [s["name"] for s in c.subscriptions()] == ["light"]
         assert svc.status == "ok"
+
+
+def test_health_answers_on_its_own_port_while_the_api_is_stalled(tmp_path):
+    with BackgroundService(config(tmp_path, health_port=0)) as svc:
+        url = f"http://127.0.0.1:{svc.health_listener.port}"
+        with urllib.request.urlopen(f"{url}/health", timeout=TIMEOUT) as r:
+            assert json.loads(r.read())["status"] == "ok"
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(f"{url}/subscriptions", timeout=TIMEOUT)
+        assert e.value.code == 404
+        release, stalled = threading.Event(), threading.Event()
+
+        def stall() -> None:  # the API's loop held until the health port has answered
+            stalled.set()
+            release.wait(TIMEOUT)
+
+        svc.loop.call_soon_threadsafe(stall)
+        try:
+            assert stalled.wait(TIMEOUT)
+            with urllib.request.urlopen(f"{url}/health", timeout=TIMEOUT) as r:
+                assert json.loads(r.read())["subscriptions"] == 0
+        finally:
+            release.set()

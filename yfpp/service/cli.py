@@ -57,6 +57,8 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--port", type=int, help="HTTP port (default 8765; 0: any free port)")
     s.add_argument("--xml-port", type=int, help="TCP port for XML feeds")
     s.add_argument("--jsonl-port", type=int, help="TCP port for JSON-lines feeds")
+    s.add_argument("--health-port", type=int, help="GET /health also on this port, answered by a thread of its own "
+                                                   "(so it answers while the API is stalled)")
     s.add_argument("-i", "--input", dest="inputs", action="append", metavar="FILE",
                    help="also read this file (or - for stdin) once at start; repeatable")
     s.add_argument("--format", dest="input_format", choices=["xml", "jsonl"], help="format of --input")

@@ -20,6 +20,7 @@ class ServiceConfig:
     host: str = "127.0.0.1"  #: HTTP control API and TCP feeds bind here
     port: int = 8765  #: HTTP port (0: any free port)
     xml_port: int | None = None  #: TCP feed of XML elements (root-less, or a root that never closes)
+    health_port: int | None = None  #: GET /health also on this port, answered by a thread of its own
     jsonl_port: int | None = None  #: TCP feed of JSON lines
     inputs: list[str] = dataclasses.field(default_factory=list)  #: files (or "-" for stdin) read once at start
     input_format: str | None = None  #: format of ``inputs`` (default: from the extension or content)
@@ -96,7 +97,7 @@ class ServiceConfig:
 
     def check(self) -> None:
         """Refuse values that would fail later, with the setting's name."""
-        for name in ("port", "xml_port", "jsonl_port"):
+        for name in ("port", "xml_port", "jsonl_port", "health_port"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or not 0 <= v <= 65535):
                 raise YfppError(f"{name} must be a port number 0-65535, got {v!r}")

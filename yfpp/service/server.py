@@ -47,6 +47,7 @@ from yfpp.service.accounting import Usage
 from yfpp.service.config import ServiceConfig
 from yfpp.service.batch import spec_of as batch_spec
 from yfpp.service.errors import RequestError
+from yfpp.service.health import HealthListener
 from yfpp.service.isolation import BACKLOG, Isolation, Returns
 from yfpp.service.feeds import FeedClosed, FeedLimits, SharedDeadLetters, SourceDeadLetters, TcpFeed, pump, start_input
 from yfpp.service.mqtt_api import ApiFeeds
@@ -126,6 +127,7 @@ class Service:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.http_socket: socket.socket | None = None
         self.feeds: list[TcpFeed] = []
+        self.health_listener: HealthListener | None = None  #: /health on a port of its own (health_port)
         self.mqtt_feeds: list[mqtt.MqttFeed] = []  #: those of the configuration
         self.api_feeds = ApiFeeds(self.registry, self.sink_policy, self.put, self.dead_letters, self.read_opts)
         self._engine_thread: threading.Thread | None = None
@@ -168,11 +170,13 @@ class Service:
             if port is not None:
                 self.feeds.append(TcpFeed(cfg.host, port, fmt, self.put, self.dead_letters, self.read_opts,
                                           FeedLimits(cfg.max_feed_connections, cfg.max_feed_connections_per_key,
-                                                     cfg.feed_idle_timeout), self.keys, self._feed_tls()))
+                                                     cfg.feed_idle_timeout), self.keys, self._tls()))
         self.mqtt_feeds = mqtt.start_feeds(cfg.mqtt, cfg.mqtt_topics, self.put, self.dead_letters, self.read_opts)
+        if cfg.health_port is not None:
+            self.health_listener = HealthListener(cfg.host, cfg.health_port, self.health, self._tls())
 
-    def _feed_tls(self) -> ssl.SSLContext | None:
-        """The feed ports' TLS context: the API's certificate and key (None without them)."""
+    def _tls(self) -> ssl.SSLContext | None:
+        """The TLS context of the feed ports and the health port: the API's certificate and key (None without)."""
         cfg = self.config
         if cfg.tls_cert is None or cfg.tls_key is None:
             return None
@@ -203,6 +207,8 @@ class Service:
         self._engine_thread.start()
         for feed in self.feeds:
             feed.start()
+        if self.health_listener is not None:
+            self.health_listener.start()
         for path in self.config.inputs:
             start_input(path, self.config.input_format, self.put, self.dead_letters, self.read_opts)
         await asyncio.to_thread(self.api_feeds.start_stored)
@@ -230,6 +236,8 @@ class Service:
         await asyncio.to_thread(self._final_checkpoint, held)
         self.registry.close()
         self.dead_letters.close()
+        if self.health_listener is not None:
+            await asyncio.to_thread(self.health_listener.stop)
         log.info("service stopped", extra={"events_in": self.events_in})
 
     def _stop_engine_thread(self) -> None:
