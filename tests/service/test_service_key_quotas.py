@@ -10,8 +10,8 @@ import pytest
 
 pytest.importorskip("fastapi", reason="the service needs pip install -e '.[serve]' in yfpp's clone")
 
-from tests.service_helpers import TIMEOUT, jsonl, wait_for  # noqa: E402
-from yfpp.service.client import Client  # noqa: E402
+from tests.service_helpers import TIMEOUT, jsonl, listeners, wait_for  # noqa: E402,F401
+from yfpp.service.client import Client, ServiceError  # noqa: E402
 from yfpp.service.config import ServiceConfig  # noqa: E402
 from yfpp.service.server import BackgroundService  # noqa: E402
 
@@ -64,3 +64,44 @@ def test_a_key_over_its_cpu_share_gives_up_its_costliest_subscription(tmp_path):
         admin.post_events(jsonl([{"type": "ping", "ts": ts + 1}]))
         wait_for(lambda: bob.subscription(light)["counters"]["matches"] == 1, what="bob's query matching on")
         assert bob.subscription(light)["suspended"] is None
+
+
+def test_a_queue_is_capped_in_bytes_as_well_as_in_results():
+    from yfpp.service.sinks import Counters, Outbox, as_json_line
+
+    def result(i: int) -> dict:
+        return {"query": "q", "id": f"{i:016x}", "bindings": {"x": [i]}, "start": float(i), "end": float(i)}
+
+    size = len(as_json_line(result(10)))
+    for overflow, kept in (("drop_oldest", [17, 18, 19]), ("drop_newest", [10, 11, 12])):
+        counters = Counters()
+        box = Outbox(100, overflow, counters, max_bytes=3 * size + 1)
+        for i in range(10, 20):
+            box.offer(result(i))
+        assert [r["bindings"]["x"][0] for r in box.items] == kept and box.bytes == 3 * size
+        assert counters.dropped == 7
+        taken = box.take_now(2)
+        assert box.bytes == size
+        box.give_back(taken)
+        assert box.bytes == 3 * size and len(box.items) == 3
+    box = Outbox(100, "drop_oldest", Counters(), max_bytes=size - 1)
+    box.offer(result(10))  # larger than the whole queue
+    assert not box.items and box.counters.dropped == 1 and box.bytes == 0
+
+
+def test_queue_bytes_are_capped_by_the_server_and_per_key(tmp_path, listeners):
+    closed = listeners(listen=False)  # (refuses connections: what the sink gets stays queued)
+    with serve(tmp_path, max_queue_bytes=10_000, queue_bytes=5_000, key_max_queue_bytes=12_000) as svc:
+        admin, alice, _ = clients(svc)
+        with pytest.raises(ServiceError) as e:
+            alice.subscribe("PATTERN SEQ(a x)", queue_bytes=20_000)
+        assert e.value.status == 400 and "max_queue_bytes" in str(e.value)
+        sub = alice.subscribe("PATTERN SEQ(a x)", sink=closed.url, queue_bytes=300)
+        assert sub["queue_bytes"] == 300
+        alice.subscribe("PATTERN SEQ(b x)")  # the server's 5,000: 5,300 bytes in all
+        with pytest.raises(ServiceError) as e:
+            alice.subscribe("PATTERN SEQ(c x)", queue_bytes=7_000)
+        assert e.value.status == 429 and "key_max_queue_bytes" in str(e.value)
+        admin.post_events(jsonl([{"type": "a", "ts": i} for i in range(20)]))
+        c = wait_for(lambda: (c := alice.subscription(sub["id"])["counters"])["matches"] == 20 and c, what="matches")
+        assert 1 <= c["queued"] <= 300 // 60 and c["dropped"] == 20 - c["queued"]

@@ -102,6 +102,9 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--max-queue", type=int, help="largest queue a subscription may ask (default 100000)")
     s.add_argument("--key-max-subscriptions", type=int, help="subscriptions per subscriber key (default 1000)")
     s.add_argument("--key-max-queue", type=int, help="results queued per subscriber key (default 1000000)")
+    s.add_argument("--queue-bytes", type=int, help="default per-subscription queue in bytes (default 64 MiB)")
+    s.add_argument("--max-queue-bytes", type=int, help="largest queue_bytes a subscription may ask (default 256 MiB)")
+    s.add_argument("--key-max-queue-bytes", type=int, help="bytes queued per subscriber key (default 1 GiB)")
     s.add_argument("--max-query-degree", type=int, metavar="N", help="refuse a subscriber's query whose runs may "
                                                                       "grow faster than events**N (default: admit all)")
     s.add_argument("--max-cpu-share", type=float, metavar="FRACTION",

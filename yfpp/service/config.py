@@ -51,6 +51,9 @@ class ServiceConfig:
     max_queue: int = 100_000  #: the largest ``queue`` a subscription may ask
     key_max_subscriptions: int = 1_000  #: subscriptions per subscriber key
     key_max_queue: int = 1_000_000  #: results queued per subscriber key, over its subscriptions' ``queue``
+    queue_bytes: int = 64 * 1024 * 1024  #: default per-subscription sink queue in bytes (results as JSON lines)
+    max_queue_bytes: int = 256 * 1024 * 1024  #: the largest ``queue_bytes`` a subscription may ask
+    key_max_queue_bytes: int = 1024 * 1024 * 1024  #: bytes queued per subscriber key, over its subscriptions
     max_query_degree: int | None = None  #: refuse a subscriber's query whose runs may grow faster than events**this
     max_cpu_share: float | None = None  #: suspend a subscription taking more of the engine's time, beside others
     key_max_runs: int | None = None  #: live runs per subscriber key, over its subscriptions (sampled)
@@ -103,6 +106,7 @@ class ServiceConfig:
                 raise YfppError(f"{name} must be a port number 0-65535, got {v!r}")
         for name in ("max_subscriptions", "max_query_chars", "max_body_bytes", "max_request_bytes", "max_feed_connections",
                      "max_feed_connections_per_key", "queue_size", "max_queue", "key_max_subscriptions", "key_max_queue",
+                     "queue_bytes", "max_queue_bytes", "key_max_queue_bytes",
                      "dead_letters_max_bytes"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:

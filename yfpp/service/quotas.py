@@ -1,8 +1,9 @@
 """What one key may hold (docs/service.md, "Security"): the server caps what a client asks.
 
 Checked when a subscription is made: the ``queue`` it asks is at most the
-server's ``max_queue``; a subscriber key holds at most ``key_max_subscriptions``
-subscriptions and ``key_max_queue`` queued results over all of them; and with
+server's ``max_queue`` (``queue_bytes``: ``max_queue_bytes``); a subscriber key
+holds at most ``key_max_subscriptions`` subscriptions, ``key_max_queue`` queued
+results and ``key_max_queue_bytes`` queued bytes over all of them; and with
 ``max_query_degree`` set, a subscriber's query whose estimated cost grows faster
 than that power of the events is refused. The admin is held to ``max_queue``
 only. Once a second, after the usage sample, a key over ``key_max_runs`` or
@@ -53,6 +54,9 @@ def check(spec: "SubscriptionSpec", owner: str, owned: Iterable["Subscription"],
     """QuotaError unless the key ``owner``, holding ``owned``, may add ``spec``."""
     if spec.queue is not None and spec.queue > config.max_queue:
         raise QuotaError(400, f"queue {spec.queue} is over the server's max_queue ({config.max_queue})")
+    if spec.queue_bytes is not None and spec.queue_bytes > config.max_queue_bytes:
+        raise QuotaError(400, f"queue_bytes {spec.queue_bytes} is over the server's max_queue_bytes "
+                              f"({config.max_queue_bytes})")
     if owner == ADMIN:
         return
     owned = list(owned)
@@ -63,6 +67,10 @@ def check(spec: "SubscriptionSpec", owner: str, owned: Iterable["Subscription"],
     if queued > config.key_max_queue:
         raise QuotaError(429, f"quota: this key's subscriptions would queue up to {queued} results, over "
                               f"key_max_queue={config.key_max_queue}")
+    queued_bytes = sum(s.queue_bytes for s in owned) + (spec.queue_bytes or config.queue_bytes)
+    if queued_bytes > config.key_max_queue_bytes:
+        raise QuotaError(429, f"quota: this key's subscriptions would queue up to {queued_bytes} bytes, over "
+                              f"key_max_queue_bytes={config.key_max_queue_bytes}")
 
 
 def over_keys(subs: Iterable["Subscription"], usage: "Usage", config: "ServiceConfig") -> list[tuple[str, str]]:

@@ -384,7 +384,7 @@ class Service:
             order = {sid: i for i, (sid, *_) in enumerate(stored)}
             for sid, spec, qid, owner in sorted(subs, key=lambda x: order[x[0]]):
                 sub = Subscription(sid, spec, qid, self.config.queue_size, self.totals, owner or auth.ADMIN,
-                                   self.sink_policy)
+                                   self.sink_policy, self.config.queue_bytes)
                 self._attach(sub)
                 if isinstance(counts.get(sid), dict):  # the results kept are counted in them
                     sub.restore_counts(counts[sid])
@@ -477,7 +477,8 @@ class Service:
                     claim = spec.name or object()
                     self._claimed.add(claim)
                     claims.append(claim)
-                    owned.append(types.SimpleNamespace(queue_size=spec.queue or cfg.queue_size))
+                    owned.append(types.SimpleNamespace(queue_size=spec.queue or cfg.queue_size,
+                                                       queue_bytes=spec.queue_bytes or cfg.queue_bytes))
                     todo.append(i)
             parsed = await asyncio.to_thread(lambda: [self._admitted(specs[i], owner) for i in todo])
             ready = [(i, p) for i, p in zip(todo, parsed) if not isinstance(p, RequestError)]
@@ -502,7 +503,8 @@ class Service:
                     refused.append(sid)
                     out[i] = RequestError(400, f"query: {qid}", **_error_position(qid))
                 else:
-                    sub = out[i] = Subscription(sid, specs[i], qid, cfg.queue_size, self.totals, owner, self.sink_policy)
+                    sub = out[i] = Subscription(sid, specs[i], qid, cfg.queue_size, self.totals, owner, self.sink_policy,
+                                                cfg.queue_bytes)
                     sub.cost = quotas.estimate(pattern)
                     self._attach(sub)
                     if quotas.isolated(sub.cost, cfg):
@@ -563,7 +565,7 @@ class Service:
         finally:
             self._claimed.discard(name)
         self.by_name.pop(sub.name, None)
-        await sub.change(spec, qid, cfg.queue_size)
+        await sub.change(spec, qid, cfg.queue_size, cfg.queue_bytes)
         self.by_name[sub.name] = sub
         log.info("subscription changed", extra={"subscription": sid, "query_name": sub.name, "requery": requery})
         return sub

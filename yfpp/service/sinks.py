@@ -81,11 +81,16 @@ class Outbox:
 
     ``wake`` is called after each result queued: by default it wakes :meth:`take`;
     a loop-written sink replaces it with its own (cheap, idempotent) scheduling.
-    Beside each result it keeps when its event arrived, for ``latency`` (recorded at :meth:`delivered`).
+    Beside each result it keeps when its event arrived, for ``latency`` (recorded at :meth:`delivered`), and,
+    with ``max_bytes``, its size as a JSON line: the queue holds at most ``size`` results and ``max_bytes`` bytes.
     """
 
-    def __init__(self, size: int, overflow: str, counters: Counters, latency: Latency | None = None):
+    def __init__(self, size: int, overflow: str, counters: Counters, latency: Latency | None = None,
+                 max_bytes: int | None = None):
         self.size = size
+        self.max_bytes = max_bytes
+        self.bytes = 0  #: the queued results' size as JSON lines (counted with max_bytes only)
+        self.sizes: deque[int] = deque()  #: each queued result's (with max_bytes)
         self.overflow = overflow
         self.counters = counters
         self.latency = latency
@@ -101,6 +106,9 @@ class Outbox:
 
     def offer(self, result: dict, arrived: float | None = None) -> None:
         """Queue ``result``, whose event arrived at ``arrived`` (default: now)."""
+        if self.max_bytes is not None:
+            self._offer_sized(result, arrived)
+            return
         if len(self.items) >= self.size:
             self.counters.add("dropped")
             if self.overflow == "drop_newest":
@@ -111,11 +119,35 @@ class Outbox:
         self.arrivals.append(time.monotonic() if arrived is None else arrived)
         self.wake()
 
+    def _offer_sized(self, result: dict, arrived: float | None) -> None:
+        """:meth:`offer` under ``max_bytes`` as well: the oldest results make room (or, with drop_newest, the
+        new one is dropped); a result larger than the whole queue is dropped."""
+        n = len(as_json_line(result))
+        items, limit = self.items, self.max_bytes
+        assert limit is not None
+        if n > limit:
+            self.counters.add("dropped")
+            return
+        while items and (len(items) >= self.size or self.bytes + n > limit):
+            self.counters.add("dropped")
+            if self.overflow == "drop_newest":
+                return
+            items.popleft()
+            self.arrivals.popleft()
+            self.bytes -= self.sizes.popleft()
+        items.append(result)
+        self.arrivals.append(time.monotonic() if arrived is None else arrived)
+        self.sizes.append(n)
+        self.bytes += n
+        self.wake()
+
     def take_now(self, most: int) -> list[dict]:
         """Up to ``most`` queued results, oldest first (possibly none)."""
         items, arrivals = self.items, self.arrivals
         n = min(most, len(items))
         self.taken = [arrivals.popleft() for _ in range(n)]
+        if self.max_bytes is not None:
+            self.bytes -= sum(self.sizes.popleft() for _ in range(n))
         return [items.popleft() for _ in range(n)]
 
     def delivered(self) -> None:
@@ -153,6 +185,10 @@ class Outbox:
         self.counters.add("dropped", len(batch) - len(keep))
         self.items.extendleft(reversed(keep))
         self.arrivals.extendleft(reversed(self.taken[len(self.taken) - len(keep):]))
+        if self.max_bytes is not None:  # (back in front whatever their size: they were queued once)
+            sizes = [len(as_json_line(r)) for r in keep]
+            self.sizes.extendleft(reversed(sizes))
+            self.bytes += sum(sizes)
 
 
 def as_json_line(result: dict) -> bytes:

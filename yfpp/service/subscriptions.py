@@ -33,6 +33,8 @@ class SubscriptionSpec(BaseModel):
     format: Literal["json", "xml"] = Field("json", description="one JSON line or one XML element per result")
     policy: Literal["all", "non_overlapping"] | None = Field(None, description="output policy (default: the query's)")
     queue: int | None = Field(None, ge=1, le=1_000_000, description="results queued per destination (default: the server's)")
+    queue_bytes: int | None = Field(None, ge=1, description="bytes (as JSON lines) queued per destination at most "
+                                                            "(default: the server's queue_bytes)")
     overflow: Literal["drop_oldest", "drop_newest"] = Field("drop_oldest", description="what a full queue drops")
 
     @field_validator("query", "name", "sink")
@@ -95,7 +97,7 @@ class Subscription(_Counted):
     listeners."""
 
     def __init__(self, sid: str, spec: SubscriptionSpec, qid: int, queue_size: int, totals: Totals | None = None,
-                 owner: str = ADMIN, policy: SinkPolicy | None = None):
+                 owner: str = ADMIN, policy: SinkPolicy | None = None, queue_bytes: int | None = None):
         self.id = sid
         self.spec = spec
         self.qid = qid
@@ -110,6 +112,7 @@ class Subscription(_Counted):
         self.pull = Counters(totals.pull)  #: the pull streams' delivered and dropped
         self.latency = Latency()  #: from each result's event's arrival to the result's delivery (push or pull)
         self.queue_size = spec.queue or queue_size
+        self.queue_bytes = spec.queue_bytes or queue_bytes  #: each destination's queue in bytes at most (None: no cap)
         self.outbox: Outbox | None = None
         self.sink: PushSink | None = None
         self.listeners: set[Outbox] = set()
@@ -117,7 +120,7 @@ class Subscription(_Counted):
     def start(self) -> None:
         """Start delivering to the push destination (on the running loop)."""
         if self.spec.sink is not None:
-            self.outbox = Outbox(self.queue_size, self.spec.overflow, self.counters, self.latency)
+            self.outbox = Outbox(self.queue_size, self.spec.overflow, self.counters, self.latency, self.queue_bytes)
             self.sink = sink_for(self.spec.sink, self.spec.format, self.policy)
             self.sink.start(self.outbox)
 
@@ -126,7 +129,7 @@ class Subscription(_Counted):
             await self.sink.stop()
             self.sink = None
 
-    async def change(self, spec: "SubscriptionSpec", qid: int, queue_size: int) -> None:
+    async def change(self, spec: "SubscriptionSpec", qid: int, queue_size: int, queue_bytes: int | None = None) -> None:
         """Take ``spec`` (and the engine query ``qid``) in place, keeping the id, the counters, the pull streams
         and what the push sink still held (queued again, to the new sink if it changed)."""
         held = self.outbox.held() if self.outbox is not None else []
@@ -135,6 +138,7 @@ class Subscription(_Counted):
         self.counters.add("delivered", -unsent)  # (counted delivered, maybe not: sent again)
         self.spec, self.qid, self.name = spec, qid, spec.name or self.id
         self.queue_size = spec.queue or queue_size
+        self.queue_bytes = spec.queue_bytes or queue_bytes
         self.outbox = None
         self.start()
         for result in held:
@@ -166,7 +170,7 @@ class Subscription(_Counted):
 
     def listen(self) -> Outbox:
         """A new pull-stream listener's own bounded outbox (its drops count in ``pull.dropped``)."""
-        box = Outbox(self.queue_size, self.spec.overflow, self.pull, self.latency)
+        box = Outbox(self.queue_size, self.spec.overflow, self.pull, self.latency, self.queue_bytes)
         self.listeners.add(box)
         return box
 
@@ -185,7 +189,7 @@ class Subscription(_Counted):
         return {
             "id": self.id, "name": self.name, "query": self.spec.query, "language": self.spec.language,
             "owner": self.owner, "sink": shown(self.spec.sink), "format": self.spec.format, "policy": self.spec.policy,
-            "queue": self.queue_size, "overflow": self.spec.overflow, "cost": self.cost,
+            "queue": self.queue_size, "queue_bytes": self.queue_bytes, "overflow": self.spec.overflow, "cost": self.cost,
             "usage": self.usage.of(self.name) if self.usage else None, "latency": self.latency.info(),
             "suspended": self.suspended,
             "counters": {"matches": c.matches, "delivered": c.delivered, "dropped": c.dropped,
