@@ -160,3 +160,26 @@ def test_isolate_degree_starts_a_costly_query_isolated_and_a_child_that_dies_is_
 def _alive(pid: int) -> bool:
     """Whether process ``pid`` is there (a zombie not yet reaped is)."""
     return os.path.exists(f"/proc/{pid}")
+
+
+def test_an_isolated_query_is_checkpointed_with_the_service_and_restored_in_a_child(tmp_path, listeners):
+    out = listeners()
+    events = stream(240, 11)
+    with BackgroundService(config(tmp_path, isolate_degree=1)) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        c.subscribe("//a//b", name="heavy", sink=out.url)  # isolated from the start
+        c.subscribe("PATTERN SEQ(c x)", name="light")
+        c.post_events(jsonl(events[:80]))
+        wait_for(lambda: svc.events_in == 80, what="the first events taken")
+        assert svc.save_checkpoint()  # (a periodic checkpoint: the child writes its share at the same point)
+        c.post_events(jsonl(events[80:160]))
+        wait_for(lambda: svc.events_in == 160, what="the next events taken")
+    state = tmp_path / "state"
+    assert [p.name for p in state.glob("isolated-q*.json")] == ["isolated-q0.json"]
+    with BackgroundService(config(tmp_path, isolate_degree=1)) as svc:  # (the stop's checkpoint, restored)
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        assert [p.name for p in svc.engine.queries.values()] == ["light"] and list(svc.isolation.by_qid) == [0]
+        c.post_events(jsonl(events[160:]))
+        expected = alone("//a//b", events)
+        wait_for(lambda: len({key(json.loads(x)) for x in out.lines}) >= len(expected), what="all its matches")
+        assert {key(json.loads(x)) for x in out.lines} == set(expected)  # (a result kept at a stop may come twice)

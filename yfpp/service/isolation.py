@@ -19,23 +19,33 @@ loop :data:`TURN` at a time, so that a burst of them never holds the loop
 long: the main engine's results go between). A child
 that falls :data:`BACKLOG` events behind, or ends, is reported through
 ``on_fail``: its subscription is suspended, saying why. The child runs at a
-lower priority (:data:`NICE`) than the service. Its state is not
-checkpointed: after a restart the query starts afresh in the main engine.
+lower priority (:data:`NICE`) than the service.
+
+Checkpoints: with the main engine's (engine_lock held), each child is sent a
+``checkpoint`` message in its stream of events, so it writes its own state
+(:func:`state_path`) at exactly the point of the stream the main checkpoint
+holds; the service commits those files with the main one, and a start
+restores each in a child again (:meth:`Isolation.adopt`) when its stream
+position is the main checkpoint's.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import queue
+import tempfile
 import threading
 import time
 from collections import deque
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any, Callable
 
 from yfpp.engine import Engine
 from yfpp.input.dead_letters import DeadLetters
 from yfpp.input.events import Event
+from yfpp.service import checkpoint
 
 log = logging.getLogger("yfpp.service")
 
@@ -128,9 +138,9 @@ class Isolated:
         self._queued = 0  # events in _queue
         self._wake = threading.Condition()
         self._stopping = False
-        self.usage: dict[str, Any] = {"runs": 0, "runs_shed": 0, "cpu_s": 0.0}
+        self.usage: dict[str, Any] = {"runs": 0, "runs_shed": 0, "cpu_s": 0.0, "engine": "isolated", "pid": pid}
         self.behind = 0  #: events sent to the child that it has not yet processed (as it last said)
-        self._sent = 0
+        self._acks: queue.Queue[str | None] = queue.Queue()  # each checkpoint's error (None: written)
         self._sender = threading.Thread(target=self._send, name=f"isolated-{pid}-send", daemon=True)
         self._reader = threading.Thread(target=self._read, name=f"isolated-{pid}-read", daemon=True)
         self._sender.start()
@@ -150,6 +160,26 @@ class Isolated:
         with self._wake:
             self._queue.append(("advance", ts))
             self._wake.notify()
+
+    def checkpoint(self, path: Path) -> None:
+        """(holding ``engine_lock``) Have the child write its state, once it has the events queued so far, to
+        ``checkpoint.staged(path)`` (:meth:`checkpointed` says when)."""
+        with self._wake:
+            self._queue.append(("checkpoint", str(checkpoint.staged(path))))
+            self._wake.notify()
+
+    def checkpointed(self, timeout: float) -> str | None:
+        """Wait for the child's checkpoint (``timeout`` seconds at most; no longer once it has ended): None once
+        written, else why not."""
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                return self._acks.get(timeout=0.1)
+            except queue.Empty:
+                if not self._reader.is_alive() and self._acks.empty():
+                    return f"its isolation engine (pid {self.pid}) ended before it wrote its checkpoint"
+                if time.monotonic() > end:
+                    return f"its isolation engine (pid {self.pid}) wrote no checkpoint within {timeout:g} s"
 
     def stop(self) -> None:
         """Tell the child to end once it has what was queued (the sender reaps it, or kills it after
@@ -206,6 +236,8 @@ class Isolated:
                     self._deliver(msg[2], msg[1])  # (Returns.put)
                 elif msg[0] == "usage":
                     self.usage = {**msg[1], "engine": "isolated", "pid": self.pid}
+                elif msg[0] == "checkpointed":
+                    self._acks.put(msg[1])
                 elif msg[0] == "error":
                     why = f"its isolation engine failed: {msg[1]}"
         except (EOFError, OSError):
@@ -237,10 +269,19 @@ class Isolation:
     def move(self, engine: Engine, qid: int) -> Isolated:
         """(holding ``engine_lock``) Query ``qid`` out of ``engine`` into a child process of its own (OSError
         if no process can be made: the query then stays)."""
+        iso = self.adopt(engine, qid)
+        engine.unregister(qid)
+        log.warning("query moved to an isolation engine", extra={"query_name": iso.name, "pid": iso.pid})
+        return iso
+
+    def adopt(self, engine: Engine, qid: int) -> Isolated:
+        """Query ``qid`` of ``engine`` (the service's, or one restored from :func:`state_path`) run by a child
+        process of its own, fed from now on (OSError if no process can be made)."""
         source = engine.sources[qid]
         name = str(engine.queries[qid].name if qid in engine.queries else engine.set_queries[qid].plan.name)
         in_r, in_w = _pipe()
         out_r, out_w = _pipe()
+        tempfile._get_candidate_names()  # type: ignore[attr-defined]  # (made before the fork: no lock to inherit)
         pid = os.fork()
         if pid == 0:  # the child
             code = 0
@@ -258,9 +299,7 @@ class Isolation:
                 os._exit(code)
         in_r.close()
         out_w.close()
-        engine.unregister(qid)
         iso = self.by_qid[qid] = Isolated(qid, name, source, pid, in_w, out_r, self._deliver, self._failed)
-        log.warning("query moved to an isolation engine", extra={"query_name": name, "pid": pid})
         return iso
 
     def feed(self, arrived: float | None, events: list[Event] | tuple[Event, ...]) -> list[Isolated]:
@@ -274,6 +313,16 @@ class Isolation:
     def advance(self, ts: float) -> None:
         for iso in self.by_qid.values():
             iso.advance(ts)
+
+    def checkpoint(self, directory: Path) -> list[tuple[Isolated, Path]]:
+        """(holding ``engine_lock``) Each child to write its state (:meth:`Isolated.checkpoint`): the children
+        and the paths their checkpoints go to once committed."""
+        out = []
+        for iso in list(self.by_qid.values()):
+            path = state_path(directory, iso.qid)
+            iso.checkpoint(path)
+            out.append((iso, path))
+        return out
 
     def drop(self, qid: int) -> bool:
         """Stop the child of query ``qid``; False if it has none."""
@@ -297,6 +346,11 @@ class Isolation:
             iso.stop()
         for iso in isos:
             iso.join(STOP_WAIT + 1)
+
+
+def state_path(directory: Path, qid: int) -> Path:
+    """Where the checkpoint of the isolation engine of query ``qid`` goes."""
+    return directory / f"isolated-q{qid}.json"
 
 
 def _pipe() -> tuple[Connection, Connection]:
@@ -326,6 +380,13 @@ def _child(engine: Engine, qid: int, name: str, inbox: Connection, out: Connecti
         msg = inbox.recv()
         if msg[0] == "stop":
             return
+        if msg[0] == "checkpoint":
+            try:
+                checkpoint.save(engine, Path(msg[1]), {"isolated": name})
+                out.send(("checkpointed", None))
+            except Exception as e:  # (a full disk, state the format cannot hold: the service says so)
+                out.send(("checkpointed", f"{type(e).__name__}: {e}"[:500]))
+            continue
         if msg[0] == "events":
             for t in msg[2]:
                 engine.process_batch((unpack(t),), results)

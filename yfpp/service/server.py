@@ -49,6 +49,7 @@ from yfpp.service.batch import spec_of as batch_spec
 from yfpp.service.errors import RequestError
 from yfpp.service.health import HealthListener
 from yfpp.service.isolation import BACKLOG, Isolation, Returns
+from yfpp.service.isolation import state_path as isolation_state
 from yfpp.service.feeds import FeedClosed, FeedLimits, SharedDeadLetters, SourceDeadLetters, TcpFeed, pump, start_input
 from yfpp.service.mqtt_api import ApiFeeds
 from yfpp.service.registry import Registry, RegistryError
@@ -101,6 +102,8 @@ class Service:
         restored, self._sources = checkpoint.load(self.checkpoint_path, **engine_opts) if self.checkpoint_path else (None, {})
         self.engine: Engine = restored or Engine(**engine_opts)
         self.restored = restored is not None
+        #: the isolation engines the checkpoint kept (query name -> (engine, qid)), adopted at the start
+        self._isolated_kept = self._load_isolated(engine_opts) if state is not None else {}
         self._stored = (self.registry.all(), self.registry.kept_queued(),
                         checkpoint.load_counts(self.counts_path) if self.counts_path else {})  # what fails stops the start
         if restored is not None and restored.sources and not self._stored[0] and not config.registry_lost:
@@ -227,13 +230,15 @@ class Service:
             await asyncio.to_thread(self._stop_engine_thread)
         if self._writer is not None:
             await asyncio.to_thread(self._writer.join)
+        children = (self.isolation.checkpoint(self.checkpoint_path.parent)  # (the engine thread has stopped)
+                    if self.checkpoint_path is not None and self.failed is None else [])
         await asyncio.to_thread(self.isolation.close)  # (each child after what it was sent)
         self._route()  # the engine thread's last results
         await self._drain(1.0)
         held = self._held()  # (before the TCP sinks close: what their connections still buffer is kept too)
         for sub in list(self.subs.values()):
             await sub.stop()
-        await asyncio.to_thread(self._final_checkpoint, held)
+        await asyncio.to_thread(self._final_checkpoint, held, children)
         self.registry.close()
         self.dead_letters.close()
         if self.health_listener is not None:
@@ -276,7 +281,8 @@ class Service:
                     queued[sid] = held
         return queued, counts
 
-    def _final_checkpoint(self, held: tuple[dict[str, list[dict]], dict[str, dict[str, int]]]) -> None:
+    def _final_checkpoint(self, held: tuple[dict[str, list[dict]], dict[str, dict[str, int]]],
+                          children: list[tuple[Any, Path]]) -> None:
         """At the stop: store the results the push sinks still hold, to be queued again at the next start, and
         the counters; then checkpoint the engine (past those results: it will not produce them again), unless
         its thread died or did not finish."""
@@ -292,6 +298,7 @@ class Service:
         if forked is not None:
             try:
                 forked.wait()
+                _commit_isolated(children)
                 forked.commit()
             except Exception as e:
                 forked.discard()
@@ -359,6 +366,17 @@ class Service:
                     if spec.sink is not None:
                         self._check_sink(spec.sink)
                     name = spec.name or sid
+                    if name in self._isolated_kept and name not in restored:
+                        kept_engine, kept_qid = self._isolated_kept.pop(name)
+                        pattern = parse_written_query(spec.query, spec.language, self.config.window_unit, self.shapes)
+                        if self._same_query(kept_qid, pattern, spec.policy, kept_engine):
+                            try:
+                                self.isolation.adopt(kept_engine, kept_qid)
+                            except OSError as e:  # (no process to be had: it starts afresh here)
+                                log.error("cannot start an isolation engine", extra={"query_name": name, "error": str(e)})
+                            else:
+                                subs.append((sid, spec, kept_qid, owner))
+                                continue
                     if name in restored and sources.get(name) == _source(spec):
                         subs.append((sid, spec, restored.pop(name), owner))
                         continue
@@ -405,12 +423,37 @@ class Service:
             log.warning("results kept for a subscription that is not there are dropped", extra={"results": lost})
         self._stored = ([], {}, {})
         self._sources = {}
+        self._isolated_kept = {}
+        if self.checkpoint_path is not None:  # (those of no isolation engine now: their queries started afresh)
+            adopted = {isolation_state(self.checkpoint_path.parent, qid) for qid in self.isolation.by_qid}
+            for path in self.checkpoint_path.parent.glob("isolated-q*.json"):
+                if path not in adopted:
+                    path.unlink(missing_ok=True)
 
-    def _same_query(self, qid: int, pattern: Pattern, policy: str | None) -> bool:
-        """Whether the engine's query ``qid`` is ``pattern`` registered with ``policy``."""
+    def _same_query(self, qid: int, pattern: Pattern, policy: str | None, engine: Engine | None = None) -> bool:
+        """Whether the query ``qid`` of ``engine`` (default the service's) is ``pattern`` registered with ``policy``."""
         if policy is not None and policy != pattern.policy:
             pattern = dataclasses.replace(pattern, policy=policy)
-        return encode_pattern(self.engine.sources[qid][0]) == encode_pattern(pattern)
+        return encode_pattern((engine or self.engine).sources[qid][0]) == encode_pattern(pattern)
+
+    def _load_isolated(self, engine_opts: dict[str, Any]) -> dict[str, tuple[Engine, int]]:
+        """The isolation engines' checkpoints that go with the restored engine's (at its stream position): by
+        query name, the engine and the query's id. The others (older, or of no checkpoint) are removed."""
+        kept: dict[str, tuple[Engine, int]] = {}
+        assert self.checkpoint_path is not None
+        for path in sorted(self.checkpoint_path.parent.glob("isolated-q*.json")):
+            try:
+                engine, service = checkpoint.load(path, **engine_opts)
+                name = service.get("isolated")
+                qid = next((q for q, (_, _, n) in engine.sources.items() if n == name), None) if engine else None
+                if engine is not None and qid is not None and self.restored and engine.next_seq == self.engine.next_seq:
+                    kept[name] = (engine, qid)
+                    continue
+            except (YfppError, OSError, ValueError) as e:
+                log.error("an isolation engine's checkpoint does not load: its query starts afresh",
+                          extra={"path": str(path), "error": str(e)})
+            path.unlink(missing_ok=True)
+        return kept
 
     def _register_patterns(self, items: list[tuple[Pattern, str, str | None]]) -> list[int | YfppError]:
         """``(pattern, name, policy)`` each registered, in one hold of ``engine_lock``: its query id, or the
@@ -916,12 +959,14 @@ class Service:
             except Exception as e:  # (no process to be had: the same as a failed write)
                 self._checkpoint_failed(e)
                 return False
+            children = self.isolation.checkpoint(self.checkpoint_path.parent)
             if loop is not None and not loop.is_closed():
                 loop.call_soon_threadsafe(self._hold, held)  # (the results so far are handed over: _step)
             else:
                 held.set_result(None)
         stall = time.perf_counter() - start  # (what the engine thread gave: the fork)
-        self._writer = threading.Thread(target=self._finish_checkpoint, args=(forked, held, self.events_in, stall),
+        self._writer = threading.Thread(target=self._finish_checkpoint,
+                                        args=(forked, held, self.events_in, stall, children),
                                         name="checkpoint", daemon=True)
         self._writer.start()
         if wait:
@@ -941,15 +986,17 @@ class Service:
         except BaseException as e:
             held.set_exception(e)
 
-    def _finish_checkpoint(self, forked: checkpoint.Forked, held: Future, events_in: int, stall: float) -> None:
+    def _finish_checkpoint(self, forked: checkpoint.Forked, held: Future, events_in: int, stall: float,
+                           children: list[tuple[Any, Path]]) -> None:
         """The checkpoint's own thread: once the child has written the state and the loop has said what the
-        sinks hold, store that, then put the checkpoint in place (so a crash between keeps results twice,
-        never none)."""
+        sinks hold, store that, then put the isolation engines' checkpoints and the checkpoint in place (so a
+        crash between keeps results twice, never none)."""
         try:
             forked.wait()
             state = held.result(CHECKPOINT_WAIT)
             if state is not None:
                 self._keep(*state)
+            _commit_isolated(children)
             forked.commit()
         except Exception as e:  # a full disk (OSError), state the format cannot hold, a loop that did not answer
             forked.discard()
@@ -1005,6 +1052,21 @@ class _Results:
         if self.items:
             items, self.items = self.items, []
             self._hand_over(items)
+
+
+def _commit_isolated(children: list[tuple[Any, Path]]) -> None:
+    """Put the isolation engines' checkpoints in place, each once its child has written it; one that did not
+    (a child far behind, or ended) is logged and has none: its query starts afresh at the next start, the
+    others' checkpoints are kept all the same."""
+    for iso, path in children:
+        error = iso.checkpointed(CHECKPOINT_WAIT)
+        if error is None:
+            checkpoint.Forked(None, None, path).commit()
+            continue
+        log.error("an isolation engine wrote no checkpoint: its query starts afresh at the next start",
+                  extra={"query_name": iso.name, "error": error})
+        checkpoint.Forked(None, None, path).discard()
+        path.unlink(missing_ok=True)
 
 
 def _source(spec: SubscriptionSpec) -> list[Any]:
