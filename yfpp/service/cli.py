@@ -108,8 +108,8 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--max-query-degree", type=int, metavar="N", help="refuse a subscriber's query whose runs may "
                                                                       "grow faster than events**N (default: admit all)")
     s.add_argument("--max-cpu-share", type=float, metavar="FRACTION",
-                   help="suspend a subscription attributed more of the engine's time than this, beside others "
-                        "(default: never)")
+                   help="suspend a subscription attributed more of the engine thread's CPU than this, beside "
+                        "others, or move it to an isolation engine (--max-isolated) (default: never)")
     s.add_argument("--key-max-runs", type=int, metavar="N",
                    help="a subscriber key whose subscriptions hold more live runs gives up its costliest one "
                         "(default: no limit)")

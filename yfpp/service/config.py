@@ -55,7 +55,7 @@ class ServiceConfig:
     max_queue_bytes: int = 256 * 1024 * 1024  #: the largest ``queue_bytes`` a subscription may ask
     key_max_queue_bytes: int = 1024 * 1024 * 1024  #: bytes queued per subscriber key, over its subscriptions
     max_query_degree: int | None = None  #: refuse a subscriber's query whose runs may grow faster than events**this
-    max_cpu_share: float | None = None  #: suspend a subscription taking more of the engine's time, beside others
+    max_cpu_share: float | None = None  #: suspend (or isolate) a subscription taking more of the engine's CPU, beside others
     key_max_runs: int | None = None  #: live runs per subscriber key, over its subscriptions (sampled)
     key_max_cpu_share: float | None = None  #: a subscriber key's subscriptions' share of the engine's time
     max_isolated: int = 0  #: queries moved to isolation engines (child processes) at most, rather than suspended
