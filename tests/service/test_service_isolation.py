@@ -183,3 +183,12 @@ def test_an_isolated_query_is_checkpointed_with_the_service_and_restored_in_a_ch
         expected = alone("//a//b", events)
         wait_for(lambda: len({key(json.loads(x)) for x in out.lines}) >= len(expected), what="all its matches")
         assert {key(json.loads(x)) for x in out.lines} == set(expected)  # (a result kept at a stop may come twice)
+
+
+@pytest.mark.parametrize("field, value", [("max_isolated", -1), ("isolate_degree", 0), ("key_max_runs", 0),
+                                          ("key_max_cpu_share", 1.5), ("queue_bytes", 0), ("health_port", 70000)])
+def test_the_configuration_refuses_bad_values_by_name(field, value):
+    from yfpp.errors import YfppError
+
+    with pytest.raises(YfppError, match=field):
+        ServiceConfig.load(None, {field: value})
