@@ -1,4 +1,4 @@
-"""Isolation engines (docs/service.md, "Isolation"): a heavy subscription's query moved out of the service's
+"""Isolation engines (docs/service.md, "Isolation engines"): a heavy subscription's query moved out of the service's
 engine into an engine of its own, in a child process, so that the main engine's latency no longer depends on it.
 
 A move happens with the main engine quiet (``engine_lock`` held): the
@@ -17,8 +17,9 @@ thread queued and writes it to the child: the engine thread never waits for
 the child) and a reader (results to :class:`Returns`, which routes them on the
 loop :data:`TURN` at a time, so that a burst of them never holds the loop
 long: the main engine's results go between). A child
-that falls :data:`BACKLOG` events behind, or ends, is reported through
-``on_fail``: its subscription is suspended, saying why. The child runs at a
+whose queue holds :data:`BACKLOG` events, or that ends, is reported to the
+service (``failed``, or the engine thread's feed): its subscription is
+suspended, saying why. The child runs at a
 lower priority (:data:`NICE`) than the service.
 
 Checkpoints: with the main engine's (engine_lock held), each child is sent a
@@ -139,7 +140,6 @@ class Isolated:
         self._wake = threading.Condition()
         self._stopping = False
         self.usage: dict[str, Any] = {"runs": 0, "runs_shed": 0, "cpu_s": 0.0, "engine": "isolated", "pid": pid}
-        self.behind = 0  #: events sent to the child that it has not yet processed (as it last said)
         self._acks: queue.Queue[str | None] = queue.Queue()  # each checkpoint's error (None: written)
         self._sender = threading.Thread(target=self._send, name=f"isolated-{pid}-send", daemon=True)
         self._reader = threading.Thread(target=self._read, name=f"isolated-{pid}-read", daemon=True)
