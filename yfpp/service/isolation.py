@@ -89,10 +89,10 @@ class Returns:
         if wake:
             loop.call_soon_threadsafe(self.drain)
 
-    def drain(self) -> None:
-        """(the loop) Route up to :data:`TURN` results; another turn for the rest."""
+    def drain(self, most: float = TURN) -> None:
+        """(the loop) Route up to ``most`` results; another turn for the rest."""
         n = 0
-        while n < TURN:
+        while n < most:
             with self._room:
                 if not self._batches:
                     self._scheduled = False

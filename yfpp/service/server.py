@@ -122,8 +122,8 @@ class Service:
         self._events_before = self.engine.next_seq  # events the restored state had taken
         self.totals = Totals()  #: counts over every subscription held since the start (the metrics' totals)
         self.usage = Usage()  #: each query's runs and CPU, sampled by the engine thread
-        self.isolation = Isolation(Returns(self._route_batch, lambda: self.loop).put, self._isolation_failed,
-                                   config.max_isolated)
+        self.returns = Returns(self._route_batch, lambda: self.loop)  #: the isolation engines' results to the loop
+        self.isolation = Isolation(self.returns.put, self._isolation_failed, config.max_isolated)
         self.usage.elsewhere = self.isolation.usage
         self.rate = 0.0
         self.started_at = time.time()
@@ -234,6 +234,7 @@ class Service:
                     if self.checkpoint_path is not None and self.failed is None else [])
         await asyncio.to_thread(self.isolation.close)  # (each child after what it was sent)
         self._route()  # the engine thread's last results
+        self.returns.drain(float("inf"))  # (and the isolation engines')
         await self._drain(1.0)
         held = self._held()  # (before the TCP sinks close: what their connections still buffer is kept too)
         for sub in list(self.subs.values()):
