@@ -192,3 +192,20 @@ def test_the_configuration_refuses_bad_values_by_name(field, value):
 
     with pytest.raises(YfppError, match=field):
         ServiceConfig.load(None, {field: value})
+
+
+def test_a_query_changed_to_a_costly_one_is_isolated_and_back_to_a_cheap_one_is_not(tmp_path):
+    with BackgroundService(config(tmp_path, isolate_degree=1)) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        c.subscribe("PATTERN SEQ(c x)", name="q")
+        assert [p.name for p in svc.engine.queries.values()] == ["q"]
+        c._request("PUT", "/subscriptions/s1", json.dumps({"query": "//a//b"}).encode())
+        (child,) = c.health()["isolated"]
+        assert not svc.engine.queries and c.subscription("s1")["usage"]["engine"] == "isolated"
+        c.post_events(jsonl([{"type": "a", "ts": 1}, {"type": "b", "ts": 2}]))
+        wait_for(lambda: c.subscription("s1")["counters"]["matches"] == 1, what="the isolated query matching")
+        c._request("PUT", "/subscriptions/s1", json.dumps({"query": "PATTERN SEQ(c x)"}).encode())
+        assert [p.name for p in svc.engine.queries.values()] == ["q"] and c.health()["isolated"] == []
+        wait_for(lambda: not _alive(child["pid"]), what="the child reaped")
+        c.post_events(jsonl([{"type": "c", "ts": 3}]))
+        wait_for(lambda: c.subscription("s1")["counters"]["matches"] == 2, what="the query back in the main engine")

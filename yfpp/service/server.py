@@ -611,6 +611,8 @@ class Service:
         self.by_name.pop(sub.name, None)
         await sub.change(spec, qid, cfg.queue_size, cfg.queue_bytes)
         self.by_name[sub.name] = sub
+        if requery and sub.cost is not None and quotas.isolated(sub.cost, cfg):
+            await asyncio.to_thread(self._isolate_new, sub)
         log.info("subscription changed", extra={"subscription": sid, "query_name": sub.name, "requery": requery})
         return sub
 
