@@ -387,11 +387,19 @@ def _child(engine: Engine, qid: int, name: str, inbox: Connection, out: Connecti
             except Exception as e:  # (a full disk, state the format cannot hold: the service says so)
                 out.send(("checkpointed", f"{type(e).__name__}: {e}"[:500]))
             continue
+        # (as in the service's engine thread, one event's or one advance's failure is its own: the service's
+        # engine fails on it too, and reports it)
         if msg[0] == "events":
             for t in msg[2]:
-                engine.process_batch((unpack(t),), results)
+                try:
+                    engine.process_batch((unpack(t),), results)
+                except Exception:
+                    pass
         elif msg[0] == "advance":
-            engine.advance_time(msg[1], results)
+            try:
+                engine.advance_time(msg[1], results)
+            except Exception:
+                pass
         mine = [r for r in results if r.get("query") == name]
         results.clear()
         for i in range(0, len(mine), RESULT_CHUNK):
