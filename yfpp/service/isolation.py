@@ -215,16 +215,16 @@ class Isolated:
             self._reap()
 
     def _reap(self) -> None:
+        """Wait for the child to end (killed after :data:`STOP_WAIT` seconds)."""
         end = time.monotonic() + STOP_WAIT
-        while time.monotonic() < end:
-            pid, _ = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                return
-            time.sleep(0.02)
         try:
+            while time.monotonic() < end:
+                if os.waitpid(self.pid, os.WNOHANG)[0]:
+                    return
+                time.sleep(0.02)
             os.kill(self.pid, 9)
             os.waitpid(self.pid, 0)
-        except (ProcessLookupError, ChildProcessError):
+        except (ProcessLookupError, ChildProcessError):  # (reaped already)
             pass
 
     def _read(self) -> None:
