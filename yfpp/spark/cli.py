@@ -93,6 +93,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--partitions", type=int,
                    help="shuffle partitions (default: spark.sql.shuffle.partitions if configured, else 2 × the cores); "
                         "with --plan scan, its tasks (default: the cores)")
+    p.add_argument("--hot-keys", choices=["auto", "off"], default="auto",
+                   help="batch, scan plan: cut a keyed group's hot keys (a key with at least half a task's share of the "
+                        "first events) into overlapping time slices, as unkeyed queries are (default auto); off: one task "
+                        "per key (docs/spark.md, 'Hot keys')")
     p.add_argument("--class-archive", metavar="FILE", default="off",
                    help="a class-data-sharing archive for the driver JVM this command starts: written when the first "
                         "run's JVM exits (that run is several times slower), used by later runs (about half the "
@@ -450,10 +454,25 @@ def batch(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namespa
         lines.append("rows per task (matching):")
         lines += [f"  task {t['task']:<4} {t['rows']:>12,} rows {t['engines']:>6,} engines {t['seconds']:>9.3f} s"
                   for t in tasks]
+        lines += task_spread(tasks)
         lines += steps.report()
     print("\n".join(lines), file=sys.stderr)
     rows.unpersist()
     return 0
+
+
+def task_spread(tasks: list[dict]) -> list[str]:
+    """``--stats`` lines: the matching tasks' CPU seconds, slowest against the mean, and the hot keys cut into slices."""
+    seconds = [t["seconds"] for t in tasks]
+    if not seconds:
+        return []
+    mean = sum(seconds) / len(seconds)
+    lines = [f"task seconds      min {min(seconds):.3f}, mean {mean:.3f}, max {max(seconds):.3f} "
+             f"(max/mean {max(seconds) / mean if mean else 1.0:.2f})"]
+    hot = tasks[0].get("hot")
+    if hot is not None:
+        lines.append(f"hot keys          {', '.join(hot) if hot else 'none'}")
+    return lines
 
 
 def scan_rows(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namespace, steps: Any) -> tuple:
@@ -473,7 +492,7 @@ def scan_rows(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Nam
     with steps.step("plan the scan"):  # the queries compiled and grouped, the job's first DataFrame (SQL's classes load)
         rows = scan_match(spark, queries, files, single=single_file(args.input, files), tasks=tasks, format=args.format,
                           **reading(args), policy=args.policy, full_events=args.events,
-                          feedback_limits=(args.max_feedback_depth, args.max_derived)
+                          feedback_limits=(args.max_feedback_depth, args.max_derived), hot_keys=args.hot_keys == "auto"
                           ).persist(StorageLevel.MEMORY_AND_DISK)
 
     def counted(task_rows: list[dict]) -> tuple[int, int]:
