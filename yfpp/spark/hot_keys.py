@@ -17,7 +17,8 @@ without a pass over the input: a key is hot when it has at least
 from __future__ import annotations
 
 from collections import Counter
-from typing import Callable, Hashable, Protocol
+from collections.abc import Callable, Hashable
+from typing import Protocol
 
 from yfpp.input.events import Event
 from yfpp.spark.plan import Group
@@ -70,6 +71,7 @@ class HotKeys:
         self.grp, self.tasks, self.prefix, self.make = grp, tasks, prefix, slices
         self.held: list[Event] | None = []
         self.keys: dict[Hashable, Share] = {}
+        self.numbers: dict[Hashable, int] = {}
 
     @property
     def deciding(self) -> bool:
@@ -89,19 +91,25 @@ class HotKeys:
         held, self.held = self.held or [], None
         keys = [k for k in (hashable(self.grp.key_of(ev)) for ev in held) if k is not None]
         self.keys = {k: self.make(i) for i, k in enumerate(find_hot(keys, self.tasks))}
+        self.numbers = {k: i for i, k in enumerate(self.keys)}
         return held
 
     def split(self, events: list[Event], out: list[tuple]) -> list[Event]:
         """Feed the hot keys' events of ``events`` to their slices; the others, in order."""
         if not self.keys:
             return events
-        rest, hot, key_of = [], self.keys, self.grp.key_of
+        rest: list[Event] = []
+        mine: dict[int, list[Event]] = {}  # hot key number → its events of the batch, in order
+        numbers, key_of = self.numbers, self.grp.key_of
         for ev in events:
-            share = hot.get(hashable(key_of(ev)))
-            if share is None:
+            i = numbers.get(hashable(key_of(ev)))
+            if i is None:
                 rest.append(ev)
             else:
-                share.feed([ev], out)
+                mine.setdefault(i, []).append(ev)
+        shares = list(self.keys.values())
+        for i, evs in mine.items():
+            shares[i].feed(evs, out)
         return rest
 
     def finish(self, out: list[tuple]) -> None:
