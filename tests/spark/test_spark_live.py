@@ -200,10 +200,12 @@ def test_yfpp_spark_stream_from_mqtt_equals_yfpp_run_across_a_restart(spark, tmp
     try:
         session = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id="yfpp-spark", clean_session=False,
                               protocol=paho.MQTTv311)  # the stream's session, made before it first runs
+        subscribed = threading.Event()
+        session.on_subscribe = lambda *a: subscribed.set()
         session.connect("127.0.0.1", broker.port)
         session.loop_start()
-        session.subscribe("rfid", 1)[1]
-        time.sleep(0.5)
+        session.subscribe("rfid", 1)
+        assert subscribed.wait(TIMEOUT)
         session.loop_stop()
         session.disconnect()
         pub = paho.Client(paho.CallbackAPIVersion.VERSION2, protocol=paho.MQTTv311)
@@ -254,7 +256,9 @@ def test_a_tcp_stream_that_fails_after_writing_a_batch_repeats_nothing_on_restar
     batch N again from the spool (the producer has nothing more), rewrites the same outputs, and goes on."""
     from tests.spark.test_spark import kill_once
     from yfpp.spark import stream
+    from yfpp.spark.cli import load
 
+    queries = load(QUERIES)  # named as the command names them (q, q2)
     lines = feed_lines(300, seed=4)
     (tmp_path / "feed.jsonl").write_bytes(b"".join(lines))
     want = run_lines(tmp_path / "feed.jsonl", capsys)
@@ -264,9 +268,9 @@ def test_a_tcp_stream_that_fails_after_writing_a_batch_repeats_nothing_on_restar
         with monkeypatch.context() as m:
             kill_once(m, stream, "write_batch", True, lambda df, outdir, batch_id: df.count() > 0)
             with pytest.raises(Exception, match="Killed: killed"):
-                stream.finish(stream.start_stream(spark, QUERIES, str(out), str(ck), path=url))
+                stream.finish(stream.start_stream(spark, queries, str(out), str(ck), path=url))
         assert not spark.streams.active
-        stream.finish(stream.start_stream(spark, QUERIES, str(out), str(ck), path=url))
+        stream.finish(stream.start_stream(spark, queries, str(out), str(ck), path=url))
     finally:
         producer.close()
     assert spark_lines(out) == want

@@ -57,8 +57,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("-i", "--input", action="extend", nargs="+", metavar="PATH",
                    help="files, directories (read recursively, files in path order) or globs, read as one stream "
                         "in the order given (a glob's matches sorted); any URI Spark reads (file://, hdfs://, s3a://), "
-                        "relative paths from here; --stream: one directory, or a live source tcp://HOST:PORT or "
-                        "mqtt://HOST[:PORT]/TOPIC[?qos=1&client_id=ID&clean=0] (docs/spark.md, 'Live sources')")
+                        "relative paths from here; --stream: one directory, or a live source tcp://HOST:PORT, "
+                        "mqtt://HOST[:PORT]/TOPIC[?qos=1&client_id=ID&clean=0] or kafka://BROKERS/TOPIC (Spark's "
+                        "connector; docs/spark.md, 'Live sources')")
     p.add_argument("-o", "--output", required=True, metavar="OUTDIR", help="output directory")
     p.add_argument("--master", help="Spark master, e.g. local[4] or spark://host:7077 (default: spark-submit's, else local[*])")
     p.add_argument("--format", choices=["xml", "jsonl"], help="input format (default: from each file's extension or content)")
