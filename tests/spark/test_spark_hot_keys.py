@@ -112,3 +112,22 @@ def test_hot_key_slices_together_equal_one_engine(tmp_path_factory, pats, events
     path.write_text("".join(ln + "\n" for ln in lines))
     got, _ = scanned(named, path, n, prefix)
     assert got == one_engine(named, path)
+
+
+def test_stats_show_the_hot_key_and_the_task_spread(spark, tmp_path, capsys, monkeypatch):
+    """``yfpp spark --stats`` on a skewed feed (the two-worker cluster of tests/conftest.py): the hot key
+    named, the tasks' seconds, the matches of ``yfpp run`` — with and without ``--hot-keys off``."""
+    from yfpp.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    path = skewed_feed(tmp_path / "feed.jsonl", 30_000, seed=9)  # (the prefix: 10,000 events)
+    qs = [a for q in SHOP.values() for a in ("-q", q)]
+    assert main(["run", *qs, "-i", str(path)]) == 0
+    want = Counter(capsys.readouterr().out.splitlines())
+    for mode, hot in (("auto", "'H'"), ("off", "none")):
+        assert main(["spark", *qs, "-i", str(path), "-o", mode, "--plan", "scan", "--partitions", "2", "--stats",
+                     "--hot-keys", mode]) == 0
+        err = capsys.readouterr().err
+        assert f"hot keys          {hot}\n" in err and "task seconds      min " in err, err
+        got = Counter(ln for f in (tmp_path / mode / "matches.jsonl").glob("part-*") for ln in f.read_text().splitlines())
+        assert got == want
