@@ -16,4 +16,6 @@
 - ``xml_element``: the XML element XPath predicates read, for events that did not come from XML.
 - ``dead_letters``: malformed and late records, counted and written with seq, position and reason.
 - ``generate``: the SIGMOD §6 stock stream and an RFID feed, written as XML or JSON lines.
+- ``mqtt``: MQTT reading (paho-mqtt, imported when used): broker URLs, topic filters with named levels, a
+  message's events, the subscribing client — shared by the service's feeds and ``yfpp spark``'s live source.
 """

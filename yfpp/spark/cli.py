@@ -19,7 +19,7 @@ from yfpp import examples
 from yfpp.errors import QueryError, YfppError
 from yfpp.runtime.feedback import MAX_DEPTH, MAX_DERIVED
 from yfpp.spark.errors import Jvm, error_text, jvm_gone, known_cause, root_cause
-from yfpp.spark.inputs import PLANS, local_path, qualify, socket_address
+from yfpp.spark.inputs import PLANS, check_live_url, is_live, local_path, qualify, socket_address
 from yfpp.spark.starting import StartingSession
 from yfpp.language.pattern import Pattern
 from yfpp.language.query_text import load_patterns
@@ -35,6 +35,7 @@ examples:
   yfpp spark -q queries/shoplifting.sase -i hdfs://nn:8020/feeds/ --master yarn -o hdfs://nn:8020/out/
   yfpp spark --stream -q queries/shoplifting.sase -i incoming/ -o out/ --checkpoint ck/
   yfpp spark --stream -q "[tag_id]//shelf//exit(1 h)" --socket localhost:9999 -o out/
+  yfpp spark --stream -q queries/shoplifting.sase -i 'mqtt://broker:1883/rfid/#?qos=1&client_id=yfpp&clean=0' -o out/
 
 output (OUTDIR): matches.jsonl/ (the lines yfpp run prints), matches.parquet/ (query, bindings map<string,
 array<bigint>>, start, end, emit), dead_letters.jsonl/; streaming writes a batch=N folder per micro-batch.
@@ -56,7 +57,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("-i", "--input", action="extend", nargs="+", metavar="PATH",
                    help="files, directories (read recursively, files in path order) or globs, read as one stream "
                         "in the order given (a glob's matches sorted); any URI Spark reads (file://, hdfs://, s3a://), "
-                        "relative paths from here; --stream: one directory")
+                        "relative paths from here; --stream: one directory, or a live source tcp://HOST:PORT, "
+                        "mqtt://HOST[:PORT]/TOPIC[?qos=1&client_id=ID&clean=0] or kafka://BROKERS/TOPIC (Spark's "
+                        "connector; docs/spark.md, 'Live sources')")
     p.add_argument("-o", "--output", required=True, metavar="OUTDIR", help="output directory")
     p.add_argument("--master", help="Spark master, e.g. local[4] or spark://host:7077 (default: spark-submit's, else local[*])")
     p.add_argument("--format", choices=["xml", "jsonl"], help="input format (default: from each file's extension or content)")
@@ -93,6 +96,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--partitions", type=int,
                    help="shuffle partitions (default: spark.sql.shuffle.partitions if configured, else 2 × the cores); "
                         "with --plan scan, its tasks (default: the cores)")
+    p.add_argument("--hot-keys", choices=["auto", "off"], default="auto",
+                   help="batch, scan plan: cut a keyed group's hot keys (a key with at least half a task's share of the "
+                        "first events) into overlapping time slices, as unkeyed queries are (default auto); off: one task "
+                        "per key (docs/spark.md, 'Hot keys')")
     p.add_argument("--class-archive", metavar="FILE", default="off",
                    help="a class-data-sharing archive for the driver JVM this command starts: written when the first "
                         "run's JVM exits (that run is several times slower), used by later runs (about half the "
@@ -154,11 +161,16 @@ def _check_arguments(args: argparse.Namespace) -> None:
         raise YfppError(f"--socket must be HOST:PORT (a port from 1 to 65535), not {args.socket!r}")
     if args.input:
         args.input = [examples.resolve(p) for p in args.input]
+    live = [p for p in args.input or () if is_live(p)]
     if args.stream and args.input:
         if len(args.input) > 1:
             raise YfppError(f"--stream watches one input directory, not {len(args.input)}: give one -i")
         args.input = args.input[0]
-    if args.stream and args.input and not args.socket:
+    if live:
+        if not args.stream or args.socket:
+            raise YfppError(f"-i {live[0]} is a live source: read it with --stream (and no --socket)")
+        check_live_url(live[0])
+    elif args.stream and args.input and not args.socket and not args.input.startswith("kafka://"):
         for flag, path in (("-o", args.output), ("--checkpoint", args.checkpoint)):
             if path is not None and within(path, args.input):
                 raise YfppError(f"{flag} {path} is inside the watched directory {args.input}: the stream would read "
@@ -450,10 +462,25 @@ def batch(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namespa
         lines.append("rows per task (matching):")
         lines += [f"  task {t['task']:<4} {t['rows']:>12,} rows {t['engines']:>6,} engines {t['seconds']:>9.3f} s"
                   for t in tasks]
+        lines += task_spread(tasks)
         lines += steps.report()
     print("\n".join(lines), file=sys.stderr)
     rows.unpersist()
     return 0
+
+
+def task_spread(tasks: list[dict]) -> list[str]:
+    """``--stats`` lines: the matching tasks' CPU seconds, slowest against the mean, and the hot keys cut into slices."""
+    seconds = [t["seconds"] for t in tasks]
+    if not seconds:
+        return []
+    mean = sum(seconds) / len(seconds)
+    lines = [f"task seconds      min {min(seconds):.3f}, mean {mean:.3f}, max {max(seconds):.3f} "
+             f"(max/mean {max(seconds) / mean if mean else 1.0:.2f})"]
+    hot = tasks[0].get("hot")
+    if hot is not None:
+        lines.append(f"hot keys          {', '.join(hot) if hot else 'none'}")
+    return lines
 
 
 def scan_rows(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namespace, steps: Any) -> tuple:
@@ -473,7 +500,7 @@ def scan_rows(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Nam
     with steps.step("plan the scan"):  # the queries compiled and grouped, the job's first DataFrame (SQL's classes load)
         rows = scan_match(spark, queries, files, single=single_file(args.input, files), tasks=tasks, format=args.format,
                           **reading(args), policy=args.policy, full_events=args.events,
-                          feedback_limits=(args.max_feedback_depth, args.max_derived)
+                          feedback_limits=(args.max_feedback_depth, args.max_derived), hot_keys=args.hot_keys == "auto"
                           ).persist(StorageLevel.MEMORY_AND_DISK)
 
     def counted(task_rows: list[dict]) -> tuple[int, int]:
@@ -526,10 +553,17 @@ def stream(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namesp
     from yfpp.spark.stream import finish, start_stream
 
     out = qualify(spark, args.output)
-    running = start_stream(spark, queries, out, qualify(spark, args.checkpoint or os.path.join(out, "_checkpoint")),
-                           path=None if args.socket else args.input, socket=args.socket, policy=args.policy,
-                           full_events=args.events, format=args.format, **reading(args), max_files=args.max_files,
-                           interval=f"{round(args.trigger * 1000)} milliseconds" if args.trigger else None)
+    checkpoint = qualify(spark, args.checkpoint or os.path.join(out, "_checkpoint"))
+    path, kafka = None if args.socket else args.input, []
+    if path is not None and path.startswith("kafka://"):  # Spark's Kafka source into a folder the stream reads
+        from yfpp.spark.live_sources import kafka_inbox
+
+        query, path = kafka_inbox(spark, path, checkpoint.rstrip("/"))
+        kafka.append(query)
+    running = kafka + start_stream(spark, queries, out, checkpoint, path=path, socket=args.socket, policy=args.policy,
+                                   full_events=args.events, format=args.format, **reading(args),
+                                   max_files=args.max_files,
+                                   interval=f"{round(args.trigger * 1000)} milliseconds" if args.trigger else None)
     interrupted = getattr(args, "interrupted", None) or threading.Event()
     try:
         wait_idle(running, args.idle_stop, interrupted)

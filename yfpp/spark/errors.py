@@ -107,7 +107,7 @@ def out_of_memory(text: str, master: str | None) -> str:
 
 def missing_package(text: str) -> str | None:
     """The line for a data source or class that is not on the class path, with the package to add."""
-    source = re.search(r"Failed to find the data source: ([\w.\-]+?)\.? ", text + " ")
+    source = re.search(r"Failed to find (?:the )?data source: ([\w.\-]+?)\.? ", text + " ")  # ("… data source: kafka." for Kafka)
     cls = re.search(r"ClassNotFoundException: ([\w.$]+)", text)
     if source:
         name = source.group(1)

@@ -16,7 +16,7 @@ import re
 from typing import Any, Sequence
 from urllib.parse import unquote, urlparse
 
-from yfpp.errors import InputError
+from yfpp.errors import InputError, YfppError
 from yfpp.spark.errors import error_text, spark_cause
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
@@ -166,3 +166,25 @@ def single_file(given: str | Sequence[str], files: list[str]) -> bool:
         given = given[0]
     name = os.path.basename(given.rstrip("/"))
     return len(files) == 1 and not any(c in given for c in "*?[{") and files[0].rsplit("/", 1)[-1] == name
+
+
+LIVE_SCHEMES = ("tcp://", "mqtt://", "mqtts://")  #: the URLs of live sources (:mod:`yfpp.spark.live_sources`)
+
+
+def is_live(path: str) -> bool:
+    """Is ``path`` a live source's URL?"""
+    return path.startswith(LIVE_SCHEMES)
+
+
+def check_live_url(url: str) -> None:
+    """YfppError unless ``url`` is a live source :mod:`yfpp.spark.live_sources` reads (checked before the JVM starts)."""
+    if url.startswith("tcp://"):
+        if socket_address(url.removeprefix("tcp://").rstrip("/")) is None:
+            raise YfppError(f"a TCP source is tcp://HOST:PORT (a port from 1 to 65535), not {url!r}")
+        return
+    from yfpp.input.mqtt import Topic, parse_url
+
+    _, topic, _ = parse_url(url)
+    if not topic:
+        raise YfppError(f"{url!r} names no topic: mqtt://HOST:PORT/TOPIC")
+    Topic(topic)

@@ -35,6 +35,7 @@ from yfpp.runtime.feedback import MAX_DEPTH, MAX_DERIVED
 from yfpp.input.readers import read_event_batches
 from yfpp.input.record_fields import ISO_UNIT_NAME
 from yfpp.spark.batch import _ARROW_SCHEMA, _ID_ARROW_SCHEMA, _batch
+from yfpp.spark.hot_keys import HotKeys, sliceable
 from yfpp.spark.inputs import local_path
 from yfpp.spark.parse import reader_kwargs
 from yfpp.spark.plan import Group, Slicing, effective_queries, group_queries, match_row, rare_collections
@@ -53,20 +54,21 @@ SLICE_EVENTS_PER_QUERY = 100
 def scan_match(spark: SparkSession, queries: Any, files: Sequence[str], *, single: bool, tasks: int,
                format: str | None = None, ts_field: str = "ts", ts_unit: str = "s", type_field: str | None = None,
                policy: str | None = None, full_events: bool = False,
-               feedback_limits: tuple[int, int] = (MAX_DEPTH, MAX_DERIVED), slice_events: int | None = None) -> DataFrame:
+               feedback_limits: tuple[int, int] = (MAX_DEPTH, MAX_DERIVED), slice_events: int | None = None,
+               hot_keys: bool = True) -> DataFrame:
     """The rows of :func:`yfpp.spark.batch.match_with_stats` (matches, then a stats row per task with
     also ``records`` and ``dead``) and the dead letters (:data:`DEAD_COLUMNS` set, the rest null) of
     the ``files`` (listed URIs, path order; ``single``: one file named, positions without its name),
     matched by ``tasks`` tasks that each read them all. ``slice_events``: see :func:`slicing_of`
     (default: :data:`SLICE_EVENTS`, or :data:`SLICE_EVENTS_PER_QUERY` per query if more). ``ts_unit``
     ``iso``: ISO-8601 timestamps, and the matches' lines have ISO-8601 start and end, as ``yfpp run
-    --ts-format iso``."""
+    --ts-format iso``. ``hot_keys``: cut a keyed group's hot keys into time slices (:mod:`yfpp.spark.hot_keys`)."""
     groups = group_queries(effective_queries(queries, policy), full_events=full_events, feedback_limits=feedback_limits,
                            iso_times=ts_unit == ISO_UNIT_NAME)
     ids_as_text = any(p.feedback for g in groups for _, p in g.queries)
     inputs = scan_inputs(files, single)
     reading = {"format": format, "ts_field": ts_field, "ts_unit": ts_unit, "type_field": type_field}
-    run = _scanner(groups, inputs, reading, tasks, ids_as_text, slice_events)
+    run = _scanner(groups, inputs, reading, tasks, ids_as_text, slice_events, hot_keys)
     # the schema as a StructType, not DDL text: no first use of Spark's SQL parser (0.2–0.3 JVM CPU-s)
     return spark.range(tasks, numPartitions=tasks).mapInArrow(run, from_arrow_schema(_arrow_schema(ids_as_text)))
 
@@ -84,7 +86,7 @@ def _arrow_schema(ids_as_text: bool) -> pa.Schema:
 
 
 def _scanner(groups: list[Group], inputs: list[tuple[str, str]], reading: dict[str, Any], n: int,
-             ids_as_text: bool, slice_events: int | None) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+             ids_as_text: bool, slice_events: int | None, hot_keys: bool) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The mapInArrow function: for each task number it is given, :func:`scan_task`'s rows as Arrow batches."""
 
     schema = _arrow_schema(ids_as_text)
@@ -94,7 +96,7 @@ def _scanner(groups: list[Group], inputs: list[tuple[str, str]], reading: dict[s
             for task in rb.column(0).to_pylist():
                 rows: list[tuple] = []
                 with rare_collections():
-                    for row in scan_task(groups, inputs, reading, task, n, ids_as_text, slice_events):
+                    for row in scan_task(groups, inputs, reading, task, n, ids_as_text, slice_events, hot_keys):
                         rows.append(row)
                         if len(rows) >= 4096:
                             yield _batch(rows, schema)
@@ -206,13 +208,28 @@ def value_hash(v: Any) -> int:
 
 
 class _Keyed(_Share):
-    """The keys whose hash (:func:`value_hash`) modulo n is the task's: one engine; events lacking a key attribute go nowhere."""
+    """The keys whose hash (:func:`value_hash`) modulo n is the task's: one engine; events lacking a key attribute go nowhere.
+    With ``hot_events`` (a prefix length), hot keys are cut into time slices instead (:mod:`yfpp.spark.hot_keys`)."""
 
-    def __init__(self, *args: Any):
+    def __init__(self, *args: Any, hot_events: int | None = None):
         super().__init__(*args)
         self.eng: Engine | None = None
+        self.hot: HotKeys | None = None
+        if hot_events and self.n > 1 and sliceable(self.grp):
+            self.hot = HotKeys(self.grp, self.n, hot_events, lambda i: _Sliced(
+                self.g + i, self.grp, self.task, self.n, self.text, self.copies, slice_events=hot_events))
 
     def feed(self, events: list[Event], out: list[tuple]) -> None:
+        hot = self.hot
+        if hot is not None:
+            if hot.deciding:
+                events = hot.hold(events)
+            events = hot.split(events, out)
+        if events:
+            self._plain(events, out)
+
+    def _plain(self, events: list[Event], out: list[tuple]) -> None:
+        """The events of the task's keys (by hash) to its engine."""
         key, n, task = self.grp.key, self.n, self.task
         mine = []
         if len(key) == 1 and key[0] not in PSEUDO_ATTRS:  # the common case, inlined
@@ -242,6 +259,15 @@ class _Keyed(_Share):
             self.run(self.eng, mine, out)
 
     def finish(self, out: list[tuple]) -> None:
+        hot = self.hot
+        if hot is not None:
+            if hot.deciding:  # a stream shorter than the prefix
+                self._plain(hot.split(hot.decide(), out), out)
+            hot.finish(out)
+            rows, engines, per_query = hot.counts()
+            self.rows, self.engines = self.rows + rows, self.engines + engines
+            for q, k in per_query.items():
+                self.per_query[q] = self.per_query.get(q, 0) + k
         if self.eng is not None:
             self.keep(self.eng.flush(), out)
 
@@ -260,6 +286,12 @@ class _Whole(_Share):
         self.keep(self.eng.flush(), out)
 
 
+def prefix_events(grp: Group, slice_events: int | None) -> int:
+    """The events a group's slicing (or hot keys) is chosen from: ``slice_events``, by default
+    :data:`SLICE_EVENTS`, or :data:`SLICE_EVENTS_PER_QUERY` per query if more."""
+    return slice_events or max(SLICE_EVENTS, SLICE_EVENTS_PER_QUERY * len(grp.queries))
+
+
 def slicing_of(t0: float, t: float, events: int, window: float, slice_events: int = SLICE_EVENTS) -> Slicing | None:
     """A sliced group's slices once the stream has given ``events`` events from ``t0`` to ``t``: from
     ``t0``, each at least :data:`SLICE_WINDOWS` windows and ``t - t0`` long — when there are
@@ -275,7 +307,7 @@ class _Sliced(_Share):
 
     def __init__(self, *args: Any, slice_events: int | None = None):
         super().__init__(*args)
-        self.slice_events = slice_events or max(SLICE_EVENTS, SLICE_EVENTS_PER_QUERY * len(self.grp.queries))
+        self.slice_events = prefix_events(self.grp, slice_events)
         self.held: list[Event] | None = []  # the first events (this group's own), until the slicing is known
         self.sl: Slicing | None = None
         self.live: dict[int, Engine] = {}  # slice → engine, in slice order
@@ -332,15 +364,16 @@ class _Sliced(_Share):
 
 
 def scan_task(groups: list[Group], inputs: list[tuple[str, str]], reading: dict[str, Any], task: int, n: int,
-          ids_as_text: bool, slice_events: int | None = None) -> Iterator[tuple]:
+          ids_as_text: bool, slice_events: int | None = None, hot_keys: bool = True) -> Iterator[tuple]:
     """Task ``task`` of ``n``: its rows of :func:`scan_match` — its matches, its dead letters (task 0 only),
-    then its stats row. ``inputs``: :func:`scan_inputs`; ``reading``: ``format`` and :func:`~yfpp.spark.parse.reader_kwargs`'s."""
+    then its stats row (``hot``: the hot keys cut into slices). ``inputs``: :func:`scan_inputs`; ``reading``:
+    ``format`` and :func:`~yfpp.spark.parse.reader_kwargs`'s; ``hot_keys``: as :func:`scan_match`'s."""
     started = time.process_time()
     shares: list[_Share] = []
     for g, grp in enumerate(groups):
         args = (g, grp, task, n, ids_as_text, bool(shares))  # the first group's engines take the events themselves
         if grp.key:
-            shares.append(_Keyed(*args))
+            shares.append(_Keyed(*args, hot_events=prefix_events(grp, slice_events) if hot_keys else None))
         elif grp.sliced and n > 1:
             shares.append(_Sliced(*args, slice_events=slice_events))
         elif g % n == task:
@@ -377,5 +410,6 @@ def scan_task(groups: list[Group], inputs: list[tuple[str, str]], reading: dict[
             per_query[q] = per_query.get(q, 0) + k
     stats = {"task": task, "rows": sum(s.rows for s in shares), "engines": sum(s.engines for s in shares),
              "seconds": round(time.process_time() - started, 3), "matches": per_query, "records": records,
-             "dead": n_dead if task == 0 else None}
+             "dead": n_dead if task == 0 else None,
+             "hot": [k for s in shares if isinstance(s, _Keyed) and s.hot is not None for k in s.hot.names()]}
     yield (None, None, None, None, None, json.dumps(stats), None, None, None, None)

@@ -39,8 +39,9 @@ from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.streaming.state import GroupState
 
 from yfpp.engine import event_raw
+from yfpp.errors import InputError
 from yfpp.input.record_fields import ISO_UNIT_NAME
-from yfpp.spark import ingest, inputs, source
+from yfpp.spark import ingest, inputs, live_sources, source
 from yfpp.spark.batch import MATCH_SCHEMA, key_hash
 from yfpp.spark.plan import Group, advance_key, effective_queries, group_queries, match_row
 
@@ -64,8 +65,9 @@ def read_stream(spark: SparkSession, path: str | None = None, *, socket: str | N
                 checkpoint: str | None = None, format: str | None = None, ts_field: str = "ts", ts_unit: str = "s",
                 type_field: str | None = None, max_files: int | None = None,
                 interval: str | None = None) -> tuple[DataFrame, StreamingQuery | None]:
-    """A streaming event DataFrame from new files of directory ``path`` or lines from ``socket``
-    (host:port), and the query ingesting the directory (``None`` for a socket).
+    """A streaming event DataFrame from new files of directory ``path``, a live source ``path``
+    (``tcp://…``, ``mqtt://…``: :mod:`yfpp.spark.live_sources`, spooled under ``checkpoint``) or lines
+    from ``socket`` (host:port), and the query ingesting the directory (``None`` otherwise).
 
     A directory is read by Spark's file source on the executors, and an ingest
     query of its own numbers and stages the events under ``checkpoint`` (required
@@ -73,6 +75,14 @@ def read_stream(spark: SparkSession, path: str | None = None, *, socket: str | N
     micro-batch, ``interval`` its trigger. A socket is read on the driver (a demo source).
     ``ts_field``, ``ts_unit`` (``iso``: ISO-8601 text), ``type_field``: as :func:`yfpp.input.readers.read_events`'s.
     """
+    if path is not None and inputs.is_live(path):
+        spool = inputs.local_path(f"{checkpoint}/live/spool") if checkpoint is not None else None
+        if spool is None:
+            raise InputError(f"a live source spools what it receives under the checkpoint, which must be a local "
+                             f"folder, not {checkpoint!r}")
+        return live_sources.read_live(spark, path, spool, {
+            "ts_field": ts_field, "ts_unit": ts_unit, **({"format": format} if format else {}),
+            **({"type_field": type_field} if type_field else {})}), None
     if path is not None:
         if checkpoint is None:
             raise ValueError("a directory stream needs a checkpoint folder")

@@ -1,0 +1,81 @@
+"""Hot keys on ``yfpp spark`` (scan plan): the matching tasks' CPU seconds with ``--hot-keys off`` and ``auto``.
+
+The feed: shelf, register and exit reads, one a second, of 200 tags, tag ``H`` in half of them (JSON lines,
+written once under the temp directory). The queries: three keyed by ``tag_id`` (window 60 s). Each run is
+``python -m yfpp spark --master local[2] --partitions P --stats`` in a subprocess; the figures are the
+``--stats`` lines (each task's Python CPU seconds, the spread, the hot keys) and the matches, compared
+between the two runs and with ``yfpp run``.
+
+    python benchmarks/spark_hot_keys.py                              # 200k events, 4 tasks
+    python benchmarks/spark_hot_keys.py --events 50000 --partitions 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+QUERIES = ["PATTERN SEQ(shelf a, ~register b, exit c) WHERE [tag_id] WITHIN 60",
+           "PATTERN SEQ(shelf a, ~exit b) WHERE [tag_id] WITHIN 30",
+           "PATTERN SEQ(shelf a, shelf+ b[], exit c) WHERE [tag_id] WITHIN 20"]
+
+
+def feed(events: int, seed: int) -> Path:
+    path = Path(tempfile.gettempdir()) / "yfpp_spark_bench" / f"hot_n{events}_s{seed}.jsonl"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        rnd = random.Random(seed)
+        with path.open("w") as f:
+            for ts in range(events):
+                tag = "H" if rnd.random() < 0.5 else f"T{rnd.randrange(200)}"
+                f.write(json.dumps({"type": rnd.choice(["shelf", "shelf", "register", "exit"]), "ts": ts,
+                                    "tag_id": tag}) + "\n")
+    return path
+
+
+def matches(folder: Path) -> Counter:
+    return Counter(ln for f in sorted((folder / "matches.jsonl").glob("part-*")) for ln in f.read_text().splitlines())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--events", type=int, default=200_000)
+    ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+    path = feed(args.events, args.seed)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    qs = [a for q in QUERIES for a in ("-q", q)]
+    run = subprocess.run([sys.executable, "-m", "yfpp", "run", *qs, "-i", str(path)], env=env, capture_output=True,
+                         text=True, check=True)
+    want = Counter(run.stdout.splitlines())
+    print(f"{args.events:,} events, tag H in half; {sum(want.values()):,} matches (yfpp run); "
+          f"local[2], --plan scan, {args.partitions} tasks")
+    with tempfile.TemporaryDirectory() as tmp:
+        for mode in ("off", "auto"):
+            out = Path(tmp) / mode
+            done = subprocess.run([sys.executable, "-m", "yfpp", "spark", *qs, "-i", str(path), "-o", str(out),
+                                   "--master", "local[2]", "--plan", "scan", "--partitions", str(args.partitions),
+                                   "--stats", "--hot-keys", mode], env=env, capture_output=True, text=True, check=False)
+            if done.returncode:
+                sys.exit(f"--hot-keys {mode}: {done.stderr.strip()}")
+            tasks = re.findall(r"^  task (\d+) +([\d,]+) rows +([\d,]+) engines +([\d.]+) s$", done.stderr, re.MULTILINE)
+            spread = re.search(r"^task seconds .*$", done.stderr, re.MULTILINE)
+            hot = re.search(r"^hot keys .*$", done.stderr, re.MULTILINE)
+            same = matches(out) == want
+            print(f"--hot-keys {mode:<4}  task CPU s: {', '.join(t[3] for t in tasks)}  rows: "
+                  f"{', '.join(t[1] for t in tasks)}  | {spread[0] if spread else '?'} | {hot[0] if hot else '?'} | "
+                  f"matches {'= yfpp run' if same else 'DIFFER'}")
+
+
+if __name__ == "__main__":
+    main()

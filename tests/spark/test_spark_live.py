@@ -1,0 +1,276 @@
+"""Live sources of ``yfpp spark --stream`` (``yfpp.spark.live_sources``): ``-i tcp://…`` from a TCP server
+the test starts, ``-i mqtt://…`` from a real Mosquitto broker (tests/mosquitto.py), both on loopback.
+
+The readers alone (no JVM): what they spool, the offsets, a micro-batch read again after a restart, the
+AUTH line, an MQTT persistent session across a restart. Through Spark (the two-worker cluster of
+tests/conftest.py): the matches of ``yfpp spark --stream -i tcp://…`` / ``-i mqtt://…`` equal ``yfpp run``'s
+over the same events, also across a restart and a failure after a batch's outputs were written. Every
+wait is bounded; the servers and the broker are stopped by the test (the broker by its PID).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyspark", reason="pyspark is not installed (pip install '.[spark]')")
+paho = pytest.importorskip("paho.mqtt.client", reason="paho-mqtt is not installed (pip install -e '.[serve]')")
+
+from tests.mosquitto import Mosquitto  # noqa: E402
+from yfpp.cli import main  # noqa: E402
+from yfpp.input.generate import generate_rfid  # noqa: E402
+from yfpp.spark.live_sources import _MqttReader, _TcpReader  # noqa: E402
+
+TIMEOUT = 30.0
+ACCEPT_TIMEOUT = 600.0  #: the stream's JVM and session may take minutes to start on a loaded machine
+QUERIES = ["PATTERN SEQ(shelf a, ~register b, exit c) WHERE [tag_id] WITHIN 1 hour",
+           "[tag_id]&&//shelf//exit&&(1 hour)"]
+needs_broker = pytest.mark.skipif(shutil.which("mosquitto") is None,
+                                  reason="mosquitto is not installed (apt-get install -y mosquitto; .ci/run installs it)")
+
+
+class Producer:
+    """A TCP server on loopback: each connection gets ``chunks`` (the first connection only; later ones
+    nothing), a pause between them, then the server closes it. Records the first line each sends."""
+
+    def __init__(self, chunks: list[bytes], pause: float = 0.0):
+        self.chunks, self.pause = chunks, pause
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.server.settimeout(ACCEPT_TIMEOUT)
+        self.port = self.server.getsockname()[1]
+        self.first_lines: list[bytes] = []
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        served = 0
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:  # closed, or no connection for ACCEPT_TIMEOUT
+                return
+            with conn:
+                conn.settimeout(0.5)
+                try:
+                    self.first_lines.append(conn.recv(256))
+                except TimeoutError:
+                    self.first_lines.append(b"")
+                for chunk in self.chunks if not served else []:
+                    conn.sendall(chunk)
+                    time.sleep(self.pause)
+            served += 1
+
+    def close(self) -> None:
+        self.server.close()
+        self.thread.join(TIMEOUT)
+
+
+def feed_lines(n: int, seed: int) -> list[bytes]:
+    records = list(generate_rfid(n, tags=6, gap=15, seed=seed))
+    records.append({"type": "heartbeat", "ts": records[-1]["ts"] + 10**5})  # lets the last deadlines pass
+    return [json.dumps(r).encode() + b"\n" for r in records]
+
+
+def run_lines(path: Path, capsys) -> Counter:
+    """``yfpp run``'s match lines over ``path``."""
+    assert main(["run", *[a for q in QUERIES for a in ("-q", q)], "-i", str(path)]) == 0
+    return Counter(capsys.readouterr().out.splitlines())
+
+
+def spark_lines(out: Path) -> Counter:
+    return Counter(ln for f in sorted(out.glob("matches.jsonl/batch=*/part-*")) for ln in f.read_text().splitlines())
+
+
+def poll(read, start: dict, want: int) -> tuple[list[tuple], dict]:
+    """Read until ``want`` rows came (bounded)."""
+    rows: list[tuple] = []
+    end = time.monotonic() + TIMEOUT
+    offset = start
+    while len(rows) < want and time.monotonic() < end:
+        got, offset = read(offset)
+        rows += list(got)
+        time.sleep(0.05)
+    return rows, offset
+
+
+def test_the_tcp_reader_spools_sends_its_key_and_reads_a_batch_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("YFPP_FEED_KEY", "k-123")
+    producer = Producer([b'{"type": "a", "ts": 1}\n{"type": "b", "ts": 0}\n{"type": "c", "ts"', b': 2}\nnot json\n',
+                         b'{"type": "d", "ts": 3}'], pause=0.3)  # a last line without its newline
+    options = {"url": f"tcp://127.0.0.1:{producer.port}", "spool": str(tmp_path / "ck" / "live" / "spool")}
+    reader = _TcpReader(options)
+    first, mid = poll(reader.read, reader.initialOffset(), 2)
+    rows, end = poll(reader.read, mid, 5 - len(first))
+    rows = first + rows
+    assert [(r[0], r[1], r[5] and r[5].split(":")[0]) for r in rows] == [
+        (0, "a", None), (1, "b", "late event"), (2, "c", None), (3, None, "bad JSON"), (4, "d", None)]
+    assert rows[3][6] == "line 4" and end["seq"] == 5 and end["max_ts"] == 3.0  # as yfpp run reads the bytes
+    assert producer.first_lines[0] == b"AUTH k-123\n"  # the line a feed connection to yfpp serve sends
+    assert list(reader.readBetweenOffsets(mid, end)) == rows[len(first):]
+    reader.stop()
+    with open(options["spool"], "ab") as f:
+        f.write(b'{"type": "cut')  # a crash in the middle of a write
+    again = _TcpReader(options)  # a restarted query: a new reader over the same spool
+    assert list(again.readBetweenOffsets(reader.initialOffset(), end)) == rows
+    more, after = again.read(end)  # connects again: the producer has nothing more
+    assert list(more) == [] and after == end
+    assert (tmp_path / "ck" / "live" / "spool").stat().st_size == end["pos"]  # the cut tail dropped
+    again.stop()
+    producer.close()
+
+
+@needs_broker
+def test_the_mqtt_reader_s_persistent_session_keeps_what_came_while_it_was_away(tmp_path):
+    broker = Mosquitto(tmp_path).start()
+    try:
+        url = f"mqtt://127.0.0.1:{broker.port}/rfid/{{reader}}?qos=1&client_id=spark-1&clean=0"
+        options = {"url": url, "spool": str(tmp_path / "spool")}
+        reader = _MqttReader(options)
+        rows, offset = reader.read(reader.initialOffset())  # connects and subscribes
+        assert list(rows) == []
+        pub = paho.Client(paho.CallbackAPIVersion.VERSION2, protocol=paho.MQTTv311)
+        pub.connect("127.0.0.1", broker.port)
+        pub.loop_start()
+        pub.publish("rfid/r1", b'{"type": "a", "ts": 1}\n{"type": "b", "ts": 2}', 1).wait_for_publish(TIMEOUT)
+        pub.publish("rfid/r2", b"[1,", 1).wait_for_publish(TIMEOUT)  # a dead letter
+        first, mid = poll(reader.read, offset, 3)
+        assert [(r[0], r[1], json.loads(r[3]) if r[3] else None) for r in first[:2]] == [
+            (0, "a", {"reader": "r1"}), (1, "b", {"reader": "r1"})]
+        assert first[2][0] == -1 and first[2][6] == "mqtt rfid/r2 message 2"
+        reader.stop()
+        for i in range(3):  # while the stream is away: kept by the broker for the persistent session
+            pub.publish("rfid/r3", json.dumps({"type": "c", "ts": 10 + i}).encode(), 1).wait_for_publish(TIMEOUT)
+        again = _MqttReader(options)
+        assert list(again.readBetweenOffsets(offset, mid)) == first  # the spool, read again
+        rest, end = poll(again.read, mid, 3)
+        assert [(r[0], r[1]) for r in rest] == [(2, "c"), (3, "c"), (4, "c")] and end["messages"] == 5
+        again.stop()
+        pub.loop_stop()
+        pub.disconnect()
+    finally:
+        broker.stop()
+
+
+def stream_args(source: str, out: Path, *extra: str) -> list[str]:
+    return ["spark", "--stream", *[a for q in QUERIES for a in ("-q", q)], "-i", source, "-o", str(out),
+            "--idle-stop", "4", *extra]
+
+
+def run_bounded(spark, args: list[str], seconds: float = 600) -> int:
+    """``yfpp`` in this thread (the active session is per thread); a timer stops a stream that never stops."""
+    timer = threading.Timer(seconds, lambda: [q.stop() for q in spark.streams.active])
+    timer.start()
+    try:
+        return main(args)
+    finally:
+        timer.cancel()
+
+
+def test_yfpp_spark_stream_from_tcp_equals_yfpp_run(spark, tmp_path, capsys):
+    lines = feed_lines(400, seed=3)
+    (tmp_path / "feed.jsonl").write_bytes(b"".join(lines))
+    want = run_lines(tmp_path / "feed.jsonl", capsys)
+    assert sum(want.values()) > 20
+    chunks = [b"".join(lines[i:i + 150]) for i in range(0, len(lines), 150)]
+    producer = Producer(chunks, pause=1.0)  # several micro-batches
+    try:
+        assert run_bounded(spark, stream_args(f"tcp://127.0.0.1:{producer.port}", tmp_path / "out")) == 0
+    finally:
+        producer.close()
+    assert spark_lines(tmp_path / "out") == want
+    assert not spark.streams.active
+
+
+@needs_broker
+def test_yfpp_spark_stream_from_mqtt_equals_yfpp_run_across_a_restart(spark, tmp_path, capsys):
+    """A persistent session (QoS 1): the messages published before each run — also while no stream
+    ran — are matched once, as ``yfpp run`` matches the file of them all."""
+    lines = feed_lines(400, seed=5)
+    (tmp_path / "feed.jsonl").write_bytes(b"".join(lines))
+    want = run_lines(tmp_path / "feed.jsonl", capsys)
+    broker = Mosquitto(tmp_path).start()
+    url = f"mqtt://127.0.0.1:{broker.port}/rfid?qos=1&client_id=yfpp-spark&clean=0"
+    try:
+        session = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id="yfpp-spark", clean_session=False,
+                              protocol=paho.MQTTv311)  # the stream's session, made before it first runs
+        subscribed = threading.Event()
+        session.on_subscribe = lambda *a: subscribed.set()
+        session.connect("127.0.0.1", broker.port)
+        session.loop_start()
+        session.subscribe("rfid", 1)
+        assert subscribed.wait(TIMEOUT)
+        session.loop_stop()
+        session.disconnect()
+        pub = paho.Client(paho.CallbackAPIVersion.VERSION2, protocol=paho.MQTTv311)
+        pub.connect("127.0.0.1", broker.port)
+        pub.loop_start()
+        messages = [b"".join(lines[i:i + 20]) for i in range(0, len(lines), 20)]
+        half = len(messages) // 2
+        for m in messages[:half]:
+            pub.publish("rfid", m, 1).wait_for_publish(TIMEOUT)
+        out = tmp_path / "out"
+        assert run_bounded(spark, stream_args(url, out)) == 0
+        first = spark_lines(out)
+        for m in messages[half:]:  # no stream running: the broker keeps them for the session
+            pub.publish("rfid", m, 1).wait_for_publish(TIMEOUT)
+        assert run_bounded(spark, stream_args(url, out)) == 0  # restarted from OUTDIR/_checkpoint
+        pub.loop_stop()
+        pub.disconnect()
+    finally:
+        broker.stop()
+    assert 0 < sum(first.values()) < sum(want.values())
+    assert spark_lines(out) == want
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["-i", "tcp://127.0.0.1:9"], "-i tcp://127.0.0.1:9 is a live source: read it with --stream (and no --socket)"),
+    (["--stream", "-i", "tcp://producer"], "a TCP source is tcp://HOST:PORT (a port from 1 to 65535), not 'tcp://producer'"),
+    (["--stream", "-i", "mqtt://127.0.0.1:1883"], "'mqtt://127.0.0.1:1883' names no topic: mqtt://HOST:PORT/TOPIC"),
+    (["--stream", "-i", "mqtt://127.0.0.1/a/#/b"], "'#' only as the last level"),
+    (["--stream", "-i", "mqtt://127.0.0.1/a?qos=2"], "qos must be 0 or 1"),
+])
+def test_a_live_source_s_url_is_checked_before_any_jvm_starts(tmp_path, capsys, args, message):
+    assert main(["spark", "-q", QUERIES[0], *args, "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("yfpp: error: ") and message in err and err.count("\n") == 1, err
+
+
+def test_kafka_is_spark_s_own_source_and_its_missing_package_is_named(spark, tmp_path, capsys):
+    """``--stream -i kafka://…`` passes through to Spark's Kafka source, which is not installed here."""
+    assert main(["spark", "--stream", "-q", QUERIES[0], "-i", "kafka://127.0.0.1:9092/rfid", "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("yfpp: error: data source 'kafka' not found") and err.count("\n") == 1, err
+    assert "--conf spark.jars.packages=org.apache.spark:spark-sql-kafka-0-10_2.13:" in err
+    assert not spark.streams.active
+
+
+def test_a_tcp_stream_that_fails_after_writing_a_batch_repeats_nothing_on_restart(spark, tmp_path, capsys, monkeypatch):
+    """Failed after micro-batch N's outputs were written, before its commit: the restarted stream reads
+    batch N again from the spool (the producer has nothing more), rewrites the same outputs, and goes on."""
+    from tests.spark.test_spark import kill_once
+    from yfpp.spark import stream
+    from yfpp.spark.cli import load
+
+    queries = load(QUERIES)  # named as the command names them (q, q2)
+    lines = feed_lines(300, seed=4)
+    (tmp_path / "feed.jsonl").write_bytes(b"".join(lines))
+    want = run_lines(tmp_path / "feed.jsonl", capsys)
+    producer = Producer([b"".join(lines)])  # (all before the failure: what TCP sent to a dead reader is lost)
+    url, out, ck = f"tcp://127.0.0.1:{producer.port}", tmp_path / "out", tmp_path / "ck"
+    try:
+        with monkeypatch.context() as m:
+            kill_once(m, stream, "write_batch", True, lambda df, outdir, batch_id: df.count() > 0)
+            with pytest.raises(Exception, match="Killed: killed"):
+                stream.finish(stream.start_stream(spark, queries, str(out), str(ck), path=url))
+        assert not spark.streams.active
+        stream.finish(stream.start_stream(spark, queries, str(out), str(ck), path=url))
+    finally:
+        producer.close()
+    assert spark_lines(out) == want
