@@ -20,7 +20,7 @@ from yfpp.engine import Engine
 from yfpp.errors import YfppError
 from yfpp.input.events import Event
 from yfpp.input.generate import generate_rfid, generate_stock
-from yfpp.spark.plan import Slicing, advance_key, effective_queries, group_queries, make_event
+from yfpp.spark.plan import _LIVE, LiveEngines, Slicing, advance_key, effective_queries, group_queries, make_event
 
 KEYED = {
     "sase_shop": "PATTERN SEQ(shelf a, ~register b, exit c) WHERE [tag_id] WITHIN 1 hour",
@@ -129,10 +129,15 @@ class FakeState:
         self.timeout = ms
 
 
-def simulate_stream(queries: dict[str, str], events: list[Event], batches: int, seed: int) -> tuple[Counter, int]:
+def simulate_stream(queries: dict[str, str], events: list[Event], batches: int, seed: int,
+                    buckets: int | None = None, live: LiveEngines | None = _LIVE) -> tuple[Counter, int]:
     """Spark's applyInPandasWithState loop over random micro-batches: data keys, then timed-out keys;
     the watermark is the previous batches' largest ts minus 1 ms; a no-data batch when it moved.
-    Returns the matches and the number of keys left with state."""
+    A state key is a key value, or with ``buckets`` a bucket of them (the key hash modulo ``buckets``,
+    as ``yfpp.spark.stream`` groups them); ``live``: the worker's live engines (None: every call replays).
+    Returns the matches and the number of state keys left."""
+    from yfpp.spark.parse import key_hash
+
     groups = group_queries(effective_queries(queries), streaming=True)
     cuts = sorted(random.Random(seed).sample(range(1, len(events)), batches - 1))
     chunks = [events[a:b] for a, b in zip([0, *cuts], [*cuts, len(events)])] + [[]]
@@ -144,13 +149,15 @@ def simulate_stream(queries: dict[str, str], events: list[Event], batches: int, 
         for ev in chunk:
             for g, grp in enumerate(groups):
                 k = grp.key_of(ev)
+                if k is not None and buckets:
+                    k = key_hash(ev, grp.key) % buckets if grp.key else 0
                 if k is not None:
                     rows[(g, k)].append((ev.ts, ev.seq, ev.type, json.dumps(ev.attrs), None))
         for (g, k), r in rows.items():
-            out.update(json.dumps(m) for m in advance_key(groups[g], states[(g, k)], r, wm_ms))
+            out.update(json.dumps(m) for m in advance_key(groups[g], states[(g, k)], r, wm_ms, live=live))
         for (g, k), st in list(states.items()):
             if (g, k) not in rows and st.timeout is not None and st.timeout < wm_ms:
-                out.update(json.dumps(m) for m in advance_key(groups[g], st, [], wm_ms))
+                out.update(json.dumps(m) for m in advance_key(groups[g], st, [], wm_ms, live=live))
         if chunk:
             max_ts = max(ev.ts for ev in chunk)
             wm_ms = max(wm_ms, math.floor(max_ts * 1000) - 1)
@@ -166,6 +173,41 @@ def test_streaming_replay_state_equals_whole_stream(seed):
     stock = stream_of(generate_stock(600, symbols=2, seed=seed))
     got, left = simulate_stream(STOCK, stock, batches=5, seed=seed)
     assert got == local(STOCK, stock) and left == 3  # unbounded: each symbol's events stay; and the unkeyed group
+
+
+@pytest.mark.parametrize("live", [None, 1, 16], ids=["replay", "one-live-engine", "live-engines"])
+@pytest.mark.parametrize("buckets", [1, 3])
+def test_streaming_replay_state_of_buckets_of_keys_equals_whole_stream(buckets, live):
+    """Many key values in one state key (one engine for all their events) give the same matches, whether
+    each call replays the kept events, continues the engine this worker left (``live``), or a mix (a
+    worker keeping one engine: the state keys take turns)."""
+    engines = None if live is None else LiveEngines(live)
+    events = stream_of(generate_rfid(700, tags=7, gap=15, seed=buckets))
+    events.append(Event("heartbeat", events[-1].ts + 10**6, {}, len(events)))
+    got, left = simulate_stream(KEYED, events, batches=6, seed=buckets, buckets=buckets, live=engines)
+    assert got == local(KEYED, events) and left == 2  # the unkeyed groups' states (holding the heartbeat)
+    stock = stream_of(generate_stock(600, symbols=5, seed=buckets))
+    got, left = simulate_stream(STOCK, stock, batches=5, seed=buckets, buckets=buckets, live=engines)
+    assert got == local(STOCK, stock) and left <= 2 * buckets + 1  # unbounded: the symbols' events stay
+    sets = stream_of(generate_rfid(600, tags=5, gap=15, seed=4))
+    sets.append(Event("heartbeat", sets[-1].ts + 10**6, {}, len(sets)))
+    assert simulate_stream(SETS, sets, batches=5, seed=4, buckets=buckets, live=engines)[0] == local(SETS, sets)
+
+
+def test_a_state_rolled_back_replays_rather_than_continue_a_live_engine():
+    """A micro-batch retried after a failure gets the state before it: the engine the failed attempt left
+    (under the newer token) is not continued, the kept events are replayed; no match is lost or repeated."""
+    (grp,) = group_queries(effective_queries({"q": KEYED["sase_shop"]}), streaming=True)
+    events = stream_of(generate_rfid(300, tags=4, gap=15, seed=2))
+    rows = [(ev.ts, ev.seq, ev.type, json.dumps(ev.attrs), None) for ev in events]
+    engines, state = LiveEngines(), FakeState()
+    first = advance_key(grp, state, rows[:150], 0, live=engines)
+    before = state.value
+    wm = math.floor(rows[149][0] * 1000) - 1
+    advance_key(grp, state, rows[150:], wm, live=engines)  # the attempt that failed after its state update
+    state.value = before  # Spark's state store: the version of the last committed micro-batch
+    again = advance_key(grp, state, rows[150:], wm, live=engines)
+    assert Counter(json.dumps(m) for m in first + again) == local({"q": KEYED["sase_shop"]}, events)
 
 
 def test_xml_events_parse_their_element_only_when_read():

@@ -88,7 +88,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--partition-by", action="append", default=[], metavar="COLUMN",
                    help="batch: partition matches.parquet (and --table) by this column, e.g. query; repeatable")
     p.add_argument("--stats", action="store_true", help="batch: also print the plan, the rows, engines and seconds of every matching "
-                        "task, and the time per step (docs/spark.md, 'Where the time goes')")
+                        "task, and the time per step (docs/spark.md, 'Where the time goes'); --stream: the stages of "
+                        "each streaming query, where they ran, and the CPU of driver, JVM and Python workers")
     p.add_argument("--plan", choices=PLANS, default="auto",
                    help="batch: 'scan' — every task reads the whole input itself and matches its share, no shuffle "
                         "(local files only); 'shuffle' — the input read once, split, shuffled to the tasks; "
@@ -550,8 +551,10 @@ def shuffle_rows(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.
 
 
 def stream(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namespace) -> int:
+    from yfpp.spark.costs import tree_cpu_by_kind
     from yfpp.spark.stream import finish, start_stream
 
+    cpu = tree_cpu_by_kind()
     out = qualify(spark, args.output)
     checkpoint = qualify(spark, args.checkpoint or os.path.join(out, "_checkpoint"))
     path, kafka = None if args.socket else args.input, []
@@ -576,6 +579,16 @@ def stream(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namesp
             q.stop()
         raise KeyboardInterrupt
     finish(running)  # idle: the matching query takes what the ingest query staged last; a failed one raises
+    if args.stats:
+        from yfpp.spark.stream_stats import report
+
+        after = tree_cpu_by_kind()
+        names = ["ingest", "match"] if len(running) == 2 else ["match"]
+        progress = running[-1].recentProgress  # the matching query's rows are the records (when it kept every report)
+        whole = len(progress) < int(spark.conf.get("spark.sql.streaming.numRecentProgressUpdates"))
+        read = sum(p["numInputRows"] for p in progress) if whole else 0
+        print("\n".join(report(spark, list(zip(names, running)), {k: v - cpu.get(k, 0.0) for k, v in after.items()},
+                               read or None)), file=sys.stderr)
     return 0
 
 

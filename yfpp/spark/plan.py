@@ -27,6 +27,7 @@ import gc
 import json
 import math
 import pickle
+import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Iterator, Mapping, Sequence
@@ -362,20 +363,53 @@ def match_row(m: dict, ids_as_text: bool = False, iso_times: bool = False) -> tu
 # --- streaming state ------------------------------------------------------------------
 
 
-def advance_key(grp: Group, state: Any, rows: list[tuple], wm_ms: int, shift: float = 0.0) -> list[dict]:
-    """One call of the streaming state function for a key (see ``yfpp.spark.stream``).
+class LiveEngines:
+    """Engines kept alive in a Python worker between micro-batches, each under the token of the state it
+    has reached: a state key's next call continues its engine (no compiling, no replay) when the state
+    it is given carries that token — it is the state this worker's engine left (not one rolled back by
+    a failed micro-batch, nor a state key last run by another worker). The oldest are dropped beyond
+    ``size`` (an engine of 1,000 subscriptions holds about 8 MB; a worker runs a few state keys)."""
 
-    Replay the key's kept events and its new ``rows`` ``(ts, seq, type, attrs, xml)``
-    into a fresh engine, return the matches not emitted before, and update
+    def __init__(self, size: int = 16):
+        self.size = size
+        self.engines: dict[str, Engine] = {}
+
+    def take(self, token: str | None) -> Engine | None:
+        """The engine left at state ``token`` (no longer kept here), or None."""
+        return self.engines.pop(token, None) if token is not None else None
+
+    def keep(self, engine: Engine) -> str:
+        """Keep ``engine``; return the token for its state."""
+        token = uuid.uuid4().hex
+        self.engines[token] = engine
+        while len(self.engines) > self.size:
+            del self.engines[next(iter(self.engines))]
+        return token
+
+
+_LIVE = LiveEngines()  #: this Python worker's live engines
+
+
+def advance_key(grp: Group, state: Any, rows: list[tuple], wm_ms: int, shift: float = 0.0,
+                live: LiveEngines | None = _LIVE) -> list[dict]:
+    """One call of the streaming state function for a state key — a bucket of key values (see ``yfpp.spark.stream``).
+
+    Replay the bucket's kept events and its new ``rows`` ``(ts, seq, type, attrs, xml)``
+    into a fresh engine — or, when ``live`` holds the engine that left this state, give it the new rows
+    alone —, return the matches not emitted before, and update
     ``state`` (a :class:`pyspark.sql.streaming.state.GroupState`: the kept
     events and the ids of the emitted matches that a replay could make again)
     and its timeout. Spark's event time is ``ts + shift`` seconds (``wm_ms`` and
-    the timeouts are in that time; 0 means no watermark yet).
+    the timeouts are in that time; 0 means no watermark yet). A ``non_overlapping`` group always replays
+    (its cuts read the keys of the replayed events).
     """
     st = pickle.loads(state.get[0]) if state.exists else {"events": [], "emitted": {}}
+    non_overlapping = grp.queries[0][1].policy == "non_overlapping"
+    rows = sorted(rows, key=lambda r: (r[0], r[1]))
     kept = sorted(st["events"] + rows, key=lambda r: (r[0], r[1]))
-    evs = [make_event(t, ts, seq, a, x) for ts, seq, t, a, x in kept]
-    engine = grp.engine()
+    engine = None if live is None or non_overlapping else live.take(st.get("token"))
+    evs = [make_event(t, ts, seq, a, x) for ts, seq, t, a, x in (kept if engine is None else rows)]
+    engine = engine or grp.engine()
     out = [m for ev in evs for m in engine.process(ev)]
     wm = wm_ms / 1000 - shift if wm_ms > 0 else None
     if wm is not None:
@@ -383,8 +417,7 @@ def advance_key(grp: Group, state: Any, rows: list[tuple], wm_ms: int, shift: fl
     emitted = st["emitted"]
     cuts: dict[Any, int] = {}  # non_overlapping: key value → end of its last chosen match
     new = []
-    non_overlapping = grp.queries[0][1].policy == "non_overlapping"
-    by_seq = {ev.seq: ev for ev in evs}
+    by_seq = {ev.seq: ev for ev in evs} if non_overlapping else {}
     for m in out:
         i = m["id"]
         if i not in emitted:
@@ -397,12 +430,14 @@ def advance_key(grp: Group, state: Any, rows: list[tuple], wm_ms: int, shift: fl
     # Later events have ts ≥ max(last ts, watermark), and pending deadlines before both are decided.
     now = max(kept[-1][0], wm) if wm is not None and kept else kept[-1][0] if kept else -math.inf
     horizon = now - grp.window if grp.window is not None else -math.inf
-    keys = [grp.key_of(ev) for ev in evs]
+    keys = [grp.key_of(ev) for ev in evs] if non_overlapping else [None] * len(kept)
     keep = [r for r, k in zip(kept, keys) if r[0] >= horizon and r[1] > cuts.get(k, -1)]
     if not keep:
         state.remove()
         return new
     st = {"events": keep, "emitted": {i: s for i, s in emitted.items() if s >= horizon}}
+    if live is not None and not non_overlapping:
+        st["token"] = live.keep(engine)
     state.update((pickle.dumps(st),))
     wakeups = [r[0] + w for r in keep for w in grp.trailing_windows]  # possible deadlines
     if grp.window is not None:

@@ -4,20 +4,27 @@ Its input is a directory's staged events (the ingest query of
 :mod:`yfpp.spark.ingest` reads, numbers and stages them) or the socket demo
 source (:mod:`yfpp.spark.source`); :func:`start_stream` starts both queries.
 
-The state of a key is its **not-yet-finished events**, not a pickled engine
+A keyed group's key values are spread over a fixed number of **state keys**
+(buckets: ``(group, key hash mod B)``, :func:`state_buckets`; an unkeyed group is one), as a
+batch task holds many key values: per micro-batch, the state function runs
+once per bucket that got events or timed out — one engine, its queries
+compiled once, for all the bucket's key values —, not once per key value
+(compiling a group of 1,000 subscriptions takes a quarter of a second).
+
+The state of a bucket is its **not-yet-finished events**, not a pickled engine
 (which is its snapshot: its queries would be compiled again at every
-micro-batch all the same): each micro-batch replays them, with the key's new events, into a fresh engine and
+micro-batch all the same): each micro-batch replays them, with the bucket's new events, into a fresh engine and
 drops the matches it emitted before (a match is identified by query and
 bindings). An event is kept while a future match could still use it: while
-its ts is at least ``max(the key's last ts, watermark) − W`` (W: the group's
-largest window; no window keeps everything) — later events are not earlier,
-and a pending trailing negation older than that has been decided by an event
+its ts is at least ``max(the bucket's last ts, watermark) − W`` (W: the group's
+largest window; no window keeps everything) — later events are not earlier
+(late ones are dead letters), and a pending trailing negation older than that has been decided by an event
 or the watermark. A ``non_overlapping`` query also drops, per key value, the
 events at or before the end of its last chosen match — the history its runs
 were discarded at, so the replay chooses as the full stream did.
 
 Trailing-negation matches are emitted once the event-time watermark passes
-their deadline: the key's state sets an event-time timeout at the next
+their deadline: the bucket's state sets an event-time timeout at the next
 possible deadline (and at the moment its last event leaves the window, to be
 removed). The watermark lags one micro-batch, so such a match comes out in a
 later batch than the event that made it possible; at the end of a finite
@@ -29,6 +36,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import uuid
 import warnings
 from typing import Any, Callable, Iterator
 
@@ -109,13 +117,26 @@ def start_stream(spark: SparkSession, queries: Any, outdir: str, checkpoint: str
                                     ts_unit=ts_unit, type_field=type_field, max_files=max_files, interval=interval)
     try:
         matches = stream_matches(spark, queries, events, policy=policy, full_events=full_events,
-                                 iso_times=ts_unit == ISO_UNIT_NAME)
+                                 iso_times=ts_unit == ISO_UNIT_NAME, buckets=state_buckets(spark, checkpoint))
         matching = write_stream(matches, outdir, f"{checkpoint}/match", interval=interval, log=log)
     except BaseException:
         if ingesting is not None:
             ingesting.stop()
         raise
     return [q for q in (ingesting, matching) if q is not None]
+
+
+def state_buckets(spark: SparkSession, checkpoint: str) -> int:
+    """The state keys per keyed group of the stream checkpointed under ``checkpoint``: recorded there
+    (``buckets.json``) when it starts — twice the cores, so every core has a share of the keys — and
+    read back on a restart (a key's state must stay where it was)."""
+    files = ingest.Files(spark, checkpoint)
+    record = f"{checkpoint}/buckets.json"
+    if not files.exists(record):
+        files.mkdirs(checkpoint)
+        files.write_text(f"{checkpoint}/tmp-buckets-{uuid.uuid4().hex}.json", record,
+                         json.dumps({"buckets": 2 * spark.sparkContext.defaultParallelism}))
+    return int(json.loads(files.read_text(record))["buckets"])
 
 
 def finish(queries: list[StreamingQuery]) -> None:
@@ -152,21 +173,22 @@ def stop(queries: list[StreamingQuery]) -> None:
 
 
 def stream_matches(spark: SparkSession, queries: Any, events: DataFrame, *, policy: str | None = None,
-                   full_events: bool = False, iso_times: bool = False) -> DataFrame:
+                   full_events: bool = False, iso_times: bool = False, buckets: int = 8) -> DataFrame:
     """Matches (``kind`` = ``match``) and dead letters (``kind`` = ``dead``, the record in ``json``) of a stream.
 
     ``events``: as :func:`read_stream` gives. Columns as :func:`yfpp.spark.match`'s, plus ``kind``;
-    ``full_events``, ``iso_times``: as :func:`yfpp.spark.match`'s.
+    ``full_events``, ``iso_times``: as :func:`yfpp.spark.match`'s. ``buckets``: the state keys per keyed
+    group (a key value's is its key hash modulo ``buckets``); fixed for the life of a checkpoint.
     """
     groups = group_queries(effective_queries(queries, policy), streaming=True, full_events=full_events,
                            iso_times=iso_times)
     low, high = TS_RANGE
     good = F.col("reason").isNull() & (F.col("ts") > low) & (F.col("ts") < high)
     routed = (events.select(F.explode(_routes(groups, good)).alias("r"), "*")
-              .select("r.*", *_RECORD_COLS).where(F.col("h").isNotNull())
+              .select("r.g", F.pmod("r.h", F.lit(buckets)).alias("b"), *_RECORD_COLS).where(F.col("b").isNotNull())
               .withColumn("event_time", F.when(good, F.timestamp_seconds(F.col("ts") + SHIFT)))
               .withWatermark("event_time", "1 millisecond"))  # dead letters have no event time: never dropped
-    return routed.groupBy("g", "h").applyInPandasWithState(
+    return routed.groupBy("g", "b").applyInPandasWithState(
         _state_function(groups), OUTPUT_SCHEMA, "events binary", "append", "EventTimeTimeout")
 
 

@@ -1,0 +1,61 @@
+"""``yfpp spark --stream --stats``: what each streaming query's Spark stages did, and where.
+
+A streaming query runs its micro-batches' jobs in a Spark job group named by
+its run id; each stage of those jobs is listed with its tasks, the executors
+that ran them, its input (bytes and rows read from files), its shuffle
+output, and its tasks' run and CPU time — so the stages that read and parse
+the files are seen to run as tasks on the executors, and the driver's own CPU
+(the process tree's ``driver`` share, :func:`yfpp.spark.costs.tree_cpu_by_kind`)
+to stay small: it plans, collects the per-file counts and renames folders.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Sequence
+
+from yfpp.spark.costs import KINDS
+
+
+def stage_rows(spark: Any, run_id: str) -> list[dict]:
+    """The stages of the jobs of the streaming query with run id ``run_id`` (skipped ones left out)."""
+    sc = spark.sparkContext
+    sc._jsc.sc().listenerBus().waitUntilEmpty()
+    tracker, store = sc.statusTracker(), sc._jsc.sc().statusStore()
+    quantiles = sc._gateway.new_array(sc._jvm.double, 0)
+    out = []
+    for job in sorted(tracker.getJobIdsForGroup(run_id)):
+        info = tracker.getJobInfo(job)
+        for sid in sorted(info.stageIds if info else []):
+            attempts = store.stageData(sid, False, None, False, quantiles)
+            if attempts.isEmpty() or str(attempts.head().status()) == "SKIPPED":
+                continue
+            s = attempts.head()
+            tasks = store.taskList(sid, 0, 100_000)
+            executors = sorted({tasks.apply(i).executorId() for i in range(tasks.size())})
+            out.append({"stage": sid, "name": _call_site(str(s.name())), "tasks": s.numTasks(),
+                        "executors": executors, "input_bytes": s.inputBytes(), "input_rows": s.inputRecords(),
+                        "shuffle_bytes": s.shuffleWriteBytes(), "run": s.executorRunTime() / 1e3,
+                        "cpu": s.executorCpuTime() / 1e9})
+    return out
+
+
+def _call_site(name: str) -> str:
+    """A stage's name (its job's call site) with the file's folder dropped: ``collect at read.py:151``."""
+    return re.sub(r" at (?:\S*/)?([^/\s]+)$", r" at \1", name)
+
+
+def report(spark: Any, queries: Sequence[tuple[str, Any]], cpu: dict[str, float], events: int | None) -> list[str]:
+    """The ``--stats`` lines of a stream: per query (name, :class:`StreamingQuery`) its stages, then the
+    process tree's CPU per kind over the stream (``cpu``: the growth of :func:`tree_cpu_by_kind`),
+    per event when ``events`` (the records read) is known."""
+    lines = ["stages per streaming query (the micro-batches' jobs):",
+             "  stage  tasks  executors         input bytes  input rows  shuffle bytes  task run s  task CPU s  call site"]
+    for name, query in queries:
+        lines.append(f" {name}:")
+        for s in stage_rows(spark, str(query.runId)):
+            lines.append(f"  {s['stage']:>5}  {s['tasks']:>5}  {','.join(s['executors']) or '-':<16} {s['input_bytes']:>12,}"
+                         f"  {s['input_rows']:>10,}  {s['shuffle_bytes']:>13,}  {s['run']:>10.2f}  {s['cpu']:>10.2f}  {s['name']}")
+    per = f"  ({', '.join(f'{k} {cpu.get(k, 0.0) / events * 1e6:,.0f}' for k in KINDS)} us/event)" if events else ""
+    lines.append("CPU s over the stream: " + ", ".join(f"{k} {cpu.get(k, 0.0):.2f}" for k in KINDS) + per)
+    return lines
