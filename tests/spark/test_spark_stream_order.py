@@ -82,3 +82,16 @@ def test_files_over_micro_batches_are_yfpp_run_over_their_concatenation(spark, t
     assert sum(int(r[3].replace(",", "")) for r in reading) >= sum(f.stat().st_size for f in (tmp_path / "inbox").iterdir())
     assert all("driver" not in r[2].split(",") for r in reading), ingest
     assert "CPU s over the stream: driver" in err
+
+
+def test_a_checkpoint_without_its_state_key_record_is_refused_by_name(spark, tmp_path: Path) -> None:
+    """A stream checkpoint made before state keys were bucketed (a ``match`` folder, no ``buckets.json``)
+    cannot resume: its keys' state lies under other state keys, so it is refused with one line."""
+    from yfpp.errors import InputError
+    from yfpp.spark.stream import state_buckets
+
+    (tmp_path / "match").mkdir()
+    with pytest.raises(InputError, match="fresh checkpoint"):
+        state_buckets(spark, str(tmp_path))
+    fresh = tmp_path / "fresh"
+    assert state_buckets(spark, str(fresh)) == state_buckets(spark, str(fresh)) >= 2

@@ -133,6 +133,9 @@ def state_buckets(spark: SparkSession, checkpoint: str) -> int:
     files = ingest.Files(spark, checkpoint)
     record = f"{checkpoint}/buckets.json"
     if not files.exists(record):
+        if files.exists(f"{checkpoint}/match"):
+            raise InputError(f"{checkpoint} was made by a yfpp that kept one state key per key value; "
+                             "start this stream with a fresh checkpoint folder")
         files.mkdirs(checkpoint)
         files.write_text(f"{checkpoint}/tmp-buckets-{uuid.uuid4().hex}.json", record,
                          json.dumps({"buckets": 2 * spark.sparkContext.defaultParallelism}))
