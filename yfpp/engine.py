@@ -194,6 +194,7 @@ class Engine:
         self.queries[qid] = plan
         self._names.add(plan.name)
         self.runtime.add(plan)
+        plan.release_specs()
         if pattern.feedback:
             self.feedback.order[plan] = qid
         self._route_events()
