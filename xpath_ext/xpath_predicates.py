@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import operator
 from decimal import Decimal
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any, Callable
 
 from elementpath import ElementPathError, XPath2Parser, XPathContext, XPathToken
@@ -48,6 +48,7 @@ _Fn = Callable[[Any], Any]  # element -> value (None: the empty sequence)
 _ERRORS = (ElementPathError, ArithmeticError, TypeError, ValueError, LookupError)
 
 _COMPARE = {"=": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
+_FLIPPED = {"=": operator.eq, "!=": operator.ne, "<": operator.gt, "<=": operator.ge, ">": operator.lt, ">=": operator.le}
 _LITERALS = ("(integer)", "(decimal)", "(float)", "(string)")
 
 
@@ -205,9 +206,53 @@ def compile_xpath_test(source: str, namespaces: Namespaces = ()) -> Test:
     except ElementPathError as err:
         message, line, column = error_location(err)
         raise QuerySyntaxError(f"invalid XPath predicate: {message}", source, line, column) from None
-    slow = _elementpath_test(token, dict(namespaces))
+    attribute = _attribute_comparison(token)
+    if attribute is not None:  # (reads no child: never needs elementpath)
+        return partial(_attribute_test, *attribute)
     fast = _boolean(token)
-    return slow if fast is None else _fast_test(fast, slow)
+    if fast is None:
+        return _elementpath_test(token, dict(namespaces))
+    return _fast_test(fast, _parsed_when_needed(source, namespaces))
+
+
+def _attribute_comparison(tok: XPathToken) -> tuple[Callable[[Any, Any], Any], str, Any, bool] | None:
+    """``(op, name, literal, numeric)`` of ``@name op 'text'`` / ``@name op 12`` (or the literal first), else None:
+    the commonest predicate of subscriptions, one small object each (see :func:`_attribute_with_literal`)."""
+    while tok.symbol == "(" and len(tok) == 1:
+        tok = tok[0]
+    if tok.symbol not in _COMPARE or len(tok) != 2:
+        return None
+    op, atok, ltok = _COMPARE[tok.symbol], tok[0], tok[1]
+    if atok.symbol in ("(string)", "(integer)") and ltok.symbol == "@":
+        op, atok, ltok = _FLIPPED[tok.symbol], ltok, atok
+    if not (atok.symbol == "@" and ltok.symbol in ("(string)", "(integer)")):
+        return None
+    name = _attribute_name(atok)
+    return None if name is None else (op, name, ltok.value, ltok.symbol == "(integer)")
+
+
+def _attribute_test(op: Callable[[Any, Any], Any], name: str, literal: Any, numeric: bool, event: Event) -> bool:
+    """What :func:`_attribute_with_literal` tests, on an event; a value error (a text that is no number) is false."""
+    raw = _read_view(event).get(name)
+    if raw is None:
+        return False
+    try:
+        return bool(op(get_double(raw, None), literal)) if numeric else bool(op(raw, literal))
+    except _ERRORS:
+        return False
+
+
+def _parsed_when_needed(source: str, namespaces: Namespaces) -> Test:
+    """The elementpath test of ``source`` (valid), parsed at its first call: behind the fast path it decides only
+    the events the fast path cannot read, and a parsed token tree is most of what a predicate would hold."""
+    made: list[Test] = []
+
+    def test(event: Event) -> bool:
+        if not made:
+            made.append(_elementpath_test(parse_expression(source, namespaces), dict(namespaces)))
+        return made[0](event)
+
+    return test
 
 
 def by_elementpath(source: str, namespaces: Namespaces = ()) -> bool:

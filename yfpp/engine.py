@@ -36,6 +36,7 @@ from yfpp.nfa.compiler import QueryPlan, compile_pattern
 from yfpp.language.pattern import POLICIES, SET_POLICIES, STRATEGIES, Pattern
 from yfpp.language.query_text import QueryShapes
 from yfpp.runtime.runtime import Runtime
+from yfpp.state.memory_cap import MemoryCap, default_cap_mib
 
 if TYPE_CHECKING:
     from yfpp.sets.strategies import SetMatcher  # imported when an event-set query is registered
@@ -82,7 +83,9 @@ class Engine:
     (``yfpp.runtime.feedback``).  ``merge_runs``: merge equivalent runs into one
     (SIGMOD 2008 §5.2.2, ``yfpp.runtime.run_merging``): the same matches, fewer runs
     to step when many runs of a partition agree on what lies ahead.  ``max_queries``: how many queries
-    it holds at most (default ``MAX_QUERIES``; a registration beyond is refused with an error).
+    it holds at most (default ``MAX_QUERIES``; a registration beyond is refused with an error).  ``max_memory_mb``:
+    the resident set (MiB) past which a registration is refused with an error (default ``YFPP_MAX_MEMORY_MB``, else
+    80 % of physical memory; ``yfpp.state.memory_cap``).
 
     ``copy.deepcopy(engine)``, ``copy.copy`` and ``pickle`` give an engine in the same state
     (queries, options, runs, held events, counters, the ``reports`` lines):
@@ -108,6 +111,7 @@ class Engine:
         strategy: str = "direct",
         merge_runs: bool = False,
         max_queries: int | None = None,
+        max_memory_mb: int | None = None,
     ):
         if strategy not in STRATEGIES:
             raise YfppError(f"unknown evaluation strategy {strategy!r} (expected one of {', '.join(STRATEGIES)})")
@@ -118,6 +122,7 @@ class Engine:
         max_runs_per_query = _cap("max_runs_per_query", max_runs_per_query, MAX_RUNS_PER_QUERY)
         max_buffer_per_query = _cap("max_buffer_per_query", max_buffer_per_query, MAX_BUFFER_PER_QUERY)
         self.max_queries = _cap("max_queries", max_queries, MAX_QUERIES)
+        self._memory = MemoryCap(default_cap_mib() if max_memory_mb is None else _cap("max_memory_mb", max_memory_mb, 1))
         _check_policy(policy)
         self.runtime = Runtime(int(max_runs_per_query), int(max_buffer_per_query), self._failed, self._report,
                                merge_runs=bool(merge_runs))
@@ -168,6 +173,7 @@ class Engine:
         if len(self.queries) + len(self.set_queries) >= self.max_queries:
             raise YfppError(f"the engine holds max_queries={self.max_queries:,} queries: unregister some, or give "
                             f"Engine(max_queries=…) / YFPP_MAX_QUERIES more (docs/operations.md, \"Memory caps\")")
+        self._memory.admit()
         _check_policy(policy)
         policy = policy or self.default_policy
         if policy is not None and policy != pattern.policy:
@@ -194,6 +200,7 @@ class Engine:
         self.queries[qid] = plan
         self._names.add(plan.name)
         self.runtime.add(plan)
+        plan.release_specs()
         if pattern.feedback:
             self.feedback.order[plan] = qid
         self._route_events()

@@ -48,12 +48,12 @@ class Index(str, Enum):
 # --- expressions -----------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Literal:
     value: Any
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Ref:
     """``var[index].attr``; ``attr`` may be an attribute or ``ts``/``type``/``seq``."""
 
@@ -62,14 +62,14 @@ class Ref:
     index: Index = Index.EACH
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Length:
     """``v.len``: number of events bound to a Kleene variable."""
 
     var: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Aggregate:
     """``func(v[..i-1].attr)`` (``upto_prev``) or ``func(v[..].attr)``."""
 
@@ -79,41 +79,41 @@ class Aggregate:
     upto_prev: bool = True
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Arith:
     op: str  # + - * / %
     left: Expr
     right: Expr
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Neg:
     operand: Expr
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Compare:
     op: str  # = != < <= > >=
     left: Expr
     right: Expr
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class And:
     operands: tuple[Expr, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Or:
     operands: tuple[Expr, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Not:
     operand: Expr
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class XPathTest:
     """An XPath 2.0 predicate evaluated on the element of ``var``'s event.
 
@@ -144,6 +144,15 @@ def children(expr: Expr) -> tuple[Expr, ...]:
     return ()
 
 
+def rebuilt(obj: Any, **changes: Any) -> Any:
+    """``dataclasses.replace`` for the pattern's frozen dataclasses, without running ``__init__`` again (they
+    check nothing there): a copy with ``changes``."""
+    new = object.__new__(type(obj))
+    for name in type(obj).__slots__:
+        object.__setattr__(new, name, changes[name] if name in changes else getattr(obj, name))
+    return new
+
+
 def walk(expr: Expr):
     """Pre-order iteration over every node of ``expr``."""
     stack = [expr]
@@ -171,7 +180,7 @@ def conjuncts(expr: Expr) -> list[Expr]:
 # --- pattern ---------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Component:
     """One pattern component.  ``event_type`` ``None`` is the any-type."""
 
@@ -193,7 +202,7 @@ class Component:
         return self.kind is not Kind.NEGATED
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Emit:
     """``RETURN type(name = expr, …)``: the event a match builds."""
 
@@ -201,7 +210,7 @@ class Emit:
     attrs: tuple[tuple[str, Expr], ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Pattern:
     components: tuple[Component, ...]
     where: tuple[Expr, ...] = ()

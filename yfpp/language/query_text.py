@@ -22,12 +22,12 @@ import difflib
 import re
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass, fields, is_dataclass, replace
+from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from yfpp.errors import QueryError, QuerySyntaxError, YfppError
-from yfpp.language.pattern import Literal, Pattern, XPathTest
+from yfpp.language.pattern import Literal, Pattern, XPathTest, rebuilt
 
 _QUERY_LINE = re.compile(r"@query\s+([A-Za-z_][\w.\-]*)\s*$")
 _SPACE = re.compile(r"\s*")
@@ -375,8 +375,8 @@ def _substitute(obj: Any, literals: dict, texts: list[tuple[str, str]], hot: set
         source = obj.source
         for s, c in texts:
             source = source.replace(s, c)
-        return replace(obj, source=source)
+        return rebuilt(obj, source=source)
     if isinstance(obj, tuple):
         return tuple([_substitute(o, literals, texts, hot) for o in obj])
-    return replace(obj, **{f.name: _substitute(getattr(obj, f.name), literals, texts, hot) for f in fields(obj)
-                           if id(getattr(obj, f.name)) in hot})
+    return rebuilt(obj, **{name: _substitute(getattr(obj, name), literals, texts, hot) for name in type(obj).__slots__
+                           if id(getattr(obj, name)) in hot})

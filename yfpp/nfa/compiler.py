@@ -28,29 +28,32 @@ negations, RETURN, variable names, registration time — lives in the
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
-from typing import Callable, Hashable
+from dataclasses import dataclass, field, fields, is_dataclass
+from enum import Enum
+from typing import Any, Callable, Hashable, Sequence
 
 from yfpp.errors import PatternError
 from yfpp.language.pattern import (
     Aggregate,
+    Compare,
     Contiguity,
     Expr,
     Index,
     Kind,
     Length,
+    Literal,
     Pattern,
     Ref,
     XPathTest,
     children,
+    rebuilt,
     variables,
     walk,
 )
 from yfpp.nfa.predicates import AggSlot, Check, Place, Scope, compile_check, compile_value, quantified_vars
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class NegationPlan:
     """A negated component ``~T n``: no qualifying event between its neighbours."""
 
@@ -64,7 +67,7 @@ class NegationPlan:
     check_signature: Hashable = None  # and the per-match check: equal ones (at one node) give the same answer
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class ComponentSpec:
     """One positive component of one query: its formulas by edge, and its signature."""
 
@@ -74,9 +77,10 @@ class ComponentSpec:
     kleene: bool
     contiguity: Contiguity
     inner: Contiguity
-    begin: list[tuple[Expr, Check]] = field(default_factory=list)  # single: begin; Kleene: first iteration
-    take: list[tuple[Expr, Check]] = field(default_factory=list)  # Kleene iterations i >= 2
-    final: list[tuple[Expr, Check]] = field(default_factory=list)  # Kleene proceed / accept (ev is None)
+    # (lists while the passes place predicates, tuples after: a plan holds what it needs, no spare room)
+    begin: Sequence[tuple[Expr, Check]] = field(default_factory=list)  # single: begin; Kleene: first iteration
+    take: Sequence[tuple[Expr, Check]] = field(default_factory=list)  # Kleene iterations i >= 2
+    final: Sequence[tuple[Expr, Check]] = field(default_factory=list)  # Kleene proceed / accept (ev is None)
     agg_slots: tuple[AggSlot, ...] = ()
     keep_events: bool = False
 
@@ -87,9 +91,9 @@ class ComponentSpec:
             self.kleene,
             self.contiguity if self.index else None,
             self.inner if self.kleene else None,
-            tuple(sorted((repr(e) for e, _ in self.begin))),
-            tuple(sorted((repr(e) for e, _ in self.take))),
-            tuple(sorted((repr(e) for e, _ in self.final))),
+            tuple(sorted(expr_key(e) for e, _ in self.begin)),
+            tuple(sorted(expr_key(e) for e, _ in self.take)),
+            tuple(sorted(expr_key(e) for e, _ in self.final)),
             self.agg_slots,
             self.keep_events,
             partition_by,
@@ -97,13 +101,14 @@ class ComponentSpec:
         )
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class QueryPlan:
     """One registered query: its component chain and its acceptance checks."""
 
     name: str | int
     pattern: Pattern
-    specs: list[ComponentSpec]
+    # its component specs while it registers (None after: see `specs`)
+    compiled_specs: list[ComponentSpec] | None
     negations: list[NegationPlan]
     trailing: NegationPlan | None
     partition_by: tuple[str, ...]
@@ -114,6 +119,46 @@ class QueryPlan:
     since_tick: int = 0  # only runs born later count: the runtime tick at registration, raised by a shed (yfpp.runtime.caps)
     negation_key: Hashable = ()  # its middle negations' check signatures: equal keys, equal answers at a node
     nodes: list = field(default_factory=list)  # the shared-NFA nodes it passes through
+
+    @property
+    def specs(self) -> list[ComponentSpec]:
+        """Its component specs: those it was compiled with until :meth:`release_specs`, else compiled again from
+        its pattern (their canonical predicates are what differs between queries of one shape: a registered query
+        keeps only its nodes' checks, and ``yfpp explain`` or run merging, which read the predicates, remake them)."""
+        if self.compiled_specs is not None:
+            return self.compiled_specs
+        return _compile_pattern(self.pattern, self.name, None).compiled_specs  # type: ignore[return-value]
+
+    def release_specs(self) -> None:
+        """Drop the specs once the query's nodes hold what the runtime needs of them."""
+        self.compiled_specs = None
+
+
+def expr_key(expr: Any) -> str:
+    """A canonical expression as compact text, equal for equal expressions only (a constant by its ``repr``:
+    ``1``, ``1.0``, ``True`` and ``'1'`` differ): what node signatures keep of predicates, about a third of
+    the ``repr`` of the expression."""
+    common = _COMMON_KEYS.get(type(expr))
+    if common is not None:
+        return common(expr)
+    names = _FIELDS.get(type(expr))
+    if names is None:
+        if isinstance(expr, Enum):
+            return expr.name
+        if isinstance(expr, tuple):
+            return "(" + ",".join([expr_key(x) for x in expr]) + ")"
+        if not is_dataclass(expr):
+            return repr(expr)
+        names = _FIELDS[type(expr)] = tuple(f.name for f in fields(expr))
+    return type(expr).__name__ + "(" + ",".join([expr_key(getattr(expr, n)) for n in names]) + ")"
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}  # a dataclass's field names, for expr_key
+_COMMON_KEYS: dict[type, Callable[[Any], str]] = {  # (the commonest, written out: "Compare('=',Ref(…),…)")
+    Literal: lambda e: f"Literal({e.value!r})",
+    Ref: lambda e: f"Ref({e.var!r},{e.attr!r},{e.index.name})",
+    Compare: lambda e: f"Compare({e.op!r},{expr_key(e.left)},{expr_key(e.right)})",
+}
 
 
 # --- passes ---------------------------------------------------------------------
@@ -132,6 +177,8 @@ def _compile_pattern(pattern: Pattern, name: str | int, xpath_compiler: Callable
     scope = make_scope(pattern, specs)
     place_predicates(pattern, specs, scope, xpath_compiler)
     negations, trailing = place_negations(pattern, specs, scope, xpath_compiler)
+    for spec in specs:
+        spec.begin, spec.take, spec.final = tuple(spec.begin), tuple(spec.take), tuple(spec.final)
     emit = None
     if pattern.emit is not None:
         bound = Place(None, "bound")
@@ -143,7 +190,7 @@ def _compile_pattern(pattern: Pattern, name: str | int, xpath_compiler: Callable
     return QueryPlan(
         name=name,
         pattern=pattern,
-        specs=specs,
+        compiled_specs=specs,
         negations=negations,
         trailing=trailing,
         partition_by=pattern.partition_by,
@@ -172,7 +219,7 @@ def structure(pattern: Pattern) -> list[ComponentSpec]:
 def make_scope(pattern: Pattern, specs: list[ComponentSpec]) -> Scope:
     kleene = {c.var for c in specs if c.kleene}
     slots: dict[str, list[AggSlot]] = {v: [] for v in kleene}
-    exprs = list(pattern.where) + ([e for _, e in pattern.emit.attrs] if pattern.emit else [])
+    exprs = (list(pattern.where) + ([e for _, e in pattern.emit.attrs] if pattern.emit else [])) if kleene else []
     for expr in exprs:
         for n in walk(expr):
             if isinstance(n, Aggregate) and AggSlot(n.func, n.attr) not in slots[n.var]:
@@ -186,16 +233,16 @@ def make_scope(pattern: Pattern, specs: list[ComponentSpec]) -> Scope:
 def canonical(expr: Expr, slot_of: dict[str, int]) -> Expr:
     """``expr`` with variables renamed by position (``#0``, ``#1``, …) — comparable across queries."""
     if hasattr(expr, "var") and expr.var in slot_of:
-        expr = dataclasses.replace(expr, var=f"#{slot_of[expr.var]}")
+        expr = rebuilt(expr, var=f"#{slot_of[expr.var]}")
     subs = children(expr)
     if not subs:
         return expr
     new = tuple(canonical(s, slot_of) for s in subs)
     if hasattr(expr, "operands"):
-        return dataclasses.replace(expr, operands=new)
+        return rebuilt(expr, operands=new)
     if hasattr(expr, "operand"):
-        return dataclasses.replace(expr, operand=new[0])
-    return dataclasses.replace(expr, left=new[0], right=new[1])
+        return rebuilt(expr, operand=new[0])
+    return rebuilt(expr, left=new[0], right=new[1])
 
 
 def _iteration_class(expr: Expr, var: str) -> str:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
+from functools import lru_cache, partial
 from itertools import product
 from typing import Any, Callable, Iterator
 
@@ -74,10 +75,17 @@ def comparable(a: Any, b: Any, ordered: bool) -> bool:
     return (ta is int or ta is float) and (tb is int or tb is float)
 
 
-def compare_fn(op: str) -> Callable[[Any, Any], bool]:
-    """``a op b`` as a function: false on MISSING and on a type mismatch."""
+def _make_compare(op: str) -> Callable[[Any, Any], bool]:
     fn, ordered = _CMP[op], op not in ("=", "!=")
     return lambda a, b: comparable(a, b, ordered) and fn(a, b)
+
+
+_COMPARE = {op: _make_compare(op) for op in _CMP}  # (one function per operator, shared by every predicate)
+
+
+def compare_fn(op: str) -> Callable[[Any, Any], bool]:
+    """``a op b`` as a function: false on MISSING and on a type mismatch."""
+    return _COMPARE[op]
 
 
 def arith(op: str, a: Any, b: Any) -> Any:
@@ -214,6 +222,8 @@ class Scope:
 def quantified_vars(expr: Expr, place: Place, scope: Scope) -> list[str]:
     """Kleene variables read as ``v.attr`` outside their own iteration: ∀ over bound events."""
     out: list[str] = []
+    if not scope.kleene:
+        return out
     for n in walk(expr):
         if isinstance(n, (Ref, XPathTest)) and n.var in scope.kleene and (getattr(n, "index", Index.EACH) is Index.EACH):
             if not (place.mode == "iter" and n.var == place.current) and n.var not in out:
@@ -229,6 +239,19 @@ def compile_check(expr: Expr, place: Place, scope: Scope, xpath_compiler: Callab
 def compile_value(expr: Expr, place: Place, scope: Scope) -> Getter:
     """Compile a value expression (a RETURN attribute); Kleene ``v.attr`` gives a list."""
     return _Compiler(place, scope, None, list_each=True).value(expr)
+
+
+@lru_cache(maxsize=4096)
+def _event_attr(attr: str) -> Getter:
+    """The getter of attribute ``attr`` of the event being tested (one per attribute, shared by predicates)."""
+    get = lambda ev, vec: ev.attrs.get(attr, MISSING)
+    get.event_attr = attr  # type: ignore[attr-defined]  # what it reads: _compare calls no getter for it
+    return get
+
+
+def _compare_attr(cmp: Callable[[Any, Any], bool], attr: str, lit: Any, ev: Event, vec: tuple) -> bool:
+    """``ev.attr op lit`` (as a partial: smaller than a closure, one call less)."""
+    return cmp(ev.attrs.get(attr, MISSING), lit)
 
 
 class _Compiler:
@@ -287,6 +310,9 @@ class _Compiler:
         cmp = compare_fn(op)
         if isinstance(right, Literal) and not isinstance(left, Literal):
             get, lit = self.value(left), right.value
+            attr = getattr(get, "event_attr", None)
+            if attr is not None:  # the event's attribute against a constant: the most common predicate of all
+                return partial(_compare_attr, cmp, attr, lit)
             return lambda ev, vec: cmp(get(ev, vec), lit)
         gl, gr = self.value(left), self.value(right)
         return lambda ev, vec: cmp(gl(ev, vec), gr(ev, vec))
@@ -335,7 +361,7 @@ class _Compiler:
         quantified = r.index is Index.EACH and r.var in self.cells
         if r.var == place.current and place.mode != "bound" and not quantified and attr not in PSEUDO_ATTRS:
             if place.mode == "event" or r.index is Index.EACH:  # the hot case: the event being tested
-                return lambda ev, vec: ev.attrs.get(attr, MISSING)
+                return _event_attr(attr)
             if r.index is Index.PREV:
                 slot = self.scope.slot_of[r.var]
                 return lambda ev, vec: vec[slot].last.attrs.get(attr, MISSING) if vec[slot] is not None else MISSING

@@ -33,6 +33,7 @@ from bisect import bisect_left, bisect_right, insort
 from collections import Counter
 from dataclasses import dataclass, field
 from itertools import count
+from types import MappingProxyType
 from typing import Any, Callable, Hashable, Iterable, Iterator, Sequence
 
 from yfpp.input.events import MISSING, Event
@@ -41,9 +42,11 @@ from yfpp.language.pattern import Compare, Contiguity, Index, Literal, Or, Ref, 
 from yfpp.nfa.predicates import AggSlot, Check, is_number
 
 _ids = count()
+#: what a node without children or wait states holds (read-only: :class:`SharedNFA` gives it a dict when it gets one)
+_NO_ENTRIES: Any = MappingProxyType({})
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Node:
     """A positive component shared by every query whose prefix leads here."""
 
@@ -63,12 +66,13 @@ class Node:
     index_key: tuple | None  # how a TransitionTable can find this node, if at all
     root: "Node | None" = None  # the first node of this branch of the trie (itself for a root)
     id: int = field(default_factory=lambda: next(_ids))
-    children: dict[Hashable, "Node"] = field(default_factory=dict)
-    waits: dict[Hashable, "State"] = field(default_factory=dict)  # contiguity or child -> wait state
+    # (a subscription's nodes are most of what it costs: each container is made when first needed)
+    children: dict[Hashable, "Node"] = field(default_factory=lambda: _NO_ENTRIES)
+    waits: dict[Hashable, "State"] = field(default_factory=lambda: _NO_ENTRIES)  # contiguity or child -> wait state
     inside: "State | None" = None
-    accepts: list[QueryPlan] = field(default_factory=list)
+    accepts: list[QueryPlan] | tuple = ()
     users: int = 0  # queries through this node
-    windows: Counter = field(default_factory=Counter)  # window -> queries through here with it
+    windows: dict | None = None  # window -> queries through here with it; None: all of them have `window`
     window: float | None = None  # the largest of them (None: unbounded): runs here live that long
     # kept on a branch's root node by the runtime: its runs now, when the caps count its queries' runs again
     # (yfpp.runtime.caps), its last "growing" report
@@ -77,11 +81,22 @@ class Node:
     reported: int = 0
 
     def count_window(self, window: float | None, delta: int) -> None:
-        self.windows[window] += delta
-        if not self.windows[window]:
-            del self.windows[window]
-        bounded = [w for w in self.windows if w is not None]
-        self.window = None if None in self.windows or not bounded else max(bounded)
+        """One more (``delta`` +1, after ``users`` counted it) or one less (-1) query through here with ``window``."""
+        ws = self.windows
+        if ws is None:
+            if delta > 0 and self.users == 1:  # (a new node)
+                self.window = window
+                return
+            if window == self.window:
+                return
+            ws = self.windows = {self.window: self.users - delta}
+        ws[window] = ws.get(window, 0) + delta
+        if not ws[window]:
+            del ws[window]
+        bounded = [w for w in ws if w is not None]
+        self.window = None if None in ws or not bounded else max(bounded)
+        if len(ws) == 1:
+            self.windows = None
 
     def wait_states(self) -> Iterable["State"]:
         return self.waits.values()
@@ -91,30 +106,66 @@ class Node:
 
 
 class TransitionTable:
-    """The nodes an event may begin, by type and by indexed predicate."""
+    """The nodes an event may begin, by type and by indexed predicate.
+
+    A table of one node (a wait state of a subscription of its own: most of them) holds just that node, in
+    ``only``, and gives it as the candidate of every event of its type (its begin checks decide, as for any
+    candidate); a second node, or :meth:`groups`, spreads it into ``by_type``."""
+
+    __slots__ = ("by_type", "only", "size")
 
     def __init__(self) -> None:
-        self.by_type: dict[str | None, _TypeGroup] = {}
-        self.types: Counter = Counter()
+        self.by_type: dict[str | None, _TypeGroup] = _NO_ENTRIES  # (a dict once a second node is added)
+        self.size = 0
+        self.only: Node | None = None
 
     def add(self, node: Node) -> None:
-        self.by_type.setdefault(node.event_type, _TypeGroup()).add(node)
-        self.types[node.event_type] += 1
+        if not self.size:
+            self.only = node
+        else:
+            self._spread()
+            self._add(node)
+        self.size += 1
+
+    def _add(self, node: Node) -> None:
+        if self.by_type is _NO_ENTRIES:
+            self.by_type = {}
+        group = self.by_type.get(node.event_type)
+        if group is None:
+            group = self.by_type[node.event_type] = _TypeGroup()
+        group.add(node)
+
+    def _spread(self) -> None:
+        """Put ``only`` into ``by_type``."""
+        if self.only is not None:
+            self._add(self.only)
+            self.only = None
 
     def remove(self, node: Node) -> None:
+        self.size -= 1
+        if self.only is node:
+            self.only = None
+            return
         group = self.by_type[node.event_type]
         group.remove(node)
-        self.types[node.event_type] -= 1
-        if not self.types[node.event_type]:
-            del self.types[node.event_type]
+        if not group.size:
             del self.by_type[node.event_type]
+
+    def has_type(self, etype: str | None) -> bool:
+        """Does a node of type ``etype`` (None: of any type) begin here?"""
+        only = self.only
+        return etype in self.by_type if only is None else only.event_type == etype
 
     def groups(self, etype: str) -> tuple["_TypeGroup", ...]:
         """The groups an event of type ``etype`` looks in: its type's, then any type's."""
+        self._spread()
         return tuple(g for g in (self.by_type.get(etype), self.by_type.get(None)) if g is not None)
 
     def candidates(self, ev: Event) -> Sequence[Node]:
         """Children of the event's type or of any type, narrowed by the predicate indexes."""
+        only = self.only
+        if only is not None:
+            return (only,) if only.event_type is None or only.event_type == ev.type else ()
         group = self.by_type.get(ev.type)
         anyg = self.by_type.get(None)
         if anyg is None:
@@ -124,53 +175,71 @@ class TransitionTable:
         return group.candidates(ev) + anyg.candidates(ev)
 
     def __len__(self) -> int:
-        return sum(self.types.values())
+        return self.size
 
 
 class _TypeGroup:
+    # (each index table is made when its first node comes: most groups hold one node of one kind)
+    __slots__ = ("eq", "intervals", "plain", "prefixes", "ranges", "size", "xpath", "xpath_keys")
+
     def __init__(self) -> None:
-        self.plain: list[Node] = []
-        self.eq: dict[str, dict[Any, list[Node]]] = {}
+        self.size = 0  # the nodes in it
+        self.plain: list[Node] | tuple = ()
+        self.eq: dict[str, dict[Any, list[Node]]] = _NO_ENTRIES
         # XPath equalities, by (kind, name): @a = 'text' ("xeq"), @a = 12 ("xnum"), a = 'text' ("ceq"), a = 12
         # ("cnum"); looked up by what xpath_ext.xpath_predicates.index_keys reads of the event
-        self.xpath: dict[tuple[str, str], dict[Any, list[Node]]] = {}
+        self.xpath: dict[tuple[str, str], dict[Any, list[Node]]] = _NO_ENTRIES
         # range predicates, by (source, attribute, op): a SASE+ attribute's value (source None), an XPath
         # attribute's or child's text cast as XPath casts it ("xnum", "cnum"); sorted (bound, node id) keys
-        self.ranges: dict[tuple[str | None, str, str], tuple[list[tuple[Any, int]], dict[int, Node]]] = {}
+        self.ranges: dict[tuple[str | None, str, str], tuple[list[tuple[Any, int]], dict[int, Node]]] = _NO_ENTRIES
         # both bounds of a range (lo <= x < hi), by (source, attribute) as for ranges: stabbed by the value
-        self.intervals: dict[tuple[str | None, str], IntervalIndex] = {}
+        self.intervals: dict[tuple[str | None, str], IntervalIndex] = _NO_ENTRIES
         # XPath starts-with(@a, 'p') / starts-with(a, 'p'), by (kind, name): prefix length -> prefix -> nodes
-        self.prefixes: dict[tuple[str, str], dict[int, dict[str, list[Node]]]] = {}
+        self.prefixes: dict[tuple[str, str], dict[int, dict[str, list[Node]]]] = _NO_ENTRIES
         #: xpath_ext.xpath_predicates.index_keys, once an XPath index is made (a run without XPath never loads it)
         self.xpath_keys: Callable[[str, str, Event], list[Any] | None] | None = None
 
+    def _table(self, name: str) -> dict:
+        """The index table ``name`` (``eq``, ``xpath``…), made now if it is not yet."""
+        table = getattr(self, name)
+        if table is _NO_ENTRIES:
+            table = {}
+            setattr(self, name, table)
+        return table
+
     def add(self, node: Node) -> None:
         key = node.index_key
+        self.size += 1
         if key is not None and self.xpath_keys is None and _reads_xpath(key):
             from xpath_ext.xpath_predicates import index_keys
 
             self.xpath_keys = index_keys
         if key is None:
-            self.plain.append(node)
+            if self.plain:
+                self.plain.append(node)
+            else:
+                self.plain = [node]
         elif key[0] in ("range", "xrange"):
             slot, c = _range_slot(key)
-            keys, nodes = self.ranges.setdefault(slot, ([], {}))
+            keys, nodes = self._table("ranges").setdefault(slot, ([], {}))
             insort(keys, (c, node.id))
             nodes[node.id] = node
         elif key[0] == "interval":
             _, source, attr, lo, lo_in, hi, hi_in = key
-            self.intervals.setdefault((source, attr), IntervalIndex()).add(node, lo, lo_in, hi, hi_in)
+            self._table("intervals").setdefault((source, attr), IntervalIndex()).add(node, lo, lo_in, hi, hi_in)
         elif key[0] == "prefix":
             _, kind, name, prefix = key
-            by_len = self.prefixes.setdefault((kind, name), {})
+            by_len = self._table("prefixes").setdefault((kind, name), {})
             by_len.setdefault(len(prefix), {}).setdefault(prefix, []).append(node)
         else:
             for kind, attr, value in _eq_keys(key):
-                table = self.eq.setdefault(attr, {}) if kind == "eq" else self.xpath.setdefault((kind, attr), {})
+                table = (self._table("eq").setdefault(attr, {}) if kind == "eq"
+                         else self._table("xpath").setdefault((kind, attr), {}))
                 table.setdefault(value, []).append(node)
 
     def remove(self, node: Node) -> None:
         key = node.index_key
+        self.size -= 1
         if key is None:
             self.plain.remove(node)
         elif key[0] in ("range", "xrange"):
@@ -561,7 +630,7 @@ def _balanced(source: str) -> bool:
     return depth == 0
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class State:
     """Where runs wait: inside Kleene ``node``, or after ``node`` for ``table``'s children."""
 
@@ -583,8 +652,8 @@ class State:
             node = self.node
             if node.event_type is None or node.event_type == etype:
                 return True
-            return any(w.table.types.get(etype) or w.table.types.get(None) for w in node.wait_states())
-        return bool(self.table.types.get(etype) or self.table.types.get(None))
+            return any(w.table.has_type(etype) or w.table.has_type(None) for w in node.wait_states())
+        return self.table.has_type(etype) or self.table.has_type(None)
 
     def __repr__(self) -> str:
         return f"<{self.mode} {self.node!r} {self.contiguity.value}>"
@@ -616,12 +685,17 @@ class SharedNFA:
             node = siblings.get(sig)
             if node is None:
                 node = self._new_node(parent, spec, sig, plan.partition_by)
+                if siblings is _NO_ENTRIES:
+                    siblings = parent.children = {}
                 siblings[sig] = node
             node.users += 1
             node.count_window(plan.window, +1)
             plan.nodes.append(node)
             parent = node
-        parent.accepts.append(plan)
+        if parent.accepts:
+            parent.accepts.append(plan)
+        else:
+            parent.accepts = [plan]
 
     def _new_node(self, parent: Node | None, spec: ComponentSpec, sig: Hashable, partition_by) -> Node:
         node = Node(
@@ -652,6 +726,8 @@ class SharedNFA:
             wait = parent.waits.get(wait_key)
             if wait is None:
                 child = node if node.contiguity is Contiguity.SKIP_TILL_NEXT else None
+                if parent.waits is _NO_ENTRIES:
+                    parent.waits = {}
                 wait = parent.waits[wait_key] = State(parent, "wait", node.contiguity, child=child)
                 self.states.add(wait)
             wait.table.add(node)
@@ -659,7 +735,10 @@ class SharedNFA:
 
     def remove(self, plan: QueryPlan) -> list[State]:
         """Take ``plan`` out; return the states that no query uses any more."""
-        plan.nodes[-1].accepts.remove(plan)
+        last = plan.nodes[-1]
+        last.accepts.remove(plan)
+        if not last.accepts:
+            last.accepts = ()
         dropped: list[State] = []
         for node in reversed(plan.nodes):
             node.users -= 1

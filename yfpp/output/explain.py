@@ -46,6 +46,7 @@ def nfa_graph(engine: Engine) -> nx.DiGraph:
             through.setdefault(node.id, []).append((plan, i))
     g.add_node("start", label="start", type=None, kleene=False, partition_by=[], window=None, predicates=[],
                index=None, queries=[], accepts=[])
+    specs_of: dict[QueryPlan, list] = {}  # (a registered plan's specs are compiled again when asked: once here)
     for node in engine.runtime.nfa.nodes():
         users = through.get(node.id, [])
         names = users[0][0].var_names if users else ()
@@ -56,7 +57,7 @@ def nfa_graph(engine: Engine) -> nx.DiGraph:
             kleene=node.kleene,
             partition_by=list(node.partition_by),
             window=node.window,
-            predicates=_predicates(users[0][0], users[0][1], names) if users else [],
+            predicates=_predicates(specs_of, users[0][0], users[0][1], names) if users else [],
             index=_index_text(node.index_key),
             queries=[str(p.name) for p, _ in users],
             accepts=[_acceptance(p) for p in node.accepts],
@@ -75,8 +76,11 @@ def _label(node: Node) -> str:
     return text
 
 
-def _predicates(plan: QueryPlan, i: int, names: tuple[str, ...]) -> list[str]:
-    spec = plan.specs[i]
+def _predicates(specs_of: dict[QueryPlan, list], plan: QueryPlan, i: int, names: tuple[str, ...]) -> list[str]:
+    specs = specs_of.get(plan)
+    if specs is None:
+        specs = specs_of[plan] = plan.specs
+    spec = specs[i]
     edges = [("", spec.begin), ("take: ", spec.take), ("final: ", spec.final)] if spec.kleene else [("", spec.begin)]
     return [prefix + expr_text(e, names) for prefix, checks in edges for e, _ in checks]
 
@@ -210,7 +214,7 @@ def expr_text(e: Expr, names: tuple[str, ...] = ()) -> str:
 
 def sharing_figures(engine: Engine, g: nx.DiGraph) -> dict[str, float]:
     """Figures of the shared NFA (``queries``: those in it; ``set_queries``: the event-set queries beside it)."""
-    components = sum(len(p.specs) for p in engine.queries.values())
+    components = sum(len(p.nodes) for p in engine.queries.values())  # (a node per component)
     nodes = g.number_of_nodes() - 1
     nfa = list(engine.runtime.nfa.nodes())
     return {

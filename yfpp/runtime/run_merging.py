@@ -288,9 +288,10 @@ def _merge_key(rt, st) -> Callable[[Any], tuple] | object:
             continue
         slot_of = {v: k for k, v in enumerate(plan.var_names)}
         slot_of.update({f"#{k}": k for k in range(len(plan.var_names))})
-        kleene = [s.kleene for s in plan.specs]
+        specs = plan.specs  # (compiled again from the pattern once registered: read once)
+        kleene = [s.kleene for s in specs]
         exprs: list[tuple[Any, int | None]] = []  # (expression, slot whose own iteration it runs in)
-        for j, spec in enumerate(plan.specs):
+        for j, spec in enumerate(specs):
             if j > i:
                 exprs += [(e, j) for e, _ in spec.begin + spec.take] + [(e, None) for e, _ in spec.final]
             elif j == i and inside:
@@ -306,7 +307,7 @@ def _merge_key(rt, st) -> Callable[[Any], tuple] | object:
                 s = slot_of.get(n.var)
                 if s is None or s > i:
                     continue  # a negated event, or one bound after now: the same for equivalent runs
-                if not _add_getter(getters, n, s, kleene[s], own == s, plan.specs[s]):
+                if not _add_getter(getters, n, s, kleene[s], own == s, specs[s]):
                     return _UNMERGEABLE
         for neg in plan.negations:
             if 0 <= neg.lower <= i:

@@ -188,7 +188,7 @@ class Runtime(EventSteps, RunMoves, Acceptance):
     @staticmethod
     def _needs_pticks(plan: QueryPlan) -> bool:
         return bool(plan.partition_by) and any(
-            a.kleene and b.contiguity is PARTITION for a, b in zip(plan.specs, plan.specs[1:])
+            a.kleene and b.contiguity is PARTITION for a, b in zip(plan.nodes, plan.nodes[1:])  # (a node per component)
         )
 
     # --- the per-event step -----------------------------------------------------------

@@ -8,4 +8,5 @@ below it: ``yfpp.errors``, ``yfpp.input``, ``yfpp.language``, ``yfpp.nfa``, ``yf
 - ``schema``: the checkpoint's JSON shape as a declarative spec, and the relations between counters.
 - ``plans``: references from the checkpoint to the recompiled queries (nodes, states, slots, entries).
 - ``set_checkpoint``: the set matchers' state (buffers, match windows, pending and held matches).
+- ``memory_cap``: the engine's memory cap, the resident set past which registrations are refused.
 """
