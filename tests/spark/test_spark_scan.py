@@ -244,3 +244,14 @@ def test_dead_letters_of_a_directory_as_yfpp_run(spark, tmp_path, capsys, plan):
     got = sorted((json.loads(r[0]) for r in spark.read.text(str(out / "dead_letters.jsonl")).collect()), key=lambda d: d["seq"])
     assert got == letters and [d["seq"] for d in got] == [600, 601, 902]
     assert "events            900\n" in err and "dead letters      3\n" in err
+
+
+def test_packed_columns_come_back_as_they_went():
+    """Blobs are orjson's JSON, or a pickle for what orjson cannot write exactly."""
+    from yfpp.spark.scan import _dumps, _loads
+
+    for attrs in ({"a": 1, "b": -0.0, "c": 2.5e300, "d": [1, {"e": None}], "f": True}, {"big": 2 ** 70},
+                  {"s": "\udc80"}):
+        cols = ([0], ["t"], [1.5], [attrs], None)
+        back = _loads(_dumps(cols))
+        assert tuple(back) == cols and [type(v) for v in back[3][0].values()] == [type(v) for v in attrs.values()]
