@@ -469,7 +469,7 @@ def read_task(job: ScanJob, ids: Iterable[int]) -> Iterator[list[tuple]]:
                     for d in ds:
                         packs[d].append(ev)
             packed += len(kept)
-            if packed >= CHUNK_EVENTS:
+            if packed >= max(CHUNK_EVENTS, 64 * job.n):  # blobs of 64 events or more: a blob has its cost too
                 yield [_pack(job, d, r, chunk, p) for d, p in enumerate(packs) if p]
                 packs, chunk, packed = [[] for _ in range(job.n + 1)], chunk + 1, 0
         rows = [_pack(job, d, r, chunk, p) for d, p in enumerate(packs) if p]
