@@ -50,7 +50,7 @@ from yfpp.input.readers import read_event_batches  # noqa: E402
 from yfpp.language.query_text import load_patterns  # noqa: E402
 from yfpp.spark.plan import effective_queries, group_queries, rare_collections  # noqa: E402
 from yfpp.spark.ranges import Summary  # noqa: E402
-from yfpp.spark.scan import SUMMARY, ScanJob, match_task, read_task  # noqa: E402
+from yfpp.spark.scan import SUMMARY, ScanJob, match_task, read_task, ship_order  # noqa: E402
 
 QUERIES = ROOT / "queries" / "shoplifting.sase"
 READING = {"format": None, "ts_field": "ts", "ts_unit": "s", "type_field": None}
@@ -105,7 +105,7 @@ def counted(path: Path, tasks: int) -> dict:
     for t in range(tasks):
         t0 = time.process_time()
         with rare_collections():
-            rows = list(match_task(job, t, shipped[t]))
+            rows = list(match_task(job, t, sorted(shipped[t], key=ship_order)))  # as Spark sorts them
         match_cpu.append(time.process_time() - t0)
         stats = json.loads(rows[-1][5])
         decoded += stats["rows"]
@@ -121,13 +121,15 @@ def counted(path: Path, tasks: int) -> dict:
 
 
 def spark_stats(path: Path, out: Path, tasks: int) -> tuple[float, dict[str, float]]:
-    """``yfpp spark --plan scan --stats`` over ``path``: the CPU of its whole process tree, and the "all steps" CPU by kind."""
-    cpu, err = child_cpu([sys.executable, "-m", "yfpp", "spark", "-q", str(QUERIES), "-i", str(path), "-o", str(out),
+    """``yfpp spark --plan scan --stats`` over ``path``: the CPU of its whole run (its own count of its process
+    tree, JVM and Python workers included), and the "all steps" wall time and CPU by kind."""
+    _, err = child_cpu([sys.executable, "-m", "yfpp", "spark", "-q", str(QUERIES), "-i", str(path), "-o", str(out),
                           "--master", f"local[{tasks}]", "--plan", "scan", "--stats", "--mode", "overwrite"])
     m = re.search(r"all steps\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)", err)
-    if not m:
-        sys.exit(f"no 'all steps' line in:\n{err[-2000:]}")
-    return cpu, {"wall": float(m[1]), "driver": float(m[2]), "JVM": float(m[3]), "Python workers": float(m[4])}
+    whole = re.search(r"process CPU s, the whole run\s+([\d.]+)", err)
+    if not m or not whole:
+        sys.exit(f"no 'all steps' or 'the whole run' line in:\n{err[-2000:]}")
+    return float(whole[1]), {"wall": float(m[1]), "driver": float(m[2]), "JVM": float(m[3]), "Python workers": float(m[4])}
 
 
 def main() -> None:
@@ -147,14 +149,16 @@ def main() -> None:
     for n_events in args.events:
         path = feed(n_events, 8, 1)
         cmd = (run_cpu(path, tmp / "run.jsonl") - base) / n_events * 1e6
-        reader, run = in_process(path)
+        reader, before = in_process(path)
         print(f"\n{n_events:,} events ({path.stat().st_size / 1e6:.1f} MB), CPU-µs per event: yfpp run {cmd:.2f} "
-              f"(the command, less its start-up); here: the reader {reader:.2f}, reader + engine {run:.2f} "
-              f"(yfpp run's work: the × run column's base)")
+              f"(the command, less its start-up); here: the reader {reader:.2f}, reader + engine {before:.2f} "
+              f"(yfpp run's work: × run's base, the mean of the measures before and after each row)")
         print(f"{'tasks':>6} {'ranges':>6} {'MB parsed':>9} {'max task MB':>11} {'read µs/ev':>10} {'match µs/ev':>11} "
               f"{'task µs/ev':>10} {'× run':>6} {'copies/ev':>9} {'shuffle B/ev':>12} {'matches':>8}")
         for n in args.tasks:
             c = counted(path, n)
+            after = in_process(path)[1]  # the base measured again after each task count (a noisy machine) …
+            run, before = (before + after) / 2, after  # … the row's: the mean of the measures before and after it
             read, match = c["read_cpu"] / n_events * 1e6, c["match_cpu"] / n_events * 1e6
             plotted.append((n_events, n, read, match, run))
             print(f"{n:>6} {c['ranges']:>6} {c['bytes'] / 1e6:>9.1f} {c['max_task_bytes'] / 1e6:>11.2f} {read:>10.2f} "
@@ -162,7 +166,7 @@ def main() -> None:
                   f"{c['blob_bytes'] / n_events:>12.1f} {c['matches']:>8,}")
     if args.spark:
         cpu0, s0 = spark_stats(empty, tmp / "spark_empty", args.spark_tasks)
-        print(f"\nyfpp spark local[{args.spark_tasks}], empty input: {cpu0:.1f} CPU-s for the whole process tree; "
+        print(f"\nyfpp spark local[{args.spark_tasks}], empty input: {cpu0:.1f} CPU-s the whole run; "
               f"steps {s0['wall']:.1f} s wall, CPU driver {s0['driver']:.2f} JVM {s0['JVM']:.2f} "
               f"Python workers {s0['Python workers']:.2f}")
         for n_events in args.events:
@@ -170,7 +174,7 @@ def main() -> None:
             run = (run_cpu(path, tmp / "run.jsonl") - base) / n_events * 1e6
             cpu, s = spark_stats(path, tmp / "spark_out", args.spark_tasks)
             workers = (s["Python workers"] - s0["Python workers"]) / n_events * 1e6
-            print(f"{n_events:,} events: {cpu:.1f} CPU-s whole tree, steps {s['wall']:.1f} s wall; Python workers "
+            print(f"{n_events:,} events: {cpu:.1f} CPU-s the whole run, steps {s['wall']:.1f} s wall; Python workers "
                   f"{s['Python workers']:.2f} CPU-s, {workers:.2f} µs/event beyond the empty job "
                   f"({workers / run:.2f}× yfpp run's {run:.2f}); JVM {s['JVM']:.2f} "
                   f"({(s['JVM'] - s0['JVM']) / n_events * 1e6:.2f} µs/event beyond the empty job)")

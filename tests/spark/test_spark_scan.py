@@ -37,7 +37,7 @@ from yfpp.spark.inputs import choose_plan, local_files, local_path  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 from yfpp.spark.plan import effective_queries, group_queries  # noqa: E402
 from yfpp.spark.ranges import range_bytes  # noqa: E402
-from yfpp.spark.scan import ScanJob, match_task, read_task, scan_match  # noqa: E402
+from yfpp.spark.scan import ScanJob, match_task, read_task, scan_match, ship_order  # noqa: E402
 
 READING = {"format": None, "ts_field": "ts", "ts_unit": "s"}
 
@@ -139,7 +139,7 @@ def scanned(named: list, files: list[Path], n: int, slice_events: int,
     got: Counter = Counter()
     dead, stats = [], []
     for task in range(n):
-        for row in match_task(job, task, shipped[task][::-1]):  # in any order
+        for row in match_task(job, task, sorted(shipped[task][::-1], key=ship_order)):  # as Spark sorts them
             if row[0] is not None:
                 got[row[5]] += 1
             elif row[6] is not None:

@@ -8,8 +8,9 @@ need it, as one blob (pickled columns) per range, task and 64k events: of a
 keyed group, task key hash (:func:`value_hash`) modulo ``n``; a whole group,
 task ``g mod n``; a sliced group's slice ``s``, task ``(s + g) mod n``. Each
 range's summary (records, lines, largest ts) goes to every matching task,
-which orders what it got by range, numbers the events (seq numbers global:
-the records of the ranges before) and drops the late ones (ts below an
+which takes them sorted by range (Spark sorts the few rows), numbers the
+events (seq numbers global: the records of the ranges before) and drops the
+late ones (ts below an
 earlier event's, ``max_delay`` 0) — the same events, seq numbers, dead letters
 and late events as ``yfpp run``. Dead letters go to task 0, but for an event
 late only against the ranges before its own, which the copy on its lowest
@@ -25,6 +26,7 @@ the driver reads before the job (:func:`head_slicings`).
 
 from __future__ import annotations
 
+import itertools
 import json
 import pickle
 import time
@@ -36,6 +38,7 @@ import orjson
 import pyarrow as pa
 from lxml import etree
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from yfpp.input.dead_letters import DeadLetters
@@ -81,7 +84,9 @@ def scan_match(spark: SparkSession, queries: Any, files: Sequence[str], *, singl
     readers = min(tasks, len(job.ranges))
     shipped = spark.range(readers, numPartitions=readers).mapInArrow(job.reader(readers), from_arrow_schema(_SHIP))
     # the schema as a StructType, not DDL text: no first use of Spark's SQL parser (0.2–0.3 JVM CPU-s)
-    return shipped.repartitionById(tasks, "dest").mapInArrow(job.matcher(), from_arrow_schema(job.schema))
+    # in the order match_task takes them (ship_order): Spark sorts the few rows per chunk, spilling if it must
+    ordered = shipped.repartitionById(tasks, "dest").sortWithinPartitions(F.col("kind") != SUMMARY, "range", "chunk", "kind")
+    return ordered.mapInArrow(job.matcher(), from_arrow_schema(job.schema))
 
 
 #: The rows between the stages: a blob for matching task ``dest`` from byte range ``range`` (its
@@ -152,14 +157,14 @@ class ScanJob:
         schema = self.schema
 
         def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-            shipped = []
-            for rb in batches:
-                shipped += zip(*(rb.column(c).to_pylist() for c in ("dest", "range", "chunk", "kind", "blob")))
-            if not shipped:
+            shipped = (row for rb in batches
+                       for row in zip(*(rb.column(c).to_pylist() for c in ("dest", "range", "chunk", "kind", "blob"))))
+            first = next(shipped, None)
+            if first is None:
                 return
             rows: list[tuple] = []
             with rare_collections():
-                for row in match_task(self, shipped[0][0], shipped):
+                for row in match_task(self, first[0], itertools.chain([first], shipped)):
                     rows.append(row)
                     if len(rows) >= 4096:
                         yield _batch(rows, schema)
@@ -508,18 +513,25 @@ def _loads(blob: bytes) -> Any:
     return orjson.loads(blob) if blob[:1] == b"[" else pickle.loads(blob)
 
 
+def ship_order(row: tuple) -> tuple:
+    """The order a matching task takes its :data:`_SHIP` rows in: the summaries, then by range and chunk."""
+    _, r, chunk, kind, _ = row
+    return (kind != SUMMARY, r, chunk, kind)
+
+
 def match_task(job: ScanJob, task: int, shipped: Iterable[tuple]) -> Iterator[tuple]:
     """Matching task ``task``'s rows of :func:`scan_match` from what the read tasks sent it (``shipped``:
-    :data:`_SHIP` rows) — its matches, its dead letters, then its stats row."""
+    :data:`_SHIP` rows in :func:`ship_order`, so that a blob is unpacked as it comes) — its matches, its
+    dead letters, then its stats row."""
     started = time.process_time()
     n = job.n
     summaries: dict[int, Summary] = {}
-    blobs: dict[int, list[tuple[int, int, bytes]]] = {}
-    for _, r, chunk, kind, blob in shipped:
-        if kind == SUMMARY:
-            summaries[r] = Summary(*pickle.loads(blob))
-        else:
-            blobs.setdefault(r, []).append((chunk, kind, blob))
+    rest = iter(shipped)
+    for row in rest:
+        if row[3] != SUMMARY:
+            rest = itertools.chain([row], rest)
+            break
+        summaries[row[1]] = Summary(*pickle.loads(row[4]))
     summary = [summaries[r] for r in range(len(job.ranges))]
     offsets = range_offsets(job.files, job.ranges, summary, job.single)
     shares: list[_Share] = []
@@ -535,36 +547,35 @@ def match_task(job: ScanJob, task: int, shipped: Iterable[tuple]) -> Iterator[tu
     out: list[tuple] = []
     none = (None,) * 6
     n_dead = 0
-    for r in sorted(blobs):
+    for _, r, _, kind, blob in rest:
         off = offsets[r]
         base, before = off.seq_base, off.before
-        for chunk, kind, blob in sorted(blobs[r], key=lambda b: (b[0], b[1])):  # (UNROUTED: in any place)
-            if kind == DEAD:
-                for pos, position, reason, raw, ts, mark in pickle.loads(blob):
-                    if reason is None:  # late in its range; the largest ts before it may be in a range before
-                        position = f"seq {base + pos}"
-                        reason = late_reason(ts, mark if before is None or mark > before else before, 0.0)
-                    else:
-                        position = renumber(position, off)
-                    out.append(none + (base + pos, position, reason, raw))
-                    n_dead += 1
-                continue
-            pos, types, tss, attrs, xml = _loads(blob)
-            if xml is None:
-                events = [Event(t, ts, a, base + p) for p, t, ts, a in zip(pos, types, tss, attrs)]
-            else:
-                events = [Event(t, ts, a, base + p) if x is None else XmlEvent(t, ts, a, base + p, x)
-                          for p, t, ts, a, x in zip(pos, types, tss, attrs, xml)]
-            if before is not None and tss and min(tss) < before:
-                events, n_late = _late_against(job, task, events, before, out)
-                n_dead += n_late
-            if kind == UNROUTED:
-                continue
-            for share in shares:
-                share.feed(events, out)
-            if len(out) >= 4096:
-                yield from out
-                out.clear()
+        if kind == DEAD:
+            for pos, position, reason, raw, ts, mark in pickle.loads(blob):
+                if reason is None:  # late in its range; the largest ts before it may be in a range before
+                    position = f"seq {base + pos}"
+                    reason = late_reason(ts, mark if before is None or mark > before else before, 0.0)
+                else:
+                    position = renumber(position, off)
+                out.append(none + (base + pos, position, reason, raw))
+                n_dead += 1
+            continue
+        pos, types, tss, attrs, xml = _loads(blob)
+        if xml is None:
+            events = [Event(t, ts, a, base + p) for p, t, ts, a in zip(pos, types, tss, attrs)]
+        else:
+            events = [Event(t, ts, a, base + p) if x is None else XmlEvent(t, ts, a, base + p, x)
+                      for p, t, ts, a, x in zip(pos, types, tss, attrs, xml)]
+        if before is not None and tss and min(tss) < before:
+            events, n_late = _late_against(job, task, events, before, out)
+            n_dead += n_late
+        if kind == UNROUTED:
+            continue
+        for share in shares:
+            share.feed(events, out)
+        if len(out) >= 4096:
+            yield from out
+            out.clear()
     for share in shares:
         share.finish(out)
     yield from out
