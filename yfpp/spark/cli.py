@@ -109,7 +109,7 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=cmd_spark)
 
 
-MAX_PARTITIONS = 10_000  #: --partitions: above it the scan plan's tasks would each re-read the input for nothing
+MAX_PARTITIONS = 10_000  #: --partitions: above it tasks (each compiling its groups' queries) cost more than they spread
 MAX_FILES = 2**31 - 1  #: --max-files: Spark's maxFilesPerTrigger is an int
 MIN_TRIGGER, MAX_TRIGGER = 0.001, 86_400  #: --trigger, seconds: Spark's interval is in milliseconds; at most a day
 

@@ -186,7 +186,7 @@ def head_slicings(groups: list[Group], paths: list[str], reading: dict[str, Any]
     want = {g: slice_events or max(SLICE_EVENTS, SLICE_EVENTS_PER_QUERY * len(groups[g].queries)) for g in sliced}
     found: dict[int, Slicing | None] = {}
     seen, t0 = 0, None
-    for events in scan_events(paths, reading, _Collect(), report=False):
+    for events in scan_events(paths, reading):
         for ev in events:
             seen += 1
             t0 = ev.ts if t0 is None else t0
@@ -214,39 +214,24 @@ class _Collect(DeadLetters):
         self.items.append((seq, position, reason, raw))
 
 
-def scan_events(paths: Sequence[str], reading: dict[str, Any], dead: _Collect, report: bool) -> Iterator[list[Event]]:
+def scan_events(paths: Sequence[str], reading: dict[str, Any]) -> Iterator[list[Event]]:
     """The events of the files in order, a reader's batch at a time, seq numbers global, late ones (ts
-    below an earlier event's: ``max_delay`` 0) left out; with ``report``, ``dead.items`` gets the late
-    records too (as ``(seq, position, reason, raw)``; the malformed ones it gets anyway, seq in their
-    file: the caller drains it)."""
+    below an earlier event's: ``max_delay`` 0) left out — the stream the engines of ``yfpp run`` see."""
     hi = float("-inf")
     base = 0
     for path in paths:
-        dead.last = -1
+        dead = _Collect()
         last = -1
         for events in read_event_batches(path, reading["format"], **reader_kwargs(reading), dead_letters=dead):
             if not events:
                 continue
             last = events[-1].seq
-            if base:
-                for ev in events:
-                    ev.seq += base
-            kept = events
-            for i, ev in enumerate(events):
-                ts = ev.ts
-                if ts < hi:  # a late event: the rest of the batch is checked one by one
-                    kept = events[:i]
-                    for ev in events[i:]:
-                        ts = ev.ts
-                        if ts < hi:
-                            if report:
-                                dead.items.append((ev.seq, f"seq {ev.seq}", late_reason(ts, hi, 0.0),
-                                                   event_raw(ev.type, ts, ev.attrs)))
-                        else:
-                            hi = ts
-                            kept.append(ev)
-                    break
-                hi = ts
+            kept = []
+            for ev in events:
+                ev.seq += base
+                if ev.ts >= hi:
+                    hi = ev.ts
+                    kept.append(ev)
             yield kept
         base += max(last, dead.last) + 1
 
