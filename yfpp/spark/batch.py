@@ -213,7 +213,7 @@ def _runner(groups: list[Group], slicings: dict[int, Slicing], schema: pa.Schema
             n_engines += 1
             n_rows += events.num_rows
 
-            def keep(ms: list[dict]) -> None:
+            def keep(ms: list[dict], s: int = s, sl: Slicing | None = sl, iso: bool = iso) -> None:
                 for m in ms:
                     if sl is None or sl.own(m["start"]) == s:
                         rows.append(match_row(m, as_text, iso))
