@@ -1,6 +1,6 @@
 """Hot keys (``yfpp.spark.hot_keys``): a key with half the events cut into time slices by the scan plan.
 
-Without Spark: the scan tasks of a job run one after the other (``scan_task``) give together exactly one
+Without Spark: the read and matching tasks of a scan job run one after the other give together exactly one
 engine's matches — on generated keyed patterns over skewed streams, and on a skewed RFID-like feed, where
 the hot key's work is spread over the tasks (rows per task, not time: no timing assertions).
 """
@@ -26,9 +26,9 @@ from yfpp.input.dead_letters import DeadLetters  # noqa: E402
 from yfpp.input.readers import read_events  # noqa: E402
 from yfpp.spark.hot_keys import find_hot, sliceable  # noqa: E402
 from yfpp.spark.plan import effective_queries, group_queries  # noqa: E402
-from yfpp.spark.scan import scan_inputs, scan_task  # noqa: E402
+from tests.spark.test_spark_scan import one_engine as engine_and_dead_letters  # noqa: E402
+from tests.spark.test_spark_scan import scanned as scan_job  # noqa: E402
 
-READING = {"format": None, "ts_field": "ts", "ts_unit": "s"}
 SHOP = {"shop": "PATTERN SEQ(shelf a, ~register b, exit c) WHERE [tag_id] WITHIN 60",
         "quiet": "PATTERN SEQ(shelf a, ~exit b) WHERE [tag_id] WITHIN 30",
         "pairs": "PATTERN SEQ(shelf a, shelf+ b[], exit c) WHERE [tag_id] WITHIN 20"}
@@ -41,17 +41,10 @@ def one_engine(named: list, path: Path) -> Counter:
     return Counter(json.dumps(m) for m in eng.process_all(read_events(path, dead_letters=DeadLetters(io.StringIO()))))
 
 
-def scanned(named: list, path: Path, n: int, prefix: int, hot_keys: bool = True) -> tuple[Counter, list[dict]]:
-    groups = group_queries(effective_queries(named))
-    inputs = scan_inputs([f"file://{path}"], True)
-    got: Counter = Counter()
-    stats = []
-    for task in range(n):
-        for row in scan_task(groups, inputs, READING, task, n, False, prefix, hot_keys):
-            if row[0] is not None:
-                got[row[5]] += 1
-            elif row[6] is None:
-                stats.append(json.loads(row[5]))
+def scanned(named: list, path: Path, n: int, prefix: int, hot_keys: bool = True,
+            pieces: int = 1) -> tuple[Counter, list[dict]]:
+    """The matches and stats rows of a scan job's tasks run one after the other (``tests/spark/test_spark_scan.py``)."""
+    got, _, stats = scan_job([(name, q) for name, q in named], [path], n, prefix, pieces, hot_keys)
     return got, stats
 
 
@@ -100,18 +93,24 @@ def test_a_skewed_feed_gives_yfpp_run_s_matches_with_the_hot_key_spread(tmp_path
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 @given(pats=st.lists(patterns(), min_size=1, max_size=3), events=streams(max_events=40),
        hot=st.lists(st.booleans(), min_size=40, max_size=40), n=st.integers(2, 4),
-       prefix=st.sampled_from([1, 2, 4, 8, 100]))
-def test_hot_key_slices_together_equal_one_engine(tmp_path_factory, pats, events, hot, n, prefix):
+       prefix=st.sampled_from([1, 2, 4, 8, 100]), pieces=st.sampled_from([1, 3]),
+       late=st.one_of(st.none(), st.integers(0, 39)))
+def test_hot_key_slices_together_equal_one_engine(tmp_path_factory, pats, events, hot, n, prefix, pieces, late):
     """Keyed generated patterns (windowed: the group is sliceable unless a policy forbids it) over streams
-    where key 7 takes about half the events."""
+    where key 7 takes about half the events, read in one or several byte ranges, with a late event of
+    the hot key (back before the key's first event) somewhere."""
     named = [(f"q{i}", replace(p, partition_by=("k",), window=p.window if p.window is not None else 3))
              for i, p in enumerate(pats)]
     lines = [json.dumps({"type": e.type, "ts": e.ts, **e.attrs, **({"k": 7} if h else {})})
              for e, h in zip(events, hot)]
+    if late is not None and late < len(lines) and events[late].ts > events[0].ts:
+        lines.insert(late + 1, json.dumps({"type": events[0].type, "ts": events[0].ts, "k": 7}))
     path = tmp_path_factory.mktemp("hot") / "feed.jsonl"
     path.write_text("".join(ln + "\n" for ln in lines))
-    got, _ = scanned(named, path, n, prefix)
-    assert got == one_engine(named, path)
+    got, dead, _ = scan_job(named, [path], n, prefix, pieces)
+    want, letters = engine_and_dead_letters(named, path)
+    assert got == want
+    assert dead == sorted(letters, key=lambda d: d["seq"])
 
 
 def test_stats_show_the_hot_key_and_the_task_spread(spark, tmp_path, capsys, monkeypatch):

@@ -1,8 +1,10 @@
-"""The scan plan (``yfpp.spark.scan``): every task reads the whole input and matches its share.
+"""The scan plan (``yfpp.spark.scan``): read tasks parse byte ranges, matching tasks match their share.
 
-Without Spark: the tasks of a job simulated one after the other (``scan_task``)
-give together exactly one engine's matches and dead letters over the same
-file, on generated patterns and streams. With Spark (the two-worker cluster
+Without Spark: the read tasks and matching tasks of a job simulated one after
+the other (``read_task``, ``match_task``, the shuffle between them a dict),
+over several byte ranges of one file or of several files, give together
+exactly one engine's matches and dead letters over the same stream, on
+generated patterns and streams. With Spark (the two-worker cluster
 of tests/conftest.py): a sliced group with several slices per task, and the
 dead letters of a directory, the same under both plans and as ``yfpp run``.
 """
@@ -34,7 +36,8 @@ from yfpp.spark.inputs import choose_plan, local_files, local_path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 from yfpp.spark.plan import effective_queries, group_queries  # noqa: E402
-from yfpp.spark.scan import scan_inputs, scan_match, scan_task  # noqa: E402
+from yfpp.spark.ranges import range_bytes  # noqa: E402
+from yfpp.spark.scan import ScanJob, match_task, read_task, scan_match, ship_order  # noqa: E402
 
 READING = {"format": None, "ts_field": "ts", "ts_unit": "s"}
 
@@ -122,14 +125,21 @@ def one_engine(named: list, path: Path) -> tuple[Counter, list[dict]]:
     return got, [json.loads(x) for x in buf.getvalue().splitlines()]
 
 
-def scanned(named: list, files: list[Path], n: int, slice_events: int) -> tuple[Counter, list[dict], list[dict]]:
-    """The matches, dead letters and stats rows of ``n`` scan tasks run one after the other."""
-    groups = group_queries(effective_queries(named))
-    inputs = scan_inputs([f"file://{f}" for f in files], len(files) == 1)
+def scanned(named: list, files: list[Path], n: int, slice_events: int,
+            pieces: int = 1, hot_keys: bool = True) -> tuple[Counter, list[dict], list[dict]]:
+    """The matches, dead letters and stats rows of a job of ``n`` matching tasks over about ``pieces``
+    byte ranges, its tasks run one after the other (each byte range read by a read task of its own)."""
+    job = ScanJob.plan(group_queries(effective_queries(named)), [f"file://{f}" for f in files], len(files) == 1, n,
+                       READING, slice_events, pieces, hot_keys)
+    shipped: dict[int, list[tuple]] = {task: [] for task in range(n)}
+    for r in range(len(job.ranges)):
+        for rows in read_task(job, [r]):
+            for row in rows:
+                shipped[row[0]].append(row)
     got: Counter = Counter()
     dead, stats = [], []
     for task in range(n):
-        for row in scan_task(groups, inputs, READING, task, n, False, slice_events):
+        for row in match_task(job, task, sorted(shipped[task][::-1], key=ship_order)):  # as Spark sorts them
             if row[0] is not None:
                 got[row[5]] += 1
             elif row[6] is not None:
@@ -142,22 +152,48 @@ def scanned(named: list, files: list[Path], n: int, slice_events: int) -> tuple[
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 @given(pats=st.lists(patterns(), min_size=1, max_size=3), events=streams(max_events=30),
        late=st.one_of(st.none(), st.integers(0, 29)), bad=st.one_of(st.none(), st.integers(0, 29)),
-       n=st.integers(2, 3), slice_events=st.sampled_from([1, 2, 4, 100]))
-def test_scan_tasks_together_equal_one_engine(tmp_path_factory, pats, events, late, bad, n, slice_events):
+       n=st.integers(2, 3), slice_events=st.sampled_from([1, 2, 4, 100]), pieces=st.sampled_from([1, 3, 7]),
+       files=st.sampled_from([1, 2]))
+def test_scan_tasks_together_equal_one_engine(tmp_path_factory, pats, events, late, bad, n, slice_events, pieces,
+                                               files):
     lines = [json.dumps({"type": e.type, "ts": e.ts, **e.attrs}) for e in events]
     if late is not None and late < len(lines) and events[late].ts > 0:  # an event back in time
         lines.insert(late + 1, json.dumps({"type": "A", "ts": events[late].ts - 1, "x": 1, "k": 0}))
     if bad is not None and bad <= len(lines):
         lines.insert(bad, '{"type": "B", "ts": ')
-    path = tmp_path_factory.mktemp("scan") / "feed.jsonl"
+    folder = tmp_path_factory.mktemp("scan")
+    path = folder / "feed.jsonl"
     path.write_text("".join(ln + "\n" for ln in lines))
     named = [(f"q{i}", p) for i, p in enumerate(pats)]
     want, letters = one_engine(named, path)
-    got, dead, stats = scanned(named, [path], n, slice_events)
+    parts = [path]
+    if files == 2:  # the same stream in two files: positions name the file, lines count in it
+        cut = len(lines) // 2
+        parts = [folder / "a.jsonl", folder / "b.jsonl"]
+        parts[0].write_text("".join(ln + "\n" for ln in lines[:cut]))
+        parts[1].write_text("".join(ln + "\n" for ln in lines[cut:]))
+        for d in letters:
+            if d["position"].startswith("line "):
+                line = int(d["position"].split()[1])
+                d["position"] = f"a.jsonl line {line}" if line <= cut else f"b.jsonl line {line - cut}"
+    got, dead, stats = scanned(named, parts, n, slice_events, pieces)
     assert got == want
     assert dead == sorted(letters, key=lambda d: d["seq"])
-    assert [s["task"] for s in stats] == list(range(n)) and stats[0]["dead"] == len(letters)
-    assert stats[0]["records"] == len(lines)
+    assert [s["task"] for s in stats] == list(range(n)) and sum(s["dead"] for s in stats) == len(letters)
+    assert stats[0]["records"] == len(lines) and stats[0]["read"]["bytes"] == sum(p.stat().st_size for p in parts)
+
+
+def test_byte_ranges_hold_the_lines_that_start_in_them(tmp_path):
+    path = tmp_path / "f.jsonl"
+    data = b"aa\nbbbb\n\nc\nddddd"  # no line break at the end
+    path.write_bytes(data)
+    for step in range(1, len(data) + 1):
+        pieces = [range_bytes(str(path), a, min(a + step, len(data))) for a in range(0, len(data), step)]
+        assert b"".join(pieces) == data, step
+        at = 0
+        for p in pieces:  # each piece whole lines: it starts at 0 or after a line break
+            assert not p or at == 0 or data[at - 1:at] == b"\n", (step, p)
+            at += len(p)
 
 
 UNKEYED = {
@@ -208,3 +244,14 @@ def test_dead_letters_of_a_directory_as_yfpp_run(spark, tmp_path, capsys, plan):
     got = sorted((json.loads(r[0]) for r in spark.read.text(str(out / "dead_letters.jsonl")).collect()), key=lambda d: d["seq"])
     assert got == letters and [d["seq"] for d in got] == [600, 601, 902]
     assert "events            900\n" in err and "dead letters      3\n" in err
+
+
+def test_packed_columns_come_back_as_they_went():
+    """Blobs are orjson's JSON, or a pickle for what orjson cannot write exactly."""
+    from yfpp.spark.scan import _dumps, _loads
+
+    for attrs in ({"a": 1, "b": -0.0, "c": 2.5e300, "d": [1, {"e": None}], "f": True}, {"big": 2 ** 70},
+                  {"s": "\udc80"}):
+        cols = ([0], ["t"], [1.5], [attrs], None)
+        back = _loads(_dumps(cols))
+        assert tuple(back) == cols and [type(v) for v in back[3][0].values()] == [type(v) for v in attrs.values()]

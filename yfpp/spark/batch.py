@@ -8,6 +8,7 @@ import time
 from functools import reduce
 from typing import Any, Callable, Iterator, Sequence
 
+import numpy as np
 import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -81,40 +82,6 @@ def key_hash(key: tuple[str, ...]) -> Column:
     return F.when(missing, F.lit(None).cast("long")).otherwise(F.xxhash64(*vals))
 
 
-def routes(groups: list[Group], slicings: dict[int, Slicing], n: int, hashed: Sequence[tuple[str, ...]] = ()) -> Column:
-    """For each event, the ``(g, s, h, p)`` = (group, slice, key hash, task) copies it is sent to.
-
-    The task is chosen, not hashed: a keyed group's key hash modulo ``n``, a
-    sliced group's slices round-robin (there are about ``n`` of them, so every
-    task gets one), a whole group by its number. A key in ``hashed`` is taken
-    from the readers' ``key_hashes`` column, any other is hashed here (:func:`key_hash`).
-    """
-    arrays = []
-    zero = F.lit(0).cast("long")
-
-    def route(g: int, s: Column, h: Column, p: Column) -> Column:
-        return F.struct(F.lit(g).cast("int").alias("g"), s.cast("long").alias("s"), h.alias("h"), p.cast("int").alias("p"))
-
-    for g, grp in enumerate(groups):
-        sl = slicings.get(g)
-        if grp.key:
-            h = F.col(_HASHES)[",".join(grp.key)] if grp.key in hashed else key_hash(grp.key)
-            arrays.append(F.array(route(g, zero, h, F.pmod(h, F.lit(n)))))
-        elif sl is not None:
-            rel = F.col("ts") - F.lit(sl.t0)
-            own = F.floor(rel / F.lit(sl.length))
-            first = F.greatest(zero, F.ceil((rel - F.lit(sl.window)) / F.lit(sl.length) - F.lit(1e-9)) - 1)
-            arrays.append(F.transform(F.sequence(first, own), _slice_route(route, g, zero, n)))
-        else:
-            arrays.append(F.array(route(g, zero, zero, F.lit(g % n))))
-    return F.flatten(F.array(*arrays))
-
-
-def _slice_route(route: Callable[..., Column], g: int, zero: Column, n: int) -> Callable[[Column], Column]:
-    """The route of slice ``s`` of group ``g`` (a one-argument function: ``F.transform`` reads the arity)."""
-    return lambda s: route(g, s, zero, F.pmod(s + g, F.lit(n)))
-
-
 def match(spark: SparkSession, queries: Any, events_df: DataFrame, *, policy: str | None = None,
           partitions: int | None = None, full_events: bool = False,
           feedback_limits: tuple[int, int] = (MAX_DEPTH, MAX_DERIVED), iso_times: bool = False) -> DataFrame:
@@ -156,13 +123,74 @@ def match_with_stats(spark: SparkSession, queries: Any, events_df: DataFrame, *,
             sl = Slicing.plan(t0, t1, g.window, n) if g.sliced and t0 is not None else None
             if sl is not None:
                 slicings[i] = sl
-    routed = (events.select(F.explode(routes(groups, slicings, n, hashed)).alias("r"), *_EVENT_COLS)
-              .select("r.*", *_EVENT_COLS).where(F.col("h").isNotNull())
-              .repartitionById(n, "p").sortWithinPartitions("g", "s", "ts", "seq")
-              .select("g", "s", *_EVENT_COLS))
+    hashes = [(F.col(_HASHES)[",".join(grp.key)] if grp.key in hashed else key_hash(grp.key)).alias(f"h{g}")
+              for g, grp in enumerate(groups) if grp.key]
+    packed = events.select(*_EVENT_COLS, *hashes).mapInArrow(_packer(groups, slicings, n), _PACKED_SCHEMA)
+    routed = packed.repartitionById(n, "p").sortWithinPartitions("g", "s")
     if derived_ids:
         return routed.mapInArrow(_runner(groups, slicings, _ID_ARROW_SCHEMA), ID_MATCH_SCHEMA)
     return routed.mapInArrow(_runner(groups, slicings), MATCH_SCHEMA)
+
+
+#: A packed blob: the events (``_EVENT_COLS``, Arrow IPC) of one input batch for group ``g``'s slice ``s``
+#: on task ``p``. The shuffle moves and sorts these, a few per task and input batch, not a row per event.
+_PACKED_SCHEMA = "g int, s long, p int, blob binary"
+_PACKED_ARROW = pa.schema([("g", pa.int32()), ("s", pa.int64()), ("p", pa.int32()), ("blob", pa.binary())])
+
+
+def _packer(groups: list[Group], slicings: dict[int, Slicing], n: int,
+            ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The mapInArrow function that routes each event to its ``(g, s, p)`` copies — a keyed group's key hash
+    (column ``h{g}``, null: no key) modulo ``n``, a sliced group's slices round-robin, a whole group
+    by its number — and packs each input batch's events per ``(g, s, p)`` into one Arrow IPC blob."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for rb in batches:
+            events = rb.select(list(_EVENT_COLS))
+            ts = rb.column("ts").to_numpy(zero_copy_only=False)
+            out: list[tuple[int, int, int, bytes]] = []
+            for g, grp in enumerate(groups):
+                sl = slicings.get(g)
+                if grp.key:
+                    h = rb.column(f"h{g}")
+                    rows = np.flatnonzero(h.is_valid().to_numpy(zero_copy_only=False))
+                    s = np.zeros(len(rows), np.int64)
+                    p = h.to_numpy(zero_copy_only=False)[rows].astype(np.int64) % n if len(rows) else s
+                elif sl is not None:
+                    rel = ts - sl.t0  # the slices that read each event: Slicing.reads, vectorised
+                    own = np.floor(rel / sl.length).astype(np.int64)
+                    first = np.maximum(0, np.ceil((rel - sl.window) / sl.length - 1e-9).astype(np.int64) - 1)
+                    span = int((own - first).max()) + 1 if len(ts) else 0
+                    reads = [np.flatnonzero(first + j <= own) for j in range(span)]
+                    rows = np.concatenate(reads) if reads else np.zeros(0, np.int64)
+                    s = np.concatenate([first[r] + j for j, r in enumerate(reads)]) if reads else rows
+                    p = (s + g) % n
+                else:
+                    rows, s = np.arange(len(ts)), np.zeros(len(ts), np.int64)
+                    p = np.full(len(ts), g % n, np.int64)
+                out += _blobs(events, g, rows, s, p, n)
+            if out:
+                yield pa.RecordBatch.from_arrays([pa.array(c, f.type) for c, f in zip(zip(*out), _PACKED_ARROW)],
+                                                 schema=_PACKED_ARROW)
+
+    return run
+
+
+def _blobs(events: pa.RecordBatch, g: int, rows: np.ndarray, s: np.ndarray, p: np.ndarray,
+           n: int) -> list[tuple[int, int, int, bytes]]:
+    """``(g, s, p, blob)`` for each distinct ``(s, p)`` of the routed ``rows`` (in their order)."""
+    if not len(rows):
+        return []
+    unit = s * n + p
+    order = np.argsort(unit, kind="stable")
+    cuts = np.flatnonzero(np.diff(unit[order])) + 1
+    out = []
+    for part in np.split(order, cuts):
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, events.schema) as writer:
+            writer.write_batch(events.take(pa.array(rows[part])))
+        out.append((g, int(s[part[0]]), int(p[part[0]]), sink.getvalue().to_pybytes()))
+    return out
 
 
 def _runner(groups: list[Group], slicings: dict[int, Slicing], schema: pa.Schema = _ARROW_SCHEMA,
@@ -177,32 +205,28 @@ def _runner(groups: list[Group], slicings: dict[int, Slicing], schema: pa.Schema
     def matched(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         started = time.process_time()
         rows: list[tuple] = []
-        current, engine, sl = None, None, None
         n_rows = n_engines = 0
         per_query: dict[str, int] = {}
 
-        def keep(ms: list[dict], s: int) -> None:
-            iso = groups[current[0]].iso_times
-            for m in ms:
-                if sl is None or sl.own(m["start"]) == s:
-                    rows.append(match_row(m, as_text, iso))
-                    per_query[str(m["query"])] = per_query.get(str(m["query"]), 0) + 1
+        for (g, s), events in _units(batches):
+            engine, sl, iso = groups[g].engine(), slicings.get(g), groups[g].iso_times
+            n_engines += 1
+            n_rows += events.num_rows
 
-        for rb in batches:
-            c = rb.to_pydict()
-            n_rows += rb.num_rows
-            for g, s, seq, type_, ts, attrs, xml in zip(c["g"], c["s"], c["seq"], c["type"], c["ts"], c["attrs"], c["xml"]):
-                if (g, s) != current:
-                    if engine is not None:
-                        keep(engine.flush(), current[1])
-                    current, engine, sl = (g, s), groups[g].engine(), slicings.get(g)
-                    n_engines += 1
-                keep(engine.process(make_event(type_, ts, seq, attrs, xml)), s)
-            if len(rows) >= 4096:
-                yield _batch(rows, schema)
-                rows.clear()
-        if engine is not None:
-            keep(engine.flush(), current[1])
+            def keep(ms: list[dict], s: int = s, sl: Slicing | None = sl, iso: bool = iso) -> None:
+                for m in ms:
+                    if sl is None or sl.own(m["start"]) == s:
+                        rows.append(match_row(m, as_text, iso))
+                        per_query[str(m["query"])] = per_query.get(str(m["query"]), 0) + 1
+
+            for rb in events.to_batches(max_chunksize=10_000):
+                c = rb.to_pydict()
+                for seq, type_, ts, attrs, xml in zip(c["seq"], c["type"], c["ts"], c["attrs"], c["xml"]):
+                    keep(engine.process(make_event(type_, ts, seq, attrs, xml)))
+                if len(rows) >= 4096:
+                    yield _batch(rows, schema)
+                    rows.clear()
+            keep(engine.flush())
         ctx = TaskContext.get()
         task = {"task": ctx.partitionId() if ctx else None, "rows": n_rows, "engines": n_engines,
                 "seconds": round(time.process_time() - started, 3), "matches": per_query}
@@ -210,6 +234,26 @@ def _runner(groups: list[Group], slicings: dict[int, Slicing], schema: pa.Schema
         yield _batch(rows, schema)
 
     return run
+
+
+def _units(batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[tuple[int, int], pa.Table]]:
+    """The events of each ``(g, s)`` of a task's packed blobs (sorted by ``g`` and ``s``), unpacked and
+    sorted by ts and seq: one group's share of the task at a time, held as Arrow columns."""
+    current, blobs = None, []
+    for rb in batches:
+        for g, s, blob in zip(*(rb.column(c).to_pylist() for c in ("g", "s", "blob"))):
+            if (g, s) != current:
+                if blobs:
+                    yield current, _unpacked(blobs)
+                current, blobs = (g, s), []
+            blobs.append(blob)
+    if blobs:
+        yield current, _unpacked(blobs)
+
+
+def _unpacked(blobs: list[bytes]) -> pa.Table:
+    tables = [pa.ipc.open_stream(pa.py_buffer(b)).read_all() for b in blobs]
+    return pa.concat_tables(tables).sort_by([("ts", "ascending"), ("seq", "ascending")])
 
 
 def _batch(rows: list[tuple], schema: pa.Schema) -> pa.RecordBatch:

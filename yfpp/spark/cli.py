@@ -91,8 +91,9 @@ def add_parser(sub: Any) -> None:
                         "task, and the time per step (docs/spark.md, 'Where the time goes'); --stream: the stages of "
                         "each streaming query, where they ran, and the CPU of driver, JVM and Python workers")
     p.add_argument("--plan", choices=PLANS, default="auto",
-                   help="batch: 'scan' — every task reads the whole input itself and matches its share, no shuffle "
-                        "(local files only); 'shuffle' — the input read once, split, shuffled to the tasks; "
+                   help="batch: 'scan' — tasks read byte ranges of the input with yfpp's readers and send each event "
+                        "to its matching tasks in compact batches (local files only); 'shuffle' — Spark reads the "
+                        "input, its rows are numbered, shuffled and sorted to the tasks; "
                         "'auto' (default) — scan when the input is local files (docs/spark.md)")
     p.add_argument("--partitions", type=int,
                    help="shuffle partitions (default: spark.sql.shuffle.partitions if configured, else 2 × the cores); "
@@ -116,7 +117,7 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=cmd_spark)
 
 
-MAX_PARTITIONS = 10_000  #: --partitions: above it the scan plan's tasks would each re-read the input for nothing
+MAX_PARTITIONS = 10_000  #: --partitions: above it tasks (each compiling its groups' queries) cost more than they spread
 MAX_FILES = 2**31 - 1  #: --max-files: Spark's maxFilesPerTrigger is an int
 MIN_TRIGGER, MAX_TRIGGER = 0.001, 86_400  #: --trigger, seconds: Spark's interval is in milliseconds; at most a day
 
@@ -488,7 +489,7 @@ def scan_rows(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Nam
     """The scan plan's rows (persisted, computed by the first write); ``dead_of``: its dead letters given
     the task rows (the tasks' stats, which the first write gathers); the name of its matching step; and
     ``counted``: called once the outputs are written, the events and dead letters from the task rows
-    (task 0's counts; the shuffle plan also releases its input cache)."""
+    (the tasks' counts; the shuffle plan also releases its input cache)."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -505,8 +506,8 @@ def scan_rows(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Nam
                           ).persist(StorageLevel.MEMORY_AND_DISK)
 
     def counted(task_rows: list[dict]) -> tuple[int, int]:
-        first = next(t for t in task_rows if t["task"] == 0)
-        return first["records"] - first["dead"], first["dead"]
+        n_dead = sum(t["dead"] for t in task_rows)  # task 0's, and the late events each task reported
+        return task_rows[0]["records"] - n_dead, n_dead
 
     def dead_of(task_rows: list[dict]) -> Any:
         dead = rows.where(F.col("reason").isNotNull()).select(F.col("dead_seq").alias("seq"), "position", "reason", "raw")

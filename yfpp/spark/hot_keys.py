@@ -8,16 +8,17 @@ slices exactly as an unkeyed group's stream is (docs/spark.md, "The slicing
 rule"): an engine per slice, fed only that key's events, finds the key's
 matches that start in the slice. The slices go round robin over the tasks.
 
-Which keys are hot is decided from the stream alone — the group's first
-``prefix`` keyed events, which every task reads alike — so the tasks agree
-without a pass over the input: a key is hot when it has at least
-:data:`HOT_SHARE` of a task's fair share of them (``prefix / tasks``).
+Which keys are hot is decided by the driver from the head of the stream, as a
+sliced group's slicing is (``yfpp.spark.scan.head_slicings``): a key is hot
+when it has at least :data:`HOT_SHARE` of a task's fair share of the group's
+first keyed events; the read tasks send a hot key's events to its slices'
+tasks, slice ``s`` of hot key ``i`` of group ``g`` on task ``(s + g + i) mod n``.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from typing import Protocol
 
 from yfpp.input.events import Event
@@ -28,7 +29,7 @@ HOT_SHARE = 0.5
 
 
 class Share(Protocol):
-    """What :class:`HotKeys` needs of a share of the scan plan (``yfpp.spark.scan._Sliced``)."""
+    """What :class:`HotSlices` needs of a share of the scan plan (``yfpp.spark.scan._Sliced``)."""
 
     rows: int
     engines: int
@@ -62,54 +63,28 @@ def find_hot(keys: list[Hashable], tasks: int) -> list[Hashable]:
     return [k for k, c in counts.items() if c >= bar and c >= 2]
 
 
-class HotKeys:
-    """The hot keys of one keyed group in one task: holds the group's first ``prefix`` keyed events,
-    then decides; :meth:`split` takes a batch's hot-key events away to their slices (``slices(i)``: a
-    sliced share for hot key number ``i``) and gives back the rest."""
+class HotSlices:
+    """A matching task's share of one keyed group's hot keys: ``slices`` maps each hot key to its
+    sliced share (``yfpp.spark.scan._Sliced``, which keeps the slices that are the task's);
+    :meth:`split` takes a batch's hot-key events away to their slices and gives back the rest."""
 
-    def __init__(self, grp: Group, tasks: int, prefix: int, slices: Callable[[int], Share]):
-        self.grp, self.tasks, self.prefix, self.make = grp, tasks, prefix, slices
-        self.held: list[Event] | None = []
-        self.keys: dict[Hashable, Share] = {}
-        self.numbers: dict[Hashable, int] = {}
-
-    @property
-    def deciding(self) -> bool:
-        return self.held is not None
-
-    def hold(self, events: list[Event]) -> list[Event]:
-        """While deciding: keep ``events``; once the prefix is full, decide and give back all held events."""
-        held = self.held
-        assert held is not None
-        held.extend(events)
-        if sum(1 for ev in held if self.grp.key_of(ev) is not None) < self.prefix:
-            return []
-        return self.decide()
-
-    def decide(self) -> list[Event]:
-        """Choose the hot keys from the held events (also at the end of a short stream); give them back."""
-        held, self.held = self.held or [], None
-        keys = [k for k in (hashable(self.grp.key_of(ev)) for ev in held) if k is not None]
-        self.keys = {k: self.make(i) for i, k in enumerate(find_hot(keys, self.tasks))}
-        self.numbers = {k: i for i, k in enumerate(self.keys)}
-        return held
+    def __init__(self, grp: Group, slices: dict[Hashable, Share]):
+        self.grp, self.keys = grp, slices
 
     def split(self, events: list[Event], out: list[tuple]) -> list[Event]:
         """Feed the hot keys' events of ``events`` to their slices; the others, in order."""
-        if not self.keys:
-            return events
         rest: list[Event] = []
-        mine: dict[int, list[Event]] = {}  # hot key number → its events of the batch, in order
-        numbers, key_of = self.numbers, self.grp.key_of
+        mine: dict[Hashable, list[Event]] = {}  # hot key → its events of the batch, in order
+        keys, key_of = self.keys, self.grp.key_of
         for ev in events:
-            i = numbers.get(hashable(key_of(ev)))
-            if i is None:
+            k = key_of(ev)
+            k = hashable(k) if k is not None else None
+            if k is None or k not in keys:
                 rest.append(ev)
             else:
-                mine.setdefault(i, []).append(ev)
-        shares = list(self.keys.values())
-        for i, evs in mine.items():
-            shares[i].feed(evs, out)
+                mine.setdefault(k, []).append(ev)
+        for k, evs in mine.items():
+            keys[k].feed(evs, out)
         return rest
 
     def finish(self, out: list[tuple]) -> None:

@@ -263,11 +263,11 @@ class Slicing:
     window: float
 
     def own(self, ts: float) -> int:
-        """The slice that owns a match starting at ``ts`` (also computed in SQL, same arithmetic)."""
+        """The slice that owns a match starting at ``ts`` (also computed with numpy, same arithmetic)."""
         return math.floor((ts - self.t0) / self.length)
 
     def reads(self, ts: float) -> range:
-        """The slices that read an event at ``ts`` (``yfpp.spark.batch.routes`` computes the same in SQL).
+        """The slices that read an event at ``ts`` (``yfpp.spark.batch._packer`` computes the same with numpy).
 
         ``ceil(…) − 1`` is the first slice whose extended end reaches ``ts``;
         the ``1e-9`` (in slice lengths) keeps float rounding from losing it.

@@ -1,31 +1,47 @@
-"""The scan plan of a batch job: every task reads the whole input itself and runs only its share.
+"""The scan plan of a batch job: each byte of the input parsed once, events routed to their tasks in compact batches.
 
-Task ``i`` of ``n`` opens the input files (local paths) in path order with
-``yfpp``'s own readers — the same events, seq numbers, dead letters and late
-events (``max_delay`` 0) as ``yfpp run`` — and feeds the engines of the
-routes :func:`yfpp.spark.batch.routes` would send it: a keyed group's events
-whose key hash (:func:`value_hash`) modulo ``n`` is ``i``, a
-whole group when its number modulo ``n`` is ``i``, and a sliced group's slices
-``s`` with ``(s + g) mod n = i``. One Spark stage, no shuffle, no row in the
-JVM; the input is read and parsed ``n`` times. Only task 0 reports the dead
-letters (each once). Inputs the executors cannot open as local files
-(``hdfs://``, ``s3a://``, …) take the shuffle plan (:func:`yfpp.spark.inputs.choose_plan`).
+Two Spark stages, no row per event in the JVM. **Read tasks** each take some
+byte ranges of the input (local files: plain JSON lines cut at line
+boundaries, other files whole, :mod:`yfpp.spark.ranges`), parse them with
+``yfpp``'s own readers, and send each event to the **matching tasks** that
+need it, as one blob (pickled columns) per range, task and 64k events: of a
+keyed group, task key hash (:func:`value_hash`) modulo ``n``; a whole group,
+task ``g mod n``; a sliced group's slice ``s``, task ``(s + g) mod n``. Each
+range's summary (records, lines, largest ts) goes to every matching task,
+which takes them sorted by range (Spark sorts the few rows), numbers the
+events (seq numbers global: the records of the ranges before) and drops the
+late ones (ts below an
+earlier event's, ``max_delay`` 0) — the same events, seq numbers, dead letters
+and late events as ``yfpp run``. Dead letters go to task 0, but for an event
+late only against the ranges before its own, which the copy on its lowest
+task reports (an event no task matches goes to task 0 for that). Inputs the
+executors cannot open as local files (``hdfs://``, ``s3a://``, …) take the
+shuffle plan (:func:`yfpp.spark.inputs.choose_plan`).
 
 A sliced group's slices start at the stream's first event and are each at
 least :data:`SLICE_WINDOWS` windows and the span of the first
-:data:`SLICE_EVENTS` events long: chosen from the stream alone, so every task
-agrees without a pass to find the time range (see :func:`slicing_of`).
+:data:`SLICE_EVENTS` events long: chosen from the head of the stream, which
+the driver reads before the job (:func:`head_slicings`). So are a keyed group's
+**hot keys** (:mod:`yfpp.spark.hot_keys`): a key with a large share of the
+head's events is cut into time slices of its own, slice ``s`` of hot key ``i``
+on task ``(s + g + i) mod n``, when the group allows it.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import pickle
 import time
 import zlib
-from typing import Any, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
+import orjson
 import pyarrow as pa
+from lxml import etree
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from yfpp.input.dead_letters import DeadLetters
@@ -35,11 +51,12 @@ from yfpp.runtime.feedback import MAX_DEPTH, MAX_DERIVED
 from yfpp.input.readers import read_event_batches
 from yfpp.input.record_fields import ISO_UNIT_NAME
 from yfpp.spark.batch import _ARROW_SCHEMA, _ID_ARROW_SCHEMA, _batch
-from yfpp.spark.hot_keys import HotKeys, sliceable
+from yfpp.spark.hot_keys import HotSlices, find_hot, hashable, sliceable
 from yfpp.spark.inputs import local_path
 from yfpp.spark.parse import reader_kwargs
-from yfpp.spark.plan import Group, Slicing, effective_queries, group_queries, match_row, rare_collections
-from yfpp.spark.read import split_offsets
+from yfpp.spark.plan import (Group, Slicing, XmlEvent, effective_queries, group_queries, match_row, needs_xml,
+                             rare_collections)
+from yfpp.spark.ranges import ByteRange, Summary, plan_ranges, range_offsets, read_range, renumber
 
 #: The dead-letter columns after the match columns (``dead_seq`` is the record's seq).
 DEAD_COLUMNS = [("dead_seq", pa.int64()), ("position", pa.string()), ("reason", pa.string()), ("raw", pa.string())]
@@ -55,29 +72,37 @@ def scan_match(spark: SparkSession, queries: Any, files: Sequence[str], *, singl
                format: str | None = None, ts_field: str = "ts", ts_unit: str = "s", type_field: str | None = None,
                policy: str | None = None, full_events: bool = False,
                feedback_limits: tuple[int, int] = (MAX_DEPTH, MAX_DERIVED), slice_events: int | None = None,
-               hot_keys: bool = True) -> DataFrame:
+               pieces: int | None = None, hot_keys: bool = True) -> DataFrame:
     """The rows of :func:`yfpp.spark.batch.match_with_stats` (matches, then a stats row per task with
-    also ``records`` and ``dead``) and the dead letters (:data:`DEAD_COLUMNS` set, the rest null) of
-    the ``files`` (listed URIs, path order; ``single``: one file named, positions without its name),
-    matched by ``tasks`` tasks that each read them all. ``slice_events``: see :func:`slicing_of`
-    (default: :data:`SLICE_EVENTS`, or :data:`SLICE_EVENTS_PER_QUERY` per query if more). ``ts_unit``
-    ``iso``: ISO-8601 timestamps, and the matches' lines have ISO-8601 start and end, as ``yfpp run
-    --ts-format iso``. ``hot_keys``: cut a keyed group's hot keys into time slices (:mod:`yfpp.spark.hot_keys`)."""
+    also ``records``, ``dead`` and, task 0, ``read``: the ranges' bytes and CPU seconds) and the dead
+    letters (:data:`DEAD_COLUMNS` set, the rest null) of the ``files`` (listed URIs, path order;
+    ``single``: one file named, positions without its name), matched by ``tasks`` tasks. ``pieces``:
+    about how many byte ranges to cut the input into (default ``tasks``). ``slice_events``: see
+    :func:`slicing_of` (default: :data:`SLICE_EVENTS`, or :data:`SLICE_EVENTS_PER_QUERY` per query if
+    more). ``ts_unit`` ``iso``: ISO-8601 timestamps, and the matches' lines have ISO-8601 start and
+    end, as ``yfpp run --ts-format iso``. ``hot_keys``: cut a keyed group's hot keys into time slices
+    (:mod:`yfpp.spark.hot_keys`)."""
     groups = group_queries(effective_queries(queries, policy), full_events=full_events, feedback_limits=feedback_limits,
                            iso_times=ts_unit == ISO_UNIT_NAME)
-    ids_as_text = any(p.feedback for g in groups for _, p in g.queries)
-    inputs = scan_inputs(files, single)
-    reading = {"format": format, "ts_field": ts_field, "ts_unit": ts_unit, "type_field": type_field}
-    run = _scanner(groups, inputs, reading, tasks, ids_as_text, slice_events, hot_keys)
+    job = ScanJob.plan(groups, files, single, tasks, {"format": format, "ts_field": ts_field, "ts_unit": ts_unit,
+                                                      "type_field": type_field}, slice_events, pieces, hot_keys)
+    readers = min(tasks, len(job.ranges))
+    shipped = spark.range(readers, numPartitions=readers).mapInArrow(job.reader(readers), from_arrow_schema(_SHIP))
     # the schema as a StructType, not DDL text: no first use of Spark's SQL parser (0.2–0.3 JVM CPU-s)
-    return spark.range(tasks, numPartitions=tasks).mapInArrow(run, from_arrow_schema(_arrow_schema(ids_as_text)))
+    # in the order match_task takes them (ship_order): Spark sorts the few rows per chunk, spilling if it must
+    ordered = shipped.repartitionById(tasks, "dest").sortWithinPartitions(F.col("kind") != SUMMARY, "range", "chunk", "kind")
+    return ordered.mapInArrow(job.matcher(), from_arrow_schema(job.schema))
 
 
-def scan_inputs(files: Sequence[str], single: bool) -> list[tuple[str, str]]:
-    """``(local path, dead-letter position prefix)`` of each listed file: the prefix is its path below
-    the files' common folder, as the shuffle plan writes it (:func:`yfpp.spark.read.split_offsets`)."""
-    prefixes = [o[5] for o in split_offsets([(f, 0, 0, 0, None) for f in files], single, order=files)]
-    return [(local_path(f), prefix) for f, prefix in zip(files, prefixes)]
+#: The rows between the stages: a blob for matching task ``dest`` from byte range ``range`` (its
+#: ``chunk``-th): ``kind`` :data:`EVENTS`, :data:`UNROUTED` (events no task matches, sent to task 0
+#: only to be checked for lateness), :data:`DEAD` or :data:`SUMMARY`.
+_SHIP = pa.schema([("dest", pa.int32()), ("range", pa.int32()), ("chunk", pa.int32()), ("kind", pa.int8()),
+                   ("blob", pa.binary())])
+EVENTS, UNROUTED, DEAD, SUMMARY = 0, 1, 2, 3
+#: Events per chunk: a read task packs and sends its events every CHUNK_EVENTS (holding more costs more than the
+#: extra rows: fresh memory for every event — 65,536 a chunk cost 2.0 CPU-µs per event read, 4,096 1.3, the reader 0.85).
+CHUNK_EVENTS = 4096
 
 
 def _arrow_schema(ids_as_text: bool) -> pa.Schema:
@@ -85,77 +110,178 @@ def _arrow_schema(ids_as_text: bool) -> pa.Schema:
     return pa.schema(list(_ID_ARROW_SCHEMA if ids_as_text else _ARROW_SCHEMA) + [pa.field(k, t) for k, t in DEAD_COLUMNS])
 
 
-def _scanner(groups: list[Group], inputs: list[tuple[str, str]], reading: dict[str, Any], n: int,
-             ids_as_text: bool, slice_events: int | None, hot_keys: bool) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The mapInArrow function: for each task number it is given, :func:`scan_task`'s rows as Arrow batches."""
+@dataclass
+class ScanJob:
+    """Everything both stages need: the groups, the input (``files`` as listed, ``paths`` their local
+    files), its byte ranges, the matching tasks ``n``, the sliced groups' slicings (None: the group
+    runs whole on task ``g mod n``), the keyed groups' hot keys (each its own slicing), and whether XML
+    events carry their element's text."""
 
-    schema = _arrow_schema(ids_as_text)
+    groups: list[Group]
+    files: list[str]
+    paths: list[str]
+    single: bool
+    ranges: list[ByteRange]
+    reading: dict[str, Any]
+    n: int
+    slicings: dict[int, Slicing | None]
+    with_xml: bool
+    hot: dict[int, dict[Any, Slicing]]
 
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for rb in batches:
-            for task in rb.column(0).to_pylist():
-                rows: list[tuple] = []
-                with rare_collections():
-                    for row in scan_task(groups, inputs, reading, task, n, ids_as_text, slice_events, hot_keys):
-                        rows.append(row)
-                        if len(rows) >= 4096:
-                            yield _batch(rows, schema)
-                            rows.clear()
-                if rows:
-                    yield _batch(rows, schema)
+    @classmethod
+    def plan(cls, groups: list[Group], files: Sequence[str], single: bool, n: int, reading: dict[str, Any],
+             slice_events: int | None = None, pieces: int | None = None, hot_keys: bool = True) -> ScanJob:
+        """The job over ``files`` (listed URIs, stream order); reads the head of the stream when a group is
+        sliced or (``hot_keys``) a keyed group may have hot keys."""
+        paths = [local_path(f) or f for f in files]
+        slicings, hot = head_slicings(groups, paths, reading, n, slice_events, hot_keys)
+        return cls(groups, list(files), paths, single, plan_ranges(paths, reading["format"], pieces or n), reading, n,
+                   slicings, needs_xml(groups), hot)
 
-    return run
+    @property
+    def ids_as_text(self) -> bool:
+        """Do the bindings hold derived events' ids (feedback queries), so that seq numbers are written as text?"""
+        return any(p.feedback for g in self.groups for _, p in g.queries)
+
+    @property
+    def schema(self) -> pa.Schema:
+        return _arrow_schema(self.ids_as_text)
+
+    def reader(self, readers: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+        """The first stage's mapInArrow function: read task ``i`` of ``readers`` ships its ranges (consecutive ones)."""
+
+        def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            per = -(-len(self.ranges) // readers)
+            for rb in batches:
+                for i in rb.column(0).to_pylist():
+                    with rare_collections():
+                        for rows in read_task(self, range(i * per, min((i + 1) * per, len(self.ranges)))):
+                            yield pa.RecordBatch.from_arrays([pa.array(c, f.type) for c, f in zip(zip(*rows), _SHIP)],
+                                                             schema=_SHIP)
+
+        return run
+
+    def matcher(self) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+        """The second stage's mapInArrow function: a matching task's rows (:func:`match_task`) as Arrow batches."""
+        schema = self.schema
+
+        def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            shipped = (row for rb in batches
+                       for row in zip(*(rb.column(c).to_pylist() for c in ("dest", "range", "chunk", "kind", "blob"))))
+            first = next(shipped, None)
+            if first is None:
+                return
+            rows: list[tuple] = []
+            with rare_collections():
+                for row in match_task(self, first[0], itertools.chain([first], shipped)):
+                    rows.append(row)
+                    if len(rows) >= 4096:
+                        yield _batch(rows, schema)
+                        rows.clear()
+            if rows:
+                yield _batch(rows, schema)
+
+        return run
+
+
+def prefix_events(grp: Group, slice_events: int | None) -> int:
+    """The head events a group's slicing (or hot keys) is chosen from: ``slice_events``, by default
+    :data:`SLICE_EVENTS`, or :data:`SLICE_EVENTS_PER_QUERY` per query if more."""
+    return slice_events or max(SLICE_EVENTS, SLICE_EVENTS_PER_QUERY * len(grp.queries))
+
+
+def head_slicings(groups: list[Group], paths: list[str], reading: dict[str, Any], n: int,
+                  slice_events: int | None,
+                  hot_keys: bool = False) -> tuple[dict[int, Slicing | None], dict[int, dict[Any, Slicing]]]:
+    """From the stream's first events (late ones left out), read here: each sliced group's
+    :class:`Slicing` (with more than one task) — the first ``slice_events`` (see :func:`slicing_of`)
+    and on to the first event after ``t0``; None when the stream ends first (the group then runs
+    whole) — and, with ``hot_keys``, each sliceable keyed group's hot keys among its first
+    ``slice_events`` keyed events (:func:`~yfpp.spark.hot_keys.find_hot`), each with a slicing from
+    the key's first event over the head's span (a key whose events all share one ts stays whole)."""
+    sliced = [g for g, grp in enumerate(groups) if grp.sliced and n > 1]
+    keyed = [g for g, grp in enumerate(groups) if hot_keys and grp.key and n > 1 and sliceable(grp)]
+    if not sliced and not keyed:
+        return {}, {}
+    want = {g: prefix_events(groups[g], slice_events) for g in sliced + keyed}
+    found: dict[int, Slicing | None] = {}
+    heads: dict[int, list[tuple[Any, float]]] = {g: [] for g in keyed}  # a keyed group's head: (key, ts)
+    seen, t0, mark = 0, None, float("-inf")
+    for events in scan_events(paths, reading):
+        for ev in events:
+            if ev.ts < mark:  # late: dropped by the job, not part of the head
+                continue
+            mark = ev.ts
+            seen += 1
+            t0 = ev.ts if t0 is None else t0
+            for g in sliced:
+                if g not in found and seen >= want[g]:
+                    sl = slicing_of(t0, ev.ts, seen, groups[g].window, want[g])
+                    if sl is not None:
+                        found[g] = sl
+            for g in keyed:
+                head = heads[g]
+                if len(head) < want[g]:
+                    key = groups[g].key_of(ev)
+                    if key is not None and (key := hashable(key)) is not None:
+                        head.append((key, ev.ts))
+        if len(found) == len(sliced) and all(len(heads[g]) >= want[g] for g in keyed):
+            break
+    return {g: found.get(g) for g in sliced}, {g: hot_slicings(heads[g], groups[g].window, n) for g in keyed}
+
+
+def hot_slicings(head: list[tuple[Any, float]], window: float, n: int) -> dict[Any, Slicing]:
+    """The hot keys of a keyed group's ``head`` (its first keyed events' key values and ts, in stream
+    order), each with its slicing: from the key's first ts, :data:`SLICE_WINDOWS` windows and the
+    head's span long at least."""
+    if not head:
+        return {}
+    end = head[-1][1]
+    firsts: dict[Any, float] = {}
+    for key, ts in head:
+        firsts.setdefault(key, ts)
+    out = {}
+    for key in find_hot([k for k, _ in head], n):
+        start = firsts[key]
+        if end > start:
+            out[key] = Slicing(start, max(SLICE_WINDOWS * window, end - start), window)
+    return out
 
 
 class _Collect(DeadLetters):
-    """The readers' dead letters as ``(seq, position, reason, raw)``, positions prefixed, seq made global."""
+    """A reader's dead letters as ``(seq, position, reason, raw)`` until the caller takes them; ``last``: the largest seq."""
 
     def __init__(self) -> None:
         super().__init__()
         self.items: list[tuple[int, str, str, str | None]] = []
-        self.prefix, self.base, self.last = "", 0, -1
+        self.last = -1
 
     def report(self, seq: int, position: str, reason: str, raw: str | None = None) -> None:
         super().report(seq, position, reason, raw)
         self.last = max(self.last, seq)
-        self.items.append((self.base + seq, self.prefix + position, reason, raw))
+        self.items.append((seq, position, reason, raw))
 
 
-def scan_events(inputs: Sequence[tuple[str, str]], reading: dict[str, Any], dead: _Collect,
-                report: bool) -> Iterator[list[Event]]:
+def scan_events(paths: Sequence[str], reading: dict[str, Any]) -> Iterator[list[Event]]:
     """The events of the files in order, a reader's batch at a time, seq numbers global, late ones (ts
-    below an earlier event's: ``max_delay`` 0) left out; with ``report``, ``dead.items`` gets the
-    malformed and late records too (the caller drains it)."""
+    below an earlier event's: ``max_delay`` 0) left out — the stream the engines of ``yfpp run`` see."""
     hi = float("-inf")
-    for path, prefix in inputs:
-        dead.prefix, dead.last = prefix, -1
-        base = dead.base
+    base = 0
+    for path in paths:
+        dead = _Collect()
         last = -1
         for events in read_event_batches(path, reading["format"], **reader_kwargs(reading), dead_letters=dead):
             if not events:
                 continue
             last = events[-1].seq
-            if base:
-                for ev in events:
-                    ev.seq += base
-            kept = events
-            for i, ev in enumerate(events):
-                ts = ev.ts
-                if ts < hi:  # a late event: the rest of the batch is checked one by one
-                    kept = events[:i]
-                    for ev in events[i:]:
-                        ts = ev.ts
-                        if ts < hi:
-                            if report:
-                                dead.items.append((ev.seq, f"seq {ev.seq}", late_reason(ts, hi, 0.0),
-                                                   event_raw(ev.type, ts, ev.attrs)))
-                        else:
-                            hi = ts
-                            kept.append(ev)
-                    break
-                hi = ts
+            kept = []
+            for ev in events:
+                ev.seq += base
+                if ev.ts >= hi:
+                    hi = ev.ts
+                    kept.append(ev)
             yield kept
-        dead.base = base + max(last, dead.last) + 1
+        base += max(last, dead.last) + 1
 
 
 def _copy(ev: Event) -> Event:
@@ -207,52 +333,54 @@ def value_hash(v: Any) -> int:
     return zlib.crc32((v if t is str else repr(v)).encode("utf-8", "surrogatepass"))
 
 
-class _Keyed(_Share):
-    """The keys whose hash (:func:`value_hash`) modulo n is the task's: one engine; events lacking a key attribute go nowhere.
-    With ``hot_events`` (a prefix length), hot keys are cut into time slices instead (:mod:`yfpp.spark.hot_keys`)."""
+def key_tasks(events: list[Event], key: tuple[str, ...], n: int) -> list[int | None]:
+    """The task of each event's key value among ``n`` (its :func:`value_hash` modulo ``n``; several
+    attributes' hashes combined), None for an event that lacks a key attribute."""
+    out: list[int | None] = []
+    if len(key) == 1 and key[0] not in PSEUDO_ATTRS:  # the common case, inlined
+        a = key[0]
+        for ev in events:
+            v = ev.attrs.get(a, MISSING)
+            if v is MISSING:
+                out.append(None)
+                continue
+            t = type(v)
+            out.append((hash(v) if t is int or (t is float and v == v) else value_hash(v)) % n)
+        return out
+    for ev in events:
+        h = 0
+        for a in key:
+            v = ev.get(a)
+            if v is MISSING:
+                out.append(None)
+                break
+            h = h * 1_000_003 + value_hash(v)
+        else:
+            out.append(h % n)
+    return out
 
-    def __init__(self, *args: Any, hot_events: int | None = None):
+
+class _Keyed(_Share):
+    """The keys whose hash (:func:`value_hash`) modulo n is the task's: one engine; events lacking a key
+    attribute go nowhere. ``sole``: the job's only group, so the task is sent its events only. ``hot``:
+    the group's hot keys, each cut into time slices (hot key ``i`` a :class:`_Sliced` share as group
+    ``g + i``) instead."""
+
+    def __init__(self, *args: Any, sole: bool = False, hot: dict[Any, Slicing] | None = None):
         super().__init__(*args)
         self.eng: Engine | None = None
-        self.hot: HotKeys | None = None
-        if hot_events and self.n > 1 and sliceable(self.grp):
-            self.hot = HotKeys(self.grp, self.n, hot_events, lambda i: _Sliced(
-                self.g + i, self.grp, self.task, self.n, self.text, self.copies, slice_events=hot_events))
+        self.sole = sole
+        self.hot: HotSlices | None = None
+        if hot:
+            self.hot = HotSlices(self.grp, {key: _Sliced(self.g + i, self.grp, self.task, self.n, self.text,
+                                                         self.copies, slicing=sl)
+                                            for i, (key, sl) in enumerate(hot.items())})
 
     def feed(self, events: list[Event], out: list[tuple]) -> None:
-        hot = self.hot
-        if hot is not None:
-            if hot.deciding:
-                events = hot.hold(events)
-            events = hot.split(events, out)
-        if events:
-            self._plain(events, out)
-
-    def _plain(self, events: list[Event], out: list[tuple]) -> None:
-        """The events of the task's keys (by hash) to its engine."""
-        key, n, task = self.grp.key, self.n, self.task
-        mine = []
-        if len(key) == 1 and key[0] not in PSEUDO_ATTRS:  # the common case, inlined
-            a = key[0]
-            for ev in events:
-                v = ev.attrs.get(a, MISSING)
-                if v is MISSING:
-                    continue
-                t = type(v)
-                h = hash(v) if t is int or (t is float and v == v) else value_hash(v)
-                if h % n == task:
-                    mine.append(ev)
-        else:
-            for ev in events:
-                h = 0
-                for a in key:
-                    v = ev.get(a)
-                    if v is MISSING:
-                        break
-                    h = h * 1_000_003 + value_hash(v)
-                else:
-                    if h % n == task:
-                        mine.append(ev)
+        if self.hot is not None:
+            events = self.hot.split(events, out)
+        task = self.task
+        mine = events if self.sole else [ev for ev, t in zip(events, key_tasks(events, self.grp.key, self.n)) if t == task]
         if mine:
             if self.eng is None:
                 self.eng = self.engine()
@@ -261,8 +389,6 @@ class _Keyed(_Share):
     def finish(self, out: list[tuple]) -> None:
         hot = self.hot
         if hot is not None:
-            if hot.deciding:  # a stream shorter than the prefix
-                self._plain(hot.split(hot.decide(), out), out)
             hot.finish(out)
             rows, engines, per_query = hot.counts()
             self.rows, self.engines = self.rows + rows, self.engines + engines
@@ -286,12 +412,6 @@ class _Whole(_Share):
         self.keep(self.eng.flush(), out)
 
 
-def prefix_events(grp: Group, slice_events: int | None) -> int:
-    """The events a group's slicing (or hot keys) is chosen from: ``slice_events``, by default
-    :data:`SLICE_EVENTS`, or :data:`SLICE_EVENTS_PER_QUERY` per query if more."""
-    return slice_events or max(SLICE_EVENTS, SLICE_EVENTS_PER_QUERY * len(grp.queries))
-
-
 def slicing_of(t0: float, t: float, events: int, window: float, slice_events: int = SLICE_EVENTS) -> Slicing | None:
     """A sliced group's slices once the stream has given ``events`` events from ``t0`` to ``t``: from
     ``t0``, each at least :data:`SLICE_WINDOWS` windows and ``t - t0`` long — when there are
@@ -302,114 +422,253 @@ def slicing_of(t0: float, t: float, events: int, window: float, slice_events: in
 
 
 class _Sliced(_Share):
-    """The slices ``s`` with ``(s + g) mod n`` = task: an engine each, created when the stream
-    reaches the slice and flushed when it passes the slice's extended end."""
+    """The slices ``s`` with ``(s + g) mod n`` = task of the group's slicing (:func:`head_slicings`): an engine
+    each, created when the stream reaches the slice and flushed when it passes the slice's extended end."""
 
-    def __init__(self, *args: Any, slice_events: int | None = None):
+    def __init__(self, *args: Any, slicing: Slicing):
         super().__init__(*args)
-        self.slice_events = prefix_events(self.grp, slice_events)
-        self.held: list[Event] | None = []  # the first events (this group's own), until the slicing is known
-        self.sl: Slicing | None = None
+        self.sl = slicing
         self.live: dict[int, Engine] = {}  # slice → engine, in slice order
 
     def feed(self, events: list[Event], out: list[tuple]) -> None:
-        for ev in events:
-            held = self.held
-            if held is None:
-                self._route(ev, self.copies, out)
-                continue
-            held.append(_copy(ev) if self.copies else ev)
-            if len(held) >= self.slice_events:
-                self.sl = slicing_of(held[0].ts, ev.ts, len(held), self.grp.window, self.slice_events)
-                if self.sl is not None:
-                    self.held = None
-                    for e in held:
-                        self._route(e, False, out)
-
-    def _route(self, ev: Event, copy: bool, out: list[tuple]) -> None:
-        """Feed ``ev`` to the task's slices that read it (``copy``: not this group's own event)."""
-        sl, live = self.sl, self.live
-        reads = sl.reads(ev.ts)
-        while live and next(iter(live)) < reads.start:
-            s = next(iter(live))
-            self._close(s, live.pop(s), out)
+        sl, live, copies = self.sl, self.live, self.copies
         g, n, task = self.g, self.n, self.task
-        for s in reads:
-            if (s + g) % n != task:
-                continue
-            eng = live.get(s)
-            if eng is None:
-                eng = live[s] = self.engine()
-            self.rows += 1
-            ms = eng.process(_copy(ev) if copy else ev)
-            copy = True  # a second slice of this task reads it too
-            if ms:
-                self.keep(ms, out, lambda m, s=s: sl.own(m["start"]) == s)
+        for ev in events:
+            reads = sl.reads(ev.ts)
+            while live and next(iter(live)) < reads.start:
+                s = next(iter(live))
+                self._close(s, live.pop(s), out)
+            copy = copies
+            for s in reads:
+                if (s + g) % n != task:
+                    continue
+                eng = live.get(s)
+                if eng is None:
+                    eng = live[s] = self.engine()
+                self.rows += 1
+                ms = eng.process(_copy(ev) if copy else ev)
+                copy = True  # a second slice of this task reads it too
+                if ms:
+                    self.keep(ms, out, lambda m, s=s: sl.own(m["start"]) == s)
 
     def _close(self, s: int, eng: Engine, out: list[tuple]) -> None:
         sl = self.sl
         self.keep(eng.flush(), out, lambda m: sl.own(m["start"]) == s)
 
     def finish(self, out: list[tuple]) -> None:
-        if self.held is not None:  # never sliced: the whole stream on task g mod n
-            if self.g % self.n == self.task:
-                eng = self.engine()
-                self.copies = False  # held events are this group's own
-                self.run(eng, self.held, out)
-                self.keep(eng.flush(), out)
-            return
         for s, eng in self.live.items():
             self._close(s, eng, out)
         self.live.clear()
 
 
-def scan_task(groups: list[Group], inputs: list[tuple[str, str]], reading: dict[str, Any], task: int, n: int,
-          ids_as_text: bool, slice_events: int | None = None, hot_keys: bool = True) -> Iterator[tuple]:
-    """Task ``task`` of ``n``: its rows of :func:`scan_match` — its matches, its dead letters (task 0 only),
-    then its stats row (``hot``: the hot keys cut into slices). ``inputs``: :func:`scan_inputs`; ``reading``:
-    ``format`` and :func:`~yfpp.spark.parse.reader_kwargs`'s; ``hot_keys``: as :func:`scan_match`'s."""
-    started = time.process_time()
-    shares: list[_Share] = []
-    for g, grp in enumerate(groups):
-        args = (g, grp, task, n, ids_as_text, bool(shares))  # the first group's engines take the events themselves
+def destinations(job: ScanJob, events: list[Event]) -> list[int | set[int] | None]:
+    """The matching tasks each event goes to: one (an int), several (a set), or None (no task matches it)."""
+    n = job.n
+    per_group: list[list[Any]] = []
+    fixed: set[int] = set()  # the tasks of whole groups (and of sliced ones run whole)
+    for g, grp in enumerate(job.groups):
+        sl = job.slicings.get(g)
         if grp.key:
-            shares.append(_Keyed(*args, hot_events=prefix_events(grp, slice_events) if hot_keys else None))
-        elif grp.sliced and n > 1:
-            shares.append(_Sliced(*args, slice_events=slice_events))
+            tasks: list[Any] = key_tasks(events, grp.key, n)
+            hot = job.hot.get(g)
+            if hot:
+                numbered = {key: (i, sl) for i, (key, sl) in enumerate(hot.items())}
+                key_of = grp.key_of
+                for j, ev in enumerate(events):
+                    k = key_of(ev)
+                    got = numbered.get(hashable(k)) if k is not None else None
+                    if got is not None:
+                        i, hsl = got
+                        tasks[j] = {(s + g + i) % n for s in hsl.reads(ev.ts)} or None  # (late: task 0 checks)
+            per_group.append(tasks)
+        elif sl is not None:
+            per_group.append([{(s + g) % n for s in sl.reads(ev.ts)} for ev in events])
+        else:
+            fixed.add(g % n)
+    if len(per_group) == 1 and not fixed:  # one keyed or sliced group: its own tasks
+        return per_group[0]
+    out: list[Any] = [set(fixed) for _ in events]
+    for tasks in per_group:
+        for ds, t in zip(out, tasks):
+            if type(t) is int:
+                ds.add(t)
+            elif t:
+                ds |= t
+    return [ds or None for ds in out]
+
+
+def read_task(job: ScanJob, ids: Iterable[int]) -> Iterator[list[tuple]]:
+    """Read task's rows of :data:`_SHIP` for the byte ranges ``ids``, a list per chunk: each range's
+    events packed per matching task (``(pos, types, ts, attrs, xml texts or None)``, pos the record's
+    index in the range; the locally late left out), its dead letters for task 0 (``(pos, position,
+    reason, raw, ts, mark)``: a malformed record's position and reason as its reader gives them, a
+    late event's ts and the largest ts before it in the range) and its :class:`Summary` for every task."""
+    for r in ids:
+        started = time.process_time()
+        rng = job.ranges[r]
+        dead = _Collect()
+        late: list[tuple] = []
+        batches, size, lines = read_range(job.paths[rng.file], rng, job.reading, dead)
+        packs: list[list[Event]] = [[] for _ in range(job.n + 1)]  # each task's events of the chunk, then the unrouted
+        hi = top = None
+        last, chunk, packed = -1, 0, 0
+        for events in batches:
+            if not events:
+                continue
+            last = events[-1].seq
+            kept = []
+            for ev in events:
+                ts = ev.ts
+                if hi is not None and ts < hi:
+                    late.append((ev.seq, None, None, event_raw(ev.type, ts, ev.attrs), ts, hi))
+                else:
+                    hi = ts
+                    kept.append(ev)
+            top = hi
+            for ev, ds in zip(kept, destinations(job, kept)):
+                if type(ds) is int:
+                    packs[ds].append(ev)
+                elif ds is None:
+                    packs[-1].append(ev)  # unrouted
+                else:
+                    for d in ds:
+                        packs[d].append(ev)
+            packed += len(kept)
+            if packed >= max(CHUNK_EVENTS, 64 * job.n):  # blobs of 64 events or more: a blob has its cost too
+                yield [_pack(job, d, r, chunk, p) for d, p in enumerate(packs) if p]
+                packs, chunk, packed = [[] for _ in range(job.n + 1)], chunk + 1, 0
+        rows = [_pack(job, d, r, chunk, p) for d, p in enumerate(packs) if p]
+        if dead.items or late:
+            rows.append((0, r, 0, DEAD, pickle.dumps([(*item, None, None) for item in dead.items] + late, 5)))
+        summary = Summary(max(last, dead.last) + 1, lines, top, size, round(time.process_time() - started, 4))
+        rows += [(d, r, 0, SUMMARY, pickle.dumps(tuple(summary), 5)) for d in range(job.n)]
+        yield rows
+
+
+def _pack(job: ScanJob, d: int, r: int, chunk: int, events: list[Event]) -> tuple:
+    """The :data:`_SHIP` row of task ``d``'s events (``n``: the unrouted ones, for task 0) of a chunk of range
+    ``r``: the blob ``(pos, types, ts, attrs, xml texts)`` (the XML column None when no query reads elements)."""
+    xml = None
+    if job.with_xml:
+        tostring = etree.tostring
+        xml = [tostring(ev._element, encoding="unicode", with_tail=False) if ev._element is not None else None
+               for ev in events]
+    cols = ([ev.seq for ev in events], [ev.type for ev in events], [ev.ts for ev in events],
+            [ev.attrs for ev in events], xml)
+    unrouted = d == job.n
+    return (0 if unrouted else d, r, chunk, UNROUTED if unrouted else EVENTS, _dumps(cols))
+
+
+def _dumps(cols: tuple) -> bytes:
+    """Packed columns as JSON by orjson (a quarter of pickle's time), or pickled where orjson cannot write
+    them exactly (an integer beyond 64 bits, a lone surrogate; the readers' floats are finite)."""
+    try:
+        return orjson.dumps(cols)
+    except TypeError:  # orjson.JSONEncodeError
+        return pickle.dumps(cols, 5)
+
+
+def _loads(blob: bytes) -> Any:
+    """What :func:`_dumps` packed (a JSON array starts with ``[``, a pickle with ``0x80``)."""
+    return orjson.loads(blob) if blob[:1] == b"[" else pickle.loads(blob)
+
+
+def ship_order(row: tuple) -> tuple:
+    """The order a matching task takes its :data:`_SHIP` rows in: the summaries, then by range and chunk."""
+    _, r, chunk, kind, _ = row
+    return (kind != SUMMARY, r, chunk, kind)
+
+
+def match_task(job: ScanJob, task: int, shipped: Iterable[tuple]) -> Iterator[tuple]:
+    """Matching task ``task``'s rows of :func:`scan_match` from what the read tasks sent it (``shipped``:
+    :data:`_SHIP` rows in :func:`ship_order`, so that a blob is unpacked as it comes) — its matches, its
+    dead letters, then its stats row."""
+    started = time.process_time()
+    n = job.n
+    summaries: dict[int, Summary] = {}
+    rest = iter(shipped)
+    for row in rest:
+        if row[3] != SUMMARY:
+            rest = itertools.chain([row], rest)
+            break
+        summaries[row[1]] = Summary(*pickle.loads(row[4]))
+    summary = [summaries[r] for r in range(len(job.ranges))]
+    offsets = range_offsets(job.files, job.ranges, summary, job.single)
+    shares: list[_Share] = []
+    for g, grp in enumerate(job.groups):
+        args = (g, grp, task, n, job.ids_as_text, bool(shares))  # the first group's engines take the events themselves
+        sl = job.slicings.get(g)
+        if grp.key:
+            shares.append(_Keyed(*args, sole=len(job.groups) == 1, hot=job.hot.get(g)))
+        elif sl is not None:
+            shares.append(_Sliced(*args, slicing=sl))
         elif g % n == task:
             shares.append(_Whole(*args))
-    dead = _Collect()
     out: list[tuple] = []
     none = (None,) * 6
     n_dead = 0
-
-    def drain() -> None:
-        """Task 0's dead letters so far into ``out`` (as they come: memory stays bounded); others drop theirs."""
-        nonlocal n_dead
-        if task == 0:
-            n_dead += len(dead.items)
-            out.extend(none + item for item in dead.items)
-        dead.items.clear()
-
-    for events in scan_events(inputs, reading, dead, report=task == 0):
+    for _, r, _, kind, blob in rest:
+        off = offsets[r]
+        base, before = off.seq_base, off.before
+        if kind == DEAD:
+            for pos, position, reason, raw, ts, mark in pickle.loads(blob):
+                if reason is None:  # late in its range; the largest ts before it may be in a range before
+                    position = f"seq {base + pos}"
+                    reason = late_reason(ts, mark if before is None or mark > before else before, 0.0)
+                else:
+                    position = renumber(position, off)
+                out.append(none + (base + pos, position, reason, raw))
+                n_dead += 1
+            continue
+        pos, types, tss, attrs, xml = _loads(blob)
+        if xml is None:
+            events = [Event(t, ts, a, base + p) for p, t, ts, a in zip(pos, types, tss, attrs)]
+        else:
+            events = [Event(t, ts, a, base + p) if x is None else XmlEvent(t, ts, a, base + p, x)
+                      for p, t, ts, a, x in zip(pos, types, tss, attrs, xml)]
+        if before is not None and tss and min(tss) < before:
+            events, n_late = _late_against(job, task, events, before, out)
+            n_dead += n_late
+        if kind == UNROUTED:
+            continue
         for share in shares:
             share.feed(events, out)
-        if dead.items:
-            drain()
         if len(out) >= 4096:
             yield from out
             out.clear()
-    drain()
     for share in shares:
         share.finish(out)
     yield from out
-    records = dead.base
     per_query: dict[str, int] = {}
     for share in shares:
         for q, k in share.per_query.items():
             per_query[q] = per_query.get(q, 0) + k
-    stats = {"task": task, "rows": sum(s.rows for s in shares), "engines": sum(s.engines for s in shares),
-             "seconds": round(time.process_time() - started, 3), "matches": per_query, "records": records,
-             "dead": n_dead if task == 0 else None,
-             "hot": [k for s in shares if isinstance(s, _Keyed) and s.hot is not None for k in s.hot.names()]}
+    stats: dict[str, Any] = {"task": task, "rows": sum(s.rows for s in shares), "engines": sum(s.engines for s in shares),
+                             "seconds": round(time.process_time() - started, 3), "matches": per_query,
+                             "records": sum(s.records for s in summary), "dead": n_dead,
+                             "hot": [k for s in shares if isinstance(s, _Keyed) and s.hot is not None
+                                     for k in s.hot.names()]}
+    if task == 0:
+        stats["read"] = {"ranges": len(summary), "bytes": sum(s.bytes for s in summary),
+                         "seconds": round(sum(s.seconds for s in summary), 3)}
     yield (None, None, None, None, None, json.dumps(stats), None, None, None, None)
+
+
+def _late_against(job: ScanJob, task: int, events: list[Event], before: float,
+                  out: list[tuple]) -> tuple[list[Event], int]:
+    """``events`` without those below ``before`` (the largest ts of the ranges before theirs): late; each
+    reported (into ``out``) by the lowest task it went to. Returns the rest and the number reported."""
+    kept, late = [], []
+    for ev in events:
+        (late if ev.ts < before else kept).append(ev)
+    reported = [ev for ev, ds in zip(late, destinations(job, late)) if _lowest(ds) == task]
+    out.extend((None,) * 6 + (ev.seq, f"seq {ev.seq}", late_reason(ev.ts, before, 0.0),
+                               event_raw(ev.type, ev.ts, ev.attrs)) for ev in reported)
+    return kept, len(reported)
+
+
+def _lowest(ds: int | set[int] | None) -> int:
+    """The lowest of an event's :func:`destinations` (task 0 for an event no task matches)."""
+    if ds is None:
+        return 0
+    return ds if type(ds) is int else min(ds, default=0)

@@ -1,0 +1,118 @@
+"""Byte ranges of the scan plan's input: each byte read and parsed by one task.
+
+A plain JSON-lines file (not compressed) is cut into ranges of about equal
+size; a range holds the lines that *start* in it, as Hadoop's line reader
+splits a file: it begins after the first line break at or after its start
+(unless it starts at 0) and ends with the line that runs over its end. Any
+other file (XML, gzip) is one range, read by its own reader. Ranges are
+numbered in stream order (the files in the order given, each from its start),
+so a record's stream position is its range's number and its index there; its
+seq number is that index plus the records of the ranges before
+(:func:`range_offsets`).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+from typing import Any, Iterator, NamedTuple, Sequence
+
+from yfpp.input.dead_letters import DeadLetters
+from yfpp.input.events import Event
+from yfpp.input.readers import read_event_batches
+from yfpp.spark.inputs import splittable
+from yfpp.spark.parse import reader_kwargs
+from yfpp.spark.read import split_offsets
+
+#: A range is at most this long (a task holds its range's bytes while it parses them).
+MAX_RANGE_BYTES = 32 << 20
+_LINE = re.compile(r"^line (\d+)")
+
+
+class ByteRange(NamedTuple):
+    """Bytes ``start`` to ``end`` of input file number ``file``; ``end`` None: the whole file, by its own reader."""
+
+    file: int
+    start: int
+    end: int | None
+
+
+class Summary(NamedTuple):
+    """What a read task found in one range: records (events and malformed ones), lines, the largest ts,
+    and for the cost model the bytes it parsed and its CPU seconds."""
+
+    records: int
+    lines: int
+    max_ts: float | None
+    bytes: int
+    seconds: float
+
+
+class Offsets(NamedTuple):
+    """A range's place in the stream: the records before it, the lines before it in its file, the largest
+    ts before it (None: no event yet), and its dead letters' position prefix (its file's name, or "")."""
+
+    seq_base: int
+    line_base: int
+    before: float | None
+    prefix: str
+
+
+def plan_ranges(paths: Sequence[str], format: str | None, pieces: int) -> list[ByteRange]:
+    """The ranges of the local files ``paths`` (in stream order): the splittable ones
+    (:func:`yfpp.spark.inputs.splittable`) cut so that there are about ``pieces`` ranges over all
+    bytes, none over :data:`MAX_RANGE_BYTES`; the others one range each."""
+    sizes = [os.path.getsize(p) for p in paths]
+    target = max(1, min(MAX_RANGE_BYTES, -(-sum(sizes) // max(pieces, 1))))
+    out = []
+    for i, (path, size) in enumerate(zip(paths, sizes)):
+        if not splittable(path, format) or size == 0:
+            out.append(ByteRange(i, 0, None))
+            continue
+        step = -(-size // -(-size // target))  # equal pieces, each at most the target
+        out += [ByteRange(i, a, min(a + step, size)) for a in range(0, size, step)]
+    return out
+
+
+def range_bytes(path: str, start: int, end: int) -> bytes:
+    """The lines of ``path`` that start in bytes ``[start, end)``, whole."""
+    with open(path, "rb") as f:
+        if start:
+            f.seek(start - 1)
+            f.readline()  # the line running into the range is the range before's
+        at = f.tell()
+        if at >= end:
+            return b""
+        data = f.read(end - at)
+        if data and not data.endswith(b"\n"):
+            data += f.readline()
+    return data
+
+
+def read_range(path: str, rng: ByteRange, reading: dict[str, Any],
+               dead: DeadLetters) -> tuple[Iterator[list[Event]], int, int]:
+    """The events of one range, a reader's batch at a time, ``seq`` their index in the range (dead letters
+    to ``dead``, positions as the reader gives them: "line N" of the range); the bytes it holds; and the
+    lines it counts for the line numbers of the ranges after it in its file (a whole file: 0)."""
+    kw = reader_kwargs(reading)
+    if rng.end is None:
+        return read_event_batches(path, reading["format"], **kw, dead_letters=dead), os.path.getsize(path), 0
+    data = range_bytes(path, rng.start, rng.end)
+    lines = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
+    return read_event_batches(io.BytesIO(data), "jsonl", **kw, dead_letters=dead), len(data), lines
+
+
+def range_offsets(files: Sequence[str], ranges: Sequence[ByteRange], summaries: Sequence[Summary],
+                  single: bool) -> list[Offsets]:
+    """Each range's :class:`Offsets` from all ranges' summaries (``files``: the listed URIs, in stream order)."""
+    stats = [(files[r.file], r.start, s.records, s.lines, s.max_ts) for r, s in zip(ranges, summaries)]
+    by_range = {(o[0], o[1]): o for o in split_offsets(stats, single, order=files)}
+    return [Offsets(*by_range[(files[r.file], r.start)][2:]) for r in ranges]
+
+
+def renumber(position: str, offsets: Offsets) -> str:
+    """A malformed record's position as ``yfpp run`` gives it: the file's name, the line number in the file."""
+    if offsets.line_base:
+        position = _LINE.sub(lambda m: f"line {int(m.group(1)) + offsets.line_base}", position, count=1)
+    return offsets.prefix + position
