@@ -36,7 +36,7 @@ from yfpp.input.record_fields import ISO_8601, ReaderOptions
 from yfpp.output.vocabulary import Vocabulary
 from yfpp.spark.plan import Group, Slicing
 
-BLOCK = 1 << 16  #: bytes read at a time (the scans' cost per block is paid once per 64 KiB)
+BLOCK = 1 << 14  #: bytes read at a time (as the reader: larger batches of events match slower)
 Routed = dict[tuple[int, int], list[Event]]  #: a block's events per (group, slice) of this worker
 
 
@@ -99,9 +99,8 @@ class Share:
             lines = LineBlocks(f, self.opts.max_record_bytes, self.dead if self.me == 0 else self.quiet, BLOCK)
             for body in lines:
                 scan = scan_block(body, self.opts, self.keys)
-                if scan is not None and scan[0][0] >= self.sequencer.watermark[0] and _ordered(scan[0]):
-                    if not self._started:
-                        self._start(scan[0])
+                if (scan is not None and self._started and scan[0][0] >= self.sequencer.watermark[0]
+                        and _ordered(scan[0])):
                     routed = self._scanned(body, lines.seq, lines.lineno, *scan)
                     lines.seq += len(scan[0])
                     lines.lineno += len(scan[0])
@@ -139,17 +138,21 @@ class Share:
                 masks.append([o == me for o in owners])
                 if g == 0:
                     reporter = owners
-            elif sl is not None:
+            elif sl is not None:  # (a slice's lines found by bisection, a little wide: routing takes the exact ones)
                 mask = [False] * count
+                owners = [0] * count
                 eps = 1e-6 * sl.length + 1e-9 * abs(ts[-1])
-                for s in range(sl.reads(ts[0]).start, sl.own(ts[-1]) + 1):
+                for s in range(sl.reads(ts[0]).start - 1, sl.own(ts[-1]) + 2):
+                    start = sl.t0 + s * sl.length
+                    lo, hi = bisect_left(ts, start), bisect_left(ts, start + sl.length)
+                    owners[lo:hi] = [(s + g) % n] * (hi - lo)
                     if (s + g) % n == me:
-                        lo = bisect_left(ts, sl.t0 + s * sl.length - eps)
-                        hi = bisect_right(ts, sl.t0 + (s + 1) * sl.length + sl.window + eps)
+                        lo = bisect_left(ts, start - eps)
+                        hi = bisect_right(ts, start + sl.length + sl.window + eps)
                         mask[lo:hi] = [True] * (hi - lo)
                 masks.append(mask)
                 if g == 0:
-                    reporter = [(sl.own(t) + g) % n for t in ts]
+                    reporter = owners  # (the slice a line is in: one that reads it)
             else:
                 masks.append(None if g % n == me else [False] * count)
         every = [m for m in masks if m is not None]
@@ -160,37 +163,47 @@ class Share:
             own = list(compress(range(count), union))
         routed: Routed = {}
         if own:
-            found = DeadLetters()
-            caught: list[tuple] = []
-            found.report = lambda *r: caught.append(r)  # type: ignore[method-assign]
-            events, _, _ = parse_block(b"\n".join([lines[j] for j in own]), 0, 0, self.opts, found)
-            for i, position, reason, raw in caught:
+            events = self._parse(lines, own, seq, lineno, reporter)
+            single = len(self.groups) == 1
+            placed: set[int] = set()
+            for g, grp in enumerate(self.groups):
+                mask = masks[g]
+                chosen = events if mask is None or single else [ev for ev in events if mask[ev.seq - seq]]
+                if grp.key:  # (an attribute named in a nested object only: the event lacks it)
+                    a = grp.key[0]
+                    chosen = [ev for ev in chosen if a in ev.attrs]
+                if single and not grp.sliced:
+                    routed[(g, 0)] = chosen  # (the one engine these events go to)
+                else:
+                    self._place(routed, g, chosen, placed)
+        self._watermark(lines, seq, count)
+        return routed
+
+    def _parse(self, lines: list[bytes], own: list[int], seq: int, lineno: int, reporter: list[int] | None) -> list[Event]:
+        """The events of the block's lines ``own`` (indexes; the block's first line has ``seq`` and comes after line
+        ``lineno``), numbered as in the file; the dead letters and events of the lines this worker reports counted."""
+        caught = _Caught()
+        events, _, _ = parse_block(b"\n".join([lines[j] for j in own]), 0, 0, self.opts, caught)
+        me = self.me
+        if len(events) == len(own):
+            for ev, j in zip(events, own):
+                ev.seq = seq + j
+        else:
+            for ev in events:
+                ev.seq = seq + own[ev.seq]
+            for i, _, reason, raw in caught.items:
                 j = own[i]
                 if (reporter[j] if reporter is not None else 0) == me:
                     self.dead.report(seq + j, f"line {lineno + j + 1}", reason, raw)
-            reported = []
-            for ev in events:
-                j = own[ev.seq]
-                ev.seq = seq + j
-                if (reporter[j] if reporter is not None else 0) == me:
-                    reported.append(ev)
-            self.events += len(reported)
-            self.vocabulary.note(reported)
-            for g, grp in enumerate(self.groups):
-                mask = masks[g]
-                chosen = events if mask is None else [ev for ev in events if mask[ev.seq - seq]]
-                if not chosen:
-                    continue
-                sl = self.slicings.get(g) if grp.sliced else None
-                if sl is None:
-                    routed[(g, 0)] = chosen
-                else:
-                    for ev in chosen:
-                        for s in sl.reads(ev.ts):
-                            if (s + g) % n == me:
-                                routed.setdefault((g, s), []).append(ev)
-        self._watermark(lines, seq, count)
-        return routed
+        if reporter is None:
+            reported = events if me == 0 else []
+        elif len(self.groups) == 1 and self.groups[0].key:
+            reported = events  # (its own lines are the ones it reports)
+        else:
+            reported = [ev for ev in events if reporter[ev.seq - seq] == me]
+        self.events += len(reported)
+        self.vocabulary.note(reported)
+        return events
 
     def _watermark(self, lines: list[bytes], seq: int, count: int) -> None:
         """Move the reorder buffer's watermark past a block whose events were not put through it: to the last
@@ -208,21 +221,29 @@ class Share:
         """This worker's share of events released in stream order (every worker has them all)."""
         routed: Routed = {}
         me, n = self.me, self.n
+        placed: set[int] = set()
         for g, grp in enumerate(self.groups):
-            sl = self.slicings.get(g) if grp.sliced else None
             if grp.key:
                 a = grp.key[0]
                 chosen = [ev for ev in events if (v := ev.get(a)) is not MISSING and hash(routing_text(v)) % n == me]
-                if chosen:
-                    routed[(g, 0)] = chosen
-            elif sl is not None:
-                for ev in events:
-                    for s in sl.reads(ev.ts):
-                        if (s + g) % n == me:
-                            routed.setdefault((g, s), []).append(ev)
-            elif g % n == me and events:
-                routed[(g, 0)] = list(events)
+            else:
+                chosen = events if self.slicings.get(g) is not None or g % n == me else []  # (sliced, or whole)
+            self._place(routed, g, chosen, placed)
         return routed
+
+    def _place(self, routed: Routed, g: int, events: list[Event], placed: set[int]) -> None:
+        """Group ``g``'s events of this worker into ``routed`` (a sliced group's into its slices here that read
+        them); an event already placed for another engine is copied, as the runtime numbers an engine's events
+        in them (``pos``)."""
+        sl = self.slicings.get(g) if self.groups[g].sliced else None
+        me, n = self.me, self.n
+        for ev in events:
+            for s in (sl.reads(ev.ts) if sl is not None else (0,)):
+                if sl is None or (s + g) % n == me:
+                    if id(ev) in placed:
+                        ev = Event(ev.type, ev.ts, ev.attrs, ev.seq)
+                    placed.add(id(ev))
+                    routed.setdefault((g, s), []).append(ev)
 
     def _closing(self) -> list[tuple[int, int]]:
         """This worker's slices that no event at the watermark or later reads (flushed and dropped)."""
@@ -238,6 +259,17 @@ class Share:
             closes.extend((g, s) for s in range(first, upto) if (s + g) % self.n == self.me)
             self._open[g] = max(first, upto)
         return closes
+
+
+class _Caught(DeadLetters):
+    """Dead letters kept (as ``(seq, position, reason, raw)``) to be numbered as in the file."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.items: list[tuple] = []
+
+    def report(self, seq: int, position: str, reason: str, raw: str | None = None) -> None:
+        self.items.append((seq, position, reason, raw))
 
 
 def _ordered(ts: list[float]) -> bool:

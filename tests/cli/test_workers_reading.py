@@ -141,7 +141,8 @@ def small_blocks(monkeypatch):
                                                                  HealthCheck.function_scoped_fixture])
 @given(st.lists(patterns(), min_size=1, max_size=3), feeds(), st.sampled_from([2, 3]))
 def test_workers_reading_the_file_are_one_engine(small_blocks, tmp_path, pats, text, n):
-    """Keyed, sliced and whole groups at once over every line shape: one engine's matches, dead letters and count."""
+    """Keyed, sliced and whole groups at once over every line shape (an event read by two engines of a worker is
+    two objects: the runtime numbers each engine's events in them): one engine's matches, dead letters and count."""
     path = tmp_path / "feed.jsonl"
     path.write_text(text)
     queries = [(f"q{i}", p) for i, p in enumerate(pats)]

@@ -4,17 +4,19 @@
 (yfpp/workers_reading.py); which lines are its own it learns from :func:`scan_block`, which finds each
 line's ts and the values of the routing attributes with a few passes of C code over the block.
 
-A block is scanned only when every line has the plain shape — one flat object ``{`` … ``}`` (no other
-brace or bracket, no backslash, no ``\\r``), the ts field named once with a number, each routing
-attribute named once with an integer or a string — else :func:`scan_block` gives None (the caller
-parses the block). Without a backslash no quote is escaped, and without nesting every ``"name":`` is a
-top-level key, so for each line that the parser takes as an event the scanned ts is its ts and the
-scanned value is the routing text (:func:`routing_text`) of its attribute; a line it refuses may have
-any scanned values.
+A block is scanned only when no line holds a backslash or a ``\r`` and each line names the ts field once,
+with a number, and each routing attribute once, with an integer or a string — else :func:`scan_block`
+gives None (the caller parses the block). Without a backslash no quote is escaped and no key is written
+with escapes, so a line the parser takes as an event has its ts key where the scan found it: the scanned
+ts is its ts. A routing attribute named once is the event's attribute, with the scanned routing text
+(:func:`routing_text`), unless the name is nested (``{"n": {"k": 1}}``): then the event lacks it, and
+the caller checks that an event it parsed has the attribute. A line the parser refuses may have any
+scanned values.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from functools import lru_cache
 from typing import Any, Sequence
@@ -23,7 +25,8 @@ import orjson
 
 from yfpp.input.record_fields import ISO_8601, ReaderOptions
 
-_NUMBER = rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?"
+# a number's characters (float() refuses what is no number; a line the parser takes has a JSON number there)
+_NUMBER = rb"-?[0-9][0-9.eE+-]*"
 _VALUE = rb'0|-?[1-9][0-9]*|"[^"\n]*"'  # an integer as JSON writes it (so one text per value), or a string
 
 
@@ -36,27 +39,28 @@ def _field(name: str, value: bytes) -> re.Pattern[bytes]:
 def scan_block(body: bytes, opts: ReaderOptions, keys: Sequence[str]) -> tuple[list[float], list[list[bytes]]] | None:
     """Each line's ts (scaled as the reader scales it) and, per name of ``keys``, each line's value as JSON
     text; None unless every line of ``body`` (complete lines, ``\\n``-terminated but maybe the last) has the
-    plain shape of the module docstring."""
-    if opts.unit is ISO_8601 or b"\\" in body or b"[" in body or b"\r" in body:
+    shape of the module docstring."""
+    if opts.unit is ISO_8601 or b"\\" in body or b"\r" in body:
         return None
-    text = body[:-1] if body[-1:] == b"\n" else body
-    lines = text.count(b"\n") + 1
-    if (text[:1] != b"{" or text[-1:] != b"}" or text.count(b"{") != lines or text.count(b"}") != lines
-            or text.count(b"}\n{") != lines - 1):
-        return None
-    raw = _field(opts.ts_field, _NUMBER).findall(text)
-    if len(raw) != lines or text.count(b'"%s"' % opts.ts_field.encode()) != lines:
+    lines = body.count(b"\n") + (body[-1:] != b"\n")
+    raw = _field(opts.ts_field, _NUMBER).findall(body)
+    if len(raw) != lines or body.count(b'"%s"' % opts.ts_field.encode()) != lines:
         return None
     try:
-        numbers: list[Any] = orjson.loads(b"[" + b",".join(raw) + b"]")
         m, d = opts.unit
-        ts = [float(r) for r in numbers] if m == d == 1 else [r * m / d for r in numbers]
-    except (orjson.JSONDecodeError, OverflowError):
+        if m == d == 1:
+            ts = list(map(float, raw))
+        else:
+            numbers: list[Any] = orjson.loads(b"[" + b",".join(raw) + b"]")
+            ts = [r * m / d for r in numbers]
+    except (ValueError, OverflowError):  # (orjson.JSONDecodeError is a ValueError)
+        return None
+    if not math.isfinite(sum(ts)):  # (1e999: a dead letter; a sum past the floats: not scanned)
         return None
     values = []
     for name in keys:
-        found = _field(name, _VALUE).findall(text)
-        if len(found) != lines or text.count(b'"%s"' % name.encode()) != lines:
+        found = _field(name, _VALUE).findall(body)
+        if len(found) != lines or body.count(b'"%s"' % name.encode()) != lines:
             return None
         values.append(found)
     return ts, values
