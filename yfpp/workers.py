@@ -26,6 +26,7 @@ import os
 import queue
 import signal
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -122,6 +123,7 @@ class Workers:
         self._acks = 0
         self._files: list[str] = []  # the workers' files of the last checkpoint
         self._figures: list[dict] = []
+        self._cpu: list[float] = []  # each worker's CPU seconds, as it ended
         self.source = source if source is not None and reads_itself(*source, self.groups) else None
         self.events = 0  #: the events the workers read (when they read the input)
         self.vocabulary: dict[str, set[str]] = {}  #: the attribute names per type they saw (likewise)
@@ -285,6 +287,7 @@ class Workers:
                     self._acks += 1
                     self._acked.notify()
             elif kind == "done":
+                self._cpu.append(round(payload.pop("cpu_s"), 3))
                 self._figures.append(payload)
                 done += 1
             else:
@@ -395,6 +398,7 @@ class Workers:
             "matches": {name: matches.get(name, 0) for name in self.names},
             "event_sets": total.get("event_sets", {}),
             "workers": self.n,
+            "worker_cpu_s": sorted(self._cpu, reverse=True),
         }
 
     def close(self) -> None:
@@ -578,7 +582,7 @@ def _work(index: int, inbox: Any, results: Any, groups: list[Group], engine_opts
                            for (g, s), rows in routed), closes, out)
             results.put((index, "matches", (out, dead.take())))
         results.put((index, "matches", (matching.finish(), dead.take())))
-        results.put((index, "done", {**matching.figures, "matches": dict(matching.kept)}))
+        results.put((index, "done", {**matching.figures, "matches": dict(matching.kept), "cpu_s": time.process_time()}))
     except BaseException as e:  # the parent reports it and stops the run
         results.put((index, "error", f"{type(e).__name__}: {e}"))
 
@@ -605,6 +609,6 @@ def _read_work(index: int, n: int, source: tuple[str, ReaderOptions], results: A
         out.extend(matching.finish())
         results.put((index, "matches", (out, dead.take())))
         results.put((index, "read", (share.events, share.vocabulary.attrs)))
-        results.put((index, "done", {**matching.figures, "matches": dict(matching.kept)}))
+        results.put((index, "done", {**matching.figures, "matches": dict(matching.kept), "cpu_s": time.process_time()}))
     except BaseException as e:  # the parent reports it and stops the run
         results.put((index, "error", f"{type(e).__name__}: {e}"))

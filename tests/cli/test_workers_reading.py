@@ -181,6 +181,9 @@ def test_cli_workers_read_the_file_when_they_can(capsys, tmp_path):
         out, _ = capsys.readouterr()
         figures = json.loads(stats.read_text())
         results[tuple(argv)] = (sorted(out.splitlines()), figures["events"], figures["matches"])
+        if argv[1] == "2":
+            cpu = figures["worker_cpu_s"]  # each worker's CPU seconds, the busiest first
+            assert len(cpu) == 2 and cpu[0] >= cpu[1] > 0
     assert len(set(map(str, results.values()))) == 1 and results[("--workers", "1")][1] == 3000
 
 
