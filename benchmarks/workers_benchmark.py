@@ -10,6 +10,10 @@ directory, then reused):
 
 Each command (``python -m yfpp run -q … -i FEED --workers N -o OUT``) runs as a subprocess; its
 wall time is the subprocess's, its CPU the whole process tree's (the command and its workers). The
+workers read the feed themselves (a JSON-lines file: yfpp/workers_reading.py). ``path CPU s`` is the
+CPU of the longest path — the parent's (its start, the matches it writes) plus the busiest worker's
+(``worker_cpu_s`` of ``--stats-json``) — and ``free cores`` the speed-up over N = 1 it allows where each
+process has a core of its own: what the wall time says on a quiet machine, read on a busy one. The
 matches of every N are compared with N = 1's (as multisets of lines). Before the runs, the cores two
 busy processes get at once is measured (a shared machine may give two of them well under two cores).
 
@@ -22,6 +26,7 @@ busy processes get at once is measured (a shared machine may give two of them we
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 from collections import Counter
@@ -97,25 +102,32 @@ def main() -> int:
                     help="also measure reading and shipping an event, per event (why the parent reads)")
     args = ap.parse_args()
     print(f"commit {commit()}, {args.events:,} events; two busy processes get {cores_for_two():.2f} cores")
-    print(f"{'workload':<9} {'N':>3} {'wall s':>7} {'events/s':>10} {'speed-up':>8} {'CPU s':>7} {'CPU µs/ev':>9}  matches")
+    print(f"{'workload':<9} {'N':>3} {'wall s':>7} {'events/s':>10} {'speed-up':>8} {'CPU s':>7} {'CPU µs/ev':>9} "
+          f"{'path CPU s':>10} {'free cores':>10}  matches")
     with tempfile.TemporaryDirectory(prefix="yfpp-workers-") as tmp:
         for workload in args.workloads.split(","):
             path = feed(workload, args.events)
-            base_wall, base = None, None
+            base_wall = base_cpu = 1.0
+            base = None
             if args.costs:
                 c = shipping_costs(path)
                 print(f"{workload:<9} reading {c['read']:.2f} CPU µs/event; shipping a parsed event to a worker "
                       f"{c['ship']:.2f} CPU µs/event", flush=True)
             for n in [n for _ in range(args.repeat) for n in counts(args.max_workers)]:  # N = 1, 2, 1, 2, …
-                out = Path(tmp) / f"{workload}_{n}.jsonl"
+                out, stats = Path(tmp) / f"{workload}_{n}.jsonl", Path(tmp) / "stats.json"
                 wall, cpu, _ = timed([sys.executable, "-m", "yfpp", "run", "-q", query(workload), "-i", str(path),
-                                      "--workers", str(n), "-o", str(out), "--progress", "never"])
+                                      "--workers", str(n), "-o", str(out), "--progress", "never",
+                                      "--stats-json", str(stats)])
+                workers = json.loads(stats.read_text()).get("worker_cpu_s", [])
+                path_cpu = cpu - sum(workers) + max(workers, default=0.0)
                 found = Counter(out.read_text().splitlines())
-                base_wall = wall if n == 1 else base_wall  # (speed-up: against the N = 1 run just before)
+                if n == 1:  # (speed-ups: against the N = 1 run just before)
+                    base_wall, base_cpu = wall, cpu
                 base = base if base is not None else found
                 same = "same as N=1" if found == base else "DIFFERENT from N=1"
                 print(f"{workload:<9} {n:>3} {wall:>7.2f} {args.events / wall:>10,.0f} {base_wall / wall:>7.2f}x "
-                      f"{cpu:>7.2f} {cpu / args.events * 1e6:>9.1f}  {sum(found.values()):,} ({same})", flush=True)
+                      f"{cpu:>7.2f} {cpu / args.events * 1e6:>9.1f} {path_cpu:>10.2f} {base_cpu / path_cpu:>9.2f}x  "
+                      f"{sum(found.values()):,} ({same})", flush=True)
     return 0
 
 

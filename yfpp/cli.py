@@ -270,7 +270,7 @@ def reader_options(args: argparse.Namespace, stored: Any = None) -> dict[str, An
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from yfpp.input.readers import read_event_batches
+    from yfpp.input.readers import read_event_batches, reading_options
     from yfpp.input.record_fields import reading_unit, window_unit
 
     stored = None
@@ -368,12 +368,20 @@ def cmd_run(args: argparse.Namespace) -> int:
             out = OrderedMatches(out, [str(plan.name) for plan in plans])
         try:
             if workers > 1:
-                pool = _start_workers(engine, workers, out, dead, caps, args, live, stored, sequencer)
+                direct = None if live or mqtt_input or progress is not None or args.checkpoint or stored is not None \
+                    or engine.max_delay else (args.input, args.format, reading_options(**read_opts))
+                pool = _start_workers(engine, workers, out, dead, caps, args, live, stored, sequencer, direct)
+            if pool is not None and pool.source is not None:  # the workers read the input themselves
+                events = InputFeed([])
             write_matches(engine if pool is None else pool,
                           events if skip is None else skip.batches(events, vocabulary.note), out, progress,
                           (args.checkpoint, args.checkpoint_every,
                            lambda: {"reader": reading, "dead_letters_reported": dead.last_seq}) if args.checkpoint else None,
                           vocabulary, engine)
+            if pool is not None and pool.source is not None:
+                events.count = pool.events
+                for t, names in pool.vocabulary.items():
+                    vocabulary.attrs.setdefault(t, set()).update(names)
         except KeyboardInterrupt:
             interrupted = True
         finally:
@@ -421,10 +429,12 @@ def _workers(args: argparse.Namespace, stored: dict | None) -> int:
 
 
 def _start_workers(engine: Engine, n: int, out: Any, dead: DeadLetters, caps: dict[str, Any],
-                   args: argparse.Namespace, live: bool, stored: dict | None, sequencer: Any) -> Any:
+                   args: argparse.Namespace, live: bool, stored: dict | None, sequencer: Any,
+                   source: tuple[str, str | None, Any] | None = None) -> Any:
     """The :class:`yfpp.workers.Workers` running ``engine``'s queries (as registered: names, policies) in ``n``
     processes; ``live``: the input is live (each batch is sent on at once); ``stored``, ``sequencer``: the
-    checkpoint to resume from (``--restore``) and its restored reorder buffer."""
+    checkpoint to resume from (``--restore``) and its restored reorder buffer; ``source``: the input file, its
+    format and reader options, for the workers to read themselves where they can."""
     from yfpp.workers import Workers
 
     resume = None
@@ -436,7 +446,7 @@ def _start_workers(engine: Engine, n: int, out: Any, dead: DeadLetters, caps: di
     return Workers(queries, n, out, dead, full_events=bool(args.events),
                    feedback_limits=(engine.feedback.max_depth, engine.feedback.max_derived),
                    engine_opts={**opts, "strategy": engine.strategy}, live=live, max_delay=engine.max_delay,
-                   max_held=engine.max_held, resume=resume, sequencer=sequencer)
+                   max_held=engine.max_held, resume=resume, sequencer=sequencer, source=source)
 
 
 class InputFeed:

@@ -7,12 +7,14 @@ window (:class:`~yfpp.spark.plan.Slicing`, slices dealt round-robin, each slice'
 matches that start in it), and a **whole** group (no window, or ``non_overlapping`` without a key) runs
 in one worker. Each worker runs one engine per group and slice; together they find one engine's matches.
 
-The parent reads and parses the input with the one reader and puts the events through one engine's
-reorder buffer (:class:`Sequencer`: ``seq`` numbers, dead letters, late events and stream order are one
-engine's), routes them — compact tuples ``(type, ts, attrs, seq[, xml])`` per engine, pickled — and writes
-the matches the workers send back, each worker's in its stream order (so per key in stream order).
-Shipping an event costs more CPU than reading it (benchmarks/RESULTS.md, "Workers"); one reader keeps the
-stream's order, numbering and dead letters one engine's and reads a pipe or MQTT feed, which can be read once.
+A regular JSON-lines file (no ``--max-delay``, checkpoint or progress line) is read by the workers
+themselves, each parsing only its own lines (:mod:`yfpp.workers_reading`): shipping a parsed event costs
+more CPU than reading it (benchmarks/RESULTS.md, "Workers"). Otherwise — a pipe or an MQTT feed, which can be
+read once, XML, a checkpoint — the parent reads and parses the input with the one reader and puts the events
+through one engine's reorder buffer (:class:`Sequencer`: ``seq`` numbers, dead letters, late events and
+stream order are one engine's), routes them — compact tuples ``(type, ts, attrs, seq[, xml])`` per engine,
+pickled — and writes the matches the workers send back, each worker's in its stream order (so per key in
+stream order).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import os
 import queue
 import signal
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -36,7 +39,9 @@ from yfpp.input.dead_letters import DeadLetters
 from yfpp.input.events import MISSING, Event
 from yfpp.state.checkpoint import write_checkpoint, write_json
 from yfpp.output.stats import run_figures
+from yfpp.input.record_fields import ReaderOptions
 from yfpp.spark.plan import Group, Runner, Slicing, XmlEvent, group_queries, needs_xml
+from yfpp.workers_reading import Share, plan_slices, reads_itself
 
 WORKERS = Runner("with --workers", "run with --workers 1")
 SLICE_EVENTS = 20_000  #: about this many events per time slice of an unkeyed group (at least its window long)
@@ -45,10 +50,14 @@ INBOX = 64  #: messages a worker's inbox holds before the reader waits (so it ca
 _POLL = 0.5  #: seconds between checks that the workers are alive while the reader waits
 
 
-def _context() -> Any:
+def _context(forked: bool = False) -> Any:
     """``forkserver`` where there is one (one process imports yfpp, each worker is forked from it: a worker starts
-    in milliseconds, not the half second of an import), else ``spawn``; never a plain fork of a threaded parent."""
+    in milliseconds, not the half second of an import), else ``spawn``; never a plain fork of a threaded parent.
+    ``forked``: a plain ``fork`` of this process while it has one thread (workers that read the input start
+    at once, not after the fork server's import of yfpp, which is most of a second)."""
     methods = multiprocessing.get_all_start_methods()
+    if forked and "fork" in methods and threading.active_count() == 1:
+        return multiprocessing.get_context("fork")
     if "forkserver" not in methods:
         return multiprocessing.get_context("spawn")
     ctx = multiprocessing.get_context("forkserver")
@@ -80,14 +89,18 @@ class Workers:
     letters (events whose processing failed) are reported; ``slice_events``: see :data:`SLICE_EVENTS`;
     ``live``: the input is live (a pipe, a socket), so each batch is sent at once rather than gathered;
     ``max_delay``, ``max_held``: the reorder buffer's, as one engine's (:class:`Sequencer`); ``resume``: a
-    checkpoint's data (:meth:`checkpoint`) and the ``folder`` of its files, with its restored ``sequencer``.
+    checkpoint's data (:meth:`checkpoint`) and the ``folder`` of its files, with its restored ``sequencer``;
+    ``source``: an input file, its format (None: from its name or first byte) and its reader options, which
+    the workers read themselves where :func:`yfpp.workers_reading.reads_itself` says they can (then
+    :attr:`source` is kept: no batch is routed, :meth:`flush` waits for the workers, and :attr:`events` and
+    :attr:`vocabulary` are what they read).
     """
 
     def __init__(self, queries: Sequence[tuple[Any, Any]], n: int, out: Any, dead: DeadLetters, *,
                  full_events: bool = False, feedback_limits: tuple[int, int] | None = None,
                  engine_opts: dict[str, Any] | None = None, slice_events: int = SLICE_EVENTS, live: bool = False,
                  max_delay: float = 0.0, max_held: int | None = None, resume: dict[str, Any] | None = None,
-                 sequencer: Sequencer | None = None):
+                 sequencer: Sequencer | None = None, source: tuple[str, str | None, ReaderOptions] | None = None):
         limits = {"feedback_limits": feedback_limits} if feedback_limits is not None else {}
         self.groups = group_queries(queries, full_events=full_events, runner=WORKERS, **limits)
         self.names = [str(name) for name, _ in queries]
@@ -110,12 +123,20 @@ class Workers:
         self._acks = 0
         self._files: list[str] = []  # the workers' files of the last checkpoint
         self._figures: list[dict] = []
-        ctx = _context()
+        self._cpu: list[float] = []  # each worker's CPU seconds, as it ended
+        self.source = source if source is not None and reads_itself(*source, self.groups) else None
+        self.events = 0  #: the events the workers read (when they read the input)
+        self.vocabulary: dict[str, set[str]] = {}  #: the attribute names per type they saw (likewise)
+        ctx = _context(forked=self.source is not None)
         self._results = ctx.Queue()
-        self._inboxes = [ctx.Queue(INBOX) for _ in range(n)]
-        self._procs = [ctx.Process(target=_work, args=(i, self._inboxes[i], self._results, self.groups,
-                                                       engine_opts or {}), name=f"yfpp-worker-{i}", daemon=True)
-                       for i in range(n)]
+        self._inboxes = [ctx.Queue(INBOX) for _ in range(n)] if self.source is None else []
+        if self.source is None:
+            jobs = [(_work, (i, self._inboxes[i], self._results, self.groups, engine_opts or {})) for i in range(n)]
+        else:
+            jobs = [(_read_work, (i, n, (source[0], source[2]), self._results, self.groups, engine_opts or {}, slice_events))
+                    for i in range(n)]
+        self._procs = [ctx.Process(target=target, args=args, name=f"yfpp-worker-{i}", daemon=True)
+                       for i, (target, args) in enumerate(jobs)]
         for p in self._procs:
             p.start()
         self._started = False
@@ -192,12 +213,7 @@ class Workers:
     def _start(self, batch: list[Event]) -> None:
         """Fix each sliced group's slices: from the first event's ts, about so many events long
         (``slice_events``) at the first batch's rate, at least the group's window (None: one slice, when the window is 0)."""
-        t0, t1 = (batch[0].ts, batch[-1].ts) if batch else (0.0, 0.0)
-        rate = (len(batch) - 1) / (t1 - t0) if t1 > t0 else 0.0
-        for g in self._open:
-            w = self.groups[g].window
-            length = max(w, self.slice_events / rate if rate else w)
-            self.slicings[g] = Slicing(t0, length, w) if length > 0 else None
+        self.slicings.update(plan_slices(self.groups, self._open, [ev.ts for ev in batch], self.slice_events))
         self._begin()
 
     def _begin(self, restore: Sequence[str | None] | None = None) -> None:
@@ -261,11 +277,17 @@ class Workers:
                 except BaseException as e:  # a failed write (a full disk, the reader gone): the run stops
                     self._failure = e
                     return
+            elif kind == "read":
+                events, names = payload
+                self.events += events
+                for t, attrs in names.items():
+                    self.vocabulary.setdefault(t, set()).update(attrs)
             elif kind == "checkpointed":
                 with self._acked:
                     self._acks += 1
                     self._acked.notify()
             elif kind == "done":
+                self._cpu.append(round(payload.pop("cpu_s"), 3))
                 self._figures.append(payload)
                 done += 1
             else:
@@ -274,13 +296,8 @@ class Workers:
 
     def flush(self, out: Any = None) -> Any:
         """End of the stream: every worker flushes its engines; wait for their last matches (``out`` is returned)."""
-        self._sequencer.flush([])
-        self._route(self._sequencer.take())
-        if not self._started:
-            self._start([])
-        self._send(self._closing(self._mark, end=True))
-        for i in range(self.n):
-            self._put(i, None)
+        if self.source is None:
+            self._end()
         while self._collector.is_alive():
             self._collector.join(_POLL)
             stopped = [(i, p.exitcode) for i, p in enumerate(self._procs) if p.exitcode not in (None, 0)]
@@ -291,6 +308,16 @@ class Workers:
         for p in self._procs:
             p.join()
         return out
+
+    def _end(self) -> None:
+        """The last events routed, every slice closed, and the end of the stream to every worker."""
+        self._sequencer.flush([])
+        self._route(self._sequencer.take())
+        if not self._started:
+            self._start([])
+        self._send(self._closing(self._mark, end=True))
+        for i in range(self.n):
+            self._put(i, None)
 
     def checkpoint(self, path: str, catalog: Engine, extra: dict[str, Any]) -> None:
         """Write a checkpoint: each worker's engines to ``PATH.wI.K`` (K counts the checkpoints), then — once every
@@ -371,6 +398,7 @@ class Workers:
             "matches": {name: matches.get(name, 0) for name in self.names},
             "event_sets": total.get("event_sets", {}),
             "workers": self.n,
+            "worker_cpu_s": sorted(self._cpu, reverse=True),
         }
 
     def close(self) -> None:
@@ -411,6 +439,17 @@ class Sequencer(Engine):
         """The events released since the last call, in stream order."""
         out, self.released = self.released, []
         return out
+
+    @property
+    def watermark(self) -> tuple[float, float]:
+        """The (ts, seq) of the last event released: an event below it is late."""
+        return self._mark
+
+    def skip_to(self, ts: float, seq: float, next_seq: int) -> None:
+        """The watermark after events released elsewhere (read by another worker), the last at (``ts``, ``seq``),
+        and the next ``seq`` to give; only for an empty reorder buffer without delay."""
+        self._mark = (ts, seq)
+        self._next_seq = next_seq
 
 
 @dataclass
@@ -458,68 +497,118 @@ class _Collect(DeadLetters):
         return items
 
 
-def _work(index: int, inbox: Any, results: Any, groups: list[Group], engine_opts: dict[str, Any]) -> None:
-    """A worker: engines per (group, slice) fed the routed rows; matches (a slice's: those starting in it)
-    and dead letters back after each message; its state into a file at a checkpoint (a message that is a
-    path); the figures at the end. Its first message gives the slicings and the file to restore, if any."""
+class _Matching:
+    """A worker's engines per (group, slice), made as events come for them; the matches a slice's engine makes
+    are kept when they start in it. ``slicings``: the sliced groups' (a dict filled once they are fixed)."""
+
+    def __init__(self, groups: list[Group], engine_opts: dict[str, Any], dead: DeadLetters,
+                 slicings: dict[int, Slicing | None], restore: str | None = None):
+        self.groups, self.engine_opts, self.dead, self.slicings = groups, engine_opts, dead, slicings
+        self.engines: dict[tuple[int, int], Engine] = {}
+        self.figures: dict[str, Any] = {}
+        self.kept: Counter[str] = Counter()
+        self.events = 0
+        if restore is not None:  # the engines, figures and match counts of a checkpoint
+            with open(restore, encoding="utf-8") as f:
+                saved = json.load(f)
+            self.engines = {(g, s): Engine.restore(snap, dead_letters=dead) for g, s, snap in saved["engines"]}
+            self.figures, self.kept, self.events = saved["figures"], Counter(saved["kept"]), saved["events"]
+
+    def feed(self, routed: Any, closes: list[tuple[int, int]], out: list[dict]) -> None:
+        """``routed``: ((group, slice), events) pairs, matched by their engines; then the ``closes`` slices'
+        engines flushed and dropped; the matches kept into ``out``."""
+        for (g, s), events in routed:
+            eng = self.engines.get((g, s))
+            if eng is None:
+                eng = self.engines[(g, s)] = self.groups[g].engine(dead_letters=self.dead, **self.engine_opts)
+            self.events += len(events)
+            self._keep(eng.process_batch(events, []), g, s, out)
+        for g, s in closes:
+            eng = self.engines.pop((g, s), None)
+            if eng is not None:
+                self._keep(eng.flush(), g, s, out)
+                self._retire(eng)
+
+    def finish(self) -> list[dict]:
+        """The end of the stream: every engine flushed; their matches."""
+        out: list[dict] = []
+        self.feed((), list(self.engines), out)
+        return out
+
+    def write(self, path: str) -> None:
+        """This worker's state into the file ``path`` (its part of a checkpoint)."""
+        write_json({"engines": [[g, s, eng.snapshot()] for (g, s), eng in self.engines.items()],
+                    "figures": self.figures, "kept": self.kept, "events": self.events}, path)
+
+    def _keep(self, found: list[dict], g: int, s: int, into: list[dict]) -> None:
+        sl = self.slicings.get(g)
+        for m in found:
+            if sl is None or sl.own(m["start"]) == s:
+                into.append(m)
+                self.kept[str(m["query"])] += 1
+
+    def _retire(self, eng: Engine) -> None:
+        f = run_figures(eng, 0, 0.0, self.dead)
+        f["runs_touched"] = eng.stats.runs_touched
+        for k in ("events", "elapsed_s", "events_per_s", "runs_touched_per_event", "dead_letters",
+                  "dead_letters_by_reason", "matches"):
+            del f[k]
+        _add(self.figures, f)
+
+
+def _prepare() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     gc.freeze()  # as yfpp run: runs, buffered events and matches form no reference cycles
     gc.set_threshold(100_000, 50, 100)
+
+
+def _work(index: int, inbox: Any, results: Any, groups: list[Group], engine_opts: dict[str, Any]) -> None:
+    """A worker fed by the parent: engines per (group, slice) fed the routed rows; matches (a slice's: those
+    starting in it) and dead letters back after each message; its state into a file at a checkpoint (a message
+    that is a path); the figures at the end. Its first message gives the slicings and the file to restore, if any."""
+    _prepare()
     try:
         dead = _Collect()
-        engines: dict[tuple[int, int], Engine] = {}
-        figures: dict[str, Any] = {}
-        kept: Counter[str] = Counter()
-        events = 0
         start = inbox.get()
-        slicings: dict[int, Slicing | None] = start["slicings"]
-        if start["restore"] is not None:  # the engines, figures and match counts of a checkpoint
-            with open(start["restore"], encoding="utf-8") as f:
-                saved = json.load(f)
-            engines = {(g, s): Engine.restore(snap, dead_letters=dead) for g, s, snap in saved["engines"]}
-            figures, kept, events = saved["figures"], Counter(saved["kept"]), saved["events"]
-
-        def keep(found: list[dict], g: int, s: int, into: list[dict]) -> None:
-            sl = slicings.get(g)
-            for m in found:
-                if sl is None or sl.own(m["start"]) == s:
-                    into.append(m)
-                    kept[str(m["query"])] += 1
-
-        def retire(eng: Engine) -> None:
-            f = run_figures(eng, 0, 0.0, dead)
-            f["runs_touched"] = eng.stats.runs_touched
-            for k in ("events", "elapsed_s", "events_per_s", "runs_touched_per_event", "dead_letters",
-                      "dead_letters_by_reason", "matches"):
-                del f[k]
-            _add(figures, f)
-
+        matching = _Matching(groups, engine_opts, dead, start["slicings"], start["restore"])
         while (msg := inbox.get()) is not None:
             if type(msg) is str:  # a checkpoint: this worker's state into the file msg names
-                write_json({"engines": [[g, s, eng.snapshot()] for (g, s), eng in engines.items()],
-                            "figures": figures, "kept": kept, "events": events}, msg)
+                matching.write(msg)
                 results.put((index, "checkpointed", msg))
                 continue
             routed, closes = msg
             out: list[dict] = []
-            for (g, s), rows in routed:
-                eng = engines.get((g, s))
-                if eng is None:
-                    eng = engines[(g, s)] = groups[g].engine(dead_letters=dead, **engine_opts)
-                found = eng.process_batch([Event(*r) if len(r) == 4 else XmlEvent(*r) for r in rows], [])
-                events += len(rows)
-                keep(found, g, s, out)
-            for g, s in closes:
-                eng = engines.pop((g, s), None)
-                if eng is not None:
-                    keep(eng.flush(), g, s, out)
-                    retire(eng)
+            matching.feed((((g, s), [Event(*r) if len(r) == 4 else XmlEvent(*r) for r in rows])
+                           for (g, s), rows in routed), closes, out)
             results.put((index, "matches", (out, dead.take())))
-        out = []
-        for (g, s), eng in engines.items():
-            keep(eng.flush(), g, s, out)
-            retire(eng)
+        results.put((index, "matches", (matching.finish(), dead.take())))
+        results.put((index, "done", {**matching.figures, "matches": dict(matching.kept), "cpu_s": time.process_time()}))
+    except BaseException as e:  # the parent reports it and stops the run
+        results.put((index, "error", f"{type(e).__name__}: {e}"))
+
+
+def _read_work(index: int, n: int, source: tuple[str, ReaderOptions], results: Any, groups: list[Group],
+               engine_opts: dict[str, Any], slice_events: int) -> None:
+    """A worker that reads the input itself (:class:`yfpp.workers_reading.Share`): its share of each block
+    matched; matches and dead letters back every :data:`SEND_ROWS` events or so; at the end the count of the
+    events it reported and the names it saw (``"read"``), then the figures."""
+    _prepare()
+    try:
+        dead = _Collect()
+        slicings: dict[int, Slicing | None] = {}
+        share = Share(source[0], source[1], groups, index, n, slice_events, dead,
+                      Sequencer(dead_letters=dead if index == 0 else DeadLetters()), slicings)
+        matching = _Matching(groups, engine_opts, dead, slicings)
+        out: list[dict] = []
+        sent = 0
+        for routed, closes in share.blocks():
+            matching.feed(routed.items(), closes, out)
+            if matching.events - sent >= SEND_ROWS or len(out) >= SEND_ROWS:
+                results.put((index, "matches", (out, dead.take())))
+                out, sent = [], matching.events
+        out.extend(matching.finish())
         results.put((index, "matches", (out, dead.take())))
-        results.put((index, "done", {**figures, "matches": dict(kept)}))
+        results.put((index, "read", (share.events, share.vocabulary.attrs)))
+        results.put((index, "done", {**matching.figures, "matches": dict(matching.kept), "cpu_s": time.process_time()}))
     except BaseException as e:  # the parent reports it and stops the run
         results.put((index, "error", f"{type(e).__name__}: {e}"))

@@ -12,6 +12,7 @@
   root's namespaces.
 - ``line_attributes``: the attribute texts of a plain line, read back from its bytes (``Event.texts``).
 - ``jsonl_reader``: JSON lines, a block of flat records by one orjson call, any other line by itself.
+- ``jsonl_scan``: each line's ts and key values of a block of JSON lines, found without parsing (``--workers``).
 - ``record_fields``: what both readers share: options and caps, typed values, ts units and ISO-8601.
 - ``xml_element``: the XML element XPath predicates read, for events that did not come from XML.
 - ``dead_letters``: malformed and late records, counted and written with seq, position and reason.

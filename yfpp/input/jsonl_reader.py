@@ -47,17 +47,37 @@ _ORJSON_DEPTH = 500
 def jsonl_batches(f: IO[Any], owned: bool, opts: ReaderOptions, dl: DeadLetters) -> Iterator[list[Event]]:
     """The events of a JSON-lines source (see the module docstring), a list per read block (of the lines it
     completes) that has any; dead letters go to ``dl`` as a block is read."""
-    read = getattr(f, "read1", f.read)
-    cap = opts.max_record_bytes
-    keys = (b'"%s"' % opts.ts_field.encode(), b'"%s"' % (opts.type_field or "type").encode())
-    bulk = opts.unit is not ISO_8601 and (opts.type_field or "type") != opts.ts_field
-    seq = lineno = 0
-    carry = b""
-    dropping = False  # inside a line over the cap: drop bytes up to its end
-    first = True
+    blocks = LineBlocks(f, opts.max_record_bytes, dl)
     try:
+        for body in blocks:
+            events, blocks.seq, blocks.lineno = parse_block(body, blocks.seq, blocks.lineno, opts, dl)
+            if events:
+                yield events
+    finally:
+        if owned:
+            f.close()
+
+
+class LineBlocks:
+    """The complete lines of a JSON-lines source, a read block at a time (iterating yields each block's bytes,
+    a BOM dropped): a line over ``cap`` bytes is one dead letter (``too large``), dropped as it is read. Whoever
+    takes a block advances :attr:`seq` (records) and :attr:`lineno` (lines) past it (:func:`parse_block`)."""
+
+    def __init__(self, f: IO[Any], cap: int, dl: DeadLetters, size: int = READ_BLOCK):
+        self.f, self.cap, self.dl, self.size = f, cap, dl, size
+        self.seq = self.lineno = 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        read = getattr(self.f, "read1", self.f.read)
+        cap = self.cap
+        carry = b""
+        dropping = False  # inside a line over the cap: drop bytes up to its end
+        first = True
         while True:
-            data = read(READ_BLOCK)
+            try:
+                data = read(self.size)
+            except (OSError, EOFError, zlib.error) as e:
+                raise InputError(f"cannot read input after line {self.lineno}: {e}") from e
             if isinstance(data, str):
                 data = data.encode("utf-8")
             eof = not data
@@ -75,37 +95,38 @@ def jsonl_batches(f: IO[Any], owned: bool, opts: ReaderOptions, dl: DeadLetters)
             cut = len(block) if eof else _last_line_end(block)
             body, carry = block[:cut], block[cut:]
             if len(carry) > cap:
-                lineno += 1
-                dl.report(seq, f"line {lineno}", f"too large: a line over {cap:,} bytes", preview(carry))
-                seq += 1
+                self.lineno += 1
+                self.dl.report(self.seq, f"line {self.lineno}", f"too large: a line over {cap:,} bytes", preview(carry))
+                self.seq += 1
                 carry, dropping = b"", True
-            events: list[Event] = []
             if body:
-                parsed = _bulk(body, keys) if bulk and len(body) <= cap else None
-                if parsed is not None and _plain_events(parsed, seq, opts, events):
-                    seq += len(events)
-                    lineno += len(parsed)
-                else:
-                    events.clear()
-                    for line in body.splitlines():
-                        lineno += 1
-                        event = _json_event(line, seq, opts, keys)
-                        if type(event) is Event:
-                            events.append(event)
-                        elif event is not None:
-                            dl.report(seq, f"line {lineno}", event, preview(line))
-                        else:
-                            continue  # blank
-                        seq += 1
-            if events:
-                yield events
+                yield body
             if eof:
                 return
-    except (OSError, EOFError, zlib.error) as e:
-        raise InputError(f"cannot read input after line {lineno}: {e}") from e
-    finally:
-        if owned:
-            f.close()
+
+
+def parse_block(body: bytes, seq: int, lineno: int, opts: ReaderOptions,
+                dl: DeadLetters) -> tuple[list[Event], int, int]:
+    """The events of ``body``'s lines (its records numbered from ``seq``, its lines counted from ``lineno``;
+    dead letters to ``dl``), and the ``seq`` and ``lineno`` after it."""
+    keys = (b'"%s"' % opts.ts_field.encode(), b'"%s"' % (opts.type_field or "type").encode())
+    bulk = opts.unit is not ISO_8601 and (opts.type_field or "type") != opts.ts_field
+    events: list[Event] = []
+    parsed = _bulk(body, keys) if bulk and len(body) <= opts.max_record_bytes else None
+    if parsed is not None and _plain_events(parsed, seq, opts, events):
+        return events, seq + len(events), lineno + len(parsed)
+    events.clear()
+    for line in body.splitlines():
+        lineno += 1
+        event = _json_event(line, seq, opts, keys)
+        if type(event) is Event:
+            events.append(event)
+        elif event is not None:
+            dl.report(seq, f"line {lineno}", event, preview(line))
+        else:
+            continue  # blank
+        seq += 1
+    return events, seq, lineno
 
 
 def _last_line_end(block: bytes) -> int:

@@ -130,10 +130,7 @@ def read_event_batches(
     """:func:`read_events` a read block at a time: a list of the events of each block read (of the records
     it completes), for a caller that handles events in bulk (``yfpp run``). The dead letters of a block's
     records are reported as the block is read, before its events are handed on."""
-    for what, v in (("max_record_bytes", max_record_bytes), ("max_depth", max_depth)):
-        if type(v) is not int or v < 1:
-            raise ValueError(f"{what} must be an integer >= 1, not {v!r:.80}")
-    opts = ReaderOptions(ts_field, unit_factors(ts_unit), type_field or None, max_record_bytes, max_depth)
+    opts = reading_options(ts_field, ts_unit, type_field, max_record_bytes, max_depth)
     fmt = (format or format_of(path_or_file) or "").lower()
     if fmt and fmt not in _FORMATS:
         raise InputError(f"unknown input format {fmt!r}; expected xml or jsonl")
@@ -153,6 +150,15 @@ def read_event_batches(
             f.close()
         raise InputError(clash)
     return _batches(fmt)(f, owned, opts, _sink(dead_letters))
+
+
+def reading_options(ts_field: str = "ts", ts_unit: str = "s", type_field: str | None = None,
+                    max_record_bytes: int = MAX_RECORD_BYTES, max_depth: int = MAX_DEPTH) -> ReaderOptions:
+    """The readers' options of :func:`read_event_batches`' arguments (ValueError for a bad one)."""
+    for what, v in (("max_record_bytes", max_record_bytes), ("max_depth", max_depth)):
+        if type(v) is not int or v < 1:
+            raise ValueError(f"{what} must be an integer >= 1, not {v!r:.80}")
+    return ReaderOptions(ts_field, unit_factors(ts_unit), type_field or None, max_record_bytes, max_depth)
 
 
 def field_clash(ts_field: str, type_field: str | None, fmt: str | None) -> str | None:

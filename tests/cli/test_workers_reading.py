@@ -1,0 +1,203 @@
+"""Workers that read a JSON-lines file themselves (yfpp/workers_reading.py, yfpp/input/jsonl_scan.py).
+
+The scan is checked against the reader (every line the reader makes an event of has the scanned ts and
+routing text), and whole runs against one engine reading the same bytes: the same matches, the same dead
+letters (malformed lines, late events, each once with its seq and line) and the same count of events, on
+generated patterns over files whose lines take many shapes (keys in any order, nested objects, escapes,
+floats and booleans as keys, blank and broken lines, times going back), read in blocks of a few lines.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import yfpp.workers_reading
+from tests.generators import patterns, streams
+from yfpp.cli import main
+from yfpp.engine import Engine
+from yfpp.input.dead_letters import DeadLetters
+from yfpp.input.jsonl_reader import parse_block
+from yfpp.input.jsonl_scan import routing_text, scan_block
+from yfpp.input.readers import read_event_batches, reading_options
+from yfpp.workers import Workers
+
+
+class Letters(DeadLetters):
+    """Dead letters kept as a multiset of (seq, position, reason, raw)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.items: Counter = Counter()
+
+    def report(self, seq: int, position: str, reason: str, raw: str | None = None) -> None:
+        super().report(seq, position, reason, raw)
+        self.items[(seq, position, reason, raw)] += 1
+
+
+def line_of(rec: dict, style: int) -> str:
+    """One record written in one of several shapes (all but the last few are what a sensor writes)."""
+    if style == 0:
+        return json.dumps(rec)
+    if style == 1:  # keys in reverse order, no spaces
+        return json.dumps(dict(reversed(list(rec.items()))), separators=(",", ":"))
+    if style == 2:  # the key as a float or a boolean (equal in Python to the integer)
+        k = rec.get("k")
+        return json.dumps({**rec, "k": float(k) if type(k) is int and k else bool(k) if type(k) is int else k})
+    if style == 3:  # a nested object holding the key's name
+        return json.dumps({**rec, "n": {"k": 7, "ts": 1}})
+    if style == 4:  # an escaped string
+        return json.dumps({**rec, "s": 'a"b\\'})
+    if style == 5:
+        return json.dumps({**rec, "note": "k"})  # the key's name as a value
+    if style == 6:
+        return "{broken"
+    if style == 7:
+        return ""  # a blank line
+    if style == 8:  # the plain shape, but no type: a dead letter the scan cannot tell
+        return json.dumps({k: v for k, v in rec.items() if k != "type"})
+    return json.dumps({**rec, "type": ""})  # likewise, an empty type
+
+
+
+
+@st.composite
+def feeds(draw, max_events: int = 40) -> str:
+    """JSON lines of a generated stream, each line in a drawn shape (mostly plain), some swapped out of order."""
+    events = draw(streams(max_events=max_events))
+    styles = draw(st.lists(st.sampled_from([0, 0, 0, 0, 0, 1, 1, 2, 3, 4, 5, 6, 7, 8, 9]), min_size=len(events),
+                           max_size=len(events)))
+    lines = []
+    for ev, style in zip(events, styles):
+        rec = {"type": ev.type, "ts": ev.ts, **{k: v for k, v in ev.attrs.items()}}
+        lines.append(line_of(rec, style))
+    for i in draw(st.lists(st.integers(0, max(len(lines) - 2, 0)), max_size=3)):
+        if len(lines) > 1:
+            lines[i], lines[i + 1] = lines[i + 1], lines[i]
+    return "".join(line + "\n" for line in lines)
+
+
+@settings(max_examples=200, deadline=None)
+@given(feeds(max_events=30))
+def test_the_scan_agrees_with_the_reader(text):
+    """Where a block is scanned, each line the reader takes has the scanned ts and key text."""
+    body = text.encode()
+    if not body:
+        return
+    opts = reading_options()
+    scan = scan_block(body, opts, ["k", "x"])
+    if scan is None:
+        return
+    ts, (ks, xs) = scan
+    for j, line in enumerate(body.splitlines()):
+        events, _, _ = parse_block(line, j, 0, opts, DeadLetters())
+        for ev in events:
+            assert ts[j] == ev.ts
+            assert ks[j] == routing_text(ev.attrs["k"]) and xs[j] == routing_text(ev.attrs["x"])
+
+
+def test_routing_text_is_one_per_python_value():
+    assert routing_text(1) == routing_text(1.0) == routing_text(True) == b"1"
+    assert routing_text("1") == b'"1"' and routing_text(0) == routing_text(False) == b"0"
+
+
+def one_engine(queries: list, path: str) -> tuple[Counter, Counter, int]:
+    dead = Letters()
+    eng = Engine(dead_letters=dead)
+    for name, p in queries:
+        eng.register(p, name=name)
+    out: list[dict] = []
+    count = 0
+    for batch in read_event_batches(path, "jsonl", dead_letters=dead):
+        count += len(batch)
+        eng.process_batch(batch, out)
+    eng.flush(out)
+    return Counter(json.dumps(m, sort_keys=True) for m in out), dead.items, count
+
+
+def with_workers(queries: list, path: str, n: int) -> tuple[Counter, Counter, int]:
+    dead = Letters()
+    out: list[dict] = []
+    workers = Workers(queries, n, out, dead, slice_events=3, source=(path, "jsonl", reading_options()))
+    try:
+        assert workers.source is not None
+        workers.flush()
+    finally:
+        workers.close()
+    return Counter(json.dumps(m, sort_keys=True) for m in out), dead.items, workers.events
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    monkeypatch.setattr(yfpp.workers_reading, "BLOCK", 97)  # a few lines a block (inherited by the forked workers)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(st.lists(patterns(), min_size=1, max_size=3), feeds(), st.sampled_from([2, 3]))
+def test_workers_reading_the_file_are_one_engine(small_blocks, tmp_path, pats, text, n):
+    """Keyed, sliced and whole groups at once over every line shape (an event read by two engines of a worker is
+    two objects: the runtime numbers each engine's events in them): one engine's matches, dead letters and count."""
+    path = tmp_path / "feed.jsonl"
+    path.write_text(text)
+    queries = [(f"q{i}", p) for i, p in enumerate(pats)]
+    assert with_workers(queries, str(path), n) == one_engine(queries, str(path))
+
+
+def test_workers_reading_a_large_plain_file(tmp_path):
+    """Thousands of plain lines (every block scanned) with a few late events and broken lines among them."""
+    rng = random.Random(3)
+    lines = []
+    for i in range(6000):
+        lines.append(json.dumps({"type": rng.choice("abc"), "ts": i // 3, "k": rng.randrange(50), "x": rng.randrange(4)}))
+    for i in (700, 2500, 4000):
+        lines.insert(i, json.dumps({"type": "a", "ts": 5, "k": 1, "x": 0}))  # late
+    lines.insert(1200, "{broken")
+    path = tmp_path / "feed.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    from yfpp.language.query_text import parse_query
+
+    queries = [("keyed", parse_query("PATTERN SEQ(a x, b y) WHERE [k] AND y.x > x.x WITHIN 20", "sase", "s")),
+               ("sliced", parse_query("PATTERN SEQ(a x, c y) WHERE y.x = x.x WITHIN 4", "sase", "s"))]
+    expected = one_engine(queries, str(path))
+    assert expected[1].total() == 4 and sum(expected[0].values()) > 1000
+    assert with_workers(queries, str(path), 2) == expected
+
+
+def test_cli_workers_read_the_file_when_they_can(capsys, tmp_path):
+    """The same lines and figures from the command line; a gzip file or --max-delay takes the parent's reader."""
+    path = tmp_path / "feed.jsonl"
+    path.write_text("".join(json.dumps({"type": "ab"[i % 2], "ts": i, "k": i % 7}) + "\n" for i in range(3000)))
+    query = "PATTERN SEQ(a x, b y) WHERE [k] WITHIN 30"
+    results = {}
+    for argv in (["--workers", "1"], ["--workers", "2"], ["--workers", "2", "--max-delay", "1"]):
+        stats = tmp_path / "stats.json"
+        assert main(["run", "-q", query, "-i", str(path), "--stats-json", str(stats), *argv]) == 0
+        out, _ = capsys.readouterr()
+        figures = json.loads(stats.read_text())
+        results[tuple(argv)] = (sorted(out.splitlines()), figures["events"], figures["matches"])
+        if argv[1] == "2":
+            cpu = figures["worker_cpu_s"]  # each worker's CPU seconds, the busiest first
+            assert len(cpu) == 2 and cpu[0] >= cpu[1] > 0
+    assert len(set(map(str, results.values()))) == 1 and results[("--workers", "1")][1] == 3000
+
+
+def test_a_dead_letter_with_the_latest_ts_does_not_move_the_watermark(small_blocks, tmp_path):
+    """A line of the plain shape that is no event (no type) ahead in time, at each place in a block: the events
+    after it with earlier times are not late, in one engine nor in the workers."""
+    from yfpp.language.query_text import parse_query
+
+    queries = [("q", parse_query("PATTERN SEQ(a x, b y) WHERE [k] WITHIN 50", "sase", "s"))]
+    plain = [json.dumps({"type": "ab"[i % 2], "ts": i, "k": i % 3}) for i in range(12)]
+    for at in range(1, 8):
+        lines = [*plain[:at], json.dumps({"ts": 100, "k": 1}), *plain[at:]]
+        path = tmp_path / f"feed{at}.jsonl"
+        path.write_text("\n".join(lines) + "\n")
+        expected = one_engine(queries, str(path))
+        assert len(expected[1]) == 1  # the line without a type; no late event
+        assert with_workers(queries, str(path), 2) == expected

@@ -1,0 +1,76 @@
+"""What a block of JSON lines holds, read without parsing it: each line's ts and key values.
+
+``yfpp run --workers N`` has every worker read the whole file and parse only its own lines
+(yfpp/workers_reading.py); which lines are its own it learns from :func:`scan_block`, which finds each
+line's ts and the values of the routing attributes with a few passes of C code over the block.
+
+A block is scanned only when no line holds a backslash or a ``\r`` and each line names the ts field once,
+with a number, and each routing attribute once, with an integer or a string — else :func:`scan_block`
+gives None (the caller parses the block). Without a backslash no quote is escaped and no key is written
+with escapes, so a line the parser takes as an event has its ts key where the scan found it: the scanned
+ts is its ts. A routing attribute named once is the event's attribute, with the scanned routing text
+(:func:`routing_text`), unless the name is nested (``{"n": {"k": 1}}``): then the event lacks it, and
+the caller checks that an event it parsed has the attribute. A line the parser refuses may have any
+scanned values.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from functools import lru_cache
+from typing import Any, Sequence
+
+import orjson
+
+from yfpp.input.record_fields import ISO_8601, ReaderOptions
+
+# a number's characters (float() refuses what is no number; a line the parser takes has a JSON number there)
+_NUMBER = rb"-?[0-9][0-9.eE+-]*"
+_VALUE = rb'0|-?[1-9][0-9]*|"[^"\n]*"'  # an integer as JSON writes it (so one text per value), or a string
+
+
+@lru_cache(maxsize=64)
+def _field(name: str, value: bytes) -> re.Pattern[bytes]:
+    """``"name": value`` and the rest of its line (so at most one match per line)."""
+    return re.compile(rb'"%s"[ \t]*:[ \t]*(%s)[ \t]*[,}][^\n]*' % (re.escape(name.encode()), value))
+
+
+def scan_block(body: bytes, opts: ReaderOptions, keys: Sequence[str]) -> tuple[list[float], list[list[bytes]]] | None:
+    """Each line's ts (scaled as the reader scales it) and, per name of ``keys``, each line's value as JSON
+    text; None unless every line of ``body`` (complete lines, ``\\n``-terminated but maybe the last) has the
+    shape of the module docstring."""
+    if opts.unit is ISO_8601 or b"\\" in body or b"\r" in body:
+        return None
+    lines = body.count(b"\n") + (body[-1:] != b"\n")
+    raw = _field(opts.ts_field, _NUMBER).findall(body)
+    if len(raw) != lines or body.count(b'"%s"' % opts.ts_field.encode()) != lines:
+        return None
+    try:
+        m, d = opts.unit
+        if m == d == 1:
+            ts = list(map(float, raw))
+        else:
+            numbers: list[Any] = orjson.loads(b"[" + b",".join(raw) + b"]")
+            ts = [r * m / d for r in numbers]
+    except (ValueError, OverflowError):  # (orjson.JSONDecodeError is a ValueError)
+        return None
+    if not math.isfinite(sum(ts)):  # (1e999: a dead letter; a sum past the floats: not scanned)
+        return None
+    values = []
+    for name in keys:
+        found = _field(name, _VALUE).findall(body)
+        if len(found) != lines or body.count(b'"%s"' % name.encode()) != lines:
+            return None
+        values.append(found)
+    return ts, values
+
+
+def routing_text(value: Any) -> bytes:
+    """The text :func:`scan_block` finds for an attribute's value, made from the parsed value; values equal in
+    Python (``1``, ``1.0``, ``True``) get one text, so one key goes to one worker however it is written."""
+    if type(value) is str:
+        return b'"%s"' % value.encode("utf-8", "surrogatepass")
+    if isinstance(value, (bool, int)) or (type(value) is float and value.is_integer()):
+        return str(int(value)).encode()
+    return repr(value).encode()

@@ -1,0 +1,277 @@
+"""``yfpp run --workers N`` over a JSON-lines file: every worker reads the file and parses only its own lines.
+
+Shipping a parsed event from one reading process to a worker costs more CPU than reading it
+(benchmarks/RESULTS.md, "Workers"), so for a regular JSON-lines file each worker reads the whole file
+itself. Of each block of lines it finds, without parsing, every line's ts and routing values
+(:func:`yfpp.input.jsonl_scan.scan_block`) and parses only the lines some group of its own routes to it:
+a keyed group's lines whose key text hashes to it, a sliced group's lines read by its slices, all lines
+of its whole groups. So each line is parsed by about one worker, and the ts and key scans are all every
+worker pays for the rest.
+
+Everything a single reader decides is decided alike: a line's ``seq`` is its record's index (the
+block's first ``seq`` plus its place), dead letters are reported by one worker (the **reporter** of a
+line: the worker its first group routes it to, which parses it), and no line is late while the scanned
+ts never fall below the watermark — the ts of the last line an event was made of, found at each block's
+end by parsing back from its last line. A block that is not scanned (a line of another shape) or whose ts
+go back is parsed whole by every worker and put through one engine's reorder buffer (the
+:class:`~yfpp.workers.Sequencer` given), whose late events and dead letters worker 0 reports; its events
+are routed by their parsed values (:func:`~yfpp.input.jsonl_scan.routing_text`), as scanned lines are.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from bisect import bisect_left, bisect_right
+from itertools import compress
+from typing import Any, Iterator
+
+from yfpp.engine import Engine
+from yfpp.input.dead_letters import DeadLetters
+from yfpp.input.events import MISSING, Event
+from yfpp.input.jsonl_reader import LineBlocks, parse_block
+from yfpp.input.jsonl_scan import routing_text, scan_block
+from yfpp.input.readers import format_of
+from yfpp.input.record_fields import ISO_8601, ReaderOptions
+from yfpp.output.vocabulary import Vocabulary
+from yfpp.spark.plan import Group, Slicing
+
+BLOCK = 1 << 14  #: bytes read at a time (as the reader: larger batches of events match slower)
+Routed = dict[tuple[int, int], list[Event]]  #: a block's events per (group, slice) of this worker
+
+
+def reads_itself(path: str, fmt: str | None, opts: ReaderOptions, groups: list[Group]) -> bool:
+    """Whether the workers can read ``path`` themselves: a regular, uncompressed JSON-lines file with numeric
+    times, and every keyed group keyed by one top-level attribute (not the type or ts field)."""
+    if path == "-" or not os.path.isfile(path) or opts.unit is ISO_8601:
+        return False
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    if head[:2] == b"\x1f\x8b":
+        return False
+    fmt = (fmt or format_of(path) or ("jsonl" if head.lstrip(b"\xef\xbb\xbf \t\r\n")[:1] == b"{" else "")).lower()
+    fields = {opts.ts_field, opts.type_field or "type", "seq"}
+    return fmt == "jsonl" and all(len(g.key) == 1 and "." not in g.key[0] and g.key[0] not in fields
+                                  for g in groups if g.key)
+
+
+def plan_slices(groups: list[Group], sliced: Any, ts: list[float], slice_events: int) -> dict[int, Slicing | None]:
+    """Each sliced group's slices (``sliced``: their indexes), from the first ts of the stream's first batch,
+    about ``slice_events`` events long at that batch's rate (``ts``), at least the group's window (None: one
+    slice, when the window is 0)."""
+    t0, t1 = (ts[0], ts[-1]) if ts else (0.0, 0.0)
+    rate = (len(ts) - 1) / (t1 - t0) if t1 > t0 else 0.0
+    plans: dict[int, Slicing | None] = {}
+    for g in sliced:
+        w = groups[g].window
+        length = max(w, slice_events / rate if rate else w)
+        plans[g] = Slicing(t0, length, w) if length > 0 else None
+    return plans
+
+
+class Share:
+    """Worker ``index`` of ``n``'s share of the JSON-lines file ``path``: :meth:`blocks` reads it and gives,
+    per block, this worker's events per (group, slice) and the slices it may close. ``dead``: where the
+    dead letters this worker reports go; ``sequencer``: an empty reorder buffer (max_delay 0) whose dead
+    letters are ``dead`` in worker 0 and a quiet sink in the others; ``slicings``: filled at the first block
+    (the dict the worker's matching reads)."""
+
+    def __init__(self, path: str, opts: ReaderOptions, groups: list[Group], index: int, n: int, slice_events: int,
+                 dead: DeadLetters, sequencer: Engine, slicings: dict[int, Slicing | None]):
+        self.path, self.opts, self.groups, self.me, self.n = path, opts, groups, index, n
+        self.slice_events = slice_events
+        self.dead = dead
+        self.quiet = DeadLetters()
+        self.sequencer = sequencer
+        self.keys = sorted({g.key[0] for g in groups if g.key})
+        self.slicings = slicings
+        self._open = {g: 0 for g, grp in enumerate(groups) if grp.sliced}  # each sliced group's first open slice
+        self.events = 0  #: the events of the lines this worker reports (summed over the workers: the input's)
+        self.vocabulary = Vocabulary(pattern for g in groups for _, pattern in g.queries)
+        self._started = False
+
+    def blocks(self) -> Iterator[tuple[Routed, list[tuple[int, int]]]]:
+        """This worker's events of each block read, and the (group, slice) pairs no later event is read by."""
+        with open(self.path, "rb") as f:
+            lines = LineBlocks(f, self.opts.max_record_bytes, self.dead if self.me == 0 else self.quiet, BLOCK)
+            for body in lines:
+                scan = scan_block(body, self.opts, self.keys)
+                if (scan is not None and self._started and scan[0][0] >= self.sequencer.watermark[0]
+                        and _ordered(scan[0])):
+                    routed = self._scanned(body, lines.seq, lines.lineno, *scan)
+                    lines.seq += len(scan[0])
+                    lines.lineno += len(scan[0])
+                else:
+                    events, lines.seq, lines.lineno = parse_block(body, lines.seq, lines.lineno, self.opts,
+                                                                   self.dead if self.me == 0 else self.quiet)
+                    if self.me == 0:
+                        self.events += len(events)
+                        self.vocabulary.note(events)
+                    self.sequencer.process_batch(events, [])
+                    released = self.sequencer.take()
+                    if released and not self._started:
+                        self._start([ev.ts for ev in released])
+                    routed = self._parsed(released)
+                yield routed, self._closing()
+
+    def _start(self, ts: list[float]) -> None:
+        self.slicings.update(plan_slices(self.groups, self._open, ts, self.slice_events))
+        self._started = True
+
+    # --- a scanned block: parse the own lines ------------------------------------------------
+
+    def _scanned(self, body: bytes, seq: int, lineno: int, ts: list[float], values: list[list[bytes]]) -> Routed:
+        """The events of the lines of a scanned, ordered block that this worker's groups read; the watermark
+        moved past the block."""
+        lines = body.split(b"\n")
+        count = len(ts)
+        me, n = self.me, self.n
+        masks: list[list[bool] | None] = []  # per group: which lines it routes here (None: every line)
+        reporter: list[int] | None = None  # per line, the worker that reports it (None: worker 0)
+        for g, grp in enumerate(self.groups):
+            sl = self.slicings.get(g) if grp.sliced else None
+            if grp.key:
+                owners = [hash(v) % n for v in values[self.keys.index(grp.key[0])]]
+                masks.append([o == me for o in owners])
+                if g == 0:
+                    reporter = owners
+            elif sl is not None:  # (a slice's lines found by bisection, a little wide: routing takes the exact ones)
+                mask = [False] * count
+                owners = [0] * count
+                eps = 1e-6 * sl.length + 1e-9 * abs(ts[-1])
+                for s in range(sl.reads(ts[0]).start - 1, sl.own(ts[-1]) + 2):
+                    start = sl.t0 + s * sl.length
+                    lo, hi = bisect_left(ts, start), bisect_left(ts, start + sl.length)
+                    owners[lo:hi] = [(s + g) % n] * (hi - lo)
+                    if (s + g) % n == me:
+                        lo = bisect_left(ts, start - eps)
+                        hi = bisect_right(ts, start + sl.length + sl.window + eps)
+                        mask[lo:hi] = [True] * (hi - lo)
+                masks.append(mask)
+                if g == 0:
+                    reporter = owners  # (the slice a line is in: one that reads it)
+            else:
+                masks.append(None if g % n == me else [False] * count)
+        every = [m for m in masks if m is not None]
+        if len(every) < len(masks):
+            own = list(range(count))
+        else:
+            union = every[0] if len(every) == 1 else [any(flags) for flags in zip(*every)]
+            own = list(compress(range(count), union))
+        routed: Routed = {}
+        if own:
+            events = self._parse(lines, own, seq, lineno, reporter)
+            single = len(self.groups) == 1
+            placed: set[int] = set()
+            for g, grp in enumerate(self.groups):
+                mask = masks[g]
+                chosen = events if mask is None or single else [ev for ev in events if mask[ev.seq - seq]]
+                if grp.key:  # (an attribute named in a nested object only: the event lacks it)
+                    a = grp.key[0]
+                    chosen = [ev for ev in chosen if a in ev.attrs]
+                if single and not grp.sliced:
+                    routed[(g, 0)] = chosen  # (the one engine these events go to)
+                else:
+                    self._place(routed, g, chosen, placed)
+        self._watermark(lines, seq, count)
+        return routed
+
+    def _parse(self, lines: list[bytes], own: list[int], seq: int, lineno: int, reporter: list[int] | None) -> list[Event]:
+        """The events of the block's lines ``own`` (indexes; the block's first line has ``seq`` and comes after line
+        ``lineno``), numbered as in the file; the dead letters and events of the lines this worker reports counted."""
+        caught = _Caught()
+        events, _, _ = parse_block(b"\n".join([lines[j] for j in own]), 0, 0, self.opts, caught)
+        me = self.me
+        if len(events) == len(own):
+            for ev, j in zip(events, own):
+                ev.seq = seq + j
+        else:
+            for ev in events:
+                ev.seq = seq + own[ev.seq]
+            for i, _, reason, raw in caught.items:
+                j = own[i]
+                if (reporter[j] if reporter is not None else 0) == me:
+                    self.dead.report(seq + j, f"line {lineno + j + 1}", reason, raw)
+        if reporter is None:
+            reported = events if me == 0 else []
+        elif len(self.groups) == 1 and self.groups[0].key:
+            reported = events  # (its own lines are the ones it reports)
+        else:
+            reported = [ev for ev in events if reporter[ev.seq - seq] == me]
+        self.events += len(reported)
+        self.vocabulary.note(reported)
+        return events
+
+    def _watermark(self, lines: list[bytes], seq: int, count: int) -> None:
+        """Move the reorder buffer's watermark past a block whose events were not put through it: to the last
+        line the reader makes an event of (parsed from the end back), and its next ``seq`` past the block."""
+        for j in range(count - 1, -1, -1):
+            events, _, _ = parse_block(lines[j], seq + j, 0, self.opts, self.quiet)
+            if events:
+                self.sequencer.skip_to(events[0].ts, seq + j, seq + count)
+                return
+        self.sequencer.skip_to(*self.sequencer.watermark, seq + count)
+
+    # --- a parsed block: route by the parsed values ------------------------------------------
+
+    def _parsed(self, events: list[Event]) -> Routed:
+        """This worker's share of events released in stream order (every worker has them all)."""
+        routed: Routed = {}
+        me, n = self.me, self.n
+        placed: set[int] = set()
+        for g, grp in enumerate(self.groups):
+            if grp.key:
+                a = grp.key[0]
+                chosen = [ev for ev in events if (v := ev.get(a)) is not MISSING and hash(routing_text(v)) % n == me]
+            else:
+                chosen = events if self.slicings.get(g) is not None or g % n == me else []  # (sliced, or whole)
+            self._place(routed, g, chosen, placed)
+        return routed
+
+    def _place(self, routed: Routed, g: int, events: list[Event], placed: set[int]) -> None:
+        """Group ``g``'s events of this worker into ``routed`` (a sliced group's into its slices here that read
+        them); an event already placed for another engine is copied, as the runtime numbers an engine's events
+        in them (``pos``)."""
+        sl = self.slicings.get(g) if self.groups[g].sliced else None
+        me, n = self.me, self.n
+        for ev in events:
+            for s in (sl.reads(ev.ts) if sl is not None else (0,)):
+                if sl is None or (s + g) % n == me:
+                    if id(ev) in placed:
+                        ev = Event(ev.type, ev.ts, ev.attrs, ev.seq)
+                    placed.add(id(ev))
+                    routed.setdefault((g, s), []).append(ev)
+
+    def _closing(self) -> list[tuple[int, int]]:
+        """This worker's slices that no event at the watermark or later reads (flushed and dropped)."""
+        ts = self.sequencer.watermark[0]
+        closes = []
+        if ts == -math.inf:
+            return closes
+        for g, first in self._open.items():
+            sl = self.slicings.get(g)
+            if sl is None:
+                continue
+            upto = sl.reads(ts).start
+            closes.extend((g, s) for s in range(first, upto) if (s + g) % self.n == self.me)
+            self._open[g] = max(first, upto)
+        return closes
+
+
+class _Caught(DeadLetters):
+    """Dead letters kept (as ``(seq, position, reason, raw)``) to be numbered as in the file."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.items: list[tuple] = []
+
+    def report(self, seq: int, position: str, reason: str, raw: str | None = None) -> None:
+        self.items.append((seq, position, reason, raw))
+
+
+def _ordered(ts: list[float]) -> bool:
+    """Whether ``ts`` never goes back."""
+    return all(a <= b for a, b in zip(ts, ts[1:])) if len(ts) < 8 else ts == sorted(ts)
