@@ -34,6 +34,7 @@ cost of unregistering a sample of 1,000 subscriptions.
     python benchmarks/million_subscriptions.py --forms --events 5000   # and-form vs brackets, intervals
     python benchmarks/million_subscriptions.py --churn c 10000         # subscribe/unsubscribe beside a feed
     python benchmarks/million_subscriptions.py --housekeeping b --sizes 1000 100000   # sweeps against N
+    python benchmarks/million_subscriptions.py --state c --sizes 100000 --events 2000  # snapshot / restore
 """
 
 from __future__ import annotations
@@ -333,6 +334,32 @@ def housekeeping(kind: str, n: int, n_events: int, seed: int) -> str:
             f"{per_sweep:,.0f} | {1e9 * swept[1] / max(swept[2], 1):,.0f} | {1e6 * quiet / n_events:,.2f} |")
 
 
+def state(kind: str, n: int, n_events: int, seed: int) -> str:
+    """Snapshot and restore of an engine of ``n`` subscriptions of ``kind`` after ``n_events`` of the feed: CPU
+    seconds each way (to and from the JSON text), the checkpoint's bytes per subscription, the RSS after it."""
+    m = distinct(kind, n)
+    eng = Engine(reports=None)
+    t0 = time.process_time()
+    eng.register_many([query(kind, k, m) for k in range(n)])
+    reg = time.process_time() - t0
+    for ev in feed(n_events, m, seed):
+        eng.process(ev)
+    t0 = time.process_time()
+    text = json.dumps(eng.snapshot(), separators=(",", ":"))
+    save = time.process_time() - t0
+    del eng
+    gc.collect()
+    t0 = time.process_time()
+    back = Engine.restore(json.loads(text), reports=None)
+    load = time.process_time() - t0
+    return (f"| {kind} | {n:,} | {reg:,.1f} | {save:,.2f} | {load:,.1f} | {len(text) / n:,.1f} | "
+            f"{len(back.queries) + len(back.set_queries):,} | {rss_kib() / 1024:,.0f} |")
+
+
+STATE_HEADER = ("| kind | subscriptions | register_many CPU s | snapshot CPU s | restore CPU s | checkpoint bytes/sub "
+                "| queries restored | RSS MiB after |\n|---|---|---|---|---|---|---|---|")
+
+
 HOUSEKEEPING_HEADER = ("| kind | subscriptions | CPU µs/event | sweeps | sweep CPU µs/event | objects visited per sweep "
                        "| sweep CPU ns per visited object | idle CPU µs/event |\n|---|---|---|---|---|---|---|---|")
 
@@ -352,6 +379,7 @@ def main() -> None:
                    "beside a feed, N subscriptions of KIND")
     p.add_argument("--housekeeping", metavar="KIND", help="only what sweeping, pruning and deadline checks cost "
                    "beside --sizes subscriptions of KIND, over the feed and over idle events")
+    p.add_argument("--state", metavar="KIND", help="only snapshot and restore of --sizes subscriptions of KIND")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--kind", help=argparse.SUPPRESS)
     p.add_argument("--housekeeping-one", nargs=2, help=argparse.SUPPRESS)
@@ -371,6 +399,11 @@ def main() -> None:
                                    "--events", str(args.events), "--seed", str(args.seed)],
                                   capture_output=True, text=True, check=True)
             print(done.stdout.strip(), flush=True)
+        return
+    if args.state:
+        print(STATE_HEADER)
+        for n in args.sizes:
+            print(state(args.state, n, args.events, args.seed), flush=True)
         return
     if args.housekeeping_one:
         print(housekeeping(args.housekeeping_one[0], int(args.housekeeping_one[1]), args.events, args.seed))
