@@ -336,7 +336,8 @@ def housekeeping(kind: str, n: int, n_events: int, seed: int) -> str:
 
 def state(kind: str, n: int, n_events: int, seed: int) -> str:
     """Snapshot and restore of an engine of ``n`` subscriptions of ``kind`` after ``n_events`` of the feed: CPU
-    seconds each way (to and from the JSON text), the checkpoint's bytes per subscription, the RSS after it."""
+    seconds each way (to and from the JSON text), the checkpoint's bytes per subscription, the RSS after it;
+    and the CPU of ``yfpp explain``'s summary of the restored engine."""
     m = distinct(kind, n)
     eng = Engine(reports=None)
     t0 = time.process_time()
@@ -352,12 +353,17 @@ def state(kind: str, n: int, n_events: int, seed: int) -> str:
     t0 = time.process_time()
     back = Engine.restore(json.loads(text), reports=None)
     load = time.process_time() - t0
+    from yfpp.output.explain_summary import summary, summary_text
+
+    t0 = time.process_time()
+    lines = summary_text(summary(back)).count("\n") + 1
+    explain = time.process_time() - t0
     return (f"| {kind} | {n:,} | {reg:,.1f} | {save:,.2f} | {load:,.1f} | {len(text) / n:,.1f} | "
-            f"{len(back.queries) + len(back.set_queries):,} | {rss_kib() / 1024:,.0f} |")
+            f"{len(back.queries) + len(back.set_queries):,} | {rss_kib() / 1024:,.0f} | {explain:,.2f} ({lines} lines) |")
 
 
 STATE_HEADER = ("| kind | subscriptions | register_many CPU s | snapshot CPU s | restore CPU s | checkpoint bytes/sub "
-                "| queries restored | RSS MiB after |\n|---|---|---|---|---|---|---|---|")
+                "| queries restored | RSS MiB after | explain summary CPU s |\n|---|---|---|---|---|---|---|---|---|")
 
 
 HOUSEKEEPING_HEADER = ("| kind | subscriptions | CPU µs/event | sweeps | sweep CPU µs/event | objects visited per sweep "
