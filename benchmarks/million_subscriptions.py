@@ -33,6 +33,8 @@ cost of unregistering a sample of 1,000 subscriptions.
     python benchmarks/million_subscriptions.py --plot                  # also benchmarks/million_subscriptions.png
     python benchmarks/million_subscriptions.py --forms --events 5000   # and-form vs brackets, intervals
     python benchmarks/million_subscriptions.py --churn c 10000         # subscribe/unsubscribe beside a feed
+    python benchmarks/million_subscriptions.py --housekeeping b --sizes 1000 100000   # sweeps against N
+    python benchmarks/million_subscriptions.py --state c --sizes 100000 --events 2000  # snapshot / restore
 """
 
 from __future__ import annotations
@@ -248,26 +250,124 @@ def forms(n_events: int, seed: int) -> list[str]:
 
 def churn(kind: str, n: int, seed: int) -> str:
     """CPU µs per subscribe + unsubscribe beside a feed: ``n`` subscriptions of ``kind``, 2,000 events, then 1,000
-    rounds of (register one, unregister one at random, process one event), less 1,000 events alone."""
+    rounds of (register one, unregister one at random, process one event), less 1,000 events alone; and where
+    the time goes: registering, unregistering, and what the events cost beyond events alone (routes made again
+    after a change)."""
     m = distinct(kind, n)
     eng = Engine(reports=None)
-    ids = [eng.register(query(kind, k, m)) for k in range(n)]
+    ids = eng.register_many([query(kind, k, m) for k in range(n)])
     events = feed(4000, m, seed)
     for ev in events[:2000]:
         eng.process(ev)
     rng = random.Random(seed)
-    c0 = time.process_time()
+    texts = [query(kind, n + i, m) for i in range(1000)]
+    spent = [0.0, 0.0, 0.0]  # register, unregister, process
+    clock = time.process_time
+    c0 = clock()
     for i, ev in enumerate(events[2000:3000]):
-        ids.append(eng.register(query(kind, n + i, m)))
+        t0 = clock()
+        ids.append(eng.register(texts[i]))
+        t1 = clock()
         eng.unregister(ids.pop(rng.randrange(len(ids) - 1)))
+        t2 = clock()
         eng.process(ev)
-    changing = time.process_time() - c0
-    c0 = time.process_time()
+        t3 = clock()
+        spent[0] += t1 - t0
+        spent[1] += t2 - t1
+        spent[2] += t3 - t2
+    changing = clock() - c0
+    c0 = clock()
     for ev in events[3000:]:
         eng.process(ev)
-    plain = time.process_time() - c0
-    return (f"{kind}, {n:,} subscriptions: {1e6 * (changing - plain) / 1000:,.0f} µs CPU per subscribe + unsubscribe "
-            f"beside the feed (an event alone: {1e6 * plain / 1000:,.1f} µs)")
+    plain = clock() - c0
+    per = 1e6 / 1000
+    return (f"{kind}, {n:,} subscriptions: {per * (changing - plain):,.0f} µs CPU per subscribe + unsubscribe "
+            f"beside the feed ({per * spent[0]:,.0f} registering, {per * spent[1]:,.0f} unregistering, "
+            f"{per * (spent[2] - plain):,.0f} in events beyond their cost alone; an event alone: "
+            f"{per * plain:,.1f} µs): {2e6 / max(per * (changing - plain), 1e-9):,.0f} changes per CPU second")
+
+
+def housekeeping(kind: str, n: int, n_events: int, seed: int) -> str:
+    """What sweeping, pruning and deadline checks cost beside ``n`` subscriptions of ``kind``: over the feed
+    (each event finds about one subscription of a shape at every n, so the live state is alike), the sweeps'
+    CPU per event and per object they visit; then over idle events (of the subscribed types, constants that
+    no subscription names: no run begins) the CPU per event.  Both should not grow with n."""
+    import yfpp.runtime.runtime as rt_module
+
+    m = distinct(kind, n)
+    eng = Engine(reports=None)
+    eng.register_many([query(kind, k, m) for k in range(n)])
+    events = feed(n_events, m, seed)
+    swept = [0, 0.0, 0]  # sweeps, CPU seconds, what they visit (stored states and runs, stacks, candidate keys)
+    real_sweep = rt_module.sweep
+
+    def timed(rt) -> None:
+        swept[2] += sum(len(s) + sum(len(r) for r in s.values()) for s in rt._stores()) + len(rt.buffer.stacks()) \
+            + sum(len(s.buckets) for s in rt.negations.holding)
+        t0 = time.process_time()
+        real_sweep(rt)
+        swept[1] += time.process_time() - t0
+        swept[0] += 1
+
+    rt_module.sweep = timed
+    try:
+        c0 = time.process_time()
+        for ev in events:
+            eng.process(ev)
+        busy = time.process_time() - c0
+    finally:
+        rt_module.sweep = real_sweep
+    eng.flush()
+    t = events[-1].ts
+    idle = []
+    for i in range(n_events):  # no run begins: the types every subscription reads, no constant any names
+        kind_ = ("shelf", "exit", "reading", "alarm")[i % 4]
+        attrs = {"tag_id": i % 200, "zone": "Znone", "door": "Dnone", "device": "Unone", "sensor": "none",
+                 "celsius": 0, "level": -1, "weight": 0}
+        idle.append(Event(kind_, t + 1 + i, attrs, n_events + i))
+    c0 = time.process_time()
+    for ev in idle:
+        eng.process(ev)
+    quiet = time.process_time() - c0
+    per_sweep = swept[2] / max(swept[0], 1)
+    return (f"| {kind} | {n:,} | {1e6 * busy / n_events:,.1f} | {swept[0]:,} | {1e6 * swept[1] / n_events:,.2f} | "
+            f"{per_sweep:,.0f} | {1e9 * swept[1] / max(swept[2], 1):,.0f} | {1e6 * quiet / n_events:,.2f} |")
+
+
+def state(kind: str, n: int, n_events: int, seed: int) -> str:
+    """Snapshot and restore of an engine of ``n`` subscriptions of ``kind`` after ``n_events`` of the feed: CPU
+    seconds each way (to and from the JSON text), the checkpoint's bytes per subscription, the RSS after it;
+    and the CPU of ``yfpp explain``'s summary of the restored engine."""
+    m = distinct(kind, n)
+    eng = Engine(reports=None)
+    t0 = time.process_time()
+    eng.register_many([query(kind, k, m) for k in range(n)])
+    reg = time.process_time() - t0
+    for ev in feed(n_events, m, seed):
+        eng.process(ev)
+    t0 = time.process_time()
+    text = json.dumps(eng.snapshot(), separators=(",", ":"))
+    save = time.process_time() - t0
+    del eng
+    gc.collect()
+    t0 = time.process_time()
+    back = Engine.restore(json.loads(text), reports=None)
+    load = time.process_time() - t0
+    from yfpp.output.explain_summary import summary, summary_text
+
+    t0 = time.process_time()
+    lines = summary_text(summary(back)).count("\n") + 1
+    explain = time.process_time() - t0
+    return (f"| {kind} | {n:,} | {reg:,.1f} | {save:,.2f} | {load:,.1f} | {len(text) / n:,.1f} | "
+            f"{len(back.queries) + len(back.set_queries):,} | {rss_kib() / 1024:,.0f} | {explain:,.2f} ({lines} lines) |")
+
+
+STATE_HEADER = ("| kind | subscriptions | register_many CPU s | snapshot CPU s | restore CPU s | checkpoint bytes/sub "
+                "| queries restored | RSS MiB after | explain summary CPU s |\n|---|---|---|---|---|---|---|---|---|")
+
+
+HOUSEKEEPING_HEADER = ("| kind | subscriptions | CPU µs/event | sweeps | sweep CPU µs/event | objects visited per sweep "
+                       "| sweep CPU ns per visited object | idle CPU µs/event |\n|---|---|---|---|---|---|---|---|")
 
 
 def main() -> None:
@@ -283,8 +383,12 @@ def main() -> None:
     p.add_argument("--forms", action="store_true", help="only the ways of writing a predicate (and, brackets, intervals)")
     p.add_argument("--churn", nargs=2, metavar=("KIND", "N"), help="only the cost of subscribing and unsubscribing "
                    "beside a feed, N subscriptions of KIND")
+    p.add_argument("--housekeeping", metavar="KIND", help="only what sweeping, pruning and deadline checks cost "
+                   "beside --sizes subscriptions of KIND, over the feed and over idle events")
+    p.add_argument("--state", metavar="KIND", help="only snapshot and restore of --sizes subscriptions of KIND")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--kind", help=argparse.SUPPRESS)
+    p.add_argument("--housekeeping-one", nargs=2, help=argparse.SUPPRESS)
     p.add_argument("--n", type=int, help=argparse.SUPPRESS)
     p.add_argument("--batch", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -293,6 +397,22 @@ def main() -> None:
         return
     if args.churn:
         print(churn(args.churn[0], int(args.churn[1]), args.seed))
+        return
+    if args.housekeeping:
+        print(HOUSEKEEPING_HEADER)
+        for n in args.sizes:  # each in a fresh process: one engine's memory at a time
+            done = subprocess.run([sys.executable, __file__, "--housekeeping-one", args.housekeeping, str(n),
+                                   "--events", str(args.events), "--seed", str(args.seed)],
+                                  capture_output=True, text=True, check=True)
+            print(done.stdout.strip(), flush=True)
+        return
+    if args.state:
+        print(STATE_HEADER)
+        for n in args.sizes:
+            print(state(args.state, n, args.events, args.seed), flush=True)
+        return
+    if args.housekeeping_one:
+        print(housekeeping(args.housekeeping_one[0], int(args.housekeeping_one[1]), args.events, args.seed))
         return
     if args.forms:
         forms(args.events, args.seed)

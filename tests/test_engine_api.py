@@ -207,9 +207,9 @@ def test_a_refused_query_leaves_the_engine_as_it_was():
     eng.register("PATTERN SEQ(a x, b y)", name="ok")
     with pytest.raises(PatternError):
         eng.register("PATTERN SEQ(b+ x[], c y) WHERE x[i-1].v < x[x.len].v", name="bad")
-    assert [q["name"] for q in eng.snapshot()["queries"]] == ["ok"]
+    assert [q[1] for q in eng.snapshot()["queries"]] == ["ok"]
     eng.register("PATTERN SEQ(a x, c y)", name="bad")  # the name is free
-    assert [q["name"] for q in Engine.restore(eng.snapshot()).snapshot()["queries"]] == ["ok", "bad"]
+    assert [q[1] for q in Engine.restore(eng.snapshot()).snapshot()["queries"]] == ["ok", "bad"]
     for name in (1, ["x"], ""):  # an int name could be an unnamed query's id
         with pytest.raises(YfppError, match="a query name must be a non-empty string"):
             eng.register("PATTERN SEQ(a x)", name=name)

@@ -88,11 +88,14 @@ def test_registration_beyond_max_queries_is_refused():
     assert eng.register("//a[@x = 3]") == 2
 
 
+CHURN_EXAMPLES = {"subs": st.lists(subscriptions, min_size=1, max_size=10),
+                  "events": st.lists(st.tuples(st.sampled_from("abc"), st.sampled_from(VALUES), st.sampled_from(VALUES),
+                                               st.sampled_from([1, 2])), max_size=10),
+                  "cuts": st.lists(st.tuples(st.integers(0, 10), st.integers(0, 11)), min_size=10, max_size=10)}
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
-@given(subs=st.lists(subscriptions, min_size=1, max_size=10),
-       events=st.lists(st.tuples(st.sampled_from("abc"), st.sampled_from(VALUES), st.sampled_from(VALUES),
-                                 st.sampled_from([1, 2])), max_size=10),
-       cuts=st.lists(st.tuples(st.integers(0, 10), st.integers(0, 11)), min_size=10, max_size=10))
+@given(**CHURN_EXAMPLES)
 @example(subs=[(1, 2, 2, 0, "1", 5), (7, 1, 1, 0, "x", 5), (6, 1, 1, 1, "1", 5)],
          events=[("a", 2, 1, 1), ("b", "x1", 1, 1), ("a", 1, 1, 1), ("b", 1, 1, 1)],
          cuts=[(0, 11)] * 10).via("the bounds of intervals, a prefix, an or")
@@ -100,6 +103,20 @@ def test_subscriptions_added_and_removed_between_events_match_the_reference(subs
     """Churn: each subscription is registered (in batches, through its shape) before some event and unregistered
     before a later one; it gives exactly the reference evaluator's matches over the events it saw, as one query
     alone (but a removed query ending in a negation: its deadlines may fall after the removal)."""
+    check_churn(subs, events, cuts)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+@given(**CHURN_EXAMPLES)
+def test_churn_with_negations_found_through_live_state_matches_the_reference(subs, events, cuts):
+    """The churn property with every negation found through the live indexes, which registration keeps up to
+    date in place (``TypeNegations``), and the ends of the stores of a changed branch made again."""
+    with patch.object(runtime, "WIDE", 0):
+        check_churn(subs, events, cuts)
+
+
+def check_churn(subs: list, events: list, cuts: list) -> None:
+    """Register and unregister ``subs`` between ``events`` at ``cuts``; compare with the reference per query."""
     stream = [Event(t, float(i), {k: v for k, v in (("x", x), ("y", y), ("k", key)) if v is not None}, i)
               for i, (t, x, y, key) in enumerate(events)]
     n = len(stream)

@@ -49,6 +49,7 @@ examples:
   yfpp explain -q example:sharing.xpe
   yfpp explain -q example:sharing.xpe --format json > nfa.json
   yfpp explain -q example:sharing.xpe --dot nfa.dot --png nfa.png
+  yfpp explain -q subscriptions.sase --full     # every node, even of over 200 queries
 """
 
 
@@ -184,6 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="what to print: the indented trie (default), the graph as JSON for tools, or Graphviz DOT")
     exp.add_argument("--dot", metavar="FILE", help="also write the graph in Graphviz DOT")
     exp.add_argument("--png", metavar="FILE.png", help="also draw it as a PNG picture (Graphviz dot if installed, else matplotlib)")
+    exp.add_argument("--full", action="store_true", help="print every node however many queries: over 200, text and json "
+                     "give the figures and the most shared nodes unless --full is given")
     exp.set_defaults(func=cmd_explain)
 
     ex = sub.add_parser(
@@ -552,6 +555,13 @@ def cmd_explain(args: argparse.Namespace) -> int:
         if path:
             check_writable(path, what)
     engine = build_engine(args.query)
+    if not (args.full or args.dot or args.png or args.format == "dot"):
+        from yfpp.output.explain_summary import LIMIT, summary, summary_json, summary_text
+
+        if len(engine.queries) + len(engine.set_queries) > LIMIT:
+            s = summary(engine)
+            print(summary_text(s) if args.format == "text" else summary_json(s))
+            return 0
     g = nfa_graph(engine)
     sets = set_queries(engine)
     dot = as_dot(g, sets)

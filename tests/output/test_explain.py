@@ -152,3 +152,49 @@ def test_explain_counts_the_nodes_found_through_an_index_and_those_every_event_t
     figures = sharing_figures(eng, g)
     assert (figures["indexed_nodes"], figures["tested_nodes"]) == (2, 1)
     assert as_text(eng, g).endswith("nodes with predicates: 2 found through an index, 1 evaluated for every event of their type")
+
+
+def subscriptions_file(tmp_path: Path, n: int) -> Path:
+    """``n`` subscriptions of two templates (constants varying) and one plain query, in a .sase file."""
+    lines = []
+    for j in range(n):
+        lines += [f"@query s{j}",
+                  f"PATTERN SEQ(shelf a, exit c) WHERE [tag_id] AND a.zone = 'Z{j % 50}' AND c.door = 'D{j}' WITHIN 1 hour"
+                  if j % 2 else f"PATTERN SEQ(reading r) WHERE r.device = 'U{j}' AND r.celsius > {j % 30}"]
+    lines += ["@query all_shelves", "PATTERN SEQ(shelf a, exit c) WHERE [tag_id] WITHIN 1 hour"]
+    path = tmp_path / "subs.sase"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_a_big_engine_is_explained_by_figures_and_its_most_shared_nodes(tmp_path, capsys):
+    path = subscriptions_file(tmp_path, 400)
+    assert main(["explain", "-q", str(path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 3 + 10 + 1  # not a line per node
+    assert out[0].startswith("401 queries of 3 shapes; 602 components → ")
+    assert "found through an index (hash 425)" in out[1]  # (200 devices, 25 zones, 200 doors) and ", 0 evaluated per subscription" in out[1]
+    assert out[2] == "the 10 most shared nodes:"
+    shelf = [line for line in out[3:13] if line.endswith("shelf [tag_id]  index: zone = 'Z1' (hash index)")]
+    assert len(shelf) == 1 and shelf[0].split()[0] == "8"  # s1, s51, s101 … s351: Z1's 8 of the shelf queries
+    assert main(["explain", "-q", str(path), "--format", "json"]) == 0
+    s = json.loads(capsys.readouterr().out)["summary"]
+    assert (s["queries"], s["shapes"], s["tested_nodes"], len(s["most_shared"])) == (401, 3, 0, 10)
+    assert s["indexed_by_kind"] == {"hash": 425}
+    assert s["most_shared"][0]["queries"] >= s["most_shared"][-1]["queries"]
+    assert main(["explain", "-q", str(path), "--full"]) == 0  # every node when asked
+    full = capsys.readouterr().out
+    assert full.count("\n") > 1000 and "401 queries, 602 components" in full
+
+
+def test_the_summary_counts_what_is_evaluated_per_subscription():
+    from yfpp.engine import Engine
+    from yfpp.output.explain_summary import summary, summary_text
+
+    eng = Engine()
+    for j in range(5):
+        eng.register(f"//reading[contains(@sensor, 'S{j}')]//alarm[@level = {j}]")
+    s = summary(eng, top=2)
+    assert (s["queries"], s["shapes"], s["tested_nodes"], s["indexed_by_kind"]) == (5, 1, 5, {"hash": 5})
+    assert [m["queries"] for m in s["most_shared"]] == [1, 1]
+    assert "5 evaluated per subscription for every event of their type" in summary_text(s)

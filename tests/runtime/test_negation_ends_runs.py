@@ -1,4 +1,4 @@
-"""A middle-negation candidate ends at once the runs it would reject at every completion (``Runtime._ended_by``).
+"""A middle-negation candidate ends at once the runs it would reject at every completion (``NegationStores.ends``).
 
 Property: the engine still agrees with the reference on streams with many runs per key and negation candidates
 between them, window edges included, alone and beside queries that share the positive prefix without the

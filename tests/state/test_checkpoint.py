@@ -93,8 +93,8 @@ def test_snapshot_holds_the_whole_state_and_checks_its_version(tmp_path):
     write_checkpoint(eng, path)
     assert [p.name for p in tmp_path.iterdir()] == ["ck.json"]  # the temp file was renamed
     data = read_checkpoint(path)
-    assert data["format"] == "yfpp-checkpoint" and data["version"] == 2
-    assert [q["name"] for q in data["queries"]] == ["lost", "theft"] and data["options"]["max_runs_per_query"] == 1000
+    assert data["format"] == "yfpp-checkpoint" and data["version"] == 3
+    assert [q[1] for q in data["queries"]] == ["lost", "theft"] and data["options"]["max_runs_per_query"] == 1000
     assert len(data["held"]) == 1 and len(data["pending"]) == 1 and data["stream"]["next_seq"] == 3
     back = Engine.restore(data, dead_letters=DeadLetters())
     assert back.held == 1 and back.runtime.max_runs == 1000 and back.max_delay == 5
@@ -112,7 +112,8 @@ def test_snapshot_holds_the_whole_state_and_checks_its_version(tmp_path):
     for _ in range(5000):
         deep = [deep]
     with pytest.raises(YfppError, match="corrupt checkpoint: RecursionError"):
-        Engine.restore({**data, "queries": [{**data["queries"][0], "pattern": {"$ir": "Pattern", "components": deep}}]})
+        Engine.restore({**data, "queries": [[*data["queries"][0][:2], None, {"$ir": "Pattern", "components": deep},
+                                             data["queries"][0][4]]]})
     path.write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(YfppError, match="not a checkpoint: nested too deeply"):
         read_checkpoint(path)

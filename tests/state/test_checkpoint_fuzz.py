@@ -27,6 +27,8 @@ from yfpp.cli import main
 from yfpp.input.dead_letters import DeadLetters
 from yfpp.engine import Engine
 from yfpp.errors import YfppError
+from yfpp.language.pattern import Pattern
+from yfpp.language.query_text import parse_query
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -87,8 +89,8 @@ def fed(name: str, **outputs) -> tuple[Engine, list[dict]]:
         return xml_engine(**outputs)
     opts, queries = ENGINES[name]
     eng = Engine(**outputs, **opts)
-    for i, q in enumerate(queries):
-        eng.register(q, name=f"q{i}", policy=POLICY.get((name, i)))
+    for i, q in enumerate(queries):  # the first as a Pattern (kept as its IR), the others as text (by shape)
+        eng.register(parse_query(q) if i == 0 else q, name=f"q{i}", policy=POLICY.get((name, i)))
     events = stream(CUT + MORE)
     for e in events[:CUT]:
         eng.process(e)
@@ -200,21 +202,21 @@ def restored(name: str, *edit: tuple) -> None:
     ("kleene", ("stream", "next_sweep", None)),  # TypeError in the periodic sweep
     ("kleene", ("counters", "runs_started", "x")),
     ("kleene", ("runs", 0, "first_ts", None)),  # every event reaching the run failed
-    ("kleene", ("queries", 1, "since_tick", None)),
-    ("reordering", ("queries", 0, "pattern", "partition_by", 1.5)),
-    ("feedback", ("queries", 0, "pattern", "partition_by", None)),
+    ("kleene", ("queries", 1, 4, None)),  # (a query's row: id, name, shape, constants or pattern, since_tick)
+    ("reordering", ("queries", 0, 3, "partition_by", 1.5)),
+    ("feedback", ("queries", 0, 3, "partition_by", None)),
     ("kleene", ("partition_ticks", 0, 1, 0, 1, "x")),
     ("merging", ("runs", 0, "first_ts", None)),
     ("feedback", ("counters", "derived", None)),
     ("negation", ("negations", 0, 2, 0, "x")),  # a candidate's position: TypeError in the bisection
-    ("negation", ("queries", 0, "pattern", "components", 0, "var", [])),
+    ("negation", ("queries", 0, 3, "components", 0, "var", [])),
     ("reordering", ("events", 9, "type", [])),  # unhashable type when released
 ])
 def test_what_the_fuzzer_found_is_refused_at_restore(name, edit):
     restored(name, edit)
 
 
-def one_run(query: str, events: list[dict]) -> dict:
+def one_run(query: str | Pattern, events: list[dict]) -> dict:
     eng = Engine(dead_letters=DeadLetters(), reports=None)
     eng.register(query, name="q")
     for e in events:
@@ -242,9 +244,9 @@ def test_a_pattern_with_an_unknown_operator_is_refused():
     from yfpp.errors import PatternError
     from yfpp.language.pattern import Arith, Compare, Component, Literal, Pattern, Ref
 
-    data = one_run("PATTERN SEQ(a x, b y) WHERE x.v + 1 < y.v WITHIN 10", [])
-    assert data["queries"][0]["pattern"]["where"][0]["left"]["op"] == "+"
-    data["queries"][0]["pattern"]["where"][0]["left"]["op"] = "^"
+    data = one_run(parse_query("PATTERN SEQ(a x, b y) WHERE x.v + 1 < y.v WITHIN 10"), [])
+    assert data["queries"][0][3]["where"][0]["left"]["op"] == "+"
+    data["queries"][0][3]["where"][0]["left"]["op"] = "^"
     with pytest.raises(PatternError, match="unknown operator '\\^'"):
         Engine.restore(data)
     for where in (Compare("~", Ref("a", "x"), Literal(1)), Compare("=", Arith("^", Ref("a", "x"), Literal(1)), Literal(0))):

@@ -235,15 +235,13 @@ class QueryShapes:
         from yfpp.language.query_limits import check_text
 
         check_text(text)  # (the caps on the whole text: the shape's is shorter)
-        tokens = [(m.start(2) if m.group(2) else m.start(), m.group(2) or m.group()) for m in _CONSTANT.finditer(text)]
-        if not tokens:
+        around, constants = split_constants(text)
+        if not constants:
             return parse_query(text, None, ts_unit)
-        pieces, last = [], 0
-        for start, tok in tokens:
-            pieces.append(text[last:start])
+        pieces = [around[0]]
+        for tok, after in zip(constants, around[1:]):
             pieces.append("\x00" + ("s" if tok[0] in "'\"" else "d" if "." in tok else "n") + tok[0] * (tok[0] in "'\""))
-            last = start + len(tok)
-        pieces.append(text[last:])
+            pieces.append(after)
         key = (ts_unit, "".join(pieces))
         shape = self._shapes.get(key, _MISSING)
         if shape is _MISSING:
@@ -254,7 +252,20 @@ class QueryShapes:
                 self._shapes[key] = shape
         if shape is None:
             return parse_query(text, None, ts_unit)
-        return shape.instance(text, [tok for _, tok in tokens])
+        return shape.instance(text, constants)
+
+
+def split_constants(text: str) -> tuple[list[str], list[str]]:
+    """The constants a subscriber varies in ``text`` (as written) and the text around them: ``text`` is
+    ``around[0] + constants[0] + around[1] + … + around[-1]``; queries of one shape have the same ``around``."""
+    around, constants, last = [], [], 0
+    for m in _CONSTANT.finditer(text):
+        start, tok = (m.start(2), m.group(2)) if m.group(2) else (m.start(), m.group())
+        around.append(text[last:start])
+        constants.append(tok)
+        last = start + len(tok)
+    around.append(text[last:])
+    return around, constants
 
 
 _MISSING: object = object()

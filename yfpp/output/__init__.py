@@ -6,4 +6,5 @@ layer below.
 - ``ordered``: ``yfpp run --ordered``: every match held to the end, then written in one total order.
 - ``vocabulary``: types and attribute names seen; names the queries use that never occurred.
 - ``explain``: the shared NFA as a graph: text, JSON, DOT, PNG (``yfpp explain``).
+- ``explain_summary``: ``yfpp explain`` of a big engine: figures and the most shared nodes.
 """

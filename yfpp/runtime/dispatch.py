@@ -152,7 +152,7 @@ class EventSteps:
         """:meth:`_steps` of an event that can only be a candidate of one shared middle-negation store (no run to
         move, no root to begin; no partition ticks or strict runs).  As there: the candidate matters only while a
         run of the store's branch and the event's key is live (``_may_need``) and its own predicates hold; it ends
-        that key's runs in the ``ends`` states (``_ended_by``), and is kept if a run of the branch and key is left.
+        that key's runs in the ``ends`` states (``NegationStores.ends``), and is kept if a run of the branch and key is left.
         The key and the predicates are evaluated before anything changes: an event that raises there is rolled
         back as in ``_steps``."""
         store, _, ends = route.negs[0]
@@ -543,8 +543,8 @@ class EventSteps:
         """The entries of ``route.negs`` an event may matter to, found through what is live rather than tried one
         by one: shared stores of the branches holding runs under the event's keys (or strict runs: see
         ``_may_need``), trailing negations of the queries holding pending matches, every unkeyed store."""
-        by_root, by_plan, out = route.wide  # type: ignore[misc]
-        out = list(out)
+        by_root, by_plan, plain = route.wide  # type: ignore[misc]
+        out = list(plain.values())
         if by_root:
             roots = {st.node.root for st in self.strict}
             for attrs, by_key in self._parts:
@@ -554,7 +554,9 @@ class EventSteps:
                     if states:
                         roots.update(st.node.root for st in states)
             for root in roots:
-                out += by_root.get(root, ())
+                stores = by_root.get(root)
+                if stores:
+                    out += stores.values()
         if by_plan:
             for plan in self.deadlines.waiting:
                 out += by_plan.get(plan, ())

@@ -67,7 +67,7 @@ def sweep(rt: Runtime) -> None:
     _report_growth(rt, per_root, buffered)
     # amortised: the next sweep waits at least as many events as this one visited objects
     stores = len(rt.strict) + len(rt.unkeyed) + sum(len(b) for b in rt.keyed.values())
-    work = live + stores + len(stacks) + len(rt.negations.stores) + buckets
+    work = live + stores + len(stacks) + len(rt.negations.holding) + buckets
     rt._next_sweep = rt.tick + max(rt.SWEEP_EVERY, work)
 
 

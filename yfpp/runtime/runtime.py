@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import Counter
 from itertools import count
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from yfpp.input.events import Event
 from yfpp.nfa.compiler import NegationPlan, QueryPlan
@@ -32,13 +32,14 @@ from yfpp.runtime.deadlines import Deadlines, Pending
 from yfpp.runtime.dispatch import EventSteps
 from yfpp.runtime.match_buffer import MatchBuffer
 from yfpp.runtime.moves import PARTITION, RunMoves
-from yfpp.runtime.negation_store import CandidateStore, NegationStores
+from yfpp.runtime.negation_store import NegationStores, TypeNegations
 from yfpp.runtime.pruning import sweep
 from yfpp.runtime.run_merging import RunMerger
 from yfpp.runtime.runs import Counters, Run
 
 
 WIDE = 16  # negations of one event type beyond which an event finds those with live state through indexes
+_NO_NEGATIONS = TypeNegations()
 
 
 class Route:
@@ -48,33 +49,26 @@ class Route:
 
     __slots__ = ("negs", "starters", "scan", "touch", "quick", "starts", "step", "wide")
 
-    def __init__(self, negs: tuple, starters: tuple, scan: bool) -> None:
-        # (shared candidate store, None, the wait states whose runs a candidate ends: see Runtime._ended_by)
+    def __init__(self, negs: TypeNegations, starters: tuple, scan: bool) -> None:
+        # (shared candidate store, None, the wait states whose runs a candidate ends: see NegationStores.ends)
         # or (query, its trailing negation, ())
-        self.negs: tuple[tuple[Any, NegationPlan | None, tuple[State, ...]], ...] = negs
+        self.negs: tuple[tuple[Any, NegationPlan | None, tuple[State, ...]], ...] | Any = ()
         self.starters = starters
         self.scan = scan  # may the event move a stored run (else the stores are not looked at)
         self.touch: dict[State, bool] = {}
         # Over WIDE negations, what an event looks at is found through what is live (EventSteps._live_negs): the
-        # keyed shared stores by branch, the trailing negations by query, the unkeyed stores in a list.
-        self.wide: tuple[dict[Node, list], dict[QueryPlan, list], list] | None = None
+        # keyed shared stores by branch, the trailing negations by query, the unkeyed stores (the live indexes
+        # of TypeNegations, not copies: a route costs the same however many negations there are).
+        self.wide: tuple[dict[Node, dict], dict[QueryPlan, list], dict] | None = None
         if len(negs) > WIDE:
-            by_root: dict[Node, list] = {}
-            by_plan: dict[QueryPlan, list] = {}
-            plain = []
-            for entry in negs:
-                owner, neg, _ = entry
-                if neg is not None:
-                    by_plan.setdefault(owner, []).append(entry)
-                elif owner.partition_by:
-                    by_root.setdefault(owner.root, []).append(entry)
-                else:
-                    plain.append(entry)
-            self.wide = (by_root, by_plan, plain)
+            self.negs = negs.entries.values()
+            self.wide = (negs.by_root, negs.by_plan, negs.plain)
+        else:
+            self.negs = tuple(negs.entries.values())
         # For Runtime._quiet, when the type feeds only shared candidate stores and begins no root or only through
         # one equality index: () or that index's (attribute, table); else None (no shortcut).
         self.quick: tuple | None = None
-        if all(neg is None for _, neg, _ in negs):
+        if not negs.trailing:
             if not starters:
                 self.quick = ()
             elif len(starters) == 1 and not starters[0][0] and starters[0][2] is None and len(starters[0][1]) == 1:
@@ -195,9 +189,18 @@ class Runtime(EventSteps, RunMoves, Acceptance):
 
     def _route(self, etype: str) -> "Route":
         """What an event of type ``etype`` can do; made on the first such event after a registration change."""
-        negs = (*self.negations.by_type.get(etype, ()), *self.negations.by_type.get(None, ()))
+        negations = self.negations
+        negations.refresh()
+        negs = negations.by_type.get(etype) or _NO_NEGATIONS
+        anyt = negations.by_type.get(None)
+        if anyt:  # negations of any type: their stores' ends are this type's (a copy, only when there are such)
+            both = TypeNegations()
+            for entry in (*negs.entries.values(), *anyt.entries.values()):
+                owner, neg, _ = entry
+                both.put(entry if neg is not None else (owner, None, negations.ends(owner, etype)))
+            negs = both
         route = self._routes[etype] = Route(
-            tuple((owner, neg, () if neg is not None else self._ended_by(owner, etype)) for owner, neg in negs),
+            negs,
             tuple(g.finder() for g in self.nfa.starters.groups(etype)),
             self.nfa.reacts(etype),
         )
@@ -208,35 +211,12 @@ class Runtime(EventSteps, RunMoves, Acceptance):
                 node, wait, attr, _ = route.starts
                 route.starts = (node, wait, attr, self.keyed[node.partition_by] if node.partition_by else None)
                 route.step = Runtime._starts
-            elif len(route.negs) == 1 and route.negs[0][1] is None and not route.scan and not route.starters:
+            elif route.wide is None and len(route.negs) == 1 and route.negs[0][1] is None and not route.scan \
+                    and not route.starters:
                 route.step = Runtime._candidate
             elif route.quick is not None:
                 route.step = Runtime._quiet
         return route
-
-    def _ended_by(self, store: CandidateStore, etype: str) -> tuple[State, ...]:
-        """The wait states whose runs a candidate of ``store`` of type ``etype`` ends at once (of its key, when keyed).
-
-        Such a run has bound the component before the negation of every query it can still complete, and the
-        component after it comes later: the candidate lies between them in every match the run could give, and no
-        cross predicate could spare one.  So: a wait state (not strict) of the store's branch after node ``n``, no
-        child of which ``etype`` can begin, every query below whose children has a negation of this store right
-        after ``n`` and without cross predicates.  (A merged run ends with all its members: they share its state
-        and key, yfpp.runtime.run_merging.)"""
-        of = self.negations.of
-        out = []
-        for st in _wait_states_below(store.root):
-            node = st.node
-            if st.touch_all:
-                continue
-            children = [st.child] if st.child is not None else [
-                c for c in node.children.values() if c.contiguity is st.contiguity]
-            if children and all(c.event_type is not None and c.event_type != etype and all(
-                    any(of.get(neg) is store and neg.lower == node.index and neg.upper == c.index
-                        and not neg.cross_preds for neg in plan.negations)
-                    for plan in _accepting_below(c)) for c in children):
-                out.append(st)
-        return tuple(out)
 
     def process(self, ev: Event) -> list[dict]:
         """Advance every run by one event (already in stream order); return completed matches.
@@ -356,24 +336,4 @@ class Runtime(EventSteps, RunMoves, Acceptance):
 
 def _raise(ev: Event, exc: Exception) -> None:
     raise exc
-
-
-def _nodes_below(node: Node) -> Iterator[Node]:
-    """``node`` and every node of its branch below it."""
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        yield n
-        stack.extend(n.children.values())
-
-
-def _wait_states_below(root: Node) -> list[State]:
-    """The wait states of ``root``'s branch."""
-    return [st for n in _nodes_below(root) for st in n.waits.values()]
-
-
-def _accepting_below(node: Node) -> list[QueryPlan]:
-    """The queries accepting at ``node`` or below it."""
-    return [plan for n in _nodes_below(node) for plan in n.accepts]
-
 

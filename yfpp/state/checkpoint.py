@@ -3,9 +3,11 @@
 ``snapshot(engine) -> dict`` and ``restore(data, **engine_opts) -> Engine``
 (``Engine.snapshot`` / ``Engine.restore``), ``write_checkpoint`` (atomic:
 temp file + rename) and ``read_checkpoint``.  Nothing is pickled: queries are
-kept as their pattern IR (plain dataclasses, encoded by class name from
-``yfpp.language.pattern`` only) and recompiled in registration order, which rebuilds
-the same shared NFA; runs, buffer entries and negation candidates then refer
+kept as their text, grouped by shape (the text around the constants a subscriber
+varies, once per shape; per query its constants: a million subscriptions of a few
+shapes are a few dozen bytes each), or as their pattern IR when registered as a
+``Pattern`` (plain dataclasses, encoded by class name from ``yfpp.language.pattern``
+only), and registered again in registration order, which rebuilds the same shared NFA; runs, buffer entries and negation candidates then refer
 to its nodes as ``[query id, component index]``.  Events are stored once in a
 table and referred to by index.
 """
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from yfpp.language import pattern as ir
+from yfpp.language.query_text import split_constants
 from yfpp.state import set_checkpoint
 from yfpp.state.plans import Plans, check_entries, check_stack
 from yfpp.state.schema import check_shape, corrupt
@@ -40,8 +43,8 @@ from yfpp.runtime.run_merging import as_plain_runs
 from yfpp.runtime.runs import FullRun, Run
 
 FORMAT = "yfpp-checkpoint"
-VERSION = 2  # 2: event-set queries (``set_queries``) and the ``strategy`` option
-READABLE = (1, 2)
+VERSION = 3  # 2: event-set queries (``set_queries``) and the ``strategy`` option; 3: queries grouped by shape
+READABLE = (1, 2, 3)
 _IR_CLASSES = {c.__name__: c for c in vars(ir).values() if isinstance(c, type) and dataclasses.is_dataclass(c)}
 _IR_ENUMS = {c.__name__: c for c in vars(ir).values() if isinstance(c, type) and issubclass(c, enum.Enum) and c is not enum.Enum}
 
@@ -288,11 +291,7 @@ def snapshot(engine) -> dict:
                     "max_runs_per_query": rt.max_runs, "max_buffer_per_query": rt.max_buffer, "strategy": engine.strategy,
                     "merge_runs": rt.merger is not None, "full_events": rt.full_events,
                     "max_feedback_depth": engine.feedback.max_depth, "max_derived_per_event": engine.feedback.max_derived},
-        "queries": [
-            {"id": qid, "name": name, "text": text, "pattern": encode_pattern(pat),
-             "since_tick": engine.queries[qid].since_tick if qid in engine.queries else None}
-            for qid, (pat, text, name) in engine.sources.items()
-        ],
+        **_queries(engine),
         "next_query_id": stream.next_query_id,
         "stream": {"next_seq": stream.next_seq, "watermark": [_num(x) for x in stream.watermark],
                    "next_arrival": stream.next_arrival, "tick": rt.tick, "now": _num(rt.now), "next_sweep": rt._next_sweep},
@@ -317,6 +316,49 @@ def snapshot(engine) -> dict:
         "entries": w.entries,
     }
     return data
+
+
+def _queries(engine) -> dict:
+    """``shapes``: ``[text around the constants, policy, feedback]`` once per shape; ``queries``: per query in
+    registration order ``[id, name, shape index, its constants, since_tick]``, or ``[id, name, None, pattern IR,
+    since_tick]`` for a query registered as a Pattern (since_tick None: an event-set query's)."""
+    shapes: dict[tuple, int] = {}
+    rows = []
+    for qid, (pat, text, name) in engine.sources.items():
+        plan = engine.queries.get(qid)
+        since = plan.since_tick if plan is not None else None
+        if text is None:
+            rows.append([qid, name, None, encode_pattern(pat), since])
+            continue
+        around, constants = split_constants(text)
+        shape = shapes.setdefault((tuple(around), pat.policy, pat.feedback), len(shapes))
+        rows.append([qid, name, shape, constants, since])
+    return {"shapes": [[list(around), policy, feedback] for around, policy, feedback in shapes],
+            "queries": rows}
+
+
+def _register_queries(eng, data: dict) -> None:
+    """Register the checkpoint's queries again under their own ids (version 3: by shape; 1, 2: their pattern)."""
+    shapes = data.get("shapes")
+    for i, q in enumerate(data["queries"]):
+        if shapes is None:
+            qid, name, since = q["id"], q["name"], q["since_tick"]
+            eng.register(decode_pattern(q["pattern"]), name=name, query_id=qid)
+            eng.sources[qid] = (eng.sources[qid][0], q["text"], name)
+        else:
+            qid, name, shape, what, since = q
+            if shape is None:
+                eng.register(decode_pattern(what), name=name, query_id=qid)
+            else:
+                around, policy, feedback = shapes[shape]
+                if len(what) != len(around) - 1:
+                    raise corrupt(f"queries[{i}]", f"shape {shape} takes {len(around) - 1} constants")
+                text = "".join(x for pair in zip(around, what) for x in pair) + around[-1]
+                eng.register(text, name=name, policy=policy, feedback=feedback, query_id=qid)
+        if qid in eng.queries:
+            if since is None:
+                raise corrupt(f"queries[{i}]", "a pattern query needs since_tick")
+            eng.queries[qid].since_tick = since
 
 
 # --- restore ------------------------------------------------------------------------
@@ -398,13 +440,7 @@ def _restore(data: dict, engine_class: type, engine_opts: dict):
                         f"restore it with that strategy, not {engine_opts['strategy']!r}")
     eng = engine_class(**{**data["options"], **engine_opts})
     rt = eng.runtime
-    for i, q in enumerate(data["queries"]):
-        eng.register(decode_pattern(q["pattern"]), name=q["name"], query_id=q["id"])
-        eng.sources[q["id"]] = (eng.sources[q["id"]][0], q["text"], q["name"])
-        if q["id"] in eng.queries:
-            if q["since_tick"] is None:
-                raise corrupt(f"queries[{i}]", "a pattern query needs since_tick")
-            eng.queries[q["id"]].since_tick = q["since_tick"]
+    _register_queries(eng, data)
     plans = Plans(eng)
     rd = _Reader(data)
     check_entries(rd.entries)

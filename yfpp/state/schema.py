@@ -1,7 +1,7 @@
 """What a checkpoint must look like before restore reads it (docs/operations.md, "What restore checks").
 
 :func:`check_shape` checks the JSON types of every field of a checkpoint
-(version 1 or 2), that its references to the ``events`` and ``entries``
+(version 1, 2 or 3), that its references to the ``events`` and ``entries``
 tables are in range, and the relations between fields that the runtime
 relies on without checking them per event (stream positions and seqs below
 the stream's counters, predecessor entries earlier in the stream, distinct
@@ -62,6 +62,11 @@ def _float(v: Any, sizes: dict) -> None:
 def _string(v: Any, sizes: dict) -> None:
     if type(v) is not str or not v:
         raise _Bad("a non-empty string", v)
+
+
+def _text(v: Any, sizes: dict) -> None:
+    if type(v) is not str:
+        raise _Bad("a string", v)
 
 
 def _boolean(v: Any, sizes: dict) -> None:
@@ -248,8 +253,11 @@ CHECKPOINT = record(
             "max_buffer_per_query": integer(1), "strategy": STR, "merge_runs": BOOL, "full_events": BOOL,
             "max_feedback_depth": integer(1), "max_derived_per_event": integer(1),
         }),
-        "queries": list_of(record({"id": INT, "name": optional(STR), "text": optional(STR), "pattern": ANY,
-                                   "since_tick": optional(INT)})),
+        "queries": either(
+            list_of(record({"id": INT, "name": optional(STR), "text": optional(STR), "pattern": ANY,
+                            "since_tick": optional(INT)})),  # versions 1 and 2
+            list_of(row(INT, optional(STR), optional(INT), ANY, optional(INT))),  # version 3, beside "shapes"
+        ),
         "next_query_id": INT,
         "stream": record({"next_seq": INT, "watermark": row(FLOAT, FLOAT), "next_arrival": INT, "tick": INT, "now": FLOAT,
                           "next_sweep": INT}),
@@ -273,7 +281,8 @@ CHECKPOINT = record(
         "events": list_of(EVENT_RECORD),
         "entries": list_of(record({"event": EVENT, "unit": INT, "preds": list_of(row(list_of(INT, 1), optional(ENTRY)))})),
     },
-    {"set_queries": list_of(row(INT, _set_state))},
+    {"set_queries": list_of(row(INT, _set_state)),
+     "shapes": list_of(row(list_of(_text, 1), STR, BOOL))},  # version 3: [text around the constants, policy, feedback]
 )
 
 
@@ -294,7 +303,14 @@ def check_shape(data: dict) -> None:
 def _check_relations(data: dict) -> None:
     """What the runtime takes for granted between fields: orders, positions, counters past what was given."""
     stream, events = data["stream"], data["events"]
-    ids = [q["id"] for q in data["queries"]]
+    ids = [q[0] if isinstance(q, list) else q["id"] for q in data["queries"]]
+    if data["version"] >= 3:
+        if "shapes" not in data or any(not isinstance(q, list) for q in data["queries"]):
+            raise corrupt("queries", "version 3 keeps queries as rows beside their shapes")
+        shapes = len(data["shapes"])
+        if any(q[2] is not None and not (type(q[2]) is int and 0 <= q[2] < shapes and isinstance(q[3], list)
+                                         and all(isinstance(c, str) for c in q[3])) for q in data["queries"]):
+            raise corrupt("queries", "a query's shape must be one of shapes, its constants strings")
     if ids != sorted(set(ids)) or any(i >= data["next_query_id"] for i in ids):
         raise corrupt("queries", "ids must increase and be below next_query_id")
     for i, ev in enumerate(events):

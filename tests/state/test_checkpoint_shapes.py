@@ -1,0 +1,98 @@
+"""Checkpoints keep query texts grouped by shape (version 3): one shape per template, the constants per query;
+what is restored is the engine that was saved, its queries' ids, names, policies and feedback included."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from yfpp.engine import Engine
+from yfpp.errors import YfppError
+from yfpp.language.query_text import parse_query, split_constants
+from yfpp.state.checkpoint import encode_pattern
+
+TEMPLATES = [
+    "PATTERN SEQ(shelf a, ~register b, exit c) WHERE skip_till_next_match(a, b, c) "
+    "{{ [tag_id] AND a.zone = 'Z{j}' AND c.door = 'D{j}' }} WITHIN 10 seconds",
+    "[tag_id]&&//shelf[@zone='Z{j}' and @weight > {w}]//exit&&(10 s)",
+    "PATTERN SEQ(reading r) WHERE r.device = 'U{j}' AND r.celsius > {w}",
+]
+
+
+def feed(n: int) -> list[dict]:
+    out = []
+    for i in range(n):
+        j, tag = i % 7, i % 5
+        kind = ("shelf", "register", "exit", "reading")[i % 4]
+        out.append({"type": kind, "ts": float(i), "tag_id": tag, "zone": f"Z{j}", "door": f"D{j}", "weight": 10 * j,
+                    "device": f"U{j}", "celsius": 5 * j})
+    return out
+
+
+def engine() -> tuple[Engine, list[dict]]:
+    eng = Engine(reports=None)
+    texts = [t.format(j=j, w=5 + j) for j in range(7) for t in TEMPLATES]
+    assert all(isinstance(q, int) for q in eng.register_many([(t, f"s{i}") for i, t in enumerate(texts)]))
+    eng.register(parse_query("PATTERN SEQ(shelf a, exit c) WHERE [tag_id] WITHIN 4"), name="pattern")
+    eng.register("PATTERN SEQ(shelf a, exit c) WHERE [tag_id] AND a.zone = 'Z1' WITHIN 9", policy="non_overlapping")
+    eng.register("PATTERN SEQ(reading r) WHERE r.device = 'U2' RETURN hot(d = r.device)", feedback=True)
+    eng.unregister(3)
+    events = feed(60)
+    for e in events[:30]:
+        eng.process(dict(e))
+    return eng, events[30:]
+
+
+def test_a_checkpoint_keeps_each_shape_once_and_restores_the_same_engine():
+    eng, later = engine()
+    data = json.loads(json.dumps(eng.snapshot()))
+    assert data["version"] == 3
+    assert len(data["shapes"]) == len(TEMPLATES) + 2  # (the policy and feedback queries: shapes of their own)
+    assert sum(q[2] is None for q in data["queries"]) == 1  # the Pattern, kept as its IR
+    assert [q[0] for q in data["queries"]] == sorted(eng.sources)
+    back = Engine.restore(data, reports=None)
+    assert json.loads(json.dumps(back.snapshot())) == data
+    assert {qid: src[1:] for qid, src in back.sources.items()} == {qid: src[1:] for qid, src in eng.sources.items()}
+    assert {qid: src[0] for qid, src in back.sources.items()} == {qid: src[0] for qid, src in eng.sources.items()}
+    for e in later:
+        assert back.process(dict(e)) == eng.process(dict(e))
+    assert back.flush() == eng.flush()
+
+
+def test_a_version_2_checkpoint_with_each_querys_pattern_is_still_read():
+    eng, later = engine()
+    data = json.loads(json.dumps(eng.snapshot()))
+    shapes = data.pop("shapes")
+    rows = []
+    for qid, name, shape, what, since in data["queries"]:
+        text = None if shape is None else "".join(x for p in zip(shapes[shape][0], what) for x in p) + shapes[shape][0][-1]
+        rows.append({"id": qid, "name": name, "text": text, "since_tick": since,
+                     "pattern": what if shape is None else encode_pattern(eng.sources[qid][0])})
+    data.update(version=2, queries=rows)
+    back = Engine.restore(data, reports=None)
+    for e in later:
+        assert back.process(dict(e)) == eng.process(dict(e))
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d["queries"][1].__setitem__(2, 99), "a query's shape must be one of shapes"),
+    (lambda d: d["queries"][0].__setitem__(3, ["'Z1'"]), r"queries\[0\]: shape 0 takes 2 constants"),
+    (lambda d: d["queries"][1].__setitem__(3, [1, 2, 3]), "its constants strings"),
+    (lambda d: d.pop("shapes"), "version 3 keeps queries as rows beside their shapes"),
+    (lambda d: d["shapes"][0].__setitem__(1, 7), r"shapes\[0\]\[1\]: expected a non-empty string"),
+])
+def test_a_damaged_shape_or_row_is_a_corrupt_checkpoint(edit, message):
+    eng, _ = engine()
+    data = json.loads(json.dumps(eng.snapshot()))
+    edit(data)
+    with pytest.raises(YfppError, match=f"corrupt checkpoint: .*{message}"):
+        Engine.restore(data, reports=None)
+
+
+def test_split_constants_gives_the_text_back():
+    for t in TEMPLATES:
+        text = t.format(j=12, w=3.5)
+        around, constants = split_constants(text)
+        assert "".join(x for p in zip(around, constants) for x in p) + around[-1] == text
+        assert constants[:1] == ["'Z12'"] or constants[:1] == ["'U12'"]
