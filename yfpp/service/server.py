@@ -18,6 +18,7 @@ import asyncio
 import dataclasses
 import gc
 import io
+import itertools
 import logging
 import queue
 import signal
@@ -111,6 +112,7 @@ class Service:
         # pool, where they would hold up what subscription requests run there
         self.ingest = ThreadPoolExecutor(INGEST_THREADS, thread_name_prefix="ingest")
         self.subs: dict[str, Subscription] = {}
+        self._owned: dict[str, dict[str, Subscription]] = {}  # each owner's subscriptions (quotas: no walk over all)
         self.by_name: dict[str, Subscription] = {}
         self.events_taken = 0  #: events given to the engine by this process
         self._events_before = self.engine.next_seq  # events the restored state had taken
@@ -391,18 +393,20 @@ class Service:
         engine's refusal."""
         out: list[int | YfppError] = []
         with self.engine_lock:
-            for pattern, name, policy in items:
-                try:
-                    out.append(self.engine.register(pattern, name=name, policy=policy))
-                except YfppError as e:
-                    out.append(e)
+            for policy, group in itertools.groupby(items, key=lambda item: item[2]):  # (runs of one policy)
+                out += self.engine.register_many([(pattern, name) for pattern, name, _ in group], policy=policy)
         return out
 
     def _attach(self, sub: Subscription) -> None:
         sub.usage = self.usage
         sub.start()
         self.subs[sub.id] = sub
+        self._owned.setdefault(sub.owner, {})[sub.id] = sub
         self.by_name[sub.name] = sub
+
+    def owned(self, owner: str, but: Subscription | None = None) -> list[Subscription]:
+        """The subscriptions of the key ``owner`` (but ``but``)."""
+        return [s for s in self._owned.get(owner, {}).values() if s is not but]
 
     def _check_sink(self, sink: str) -> None:
         """RequestError 403 (saying why) for a sink the server's policy does not allow (blocking: resolves)."""
@@ -430,7 +434,7 @@ class Service:
         claims: list[Any] = []
         try:
             todo: list[int] = []
-            owned: list[Any] = [s for s in self.subs.values() if s.owner == owner]
+            owned: list[Any] = self.owned(owner) if owner != auth.ADMIN else []  # (the admin has no quota)
             for i, spec in enumerate(specs):
                 if isinstance(spec, RequestError):
                     continue
@@ -453,34 +457,15 @@ class Service:
                     claims.append(claim)
                     owned.append(types.SimpleNamespace(queue_size=spec.queue or cfg.queue_size))
                     todo.append(i)
-            parsed = await asyncio.to_thread(lambda: [self._admitted(specs[i], owner) for i in todo])
-            ready = [(i, p) for i, p in zip(todo, parsed) if not isinstance(p, RequestError)]
-            for i, p in zip(todo, parsed):
-                if isinstance(p, RequestError):
-                    out[i] = p
-            if not ready:
-                return out
-            try:
-                sids = await asyncio.to_thread(self.registry.add_many, [specs[i].model_dump() for i, _ in ready],
-                                               None if owner == auth.ADMIN else owner)
-            except RegistryError as e:
-                for i, _ in ready:
-                    out[i] = RequestError(503, f"cannot store the subscription; nothing was added: {e}")
-                return out
-            names = [specs[i].name or sid for (i, _), sid in zip(ready, sids)]
-            qids = await asyncio.to_thread(self._register_patterns, [(p, name, specs[i].policy)
-                                                                     for (i, p), name in zip(ready, names)])
-            refused = []
-            for (i, pattern), sid, qid in zip(ready, sids, qids):
-                if isinstance(qid, YfppError):
-                    refused.append(sid)
-                    out[i] = RequestError(400, f"query: {qid}", **_error_position(qid))
+            added = await asyncio.to_thread(self._add_many, [specs[i] for i in todo], owner)  # (one thread hop)
+            for i, item in zip(todo, added):
+                if isinstance(item, RequestError):
+                    out[i] = item
                 else:
+                    sid, qid, cost = item
                     sub = out[i] = Subscription(sid, specs[i], qid, cfg.queue_size, self.totals, owner, self.sink_policy)
-                    sub.cost = quotas.estimate(pattern)
+                    sub.cost = cost
                     self._attach(sub)
-            if refused:
-                self._forget(refused)
         finally:
             for claim in claims:
                 self._claimed.discard(claim)
@@ -508,7 +493,7 @@ class Service:
         if len(spec.query) > cfg.max_query_chars:
             raise RequestError(413, f"query is {len(spec.query)} characters; the limit is {cfg.max_query_chars}")
         try:
-            quotas.check(spec, sub.owner, [s for s in self.subs.values() if s.owner == sub.owner and s is not sub], cfg)
+            quotas.check(spec, sub.owner, self.owned(sub.owner, but=sub), cfg)
         except quotas.QuotaError as e:
             raise RequestError(e.status, str(e)) from None
         name = spec.name or sid
@@ -551,6 +536,33 @@ class Service:
             except YfppError as e:
                 return self.engine.register(old, name=old_name), e
 
+    def _add_many(self, specs: list[SubscriptionSpec], owner: str) -> list[tuple[str, int, dict] | RequestError]:
+        """(Blocking) Each request parsed and admitted (:meth:`_admitted`), those admitted stored in one registry
+        transaction and registered in one hold of ``engine_lock``: per request, ``(id, query id, cost)`` or the
+        RequestError that refuses it (one the engine refuses is removed from the registry again)."""
+        out: list[tuple[str, int, dict] | RequestError] = [self._admitted(spec, owner) for spec in specs]
+        ready = [i for i, p in enumerate(out) if not isinstance(p, RequestError)]
+        if not ready:
+            return out
+        try:
+            sids = self.registry.add_many([specs[i].model_dump() for i in ready], None if owner == auth.ADMIN else owner)
+        except RegistryError as e:
+            refusal = RequestError(503, f"cannot store the subscription; nothing was added: {e}")
+            return [refusal if i in ready else p for i, p in enumerate(out)]
+        patterns = [out[i] for i in ready]
+        qids = self._register_patterns([(p, specs[i].name or sid, specs[i].policy)  # type: ignore[misc]
+                                        for i, p, sid in zip(ready, patterns, sids)])
+        refused = []
+        for i, pattern, sid, qid in zip(ready, patterns, sids, qids):
+            if isinstance(qid, YfppError):
+                refused.append(sid)
+                out[i] = RequestError(400, f"query: {qid}", **_error_position(qid))
+            else:
+                out[i] = (sid, qid, quotas.estimate(pattern))
+        if refused:
+            self._forget(refused)
+        return out
+
     def _admitted(self, spec: SubscriptionSpec, owner: str) -> Pattern | RequestError:
         """(Blocking: resolves a sink's host.) The pattern of a request the sink policy and the key's cost quota
         allow, or the RequestError that refuses it."""
@@ -589,6 +601,7 @@ class Service:
         sub = self.subs.pop(sid, None)
         if sub is None:  # a concurrent DELETE removed it meanwhile
             return
+        self._owned.get(sub.owner, {}).pop(sid, None)
         self.by_name.pop(sub.name, None)
         self._claimed.add(sub.name)
         done = asyncio.get_running_loop().create_future()
