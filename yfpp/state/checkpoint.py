@@ -51,6 +51,12 @@ _IR_ENUMS = {c.__name__: c for c in vars(ir).values() if isinstance(c, type) and
 
 def encode_pattern(obj: Any) -> Any:
     """A pattern IR value as JSON: dataclasses as ``{"$ir": name, fields…}``, enums as ``{"$enum": …}``."""
+    names = _IR_FIELDS.get(type(obj))
+    if names is not None:  # (the IR's own classes: their fields known, not looked up for each value)
+        out = {"$ir": type(obj).__name__}
+        for name in names:
+            out[name] = encode_pattern(getattr(obj, name))
+        return out
     if dataclasses.is_dataclass(obj):
         return {"$ir": type(obj).__name__, **{f.name: encode_pattern(getattr(obj, f.name)) for f in dataclasses.fields(obj)}}
     if isinstance(obj, enum.Enum):
@@ -69,8 +75,8 @@ def decode_pattern(data: Any, as_tuple: bool = False) -> Any:
         if cls is None:
             raise YfppError(f"checkpoint: unknown pattern class {data.get('$ir')!r}")
         obj = cls(**{k: decode_pattern(v, True) for k, v in data.items() if k != "$ir"})
-        for name, hint in _IR_HINTS[cls].items():
-            if not _fits(getattr(obj, name), hint):
+        for name, fits, hint in _IR_CHECKS[cls]:
+            if not fits(getattr(obj, name)):
                 raise ValueError(f"pattern: {cls.__name__}.{name} is not a {hint}: {getattr(obj, name)!r:.60}")
         return obj
     if isinstance(data, list):
@@ -78,26 +84,31 @@ def decode_pattern(data: Any, as_tuple: bool = False) -> Any:
     return data
 
 
-def _fits(v: Any, hint: Any) -> bool:
-    """Is ``v`` of the pattern IR's type ``hint`` (``Any``: a literal's JSON scalar)?"""
+def _fits(hint: Any) -> Callable[[Any], bool]:
+    """Whether a value is of the pattern IR's type ``hint`` (``Any``: a literal's JSON scalar), as a function
+    made once per hint (reading the hint for each value made restoring many queries slow)."""
     if hint is Any:
-        return v is None or type(v) in (bool, int, float, str)
+        return lambda v: v is None or type(v) in (bool, int, float, str)
     origin = typing.get_origin(hint)
     if origin is typing.Union or origin is types.UnionType:
-        return any(_fits(v, h) for h in typing.get_args(hint))
+        each = [_fits(h) for h in typing.get_args(hint)]
+        return lambda v: any(fits(v) for fits in each)
     if origin is tuple:
         args = typing.get_args(hint)
-        if type(v) is not tuple:
-            return False
         if len(args) == 2 and args[1] is Ellipsis:
-            return all(_fits(x, args[0]) for x in v)
-        return len(v) == len(args) and all(map(_fits, v, args))
+            item = _fits(args[0])
+            return lambda v: type(v) is tuple and all(map(item, v))
+        items = [_fits(h) for h in args]
+        return lambda v: type(v) is tuple and len(v) == len(items) and all(fits(x) for fits, x in zip(items, v))
     if hint is float:
-        return type(v) in (int, float)
-    return type(v) is hint  # (NoneType too)
+        return lambda v: type(v) in (int, float)
+    return lambda v: type(v) is hint  # (NoneType too)
 
 
-_IR_HINTS = {c: typing.get_type_hints(c) for c in _IR_CLASSES.values()}
+#: each IR class's fields: (name, whether a value fits its type, the type)
+_IR_CHECKS = {c: [(name, _fits(hint), hint) for name, hint in typing.get_type_hints(c).items()]
+              for c in _IR_CLASSES.values()}
+_IR_FIELDS = {c: tuple(f.name for f in dataclasses.fields(c)) for c in _IR_CLASSES.values()}
 
 
 # --- snapshot -----------------------------------------------------------------------
@@ -524,7 +535,7 @@ def write_json(data: Any, path: str | os.PathLike[str]) -> None:
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent or ".")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, separators=(",", ":"))
+            f.write(json.dumps(data, separators=(",", ":")))  # (json.dump writes through the slower Python encoder)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
