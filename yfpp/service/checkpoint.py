@@ -20,19 +20,21 @@ from typing import Any, Callable
 
 from yfpp.engine import Engine
 from yfpp.errors import YfppError
-from yfpp.state.checkpoint import read_checkpoint, write_checkpoint
+from yfpp.state.checkpoint import EncodedPatterns, read_checkpoint, write_checkpoint
 
 SERVICE = "service"  #: the checkpoint field of the service's own data
 
 
-def save(engine: Engine, path: Path, service: dict[str, Any] | None = None) -> None:
-    """Write the engine's snapshot (and ``service``) to ``path`` atomically (temp file, fsync, rename)."""
-    write_checkpoint(engine, path, {SERVICE: service} if service is not None else None)
+def save(engine: Engine, path: Path, service: dict[str, Any] | None = None,
+         patterns: EncodedPatterns | None = None) -> None:
+    """Write the engine's snapshot (and ``service``; ``patterns``: its queries' encoded already) to ``path``
+    atomically (temp file, fsync, rename)."""
+    write_checkpoint(engine, path, {SERVICE: service} if service is not None else None, patterns)
 
 
-def load(path: Path, **opts: Any) -> tuple[Engine | None, dict[str, Any]]:
+def load(path: Path, patterns: EncodedPatterns | None = None, **opts: Any) -> tuple[Engine | None, dict[str, Any]]:
     """The engine restored from ``path`` and the checkpoint's service data, or (None, {}) when there is no
-    checkpoint yet."""
+    checkpoint yet; ``patterns`` keeps the restored queries' patterns as the checkpoint holds them encoded."""
     if not path.is_file():
         return None, {}
     data = read_checkpoint(path)
@@ -40,6 +42,10 @@ def load(path: Path, **opts: Any) -> tuple[Engine | None, dict[str, Any]]:
     gc.disable()  # (restoring makes a great many objects that live on: collecting meanwhile doubles the time)
     try:
         engine = Engine.restore(data, **opts)
+        if patterns is not None:  # (the data is checked now; restoring left it as it was)
+            encoded = {q["id"]: q["pattern"] for q in data["queries"]}
+            for qid, (pattern, _, _) in engine.sources.items():
+                patterns.keep(qid, pattern, encoded[qid])
     finally:
         gc.enable()
     return engine, service if isinstance(service, dict) else {}
@@ -100,7 +106,8 @@ class Forked:
         staged(self.path).unlink(missing_ok=True)
 
 
-def fork(engine: Engine, path: Path, service_of: Callable[[], dict[str, Any]]) -> Forked:
+def fork(engine: Engine, path: Path, service_of: Callable[[], dict[str, Any]],
+         patterns: EncodedPatterns | None = None) -> Forked:
     """Start writing the engine's state as it is now (and ``service_of()``) to the staged file of ``path``, in
     a child process (where the system cannot fork, here and now).
 
@@ -108,7 +115,7 @@ def fork(engine: Engine, path: Path, service_of: Callable[[], dict[str, Any]]) -
     service's subscriptions and that file, and ends with ``os._exit``."""
     staged(path).unlink(missing_ok=True)
     if not hasattr(os, "fork"):
-        save(engine, staged(path), service_of())
+        save(engine, staged(path), service_of(), patterns)
         return Forked(None, None, path)
     tempfile._get_candidate_names()  # type: ignore[attr-defined]  # (made before the fork: no lock to inherit)
     r, w = os.pipe()
@@ -119,7 +126,7 @@ def fork(engine: Engine, path: Path, service_of: Callable[[], dict[str, Any]]) -
             os.closerange(3, w)  # (the sockets too: a parent killed meanwhile leaves no port held by the child)
             os.closerange(w + 1, os.sysconf("SC_OPEN_MAX"))
             gc.disable()
-            save(engine, staged(path), service_of())
+            save(engine, staged(path), service_of(), patterns)
             code = 0
         except BaseException as e:
             os.write(w, f"{type(e).__name__}: {e}".encode("utf-8", "replace")[:4000])

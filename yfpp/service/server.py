@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterator
 import uvicorn
 from pydantic import ValidationError
 
-from yfpp.state.checkpoint import encode_pattern
+from yfpp.state.checkpoint import EncodedPatterns, encode_pattern
 from yfpp.engine import Engine
 from yfpp.errors import YfppError
 from yfpp.input.events import Event
@@ -96,7 +96,9 @@ class Service:
                                               config.dead_letters_max_bytes)
         self.read_opts = config.read_opts
         engine_opts = {"max_delay": config.max_delay, "dead_letters": self.dead_letters}
-        restored, self._sources = checkpoint.load(self.checkpoint_path, **engine_opts) if self.checkpoint_path else (None, {})
+        self.patterns = EncodedPatterns()  #: the queries' patterns encoded for the checkpoints (once, not at each)
+        restored, self._sources = (checkpoint.load(self.checkpoint_path, self.patterns, **engine_opts)
+                                   if self.checkpoint_path else (None, {}))
         self.engine: Engine = restored or Engine(**engine_opts)
         self.restored = restored is not None
         self._stored = (self.registry.all(), self.registry.kept_queued(),
@@ -261,7 +263,7 @@ class Service:
         forked = None
         if engine_done and self.checkpoint_path is not None:
             try:
-                forked = checkpoint.fork(self.engine, self.checkpoint_path, self._checkpoint_sources)
+                forked = checkpoint.fork(self.engine, self.checkpoint_path, self._checkpoint_sources, self.patterns)
             except Exception as e:
                 self._checkpoint_failed(e)
         self._keep_queued(*held)
@@ -390,11 +392,15 @@ class Service:
 
     def _register_patterns(self, items: list[tuple[Pattern, str, str | None]]) -> list[int | YfppError]:
         """``(pattern, name, policy)`` each registered, in one hold of ``engine_lock``: its query id, or the
-        engine's refusal."""
+        engine's refusal. Each pattern registered is encoded for the checkpoints then, outside the lock."""
         out: list[int | YfppError] = []
         with self.engine_lock:
             for policy, group in itertools.groupby(items, key=lambda item: item[2]):  # (runs of one policy)
                 out += self.engine.register_many([(pattern, name) for pattern, name, _ in group], policy=policy)
+        sources = self.engine.sources  # (not unregistered meanwhile: no subscription has these queries yet)
+        for qid in out:
+            if isinstance(qid, int):
+                self.patterns.keep(qid, sources[qid][0])
         return out
 
     def _attach(self, sub: Subscription) -> None:
@@ -636,6 +642,7 @@ class Service:
         """(engine thread, holding ``engine_lock``) Unregister ``qid`` unless it is gone already (suspended)."""
         if qid in self.engine.queries or qid in self.engine.set_queries:
             self.engine.unregister(qid)
+            self.patterns.forget(qid)
 
     def _unregister_retired(self) -> None:
         """(engine thread, holding ``engine_lock``) Unregister the deleted subscriptions' queries; free their names."""
@@ -850,7 +857,7 @@ class Service:
         start = time.perf_counter()
         with self.engine_lock:
             try:
-                forked = checkpoint.fork(self.engine, self.checkpoint_path, self._checkpoint_sources)
+                forked = checkpoint.fork(self.engine, self.checkpoint_path, self._checkpoint_sources, self.patterns)
             except Exception as e:  # (no process to be had: the same as a failed write)
                 self._checkpoint_failed(e)
                 return False

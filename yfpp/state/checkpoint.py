@@ -256,8 +256,31 @@ def _state_ref(st, node_ref: dict) -> list | None:
     return [node, "wait", st.contiguity.value, node_ref[st.child] if st.child is not None else None]
 
 
-def snapshot(engine) -> dict:
-    """The engine's whole state as JSON-safe data (``FORMAT``, ``VERSION``; see docs/operations.md)."""
+class EncodedPatterns:
+    """The queries' patterns as :func:`encode_pattern` writes them, kept by query id for the checkpoints of an
+    engine whose queries outlive many checkpoints (encoding 100,000 patterns took seconds at each): an entry
+    serves while the engine's query of that id is the very pattern object it was made from."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[Any, Any]] = {}
+
+    def keep(self, qid: int, pattern: Any, encoded: Any = None) -> None:
+        """Keep query ``qid``'s ``pattern`` encoded (``encoded``: as a checkpoint already holds it)."""
+        self._by_id[qid] = (pattern, encode_pattern(pattern) if encoded is None else encoded)
+
+    def forget(self, qid: int) -> None:
+        self._by_id.pop(qid, None)
+
+    def encode(self, qid: int, pattern: Any) -> Any:
+        """``encode_pattern(pattern)``, kept or made now."""
+        kept = self._by_id.get(qid)
+        return kept[1] if kept is not None and kept[0] is pattern else encode_pattern(pattern)
+
+
+def snapshot(engine, patterns: EncodedPatterns | None = None) -> dict:
+    """The engine's whole state as JSON-safe data (``FORMAT``, ``VERSION``; see docs/operations.md);
+    ``patterns``: its queries' patterns encoded already."""
+    encode = patterns.encode if patterns is not None else lambda _, pat: encode_pattern(pat)
     rt = engine.runtime
     node_ref = _node_refs(engine)
     w = _Writer(node_ref)
@@ -300,7 +323,7 @@ def snapshot(engine) -> dict:
                     "merge_runs": rt.merger is not None, "full_events": rt.full_events,
                     "max_feedback_depth": engine.feedback.max_depth, "max_derived_per_event": engine.feedback.max_derived},
         "queries": [
-            {"id": qid, "name": name, "text": text, "pattern": encode_pattern(pat),
+            {"id": qid, "name": name, "text": text, "pattern": encode(qid, pat),
              "since_tick": engine.queries[qid].since_tick if qid in engine.queries else None}
             for qid, (pat, text, name) in engine.sources.items()
         ],
@@ -521,9 +544,11 @@ class SkipConsumed:
 # --- files --------------------------------------------------------------------------
 
 
-def write_checkpoint(engine, path: str | os.PathLike[str], extra: dict | None = None) -> None:
-    """Write ``engine``'s snapshot (plus ``extra`` fields) to ``path`` atomically: a temp file, fsync, rename."""
-    data = snapshot(engine)
+def write_checkpoint(engine, path: str | os.PathLike[str], extra: dict | None = None,
+                     patterns: EncodedPatterns | None = None) -> None:
+    """Write ``engine``'s snapshot (plus ``extra`` fields; ``patterns``: see :func:`snapshot`) to ``path``
+    atomically: a temp file, fsync, rename."""
+    data = snapshot(engine, patterns)
     if extra:
         data.update(extra)
     write_json(data, path)
