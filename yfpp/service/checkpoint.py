@@ -48,6 +48,7 @@ def load(path: Path, patterns: EncodedPatterns | None = None, **opts: Any) -> tu
                 patterns.keep(qid, pattern, encoded[qid])
     finally:
         gc.enable()
+    gc.freeze()  # (the restored queries live as long as the service: no collection need walk them, as the next did)
     return engine, service if isinstance(service, dict) else {}
 
 
@@ -55,7 +56,7 @@ def save_counts(path: Path, counts: dict[str, dict[str, int]]) -> None:
     """Write the subscriptions' counters (by id; ``""``: the totals) to ``path`` atomically."""
     tmp = path.with_name(path.name + ".tmp")
     with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as f:
-        json.dump(counts, f, separators=(",", ":"))
+        f.write(json.dumps(counts, separators=(",", ":")))  # (json.dump writes through the slower Python encoder)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
