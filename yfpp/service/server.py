@@ -65,6 +65,7 @@ INGEST_THREADS = 4  #: POST /events bodies read at once (more wait their turn); 
 HANDED_OVER = 65_536  #: results from the engine thread not yet routed by the loop before the engine thread waits
 RETIRE_WAIT = 0.8  #: seconds a DELETE waits for the engine thread to unregister the query (it answers anyway)
 CHUNK = 1024  #: results the engine thread gathers before handing them to the loop (and at the end of each batch)
+USAGE_SHARE = 0.01  #: the engine thread's time that sampling each query's usage may take (sampled once a second at most)
 
 
 class Service:
@@ -717,6 +718,7 @@ class Service:
         tick = min(self.config.advance_idle or 0.5, 0.5)
         next_checkpoint = time.monotonic() + self.config.checkpoint_every
         rate_t, rate_n = time.monotonic(), self.events_taken
+        next_sample = rate_t + 1.0
         while True:
             try:
                 item = self.inbox.get(timeout=tick)
@@ -734,9 +736,11 @@ class Service:
             if now - rate_t >= 1.0:
                 self.rate = (self.events_taken - rate_n) / (now - rate_t)
                 rate_t, rate_n = now, self.events_taken
+            if now >= next_sample:  # (a sample walks every query: with 100,000 of them, less often than each second)
                 with self.engine_lock:
                     for name in self.usage.sample(self.engine, self.config.max_cpu_share):
                         self._suspend(name)
+                next_sample = now + max(1.0, (time.monotonic() - now) / USAGE_SHARE)
             if stop:
                 return  # (the stop checkpoints, once the sinks have had their second: _final_checkpoint)
             if now >= next_checkpoint:
