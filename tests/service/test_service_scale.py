@@ -304,3 +304,31 @@ def test_a_restart_keeps_every_subscription_its_id_owner_and_sink_and_checkpoint
         assert all(kept[qid][0] is pattern for qid, (pattern, _, _) in svc.engine.sources.items())
         assert len(before) == 6 and svc.save_checkpoint()
     assert json.loads(checkpoint.read_bytes())["queries"] == first
+
+
+def test_a_stop_drops_a_periodic_checkpoint_still_being_written_and_writes_the_final_one(tmp_path, monkeypatch,
+                                                                                         caplog):
+    from yfpp.service import checkpoint
+
+    real = checkpoint.save
+    bg = BackgroundService(config(tmp_path, checkpoint_every=0.2))
+    stopping = bg.service.stopping
+
+    def stuck(*args, **kw):  # (in the child: a periodic checkpoint's never ends; the final one's is written)
+        if not stopping.is_set():
+            time.sleep(600)
+        real(*args, **kw)
+
+    monkeypatch.setattr(checkpoint, "save", stuck)
+    with caplog.at_level("INFO", logger="yfpp.service"):
+        with bg as svc:
+            Client(f"http://127.0.0.1:{svc.port}").subscribe(PAIR.format(k=0), name="p")
+            wait_for(lambda: svc._writer is not None and svc._writer.is_alive(), what="a periodic checkpoint")
+            send(svc.feed_port("jsonl"), b"".join(pairs(10, 1)))
+            wait_for(lambda: svc.events_in == 10, what="the events taken")
+        assert not bg._thread.is_alive()  # (stopped, not waiting for the stuck child)
+    said = [r.getMessage() for r in caplog.records]
+    assert "checkpoint dropped at the stop: the final checkpoint supersedes it" in said
+    assert said.count("checkpoint written") == 1 and "checkpoint failed" not in said
+    with BackgroundService(config(tmp_path)) as svc:
+        assert svc.restored and svc.events_in == 10 and [s.name for s in svc.subs.values()] == ["p"]

@@ -14,7 +14,9 @@ from __future__ import annotations
 import gc
 import json
 import os
+import signal
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Callable
 
@@ -83,16 +85,41 @@ def staged(path: Path) -> Path:
 
 class Forked:
     """A checkpoint being written by a child process (``pid``; None: written already): :meth:`wait`, then
-    :meth:`commit` (or :meth:`discard`)."""
+    :meth:`commit` (or :meth:`discard`); :meth:`cancel` from another thread."""
 
     def __init__(self, pid: int | None, errors: int | None, path: Path):
         self.pid, self._errors, self.path = pid, errors, path
+        self.cancelled = False
+        self._lock = threading.Lock()  # guards _pidfd: a signal never goes to a reaped child's pid, reused
+        self._pidfd: int | None = None
+        if pid is not None and hasattr(os, "pidfd_open"):
+            try:
+                self._pidfd = os.pidfd_open(pid)
+            except OSError:  # (a kernel without pidfds: such a checkpoint cannot be cancelled, only waited for)
+                pass
+
+    def cancel(self) -> bool:
+        """Stop the child (a later checkpoint supersedes this one): :meth:`wait` then raises. False if it
+        cannot be stopped (gone already, or no pidfd to signal it through safely)."""
+        with self._lock:
+            if self._pidfd is None:
+                return False
+            try:
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            except ProcessLookupError:
+                return False
+            self.cancelled = True
+            return True
 
     def wait(self) -> None:
         """Wait for the child; YfppError saying why if it wrote no checkpoint."""
         if self.pid is None or self._errors is None:
             return
         _, status = os.waitpid(self.pid, 0)
+        with self._lock:
+            if self._pidfd is not None:
+                os.close(self._pidfd)
+                self._pidfd = None
         why = os.read(self._errors, 4096).decode("utf-8", "replace")
         os.close(self._errors)
         code = os.waitstatus_to_exitcode(status)

@@ -147,6 +147,7 @@ class Service:
         self._room = threading.Condition()  # guards _results, _handed_over and _route_scheduled
         self._route_scheduled = False
         self._writer: threading.Thread | None = None  # the thread finishing the last checkpoint
+        self._forked: checkpoint.Forked | None = None  # the last periodic checkpoint's child
         self._stop_by: float | None = None  # set at a stop: the engine thread discards what its inbox holds after it
 
     @property
@@ -208,6 +209,8 @@ class Service:
         if self._engine_thread is not None:
             await asyncio.to_thread(self._stop_engine_thread)
         if self._writer is not None:
+            if self._final_checkpoint_due() and self._forked is not None:
+                self._forked.cancel()  # (a periodic checkpoint still being written: the final one supersedes it)
             await asyncio.to_thread(self._writer.join)
         self._route()  # the engine thread's last results
         await self._drain(1.0)
@@ -259,10 +262,8 @@ class Service:
         """At the stop: store the results the push sinks still hold, to be queued again at the next start, and
         the counters; then checkpoint the engine (past those results: it will not produce them again), unless
         its thread died or did not finish."""
-        thread = self._engine_thread
-        engine_done = self.failed is None and (thread is None or not thread.is_alive())
         forked = None
-        if engine_done and self.checkpoint_path is not None:
+        if self._final_checkpoint_due() and self.checkpoint_path is not None:
             try:
                 forked = checkpoint.fork(self.engine, self.checkpoint_path, self._checkpoint_sources, self.patterns)
             except Exception as e:
@@ -278,6 +279,12 @@ class Service:
             else:
                 self.last_checkpoint_error = None
                 log.info("checkpoint written", extra={"path": str(self.checkpoint_path), "events_in": self.events_in})
+
+    def _final_checkpoint_due(self) -> bool:
+        """Whether the stop writes the final checkpoint: state is kept, the engine thread is done and did not die."""
+        thread = self._engine_thread
+        return (self.checkpoint_path is not None and self.failed is None
+                and (thread is None or not thread.is_alive()))
 
     def _keep_queued(self, queued: dict[str, list[dict]], counts: dict[str, dict[str, int]]) -> None:
         """Store the results the push sinks still hold at the stop, and the counters (with no state kept: say
@@ -870,6 +877,7 @@ class Service:
             else:
                 held.set_result(None)
         stall = time.perf_counter() - start  # (what the engine thread gave: the fork)
+        self._forked = forked
         self._writer = threading.Thread(target=self._finish_checkpoint, args=(forked, held, self.events_in, stall),
                                         name="checkpoint", daemon=True)
         self._writer.start()
@@ -902,7 +910,10 @@ class Service:
             forked.commit()
         except Exception as e:  # a full disk (OSError), state the format cannot hold, a loop that did not answer
             forked.discard()
-            self._checkpoint_failed(e)
+            if forked.cancelled:
+                log.info("checkpoint dropped at the stop: the final checkpoint supersedes it", extra={"events_in": events_in})
+            else:
+                self._checkpoint_failed(e)
             return
         self.last_checkpoint_error = None
         log.info("checkpoint written", extra={"path": str(self.checkpoint_path), "events_in": events_in,
