@@ -328,11 +328,19 @@ def test_queues_and_subscriptions_are_capped_per_key(tmp_path):
         assert status(lambda: alice.subscribe("PATTERN SEQ(a x)", queue=1_000_000)) == 400  # over max_queue
         alice.subscribe("PATTERN SEQ(a x)", queue=1000)
         assert status(lambda: alice.subscribe("PATTERN SEQ(a x)", queue=600)) == 429  # 1600 queued > key_max_queue
-        alice.subscribe("PATTERN SEQ(a x)")  # (500: the default queue)
+        second = alice.subscribe("PATTERN SEQ(a x)")  # (500: the default queue)
         assert status(lambda: alice.subscribe("PATTERN SEQ(a x)", queue=1)) == 429  # a third > key_max_subscriptions
+        assert [a["status"] for a in alice.subscribe_many([{"query": "PATTERN SEQ(a x)"}])] == [429]
         bob = Client(admin.url, admin.create_key("bob", "subscriber")["key"])
         bob.subscribe("PATTERN SEQ(a x)")  # another key's quota is its own
         assert admin.subscribe("PATTERN SEQ(a x)", queue=1000)["queue"] == 1000  # the admin: max_queue only
+        alice.unsubscribe(second["id"])  # (a deleted one no longer counts)
+        third = alice.subscribe("PATTERN SEQ(a x)", queue=1)
+        change = json.dumps({"queue": 600}).encode()
+        assert status(lambda: alice._request("PUT", f"/subscriptions/{third['id']}", change)) == 429  # 1000 + 600
+    with BackgroundService(cfg) as svc:  # restarted: the key's subscriptions count as before
+        alice = Client(f"http://127.0.0.1:{svc.port}", alice.token)
+        assert status(lambda: alice.subscribe("PATTERN SEQ(a x)", queue=1)) == 429
 
 
 def test_query_cost_is_estimated_and_refused_per_policy(tmp_path):

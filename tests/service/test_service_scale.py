@@ -277,3 +277,58 @@ def test_a_stop_while_busy_discards_the_inbox_after_a_while_and_writes_the_final
     assert any(r.getMessage() == "checkpoint written" and r.events_in == taken for r in caplog.records)
     with BackgroundService(config(tmp_path)) as svc:  # the checkpoint holds what was taken, no more
         assert svc.events_in == taken
+
+
+def test_a_restart_keeps_every_subscription_its_id_owner_and_sink_and_checkpoints_the_same_queries(tmp_path):
+    """A batch (with a bad item), a subscriber's own, a deleted one: after a stop and a start every subscription
+    is there with its id, name, owner and sink, and the restarted service's checkpoint holds the same queries
+    (their patterns kept encoded from the one it restored)."""
+    admin = "k" * 40
+    cfg = config(tmp_path, admin_key=admin, file_sink_dir=str(tmp_path))
+    sink = f"file:{tmp_path / 'out.jsonl'}"
+    specs = [{"query": PAIR.format(k=k), "name": f"q{k}", **({"sink": sink} if k % 2 else {})} for k in range(6)]
+    with BackgroundService(cfg) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}", admin)
+        answers = c.subscribe_many(specs[:3] + [{"query": "PATTERN SEQ("}] + specs[3:])
+        assert [a["status"] for a in answers] == [201] * 3 + [400] + [201] * 3
+        alice = Client(c.url, c.create_key("alice", "subscriber")["key"])
+        alice.subscribe("PATTERN SEQ(a x)")
+        c.unsubscribe(answers[1]["subscription"]["id"])
+        before = sorted((s["id"], s["name"], s["owner"], s["sink"], s["query"]) for s in c.subscriptions())
+    checkpoint = tmp_path / "state" / "engine-checkpoint.json"
+    first = json.loads(checkpoint.read_bytes())["queries"]
+    with BackgroundService(cfg) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}", admin)
+        assert sorted((s["id"], s["name"], s["owner"], s["sink"], s["query"]) for s in c.subscriptions()) == before
+        kept = svc.patterns._by_id  # (each restored query's pattern kept encoded: none encoded again)
+        assert all(kept[qid][0] is pattern for qid, (pattern, _, _) in svc.engine.sources.items())
+        assert len(before) == 6 and svc.save_checkpoint()
+    assert json.loads(checkpoint.read_bytes())["queries"] == first
+
+
+def test_a_stop_drops_a_periodic_checkpoint_still_being_written_and_writes_the_final_one(tmp_path, monkeypatch,
+                                                                                         caplog):
+    from yfpp.service import checkpoint
+
+    real = checkpoint.save
+    bg = BackgroundService(config(tmp_path, checkpoint_every=0.2))
+    stopping = bg.service.stopping
+
+    def stuck(*args, **kw):  # (in the child: a periodic checkpoint's never ends; the final one's is written)
+        if not stopping.is_set():
+            time.sleep(600)
+        real(*args, **kw)
+
+    monkeypatch.setattr(checkpoint, "save", stuck)
+    with caplog.at_level("INFO", logger="yfpp.service"):
+        with bg as svc:
+            Client(f"http://127.0.0.1:{svc.port}").subscribe(PAIR.format(k=0), name="p")
+            wait_for(lambda: svc._writer is not None and svc._writer.is_alive(), what="a periodic checkpoint")
+            send(svc.feed_port("jsonl"), b"".join(pairs(10, 1)))
+            wait_for(lambda: svc.events_in == 10, what="the events taken")
+        assert not bg._thread.is_alive()  # (stopped, not waiting for the stuck child)
+    said = [r.getMessage() for r in caplog.records]
+    assert "checkpoint dropped at the stop: the final checkpoint supersedes it" in said
+    assert said.count("checkpoint written") == 1 and "checkpoint failed" not in said
+    with BackgroundService(config(tmp_path)) as svc:
+        assert svc.restored and svc.events_in == 10 and [s.name for s in svc.subs.values()] == ["p"]

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.generators import patterns, set_patterns, streams
-from yfpp.state.checkpoint import read_checkpoint, write_checkpoint
+from yfpp.state.checkpoint import EncodedPatterns, read_checkpoint, snapshot, write_checkpoint
 from yfpp.cli import main
 from yfpp.input.dead_letters import DeadLetters
 from yfpp.engine import Engine
@@ -329,3 +329,20 @@ def test_an_event_attribute_that_is_an_object_survives_a_checkpoint():
     back = Engine.restore(json.loads(json.dumps(eng.snapshot(), allow_nan=False)), dead_letters=DeadLetters())
     got, want = back.process({"type": "b", "ts": 5}), eng.process({"type": "b", "ts": 5})
     assert got == want and [m["events"]["x"][0]["attrs"]["o"] for m in got] == [{"p": 1}, {"$float": "inf"}, {"$dict": 3}]
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(patterns(), min_size=1, max_size=3), st.data())
+def test_patterns_encoded_once_give_the_same_checkpoint(pats, data):
+    """A checkpoint with its patterns kept encoded (EncodedPatterns) is the one without; an entry made from
+    another pattern object than the query's (one replaced since) is not used."""
+    eng = engine(pats, 0)
+    kept = EncodedPatterns()
+    for qid, (pattern, _, _) in eng.sources.items():
+        kept.keep(qid, pattern)
+    stale = data.draw(st.sampled_from(sorted(eng.sources)))
+    kept.keep(stale, data.draw(patterns()))
+    eng.register(data.draw(patterns()), name="new")  # (none kept)
+    assert eng.snapshot() == snapshot(eng, kept)
+    restored = Engine.restore(json.loads(json.dumps(snapshot(eng, kept))))
+    assert restored.snapshot() == eng.snapshot()

@@ -102,6 +102,7 @@ class QuerySource:
 def read_query_file(text: str, default_name: str, origin: str | None = None, language: str | None = None) -> list[QuerySource]:
     """The queries of a query file's text (see the module docstring for the format)."""
     blocks: list[tuple[str, int, list[str]]] = []  # (name, line of '@query', lines)
+    named: dict[str, int] = {}  # each name's line of '@query' (a walk over the blocks made 100,000 queries minutes)
     loose: list[str] = []
     first_loose = 0
     where = f"{origin}, " if origin else ""
@@ -111,10 +112,11 @@ def read_query_file(text: str, default_name: str, origin: str | None = None, lan
             m = _QUERY_LINE.match(stripped)
             if not m:
                 raise YfppError(f"{where}line {lineno}: expected '@query NAME', got {stripped[:80]!r}")
-            for name, at, _ in blocks:
-                if name == m.group(1):
-                    raise YfppError(f"{where}line {lineno}: query name {name!r} is used twice (first at line {at})")
-            blocks.append((m.group(1), lineno, []))
+            name = m.group(1)
+            if name in named:
+                raise YfppError(f"{where}line {lineno}: query name {name!r} is used twice (first at line {named[name]})")
+            named[name] = lineno
+            blocks.append((name, lineno, []))
         elif blocks:
             blocks[-1][2].append("" if stripped.startswith("#") else line)
         elif stripped and not stripped.startswith("#"):

@@ -1,7 +1,8 @@
 """Each subscription's cost (docs/service.md, "Security"): what ``GET /subscriptions/{id}`` shows as ``usage``
 and the metrics as ``yfpp_subscription_runs`` / ``yfpp_subscription_cpu_seconds``.
 
-The engine thread samples once a second, holding ``engine_lock``: each
+The engine thread samples once a second (less often when a sample would take
+more than 1 % of its time: ``server.USAGE_SHARE``), holding ``engine_lock``: each
 pattern query's live runs (those of its shared-NFA branch: the queries of one
 branch share its runs), the runs shed by the engine's caps counted against
 it, and an estimate of the engine CPU it took, the engine thread's CPU time

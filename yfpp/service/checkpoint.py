@@ -14,25 +14,29 @@ from __future__ import annotations
 import gc
 import json
 import os
+import signal
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Callable
 
 from yfpp.engine import Engine
 from yfpp.errors import YfppError
-from yfpp.state.checkpoint import read_checkpoint, write_checkpoint
+from yfpp.state.checkpoint import EncodedPatterns, read_checkpoint, stored_patterns, write_checkpoint
 
 SERVICE = "service"  #: the checkpoint field of the service's own data
 
 
-def save(engine: Engine, path: Path, service: dict[str, Any] | None = None) -> None:
-    """Write the engine's snapshot (and ``service``) to ``path`` atomically (temp file, fsync, rename)."""
-    write_checkpoint(engine, path, {SERVICE: service} if service is not None else None)
+def save(engine: Engine, path: Path, service: dict[str, Any] | None = None,
+         patterns: EncodedPatterns | None = None) -> None:
+    """Write the engine's snapshot (and ``service``; ``patterns``: its queries' encoded already) to ``path``
+    atomically (temp file, fsync, rename)."""
+    write_checkpoint(engine, path, {SERVICE: service} if service is not None else None, patterns)
 
 
-def load(path: Path, **opts: Any) -> tuple[Engine | None, dict[str, Any]]:
+def load(path: Path, patterns: EncodedPatterns | None = None, **opts: Any) -> tuple[Engine | None, dict[str, Any]]:
     """The engine restored from ``path`` and the checkpoint's service data, or (None, {}) when there is no
-    checkpoint yet."""
+    checkpoint yet; ``patterns`` keeps the restored queries' patterns as the checkpoint holds them encoded."""
     if not path.is_file():
         return None, {}
     data = read_checkpoint(path)
@@ -40,8 +44,14 @@ def load(path: Path, **opts: Any) -> tuple[Engine | None, dict[str, Any]]:
     gc.disable()  # (restoring makes a great many objects that live on: collecting meanwhile doubles the time)
     try:
         engine = Engine.restore(data, **opts)
+        if patterns is not None:  # (the data is checked now; restoring left it as it was)
+            encoded = stored_patterns(data)
+            for qid, (pattern, _, _) in engine.sources.items():
+                if qid in encoded:  # (a query kept as text is written as text: nothing to encode)
+                    patterns.keep(qid, pattern, encoded[qid])
     finally:
         gc.enable()
+    gc.freeze()  # (the restored queries live as long as the service: no collection need walk them, as the next did)
     return engine, service if isinstance(service, dict) else {}
 
 
@@ -49,7 +59,7 @@ def save_counts(path: Path, counts: dict[str, dict[str, int]]) -> None:
     """Write the subscriptions' counters (by id; ``""``: the totals) to ``path`` atomically."""
     tmp = path.with_name(path.name + ".tmp")
     with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as f:
-        json.dump(counts, f, separators=(",", ":"))
+        f.write(json.dumps(counts, separators=(",", ":")))  # (json.dump writes through the slower Python encoder)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -76,16 +86,41 @@ def staged(path: Path) -> Path:
 
 class Forked:
     """A checkpoint being written by a child process (``pid``; None: written already): :meth:`wait`, then
-    :meth:`commit` (or :meth:`discard`)."""
+    :meth:`commit` (or :meth:`discard`); :meth:`cancel` from another thread."""
 
     def __init__(self, pid: int | None, errors: int | None, path: Path):
         self.pid, self._errors, self.path = pid, errors, path
+        self.cancelled = False
+        self._lock = threading.Lock()  # guards _pidfd: a signal never goes to a reaped child's pid, reused
+        self._pidfd: int | None = None
+        if pid is not None and hasattr(os, "pidfd_open"):
+            try:
+                self._pidfd = os.pidfd_open(pid)
+            except OSError:  # (a kernel without pidfds: such a checkpoint cannot be cancelled, only waited for)
+                pass
+
+    def cancel(self) -> bool:
+        """Stop the child (a later checkpoint supersedes this one): :meth:`wait` then raises. False if it
+        cannot be stopped (gone already, or no pidfd to signal it through safely)."""
+        with self._lock:
+            if self._pidfd is None:
+                return False
+            try:
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            except ProcessLookupError:
+                return False
+            self.cancelled = True
+            return True
 
     def wait(self) -> None:
         """Wait for the child; YfppError saying why if it wrote no checkpoint."""
         if self.pid is None or self._errors is None:
             return
         _, status = os.waitpid(self.pid, 0)
+        with self._lock:
+            if self._pidfd is not None:
+                os.close(self._pidfd)
+                self._pidfd = None
         why = os.read(self._errors, 4096).decode("utf-8", "replace")
         os.close(self._errors)
         code = os.waitstatus_to_exitcode(status)
@@ -100,7 +135,8 @@ class Forked:
         staged(self.path).unlink(missing_ok=True)
 
 
-def fork(engine: Engine, path: Path, service_of: Callable[[], dict[str, Any]]) -> Forked:
+def fork(engine: Engine, path: Path, service_of: Callable[[], dict[str, Any]],
+         patterns: EncodedPatterns | None = None) -> Forked:
     """Start writing the engine's state as it is now (and ``service_of()``) to the staged file of ``path``, in
     a child process (where the system cannot fork, here and now).
 
@@ -108,7 +144,7 @@ def fork(engine: Engine, path: Path, service_of: Callable[[], dict[str, Any]]) -
     service's subscriptions and that file, and ends with ``os._exit``."""
     staged(path).unlink(missing_ok=True)
     if not hasattr(os, "fork"):
-        save(engine, staged(path), service_of())
+        save(engine, staged(path), service_of(), patterns)
         return Forked(None, None, path)
     tempfile._get_candidate_names()  # type: ignore[attr-defined]  # (made before the fork: no lock to inherit)
     r, w = os.pipe()
@@ -119,7 +155,7 @@ def fork(engine: Engine, path: Path, service_of: Callable[[], dict[str, Any]]) -
             os.closerange(3, w)  # (the sockets too: a parent killed meanwhile leaves no port held by the child)
             os.closerange(w + 1, os.sysconf("SC_OPEN_MAX"))
             gc.disable()
-            save(engine, staged(path), service_of())
+            save(engine, staged(path), service_of(), patterns)
             code = 0
         except BaseException as e:
             os.write(w, f"{type(e).__name__}: {e}".encode("utf-8", "replace")[:4000])

@@ -18,6 +18,7 @@ import asyncio
 import dataclasses
 import gc
 import io
+import itertools
 import logging
 import queue
 import signal
@@ -36,7 +37,7 @@ from typing import Any, Callable, Iterator
 import uvicorn
 from pydantic import ValidationError
 
-from yfpp.state.checkpoint import encode_pattern
+from yfpp.state.checkpoint import EncodedPatterns, encode_pattern
 from yfpp.engine import Engine
 from yfpp.errors import YfppError
 from yfpp.input.events import Event
@@ -68,6 +69,7 @@ INGEST_THREADS = 4  #: POST /events bodies read at once (more wait their turn); 
 HANDED_OVER = 65_536  #: results from the engine thread not yet routed by the loop before the engine thread waits
 RETIRE_WAIT = 0.8  #: seconds a DELETE waits for the engine thread to unregister the query (it answers anyway)
 CHUNK = 1024  #: results the engine thread gathers before handing them to the loop (and at the end of each batch)
+USAGE_SHARE = 0.01  #: the engine thread's time that sampling each query's usage may take (sampled once a second at most)
 
 
 class Service:
@@ -99,7 +101,9 @@ class Service:
                                               config.dead_letters_max_bytes)
         self.read_opts = config.read_opts
         engine_opts = {"max_delay": config.max_delay, "dead_letters": self.dead_letters}
-        restored, self._sources = checkpoint.load(self.checkpoint_path, **engine_opts) if self.checkpoint_path else (None, {})
+        self.patterns = EncodedPatterns()  #: the queries' patterns encoded for the checkpoints (once, not at each)
+        restored, self._sources = (checkpoint.load(self.checkpoint_path, self.patterns, **engine_opts)
+                                   if self.checkpoint_path else (None, {}))
         self.engine: Engine = restored or Engine(**engine_opts)
         self.restored = restored is not None
         #: the isolation engines the checkpoint kept (query name -> (engine, qid)), adopted at the start
@@ -117,6 +121,7 @@ class Service:
         # pool, where they would hold up what subscription requests run there
         self.ingest = ThreadPoolExecutor(INGEST_THREADS, thread_name_prefix="ingest")
         self.subs: dict[str, Subscription] = {}
+        self._owned: dict[str, dict[str, Subscription]] = {}  # each owner's subscriptions (quotas: no walk over all)
         self.by_name: dict[str, Subscription] = {}
         self.events_taken = 0  #: events given to the engine by this process
         self._events_before = self.engine.next_seq  # events the restored state had taken
@@ -152,6 +157,7 @@ class Service:
         self._room = threading.Condition()  # guards _results, _handed_over and _route_scheduled
         self._route_scheduled = False
         self._writer: threading.Thread | None = None  # the thread finishing the last checkpoint
+        self._forked: checkpoint.Forked | None = None  # the last periodic checkpoint's child
         self._stop_by: float | None = None  # set at a stop: the engine thread discards what its inbox holds after it
 
     @property
@@ -229,6 +235,8 @@ class Service:
         if self._engine_thread is not None:
             await asyncio.to_thread(self._stop_engine_thread)
         if self._writer is not None:
+            if self._final_checkpoint_due() and self._forked is not None:
+                self._forked.cancel()  # (a periodic checkpoint still being written: the final one supersedes it)
             await asyncio.to_thread(self._writer.join)
         children = (self.isolation.checkpoint(self.checkpoint_path.parent)  # (the engine thread has stopped)
                     if self.checkpoint_path is not None and self.failed is None else [])
@@ -287,12 +295,10 @@ class Service:
         """At the stop: store the results the push sinks still hold, to be queued again at the next start, and
         the counters; then checkpoint the engine (past those results: it will not produce them again), unless
         its thread died or did not finish."""
-        thread = self._engine_thread
-        engine_done = self.failed is None and (thread is None or not thread.is_alive())
         forked = None
-        if engine_done and self.checkpoint_path is not None:
+        if self._final_checkpoint_due() and self.checkpoint_path is not None:
             try:
-                forked = checkpoint.fork(self.engine, self.checkpoint_path, self._checkpoint_sources)
+                forked = checkpoint.fork(self.engine, self.checkpoint_path, self._checkpoint_sources, self.patterns)
             except Exception as e:
                 self._checkpoint_failed(e)
         self._keep_queued(*held)
@@ -307,6 +313,12 @@ class Service:
             else:
                 self.last_checkpoint_error = None
                 log.info("checkpoint written", extra={"path": str(self.checkpoint_path), "events_in": self.events_in})
+
+    def _final_checkpoint_due(self) -> bool:
+        """Whether the stop writes the final checkpoint: state is kept, the engine thread is done and did not die."""
+        thread = self._engine_thread
+        return (self.checkpoint_path is not None and self.failed is None
+                and (thread is None or not thread.is_alive()))
 
     def _keep_queued(self, queued: dict[str, list[dict]], counts: dict[str, dict[str, int]]) -> None:
         """Store the results the push sinks still hold at the stop, and the counters (with no state kept: say
@@ -458,21 +470,27 @@ class Service:
 
     def _register_patterns(self, items: list[tuple[Pattern, str, str | None]]) -> list[int | YfppError]:
         """``(pattern, name, policy)`` each registered, in one hold of ``engine_lock``: its query id, or the
-        engine's refusal."""
+        engine's refusal. Each pattern registered is encoded for the checkpoints then, outside the lock."""
         out: list[int | YfppError] = []
         with self.engine_lock:
-            for pattern, name, policy in items:
-                try:
-                    out.append(self.engine.register(pattern, name=name, policy=policy))
-                except YfppError as e:
-                    out.append(e)
+            for policy, group in itertools.groupby(items, key=lambda item: item[2]):  # (runs of one policy)
+                out += self.engine.register_many([(pattern, name) for pattern, name, _ in group], policy=policy)
+        sources = self.engine.sources  # (not unregistered meanwhile: no subscription has these queries yet)
+        for qid in out:
+            if isinstance(qid, int):
+                self.patterns.keep(qid, sources[qid][0])
         return out
 
     def _attach(self, sub: Subscription) -> None:
         sub.usage = self.usage
         sub.start()
         self.subs[sub.id] = sub
+        self._owned.setdefault(sub.owner, {})[sub.id] = sub
         self.by_name[sub.name] = sub
+
+    def owned(self, owner: str, but: Subscription | None = None) -> list[Subscription]:
+        """The subscriptions of the key ``owner`` (but ``but``)."""
+        return [s for s in self._owned.get(owner, {}).values() if s is not but]
 
     def _check_sink(self, sink: str) -> None:
         """RequestError 403 (saying why) for a sink the server's policy does not allow (blocking: resolves)."""
@@ -500,7 +518,7 @@ class Service:
         claims: list[Any] = []
         try:
             todo: list[int] = []
-            owned: list[Any] = [s for s in self.subs.values() if s.owner == owner]
+            owned: list[Any] = self.owned(owner) if owner != auth.ADMIN else []  # (the admin has no quota)
             for i, spec in enumerate(specs):
                 if isinstance(spec, RequestError):
                     continue
@@ -524,37 +542,18 @@ class Service:
                     owned.append(types.SimpleNamespace(queue_size=spec.queue or cfg.queue_size,
                                                        queue_bytes=spec.queue_bytes or cfg.queue_bytes))
                     todo.append(i)
-            parsed = await asyncio.to_thread(lambda: [self._admitted(specs[i], owner) for i in todo])
-            ready = [(i, p) for i, p in zip(todo, parsed) if not isinstance(p, RequestError)]
-            for i, p in zip(todo, parsed):
-                if isinstance(p, RequestError):
-                    out[i] = p
-            if not ready:
-                return out
-            try:
-                sids = await asyncio.to_thread(self.registry.add_many, [specs[i].model_dump() for i, _ in ready],
-                                               None if owner == auth.ADMIN else owner)
-            except RegistryError as e:
-                for i, _ in ready:
-                    out[i] = RequestError(503, f"cannot store the subscription; nothing was added: {e}")
-                return out
-            names = [specs[i].name or sid for (i, _), sid in zip(ready, sids)]
-            qids = await asyncio.to_thread(self._register_patterns, [(p, name, specs[i].policy)
-                                                                     for (i, p), name in zip(ready, names)])
-            refused = []
-            for (i, pattern), sid, qid in zip(ready, sids, qids):
-                if isinstance(qid, YfppError):
-                    refused.append(sid)
-                    out[i] = RequestError(400, f"query: {qid}", **_error_position(qid))
+            added = await asyncio.to_thread(self._add_many, [specs[i] for i in todo], owner)  # (one thread hop)
+            for i, item in zip(todo, added):
+                if isinstance(item, RequestError):
+                    out[i] = item
                 else:
+                    sid, qid, cost = item
                     sub = out[i] = Subscription(sid, specs[i], qid, cfg.queue_size, self.totals, owner, self.sink_policy,
                                                 cfg.queue_bytes)
-                    sub.cost = quotas.estimate(pattern)
+                    sub.cost = cost
                     self._attach(sub)
                     if quotas.isolated(sub.cost, cfg):
                         await asyncio.to_thread(self._isolate_new, sub)
-            if refused:
-                self._forget(refused)
         finally:
             for claim in claims:
                 self._claimed.discard(claim)
@@ -582,7 +581,7 @@ class Service:
         if len(spec.query) > cfg.max_query_chars:
             raise RequestError(413, f"query is {len(spec.query)} characters; the limit is {cfg.max_query_chars}")
         try:
-            quotas.check(spec, sub.owner, [s for s in self.subs.values() if s.owner == sub.owner and s is not sub], cfg)
+            quotas.check(spec, sub.owner, self.owned(sub.owner, but=sub), cfg)
         except quotas.QuotaError as e:
             raise RequestError(e.status, str(e)) from None
         name = spec.name or sid
@@ -628,6 +627,33 @@ class Service:
             except YfppError as e:
                 return self.engine.register(old, name=old_name), e
 
+    def _add_many(self, specs: list[SubscriptionSpec], owner: str) -> list[tuple[str, int, dict] | RequestError]:
+        """(Blocking) Each request parsed and admitted (:meth:`_admitted`), those admitted stored in one registry
+        transaction and registered in one hold of ``engine_lock``: per request, ``(id, query id, cost)`` or the
+        RequestError that refuses it (one the engine refuses is removed from the registry again)."""
+        out: list[tuple[str, int, dict] | RequestError] = [self._admitted(spec, owner) for spec in specs]
+        ready = [i for i, p in enumerate(out) if not isinstance(p, RequestError)]
+        if not ready:
+            return out
+        try:
+            sids = self.registry.add_many([specs[i].model_dump() for i in ready], None if owner == auth.ADMIN else owner)
+        except RegistryError as e:
+            refusal = RequestError(503, f"cannot store the subscription; nothing was added: {e}")
+            return [refusal if i in ready else p for i, p in enumerate(out)]
+        patterns = [out[i] for i in ready]
+        qids = self._register_patterns([(p, specs[i].name or sid, specs[i].policy)  # type: ignore[misc]
+                                        for i, p, sid in zip(ready, patterns, sids)])
+        refused = []
+        for i, pattern, sid, qid in zip(ready, patterns, sids, qids):
+            if isinstance(qid, YfppError):
+                refused.append(sid)
+                out[i] = RequestError(400, f"query: {qid}", **_error_position(qid))
+            else:
+                out[i] = (sid, qid, quotas.estimate(pattern))
+        if refused:
+            self._forget(refused)
+        return out
+
     def _admitted(self, spec: SubscriptionSpec, owner: str) -> Pattern | RequestError:
         """(Blocking: resolves a sink's host.) The pattern of a request the sink policy and the key's cost quota
         allow, or the RequestError that refuses it."""
@@ -666,6 +692,7 @@ class Service:
         sub = self.subs.pop(sid, None)
         if sub is None:  # a concurrent DELETE removed it meanwhile
             return
+        self._owned.get(sub.owner, {}).pop(sid, None)
         self.by_name.pop(sub.name, None)
         self._claimed.add(sub.name)
         done = asyncio.get_running_loop().create_future()
@@ -732,6 +759,7 @@ class Service:
         is gone already (suspended)."""
         if qid in self.engine.queries or qid in self.engine.set_queries:
             self.engine.unregister(qid)
+            self.patterns.forget(qid)
         self.isolation.drop(qid)
 
     def _unregister_retired(self) -> None:
@@ -807,6 +835,7 @@ class Service:
         tick = min(self.config.advance_idle or 0.5, 0.5)
         next_checkpoint = time.monotonic() + self.config.checkpoint_every
         rate_t, rate_n = time.monotonic(), self.events_taken
+        next_sample = rate_t + 1.0
         while True:
             try:
                 item = self.inbox.get(timeout=tick)
@@ -824,12 +853,14 @@ class Service:
             if now - rate_t >= 1.0:
                 self.rate = (self.events_taken - rate_n) / (now - rate_t)
                 rate_t, rate_n = now, self.events_taken
+            if now >= next_sample:  # (a sample walks every query: with 100,000 of them, less often than each second)
                 with self.engine_lock:
                     for name in self.usage.sample(self.engine, self.config.max_cpu_share):
                         self._offload(name, f"its query took more than {self.config.max_cpu_share:.0%} of the "
                                             f"engine's time (max_cpu_share) beside other subscriptions")
                     for name, why in quotas.over_keys(list(self.subs.values()), self.usage, self.config):
                         self._offload(name, why)
+                next_sample = now + max(1.0, (time.monotonic() - now) / USAGE_SHARE)
             if stop:
                 return  # (the stop checkpoints, once the sinks have had their second: _final_checkpoint)
             if now >= next_checkpoint:
@@ -958,7 +989,7 @@ class Service:
         start = time.perf_counter()
         with self.engine_lock:
             try:
-                forked = checkpoint.fork(self.engine, self.checkpoint_path, self._checkpoint_sources)
+                forked = checkpoint.fork(self.engine, self.checkpoint_path, self._checkpoint_sources, self.patterns)
             except Exception as e:  # (no process to be had: the same as a failed write)
                 self._checkpoint_failed(e)
                 return False
@@ -968,6 +999,7 @@ class Service:
             else:
                 held.set_result(None)
         stall = time.perf_counter() - start  # (what the engine thread gave: the fork)
+        self._forked = forked
         self._writer = threading.Thread(target=self._finish_checkpoint,
                                         args=(forked, held, self.events_in, stall, children),
                                         name="checkpoint", daemon=True)
@@ -1003,7 +1035,10 @@ class Service:
             forked.commit()
         except Exception as e:  # a full disk (OSError), state the format cannot hold, a loop that did not answer
             forked.discard()
-            self._checkpoint_failed(e)
+            if forked.cancelled:
+                log.info("checkpoint dropped at the stop: the final checkpoint supersedes it", extra={"events_in": events_in})
+            else:
+                self._checkpoint_failed(e)
             return
         self.last_checkpoint_error = None
         log.info("checkpoint written", extra={"path": str(self.checkpoint_path), "events_in": events_in,

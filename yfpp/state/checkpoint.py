@@ -54,6 +54,12 @@ _IR_ENUMS = {c.__name__: c for c in vars(ir).values() if isinstance(c, type) and
 
 def encode_pattern(obj: Any) -> Any:
     """A pattern IR value as JSON: dataclasses as ``{"$ir": name, fields…}``, enums as ``{"$enum": …}``."""
+    names = _IR_FIELDS.get(type(obj))
+    if names is not None:  # (the IR's own classes: their fields known, not looked up for each value)
+        out = {"$ir": type(obj).__name__}
+        for name in names:
+            out[name] = encode_pattern(getattr(obj, name))
+        return out
     if dataclasses.is_dataclass(obj):
         return {"$ir": type(obj).__name__, **{f.name: encode_pattern(getattr(obj, f.name)) for f in dataclasses.fields(obj)}}
     if isinstance(obj, enum.Enum):
@@ -72,8 +78,8 @@ def decode_pattern(data: Any, as_tuple: bool = False) -> Any:
         if cls is None:
             raise YfppError(f"checkpoint: unknown pattern class {data.get('$ir')!r}")
         obj = cls(**{k: decode_pattern(v, True) for k, v in data.items() if k != "$ir"})
-        for name, hint in _IR_HINTS[cls].items():
-            if not _fits(getattr(obj, name), hint):
+        for name, fits, hint in _IR_CHECKS[cls]:
+            if not fits(getattr(obj, name)):
                 raise ValueError(f"pattern: {cls.__name__}.{name} is not a {hint}: {getattr(obj, name)!r:.60}")
         return obj
     if isinstance(data, list):
@@ -81,26 +87,31 @@ def decode_pattern(data: Any, as_tuple: bool = False) -> Any:
     return data
 
 
-def _fits(v: Any, hint: Any) -> bool:
-    """Is ``v`` of the pattern IR's type ``hint`` (``Any``: a literal's JSON scalar)?"""
+def _fits(hint: Any) -> Callable[[Any], bool]:
+    """Whether a value is of the pattern IR's type ``hint`` (``Any``: a literal's JSON scalar), as a function
+    made once per hint (reading the hint for each value made restoring many queries slow)."""
     if hint is Any:
-        return v is None or type(v) in (bool, int, float, str)
+        return lambda v: v is None or type(v) in (bool, int, float, str)
     origin = typing.get_origin(hint)
     if origin is typing.Union or origin is types.UnionType:
-        return any(_fits(v, h) for h in typing.get_args(hint))
+        each = [_fits(h) for h in typing.get_args(hint)]
+        return lambda v: any(fits(v) for fits in each)
     if origin is tuple:
         args = typing.get_args(hint)
-        if type(v) is not tuple:
-            return False
         if len(args) == 2 and args[1] is Ellipsis:
-            return all(_fits(x, args[0]) for x in v)
-        return len(v) == len(args) and all(map(_fits, v, args))
+            item = _fits(args[0])
+            return lambda v: type(v) is tuple and all(map(item, v))
+        items = [_fits(h) for h in args]
+        return lambda v: type(v) is tuple and len(v) == len(items) and all(fits(x) for fits, x in zip(items, v))
     if hint is float:
-        return type(v) in (int, float)
-    return type(v) is hint  # (NoneType too)
+        return lambda v: type(v) in (int, float)
+    return lambda v: type(v) is hint  # (NoneType too)
 
 
-_IR_HINTS = {c: typing.get_type_hints(c) for c in _IR_CLASSES.values()}
+#: each IR class's fields: (name, whether a value fits its type, the type)
+_IR_CHECKS = {c: [(name, _fits(hint), hint) for name, hint in typing.get_type_hints(c).items()]
+              for c in _IR_CLASSES.values()}
+_IR_FIELDS = {c: tuple(f.name for f in dataclasses.fields(c)) for c in _IR_CLASSES.values()}
 
 
 # --- snapshot -----------------------------------------------------------------------
@@ -248,8 +259,31 @@ def _state_ref(st, node_ref: dict) -> list | None:
     return [node, "wait", st.contiguity.value, node_ref[st.child] if st.child is not None else None]
 
 
-def snapshot(engine) -> dict:
-    """The engine's whole state as JSON-safe data (``FORMAT``, ``VERSION``; see docs/operations.md)."""
+class EncodedPatterns:
+    """The queries' patterns as :func:`encode_pattern` writes them, kept by query id for the checkpoints of an
+    engine whose queries outlive many checkpoints (encoding 100,000 patterns took seconds at each): an entry
+    serves while the engine's query of that id is the very pattern object it was made from."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[Any, Any]] = {}
+
+    def keep(self, qid: int, pattern: Any, encoded: Any = None) -> None:
+        """Keep query ``qid``'s ``pattern`` encoded (``encoded``: as a checkpoint already holds it)."""
+        self._by_id[qid] = (pattern, encode_pattern(pattern) if encoded is None else encoded)
+
+    def forget(self, qid: int) -> None:
+        self._by_id.pop(qid, None)
+
+    def encode(self, qid: int, pattern: Any) -> Any:
+        """``encode_pattern(pattern)``, kept or made now."""
+        kept = self._by_id.get(qid)
+        return kept[1] if kept is not None and kept[0] is pattern else encode_pattern(pattern)
+
+
+def snapshot(engine, patterns: EncodedPatterns | None = None) -> dict:
+    """The engine's whole state as JSON-safe data (``FORMAT``, ``VERSION``; see docs/operations.md);
+    ``patterns``: its queries' patterns encoded already."""
+    encode = patterns.encode if patterns is not None else lambda _, pat: encode_pattern(pat)
     rt = engine.runtime
     node_ref = _node_refs(engine)
     w = _Writer(node_ref)
@@ -291,7 +325,7 @@ def snapshot(engine) -> dict:
                     "max_runs_per_query": rt.max_runs, "max_buffer_per_query": rt.max_buffer, "strategy": engine.strategy,
                     "merge_runs": rt.merger is not None, "full_events": rt.full_events,
                     "max_feedback_depth": engine.feedback.max_depth, "max_derived_per_event": engine.feedback.max_derived},
-        **_queries(engine),
+        **_queries(engine, encode),
         "next_query_id": stream.next_query_id,
         "stream": {"next_seq": stream.next_seq, "watermark": [_num(x) for x in stream.watermark],
                    "next_arrival": stream.next_arrival, "tick": rt.tick, "now": _num(rt.now), "next_sweep": rt._next_sweep},
@@ -318,23 +352,32 @@ def snapshot(engine) -> dict:
     return data
 
 
-def _queries(engine) -> dict:
+def _queries(engine, encode: Callable[[int, Any], Any]) -> dict:
     """``shapes``: ``[text around the constants, policy, feedback]`` once per shape; ``queries``: per query in
     registration order ``[id, name, shape index, its constants, since_tick]``, or ``[id, name, None, pattern IR,
-    since_tick]`` for a query registered as a Pattern (since_tick None: an event-set query's)."""
+    since_tick]`` for a query registered as a Pattern (``encode(qid, pattern)``; since_tick None: an event-set
+    query's)."""
     shapes: dict[tuple, int] = {}
     rows = []
     for qid, (pat, text, name) in engine.sources.items():
         plan = engine.queries.get(qid)
         since = plan.since_tick if plan is not None else None
         if text is None:
-            rows.append([qid, name, None, encode_pattern(pat), since])
+            rows.append([qid, name, None, encode(qid, pat), since])
             continue
         around, constants = split_constants(text)
         shape = shapes.setdefault((tuple(around), pat.policy, pat.feedback), len(shapes))
         rows.append([qid, name, shape, constants, since])
     return {"shapes": [[list(around), policy, feedback] for around, policy, feedback in shapes],
             "queries": rows}
+
+
+def stored_patterns(data: dict) -> dict[int, Any]:
+    """The encoded pattern IR of each query a (checked) checkpoint keeps as IR, by query id: every query of
+    versions 1 and 2, those registered as a Pattern in version 3 (the others are kept as text)."""
+    if data.get("shapes") is None:
+        return {q["id"]: q["pattern"] for q in data["queries"]}
+    return {q[0]: q[3] for q in data["queries"] if q[2] is None}
 
 
 def _register_queries(eng, data: dict) -> None:
@@ -546,9 +589,11 @@ class SkipConsumed:
 # --- files --------------------------------------------------------------------------
 
 
-def write_checkpoint(engine, path: str | os.PathLike[str], extra: dict | None = None) -> None:
-    """Write ``engine``'s snapshot (plus ``extra`` fields) to ``path`` atomically: a temp file, fsync, rename."""
-    data = snapshot(engine)
+def write_checkpoint(engine, path: str | os.PathLike[str], extra: dict | None = None,
+                     patterns: EncodedPatterns | None = None) -> None:
+    """Write ``engine``'s snapshot (plus ``extra`` fields; ``patterns``: see :func:`snapshot`) to ``path``
+    atomically: a temp file, fsync, rename."""
+    data = snapshot(engine, patterns)
     if extra:
         data.update(extra)
     write_json(data, path)
@@ -560,7 +605,7 @@ def write_json(data: Any, path: str | os.PathLike[str]) -> None:
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent or ".")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, separators=(",", ":"))
+            f.write(json.dumps(data, separators=(",", ":")))  # (json.dump writes through the slower Python encoder)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
