@@ -1,21 +1,8 @@
 """MQTT in and out (paho-mqtt): a feed subscribing to topics, a sink publishing a subscription's results.
 
-Broker URLs, topic filters, messages and the subscribing client are :mod:`yfpp.input.mqtt`'s (shared with
-``yfpp spark``):
-
-A broker is named by a URL, ``mqtt://[USER@]HOST[:PORT][/TOPIC][?OPTIONS]`` (``mqtts://`` for TLS; ports
-1883 / 8883 by default). Options: ``qos`` (0 or 1), ``format`` (``xml`` or ``jsonl``; default: told from
-each message), ``client_id``, ``clean`` (``0``: a persistent session, kept by the broker while the client
-is away; needs ``client_id``), ``ca``, ``cert``, ``key`` (TLS files), ``password_file``. A password is never
-part of the URL: it is read from ``password_file`` or ``$YFPP_MQTT_PASSWORD``.
-
-A topic filter may name levels, ``sensors/{site}/{sensor}``: it subscribes to ``sensors/+/+`` and each
-event of a message on ``sensors/north/t7`` gets ``site = "north"`` and ``sensor = "t7"`` (typed as the
-readers type text; an attribute of the event's own wins).  A message holds one or many events: XML
-elements, JSON lines, or a JSON array of objects; each is read by :mod:`yfpp.input.readers`, so a malformed one
-is a dead letter at ``mqtt TOPIC message N line L`` and the feed goes on.
-
-The client reconnects after a lost connection with backoff (1 s doubling to 60 s) and subscribes again.
+Broker URLs (``mqtt://[USER@]HOST[:PORT][/TOPIC][?OPTIONS]``), topic filters with named levels, messages
+to events and the subscribing client (reconnecting with backoff) are :mod:`yfpp.input.mqtt`'s, shared with
+``yfpp spark``: its docstring and docs/service.md say what each option does.
 A QoS 1 message is acknowledged once its events are handed to the engine.
 """
 
