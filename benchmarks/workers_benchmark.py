@@ -20,7 +20,8 @@ busy processes get at once is measured (a shared machine may give two of them we
     python benchmarks/workers_benchmark.py                          # 1M events, N = 1, 2, both workloads
     python benchmarks/workers_benchmark.py --events 5000000
     python benchmarks/workers_benchmark.py --max-workers 16         # N = 1, 2, 4, 8, 16 on a bigger machine
-    python benchmarks/workers_benchmark.py --events 200000 --costs  # and the CPU of reading vs shipping an event
+    python benchmarks/workers_benchmark.py --events 200000 --costs  # and the CPU of reading vs shipping an event,
+                                                                    # and of two ways a worker reads its share
 """
 
 from __future__ import annotations
@@ -92,6 +93,42 @@ def shipping_costs(path: Path) -> dict[str, float]:
     return {"read": read / len(events) * 1e6, "ship": ship / len(events) * 1e6}
 
 
+def share_costs(path: Path, key: str, n: int = 2) -> dict[str, float]:
+    """CPU µs per line, in this process, of worker 0 of ``n`` reading its share of a keyed feed, two ways:
+    ``scan`` — the ts and key scans of every line, then its own lines parsed (what yfpp/workers_reading.py does);
+    ``bulk`` — each block parsed once by orjson, the records routed by their key, events made of its own only."""
+    import time
+
+    from yfpp.input.dead_letters import DeadLetters
+    from yfpp.input.jsonl_reader import LineBlocks, _bulk, _plain_events, parse_block
+    from yfpp.input.jsonl_scan import routing_text, scan_block
+    from yfpp.input.readers import reading_options
+    from yfpp.workers_reading import BLOCK
+
+    opts, dead = reading_options(), DeadLetters()
+    with open(path, "rb") as f:
+        blocks = list(LineBlocks(f, opts.max_record_bytes, dead, BLOCK))
+    lines = sum(body.count(b"\n") for body in blocks)
+
+    def scan() -> None:
+        for body in blocks:
+            _, (values,) = scan_block(body, opts, [key])
+            split = body.split(b"\n")
+            parse_block(b"\n".join([split[j] for j, v in enumerate(values) if hash(v) % n == 0]), 0, 0, opts, dead)
+
+    def bulk() -> None:
+        for body in blocks:
+            own = [r for r in _bulk(body, (b'"ts"', b'"type"')) if hash(routing_text(r[key])) % n == 0]
+            _plain_events(own, 0, opts, [])
+
+    best = {}
+    for name, way in [("scan", scan), ("bulk", bulk)] * 3:
+        started = time.process_time()
+        way()
+        best[name] = min(best.get(name, float("inf")), (time.process_time() - started) / lines * 1e6)
+    return best
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--events", type=int, default=1_000_000)
@@ -113,6 +150,11 @@ def main() -> int:
                 c = shipping_costs(path)
                 print(f"{workload:<9} reading {c['read']:.2f} CPU µs/event; shipping a parsed event to a worker "
                       f"{c['ship']:.2f} CPU µs/event", flush=True)
+                if workload == "keyed":
+                    c = share_costs(path, "tag_id")
+                    print(f"{workload:<9} a worker's share of 2 (CPU µs/line, best of 3): scan every line, parse its own "
+                          f"{c['scan']:.2f}; parse every block once, route the records, make its own events "
+                          f"{c['bulk']:.2f}", flush=True)
             for n in [n for _ in range(args.repeat) for n in counts(args.max_workers)]:  # N = 1, 2, 1, 2, …
                 out, stats = Path(tmp) / f"{workload}_{n}.jsonl", Path(tmp) / "stats.json"
                 wall, cpu, _ = timed([sys.executable, "-m", "yfpp", "run", "-q", query(workload), "-i", str(path),

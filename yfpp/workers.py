@@ -13,8 +13,8 @@ more CPU than reading it (benchmarks/RESULTS.md, "Workers"). Otherwise — a pip
 read once, XML, a checkpoint — the parent reads and parses the input with the one reader and puts the events
 through one engine's reorder buffer (:class:`Sequencer`: ``seq`` numbers, dead letters, late events and
 stream order are one engine's), routes them — compact tuples ``(type, ts, attrs, seq[, xml])`` per engine,
-pickled — and writes the matches the workers send back, each worker's in its stream order (so per key in
-stream order).
+pickled. Each worker encodes its matches as the output's lines (:class:`~yfpp.output.writer.LineEncoder`) and the
+parent writes the bytes as they come, each worker's in its stream order (so per key in stream order).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from yfpp.input.dead_letters import DeadLetters
 from yfpp.input.events import MISSING, Event
 from yfpp.state.checkpoint import write_checkpoint, write_json
 from yfpp.output.stats import run_figures
+from yfpp.output.writer import LineEncoder
 from yfpp.input.record_fields import ReaderOptions
 from yfpp.spark.plan import Group, Runner, Slicing, XmlEvent, group_queries, needs_xml
 from yfpp.workers_reading import Share, plan_slices, reads_itself
@@ -83,7 +84,8 @@ class Workers:
 
     :meth:`process_batch` routes a batch of the reader's events (an ``out`` is taken, as
     :meth:`Engine.process_batch` takes one, but matches go to the ``out`` given to the constructor,
-    from a collector thread, as the workers send them); :meth:`flush` ends the stream, waits for the
+    from a collector thread, as the workers send them: ``out.write_encoded`` takes the lines its ``out.encoder``
+    made in the workers); :meth:`flush` ends the stream, waits for the
     workers and returns their ``--stats`` figures summed. ``engine_opts``: the workers' engines'
     options (caps, ``merge_runs``, ``strategy``); ``dead``: where late events and the workers' dead
     letters (events whose processing failed) are reported; ``slice_events``: see :data:`SLICE_EVENTS`;
@@ -130,10 +132,11 @@ class Workers:
         ctx = _context(forked=self.source is not None)
         self._results = ctx.Queue()
         self._inboxes = [ctx.Queue(INBOX) for _ in range(n)] if self.source is None else []
+        sending = (self._results, out.encoder)
         if self.source is None:
-            jobs = [(_work, (i, self._inboxes[i], self._results, self.groups, engine_opts or {})) for i in range(n)]
+            jobs = [(_work, (i, self._inboxes[i], sending, self.groups, engine_opts or {})) for i in range(n)]
         else:
-            jobs = [(_read_work, (i, n, (source[0], source[2]), self._results, self.groups, engine_opts or {}, slice_events))
+            jobs = [(_read_work, (i, n, (source[0], source[2]), sending, self.groups, engine_opts or {}, slice_events))
                     for i in range(n)]
         self._procs = [ctx.Process(target=target, args=args, name=f"yfpp-worker-{i}", daemon=True)
                        for i, (target, args) in enumerate(jobs)]
@@ -266,14 +269,13 @@ class Workers:
             except (EOFError, OSError):
                 return
             if kind == "matches":
-                matches, dead = payload
+                lines, counts, dead = payload
                 try:
                     for report in dead:
                         self.dead.report(*report)
-                    if matches:
-                        self.out.extend(matches)
-                    for m in matches:
-                        self.stats.matches[m["query"]] += 1
+                    if counts:
+                        self.out.write_encoded(lines, sum(counts.values()))
+                        self.stats.matches.update(counts)
                 except BaseException as e:  # a failed write (a full disk, the reader gone): the run stops
                     self._failure = e
                     return
@@ -562,11 +564,20 @@ def _prepare() -> None:
     gc.set_threshold(100_000, 50, 100)
 
 
-def _work(index: int, inbox: Any, results: Any, groups: list[Group], engine_opts: dict[str, Any]) -> None:
+def _sent(encoder: LineEncoder, matches: list[dict], dead: _Collect) -> tuple[Any, dict[str, int], list[tuple]]:
+    """A ``"matches"`` message's payload: the matches encoded as the output's lines, their count per query, and the
+    dead letters reported since the last."""
+    return encoder.encode(matches), Counter(str(m["query"]) for m in matches), dead.take()
+
+
+def _work(index: int, inbox: Any, sending: tuple[Any, LineEncoder], groups: list[Group],
+          engine_opts: dict[str, Any]) -> None:
     """A worker fed by the parent: engines per (group, slice) fed the routed rows; matches (a slice's: those
-    starting in it) and dead letters back after each message; its state into a file at a checkpoint (a message
-    that is a path); the figures at the end. Its first message gives the slicings and the file to restore, if any."""
+    starting in it, encoded) and dead letters back after each message; its state into a file at a checkpoint (a
+    message that is a path); the figures at the end. Its first message gives the slicings and the file to restore,
+    if any. ``sending``: the results queue and the encoder of the matches."""
     _prepare()
+    results, encoder = sending
     try:
         dead = _Collect()
         start = inbox.get()
@@ -580,19 +591,20 @@ def _work(index: int, inbox: Any, results: Any, groups: list[Group], engine_opts
             out: list[dict] = []
             matching.feed((((g, s), [Event(*r) if len(r) == 4 else XmlEvent(*r) for r in rows])
                            for (g, s), rows in routed), closes, out)
-            results.put((index, "matches", (out, dead.take())))
-        results.put((index, "matches", (matching.finish(), dead.take())))
+            results.put((index, "matches", _sent(encoder, out, dead)))
+        results.put((index, "matches", _sent(encoder, matching.finish(), dead)))
         results.put((index, "done", {**matching.figures, "matches": dict(matching.kept), "cpu_s": time.process_time()}))
     except BaseException as e:  # the parent reports it and stops the run
         results.put((index, "error", f"{type(e).__name__}: {e}"))
 
 
-def _read_work(index: int, n: int, source: tuple[str, ReaderOptions], results: Any, groups: list[Group],
-               engine_opts: dict[str, Any], slice_events: int) -> None:
+def _read_work(index: int, n: int, source: tuple[str, ReaderOptions], sending: tuple[Any, LineEncoder],
+               groups: list[Group], engine_opts: dict[str, Any], slice_events: int) -> None:
     """A worker that reads the input itself (:class:`yfpp.workers_reading.Share`): its share of each block
-    matched; matches and dead letters back every :data:`SEND_ROWS` events or so; at the end the count of the
-    events it reported and the names it saw (``"read"``), then the figures."""
+    matched; matches (encoded) and dead letters back every :data:`SEND_ROWS` events or so; at the end the count of
+    the events it reported and the names it saw (``"read"``), then the figures."""
     _prepare()
+    results, encoder = sending
     try:
         dead = _Collect()
         slicings: dict[int, Slicing | None] = {}
@@ -604,10 +616,10 @@ def _read_work(index: int, n: int, source: tuple[str, ReaderOptions], results: A
         for routed, closes in share.blocks():
             matching.feed(routed.items(), closes, out)
             if matching.events - sent >= SEND_ROWS or len(out) >= SEND_ROWS:
-                results.put((index, "matches", (out, dead.take())))
+                results.put((index, "matches", _sent(encoder, out, dead)))
                 out, sent = [], matching.events
         out.extend(matching.finish())
-        results.put((index, "matches", (out, dead.take())))
+        results.put((index, "matches", _sent(encoder, out, dead)))
         results.put((index, "read", (share.events, share.vocabulary.attrs)))
         results.put((index, "done", {**matching.figures, "matches": dict(matching.kept), "cpu_s": time.process_time()}))
     except BaseException as e:  # the parent reports it and stops the run

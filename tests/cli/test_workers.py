@@ -24,9 +24,23 @@ from yfpp.errors import YfppError
 from yfpp.input.dead_letters import DeadLetters
 from yfpp.input.events import Event
 from yfpp.input.generate import generate_rfid, generate_stock, write_events
+from yfpp.output.writer import LineEncoder
 from yfpp.spark.plan import effective_queries
 from yfpp.state.checkpoint import read_checkpoint
 from yfpp.workers import Sequencer, Workers, worker_count
+
+
+class Lines(list):
+    """The matches the workers send, as an output would write them (each line read back), and a flush for checkpoints."""
+
+    encoder = LineEncoder()
+
+    def write_encoded(self, lines: bytes, count: int) -> None:
+        self.extend(json.loads(line) for line in lines.splitlines())
+        assert len(lines.splitlines()) == count
+
+    def flush(self) -> None:
+        pass
 
 
 def one_engine(queries: list, events: list[Event], max_delay: float = 0.0, dead: DeadLetters | None = None) -> Counter:
@@ -40,7 +54,7 @@ def with_workers(queries: list, events: list[Event], n: int = 2, slice_events: i
                  live: bool = True, max_delay: float = 0.0, dead: DeadLetters | None = None) -> Counter:
     """The workers' matches, ``batch`` events routed at a time (``live``: each batch sent at once, closing the
     slices behind it as it goes; else gathered)."""
-    out: list[dict] = []
+    out = Lines()
     workers = Workers(queries, n, out, dead or DeadLetters(), slice_events=slice_events, live=live, max_delay=max_delay)
     try:
         for i in range(0, len(events), batch):
@@ -194,13 +208,6 @@ def test_cli_checkpoint_and_restore_with_workers(capsys, tmp_path, feed):
     assert code == 2 and "written by 1 worker: restore it with --workers 1" in err and "Traceback" not in err
 
 
-class Lines(list):
-    """A list of matches that a checkpoint can flush."""
-
-    def flush(self) -> None:
-        pass
-
-
 def test_a_checkpoint_of_the_workers_resumes_exactly_once(tmp_path):
     """Matches written before a checkpoint plus those of the run restored from it (over the events after it) are
     one engine's matches, each once — also when the run went on past the checkpoint before it stopped."""
@@ -253,3 +260,23 @@ def test_cli_xpath_predicates_read_the_xml_element_in_the_workers(capsys, tmp_pa
                          "--ts-unit", "ms", "--workers", "2", "--ordered")
     assert code == 0, err
     assert [json.loads(line)["query"] for line in out.splitlines()] == ["q", "q2", "q"]
+
+
+def iso(ts: int) -> str:
+    return f"2026-12-02T{10 + ts // 3600:02d}:{ts // 60 % 60:02d}:{ts % 60:02d}Z"
+
+
+def test_cli_iso_times_are_written_by_the_workers_as_by_one_engine(capsys, tmp_path, feed):
+    """The workers encode the match lines (ISO-8601 start and end with --ts-format iso): one engine's bytes."""
+    records = [json.loads(line) for line in Path(feed).read_text().splitlines()][:1500]
+    path = tmp_path / "iso.jsonl"
+    path.write_text("".join(json.dumps({**r, "ts": iso(r["ts"])}) + "\n"
+                            for r in records))
+    lines = {}
+    for n in ("1", "2"):
+        code, lines[n], err = run(capsys, "run", "-q", *QUERIES, "-i", str(path), "--ts-format", "iso",
+                                  "--workers", n, "--ordered")
+        assert code == 0, err
+    assert lines["1"] == lines["2"] and '"start": "2026-12-02T' in lines["1"] and lines["1"].count("\n") > 20
+    code, unordered, _ = run(capsys, "run", "-q", *QUERIES, "-i", str(path), "--ts-format", "iso", "--workers", "2")
+    assert sorted(unordered.splitlines()) == sorted(lines["1"].splitlines())

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import yfpp.workers_reading
+from tests.cli.test_workers import Lines
 from tests.generators import patterns, streams
 from yfpp.cli import main
 from yfpp.engine import Engine
@@ -122,7 +123,7 @@ def one_engine(queries: list, path: str) -> tuple[Counter, Counter, int]:
 
 def with_workers(queries: list, path: str, n: int) -> tuple[Counter, Counter, int]:
     dead = Letters()
-    out: list[dict] = []
+    out = Lines()
     workers = Workers(queries, n, out, dead, slice_events=3, source=(path, "jsonl", reading_options()))
     try:
         assert workers.source is not None

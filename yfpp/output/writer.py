@@ -19,6 +19,7 @@ import os
 import stat
 import sys
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, BinaryIO, Iterable
 
@@ -105,6 +106,29 @@ def iso_time(ts: float) -> str:
     return text.removesuffix("+00:00").removesuffix(".000000") + "Z"
 
 
+def encode_match(match: dict[str, Any], iso_times: bool = False) -> bytes:
+    """A match's line as :class:`MatchWriter` writes it (``iso_times``: ``start`` and ``end`` as ISO-8601 UTC)."""
+    if iso_times:
+        match = {**match, "start": iso_time(match["start"]), "end": iso_time(match["end"])}
+    return match_line(match)
+
+
+@dataclass(frozen=True)
+class LineEncoder:
+    """How another process (a worker) encodes its matches for a writer's ``write_encoded``, so the writer only writes
+    bytes: the lines joined, or (``keyed``, for :class:`yfpp.output.ordered.OrderedMatches`) each line with its
+    order key ``(end, query, start, id, line)``."""
+
+    iso_times: bool = False
+    keyed: bool = False
+
+    def encode(self, matches: list[dict[str, Any]]) -> Any:
+        iso = self.iso_times
+        if self.keyed:
+            return [(m["end"], str(m["query"]), m["start"], m["id"], encode_match(m, iso)) for m in matches]
+        return b"".join([encode_match(m, iso) for m in matches])
+
+
 class MatchWriter:
     """Writes matches as JSON lines to ``out`` (``None``: stdout), flushing per the module's rule."""
 
@@ -119,15 +143,22 @@ class MatchWriter:
         self._pending = 0
         self._last_flush = time.monotonic()
 
+    @property
+    def encoder(self) -> LineEncoder:
+        """How a worker encodes matches for :meth:`write_encoded`."""
+        return LineEncoder(self.iso_times)
+
     def write(self, match: dict[str, Any]) -> None:
-        if self.iso_times:
-            match = {**match, "start": iso_time(match["start"]), "end": iso_time(match["end"])}
-        self.stream.write(match_line(match))
-        self.count += 1
+        self.write_encoded(encode_match(match, self.iso_times), 1)
+
+    def write_encoded(self, lines: bytes, count: int) -> None:
+        """``count`` match lines encoded already (:class:`LineEncoder`), written at once."""
+        self.stream.write(lines)
+        self.count += count
         if self.line_flush:
             self.stream.flush()
             return
-        self._pending += 1
+        self._pending += count
         if self._pending >= FLUSH_LINES or time.monotonic() - self._last_flush >= FLUSH_SECONDS:
             self.flush()
 
