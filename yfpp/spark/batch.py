@@ -155,7 +155,9 @@ def _packer(groups: list[Group], slicings: dict[int, Slicing], n: int,
                     h = rb.column(f"h{g}")
                     rows = np.flatnonzero(h.is_valid().to_numpy(zero_copy_only=False))
                     s = np.zeros(len(rows), np.int64)
-                    p = h.to_numpy(zero_copy_only=False)[rows].astype(np.int64) % n if len(rows) else s
+                    # the valid hashes alone: with a null among them to_numpy gives floats, which round a
+                    # 64-bit hash, so one key would go to another task in a batch where some event lacks it
+                    p = h.drop_null().to_numpy().astype(np.int64) % n if len(rows) else s
                 elif sl is not None:
                     rel = ts - sl.t0  # the slices that read each event: Slicing.reads, vectorised
                     own = np.floor(rel / sl.length).astype(np.int64)
