@@ -133,11 +133,12 @@ def test_kill_9_with_a_sink_backlog_loses_no_result_and_keeps_the_counters(tmp_p
         with sqlite3.connect(state / "subscriptions.sqlite") as db:  # the reader is now a quick one
             db.execute("UPDATE subscriptions SET spec = json_set(spec, '$.sink', ?)", (out.url,))
         with BackgroundService(config(tmp_path, jsonl_port=None)) as svc:
-            sub = svc.subs["s1"]
-            assert sub.counters.matches == len(want)  # restored, not from 0
-            wait_for(lambda: sub.queued == 0, what="the kept results sent")
-            c = sub.counters
-            assert c.matches - c.delivered - c.dropped == sub.queued == 0 and c.dropped == 0
+            # (read through the API: the counts as the loop has them at one instant, not torn by another thread)
+            api = Client(f"http://127.0.0.1:{svc.port}", timeout=TIMEOUT)
+            assert api.subscription("s1")["counters"]["matches"] == len(want)  # restored, not from 0
+            c = wait_for(lambda: (n := api.subscription("s1")["counters"])["queued"] == 0 and n,
+                         what="the kept results sent")
+            assert c["matches"] - c["delivered"] - c["dropped"] == c["queued"] == 0 and c["dropped"] == 0
         ids = {json.loads(x)["id"] for x in got} | {r["id"] for r in out.results()}
         assert ids >= {r["id"] for r in want}
     finally:
