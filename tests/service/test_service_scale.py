@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -132,15 +133,68 @@ def test_kill_9_with_a_sink_backlog_loses_no_result_and_keeps_the_counters(tmp_p
         with sqlite3.connect(state / "subscriptions.sqlite") as db:  # the reader is now a quick one
             db.execute("UPDATE subscriptions SET spec = json_set(spec, '$.sink', ?)", (out.url,))
         with BackgroundService(config(tmp_path, jsonl_port=None)) as svc:
-            sub = svc.subs["s1"]
-            assert sub.counters.matches == len(want)  # restored, not from 0
-            wait_for(lambda: sub.queued == 0, what="the kept results sent")
-            c = sub.counters
-            assert c.matches - c.delivered - c.dropped == sub.queued == 0 and c.dropped == 0
+            # (read through the API: the counts as the loop has them at one instant, not torn by another thread)
+            api = Client(f"http://127.0.0.1:{svc.port}", timeout=TIMEOUT)
+            assert api.subscription("s1")["counters"]["matches"] == len(want)  # restored, not from 0
+            c = wait_for(lambda: (n := api.subscription("s1")["counters"])["queued"] == 0 and n,
+                         what="the kept results sent")
+            assert c["matches"] - c["delivered"] - c["dropped"] == c["queued"] == 0 and c["dropped"] == 0
         ids = {json.loads(x)["id"] for x in got} | {r["id"] for r in out.results()}
         assert ids >= {r["id"] for r in want}
     finally:
         out.close()
+
+
+def test_a_crash_just_after_a_checkpoint_stored_the_kept_results_keeps_the_counts_that_go_with_them(
+        tmp_path, monkeypatch):
+    """What a kill -9 leaves on disk right after a checkpoint stored what the sinks held: the counters restored
+    from it agree with the results restored from it (kept in one transaction with them, not written after)."""
+    from yfpp.service.registry import Registry
+
+    out = LineListener(listen=False)  # refuses connections: the first checkpoint keeps every result queued
+    records = pairs(40, 1)
+    want = expected({"p": PAIR.format(k=0)}, records)
+    crash = tmp_path / "crash"
+    try:
+        with BackgroundService(config(tmp_path)) as svc:
+            Client(f"http://127.0.0.1:{svc.port}").subscribe(PAIR.format(k=0), name="p", sink=out.url)
+            sub = svc.subs["s1"]
+            send(svc.feed_port("jsonl"), b"".join(records))
+            wait_for(lambda: sub.counters.matches == len(want), what="the matches")
+            assert svc.save_checkpoint() and sub.queued == len(want)  # kept: every result, delivered 0
+            out.listen()
+            wait_for(lambda: sub.counters.delivered == len(want), what="the results delivered")
+            keep = Registry.keep_queued
+
+            def keep_then_crash(self, *args):  # the files as a kill -9 right after this write leaves them
+                keep(self, *args)
+                if not crash.exists():
+                    shutil.copytree(tmp_path / "state", crash / "state")
+
+            monkeypatch.setattr(Registry, "keep_queued", keep_then_crash)
+            assert svc.save_checkpoint()  # kept: none queued, every result delivered
+        with BackgroundService(config(crash)) as svc:
+            c = svc.subs["s1"].counters
+            assert (c.matches, c.delivered, c.dropped, svc.subs["s1"].queued) == (len(want), len(want), 0, 0)
+    finally:
+        out.close()
+
+
+def test_the_counters_file_of_an_earlier_version_is_read_then_superseded_by_the_registry(tmp_path):
+    state = tmp_path / "state"
+    with BackgroundService(config(tmp_path)) as svc:
+        Client(f"http://127.0.0.1:{svc.port}").subscribe("PATTERN SEQ(a x)", name="x")
+        svc.subs["s1"].counters.matches = svc.subs["s1"].counters.dropped = 5
+    with sqlite3.connect(state / "subscriptions.sqlite") as db:  # as an earlier version kept them: in a file
+        counts = {sid: json.loads(c) for sid, c in db.execute("SELECT sub, counts FROM counts")}
+        db.execute("DROP TABLE counts")
+    assert counts["s1"]["matches"] == 5
+    (state / "counts.json").write_text(json.dumps(counts))
+    with BackgroundService(config(tmp_path)) as svc:
+        assert svc.subs["s1"].counts() == counts["s1"]
+    assert not (state / "counts.json").exists()
+    with BackgroundService(config(tmp_path)) as svc:
+        assert svc.subs["s1"].counts() == counts["s1"]
 
 
 def test_an_empty_or_missing_registry_beside_a_checkpoint_refuses_to_start(tmp_path):

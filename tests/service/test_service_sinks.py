@@ -93,6 +93,31 @@ def test_tcp_sink_writes_batches_in_order_over_one_connection():
     asyncio.run(main())
 
 
+def test_a_tcp_sink_counts_a_chunk_queued_until_it_counts_it_delivered():
+    """Each result is queued (waiting or being sent) or delivered at every instant, also while a chunk is
+    encoded: a thread other than the loop's reading the counts then sees them add up."""
+    async def main() -> None:
+        listener = Listener()
+        port = await listener.start()
+        sink, outbox, counters = start_sink(f"tcp://127.0.0.1:{port}")
+        seen: list[int] = []
+        encode = sink.encode
+
+        def watched(r: dict) -> bytes:
+            seen.append(len(outbox.items) + outbox.in_flight + counters.delivered)
+            return encode(r)
+
+        sink.encode = watched
+        for i in range(3000):  # three chunks, the last of them short
+            outbox.offer(result(i))
+        await until(lambda: len(listener.lines) == 3000, "3000 lines")
+        assert set(seen) == {3000} and (outbox.in_flight, counters.delivered) == (0, 3000)
+        await sink.stop()
+        await listener.close()
+
+    asyncio.run(main())
+
+
 def test_tcp_sink_counts_overflow_while_down_and_reconnects_when_the_listener_comes_back():
     async def main() -> None:
         port = free_port()

@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from yfpp.engine import Engine
 from yfpp.errors import YfppError
+from yfpp.service.registry import counts_only
 from yfpp.state.checkpoint import EncodedPatterns, read_checkpoint, stored_patterns, write_checkpoint
 
 SERVICE = "service"  #: the checkpoint field of the service's own data
@@ -55,28 +56,16 @@ def load(path: Path, patterns: EncodedPatterns | None = None, **opts: Any) -> tu
     return engine, service if isinstance(service, dict) else {}
 
 
-def save_counts(path: Path, counts: dict[str, dict[str, int]]) -> None:
-    """Write the subscriptions' counters (by id; ``""``: the totals) to ``path`` atomically."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as f:
-        f.write(json.dumps(counts, separators=(",", ":")))  # (json.dump writes through the slower Python encoder)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def load_counts(path: Path) -> dict[str, dict[str, int]]:
-    """What :func:`save_counts` wrote (none if there is no such file); an entry that is not counts is left out."""
+    """The counters an earlier version kept in a file of their own (now the registry keeps them with the
+    queued results); none if there is no such file; an entry that is not counts is left out."""
     try:
         data = json.loads(path.read_bytes())
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as e:
         raise YfppError(f"counters {path}: {e} (move the file away to start the counts from 0)") from e
-    if not isinstance(data, dict):
-        return {}
-    return {sid: c for sid, c in data.items()
-            if isinstance(c, dict) and all(type(v) is int and v >= 0 for v in c.values())}
+    return counts_only(data)
 
 
 def staged(path: Path) -> Path:

@@ -26,6 +26,10 @@ _TABLES = {
     sub TEXT NOT NULL,    -- the subscription's id
     result TEXT NOT NULL  -- one result as JSON, queued for its push sink at the last stop
 )""",
+    "counts": """CREATE TABLE counts (
+    sub TEXT PRIMARY KEY,  -- a subscription's id ('': the totals)
+    counts TEXT NOT NULL   -- its counters as JSON, kept with the queued results (written in one transaction)
+)""",
     "keys": """CREATE TABLE keys (
     id TEXT PRIMARY KEY,     -- the key's public id (yfpp_<id>_<secret>)
     name TEXT NOT NULL,
@@ -43,10 +47,11 @@ _TABLES = {
     spec TEXT NOT NULL  -- the POST /feeds/mqtt request as JSON (broker URL, topics; no secret)
 )""",
 }
-_WHEN_USED = ("keys", "owners", "mqtt_feeds")  #: tables made at their first row (a registry of a service without keys stays as it was)
+_WHEN_USED = ("counts", "keys", "owners", "mqtt_feeds")  #: tables made at their first row (a registry of a service without keys stays as it was)
 #: each table's columns as ``PRAGMA table_info`` gives them: (name, declared type, not null, primary key)
 _COLUMNS = {"subscriptions": [("seq", "INTEGER", 0, 1), ("id", "TEXT", 1, 0), ("spec", "TEXT", 1, 0)],
             "queued": [("seq", "INTEGER", 0, 1), ("sub", "TEXT", 1, 0), ("result", "TEXT", 1, 0)],
+            "counts": [("sub", "TEXT", 0, 1), ("counts", "TEXT", 1, 0)],
             "keys": [("id", "TEXT", 0, 1), ("name", "TEXT", 1, 0), ("role", "TEXT", 1, 0), ("digest", "TEXT", 1, 0),
                      ("created", "REAL", 1, 0)],
             "owners": [("sub", "TEXT", 0, 1), ("key", "TEXT", 1, 0)],
@@ -215,12 +220,35 @@ class Registry:
         with self._transaction() as db:
             return db.execute("SELECT id, spec FROM mqtt_feeds ORDER BY seq").fetchall()
 
-    def keep_queued(self, queued: dict[str, list[dict]]) -> None:
-        """Replace the kept results by ``queued`` (results by subscription id, oldest first)."""
+    def keep_queued(self, queued: dict[str, list[dict]], counts: dict[str, dict[str, int]] | None = None) -> None:
+        """Replace the kept results by ``queued`` (results by subscription id, oldest first) and, given
+        ``counts``, the kept counters (by subscription id; ``""``: the totals) by those, in one transaction: a
+        crash keeps both as they were or both as given, never the results of one write with the counts of
+        another."""
         rows = [(sid, json.dumps(r, default=str)) for sid, results in queued.items() for r in results]
         with self._transaction() as db:
             db.execute("DELETE FROM queued")
             db.executemany("INSERT INTO queued (sub, result) VALUES (?, ?)", rows)
+            if counts is not None:
+                self._make(db, "counts")
+                db.execute("DELETE FROM counts")
+                db.executemany("INSERT INTO counts (sub, counts) VALUES (?, ?)",
+                               [(sid, json.dumps(c, separators=(",", ":"))) for sid, c in counts.items()])
+
+    def kept_counts(self) -> dict[str, dict[str, int]] | None:
+        """The counters :meth:`keep_queued` kept with the results (an entry that is not counts is left out);
+        None if it never kept any (a registry of a version that kept them in a file of their own)."""
+        if "counts" not in self._made:
+            return None
+        with self._transaction() as db:
+            rows = db.execute("SELECT sub, counts FROM counts").fetchall()
+        data = {}
+        for sid, text in rows:
+            try:
+                data[sid] = json.loads(text)
+            except (TypeError, ValueError):
+                continue
+        return counts_only(data)
 
     def kept_queued(self) -> dict[str, list[dict]]:
         """The results kept at the last stop, by subscription id, oldest first (they stay until the next
@@ -244,6 +272,14 @@ class Registry:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def counts_only(data: Any) -> dict[str, dict[str, int]]:
+    """The entries of ``data`` (kept counters by subscription id) that are counts: the others are left out."""
+    if not isinstance(data, dict):
+        return {}
+    return {sid: c for sid, c in data.items()
+            if isinstance(sid, str) and isinstance(c, dict) and all(type(v) is int and v >= 0 for v in c.values())}
 
 
 def _result(text: Any) -> tuple[str | None, Any]:

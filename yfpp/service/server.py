@@ -94,7 +94,8 @@ class Service:
             except OSError as e:
                 raise YfppError(f"state directory {state}: {e.strerror or e}") from e
         self.checkpoint_path = state / "engine-checkpoint.json" if state else None
-        self.counts_path = state / "counts.json" if state else None  #: the counters kept with the queued results
+        #: where an earlier version kept the counters (now the registry keeps them with the queued results)
+        self.counts_path = state / "counts.json" if state else None
         self.registry = Registry(str(state / "subscriptions.sqlite") if state else None)
         self.keys = auth.Keys(self.registry, admin_key)
         self.dead_letters = SharedDeadLetters(config.dead_letters or sys.stderr, config.dead_letters_per_second,
@@ -108,8 +109,10 @@ class Service:
         self.restored = restored is not None
         #: the isolation engines the checkpoint kept (query name -> (engine, qid)), adopted at the start
         self._isolated_kept = self._load_isolated(engine_opts) if state is not None else {}
-        self._stored = (self.registry.all(), self.registry.kept_queued(),
-                        checkpoint.load_counts(self.counts_path) if self.counts_path else {})  # what fails stops the start
+        counts = self.registry.kept_counts()
+        if counts is None:  # (none kept in the registry yet: those of the file an earlier version wrote, if any)
+            counts = checkpoint.load_counts(self.counts_path) if self.counts_path else {}
+        self._stored = (self.registry.all(), self.registry.kept_queued(), counts)  # what fails stops the start
         if restored is not None and restored.sources and not self._stored[0] and not config.registry_lost:
             raise YfppError(f"the subscription registry {self.registry.path} holds no subscription, but the checkpoint "
                             f"{self.checkpoint_path} holds {len(restored.sources)} queries: start with --registry-lost "
@@ -341,10 +344,12 @@ class Service:
                         extra={"results": n, "subscriptions": len(queued)})
 
     def _keep(self, queued: dict[str, list[dict]], counts: dict[str, dict[str, int]]) -> None:
-        """Store what the push sinks hold and the counters (RegistryError, OSError if it cannot)."""
-        self.registry.keep_queued(queued)
-        if self.counts_path is not None:
-            checkpoint.save_counts(self.counts_path, counts)
+        """Store what the push sinks hold and the counters, in one registry transaction (RegistryError, OSError if
+        it cannot): kept apart, a crash between the two writes restored the results of one checkpoint with the
+        counts of another, and ``matches - delivered - dropped`` no longer matched what was queued."""
+        self.registry.keep_queued(queued, counts)
+        if self.counts_path is not None:  # (an earlier version's file: superseded by what the registry now keeps)
+            self.counts_path.unlink(missing_ok=True)
 
     async def _drain(self, seconds: float) -> None:
         """Wait up to ``seconds`` for the push destinations to empty their queues."""

@@ -365,6 +365,7 @@ class TcpSink(LoopSink):
             return
         while outbox.items and not self.paused:  # pause_writing (from write) sets paused above HIGH_WATER
             batch = outbox.take_now(CHUNK)
+            outbox.in_flight = len(batch)  # (queued until counted delivered: the counts agree, read from any thread)
             try:
                 data = self.encoded(batch)
                 self.transport.write(data)
@@ -373,6 +374,7 @@ class TcpSink(LoopSink):
                 self._abandon(e)
                 return
             outbox.delivered()
+            outbox.done()
             self.written.append((len(data), batch))
             self.written_bytes += len(data)
             self._forget_sent()
