@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.generators import patterns, set_patterns, streams
-from yfpp.state.checkpoint import EncodedPatterns, read_checkpoint, snapshot, write_checkpoint
+from yfpp.state.checkpoint import EncodedPatterns, encode_pattern, read_checkpoint, snapshot, write_checkpoint
 from yfpp.cli import main
 from yfpp.input.dead_letters import DeadLetters
 from yfpp.engine import Engine
@@ -346,3 +346,28 @@ def test_patterns_encoded_once_give_the_same_checkpoint(pats, data):
     assert eng.snapshot() == snapshot(eng, kept)
     restored = Engine.restore(json.loads(json.dumps(snapshot(eng, kept))))
     assert restored.snapshot() == eng.snapshot()
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(patterns(), min_size=1, max_size=3), streams(max_events=8), st.data())
+def test_a_checkpoint_written_with_the_kept_texts_of_patterns_holds_the_snapshot(tmp_path_factory, pats, stream, data):
+    """write_checkpoint with EncodedPatterns writes the kept JSON text of each pattern as it is: the file reads
+    back as the snapshot (and the extra fields) whether an entry has its text (encoded there), has none (kept
+    as a checkpoint held it), is stale (another pattern object) or is missing."""
+    eng = engine(pats, 0)
+    for ev in stream:
+        eng.process(ev)
+    kept = EncodedPatterns()
+    for qid, (pattern, _, _) in eng.sources.items():
+        if data.draw(st.booleans()):
+            kept.keep(qid, pattern)
+        else:
+            kept.keep(qid, pattern, json.loads(json.dumps(encode_pattern(pattern))))
+    stale = data.draw(st.sampled_from(sorted(eng.sources)))
+    kept.keep(stale, data.draw(patterns()))
+    eng.register(data.draw(patterns()), name="new")  # (none kept)
+    path = tmp_path_factory.mktemp("cp") / "cp.json"
+    write_checkpoint(eng, path, {"service": {"queries": {"q": ["x", None, None]}}}, kept)
+    assert read_checkpoint(path) == json.loads(json.dumps({**eng.snapshot(), "service": {"queries": {"q": ["x", None, None]}}}))
+    back = {k: v for k, v in read_checkpoint(path).items() if k != "service"}
+    assert Engine.restore(back).snapshot() == eng.snapshot()

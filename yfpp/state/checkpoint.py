@@ -241,6 +241,9 @@ class StreamState:
     held: list[tuple[float, float, int, Event]]  #: the reorder buffer: (ts, seq key, arrival, event), in order
 
 
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode  #: compact JSON, as json.dumps with these separators
+
+
 def _node_refs(engine) -> dict:
     """Every live node of the shared NFA -> ``[query id, component index]`` of the first query through it."""
     refs: dict = {}
@@ -262,14 +265,21 @@ def _state_ref(st, node_ref: dict) -> list | None:
 class EncodedPatterns:
     """The queries' patterns as :func:`encode_pattern` writes them, kept by query id for the checkpoints of an
     engine whose queries outlive many checkpoints (encoding 100,000 patterns took seconds at each): an entry
-    serves while the engine's query of that id is the very pattern object it was made from."""
+    serves while the engine's query of that id is the very pattern object it was made from. An entry encoded
+    here keeps its JSON text too, which :func:`write_checkpoint` writes as it is (JSON-encoding 100,000 patterns
+    again took seconds at each checkpoint, the final one at a stop included)."""
 
     def __init__(self) -> None:
-        self._by_id: dict[int, tuple[Any, Any]] = {}
+        self._by_id: dict[int, tuple[Any, Any, str | None]] = {}
 
     def keep(self, qid: int, pattern: Any, encoded: Any = None) -> None:
-        """Keep query ``qid``'s ``pattern`` encoded (``encoded``: as a checkpoint already holds it)."""
-        self._by_id[qid] = (pattern, encode_pattern(pattern) if encoded is None else encoded)
+        """Keep query ``qid``'s ``pattern`` encoded (``encoded``: as a checkpoint already holds it; its JSON
+        text is then not made: a restore of many queries would pay for it)."""
+        if encoded is None:
+            encoded = encode_pattern(pattern)
+            self._by_id[qid] = (pattern, encoded, _ENCODE(encoded))
+        else:
+            self._by_id[qid] = (pattern, encoded, None)
 
     def forget(self, qid: int) -> None:
         self._by_id.pop(qid, None)
@@ -278,6 +288,11 @@ class EncodedPatterns:
         """``encode_pattern(pattern)``, kept or made now."""
         kept = self._by_id.get(qid)
         return kept[1] if kept is not None and kept[0] is pattern else encode_pattern(pattern)
+
+    def text(self, qid: int, encoded: Any) -> str | None:
+        """The JSON text of ``encoded`` when it is query ``qid``'s entry and that was encoded here, else None."""
+        kept = self._by_id.get(qid)
+        return kept[2] if kept is not None and kept[1] is encoded else None
 
 
 def snapshot(engine, patterns: EncodedPatterns | None = None) -> dict:
@@ -596,16 +611,36 @@ def write_checkpoint(engine, path: str | os.PathLike[str], extra: dict | None = 
     data = snapshot(engine, patterns)
     if extra:
         data.update(extra)
-    write_json(data, path)
+    write_json(data, path, _checkpoint_json(data, patterns) if patterns is not None else None)
 
 
-def write_json(data: Any, path: str | os.PathLike[str]) -> None:
-    """``data`` as JSON in ``path``, atomically: a temp file in the same directory, fsync, rename."""
+def _checkpoint_json(data: dict, patterns: EncodedPatterns) -> str:
+    """``data`` (a snapshot) as compact JSON, its ``queries`` last: a row's pattern of which ``patterns`` keeps
+    the JSON text is written as that text, not encoded again."""
+    rows = data.get("queries")
+    if not rows or data.get("shapes") is None:  # (versions 1, 2 hold no such rows)
+        return _ENCODE(data)
+    rest = _ENCODE({k: v for k, v in data.items() if k != "queries"})
+    return f'{rest[:-1]}{"," if len(rest) > 2 else ""}"queries":[{",".join(_row_json(r, patterns) for r in rows)}]}}'
+
+
+def _row_json(row: list, patterns: EncodedPatterns) -> str:
+    """A version-3 query row as JSON: ``[id, name, None, pattern IR, since_tick]`` with the pattern's kept text."""
+    qid, name, shape, what, since = row
+    text = patterns.text(qid, what) if shape is None else None
+    if text is None:
+        return _ENCODE(row)
+    return f"[{qid:d},{_ENCODE(name)},null,{text},{since if type(since) is int else _ENCODE(since)}]"
+
+
+def write_json(data: Any, path: str | os.PathLike[str], text: str | None = None) -> None:
+    """``data`` as JSON in ``path`` (``text``: that JSON made already), atomically: a temp file in the same
+    directory, fsync, rename."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent or ".")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(json.dumps(data, separators=(",", ":")))  # (json.dump writes through the slower Python encoder)
+            f.write(_ENCODE(data) if text is None else text)  # (json.dump writes through the slower Python encoder)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
