@@ -1,14 +1,15 @@
-"""A ``yfpp spark --stream`` job on a standalone cluster survives an executor and its driver killed by PID.
+"""A ``yfpp spark --stream`` job on a standalone cluster survives its processes killed by PID.
 
 The job runs as a user runs it — ``python -m yfpp spark --stream`` in a
 process (and session) of its own, on ``local-cluster[2,1,1024]``: a master
 and two workers in the driver's JVM, each executor a JVM of its own. Files
-arrive over several micro-batches; one executor JVM is killed (SIGKILL) while
-the stream runs, then the driver process itself, before the last files are
-done; the same command started again on the same checkpoint finishes the
-stream. The outputs must be ``yfpp run``'s matches and dead letters over the
-files' concatenation, none lost and none twice. Loopback only; every process
-the job started is stopped by its PID; every wait is bounded.
+arrive over several micro-batches; the executors' Python workers are killed
+(SIGKILL) while the stream runs, then one executor JVM, then the driver
+process itself, before the last files are done; the same command started
+again on the same checkpoint finishes the stream. The outputs must be
+``yfpp run``'s matches and dead letters over the files' concatenation, none
+lost and none twice. Loopback only; every process the job started is stopped
+by its PID; every wait is bounded.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def start_driver(args: list[str], err: Path) -> subprocess.Popen:
                                 stderr=f, env={**os.environ, "PYTHONPATH": str(ROOT)}, start_new_session=True)
 
 
-def test_a_stream_survives_a_killed_executor_and_a_killed_driver(tmp_path, capsys):
+def test_a_stream_survives_killed_python_workers_an_executor_and_the_driver(tmp_path, capsys):
     pending, inbox = tmp_path / "pending", tmp_path / "inbox"
     lines = feed_files(pending, seed=3, files=FILES)  # late events, malformed lines; each file newer than the last
     whole = tmp_path / "all.jsonl"
@@ -104,6 +105,11 @@ def test_a_stream_survives_a_killed_executor_and_a_killed_driver(tmp_path, capsy
     driver = start_driver(args, err)
     try:
         wait_for(driver, err, "batch 0:")
+        workers = [p for p, cmd in session_processes(driver.pid).items() if b"pyspark.daemon" in cmd]
+        assert workers, err.read_text()  # the executors keep their Python workers between tasks
+        for pid in workers:  # every Python worker (and the daemons forking them): the executors start new ones
+            os.kill(pid, signal.SIGKILL)
+        wait_for(driver, err, "batch 1:")
         executors = [p for p, cmd in session_processes(driver.pid).items() if b"CoarseGrainedExecutorBackend" in cmd]
         assert len(executors) == 2, err.read_text()
         os.kill(executors[0], signal.SIGKILL)  # the stream goes on: the master starts another executor
