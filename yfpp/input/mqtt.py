@@ -256,7 +256,8 @@ class Subscriber:
     """Subscribes ``topics`` at ``broker``; each message goes to :meth:`on_message` (on paho's thread; a
     QoS 1 message is acknowledged when it returns).
 
-    :meth:`start` raises YfppError when the first connection fails (refused, unreachable, wrong password);
+    :meth:`start` returns once the broker has acknowledged the subscription, and raises YfppError when the
+    first connection or the subscription fails (refused, unreachable, wrong password, a topic not allowed);
     later losses are reconnected with backoff, and the topics subscribed again (a persistent session,
     ``clean=0``, keeps them at the broker, which sends what came meanwhile)."""
 
@@ -273,6 +274,7 @@ class Subscriber:
         self.client.on_connect = self._on_connect
         self.client.on_connect_fail = self._on_connect_fail
         self.client.on_disconnect = self._on_disconnect
+        self.client.on_subscribe = self._on_subscribe
         self.client.on_message = lambda client, userdata, msg: self.on_message(msg)
 
     def on_message(self, msg: Any) -> None:
@@ -316,6 +318,19 @@ class Subscriber:
         client.subscribe([(t.filter, self.broker.qos) for t in self.topics])
         if self.connects > 1:
             log.info("MQTT feed reconnected", extra={"feed": self.name, "session_present": flags.session_present})
+        if flags.session_present:  # subscribed already: what the broker kept comes before the SUBACK, and
+            self._first.set()      # on_message may wait for a consumer that start() is keeping
+
+    def _on_subscribe(self, client: Any, userdata: Any, mid: Any, reasons: Any, properties: Any) -> None:
+        """The broker's answer to the subscription: :meth:`start` returns once it came (or at once when the
+        broker kept the session), so that a message published after it is delivered (one published before
+        a new session's subscription is not)."""
+        refused = [str(r) for r in reasons if r.is_failure]
+        if refused:
+            self.last_error = f"the broker refused the subscription: {', '.join(refused)}"
+            log.error("MQTT subscription refused", extra={"feed": self.name, "error": self.last_error})
+            if not self._first.is_set():
+                self._refused = self.last_error
         self._first.set()
 
     def _on_connect_fail(self, client: Any, userdata: Any) -> None:
