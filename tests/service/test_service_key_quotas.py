@@ -4,6 +4,7 @@ other keys' subscriptions go on. Real sockets on 127.0.0.1, each wait bounded.""
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -105,3 +106,38 @@ def test_queue_bytes_are_capped_by_the_server_and_per_key(tmp_path, listeners):
         admin.post_events(jsonl([{"type": "a", "ts": i} for i in range(20)]))
         c = wait_for(lambda: (c := alice.subscription(sub["id"])["counters"])["matches"] == 20 and c, what="matches")
         assert 1 <= c["queued"] <= 300 // 60 and c["dropped"] == 20 - c["queued"]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="isolation engines are forked")
+def test_a_key_quota_counts_the_runs_of_its_isolated_queries_too(tmp_path):
+    with serve(tmp_path, key_max_runs=100, max_isolated=1, isolate_degree=1) as svc:
+        admin, alice, bob = clients(svc)
+        heavy = alice.subscribe("//a//b", name="heavy")["id"]  # degree 2: in an isolation engine from the start
+        small = alice.subscribe("PATTERN SEQ(c x)", name="small")["id"]
+        bobs = bob.subscribe("PATTERN SEQ(d x, a y)", name="bobs")["id"]
+        assert alice.subscription(heavy)["usage"]["engine"] == "isolated"
+        admin.post_events(jsonl([{"type": "a", "ts": i} for i in range(300)]))  # alice: 300 runs, all in the child
+        why = wait_for(lambda: alice.subscription(heavy)["suspended"], what="alice's isolated query suspended")
+        assert "key_max_runs=100" in why and admin.health()["isolated"] == []
+        admin.post_events(jsonl([{"type": t, "ts": 300 + i} for i, t in enumerate("dac")]))
+        wait_for(lambda: bob.subscription(bobs)["counters"]["matches"] == 1, what="bob's query matching on")
+        wait_for(lambda: alice.subscription(small)["counters"]["matches"] == 1, what="alice's other one on")
+        assert alice.subscription(small)["suspended"] is None
+
+
+def test_a_key_cpu_share_counts_its_isolation_engines_cpu():
+    """The parts of a sample: an isolated query's CPU since the last sample over the engines' CPU together."""
+    from yfpp.engine import Engine
+    from yfpp.service.accounting import Usage
+
+    usage, children = Usage(), {"heavy": {"runs": 7, "runs_shed": 0, "cpu_s": 0.0, "engine": "isolated"}}
+    usage.elsewhere = lambda: children
+    engine = Engine()
+    engine.register("PATTERN SEQ(a x, b y)", name="light")
+    engine.process_batch([{"type": "a", "ts": 1}], [])
+    usage.sample(engine)
+    children["heavy"] = {**children["heavy"], "cpu_s": 50.0}  # (far more than the engine thread spent since)
+    usage.sample(engine)
+    runs, share = usage.parts["heavy"]
+    assert runs == 7 and 0.99 < share <= 1.0 and usage.parts["light"][1] == pytest.approx(1.0 - share)
+    assert usage.of("heavy")["engine"] == "isolated" and usage.of("light")["engine"] == "main"

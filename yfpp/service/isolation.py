@@ -332,8 +332,9 @@ class Isolation:
         iso.stop()
         return True
 
-    def usage(self, name: str) -> dict[str, Any] | None:
-        return next((iso.usage for iso in list(self.by_qid.values()) if iso.name == name), None)
+    def usages(self) -> dict[str, dict[str, Any]]:
+        """The isolated queries' usage (their children's last reports), by query name."""
+        return {iso.name: iso.usage for iso in list(self.by_qid.values())}
 
     def info(self) -> list[dict[str, Any]]:
         return [iso.info() for iso in list(self.by_qid.values())]  # (the loop reads; the engine thread moves)

@@ -7,7 +7,8 @@ results and ``key_max_queue_bytes`` queued bytes over all of them; and with
 ``max_query_degree`` set, a subscriber's query whose estimated cost grows faster
 than that power of the events is refused. The admin is held to ``max_queue``
 only. Once a second, after the usage sample, a key over ``key_max_runs`` or
-``key_max_cpu_share`` gives up its costliest subscription (:func:`over_keys`).
+``key_max_cpu_share`` gives up its costliest subscription (:func:`over_keys`),
+counting its queries in the main engine and in the isolation engines alike.
 """
 
 from __future__ import annotations
@@ -74,10 +75,12 @@ def check(spec: "SubscriptionSpec", owner: str, owned: Iterable["Subscription"],
 
 
 def over_keys(subs: Iterable["Subscription"], usage: "Usage", config: "ServiceConfig") -> list[tuple[str, str]]:
-    """``(query name, why)`` of the subscriptions to take from the main engine, after a usage sample: of each
-    subscriber key over ``key_max_runs`` (its subscriptions' runs, each branch's shared evenly among its
-    queries) or ``key_max_cpu_share`` (their fraction of the engine thread's CPU), its costliest one by that
-    measure (one a sample: the next sample says whether the key is still over)."""
+    """``(query name, why)`` of the subscriptions to give up, after a usage sample: of each subscriber key over
+    ``key_max_runs`` (its subscriptions' runs, in the main engine each branch's shared evenly among its queries,
+    and in the isolation engines) or ``key_max_cpu_share`` (their fraction of the CPU of the engine thread and
+    the isolation engines together), its costliest one by that measure (one a sample: the next sample says
+    whether the key is still over). The service moves one in the main engine to an isolation engine if it
+    can, and suspends it otherwise, or if it runs in one already."""
     most_runs, most_share = config.key_max_runs, config.key_max_cpu_share
     if most_runs is None and most_share is None:
         return []

@@ -132,7 +132,7 @@ class Service:
         self.usage = Usage()  #: each query's runs and CPU, sampled by the engine thread
         self.returns = Returns(self._route_batch, lambda: self.loop)  #: the isolation engines' results to the loop
         self.isolation = Isolation(self.returns.put, self._isolation_failed, config.max_isolated)
-        self.usage.elsewhere = self.isolation.usage
+        self.usage.elsewhere = self.isolation.usages
         self.rate = 0.0
         self.started_at = time.time()
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -718,11 +718,12 @@ class Service:
 
     def _offload(self, name: str, why: str) -> None:
         """(engine thread, holding ``engine_lock``) The query ``name`` costs more than it may (``why``): moved to
-        an isolation engine while ``max_isolated`` allows, else its subscription suspended."""
+        an isolation engine while ``max_isolated`` allows, else (or if it runs in one already: a key quota counts
+        it there too) its subscription suspended."""
         sub = self.by_name.get(name)
-        if sub is None or sub.suspended is not None or sub.qid in self.isolation.by_qid:
+        if sub is None or sub.suspended is not None:
             return
-        if not self._isolate(sub):
+        if sub.qid in self.isolation.by_qid or not self._isolate(sub):
             self._suspend(name, f"suspended: {why}; delete it")
 
     def _isolate(self, sub: Subscription) -> bool:
