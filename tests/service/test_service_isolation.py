@@ -18,7 +18,7 @@ pytest.importorskip("fastapi", reason="the service needs pip install -e '.[serve
 from tests.service_helpers import TIMEOUT, jsonl, listeners, wait_for  # noqa: E402,F401
 from yfpp.engine import Engine  # noqa: E402
 from yfpp.input.events import Event  # noqa: E402
-from yfpp.service.client import Client  # noqa: E402
+from yfpp.service.client import Client, ServiceError  # noqa: E402
 from yfpp.service.config import ServiceConfig  # noqa: E402
 from yfpp.service.isolation import Isolation  # noqa: E402
 from yfpp.service.server import BackgroundService  # noqa: E402
@@ -85,6 +85,79 @@ def test_moved_at_any_point_a_query_matches_as_alone(query, seed, at, sharers):
     assert "heavy" not in [p.name for p in engine.queries.values()]
     mine = [r for r in out if r["query"] == "heavy"] + got
     assert sorted(key(r) for r in mine) == alone(query, events)
+
+
+FEEDBACK = "PATTERN SEQ(a x, b y) RETURN d(v = x.v) FEEDBACK"  #: derives a d event from each a, b
+READERS = ["PATTERN SEQ(d x, c y)", "//d//b", "PATTERN SEQ(a x, d y) WHERE x.v = y.v", "PATTERN SEQ(d x, d y) WITHIN 8"]
+
+
+def with_feedback(engine: Engine, events: list[dict], out: list[dict], reg: int, unreg: int,
+                  before=lambda n: None, after=lambda ev: None) -> None:
+    """``events`` through ``engine``, the feedback query registered before event ``reg`` and unregistered before
+    event ``unreg`` (``before(n)``, and the calls the service makes beside the engine's, first; ``after(ev)``
+    once the engine took event ``ev``)."""
+    fb = None
+    for n, e in enumerate(events):
+        before(n)
+        if n == reg:
+            fb = engine.register(FEEDBACK, name="fb")
+            before(("registered", fb))
+        if n == unreg and fb is not None:
+            engine.unregister(fb)
+            before(("unregistered", fb))
+        ev = Event.from_dict(e)
+        engine.process_batch((ev,), out)
+        after(ev)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(READERS), st.integers(0, 2**16), st.integers(0, 40), st.integers(0, 40), st.integers(0, 45))
+def test_a_moved_query_reads_the_derived_events_of_feedback_queries_as_alone(query, seed, at, reg, unreg):
+    """The property: a moved query that reads the derived events of a feedback query registered (and later
+    unregistered) before or after the move has the matches it has alone beside that feedback query."""
+    events = stream(40, seed)
+    expected: list[dict] = []
+    engine = Engine()
+    engine.register(query, name="heavy")
+    with_feedback(engine, events, expected, reg, unreg)
+    engine.advance_time(1e6, expected)
+
+    got: list[dict] = []
+    failed: list[str] = []
+    iso = Isolation(lambda rs, arrived: got.extend(rs), lambda name, why: failed.append(why), most=1)
+    engine = Engine()
+    qid = engine.register(query, name="heavy")
+
+    def beside(step) -> None:  # (what the service does beside the engine: Service._register_patterns, _drop_query)
+        if step == at:
+            iso.move(engine, qid)
+        elif isinstance(step, tuple) and step[0] == "registered":
+            iso.registered(engine, [step[1]])
+        elif isinstance(step, tuple):
+            iso.drop(step[1])
+
+    out: list[dict] = []
+    with_feedback(engine, events, out, reg, unreg, beside, lambda ev: iso.feed(None, [ev]))
+    if at >= len(events):
+        iso.move(engine, qid)
+    iso.advance(1e6)
+    iso.close()
+    assert not failed
+    mine = [r for r in out if r["query"] == "heavy"] + got
+    assert sorted(key(r) for r in mine) == sorted(key(r) for r in expected if r["query"] == "heavy")
+
+
+def test_a_feedback_query_over_isolate_degree_is_refused_saying_why(tmp_path):
+    with BackgroundService(config(tmp_path, isolate_degree=1)) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        with pytest.raises(ServiceError) as e:
+            c.subscribe("//a//b => d feedback", name="loop")  # degree 2, and it cannot be isolated
+        assert e.value.status == 403 and "isolate_degree=1" in str(e.value) and "feedback query" in str(e.value)
+        c.subscribe("PATTERN SEQ(a x) RETURN d(v = x.v) FEEDBACK", name="fb")  # degree 1: in the main engine
+        c.subscribe("//d//b", name="heavy")  # degree 2: isolated, reading fb's derived events from its own copy
+        assert [p.name for p in svc.engine.queries.values()] == ["fb"] and list(svc.isolation.by_qid) == [1]
+        c.post_events(jsonl([{"type": "a", "ts": 1, "v": 0}, {"type": "b", "ts": 2}]))
+        wait_for(lambda: c.subscription("s2")["counters"]["matches"] == 1, what="the isolated reader matching")
 
 
 def test_a_query_moved_by_the_service_matches_as_alone_and_says_where_it_runs(tmp_path, listeners):

@@ -141,3 +141,13 @@ def test_a_key_cpu_share_counts_its_isolation_engines_cpu():
     runs, share = usage.parts["heavy"]
     assert runs == 7 and 0.99 < share <= 1.0 and usage.parts["light"][1] == pytest.approx(1.0 - share)
     assert usage.of("heavy")["engine"] == "isolated" and usage.of("light")["engine"] == "main"
+
+
+def test_a_feedback_query_over_a_quota_is_suspended_not_moved_saying_why(tmp_path):
+    with serve(tmp_path, key_max_runs=100, max_isolated=1) as svc:
+        admin, alice, _ = clients(svc)
+        fb = alice.subscribe("PATTERN SEQ(a x, b y) RETURN d(v = x.v) FEEDBACK", name="fb")["id"]
+        admin.post_events(jsonl([{"type": "a", "ts": i} for i in range(300)]))
+        why = wait_for(lambda: alice.subscription(fb)["suspended"], what="the feedback query suspended")
+        assert "key_max_runs=100" in why and "a feedback query is not moved to an isolation engine" in why
+        assert admin.health()["isolated"] == [] and not svc.engine.queries

@@ -5,7 +5,11 @@ A move happens with the main engine quiet (``engine_lock`` held): the
 service process forks; the child keeps, of the engine it inherits, the moved
 query (with its runs, buffer and clock: nothing of its state is lost) and the
 feedback queries (whose derived events it may read), and the parent
-unregisters the moved query. From then on every batch of events the main
+unregisters the moved query. A feedback query registered or unregistered in
+the main engine later is registered or unregistered in every child too, at
+the same point of its stream (:meth:`Isolation.registered`,
+:meth:`Isolation.drop`), so the derived events the moved query reads are the
+main engine's. A feedback query itself is never moved (:data:`FEEDBACK_STAYS`). From then on every batch of events the main
 engine takes, and each ``advance_time``, goes to the child too, in the same
 order: so the child numbers the events as the main engine does, and the
 query's matches are exactly those it has alone. The child sends its results
@@ -57,6 +61,11 @@ STOP_WAIT = 3.0  #: seconds a stopped child has to finish what it was sent befor
 RESULT_CHUNK = 256  #: results a child sends at once (one message: unpickled holding the GIL)
 TURN = 512  #: results from the children routed in one turn of the loop
 HELD = 65_536  #: results from the children waiting for the loop before their readers wait
+
+#: why a feedback query is not moved (it is suspended instead when it costs more than it may)
+FEEDBACK_STAYS = ("a feedback query is not moved to an isolation engine: its derived events must enter the main "
+                  "engine's stream right after the event that made them, which a child process cannot do (and "
+                  "every isolation engine runs its own copy of it)")
 
 Deliver = Callable[[list[dict], "float | None"], None]  #: results (and when their event arrived) to the service
 Failed = Callable[[str, str], None]  #: (query name, why) of an isolated query that no longer runs
@@ -156,17 +165,17 @@ class Isolated:
             self._wake.notify()
         return True
 
-    def advance(self, ts: float) -> None:
+    def tell(self, *msg: Any) -> None:
+        """Queue a message for the child, after the events queued so far: ``("advance", ts)``, ``("register",
+        qid, pattern, name)``, ``("unregister", qid)``."""
         with self._wake:
-            self._queue.append(("advance", ts))
+            self._queue.append(msg)
             self._wake.notify()
 
     def checkpoint(self, path: Path) -> None:
         """(holding ``engine_lock``) Have the child write its state, once it has the events queued so far, to
         ``checkpoint.staged(path)`` (:meth:`checkpointed` says when)."""
-        with self._wake:
-            self._queue.append(("checkpoint", str(checkpoint.staged(path))))
-            self._wake.notify()
+        self.tell("checkpoint", str(checkpoint.staged(path)))
 
     def checkpointed(self, timeout: float) -> str | None:
         """Wait for the child's checkpoint (``timeout`` seconds at most; no longer once it has ended): None once
@@ -184,10 +193,8 @@ class Isolated:
     def stop(self) -> None:
         """Tell the child to end once it has what was queued (the sender reaps it, or kills it after
         :data:`STOP_WAIT` seconds)."""
-        with self._wake:
-            self._stopping = True
-            self._queue.append(("stop",))
-            self._wake.notify()
+        self._stopping = True
+        self.tell("stop")
 
     def join(self, timeout: float) -> None:
         self._sender.join(timeout)
@@ -245,10 +252,7 @@ class Isolated:
         finally:
             self._from.close()
         if not self._stopping:
-            with self._wake:  # (the sender ends too)
-                self._stopping = True
-                self._queue.append(("stop",))
-                self._wake.notify()
+            self.stop()  # (the sender ends too)
             self._failed(self.name, why)
 
 
@@ -259,6 +263,7 @@ class Isolation:
         self._deliver, self._failed = deliver, failed
         self.most = most  #: isolated queries at once at most (max_isolated)
         self.by_qid: dict[int, Isolated] = {}
+        self._feedback: set[int] = set()  # the feedback queries the children run (their ids, as the main engine's)
 
     def can_take(self, engine: Engine, qid: int) -> bool:
         """Whether query ``qid`` of ``engine`` may be moved (room left, fork available, not a feedback query)."""
@@ -299,6 +304,7 @@ class Isolation:
                 os._exit(code)
         in_r.close()
         out_w.close()
+        self._feedback.update(engine.feedback.order.values())
         iso = self.by_qid[qid] = Isolated(qid, name, source, pid, in_w, out_r, self._deliver, self._failed)
         return iso
 
@@ -312,7 +318,17 @@ class Isolation:
 
     def advance(self, ts: float) -> None:
         for iso in self.by_qid.values():
-            iso.advance(ts)
+            iso.tell("advance", ts)
+
+    def registered(self, engine: Engine, qids: list[int]) -> None:
+        """(holding ``engine_lock``, the queries ``qids`` just registered in ``engine``) Each feedback query
+        among them registered in every child too, at this point of their streams."""
+        for qid in qids:
+            pattern, _, name = engine.sources[qid]
+            if pattern.feedback and self.by_qid:
+                self._feedback.add(qid)
+                for iso in self.by_qid.values():
+                    iso.tell("register", qid, pattern, name)
 
     def checkpoint(self, directory: Path) -> list[tuple[Isolated, Path]]:
         """(holding ``engine_lock``) Each child to write its state (:meth:`Isolated.checkpoint`): the children
@@ -324,13 +340,16 @@ class Isolation:
             out.append((iso, path))
         return out
 
-    def drop(self, qid: int) -> bool:
-        """Stop the child of query ``qid``; False if it has none."""
+    def drop(self, qid: int) -> None:
+        """(holding ``engine_lock``, query ``qid`` unregistered from the main engine) Stop its child, if it has
+        one; a feedback query is unregistered in every child, at this point of their streams."""
         iso = self.by_qid.pop(qid, None)
-        if iso is None:
-            return False
-        iso.stop()
-        return True
+        if iso is not None:
+            iso.stop()
+        elif qid in self._feedback:
+            self._feedback.discard(qid)
+            for iso in self.by_qid.values():
+                iso.tell("unregister", qid)
 
     def usages(self) -> dict[str, dict[str, Any]]:
         """The isolated queries' usage (their children's last reports), by query name."""
@@ -401,6 +420,11 @@ def _child(engine: Engine, qid: int, name: str, inbox: Connection, out: Connecti
                 engine.advance_time(msg[1], results)
             except Exception:
                 pass
+        elif msg[0] == "register":  # (a feedback query the service's engine took: it took it alike)
+            engine.register(msg[2], msg[3], query_id=msg[1])
+        elif msg[0] == "unregister":
+            if msg[1] in engine.sources:
+                engine.unregister(msg[1])
         mine = [r for r in results if r.get("query") == name]
         results.clear()
         for i in range(0, len(mine), RESULT_CHUNK):

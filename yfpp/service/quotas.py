@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from yfpp.language.pattern import Contiguity, Kind, Pattern
 from yfpp.service.auth import ADMIN
+from yfpp.service.isolation import FEEDBACK_STAYS
 
 if TYPE_CHECKING:
     from yfpp.service.accounting import Usage
@@ -111,3 +112,12 @@ def check_cost(cost: dict[str, Any], owner: str, config: "ServiceConfig") -> Non
     raise QuotaError(403, f"query too costly: its runs may grow with the events to the power {degree}; this "
                           f"server admits at most {most} (fewer skip-till-any components, or a strict "
                           f"contiguity, make it cheaper)")
+
+
+def check_isolable(plan: Any, cost: dict[str, Any], config: "ServiceConfig") -> None:
+    """QuotaError for a feedback query over ``isolate_degree`` (anyone's): it would start in an isolation engine,
+    where a feedback query cannot run (:data:`FEEDBACK_STAYS`)."""
+    if isinstance(plan, Pattern) and plan.feedback and isolated(cost, config):
+        degree = "unbounded" if cost["degree"] is None else cost["degree"]
+        raise QuotaError(403, f"query too costly for the main engine: its runs may grow with the events to the "
+                              f"power {degree}, over isolate_degree={config.isolate_degree}, and {FEEDBACK_STAYS}")

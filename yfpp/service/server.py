@@ -49,7 +49,7 @@ from yfpp.service.config import ServiceConfig
 from yfpp.service.batch import spec_of as batch_spec
 from yfpp.service.errors import RequestError
 from yfpp.service.health import HealthListener
-from yfpp.service.isolation import BACKLOG, Isolation, Returns
+from yfpp.service.isolation import BACKLOG, FEEDBACK_STAYS, Isolation, Returns
 from yfpp.service.isolation import state_path as isolation_state
 from yfpp.service.feeds import FeedClosed, FeedLimits, SharedDeadLetters, SourceDeadLetters, TcpFeed, pump, start_input
 from yfpp.service.mqtt_api import ApiFeeds
@@ -480,6 +480,7 @@ class Service:
         with self.engine_lock:
             for policy, group in itertools.groupby(items, key=lambda item: item[2]):  # (runs of one policy)
                 out += self.engine.register_many([(pattern, name) for pattern, name, _ in group], policy=policy)
+            self.isolation.registered(self.engine, [qid for qid in out if isinstance(qid, int)])
         sources = self.engine.sources  # (not unregistered meanwhile: no subscription has these queries yet)
         for qid in out:
             if isinstance(qid, int):
@@ -628,9 +629,11 @@ class Service:
             old, _, old_name = isolated.source if isolated is not None else self.engine.sources[qid]
             self._drop_query(qid)
             try:
-                return self.engine.register(pattern, name=name, policy=policy), None
+                qid, refused = self.engine.register(pattern, name=name, policy=policy), None
             except YfppError as e:
-                return self.engine.register(old, name=old_name), e
+                qid, refused = self.engine.register(old, name=old_name), e
+            self.isolation.registered(self.engine, [qid])
+            return qid, refused
 
     def _add_many(self, specs: list[SubscriptionSpec], owner: str) -> list[tuple[str, int, dict] | RequestError]:
         """(Blocking) Each request parsed and admitted (:meth:`_admitted`), those admitted stored in one registry
@@ -670,6 +673,7 @@ class Service:
                 cost = quotas.estimate(pattern)
                 try:
                     quotas.check_cost(cost, owner, self.config)
+                    quotas.check_isolable(pattern, cost, self.config)
                 except quotas.QuotaError as e:
                     return RequestError(e.status, str(e), cost=cost)
             return pattern
@@ -724,7 +728,9 @@ class Service:
         if sub is None or sub.suspended is not None:
             return
         if sub.qid in self.isolation.by_qid or not self._isolate(sub):
-            self._suspend(name, f"suspended: {why}; delete it")
+            source = self.engine.sources.get(sub.qid)
+            stays = f" ({FEEDBACK_STAYS})" if source is not None and source[0].feedback else ""
+            self._suspend(name, f"suspended: {why}{stays}; delete it")
 
     def _isolate(self, sub: Subscription) -> bool:
         """(holding ``engine_lock``) Move ``sub``'s query to an isolation engine if there is room (max_isolated)."""
