@@ -15,10 +15,17 @@ no equivalence key: each ``b`` completes a match with every ``a`` before it, the
 issue's case); the third run has the service suspend a subscription taking more
 than ``--max-cpu-share`` of the engine's time, the fourth move it to an
 isolation engine instead (``--max-isolated 1``), the fifth start it in one
-(``--isolate-degree 1``: its estimated degree is 2). Each run lasts
+(``--isolate-degree 1``: its estimated degree is 2), the sixth as well, its
+child at ``--isolation-priority idle`` (SCHED_IDLE) rather than nice 10. Each run lasts
 ``--seconds``; a ping not answered within 30 s ends the run.
 
+``--runs`` picks the runs (``alone`` is always one of them) and ``--rounds``
+repeats them, in turn, the order reversed every other round: each run's p99 is
+divided by the ``alone`` p99 of its own round, and the summary gives the median
+of those ratios, so that one noisy stretch of a shared host does not decide it.
+
     python benchmarks/service_noisy_neighbour.py --seconds 8 --rate 2000 --b-every 500 --max-cpu-share 0.5
+    python benchmarks/service_noisy_neighbour.py --seconds 8 --rounds 5 --runs isolated idle
 """
 
 from __future__ import annotations
@@ -167,6 +174,22 @@ def run(heavy: bool, label: str, flags: list[str], args: argparse.Namespace) -> 
             "suspended": [s["name"] for s in usage if s["suspended"]]}
 
 
+RUNS = {  # name: (label, heavy, flags given --max-cpu-share's)
+    "alone": ("alone", False, lambda share: []),
+    "beside": ("beside //a//b", True, lambda share: []),
+    "suspended": ("beside, max-cpu-share {share}", True, lambda share: ["--max-cpu-share", share]),
+    "moved": ("beside, moved (max-isolated 1)", True, lambda share: ["--max-cpu-share", share, "--max-isolated", "1"]),
+    "isolated": ("beside, isolated (isolate-degree 1)", True, lambda share: ["--max-isolated", "1", "--isolate-degree", "1"]),
+    "idle": ("beside, isolated, priority idle", True,
+             lambda share: ["--max-isolated", "1", "--isolate-degree", "1", "--isolation-priority", "idle"]),
+}
+
+
+def median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2 if xs else float("nan")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=8.0)
@@ -174,21 +197,36 @@ def main() -> None:
     p.add_argument("--b-every", type=int, default=500)
     p.add_argument("--gap", type=float, default=0.02, help="seconds between a ping's result and the next ping")
     p.add_argument("--max-cpu-share", type=float, default=0.5, help="the third run's yfpp serve --max-cpu-share")
+    p.add_argument("--runs", nargs="+", choices=list(RUNS), default=list(RUNS), help="the runs (alone always)")
+    p.add_argument("--rounds", type=int, default=1, help="rounds of the runs (each run's ratio to its round's alone)")
     args = p.parse_args()
     print(f"commit {commit()}; {args.seconds:g} s a run; background {args.rate} events/s, a b every {args.b_every}")
-    share = ["--max-cpu-share", str(args.max_cpu_share)]
-    rows = [run(False, "alone", [], args), run(True, "beside //a//b", [], args),
-            run(True, f"beside, max-cpu-share {args.max_cpu_share:g}", share, args),
-            run(True, "beside, moved (max-isolated 1)", [*share, "--max-isolated", "1"], args),
-            run(True, "beside, isolated (isolate-degree 1)", ["--max-isolated", "1", "--isolate-degree", "1"], args)]
-    print(f"{'run':<38}{'pings':>6}{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}{'events':>9}{'svc CPU s':>11}"
-          f"{'p99/alone':>10}")
-    for r in rows:
-        print(f"{r['label']:<38}{r['pings']:>6}{r['p50_ms']:>10.1f}{r['p99_ms']:>10.1f}{r['max_ms']:>10.1f}"
-              f"{r['events']:>9}{r['service_cpu_s']:>11.2f}{r['p99_ms'] / rows[0]['p99_ms']:>10.1f}"
-              + ("  (a ping unanswered for 30 s)" if r["timed_out"] else ""))
-    for r in rows[1:]:
-        print(f"usage ({r['label']}):", json.dumps(r["usage"]), "suspended:", r["suspended"])
+    share = f"{args.max_cpu_share:g}"
+    names = ["alone", *[n for n in RUNS if n in args.runs and n != "alone"]]
+    rounds: list[dict[str, dict]] = []
+    for i in range(args.rounds):
+        order = names if i % 2 == 0 else names[::-1]
+        got = {}
+        for name in order:
+            label, heavy, flags = RUNS[name]
+            got[name] = run(heavy, label.format(share=share), flags(share), args)
+        rounds.append(got)
+    print(f"{'run':<38}{'round':>6}{'pings':>6}{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}{'events':>9}"
+          f"{'svc CPU s':>11}{'p99/alone':>10}")
+    for i, got in enumerate(rounds):
+        for name in names:
+            r = got[name]
+            print(f"{r['label']:<38}{i + 1:>6}{r['pings']:>6}{r['p50_ms']:>10.1f}{r['p99_ms']:>10.1f}{r['max_ms']:>10.1f}"
+                  f"{r['events']:>9}{r['service_cpu_s']:>11.2f}{r['p99_ms'] / got['alone']['p99_ms']:>10.1f}"
+                  + ("  (a ping unanswered for 30 s)" if r["timed_out"] else ""))
+    if args.rounds > 1:
+        print(f"\nover {args.rounds} rounds (medians): {'p99 ms':>10}{'p99/alone (same round)':>24}")
+        for name in names:
+            print(f"{rounds[0][name]['label']:<38}{median([g[name]['p99_ms'] for g in rounds]):>10.1f}"
+                  f"{median([g[name]['p99_ms'] / g['alone']['p99_ms'] for g in rounds]):>24.2f}")
+    for got in rounds[-1:]:
+        for name in names[1:]:
+            print(f"usage ({got[name]['label']}):", json.dumps(got[name]["usage"]), "suspended:", got[name]["suspended"])
 
 
 if __name__ == "__main__":

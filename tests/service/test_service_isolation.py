@@ -259,7 +259,8 @@ def test_an_isolated_query_is_checkpointed_with_the_service_and_restored_in_a_ch
 
 
 @pytest.mark.parametrize("field, value", [("max_isolated", -1), ("isolate_degree", 0), ("key_max_runs", 0),
-                                          ("key_max_cpu_share", 1.5), ("queue_bytes", 0), ("health_port", 70000)])
+                                          ("key_max_cpu_share", 1.5), ("queue_bytes", 0), ("health_port", 70000),
+                                          ("isolation_priority", 20), ("isolation_priority", "low")])
 def test_the_configuration_refuses_bad_values_by_name(field, value):
     from yfpp.errors import YfppError
 
@@ -282,3 +283,20 @@ def test_a_query_changed_to_a_costly_one_is_isolated_and_back_to_a_cheap_one_is_
         wait_for(lambda: not _alive(child["pid"]), what="the child reaped")
         c.post_events(jsonl([{"type": "c", "ts": 3}]))
         wait_for(lambda: c.subscription("s1")["counters"]["matches"] == 2, what="the query back in the main engine")
+
+
+@pytest.mark.parametrize("priority", ["idle", 10])
+def test_the_isolation_engines_run_at_the_configured_cpu_priority(tmp_path, priority):
+    from yfpp.cli import build_parser
+    from yfpp.service.cli import serve_config
+
+    assert serve_config(build_parser().parse_args(["serve", "--isolation-priority", str(priority)])).isolation_priority == priority
+    with BackgroundService(config(tmp_path, isolate_degree=1, isolation_priority=priority)) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        c.subscribe("//a//b", name="heavy")  # isolated from the start
+        (child,) = c.health()["isolated"]
+        if priority == "idle":
+            wait_for(lambda: os.sched_getscheduler(child["pid"]) == os.SCHED_IDLE, what="the child at SCHED_IDLE")
+        else:
+            mine = os.getpriority(os.PRIO_PROCESS, 0)
+            wait_for(lambda: os.getpriority(os.PRIO_PROCESS, child["pid"]) == min(19, mine + 10), what="the child niced")

@@ -122,6 +122,9 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--isolate-degree", type=int, metavar="N",
                    help="a query whose runs may grow faster than events**N starts in an isolation engine "
                         "(with --max-isolated; default: none)")
+    s.add_argument("--isolation-priority", type=_priority, metavar="NICE|idle",
+                   help="the isolation engines' CPU priority: a nice value 0-19 above the service's, or idle "
+                        "(SCHED_IDLE: only CPU no other process wants; the others' latency first) (default 10)")
     s.add_argument("--dead-letters-per-second", type=float, help="dead letters written per second at most (default 100)")
     s.add_argument("--dead-letters-max-bytes", type=int, help="rotate the dead-letter file at this size (default 64 MiB)")
     s.add_argument("--max-subscriptions", type=int, help="default 10000")
@@ -177,6 +180,14 @@ def add_parsers(sub: Any) -> None:
     revoke = actions.add_parser("revoke", help="revoke keys: they fail from the next request on")
     revoke.add_argument("ids", nargs="+", metavar="ID")
     k.set_defaults(func=cmd_keys)
+
+
+def _priority(text: str) -> int | str:
+    """``--isolation-priority``: ``idle`` or a nice value (checked with the configuration)."""
+    try:
+        return text if text == "idle" else int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a nice value 0-19 or idle, not {text!r}") from None
 
 
 def _key_options(p: argparse.ArgumentParser) -> None:

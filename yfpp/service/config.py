@@ -60,6 +60,9 @@ class ServiceConfig:
     key_max_cpu_share: float | None = None  #: a subscriber key's subscriptions' share of the engine's time
     max_isolated: int = 0  #: queries moved to isolation engines (child processes) at most, rather than suspended
     isolate_degree: int | None = None  #: a query estimated to grow faster than events**this starts isolated
+    #: the isolation engines' CPU priority: a nice value 0-19 above the service's, or "idle" (Linux SCHED_IDLE:
+    #: they run only when no other process wants the CPU)
+    isolation_priority: int | str = 10
     dead_letters_per_second: float = 100.0  #: dead letters written per second at most (the others are counted)
     dead_letters_max_bytes: int = 64 * 1024 * 1024  #: a dead-letter file this big is rotated to FILE.1
     subscription_metrics: bool = True  #: GET /metrics has series per subscription (False: totals only)
@@ -138,6 +141,9 @@ class ServiceConfig:
             raise YfppError(f"max_isolated must be an integer >= 0, got {self.max_isolated!r}")
         if self.isolate_degree is not None and not (isinstance(self.isolate_degree, int) and self.isolate_degree >= 1):
             raise YfppError(f"isolate_degree must be a positive integer, got {self.isolate_degree!r}")
+        v = self.isolation_priority
+        if v != "idle" and not (isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 19):
+            raise YfppError(f"isolation_priority must be a nice value 0-19 or \"idle\", got {v!r}")
         if self.key_max_runs is not None and not (isinstance(self.key_max_runs, int) and self.key_max_runs >= 1):
             raise YfppError(f"key_max_runs must be a positive integer, got {self.key_max_runs!r}")
         for name in ("max_cpu_share", "key_max_cpu_share"):

@@ -24,7 +24,8 @@ long: the main engine's results go between). A child
 whose queue holds :data:`BACKLOG` events, or that ends, is reported to the
 service (``failed``, or the engine thread's feed): its subscription is
 suspended, saying why. The child runs at a
-lower priority (:data:`NICE`) than the service.
+lower CPU priority than the service (``isolation_priority``: a nice value, or
+``idle``, Linux's SCHED_IDLE, :func:`_lower_priority`).
 
 Checkpoints: with the main engine's (engine_lock held), each child is sent a
 ``checkpoint`` message in its stream of events, so it writes its own state
@@ -55,7 +56,6 @@ from yfpp.service import checkpoint
 log = logging.getLogger("yfpp.service")
 
 BACKLOG = 500_000  #: events queued for a child before its subscription is suspended as fallen behind
-NICE = 10  #: how much lower the children's CPU priority is than the service's
 USAGE_EVERY = 1.0  #: seconds between a child's usage reports
 STOP_WAIT = 3.0  #: seconds a stopped child has to finish what it was sent before it is killed
 RESULT_CHUNK = 256  #: results a child sends at once (one message: unpickled holding the GIL)
@@ -259,9 +259,10 @@ class Isolated:
 class Isolation:
     """The service's isolated queries, by query id."""
 
-    def __init__(self, deliver: Deliver, failed: Failed, most: int):
+    def __init__(self, deliver: Deliver, failed: Failed, most: int, priority: int | str = 10):
         self._deliver, self._failed = deliver, failed
         self.most = most  #: isolated queries at once at most (max_isolated)
+        self.priority = priority  #: the children's (isolation_priority): a nice value, or "idle"
         self.by_qid: dict[int, Isolated] = {}
         self._feedback: set[int] = set()  # the feedback queries the children run (their ids, as the main engine's)
 
@@ -292,7 +293,7 @@ class Isolation:
             code = 0
             try:
                 _close_all_but({in_r.fileno(), out_w.fileno(), 0, 1, 2})
-                os.nice(NICE)
+                _lower_priority(self.priority)
                 _child(engine, qid, name, in_r, out_w)
             except BaseException as e:
                 code = 1
@@ -376,6 +377,18 @@ def state_path(directory: Path, qid: int) -> Path:
 def _pipe() -> tuple[Connection, Connection]:
     r, w = os.pipe()
     return Connection(r, writable=False), Connection(w, readable=False)
+
+
+def _lower_priority(priority: int | str) -> None:
+    """(the child) Run at ``priority``: ``idle`` (SCHED_IDLE: only when no other process of the machine wants
+    the CPU; nice 19 where there is none), else that much nicer than the service."""
+    if priority == "idle":
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            return
+        except (AttributeError, OSError):
+            priority = 19
+    os.nice(int(priority))
 
 
 def _close_all_but(keep: set[int]) -> None:

@@ -131,7 +131,8 @@ class Service:
         self.totals = Totals()  #: counts over every subscription held since the start (the metrics' totals)
         self.usage = Usage()  #: each query's runs and CPU, sampled by the engine thread
         self.returns = Returns(self._route_batch, lambda: self.loop)  #: the isolation engines' results to the loop
-        self.isolation = Isolation(self.returns.put, self._isolation_failed, config.max_isolated)
+        self.isolation = Isolation(self.returns.put, self._isolation_failed, config.max_isolated,
+                                   config.isolation_priority)
         self.usage.elsewhere = self.isolation.usages
         self.rate = 0.0
         self.started_at = time.time()
