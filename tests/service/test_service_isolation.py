@@ -111,10 +111,12 @@ def with_feedback(engine: Engine, events: list[dict], out: list[dict], reg: int,
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.sampled_from(READERS), st.integers(0, 2**16), st.integers(0, 40), st.integers(0, 40), st.integers(0, 45))
-def test_a_moved_query_reads_the_derived_events_of_feedback_queries_as_alone(query, seed, at, reg, unreg):
+@given(st.sampled_from(READERS), st.integers(0, 2**16), st.integers(0, 40), st.integers(0, 40), st.integers(0, 45),
+       st.booleans())
+def test_a_moved_query_reads_the_derived_events_of_feedback_queries_as_alone(query, seed, at, reg, unreg, follow):
     """The property: a moved query that reads the derived events of a feedback query registered (and later
-    unregistered) before or after the move has the matches it has alone beside that feedback query."""
+    unregistered, the children told by ``drop`` or, as a start does, by ``follow``) before or after the move has
+    the matches it has alone beside that feedback query."""
     events = stream(40, seed)
     expected: list[dict] = []
     engine = Engine()
@@ -133,6 +135,8 @@ def test_a_moved_query_reads_the_derived_events_of_feedback_queries_as_alone(que
             iso.move(engine, qid)
         elif isinstance(step, tuple) and step[0] == "registered":
             iso.registered(engine, [step[1]])
+        elif isinstance(step, tuple) and follow:
+            iso.follow(engine)
         elif isinstance(step, tuple):
             iso.drop(step[1])
 

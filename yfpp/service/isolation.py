@@ -341,6 +341,13 @@ class Isolation:
             out.append((iso, path))
         return out
 
+    def follow(self, engine: Engine) -> None:
+        """(holding ``engine_lock``, or before the engine thread starts) Every feedback query the children run
+        that ``engine`` no longer has (say one a start unregistered from its restored checkpoint) unregistered
+        in them."""
+        for qid in self._feedback - set(engine.feedback.order.values()):
+            self.drop(qid)
+
     def drop(self, qid: int) -> None:
         """(holding ``engine_lock``, query ``qid`` unregistered from the main engine) Stop its child, if it has
         one; a feedback query is unregistered in every child, at this point of their streams."""
@@ -433,7 +440,7 @@ def _child(engine: Engine, qid: int, name: str, inbox: Connection, out: Connecti
                 engine.advance_time(msg[1], results)
             except Exception:
                 pass
-        elif msg[0] == "register":  # (a feedback query the service's engine took: it took it alike)
+        elif msg[0] == "register" and msg[1] not in engine.sources:  # (a feedback query the service's engine took)
             engine.register(msg[2], msg[3], query_id=msg[1])
         elif msg[0] == "unregister":
             if msg[1] in engine.sources:

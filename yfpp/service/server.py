@@ -432,6 +432,7 @@ class Service:
                         sub.deliver(result)
             for qid in restored.values():  # in the checkpoint but deleted since (or not loaded)
                 engine.unregister(qid)
+            self.isolation.follow(engine)  # (the feedback queries unregistered here, in the children too)
         finally:
             gc.enable()
         gc.freeze()  # (the queries live as long as the service: no collection need look at them again)
