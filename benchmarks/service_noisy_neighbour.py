@@ -16,7 +16,10 @@ issue's case); the third run has the service suspend a subscription taking more
 than ``--max-cpu-share`` of the engine's time, the fourth move it to an
 isolation engine instead (``--max-isolated 1``), the fifth start it in one
 (``--isolate-degree 1``: its estimated degree is 2), the sixth as well, its
-child at ``--isolation-priority idle`` (SCHED_IDLE) rather than nice 10. Each run lasts
+child at ``--isolation-priority idle`` (SCHED_IDLE) rather than nice 10; the
+seventh is the sixth with a TCP sink for the heavy subscription (read and
+thrown away by this script), so that the service routes each of its results
+rather than counting them dropped. Each run lasts
 ``--seconds``; a ping not answered within 30 s ends the run.
 
 ``--runs`` picks the runs (``alone`` is always one of them) and ``--rounds``
@@ -25,7 +28,7 @@ divided by the ``alone`` p99 of its own round, and the summary gives the median
 of those ratios, so that one noisy stretch of a shared host does not decide it.
 
     python benchmarks/service_noisy_neighbour.py --seconds 8 --rate 2000 --b-every 500 --max-cpu-share 0.5
-    python benchmarks/service_noisy_neighbour.py --seconds 8 --rounds 5 --runs isolated idle
+    python benchmarks/service_noisy_neighbour.py --seconds 8 --rounds 5 --runs isolated idle idle-sink
 """
 
 from __future__ import annotations
@@ -92,15 +95,35 @@ class Service:
         self.proc.wait(30)
 
 
-def run(heavy: bool, label: str, flags: list[str], args: argparse.Namespace) -> dict:
+def drain(listener: socket.socket) -> None:
+    """Read and throw away what the sink connections to ``listener`` send, until it is closed."""
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return
+        with conn:
+            while conn.recv(1 << 20):
+                pass
+
+
+def run(heavy: str | None, label: str, flags: list[str], args: argparse.Namespace) -> dict:
+    """One run: the light subscription, and the heavy one (``heavy``: None, "no sink" or "tcp sink")."""
     svc = Service(*flags)
+    heavy_sink = socket.socket()
     try:
         sink = socket.socket()
         sink.bind(("127.0.0.1", 0))
         sink.listen()
         api(svc.port, "POST", "/subscriptions", {"query": "PATTERN SEQ(ping p)", "name": "light",
                                                  "sink": f"tcp://127.0.0.1:{sink.getsockname()[1]}"})
-        if heavy:
+        if heavy == "tcp sink":
+            heavy_sink.bind(("127.0.0.1", 0))
+            heavy_sink.listen()
+            threading.Thread(target=drain, args=(heavy_sink,), daemon=True).start()
+            api(svc.port, "POST", "/subscriptions", {"query": "//a//b", "name": "heavy",
+                                                     "sink": f"tcp://127.0.0.1:{heavy_sink.getsockname()[1]}"})
+        elif heavy:
             api(svc.port, "POST", "/subscriptions", {"query": "//a//b", "name": "heavy"})
         feed = socket.create_connection(("127.0.0.1", svc.feed))
         lock = threading.Lock()
@@ -162,6 +185,7 @@ def run(heavy: bool, label: str, flags: list[str], args: argparse.Namespace) -> 
         sink.close()
     finally:
         svc.stop()
+        heavy_sink.close()
     latencies.sort()
 
     def pick(q: float) -> float:
@@ -174,14 +198,16 @@ def run(heavy: bool, label: str, flags: list[str], args: argparse.Namespace) -> 
             "suspended": [s["name"] for s in usage if s["suspended"]]}
 
 
+ISOLATED = ["--max-isolated", "1", "--isolate-degree", "1"]
 RUNS = {  # name: (label, heavy, flags given --max-cpu-share's)
-    "alone": ("alone", False, lambda share: []),
-    "beside": ("beside //a//b", True, lambda share: []),
-    "suspended": ("beside, max-cpu-share {share}", True, lambda share: ["--max-cpu-share", share]),
-    "moved": ("beside, moved (max-isolated 1)", True, lambda share: ["--max-cpu-share", share, "--max-isolated", "1"]),
-    "isolated": ("beside, isolated (isolate-degree 1)", True, lambda share: ["--max-isolated", "1", "--isolate-degree", "1"]),
-    "idle": ("beside, isolated, priority idle", True,
-             lambda share: ["--max-isolated", "1", "--isolate-degree", "1", "--isolation-priority", "idle"]),
+    "alone": ("alone", None, lambda share: []),
+    "beside": ("beside //a//b", "no sink", lambda share: []),
+    "suspended": ("beside, max-cpu-share {share}", "no sink", lambda share: ["--max-cpu-share", share]),
+    "moved": ("beside, moved (max-isolated 1)", "no sink", lambda share: ["--max-cpu-share", share, "--max-isolated", "1"]),
+    "isolated": ("beside, isolated (isolate-degree 1)", "no sink", lambda share: ISOLATED),
+    "idle": ("beside, isolated, priority idle", "no sink", lambda share: [*ISOLATED, "--isolation-priority", "idle"]),
+    "idle-sink": ("beside, isolated idle, heavy TCP sink", "tcp sink",
+                  lambda share: [*ISOLATED, "--isolation-priority", "idle"]),
 }
 
 

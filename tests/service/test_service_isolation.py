@@ -304,3 +304,25 @@ def test_the_isolation_engines_run_at_the_configured_cpu_priority(tmp_path, prio
         else:
             mine = os.getpriority(os.PRIO_PROCESS, 0)
             wait_for(lambda: os.getpriority(os.PRIO_PROCESS, child["pid"]) == min(19, mine + 10), what="the child niced")
+
+
+def test_an_isolated_querys_results_with_no_destination_are_counted_and_with_one_delivered(tmp_path, listeners):
+    """The service unpickles a child's results only for a subscription with a destination; the counts are those
+    of a query in the main engine either way."""
+    out = listeners()
+    events = stream(200, 5)
+    with BackgroundService(config(tmp_path, isolate_degree=1)) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        c.subscribe("//a//b", name="heavy")  # isolated from the start; no sink, no stream
+        c.post_events(jsonl(events[:100]))
+        first = len(alone("//a//b", events[:100]))
+        counters = wait_for(lambda: (k := c.subscription("s1")["counters"])["matches"] == first and k, what="counted")
+        assert counters["dropped"] == first and counters["delivered"] == 0
+        c._request("PUT", "/subscriptions/s1", json.dumps({"query": "//a//b", "sink": out.url}).encode())
+        assert c.subscription("s1")["usage"]["engine"] == "isolated"
+        c.post_events(jsonl(events[100:]))
+        expected = [k for k in alone("//a//b", events) if k not in set(alone("//a//b", events[:100]))]
+        assert sorted(key(json.loads(x)) for x in out.wait_lines(len(expected))) == sorted(expected)
+        counters = wait_for(lambda: (k := c.subscription("s1")["counters"])["delivered"] == len(expected) and k,
+                            what="delivered")
+        assert counters["matches"] == first + len(expected) and counters["dropped"] == first

@@ -13,8 +13,12 @@ main engine's. A feedback query itself is never moved (:data:`FEEDBACK_STAYS`). 
 engine takes, and each ``advance_time``, goes to the child too, in the same
 order: so the child numbers the events as the main engine does, and the
 query's matches are exactly those it has alone. The child sends its results
-(only the moved query's, :data:`RESULT_CHUNK` at a time) and, once a second,
-its usage back; the service routes them as its own.
+(only the moved query's, :data:`RESULT_CHUNK` at a time, each chunk pickled
+by the child: :class:`Packed`) and, once a second, its usage back; the service
+routes them as its own, unpickling a chunk only when it has a destination (a
+chunk of a subscription with no push sink and no pull stream is counted as
+made and dropped, never unpickled: it costs the service's threads almost
+nothing).
 
 Per child, two threads of the service: a sender (pickles what the engine
 thread queued and writes it to the child: the engine thread never waits for
@@ -39,6 +43,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import queue
 import tempfile
 import threading
@@ -67,22 +72,40 @@ FEEDBACK_STAYS = ("a feedback query is not moved to an isolation engine: its der
                   "engine's stream right after the event that made them, which a child process cannot do (and "
                   "every isolation engine runs its own copy of it)")
 
-Deliver = Callable[[list[dict], "float | None"], None]  #: results (and when their event arrived) to the service
+Deliver = Callable[["Packed", "float | None"], None]  #: results (and when their event arrived) to the service
+Unwanted = Callable[[str, int], bool]  #: (query name, n): whether n results of it have no destination (counted then)
+
+
+class Packed:
+    """A chunk of one isolated query's results as the child pickled them: unpickled when first iterated."""
+
+    __slots__ = ("query", "n", "_payload")
+
+    def __init__(self, query: str, n: int, payload: bytes):
+        self.query, self.n, self._payload = query, n, payload
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Any:
+        return iter(pickle.loads(self._payload))
 Failed = Callable[[str, str], None]  #: (query name, why) of an isolated query that no longer runs
 
 
 class Returns:
     """The children's results, handed from their readers to the loop, where ``route`` takes them :data:`TURN`
-    at a time (a reader waits while :data:`HELD` wait)."""
+    at a time (a reader waits while :data:`HELD` wait); a chunk ``unwanted`` says has no destination is not
+    unpickled (``unwanted`` counts it)."""
 
-    def __init__(self, route: Deliver, loop: Callable[[], Any]):
-        self._route, self._loop = route, loop
-        self._batches: deque[tuple[list[dict], float | None]] = deque()
+    def __init__(self, route: Callable[[Packed, float | None], None], loop: Callable[[], Any],
+                 unwanted: Unwanted = lambda query, n: False):
+        self._route, self._loop, self._unwanted = route, loop, unwanted
+        self._batches: deque[tuple[Packed, float | None]] = deque()
         self._held = 0
         self._room = threading.Condition()
         self._scheduled = False
 
-    def put(self, results: list[dict], arrived: float | None) -> None:
+    def put(self, results: Packed, arrived: float | None) -> None:
         """(a reader) Queue results for the loop."""
         loop = self._loop()
         if loop is None:
@@ -109,7 +132,8 @@ class Returns:
                 results, arrived = self._batches.popleft()
                 self._held -= len(results)
                 self._room.notify_all()
-            self._route(results, arrived)
+            if not self._unwanted(results.query, len(results)):
+                self._route(results, arrived)
             n += len(results)
         self._loop().call_soon(self.drain)
 
@@ -240,7 +264,7 @@ class Isolated:
             while True:
                 msg = self._from.recv()
                 if msg[0] == "results":
-                    self._deliver(msg[2], msg[1])  # (Returns.put)
+                    self._deliver(Packed(self.name, msg[2], msg[3]), msg[1])  # (Returns.put)
                 elif msg[0] == "usage":
                     self.usage = {**msg[1], "engine": "isolated", "pid": self.pid}
                 elif msg[0] == "checkpointed":
@@ -448,7 +472,9 @@ def _child(engine: Engine, qid: int, name: str, inbox: Connection, out: Connecti
         mine = [r for r in results if r.get("query") == name]
         results.clear()
         for i in range(0, len(mine), RESULT_CHUNK):
-            out.send(("results", msg[1] if msg[0] == "events" else None, mine[i:i + RESULT_CHUNK]))
+            chunk = mine[i:i + RESULT_CHUNK]
+            out.send(("results", msg[1] if msg[0] == "events" else None, len(chunk),
+                      pickle.dumps(chunk, pickle.HIGHEST_PROTOCOL)))
         if time.monotonic() >= next_usage:
             next_usage = time.monotonic() + USAGE_EVERY
             rt = engine.runtime

@@ -32,7 +32,7 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import uvicorn
 from pydantic import ValidationError
@@ -130,7 +130,8 @@ class Service:
         self._events_before = self.engine.next_seq  # events the restored state had taken
         self.totals = Totals()  #: counts over every subscription held since the start (the metrics' totals)
         self.usage = Usage()  #: each query's runs and CPU, sampled by the engine thread
-        self.returns = Returns(self._route_batch, lambda: self.loop)  #: the isolation engines' results to the loop
+        #: the isolation engines' results to the loop
+        self.returns = Returns(self._route_batch, lambda: self.loop, self._unwanted)
         self.isolation = Isolation(self.returns.put, self._isolation_failed, config.max_isolated,
                                    config.isolation_priority)
         self.usage.elsewhere = self.isolation.usages
@@ -979,13 +980,19 @@ class Service:
         for batch, arrived in batches:
             self._route_batch(batch, arrived)
 
-    def _route_batch(self, batch: list[dict], arrived: float | None) -> None:
+    def _route_batch(self, batch: Iterable[dict], arrived: float | None) -> None:
         """On the loop: results of one batch of events, which arrived at ``arrived``, to their subscriptions."""
         by_name = self.by_name
         for r in batch:
             sub = by_name.get(r["query"])
             if sub is not None:
                 sub.deliver(r, arrived)
+
+    def _unwanted(self, name: str, n: int) -> bool:
+        """(the loop) Whether ``n`` results of query ``name``, from its isolation engine, have no destination
+        (counted then: :meth:`Subscription.discard`)."""
+        sub = self.by_name.get(name)
+        return sub is None or sub.discard(n)
 
     def save_checkpoint(self, wait: bool = True) -> bool:
         """Checkpoint the engine state as it is now (engine thread, or with the engine stopped): a child process

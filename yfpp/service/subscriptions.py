@@ -163,6 +163,15 @@ class Subscription(_Counted):
         for listener in self.listeners:
             listener.offer(result, arrived)
 
+    def discard(self, n: int) -> bool:
+        """``n`` results made: counted as :meth:`deliver` counts them with no destination (``matches`` and
+        ``dropped``) if it has none (True), else not counted (False: :meth:`deliver` them)."""
+        if self.outbox is not None or self.listeners:
+            return False
+        self.counters.add("matches", n)
+        self.counters.add("dropped", n)
+        return True
+
     def requeue(self, result: dict) -> None:
         """A result kept by a checkpoint or at a stop, counted in the counts restored with it: queued again."""
         if self.outbox is not None:
