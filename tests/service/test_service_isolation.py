@@ -326,3 +326,28 @@ def test_an_isolated_querys_results_with_no_destination_are_counted_and_with_one
         counters = wait_for(lambda: (k := c.subscription("s1")["counters"])["delivered"] == len(expected) and k,
                             what="delivered")
         assert counters["matches"] == first + len(expected) and counters["dropped"] == first
+
+
+def test_a_pull_stream_gets_an_isolated_querys_results(tmp_path):
+    import threading
+
+    events = stream(120, 9)
+    expected = alone("//a//b", events)
+    got: list[tuple] = []
+    with BackgroundService(config(tmp_path, isolate_degree=1)) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        c.subscribe("//a//b", name="heavy")  # isolated from the start; no push sink
+
+        def read() -> None:
+            for r in Client(c.url).matches("s1", timeout=TIMEOUT):
+                got.append(key(r))
+                if len(got) == len(expected):
+                    return
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        wait_for(lambda: c.subscription("s1")["counters"]["listeners"] == 1, what="the stream open")
+        c.post_events(jsonl(events))
+        reader.join(6 * TIMEOUT)
+        assert sorted(got) == expected
+        assert c.subscription("s1")["counters"]["dropped"] == 0
