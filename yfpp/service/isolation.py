@@ -130,6 +130,8 @@ def unpack(t: tuple) -> Event:
 class Isolated:
     """One query in a child process: what the service holds of it."""
 
+    backlog = BACKLOG  #: events queued for the child before :meth:`feed` refuses more
+
     def __init__(self, qid: int, name: str, source: tuple, pid: int, to_child: Connection, from_child: Connection,
                  deliver: Deliver, failed: Failed):
         self.qid, self.name, self.source, self.pid = qid, name, source, pid
@@ -147,9 +149,9 @@ class Isolated:
         self._reader.start()
 
     def feed(self, arrived: float | None, packed: list[tuple]) -> bool:
-        """(engine thread) Queue a batch for the child; False when it is :data:`BACKLOG` events behind."""
+        """(engine thread) Queue a batch for the child; False when it is :attr:`backlog` events behind."""
         with self._wake:
-            if self._queued + len(packed) > BACKLOG:
+            if self._queued + len(packed) > self.backlog:
                 return False
             self._queue.append(("events", arrived, packed))
             self._queued += len(packed)
@@ -196,6 +198,9 @@ class Isolated:
     def info(self) -> dict[str, Any]:
         return {"name": self.name, "pid": self.pid, "queued_events": self._queued, **self.usage}
 
+    def took(self, msg: tuple) -> None:
+        """(the reader) A message of the child's not handled here (a subclass's)."""
+
     def _send(self) -> None:
         try:
             while True:
@@ -205,6 +210,7 @@ class Isolated:
                     msg = self._queue.popleft()
                     if msg[0] == "events":
                         self._queued -= len(msg[2])
+                        self._wake.notify_all()  # (a feed waiting for room: yfpp.service.worker_engines)
                 self._to.send(msg)
                 if msg[0] == "stop":
                     break
@@ -240,6 +246,8 @@ class Isolated:
                     self._acks.put(msg[1])
                 elif msg[0] == "error":
                     why = f"its isolation engine failed: {msg[1]}"
+                else:
+                    self.took(msg)
         except (EOFError, OSError):
             pass
         finally:
@@ -279,27 +287,8 @@ class Isolation:
         process of its own, fed from now on (OSError if no process can be made)."""
         source = engine.sources[qid]
         name = str(engine.queries[qid].name if qid in engine.queries else engine.set_queries[qid].plan.name)
-        in_r, in_w = _pipe()
-        out_r, out_w = _pipe()
-        tempfile._get_candidate_names()  # type: ignore[attr-defined]  # (made before the fork: no lock to inherit)
-        pid = os.fork()
-        if pid == 0:  # the child
-            code = 0
-            try:
-                _close_all_but({in_r.fileno(), out_w.fileno(), 0, 1, 2})
-                os.nice(NICE)
-                _child(engine, qid, name, in_r, out_w)
-            except BaseException as e:
-                code = 1
-                try:
-                    out_w.send(("error", f"{type(e).__name__}: {e}"[:500]))
-                except OSError:
-                    pass
-            finally:
-                os._exit(code)
-        in_r.close()
-        out_w.close()
-        iso = self.by_qid[qid] = Isolated(qid, name, source, pid, in_w, out_r, self._deliver, self._failed)
+        pid, to_child, from_child = fork_child(lambda inbox, out: _child(engine, qid, name, inbox, out), NICE)
+        iso = self.by_qid[qid] = Isolated(qid, name, source, pid, to_child, from_child, self._deliver, self._failed)
         return iso
 
     def feed(self, arrived: float | None, events: list[Event] | tuple[Event, ...]) -> list[Isolated]:
@@ -351,6 +340,34 @@ class Isolation:
 def state_path(directory: Path, qid: int) -> Path:
     """Where the checkpoint of the isolation engine of query ``qid`` goes."""
     return directory / f"isolated-q{qid}.json"
+
+
+def fork_child(run: Callable[[Connection, Connection], None], nice: int = 0) -> tuple[int, Connection, Connection]:
+    """A child process (of the service, forked: it has the parent's engines as they are) that runs ``run(inbox,
+    out)``, then ends (a failure sent as ``("error", why)``), ``nice`` lower in priority: its pid and the
+    parent's ends of the pipes to and from it (OSError if no process can be made)."""
+    in_r, in_w = _pipe()
+    out_r, out_w = _pipe()
+    tempfile._get_candidate_names()  # type: ignore[attr-defined]  # (made before the fork: no lock to inherit)
+    pid = os.fork()
+    if pid == 0:  # the child
+        code = 0
+        try:
+            _close_all_but({in_r.fileno(), out_w.fileno(), 0, 1, 2})
+            if nice:
+                os.nice(nice)
+            run(in_r, out_w)
+        except BaseException as e:
+            code = 1
+            try:
+                out_w.send(("error", f"{type(e).__name__}: {e}"[:500]))
+            except OSError:
+                pass
+        finally:
+            os._exit(code)
+    in_r.close()
+    out_w.close()
+    return pid, in_w, out_r
 
 
 def _pipe() -> tuple[Connection, Connection]:

@@ -1,0 +1,230 @@
+"""Worker engines (``yfpp serve --workers N``, yfpp.service.worker_engines): the subscriptions' queries spread
+over N engines, each fed every event, give each subscription exactly the matches it has in one engine, with
+queries registered, changed and removed while events flow, across checkpoints and restores. Real sockets on
+127.0.0.1, each wait bounded; the children are stopped with their service (or by pid)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from collections import defaultdict
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("fastapi", reason="the service needs pip install -e '.[serve]' in yfpp's clone")
+
+from tests.service_helpers import jsonl, listeners, scrape, wait_for  # noqa: E402,F401
+from yfpp.engine import Engine  # noqa: E402
+from yfpp.errors import YfppError  # noqa: E402
+from yfpp.input.events import Event  # noqa: E402
+from yfpp.language.query_text import parse_written_query  # noqa: E402
+from yfpp.service.client import Client, ServiceError  # noqa: E402
+from yfpp.service.config import ServiceConfig  # noqa: E402
+from yfpp.service.server import BackgroundService  # noqa: E402
+from yfpp.service.worker_engines import WorkerEngines  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="worker engines are forked")
+
+QUERIES = ["//a//b", "PATTERN SEQ(a x, b y) WHERE x.v = y.v", "PATTERN SEQ(a x, c+ y[], b z) WITHIN 6",
+           "PATTERN SEQ(a x, ~(c y), b z)", "//a[@v = 1]//c//b", "PATTERN SEQ({c x, a y}, b z) WITHIN 5",
+           "PATTERN SEQ(b x, a y) WHERE [v] WITHIN 4"]
+
+
+def pattern(query: str):
+    return parse_written_query(query, "sase" if query.startswith("PATTERN") else "xpath", "s", None)
+
+
+def stream(n: int, seed: int) -> list[dict]:
+    import random
+
+    rnd = random.Random(seed)
+    return [{"type": rnd.choice("aabc"), "ts": i, "v": rnd.randint(0, 2)} for i in range(n)]
+
+
+def key(r: dict) -> tuple:
+    return r["query"], r["id"], json.dumps(r["bindings"], sort_keys=True)
+
+
+# a step: ("add", query index) / ("remove", which of those registered) / ("events", how many)
+STEPS = st.lists(st.one_of(st.tuples(st.just("add"), st.integers(0, len(QUERIES) - 1)),
+                           st.tuples(st.just("remove"), st.integers(0, 10)),
+                           st.tuples(st.just("events"), st.integers(1, 15))), min_size=1, max_size=14)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(STEPS, st.integers(0, 2**16), st.integers(2, 3))
+def test_spread_over_workers_each_query_has_one_engines_matches(steps, seed, n):
+    """The property: queries registered and removed between events, spread over ``n`` engines (children
+    forked after the first registrations), have exactly the matches (per query) they have in one engine."""
+    events = iter(stream(200, seed))
+    got: list[dict] = []
+    failed: list[str] = []
+    lock = threading.Lock()
+    one, main = Engine(), Engine()
+    spread = WorkerEngines(n, main, {}, {}, None, lambda rs, arrived: got.extend(rs), lambda name, why: failed.append(why))
+    expected: list[dict] = []
+    live: list[tuple[int, int]] = []  # (id in one, id in spread)
+    try:
+        for i, (kind, arg) in enumerate(steps):
+            if not spread.workers and (i == len(steps) // 2 or kind == "events"):  # (as the service: before events)
+                spread.launch()
+            if kind == "add":
+                name = f"q{i}"
+                (qid,) = spread.register_many([(pattern(QUERIES[arg]), name, None)], lock)
+                live.append((one.register(pattern(QUERIES[arg]), name), qid))
+            elif kind == "remove" and live:
+                a, b = live.pop(arg % len(live))
+                one.unregister(a)
+                with lock:
+                    spread.unregister(b)
+            elif kind == "events":
+                for e in [next(events) for _ in range(arg)]:
+                    one.process_batch((Event.from_dict(e),), expected)
+                    ev = Event.from_dict(e)
+                    main.process_batch((ev,), got)
+                    spread.feed(None, [ev])
+        one.advance_time(1e6, expected)
+        main.advance_time(1e6, got)
+        spread.advance(1e6)
+        if not spread.workers:
+            spread.launch()
+        # (a registration after the last message: answered once the child has all before it)
+        spread.register_many([(pattern("//z"), f"last{i}", None) for i in range(n)], lock)
+    finally:
+        spread.close()
+    assert failed == []
+    assert sorted(map(key, got)) == sorted(map(key, expected))
+
+
+def test_queries_are_spread_and_a_feedback_query_is_refused():
+    lock = threading.Lock()
+    spread = WorkerEngines(3, Engine(), {}, {}, None, lambda rs, arrived: None, lambda name, why: None)
+    try:
+        ids = spread.register_many([(pattern(q), f"q{i}", None) for i, q in enumerate(QUERIES[:6])], lock)
+        assert sorted(spread.share_of[q] for q in ids) == [0, 0, 1, 1, 2, 2]
+        (refused,) = spread.register_many([(pattern("PATTERN SEQ(a x, b y) RETURN ab(v = x.v) FEEDBACK"), "fb", None)], lock)
+        assert isinstance(refused, YfppError) and "--workers 1" in str(refused)
+    finally:
+        spread.close()
+
+
+# --- the service ----------------------------------------------------------------------------
+
+
+def config(tmp_path, **kw) -> ServiceConfig:
+    opts = dict(port=0, jsonl_port=0, state=str(tmp_path / "state"), dead_letters=str(tmp_path / "dead.jsonl"),
+                log_level="warning", workers=2)
+    opts.update(kw)
+    cfg = ServiceConfig(**opts)
+    cfg.check()
+    return cfg
+
+
+def so_far(queries: dict[str, str], events: list[dict]) -> dict[str, set]:
+    """Each query's matches in one engine, with no time advanced past the last event."""
+    engine = Engine()
+    for name, q in queries.items():
+        engine.register(pattern(q), name)
+    out: list[dict] = []
+    engine.process_batch([dict(e) for e in events], out)
+    by: dict[str, set] = defaultdict(set)
+    for r in out:
+        by[r["query"]].add(key(r))
+    return by
+
+
+def test_the_service_with_two_workers_gives_each_subscription_one_engines_matches(tmp_path, listeners):
+    queries = {f"q{i}": q for i, q in enumerate(QUERIES)}
+    outs = {name: listeners() for name in queries}
+    events = stream(300, 3)
+    expected = so_far(queries, events)  # (a stop does not end stream time: the matches made so far)
+    assert all(expected[name] for name in ("q0", "q1", "q5"))  # (the queries do match)
+    with BackgroundService(config(tmp_path)) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        for name, q in queries.items():
+            c.subscribe(q, name=name, sink=outs[name].url)
+        main = {p.name for p in [*svc.engine.queries.values(), *(m.plan for m in svc.engine.set_queries.values())]}
+        assert 0 < len(main) < len(queries)  # (the others: the child's)
+        (child,) = c.health()["workers"]
+        c.post_events(jsonl(events))
+        for name in queries:
+            outs[name].wait_lines(len(expected[name]))
+            assert {key(json.loads(x)) for x in outs[name].lines} == expected[name], name
+        sid = next(s["id"] for s in c.subscriptions() if s["name"] not in main)
+        usage = wait_for(lambda: (u := c.subscription(sid)["usage"])["engine"] == "worker 1" and u, what="its usage")
+        assert usage["pid"] == child["pid"] and usage["cpu_s"] >= 0
+        assert scrape(svc.port)["yfpp_live_runs"] == svc.live_runs
+
+
+def test_put_delete_and_a_refused_feedback_query_with_workers(tmp_path, listeners):
+    out = listeners()
+    with BackgroundService(config(tmp_path)) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        c.subscribe("PATTERN SEQ(c x)", name="first")
+        c.subscribe("PATTERN SEQ(c x)", name="second", sink=out.url)  # (the child's: the main engine has one)
+        assert [p.name for p in svc.engine.queries.values()] == ["first"]
+        with pytest.raises(ServiceError) as refused:
+            c.subscribe("PATTERN SEQ(a x, b y) RETURN ab(v = x.v) FEEDBACK", name="fb")
+        assert refused.value.status == 400 and "--workers 1" in str(refused.value.body)
+        c.post_events(jsonl([{"type": "c", "ts": 1}]))
+        assert [json.loads(x)["query"] for x in out.wait_lines(1)] == ["second"]
+        c._request("PUT", "/subscriptions/s2", json.dumps({"query": "PATTERN SEQ(b x)"}).encode())
+        c.post_events(jsonl([{"type": "c", "ts": 2}, {"type": "b", "ts": 3}]))
+        assert json.loads(out.wait_lines(2)[1])["start"] == 3  # (the changed query's: c no longer matches)
+        c.unsubscribe("s2")
+        c.post_events(jsonl([{"type": "b", "ts": 4}]))
+        wait_for(lambda: svc.events_in == 4, what="the events taken")
+        assert svc.workers.share_of == {0: 0} and svc.status == "ok"
+
+
+def test_checkpoints_with_workers_restore_each_share_and_fewer_workers_are_refused(tmp_path, listeners):
+    queries = {f"q{i}": q for i, q in enumerate(QUERIES[:4])}
+    outs = {name: listeners() for name in queries}
+    events = stream(240, 11)
+    with BackgroundService(config(tmp_path)) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        for name, q in queries.items():
+            c.subscribe(q, name=name, sink=outs[name].url)
+        c.post_events(jsonl(events[:80]))
+        wait_for(lambda: svc.events_in == 80, what="the first events taken")
+        assert svc.save_checkpoint()  # (a periodic checkpoint: the child writes its share at the same point)
+        c.post_events(jsonl(events[80:160]))
+        wait_for(lambda: svc.events_in == 160, what="the next events taken")
+    state = tmp_path / "state"
+    assert [p.name for p in state.glob("worker-*.json")] == ["worker-1.json"]
+    with pytest.raises(YfppError, match="--workers 2"):
+        BackgroundService(config(tmp_path, workers=1))
+    with BackgroundService(config(tmp_path, workers=3)) as svc:  # (more workers: the new share starts empty)
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        assert sorted(svc.workers.share_of.values()) == [0, 0, 1, 1]
+        c.post_events(jsonl(events[160:]))
+        expected = so_far(queries, events)
+        for name in queries:  # (a result kept at a stop may come twice)
+            wait_for(lambda: len({key(r) for r in outs[name].results()}) >= len(expected[name]), what=name)
+            assert {key(r) for r in outs[name].results()} == expected[name], name
+
+
+def test_a_worker_that_dies_fails_the_service(tmp_path):
+    with BackgroundService(config(tmp_path)) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        (child,) = c.health()["workers"]
+        os.kill(child["pid"], signal.SIGKILL)
+        wait_for(lambda: svc.failed is not None, what="the service failed")
+        assert "worker engine" in svc.failed
+
+
+@pytest.mark.parametrize("kw, message", [({"workers": 0}, "at least 1"), ({"workers": "many"}, "auto"),
+                                         ({"workers": 2, "max_isolated": 1}, "max_isolated")])
+def test_the_configuration_refuses_bad_workers(kw, message):
+    with pytest.raises(YfppError, match=message):
+        ServiceConfig(**kw).check()
+
+
+def test_workers_auto_is_the_cores_available():
+    cfg = ServiceConfig(workers="auto")
+    cfg.check()
+    assert cfg.workers == len(os.sched_getaffinity(0))
