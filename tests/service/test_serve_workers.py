@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 import threading
 from collections import defaultdict
 
@@ -104,8 +105,8 @@ def test_queries_are_spread_and_a_feedback_query_is_refused():
     lock = threading.Lock()
     spread = WorkerEngines(3, Engine(), {}, {}, None, lambda rs, arrived: None, lambda name, why: None)
     try:
-        ids = spread.register_many([(pattern(q), f"q{i}", None) for i, q in enumerate(QUERIES[:6])], lock)
-        assert sorted(spread.share_of[q] for q in ids) == [0, 0, 1, 1, 2, 2]
+        ids = spread.register_many([(pattern(QUERIES[i % 3]), f"q{i}", None) for i in range(10)], lock)
+        assert sorted(spread.share_of[q] for q in ids) == [0, 0, 1, 1, 1, 1, 2, 2, 2, 2]  # (the main: half a child's)
         (refused,) = spread.register_many([(pattern("PATTERN SEQ(a x, b y) RETURN ab(v = x.v) FEEDBACK"), "fb", None)], lock)
         assert isinstance(refused, YfppError) and "--workers 1" in str(refused)
     finally:
@@ -228,3 +229,23 @@ def test_workers_auto_is_the_cores_available():
     cfg = ServiceConfig(workers="auto")
     cfg.check()
     assert cfg.workers == len(os.sched_getaffinity(0))
+
+
+def test_a_query_over_its_cpu_share_in_a_worker_is_suspended_and_the_others_go_on(tmp_path, listeners):
+    out = listeners()
+    with BackgroundService(config(tmp_path, max_cpu_share=0.5)) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        for name, q in (("light0", "PATTERN SEQ(ping p)"), ("heavy", "//a//b"), ("light1", "PATTERN SEQ(ping p)")):
+            c.subscribe(q, name=name, sink=out.url if name == "light1" else None)
+        assert svc.workers.share_of == {0: 0, 1: 1, 2: 1}  # (heavy and light1: the child's)
+        ts = 0
+        end = time.monotonic() + 60
+        while c.subscription("s2")["suspended"] is None:
+            assert time.monotonic() < end, "the heavy subscription was never suspended"
+            ts += 301
+            c.post_events(jsonl([{"type": "a", "ts": ts - 301 + i} for i in range(300)] + [{"type": "b", "ts": ts}]))
+            wait_for(lambda: svc.workers.workers[0].events_in == svc.events_in, 30, "the child caught up")
+        assert "max_cpu_share" in c.subscription("s2")["suspended"]
+        c.post_events(jsonl([{"type": "ping", "ts": ts + 1}]))
+        assert [json.loads(x)["query"] for x in out.wait_lines(1)] == ["light1"]
+        assert svc.workers.share_of == {0: 0, 2: 1} and svc.status == "ok"

@@ -4,7 +4,7 @@ queries over N engines, each fed every event.
 Share 0 is the service's own engine (the engine thread runs it); shares 1 … N-1
 are engines in child processes, forked once the stored subscriptions are
 registered (:meth:`WorkerEngines.launch`). A new query goes to the share that
-holds the fewest; its id is given here, so that ids are unique over all
+holds the fewest (the main engine takes :data:`MAIN_SHARE` as many as a child); its id is given here, so that ids are unique over all
 shares. Every batch of events the engine thread takes, packed once
 (:func:`~yfpp.service.isolation.pack`), and each ``advance_time``, goes to
 every child in the same order, as do registrations and removals: so each child
@@ -54,6 +54,9 @@ from yfpp.service.isolation import (RESULT_CHUNK, STOP_WAIT, USAGE_EVERY, Delive
 log = logging.getLogger("yfpp.service")
 
 BACKLOG = 20_000  #: events queued for a worker before the engine thread waits for it
+#: the main engine's part of the queries against a child's: its process also reads the feeds and routes every
+#: result (benchmarks/RESULTS.md, "yfpp serve --workers")
+MAIN_SHARE = 0.5
 REPLY_WAIT = 0.1  #: seconds between looks at whether a worker that owes a reply still runs
 
 Item = tuple[Pattern, str, "str | None"]  #: a query to register: (pattern, name, policy)
@@ -75,6 +78,7 @@ class Worker(Isolated):
         self.by_name: dict[str, dict[str, Any]] = {}  #: the child's last usage sample, by query name
         self.over: list[str] = []  #: queries the child found over max_cpu_share, not yet taken (:meth:`WorkerEngines.over`)
         self.live_runs = 0
+        self.events_in = 0  #: events the child has taken (the main engine's ``events_in`` once it caught up)
         self._replies: deque[Future] = deque()  # registrations sent, in order, waiting for the child's answer
         super().__init__(-1, f"worker {share}", (), pid, to_child, from_child, deliver, failed)
         self.usage = {}
@@ -117,14 +121,16 @@ class Worker(Isolated):
     def took(self, msg: tuple) -> None:
         if msg[0] == "registered":
             self._replies.popleft().set_result(msg[1])
+        elif msg[0] == "taken":
+            self.events_in = msg[1]
         elif msg[0] == "sample":
             self.by_name = {name: {**u, "engine": f"worker {self.share}", "pid": self.pid} for name, u in msg[1].items()}
             self.over += msg[2]
             self.live_runs = msg[3]
 
     def info(self) -> dict[str, Any]:
-        return {"share": self.share, "pid": self.pid, "queued_events": self._queued, "queries": len(self.by_name),
-                "live_runs": self.live_runs}
+        return {"share": self.share, "pid": self.pid, "events_in": self.events_in, "queued_events": self._queued,
+                "queries": len(self.by_name), "live_runs": self.live_runs}
 
 
 class WorkerEngines:
@@ -169,7 +175,8 @@ class WorkerEngines:
         return ChainMap(*(e.set_queries for e in self._local))
 
     def register_many(self, items: Sequence[Item], lock: Any) -> list[int | YfppError]:
-        """Each ``(pattern, name, policy)`` registered on the share with the fewest queries, sent in one hold of
+        """Each ``(pattern, name, policy)`` registered on the share with the fewest queries (the main engine's
+        counted :data:`MAIN_SHARE` as many), sent in one hold of
         ``lock``; per item, its id or the refusal (a feedback query's, or its engine's)."""
         out: list[int | YfppError] = []
         asked: dict[int, list[tuple[int, int, Pattern, str, str | None]]] = {}
@@ -179,7 +186,7 @@ class WorkerEngines:
                     out.append(YfppError("a feedback query needs the service's engines to see its derived events: "
                                          "it runs only with --workers 1"))
                     continue
-                share = min(range(self.n), key=self._counts.__getitem__)
+                share = min(range(self.n), key=lambda k: self._counts[k] / (MAIN_SHARE if k == 0 else 1.0))
                 qid = next(self._ids)
                 out.append(qid)
                 self._took(qid, share, (pattern, None, name))
@@ -368,6 +375,8 @@ def _serve_share(engine: Engine, max_share: float | None, inbox: Connection, out
         for i in range(0, len(results), RESULT_CHUNK):
             out.send(("results", msg[1] if kind == "events" else None, results[i:i + RESULT_CHUNK]))
         results.clear()
+        if kind == "events":
+            out.send(("taken", engine.next_seq))
         if time.monotonic() >= next_usage:
             next_usage = time.monotonic() + USAGE_EVERY
             over = usage.sample(engine, max_share)
