@@ -10,7 +10,14 @@ shared machine the wall time is the machine's; *speed-up allowed on free cores*:
 busiest process's CPU at each N (what the wall time would show on free cores). The matches each N made
 are checked to be the same (the subscriptions' counters).
 
-    python benchmarks/serve_workers_benchmark.py --subs 10000 --events 20000 --workers 1 2 --rounds 2
+``--plans``: instead, in this process, the engine alone (``Engine.process_batch``, one event at a time) over
+the same events and queries, CPU per event of the whole stream: with every subscription; with each second
+subscription (what one of two engines holds when the subscriptions are spread, each fed every event);
+with every subscription over the events of half the ``tag_id`` keys (what one of two engines takes when the
+events are partitioned by the queries' equivalence key, as ``yfpp run --workers`` does).
+
+    python benchmarks/serve_workers_benchmark.py --subs 10000 --events 50000 --workers 1 2 --rounds 2
+    python benchmarks/serve_workers_benchmark.py --subs 10000 --events 20000 --plans
 """
 
 from __future__ import annotations
@@ -29,6 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import commit  # noqa: E402
 from service_scale_benchmark import BATCH, Serve, cpu_seconds  # noqa: E402
 from subscriptions_benchmark import TEMPLATES, build_events  # noqa: E402
+
+
+POLL = 0.05  #: seconds between two looks at /health (each costs the service CPU: not too often)
 
 
 def tree_cpu(pid: int) -> dict[int, float]:
@@ -59,14 +69,44 @@ def one(n: int, specs: list[dict], lines: bytes, events: int) -> dict:
             health = svc.request("GET", "/health")
             if health["events_in"] >= events and all(w["events_in"] >= events for w in health["workers"]):  # type: ignore[index]
                 break
-            time.sleep(0.01)
+            time.sleep(POLL)
         wall, cpu1 = time.perf_counter() - t0, tree_cpu(svc.proc.pid)
         spent = {p: cpu1[p] - cpu0.get(p, 0.0) for p in cpu1}
         time.sleep(1.5)  # (the matches routed and counted)
         matches = sum(s["counters"]["matches"] for s in svc.request("GET", "/subscriptions"))  # type: ignore[union-attr]
         svc.stop()
     return {"workers": n, "wall_us": 1e6 * wall / events, "cpu_us": 1e6 * sum(spent.values()) / events,
-            "longest_us": 1e6 * max(spent.values()) / events, "matches": matches}
+            "longest_us": 1e6 * max(spent.values()) / events, "matches": matches,
+            "by_process_us": [round(1e6 * spent[p] / events, 1) for p in spent]}  # (the service's first)
+
+
+def plans(specs: list[dict], events: list, rounds: int) -> None:
+    """The engine's CPU per event of the whole stream, for each plan's share of two engines (``--plans``)."""
+    import gc
+
+    from yfpp.engine import Engine
+    from yfpp.input.events import Event
+
+    cases = {"every subscription, every event": (specs, events),
+             "half the subscriptions, every event": (specs[::2], events),
+             "every subscription, half the keys' events": (specs, [ev for ev in events if ev.attrs["tag_id"] % 2])}
+    figures: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(rounds):
+        for name, (mine, evs) in cases.items():
+            engine = Engine()
+            for spec in mine:
+                engine.register(spec["query"], name=spec["name"])
+            gc.freeze()
+            out: list[dict] = []
+            t0 = time.process_time()
+            for ev in evs:
+                engine.process_batch((Event(ev.type, ev.ts, ev.attrs),), out)
+            figures[name].append(1e6 * (time.process_time() - t0) / len(events))
+    print(f"commit {commit()}  engine alone, {len(specs):,} subscriptions, {len(events):,} events")
+    print("| one of two engines holds | engine CPU µs per event of the stream (each round) |")
+    print("|---|---|")
+    for name, values in figures.items():
+        print(f"| {name} | {', '.join(f'{v:.1f}' for v in values)} |")
 
 
 def main() -> None:
@@ -76,11 +116,15 @@ def main() -> None:
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--plans", action="store_true", help="the engine alone, for each plan's share (see above)")
     args = ap.parse_args()
     s, e = args.subs, args.events
     events = build_events(e, s, s, "correlated", args.seed)
     lines = b"".join(json.dumps({"type": ev.type, "ts": ev.ts, **ev.attrs}).encode() + b"\n" for ev in events)
     specs = [{"query": TEMPLATES["sase"].format(k=k), "name": f"q{k}"} for k in range(1, s + 1)]
+    if args.plans:
+        plans(specs, events, args.rounds)
+        return
     runs = [one(n, specs, lines, e) for _ in range(args.rounds) for n in args.workers]
     assert len({r["matches"] for r in runs}) == 1, runs
     print(f"commit {commit()}  {s:,} subscriptions, {e:,} events, {runs[0]['matches']:,} matches at every N")

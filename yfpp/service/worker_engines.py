@@ -328,8 +328,8 @@ def load_kept(directory: Path, n: int, written: int, main: Engine, engine_opts: 
     for path in sorted(directory.glob("worker-*.json")):
         share = path.stem.removeprefix("worker-")
         try:
-            engine, _ = checkpoint.load(path, **engine_opts)
-            if share.isdigit() and 0 < int(share) < written and engine is not None and engine.next_seq == main.next_seq:
+            engine = checkpoint.load(path, **engine_opts)[0] if share.isdigit() and 0 < int(share) < written else None
+            if engine is not None and engine.next_seq == main.next_seq:
                 kept[int(share)] = engine
                 continue
         except (YfppError, OSError, ValueError) as e:
