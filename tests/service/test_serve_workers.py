@@ -249,3 +249,54 @@ def test_a_query_over_its_cpu_share_in_a_worker_is_suspended_and_the_others_go_o
         c.post_events(jsonl([{"type": "ping", "ts": ts + 1}]))
         assert [json.loads(x)["query"] for x in out.wait_lines(1)] == ["light1"]
         assert svc.workers.share_of == {0: 0, 2: 1} and svc.status == "ok"
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_subscriptions_added_and_deleted_between_events_match_as_in_one_engine(tmp_path, seed):
+    """The service with two workers against one engine given the same registrations and removals at the same
+    points of the stream: every subscription alive at the end has exactly one engine's matches, a deleted one
+    those it made before its removal (or fewer: the last may be dropped with it)."""
+    import random
+
+    from tests.service_helpers import LineListener
+
+    rnd = random.Random(seed)
+    events = stream(160, seed)
+    one = Engine()
+    expected: list[dict] = []
+    alive: dict[str, tuple[int, LineListener]] = {}  # name -> (id in one, its sink)
+    deleted: dict[str, LineListener] = {}
+    taken = 0
+    with BackgroundService(config(tmp_path)) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        for step in range(14):
+            if alive and rnd.random() < 0.3:
+                name = rnd.choice(sorted(alive))
+                qid, sink = alive.pop(name)
+                c.unsubscribe(next(s["id"] for s in c.subscriptions() if s["name"] == name))
+                one.unregister(qid)
+                deleted[name] = sink
+            elif rnd.random() < 0.5:
+                name, query, sink = f"q{step}", rnd.choice(QUERIES), LineListener()
+                c.subscribe(query, name=name, sink=sink.url)
+                alive[name] = (one.register(pattern(query), name), sink)
+            else:
+                batch = events[taken:taken + rnd.randint(5, 30)]
+                c.post_events(jsonl(batch))
+                one.process_batch([dict(e) for e in batch], expected)
+                taken += len(batch)
+                wait_for(lambda: svc.events_in == taken, what="the events taken")
+        by: dict[str, set] = defaultdict(set)
+        for r in expected:
+            by[r["query"]].add(key(r))
+        try:
+            for name, (_, sink) in alive.items():
+                sink.wait_lines(len(by[name]))
+                assert {key(r) for r in sink.results()} == by[name], name
+            for name, sink in deleted.items():
+                assert {key(r) for r in sink.results()} <= by[name], name
+        finally:
+            for _, sink in alive.values():
+                sink.close()
+            for sink in deleted.values():
+                sink.close()
