@@ -133,12 +133,10 @@ class Service:
         self.usage = Usage()  #: each query's runs and CPU, sampled by the engine thread
         self.returns = Returns(self._route_batch, lambda: self.loop)  #: the isolation engines' results to the loop
         self.isolation = Isolation(self.returns.put, self._isolation_failed, config.max_isolated)
+        kept = self._load_workers(engine_opts)  # (refuses a checkpoint of more workers; removes stale files)
         #: with ``workers`` > 1, the queries spread over that many engines (yfpp.service.worker_engines)
-        self.workers = (WorkerEngines(config.workers, self.engine, self._load_workers(engine_opts), engine_opts,
-                                      config.max_cpu_share, self.returns.put, self._worker_failed)
-                        if config.workers > 1 else None)
-        if self.workers is None and state is not None:
-            self._load_workers(engine_opts)  # (refuses a checkpoint of more workers; removes stale files)
+        self.workers = (WorkerEngines(config.workers, self.engine, kept, engine_opts, config.max_cpu_share,
+                                      self.returns.put, self._worker_failed) if config.workers > 1 else None)
         #: what the subscriptions' queries are registered with: the engine, or the worker engines
         self.matching: Engine | WorkerEngines = self.workers or self.engine
         self.usage.elsewhere = self.isolation.usage if self.workers is None else self.workers.usage

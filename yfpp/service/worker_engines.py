@@ -31,6 +31,7 @@ share afresh (its queries registered again) when the file does not fit.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -81,7 +82,6 @@ class Worker(Isolated):
         self.events_in = 0  #: events the child has taken (the main engine's ``events_in`` once it caught up)
         self._replies: deque[Future] = deque()  # registrations sent, in order, waiting for the child's answer
         super().__init__(-1, f"worker {share}", (), pid, to_child, from_child, deliver, failed)
-        self.usage = {}
 
     def feed(self, arrived: float | None, packed: list[tuple]) -> bool:
         """(engine thread) Queue a batch for the child, waiting while it is :data:`BACKLOG` events behind; False
@@ -189,6 +189,8 @@ class WorkerEngines:
                 share = min(range(self.n), key=lambda k: self._counts[k] / (MAIN_SHARE if k == 0 else 1.0))
                 qid = next(self._ids)
                 out.append(qid)
+                if policy is not None and policy != pattern.policy:  # (as the engine keeps it: Engine.sources)
+                    pattern = dataclasses.replace(pattern, policy=policy)
                 self._took(qid, share, (pattern, None, name))
                 if share == 0 or not self.workers:
                     try:
