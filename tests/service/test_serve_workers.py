@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 import threading
+import time
 from collections import defaultdict
 
 import pytest
@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 pytest.importorskip("fastapi", reason="the service needs pip install -e '.[serve]' in yfpp's clone")
 
-from tests.service_helpers import jsonl, listeners, scrape, wait_for  # noqa: E402,F401
+from tests.service_helpers import LineListener, jsonl, listeners, scrape, wait_for  # noqa: E402,F401
 from yfpp.engine import Engine  # noqa: E402
 from yfpp.errors import YfppError  # noqa: E402
 from yfpp.input.events import Event  # noqa: E402
@@ -257,8 +257,6 @@ def test_subscriptions_added_and_deleted_between_events_match_as_in_one_engine(t
     points of the stream: every subscription alive at the end has exactly one engine's matches, a deleted one
     those it made before its removal (or fewer: the last may be dropped with it)."""
     import random
-
-    from tests.service_helpers import LineListener
 
     rnd = random.Random(seed)
     events = stream(160, seed)

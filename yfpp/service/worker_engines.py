@@ -40,7 +40,7 @@ from concurrent.futures import Future
 from itertools import count
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from yfpp.engine import Engine
 from yfpp.errors import YfppError
