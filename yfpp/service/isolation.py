@@ -131,6 +131,7 @@ class Isolated:
     """One query in a child process: what the service holds of it."""
 
     backlog = BACKLOG  #: events queued for the child before :meth:`feed` refuses more
+    kind = "isolation engine"  #: what the child is called in what the service says of it
 
     def __init__(self, qid: int, name: str, source: tuple, pid: int, to_child: Connection, from_child: Connection,
                  deliver: Deliver, failed: Failed):
@@ -179,9 +180,9 @@ class Isolated:
                 return self._acks.get(timeout=0.1)
             except queue.Empty:
                 if not self._reader.is_alive() and self._acks.empty():
-                    return f"its isolation engine (pid {self.pid}) ended before it wrote its checkpoint"
+                    return f"its {self.kind} (pid {self.pid}) ended before it wrote its checkpoint"
                 if time.monotonic() > end:
-                    return f"its isolation engine (pid {self.pid}) wrote no checkpoint within {timeout:g} s"
+                    return f"its {self.kind} (pid {self.pid}) wrote no checkpoint within {timeout:g} s"
 
     def stop(self) -> None:
         """Tell the child to end once it has what was queued (the sender reaps it, or kills it after
@@ -234,7 +235,7 @@ class Isolated:
             pass
 
     def _read(self) -> None:
-        why = "its isolation engine ended"
+        why = f"its {self.kind} ended"
         try:
             while True:
                 msg = self._from.recv()
@@ -245,7 +246,7 @@ class Isolated:
                 elif msg[0] == "checkpointed":
                     self._acks.put(msg[1])
                 elif msg[0] == "error":
-                    why = f"its isolation engine failed: {msg[1]}"
+                    why = f"its {self.kind} failed: {msg[1]}"
                 else:
                     self.took(msg)
         except (EOFError, OSError):

@@ -784,7 +784,7 @@ class Service:
 
     def _worker_failed(self, name: str, why: str) -> None:
         """(a worker engine's reader) Its child ended: the service has failed (as when its engine thread dies)."""
-        self.failed = f"{name}: {why.replace('isolation engine', 'worker engine')}"
+        self.failed = f"{name}: {why}"
         log.critical("a worker engine ended: the service stops", extra={"error": self.failed})
         if self.loop is not None and not self.loop.is_closed():
             self.loop.call_soon_threadsafe(self.on_failure)

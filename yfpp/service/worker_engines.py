@@ -72,6 +72,7 @@ class Worker(Isolated):
     """Share ``share``'s engine in a child process: what the service holds of it."""
 
     backlog = BACKLOG
+    kind = "worker engine"
 
     def __init__(self, share: int, pid: int, to_child: Connection, from_child: Connection, deliver: Deliver,
                  failed: Failed):
@@ -116,7 +117,7 @@ class Worker(Isolated):
                 return done.result(REPLY_WAIT)
             except TimeoutError:
                 if not self._reader.is_alive() and not done.done():
-                    return [f"its worker engine (pid {self.pid}) ended"] * n
+                    return [f"its {self.kind} (pid {self.pid}) ended"] * n
 
     def took(self, msg: tuple) -> None:
         if msg[0] == "registered":
