@@ -226,9 +226,21 @@ def test_the_configuration_refuses_bad_workers(kw, message):
 
 
 def test_workers_auto_is_the_cores_available():
-    cfg = ServiceConfig(workers="auto")
-    cfg.check()
-    assert cfg.workers == len(os.sched_getaffinity(0))
+    from yfpp.cli import build_parser
+    from yfpp.service.cli import serve_config
+
+    cfg = serve_config(build_parser().parse_args(["serve", "--workers", "auto", "--no-state"]))
+    assert cfg.workers == len(os.sched_getaffinity(0)) and cfg.state is None
+
+
+def test_workers_without_state(tmp_path, listeners):
+    out = listeners()
+    with BackgroundService(config(tmp_path, state=None)) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        c.subscribe("PATTERN SEQ(c x)", name="main")
+        c.subscribe("PATTERN SEQ(a x, c y)", name="child", sink=out.url)
+        c.post_events(jsonl([{"type": "a", "ts": 1}, {"type": "c", "ts": 2}]))
+        assert [json.loads(x)["bindings"] for x in out.wait_lines(1)] == [{"x": [0], "y": [1]}]
 
 
 def test_a_query_over_its_cpu_share_in_a_worker_is_suspended_and_the_others_go_on(tmp_path, listeners):
