@@ -310,3 +310,21 @@ def test_subscriptions_added_and_deleted_between_events_match_as_in_one_engine(t
                 sink.close()
             for sink in deleted.values():
                 sink.close()
+
+
+def test_a_worker_checkpoint_that_does_not_load_starts_its_queries_afresh(tmp_path, listeners):
+    out = listeners()
+    with BackgroundService(config(tmp_path)) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        c.subscribe("PATTERN SEQ(c x)", name="main")
+        c.subscribe("PATTERN SEQ(a x, c y)", name="child", sink=out.url)
+        c.post_events(jsonl([{"type": "a", "ts": 1}]))
+        wait_for(lambda: svc.events_in == 1, what="the event taken")
+    (tmp_path / "state" / "worker-1.json").write_text("{}")
+    with BackgroundService(config(tmp_path)) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        assert sorted(s["name"] for s in c.subscriptions()) == ["child", "main"]
+        assert sorted(svc.workers.share_of.values()) == [0, 1]
+        c.post_events(jsonl([{"type": "a", "ts": 2}, {"type": "c", "ts": 3}]))
+        # (its run of the first event is lost with its checkpoint; the next ones match)
+        assert [json.loads(x)["bindings"] for x in out.wait_lines(1)] == [{"x": [1], "y": [2]}]

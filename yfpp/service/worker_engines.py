@@ -335,6 +335,9 @@ def load_kept(directory: Path, n: int, written: int, main: Engine, engine_opts: 
             if engine is not None and engine.next_seq == main.next_seq:
                 kept[int(share)] = engine
                 continue
+            if engine is not None:
+                log.warning("a worker engine's checkpoint is not at the restored stream position: its queries "
+                            "start afresh", extra={"path": str(path), "events_in": engine.next_seq})
         except (YfppError, OSError, ValueError) as e:
             log.error("a worker engine's checkpoint does not load: its queries start afresh",
                       extra={"path": str(path), "error": str(e)})
