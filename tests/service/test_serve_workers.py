@@ -5,11 +5,13 @@ queries registered, changed and removed while events flow, across checkpoints an
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
 import threading
 import time
+import weakref
 from collections import defaultdict
 
 import pytest
@@ -109,6 +111,10 @@ def test_queries_are_spread_and_a_feedback_query_is_refused():
         assert sorted(spread.share_of[q] for q in ids) == [0, 0, 1, 1, 1, 1, 2, 2, 2, 2]  # (the main: half a child's)
         (refused,) = spread.register_many([(pattern("PATTERN SEQ(a x, b y) RETURN ab(v = x.v) FEEDBACK"), "fb", None)], lock)
         assert isinstance(refused, YfppError) and "--workers 1" in str(refused)
+        gc.freeze()  # (as the service's start does)
+        children = [weakref.ref(e.runtime) for e in spread._local[1:]]
+        spread.launch()
+        assert [ref() for ref in children] == [None, None]  # (the children's engines no longer held here)
     finally:
         spread.close()
 

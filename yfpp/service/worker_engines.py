@@ -32,6 +32,7 @@ share afresh (its queries registered again) when the file does not fit.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import os
 import time
@@ -260,16 +261,21 @@ class WorkerEngines:
         be made (those started are stopped)."""
         try:
             for share in range(1, self.n):
-                engine = self._local[share]
-                pid, to_child, from_child = fork_child(
-                    lambda inbox, out: _serve_share(engine, self._max_share, inbox, out))
-                self.workers.append(Worker(share, pid, to_child, from_child, self._deliver, self._failed))
+                self.workers.append(self._start(share))
         except OSError:
             self.close()
             raise
         del self._local[1:]  # (the children have them)
+        gc.unfreeze()  # (frozen with the rest at the start, their engines hold cycles: collected here, once)
+        gc.collect()
+        gc.freeze()
         log.info("worker engines started", extra={"workers": self.n, "pids": [w.pid for w in self.workers],
                                                   "queries": self._counts})
+
+    def _start(self, share: int) -> Worker:
+        engine = self._local[share]
+        pid, to_child, from_child = fork_child(lambda inbox, out: _serve_share(engine, self._max_share, inbox, out))
+        return Worker(share, pid, to_child, from_child, self._deliver, self._failed)
 
     def feed(self, arrived: float | None, events: Sequence[Event]) -> None:
         """(engine thread, after the main engine took ``events``) The batch to every child."""
