@@ -375,9 +375,11 @@ def _serve_share(engine: Engine, max_share: float | None, inbox: Connection, out
                 pass
         elif kind == "register":
             out.send(("registered", [_register(engine, *item) for item in msg[1]]))
+            gc.freeze()  # (as the service after a batch: what they made lives on, no collection need walk it)
         elif kind == "unregister":
             if msg[1] in engine.sources:
                 engine.unregister(msg[1])
+            gc.unfreeze()  # (as the service after a removal: what it held may now be garbage in cycles)
         elif kind == "checkpoint":
             try:
                 checkpoint.save(engine, Path(msg[1]), {"worker": True})
