@@ -53,12 +53,12 @@ def cpu_seconds(pid: int) -> float:
 class Serve:
     """``yfpp serve`` on ``state``: its log lines gathered by a thread."""
 
-    def __init__(self, state: Path, subs: int, checkpoint_every: float):
+    def __init__(self, state: Path, subs: int, checkpoint_every: float, extra: tuple[str, ...] = ()):
         self.started_at = time.perf_counter()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "yfpp.cli", "serve", "--port", "0", "--jsonl-port", "0", "--state", str(state),
              "--log-level", "info", "--max-subscriptions", str(subs + 1000), "--no-subscription-metrics",
-             "--checkpoint-every", str(checkpoint_every)],
+             "--checkpoint-every", str(checkpoint_every), *extra],
             cwd=ROOT, stderr=subprocess.PIPE, text=True, env=ENV)
         self.log: list[dict] = []
         self.ready = threading.Event()

@@ -59,6 +59,14 @@ def test_unregister_stops_matches_and_frees_runs():
     assert keep in eng.queries and gone not in eng.queries
 
 
+def test_ids_given_by_the_caller_are_never_given_again_and_survive_a_checkpoint():
+    eng = Engine()
+    assert eng.register("PATTERN SEQ(a x)", query_id=5) == 5
+    assert eng.register("PATTERN SEQ(b x)") == 6 and eng.register("PATTERN SEQ(c x)", query_id=9) == 9
+    assert eng.register("PATTERN SEQ(d x)") == 10
+    assert list(Engine.restore(eng.snapshot()).sources) == [5, 6, 9, 10]
+
+
 def test_query_added_mid_stream_sees_only_later_events():
     eng = Engine()
     eng.process({"type": "shelf", "ts": 1, "tag_id": 1})

@@ -180,7 +180,7 @@ class Engine:
             pattern = dataclasses.replace(pattern, policy=policy).validate()
         if feedback and not pattern.feedback:
             pattern = dataclasses.replace(pattern, feedback=True).validate()
-        qid = next(self._ids) if query_id is None else query_id
+        qid = next(self._ids) if query_id is None else self._claim_id(query_id)
         source = (pattern, query if isinstance(query, str) else None, name)
         if pattern.has_sets or (self.strategy == "match-window" and _windowable(pattern)):
             from yfpp.sets.matcher import Limits
@@ -204,6 +204,15 @@ class Engine:
         if pattern.feedback:
             self.feedback.order[plan] = qid
         self._route_events()
+        return qid
+
+    def _claim_id(self, qid: int) -> int:
+        """``qid``, given by the caller: the ids given from now on are past it."""
+        from yfpp.state.checkpoint import peek
+
+        after, self._ids = peek(self._ids)
+        if qid >= after:
+            self._ids = count(qid + 1)
         return qid
 
     def register_many(self, queries: Iterable[str | Pattern | tuple[str | Pattern, str | None]], *,

@@ -21,6 +21,7 @@ examples:
   yfpp serve --config service.toml
   yfpp serve --port 8765 --jsonl-port 9001 --max-delay 5 --advance-idle 2 --state /var/lib/yfpp
   yfpp serve --mqtt mqtt://127.0.0.1:1883 --mqtt-topic 'sensors/{site}/{sensor}'
+  yfpp serve --jsonl-port 9001 --workers auto   # the subscriptions spread over one engine per core
 """
 
 SUBSCRIBE_EXAMPLES = """\
@@ -125,6 +126,10 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--isolation-priority", type=_priority, metavar="NICE|idle",
                    help="the isolation engines' CPU priority: a nice value 0-19 above the service's, or idle "
                         "(SCHED_IDLE: only CPU no other process wants; the others' latency first) (default 10)")
+    s.add_argument("--workers", metavar="N|auto",
+                   help="spread the subscriptions' queries over N engines (the service's and N-1 processes), each "
+                        "fed every event: for many subscriptions; auto: one per core available (default 1; "
+                        "docs/service.md: Worker engines)")
     s.add_argument("--dead-letters-per-second", type=float, help="dead letters written per second at most (default 100)")
     s.add_argument("--dead-letters-max-bytes", type=int, help="rotate the dead-letter file at this size (default 64 MiB)")
     s.add_argument("--max-subscriptions", type=int, help="default 10000")

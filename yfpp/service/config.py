@@ -63,6 +63,7 @@ class ServiceConfig:
     #: the isolation engines' CPU priority: a nice value 0-19 above the service's, or "idle" (Linux SCHED_IDLE:
     #: they run only when no other process wants the CPU)
     isolation_priority: int | str = 10
+    workers: int | str = 1  #: engines the subscriptions' queries are spread over, each fed every event ("auto": one per core)
     dead_letters_per_second: float = 100.0  #: dead letters written per second at most (the others are counted)
     dead_letters_max_bytes: int = 64 * 1024 * 1024  #: a dead-letter file this big is rotated to FILE.1
     subscription_metrics: bool = True  #: GET /metrics has series per subscription (False: totals only)
@@ -100,6 +101,17 @@ class ServiceConfig:
         cfg = cls(**values)
         cfg.check()
         return cfg
+
+    def _check_workers(self) -> None:
+        """``workers`` as a count (``auto``: the cores available); isolation engines only with one."""
+        from yfpp.workers import worker_count
+
+        if isinstance(self.workers, bool) or not isinstance(self.workers, (int, str)):
+            raise YfppError(f"workers must be a number of engines or 'auto', got {self.workers!r}")
+        self.workers = worker_count(str(self.workers))
+        if self.workers > 1 and self.max_isolated:
+            raise YfppError("max_isolated (isolation engines) and workers > 1 (worker engines) do not go together: "
+                            "with workers, a heavy query is suspended (max_cpu_share), not isolated")
 
     def check(self) -> None:
         """Refuse values that would fail later, with the setting's name."""
@@ -139,6 +151,7 @@ class ServiceConfig:
             raise YfppError(f"max_query_degree must be a positive integer, got {self.max_query_degree!r}")
         if not (isinstance(self.max_isolated, int) and self.max_isolated >= 0):
             raise YfppError(f"max_isolated must be an integer >= 0, got {self.max_isolated!r}")
+        self._check_workers()
         if self.isolate_degree is not None and not (isinstance(self.isolate_degree, int) and self.isolate_degree >= 1):
             raise YfppError(f"isolate_degree must be a positive integer, got {self.isolate_degree!r}")
         v = self.isolation_priority

@@ -77,11 +77,12 @@ Unwanted = Callable[[str, int], bool]  #: (query name, n): whether n results of 
 
 
 class Packed:
-    """A chunk of one isolated query's results as the child pickled them: unpickled when first iterated."""
+    """A chunk of results as a child pickled them, of one ``query`` (an isolation engine's) or of several
+    (``None``: a worker engine's): unpickled when iterated."""
 
     __slots__ = ("query", "n", "_payload")
 
-    def __init__(self, query: str, n: int, payload: bytes):
+    def __init__(self, query: str | None, n: int, payload: bytes):
         self.query, self.n, self._payload = query, n, payload
 
     def __len__(self) -> int:
@@ -132,7 +133,7 @@ class Returns:
                 results, arrived = self._batches.popleft()
                 self._held -= len(results)
                 self._room.notify_all()
-            if not self._unwanted(results.query, len(results)):
+            if results.query is None or not self._unwanted(results.query, len(results)):
                 self._route(results, arrived)
             n += len(results)
         self._loop().call_soon(self.drain)
@@ -163,6 +164,9 @@ def unpack(t: tuple) -> Event:
 class Isolated:
     """One query in a child process: what the service holds of it."""
 
+    backlog = BACKLOG  #: events queued for the child before :meth:`feed` refuses more
+    kind = "isolation engine"  #: what the child is called in what the service says of it
+
     def __init__(self, qid: int, name: str, source: tuple, pid: int, to_child: Connection, from_child: Connection,
                  deliver: Deliver, failed: Failed):
         self.qid, self.name, self.source, self.pid = qid, name, source, pid
@@ -180,9 +184,9 @@ class Isolated:
         self._reader.start()
 
     def feed(self, arrived: float | None, packed: list[tuple]) -> bool:
-        """(engine thread) Queue a batch for the child; False when it is :data:`BACKLOG` events behind."""
+        """(engine thread) Queue a batch for the child; False when it is :attr:`backlog` events behind."""
         with self._wake:
-            if self._queued + len(packed) > BACKLOG:
+            if self._queued + len(packed) > self.backlog:
                 return False
             self._queue.append(("events", arrived, packed))
             self._queued += len(packed)
@@ -210,9 +214,9 @@ class Isolated:
                 return self._acks.get(timeout=0.1)
             except queue.Empty:
                 if not self._reader.is_alive() and self._acks.empty():
-                    return f"its isolation engine (pid {self.pid}) ended before it wrote its checkpoint"
+                    return f"its {self.kind} (pid {self.pid}) ended before it wrote its checkpoint"
                 if time.monotonic() > end:
-                    return f"its isolation engine (pid {self.pid}) wrote no checkpoint within {timeout:g} s"
+                    return f"its {self.kind} (pid {self.pid}) wrote no checkpoint within {timeout:g} s"
 
     def stop(self) -> None:
         """Tell the child to end once it has what was queued (the sender reaps it, or kills it after
@@ -227,6 +231,9 @@ class Isolated:
     def info(self) -> dict[str, Any]:
         return {"name": self.name, "pid": self.pid, "queued_events": self._queued, **self.usage}
 
+    def took(self, msg: tuple) -> None:
+        """(the reader) A message of the child's not handled here (a subclass's)."""
+
     def _send(self) -> None:
         try:
             while True:
@@ -236,6 +243,7 @@ class Isolated:
                     msg = self._queue.popleft()
                     if msg[0] == "events":
                         self._queued -= len(msg[2])
+                        self._wake.notify_all()  # (a feed waiting for room: yfpp.service.worker_engines)
                 self._to.send(msg)
                 if msg[0] == "stop":
                     break
@@ -259,18 +267,20 @@ class Isolated:
             pass
 
     def _read(self) -> None:
-        why = "its isolation engine ended"
+        why = f"its {self.kind} ended"
         try:
             while True:
                 msg = self._from.recv()
                 if msg[0] == "results":
-                    self._deliver(Packed(self.name, msg[2], msg[3]), msg[1])  # (Returns.put)
+                    self._deliver(Packed(msg[2], msg[3], msg[4]), msg[1])  # (Returns.put)
                 elif msg[0] == "usage":
                     self.usage = {**msg[1], "engine": "isolated", "pid": self.pid}
                 elif msg[0] == "checkpointed":
                     self._acks.put(msg[1])
                 elif msg[0] == "error":
-                    why = f"its isolation engine failed: {msg[1]}"
+                    why = f"its {self.kind} failed: {msg[1]}"
+                else:
+                    self.took(msg)
         except (EOFError, OSError):
             pass
         finally:
@@ -309,28 +319,9 @@ class Isolation:
         process of its own, fed from now on (OSError if no process can be made)."""
         source = engine.sources[qid]
         name = str(engine.queries[qid].name if qid in engine.queries else engine.set_queries[qid].plan.name)
-        in_r, in_w = _pipe()
-        out_r, out_w = _pipe()
-        tempfile._get_candidate_names()  # type: ignore[attr-defined]  # (made before the fork: no lock to inherit)
-        pid = os.fork()
-        if pid == 0:  # the child
-            code = 0
-            try:
-                _close_all_but({in_r.fileno(), out_w.fileno(), 0, 1, 2})
-                _lower_priority(self.priority)
-                _child(engine, qid, name, in_r, out_w)
-            except BaseException as e:
-                code = 1
-                try:
-                    out_w.send(("error", f"{type(e).__name__}: {e}"[:500]))
-                except OSError:
-                    pass
-            finally:
-                os._exit(code)
-        in_r.close()
-        out_w.close()
+        pid, to_child, from_child = fork_child(lambda inbox, out: _child(engine, qid, name, inbox, out), self.priority)
         self._feedback.update(engine.feedback.order.values())
-        iso = self.by_qid[qid] = Isolated(qid, name, source, pid, in_w, out_r, self._deliver, self._failed)
+        iso = self.by_qid[qid] = Isolated(qid, name, source, pid, to_child, from_child, self._deliver, self._failed)
         return iso
 
     def feed(self, arrived: float | None, events: list[Event] | tuple[Event, ...]) -> list[Isolated]:
@@ -405,6 +396,37 @@ def state_path(directory: Path, qid: int) -> Path:
     return directory / f"isolated-q{qid}.json"
 
 
+def fork_child(
+    run: Callable[[Connection, Connection], None], priority: int | str = 0
+) -> tuple[int, Connection, Connection]:
+    """A child process (of the service, forked: it has the parent's engines as they are) that runs ``run(inbox,
+    out)``, then ends (a failure sent as ``("error", why)``), at ``priority`` (:func:`_lower_priority`; 0: the
+    service's own): its pid and the parent's ends of the pipes to and from it (OSError if no process can be
+    made)."""
+    in_r, in_w = _pipe()
+    out_r, out_w = _pipe()
+    tempfile._get_candidate_names()  # type: ignore[attr-defined]  # (made before the fork: no lock to inherit)
+    pid = os.fork()
+    if pid == 0:  # the child
+        code = 0
+        try:
+            _close_all_but({in_r.fileno(), out_w.fileno(), 0, 1, 2})
+            if priority:
+                _lower_priority(priority)
+            run(in_r, out_w)
+        except BaseException as e:
+            code = 1
+            try:
+                out_w.send(("error", f"{type(e).__name__}: {e}"[:500]))
+            except OSError:
+                pass
+        finally:
+            os._exit(code)
+    in_r.close()
+    out_w.close()
+    return pid, in_w, out_r
+
+
 def _pipe() -> tuple[Connection, Connection]:
     r, w = os.pipe()
     return Connection(r, writable=False), Connection(w, readable=False)
@@ -473,7 +495,7 @@ def _child(engine: Engine, qid: int, name: str, inbox: Connection, out: Connecti
         results.clear()
         for i in range(0, len(mine), RESULT_CHUNK):
             chunk = mine[i:i + RESULT_CHUNK]
-            out.send(("results", msg[1] if msg[0] == "events" else None, len(chunk),
+            out.send(("results", msg[1] if msg[0] == "events" else None, name, len(chunk),
                       pickle.dumps(chunk, pickle.HIGHEST_PROTOCOL)))
         if time.monotonic() >= next_usage:
             next_usage = time.monotonic() + USAGE_EVERY

@@ -53,7 +53,7 @@ class ServiceCollector:
         yield CounterMetricFamily("yfpp_checkpoint_errors", "checkpoints that failed", value=s.checkpoint_errors)
         yield GaugeMetricFamily("yfpp_engine_up", "1 while the engine thread runs, 0 once it has died",
                                 value=0 if s.failed else 1)
-        yield GaugeMetricFamily("yfpp_live_runs", "partial matches held by the engine", value=s.engine.stats.live_runs)
+        yield GaugeMetricFamily("yfpp_live_runs", "partial matches held by the engine", value=s.live_runs)
         yield GaugeMetricFamily("yfpp_inbox_depth", "batches of events (up to 256 each) waiting for the engine thread", value=s.inbox.qsize())
         subs = list(s.subs.values())
         yield GaugeMetricFamily("yfpp_subscriptions", "registered subscriptions", value=len(subs))

@@ -56,6 +56,7 @@ from yfpp.service.mqtt_api import ApiFeeds
 from yfpp.service.registry import Registry, RegistryError
 from yfpp.service.sink_policy import SinkPolicy, SinkRefused
 from yfpp.service.subscriptions import SUBSCRIPTION_ID, Subscription, SubscriptionSpec, Totals
+from yfpp.service.worker_engines import WorkerEngines, load_kept
 
 log = logging.getLogger("yfpp.service")
 
@@ -134,7 +135,13 @@ class Service:
         self.returns = Returns(self._route_batch, lambda: self.loop, self._unwanted)
         self.isolation = Isolation(self.returns.put, self._isolation_failed, config.max_isolated,
                                    config.isolation_priority)
-        self.usage.elsewhere = self.isolation.usages
+        kept = self._load_workers(engine_opts)  # (refuses a checkpoint of more workers; removes stale files)
+        #: with ``workers`` > 1, the queries spread over that many engines (yfpp.service.worker_engines)
+        self.workers = (WorkerEngines(config.workers, self.engine, kept, engine_opts, config.max_cpu_share,
+                                      self.returns.put, self._worker_failed) if config.workers > 1 else None)
+        #: what the subscriptions' queries are registered with: the engine, or the worker engines
+        self.matching: Engine | WorkerEngines = self.workers or self.engine
+        self.usage.elsewhere = self.isolation.usages if self.workers is None else self.workers.usages
         self.rate = 0.0
         self.started_at = time.time()
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -216,6 +223,11 @@ class Service:
         # would wait up to the default 5 ms to get it back each time (thousands of sinks: seconds).
         sys.setswitchinterval(SWITCH_INTERVAL)
         self._reload()
+        if self.workers is not None:
+            try:
+                self.workers.launch()
+            except OSError as e:
+                raise YfppError(f"cannot start the worker engines: {e.strerror or e}") from e
         self.keys.on_revoke.append(self.revoked)
         self._engine_thread = threading.Thread(target=self._run_engine, name="engine", daemon=True)
         self._engine_thread.start()
@@ -243,9 +255,11 @@ class Service:
             if self._final_checkpoint_due() and self._forked is not None:
                 self._forked.cancel()  # (a periodic checkpoint still being written: the final one supersedes it)
             await asyncio.to_thread(self._writer.join)
-        children = (self.isolation.checkpoint(self.checkpoint_path.parent)  # (the engine thread has stopped)
+        children = (self._children_checkpoint(self.checkpoint_path.parent)  # (the engine thread has stopped)
                     if self.checkpoint_path is not None and self.failed is None else [])
         await asyncio.to_thread(self.isolation.close)  # (each child after what it was sent)
+        if self.workers is not None:
+            await asyncio.to_thread(self.workers.close)
         self._route()  # the engine thread's last results
         self.returns.drain(float("inf"))  # (and the isolation engines')
         await self._drain(1.0)
@@ -369,7 +383,7 @@ class Service:
         A restored query registered from the same text as the stored subscription's (the checkpoint says) is
         kept without parsing that text again; the others are parsed, then registered in one hold of
         ``engine_lock``."""
-        engine = self.engine
+        engine = self.matching
         restored = {**{plan.name: qid for qid, plan in engine.queries.items()},  # pattern and event-set queries
                     **{m.plan.name: qid for qid, m in engine.set_queries.items()}}
         sources = self._sources.get("queries") if self._sources.get("window_unit") == self.config.window_unit else None
@@ -433,7 +447,7 @@ class Service:
                         sub.deliver(result)
             for qid in restored.values():  # in the checkpoint but deleted since (or not loaded)
                 engine.unregister(qid)
-            self.isolation.follow(engine)  # (the feedback queries unregistered here, in the children too)
+            self.isolation.follow(self.engine)  # (the feedback queries unregistered here, in the children too)
         finally:
             gc.enable()
         gc.freeze()  # (the queries live as long as the service: no collection need look at them again)
@@ -455,7 +469,7 @@ class Service:
         """Whether the query ``qid`` of ``engine`` (default the service's) is ``pattern`` registered with ``policy``."""
         if policy is not None and policy != pattern.policy:
             pattern = dataclasses.replace(pattern, policy=policy)
-        return encode_pattern((engine or self.engine).sources[qid][0]) == encode_pattern(pattern)
+        return encode_pattern((engine or self.matching).sources[qid][0]) == encode_pattern(pattern)
 
     def _load_isolated(self, engine_opts: dict[str, Any]) -> dict[str, tuple[Engine, int]]:
         """The isolation engines' checkpoints that go with the restored engine's (at its stream position): by
@@ -480,13 +494,16 @@ class Service:
         """``(pattern, name, policy)`` each registered, in one hold of ``engine_lock``: its query id, or the
         engine's refusal. Each pattern registered is encoded for the checkpoints then, outside the lock."""
         out: list[int | YfppError] = []
-        with self.engine_lock:
-            for policy, group in itertools.groupby(items, key=lambda item: item[2]):  # (runs of one policy)
-                out += self.engine.register_many([(pattern, name) for pattern, name, _ in group], policy=policy)
-            self.isolation.registered(self.engine, [qid for qid in out if isinstance(qid, int)])
+        if self.workers is not None:
+            out = self.workers.register_many(items, self.engine_lock)
+        else:
+            with self.engine_lock:
+                for policy, group in itertools.groupby(items, key=lambda item: item[2]):  # (runs of one policy)
+                    out += self.engine.register_many([(pattern, name) for pattern, name, _ in group], policy=policy)
+                self.isolation.registered(self.engine, [qid for qid in out if isinstance(qid, int)])
         sources = self.engine.sources  # (not unregistered meanwhile: no subscription has these queries yet)
         for qid in out:
-            if isinstance(qid, int):
+            if isinstance(qid, int) and qid in sources:  # (the main engine's: the others write their own)
                 self.patterns.keep(qid, sources[qid][0])
         return out
 
@@ -627,6 +644,9 @@ class Service:
     def _replace_query(self, qid: int, pattern: Any, name: str, policy: str | None) -> tuple[int, YfppError | None]:
         """In one hold of ``engine_lock``: query ``qid`` unregistered, ``pattern`` registered as ``name``: (its
         id, None); if the engine refuses it, the old query registered again (afresh): (its id, the refusal)."""
+        if self.workers is not None:
+            self.patterns.forget(qid)
+            return self.workers.replace(qid, pattern, name, policy, self.engine_lock)
         with self.engine_lock:
             isolated = self.isolation.by_qid.get(qid)
             old, _, old_name = isolated.source if isolated is not None else self.engine.sources[qid]
@@ -753,6 +773,37 @@ class Service:
             if sub.qid in self.engine.sources:  # (not deleted meanwhile)
                 self._isolate(sub)
 
+    def _load_workers(self, engine_opts: dict[str, Any]) -> dict[int, Engine]:
+        """The worker engines' checkpoints that go with the restored engine's (yfpp.service.worker_engines)."""
+        if self.checkpoint_path is None:
+            return {}
+        written = self._sources.get("workers", 1) if self.restored else 1
+        if type(written) is not int or written < 1:
+            raise YfppError(f"corrupt checkpoint {self.checkpoint_path}: bad 'workers' entry {written!r}")
+        return load_kept(self.checkpoint_path.parent, self.config.workers, written, self.engine, engine_opts)
+
+    def _workers_over(self) -> list[str]:
+        """(engine thread) The queries the worker engines found over ``max_cpu_share``."""
+        return self.workers.over() if self.workers is not None else []
+
+    def _children_checkpoint(self, directory: Path) -> list[tuple[Any, Path]]:
+        """(holding ``engine_lock``, or with the engine thread stopped) Each child engine to write its state at
+        this point of the stream: the children and their checkpoints' paths."""
+        workers = self.workers.checkpoint(directory) if self.workers is not None else []
+        return self.isolation.checkpoint(directory) + workers
+
+    def _worker_failed(self, name: str, why: str) -> None:
+        """(a worker engine's reader) Its child ended: the service has failed (as when its engine thread dies)."""
+        self.failed = f"{name}: {why}"
+        log.critical("a worker engine ended: the service stops", extra={"error": self.failed})
+        if self.loop is not None and not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self.on_failure)
+
+    @property
+    def live_runs(self) -> int:
+        """Partial matches held by the engine (and the worker engines, as of their last samples)."""
+        return self.engine.stats.live_runs + (self.workers.live_runs if self.workers is not None else 0)
+
     def _isolation_failed(self, name: str, why: str) -> None:
         """(an isolation engine's reader) Its child ended: its subscription is suspended, saying why."""
         with self.engine_lock:
@@ -775,6 +826,8 @@ class Service:
         if qid in self.engine.queries or qid in self.engine.set_queries:
             self.engine.unregister(qid)
             self.patterns.forget(qid)
+        elif self.workers is not None:
+            self.workers.drop(qid)
         self.isolation.drop(qid)
 
     def _unregister_retired(self) -> None:
@@ -870,7 +923,7 @@ class Service:
                 rate_t, rate_n = now, self.events_taken
             if now >= next_sample:  # (a sample walks every query: with 100,000 of them, less often than each second)
                 with self.engine_lock:
-                    for name in self.usage.sample(self.engine, self.config.max_cpu_share):
+                    for name in self.usage.sample(self.engine, self.config.max_cpu_share) + self._workers_over():
                         self._offload(name, f"its query took more than {self.config.max_cpu_share:.0%} of the "
                                             f"engine's time (max_cpu_share) beside other subscriptions")
                     for name, why in quotas.over_keys(list(self.subs.values()), self.usage, self.config):
@@ -907,6 +960,8 @@ class Service:
                 self._arrived, events = item
                 for ev in events:
                     self._process(ev, out)
+                if self.workers is not None:
+                    self.workers.feed(self._arrived, events)
                 for iso in self.isolation.feed(self._arrived, events):
                     self._suspend(iso.name, f"suspended: its isolation engine fell more than {BACKLOG:,} events "
                                             f"behind; delete it")
@@ -942,6 +997,8 @@ class Service:
         try:
             self.engine.advance_time(target, out)
             self.isolation.advance(target)
+            if self.workers is not None:
+                self.workers.advance(target)
         except Exception:
             log.exception("advance_time failed", extra={"ts": target})
 
@@ -1014,7 +1071,7 @@ class Service:
             except Exception as e:  # (no process to be had: the same as a failed write)
                 self._checkpoint_failed(e)
                 return False
-            children = self.isolation.checkpoint(self.checkpoint_path.parent)
+            children = self._children_checkpoint(self.checkpoint_path.parent)
             if loop is not None and not loop.is_closed():
                 loop.call_soon_threadsafe(self._hold, held)  # (the results so far are handed over: _step)
             else:
@@ -1031,7 +1088,7 @@ class Service:
 
     def _checkpoint_sources(self) -> dict[str, Any]:
         """The checkpoint's ``service`` field (in the child process): what each query was registered from."""
-        return {"window_unit": self.config.window_unit,
+        return {"window_unit": self.config.window_unit, "workers": self.config.workers,
                 "queries": {sub.name: _source(sub.spec) for sub in self.subs.values()}}
 
     def _hold(self, held: Future) -> None:
@@ -1082,8 +1139,9 @@ class Service:
                 "events_per_s": round(self.rate, 1), "dead_letters": self.dead_letters.count,
                 "dead_letters_lost": self.dead_letters.lost,
                 "dead_letters_suppressed": self.dead_letters.suppressed, "dead_letters_error": self.dead_letters.failing,
-                "live_runs": self.engine.stats.live_runs, "subscriptions": len(self.subs),
-                "inbox": self.inbox.qsize(), "isolated": self.isolation.info(), "feeds": {f.fmt: f.port for f in self.feeds},
+                "live_runs": self.live_runs, "subscriptions": len(self.subs),
+                "inbox": self.inbox.qsize(), "isolated": self.isolation.info(),
+                "workers": self.workers.info() if self.workers is not None else [], "feeds": {f.fmt: f.port for f in self.feeds},
                 "mqtt": [f.info() for f in self.mqtt_feeds] + self.api_feeds.all(),
                 "checkpoints": self.checkpoint_path is not None, "last_checkpoint_error": self.last_checkpoint_error}
 
