@@ -131,13 +131,13 @@ class Workers:
         self.vocabulary: dict[str, set[str]] = {}  #: the attribute names per type they saw (likewise)
         ctx = _context(forked=self.source is not None)
         self._results = ctx.Queue()
-        self._inboxes = [ctx.Queue(INBOX) for _ in range(n)] if self.source is None else []
+        self._inboxes = [ctx.Queue(INBOX) if self.source is None else ctx.Queue() for _ in range(n)]
         sending = (self._results, out.encoder)
         if self.source is None:
             jobs = [(_work, (i, self._inboxes[i], sending, self.groups, engine_opts or {})) for i in range(n)]
-        else:
-            jobs = [(_read_work, (i, n, (source[0], source[2]), sending, self.groups, engine_opts or {}, slice_events))
-                    for i in range(n)]
+        else:  # (an inbox holds the scans the others send: a few chunks, as each worker scans a few rounds ahead)
+            jobs = [(_read_work, (i, self._inboxes, (source[0], source[2]), sending, self.groups, engine_opts or {},
+                                  slice_events)) for i in range(n)]
         self._procs = [ctx.Process(target=target, args=args, name=f"yfpp-worker-{i}", daemon=True)
                        for i, (target, args) in enumerate(jobs)]
         for p in self._procs:
@@ -598,18 +598,19 @@ def _work(index: int, inbox: Any, sending: tuple[Any, LineEncoder], groups: list
         results.put((index, "error", f"{type(e).__name__}: {e}"))
 
 
-def _read_work(index: int, n: int, source: tuple[str, ReaderOptions], sending: tuple[Any, LineEncoder],
+def _read_work(index: int, inboxes: list[Any], source: tuple[str, ReaderOptions], sending: tuple[Any, LineEncoder],
                groups: list[Group], engine_opts: dict[str, Any], slice_events: int) -> None:
-    """A worker that reads the input itself (:class:`yfpp.workers_reading.Share`): its share of each block
-    matched; matches (encoded) and dead letters back every :data:`SEND_ROWS` events or so; at the end the count of
-    the events it reported and the names it saw (``"read"``), then the figures."""
+    """A worker that reads the input itself (:class:`yfpp.workers_reading.Share`; ``inboxes``: each worker's, of
+    the scans the others send it): its share of each block matched; matches (encoded) and dead letters back every
+    :data:`SEND_ROWS` events or so; at the end the count of the events it reported and the names it saw
+    (``"read"``), then the figures."""
     _prepare()
     results, encoder = sending
     try:
         dead = _Collect()
         slicings: dict[int, Slicing | None] = {}
-        share = Share(source[0], source[1], groups, index, n, slice_events, dead,
-                      Sequencer(dead_letters=dead if index == 0 else DeadLetters()), slicings)
+        share = Share(source[0], source[1], groups, index, len(inboxes), slice_events, dead,
+                      Sequencer(dead_letters=dead if index == 0 else DeadLetters()), slicings, inboxes)
         matching = _Matching(groups, engine_opts, dead, slicings)
         out: list[dict] = []
         sent = 0
