@@ -316,9 +316,18 @@ class Share:
     def _place(self, routed: Routed, g: int, events: list[Event], placed: set[int]) -> None:
         """Group ``g``'s events of this worker into ``routed`` (a sliced group's into its slices here that read
         them); an event already placed for another engine is copied, as the runtime numbers an engine's events
-        in them (``pos``)."""
+        in them (``pos``). ``events`` are in stream order, so their ts never go back: when the first and the last are
+        read by the same slices, so is every one (a slice's first and last reader never go back either)."""
         sl = self.slicings.get(g) if self.groups[g].sliced else None
         me, n = self.me, self.n
+        if sl is not None and events and (reads := sl.reads(events[0].ts)) == sl.reads(events[-1].ts):
+            for s in reads:
+                if (s + g) % n == me:
+                    chosen = events if placed.isdisjoint(map(id, events)) else [
+                        Event(ev.type, ev.ts, ev.attrs, ev.seq) if id(ev) in placed else ev for ev in events]
+                    placed.update(map(id, chosen))
+                    routed.setdefault((g, s), []).extend(chosen)
+            return
         for ev in events:
             for s in (sl.reads(ev.ts) if sl is not None else (0,)):
                 if sl is None or (s + g) % n == me:
