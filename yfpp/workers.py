@@ -8,8 +8,9 @@ matches that start in it), and a **whole** group (no window, or ``non_overlappin
 in one worker. Each worker runs one engine per group and slice; together they find one engine's matches.
 
 A regular JSON-lines file (no ``--max-delay``, checkpoint or progress line) is read by the workers
-themselves, each parsing only its own lines (:mod:`yfpp.workers_reading`): shipping a parsed event costs
-more CPU than reading it (benchmarks/RESULTS.md, "Workers"). Otherwise — a pipe or an MQTT feed, which can be
+themselves, each block scanned by one of them and each worker parsing only its own lines
+(:mod:`yfpp.workers_reading`): shipping a parsed event costs more CPU than reading it (benchmarks/RESULTS.md,
+"Workers"). Otherwise — a pipe or an MQTT feed, which can be
 read once, XML, a checkpoint — the parent reads and parses the input with the one reader and puts the events
 through one engine's reorder buffer (:class:`Sequencer`: ``seq`` numbers, dead letters, late events and
 stream order are one engine's), routes them — compact tuples ``(type, ts, attrs, seq[, xml])`` per engine,
