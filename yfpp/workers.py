@@ -43,7 +43,7 @@ from yfpp.output.stats import run_figures
 from yfpp.output.writer import LineEncoder
 from yfpp.input.record_fields import ReaderOptions
 from yfpp.spark.plan import Group, Runner, Slicing, XmlEvent, group_queries, needs_xml
-from yfpp.workers_reading import Share, plan_slices, reads_itself
+from yfpp.workers_reading import Share, common_reads, plan_slices, reads_itself
 
 WORKERS = Runner("with --workers", "run with --workers 1")
 SLICE_EVENTS = 20_000  #: about this many events per time slice of an unkeyed group (at least its window long)
@@ -176,9 +176,13 @@ class Workers:
                 self._route_keyed(g, grp.key, events, rows)
             elif grp.sliced and (sl := self.slicings[g]) is not None:
                 parts, n = self._parts, self.n
-                for ev, row in zip(events, rows):
-                    for s in sl.reads(ev.ts):
-                        parts[(s + g) % n].setdefault((g, s), []).append(row)
+                if (reads := common_reads(sl, events)) is not None:  # (all read by the same slices: at once)
+                    for s in reads:
+                        parts[(s + g) % n].setdefault((g, s), []).extend(rows)
+                else:
+                    for ev, row in zip(events, rows):
+                        for s in sl.reads(ev.ts):
+                            parts[(s + g) % n].setdefault((g, s), []).append(row)
             else:
                 self._parts[g % self.n].setdefault((g, 0), []).extend(rows)
         self._pending += len(rows)

@@ -149,6 +149,16 @@ class Relay:
                 inbox.put((self.me, c, scans))
 
 
+def common_reads(sl: Slicing, events: list[Event]) -> range | None:
+    """The slices that read every one of ``events`` when they all are read by the same ones, else None. The events
+    are in stream order, their ts never going back, and the first and the last slice that read a ts never go back
+    either: when the first event and the last are read by the same slices, so is every one between them."""
+    if not events:
+        return None
+    reads = sl.reads(events[0].ts)
+    return reads if reads == sl.reads(events[-1].ts) else None
+
+
 class Share:
     """Worker ``index`` of ``n``'s share of the JSON-lines file ``path``: :meth:`blocks` reads it and gives,
     per block, this worker's events per (group, slice) and the slices it may close. ``dead``: where the
@@ -316,11 +326,10 @@ class Share:
     def _place(self, routed: Routed, g: int, events: list[Event], placed: set[int]) -> None:
         """Group ``g``'s events of this worker into ``routed`` (a sliced group's into its slices here that read
         them); an event already placed for another engine is copied, as the runtime numbers an engine's events
-        in them (``pos``). ``events`` are in stream order, so their ts never go back: when the first and the last are
-        read by the same slices, so is every one (a slice's first and last reader never go back either)."""
+        in them (``pos``); a batch all of whose events the same slices read is placed at once."""
         sl = self.slicings.get(g) if self.groups[g].sliced else None
         me, n = self.me, self.n
-        if sl is not None and events and (reads := sl.reads(events[0].ts)) == sl.reads(events[-1].ts):
+        if sl is not None and (reads := common_reads(sl, events)) is not None:
             for s in reads:
                 if (s + g) % n == me:
                     chosen = events if placed.isdisjoint(map(id, events)) else [
