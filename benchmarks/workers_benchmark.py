@@ -95,7 +95,8 @@ def shipping_costs(path: Path) -> dict[str, float]:
 
 def share_costs(path: Path, key: str, n: int = 2) -> dict[str, float]:
     """CPU µs per line, in this process, of worker 0 of ``n`` reading its share of a keyed feed, two ways:
-    ``scan`` — the ts and key scans of every line, then its own lines parsed (what yfpp/workers_reading.py does);
+    ``scan`` — the ts and key scans of every line, then its own lines parsed (what each worker did before the
+    scans were shared: yfpp/workers_reading.py now has each block scanned by one worker);
     ``bulk`` — each block parsed once by orjson, the records routed by their key, events made of its own only."""
     import time
 

@@ -8,8 +8,9 @@ matches that start in it), and a **whole** group (no window, or ``non_overlappin
 in one worker. Each worker runs one engine per group and slice; together they find one engine's matches.
 
 A regular JSON-lines file (no ``--max-delay``, checkpoint or progress line) is read by the workers
-themselves, each parsing only its own lines (:mod:`yfpp.workers_reading`): shipping a parsed event costs
-more CPU than reading it (benchmarks/RESULTS.md, "Workers"). Otherwise — a pipe or an MQTT feed, which can be
+themselves, each block scanned by one of them and each worker parsing only its own lines
+(:mod:`yfpp.workers_reading`): shipping a parsed event costs more CPU than reading it (benchmarks/RESULTS.md,
+"Workers"). Otherwise — a pipe or an MQTT feed, which can be
 read once, XML, a checkpoint — the parent reads and parses the input with the one reader and puts the events
 through one engine's reorder buffer (:class:`Sequencer`: ``seq`` numbers, dead letters, late events and
 stream order are one engine's), routes them — compact tuples ``(type, ts, attrs, seq[, xml])`` per engine,
@@ -42,7 +43,7 @@ from yfpp.output.stats import run_figures
 from yfpp.output.writer import LineEncoder
 from yfpp.input.record_fields import ReaderOptions
 from yfpp.spark.plan import Group, Runner, Slicing, XmlEvent, group_queries, needs_xml
-from yfpp.workers_reading import Share, plan_slices, reads_itself
+from yfpp.workers_reading import Share, common_reads, plan_slices, reads_itself
 
 WORKERS = Runner("with --workers", "run with --workers 1")
 SLICE_EVENTS = 20_000  #: about this many events per time slice of an unkeyed group (at least its window long)
@@ -131,13 +132,13 @@ class Workers:
         self.vocabulary: dict[str, set[str]] = {}  #: the attribute names per type they saw (likewise)
         ctx = _context(forked=self.source is not None)
         self._results = ctx.Queue()
-        self._inboxes = [ctx.Queue(INBOX) for _ in range(n)] if self.source is None else []
+        self._inboxes = [ctx.Queue(INBOX) if self.source is None else ctx.Queue() for _ in range(n)]
         sending = (self._results, out.encoder)
         if self.source is None:
             jobs = [(_work, (i, self._inboxes[i], sending, self.groups, engine_opts or {})) for i in range(n)]
-        else:
-            jobs = [(_read_work, (i, n, (source[0], source[2]), sending, self.groups, engine_opts or {}, slice_events))
-                    for i in range(n)]
+        else:  # (an inbox holds the scans the others send: a few chunks, as each worker scans a few rounds ahead)
+            jobs = [(_read_work, (i, self._inboxes, (source[0], source[2]), sending, self.groups, engine_opts or {},
+                                  slice_events)) for i in range(n)]
         self._procs = [ctx.Process(target=target, args=args, name=f"yfpp-worker-{i}", daemon=True)
                        for i, (target, args) in enumerate(jobs)]
         for p in self._procs:
@@ -175,9 +176,13 @@ class Workers:
                 self._route_keyed(g, grp.key, events, rows)
             elif grp.sliced and (sl := self.slicings[g]) is not None:
                 parts, n = self._parts, self.n
-                for ev, row in zip(events, rows):
-                    for s in sl.reads(ev.ts):
-                        parts[(s + g) % n].setdefault((g, s), []).append(row)
+                if (reads := common_reads(sl, events)) is not None:  # (all read by the same slices: at once)
+                    for s in reads:
+                        parts[(s + g) % n].setdefault((g, s), []).extend(rows)
+                else:
+                    for ev, row in zip(events, rows):
+                        for s in sl.reads(ev.ts):
+                            parts[(s + g) % n].setdefault((g, s), []).append(row)
             else:
                 self._parts[g % self.n].setdefault((g, 0), []).extend(rows)
         self._pending += len(rows)
@@ -598,18 +603,19 @@ def _work(index: int, inbox: Any, sending: tuple[Any, LineEncoder], groups: list
         results.put((index, "error", f"{type(e).__name__}: {e}"))
 
 
-def _read_work(index: int, n: int, source: tuple[str, ReaderOptions], sending: tuple[Any, LineEncoder],
+def _read_work(index: int, inboxes: list[Any], source: tuple[str, ReaderOptions], sending: tuple[Any, LineEncoder],
                groups: list[Group], engine_opts: dict[str, Any], slice_events: int) -> None:
-    """A worker that reads the input itself (:class:`yfpp.workers_reading.Share`): its share of each block
-    matched; matches (encoded) and dead letters back every :data:`SEND_ROWS` events or so; at the end the count of
-    the events it reported and the names it saw (``"read"``), then the figures."""
+    """A worker that reads the input itself (:class:`yfpp.workers_reading.Share`; ``inboxes``: each worker's, of
+    the scans the others send it): its share of each block matched; matches (encoded) and dead letters back every
+    :data:`SEND_ROWS` events or so; at the end the count of the events it reported and the names it saw
+    (``"read"``), then the figures."""
     _prepare()
     results, encoder = sending
     try:
         dead = _Collect()
         slicings: dict[int, Slicing | None] = {}
-        share = Share(source[0], source[1], groups, index, n, slice_events, dead,
-                      Sequencer(dead_letters=dead if index == 0 else DeadLetters()), slicings)
+        share = Share(source[0], source[1], groups, index, len(inboxes), slice_events, dead,
+                      Sequencer(dead_letters=dead if index == 0 else DeadLetters()), slicings, inboxes)
         matching = _Matching(groups, engine_opts, dead, slicings)
         out: list[dict] = []
         sent = 0

@@ -2,11 +2,13 @@
 
 Shipping a parsed event from one reading process to a worker costs more CPU than reading it
 (benchmarks/RESULTS.md, "Workers"), so for a regular JSON-lines file each worker reads the whole file
-itself. Of each block of lines it finds, without parsing, every line's ts and routing values
-(:func:`yfpp.input.jsonl_scan.scan_block`) and parses only the lines some group of its own routes to it:
-a keyed group's lines whose key text hashes to it, a sliced group's lines read by its slices, all lines
-of its whole groups. So each line is parsed by about one worker, and the ts and key scans are all every
-worker pays for the rest.
+itself. Of each block of lines, one worker finds, without parsing, every line's ts and routing values
+(:func:`yfpp.input.jsonl_scan.scan_block`) and the worker each key value hashes to (:func:`scan`): the
+blocks come in chunks of :data:`CHUNK`, chunk ``c`` scanned by worker ``c % n``, which scans its chunks a
+few rounds ahead of its matching and sends the scans to the others (:class:`Relay`). Each worker then
+parses only the lines some group of its own routes to it: a keyed group's lines whose key text hashes to
+it, a sliced group's lines read by its slices, all lines of its whole groups. So each line is scanned
+once and parsed by about one worker; every worker reads the bytes (a copy from the page cache).
 
 Everything a single reader decides is decided alike: a line's ``seq`` is its record's index (the
 block's first ``seq`` plus its place), dead letters are reported by one worker (the **reporter** of a
@@ -23,10 +25,11 @@ from __future__ import annotations
 import math
 import os
 from bisect import bisect_left, bisect_right
-from itertools import compress
-from typing import Any, Iterator
+from itertools import compress, islice
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 from yfpp.engine import Engine
+from yfpp.errors import YfppError
 from yfpp.input.dead_letters import DeadLetters
 from yfpp.input.events import MISSING, Event
 from yfpp.input.jsonl_reader import LineBlocks, parse_block
@@ -37,6 +40,8 @@ from yfpp.output.vocabulary import Vocabulary
 from yfpp.spark.plan import Group, Slicing
 
 BLOCK = 1 << 14  #: bytes read at a time (as the reader: larger batches of events match slower)
+CHUNK = 16  #: blocks a worker scans for all (chunk ``c`` of the file by worker ``c % n``)
+AHEAD = 2  #: rounds of chunks a worker scans ahead of the block it matches (so none waits on a busy peer)
 Routed = dict[tuple[int, int], list[Event]]  #: a block's events per (group, slice) of this worker
 
 
@@ -72,16 +77,101 @@ def plan_slices(groups: list[Group], sliced: Any, ts: list[float], slice_events:
     return plans
 
 
+class Scan(NamedTuple):
+    """What :func:`scan` finds in a block of ``size`` bytes. When it is scanned (every line of the shape
+    :func:`~yfpp.input.jsonl_scan.scan_block` takes, the times never going back): each line's ``ts``, per
+    routing key each line's worker (``owners``: its key text's hash modulo n), and the ts and index of the
+    ``last`` line the reader makes an event of (None: none); else ``ts`` is None."""
+
+    size: int
+    ts: list[float] | None
+    owners: list[list[int]]
+    last: tuple[float, int] | None
+
+
+def scan(body: bytes, opts: ReaderOptions, keys: Sequence[str], n: int) -> Scan:
+    """The :class:`Scan` of a block of complete lines, for ``n`` workers."""
+    found = scan_block(body, opts, keys)
+    if found is None or not _ordered(found[0]):
+        return Scan(len(body), None, [], None)
+    ts, values = found
+    lines = body.split(b"\n")
+    last = None
+    for j in range(len(ts) - 1, -1, -1):  # (parsed from the end back: a line of the shape may be no event)
+        events, _, _ = parse_block(lines[j], 0, 0, opts, DeadLetters())
+        if events:
+            last = (events[0].ts, j)
+            break
+    return Scan(len(body), ts, [[hash(v) % n for v in vs] for vs in values], last)
+
+
+class Relay:
+    """Worker ``me`` of ``n``'s part of the scanning: :meth:`chunk` gives the :class:`Scan` of each block of a chunk
+    (:data:`CHUNK` blocks of ``blocks``, a reader of its own over the file) — its own chunks scanned here, up to
+    :data:`AHEAD` rounds of chunks ahead, each sent to the others' ``inboxes`` as it is scanned; the others' chunks
+    taken from its inbox (``inboxes[me]``). At the end of the file each worker tells the others how many chunks it
+    read, so none waits for a chunk its scanner never read (a file that grew while it was read)."""
+
+    def __init__(self, blocks: Iterator[bytes], scanner: Callable[[bytes], Scan], me: int, n: int,
+                 inboxes: Sequence[Any]):
+        self.blocks, self.scanner, self.me, self.n, self.inboxes = blocks, scanner, me, n, inboxes
+        self.read = 0  # the chunks read by the scanning reader
+        self.ended = False  # its end reached
+        self.kept: dict[int, list[Scan]] = {}  # scans of chunks not taken yet (own, and received)
+        self.ends: dict[int, int] = {}  # per worker that reached the end of the file, the chunks it read
+
+    def chunk(self, c: int) -> list[Scan]:
+        """The scans of chunk ``c``'s blocks (fewer, or none, at the end of the file)."""
+        me, n = self.me, self.n
+        while self.read <= c + AHEAD * n and not self.ended:
+            blocks = list(islice(self.blocks, CHUNK))
+            self.ended = not blocks
+            if self.ended:
+                self._send(self.read, None)
+            elif self.read % n == me:
+                self._send(self.read, [self.scanner(body) for body in blocks])
+            self.read += not self.ended
+        if c % n != me:
+            while c not in self.kept and self.ends.get(c % n, c + 1) > c:
+                w, got, scans = self.inboxes[me].get()
+                if scans is None:
+                    self.ends[w] = got
+                else:
+                    self.kept[got] = scans
+        return self.kept.pop(c, [])
+
+    def _send(self, c: int, scans: list[Scan] | None) -> None:
+        """Chunk ``c``'s scans kept, and sent to the others (None: the end of the file, before chunk ``c``)."""
+        if scans is not None:
+            self.kept[c] = scans
+        for w, inbox in enumerate(self.inboxes):
+            if w != self.me:
+                inbox.put((self.me, c, scans))
+
+
+def common_reads(sl: Slicing, events: list[Event]) -> range | None:
+    """The slices that read every one of ``events`` when they all are read by the same ones, else None. The events
+    are in stream order, their ts never going back, and the first and the last slice that read a ts never go back
+    either: when the first event and the last are read by the same slices, so is every one between them."""
+    if not events:
+        return None
+    reads = sl.reads(events[0].ts)
+    return reads if reads == sl.reads(events[-1].ts) else None
+
+
 class Share:
     """Worker ``index`` of ``n``'s share of the JSON-lines file ``path``: :meth:`blocks` reads it and gives,
     per block, this worker's events per (group, slice) and the slices it may close. ``dead``: where the
     dead letters this worker reports go; ``sequencer``: an empty reorder buffer (max_delay 0) whose dead
     letters are ``dead`` in worker 0 and a quiet sink in the others; ``slicings``: filled at the first block
-    (the dict the worker's matching reads)."""
+    (the dict the worker's matching reads); ``inboxes``: each worker's queue of the scans the others send it
+    (:class:`Relay`; none for one worker)."""
 
     def __init__(self, path: str, opts: ReaderOptions, groups: list[Group], index: int, n: int, slice_events: int,
-                 dead: DeadLetters, sequencer: Engine, slicings: dict[int, Slicing | None]):
+                 dead: DeadLetters, sequencer: Engine, slicings: dict[int, Slicing | None],
+                 inboxes: Sequence[Any] = ()):
         self.path, self.opts, self.groups, self.me, self.n = path, opts, groups, index, n
+        self.inboxes = inboxes
         self.slice_events = slice_events
         self.dead = dead
         self.quiet = DeadLetters()
@@ -95,15 +185,22 @@ class Share:
 
     def blocks(self) -> Iterator[tuple[Routed, list[tuple[int, int]]]]:
         """This worker's events of each block read, and the (group, slice) pairs no later event is read by."""
-        with open(self.path, "rb") as f:
-            lines = LineBlocks(f, self.opts.max_record_bytes, self.dead if self.me == 0 else self.quiet, BLOCK)
-            for body in lines:
-                scan = scan_block(body, self.opts, self.keys)
-                if (scan is not None and self._started and scan[0][0] >= self.sequencer.watermark[0]
-                        and _ordered(scan[0])):
-                    routed = self._scanned(body, lines.seq, lines.lineno, *scan)
-                    lines.seq += len(scan[0])
-                    lines.lineno += len(scan[0])
+        cap = self.opts.max_record_bytes
+        with open(self.path, "rb") as f, open(self.path, "rb") as ahead:
+            lines = LineBlocks(f, cap, self.dead if self.me == 0 else self.quiet, BLOCK)
+            relay = Relay(iter(LineBlocks(ahead, cap, DeadLetters(), BLOCK)),
+                          lambda body: scan(body, self.opts, self.keys, self.n), self.me, self.n, self.inboxes)
+            scans: list[Scan] = []
+            for b, body in enumerate(lines):
+                if b % CHUNK == 0:
+                    scans = relay.chunk(b // CHUNK)
+                if b % CHUNK >= len(scans) or scans[b % CHUNK].size != len(body):
+                    raise YfppError(f"{self.path} changed while the workers read it")
+                sc = scans[b % CHUNK]
+                if sc.ts is not None and self._started and sc.ts[0] >= self.sequencer.watermark[0]:
+                    routed = self._scanned(body, lines.seq, lines.lineno, sc)
+                    lines.seq += len(sc.ts)
+                    lines.lineno += len(sc.ts)
                 else:
                     events, lines.seq, lines.lineno = parse_block(body, lines.seq, lines.lineno, self.opts,
                                                                    self.dead if self.me == 0 else self.quiet)
@@ -123,10 +220,12 @@ class Share:
 
     # --- a scanned block: parse the own lines ------------------------------------------------
 
-    def _scanned(self, body: bytes, seq: int, lineno: int, ts: list[float], values: list[list[bytes]]) -> Routed:
+    def _scanned(self, body: bytes, seq: int, lineno: int, sc: Scan) -> Routed:
         """The events of the lines of a scanned, ordered block that this worker's groups read; the watermark
-        moved past the block."""
+        moved past the block (to its last line the reader makes an event of, and its next ``seq``)."""
         lines = body.split(b"\n")
+        ts = sc.ts
+        assert ts is not None
         count = len(ts)
         me, n = self.me, self.n
         masks: list[list[bool] | None] = []  # per group: which lines it routes here (None: every line)
@@ -134,7 +233,7 @@ class Share:
         for g, grp in enumerate(self.groups):
             sl = self.slicings.get(g) if grp.sliced else None
             if grp.key:
-                owners = [hash(v) % n for v in values[self.keys.index(grp.key[0])]]
+                owners = sc.owners[self.keys.index(grp.key[0])]
                 masks.append([o == me for o in owners])
                 if g == 0:
                     reporter = owners
@@ -176,7 +275,10 @@ class Share:
                     routed[(g, 0)] = chosen  # (the one engine these events go to)
                 else:
                     self._place(routed, g, chosen, placed)
-        self._watermark(lines, seq, count)
+        if sc.last is not None:
+            self.sequencer.skip_to(sc.last[0], seq + sc.last[1], seq + count)
+        else:
+            self.sequencer.skip_to(*self.sequencer.watermark, seq + count)
         return routed
 
     def _parse(self, lines: list[bytes], own: list[int], seq: int, lineno: int, reporter: list[int] | None) -> list[Event]:
@@ -205,16 +307,6 @@ class Share:
         self.vocabulary.note(reported)
         return events
 
-    def _watermark(self, lines: list[bytes], seq: int, count: int) -> None:
-        """Move the reorder buffer's watermark past a block whose events were not put through it: to the last
-        line the reader makes an event of (parsed from the end back), and its next ``seq`` past the block."""
-        for j in range(count - 1, -1, -1):
-            events, _, _ = parse_block(lines[j], seq + j, 0, self.opts, self.quiet)
-            if events:
-                self.sequencer.skip_to(events[0].ts, seq + j, seq + count)
-                return
-        self.sequencer.skip_to(*self.sequencer.watermark, seq + count)
-
     # --- a parsed block: route by the parsed values ------------------------------------------
 
     def _parsed(self, events: list[Event]) -> Routed:
@@ -234,9 +326,17 @@ class Share:
     def _place(self, routed: Routed, g: int, events: list[Event], placed: set[int]) -> None:
         """Group ``g``'s events of this worker into ``routed`` (a sliced group's into its slices here that read
         them); an event already placed for another engine is copied, as the runtime numbers an engine's events
-        in them (``pos``)."""
+        in them (``pos``); a batch all of whose events the same slices read is placed at once."""
         sl = self.slicings.get(g) if self.groups[g].sliced else None
         me, n = self.me, self.n
+        if sl is not None and (reads := common_reads(sl, events)) is not None:
+            for s in reads:
+                if (s + g) % n == me:
+                    chosen = events if placed.isdisjoint(map(id, events)) else [
+                        Event(ev.type, ev.ts, ev.attrs, ev.seq) if id(ev) in placed else ev for ev in events]
+                    placed.update(map(id, chosen))
+                    routed.setdefault((g, s), []).extend(chosen)
+            return
         for ev in events:
             for s in (sl.reads(ev.ts) if sl is not None else (0,)):
                 if sl is None or (s + g) % n == me:

@@ -10,6 +10,7 @@ floats and booleans as keys, blank and broken lines, times going back), read in 
 from __future__ import annotations
 
 import json
+import queue
 import random
 from collections import Counter
 
@@ -27,6 +28,7 @@ from yfpp.input.jsonl_reader import parse_block
 from yfpp.input.jsonl_scan import routing_text, scan_block
 from yfpp.input.readers import read_event_batches, reading_options
 from yfpp.workers import Workers
+from yfpp.workers_reading import Relay, Scan
 
 
 class Letters(DeadLetters):
@@ -136,6 +138,7 @@ def with_workers(queries: list, path: str, n: int) -> tuple[Counter, Counter, in
 @pytest.fixture
 def small_blocks(monkeypatch):
     monkeypatch.setattr(yfpp.workers_reading, "BLOCK", 97)  # a few lines a block (inherited by the forked workers)
+    monkeypatch.setattr(yfpp.workers_reading, "CHUNK", 2)  # two blocks a chunk: each worker scans some for the others
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
@@ -202,3 +205,20 @@ def test_a_dead_letter_with_the_latest_ts_does_not_move_the_watermark(small_bloc
         expected = one_engine(queries, str(path))
         assert len(expected[1]) == 1  # the line without a type; no late event
         assert with_workers(queries, str(path), 2) == expected
+
+
+def test_the_relay_gives_each_chunk_its_scans_and_waits_for_none_past_a_scanners_end(monkeypatch):
+    """Chunks of two blocks dealt to two workers: each gets every chunk's scans, its own or its peer's; a chunk its
+    scanner never read (the file grew after the scanner reached its end) comes empty instead of being waited for."""
+    monkeypatch.setattr(yfpp.workers_reading, "CHUNK", 2)
+    inboxes = [queue.Queue(), queue.Queue()]
+
+    def scanner(body: bytes) -> Scan:
+        return Scan(len(body), None, [], None)
+
+    first = Relay(iter([b"a", b"bb", b"ccc"]), scanner, 0, 2, inboxes)  # worker 0's reader saw 3 blocks
+    second = Relay(iter([b"a", b"bb", b"ccc", b"dddd", b"eeeee", b"f"]), scanner, 1, 2, inboxes)  # worker 1's, 6
+    assert [sc.size for sc in first.chunk(0)] == [sc.size for sc in second.chunk(0)] == [1, 2]
+    assert [sc.size for sc in first.chunk(1)] == [sc.size for sc in second.chunk(1)] == [3, 4]
+    assert second.chunk(2) == []  # worker 0 scans chunk 2, but its reader ended before it
+    assert inboxes[1].empty()  # (worker 0's still holds worker 1's end, which it never needed)
