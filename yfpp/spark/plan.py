@@ -41,7 +41,7 @@ from yfpp.errors import YfppError
 from yfpp.sets.plan import partition_attributes
 from yfpp.input.events import MISSING, Event
 from yfpp.runtime.feedback import MAX_DEPTH, MAX_DERIVED
-from yfpp.output.writer import iso_time
+from yfpp.output.writer import encode_match, match_line
 from yfpp.language.pattern import Contiguity, Index, Kind, Pattern, Ref, XPathTest, walk
 
 Query = tuple[Any, Pattern]  # (name — or the engine's id for an unnamed query, pattern)
@@ -355,9 +355,10 @@ def match_row(m: dict, ids_as_text: bool = False, iso_times: bool = False) -> tu
     them (the columns stay seconds)."""
     emit = m.get("emit")
     binds = {v: [str(s) for s in ids] for v, ids in m["bindings"].items()} if ids_as_text else m["bindings"]
-    line = {**m, "start": iso_time(m["start"]), "end": iso_time(m["end"])} if iso_times else m
+    # (match_line: json.dumps's text, from orjson when that is certain to be the same; ASCII either way)
     return (str(m["query"]), binds, m["start"], m["end"],
-            None if emit is None else json.dumps(emit), json.dumps(line))
+            None if emit is None else match_line(emit)[:-1].decode("ascii"),
+            encode_match(m, iso_times)[:-1].decode("ascii"))
 
 
 # --- streaming state ------------------------------------------------------------------
