@@ -12,12 +12,12 @@ import json
 import os
 import random
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("pyspark", reason="pyspark is not installed (pip install '.[spark]')")
 
+from tests.spark.test_spark import split_feed  # noqa: E402
 from tests.spark.test_spark_cli import bounded, output  # noqa: E402
 from tests.spark.test_spark_hot_keys import SHOP, skewed_feed  # noqa: E402
 from yfpp.cli import main  # noqa: E402
@@ -54,16 +54,6 @@ def test_marked_slices_are_those_the_slicing_reads(spark):
             assert owner((m["s"], m["t0"], m["len"], m["w"])) == (sl, m["s"])
 
 
-def stream_files(inbox: Path, lines: list[str], files: int) -> None:
-    """``lines`` cut into ``files`` files, each modified after the one before (the stream's order)."""
-    inbox.mkdir()
-    size = -(-len(lines) // files)
-    for n in range(files):
-        path = inbox / f"part-{n:02d}.jsonl"
-        path.write_text("".join(ln + "\n" for ln in lines[n * size:(n + 1) * size]))
-        os.utime(path, (1e9 + n, 1e9 + n))
-
-
 def test_a_skewed_stream_gives_yfpp_run_s_matches_with_its_hot_key_sliced(spark, tmp_path, capsys):
     path = skewed_feed(tmp_path / "feed.jsonl", 3000, seed=4)
     lines = path.read_text().splitlines()
@@ -74,7 +64,8 @@ def test_a_skewed_stream_gives_yfpp_run_s_matches_with_its_hot_key_sliced(spark,
     assert main(["run", *qs, "-i", str(path)]) == 0
     want = Counter(capsys.readouterr().out.splitlines())
     assert sum(want.values()) > 500
-    stream_files(tmp_path / "inbox", lines, 3)
+    for n, part in enumerate(split_feed([json.loads(ln) for ln in lines], tmp_path / "inbox", 3)):
+        os.utime(part, (1e9 + n, 1e9 + n))  # the stream takes them in this order
     for mode in ("auto", "off"):
         out, ck = tmp_path / f"out-{mode}", tmp_path / f"ck-{mode}"
         assert bounded(spark, ["spark", "--stream", "--stats", *qs, "-i", str(tmp_path / "inbox"), "-o", str(out),
@@ -88,3 +79,23 @@ def test_a_skewed_stream_gives_yfpp_run_s_matches_with_its_hot_key_sliced(spark,
             assert len(keys) == 1
         else:
             assert not (ck / "hot.json").exists()
+
+
+def test_a_restart_with_hot_keys_off_keeps_the_slices_its_checkpoint_decided(spark, tmp_path, capsys):
+    """The hot key's history is in its slices' state: a restart on the same checkpoint keeps routing it there."""
+    path = skewed_feed(tmp_path / "feed.jsonl", 2000, seed=5)
+    lines = path.read_text().splitlines() + [json.dumps({"type": "heartbeat", "ts": 10**6, "tag_id": "beat"})]
+    path.write_text("".join(ln + "\n" for ln in lines))
+    qs = [a for q in SHOP.values() for a in ("-q", q)]
+    assert main(["run", *qs, "-i", str(path)]) == 0
+    want = Counter(capsys.readouterr().out.splitlines())
+    parts = split_feed([json.loads(ln) for ln in lines], tmp_path / "parts", 2)
+    inbox, out, ck = tmp_path / "inbox", tmp_path / "out", tmp_path / "ck"
+    inbox.mkdir()
+    for n, mode in enumerate(("auto", "off")):
+        parts[n].rename(inbox / parts[n].name)
+        os.utime(inbox / parts[n].name, (1e9 + n, 1e9 + n))
+        assert bounded(spark, ["spark", "--stream", *qs, "-i", str(inbox), "-o", str(out), "--checkpoint", str(ck),
+                               "--idle-stop", "2", "--hot-keys", mode], 600) == 0
+        assert (ck / "hot.json").exists()
+    assert output(out / "matches.jsonl") == want

@@ -54,7 +54,7 @@ from yfpp.input.record_fields import ISO_UNIT_NAME
 from yfpp.spark import ingest, inputs, live_sources, source
 from yfpp.spark.batch import MATCH_SCHEMA, key_hash
 from yfpp.spark.plan import Group, advance_key, effective_queries, group_queries, match_row
-from yfpp.spark.stream_hot import HOT_TYPE, HotKeys, owner
+from yfpp.spark.stream_hot import HOT_TYPE, RECORD, HotKeys, owner
 
 OUTPUT_SCHEMA = "kind string, " + MATCH_SCHEMA
 _OUT_COLS = ["kind", "query", "bindings", "start", "end", "emit", "json"]
@@ -120,7 +120,8 @@ def start_stream(spark: SparkSession, queries: Any, outdir: str, checkpoint: str
     time slices (:mod:`yfpp.spark.stream_hot`). Stop them with :func:`finish`, or ``stop()`` each."""
     checkpoint, outdir = inputs.qualify(spark, checkpoint).rstrip("/"), inputs.qualify(spark, outdir)
     hot = None
-    if hot_keys and path is not None and not inputs.is_live(path):  # the stager needs them from its first batch
+    if path is not None and not inputs.is_live(path) and (hot_keys or _has_hot_keys(spark, checkpoint)):
+        # (the stager needs them from its first batch; once decided, a checkpoint keeps them, --hot-keys off or not)
         hot = HotKeys(group_queries(effective_queries(queries, policy), streaming=True), state_buckets(spark, checkpoint))
     events, ingesting = read_stream(spark, path, socket=socket, checkpoint=checkpoint, format=format, ts_field=ts_field,
                                     ts_unit=ts_unit, type_field=type_field, max_files=max_files, interval=interval,
@@ -134,6 +135,11 @@ def start_stream(spark: SparkSession, queries: Any, outdir: str, checkpoint: str
             ingesting.stop()
         raise
     return [q for q in (ingesting, matching) if q is not None]
+
+
+def _has_hot_keys(spark: SparkSession, checkpoint: str) -> bool:
+    """Has the stream checkpointed under ``checkpoint`` decided its hot keys (:mod:`yfpp.spark.stream_hot`)?"""
+    return ingest.Files(spark, checkpoint).exists(f"{checkpoint}/{RECORD}")
 
 
 def state_buckets(spark: SparkSession, checkpoint: str) -> int:
