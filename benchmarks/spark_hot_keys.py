@@ -6,8 +6,14 @@ written once under the temp directory). The queries: three keyed by ``tag_id`` (
 ``--stats`` lines (each task's Python CPU seconds, the spread, the hot keys) and the matches, compared
 between the two runs and with ``yfpp run``.
 
+``--stream M``: the same feed (and a heartbeat after it) as a directory stream of M files, one per
+micro-batch (``yfpp spark --stream --max-files 1 --stats``, ``spark.sql.shuffle.partitions`` P): per
+mode, the matching query's stages that ran more than a tenth of a second — their tasks' run seconds
+and the longest task against the mean (``max/mean run``) — and the matches against ``yfpp run``.
+
     python benchmarks/spark_hot_keys.py                              # 200k events, 4 tasks
     python benchmarks/spark_hot_keys.py --events 50000 --partitions 2
+    python benchmarks/spark_hot_keys.py --events 20000 --stream 4
 """
 
 from __future__ import annotations
@@ -46,18 +52,62 @@ def matches(folder: Path) -> Counter:
     return Counter(ln for f in sorted((folder / "matches.jsonl").glob("part-*")) for ln in f.read_text().splitlines())
 
 
+def run_matches(path: Path, qs: list[str], env: dict) -> Counter:
+    """``yfpp run``'s match lines over ``path``."""
+    run = subprocess.run([sys.executable, "-m", "yfpp", "run", *qs, "-i", str(path)], env=env, capture_output=True,
+                         text=True, check=True)
+    return Counter(run.stdout.splitlines())
+
+
+def stream(path: Path, files: int, partitions: int, qs: list[str], env: dict) -> None:
+    """The feed as a directory stream of ``files`` micro-batches, with ``--hot-keys off`` and ``auto``."""
+    lines = path.read_text().splitlines()
+    lines.append(json.dumps({"type": "heartbeat", "ts": len(lines) + 10**6, "tag_id": "beat"}))  # (keyed: see the test)
+    with tempfile.TemporaryDirectory() as tmp:
+        whole = Path(tmp) / "all.jsonl"
+        whole.write_text("".join(ln + "\n" for ln in lines))
+        want = run_matches(whole, qs, env)
+        inbox = Path(tmp) / "inbox"
+        inbox.mkdir()
+        size = -(-len(lines) // files)
+        for n in range(files):
+            part = inbox / f"part-{n:03d}.jsonl"
+            part.write_text("".join(ln + "\n" for ln in lines[n * size:(n + 1) * size]))
+            os.utime(part, (1e9 + n, 1e9 + n))
+        print(f"{len(lines):,} events, tag H in half; {sum(want.values()):,} matches (yfpp run); local[2], "
+              f"stream of {files} files, {partitions} shuffle partitions")
+        for mode in ("off", "auto"):
+            out = Path(tmp) / mode
+            done = subprocess.run([sys.executable, "-m", "yfpp", "spark", "--stream", *qs, "-i", str(inbox), "-o",
+                                   str(out), "--master", "local[2]", "--max-files", "1", "--idle-stop", "2", "--stats",
+                                   "--conf", f"spark.sql.shuffle.partitions={partitions}", "--hot-keys", mode],
+                                  env=env, capture_output=True, text=True, check=False)
+            if done.returncode:
+                sys.exit(f"--hot-keys {mode}: {done.stderr.strip()[-2000:]}")
+            section = done.stderr[done.stderr.index(" match:"):]
+            stages = [ln.split() for ln in section.splitlines() if re.match(r"\s+\d+\s+\d+\s", ln)]
+            busy = [(int(r[1]), float(r[6]), float(r[8])) for r in stages if float(r[6]) > 0.1]
+            got = Counter(ln for f in sorted((out / "matches.jsonl").rglob("part-*")) if f.suffix != ".crc"
+                          for ln in f.read_text().splitlines())
+            print(f"--hot-keys {mode:<4}  stages (tasks, run s, max/mean run): "
+                  f"{'; '.join(f'{t}, {r:.2f}, {m:.2f}' for t, r, m in busy)}  | "
+                  f"matches {'= yfpp run' if got == want else 'DIFFER'}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--events", type=int, default=200_000)
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--stream", type=int, metavar="M", help="a directory stream of M files instead of a batch job")
     args = ap.parse_args()
     path = feed(args.events, args.seed)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     qs = [a for q in QUERIES for a in ("-q", q)]
-    run = subprocess.run([sys.executable, "-m", "yfpp", "run", *qs, "-i", str(path)], env=env, capture_output=True,
-                         text=True, check=True)
-    want = Counter(run.stdout.splitlines())
+    if args.stream:
+        stream(path, args.stream, args.partitions, qs, env)
+        return
+    want = run_matches(path, qs, env)
     print(f"{args.events:,} events, tag H in half; {sum(want.values()):,} matches (yfpp run); "
           f"local[2], --plan scan, {args.partitions} tasks")
     with tempfile.TemporaryDirectory() as tmp:

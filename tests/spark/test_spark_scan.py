@@ -183,6 +183,21 @@ def test_scan_tasks_together_equal_one_engine(tmp_path_factory, pats, events, la
     assert stats[0]["records"] == len(lines) and stats[0]["read"]["bytes"] == sum(p.stat().st_size for p in parts)
 
 
+def test_an_event_before_a_sliced_group_s_first_slice_is_a_dead_letter(tmp_path):
+    """A late event that no slice reads (ts before the first), first in its byte range (so its read task
+    cannot know it is late): it goes to task 0, which reports it (it was lost once)."""
+    lines = [json.dumps({"type": "A", "ts": 5, "x": i}) for i in range(6)] + [json.dumps({"type": "A", "ts": 0, "x": 9})]
+    lines += [json.dumps({"type": "A", "ts": 6, "x": i}) for i in range(5)]
+    path = tmp_path / "feed.jsonl"
+    path.write_text("".join(ln + "\n" for ln in lines))
+    named = [("q", "PATTERN SEQ(A a, A b) WITHIN 2")]
+    want, letters = one_engine(named, path)
+    assert [d["seq"] for d in letters] == [6]
+    assert range_bytes(str(path), path.stat().st_size // 2, path.stat().st_size).startswith(lines[6].encode())
+    got, dead, _ = scanned(named, [path], 2, 1, 2)  # two byte ranges, the second starting at the late line
+    assert got == want and dead == letters
+
+
 def test_byte_ranges_hold_the_lines_that_start_in_them(tmp_path):
     path = tmp_path / "f.jsonl"
     data = b"aa\nbbbb\n\nc\nddddd"  # no line break at the end

@@ -99,9 +99,9 @@ def add_parser(sub: Any) -> None:
                    help="shuffle partitions (default: spark.sql.shuffle.partitions if configured, else 2 × the cores); "
                         "with --plan scan, its tasks (default: the cores)")
     p.add_argument("--hot-keys", choices=["auto", "off"], default="auto",
-                   help="batch, scan plan: cut a keyed group's hot keys (a key with at least half a task's share of the "
-                        "first events) into overlapping time slices, as unkeyed queries are (default auto); off: one task "
-                        "per key (docs/spark.md, 'Hot keys')")
+                   help="batch (scan plan) and a directory stream: cut a keyed group's hot keys (a key with at least "
+                        "half a task's share of the first events) into overlapping time slices, as unkeyed queries are "
+                        "(default auto); off: one task per key (docs/spark.md, 'Hot keys')")
     p.add_argument("--class-archive", metavar="FILE", default="off",
                    help="a class-data-sharing archive for the driver JVM this command starts: written when the first "
                         "run's JVM exits (that run is several times slower), used by later runs (about half the "
@@ -566,7 +566,7 @@ def stream(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namesp
         kafka.append(query)
     running = kafka + start_stream(spark, queries, out, checkpoint, path=path, socket=args.socket, policy=args.policy,
                                    full_events=args.events, format=args.format, **reading(args),
-                                   max_files=args.max_files,
+                                   max_files=args.max_files, hot_keys=args.hot_keys == "auto",
                                    interval=f"{round(args.trigger * 1000)} milliseconds" if args.trigger else None)
     interrupted = getattr(args, "interrupted", None) or threading.Event()
     try:

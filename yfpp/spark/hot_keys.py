@@ -18,7 +18,7 @@ tasks, slice ``s`` of hot key ``i`` of group ``g`` on task ``(s + g + i) mod n``
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from typing import Protocol
 
 from yfpp.input.events import Event
@@ -58,8 +58,12 @@ def hashable(key: tuple) -> Hashable | None:
 
 def find_hot(keys: list[Hashable], tasks: int) -> list[Hashable]:
     """The hot keys among ``keys`` (the prefix's key values, in stream order), in order of first appearance."""
-    counts = Counter(keys)
-    bar = HOT_SHARE * len(keys) / tasks
+    return hot_of_counts(Counter(keys), tasks)
+
+
+def hot_of_counts(counts: Mapping[Hashable, int], tasks: int) -> list[Hashable]:
+    """The keys of ``counts`` (events per key value) that are hot among ``tasks`` tasks, in ``counts``' order."""
+    bar = HOT_SHARE * sum(counts.values()) / tasks
     return [k for k, c in counts.items() if c >= bar and c >= 2]
 
 

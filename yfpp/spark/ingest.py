@@ -37,10 +37,11 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from yfpp.errors import InputError
-from yfpp.spark import inputs
+from yfpp.spark import inputs, stream_hot
 from yfpp.spark.parse import PARSED_SCHEMA, parse_batches
 from yfpp.spark.read import Parsed, any_late, events_of, split_offsets, summaries
 from yfpp.spark.source import EVENT_SCHEMA
+from yfpp.spark.stream_hot import HotKeys
 
 _BINARY_FILE = "path string, modificationTime timestamp, length long, content binary"
 #: Spark's file source ignores files older than the newest seen minus maxFileAge (7 days by default):
@@ -125,9 +126,10 @@ def one_line_errors(fn: Callable[[DataFrame, int], None]) -> Callable[[DataFrame
 class Stager:
     """The ingest query's ``foreachBatch``: numbers a micro-batch's records and stages them (module docstring)."""
 
-    def __init__(self, spark: SparkSession, root: str, checkpoint: str):
+    def __init__(self, spark: SparkSession, root: str, checkpoint: str, hot: HotKeys | None = None):
         self.files = Files(spark, checkpoint)
         self.root, self.checkpoint = root, checkpoint.rstrip("/")
+        self.hot = hot
 
     def mark(self, batch_id: int) -> str:
         return f"{self.checkpoint}/numbering/{batch_id}.json"
@@ -152,7 +154,10 @@ class Stager:
         if stats:
             offsets = split_offsets(stats, False, (seq, max_ts), self.root, uris=True)
             parsed_input = Parsed(parsed, stats, offsets, any_late(stats, offsets))
-            events_of(parsed.sparkSession, parsed_input).drop("key_hashes").write.parquet(tmp)
+            events = events_of(parsed.sparkSession, parsed_input).drop("key_hashes")
+            if self.hot is not None:
+                events = self.mark_hot(self.hot, events, batch_id, first=seq == 0)
+            events.write.parquet(tmp)
             self.files.publish(tmp, f"{self.checkpoint}/staged/batch-{batch_id:012d}")
         parsed.unpersist()
         seq += sum(s["n"] for s in stats)
@@ -160,14 +165,29 @@ class Stager:
         self.files.write_text(tmp + ".json", self.mark(batch_id), json.dumps({"seq": seq, "max_ts": max_ts}))
 
 
+    def mark_hot(self, hot: HotKeys, events: DataFrame, batch_id: int, first: bool) -> DataFrame:
+        """``events`` with the hot keys' slices marked (:mod:`yfpp.spark.stream_hot`); the hot keys decided from
+        them and recorded (``hot.json``) unless they were (``first``: no events came before them)."""
+        record = f"{self.checkpoint}/{stream_hot.RECORD}"
+        if hot.decided is None:
+            if self.files.exists(record):
+                hot.load(self.files.read_text(record))
+            else:
+                hot.decide(events, first)
+                self.files.write_text(f"{self.checkpoint}/tmp/{batch_id}-hot.json", record, hot.record())
+                hot.load(self.files.read_text(record))  # (what was recorded first, had a replay got there)
+        return hot.mark(events)
+
+
 def start_ingest(spark: SparkSession, path: str, checkpoint: str, *, format: str | None = None, ts_field: str = "ts",
                  ts_unit: str = "s", type_field: str | None = None, max_files: int | None = None,
-                 interval: str | None = None) -> tuple[StreamingQuery, DataFrame]:
+                 interval: str | None = None, hot: HotKeys | None = None) -> tuple[StreamingQuery, DataFrame]:
     """Start ingesting directory ``path`` (recursively; names starting with ``.`` or ``_`` skipped)
     into ``checkpoint``; return the query and the streaming DataFrame of staged events
     (columns :data:`EVENT_SCHEMA`, dead letters included).
 
-    ``max_files``: at most this many new files per micro-batch; ``interval``: its trigger.
+    ``max_files``: at most this many new files per micro-batch; ``interval``: its trigger; ``hot``: the
+    stream's hot keys, decided and marked when staging (column ``hot``).
     """
     checkpoint = inputs.qualify(spark, checkpoint).rstrip("/")
     files = Files(spark, checkpoint)
@@ -184,12 +204,13 @@ def start_ingest(spark: SparkSession, path: str, checkpoint: str, *, format: str
     parsed = reader.load(given).select(
         "path", F.lit(0).cast("long").alias("block"), "content", F.lit(True).alias("whole"),
     ).mapInArrow(parse_batches(opts), PARSED_SCHEMA)
-    writer = parsed.writeStream.foreachBatch(one_line_errors(Stager(spark, root, checkpoint))).option(
+    writer = parsed.writeStream.foreachBatch(one_line_errors(Stager(spark, root, checkpoint, hot))).option(
         "checkpointLocation", f"{checkpoint}/ingest")
     if interval:
         writer = writer.trigger(processingTime=interval)
     staged = f"{checkpoint}/staged"
     files.mkdirs(staged)  # the matching query's source must exist before the first batch is staged
     query = writer.start()
-    events = spark.readStream.schema(EVENT_SCHEMA).option("recursiveFileLookup", "true").parquet(staged)
+    events = (spark.readStream.schema(f"{EVENT_SCHEMA}, hot {stream_hot.HOT_TYPE}")  # (hot: null in files without it)
+              .option("recursiveFileLookup", "true").parquet(staged))
     return query, events

@@ -41,7 +41,7 @@ from yfpp.errors import YfppError
 from yfpp.sets.plan import partition_attributes
 from yfpp.input.events import MISSING, Event
 from yfpp.runtime.feedback import MAX_DEPTH, MAX_DERIVED
-from yfpp.output.writer import iso_time
+from yfpp.output.writer import encode_match, match_line
 from yfpp.language.pattern import Contiguity, Index, Kind, Pattern, Ref, XPathTest, walk
 
 Query = tuple[Any, Pattern]  # (name — or the engine's id for an unnamed query, pattern)
@@ -355,9 +355,10 @@ def match_row(m: dict, ids_as_text: bool = False, iso_times: bool = False) -> tu
     them (the columns stay seconds)."""
     emit = m.get("emit")
     binds = {v: [str(s) for s in ids] for v, ids in m["bindings"].items()} if ids_as_text else m["bindings"]
-    line = {**m, "start": iso_time(m["start"]), "end": iso_time(m["end"])} if iso_times else m
+    # (match_line: json.dumps's text, from orjson when that is certain to be the same; ASCII either way)
     return (str(m["query"]), binds, m["start"], m["end"],
-            None if emit is None else json.dumps(emit), json.dumps(line))
+            None if emit is None else match_line(emit)[:-1].decode("ascii"),
+            encode_match(m, iso_times)[:-1].decode("ascii"))
 
 
 # --- streaming state ------------------------------------------------------------------
@@ -391,7 +392,7 @@ _LIVE = LiveEngines()  #: this Python worker's live engines
 
 
 def advance_key(grp: Group, state: Any, rows: list[tuple], wm_ms: int, shift: float = 0.0,
-                live: LiveEngines | None = _LIVE) -> list[dict]:
+                live: LiveEngines | None = _LIVE, slice_of: tuple[Slicing, int] | None = None) -> list[dict]:
     """One call of the streaming state function for a state key — a bucket of key values (see ``yfpp.spark.stream``).
 
     Replay the bucket's kept events and its new ``rows`` ``(ts, seq, type, attrs, xml)``
@@ -401,9 +402,23 @@ def advance_key(grp: Group, state: Any, rows: list[tuple], wm_ms: int, shift: fl
     events and the ids of the emitted matches that a replay could make again)
     and its timeout. Spark's event time is ``ts + shift`` seconds (``wm_ms`` and
     the timeouts are in that time; 0 means no watermark yet). A ``non_overlapping`` group always replays
-    (its cuts read the keys of the replayed events).
+    (its cuts read the keys of the replayed events). ``slice_of``: the state key is slice ``s`` of a
+    hot key's :class:`Slicing` (``yfpp.spark.stream_hot``; kept in the state for the calls without
+    rows): only the matches that start in the slice are returned.
     """
     st = pickle.loads(state.get[0]) if state.exists else {"events": [], "emitted": {}}
+    if slice_of is not None:
+        st["slice"] = slice_of
+    new = _advance(grp, state, st, rows, wm_ms, shift, live)
+    if "slice" not in st:
+        return new
+    sl, s = st["slice"]
+    return [m for m in new if sl.own(m["start"]) == s]
+
+
+def _advance(grp: Group, state: Any, st: dict, rows: list[tuple], wm_ms: int, shift: float,
+             live: LiveEngines | None) -> list[dict]:
+    """:func:`advance_key`'s work on the state ``st`` as loaded; returns the matches not emitted before."""
     non_overlapping = grp.queries[0][1].policy == "non_overlapping"
     rows = sorted(rows, key=lambda r: (r[0], r[1]))
     kept = sorted(st["events"] + rows, key=lambda r: (r[0], r[1]))
@@ -435,7 +450,8 @@ def advance_key(grp: Group, state: Any, rows: list[tuple], wm_ms: int, shift: fl
     if not keep:
         state.remove()
         return new
-    st = {"events": keep, "emitted": {i: s for i, s in emitted.items() if s >= horizon}}
+    st = {"events": keep, "emitted": {i: s for i, s in emitted.items() if s >= horizon},
+          **({"slice": st["slice"]} if "slice" in st else {})}
     if live is not None and not non_overlapping:
         st["token"] = live.keep(engine)
     state.update((pickle.dumps(st),))

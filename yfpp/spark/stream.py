@@ -9,7 +9,9 @@ A keyed group's key values are spread over a fixed number of **state keys**
 batch task holds many key values: per micro-batch, the state function runs
 once per bucket that got events or timed out — one engine, its queries
 compiled once, for all the bucket's key values —, not once per key value
-(compiling a group of 1,000 subscriptions takes a quarter of a second).
+(compiling a group of 1,000 subscriptions takes a quarter of a second). A
+directory stream's hot keys have state keys of their own, one per time slice
+(:mod:`yfpp.spark.stream_hot`).
 
 The state of a bucket is its **not-yet-finished events**, not a pickled engine
 (which is its snapshot: its queries would be compiled again at every
@@ -52,6 +54,7 @@ from yfpp.input.record_fields import ISO_UNIT_NAME
 from yfpp.spark import ingest, inputs, live_sources, source
 from yfpp.spark.batch import MATCH_SCHEMA, key_hash
 from yfpp.spark.plan import Group, advance_key, effective_queries, group_queries, match_row
+from yfpp.spark.stream_hot import HOT_TYPE, RECORD, HotKeys, owner
 
 OUTPUT_SCHEMA = "kind string, " + MATCH_SCHEMA
 _OUT_COLS = ["kind", "query", "bindings", "start", "end", "emit", "json"]
@@ -71,8 +74,8 @@ warnings.filterwarnings("ignore", "The behavior of DataFrame concatenation with 
 
 def read_stream(spark: SparkSession, path: str | None = None, *, socket: str | None = None,
                 checkpoint: str | None = None, format: str | None = None, ts_field: str = "ts", ts_unit: str = "s",
-                type_field: str | None = None, max_files: int | None = None,
-                interval: str | None = None) -> tuple[DataFrame, StreamingQuery | None]:
+                type_field: str | None = None, max_files: int | None = None, interval: str | None = None,
+                hot: HotKeys | None = None) -> tuple[DataFrame, StreamingQuery | None]:
     """A streaming event DataFrame from new files of directory ``path``, a live source ``path``
     (``tcp://…``, ``mqtt://…``: :mod:`yfpp.spark.live_sources`, spooled under ``checkpoint``) or lines
     from ``socket`` (host:port), and the query ingesting the directory (``None`` otherwise).
@@ -82,6 +85,7 @@ def read_stream(spark: SparkSession, path: str | None = None, *, socket: str | N
     then; see :mod:`yfpp.spark.ingest`); ``max_files`` new files at most per
     micro-batch, ``interval`` its trigger. A socket is read on the driver (a demo source).
     ``ts_field``, ``ts_unit`` (``iso``: ISO-8601 text), ``type_field``: as :func:`yfpp.input.readers.read_events`'s.
+    ``hot``: a directory stream's hot keys, decided and marked by its stager (:mod:`yfpp.spark.stream_hot`).
     """
     if path is not None and inputs.is_live(path):
         spool = inputs.local_path(f"{checkpoint}/live/spool") if checkpoint is not None else None
@@ -95,7 +99,7 @@ def read_stream(spark: SparkSession, path: str | None = None, *, socket: str | N
         if checkpoint is None:
             raise ValueError("a directory stream needs a checkpoint folder")
         query, events = ingest.start_ingest(spark, path, checkpoint, format=format, ts_field=ts_field, ts_unit=ts_unit,
-                                            type_field=type_field, max_files=max_files, interval=interval)
+                                            type_field=type_field, max_files=max_files, interval=interval, hot=hot)
         return events, query
     source.register(spark)
     opts = {"ts_field": ts_field, "ts_unit": ts_unit, "socket": str(socket), **({"format": format} if format else {}),
@@ -106,15 +110,22 @@ def read_stream(spark: SparkSession, path: str | None = None, *, socket: str | N
 def start_stream(spark: SparkSession, queries: Any, outdir: str, checkpoint: str, *, path: str | None = None,
                  socket: str | None = None, policy: str | None = None, full_events: bool = False,
                  format: str | None = None, ts_field: str = "ts", ts_unit: str = "s", type_field: str | None = None,
-                 max_files: int | None = None, interval: str | None = None, log: Any = None) -> list[StreamingQuery]:
+                 max_files: int | None = None, interval: str | None = None, log: Any = None,
+                 hot_keys: bool = True) -> list[StreamingQuery]:
     """Start a stream's queries: ingest (a directory only) and matching, checkpointed under
     ``checkpoint`` (``ingest/``, ``staged/``, ``numbering/``; ``match/``), written to ``outdir``
     (:func:`write_stream`); ``policy``, ``full_events``: as :func:`stream_matches`'s; the reading options
     as :func:`read_stream`'s (``ts_unit`` ``iso``: the matches' lines have ISO-8601 start and end too, as
-    ``yfpp run --ts-format iso``). Stop them with :func:`finish`, or ``stop()`` each."""
+    ``yfpp run --ts-format iso``). ``hot_keys``: a directory stream cuts a keyed group's hot keys into
+    time slices (:mod:`yfpp.spark.stream_hot`). Stop them with :func:`finish`, or ``stop()`` each."""
     checkpoint, outdir = inputs.qualify(spark, checkpoint).rstrip("/"), inputs.qualify(spark, outdir)
+    hot = None
+    if path is not None and not inputs.is_live(path) and (hot_keys or _has_hot_keys(spark, checkpoint)):
+        # (the stager needs them from its first batch; once decided, a checkpoint keeps them, --hot-keys off or not)
+        hot = HotKeys(group_queries(effective_queries(queries, policy), streaming=True), state_buckets(spark, checkpoint))
     events, ingesting = read_stream(spark, path, socket=socket, checkpoint=checkpoint, format=format, ts_field=ts_field,
-                                    ts_unit=ts_unit, type_field=type_field, max_files=max_files, interval=interval)
+                                    ts_unit=ts_unit, type_field=type_field, max_files=max_files, interval=interval,
+                                    hot=hot)
     try:
         matches = stream_matches(spark, queries, events, policy=policy, full_events=full_events,
                                  iso_times=ts_unit == ISO_UNIT_NAME, buckets=state_buckets(spark, checkpoint))
@@ -124,6 +135,11 @@ def start_stream(spark: SparkSession, queries: Any, outdir: str, checkpoint: str
             ingesting.stop()
         raise
     return [q for q in (ingesting, matching) if q is not None]
+
+
+def _has_hot_keys(spark: SparkSession, checkpoint: str) -> bool:
+    """Has the stream checkpointed under ``checkpoint`` decided its hot keys (:mod:`yfpp.spark.stream_hot`)?"""
+    return ingest.Files(spark, checkpoint).exists(f"{checkpoint}/{RECORD}")
 
 
 def state_buckets(spark: SparkSession, checkpoint: str) -> int:
@@ -187,22 +203,41 @@ def stream_matches(spark: SparkSession, queries: Any, events: DataFrame, *, poli
                            iso_times=iso_times)
     low, high = TS_RANGE
     good = F.col("reason").isNull() & (F.col("ts") > low) & (F.col("ts") < high)
-    routed = (events.select(F.explode(_routes(groups, good)).alias("r"), "*")
-              .select("r.g", F.pmod("r.h", F.lit(buckets)).alias("b"), *_RECORD_COLS).where(F.col("b").isNotNull())
+    if "hot" not in events.columns:  # (a live or socket source: no hot keys)
+        events = events.withColumn("hot", F.lit(None).cast(HOT_TYPE))
+    routed = (events.select(F.explode(_routes(groups, good, buckets)).alias("r"), "*")
+              .select("r.*", *_RECORD_COLS).where(F.col("b").isNotNull())
               .withColumn("event_time", F.when(good, F.timestamp_seconds(F.col("ts") + SHIFT)))
               .withWatermark("event_time", "1 millisecond"))  # dead letters have no event time: never dropped
     return routed.groupBy("g", "b").applyInPandasWithState(
         _state_function(groups), OUTPUT_SCHEMA, "events binary", "append", "EventTimeTimeout")
 
 
-def _routes(groups: list[Group], good: Column) -> Column:
-    """``(g, h)`` per copy of an event: its group and key hash (0 for an unkeyed group); dead letters,
-    and events whose ts is outside :data:`TS_RANGE` (not ``good``), to DEAD."""
+def _routes(groups: list[Group], good: Column, buckets: int) -> Column:
+    """``(g, b, s, t0, len, w)`` per copy of an event: its group and state key — its key hash modulo
+    ``buckets`` (0 for an unkeyed group), or, for an event of a hot key, each slice that reads it (the
+    staged column ``hot``, :mod:`yfpp.spark.stream_hot`) with its slicing (null for a bucket); dead
+    letters, and events whose ts is outside :data:`TS_RANGE` (not ``good``), to DEAD."""
     zero = F.lit(0).cast("long")
-    arrays = [F.array(F.struct(F.lit(g).alias("g"), (key_hash(grp.key) if grp.key else zero).alias("h")))
-              for g, grp in enumerate(groups)]
-    return F.when(good, F.flatten(F.array(*arrays))).otherwise(
-        F.array(F.struct(F.lit(DEAD).alias("g"), zero.alias("h"))))
+
+    def route(g: int, b: Column) -> Column:
+        return F.struct(F.lit(g).alias("g"), b.alias("b"), F.lit(None).cast("long").alias("s"),
+                        *(F.lit(None).cast("double").alias(c) for c in ("t0", "len", "w")))
+
+    arrays = []
+    for g, grp in enumerate(groups):
+        if not grp.key:
+            arrays.append(F.array(route(g, zero)))
+            continue
+        bucket = F.array(route(g, F.pmod(key_hash(grp.key), F.lit(buckets))))
+        hot = F.filter("hot", _of_group(g))
+        arrays.append(F.when(F.coalesce(F.size(hot), F.lit(0)) > 0, hot).otherwise(bucket))
+    return F.when(good, F.flatten(F.array(*arrays))).otherwise(F.array(route(DEAD, zero)))
+
+
+def _of_group(g: int) -> Callable[[Column], Column]:
+    """The test ``x.g = g`` for ``F.filter`` (a function of one argument: a second one would be the index)."""
+    return lambda x: x["g"] == g
 
 
 def range_reason(ts: float) -> str:
@@ -220,8 +255,10 @@ def _state_function(groups: list[Group]) -> Callable[[tuple, Iterator[pd.DataFra
                 yield _frame([("dead", None, None, None, None, None, json.dumps(_dead_letter(r)))
                               for r in pdf.itertuples(index=False)])
             return
-        rows = [(float(r.ts), int(r.seq), r.type, r.attrs, r.xml) for pdf in pdfs for r in pdf.itertuples(index=False)]
-        found = advance_key(groups[g], state, rows, state.getCurrentWatermarkMs(), SHIFT)
+        records = [r for pdf in pdfs for r in pdf.itertuples(index=False)]
+        rows = [(float(r.ts), int(r.seq), r.type, r.attrs, r.xml) for r in records]
+        slice_of = owner((records[0].s, records[0].t0, records[0].len, records[0].w)) if records else None
+        found = advance_key(groups[g], state, rows, state.getCurrentWatermarkMs(), SHIFT, slice_of=slice_of)
         if found:
             yield _frame([("match", *match_row(m, iso_times=groups[g].iso_times)) for m in found])
 
