@@ -353,7 +353,7 @@ def test_patterns_encoded_once_give_the_same_checkpoint(pats, data):
 def test_a_checkpoint_written_with_the_kept_texts_of_patterns_holds_the_snapshot(tmp_path_factory, pats, stream, data):
     """write_checkpoint with EncodedPatterns writes the kept JSON text of each pattern as it is: the file reads
     back as the snapshot (and the extra fields) whether an entry has its text (encoded there), has none (kept
-    as a checkpoint held it), is stale (another pattern object) or is missing."""
+    as a checkpoint held it), is stale (another pattern object) or is missing, among queries registered as text."""
     eng = engine(pats, 0)
     for ev in stream:
         eng.process(ev)
@@ -365,6 +365,7 @@ def test_a_checkpoint_written_with_the_kept_texts_of_patterns_holds_the_snapshot
             kept.keep(qid, pattern, json.loads(json.dumps(encode_pattern(pattern))))
     stale = data.draw(st.sampled_from(sorted(eng.sources)))
     kept.keep(stale, data.draw(patterns()))
+    eng.register("PATTERN SEQ(a x) WHERE x.v = 7", name="by_text")  # (a row of a shape: nothing to keep)
     eng.register(data.draw(patterns()), name="new")  # (none kept)
     path = tmp_path_factory.mktemp("cp") / "cp.json"
     write_checkpoint(eng, path, {"service": {"queries": {"q": ["x", None, None]}}}, kept)

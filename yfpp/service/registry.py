@@ -47,6 +47,7 @@ _TABLES = {
     spec TEXT NOT NULL  -- the POST /feeds/mqtt request as JSON (broker URL, topics; no secret)
 )""",
 }
+_COMPACT = json.JSONEncoder(separators=(",", ":")).encode  #: compact JSON (json.dumps with separators made an encoder at each call)
 _WHEN_USED = ("counts", "keys", "owners", "mqtt_feeds")  #: tables made at their first row (a registry of a service without keys stays as it was)
 #: each table's columns as ``PRAGMA table_info`` gives them: (name, declared type, not null, primary key)
 _COLUMNS = {"subscriptions": [("seq", "INTEGER", 0, 1), ("id", "TEXT", 1, 0), ("spec", "TEXT", 1, 0)],
@@ -229,11 +230,11 @@ class Registry:
         with self._transaction() as db:
             db.execute("DELETE FROM queued")
             db.executemany("INSERT INTO queued (sub, result) VALUES (?, ?)", rows)
-            if counts is not None:
+            if counts is not None:  # (a subscription's counts that are all 0 are not stored: 0 is where they start)
                 self._make(db, "counts")
                 db.execute("DELETE FROM counts")
                 db.executemany("INSERT INTO counts (sub, counts) VALUES (?, ?)",
-                               [(sid, json.dumps(c, separators=(",", ":"))) for sid, c in counts.items()])
+                               [(sid, _COMPACT(c)) for sid, c in counts.items() if sid == "" or any(c.values())])
 
     def kept_counts(self) -> dict[str, dict[str, int]] | None:
         """The counters :meth:`keep_queued` kept with the results (an entry that is not counts is left out);

@@ -300,8 +300,9 @@ class Service:
         its thread died or did not finish."""
         forked = None
         if self._final_checkpoint_due() and self.checkpoint_path is not None:
-            try:
-                forked = checkpoint.fork(self.engine, self.checkpoint_path, self._checkpoint_sources, self.patterns)
+            try:  # (written here: nothing else runs now)
+                forked = checkpoint.write_staged(self.engine, self.checkpoint_path, self._checkpoint_sources,
+                                                 self.patterns)
             except Exception as e:
                 self._checkpoint_failed(e)
         self._keep_queued(*held)
@@ -409,7 +410,8 @@ class Service:
                         todo.append((sid, spec, pattern, owner))
                 except (YfppError, ValidationError) as e:
                     log.error("stored subscription no longer registers", extra={"subscription": sid, "error": str(e)})
-            qids = self._register_patterns([(pattern, spec.name or sid, spec.policy) for sid, spec, pattern, _ in todo])
+            qids = self._register_patterns([(self._engine_query(spec, pattern), spec.name or sid, spec.policy)
+                                            for sid, spec, pattern, _ in todo])
             for (sid, spec, _, owner), qid in zip(todo, qids):
                 if isinstance(qid, YfppError):
                     log.error("stored subscription no longer registers", extra={"subscription": sid, "error": str(qid)})
@@ -473,18 +475,28 @@ class Service:
             path.unlink(missing_ok=True)
         return kept
 
-    def _register_patterns(self, items: list[tuple[Pattern, str, str | None]]) -> list[int | YfppError]:
-        """``(pattern, name, policy)`` each registered, in one hold of ``engine_lock``: its query id, or the
-        engine's refusal. Each pattern registered is encoded for the checkpoints then, outside the lock."""
+    def _register_patterns(self, items: list[tuple[str | Pattern, str, str | None]]) -> list[int | YfppError]:
+        """``(query, name, policy)`` each registered (``query``: see :meth:`_engine_query`), in one hold of
+        ``engine_lock``: its query id, or the engine's refusal. Each query registered as a Pattern is encoded for
+        the checkpoints then, outside the lock."""
         out: list[int | YfppError] = []
         with self.engine_lock:
             for policy, group in itertools.groupby(items, key=lambda item: item[2]):  # (runs of one policy)
-                out += self.engine.register_many([(pattern, name) for pattern, name, _ in group], policy=policy)
+                out += self.engine.register_many([(query, name) for query, name, _ in group], policy=policy)
         sources = self.engine.sources  # (not unregistered meanwhile: no subscription has these queries yet)
         for qid in out:
-            if isinstance(qid, int):
+            if isinstance(qid, int) and sources[qid][1] is None:
                 self.patterns.keep(qid, sources[qid][0])
         return out
+
+    def _engine_query(self, spec: SubscriptionSpec, pattern: Pattern) -> str | Pattern:
+        """What the engine registers for a subscription whose query parsed to ``pattern``: the query's text when
+        the engine reads that text as the service did (no language named, windows without a unit in seconds),
+        so that the engine parses and compiles it by shape (``Engine.register_many``), and the checkpoint keeps
+        it by shape, as its constants, which a restore registers again by shape; else ``pattern``."""
+        if spec.language is None and self.config.window_unit == "s" and pattern.source:
+            return pattern.source
+        return pattern
 
     def _attach(self, sub: Subscription) -> None:
         sub.usage = self.usage
@@ -604,7 +616,8 @@ class Service:
                 raise RequestError(503, f"cannot store the change; nothing was changed: {e}") from e
             qid = sub.qid
             if requery:
-                qid, refused = await asyncio.to_thread(self._replace_query, sub.qid, pattern, name, spec.policy)
+                query = self._engine_query(spec, pattern)  # type: ignore[arg-type]
+                qid, refused = await asyncio.to_thread(self._replace_query, sub.qid, query, name, spec.policy)
                 if refused is not None:
                     sub.qid = qid
                     await asyncio.to_thread(self.registry.update, sid, old.model_dump())
@@ -620,15 +633,16 @@ class Service:
         log.info("subscription changed", extra={"subscription": sid, "query_name": sub.name, "requery": requery})
         return sub
 
-    def _replace_query(self, qid: int, pattern: Any, name: str, policy: str | None) -> tuple[int, YfppError | None]:
-        """In one hold of ``engine_lock``: query ``qid`` unregistered, ``pattern`` registered as ``name``: (its
+    def _replace_query(self, qid: int, query: str | Pattern, name: str,
+                       policy: str | None) -> tuple[int, YfppError | None]:
+        """In one hold of ``engine_lock``: query ``qid`` unregistered, ``query`` registered as ``name``: (its
         id, None); if the engine refuses it, the old query registered again (afresh): (its id, the refusal)."""
         with self.engine_lock:
             isolated = self.isolation.by_qid.get(qid)
             old, _, old_name = isolated.source if isolated is not None else self.engine.sources[qid]
             self._drop_query(qid)
             try:
-                return self.engine.register(pattern, name=name, policy=policy), None
+                return self.engine.register(query, name=name, policy=policy), None
             except YfppError as e:
                 return self.engine.register(old, name=old_name), e
 
@@ -646,8 +660,8 @@ class Service:
             refusal = RequestError(503, f"cannot store the subscription; nothing was added: {e}")
             return [refusal if i in ready else p for i, p in enumerate(out)]
         patterns = [out[i] for i in ready]
-        qids = self._register_patterns([(p, specs[i].name or sid, specs[i].policy)  # type: ignore[misc]
-                                        for i, p, sid in zip(ready, patterns, sids)])
+        qids = self._register_patterns([(self._engine_query(specs[i], p), specs[i].name or sid,  # type: ignore[arg-type]
+                                          specs[i].policy) for i, p, sid in zip(ready, patterns, sids)])
         refused = []
         for i, pattern, sid, qid in zip(ready, patterns, sids, qids):
             if isinstance(qid, YfppError):
