@@ -437,3 +437,27 @@ def test_counters_that_are_all_zero_are_not_stored_and_restore_as_zero(tmp_path)
     with BackgroundService(config(tmp_path)) as svc:
         assert svc.subs["s1"].counts() == {**dict.fromkeys(svc.subs["s2"].counts(), 0), "matches": 5, "dropped": 5}
         assert set(svc.subs["s2"].counts().values()) == {0} and svc.totals.counts()["matches"] == 0
+
+
+def test_the_registry_syncs_to_the_disk_only_what_a_checkpoint_keeps_and_a_revoked_key(tmp_path):
+    """A subscription's commit is not synced (it survives the process, kill -9 too); the commit of what a
+    checkpoint keeps is (and with it every commit before), as is a key's removal."""
+    from yfpp.service.registry import Registry
+
+    reg = Registry(str(tmp_path / "r.sqlite"))
+    said: list[str] = []
+    reg._db.set_trace_callback(said.append)
+    sids = reg.add_many([{"query": "PATTERN SEQ(a x)"}])
+    reg.add_key(("k1", "alice", "subscriber", "d" * 64, 1.0))
+    assert not any("synchronous" in s for s in said) and "PRAGMA synchronous=NORMAL" not in said
+    assert reg._db.execute("PRAGMA synchronous").fetchone() == (1,)  # NORMAL
+    result = {"query": "q", "id": "r1", "bindings": {"x": [0]}}
+    for write in (lambda: reg.keep_queued({sids[0]: [result]}, {"": {"matches": 1}}), lambda: reg.remove_key("k1")):
+        said.clear()
+        write()
+        assert said[0] == "PRAGMA synchronous=FULL" and said[1] == "BEGIN IMMEDIATE"
+        assert said[-2:] == ["COMMIT", "PRAGMA synchronous=NORMAL"]
+    reg.close()
+    back = Registry(str(tmp_path / "r.sqlite"))
+    assert [sid for sid, _, _ in back.all()] == sids and back.kept_queued() == {sids[0]: [result]}
+    assert back.keys() == []
