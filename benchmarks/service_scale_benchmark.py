@@ -46,9 +46,10 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 BATCH = 4000  #: subscriptions per POST /subscriptions
 
 
-def cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int, children: bool = False) -> float:
+    """The process's CPU seconds (user + system); ``children``: with those of its children it has waited for."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return sum(int(x) for x in fields[11:15 if children else 13]) / os.sysconf("SC_CLK_TCK")
 
 
 class Serve:
@@ -89,8 +90,9 @@ class Serve:
         return cpu_seconds(self.proc.pid)
 
     def stop(self) -> tuple[float, float]:
-        """SIGTERM; the seconds until the process ended, and the CPU seconds it spent meanwhile."""
-        cpu0 = self.cpu()
+        """SIGTERM; the seconds until the process ended, and the CPU seconds it (and any child it waited for:
+        ``os.wait4`` counts them) spent meanwhile."""
+        cpu0 = cpu_seconds(self.proc.pid, children=True)
         t0 = time.perf_counter()
         self.proc.terminate()
         _, _, usage = os.wait4(self.proc.pid, 0)
