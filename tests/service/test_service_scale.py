@@ -356,10 +356,12 @@ def test_a_restart_keeps_every_subscription_its_id_owner_and_sink_and_checkpoint
         c = Client(f"http://127.0.0.1:{svc.port}", admin)
         assert sorted((s["id"], s["name"], s["owner"], s["sink"], s["query"]) for s in c.subscriptions()) == before
         # (each restored query is kept by its text, as the checkpoint's shapes hold it, or its pattern is kept
-        # encoded: none encoded again)
+        # encoded: none encoded or split again)
         kept = svc.patterns._by_id
         sources = svc.engine.sources.items()
         assert all(text is not None or kept[qid][0] is pattern for qid, (pattern, text, _) in sources)
+        splits = svc.patterns._splits  # (and each query kept by its text is kept split, as the checkpoint held it)
+        assert all(text is None or splits[qid][0] is text for qid, (_, text, _) in sources)
         assert sorted(text for _, text, name in sources.mapping.values() if name != "q5") == sorted(
             s["query"] for s in c.subscriptions() if s["name"] != "q5")
         assert [text for _, text, name in sources.mapping.values() if name == "q5"] == [None]

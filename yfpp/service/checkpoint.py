@@ -23,7 +23,8 @@ from typing import Any, Callable
 from yfpp.engine import Engine
 from yfpp.errors import YfppError
 from yfpp.service.registry import counts_only
-from yfpp.state.checkpoint import EncodedPatterns, read_checkpoint, stored_patterns, write_checkpoint
+from yfpp.state.checkpoint import (EncodedPatterns, read_checkpoint, stored_patterns, stored_splits,
+                                  write_checkpoint)
 
 SERVICE = "service"  #: the checkpoint field of the service's own data
 
@@ -46,10 +47,12 @@ def load(path: Path, patterns: EncodedPatterns | None = None, **opts: Any) -> tu
     try:
         engine = Engine.restore(data, **opts)
         if patterns is not None:  # (the data is checked now; restoring left it as it was)
-            encoded = stored_patterns(data)
-            for qid, (pattern, _, _) in engine.sources.items():
-                if qid in encoded:  # (a query kept as text is written as text: nothing to encode)
+            encoded, splits = stored_patterns(data), stored_splits(data)
+            for qid, (pattern, text, _) in engine.sources.items():
+                if qid in encoded:
                     patterns.keep(qid, pattern, encoded[qid])
+                elif qid in splits and text is not None:  # (a query kept as text: kept split, as the data has it)
+                    patterns.keep_text(qid, text, splits[qid])
     finally:
         gc.enable()
     gc.freeze()  # (the restored queries live as long as the service: no collection need walk them, as the next did)

@@ -478,15 +478,19 @@ class Service:
     def _register_patterns(self, items: list[tuple[str | Pattern, str, str | None]]) -> list[int | YfppError]:
         """``(query, name, policy)`` each registered (``query``: see :meth:`_engine_query`), in one hold of
         ``engine_lock``: its query id, or the engine's refusal. Each query registered as a Pattern is encoded for
-        the checkpoints then, outside the lock."""
+        the checkpoints then, outside the lock; one registered as text is split around its constants."""
         out: list[int | YfppError] = []
         with self.engine_lock:
             for policy, group in itertools.groupby(items, key=lambda item: item[2]):  # (runs of one policy)
                 out += self.engine.register_many([(query, name) for query, name, _ in group], policy=policy)
         sources = self.engine.sources  # (not unregistered meanwhile: no subscription has these queries yet)
         for qid in out:
-            if isinstance(qid, int) and sources[qid][1] is None:
-                self.patterns.keep(qid, sources[qid][0])
+            if isinstance(qid, int):
+                pattern, text, _ = sources[qid]
+                if text is None:
+                    self.patterns.keep(qid, pattern)
+                else:
+                    self.patterns.keep_text(qid, text)
         return out
 
     def _engine_query(self, spec: SubscriptionSpec, pattern: Pattern) -> str | Pattern:
