@@ -352,6 +352,8 @@ def test_a_restart_keeps_every_subscription_its_id_owner_and_sink_and_checkpoint
         before = sorted((s["id"], s["name"], s["owner"], s["sink"], s["query"]) for s in c.subscriptions())
     checkpoint = tmp_path / "state" / "engine-checkpoint.json"
     first = json.loads(checkpoint.read_bytes())["queries"]
+    said = json.loads(checkpoint.read_bytes())["service"]["queries"]  # (a text the engine's rows hold: not again)
+    assert said["q5"] == [PAIR.format(k=5), "sase", None] and all(said[f"q{k}"] == [None, None, None] for k in (0, 2, 3, 4))
     with BackgroundService(cfg) as svc:
         c = Client(f"http://127.0.0.1:{svc.port}", admin)
         assert sorted((s["id"], s["name"], s["owner"], s["sink"], s["query"]) for s in c.subscriptions()) == before
@@ -463,3 +465,26 @@ def test_the_registry_syncs_to_the_disk_only_what_a_checkpoint_keeps_and_a_revok
     back = Registry(str(tmp_path / "r.sqlite"))
     assert [sid for sid, _, _ in back.all()] == sids and back.kept_queued() == {sids[0]: [result]}
     assert back.keys() == []
+
+
+def test_a_restored_query_whose_text_the_checkpoint_left_to_the_engine_is_kept_only_for_the_same_text(tmp_path):
+    """The checkpoint's service field leaves out a query text the engine's rows hold: a start keeps the
+    restored query (and its partial match) for the subscription of the same text, and not for one whose text
+    changed in the registry meanwhile."""
+    records = pairs(2, 1)  # an a, then a b of key 0
+    for changed in (False, True):
+        state = tmp_path / f"changed-{changed}"
+        with BackgroundService(config(state)) as svc:
+            Client(f"http://127.0.0.1:{svc.port}").subscribe(PAIR.format(k=0), name="p")
+            send(svc.feed_port("jsonl"), records[0])  # (an a: a partial match)
+            wait_for(lambda: svc.engine.stats.live_runs == 1, what="the partial match")
+        if changed:
+            with sqlite3.connect(state / "state" / "subscriptions.sqlite") as db:
+                db.execute("UPDATE subscriptions SET spec = json_set(spec, '$.query', ?)", (PAIR.format(k=1),))
+        with BackgroundService(config(state)) as svc:
+            (pattern, text, _), = svc.engine.sources.values()
+            assert text == PAIR.format(k=1 if changed else 0)
+            send(svc.feed_port("jsonl"), records[1])  # (the b: a match only with the restored run)
+            wait_for(lambda: svc.events_in == 2, what="the b taken")
+            time.sleep(0.2)
+            assert svc.subs["s1"].counters.matches == (0 if changed else 1)
