@@ -10,7 +10,8 @@ All on 127.0.0.1, the service as its own process (``yfpp serve --state DIR``, a 
   (``yfpp.cli.write_matches``: the reader, the engine, each match a JSON line to /dev/null) over the same
   events (a file) and the same N queries (a query file), in a process of its own, its CPU seconds apart
   from registering the queries, per event;
-* SIGTERM: seconds until the process has ended, and that the final checkpoint was written;
+* SIGTERM: seconds until the process has ended (and its CPU seconds meanwhile), and that the final checkpoint
+  was written;
 * the service started again on that state: seconds until ``/health`` answers 200 (every subscription
   registered again), and its CPU seconds;
 * the engine thread's seconds for each periodic checkpoint (the service's log, ``engine_thread_s``);
@@ -45,9 +46,10 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 BATCH = 4000  #: subscriptions per POST /subscriptions
 
 
-def cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int, children: bool = False) -> float:
+    """The process's CPU seconds (user + system); ``children``: with those of its children it has waited for."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return sum(int(x) for x in fields[11:15 if children else 13]) / os.sysconf("SC_CLK_TCK")
 
 
 class Serve:
@@ -87,12 +89,16 @@ class Serve:
     def cpu(self) -> float:
         return cpu_seconds(self.proc.pid)
 
-    def stop(self) -> float:
-        """SIGTERM; the seconds until the process ended."""
+    def stop(self) -> tuple[float, float]:
+        """SIGTERM; the seconds until the process ended, and the CPU seconds it (and any child it waited for:
+        ``os.wait4`` counts them) spent meanwhile."""
+        cpu0 = cpu_seconds(self.proc.pid, children=True)
         t0 = time.perf_counter()
         self.proc.terminate()
-        self.proc.wait(120)
-        return time.perf_counter() - t0
+        _, _, usage = os.wait4(self.proc.pid, 0)
+        wall = time.perf_counter() - t0
+        self.proc.wait(120)  # (reaped already: the Popen learns so)
+        return wall, usage.ru_utime + usage.ru_stime - cpu0
 
     def __enter__(self) -> "Serve":
         return self
@@ -206,7 +212,7 @@ def main() -> None:
             time.sleep(6)  # (a periodic checkpoint past every event)
             r["periodic_checkpoint_engine_thread_s"] = [x["engine_thread_s"] for x in svc.log
                                                         if x.get("msg") == "checkpoint written" and "engine_thread_s" in x]
-            r["stop_s"] = svc.stop()
+            r["stop_s"], r["stop_cpu_s"] = svc.stop()
             r["stop_checkpoint_written"] = any(x.get("msg") == "checkpoint written" for x in svc.log[-5:])
         with Serve(state, n, checkpoint_every=60) as svc:
             r["restart_s"] = time.perf_counter() - svc.started_at
@@ -222,7 +228,8 @@ def main() -> None:
           f"(yfpp run registers them in {r['run_register_cpu_s']:.1f} s); one at a time: "
           f"{r['single_register_cpu_ms']:.2f} ms CPU, {r['single_register_wall_ms']:.1f} ms wall")
     print(f"checkpoints         engine thread {', '.join(f'{x:.3f}' for x in r['periodic_checkpoint_engine_thread_s'])} s")
-    print(f"stop (SIGTERM)      {r['stop_s']:.1f} s, final checkpoint written: {r['stop_checkpoint_written']}")
+    print(f"stop (SIGTERM)      {r['stop_s']:.1f} s ({r['stop_cpu_s']:.1f} s CPU), final checkpoint written: "
+          f"{r['stop_checkpoint_written']}")
     print(f"restart             /health 200 after {r['restart_s']:.1f} s ({r['restart_cpu_s']:.1f} s CPU), "
           f"{r['restart_subscriptions']:,} subscriptions")
     if args.runs:

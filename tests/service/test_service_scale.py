@@ -336,11 +336,12 @@ def test_a_stop_while_busy_discards_the_inbox_after_a_while_and_writes_the_final
 def test_a_restart_keeps_every_subscription_its_id_owner_and_sink_and_checkpoints_the_same_queries(tmp_path):
     """A batch (with a bad item), a subscriber's own, a deleted one: after a stop and a start every subscription
     is there with its id, name, owner and sink, and the restarted service's checkpoint holds the same queries
-    (their patterns kept encoded from the one it restored)."""
+    (by their text, or their patterns kept encoded from the one it restored)."""
     admin = "k" * 40
     cfg = config(tmp_path, admin_key=admin, file_sink_dir=str(tmp_path))
     sink = f"file:{tmp_path / 'out.jsonl'}"
-    specs = [{"query": PAIR.format(k=k), "name": f"q{k}", **({"sink": sink} if k % 2 else {})} for k in range(6)]
+    specs = [{"query": PAIR.format(k=k), "name": f"q{k}", **({"sink": sink} if k % 2 else {}),
+              **({"language": "sase"} if k == 5 else {})} for k in range(6)]  # (q5: registered as a Pattern)
     with BackgroundService(cfg) as svc:
         c = Client(f"http://127.0.0.1:{svc.port}", admin)
         answers = c.subscribe_many(specs[:3] + [{"query": "PATTERN SEQ("}] + specs[3:])
@@ -351,11 +352,21 @@ def test_a_restart_keeps_every_subscription_its_id_owner_and_sink_and_checkpoint
         before = sorted((s["id"], s["name"], s["owner"], s["sink"], s["query"]) for s in c.subscriptions())
     checkpoint = tmp_path / "state" / "engine-checkpoint.json"
     first = json.loads(checkpoint.read_bytes())["queries"]
+    said = json.loads(checkpoint.read_bytes())["service"]["queries"]  # (a text the engine's rows hold: not again)
+    assert said["q5"] == [PAIR.format(k=5), "sase", None] and all(said[f"q{k}"] == [None, None, None] for k in (0, 2, 3, 4))
     with BackgroundService(cfg) as svc:
         c = Client(f"http://127.0.0.1:{svc.port}", admin)
         assert sorted((s["id"], s["name"], s["owner"], s["sink"], s["query"]) for s in c.subscriptions()) == before
-        kept = svc.patterns._by_id  # (each restored query's pattern kept encoded: none encoded again)
-        assert all(kept[qid][0] is pattern for qid, (pattern, _, _) in svc.engine.sources.items())
+        # (each restored query is kept by its text, as the checkpoint's shapes hold it, or its pattern is kept
+        # encoded: none encoded or split again)
+        kept = svc.patterns._by_id
+        sources = svc.engine.sources.items()
+        assert all(text is not None or kept[qid][0] is pattern for qid, (pattern, text, _) in sources)
+        splits = svc.patterns._splits  # (and each query kept by its text is kept split, as the checkpoint held it)
+        assert all(text is None or splits[qid][0] is text for qid, (_, text, _) in sources)
+        assert sorted(text for _, text, name in sources.mapping.values() if name != "q5") == sorted(
+            s["query"] for s in c.subscriptions() if s["name"] != "q5")
+        assert [text for _, text, name in sources.mapping.values() if name == "q5"] == [None]
         assert len(before) == 6 and svc.save_checkpoint()
     assert json.loads(checkpoint.read_bytes())["queries"] == first
 
@@ -386,3 +397,94 @@ def test_a_stop_drops_a_periodic_checkpoint_still_being_written_and_writes_the_f
     assert said.count("checkpoint written") == 1 and "checkpoint failed" not in said
     with BackgroundService(config(tmp_path)) as svc:
         assert svc.restored and svc.events_in == 10 and [s.name for s in svc.subs.values()] == ["p"]
+
+
+def test_the_stop_writes_the_final_checkpoint_in_process_and_a_start_restores_every_subscription(tmp_path, monkeypatch,
+                                                                                                  caplog):
+    """No process is forked at the stop (a fork of a large service cost seconds in copied pages): the final
+    checkpoint is written by the stopping process itself; the next start restores every subscription (by
+    shape and as a Pattern), its runs and its counters, and goes on as one uninterrupted service."""
+    queries = {f"q{k}": PAIR.format(k=k) for k in range(3)}
+    records = pairs(60, 3)
+    want = expected(queries, records)
+    with caplog.at_level("INFO", logger="yfpp.service"):
+        with BackgroundService(config(tmp_path, checkpoint_every=3600)) as svc:
+            c = Client(f"http://127.0.0.1:{svc.port}")
+            c.subscribe_many([{"query": q, "name": n, **({"language": "sase"} if n == "q2" else {})}
+                              for n, q in queries.items()])
+            send(svc.feed_port("jsonl"), b"".join(records[:31]))
+            wait_for(lambda: svc.events_in == 31, what="the events taken")
+
+            def no_fork():
+                raise AssertionError("forked at the stop")
+
+            monkeypatch.setattr(os, "fork", no_fork)
+    monkeypatch.undo()
+    assert [r.getMessage() for r in caplog.records].count("checkpoint written") == 1
+    rows = json.loads((tmp_path / "state" / "engine-checkpoint.json").read_bytes())["queries"]
+    assert [row[2] is None for row in rows] == [False, False, True]  # q0, q1 by shape; q2 (a language named) as IR
+    with BackgroundService(config(tmp_path)) as svc:
+        assert svc.restored and svc.events_in == 31 and sorted(svc.by_name) == sorted(queries)
+        before = {s.name: s.counters.matches for s in svc.subs.values()}
+        assert sum(before.values()) == sum(1 for m in want if m["bindings"]["y"][0] < 31)
+        send(svc.feed_port("jsonl"), b"".join(records[31:]))
+        wait_for(lambda: svc.events_in == len(records), what="the rest taken")
+        wait_for(lambda: sum(s.counters.matches for s in svc.subs.values()) == len(want), what="every match")
+
+
+def test_counters_that_are_all_zero_are_not_stored_and_restore_as_zero(tmp_path):
+    with BackgroundService(config(tmp_path)) as svc:
+        Client(f"http://127.0.0.1:{svc.port}").subscribe_many([{"query": "PATTERN SEQ(a x)", "name": n} for n in "xy"])
+        svc.subs["s1"].counters.matches = svc.subs["s1"].counters.dropped = 5
+    with sqlite3.connect(tmp_path / "state" / "subscriptions.sqlite") as db:
+        assert sorted(sid for sid, in db.execute("SELECT sub FROM counts")) == ["", "s1"]
+    with BackgroundService(config(tmp_path)) as svc:
+        assert svc.subs["s1"].counts() == {**dict.fromkeys(svc.subs["s2"].counts(), 0), "matches": 5, "dropped": 5}
+        assert set(svc.subs["s2"].counts().values()) == {0} and svc.totals.counts()["matches"] == 0
+
+
+def test_the_registry_syncs_to_the_disk_only_what_a_checkpoint_keeps_and_a_revoked_key(tmp_path):
+    """A subscription's commit is not synced (it survives the process, kill -9 too); the commit of what a
+    checkpoint keeps is (and with it every commit before), as is a key's removal."""
+    from yfpp.service.registry import Registry
+
+    reg = Registry(str(tmp_path / "r.sqlite"))
+    said: list[str] = []
+    reg._db.set_trace_callback(said.append)
+    sids = reg.add_many([{"query": "PATTERN SEQ(a x)"}])
+    reg.add_key(("k1", "alice", "subscriber", "d" * 64, 1.0))
+    assert not any("synchronous" in s for s in said) and "PRAGMA synchronous=NORMAL" not in said
+    assert reg._db.execute("PRAGMA synchronous").fetchone() == (1,)  # NORMAL
+    result = {"query": "q", "id": "r1", "bindings": {"x": [0]}}
+    for write in (lambda: reg.keep_queued({sids[0]: [result]}, {"": {"matches": 1}}), lambda: reg.remove_key("k1")):
+        said.clear()
+        write()
+        assert said[0] == "PRAGMA synchronous=FULL" and said[1] == "BEGIN IMMEDIATE"
+        assert said[-2:] == ["COMMIT", "PRAGMA synchronous=NORMAL"]
+    reg.close()
+    back = Registry(str(tmp_path / "r.sqlite"))
+    assert [sid for sid, _, _ in back.all()] == sids and back.kept_queued() == {sids[0]: [result]}
+    assert back.keys() == []
+
+
+def test_a_restored_query_whose_text_the_checkpoint_left_to_the_engine_is_kept_only_for_the_same_text(tmp_path):
+    """The checkpoint's service field leaves out a query text the engine's rows hold: a start keeps the
+    restored query (and its partial match) for the subscription of the same text, and not for one whose text
+    changed in the registry meanwhile."""
+    records = pairs(2, 1)  # an a, then a b of key 0
+    for changed in (False, True):
+        state = tmp_path / f"changed-{changed}"
+        with BackgroundService(config(state)) as svc:
+            Client(f"http://127.0.0.1:{svc.port}").subscribe(PAIR.format(k=0), name="p")
+            send(svc.feed_port("jsonl"), records[0])  # (an a: a partial match)
+            wait_for(lambda: svc.engine.stats.live_runs == 1, what="the partial match")
+        if changed:
+            with sqlite3.connect(state / "state" / "subscriptions.sqlite") as db:
+                db.execute("UPDATE subscriptions SET spec = json_set(spec, '$.query', ?)", (PAIR.format(k=1),))
+        with BackgroundService(config(state)) as svc:
+            (pattern, text, _), = svc.engine.sources.values()
+            assert text == PAIR.format(k=1 if changed else 0)
+            send(svc.feed_port("jsonl"), records[1])  # (the b: a match only with the restored run)
+            wait_for(lambda: svc.events_in == 2, what="the b taken")
+            time.sleep(0.2)
+            assert svc.subs["s1"].counters.matches == (0 if changed else 1)

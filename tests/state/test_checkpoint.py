@@ -353,7 +353,8 @@ def test_patterns_encoded_once_give_the_same_checkpoint(pats, data):
 def test_a_checkpoint_written_with_the_kept_texts_of_patterns_holds_the_snapshot(tmp_path_factory, pats, stream, data):
     """write_checkpoint with EncodedPatterns writes the kept JSON text of each pattern as it is: the file reads
     back as the snapshot (and the extra fields) whether an entry has its text (encoded there), has none (kept
-    as a checkpoint held it), is stale (another pattern object) or is missing."""
+    as a checkpoint held it), is stale (another pattern object) or is missing; the same for a query registered
+    as text and its text kept split around its constants."""
     eng = engine(pats, 0)
     for ev in stream:
         eng.process(ev)
@@ -365,6 +366,15 @@ def test_a_checkpoint_written_with_the_kept_texts_of_patterns_holds_the_snapshot
             kept.keep(qid, pattern, json.loads(json.dumps(encode_pattern(pattern))))
     stale = data.draw(st.sampled_from(sorted(eng.sources)))
     kept.keep(stale, data.draw(patterns()))
+    by_text = eng.register("PATTERN SEQ(a x) WHERE x.v = 7 AND x.w = 'z'", name="by_text")  # (a row of a shape)
+    how = data.draw(st.sampled_from(["kept", "as the data has it", "stale", "missing"]))
+    text = eng.sources[by_text][1]
+    if how == "kept":
+        kept.keep_text(by_text, text)
+    elif how == "as the data has it":
+        kept.keep_text(by_text, text, (["PATTERN SEQ(a x) WHERE x.v = ", " AND x.w = ", ""], ["7", "'z'"]))
+    elif how == "stale":  # (another text than the query's now: not used)
+        kept.keep_text(by_text, "PATTERN SEQ(a x) WHERE x.v = 8")
     eng.register(data.draw(patterns()), name="new")  # (none kept)
     path = tmp_path_factory.mktemp("cp") / "cp.json"
     write_checkpoint(eng, path, {"service": {"queries": {"q": ["x", None, None]}}}, kept)

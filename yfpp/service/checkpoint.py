@@ -23,7 +23,8 @@ from typing import Any, Callable
 from yfpp.engine import Engine
 from yfpp.errors import YfppError
 from yfpp.service.registry import counts_only
-from yfpp.state.checkpoint import EncodedPatterns, read_checkpoint, stored_patterns, write_checkpoint
+from yfpp.state.checkpoint import (EncodedPatterns, read_checkpoint, stored_patterns, stored_splits,
+                                  write_checkpoint)
 
 SERVICE = "service"  #: the checkpoint field of the service's own data
 
@@ -46,10 +47,12 @@ def load(path: Path, patterns: EncodedPatterns | None = None, **opts: Any) -> tu
     try:
         engine = Engine.restore(data, **opts)
         if patterns is not None:  # (the data is checked now; restoring left it as it was)
-            encoded = stored_patterns(data)
-            for qid, (pattern, _, _) in engine.sources.items():
-                if qid in encoded:  # (a query kept as text is written as text: nothing to encode)
+            encoded, splits = stored_patterns(data), stored_splits(data)
+            for qid, (pattern, text, _) in engine.sources.items():
+                if qid in encoded:
                     patterns.keep(qid, pattern, encoded[qid])
+                elif qid in splits and text is not None:  # (a query kept as text: kept split, as the data has it)
+                    patterns.keep_text(qid, text, splits[qid])
     finally:
         gc.enable()
     gc.freeze()  # (the restored queries live as long as the service: no collection need walk them, as the next did)
@@ -124,6 +127,22 @@ class Forked:
         staged(self.path).unlink(missing_ok=True)
 
 
+def write_staged(engine: Engine, path: Path, service_of: Callable[[], dict[str, Any]],
+                 patterns: EncodedPatterns | None = None) -> Forked:
+    """Write the engine's state (and ``service_of()``) to the staged file of ``path`` here and now, on the caller's
+    thread: what a stop does, with the engine stopped (a fork of a large service cost more, in the pages its child
+    copied as it touched the state, than the write itself). The :class:`Forked` returned is written already."""
+    staged(path).unlink(missing_ok=True)
+    collecting = gc.isenabled()
+    gc.disable()  # (the snapshot makes a great many objects, all garbage once written: no collection meanwhile)
+    try:
+        save(engine, staged(path), service_of(), patterns)
+    finally:
+        if collecting:
+            gc.enable()
+    return Forked(None, None, path)
+
+
 def fork(engine: Engine, path: Path, service_of: Callable[[], dict[str, Any]],
          patterns: EncodedPatterns | None = None) -> Forked:
     """Start writing the engine's state as it is now (and ``service_of()``) to the staged file of ``path``, in
@@ -131,10 +150,9 @@ def fork(engine: Engine, path: Path, service_of: Callable[[], dict[str, Any]],
 
     Call it with the engine quiet (``engine_lock`` held); the child touches nothing but the engine, the
     service's subscriptions and that file, and ends with ``os._exit``."""
-    staged(path).unlink(missing_ok=True)
     if not hasattr(os, "fork"):
-        save(engine, staged(path), service_of(), patterns)
-        return Forked(None, None, path)
+        return write_staged(engine, path, service_of, patterns)
+    staged(path).unlink(missing_ok=True)
     tempfile._get_candidate_names()  # type: ignore[attr-defined]  # (made before the fork: no lock to inherit)
     r, w = os.pipe()
     pid = os.fork()

@@ -399,7 +399,7 @@ def _serve_share(engine: Engine, max_share: float | None, inbox: Connection, out
             next_usage = time.monotonic() + USAGE_EVERY
             over = usage.sample(engine, max_share)
             sets = {str(m.plan.name): {"runs": 0, "runs_shed": 0, "cpu_s": 0.0} for m in engine.set_queries.values()}
-            out.send(("sample", {**sets, **usage.by_name}, over, engine.stats.live_runs))
+            out.send(("sample", {**sets, **usage.sampled()}, over, engine.stats.live_runs))
 
 
 def _register(engine: Engine, qid: int, pattern: Pattern, name: str, policy: str | None) -> str | None:

@@ -1,0 +1,93 @@
+"""The service's usage samples (``yfpp.service.accounting.Usage``) against a plain account of them: every query's
+runs, runs shed, CPU share and the queries over their share, through registrations, deletions, runs and quiet
+times; a sample looks one by one only at the queries of branches with live runs."""
+
+from __future__ import annotations
+
+import types
+from collections import defaultdict
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("fastapi", reason="the service needs pip install -e '.[serve]' in yfpp's clone")
+
+from yfpp.engine import Engine  # noqa: E402
+from yfpp.service import accounting  # noqa: E402
+from yfpp.service.accounting import BUSY, Usage  # noqa: E402
+
+QUERIES = ["PATTERN SEQ(a x, b y) WHERE skip_till_any_match(x, y) {{ x.k = {k} }} WITHIN 100",
+           "PATTERN SEQ(a x, c y) WITHIN 100", "PATTERN SEQ(b x, c y) WHERE x.k = y.k WITHIN 5"]
+
+
+class Account:
+    """Each query's CPU share added up one by one, as a sample of every query makes it."""
+
+    def __init__(self) -> None:
+        self.cpu: defaultdict[str, float] = defaultdict(float)
+        self.by_name: dict[str, dict] = {}
+        self.parts: dict[str, tuple[float, float]] = {}
+        self.first = True
+
+    def sample(self, engine: Engine, spent: float, interval: float, max_share: float | None) -> list[str]:
+        """``spent``: the engine thread's CPU seconds in the ``interval`` since the last sample (the first
+        sample's: none)."""
+        spent, self.first = (0.0 if self.first else spent), False
+        rt = engine.runtime
+        branches = [(root.live, [str(p.name) for p in plans]) for root, plans in rt.branch_queries.items()]
+        live = sum(n for n, _ in branches)
+        names = [name for _, group in branches for name in group]
+        busy = bool(live) and spent >= BUSY * interval > 0
+        over, self.by_name, self.parts = [], {}, {}
+        for n, group in branches:
+            share = spent * n / live / len(group) if live else spent / len(names)
+            for name in group:
+                self.cpu[name] += share
+                self.by_name[name] = {"runs": n, "runs_shed": rt.counters.shed_runs.get(name, 0), "cpu_s": self.cpu[name]}
+                self.parts[name] = (n / len(group), share / spent if busy else 0.0)
+                if max_share is not None and busy and len(names) > 1 and share > max_share * spent:
+                    over.append(name)
+        for gone in set(self.cpu) - set(names):
+            del self.cpu[gone]
+        return over
+
+
+steps = st.lists(st.one_of(
+    st.tuples(st.just("register"), st.integers(0, len(QUERIES) - 1), st.integers(0, 3)),
+    st.tuples(st.just("unregister"), st.integers(0, 20)),
+    st.tuples(st.just("events"), st.lists(st.tuples(st.sampled_from("abc"), st.integers(0, 3)), max_size=12)),
+    st.tuples(st.just("sample"), st.integers(0, 16).map(lambda n: n / 8), st.integers(1, 40).map(lambda n: n / 8),
+              st.sampled_from([None, 0.2, 0.6]))),  # (the clock's seconds in eighths: exact sums)
+    max_size=30)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(steps)
+def test_a_sample_says_what_a_sample_of_every_query_says(monkeypatch, script):
+    clock = types.SimpleNamespace(cpu=0.0, wall=0.0)
+    monkeypatch.setattr(accounting, "time", types.SimpleNamespace(thread_time=lambda: clock.cpu,
+                                                                  monotonic=lambda: clock.wall))
+    eng = Engine(max_runs_per_query=3)  # (a cap: some runs are shed)
+    usage, account = Usage(), Account()
+    ts, made = 0.0, 0
+    for step in script:
+        if step[0] == "register":
+            made += 1
+            eng.register(QUERIES[step[1]].format(k=step[2]), name=f"q{made}")
+        elif step[0] == "unregister" and eng.sources:
+            eng.unregister(sorted(eng.sources)[step[1] % len(eng.sources)])
+        elif step[0] == "events":
+            for etype, k in step[1]:
+                ts += 1
+                eng.process({"type": etype, "ts": ts, "k": k})
+        elif step[0] == "sample":
+            _, spent, interval, max_share = step
+            clock.cpu += spent
+            clock.wall += interval
+            assert usage.sample(eng, max_share) == account.sample(eng, spent, interval, max_share)
+            assert usage.parts == {name: part for name, part in account.parts.items() if part[0]}
+            for name in {f"q{i}" for i in range(made + 2)}:
+                got, want = usage.of(name), account.by_name.get(name, {"runs": 0, "runs_shed": 0, "cpu_s": 0.0})
+                assert (got["runs"], got["runs_shed"], got["engine"]) == (want["runs"], want["runs_shed"], "main")
+                assert got["cpu_s"] == pytest.approx(round(want["cpu_s"], 3), abs=1.001e-3)
