@@ -21,6 +21,9 @@ checkpoint) is numbered from the same record, so identically; one whose mark
 exists is skipped, and one staged but not marked keeps the staged folder
 (same name, same rows): nothing is staged twice or lost. The matching query
 reads ``staged/`` as its own streaming file source and checkpoint.
+
+A live source (:mod:`yfpp.spark.live_sources`) is staged the same way (:func:`stage`): its chunks,
+parsed on the executors, are the splits of one feed.
 """
 
 from __future__ import annotations
@@ -125,9 +128,11 @@ def one_line_errors(fn: Callable[[DataFrame, int], None]) -> Callable[[DataFrame
 class Stager:
     """The ingest query's ``foreachBatch``: numbers a micro-batch's records and stages them (module docstring)."""
 
-    def __init__(self, spark: SparkSession, root: str, checkpoint: str):
+    def __init__(self, spark: SparkSession, root: str, checkpoint: str, single: bool = False):
+        """``root``: the folder the dead letters' positions name files below; ``single``: the input is
+        one feed (a live source), its positions carry no file name."""
         self.files = Files(spark, checkpoint)
-        self.root, self.checkpoint = root, checkpoint.rstrip("/")
+        self.root, self.checkpoint, self.single = root, checkpoint.rstrip("/"), single
 
     def mark(self, batch_id: int) -> str:
         return f"{self.checkpoint}/numbering/{batch_id}.json"
@@ -150,14 +155,17 @@ class Stager:
         stats = summaries(parsed)
         tmp = f"{self.checkpoint}/tmp/{batch_id}-{uuid.uuid4().hex}"
         if stats:
-            offsets = split_offsets(stats, False, (seq, max_ts), self.root, uris=True)
-            parsed_input = Parsed(parsed, stats, offsets, any_late(stats, offsets))
-            events_of(parsed.sparkSession, parsed_input).drop("key_hashes").write.parquet(tmp)
+            offsets = split_offsets(stats, self.single, (seq, max_ts), self.root, uris=True)
+            self.events(Parsed(parsed, stats, offsets, any_late(stats, offsets))).write.parquet(tmp)
             self.files.publish(tmp, f"{self.checkpoint}/staged/batch-{batch_id:012d}")
         parsed.unpersist()
         seq += sum(s["n"] for s in stats)
         max_ts = max([t for t in [max_ts, *(s["ts"] for s in stats)] if t is not None], default=None)
         self.files.write_text(tmp + ".json", self.mark(batch_id), json.dumps({"seq": seq, "max_ts": max_ts}))
+
+    def events(self, parsed: Parsed) -> DataFrame:
+        """A micro-batch's records numbered (:data:`EVENT_SCHEMA` columns)."""
+        return events_of(parsed.df.sparkSession, parsed).drop("key_hashes")
 
 
 def start_ingest(spark: SparkSession, path: str, checkpoint: str, *, format: str | None = None, ts_field: str = "ts",
@@ -170,7 +178,6 @@ def start_ingest(spark: SparkSession, path: str, checkpoint: str, *, format: str
     ``max_files``: at most this many new files per micro-batch; ``interval``: its trigger.
     """
     checkpoint = inputs.qualify(spark, checkpoint).rstrip("/")
-    files = Files(spark, checkpoint)
     given = inputs.qualify(spark, path)
     if not Files(spark, given).exists(given):
         raise InputError(f"no such input: {path}")
@@ -184,12 +191,19 @@ def start_ingest(spark: SparkSession, path: str, checkpoint: str, *, format: str
     parsed = reader.load(given).select(
         "path", F.lit(0).cast("long").alias("block"), "content", F.lit(True).alias("whole"),
     ).mapInArrow(parse_batches(opts), PARSED_SCHEMA)
-    writer = parsed.writeStream.foreachBatch(one_line_errors(Stager(spark, root, checkpoint))).option(
-        "checkpointLocation", f"{checkpoint}/ingest")
+    return stage(spark, parsed, Stager(spark, root, checkpoint), interval)
+
+
+def stage(spark: SparkSession, parsed: DataFrame, stager: Stager,
+          interval: str | None = None) -> tuple[StreamingQuery, DataFrame]:
+    """Start the ingest query staging ``parsed`` (a stream of :data:`PARSED_SCHEMA` rows) with ``stager``
+    (checkpointed under its checkpoint's ``ingest/``); return it and the streaming DataFrame of staged events."""
+    checkpoint = stager.checkpoint
+    writer = parsed.writeStream.foreachBatch(one_line_errors(stager)).option("checkpointLocation", f"{checkpoint}/ingest")
     if interval:
         writer = writer.trigger(processingTime=interval)
     staged = f"{checkpoint}/staged"
-    files.mkdirs(staged)  # the matching query's source must exist before the first batch is staged
+    stager.files.mkdirs(staged)  # the matching query's source must exist before the first batch is staged
     query = writer.start()
     events = spark.readStream.schema(EVENT_SCHEMA).option("recursiveFileLookup", "true").parquet(staged)
     return query, events
