@@ -347,3 +347,44 @@ def test_a_tcp_stream_is_parsed_on_the_executors_and_is_yfpp_run_across_a_produc
     ingest = err[err.index(" ingest:"):err.index(" match:")]
     rows = [ln.split() for ln in ingest.splitlines() if re.match(r"\s+\d+\s+\d+\s", ln)]
     assert rows and all("driver" not in r[2].split(",") for r in rows), ingest
+
+
+def spooled_records(query) -> int:
+    """The records of a live stream's last micro-batch's end offset (0 before the first)."""
+    progress = query.lastProgress
+    end = progress and progress["sources"][0]["endOffset"]
+    return (json.loads(end) if isinstance(end, str) else end or {"records": 0})["records"]
+
+
+def test_spark_commits_trim_the_spool_of_a_live_stream(spark, tmp_path):
+    """Through Spark: once micro-batches are committed their spool segments are gone (small segments here),
+    and every line was staged once. The test sends the next piece of the feed once Spark took the last."""
+    from yfpp.spark.live_sources import start_live
+    from yfpp.spark.stream import finish
+
+    lines = feed_lines(300, seed=6)
+    pieces = [lines[i:i + 50] for i in range(0, len(lines), 50)]
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(ACCEPT_TIMEOUT)
+    ck = tmp_path / "ck"
+    query, _ = start_live(spark, f"tcp://127.0.0.1:{server.getsockname()[1]}", str(ck), {"segment_bytes": "2000"})
+    try:
+        conn, _ = server.accept()
+        with conn:
+            sent = 0
+            for piece in pieces:
+                conn.sendall(b"".join(piece))
+                sent += len(piece)
+                deadline = time.monotonic() + ACCEPT_TIMEOUT
+                while spooled_records(query) < sent and time.monotonic() < deadline:
+                    time.sleep(0.2)
+            finish([query])
+    finally:
+        server.close()
+        query.stop()
+    fed = sum(map(len, lines))
+    spooled = sorted((ck / "live" / "spool").iterdir())
+    first = int(spooled[0].name.split("-")[0])  # the committed micro-batches' segments are gone
+    assert first > fed // 2 and sum(f.stat().st_size for f in spooled) < fed // 2, [f.name for f in spooled]
+    rows = spark.read.option("recursiveFileLookup", "true").parquet(str(ck / "staged")).select("seq").collect()
+    assert sorted(r.seq for r in rows) == list(range(len(lines)))
