@@ -388,3 +388,36 @@ def test_spark_commits_trim_the_spool_of_a_live_stream(spark, tmp_path):
     assert first > fed // 2 and sum(f.stat().st_size for f in spooled) < fed // 2, [f.name for f in spooled]
     rows = spark.read.option("recursiveFileLookup", "true").parquet(str(ck / "staged")).select("seq").collect()
     assert sorted(r.seq for r in rows) == list(range(len(lines)))
+
+
+def test_the_stager_numbers_mqtt_events_only_and_gives_their_dead_letters_seq_minus_one(spark, tmp_path):
+    """An MQTT feed's rows as the executors parse them (two micro-batches), staged: events numbered 0, 1, …
+    across messages and batches, late ones flagged, a malformed message's dead letter at seq -1 with its
+    message's position — as ``yfpp run -i mqtt://`` reports them."""
+    import pyarrow as pa
+
+    from yfpp.spark.live_parse import frame
+    from yfpp.spark.live_sources import LiveStager, Spool, whole_frames
+    from yfpp.spark.parse import PARSED_SCHEMA
+
+    folder = str(tmp_path / "spool")
+    spool = Spool(folder, whole_frames)
+    reader = _MqttReader({"url": "mqtt://127.0.0.1/t", "spool": folder})
+    batches = [[b'{"type": "a", "ts": 5}\n{"type": "b", "ts": 6}', b"oops", b'{"type": "c", "ts": 4}'],
+               [b'[{"type": "d", "ts": 7}, 1]', b'{"type": "e", "ts": 8}']]
+    stager = LiveStager(spark, "mqtt://127.0.0.1/t", str(tmp_path / "ck"), single=True)
+    start = reader.initialOffset()
+    for batch_id, messages in enumerate(batches):
+        for m in messages:
+            spool.append(frame("t", m), 1)
+        end = spool.offset()
+        table = pa.Table.from_batches([b for c in reader.partitions(start, end) for b in reader.read(c)])
+        stager(spark.createDataFrame(table.to_pandas(), PARSED_SCHEMA), batch_id)
+        start = end
+    spool.close()
+    staged = spark.read.option("recursiveFileLookup", "true").parquet(str(tmp_path / "ck" / "staged")).collect()
+    got = sorted((r.seq, r.type, r.position, (r.reason or "").split(":")[0]) for r in staged)
+    assert got == [
+        (-1, None, "mqtt t message 2", "neither XML nor JSON"),
+        (-1, None, "mqtt t message 4 line 2", "not an object"),
+        (0, "a", None, ""), (1, "b", None, ""), (2, "c", "seq 2", "late event"), (3, "d", None, ""), (4, "e", None, "")]
