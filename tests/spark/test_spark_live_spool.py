@@ -20,7 +20,7 @@ pytest.importorskip("pyspark", reason="pyspark is not installed (pip install '.[
 
 from yfpp.errors import InputError  # noqa: E402
 from yfpp.spark import live_sources  # noqa: E402
-from yfpp.spark.live_parse import frame  # noqa: E402
+from yfpp.spark.live_parse import frame, frame_ends  # noqa: E402
 from yfpp.spark.live_sources import (  # noqa: E402
     Spool,
     _MqttReader,
@@ -68,12 +68,15 @@ def test_a_micro_batch_is_cut_into_chunks_of_whole_records(tmp_path, monkeypatch
 def test_mqtt_frames_are_cut_whole_and_numbered_as_messages(tmp_path, monkeypatch):
     monkeypatch.setattr(live_sources, "CHUNK_BYTES", 64)
     spool = Spool(str(tmp_path / "spool"), whole_frames)
-    messages = [frame("t", json.dumps({"type": "a", "ts": i}).encode()) for i in range(6)] + [frame("t", b"oops")]
+    messages = [frame("t", json.dumps({"type": "a", "ts": i}).encode()) for i in range(6)]
+    messages[2] = frame("t", json.dumps({"type": "a", "ts": 2, "pad": "x" * 100}).encode())  # larger than a chunk
+    messages.append(frame("t", b"oops"))
     for m in messages:
         spool.append(m, 1)
     reader = _MqttReader({"url": "mqtt://127.0.0.1/t", "spool": str(tmp_path / "spool")})
     chunks = reader.partitions(reader.initialOffset(), spool.offset())
     assert b"".join(c.data for c in chunks) == b"".join(messages) and len(chunks) > 1
+    assert [c.before for c in chunks] == [len(frame_ends(b"".join(d.data for d in chunks[:i]))) for i in range(len(chunks))]
     rows = [r for c in chunks for b in reader.read(c) for r in b.to_pylist()]
     (dead,) = [r for r in rows if r["reason"]]
     assert dead["position"] == "mqtt t message 7" and dead["pos"] is None

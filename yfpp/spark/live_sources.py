@@ -45,7 +45,13 @@ from yfpp.errors import InputError
 from yfpp.input.mqtt import Subscriber, Topic, parse_url
 from yfpp.spark.ingest import Stager, stage
 from yfpp.spark.inputs import local_path, socket_address
-from yfpp.spark.live_parse import frame, frame_ends, line_batches, message_batches
+from yfpp.spark.live_parse import (
+    FRAME,
+    frame,
+    frame_ends,
+    line_batches,
+    message_batches,
+)
 from yfpp.spark.parse import PARSED_SCHEMA
 from yfpp.spark.read import Parsed
 from yfpp.spark.source import CONNECT_TIMEOUT
@@ -337,7 +343,8 @@ class _MqttReader(_Reader):
         self.subscriber.start()
 
     def record_end(self, data: bytes, at: int) -> int:
-        return frame_ends(data[at:])[0]
+        topic, payload = FRAME.unpack_from(data, at)
+        return FRAME.size + topic + payload
 
     def read(self, partition: Chunk) -> Iterator[pa.RecordBatch]:
         return message_batches(self.options["url"], partition.block, partition.before, partition.data, self.topic,
