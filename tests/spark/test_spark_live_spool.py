@@ -181,3 +181,11 @@ def test_a_tcp_source_stops_reading_while_its_spool_holds_too_much_uncommitted(t
         proc.kill()
         proc.wait(TIMEOUT)
         reader.stop()
+
+
+def test_a_checkpoint_whose_spool_is_one_file_is_refused_by_name(tmp_path):
+    """Made by a yfpp that read live sources on the driver (its offsets carried seq numbers): one line."""
+    (tmp_path / "ck" / "live").mkdir(parents=True)
+    (tmp_path / "ck" / "live" / "spool").write_bytes(b'{"type": "a", "ts": 1}\n')
+    with pytest.raises(InputError, match="read live sources on the driver; start this stream with a fresh checkpoint"):
+        live_sources.start_live(None, "tcp://127.0.0.1:9", str(tmp_path / "ck"), {})
