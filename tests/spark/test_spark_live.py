@@ -297,6 +297,20 @@ def test_a_tcp_stream_that_fails_after_writing_a_batch_repeats_nothing_on_restar
     assert spark_lines(out) == want
 
 
+def order_feed(tmp_path: Path, seed: int, capsys) -> tuple[list[str], list[str], Counter]:
+    """The feed of :func:`tests.spark.test_spark_stream_order.feed_files` (late events, malformed lines) as
+    one file, ``tmp_path/all.jsonl``; its queries' arguments; ``yfpp run``'s match lines over it (its dead
+    letters in ``tmp_path/dead.jsonl``)."""
+    from tests.spark.test_spark_stream_order import QUERIES as ORDER_QUERIES
+    from tests.spark.test_spark_stream_order import feed_files
+
+    lines = feed_files(tmp_path / "inbox", seed=seed, files=2)
+    (tmp_path / "all.jsonl").write_text("".join(ln + "\n" for ln in lines))
+    queries = [a for q in ORDER_QUERIES for a in ("-q", q)]
+    assert main(["run", *queries, "-i", str(tmp_path / "all.jsonl"), "--dead-letters", str(tmp_path / "dead.jsonl")]) == 0
+    return lines, queries, Counter(capsys.readouterr().out.splitlines())
+
+
 def test_a_tcp_stream_is_parsed_on_the_executors_and_is_yfpp_run_across_a_producer_restart(spark, tmp_path, capsys):
     """The producer (a process) is killed by PID once the first half of the feed is spooled and started again
     on the same port with the second half: the source connects again, and the stream's matches and dead
@@ -304,15 +318,9 @@ def test_a_tcp_stream_is_parsed_on_the_executors_and_is_yfpp_run_across_a_produc
     feed. ``--stats``: the ingest query's stages — reading the spooled chunks and parsing them — ran as
     tasks on the executors."""
     from tests.spark.test_spark_live_spool import start_producer
-    from tests.spark.test_spark_stream_order import QUERIES as ORDER_QUERIES
-    from tests.spark.test_spark_stream_order import feed_files
 
-    lines = feed_files(tmp_path / "inbox", seed=7, files=2)
+    lines, queries, want = order_feed(tmp_path, 7, capsys)
     whole = tmp_path / "all.jsonl"
-    whole.write_text("".join(ln + "\n" for ln in lines))
-    queries = [a for q in ORDER_QUERIES for a in ("-q", q)]
-    assert main(["run", *queries, "-i", str(whole), "--dead-letters", str(tmp_path / "dead.jsonl")]) == 0
-    want = Counter(capsys.readouterr().out.splitlines())
     dead = [json.loads(ln) for ln in (tmp_path / "dead.jsonl").read_text().splitlines()]
     assert want and any("late" in d["reason"] for d in dead) and any(d["reason"].startswith("bad") for d in dead)
     half = "".join(ln + "\n" for ln in lines[:len(lines) // 2]).encode()

@@ -15,22 +15,22 @@ import signal
 import socket
 import threading
 import time
-from collections import Counter
 
 import pytest
 
 pytest.importorskip("pyspark", reason="pyspark is not installed (pip install '.[spark]')")
 
 from tests.spark.test_spark_cli import output  # noqa: E402
+from tests.spark.test_spark_live import order_feed  # noqa: E402
 from tests.spark.test_spark_stream_kills import (  # noqa: E402
     CONF,
     MASTER,
+    run_again,
+    session_of,
     start_driver,
-    stop_session,
     wait_for,
 )
-from tests.spark.test_spark_stream_order import QUERIES, dead_letters, feed_files  # noqa: E402
-from yfpp.cli import main  # noqa: E402
+from tests.spark.test_spark_stream_order import dead_letters  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc"), reason="Linux: /proc")
 
@@ -66,14 +66,9 @@ class Halves:
 
 
 def test_a_tcp_stream_survives_its_driver_killed(tmp_path, capsys):
-    lines = feed_files(tmp_path / "feed", seed=8, files=2)
-    whole = tmp_path / "all.jsonl"
-    whole.write_text("".join(ln + "\n" for ln in lines))
-    queries = [a for q in QUERIES for a in ("-q", q)]
-    assert main(["run", *queries, "-i", str(whole), "--dead-letters", str(tmp_path / "dead.jsonl")]) == 0
-    expected = Counter(capsys.readouterr().out.splitlines())
+    lines, queries, expected = order_feed(tmp_path, 8, capsys)
     assert expected
-    data = whole.read_bytes()
+    data = (tmp_path / "all.jsonl").read_bytes()
     half = len("".join(ln + "\n" for ln in lines[:len(lines) // 2]).encode())
     producer = Halves([data[:half], data[half:]])
     out, ck = tmp_path / "out", tmp_path / "ck"
@@ -81,8 +76,7 @@ def test_a_tcp_stream_survives_its_driver_killed(tmp_path, capsys):
             "--master", MASTER, *CONF]
     try:
         err = tmp_path / "stderr.txt"
-        driver = start_driver(args, err)
-        try:
+        with session_of(start_driver(args, err)) as driver:
             wait_for(driver, err, "batch 0:")
             spool, deadline = ck / "live" / "spool", time.monotonic() + 60
             while sum(f.stat().st_size for f in spool.iterdir()) < half:  # the first half, all spooled
@@ -90,21 +84,7 @@ def test_a_tcp_stream_survives_its_driver_killed(tmp_path, capsys):
                 time.sleep(0.1)
             os.kill(driver.pid, signal.SIGKILL)
             driver.wait(30)
-        finally:
-            if driver.poll() is None:
-                driver.kill()
-                driver.wait()
-            stop_session(driver.pid)
-
-        err_again = tmp_path / "stderr-again.txt"
-        again = start_driver([*args, "--idle-stop", "4"], err_again)  # the same command, the same checkpoint
-        try:
-            assert again.wait(300) == 0, err_again.read_text()
-        finally:
-            if again.poll() is None:
-                again.kill()
-                again.wait()
-            stop_session(again.pid)
+        run_again([*args, "--idle-stop", "4"], tmp_path / "stderr-again.txt")  # the same command and checkpoint
     finally:
         producer.close()
     assert len(producer.conns) >= 2  # the restarted driver connected again
