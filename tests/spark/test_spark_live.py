@@ -11,6 +11,8 @@ wait is bounded; the servers and the broker are stopped by the test (the broker 
 from __future__ import annotations
 
 import json
+import pickle
+import re
 import shutil
 import socket
 import threading
@@ -88,40 +90,56 @@ def spark_lines(out: Path) -> Counter:
     return Counter(ln for f in sorted(out.glob("matches.jsonl/batch=*/part-*")) for ln in f.read_text().splitlines())
 
 
-def poll(read, start: dict, want: int) -> tuple[list[tuple], dict]:
-    """Read until ``want`` rows came (bounded)."""
-    rows: list[tuple] = []
+def poll(reader, start: dict, want: int) -> dict:
+    """Take offsets until ``want`` records are spooled after ``start`` (bounded); the last offset."""
     end = time.monotonic() + TIMEOUT
-    offset = start
-    while len(rows) < want and time.monotonic() < end:
-        got, offset = read(offset)
-        rows += list(got)
+    offset = reader.latestOffset()
+    while offset["records"] - start["records"] < want and time.monotonic() < end:
         time.sleep(0.05)
-    return rows, offset
+        offset = reader.latestOffset()
+    return offset
 
 
-def test_the_tcp_reader_spools_sends_its_key_and_reads_a_batch_again(tmp_path, monkeypatch):
+def parsed(reader, start: dict, end: dict) -> list[dict]:
+    """The rows of the micro-batch from ``start`` to ``end``, as an executor reads them (a pickled reader)."""
+    worker = pickle.loads(pickle.dumps(reader))
+    return [row for chunk in reader.partitions(start, end) for b in worker.read(chunk) for row in b.to_pylist()]
+
+
+def records(rows: list[dict]) -> list[tuple]:
+    """``(pos, type, ts, reason, line)`` of the records (not the summaries), in ``pos`` order."""
+    return [(r["pos"], r["type"], r["ts"], r["reason"] and r["reason"].split(":")[0], r["line"])
+            for r in sorted((r for r in rows if r["n"] is None), key=lambda r: (r["pos"] is None, r["pos"] or 0))]
+
+
+def test_the_tcp_reader_spools_sends_its_key_and_plans_a_batch_again(tmp_path, monkeypatch):
     monkeypatch.setenv("YFPP_FEED_KEY", "k-123")
     producer = Producer([b'{"type": "a", "ts": 1}\n{"type": "b", "ts": 0}\n{"type": "c", "ts"', b': 2}\nnot json\n',
                          b'{"type": "d", "ts": 3}'], pause=0.3)  # a last line without its newline
     options = {"url": f"tcp://127.0.0.1:{producer.port}", "spool": str(tmp_path / "ck" / "live" / "spool")}
     reader = _TcpReader(options)
-    first, mid = poll(reader.read, reader.initialOffset(), 2)
-    rows, end = poll(reader.read, mid, 5 - len(first))
-    rows = first + rows
-    assert [(r[0], r[1], r[5] and r[5].split(":")[0]) for r in rows] == [
-        (0, "a", None), (1, "b", "late event"), (2, "c", None), (3, None, "bad JSON"), (4, "d", None)]
-    assert rows[3][6] == "line 4" and end["seq"] == 5 and end["max_ts"] == 3.0  # as yfpp run reads the bytes
+    start = reader.initialOffset()
+    mid = poll(reader, start, 2)
+    end = poll(reader, start, 5)
+    assert end == {"pos": 101, "records": 5}
+    first, rest = parsed(reader, start, mid), parsed(reader, mid, end)
+    # parsed on the executors: a record's index in its chunk, a dead letter's line in the whole feed (its
+    # position, "line 2" of its chunk, becomes "line 4" when the stager numbers the records)
+    assert records(first) == [(0, "a", 1.0, None, None), (1, "b", 0.0, None, None)]
+    assert records(rest) == [(0, "c", 2.0, None, None), (1, None, None, "bad JSON", 4), (2, "d", 3.0, None, None)]
+    rows = first + rest
+    summaries = [r for r in rows if r["n"] is not None]
+    assert sum(s["n"] for s in summaries) == 5 and sum(s["dead"] for s in summaries) == 1
     assert producer.first_lines[0] == b"AUTH k-123\n"  # the line a feed connection to yfpp serve sends
-    assert list(reader.readBetweenOffsets(mid, end)) == rows[len(first):]
     reader.stop()
-    with open(options["spool"], "ab") as f:
+    spool = Path(options["spool"])
+    (segment,) = spool.iterdir()
+    with segment.open("ab") as f:
         f.write(b'{"type": "cut')  # a crash in the middle of a write
     again = _TcpReader(options)  # a restarted query: a new reader over the same spool
-    assert list(again.readBetweenOffsets(reader.initialOffset(), end)) == rows
-    more, after = again.read(end)  # connects again: the producer has nothing more
-    assert list(more) == [] and after == end
-    assert (tmp_path / "ck" / "live" / "spool").stat().st_size == end["pos"]  # the cut tail dropped
+    assert again.partitions(start, end) == reader.partitions(start, end)  # planned again identically
+    assert again.latestOffset() == end  # connects again: the producer has nothing more
+    assert segment.stat().st_size == end["pos"]  # the cut tail dropped
     again.stop()
     producer.close()
 
@@ -133,24 +151,27 @@ def test_the_mqtt_reader_s_persistent_session_keeps_what_came_while_it_was_away(
         url = f"mqtt://127.0.0.1:{broker.port}/rfid/{{reader}}?qos=1&client_id=spark-1&clean=0"
         options = {"url": url, "spool": str(tmp_path / "spool")}
         reader = _MqttReader(options)
-        rows, offset = reader.read(reader.initialOffset())  # connects and subscribes
-        assert list(rows) == []
+        start = reader.initialOffset()
+        assert reader.latestOffset() == start  # connects and subscribes
         pub = paho.Client(paho.CallbackAPIVersion.VERSION2, protocol=paho.MQTTv311)
         pub.connect("127.0.0.1", broker.port)
         pub.loop_start()
         pub.publish("rfid/r1", b'{"type": "a", "ts": 1}\n{"type": "b", "ts": 2}', 1).wait_for_publish(TIMEOUT)
         pub.publish("rfid/r2", b"[1,", 1).wait_for_publish(TIMEOUT)  # a dead letter
-        first, mid = poll(reader.read, offset, 3)
-        assert [(r[0], r[1], json.loads(r[3]) if r[3] else None) for r in first[:2]] == [
+        mid = poll(reader, start, 2)
+        first = parsed(reader, start, mid)
+        assert [(r["pos"], r["type"], json.loads(r["attrs"])) for r in first if r["type"]] == [
             (0, "a", {"reader": "r1"}), (1, "b", {"reader": "r1"})]
-        assert first[2][0] == -1 and first[2][6] == "mqtt rfid/r2 message 2"
+        (dead,) = [r for r in first if r["reason"]]
+        assert dead["pos"] is None and dead["position"] == "mqtt rfid/r2 message 2"  # no seq: -1 once staged
         reader.stop()
         for i in range(3):  # while the stream is away: kept by the broker for the persistent session
             pub.publish("rfid/r3", json.dumps({"type": "c", "ts": 10 + i}).encode(), 1).wait_for_publish(TIMEOUT)
         again = _MqttReader(options)
-        assert list(again.readBetweenOffsets(offset, mid)) == first  # the spool, read again
-        rest, end = poll(again.read, mid, 3)
-        assert [(r[0], r[1]) for r in rest] == [(2, "c"), (3, "c"), (4, "c")] and end["messages"] == 5
+        assert parsed(again, start, mid) == first  # the spool, planned again
+        end = poll(again, mid, 3)
+        assert end["records"] == 5
+        assert [(r["pos"], r["type"]) for r in parsed(again, mid, end) if r["type"]] == [(0, "c"), (1, "c"), (2, "c")]
         again.stop()
         pub.loop_stop()
         pub.disconnect()
@@ -274,3 +295,137 @@ def test_a_tcp_stream_that_fails_after_writing_a_batch_repeats_nothing_on_restar
     finally:
         producer.close()
     assert spark_lines(out) == want
+
+
+def order_feed(tmp_path: Path, seed: int, capsys) -> tuple[list[str], list[str], Counter]:
+    """The feed of :func:`tests.spark.test_spark_stream_order.feed_files` (late events, malformed lines) as
+    one file, ``tmp_path/all.jsonl``; its queries' arguments; ``yfpp run``'s match lines over it (its dead
+    letters in ``tmp_path/dead.jsonl``)."""
+    from tests.spark.test_spark_stream_order import QUERIES as ORDER_QUERIES
+    from tests.spark.test_spark_stream_order import feed_files
+
+    lines = feed_files(tmp_path / "inbox", seed=seed, files=2)
+    (tmp_path / "all.jsonl").write_text("".join(ln + "\n" for ln in lines))
+    queries = [a for q in ORDER_QUERIES for a in ("-q", q)]
+    assert main(["run", *queries, "-i", str(tmp_path / "all.jsonl"), "--dead-letters", str(tmp_path / "dead.jsonl")]) == 0
+    return lines, queries, Counter(capsys.readouterr().out.splitlines())
+
+
+def test_a_tcp_stream_is_parsed_on_the_executors_and_is_yfpp_run_across_a_producer_restart(spark, tmp_path, capsys):
+    """The producer (a process) is killed by PID once the first half of the feed is spooled and started again
+    on the same port with the second half: the source connects again, and the stream's matches and dead
+    letters (late events, malformed lines, with their seq and positions) are ``yfpp run``'s over the whole
+    feed. ``--stats``: the ingest query's stages — reading the spooled chunks and parsing them — ran as
+    tasks on the executors."""
+    from tests.spark.test_spark_live_spool import start_producer
+
+    lines, queries, want = order_feed(tmp_path, 7, capsys)
+    whole = tmp_path / "all.jsonl"
+    dead = [json.loads(ln) for ln in (tmp_path / "dead.jsonl").read_text().splitlines()]
+    assert want and any("late" in d["reason"] for d in dead) and any(d["reason"].startswith("bad") for d in dead)
+    half = "".join(ln + "\n" for ln in lines[:len(lines) // 2]).encode()
+    rest = whole.read_bytes()[len(half):]
+    proc, port = start_producer(0, half, tmp_path / "first")
+    out = tmp_path / "out"
+    spool = out / "_checkpoint" / "live" / "spool"
+
+    def restart() -> None:  # once the first half is spooled: kill the producer, start it again with the rest
+        nonlocal proc
+        deadline = time.monotonic() + ACCEPT_TIMEOUT
+        while time.monotonic() < deadline and sum(f.stat().st_size for f in spool.glob("*")) < len(half):
+            time.sleep(0.1)
+        proc.kill()
+        proc.wait(TIMEOUT)
+        proc, _ = start_producer(port, rest, tmp_path / "second")
+
+    restarter = threading.Thread(target=restart, daemon=True)
+    restarter.start()
+    try:
+        assert run_bounded(spark, ["spark", "--stream", "--stats", *queries, "-i", f"tcp://127.0.0.1:{port}",
+                                   "-o", str(out), "--idle-stop", "15"]) == 0
+    finally:
+        restarter.join(TIMEOUT)
+        proc.kill()
+        proc.wait(TIMEOUT)
+    err = capsys.readouterr().err
+    assert spark_lines(out) == want
+    got = [json.loads(ln) for f in sorted(out.glob("dead_letters.jsonl/batch=*/part-*")) for ln in f.read_text().splitlines()]
+    key = lambda d: (d["seq"], d["position"], d["reason"], d["raw"])  # noqa: E731
+    assert sorted(map(key, got)) == sorted(map(key, dead))
+    ingest = err[err.index(" ingest:"):err.index(" match:")]
+    rows = [ln.split() for ln in ingest.splitlines() if re.match(r"\s+\d+\s+\d+\s", ln)]
+    assert rows and all("driver" not in r[2].split(",") for r in rows), ingest
+
+
+def spooled_records(query) -> int:
+    """The records of a live stream's last micro-batch's end offset (0 before the first)."""
+    progress = query.lastProgress
+    end = progress and progress["sources"][0]["endOffset"]
+    return (json.loads(end) if isinstance(end, str) else end or {"records": 0})["records"]
+
+
+def test_spark_commits_trim_the_spool_of_a_live_stream(spark, tmp_path):
+    """Through Spark: once micro-batches are committed their spool segments are gone (small segments here),
+    and every line was staged once. The test sends the next piece of the feed once Spark took the last."""
+    from yfpp.spark.live_sources import start_live
+    from yfpp.spark.stream import finish
+
+    lines = feed_lines(300, seed=6)
+    pieces = [lines[i:i + 50] for i in range(0, len(lines), 50)]
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(ACCEPT_TIMEOUT)
+    ck = tmp_path / "ck"
+    query, _ = start_live(spark, f"tcp://127.0.0.1:{server.getsockname()[1]}", str(ck), {"segment_bytes": "2000"})
+    try:
+        conn, _ = server.accept()
+        with conn:
+            sent = 0
+            for piece in pieces:
+                conn.sendall(b"".join(piece))
+                sent += len(piece)
+                deadline = time.monotonic() + ACCEPT_TIMEOUT
+                while spooled_records(query) < sent and time.monotonic() < deadline:
+                    time.sleep(0.2)
+            finish([query])
+    finally:
+        server.close()
+        query.stop()
+    fed = sum(map(len, lines))
+    spooled = sorted((ck / "live" / "spool").iterdir())
+    first = int(spooled[0].name.split("-")[0])  # the committed micro-batches' segments are gone
+    assert first > fed // 2 and sum(f.stat().st_size for f in spooled) < fed // 2, [f.name for f in spooled]
+    rows = spark.read.option("recursiveFileLookup", "true").parquet(str(ck / "staged")).select("seq").collect()
+    assert sorted(r.seq for r in rows) == list(range(len(lines)))
+
+
+def test_the_stager_numbers_mqtt_events_only_and_gives_their_dead_letters_seq_minus_one(spark, tmp_path):
+    """An MQTT feed's rows as the executors parse them (two micro-batches), staged: events numbered 0, 1, …
+    across messages and batches, late ones flagged, a malformed message's dead letter at seq -1 with its
+    message's position — as ``yfpp run -i mqtt://`` reports them."""
+    import pyarrow as pa
+
+    from yfpp.spark.live_parse import frame
+    from yfpp.spark.live_sources import LiveStager, Spool, whole_frames
+    from yfpp.spark.parse import PARSED_SCHEMA
+
+    folder = str(tmp_path / "spool")
+    spool = Spool(folder, whole_frames)
+    reader = _MqttReader({"url": "mqtt://127.0.0.1/t", "spool": folder})
+    batches = [[b'{"type": "a", "ts": 5}\n{"type": "b", "ts": 6}', b"oops", b'{"type": "c", "ts": 4}'],
+               [b'[{"type": "d", "ts": 7}, 1]', b'{"type": "e", "ts": 8}']]
+    stager = LiveStager(spark, "mqtt://127.0.0.1/t", str(tmp_path / "ck"), single=True)
+    start = reader.initialOffset()
+    for batch_id, messages in enumerate(batches):
+        for m in messages:
+            spool.append(frame("t", m), 1)
+        end = spool.offset()
+        table = pa.Table.from_batches([b for c in reader.partitions(start, end) for b in reader.read(c)])
+        stager(spark.createDataFrame(table.to_pandas(), PARSED_SCHEMA), batch_id)
+        start = end
+    spool.close()
+    staged = spark.read.option("recursiveFileLookup", "true").parquet(str(tmp_path / "ck" / "staged")).collect()
+    got = sorted((r.seq, r.type, r.position, (r.reason or "").split(":")[0]) for r in staged)
+    assert got == [
+        (-1, None, "mqtt t message 2", "neither XML nor JSON"),
+        (-1, None, "mqtt t message 4 line 2", "not an object"),
+        (0, "a", None, ""), (1, "b", None, ""), (2, "c", "seq 2", "late event"), (3, "d", None, ""), (4, "e", None, "")]

@@ -20,6 +20,8 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -80,6 +82,25 @@ def arrive(pending: Path, inbox: Path, n: int) -> None:
     (pending / name).rename(inbox / name)
 
 
+@contextmanager
+def session_of(proc: subprocess.Popen) -> Iterator[subprocess.Popen]:
+    """``proc`` (a driver started by :func:`start_driver`); at the end, it killed if it still runs, and every
+    process of its session stopped (:func:`stop_session`)."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        stop_session(proc.pid)
+
+
+def run_again(args: list[str], err: Path) -> None:
+    """The same command started again (on the same checkpoint): it must end, and succeed (bounded)."""
+    with session_of(start_driver(args, err)) as again:
+        assert again.wait(300) == 0, err.read_text()
+
+
 def start_driver(args: list[str], err: Path) -> subprocess.Popen:
     with err.open("ab") as f:
         return subprocess.Popen([sys.executable, "-m", "yfpp", "spark", *args], cwd=ROOT, stdout=subprocess.DEVNULL,
@@ -102,8 +123,7 @@ def test_a_stream_survives_killed_python_workers_an_executor_and_the_driver(tmp_
     out, err = tmp_path / "out", tmp_path / "stderr.txt"
     args = ["--stream", *queries, "-i", str(inbox), "-o", str(out), "--checkpoint", str(tmp_path / "ck"),
             "--max-files", "1", "--master", MASTER, *CONF]
-    driver = start_driver(args, err)
-    try:
+    with session_of(start_driver(args, err)) as driver:
         wait_for(driver, err, "batch 0:")
         workers = [p for p, cmd in session_processes(driver.pid).items() if b"pyspark.daemon" in cmd]
         assert workers, err.read_text()  # the executors keep their Python workers between tasks
@@ -119,21 +139,9 @@ def test_a_stream_survives_killed_python_workers_an_executor_and_the_driver(tmp_
         assert executors[0] not in session_processes(driver.pid)
         os.kill(driver.pid, signal.SIGKILL)  # while the last files are being taken
         driver.wait(30)
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.wait()
-        stop_session(driver.pid)
 
     err_again = tmp_path / "stderr-again.txt"
-    again = start_driver([*args, "--idle-stop", "2"], err_again)  # the same command, the same checkpoint
-    try:
-        assert again.wait(300) == 0, err_again.read_text()
-    finally:
-        if again.poll() is None:
-            again.kill()
-            again.wait()
-        stop_session(again.pid)
+    run_again([*args, "--idle-stop", "2"], err_again)  # the same command, the same checkpoint
     assert "batch " in err_again.read_text()  # the driver was killed with work left
     assert output(out / "matches.jsonl") == expected  # none lost, none twice
     assert dead_letters(out / "dead_letters.jsonl") == dead_letters(tmp_path / "dead.jsonl")

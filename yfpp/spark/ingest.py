@@ -21,6 +21,9 @@ checkpoint) is numbered from the same record, so identically; one whose mark
 exists is skipped, and one staged but not marked keeps the staged folder
 (same name, same rows): nothing is staged twice or lost. The matching query
 reads ``staged/`` as its own streaming file source and checkpoint.
+
+A live source (:mod:`yfpp.spark.live_sources`) is staged the same way (:func:`stage`): its chunks,
+parsed on the executors, are the splits of one feed.
 """
 
 from __future__ import annotations
@@ -126,9 +129,13 @@ def one_line_errors(fn: Callable[[DataFrame, int], None]) -> Callable[[DataFrame
 class Stager:
     """The ingest query's ``foreachBatch``: numbers a micro-batch's records and stages them (module docstring)."""
 
-    def __init__(self, spark: SparkSession, root: str, checkpoint: str, hot: HotKeys | None = None):
+    def __init__(self, spark: SparkSession, root: str, checkpoint: str, hot: HotKeys | None = None,
+                 single: bool = False):
+        """``root``: the folder the dead letters' positions name files below; ``hot``: the stream's hot keys,
+        marked when staging; ``single``: the input is one feed (a live source), its positions carry no file
+        name."""
         self.files = Files(spark, checkpoint)
-        self.root, self.checkpoint = root, checkpoint.rstrip("/")
+        self.root, self.checkpoint, self.single = root, checkpoint.rstrip("/"), single
         self.hot = hot
 
     def mark(self, batch_id: int) -> str:
@@ -152,9 +159,8 @@ class Stager:
         stats = summaries(parsed)
         tmp = f"{self.checkpoint}/tmp/{batch_id}-{uuid.uuid4().hex}"
         if stats:
-            offsets = split_offsets(stats, False, (seq, max_ts), self.root, uris=True)
-            parsed_input = Parsed(parsed, stats, offsets, any_late(stats, offsets))
-            events = events_of(parsed.sparkSession, parsed_input).drop("key_hashes")
+            offsets = split_offsets(stats, self.single, (seq, max_ts), self.root, uris=True)
+            events = self.events(Parsed(parsed, stats, offsets, any_late(stats, offsets)))
             if self.hot is not None:
                 events = self.mark_hot(self.hot, events, batch_id, first=seq == 0)
             events.write.parquet(tmp)
@@ -164,6 +170,9 @@ class Stager:
         max_ts = max([t for t in [max_ts, *(s["ts"] for s in stats)] if t is not None], default=None)
         self.files.write_text(tmp + ".json", self.mark(batch_id), json.dumps({"seq": seq, "max_ts": max_ts}))
 
+    def events(self, parsed: Parsed) -> DataFrame:
+        """A micro-batch's records numbered (:data:`EVENT_SCHEMA` columns)."""
+        return events_of(parsed.df.sparkSession, parsed).drop("key_hashes")
 
     def mark_hot(self, hot: HotKeys, events: DataFrame, batch_id: int, first: bool) -> DataFrame:
         """``events`` with the hot keys' slices marked (:mod:`yfpp.spark.stream_hot`); the hot keys decided from
@@ -190,7 +199,6 @@ def start_ingest(spark: SparkSession, path: str, checkpoint: str, *, format: str
     stream's hot keys, decided and marked when staging (column ``hot``).
     """
     checkpoint = inputs.qualify(spark, checkpoint).rstrip("/")
-    files = Files(spark, checkpoint)
     given = inputs.qualify(spark, path)
     if not Files(spark, given).exists(given):
         raise InputError(f"no such input: {path}")
@@ -204,12 +212,19 @@ def start_ingest(spark: SparkSession, path: str, checkpoint: str, *, format: str
     parsed = reader.load(given).select(
         "path", F.lit(0).cast("long").alias("block"), "content", F.lit(True).alias("whole"),
     ).mapInArrow(parse_batches(opts), PARSED_SCHEMA)
-    writer = parsed.writeStream.foreachBatch(one_line_errors(Stager(spark, root, checkpoint, hot))).option(
-        "checkpointLocation", f"{checkpoint}/ingest")
+    return stage(spark, parsed, Stager(spark, root, checkpoint, hot), interval)
+
+
+def stage(spark: SparkSession, parsed: DataFrame, stager: Stager,
+          interval: str | None = None) -> tuple[StreamingQuery, DataFrame]:
+    """Start the ingest query staging ``parsed`` (a stream of :data:`PARSED_SCHEMA` rows) with ``stager``
+    (checkpointed under its checkpoint's ``ingest/``); return it and the streaming DataFrame of staged events."""
+    checkpoint = stager.checkpoint
+    writer = parsed.writeStream.foreachBatch(one_line_errors(stager)).option("checkpointLocation", f"{checkpoint}/ingest")
     if interval:
         writer = writer.trigger(processingTime=interval)
     staged = f"{checkpoint}/staged"
-    files.mkdirs(staged)  # the matching query's source must exist before the first batch is staged
+    stager.files.mkdirs(staged)  # the matching query's source must exist before the first batch is staged
     query = writer.start()
     events = (spark.readStream.schema(f"{EVENT_SCHEMA}, hot {stream_hot.HOT_TYPE}")  # (hot: null in files without it)
               .option("recursiveFileLookup", "true").parquet(staged))

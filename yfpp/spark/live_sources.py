@@ -1,146 +1,206 @@
 """Live sources of ``yfpp spark --stream``: ``-i tcp://HOST:PORT`` and ``-i mqtt://HOST[:PORT]/TOPIC``.
 
-A Spark 4 Python data source, ``yfpp_live`` (``spark.readStream.format("yfpp_live").option("url", …)``),
-whose streaming reader runs on the driver (Spark's Python data-source process for the query):
+A Spark 4 Python data source, ``yfpp_live`` (``spark.readStream.format("yfpp_live").option("url", …)``).
+Its stream reader's planning half runs on the driver (Spark's Python data-source process for the query)
+and only moves bytes; the records are parsed on the executors:
 
 * **tcp://HOST:PORT** — connects to a producer and reads what it sends: one record per line (JSON lines,
   or with ``format`` ``xml`` one element per line), as a ``yfpp serve`` feed port reads a connection.
   When ``$YFPP_FEED_KEY`` is set it first sends ``AUTH <key>`` and a newline — the line a feed connection
-  to ``yfpp serve`` sends; nothing else. A closed connection is the end of the feed.
+  to ``yfpp serve`` sends; nothing else. A connection that closes or drops is connected again, after
+  :data:`BACKOFF` seconds doubling up to :data:`MAX_BACKOFF` while it fails (a last line without its
+  newline is a record); only the first connection's failure is an error.
 * **mqtt://…** — subscribes to the URL's topic with :class:`yfpp.input.mqtt.Subscriber` (the URL's options,
-  TLS and password as for ``yfpp run -i mqtt://``); each message's events are read by
-  :func:`yfpp.input.mqtt.message_events`, as the service's MQTT feed reads them.
+  TLS and password as for ``yfpp run -i mqtt://``).
 
-What arrives is appended to a **spool** file under the stream's checkpoint (``CHECKPOINT/live/spool``)
-before Spark sees it — an MQTT message before paho acknowledges it — and a micro-batch is a byte range of
-the spool, so a restarted query reads an unfinished micro-batch again from there, identically (its offsets
-carry the seq and the largest ts before it). Records are numbered and late ones flagged as the socket
-source does (:class:`yfpp.spark.source._Sequencer`: ``yfpp run``'s numbering, ``max_delay`` 0); an MQTT
-dead letter has seq -1, as ``yfpp run -i mqtt://`` reports it.
+What arrives is appended, as whole records (TCP lines; MQTT messages as frames, one before paho
+acknowledges it), to the **spool** (:class:`Spool`, segment files under ``CHECKPOINT/live/spool/``) and
+made durable before Spark sees it. An offset is ``{"pos", "records"}``: a byte position in the spool and
+the records (lines, messages) before it. A micro-batch is the byte range between two offsets, cut by
+:meth:`_Reader.partitions` into chunks of about :data:`CHUNK_BYTES` at record boundaries, each sent with
+its task (so any executor can read it) and parsed there (:mod:`yfpp.spark.live_parse`); the ingest
+query's stager (:class:`yfpp.spark.ingest.Stager`) numbers them from the chunks' summaries, as a
+directory's files. A restarted query plans an uncommitted micro-batch again from the spool, identically;
+once Spark commits a micro-batch (:meth:`_Reader.commit`) the segments wholly before it are deleted.
 """
 
 from __future__ import annotations
 
-import io
-import json
 import os
-import re
 import socket
-import struct
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
-from lxml import etree
-from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming import StreamingQuery
 
 from yfpp.errors import InputError
-from yfpp.input.dead_letters import DeadLetters
-from yfpp.input.mqtt import Subscriber, Topic, message_events, parse_url
-from yfpp.spark.inputs import socket_address
-from yfpp.spark.parse import reader_kwargs, records
-from yfpp.spark.source import CONNECT_TIMEOUT, EVENT_SCHEMA, _Sequencer
+from yfpp.input.mqtt import Subscriber, Topic, parse_url
+from yfpp.spark.ingest import Stager, stage
+from yfpp.spark.inputs import local_path, socket_address
+from yfpp.spark.live_parse import (
+    FRAME,
+    frame,
+    frame_ends,
+    line_batches,
+    message_batches,
+)
+from yfpp.spark.parse import PARSED_SCHEMA
+from yfpp.spark.read import Parsed
+from yfpp.spark.source import CONNECT_TIMEOUT
 
 FEED_KEY_ENV = "YFPP_FEED_KEY"  #: the feed key a tcp:// source sends as its AUTH line
-_LINE = re.compile(r"^line (\d+)")  #: a reader's dead-letter position, numbered within the data it read
-_FRAME = struct.Struct(">II")  #: an MQTT message in the spool: topic and payload lengths, then both
+CHUNK_BYTES = 4 << 20  #: a micro-batch's bytes per task (about: chunks end at a record's end)
+SEGMENT_BYTES = 64 << 20  #: a spool segment's size before the next is started (option ``segment_bytes``)
+BACKOFF, MAX_BACKOFF = 0.2, 5.0  #: seconds before a TCP source connects again, doubling while it fails
+READ_BYTES = 16 << 20  #: a TCP source's bytes read per offset Spark asks for, at most
+#: A TCP source stops reading while its spool holds this much that Spark has not committed (option
+#: ``max_spool_bytes``): TCP's flow control then holds the producer back.
+MAX_SPOOL_BYTES = 1 << 30
+#: Counts the whole records of spooled bytes: ``(their length, the records)``.
+Counter = Callable[[bytes], tuple[int, int]]
+
+
+def whole_lines(data: bytes) -> tuple[int, int]:
+    """The length of ``data`` up to its last newline, and its lines."""
+    cut = data.rfind(b"\n") + 1
+    return cut, data.count(b"\n", 0, cut)
+
+
+def whole_frames(data: bytes) -> tuple[int, int]:
+    """The length of ``data``'s whole MQTT frames, and their number."""
+    ends = frame_ends(data)
+    return (ends[-1] if ends else 0), len(ends)
 
 
 class Spool:
-    """An append-only file of what a live source received; offsets are byte positions in it. At open, a
-    tail cut by a crash (``complete`` gives the length of the whole records of the bytes) is dropped."""
+    """What a live source received, in segment files ``FOLDER/<first byte>-<records before>`` (zero-padded);
+    a position is a byte offset in the whole. At open, a tail cut by a crash (``count`` gives the length
+    of the whole records of the bytes) is dropped; appends go to the last segment until it holds
+    ``segment_bytes``."""
 
-    def __init__(self, path: str, complete: Any):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "ab+") as f:
+    def __init__(self, folder: str, count: Counter, segment_bytes: int = SEGMENT_BYTES):
+        os.makedirs(folder, exist_ok=True)
+        self.folder, self.segment_bytes, self.lock = folder, segment_bytes, threading.Lock()
+        start, records = (segments(folder) or [(0, 0)])[-1]
+        last = segment_path(folder, start, records)
+        with open(last, "ab+") as f:
             f.seek(0)
-            size = complete(f.read())
+            size, n = count(f.read())
             f.truncate(size)
-        self.path, self.size = path, size
-        self.file = open(path, "ab")  # noqa: SIM115 (kept open: appended to until the reader stops)
-        self.lock = threading.Lock()
+        self.size, self.records, self.segment_start = start + size, records + n, start
+        self.file = open(last, "ab")  # noqa: SIM115 (kept open: appended to until the reader stops)
 
-    def append(self, data: bytes) -> None:
-        """Append ``data`` and make it durable before returning."""
+    def append(self, data: bytes, records: int) -> None:
+        """Append ``data`` (``records`` whole records) and make it durable before returning."""
         with self.lock:
+            if self.size - self.segment_start >= self.segment_bytes:
+                self.file.close()
+                self.segment_start = self.size
+                self.file = open(segment_path(self.folder, self.size, self.records), "ab")  # noqa: SIM115
             self.file.write(data)
             self.file.flush()
             os.fsync(self.file.fileno())
             self.size += len(data)
+            self.records += records
+
+    def offset(self) -> dict:
+        """The offset of everything spooled so far."""
+        with self.lock:
+            return {"pos": self.size, "records": self.records}
 
     def close(self) -> None:
         self.file.close()
 
 
-def spooled(path: str, start: int, end: int) -> bytes:
-    """Bytes ``start`` to ``end`` of the spool file ``path`` (read only)."""
-    with open(path, "rb") as f:
-        f.seek(start)
-        return f.read(end - start)
+def segments(folder: str) -> list[tuple[int, int]]:
+    """The ``(first byte, records before)`` of the spool segments in ``folder``, in order."""
+    names = os.listdir(folder) if os.path.isdir(folder) else []
+    return sorted(tuple(int(x) for x in n.split("-")) for n in names if n.count("-") == 1 and n.replace("-", "").isdigit())
 
 
-def whole_lines(data: bytes) -> int:
-    """The length of ``data`` up to its last newline."""
-    return data.rfind(b"\n") + 1
+def segment_path(folder: str, start: int, records: int) -> str:
+    return os.path.join(folder, f"{start:020d}-{records:020d}")
 
 
-def whole_frames(data: bytes) -> int:
-    """The length of ``data``'s whole MQTT frames."""
-    pos = 0
-    while pos + _FRAME.size <= len(data):
-        t, p = _FRAME.unpack_from(data, pos)
-        if pos + _FRAME.size + t + p > len(data):
-            break
-        pos += _FRAME.size + t + p
-    return pos
+def spooled(folder: str, start: int, end: int) -> bytes:
+    """Bytes ``start`` to ``end`` of the spool in ``folder`` (read only)."""
+    segs = segments(folder)
+    out = []
+    for i, (first, records) in enumerate(segs):
+        last = segs[i + 1][0] if i + 1 < len(segs) else end
+        if last <= start or first >= end:
+            continue
+        with open(segment_path(folder, first, records), "rb") as f:
+            f.seek(max(start - first, 0))
+            out.append(f.read(min(end, last) - max(start, first)))
+    data = b"".join(out)
+    if len(data) != end - start:
+        raise InputError(f"the spool {folder} lacks bytes {start} to {end} (deleted, or not this stream's)")
+    return data
 
 
-def frames(data: bytes) -> Iterator[tuple[str, bytes]]:
-    """The ``(topic, payload)`` messages of whole frames."""
-    pos = 0
-    while pos < len(data):
-        t, p = _FRAME.unpack_from(data, pos)
-        pos += _FRAME.size
-        topic = data[pos:pos + t].decode("utf-8", "replace")
-        yield topic, data[pos + t:pos + t + p]
-        pos += t + p
+def trim(folder: str, pos: int) -> None:
+    """Delete the segments that end at or before ``pos`` (never the last one)."""
+    segs = segments(folder)
+    for (first, records), (nxt, _) in pairwise(segs):
+        if nxt <= pos:
+            os.remove(segment_path(folder, first, records))
+
+
+@dataclass
+class Chunk(InputPartition):
+    """A task's share of a micro-batch: spool bytes from ``block``, whole records, ``before`` records before them."""
+
+    block: int
+    before: int
+    data: bytes
 
 
 class LiveSource(DataSource):
     """``spark.readStream.format("yfpp_live")``, option ``url`` (``tcp://…``, ``mqtt://…``) and ``spool`` (a
-    local file path under the checkpoint). Options: format, ts_field, ts_unit, type_field."""
+    local folder under the checkpoint). Options: format, ts_field, ts_unit, type_field, segment_bytes."""
 
     @classmethod
     def name(cls) -> str:
         return "yfpp_live"
 
     def schema(self) -> str:
-        return EVENT_SCHEMA
+        return PARSED_SCHEMA
 
-    def simpleStreamReader(self, schema: Any) -> SimpleDataSourceStreamReader:
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
         options = dict(self.options)
         return (_TcpReader if options["url"].startswith("tcp://") else _MqttReader)(options)
 
 
-class _Reader(SimpleDataSourceStreamReader):
-    """What the two sources share: the spool, offsets ``{"pos", "seq", "max_ts", "messages"}`` (the spool's
-    bytes, records and largest ts before, MQTT messages or TCP lines before), and replay."""
+class _Reader(DataSourceStreamReader):
+    """What the two sources share: the spool, offsets, chunks, trimming. The driver's half (connect,
+    receive, plan) keeps its connection; an executor's half (:meth:`read`) only parses a chunk."""
 
-    complete: Any = staticmethod(whole_lines)
+    count: Counter = staticmethod(whole_lines)
 
     def __init__(self, options: dict[str, str]):
-        self.options = options
-        self.spool: Spool | None = None  # opened on the driver at the first read (Spark pickles readers)
+        self.options = {**options, "bad_files": True}  # a chunk the readers cannot read: a dead letter
+        self.spool: Spool | None = None  # opened on the driver at the first offset (Spark pickles readers)
+        self.committed = 0  # the spool position Spark committed (known after its first commit)
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "spool": None}
 
     def initialOffset(self) -> dict:
-        return {"pos": 0, "seq": 0, "max_ts": None, "messages": 0}
+        return {"pos": 0, "records": 0}
 
     def open(self) -> Spool:
         if self.spool is None:
-            self.spool = Spool(self.options["spool"], self.complete)
+            self.spool = Spool(self.options["spool"], self.count, int(self.options.get("segment_bytes", SEGMENT_BYTES)))
+            self.committed = segments(self.options["spool"])[0][0]  # at least: what was trimmed was committed
             self.connect()
         return self.spool
 
@@ -150,22 +210,32 @@ class _Reader(SimpleDataSourceStreamReader):
     def receive(self) -> None:
         """Append what has arrived to the spool (MQTT: done as messages come)."""
 
-    def read(self, start: dict) -> tuple[Iterator[tuple], dict]:
+    def latestOffset(self) -> dict:
         spool = self.open()
         self.receive()
-        end = spool.size
-        rows, offset = self.rows(start, spooled(spool.path, start["pos"], end))
-        return iter(rows), {"pos": end, **offset}  # (keys in one order: Spark compares offsets as JSON text)
+        return spool.offset()
 
-    def readBetweenOffsets(self, start: dict, end: dict) -> Iterator[tuple]:
-        """A micro-batch again (a restarted query): from the spool file alone — Spark may call this in
-        another process (an executor's Python worker), which must neither connect nor write."""
-        rows, _ = self.rows(start, spooled(self.options["spool"], start["pos"], end["pos"]))
-        return iter(rows)
+    def partitions(self, start: dict, end: dict) -> Sequence[Chunk]:
+        data = spooled(self.options["spool"], start["pos"], end["pos"])
+        chunks, at, before = [], 0, start["records"]
+        while at < len(data):
+            size, n = self.count(data[at:at + CHUNK_BYTES])
+            if not n:  # a record longer than a chunk
+                size, n = self.count(data[at:at + self.record_end(data, at)])
+            chunks.append(Chunk(start["pos"] + at, before, data[at:at + size]))
+            at, before = at + size, before + n
+        return chunks
 
-    def rows(self, start: dict, data: bytes) -> tuple[list[tuple], dict]:
-        """The rows of ``data`` (whole records from offset ``start``) and the offset after them (less ``pos``)."""
+    def record_end(self, data: bytes, at: int) -> int:
+        """The length of the record at ``at`` of ``data``."""
+        return data.index(b"\n", at) + 1 - at
+
+    def read(self, partition: Chunk) -> Iterator[pa.RecordBatch]:
         raise NotImplementedError
+
+    def commit(self, end: dict) -> None:
+        self.committed = end["pos"]
+        trim(self.options["spool"], end["pos"])
 
     def stop(self) -> None:
         if self.spool is not None:
@@ -173,16 +243,18 @@ class _Reader(SimpleDataSourceStreamReader):
 
 
 class _TcpReader(_Reader):
-    """``tcp://HOST:PORT``: lines from a producer, appended to the spool as they come."""
+    """``tcp://HOST:PORT``: lines from a producer, appended to the spool as they come; connected again
+    (bounded backoff) when the connection closes or drops."""
 
     def __init__(self, options: dict[str, str]):
-        super().__init__({**options, "format": options.get("format") or "jsonl"})
+        super().__init__(options)
         address = socket_address(options["url"].removeprefix("tcp://").rstrip("/"))
         if address is None:
             raise InputError(f"a TCP source is tcp://HOST:PORT, not {options['url']!r}")
         self.address = address
         self.sock: socket.socket | None = None
-        self.ended = False
+        self.connected = False  # once: later failures are retried
+        self.backoff, self.retry_at = BACKOFF, 0.0
         self.pending = b""
 
     def __getstate__(self) -> dict:
@@ -193,41 +265,49 @@ class _TcpReader(_Reader):
         try:
             self.sock = socket.create_connection(self.address, timeout=CONNECT_TIMEOUT)
         except OSError as e:
-            raise InputError(f"cannot connect to {host}:{port}: {e.strerror or e}") from None
+            if not self.connected:
+                raise InputError(f"cannot connect to {host}:{port}: {e.strerror or e}") from None
+            self.retry_at = time.monotonic() + self.backoff
+            self.backoff = min(2 * self.backoff, MAX_BACKOFF)
+            return
+        self.connected, self.backoff = True, BACKOFF
         key = os.environ.get(FEED_KEY_ENV)
         if key:
             self.sock.sendall(f"AUTH {key}\n".encode())
         self.sock.settimeout(0.2)
 
     def receive(self) -> None:
-        assert self.sock is not None and self.spool is not None
-        got = b""
+        assert self.spool is not None
+        if self.sock is None:
+            if time.monotonic() < self.retry_at:
+                return
+            self.connect()
+            if self.sock is None:
+                return
+        room = min(READ_BYTES, int(self.options.get("max_spool_bytes", MAX_SPOOL_BYTES)) - (self.spool.size - self.committed))
+        got, ended = b"", False
         try:
-            while not self.ended:
+            while not ended and len(got) < room:
                 chunk = self.sock.recv(1 << 16)
-                if not chunk:
-                    self.ended = True
+                ended = not chunk
                 got += chunk
         except TimeoutError:
             pass
+        except OSError:  # reset: what came before it is kept
+            ended = True
         data = self.pending + got
-        cut = whole_lines(data)
-        if self.ended and cut < len(data):  # the producer's last line, without its newline
-            data, cut = data + b"\n", len(data) + 1
+        cut, lines = whole_lines(data)
+        if ended:
+            self.sock.close()
+            self.sock, self.retry_at = None, time.monotonic() + self.backoff
+            if cut < len(data):  # the connection's last line, without its newline
+                data, cut, lines = data + b"\n", len(data) + 1, lines + 1
         self.pending = data[cut:]
         if cut:
-            self.spool.append(data[:cut])
+            self.spool.append(data[:cut], lines)
 
-    def rows(self, start: dict, data: bytes) -> tuple[list[tuple], dict]:
-        """As a file of the lines read so far (seq, late events, a dead letter's ``line N``): the offsets'
-        ``messages`` counts the lines before."""
-        seqr = _Sequencer(start["seq"], start["max_ts"])
-        rows = seqr.rows(records(io.BytesIO(data), self.options)) if data.strip() else []
-        lines = start["messages"]
-        if lines:
-            rows = [r if r[6] is None else (*r[:6], _LINE.sub(lambda m: f"line {int(m[1]) + lines}", r[6]), r[7])
-                    for r in rows]
-        return rows, {**seqr.offset(), "messages": lines + data.count(b"\n")}
+    def read(self, partition: Chunk) -> Iterator[pa.RecordBatch]:
+        return line_batches(self.options["url"], partition.block, partition.before, partition.data, self.options)
 
     def stop(self) -> None:
         if self.sock is not None:
@@ -235,22 +315,10 @@ class _TcpReader(_Reader):
         super().stop()
 
 
-class _Collect(DeadLetters):
-    """An MQTT message's dead letters, as rows of seq -1 (``yfpp run -i mqtt://`` numbers events only)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.rows: list[tuple] = []
-
-    def report(self, seq: int, position: str, reason: str, raw: str | None = None) -> None:
-        super().report(seq, position, reason, raw)
-        self.rows.append((-1, None, None, None, None, reason, position, raw))
-
-
 class _MqttReader(_Reader):
     """``mqtt://…/TOPIC``: each message appended to the spool (as a frame) before paho acknowledges it."""
 
-    complete = staticmethod(whole_frames)
+    count = staticmethod(whole_frames)
 
     def __init__(self, options: dict[str, str]):
         super().__init__(options)
@@ -269,25 +337,18 @@ class _MqttReader(_Reader):
 
         class Spooling(Subscriber):
             def on_message(self, msg: Any) -> None:
-                topic = msg.topic.encode("utf-8")
-                spool.append(_FRAME.pack(len(topic), len(msg.payload)) + topic + msg.payload)
+                spool.append(frame(msg.topic, msg.payload), 1)
 
         self.subscriber = Spooling(broker, [self.topic], f"mqtt source {broker.address}")
         self.subscriber.start()
 
-    def rows(self, start: dict, data: bytes) -> tuple[list[tuple], dict]:
-        dead = _Collect()
-        read_opts = reader_kwargs(self.options)
-        number = start["messages"]
-        events: list[tuple] = []
-        for topic, payload in frames(data):
-            number += 1
-            for ev in message_events(payload, topic, self.topic, number, dead, read_opts, self.fmt):
-                el = ev._element
-                xml = etree.tostring(el, encoding="unicode", with_tail=False) if el is not None else None
-                events.append((len(events), ev.type, float(ev.ts), json.dumps(ev.attrs), xml, None, None, None))
-        seqr = _Sequencer(start["seq"], start["max_ts"])
-        return seqr.rows(iter(events)) + dead.rows, {**seqr.offset(), "messages": number}
+    def record_end(self, data: bytes, at: int) -> int:
+        topic, payload = FRAME.unpack_from(data, at)
+        return FRAME.size + topic + payload
+
+    def read(self, partition: Chunk) -> Iterator[pa.RecordBatch]:
+        return message_batches(self.options["url"], partition.block, partition.before, partition.data, self.topic,
+                               self.fmt, self.options)
 
     def stop(self) -> None:
         if self.subscriber is not None:
@@ -295,11 +356,32 @@ class _MqttReader(_Reader):
         super().stop()
 
 
-def read_live(spark: Any, url: str, spool: str, options: dict[str, str]) -> Any:
-    """The streaming event DataFrame of live source ``url``, spooled at ``spool`` (a local file path);
-    ``options``: the readers' (format, ts_field, ts_unit, type_field)."""
+class LiveStager(Stager):
+    """A live source's stager: one feed (positions without a file name), and an MQTT message's dead
+    letters (rows without ``pos``) at seq -1, as ``yfpp run -i mqtt://`` reports them."""
+
+    def events(self, parsed: Parsed) -> DataFrame:
+        df = parsed.df
+        unnumbered = df.where(F.col("pos").isNull()).select(
+            F.lit(-1).cast("long").alias("seq"), "type", "ts", "attrs", "xml", "reason", "position", "raw")
+        return super().events(parsed._replace(df=df.where(F.col("pos").isNotNull()))).unionByName(unnumbered)
+
+
+def start_live(spark: SparkSession, url: str, checkpoint: str, options: dict[str, str],
+               interval: str | None = None) -> tuple[StreamingQuery, DataFrame]:
+    """Start the ingest query of live source ``url`` (spooled under ``checkpoint``, a local folder's URI or
+    path); return it and the streaming DataFrame of staged events. ``options``: the readers' (format,
+    ts_field, ts_unit, type_field); ``interval``: the trigger."""
+    folder = local_path(f"{checkpoint}/live/spool")
+    if folder is None:
+        raise InputError(f"a live source spools what it receives under the checkpoint, which must be a local "
+                         f"folder, not {checkpoint!r}")
+    if os.path.isfile(folder):
+        raise InputError(f"{checkpoint} was made by a yfpp that read live sources on the driver; start this "
+                         "stream with a fresh checkpoint folder")
     spark.dataSource.register(LiveSource)
-    return spark.readStream.format("yfpp_live").options(url=url, spool=spool, **options).load()
+    parsed = spark.readStream.format("yfpp_live").options(url=url, spool=folder, **options).load()
+    return stage(spark, parsed, LiveStager(spark, url, checkpoint, single=True), interval)
 
 
 def kafka_inbox(spark: Any, url: str, checkpoint: str) -> tuple[Any, str]:

@@ -224,13 +224,15 @@ class _Columns:
         for h, (_, key), memo in zip(self.hashes, self.keys, self.memos):
             h.extend(_key_hashes(events, key, memo))
 
-    def dead(self, split: _Split, items: list[tuple[int, str, str, str | None]], base_pos: int, base_line: int) -> int:
-        """Add the dead letters ``items`` (and clear them); their largest record index."""
+    def dead(self, split: _Split, items: list[tuple[int, str, str, str | None]], base_pos: int, base_line: int,
+             numbered: bool = True) -> int:
+        """Add the dead letters ``items`` (and clear them); their largest record index. Not ``numbered``: they
+        take no seq (an MQTT message's, :mod:`yfpp.spark.live_parse`): ``pos`` and ``line`` null."""
         c = self.cols
         for seq, position, reason, raw in items:
-            m = _LINE.search(position)
+            m = _LINE.search(position) if numbered else None
             c["split"].append(split.id)
-            c["pos"].append(seq + base_pos)
+            c["pos"].append(seq + base_pos if numbered else None)
             c["line"].append(int(m.group(1)) + base_line if m else None)
             c["reason"].append(reason)
             c["position"].append(position)

@@ -78,7 +78,8 @@ def read_stream(spark: SparkSession, path: str | None = None, *, socket: str | N
                 hot: HotKeys | None = None) -> tuple[DataFrame, StreamingQuery | None]:
     """A streaming event DataFrame from new files of directory ``path``, a live source ``path``
     (``tcp://…``, ``mqtt://…``: :mod:`yfpp.spark.live_sources`, spooled under ``checkpoint``) or lines
-    from ``socket`` (host:port), and the query ingesting the directory (``None`` otherwise).
+    from ``socket`` (host:port), and the query ingesting the directory or live source (``None`` otherwise):
+    a live source's records are parsed on the executors and staged as a directory's files are.
 
     A directory is read by Spark's file source on the executors, and an ingest
     query of its own numbers and stages the events under ``checkpoint`` (required
@@ -87,17 +88,14 @@ def read_stream(spark: SparkSession, path: str | None = None, *, socket: str | N
     ``ts_field``, ``ts_unit`` (``iso``: ISO-8601 text), ``type_field``: as :func:`yfpp.input.readers.read_events`'s.
     ``hot``: a directory stream's hot keys, decided and marked by its stager (:mod:`yfpp.spark.stream_hot`).
     """
+    if path is not None and checkpoint is None:
+        raise ValueError("a directory or live stream needs a checkpoint folder")
     if path is not None and inputs.is_live(path):
-        spool = inputs.local_path(f"{checkpoint}/live/spool") if checkpoint is not None else None
-        if spool is None:
-            raise InputError(f"a live source spools what it receives under the checkpoint, which must be a local "
-                             f"folder, not {checkpoint!r}")
-        return live_sources.read_live(spark, path, spool, {
+        query, events = live_sources.start_live(spark, path, checkpoint, {
             "ts_field": ts_field, "ts_unit": ts_unit, **({"format": format} if format else {}),
-            **({"type_field": type_field} if type_field else {})}), None
+            **({"type_field": type_field} if type_field else {})}, interval)
+        return events, query
     if path is not None:
-        if checkpoint is None:
-            raise ValueError("a directory stream needs a checkpoint folder")
         query, events = ingest.start_ingest(spark, path, checkpoint, format=format, ts_field=ts_field, ts_unit=ts_unit,
                                             type_field=type_field, max_files=max_files, interval=interval, hot=hot)
         return events, query
