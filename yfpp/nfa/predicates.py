@@ -254,6 +254,20 @@ def _compare_attr(cmp: Callable[[Any, Any], bool], attr: str, lit: Any, ev: Even
     return cmp(ev.attrs.get(attr, MISSING), lit)
 
 
+def rebound(check: Check, expr: Expr, literals: dict[tuple[type, Any], Any]) -> Check | None:
+    """``check``, compiled from ``expr``, remade for ``expr`` with its constant ``c`` replaced by
+    ``literals[(type(c), c)]``: for a comparison of the event's attribute with a constant (the commonest predicate:
+    one ``partial`` to remake), else None (the check must be compiled from the new expression)."""
+    if not (type(check) is partial and check.func is _compare_attr and isinstance(expr, Compare)
+            and isinstance(expr.right, Literal)):
+        return None
+    cmp, attr, lit = check.args
+    value = expr.right.value
+    if type(lit) is not type(value) or lit != value or (type(lit), lit) not in literals:
+        return None
+    return partial(_compare_attr, cmp, attr, literals[(type(lit), lit)])
+
+
 class _Compiler:
     def __init__(self, place: Place, scope: Scope, xpath_compiler: Callable | None, list_each: bool = False):
         self.place = place

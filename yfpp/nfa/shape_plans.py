@@ -1,0 +1,217 @@
+"""One compiled plan per query shape: queries that differ only by constants share what they compile to.
+
+A shape (``yfpp.language.query_text.Shape``: a query text with stand-ins for its constants) is compiled once,
+into a :class:`ShapePlan`.  A query of the shape is made from it (:meth:`ShapePlan.plan`) without compiling:
+its components' conjuncts that hold no constant are the shape's own (canonical expression and check, shared by
+every query of the shape); a conjunct that holds one gets the query's constant put into its expression key (what
+the node signature reads), its index keys and its check, a comparison of the event's attribute with a constant
+(:func:`yfpp.nfa.predicates.rebound`).  A shape whose constants stand anywhere else (an XPath test, a negated
+component's conjunct, RETURN, a constant on the left of a comparison, a Kleene aggregate…) has no plan: its
+queries compile one by one, as any query does; so do those of an engine that merges runs (the run merger reads
+the canonical expressions of a registering query, which a query made from its shape's plan does not carry).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import ItemsView, Iterator, MutableMapping
+from typing import Any, Callable, Hashable
+
+from yfpp.errors import YfppError
+from yfpp.language.pattern import Literal, Pattern, variables, walk
+from yfpp.language.query_text import Shape, hot_objects, split_constants
+from yfpp.nfa.compiler import ComponentSpec, QueryPlan, compile_pattern, expr_key
+from yfpp.nfa.predicates import rebound
+from yfpp.nfa.shared_nfa import best_key, conjunct_keys
+
+
+class ShapePlan:
+    """A shape's compiled plan (its pattern's, stand-ins for constants) and how a query's constants go into it."""
+
+    __slots__ = ("shape", "base", "template", "made")
+
+    def __init__(self, shape: Shape, base: Pattern, template: QueryPlan, made: list[_SpecMaker]) -> None:
+        self.shape = shape
+        self.base = base  # the shape's pattern with the registration's options (policy, feedback)
+        self.template = template  # compiled from it, its specs kept
+        self.made = made  # per component spec, how a query's is made
+
+    @classmethod
+    def make(cls, shape: Shape, base: Pattern) -> "ShapePlan | None":
+        """The plan of ``shape`` whose pattern, with the options a registration gave, is ``base``; None when
+        its queries must compile one by one (see the module docstring)."""
+        if base.has_sets:
+            return None
+        try:
+            template = compile_pattern(base, "")
+        except YfppError:  # (the stand-ins are no constants there: each query compiles, for its own error)
+            return None
+        values = {(s[1:-1] if s[0] in "'\"" else s) for s in shape.sentinels}
+        negated = {c.var for c in base.components if not c.positive}
+        outside = [e for e in base.where if variables(e) & negated]
+        if base.emit is not None:
+            outside += [e for _, e in base.emit.attrs]
+        if hot_objects(tuple(outside), values, shape.sentinels, set()):
+            return None
+        specs = template.compiled_specs or []
+        hot = hot_objects(tuple(e for s in specs for e, _ in (*s.begin, *s.take, *s.final)), values,
+                          shape.sentinels, set())
+        found = [n.value for s in specs for e, _ in (*s.begin, *s.take, *s.final) if id(e) in hot
+                 for n in walk(e) if isinstance(n, Literal) and id(n) in hot]
+        if {str(v) for v in found} != values:  # (a constant the compiler kept elsewhere than in a conjunct)
+            return None
+        made = [_SpecMaker.make(s, hot, {(type(v), v): v for v in found}) for s in specs]
+        if None in made:
+            return None
+        return cls(shape, base, template, made)  # type: ignore[arg-type]
+
+    def plan(self, constants: list[str], name: str | int, text: str) -> QueryPlan:
+        """The plan of the query ``text`` of this shape, whose constants (as written) are ``constants``: what
+        ``compile_pattern(pattern, name)`` gives of its pattern, made without compiling (its specs carry their
+        keys, ``ComponentSpec.keys``, in place of canonical expressions), the pattern itself made when asked
+        (``QueryPlan.pattern``: :meth:`pattern`)."""
+        t = self.template
+        literals = self.shape.literals(constants)
+        specs = [m.spec(s, literals) for s, m in zip(t.compiled_specs or (), self.made)]
+        negations = [copy.copy(n) for n in t.negations]  # (the runtime keys its negation stores by these objects)
+        trailing = negations[t.negations.index(t.trailing)] if t.trailing is not None else None
+        return QueryPlan(name=name, source=(self, text), compiled_specs=specs, negations=negations,
+                         trailing=trailing, partition_by=t.partition_by, window=t.window, policy=t.policy,
+                         emit=t.emit, var_names=t.var_names, negation_key=t.negation_key, feedback=t.feedback)
+
+    def pattern(self, text: str) -> Pattern:
+        """The pattern of the query ``text`` of this shape, with the registration's options."""
+        base, shape = self.base, self.shape
+        pattern = shape.instance(text, split_constants(text)[1])
+        if (base.policy, base.feedback) != (pattern.policy, pattern.feedback):
+            pattern = dataclasses.replace(pattern, policy=base.policy, feedback=base.feedback)
+        return pattern
+
+
+class _SpecMaker:
+    """How a query's component spec is made from the template's: per conjunct of begin, take and final, the
+    template's check and expression key, or for one holding a constant its canonical expression (to remake the
+    check) and its key around the constant; the begin conjuncts' index keys."""
+
+    __slots__ = ("conjuncts", "keys", "found", "fixed")
+
+    def __init__(self, conjuncts: tuple, keys: tuple, found: list[tuple], fixed: bool) -> None:
+        self.conjuncts = conjuncts  # for begin, take, final: ((expr or None, check, key or (before, literal, after)))
+        self.keys = keys  # the expression keys and index key when no conjunct holds a constant, else None
+        self.found = found  # the index keys of the begin conjuncts, with stand-ins
+        self.fixed = fixed
+
+    @classmethod
+    def make(cls, spec: ComponentSpec, hot: set[int], probe: dict) -> "_SpecMaker | None":
+        me = f"#{spec.index}"
+        lists = []
+        for conjuncts in (spec.begin, spec.take, spec.final):
+            out = []
+            for e, check in conjuncts:
+                key = expr_key(e)
+                if id(e) not in hot:
+                    out.append((None, check, key))
+                    continue
+                if rebound(check, e, probe) is None:
+                    return None
+                value = e.right.value  # (rebound took it: a comparison of an attribute with the constant)
+                parts = key.split(repr(value))
+                if len(parts) != 2:
+                    return None
+                out.append((e, check, (parts[0], (type(value), value), parts[1])))
+            lists.append(tuple(out))
+        found = [k for e, _ in spec.begin for k in conjunct_keys(e, me)]
+        fixed = not any(id(e) in hot for e, _ in (*spec.begin, *spec.take, *spec.final))
+        keys = (*(tuple(sorted(k for _, _, k in c)) for c in lists), best_key(found)) if fixed else None
+        return cls(tuple(lists), keys, found, fixed)
+
+    def spec(self, s: ComponentSpec, literals: dict) -> ComponentSpec:
+        """The component spec of the query whose constants are ``literals``, the template's being ``s``."""
+        if self.fixed:
+            return ComponentSpec(s.index, s.var, s.event_type, s.kleene, s.contiguity, s.inner, s.begin, s.take,
+                                 s.final, s.agg_slots, s.keep_events, self.keys)
+        lists, keys = [], []
+        for conjuncts in self.conjuncts:
+            made, made_keys = [], []
+            for e, check, key in conjuncts:
+                if e is None:
+                    made.append((None, check))
+                    made_keys.append(key)
+                else:
+                    made.append((None, rebound(check, e, literals)))
+                    made_keys.append(key[0] + repr(literals[key[1]]) + key[2])
+            lists.append(tuple(made))
+            keys.append(tuple(sorted(made_keys)))
+        found = [tuple([literals.get((type(x), x), x) for x in k]) for k in self.found]
+        return ComponentSpec(s.index, s.var, s.event_type, s.kleene, s.contiguity, s.inner, lists[0], lists[1],
+                             lists[2], s.agg_slots, s.keep_events, (keys[0], keys[1], keys[2], best_key(found)))
+
+
+class ShapePlans:
+    """The plans of the shapes met, by shape and the registration's options (at most ``max_plans``, the oldest
+    dropped first)."""
+
+    def __init__(self, usable: Callable[[Pattern], bool], max_plans: int = 4096) -> None:
+        self.usable = usable  # whether a pattern is one for the shared NFA (else its shape has no plan)
+        self.max_plans = max_plans
+        self._plans: dict[Hashable, ShapePlan | None] = {}
+
+    def get(self, shape: Shape, policy: str | None, feedback: bool) -> ShapePlan | None:
+        """The plan of ``shape`` registered with ``policy`` (None: the query's own) and ``feedback`` (True: its
+        result events go back into the stream), as ``Engine.register`` takes them; None when it has none."""
+        key = (shape, policy, feedback)
+        plans = self._plans
+        splan = plans.get(key, _MISSING)
+        if splan is _MISSING:
+            splan = None
+            base = shape.pattern
+            try:
+                if policy is not None and policy != base.policy:
+                    base = dataclasses.replace(base, policy=policy).validate()
+                if feedback and not base.feedback:
+                    base = dataclasses.replace(base, feedback=True).validate()
+            except YfppError:  # (each query is refused with its own error)
+                base = None
+            if base is not None and self.usable(base):
+                splan = ShapePlan.make(shape, base)
+            if len(plans) >= self.max_plans:
+                plans.pop(next(iter(plans)))
+            plans[key] = splan
+        return splan
+
+
+class QuerySources(MutableMapping):
+    """``Engine.sources``: each query's ``(pattern, text, name)`` by id.  A query made from its shape's plan keeps
+    its plan in place of its pattern, which is made when asked (``QueryPlan.pattern``); :meth:`kept` gives what
+    is kept, for what reads only text, name, policy and feedback."""
+
+    def __init__(self) -> None:
+        self._kept: dict[int, tuple[Pattern | QueryPlan, str | None, str | int | None]] = {}
+
+    def __getitem__(self, qid: int) -> tuple[Pattern, str | None, str | int | None]:
+        first, text, name = self._kept[qid]
+        return (first.pattern if type(first) is QueryPlan else first), text, name  # type: ignore[return-value]
+
+    def __setitem__(self, qid: int, source: tuple[Pattern | QueryPlan, str | None, str | int | None]) -> None:
+        self._kept[qid] = source
+
+    def __delitem__(self, qid: int) -> None:
+        del self._kept[qid]
+
+    def __contains__(self, qid: object) -> bool:
+        return qid in self._kept
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._kept)
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def kept(self) -> ItemsView[int, tuple[Pattern | QueryPlan, str | None, str | int | None]]:
+        """``(id, (pattern or the query's plan, text, name))`` of each query: both have ``policy`` and
+        ``feedback``; a plan stands only for a query with text."""
+        return self._kept.items()
+
+
+_MISSING: Any = object()
