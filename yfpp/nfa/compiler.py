@@ -83,28 +83,29 @@ class ComponentSpec:
     final: Sequence[tuple[Expr, Check]] = field(default_factory=list)  # Kleene proceed / accept (ev is None)
     agg_slots: tuple[AggSlot, ...] = ()
     keep_events: bool = False
-    # made from a shape's plan (yfpp.nfa.shape_plans): the sorted expression keys of begin, take and final and the
-    # shared NFA's index key, which are otherwise read from the canonical expressions (then None in the conjuncts)
-    keys: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], tuple | None] | None = None
+    # made from a shape's plan (yfpp.nfa.shape_plans): the expression keys (key_set) of begin, take and final and
+    # the shared NFA's index key, which are otherwise read from the canonical expressions (then None in the conjuncts)
+    keys: tuple[Hashable, Hashable, Hashable, tuple | None] | None = None
 
     def signature(self, partition_by: tuple[str, ...], private: object | None) -> Hashable:
-        """What must be equal for two queries to share this component's runs."""
+        """What must be equal for two queries to share this component's runs: what the component is, one tuple
+        object for every component alike, then its predicates' keys and the query when it keeps its runs private
+        (as few objects per node as may be: a million subscriptions make a million nodes)."""
         keys = self.keys
         if keys is None:
-            keys = tuple(tuple(sorted(expr_key(e) for e, _ in c)) for c in (self.begin, self.take, self.final))
-        return (
-            self.event_type,
-            self.kleene,
-            self.contiguity if self.index else None,
-            self.inner if self.kleene else None,
-            keys[0],
-            keys[1],
-            keys[2],
-            self.agg_slots,
-            self.keep_events,
-            partition_by,
-            private,
-        )
+            keys = tuple(key_set([expr_key(e) for e, _ in c]) for c in (self.begin, self.take, self.final))
+        what = (self.event_type, self.kleene, self.contiguity if self.index else None,
+                self.inner if self.kleene else None, self.agg_slots, self.keep_events, partition_by)
+        return (_SIGNATURES.setdefault(what, what), keys[0], keys[1], keys[2], private)
+
+
+_SIGNATURES: dict[tuple, tuple] = {}  # one object per kind of component (a few per query shape)
+
+
+def key_set(keys: list[str]) -> Hashable:
+    """The expression keys of a component's conjuncts on one edge, in any order: the key itself when there is
+    one, else the sorted tuple of them."""
+    return keys[0] if len(keys) == 1 else tuple(sorted(keys))
 
 
 @dataclass(eq=False, slots=True)

@@ -19,10 +19,11 @@ from collections.abc import ItemsView, Iterator, MutableMapping
 from typing import Any, Callable, Hashable
 
 from yfpp.errors import YfppError
-from yfpp.language.pattern import Literal, Pattern, variables, walk
+from yfpp.language.pattern import Pattern, XPathTest, variables
 from yfpp.language.query_text import Shape, hot_objects, split_constants
-from yfpp.nfa.compiler import ComponentSpec, QueryPlan, compile_pattern, expr_key
-from yfpp.nfa.predicates import rebound
+from yfpp.nfa.compiler import ComponentSpec, QueryPlan, compile_pattern, expr_key, key_set
+from yfpp.input.events import MISSING
+from yfpp.nfa.predicates import constant_of, rebound
 from yfpp.nfa.shared_nfa import best_key, conjunct_keys
 
 
@@ -47,22 +48,19 @@ class ShapePlan:
             template = compile_pattern(base, "")
         except YfppError:  # (the stand-ins are no constants there: each query compiles, for its own error)
             return None
-        values = {(s[1:-1] if s[0] in "'\"" else s) for s in shape.sentinels}
+        values = {(s[1:-1] if s[0] in "'\"" else s): s for s in shape.sentinels}
         negated = {c.var for c in base.components if not c.positive}
         outside = [e for e in base.where if variables(e) & negated]
         if base.emit is not None:
             outside += [e for _, e in base.emit.attrs]
-        if hot_objects(tuple(outside), values, shape.sentinels, set()):
+        if hot_objects(tuple(outside), set(values), shape.sentinels, set()):
             return None
         specs = template.compiled_specs or []
-        hot = hot_objects(tuple(e for s in specs for e, _ in (*s.begin, *s.take, *s.final)), values,
+        hot = hot_objects(tuple(e for s in specs for e, _ in (*s.begin, *s.take, *s.final)), set(values),
                           shape.sentinels, set())
-        found = [n.value for s in specs for e, _ in (*s.begin, *s.take, *s.final) if id(e) in hot
-                 for n in walk(e) if isinstance(n, Literal) and id(n) in hot]
-        if {str(v) for v in found} != values:  # (a constant the compiler kept elsewhere than in a conjunct)
-            return None
-        made = [_SpecMaker.make(s, hot, {(type(v), v): v for v in found}) for s in specs]
-        if None in made:
+        covered: set[str] = set()
+        made = [_SpecMaker.make(s, hot, values, covered) for s in specs]
+        if None in made or covered != set(values):  # (a constant the compiler kept elsewhere than in a conjunct)
             return None
         return cls(shape, base, template, made)  # type: ignore[arg-type]
 
@@ -97,13 +95,19 @@ class _SpecMaker:
     __slots__ = ("conjuncts", "keys", "found", "fixed")
 
     def __init__(self, conjuncts: tuple, keys: tuple, found: list[tuple], fixed: bool) -> None:
-        self.conjuncts = conjuncts  # for begin, take, final: ((expr or None, check, key or (before, literal, after)))
+        # for begin, take, final: per conjunct (None, check, key), or for one holding a constant
+        # ((type, value) of its stand-in, the check, (key before it, (XPath text, stand-in as written) or None, after))
+        self.conjuncts = conjuncts
         self.keys = keys  # the expression keys and index key when no conjunct holds a constant, else None
         self.found = found  # the index keys of the begin conjuncts, with stand-ins
         self.fixed = fixed
 
     @classmethod
-    def make(cls, spec: ComponentSpec, hot: set[int], probe: dict) -> "_SpecMaker | None":
+    def make(cls, spec: ComponentSpec, hot: set[int], sentinels: dict[str, str],
+             covered: set[str]) -> "_SpecMaker | None":
+        """How to make a query's spec from the template's ``spec``; None when a conjunct holding a constant is not
+        one :func:`yfpp.nfa.predicates.rebound` remakes.  ``sentinels``: each stand-in's value (as text) and how it
+        is written; the values of those found go into ``covered``."""
         me = f"#{spec.index}"
         lists = []
         for conjuncts in (spec.begin, spec.take, spec.final):
@@ -113,17 +117,20 @@ class _SpecMaker:
                 if id(e) not in hot:
                     out.append((None, check, key))
                     continue
-                if rebound(check, e, probe) is None:
+                value = constant_of(check, e)
+                if value is MISSING or str(value) not in sentinels:
                     return None
-                value = e.right.value  # (rebound took it: a comparison of an attribute with the constant)
-                parts = key.split(repr(value))
+                covered.add(str(value))
+                written = repr(e.source) if isinstance(e, XPathTest) else repr(value)
+                parts = key.split(written)
                 if len(parts) != 2:
                     return None
-                out.append((e, check, (parts[0], (type(value), value), parts[1])))
+                source = (e.source, sentinels[str(value)]) if isinstance(e, XPathTest) else None
+                out.append(((type(value), value), check, (parts[0], source, parts[1])))
             lists.append(tuple(out))
         found = [k for e, _ in spec.begin for k in conjunct_keys(e, me)]
         fixed = not any(id(e) in hot for e, _ in (*spec.begin, *spec.take, *spec.final))
-        keys = (*(tuple(sorted(k for _, _, k in c)) for c in lists), best_key(found)) if fixed else None
+        keys = (*(key_set([k for _, _, k in c]) for c in lists), best_key(found)) if fixed else None
         return cls(tuple(lists), keys, found, fixed)
 
     def spec(self, s: ComponentSpec, literals: dict) -> ComponentSpec:
@@ -134,15 +141,21 @@ class _SpecMaker:
         lists, keys = [], []
         for conjuncts in self.conjuncts:
             made, made_keys = [], []
-            for e, check, key in conjuncts:
-                if e is None:
+            for literal, check, key in conjuncts:
+                if literal is None:
                     made.append((None, check))
                     made_keys.append(key)
-                else:
-                    made.append((None, rebound(check, e, literals)))
-                    made_keys.append(key[0] + repr(literals[key[1]]) + key[2])
+                    continue
+                value = literals[literal]
+                made.append((None, rebound(check, value)))
+                before, source, after = key
+                if source is None:
+                    made_keys.append(before + repr(value) + after)
+                else:  # (an XPath test: its text, the stand-in as written replaced by the constant)
+                    text, written = source
+                    made_keys.append(before + repr(text.replace(written, written[0] + value + written[0])) + after)
             lists.append(tuple(made))
-            keys.append(tuple(sorted(made_keys)))
+            keys.append(key_set(made_keys))
         found = [tuple([literals.get((type(x), x), x) for x in k]) for k in self.found]
         return ComponentSpec(s.index, s.var, s.event_type, s.kleene, s.contiguity, s.inner, lists[0], lists[1],
                              lists[2], s.agg_slots, s.keep_events, (keys[0], keys[1], keys[2], best_key(found)))

@@ -82,11 +82,17 @@ class MemoryCap:
 @contextmanager
 def collection_paused() -> Iterator[None]:
     """No garbage collection while many queries register (``Engine.register_many``, a checkpoint's restore): the
-    objects a registration makes live on, and collecting them as they come made a batch half again as long."""
+    objects a registration makes live on, and collecting them as they come made a batch half again as long.
+    After, they go to the oldest generation unscanned (frozen and unfrozen), where the next full collection
+    finds them, not the first young one (which would walk all of them at once) — unless objects are frozen
+    already (``yfpp serve`` freezes a restored engine's): those stay so."""
     collecting = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if collecting:
+            if not gc.get_freeze_count():
+                gc.freeze()
+                gc.unfreeze()
             gc.enable()
