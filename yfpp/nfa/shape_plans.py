@@ -88,19 +88,18 @@ class ShapePlan:
 
 
 class _SpecMaker:
-    """How a query's component spec is made from the template's: per conjunct of begin, take and final, the
-    template's check and expression key, or for one holding a constant its canonical expression (to remake the
-    check) and its key around the constant; the begin conjuncts' index keys."""
+    """How a query's component spec is made from the template's: per edge (begin, take, final) the template's
+    conjuncts and key, or where a conjunct holds a constant what to remake; the begin conjuncts' index keys."""
 
-    __slots__ = ("conjuncts", "keys", "found", "fixed")
+    __slots__ = ("edges", "found", "keys")
 
-    def __init__(self, conjuncts: tuple, keys: tuple, found: list[tuple], fixed: bool) -> None:
-        # for begin, take, final: per conjunct (None, check, key), or for one holding a constant
-        # ((type, value) of its stand-in, the check, (key before it, (XPath text, stand-in as written) or None, after))
-        self.conjuncts = conjuncts
-        self.keys = keys  # the expression keys and index key when no conjunct holds a constant, else None
-        self.found = found  # the index keys of the begin conjuncts, with stand-ins
-        self.fixed = fixed
+    def __init__(self, edges: tuple, found: list[tuple[tuple, bool]], keys: tuple | None) -> None:
+        # per edge: (the template's conjuncts, their key_set, None) where none holds a constant, else (None, None,
+        # items): per conjunct (None, check, key), or for one holding a constant ((type, value) of its stand-in, the
+        # check, (the key before it, (XPath text, the stand-in as written) or None, the key after it))
+        self.edges = edges
+        self.found = found  # the index keys of the begin conjuncts, each with whether it holds a stand-in
+        self.keys = keys  # ComponentSpec.keys when no conjunct holds a constant, else None
 
     @classmethod
     def make(cls, spec: ComponentSpec, hot: set[int], sentinels: dict[str, str],
@@ -109,8 +108,11 @@ class _SpecMaker:
         one :func:`yfpp.nfa.predicates.rebound` remakes.  ``sentinels``: each stand-in's value (as text) and how it
         is written; the values of those found go into ``covered``."""
         me = f"#{spec.index}"
-        lists = []
+        edges: list[tuple] = []
         for conjuncts in (spec.begin, spec.take, spec.final):
+            if not any(id(e) in hot for e, _ in conjuncts):
+                edges.append((conjuncts, key_set([expr_key(e) for e, _ in conjuncts]), None))
+                continue
             out = []
             for e, check in conjuncts:
                 key = expr_key(e)
@@ -121,27 +123,31 @@ class _SpecMaker:
                 if value is MISSING or str(value) not in sentinels:
                     return None
                 covered.add(str(value))
-                written = repr(e.source) if isinstance(e, XPathTest) else repr(value)
-                parts = key.split(written)
+                parts = key.split(repr(e.source) if isinstance(e, XPathTest) else repr(value))
                 if len(parts) != 2:
                     return None
                 source = (e.source, sentinels[str(value)]) if isinstance(e, XPathTest) else None
                 out.append(((type(value), value), check, (parts[0], source, parts[1])))
-            lists.append(tuple(out))
-        found = [k for e, _ in spec.begin for k in conjunct_keys(e, me)]
-        fixed = not any(id(e) in hot for e, _ in (*spec.begin, *spec.take, *spec.final))
-        keys = (*(key_set([k for _, _, k in c]) for c in lists), best_key(found)) if fixed else None
-        return cls(tuple(lists), keys, found, fixed)
+            edges.append((None, None, tuple(out)))
+        found = [(k, id(e) in hot) for e, _ in spec.begin for k in conjunct_keys(e, me)]
+        keys = None
+        if all(items is None for _, _, items in edges):
+            keys = (edges[0][1], edges[1][1], edges[2][1], best_key([k for k, _ in found]))
+        return cls(tuple(edges), found, keys)
 
     def spec(self, s: ComponentSpec, literals: dict) -> ComponentSpec:
         """The component spec of the query whose constants are ``literals``, the template's being ``s``."""
-        if self.fixed:
+        if self.keys is not None:
             return ComponentSpec(s.index, s.var, s.event_type, s.kleene, s.contiguity, s.inner, s.begin, s.take,
                                  s.final, s.agg_slots, s.keep_events, self.keys)
         lists, keys = [], []
-        for conjuncts in self.conjuncts:
+        for conjuncts, fixed_key, items in self.edges:
+            if items is None:
+                lists.append(conjuncts)
+                keys.append(fixed_key)
+                continue
             made, made_keys = [], []
-            for literal, check, key in conjuncts:
+            for literal, check, key in items:
                 if literal is None:
                     made.append((None, check))
                     made_keys.append(key)
@@ -156,7 +162,8 @@ class _SpecMaker:
                     made_keys.append(before + repr(text.replace(written, written[0] + value + written[0])) + after)
             lists.append(tuple(made))
             keys.append(key_set(made_keys))
-        found = [tuple([literals.get((type(x), x), x) for x in k]) for k in self.found]
+        get = literals.get
+        found = [tuple([get((type(x), x), x) for x in k]) if hot else k for k, hot in self.found]
         return ComponentSpec(s.index, s.var, s.event_type, s.kleene, s.contiguity, s.inner, lists[0], lists[1],
                              lists[2], s.agg_slots, s.keep_events, (keys[0], keys[1], keys[2], best_key(found)))
 
