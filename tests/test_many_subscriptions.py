@@ -30,6 +30,7 @@ TEMPLATES = [  # what subscribers write, constants in braces
     "[k]&&//a[@x = '{s}' and @y > {t}]//b&&({w})",
     "[k]&&//a[@x >= {t}][@x < {u}]//!c//b[@y = {v} or @y = '{s}']&&({w})",
     "[k]&&//a[starts-with(@x, '{s}')]//b[y >= {t}]&&({w})",
+    "[k]&&//a[@x = '{s}']//b[@y = \"{s}1\"]&&({w})",
 ]
 VALUES = [0, 1, 2, 3, 5, "1", "x", "x1", "", None]
 

@@ -215,6 +215,20 @@ def compile_xpath_test(source: str, namespaces: Namespaces = ()) -> Test:
     return _fast_test(fast, _parsed_when_needed(source, namespaces))
 
 
+def attribute_text(test: Test) -> str | None:
+    """The text literal of a test :func:`compile_xpath_test` made of ``@name op 'text'``, else None."""
+    if type(test) is partial and test.func is _attribute_test and not test.args[3] and type(test.args[2]) is str:
+        return test.args[2]
+    return None
+
+
+def with_text(test: Test, text: str) -> Test:
+    """The test of ``@name op 'text'`` made from that of the same comparison with another text
+    (:func:`attribute_text` of ``test`` is not None): what :func:`compile_xpath_test` gives, without parsing."""
+    op, name, _, numeric = test.args  # type: ignore[attr-defined]
+    return partial(_attribute_test, op, name, text, numeric)
+
+
 def _attribute_comparison(tok: XPathToken) -> tuple[Callable[[Any, Any], Any], str, Any, bool] | None:
     """``(op, name, literal, numeric)`` of ``@name op 'text'`` / ``@name op 12`` (or the literal first), else None:
     the commonest predicate of subscriptions, one small object each (see :func:`_attribute_with_literal`)."""

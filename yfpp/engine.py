@@ -34,9 +34,10 @@ from yfpp.input.events import Event
 from yfpp.runtime.feedback import MAX_DEPTH, MAX_DERIVED, Feedback
 from yfpp.nfa.compiler import QueryPlan, compile_pattern
 from yfpp.language.pattern import POLICIES, SET_POLICIES, STRATEGIES, Pattern
-from yfpp.language.query_text import QueryShapes
+from yfpp.language.query_text import QueryShapes, parse_query
+from yfpp.nfa.shape_plans import QuerySources, ShapePlans
 from yfpp.runtime.runtime import Runtime
-from yfpp.state.memory_cap import MemoryCap, default_cap_mib
+from yfpp.state.memory_cap import MemoryCap, collection_paused, default_cap_mib
 
 if TYPE_CHECKING:
     from yfpp.sets.strategies import SetMatcher  # imported when an event-set query is registered
@@ -133,12 +134,13 @@ class Engine:
         self.feedback = Feedback(self.runtime, self.dead_letters, max_feedback_depth, max_derived_per_event, self._step)
         self.default_policy = policy
         self.queries: dict[int, QueryPlan] = {}
-        self.sources: dict[int, tuple[Pattern, str | None, str | int | None]] = {}  # for checkpoints
+        self.sources = QuerySources()  # (pattern, text, name) by id, for checkpoints
         self.reports: list[str] = []
         self._report_stream = sys.stderr if reports is STDERR else reports
         if reports is not None and not callable(getattr(self._report_stream, "write", None)):
             raise YfppError(f"reports must be a text stream or None, not {type(reports).__name__}")
         self._shapes = QueryShapes()  # query texts that differ only by constants are parsed once
+        self._plans = ShapePlans(lambda p: not merge_runs and self._for_nfa(p))  # and compiled once
         self._names: set[str | int] = set()  # explicit names (str) and the ids of unnamed queries
         self._ids = count()
         self._next_seq = 0
@@ -162,8 +164,11 @@ class Engine:
             raise YfppError(f"a query name must be a non-empty string, not {_printable(name)!r:.80}")
         if query_id is not None and (type(query_id) is not int or query_id < 0 or query_id in self.sources):
             raise YfppError(f"query id {query_id!r} is not a free id (a non-negative integer no query has)")
+        shape, constants, pattern = None, [], None
         if isinstance(query, str):
-            pattern = self._shapes.parse(query)
+            shape, constants = self._shapes.shape_of(query)
+            if shape is None:
+                pattern = parse_query(query)
         elif isinstance(query, Pattern):
             pattern = query.validate()
         else:
@@ -176,18 +181,29 @@ class Engine:
         self._memory.admit()
         _check_policy(policy)
         policy = policy or self.default_policy
+        splan = None
+        if shape is not None:  # (a query of a shape met before: made from the shape's plan, when it has one)
+            splan = self._plans.get(shape, policy, feedback)
+            if splan is None:
+                pattern = shape.instance(query, constants)  # type: ignore[arg-type]
+        qid = next(self._ids) if query_id is None else self._claim_id(query_id)
+        name_or_id = name if name is not None else qid
+        if splan is not None:
+            plan = splan.plan(constants, name_or_id, query)  # type: ignore[arg-type]
+            self.sources[qid] = (plan, query, name)
+            return self._add(qid, plan)
+        assert pattern is not None
         if policy is not None and policy != pattern.policy:
             pattern = dataclasses.replace(pattern, policy=policy).validate()
         if feedback and not pattern.feedback:
             pattern = dataclasses.replace(pattern, feedback=True).validate()
-        qid = next(self._ids) if query_id is None else self._claim_id(query_id)
         source = (pattern, query if isinstance(query, str) else None, name)
-        if pattern.has_sets or (self.strategy == "match-window" and _windowable(pattern)):
+        if not self._for_nfa(pattern):
             from yfpp.sets.matcher import Limits
             from yfpp.sets.strategies import set_matcher
 
             limits = Limits(self.runtime.max_runs, self.runtime.max_buffer, self._shed_sets, self._matched_sets)
-            matcher = self.set_queries[qid] = set_matcher(pattern, name if name is not None else qid, self.strategy, limits)
+            matcher = self.set_queries[qid] = set_matcher(pattern, name_or_id, self.strategy, limits)
             matcher.plan.full_events = self.runtime.full_events
             self.sources[qid] = source
             self._names.add(matcher.plan.name)
@@ -195,13 +211,17 @@ class Engine:
                 self.feedback.order[matcher.plan] = qid
             self._route_events()
             return qid
-        plan = compile_pattern(pattern, name if name is not None else qid)
+        plan = compile_pattern(pattern, name_or_id)
         self.sources[qid] = source
+        return self._add(qid, plan)
+
+    def _add(self, qid: int, plan: QueryPlan) -> int:
+        """Add a compiled query (its source kept) to the shared NFA; return its id."""
         self.queries[qid] = plan
         self._names.add(plan.name)
         self.runtime.add(plan)
         plan.release_specs()
-        if pattern.feedback:
+        if plan.feedback:
             self.feedback.order[plan] = qid
         self._route_events()
         return qid
@@ -215,19 +235,25 @@ class Engine:
             self._ids = count(qid + 1)
         return qid
 
+    def _for_nfa(self, pattern: Pattern) -> bool:
+        """Does ``pattern`` go to the shared NFA (else to a set matcher: event sets, or ``match-window``)?"""
+        return not (pattern.has_sets or (self.strategy == "match-window" and _windowable(pattern)))
+
     def register_many(self, queries: Iterable[str | Pattern | tuple[str | Pattern, str | None]], *,
                       policy: str | None = None, feedback: bool = False) -> list[int | YfppError]:
         """:meth:`register` each query (text or Pattern, or a ``(query, name)`` pair) in turn; return, per item in
         order, its id or the error that refused it (a :class:`~yfpp.errors.QueryError` says where in the text):
-        a bad query refuses only itself.  Queries that differ only by constants are parsed once (as by
-        :meth:`register`); the runtime's dispatch per event type is made again once, at the next event."""
+        a bad query refuses only itself.  Queries that differ only by constants are parsed and compiled once (as by
+        :meth:`register`); the runtime's dispatch per event type is made again once, at the next event.  No
+        garbage collection runs meanwhile (``yfpp.state.memory_cap.collection_paused``)."""
         out: list[int | YfppError] = []
-        for item in queries:
-            query, name = item if isinstance(item, tuple) and len(item) == 2 else (item, None)
-            try:
-                out.append(self.register(query, name, policy=policy, feedback=feedback))
-            except YfppError as err:
-                out.append(err)
+        with collection_paused():
+            for item in queries:
+                query, name = item if isinstance(item, tuple) and len(item) == 2 else (item, None)
+                try:
+                    out.append(self.register(query, name, policy=policy, feedback=feedback))
+                except YfppError as err:
+                    out.append(err)
         return out
 
     def unregister(self, qid: int) -> None:

@@ -229,17 +229,26 @@ class QueryShapes:
 
     def __init__(self, max_shapes: int = 4096) -> None:
         self.max_shapes = max_shapes
-        self._shapes: dict[tuple, _Shape | None] = {}
+        self._shapes: dict[tuple, Shape | None] = {}
         self._lock = threading.Lock()
 
     def parse(self, text: str, ts_unit: str = "s") -> Pattern:
         """:func:`parse_query` of ``text``, the same pattern, from the shape's when it was met before."""
-        from yfpp.language.query_limits import check_text
+        shape, constants = self.shape_of(text, ts_unit)
+        if shape is None:
+            return parse_query(text, None, ts_unit)
+        return shape.instance(text, constants)
 
-        check_text(text)  # (the caps on the whole text: the shape's is shorter)
+    def shape_of(self, text: str, ts_unit: str = "s") -> tuple[Shape | None, list[str]]:
+        """The parsed shape of ``text`` and its constants as written; ``(None, …)`` when ``text`` is parsed on its
+        own (no constants, or a shape :meth:`parse` cannot use)."""
+        from yfpp.language.query_limits import MAX_QUERY_CHARS, check_text
+
+        if len(text) > MAX_QUERY_CHARS:
+            check_text(text)  # (its error: the shape's text is shorter; its nesting is the text's, checked by parsing)
         around, constants = split_constants(text)
         if not constants:
-            return parse_query(text, None, ts_unit)
+            return None, constants
         pieces = [around[0]]
         for tok, after in zip(constants, around[1:]):
             pieces.append("\x00" + ("s" if tok[0] in "'\"" else "d" if "." in tok else "n") + tok[0] * (tok[0] in "'\""))
@@ -247,14 +256,12 @@ class QueryShapes:
         key = (ts_unit, "".join(pieces))
         shape = self._shapes.get(key, _MISSING)
         if shape is _MISSING:
-            shape = _Shape.make(pieces, ts_unit)
+            shape = Shape.make(pieces, ts_unit)
             with self._lock:  # (the service parses on several threads)
                 if len(self._shapes) >= self.max_shapes:
                     self._shapes.pop(next(iter(self._shapes)))
                 self._shapes[key] = shape
-        if shape is None:
-            return parse_query(text, None, ts_unit)
-        return shape.instance(text, constants)
+        return shape, constants  # type: ignore[return-value]
 
 
 def split_constants(text: str) -> tuple[list[str], list[str]]:
@@ -273,20 +280,20 @@ def split_constants(text: str) -> tuple[list[str], list[str]]:
 _MISSING: object = object()
 
 
-class _Shape:
+class Shape:
     """A parsed shape: its pattern with stand-ins, and how to put a query's constants in their place."""
 
     __slots__ = ("pattern", "sentinels", "kinds", "lines", "hot")
 
     def __init__(self, pattern: Pattern, sentinels: list[str], kinds: list[type], lines: list[tuple[int, int]]):
         self.pattern = pattern
-        self.hot = _hot(pattern, {(s[1:-1] if s[0] in "'\"" else s) for s in sentinels}, sentinels, set())
+        self.hot = hot_objects(pattern, {(s[1:-1] if s[0] in "'\"" else s) for s in sentinels}, sentinels, set())
         self.sentinels = sentinels  # each constant's stand-in as written in the shape's text
         self.kinds = kinds  # the type the parser made of each stand-in (str, int, float, Decimal…)
         self.lines = lines  # (line, column) of each stand-in in the shape's text
 
     @classmethod
-    def make(cls, pieces: list[str], ts_unit: str) -> "_Shape | None":
+    def make(cls, pieces: list[str], ts_unit: str) -> "Shape | None":
         sentinels, text = [], []
         for i, piece in enumerate(pieces):
             if i % 2 == 0:
@@ -328,21 +335,27 @@ class _Shape:
             offset += len(piece)
         return cls(pattern, sentinels, kinds, lines)
 
-    def instance(self, text: str, constants: list[str]) -> Pattern:
-        """The shape's pattern with ``constants`` (as written) in place of its stand-ins, and ``text`` its source."""
-        literals, texts = {}, []
+    def literals(self, constants: list[str]) -> dict[tuple[type, Any], Any]:
+        """Each stand-in's literal value, as ``(type, value)``, mapped to the value of its constant in ``constants``
+        (as written)."""
+        literals = {}
         for s, kind, c in zip(self.sentinels, self.kinds, constants):
             if s[0] in "'\"":
                 literals[(str, s[1:-1])] = c[1:-1]
             else:
                 literals[(kind, kind(s))] = kind(c)
-            texts.append((s, c))
+        return literals
+
+    def instance(self, text: str, constants: list[str]) -> Pattern:
+        """The shape's pattern with ``constants`` (as written) in place of its stand-ins, and ``text`` its source."""
+        literals = self.literals(constants)
+        texts = list(zip(self.sentinels, constants))
         shifts: dict[int, list[tuple[int, int]]] = {}
         for (line, column), (s, c) in zip(self.lines, texts):
             shifts.setdefault(line, []).append((column, len(c) - len(s)))
         positions = tuple((var, line, column + sum(d for at, d in shifts.get(line, ()) if at < column))
                           for var, line, column in self.pattern.positions)
-        pattern = _substitute(self.pattern, literals, texts, self.hot)
+        pattern = substitute(self.pattern, literals, texts, self.hot)
         object.__setattr__(pattern, "source", text)
         object.__setattr__(pattern, "positions", positions)
         return pattern
@@ -360,9 +373,9 @@ def _walk(obj: object) -> Iterator[object]:
             stack.extend(getattr(o, f.name) for f in fields(o))
 
 
-def _hot(obj: Any, values: set[str], sentinels: list[str], hot: set[int]) -> set[int]:
+def hot_objects(obj: Any, values: set[str], sentinels: list[str], hot: set[int]) -> set[int]:
     """The ids of the objects of ``obj`` (a shape's pattern, which keeps them) that hold a stand-in: what
-    :func:`_substitute` rebuilds; the rest is shared between the shape's queries."""
+    :func:`substitute` rebuilds; the rest is shared between the shape's queries."""
     if isinstance(obj, Literal):
         if str(obj.value) in values:
             hot.add(id(obj))
@@ -372,14 +385,14 @@ def _hot(obj: Any, values: set[str], sentinels: list[str], hot: set[int]) -> set
     elif isinstance(obj, tuple) or (is_dataclass(obj) and not isinstance(obj, type)):
         items = obj if isinstance(obj, tuple) else [getattr(obj, f.name) for f in fields(obj)]
         for item in items:
-            _hot(item, values, sentinels, hot)
+            hot_objects(item, values, sentinels, hot)
         if any(id(item) in hot for item in items):
             hot.add(id(obj))
     return hot
 
 
-def _substitute(obj: Any, literals: dict, texts: list[tuple[str, str]], hot: set[int]) -> Any:
-    """``obj`` rebuilt with the literals and XPath texts replaced where :func:`_hot` found stand-ins."""
+def substitute(obj: Any, literals: dict, texts: list[tuple[str, str]], hot: set[int]) -> Any:
+    """``obj`` rebuilt with the literals and XPath texts replaced where :func:`hot_objects` found stand-ins."""
     if id(obj) not in hot:
         return obj
     if isinstance(obj, Literal):
@@ -390,6 +403,6 @@ def _substitute(obj: Any, literals: dict, texts: list[tuple[str, str]], hot: set
             source = source.replace(s, c)
         return rebuilt(obj, source=source)
     if isinstance(obj, tuple):
-        return tuple([_substitute(o, literals, texts, hot) for o in obj])
-    return rebuilt(obj, **{name: _substitute(getattr(obj, name), literals, texts, hot) for name in type(obj).__slots__
+        return tuple([substitute(o, literals, texts, hot) for o in obj])
+    return rebuilt(obj, **{name: substitute(getattr(obj, name), literals, texts, hot) for name in type(obj).__slots__
                            if id(getattr(obj, name)) in hot})

@@ -5,6 +5,8 @@
   negations); each component spec carries its sharing signature.
 - ``predicates``: expression trees → closures ``f(ev, vec)`` (docs/semantics.md §4), Kleene state with
   incremental aggregates.
+- ``shape_plans``: one compiled plan per query shape; a query that differs from it only by constants is made
+  from it, its constants put into the canonical expressions and attribute comparisons, without compiling.
 - ``shared_nfa``: all plans merged into a trie of nodes (YFilter); wait/in states; transition tables by type
   with equality (hash) and range (sorted) indexes; live add and remove.
 """

@@ -83,22 +83,29 @@ class ComponentSpec:
     final: Sequence[tuple[Expr, Check]] = field(default_factory=list)  # Kleene proceed / accept (ev is None)
     agg_slots: tuple[AggSlot, ...] = ()
     keep_events: bool = False
+    # made from a shape's plan (yfpp.nfa.shape_plans): the expression keys (key_set) of begin, take and final and
+    # the shared NFA's index key, which are otherwise read from the canonical expressions (then None in the conjuncts)
+    keys: tuple[Hashable, Hashable, Hashable, tuple | None] | None = None
 
     def signature(self, partition_by: tuple[str, ...], private: object | None) -> Hashable:
-        """What must be equal for two queries to share this component's runs."""
-        return (
-            self.event_type,
-            self.kleene,
-            self.contiguity if self.index else None,
-            self.inner if self.kleene else None,
-            tuple(sorted(expr_key(e) for e, _ in self.begin)),
-            tuple(sorted(expr_key(e) for e, _ in self.take)),
-            tuple(sorted(expr_key(e) for e, _ in self.final)),
-            self.agg_slots,
-            self.keep_events,
-            partition_by,
-            private,
-        )
+        """What must be equal for two queries to share this component's runs: what the component is, one tuple
+        object for every component alike, then its predicates' keys and the query when it keeps its runs private
+        (as few objects per node as may be: a million subscriptions make a million nodes)."""
+        keys = self.keys
+        if keys is None:
+            keys = tuple(key_set([expr_key(e) for e, _ in c]) for c in (self.begin, self.take, self.final))
+        what = (self.event_type, self.kleene, self.contiguity if self.index else None,
+                self.inner if self.kleene else None, self.agg_slots, self.keep_events, partition_by)
+        return (_SIGNATURES.setdefault(what, what), keys[0], keys[1], keys[2], private)
+
+
+_SIGNATURES: dict[tuple, tuple] = {}  # one object per kind of component (a few per query shape)
+
+
+def key_set(keys: list[str]) -> Hashable:
+    """The expression keys of a component's conjuncts on one edge, in any order: the key itself when there is
+    one, else the sorted tuple of them."""
+    return keys[0] if len(keys) == 1 else tuple(sorted(keys))
 
 
 @dataclass(eq=False, slots=True)
@@ -106,7 +113,9 @@ class QueryPlan:
     """One registered query: its component chain and its acceptance checks."""
 
     name: str | int
-    pattern: Pattern
+    # its pattern, or for a query made from its shape's plan (yfpp.nfa.shape_plans) that plan and the query's text,
+    # from which `pattern` is made when asked: most subscriptions of a big engine are never asked
+    source: Pattern | tuple[Any, str]
     # its component specs while it registers (None after: see `specs`)
     compiled_specs: list[ComponentSpec] | None
     negations: list[NegationPlan]
@@ -119,6 +128,15 @@ class QueryPlan:
     since_tick: int = 0  # only runs born later count: the runtime tick at registration, raised by a shed (yfpp.runtime.caps)
     negation_key: Hashable = ()  # its middle negations' check signatures: equal keys, equal answers at a node
     nodes: list = field(default_factory=list)  # the shared-NFA nodes it passes through
+    feedback: bool = False  # its result events go back into the stream (its pattern's FEEDBACK)
+
+    @property
+    def pattern(self) -> Pattern:
+        """Its pattern (made again from its shape's plan and its text for a query made so)."""
+        source = self.source
+        if type(source) is tuple:
+            return source[0].pattern(source[1])
+        return source  # type: ignore[return-value]
 
     @property
     def specs(self) -> list[ComponentSpec]:
@@ -189,7 +207,7 @@ def _compile_pattern(pattern: Pattern, name: str | int, xpath_compiler: Callable
         emit = (pattern.emit.event_type, tuple((k, compile_value(e, bound, scope)) for k, e in pattern.emit.attrs))
     return QueryPlan(
         name=name,
-        pattern=pattern,
+        source=pattern,
         compiled_specs=specs,
         negations=negations,
         trailing=trailing,
@@ -199,6 +217,7 @@ def _compile_pattern(pattern: Pattern, name: str | int, xpath_compiler: Callable
         emit=emit,
         var_names=tuple(s.var for s in specs),
         negation_key=tuple(n.check_signature for n in negations if n.upper is not None),
+        feedback=pattern.feedback,
     )
 
 

@@ -462,17 +462,17 @@ def index_key(spec: ComponentSpec) -> tuple | None:
     brackets are split at their top-level ``and`` (``[@a='x' and @b > 3]`` as ``[@a='x'][@b > 3]``), SASE+
     conditions are conjuncts already.  None: the node is tested by every event of its type."""
     me = f"#{spec.index}"
-    found: list[tuple] = []
-    for expr, _ in spec.begin:
-        if isinstance(expr, XPathTest):
-            if expr.var == me and not expr.namespaces:
-                found += _xpath_keys(expr.source)
-        else:
-            found += _sase_keys(expr, me)
-    return _best(found)
+    return best_key([k for expr, _ in spec.begin for k in conjunct_keys(expr, me)])
 
 
-def _best(found: list[tuple]) -> tuple | None:
+def conjunct_keys(expr: Any, me: str) -> list[tuple]:
+    """The index keys of one canonical conjunct of the begin condition of component ``me`` (``#i``)."""
+    if isinstance(expr, XPathTest):
+        return _xpath_keys(expr.source) if expr.var == me and not expr.namespaces else []
+    return _sase_keys(expr, me)
+
+
+def best_key(found: list[tuple]) -> tuple | None:
     """The most selective of the keys found: equality, then ``anyof`` (fewest values), prefix (longest),
     interval (both bounds of one attribute, the first of each), range."""
     if not found:
@@ -712,7 +712,7 @@ class SharedNFA:
             agg_slots=spec.agg_slots,
             keep_events=spec.keep_events,
             partition_by=partition_by,
-            index_key=index_key(spec),
+            index_key=index_key(spec) if spec.keys is None else spec.keys[3],
         )
         node.root = parent.root if parent is not None else node
         self.reacting.update(_reactions(node))

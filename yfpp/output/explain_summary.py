@@ -28,9 +28,9 @@ _INDEX_KINDS = {"eq": "hash", "xeq": "hash", "xnum": "hash", "ceq": "hash", "cnu
 def summary(engine: Engine, top: int = 10) -> dict[str, Any]:
     """The figures of ``engine``'s shared NFA and its ``top`` most shared nodes."""
     nodes = list(engine.runtime.nfa.nodes())
-    components = sum(len(p.specs) for p in engine.queries.values())
+    components = sum(len(p.nodes) for p in engine.queries.values())  # (a node per component)
     shapes = set()  # (a query without text, a Pattern built in code, is a shape of its own)
-    for pat, text, _ in engine.sources.values():
+    for _, (pat, text, _) in engine.sources.kept():  # (pat: the pattern, or the plan of a query with text)
         text = text or pat.source
         shapes.add(tuple(split_constants(text)[0]) if text else id(pat))
     by_index: Counter = Counter()

@@ -24,7 +24,16 @@ def match_maker(plan: QueryPlan) -> tuple:
     if plan.emit is not None:
         etype, attrs = plan.emit
         emit = (etype, tuple((k, g, getattr(g, "slot_attr", None)) for k, g in attrs))
-    return match_id_of(plan.name, plan.var_names), not any(spec.kleene for spec in plan.specs), emit
+    return match_id_of(plan.name, plan.var_names), not any(node.kleene for node in plan.nodes), emit
+
+
+class MatchMakers(dict):
+    """``match_maker`` of each query, made at its first match (most subscriptions of a big engine never match:
+    they keep no closures) and dropped when it is unregistered."""
+
+    def __missing__(self, plan: QueryPlan) -> tuple:
+        made = self[plan] = match_maker(plan)
+        return made
 
 
 class Acceptance:
@@ -75,7 +84,7 @@ class Acceptance:
                 shared: dict = {}
             match = self._match(plan, binds, vec, shared)
             if plan.trailing is not None:
-                if plan.pattern.feedback:  # released at the deadline, ranked there like any event's matches
+                if plan.feedback:  # released at the deadline, ranked there like any event's matches
                     depth = max(getattr(e, "depth", 0) for _, e in binds)
                     rank = overlap_rank(len(plan.var_names), binds)
                 else:
@@ -135,5 +144,5 @@ class Acceptance:
         """Output match ``m``; a feedback query's also goes to ``fed``, ranked by its bound events."""
         out.append(m)
         self._counters.matches[plan.name] += 1
-        if plan.pattern.feedback:
+        if plan.feedback:
             self.fed.append((plan, m, overlap_rank(len(plan.var_names), binds), 0))

@@ -148,7 +148,7 @@ class NegationStores:
                 self._of_type(neg.event_type).put((store, None, ()))
             store.users += 1
             self.of[neg] = store
-        self.dirty.add(plan.nodes[0].root)
+        self._changed(plan.nodes[0].root)
 
     def remove(self, plan: QueryPlan) -> None:
         root = plan.nodes[0].root
@@ -166,7 +166,13 @@ class NegationStores:
                 del stores[store]
                 if not stores:
                     del self.of_root[root]
-        self.dirty.add(root)
+        self._changed(root)
+
+    def _changed(self, root: Node) -> None:
+        """A query joined or left branch ``root``: its stores' ``ends`` are made again at the next refresh (a branch
+        without stores has none: a million subscriptions without negations cost the refresh nothing)."""
+        if root in self.of_root:
+            self.dirty.add(root)
 
     def _drop(self, etype: str | None, owner: Any, neg: NegationPlan | None) -> None:
         negs = self.by_type[etype]

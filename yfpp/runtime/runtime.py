@@ -26,7 +26,7 @@ from typing import Any, Callable
 from yfpp.input.events import Event
 from yfpp.nfa.compiler import NegationPlan, QueryPlan
 from yfpp.nfa.shared_nfa import Node, SharedNFA, State
-from yfpp.runtime.acceptance import Acceptance, match_maker
+from yfpp.runtime.acceptance import Acceptance, MatchMakers
 from yfpp.runtime.caps import check_buffer_caps
 from yfpp.runtime.deadlines import Deadlines, Pending
 from yfpp.runtime.dispatch import EventSteps
@@ -125,7 +125,7 @@ class Runtime(EventSteps, RunMoves, Acceptance):
         self._interned: dict[tuple[str, ...], tuple[str, ...]] = {}  # one tuple object per equivalence list
         self._parts: list[tuple[tuple[str, ...], dict]] = []  # self.keyed's items, in a list
         self._attrs0: tuple[str, ...] | None = None  # the one equivalence list, when there is exactly one
-        self._makers: dict[QueryPlan, tuple] = {}  # how a query's match is built (match_maker)
+        self._makers = MatchMakers()  # how a query's match is built (made at its first match)
         self._next_sweep = self.SWEEP_EVERY
         self._next_check = 0  # the next tick at which _periodic looks (0: the next event)
         self.full_events = False  # matches list their bound events in full ("events")
@@ -142,7 +142,6 @@ class Runtime(EventSteps, RunMoves, Acceptance):
         if plan.partition_by:  # identical lists are one object: the per-event key lookup compares by identity
             plan.partition_by = self._interned.setdefault(plan.partition_by, plan.partition_by)
         self.nfa.add(plan)
-        self._makers[plan] = match_maker(plan)
         self.negations.add(plan)
         self.deadlines.add(plan)
         self.branch_queries.setdefault(plan.nodes[0].root, []).append(plan)
@@ -163,7 +162,7 @@ class Runtime(EventSteps, RunMoves, Acceptance):
             self.dead.add(st)
         self.negations.remove(plan)
         self.deadlines.remove(plan)
-        del self._makers[plan]
+        self._makers.pop(plan, None)
         root = plan.nodes[0].root
         self.branch_queries[root].remove(plan)
         if not self.branch_queries[root]:
@@ -309,7 +308,7 @@ class Runtime(EventSteps, RunMoves, Acceptance):
         for p in self.deadlines.expire(now, everything):
             out.append(p.match)
             self._counters.matches[p.plan.name] += 1
-            if p.plan.pattern.feedback:  # with the rank and depth its binds had when it was held
+            if p.plan.feedback:  # with the rank and depth its binds had when it was held
                 self.fed.append((p.plan, p.match, p.rank, p.depth))
         return out
 

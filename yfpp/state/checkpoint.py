@@ -32,6 +32,7 @@ from yfpp.language import pattern as ir
 from yfpp.language.query_text import split_constants
 from yfpp.state import set_checkpoint
 from yfpp.state.plans import Plans, check_entries, check_stack
+from yfpp.state.memory_cap import collection_paused
 from yfpp.state.schema import check_shape, corrupt
 from yfpp.errors import YfppError
 from yfpp.input.events import MISSING, Event
@@ -394,7 +395,7 @@ def _queries(engine, encode: Callable[[int, Any], Any], split: Callable[[int, st
     since_tick None: an event-set query's)."""
     shapes: dict[tuple, int] = {}
     rows = []
-    for qid, (pat, text, name) in engine.sources.items():
+    for qid, (pat, text, name) in engine.sources.kept():  # (pat: the pattern, or the plan of a query with text)
         plan = engine.queries.get(qid)
         since = plan.since_tick if plan is not None else None
         if text is None:
@@ -527,7 +528,8 @@ def _restore(data: dict, engine_class: type, engine_opts: dict):
                         f"restore it with that strategy, not {engine_opts['strategy']!r}")
     eng = engine_class(**{**data["options"], **engine_opts})
     rt = eng.runtime
-    _register_queries(eng, data)
+    with collection_paused():
+        _register_queries(eng, data)
     plans = Plans(eng)
     rd = _Reader(data)
     check_entries(rd.entries)

@@ -9,8 +9,11 @@ at every one.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
+from contextlib import contextmanager
+from typing import Iterator
 
 from yfpp.errors import YfppError
 
@@ -74,3 +77,22 @@ class MemoryCap:
                             f"{self.limit_mib:,}: registration refused (unregister some queries, or give "
                             f"Engine(max_memory_mb=…) / YFPP_MAX_MEMORY_MB more; docs/operations.md, \"Memory caps\")")
         self._skip = min(MAX_SKIP, max(0, limit - used - NEAR_KIB) // KIB_PER_QUERY_BOUND)
+
+
+@contextmanager
+def collection_paused() -> Iterator[None]:
+    """No garbage collection while many queries register (``Engine.register_many``, a checkpoint's restore): the
+    objects a registration makes live on, and collecting them as they come made a batch half again as long.
+    After, they go to the oldest generation unscanned (frozen and unfrozen), where the next full collection
+    finds them, not the first young one (which would walk all of them at once) — unless objects are frozen
+    already (``yfpp serve`` freezes a restored engine's): those stay so."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            if not gc.get_freeze_count():
+                gc.freeze()
+                gc.unfreeze()
+            gc.enable()

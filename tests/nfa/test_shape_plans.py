@@ -1,0 +1,78 @@
+"""One compiled plan per query shape (``yfpp.nfa.shape_plans``): a query made from its shape's plan is the query
+compiled on its own — the same nodes (signatures, index keys), checks that answer alike — and a shape whose
+constants stand where the plan cannot put them compiles query by query."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.test_many_subscriptions import TEMPLATES, VALUES, text
+from yfpp.engine import Engine
+from yfpp.input.events import Event
+from yfpp.language.query_text import QueryShapes, parse_query
+from yfpp.nfa.shape_plans import ShapePlans
+
+constants = st.tuples(st.integers(-1, 4), st.integers(0, 3), st.integers(0, 5), st.sampled_from(["1", "x", "x1", "2"]),
+                      st.integers(1, 6))
+EVENTS = [Event(t, 1.0, {"x": x, "y": y, "k": 1}, 0) for t in "abc" for x in VALUES for y in (0, 1, 3, "x", None)
+          if x is not None]
+
+
+def _nodes(eng: Engine, qid: int) -> list[tuple]:
+    """What a query's nodes are: signature, index key, and its begin checks' answers over ``EVENTS``."""
+    vec = (None,) * 4
+    return [(n.signature, n.index_key, [[bool(c(ev, vec)) for c in n.begin] for ev in EVENTS])
+            for n in eng.queries[qid].nodes]
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+@given(template=st.integers(0, len(TEMPLATES) - 1), subs=st.lists(constants, min_size=1, max_size=6),
+       policy=st.sampled_from([None, "all"]))
+def test_a_query_made_from_its_shape_is_the_query_compiled_alone(template, subs, policy):
+    texts = [text(template, *c) for c in subs]
+    shaped, alone = Engine(reports=None), Engine(reports=None)
+    batch = shaped.register_many(texts, policy=policy)
+    for qid, q in zip(batch, texts):
+        assert isinstance(qid, int), qid
+        mine = alone.register(parse_query(q), policy=policy)
+        assert _nodes(shaped, qid) == _nodes(alone, mine)
+        made, compiled = shaped.queries[qid], alone.queries[mine]
+        assert (made.window, made.policy, made.partition_by, made.var_names, made.negation_key) == \
+            (compiled.window, compiled.policy, compiled.partition_by, compiled.var_names, compiled.negation_key)
+        assert [(n.var, n.lower, n.upper, n.signature) for n in made.negations] == \
+            [(n.var, n.lower, n.upper, n.signature) for n in compiled.negations]
+        assert made.pattern == compiled.pattern
+
+
+def test_shapes_of_attribute_comparisons_have_a_plan_and_the_rest_compile_alone():
+    shapes, plans = QueryShapes(), ShapePlans(lambda pattern: True)
+    has_plan = {}
+    for i in range(len(TEMPLATES)):
+        shape, _ = shapes.shape_of(text(i, 1, 2, 3, "x", 5))
+        has_plan[i] = shape is not None and plans.get(shape, None, False) is not None
+    assert has_plan[0] and has_plan[1] and has_plan[4], has_plan  # e.x = v AND f.y > t; a range; e.x = 's' …
+    assert not has_plan[2]  # an OR of equalities: one check over both constants, compiled per query
+    shape, _ = shapes.shape_of("[k]&&//a[@x = 'p']//b[@y = \"q\"]&&(5)")
+    assert plans.get(shape, None, False) is not None  # XPath comparisons of an attribute with a text
+    for q in ("PATTERN SEQ(a e, ~b g, c f) WHERE g.x = 'p' AND f.y = 2",  # a negated component's constant
+              "PATTERN SEQ(a e) WHERE e.y - 1 > 3",  # a comparison of no attribute with it
+              "//a[@x = 'p' and @y = 'q']"):  # an XPath test of two
+        shape, _ = shapes.shape_of(q)
+        assert plans.get(shape, None, False) is None
+    shape, consts = shapes.shape_of("PATTERN SEQ(a e) WHERE e.x = 'p' AND e.y <= 3")
+    made = plans.get(shape, "all", False).plan(consts, "q", "PATTERN SEQ(a e) WHERE e.x = 'p' AND e.y <= 3")
+    assert made.pattern == parse_query("PATTERN SEQ(a e) WHERE e.x = 'p' AND e.y <= 3")
+    assert plans.get(shape, "non_overlapping", False).template.policy == "non_overlapping"
+
+
+def test_queries_of_one_shape_match_as_when_compiled_alone():
+    feed = [Event(t, float(i), {"x": i % 4, "y": i % 3, "k": i % 2}, i) for i, t in enumerate("abab" * 6 + "ca")]
+    qs = [text(0, t, 1, v, "x", 6) for t in range(3) for v in range(4)]
+    shaped, alone = Engine(reports=None), Engine(reports=None)
+    shaped.register_many(qs[: len(qs) // 2])
+    for q in qs[len(qs) // 2:]:
+        shaped.register(q)
+    for q in qs:
+        alone.register(parse_query(q))
+    assert shaped.process_all(list(feed)) and list(shaped.process_all(feed)) == list(alone.process_all(feed))

@@ -1,0 +1,237 @@
+"""One compiled plan per query shape: queries that differ only by constants share what they compile to.
+
+A shape (``yfpp.language.query_text.Shape``: a query text with stand-ins for its constants) is compiled once,
+into a :class:`ShapePlan`.  A query of the shape is made from it (:meth:`ShapePlan.plan`) without compiling:
+its components' conjuncts that hold no constant are the shape's own (canonical expression and check, shared by
+every query of the shape); a conjunct that holds one gets the query's constant put into its expression key (what
+the node signature reads), its index keys and its check, a comparison of the event's attribute with a constant
+(:func:`yfpp.nfa.predicates.rebound`).  A shape whose constants stand anywhere else (an XPath test, a negated
+component's conjunct, RETURN, a constant on the left of a comparison, a Kleene aggregate…) has no plan: its
+queries compile one by one, as any query does; so do those of an engine that merges runs (the run merger reads
+the canonical expressions of a registering query, which a query made from its shape's plan does not carry).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import ItemsView, Iterator, MutableMapping
+from typing import Any, Callable, Hashable
+
+from yfpp.errors import YfppError
+from yfpp.language.pattern import Pattern, XPathTest, variables
+from yfpp.language.query_text import Shape, hot_objects, split_constants
+from yfpp.nfa.compiler import ComponentSpec, QueryPlan, compile_pattern, expr_key, key_set
+from yfpp.input.events import MISSING
+from yfpp.nfa.predicates import constant_of, rebound
+from yfpp.nfa.shared_nfa import best_key, conjunct_keys
+
+
+class ShapePlan:
+    """A shape's compiled plan (its pattern's, stand-ins for constants) and how a query's constants go into it."""
+
+    __slots__ = ("shape", "base", "template", "made")
+
+    def __init__(self, shape: Shape, base: Pattern, template: QueryPlan, made: list[_SpecMaker]) -> None:
+        self.shape = shape
+        self.base = base  # the shape's pattern with the registration's options (policy, feedback)
+        self.template = template  # compiled from it, its specs kept
+        self.made = made  # per component spec, how a query's is made
+
+    @classmethod
+    def make(cls, shape: Shape, base: Pattern) -> "ShapePlan | None":
+        """The plan of ``shape`` whose pattern, with the options a registration gave, is ``base``; None when
+        its queries must compile one by one (see the module docstring)."""
+        if base.has_sets:
+            return None
+        try:
+            template = compile_pattern(base, "")
+        except YfppError:  # (the stand-ins are no constants there: each query compiles, for its own error)
+            return None
+        values = {(s[1:-1] if s[0] in "'\"" else s): s for s in shape.sentinels}
+        negated = {c.var for c in base.components if not c.positive}
+        outside = [e for e in base.where if variables(e) & negated]
+        if base.emit is not None:
+            outside += [e for _, e in base.emit.attrs]
+        if hot_objects(tuple(outside), set(values), shape.sentinels, set()):
+            return None
+        specs = template.compiled_specs or []
+        hot = hot_objects(tuple(e for s in specs for e, _ in (*s.begin, *s.take, *s.final)), set(values),
+                          shape.sentinels, set())
+        covered: set[str] = set()
+        made = [_SpecMaker.make(s, hot, values, covered) for s in specs]
+        if None in made or covered != set(values):  # (a constant the compiler kept elsewhere than in a conjunct)
+            return None
+        return cls(shape, base, template, made)  # type: ignore[arg-type]
+
+    def plan(self, constants: list[str], name: str | int, text: str) -> QueryPlan:
+        """The plan of the query ``text`` of this shape, whose constants (as written) are ``constants``: what
+        ``compile_pattern(pattern, name)`` gives of its pattern, made without compiling (its specs carry their
+        keys, ``ComponentSpec.keys``, in place of canonical expressions), the pattern itself made when asked
+        (``QueryPlan.pattern``: :meth:`pattern`)."""
+        t = self.template
+        literals = self.shape.literals(constants)
+        specs = [m.spec(s, literals) for s, m in zip(t.compiled_specs or (), self.made)]
+        negations = [copy.copy(n) for n in t.negations]  # (the runtime keys its negation stores by these objects)
+        trailing = negations[t.negations.index(t.trailing)] if t.trailing is not None else None
+        return QueryPlan(name=name, source=(self, text), compiled_specs=specs, negations=negations,
+                         trailing=trailing, partition_by=t.partition_by, window=t.window, policy=t.policy,
+                         emit=t.emit, var_names=t.var_names, negation_key=t.negation_key, feedback=t.feedback)
+
+    def pattern(self, text: str) -> Pattern:
+        """The pattern of the query ``text`` of this shape, with the registration's options."""
+        base, shape = self.base, self.shape
+        pattern = shape.instance(text, split_constants(text)[1])
+        if (base.policy, base.feedback) != (pattern.policy, pattern.feedback):
+            pattern = dataclasses.replace(pattern, policy=base.policy, feedback=base.feedback)
+        return pattern
+
+
+class _SpecMaker:
+    """How a query's component spec is made from the template's: per edge (begin, take, final) the template's
+    conjuncts and key, or where a conjunct holds a constant what to remake; the begin conjuncts' index keys."""
+
+    __slots__ = ("edges", "found", "keys")
+
+    def __init__(self, edges: tuple, found: list[tuple[tuple, bool]], keys: tuple | None) -> None:
+        # per edge: (the template's conjuncts, their key_set, None) where none holds a constant, else (None, None,
+        # items): per conjunct (None, check, key), or for one holding a constant ((type, value) of its stand-in, the
+        # check, (the key before it, (XPath text, the stand-in as written) or None, the key after it))
+        self.edges = edges
+        self.found = found  # the index keys of the begin conjuncts, each with whether it holds a stand-in
+        self.keys = keys  # ComponentSpec.keys when no conjunct holds a constant, else None
+
+    @classmethod
+    def make(cls, spec: ComponentSpec, hot: set[int], sentinels: dict[str, str],
+             covered: set[str]) -> "_SpecMaker | None":
+        """How to make a query's spec from the template's ``spec``; None when a conjunct holding a constant is not
+        one :func:`yfpp.nfa.predicates.rebound` remakes.  ``sentinels``: each stand-in's value (as text) and how it
+        is written; the values of those found go into ``covered``."""
+        me = f"#{spec.index}"
+        edges: list[tuple] = []
+        for conjuncts in (spec.begin, spec.take, spec.final):
+            if not any(id(e) in hot for e, _ in conjuncts):
+                edges.append((conjuncts, key_set([expr_key(e) for e, _ in conjuncts]), None))
+                continue
+            out = []
+            for e, check in conjuncts:
+                key = expr_key(e)
+                if id(e) not in hot:
+                    out.append((None, check, key))
+                    continue
+                value = constant_of(check, e)
+                if value is MISSING or str(value) not in sentinels:
+                    return None
+                covered.add(str(value))
+                parts = key.split(repr(e.source) if isinstance(e, XPathTest) else repr(value))
+                if len(parts) != 2:
+                    return None
+                source = (e.source, sentinels[str(value)]) if isinstance(e, XPathTest) else None
+                out.append(((type(value), value), check, (parts[0], source, parts[1])))
+            edges.append((None, None, tuple(out)))
+        found = [(k, id(e) in hot) for e, _ in spec.begin for k in conjunct_keys(e, me)]
+        keys = None
+        if all(items is None for _, _, items in edges):
+            keys = (edges[0][1], edges[1][1], edges[2][1], best_key([k for k, _ in found]))
+        return cls(tuple(edges), found, keys)
+
+    def spec(self, s: ComponentSpec, literals: dict) -> ComponentSpec:
+        """The component spec of the query whose constants are ``literals``, the template's being ``s``."""
+        if self.keys is not None:
+            return ComponentSpec(s.index, s.var, s.event_type, s.kleene, s.contiguity, s.inner, s.begin, s.take,
+                                 s.final, s.agg_slots, s.keep_events, self.keys)
+        lists, keys = [], []
+        for conjuncts, fixed_key, items in self.edges:
+            if items is None:
+                lists.append(conjuncts)
+                keys.append(fixed_key)
+                continue
+            made, made_keys = [], []
+            for literal, check, key in items:
+                if literal is None:
+                    made.append((None, check))
+                    made_keys.append(key)
+                    continue
+                value = literals[literal]
+                made.append((None, rebound(check, value)))
+                before, source, after = key
+                if source is None:
+                    made_keys.append(before + repr(value) + after)
+                else:  # (an XPath test: its text, the stand-in as written replaced by the constant)
+                    text, written = source
+                    made_keys.append(before + repr(text.replace(written, written[0] + value + written[0])) + after)
+            lists.append(tuple(made))
+            keys.append(key_set(made_keys))
+        get = literals.get
+        found = [tuple([get((type(x), x), x) for x in k]) if hot else k for k, hot in self.found]
+        return ComponentSpec(s.index, s.var, s.event_type, s.kleene, s.contiguity, s.inner, lists[0], lists[1],
+                             lists[2], s.agg_slots, s.keep_events, (keys[0], keys[1], keys[2], best_key(found)))
+
+
+class ShapePlans:
+    """The plans of the shapes met, by shape and the registration's options (at most ``max_plans``, the oldest
+    dropped first)."""
+
+    def __init__(self, usable: Callable[[Pattern], bool], max_plans: int = 4096) -> None:
+        self.usable = usable  # whether a pattern is one for the shared NFA (else its shape has no plan)
+        self.max_plans = max_plans
+        self._plans: dict[Hashable, ShapePlan | None] = {}
+
+    def get(self, shape: Shape, policy: str | None, feedback: bool) -> ShapePlan | None:
+        """The plan of ``shape`` registered with ``policy`` (None: the query's own) and ``feedback`` (True: its
+        result events go back into the stream), as ``Engine.register`` takes them; None when it has none."""
+        key = (shape, policy, feedback)
+        plans = self._plans
+        splan = plans.get(key, _MISSING)
+        if splan is _MISSING:
+            splan = None
+            base = shape.pattern
+            try:
+                if policy is not None and policy != base.policy:
+                    base = dataclasses.replace(base, policy=policy).validate()
+                if feedback and not base.feedback:
+                    base = dataclasses.replace(base, feedback=True).validate()
+            except YfppError:  # (each query is refused with its own error)
+                base = None
+            if base is not None and self.usable(base):
+                splan = ShapePlan.make(shape, base)
+            if len(plans) >= self.max_plans:
+                plans.pop(next(iter(plans)))
+            plans[key] = splan
+        return splan
+
+
+class QuerySources(MutableMapping):
+    """``Engine.sources``: each query's ``(pattern, text, name)`` by id.  A query made from its shape's plan keeps
+    its plan in place of its pattern, which is made when asked (``QueryPlan.pattern``); :meth:`kept` gives what
+    is kept, for what reads only text, name, policy and feedback."""
+
+    def __init__(self) -> None:
+        self._kept: dict[int, tuple[Pattern | QueryPlan, str | None, str | int | None]] = {}
+
+    def __getitem__(self, qid: int) -> tuple[Pattern, str | None, str | int | None]:
+        first, text, name = self._kept[qid]
+        return (first.pattern if type(first) is QueryPlan else first), text, name  # type: ignore[return-value]
+
+    def __setitem__(self, qid: int, source: tuple[Pattern | QueryPlan, str | None, str | int | None]) -> None:
+        self._kept[qid] = source
+
+    def __delitem__(self, qid: int) -> None:
+        del self._kept[qid]
+
+    def __contains__(self, qid: object) -> bool:
+        return qid in self._kept
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._kept)
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def kept(self) -> ItemsView[int, tuple[Pattern | QueryPlan, str | None, str | int | None]]:
+        """``(id, (pattern or the query's plan, text, name))`` of each query: both have ``policy`` and
+        ``feedback``; a plan stands only for a query with text."""
+        return self._kept.items()
+
+
+_MISSING: Any = object()
