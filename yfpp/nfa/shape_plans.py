@@ -228,6 +228,10 @@ class QuerySources(MutableMapping):
     def __len__(self) -> int:
         return len(self._kept)
 
+    def text(self, qid: int) -> str | None:
+        """Query ``qid``'s text (None: it was registered as a Pattern), without making its pattern."""
+        return self._kept[qid][1]
+
     def kept(self) -> ItemsView[int, tuple[Pattern | QueryPlan, str | None, str | int | None]]:
         """``(id, (pattern or the query's plan, text, name))`` of each query: both have ``policy`` and
         ``feedback``; a plan stands only for a query with text."""

@@ -48,9 +48,9 @@ def load(path: Path, patterns: EncodedPatterns | None = None, **opts: Any) -> tu
         engine = Engine.restore(data, **opts)
         if patterns is not None:  # (the data is checked now; restoring left it as it was)
             encoded, splits = stored_patterns(data), stored_splits(data)
-            for qid, (pattern, text, _) in engine.sources.items():
+            for qid, (first, text, _) in engine.sources.kept():  # (no query's pattern made again: kept)
                 if qid in encoded:
-                    patterns.keep(qid, pattern, encoded[qid])
+                    patterns.keep(qid, engine.sources[qid][0], encoded[qid])
                 elif qid in splits and text is not None:  # (a query kept as text: kept split, as the data has it)
                     patterns.keep_text(qid, text, splits[qid])
     finally:

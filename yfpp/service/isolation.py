@@ -339,9 +339,11 @@ class Isolation:
     def registered(self, engine: Engine, qids: list[int]) -> None:
         """(holding ``engine_lock``, the queries ``qids`` just registered in ``engine``) Each feedback query
         among them registered in every child too, at this point of their streams."""
+        if not self.by_qid:
+            return
         for qid in qids:
             pattern, _, name = engine.sources[qid]
-            if pattern.feedback and self.by_qid:
+            if pattern.feedback:
                 self._feedback.add(qid)
                 for iso in self.by_qid.values():
                     iso.tell("register", qid, pattern, name)
@@ -455,8 +457,8 @@ def _close_all_but(keep: set[int]) -> None:
 
 def _child(engine: Engine, qid: int, name: str, inbox: Connection, out: Connection) -> None:
     """The child: ``engine`` with only query ``qid`` (and the feedback queries) left, fed what the service sends."""
-    for other, (pattern, _, _) in list(engine.sources.items()):
-        if other != qid and not pattern.feedback:
+    for other, (first, _, _) in list(engine.sources.kept()):  # (a pattern or a plan: both say feedback)
+        if other != qid and not first.feedback:
             engine.unregister(other)
     engine.dead_letters = engine.feedback.dead_letters = DeadLetters(os.devnull)  # the service reports them
     results: list[dict] = []

@@ -486,7 +486,7 @@ class Service:
             try:
                 engine, service = checkpoint.load(path, **engine_opts)
                 name = service.get("isolated")
-                qid = next((q for q, (_, _, n) in engine.sources.items() if n == name), None) if engine else None
+                qid = next((q for q, (_, _, n) in engine.sources.kept() if n == name), None) if engine else None
                 if engine is not None and qid is not None and self.restored and engine.next_seq == self.engine.next_seq:
                     kept[name] = (engine, qid)
                     continue
@@ -511,9 +511,9 @@ class Service:
         sources = self.engine.sources  # (not unregistered meanwhile: no subscription has these queries yet)
         for qid in out:
             if isinstance(qid, int) and qid in sources:  # (the main engine's: the others write their own)
-                pattern, text, _ = sources[qid]
+                text = sources.text(qid)
                 if text is None:
-                    self.patterns.keep(qid, pattern)
+                    self.patterns.keep(qid, sources[qid][0])
                 else:
                     self.patterns.keep_text(qid, text)
         return out
@@ -1117,8 +1117,7 @@ class Service:
         queries = {}
         for sub in self.subs.values():
             source = _source(sub.spec)
-            registered = sources.get(sub.qid)
-            if registered is not None and registered[1] == source[0]:
+            if sub.qid in sources and sources.text(sub.qid) == source[0]:
                 source[0] = None
             queries[sub.name] = source
         return {"window_unit": self.config.window_unit, "workers": self.config.workers, "queries": queries}

@@ -60,6 +60,7 @@ OUTPUT_SCHEMA = "kind string, " + MATCH_SCHEMA
 _OUT_COLS = ["kind", "query", "bindings", "start", "end", "emit", "json"]
 _RECORD_COLS = ["seq", "type", "ts", "attrs", "xml", "reason", "position", "raw"]
 DEAD = -1  # the group number of dead letters (one state key, no state)
+TICK = -2  # the group number of events no group takes (one state key, no state: they only move the watermark)
 #: Seconds added to ts for Spark's event time: its first watermark is 0 and it drops rows at or below
 #: the watermark, so an event at ts 0 (or below) would be lost without it. pandas holds event times in
 #: nanoseconds (up to 2262), so ts must lie within :data:`TS_RANGE`.
@@ -204,7 +205,7 @@ def stream_matches(spark: SparkSession, queries: Any, events: DataFrame, *, poli
     if "hot" not in events.columns:  # (a live or socket source: no hot keys)
         events = events.withColumn("hot", F.lit(None).cast(HOT_TYPE))
     routed = (events.select(F.explode(_routes(groups, good, buckets)).alias("r"), "*")
-              .select("r.*", *_RECORD_COLS).where(F.col("b").isNotNull())
+              .select("r.*", *_RECORD_COLS)
               .withColumn("event_time", F.when(good, F.timestamp_seconds(F.col("ts") + SHIFT)))
               .withWatermark("event_time", "1 millisecond"))  # dead letters have no event time: never dropped
     return routed.groupBy("g", "b").applyInPandasWithState(
@@ -214,8 +215,10 @@ def stream_matches(spark: SparkSession, queries: Any, events: DataFrame, *, poli
 def _routes(groups: list[Group], good: Column, buckets: int) -> Column:
     """``(g, b, s, t0, len, w)`` per copy of an event: its group and state key — its key hash modulo
     ``buckets`` (0 for an unkeyed group), or, for an event of a hot key, each slice that reads it (the
-    staged column ``hot``, :mod:`yfpp.spark.stream_hot`) with its slicing (null for a bucket); dead
-    letters, and events whose ts is outside :data:`TS_RANGE` (not ``good``), to DEAD."""
+    staged column ``hot``, :mod:`yfpp.spark.stream_hot`) with its slicing (null for a bucket); an event no
+    group takes (no key attribute of any keyed group, and no unkeyed group) to TICK, so that its time still
+    moves the watermark (as in ``yfpp run``, where every event moves the stream time); dead letters, and
+    events whose ts is outside :data:`TS_RANGE` (not ``good``), to DEAD."""
     zero = F.lit(0).cast("long")
 
     def route(g: int, b: Column) -> Column:
@@ -230,7 +233,9 @@ def _routes(groups: list[Group], good: Column, buckets: int) -> Column:
         bucket = F.array(route(g, F.pmod(key_hash(grp.key), F.lit(buckets))))
         hot = F.filter("hot", _of_group(g))
         arrays.append(F.when(F.coalesce(F.size(hot), F.lit(0)) > 0, hot).otherwise(bucket))
-    return F.when(good, F.flatten(F.array(*arrays))).otherwise(F.array(route(DEAD, zero)))
+    taken = F.filter(F.flatten(F.array(*arrays)), lambda r: r["b"].isNotNull())
+    return F.when(good, F.when(F.size(taken) > 0, taken).otherwise(F.array(route(TICK, zero)))).otherwise(
+        F.array(route(DEAD, zero)))
 
 
 def _of_group(g: int) -> Callable[[Column], Column]:
@@ -248,6 +253,10 @@ def range_reason(ts: float) -> str:
 def _state_function(groups: list[Group]) -> Callable[[tuple, Iterator[pd.DataFrame], GroupState], Iterator[pd.DataFrame]]:
     def fn(key: tuple, pdfs: Iterator[pd.DataFrame], state: GroupState) -> Iterator[pd.DataFrame]:
         g = int(key[0])
+        if g == TICK:
+            for _ in pdfs:
+                pass
+            return
         if g == DEAD:
             for pdf in pdfs:
                 yield _frame([("dead", None, None, None, None, None, json.dumps(_dead_letter(r)))
