@@ -57,7 +57,7 @@ def test_marked_slices_are_those_the_slicing_reads(spark):
 def test_a_skewed_stream_gives_yfpp_run_s_matches_with_its_hot_key_sliced(spark, tmp_path, capsys):
     path = skewed_feed(tmp_path / "feed.jsonl", 3000, seed=4)
     lines = path.read_text().splitlines()
-    # lets the last windows close (with a key: a keyless event is no keyed group's, and sets no watermark)
+    # lets the last windows close
     lines.append(json.dumps({"type": "heartbeat", "ts": 10**6, "tag_id": "beat"}))
     path.write_text("".join(ln + "\n" for ln in lines))
     qs = [a for q in SHOP.values() for a in ("-q", q)]
@@ -98,4 +98,25 @@ def test_a_restart_with_hot_keys_off_keeps_the_slices_its_checkpoint_decided(spa
         assert bounded(spark, ["spark", "--stream", *qs, "-i", str(inbox), "-o", str(out), "--checkpoint", str(ck),
                                "--idle-stop", "2", "--hot-keys", mode], 600) == 0
         assert (ck / "hot.json").exists()
+    assert output(out / "matches.jsonl") == want
+
+
+def test_a_heartbeat_without_a_key_lets_the_last_trailing_negation_matches_out(spark, tmp_path, capsys):
+    """Every query keyed, the last event without the key attribute: no keyed group takes it, but its time
+    still moves the watermark (as every event moves ``yfpp run``'s stream time), so the matches whose
+    negation's window it closes come out as in ``yfpp run``."""
+    path = skewed_feed(tmp_path / "feed.jsonl", 300, seed=7)
+    lines = path.read_text().splitlines() + [json.dumps({"type": "heartbeat", "ts": 10**6})]
+    path.write_text("".join(ln + "\n" for ln in lines))
+    qs = ["-q", SHOP["quiet"]]
+    assert main(["run", *qs, "-i", str(path)]) == 0
+    want = Counter(capsys.readouterr().out.splitlines())
+    late = [m for m in want if json.loads(m)["start"] > 270]  # (closed only by the heartbeat)
+    assert late
+    for n, part in enumerate(split_feed([json.loads(ln) for ln in lines], tmp_path / "inbox", 2)):
+        os.utime(part, (1e9 + n, 1e9 + n))
+    out = tmp_path / "out"
+    assert bounded(spark, ["spark", "--stream", *qs, "-i", str(tmp_path / "inbox"), "-o", str(out),
+                           "--checkpoint", str(tmp_path / "ck"), "--max-files", "1", "--idle-stop", "2",
+                           "--hot-keys", "off"], 600) == 0
     assert output(out / "matches.jsonl") == want
