@@ -106,6 +106,16 @@ def wait_for(cond: Callable[[], Any], timeout: float = TIMEOUT, what: str = "con
         time.sleep(0.02)
 
 
+def checkpoint_between(svc: Any, client: Any, events: list, cut: int, end: int) -> None:
+    """Post ``events[:cut]``, take a periodic checkpoint once the service has them, then post
+    ``events[cut:end]`` and wait until it has them too (a stop then checkpoints after that)."""
+    client.post_events(jsonl(events[:cut]))
+    wait_for(lambda: svc.events_in == cut, what="the first events taken")
+    assert svc.save_checkpoint()  # (a periodic checkpoint: each child writes its share at the same point)
+    client.post_events(jsonl(events[cut:end]))
+    wait_for(lambda: svc.events_in == end, what="the next events taken")
+
+
 def send(port: int, data: bytes, close: bool = True) -> socket.socket:
     s = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT)
     s.sendall(data)

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 pytest.importorskip("fastapi", reason="the service needs pip install -e '.[serve]' in yfpp's clone")
 
-from tests.service_helpers import LineListener, jsonl, listeners, scrape, wait_for  # noqa: E402,F401
+from tests.service_helpers import LineListener, checkpoint_between, jsonl, listeners, scrape, wait_for  # noqa: E402,F401
 from yfpp.engine import Engine  # noqa: E402
 from yfpp.errors import YfppError  # noqa: E402
 from yfpp.input.events import Event  # noqa: E402
@@ -196,11 +196,7 @@ def test_checkpoints_with_workers_restore_each_share_and_fewer_workers_are_refus
         c = Client(f"http://127.0.0.1:{svc.port}")
         for name, q in queries.items():
             c.subscribe(q, name=name, sink=outs[name].url)
-        c.post_events(jsonl(events[:80]))
-        wait_for(lambda: svc.events_in == 80, what="the first events taken")
-        assert svc.save_checkpoint()  # (a periodic checkpoint: the child writes its share at the same point)
-        c.post_events(jsonl(events[80:160]))
-        wait_for(lambda: svc.events_in == 160, what="the next events taken")
+        checkpoint_between(svc, c, events, 80, 160)
     state = tmp_path / "state"
     assert [p.name for p in state.glob("worker-*.json")] == ["worker-1.json"]
     with pytest.raises(YfppError, match="--workers 2"):

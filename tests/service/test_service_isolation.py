@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 pytest.importorskip("fastapi", reason="the service needs pip install -e '.[serve]' in yfpp's clone")
 
-from tests.service_helpers import TIMEOUT, jsonl, listeners, wait_for  # noqa: E402,F401
+from tests.service_helpers import TIMEOUT, checkpoint_between, jsonl, listeners, wait_for  # noqa: E402,F401
 from yfpp.engine import Engine  # noqa: E402
 from yfpp.input.events import Event  # noqa: E402
 from yfpp.service.client import Client, ServiceError  # noqa: E402
@@ -246,11 +246,7 @@ def test_an_isolated_query_is_checkpointed_with_the_service_and_restored_in_a_ch
         c = Client(f"http://127.0.0.1:{svc.port}")
         c.subscribe("//a//b", name="heavy", sink=out.url)  # isolated from the start
         c.subscribe("PATTERN SEQ(c x)", name="light")
-        c.post_events(jsonl(events[:80]))
-        wait_for(lambda: svc.events_in == 80, what="the first events taken")
-        assert svc.save_checkpoint()  # (a periodic checkpoint: the child writes its share at the same point)
-        c.post_events(jsonl(events[80:160]))
-        wait_for(lambda: svc.events_in == 160, what="the next events taken")
+        checkpoint_between(svc, c, events, 80, 160)
     state = tmp_path / "state"
     assert [p.name for p in state.glob("isolated-q*.json")] == ["isolated-q0.json"]
     with BackgroundService(config(tmp_path, isolate_degree=1)) as svc:  # (the stop's checkpoint, restored)

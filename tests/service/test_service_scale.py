@@ -364,9 +364,9 @@ def test_a_restart_keeps_every_subscription_its_id_owner_and_sink_and_checkpoint
         assert all(text is not None or kept[qid][0] is pattern for qid, (pattern, text, _) in sources)
         splits = svc.patterns._splits  # (and each query kept by its text is kept split, as the checkpoint held it)
         assert all(text is None or splits[qid][0] is text for qid, (_, text, _) in sources)
-        assert sorted(text for _, text, name in sources.mapping.values() if name != "q5") == sorted(
+        assert sorted(text for _, (_, text, name) in sources if name != "q5") == sorted(
             s["query"] for s in c.subscriptions() if s["name"] != "q5")
-        assert [text for _, text, name in sources.mapping.values() if name == "q5"] == [None]
+        assert [text for _, (_, text, name) in sources if name == "q5"] == [None]
         assert len(before) == 6 and svc.save_checkpoint()
     assert json.loads(checkpoint.read_bytes())["queries"] == first
 
