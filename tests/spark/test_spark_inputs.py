@@ -368,7 +368,9 @@ def test_the_stream_reads_iso_timestamps_and_a_type_field_as_yfpp_run(tmp_path, 
                                                                                "type_field": "kind"}))
     assert sum(r[5] is not None for r in rows) == 2  # the bad ts and the late exit
     groups = group_queries(load([ISO_QUERY], ts_unit="s"), streaming=True, iso_times=True)
-    pdf = pd.DataFrame([r for r in rows if r[5] is None], columns=_RECORD_COLS)
+    # (as routed to a bucket: no slice, so s, t0, len and w null)
+    pdf = pd.DataFrame([(None, None, None, None, *r) for r in rows if r[5] is None],
+                       columns=["s", "t0", "len", "w", *_RECORD_COLS])
     found = [line for frame in _state_function(groups)((0, 0), iter([pdf]), NoState()) for line in frame["json"]]
     (tmp_path / "feed.jsonl").write_text(ISO_FEED)
     assert main(["run", "-q", ISO_QUERY, "-i", str(tmp_path / "feed.jsonl"), *ISO_OPTIONS]) == 0
