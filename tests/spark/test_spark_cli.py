@@ -254,3 +254,17 @@ def test_a_failed_spark_job_or_stream_is_one_line_saying_why():
     assert job_error(Exception(other)) == "streaming query failed: Disk quota exceeded"
     assert job_error(Exception("An error occurred while calling o1.save.\n: java.io.IOException: No space left")) == (
         "No space left")
+
+
+def test_a_job_started_from_another_thread_borrows_the_process_session_and_leaves_it_running(spark, tmp_path):
+    """Spark's active session is per thread: ``yfpp spark`` called from a thread other than the one that made
+    the session still borrows it (and its settings), and never stops it."""
+    write_events(generate_rfid(300, tags=5, gap=3, seed=4), tmp_path / "feed.jsonl")
+    codes: list[int] = []
+    args = ["spark", "-q", QUERY, "-i", str(tmp_path / "feed.jsonl"), "-o", str(tmp_path / "out")]
+    job = threading.Thread(target=lambda: codes.append(main(args)))
+    job.start()
+    job.join(300)
+    assert codes == [0]
+    assert output(tmp_path / "out" / "matches.jsonl") == engine_lines(tmp_path / "feed.jsonl")
+    assert spark.range(3).count() == 3  # the session still runs

@@ -228,6 +228,8 @@ def _spark_job(args: argparse.Namespace) -> int:
     from pyspark import SparkContext
 
     active = SparkSession.getActiveSession()
+    if active is None and SparkContext._active_spark_context is not None:
+        active = SparkSession.builder.getOrCreate()  # the session of this process, active in another thread: borrowed
     owned = active is None
     from yfpp.spark.costs import ClassArchive, keep_orphans, process_age, tree_cpu_by_kind, tree_cpu_seconds
 
