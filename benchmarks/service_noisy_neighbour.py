@@ -17,18 +17,23 @@ than ``--max-cpu-share`` of the engine's time, the fourth move it to an
 isolation engine instead (``--max-isolated 1``), the fifth start it in one
 (``--isolate-degree 1``: its estimated degree is 2), the sixth as well, its
 child at ``--isolation-priority idle`` (SCHED_IDLE) rather than nice 10; the
-seventh is the sixth with a TCP sink for the heavy subscription (read and
-thrown away by this script), so that the service routes each of its results
-rather than counting them dropped. Each run lasts
+seventh (``isolated-sink``) and the eighth (``idle-sink``) are the fifth and
+the sixth with a TCP sink for the heavy subscription (read and thrown away by
+this script), so that each of its results is sent rather than counted
+dropped (by the isolation engine itself, which delivers to a TCP sink: the
+service only gets its counts). Each run lasts
 ``--seconds``; a ping not answered within 30 s ends the run.
 
 ``--runs`` picks the runs (``alone`` is always one of them) and ``--rounds``
 repeats them, in turn, the order reversed every other round: each run's p99 is
 divided by the ``alone`` p99 of its own round, and the summary gives the median
-of those ratios, so that one noisy stretch of a shared host does not decide it.
+of those ratios (and their spread), so that one noisy stretch of a shared
+host does not decide it. ``--threads`` prints each run's service CPU by thread (the
+last round's; from /proc, the threads named by the order they were made).
 
     python benchmarks/service_noisy_neighbour.py --seconds 8 --rate 2000 --b-every 500 --max-cpu-share 0.5
     python benchmarks/service_noisy_neighbour.py --seconds 8 --rounds 5 --runs isolated idle idle-sink
+    python benchmarks/service_noisy_neighbour.py --seconds 8 --rounds 5 --runs isolated isolated-sink idle idle-sink --threads
 """
 
 from __future__ import annotations

@@ -139,3 +139,59 @@ def test_what_a_dead_child_had_queued_is_counted_dropped(tmp_path, listeners):
         wait_for(lambda: c.subscription("s1")["suspended"], what="suspended")
         counters = c.subscription("s1")["counters"]
         assert counters["dropped"] == n and counters["queued"] == 0 and counters["delivered"] == 0
+
+
+def test_a_webhook_a_pull_stream_and_sink_changes_with_the_child_delivering(tmp_path, listeners):
+    """The child posts to a webhook; a pull stream opened meanwhile gets the results made while it listens
+    (sent back for it); a changed sink takes over in the child; one the child cannot reach (MQTT) has the
+    service deliver from then on."""
+    import http.server
+    import threading
+
+    from tests.service.test_service import _Hook
+    from yfpp.service.client import ServiceError
+
+    hook = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hook)
+    threading.Thread(target=hook.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
+    _Hook.bodies = []
+    tcp = listeners()
+    events = stream(400, 12)
+    made = [alone("//a//b", events[:n]) for n in (0, 100, 200, 300, 400)]
+    new = [sorted(set(made[i + 1]) - set(made[i])) for i in range(4)]
+    try:
+        with BackgroundService(config(tmp_path, isolate_degree=1)) as svc:
+            c = Client(f"http://127.0.0.1:{svc.port}")
+            c.subscribe("//a//b", name="heavy", sink=f"http://127.0.0.1:{hook.server_address[1]}/hook")
+            c.post_events(jsonl(events[:100]))
+
+            def posted() -> list[tuple]:
+                return sorted(key(json.loads(x)) for x in b"".join(_Hook.bodies).splitlines())
+
+            wait_for(lambda: posted() == new[0], what="the webhook's results")
+            got: list[tuple] = []
+
+            def read() -> None:
+                try:
+                    for r in Client(c.url).matches("s1", timeout=10):
+                        got.append(key(r))
+                except (ServiceError, OSError):
+                    pass
+
+            threading.Thread(target=read, daemon=True).start()
+            wait_for(lambda: c.subscription("s1")["counters"]["listeners"] == 1, what="the stream open")
+            c.post_events(jsonl(events[100:200]))
+            wait_for(lambda: sorted(got) == new[1], what="the stream's results")
+            wait_for(lambda: posted() == sorted(new[0] + new[1]), what="the webhook's, again")
+            c._request("PUT", "/subscriptions/s1", json.dumps({"sink": tcp.url}).encode())
+            c.post_events(jsonl(events[200:300]))
+            assert sorted(key(json.loads(x)) for x in tcp.wait_lines(len(new[2]))) == new[2]
+            c._request("PUT", "/subscriptions/s1", json.dumps({"sink": "mqtt://127.0.0.1:1/t"}).encode())
+            c.post_events(jsonl(events[300:]))
+            total = sum(map(len, new))
+            counters = wait_for(lambda: (k := c.subscription("s1")["counters"])["matches"] == total and k,
+                                what="the service counting them")
+            assert counters["delivered"] == len(new[0]) + len(new[1]) + len(new[2])
+            assert counters["queued"] + counters["dropped"] == len(new[3])  # (no broker there)
+            assert c.subscription("s1")["usage"]["engine"] == "isolated"
+    finally:
+        hook.shutdown()
