@@ -17,18 +17,23 @@ than ``--max-cpu-share`` of the engine's time, the fourth move it to an
 isolation engine instead (``--max-isolated 1``), the fifth start it in one
 (``--isolate-degree 1``: its estimated degree is 2), the sixth as well, its
 child at ``--isolation-priority idle`` (SCHED_IDLE) rather than nice 10; the
-seventh is the sixth with a TCP sink for the heavy subscription (read and
-thrown away by this script), so that the service routes each of its results
-rather than counting them dropped. Each run lasts
+seventh (``isolated-sink``) and the eighth (``idle-sink``) are the fifth and
+the sixth with a TCP sink for the heavy subscription (read and thrown away by
+this script), so that each of its results is sent rather than counted
+dropped (by the isolation engine itself, which delivers to a TCP sink: the
+service only gets its counts). Each run lasts
 ``--seconds``; a ping not answered within 30 s ends the run.
 
 ``--runs`` picks the runs (``alone`` is always one of them) and ``--rounds``
 repeats them, in turn, the order reversed every other round: each run's p99 is
 divided by the ``alone`` p99 of its own round, and the summary gives the median
-of those ratios, so that one noisy stretch of a shared host does not decide it.
+of those ratios (and their spread), so that one noisy stretch of a shared
+host does not decide it. ``--threads`` prints each run's service CPU by thread (the
+last round's; from /proc, the threads named by the order they were made).
 
     python benchmarks/service_noisy_neighbour.py --seconds 8 --rate 2000 --b-every 500 --max-cpu-share 0.5
     python benchmarks/service_noisy_neighbour.py --seconds 8 --rounds 5 --runs isolated idle idle-sink
+    python benchmarks/service_noisy_neighbour.py --seconds 8 --rounds 5 --runs isolated isolated-sink idle idle-sink --threads
 """
 
 from __future__ import annotations
@@ -90,6 +95,22 @@ class Service:
             fields = f.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
+    def threads(self) -> dict[str, float]:
+        """The service process's CPU seconds so far by thread: ``main`` (the event loop), else ``tN``, N its
+        place in the order the threads were made (Python names no OS thread: the engine thread is made first,
+        an isolation engine's sender and reader last when the heavy subscription is isolated from the start)."""
+        out: dict[str, float] = {}
+        task = f"/proc/{self.proc.pid}/task"
+        for i, tid in enumerate(sorted(map(int, os.listdir(task)))):
+            try:
+                with open(f"{task}/{tid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:  # (ended meanwhile)
+                continue
+            name = "main" if tid == self.proc.pid else f"t{i}"
+            out[name] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return out
+
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(30)
@@ -149,7 +170,7 @@ def run(heavy: str | None, label: str, flags: list[str], args: argparse.Namespac
                 time.sleep(max(0.0, next_at - time.perf_counter()))
 
         feeder = threading.Thread(target=background, daemon=True)
-        cpu0 = svc.cpu()
+        cpu0, threads0 = svc.cpu(), svc.threads()
         feeder.start()
         latencies: list[float] = []
         end = time.monotonic() + args.seconds
@@ -177,6 +198,7 @@ def run(heavy: str | None, label: str, flags: list[str], args: argparse.Namespac
         stop.set()
         feeder.join(10)
         cpu = svc.cpu() - cpu0
+        threads = {k: v - threads0.get(k, 0.0) for k, v in svc.threads().items()}
         health = api(svc.port, "GET", "/health")
         usage = api(svc.port, "GET", "/subscriptions")
         feed.close()
@@ -193,7 +215,7 @@ def run(heavy: str | None, label: str, flags: list[str], args: argparse.Namespac
 
     return {"heavy": heavy, "label": label, "pings": len(latencies), "p50_ms": pick(0.5), "p99_ms": pick(0.99),
             "max_ms": latencies[-1] * 1000 if latencies else float("nan"), "timed_out": timed_out,
-            "events": health["events_in"], "service_cpu_s": cpu,
+            "events": health["events_in"], "service_cpu_s": cpu, "threads": threads,
             "usage": {s["name"]: s["usage"] for s in usage},
             "suspended": [s["name"] for s in usage if s["suspended"]]}
 
@@ -206,6 +228,7 @@ RUNS = {  # name: (label, heavy, flags given --max-cpu-share's)
     "moved": ("beside, moved (max-isolated 1)", "no sink", lambda share: ["--max-cpu-share", share, "--max-isolated", "1"]),
     "isolated": ("beside, isolated (isolate-degree 1)", "no sink", lambda share: ISOLATED),
     "idle": ("beside, isolated, priority idle", "no sink", lambda share: [*ISOLATED, "--isolation-priority", "idle"]),
+    "isolated-sink": ("beside, isolated, heavy TCP sink", "tcp sink", lambda share: ISOLATED),
     "idle-sink": ("beside, isolated idle, heavy TCP sink", "tcp sink",
                   lambda share: [*ISOLATED, "--isolation-priority", "idle"]),
 }
@@ -225,6 +248,7 @@ def main() -> None:
     p.add_argument("--max-cpu-share", type=float, default=0.5, help="the third run's yfpp serve --max-cpu-share")
     p.add_argument("--runs", nargs="+", choices=list(RUNS), default=list(RUNS), help="the runs (alone always)")
     p.add_argument("--rounds", type=int, default=1, help="rounds of the runs (each run's ratio to its round's alone)")
+    p.add_argument("--threads", action="store_true", help="print each run's service CPU by thread (the last round)")
     args = p.parse_args()
     print(f"commit {commit()}; {args.seconds:g} s a run; background {args.rate} events/s, a b every {args.b_every}")
     share = f"{args.max_cpu_share:g}"
@@ -246,10 +270,15 @@ def main() -> None:
                   f"{r['events']:>9}{r['service_cpu_s']:>11.2f}{r['p99_ms'] / got['alone']['p99_ms']:>10.1f}"
                   + ("  (a ping unanswered for 30 s)" if r["timed_out"] else ""))
     if args.rounds > 1:
-        print(f"\nover {args.rounds} rounds (medians): {'p99 ms':>10}{'p99/alone (same round)':>24}")
+        print(f"\nover {args.rounds} rounds (medians): {'p99 ms':>10}{'p99/alone (same round)':>24}{'min-max':>14}")
         for name in names:
+            ratios = [g[name]['p99_ms'] / g['alone']['p99_ms'] for g in rounds]
             print(f"{rounds[0][name]['label']:<38}{median([g[name]['p99_ms'] for g in rounds]):>10.1f}"
-                  f"{median([g[name]['p99_ms'] / g['alone']['p99_ms'] for g in rounds]):>24.2f}")
+                  f"{median(ratios):>24.2f}{f'{min(ratios):.2f}-{max(ratios):.2f}':>14}")
+    if args.threads:
+        for name in names:
+            busy = sorted(rounds[-1][name]["threads"].items(), key=lambda kv: -kv[1])
+            print(f"threads ({rounds[-1][name]['label']}):", ", ".join(f"{k} {v:.2f}" for k, v in busy if v >= 0.01))
     for got in rounds[-1:]:
         for name in names[1:]:
             print(f"usage ({got[name]['label']}):", json.dumps(got[name]["usage"]), "suspended:", got[name]["suspended"])

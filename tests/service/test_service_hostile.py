@@ -443,6 +443,30 @@ def test_each_subscription_shows_its_cost(tmp_path):
             m['yfpp_subscription_cpu_seconds_total{name="light",subscription="s2"}']
 
 
+def test_a_shed_is_counted_against_the_query_that_caused_it_and_its_sharer_loses_nothing(tmp_path, monkeypatch,
+                                                                                          listeners):
+    """Issue 34 item 4: a heavy subscription sharing its first node with a light one goes over the buffer cap;
+    the light one's results are those it has alone, and the shed is in the heavy one's metrics only."""
+    from tests.runtime.test_caps import HOARDER, SHELF, outputs, shelf_feed
+
+    monkeypatch.setenv("YFPP_MAX_BUFFER_PER_QUERY", "64")
+    feed = shelf_feed(tags=6, counters=40)
+    alone, _ = outputs({"shelf": SHELF}, feed, max_buffer_per_query=64)
+    out = listeners()
+    with BackgroundService(config(tmp_path, admin_key=None)) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        c.subscribe(SHELF, name="shelf", sink=out.url)
+        c.subscribe(HOARDER, name="hoarder")
+        c.post_events(jsonl(feed))
+        got = [json.loads(line) for line in out.wait_lines(sum(alone["shelf"].values()))]
+        assert sorted(json.dumps(r, sort_keys=True) for r in got) == sorted(alone["shelf"].elements())
+        wait_for(lambda: c.subscription("s2")["usage"]["runs_shed"] > 0, what="the shed sampled")
+        m = scrape(svc.port)
+        assert m['yfpp_subscription_runs_shed_total{name="hoarder",subscription="s2"}'] > 0
+        assert m['yfpp_subscription_runs_shed_total{name="shelf",subscription="s1"}'] == 0
+        assert c.subscription("s1")["usage"]["runs_shed"] == 0
+
+
 def test_a_subscription_over_its_cpu_share_is_suspended_and_the_others_go_on(tmp_path, listeners):
     out = listeners()
     with BackgroundService(config(tmp_path, admin_key=None, max_cpu_share=0.3)) as svc:

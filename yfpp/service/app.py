@@ -185,7 +185,7 @@ def create_app(service: Service) -> FastAPI:
                     box.delivered()
                     box.done()
             finally:
-                sub.listeners.discard(box)
+                sub.unlisten(box)
 
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

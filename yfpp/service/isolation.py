@@ -12,13 +12,18 @@ the same point of its stream (:meth:`Isolation.registered`,
 main engine's. A feedback query itself is never moved (:data:`FEEDBACK_STAYS`). From then on every batch of events the main
 engine takes, and each ``advance_time``, goes to the child too, in the same
 order: so the child numbers the events as the main engine does, and the
-query's matches are exactly those it has alone. The child sends its results
-(only the moved query's, :data:`RESULT_CHUNK` at a time, each chunk pickled
-by the child: :class:`Packed`) and, once a second, its usage back; the service
-routes them as its own, unpickling a chunk only when it has a destination (a
-chunk of a subscription with no push sink and no pull stream is counted as
-made and dropped, never unpickled: it costs the service's threads almost
-nothing).
+query's matches are exactly those it has alone. A child given its
+subscription's :class:`~yfpp.service.child_delivery.Delivery` (a TCP, webhook
+or file sink, or none) delivers its query's results itself and sends back only
+its counts, once a second with its usage (``counts``), and the results
+themselves only while the subscription has pull-stream readers (``listeners``);
+what its sink held comes back at a checkpoint (:attr:`Isolated.snapshot`) and
+at its stop (``held``). Any other child sends its results (only the moved
+query's, :data:`RESULT_CHUNK` at a time, each chunk pickled by the child:
+:class:`Packed`) and, once a second, its usage back; the service routes them
+as its own, unpickling a chunk only when it has a destination (a chunk of a
+subscription with no push sink and no pull stream is counted as made and
+dropped, never unpickled).
 
 Per child, two threads of the service: a sender (pickles what the engine
 thread queued and writes it to the child: the engine thread never waits for
@@ -57,6 +62,7 @@ from yfpp.engine import Engine
 from yfpp.input.dead_letters import DeadLetters
 from yfpp.input.events import Event
 from yfpp.service import checkpoint
+from yfpp.service.child_delivery import ChildDelivery, Delivery
 
 log = logging.getLogger("yfpp.service")
 
@@ -78,18 +84,25 @@ Unwanted = Callable[[str, int], bool]  #: (query name, n): whether n results of 
 
 class Packed:
     """A chunk of results as a child pickled them, of one ``query`` (an isolation engine's) or of several
-    (``None``: a worker engine's): unpickled when iterated."""
+    (``None``: a worker engine's): unpickled when iterated. ``kind``: ``results`` (to route), ``listeners``
+    (to the pull streams only: a child delivering itself counted them), ``held`` (what a child's sink held
+    at its stop, to queue again; ``query`` is then the subscription's id) or ``counts`` (a child's counts,
+    one dict; by subscription id)."""
 
-    __slots__ = ("query", "n", "_payload")
+    __slots__ = ("query", "n", "_payload", "kind")
 
-    def __init__(self, query: str | None, n: int, payload: bytes):
-        self.query, self.n, self._payload = query, n, payload
+    def __init__(self, query: str | None, n: int, payload: bytes, kind: str = "results"):
+        self.query, self.n, self._payload, self.kind = query, n, payload, kind
 
     def __len__(self) -> int:
         return self.n
 
     def __iter__(self) -> Any:
-        return iter(pickle.loads(self._payload))
+        return iter(self.value())
+
+    def value(self) -> Any:
+        """What the child pickled."""
+        return pickle.loads(self._payload)
 Failed = Callable[[str, str], None]  #: (query name, why) of an isolated query that no longer runs
 
 
@@ -133,7 +146,7 @@ class Returns:
                 results, arrived = self._batches.popleft()
                 self._held -= len(results)
                 self._room.notify_all()
-            if results.query is None or not self._unwanted(results.query, len(results)):
+            if results.query is None or results.kind != "results" or not self._unwanted(results.query, len(results)):
                 self._route(results, arrived)
             n += len(results)
         self._loop().call_soon(self.drain)
@@ -168,8 +181,12 @@ class Isolated:
     kind = "isolation engine"  #: what the child is called in what the service says of it
 
     def __init__(self, qid: int, name: str, source: tuple, pid: int, to_child: Connection, from_child: Connection,
-                 deliver: Deliver, failed: Failed):
+                 deliver: Deliver, failed: Failed, delivery: Delivery | None = None):
         self.qid, self.name, self.source, self.pid = qid, name, source, pid
+        self.delivery = delivery  #: the subscription's delivery when the child delivers its results itself
+        self.delivering = delivery is not None  #: whether it still does (a sink it cannot reach: no more)
+        self.snapshot: tuple[dict, list[dict]] | None = None  #: (delivering itself) its last checkpoint's counts, held
+        self._counts: dict[str, Any] | None = None  # (delivering itself) its last counts
         self._to, self._from = to_child, from_child
         self._deliver, self._failed = deliver, failed
         self._queue: deque[tuple] = deque()  # messages for the child: ("events", arrived, packed) / ("advance", ts)
@@ -195,7 +212,8 @@ class Isolated:
 
     def tell(self, *msg: Any) -> None:
         """Queue a message for the child, after the events queued so far: ``("advance", ts)``, ``("register",
-        qid, pattern, name)``, ``("unregister", qid)``."""
+        qid, pattern, name)``, ``("unregister", qid)``; to one delivering itself ``("want", readers)``,
+        ``("delivery", Delivery)``."""
         with self._wake:
             self._queue.append(msg)
             self._wake.notify()
@@ -274,9 +292,19 @@ class Isolated:
                 if msg[0] == "results":
                     self._deliver(Packed(msg[2], msg[3], msg[4]), msg[1])  # (Returns.put)
                 elif msg[0] == "usage":
-                    self.usage = {**msg[1], "engine": "isolated", "pid": self.pid}
+                    usage = dict(msg[1])
+                    if "counts" in usage:
+                        self._counted(usage.pop("counts"))
+                    self.usage = {**usage, "engine": "isolated", "pid": self.pid}
                 elif msg[0] == "checkpointed":
+                    self.snapshot = msg[2] if len(msg) > 2 else None
                     self._acks.put(msg[1])
+                elif msg[0] == "listeners":
+                    self._deliver(Packed(msg[2], msg[3], msg[4], "listeners"), msg[1])
+                elif msg[0] == "left":  # (delivering itself, at its stop)
+                    self._counted(msg[1])
+                    if msg[2]:
+                        self._deliver(Packed(self.delivery.sid, msg[2], msg[3], "held"), None)  # type: ignore[union-attr]
                 elif msg[0] == "error":
                     why = f"its {self.kind} failed: {msg[1]}"
                 else:
@@ -286,8 +314,16 @@ class Isolated:
         finally:
             self._from.close()
         if not self._stopping:
+            if self._counts is not None and self._counts["queued"]:  # (what it had queued is lost with it)
+                counts = {**self._counts, "dropped": self._counts["dropped"] + self._counts["queued"], "queued": 0}
+                self._counted({k: v for k, v in counts.items() if k != "latency"})
             self.stop()  # (the sender ends too)
             self._failed(self.name, why)
+
+    def _counted(self, counts: dict[str, Any]) -> None:
+        """(the reader) A child's counts, to the service (applied to its subscription on the loop)."""
+        self._counts = counts
+        self._deliver(Packed(self.delivery.sid, 0, pickle.dumps(counts), "counts"), None)  # type: ignore[union-attr]
 
 
 class Isolation:
@@ -306,22 +342,25 @@ class Isolation:
         return (hasattr(os, "fork") and len(self.by_qid) < self.most and source is not None
                 and not source[0].feedback)
 
-    def move(self, engine: Engine, qid: int) -> Isolated:
-        """(holding ``engine_lock``) Query ``qid`` out of ``engine`` into a child process of its own (OSError
-        if no process can be made: the query then stays)."""
-        iso = self.adopt(engine, qid)
+    def move(self, engine: Engine, qid: int, delivery: Delivery | None = None) -> Isolated:
+        """(holding ``engine_lock``) Query ``qid`` out of ``engine`` into a child process of its own, delivering
+        its results itself with a ``delivery`` (OSError if no process can be made: the query then stays)."""
+        iso = self.adopt(engine, qid, delivery)
         engine.unregister(qid)
         log.warning("query moved to an isolation engine", extra={"query_name": iso.name, "pid": iso.pid})
         return iso
 
-    def adopt(self, engine: Engine, qid: int) -> Isolated:
+    def adopt(self, engine: Engine, qid: int, delivery: Delivery | None = None) -> Isolated:
         """Query ``qid`` of ``engine`` (the service's, or one restored from :func:`state_path`) run by a child
-        process of its own, fed from now on (OSError if no process can be made)."""
+        process of its own, fed from now on, delivering its results itself with a ``delivery`` (OSError if no
+        process can be made)."""
         source = engine.sources[qid]
         name = str(engine.queries[qid].name if qid in engine.queries else engine.set_queries[qid].plan.name)
-        pid, to_child, from_child = fork_child(lambda inbox, out: _child(engine, qid, name, inbox, out), self.priority)
+        pid, to_child, from_child = fork_child(lambda inbox, out: _child(engine, qid, name, inbox, out, delivery),
+                                               self.priority)
         self._feedback.update(engine.feedback.order.values())
-        iso = self.by_qid[qid] = Isolated(qid, name, source, pid, to_child, from_child, self._deliver, self._failed)
+        iso = self.by_qid[qid] = Isolated(qid, name, source, pid, to_child, from_child, self._deliver, self._failed,
+                                          delivery)
         return iso
 
     def feed(self, arrived: float | None, events: list[Event] | tuple[Event, ...]) -> list[Isolated]:
@@ -455,25 +494,43 @@ def _close_all_but(keep: set[int]) -> None:
             last = fd + 1
 
 
-def _child(engine: Engine, qid: int, name: str, inbox: Connection, out: Connection) -> None:
-    """The child: ``engine`` with only query ``qid`` (and the feedback queries) left, fed what the service sends."""
+def _child(engine: Engine, qid: int, name: str, inbox: Connection, out: Connection,
+           delivery: Delivery | None = None) -> None:
+    """The child: ``engine`` with only query ``qid`` (and the feedback queries) left, fed what the service sends;
+    with a ``delivery``, it delivers the query's results itself (:class:`ChildDelivery`)."""
     for other, (first, _, _) in list(engine.sources.kept()):  # (a pattern or a plan: both say feedback)
         if other != qid and not first.feedback:
             engine.unregister(other)
     engine.dead_letters = engine.feedback.dead_letters = DeadLetters(os.devnull)  # the service reports them
+    own = ChildDelivery(delivery) if delivery is not None else None
     results: list[dict] = []
     next_usage = time.monotonic()
     cpu0 = time.thread_time()
     while True:
-        msg = inbox.recv()
-        if msg[0] == "stop":
-            return
+        if own is not None and not inbox.poll(max(0.0, next_usage - time.monotonic())):
+            msg: tuple = ("idle",)  # (its counts still go back once a second while no events come)
+        else:
+            msg = inbox.recv()
+        if msg[0] == "stop" or (msg[0] == "delivery" and msg[1] is None and own is not None):
+            if own is not None:  # (what its sink still holds, to the service: it delivers from now on)
+                counts, held = own.close()
+                out.send(("left", counts, len(held), pickle.dumps(held, pickle.HIGHEST_PROTOCOL)))
+                own = None
+            if msg[0] == "stop":
+                return
+            continue
         if msg[0] == "checkpoint":
             try:
                 checkpoint.save(engine, Path(msg[1]), {"isolated": name})
-                out.send(("checkpointed", None))
+                out.send(("checkpointed", None, own.snapshot() if own is not None else None))
             except Exception as e:  # (a full disk, state the format cannot hold: the service says so)
                 out.send(("checkpointed", f"{type(e).__name__}: {e}"[:500]))
+            continue
+        if own is not None and msg[0] in ("want", "delivery"):
+            if msg[0] == "want":
+                own.want = msg[1]
+            else:
+                own.change(msg[1])
             continue
         # (as in the service's engine thread, one event's or one advance's failure is its own: the service's
         # engine fails on it too, and reports it)
@@ -495,12 +552,17 @@ def _child(engine: Engine, qid: int, name: str, inbox: Connection, out: Connecti
                 engine.unregister(msg[1])
         mine = [r for r in results if r.get("query") == name]
         results.clear()
-        for i in range(0, len(mine), RESULT_CHUNK):
-            chunk = mine[i:i + RESULT_CHUNK]
-            out.send(("results", msg[1] if msg[0] == "events" else None, name, len(chunk),
-                      pickle.dumps(chunk, pickle.HIGHEST_PROTOCOL)))
+        arrived = msg[1] if msg[0] == "events" else None
+        if own is not None and mine:
+            own.offer(mine, arrived)
+        if own is None or own.want:
+            for i in range(0, len(mine), RESULT_CHUNK):
+                chunk = mine[i:i + RESULT_CHUNK]
+                out.send(("results" if own is None else "listeners", arrived, name, len(chunk),
+                          pickle.dumps(chunk, pickle.HIGHEST_PROTOCOL)))
         if time.monotonic() >= next_usage:
             next_usage = time.monotonic() + USAGE_EVERY
             rt = engine.runtime
-            out.send(("usage", {"runs": engine.stats.live_runs, "runs_shed": rt.counters.shed_runs.get(name, 0),
-                                "cpu_s": round(time.thread_time() - cpu0, 3)}))
+            usage = {"runs": engine.stats.live_runs, "runs_shed": rt.counters.shed_runs.get(name, 0),
+                     "cpu_s": round(time.thread_time() - cpu0, 3)}
+            out.send(("usage", {**usage, "counts": own.report()} if own is not None else usage))

@@ -38,6 +38,14 @@ class Latency:
             self.count += k
             self.sum += seconds * k
 
+    def merge(self, recent: list[float], buckets: list[int], count: int, total: float) -> None:
+        """Latencies recorded elsewhere (an isolation engine delivering itself: its :class:`Latency`'s fields)."""
+        self.recent.extend(recent)
+        for i, n in enumerate(buckets):
+            self.buckets[i] += n
+        self.count += count
+        self.sum += total
+
     def info(self) -> dict[str, Any]:
         """p50 and p99 of the window, in milliseconds (None before any delivery), and how many it holds."""
         window = sorted(self.recent)

@@ -49,7 +49,8 @@ from yfpp.service.config import ServiceConfig
 from yfpp.service.batch import spec_of as batch_spec
 from yfpp.service.errors import RequestError
 from yfpp.service.health import HealthListener
-from yfpp.service.isolation import BACKLOG, FEEDBACK_STAYS, Isolation, Returns
+from yfpp.service.child_delivery import COUNTED, Delivery, delivered_here
+from yfpp.service.isolation import BACKLOG, FEEDBACK_STAYS, Isolation, Packed, Returns
 from yfpp.service.isolation import state_path as isolation_state
 from yfpp.service.feeds import FeedClosed, FeedLimits, SharedDeadLetters, SourceDeadLetters, TcpFeed, pump, start_input
 from yfpp.service.mqtt_api import ApiFeeds
@@ -132,7 +133,7 @@ class Service:
         self.totals = Totals()  #: counts over every subscription held since the start (the metrics' totals)
         self.usage = Usage()  #: each query's runs and CPU, sampled by the engine thread
         #: the isolation engines' results to the loop
-        self.returns = Returns(self._route_batch, lambda: self.loop, self._unwanted)
+        self.returns = Returns(self._returned, lambda: self.loop, self._unwanted)
         self.isolation = Isolation(self.returns.put, self._isolation_failed, config.max_isolated,
                                    config.isolation_priority)
         kept = self._load_workers(engine_opts)  # (refuses a checkpoint of more workers; removes stale files)
@@ -294,22 +295,26 @@ class Service:
             log.error("the engine thread did not finish in time: stopping without the final checkpoint",
                       extra={"seconds": STOP_WAIT, "inbox": self.inbox.qsize()})
 
-    def _held(self) -> tuple[dict[str, list[dict]], dict[str, dict[str, int]]]:
-        """On the loop: the results the push sinks hold (being sent, or queued) by subscription, and the counts
-        (``""``: the totals) that go with them."""
+    def _held(self) -> tuple[dict[str, list[dict]], dict[str, dict[str, int]], dict[str, dict[int, dict]]]:
+        """On the loop: the results the push sinks hold (being sent, or queued) by subscription, the counts
+        (``""``: the totals) that go with them, and the isolation engines' counts they hold (by subscription
+        and pid: :meth:`Subscription.tally`)."""
         queued: dict[str, list[dict]] = {}
         counts = {"": self.totals.counts()}
+        applied = {}
         for sid, sub in self.subs.items():
             counts[sid] = sub.counts()
+            if sub.elsewhere:
+                applied[sid] = dict(sub.elsewhere)
             if sub.outbox is not None:
                 unsent = len(sub.outbox.unsent())  # (counted delivered, kept all the same: not delivered as kept)
                 counts[sid]["delivered"] -= unsent
                 counts[""]["delivered"] -= unsent
                 if held := sub.outbox.held():
                     queued[sid] = held
-        return queued, counts
+        return queued, counts, applied
 
-    def _final_checkpoint(self, held: tuple[dict[str, list[dict]], dict[str, dict[str, int]]],
+    def _final_checkpoint(self, held: tuple[dict[str, list[dict]], dict[str, dict[str, int]], Any],
                           children: list[tuple[Any, Path]]) -> None:
         """At the stop: store the results the push sinks still hold, to be queued again at the next start, and
         the counters; then checkpoint the engine (past those results: it will not produce them again), unless
@@ -321,11 +326,11 @@ class Service:
                                                  self.patterns)
             except Exception as e:
                 self._checkpoint_failed(e)
-        self._keep_queued(*held)
+        self._keep_queued(*held[:2])  # (the children stopped: what their sinks held was handed back, so is in it)
         if forked is not None:
             try:
                 forked.wait()
-                _commit_isolated(children)
+                _commit_isolated(children, [iso.checkpointed(CHECKPOINT_WAIT) for iso, _ in children])
                 forked.commit()
             except Exception as e:
                 forked.discard()
@@ -410,7 +415,7 @@ class Service:
                         pattern = parse_written_query(spec.query, spec.language, self.config.window_unit, self.shapes)
                         if self._same_query(kept_qid, pattern, spec.policy, kept_engine):
                             try:
-                                self.isolation.adopt(kept_engine, kept_qid)
+                                self.isolation.adopt(kept_engine, kept_qid, self._delivery(sid, spec, False))
                             except OSError as e:  # (no process to be had: it starts afresh here)
                                 log.error("cannot start an isolation engine", extra={"query_name": name, "error": str(e)})
                             else:
@@ -444,6 +449,7 @@ class Service:
                 sub = Subscription(sid, spec, qid, self.config.queue_size, self.totals, owner or auth.ADMIN,
                                    self.sink_policy, self.config.queue_bytes)
                 self._attach(sub)
+                self._hook(sub)
                 if isinstance(counts.get(sid), dict):  # the results kept are counted in them
                     sub.restore_counts(counts[sid])
                     for result in kept.get(sid, ()):
@@ -658,6 +664,14 @@ class Service:
         self.by_name.pop(sub.name, None)
         await sub.change(spec, qid, cfg.queue_size, cfg.queue_bytes)
         self.by_name[sub.name] = sub
+        iso = self.isolation.by_qid.get(sub.qid)
+        if not requery and iso is not None and iso.delivering:  # (its sink may have changed: the child's too)
+            delivery = self._delivery(sid, spec, iso.delivery.want)  # type: ignore[union-attr]
+            if delivery != iso.delivery:
+                iso.tell("delivery", delivery)  # (None: it hands back what it held; the service delivers from now)
+                iso.delivering = delivery is not None
+                iso.delivery = delivery or iso.delivery
+                self._hook(sub)
         if requery and sub.cost is not None and quotas.isolated(sub.cost, cfg):
             await asyncio.to_thread(self._isolate_new, sub)
         log.info("subscription changed", extra={"subscription": sid, "query_name": sub.name, "requery": requery})
@@ -783,11 +797,31 @@ class Service:
         if not self.isolation.can_take(self.engine, sub.qid):
             return False
         try:
-            self.isolation.move(self.engine, sub.qid)
+            self.isolation.move(self.engine, sub.qid, self._delivery(sub.id, sub.spec, bool(sub.listeners)))
         except OSError as e:  # (no process to be had: it stays here)
             log.error("cannot start an isolation engine", extra={"query_name": sub.name, "error": str(e)})
             return False
+        self._hook(sub)
         return True
+
+    def _delivery(self, sid: str, spec: SubscriptionSpec, want: bool) -> Delivery | None:
+        """What an isolation engine needs to deliver a subscription's results itself (None: the service
+        delivers them, an MQTT sink's)."""
+        if not delivered_here(spec.sink):
+            return None
+        cfg = self.config
+        return Delivery(sid, spec.sink, spec.format, self.sink_policy, spec.queue or cfg.queue_size,
+                        spec.queue_bytes or cfg.queue_bytes, spec.overflow, want)
+
+    def _hook(self, sub: Subscription) -> None:
+        """Whether ``sub`` has pull-stream readers told to its query's isolation engine as they come and go,
+        if that delivers its results itself (and not otherwise)."""
+        iso = self.isolation.by_qid.get(sub.qid)
+        if iso is None or not iso.delivering:
+            sub.on_listeners = None
+            return
+        sub.on_listeners = lambda want: iso.tell("want", want)
+        iso.tell("want", bool(sub.listeners))  # (one that came while the child was made)
 
     def _isolate_new(self, sub: Subscription) -> None:
         """A new subscription whose estimated cost is over ``isolate_degree``: isolated from the start (if there
@@ -1068,6 +1102,21 @@ class Service:
             if sub is not None:
                 sub.deliver(r, arrived)
 
+    def _returned(self, packed: Packed, arrived: float | None) -> None:
+        """On the loop: what a child sent back (:class:`Packed`, by its ``kind``) to its subscription."""
+        if packed.kind == "results":
+            self._route_batch(packed, arrived)
+            return
+        sub = self.by_name.get(packed.query) if packed.kind == "listeners" else self.subs.get(packed.query)  # type: ignore[arg-type]
+        if sub is None:
+            return
+        if packed.kind == "listeners":
+            sub.to_listeners(list(packed), arrived)
+        elif packed.kind == "held":
+            sub.take_back(list(packed))
+        else:
+            sub.tally(packed.value())
+
     def _unwanted(self, name: str, n: int) -> bool:
         """(the loop) Whether ``n`` results of query ``name``, from its isolation engine, have no destination
         (counted then: :meth:`Subscription.discard`)."""
@@ -1138,9 +1187,10 @@ class Service:
         try:
             forked.wait()
             state = held.result(CHECKPOINT_WAIT)
+            errors = [iso.checkpointed(CHECKPOINT_WAIT) for iso, _ in children]
             if state is not None:
-                self._keep(*state)
-            _commit_isolated(children)
+                self._keep(*_with_children(*state, [iso for iso, _ in children]))
+            _commit_isolated(children, errors)
             forked.commit()
         except Exception as e:  # a full disk (OSError), state the format cannot hold, a loop that did not answer
             forked.discard()
@@ -1202,12 +1252,31 @@ class _Results:
             self._hand_over(items)
 
 
-def _commit_isolated(children: list[tuple[Any, Path]]) -> None:
-    """Put the isolation engines' checkpoints in place, each once its child has written it; one that did not
-    (a child far behind, or ended) is logged and has none: its query starts afresh at the next start, the
-    others' checkpoints are kept all the same."""
-    for iso, path in children:
-        error = iso.checkpointed(CHECKPOINT_WAIT)
+def _with_children(queued: dict[str, list[dict]], counts: dict[str, dict[str, int]],
+                   applied: dict[str, dict[int, dict]], children: list[Any]) -> tuple[dict, dict]:
+    """What the push sinks hold and the counts (:meth:`Service._held`), with what each isolation engine
+    delivering itself held at its checkpoint and its counts then (in place of those the loop had applied)."""
+    for iso in children:
+        snapshot = getattr(iso, "snapshot", None)
+        if snapshot is None or iso.delivery is None:
+            continue
+        sid, (theirs, held) = iso.delivery.sid, snapshot
+        if sid not in counts:  # (deleted meanwhile)
+            continue
+        before = applied.get(sid, {}).get(theirs["pid"], {})
+        for count in COUNTED:
+            counts[sid][count] += theirs[count] - before.get(count, 0)
+            counts[""][count] += theirs[count] - before.get(count, 0)
+        if held:
+            queued[sid] = [*queued.get(sid, ()), *held]
+    return queued, counts
+
+
+def _commit_isolated(children: list[tuple[Any, Path]], errors: list[str | None]) -> None:
+    """Put the isolation engines' checkpoints in place, each once its child has written it (``errors``: each
+    one's ``checkpointed``); one that did not (a child far behind, or ended) is logged and has none: its query
+    starts afresh at the next start, the others' checkpoints are kept all the same."""
+    for (iso, path), error in zip(children, errors):
         if error is None:
             checkpoint.Forked(None, None, path).commit()
             continue

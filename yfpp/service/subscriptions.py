@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
 from yfpp.service.accounting import Usage
 from yfpp.service.auth import ADMIN
+from yfpp.service.child_delivery import COUNTED
 from yfpp.service.latency import Latency
 from yfpp.service.sink_policy import SinkPolicy, shown
 from yfpp.service.sink_urls import check_sink, sink_for
@@ -116,6 +117,9 @@ class Subscription(_Counted):
         self.outbox: Outbox | None = None
         self.sink: PushSink | None = None
         self.listeners: set[Outbox] = set()
+        #: (its query isolated, delivering itself) told whether pull-stream readers listen, as that changes
+        self.on_listeners: Callable[[bool], None] | None = None
+        self.elsewhere: dict[int, dict[str, Any]] = {}  #: the counts each isolation engine reported last, by pid
 
     def start(self) -> None:
         """Start delivering to the push destination (on the running loop)."""
@@ -172,6 +176,40 @@ class Subscription(_Counted):
         self.counters.add("dropped", n)
         return True
 
+    def tally(self, counts: dict[str, Any]) -> None:
+        """Counts of an isolation engine delivering its results itself (``child_delivery``: cumulative since
+        the child began, with its ``pid`` and, but for those a dead child left, the latencies since its last
+        report): what they add to that child's last ones, added."""
+        last = self.elsewhere.get(counts["pid"], {})
+        for count in COUNTED:
+            self.counters.add(count, counts[count] - last.get(count, 0))
+        if counts["last_error_at"] is not None and counts["last_error_at"] != last.get("last_error_at"):
+            self.counters.last_error, self.counters.last_error_at = counts["last_error"], counts["last_error_at"]
+        if "latency" in counts:  # (not in those a child that died left)
+            self.latency.merge(*counts["latency"])
+        self.elsewhere[counts["pid"]] = counts
+
+    def take_back(self, results: list[dict]) -> None:
+        """What an isolation engine's sink held at its stop (counted as matches there): queued for the push sink
+        here, or dropped (counted) with none."""
+        for result in results:
+            if self.outbox is not None:
+                self.outbox.offer(result)
+            else:
+                self.counters.add("dropped")
+
+    def to_listeners(self, results: list[dict], arrived: float | None) -> None:
+        """Results counted by its isolation engine, which delivers them itself: to the pull streams."""
+        for listener in self.listeners:
+            for result in results:
+                listener.offer(result, arrived)
+
+    def unlisten(self, box: Outbox) -> None:
+        """A pull-stream listener gone."""
+        self.listeners.discard(box)
+        if not self.listeners and self.on_listeners is not None:
+            self.on_listeners(False)
+
     def requeue(self, result: dict) -> None:
         """A result kept by a checkpoint or at a stop, counted in the counts restored with it: queued again."""
         if self.outbox is not None:
@@ -180,13 +218,16 @@ class Subscription(_Counted):
     def listen(self) -> Outbox:
         """A new pull-stream listener's own bounded outbox (its drops count in ``pull.dropped``)."""
         box = Outbox(self.queue_size, self.spec.overflow, self.pull, self.latency, self.queue_bytes)
+        if not self.listeners and self.on_listeners is not None:
+            self.on_listeners(True)
         self.listeners.add(box)
         return box
 
     @property
     def queued(self) -> int:
         """Results waiting for the push sink, or being sent."""
-        return len(self.outbox.items) + self.outbox.in_flight if self.outbox else 0
+        here = len(self.outbox.items) + self.outbox.in_flight if self.outbox else 0
+        return here + sum(counts["queued"] for counts in self.elsewhere.values())
 
     @property
     def pull_queued(self) -> int:
