@@ -98,3 +98,27 @@ def test_the_memory_cap_reads_the_resident_set_again_before_a_registration_could
         assert memory_cap.default_cap_mib() == 12
     with patch.dict("os.environ", {"YFPP_MAX_MEMORY_MB": "lots"}), pytest.raises(YfppError, match="YFPP_MAX_MEMORY_MB"):
         memory_cap.default_cap_mib()
+
+
+def test_a_registration_or_two_does_not_ask_how_many_objects_are_frozen(monkeypatch):
+    """``collection_paused`` leaves the few objects a registration or two makes young, without asking the
+    frozen count (a walk over every frozen object: 0.2 s at each POST /subscriptions in a service of 100,000);
+    after a batch the objects go to the oldest generation, and objects frozen before stay frozen."""
+    import gc
+
+    asked = []
+    real = gc.get_freeze_count
+    monkeypatch.setattr(gc, "get_freeze_count", lambda: asked.append(1) or real())
+    eng = Engine()
+    eng.register_many(["//a[@x = 1]"])
+    assert not asked and gc.isenabled()
+    eng.register_many([f"//a[@x = {k}]" for k in range(2, 3000)])
+    assert asked and gc.isenabled()
+    held = [[k] for k in range(10)]
+    gc.freeze()
+    try:
+        eng.register_many([f"//b[@y = {k}]" for k in range(3000)])
+        assert real() > 0  # (not unfrozen)
+    finally:
+        gc.unfreeze()
+    assert held

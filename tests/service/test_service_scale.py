@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("fastapi", reason="the service needs pip install -e '.[serve]' in yfpp's clone")
 
@@ -375,16 +377,16 @@ def test_a_stop_drops_a_periodic_checkpoint_still_being_written_and_writes_the_f
                                                                                          caplog):
     from yfpp.service import checkpoint
 
-    real = checkpoint.save
+    real = checkpoint.write_pieces
     bg = BackgroundService(config(tmp_path, checkpoint_every=0.2))
     stopping = bg.service.stopping
 
-    def stuck(*args, **kw):  # (in the child: a periodic checkpoint's never ends; the final one's is written)
-        if not stopping.is_set():
-            time.sleep(600)
-        real(*args, **kw)
+    def stuck(pieces, path, cancelled=None):  # (a periodic checkpoint's write ends only when cancelled; the final
+        if not stopping.is_set():  # one's is written)
+            wait_for(cancelled, what="the periodic checkpoint cancelled", timeout=600)
+        real(pieces, path, cancelled)
 
-    monkeypatch.setattr(checkpoint, "save", stuck)
+    monkeypatch.setattr(checkpoint, "write_pieces", stuck)
     with caplog.at_level("INFO", logger="yfpp.service"):
         with bg as svc:
             Client(f"http://127.0.0.1:{svc.port}").subscribe(PAIR.format(k=0), name="p")
@@ -488,3 +490,47 @@ def test_a_restored_query_whose_text_the_checkpoint_left_to_the_engine_is_kept_o
             wait_for(lambda: svc.events_in == 2, what="the b taken")
             time.sleep(0.2)
             assert svc.subs["s1"].counters.matches == (0 if changed else 1)
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cut=st.integers(1, 59), more=st.integers(0, 20), with_sink=st.booleans())
+def test_a_periodic_checkpoint_is_written_without_a_fork_and_a_kill_9_after_it_loses_nothing(
+        tmp_path_factory, monkeypatch, cut, more, with_sink):
+    """A periodic checkpoint takes the state on the engine thread and writes it on a thread of its own, no process
+    forked; the files as a kill -9 right after it leaves them (the service going on meanwhile) restore every
+    subscription, its partial matches and its counters: the events after the cut, fed again, complete every
+    match the reference engine finds."""
+    tmp = tmp_path_factory.mktemp("state")
+    queries = {f"q{k}": PAIR.format(k=k) for k in range(3)}
+    records = pairs(60, 3)
+    want = expected(queries, records)
+    out = LineListener()
+    crash = tmp / "crash"
+
+    def no_fork():
+        raise AssertionError("forked for a checkpoint")
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    try:
+        with BackgroundService(config(tmp, checkpoint_every=3600, file_sink_dir=str(tmp))) as svc:
+            c = Client(f"http://127.0.0.1:{svc.port}")
+            c.subscribe_many([{"query": q, "name": n, **({"sink": out.url} if with_sink else {})}
+                              for n, q in queries.items()])
+            send(svc.feed_port("jsonl"), b"".join(records[:cut]))
+            wait_for(lambda: svc.events_in == cut, what="the events before the cut")
+            assert svc.save_checkpoint()  # (what the engine thread does every checkpoint_every seconds)
+            shutil.copytree(tmp / "state", crash / "state")  # the files a kill -9 now leaves
+            send(svc.feed_port("jsonl"), b"".join(records[cut:cut + more]))  # (lost with the kill -9)
+            wait_for(lambda: svc.events_in == min(cut + more, len(records)), what="the events after the cut")
+        monkeypatch.undo()
+        with BackgroundService(config(crash, jsonl_port=0, file_sink_dir=str(crash))) as svc:
+            assert svc.restored and svc.events_in == cut and sorted(svc.by_name) == sorted(queries)
+            assert sum(s.counters.matches for s in svc.subs.values()) == sum(
+                1 for m in want if m["bindings"]["y"][0] < cut)
+            send(svc.feed_port("jsonl"), b"".join(records[cut:]))
+            wait_for(lambda: svc.events_in == len(records), what="the rest taken")
+            wait_for(lambda: sum(s.counters.matches for s in svc.subs.values()) == len(want), what="every match")
+            if with_sink:  # (at least once, by id)
+                wait_for(lambda: {r["id"] for r in out.results()} >= {m["id"] for m in want}, what="every result sent")
+    finally:
+        out.close()

@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
+from unittest.mock import patch
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.generators import patterns, set_patterns, streams
-from yfpp.state.checkpoint import EncodedPatterns, encode_pattern, read_checkpoint, snapshot, write_checkpoint
+from yfpp.state import checkpoint
+from yfpp.state.checkpoint import (Cancelled, EncodedPatterns, encode_pattern, read_checkpoint, snapshot, write_checkpoint,
+                                   write_pieces)
 from yfpp.cli import main
 from yfpp.input.dead_letters import DeadLetters
 from yfpp.engine import Engine
@@ -354,7 +357,7 @@ def test_a_checkpoint_written_with_the_kept_texts_of_patterns_holds_the_snapshot
     """write_checkpoint with EncodedPatterns writes the kept JSON text of each pattern as it is: the file reads
     back as the snapshot (and the extra fields) whether an entry has its text (encoded there), has none (kept
     as a checkpoint held it), is stale (another pattern object) or is missing; the same for a query registered
-    as text and its text kept split around its constants."""
+    as text and its text kept split around its constants; and whatever the pieces its lists are written in."""
     eng = engine(pats, 0)
     for ev in stream:
         eng.process(ev)
@@ -377,7 +380,20 @@ def test_a_checkpoint_written_with_the_kept_texts_of_patterns_holds_the_snapshot
         kept.keep_text(by_text, "PATTERN SEQ(a x) WHERE x.v = 8")
     eng.register(data.draw(patterns()), name="new")  # (none kept)
     path = tmp_path_factory.mktemp("cp") / "cp.json"
-    write_checkpoint(eng, path, {"service": {"queries": {"q": ["x", None, None]}}}, kept)
+    with patch.object(checkpoint, "_PIECE", data.draw(st.integers(1, 3))):  # (every list written in pieces)
+        write_checkpoint(eng, path, {"service": {"queries": {"q": ["x", None, None]}}}, kept)
     assert read_checkpoint(path) == json.loads(json.dumps({**eng.snapshot(), "service": {"queries": {"q": ["x", None, None]}}}))
     back = {k: v for k, v in read_checkpoint(path).items() if k != "service"}
     assert Engine.restore(back).snapshot() == eng.snapshot()
+
+
+def test_a_cancelled_write_leaves_no_file(tmp_path):
+    """write_pieces asks ``cancelled`` between pieces: once it says so, Cancelled, and neither the file nor a
+    temp file is left."""
+    path = tmp_path / "cp.json"
+    said = iter([False, False, True])
+    with pytest.raises(Cancelled):
+        write_pieces(["[", "1", ",2", "]"], path, lambda: next(said))
+    assert list(tmp_path.iterdir()) == []
+    write_pieces(["[", "1", ",2", "]"], path, lambda: False)
+    assert json.loads(path.read_text()) == [1, 2]

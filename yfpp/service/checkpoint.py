@@ -3,10 +3,10 @@
 The format and the atomic write are the engine's (``yfpp.state.checkpoint``,
 documented in docs/operations.md); the service adds a ``service`` field (what
 each query of the state was registered from, so that a start need not parse it
-again).  A periodic checkpoint stalls the engine thread only for a ``fork``:
-the child process writes the snapshot of the state as it was at the fork to a
-staged file, which the parent moves into place once it has stored what the
-sinks still held at that point (:class:`Forked`).
+again).  A checkpoint stalls the engine thread only to take the state as plain
+data (:func:`take`); a thread of its own writes it to a staged file, a piece at
+a time, and moves it into place once it has stored what the sinks still held at
+that point (:class:`Staged`).
 """
 
 from __future__ import annotations
@@ -14,17 +14,14 @@ from __future__ import annotations
 import gc
 import json
 import os
-import signal
-import tempfile
-import threading
 from pathlib import Path
 from typing import Any, Callable
 
 from yfpp.engine import Engine
 from yfpp.errors import YfppError
 from yfpp.service.registry import counts_only
-from yfpp.state.checkpoint import (EncodedPatterns, read_checkpoint, stored_patterns, stored_splits,
-                                  write_checkpoint)
+from yfpp.state.checkpoint import (Cancelled, EncodedPatterns, json_pieces, read_checkpoint, snapshot,
+                                  stored_patterns, stored_splits, write_checkpoint, write_pieces)
 
 SERVICE = "service"  #: the checkpoint field of the service's own data
 
@@ -72,52 +69,45 @@ def load_counts(path: Path) -> dict[str, dict[str, int]]:
 
 
 def staged(path: Path) -> Path:
-    """Where a forked child writes the checkpoint before the parent moves it to ``path``."""
+    """Where a checkpoint is written before it is moved to ``path``."""
     return path.with_name(path.name + ".staged")
 
 
-class Forked:
-    """A checkpoint being written by a child process (``pid``; None: written already): :meth:`wait`, then
-    :meth:`commit` (or :meth:`discard`); :meth:`cancel` from another thread."""
+class Staged:
+    """A checkpoint taken (the engine's state as plain data, :func:`take`) and not yet written: :meth:`write` (on
+    a thread of its own: the engine thread goes on meanwhile), then :meth:`commit` (or :meth:`discard`);
+    :meth:`cancel` from another thread."""
 
-    def __init__(self, pid: int | None, errors: int | None, path: Path):
-        self.pid, self._errors, self.path = pid, errors, path
+    def __init__(self, data: dict[str, Any] | None, path: Path, patterns: EncodedPatterns | None = None):
+        self._data, self.path, self._patterns = data, path, patterns
         self.cancelled = False
-        self._lock = threading.Lock()  # guards _pidfd: a signal never goes to a reaped child's pid, reused
-        self._pidfd: int | None = None
-        if pid is not None and hasattr(os, "pidfd_open"):
-            try:
-                self._pidfd = os.pidfd_open(pid)
-            except OSError:  # (a kernel without pidfds: such a checkpoint cannot be cancelled, only waited for)
-                pass
+        self._written = data is None
 
     def cancel(self) -> bool:
-        """Stop the child (a later checkpoint supersedes this one): :meth:`wait` then raises. False if it
-        cannot be stopped (gone already, or no pidfd to signal it through safely)."""
-        with self._lock:
-            if self._pidfd is None:
-                return False
-            try:
-                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
-            except ProcessLookupError:
-                return False
-            self.cancelled = True
-            return True
+        """Stop writing it (a later checkpoint supersedes this one): :meth:`write` then raises. False if it is
+        written already."""
+        if self._written:
+            return False
+        self.cancelled = True
+        return True
 
-    def wait(self) -> None:
-        """Wait for the child; YfppError saying why if it wrote no checkpoint."""
-        if self.pid is None or self._errors is None:
+    def write(self) -> None:
+        """Write the data to the staged file (a piece at a time: the engine thread runs between the pieces);
+        YfppError if it was cancelled meanwhile. Nothing to do for one written already."""
+        data, self._data = self._data, None
+        if data is None:
             return
-        _, status = os.waitpid(self.pid, 0)
-        with self._lock:
-            if self._pidfd is not None:
-                os.close(self._pidfd)
-                self._pidfd = None
-        why = os.read(self._errors, 4096).decode("utf-8", "replace")
-        os.close(self._errors)
-        code = os.waitstatus_to_exitcode(status)
-        if code != 0:
-            raise YfppError(why or f"the checkpoint process ended with status {code}")
+        staged(self.path).unlink(missing_ok=True)
+        collecting = gc.isenabled()
+        gc.disable()  # (the pieces are garbage once written: no collection walks the state meanwhile)
+        try:
+            write_pieces(json_pieces(data, self._patterns), staged(self.path), lambda: self.cancelled)
+            self._written = True
+        except Cancelled:
+            raise YfppError("cancelled: a later checkpoint supersedes it") from None
+        finally:
+            if collecting:
+                gc.enable()
 
     def commit(self) -> None:
         os.chmod(staged(self.path), 0o600)  # (the state holds events: their owner's alone)
@@ -127,46 +117,20 @@ class Forked:
         staged(self.path).unlink(missing_ok=True)
 
 
-def write_staged(engine: Engine, path: Path, service_of: Callable[[], dict[str, Any]],
-                 patterns: EncodedPatterns | None = None) -> Forked:
-    """Write the engine's state (and ``service_of()``) to the staged file of ``path`` here and now, on the caller's
-    thread: what a stop does, with the engine stopped (a fork of a large service cost more, in the pages its child
-    copied as it touched the state, than the write itself). The :class:`Forked` returned is written already."""
-    staged(path).unlink(missing_ok=True)
+def take(engine: Engine, path: Path, service_of: Callable[[], dict[str, Any]],
+         patterns: EncodedPatterns | None = None) -> Staged:
+    """The engine's state as it is now (and ``service_of()``), as plain data that shares nothing the engine
+    changes, to be written to ``path`` (:meth:`Staged.write`) while the engine goes on.
+
+    Call it with the engine quiet (``engine_lock`` held): this is all the time a checkpoint takes from the engine
+    thread. No process is forked: a child's copy-on-write doubled the memory of every page the service wrote while
+    it lived, and the CPU each event cost meanwhile."""
     collecting = gc.isenabled()
-    gc.disable()  # (the snapshot makes a great many objects, all garbage once written: no collection meanwhile)
+    gc.disable()  # (a great many objects made at once: no collection meanwhile)
     try:
-        save(engine, staged(path), service_of(), patterns)
+        data = snapshot(engine, patterns)
+        data[SERVICE] = service_of()
     finally:
         if collecting:
             gc.enable()
-    return Forked(None, None, path)
-
-
-def fork(engine: Engine, path: Path, service_of: Callable[[], dict[str, Any]],
-         patterns: EncodedPatterns | None = None) -> Forked:
-    """Start writing the engine's state as it is now (and ``service_of()``) to the staged file of ``path``, in
-    a child process (where the system cannot fork, here and now).
-
-    Call it with the engine quiet (``engine_lock`` held); the child touches nothing but the engine, the
-    service's subscriptions and that file, and ends with ``os._exit``."""
-    if not hasattr(os, "fork"):
-        return write_staged(engine, path, service_of, patterns)
-    staged(path).unlink(missing_ok=True)
-    tempfile._get_candidate_names()  # type: ignore[attr-defined]  # (made before the fork: no lock to inherit)
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child
-        code = 1
-        try:
-            os.closerange(3, w)  # (the sockets too: a parent killed meanwhile leaves no port held by the child)
-            os.closerange(w + 1, os.sysconf("SC_OPEN_MAX"))
-            gc.disable()
-            save(engine, staged(path), service_of(), patterns)
-            code = 0
-        except BaseException as e:
-            os.write(w, f"{type(e).__name__}: {e}".encode("utf-8", "replace")[:4000])
-        finally:
-            os._exit(code)
-    os.close(w)
-    return Forked(pid, r, path)
+    return Staged(data, path, patterns)

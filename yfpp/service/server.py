@@ -43,6 +43,7 @@ from yfpp.errors import YfppError
 from yfpp.input.events import Event
 from yfpp.language.pattern import Pattern
 from yfpp.language.query_text import QueryShapes, parse_written_query
+from yfpp.nfa.shape_plans import QuerySources
 from yfpp.service import auth, checkpoint, mqtt, quotas
 from yfpp.service.accounting import Usage
 from yfpp.service.config import ServiceConfig
@@ -170,7 +171,7 @@ class Service:
         self._room = threading.Condition()  # guards _results, _handed_over and _route_scheduled
         self._route_scheduled = False
         self._writer: threading.Thread | None = None  # the thread finishing the last checkpoint
-        self._forked: checkpoint.Forked | None = None  # the last periodic checkpoint's child
+        self._staged: checkpoint.Staged | None = None  # the last periodic checkpoint, while being written
         self._stop_by: float | None = None  # set at a stop: the engine thread discards what its inbox holds after it
 
     @property
@@ -253,8 +254,8 @@ class Service:
         if self._engine_thread is not None:
             await asyncio.to_thread(self._stop_engine_thread)
         if self._writer is not None:
-            if self._final_checkpoint_due() and self._forked is not None:
-                self._forked.cancel()  # (a periodic checkpoint still being written: the final one supersedes it)
+            if self._final_checkpoint_due() and self._staged is not None:
+                self._staged.cancel()  # (a periodic checkpoint still being written: the final one supersedes it)
             await asyncio.to_thread(self._writer.join)
         children = (self._children_checkpoint(self.checkpoint_path.parent)  # (the engine thread has stopped)
                     if self.checkpoint_path is not None and self.failed is None else [])
@@ -319,21 +320,21 @@ class Service:
         """At the stop: store the results the push sinks still hold, to be queued again at the next start, and
         the counters; then checkpoint the engine (past those results: it will not produce them again), unless
         its thread died or did not finish."""
-        forked = None
+        taken = None
         if self._final_checkpoint_due() and self.checkpoint_path is not None:
             try:  # (written here: nothing else runs now)
-                forked = checkpoint.write_staged(self.engine, self.checkpoint_path, self._checkpoint_sources,
-                                                 self.patterns)
+                taken = checkpoint.take(self.engine, self.checkpoint_path, self._checkpoint_sources, self.patterns)
+                taken.write()
             except Exception as e:
                 self._checkpoint_failed(e)
+                taken = None
         self._keep_queued(*held[:2])  # (the children stopped: what their sinks held was handed back, so is in it)
-        if forked is not None:
+        if taken is not None:
             try:
-                forked.wait()
                 _commit_isolated(children, [iso.checkpointed(CHECKPOINT_WAIT) for iso, _ in children])
-                forked.commit()
+                taken.commit()
             except Exception as e:
-                forked.discard()
+                taken.discard()
                 self._checkpoint_failed(e)
             else:
                 self.last_checkpoint_error = None
@@ -397,7 +398,7 @@ class Service:
         for name, qid in restored.items():  # (a query text left out: the one the restored query was registered from)
             source = sources.get(name)
             if isinstance(source, list) and source and source[0] is None:
-                sources[name] = [engine.sources[qid][1], *source[1:]]
+                sources[name] = [_text_of(engine, qid), *source[1:]]
         stored, kept, counts = self._stored
         gc.disable()  # (a great many objects made that live on: collecting meanwhile doubles the time)
         try:
@@ -1124,10 +1125,11 @@ class Service:
         return sub is None or sub.discard(n)
 
     def save_checkpoint(self, wait: bool = True) -> bool:
-        """Checkpoint the engine state as it is now (engine thread, or with the engine stopped): a child process
-        writes it (``checkpoint.fork``) while the loop says what the push sinks hold at this point; a thread of
-        its own then stores that in the registry and moves the checkpoint into place. False if none was started
-        (the previous one still being written, or no state kept); ``wait``: return once it is written."""
+        """Checkpoint the engine state as it is now (engine thread, or with the engine stopped): the state is
+        taken as plain data (``checkpoint.take``, the only time the engine thread gives) while the loop says what
+        the push sinks hold at this point; a thread of its own then writes the data, stores what the sinks held
+        in the registry and moves the checkpoint into place. False if none was started (the previous one still
+        being written, or no state kept); ``wait``: return once it is written."""
         if self.checkpoint_path is None:
             return False
         if self._writer is not None and self._writer.is_alive():
@@ -1139,8 +1141,8 @@ class Service:
         start = time.perf_counter()
         with self.engine_lock:
             try:
-                forked = checkpoint.fork(self.engine, self.checkpoint_path, self._checkpoint_sources, self.patterns)
-            except Exception as e:  # (no process to be had: the same as a failed write)
+                taken = checkpoint.take(self.engine, self.checkpoint_path, self._checkpoint_sources, self.patterns)
+            except Exception as e:  # (state the format cannot hold: the same as a failed write)
                 self._checkpoint_failed(e)
                 return False
             children = self._children_checkpoint(self.checkpoint_path.parent)
@@ -1148,10 +1150,10 @@ class Service:
                 loop.call_soon_threadsafe(self._hold, held)  # (the results so far are handed over: _step)
             else:
                 held.set_result(None)
-        stall = time.perf_counter() - start  # (what the engine thread gave: the fork)
-        self._forked = forked
+        stall = time.perf_counter() - start  # (what the engine thread gave: taking the state)
+        self._staged = taken
         self._writer = threading.Thread(target=self._finish_checkpoint,
-                                        args=(forked, held, self.events_in, stall, children),
+                                        args=(taken, held, self.events_in, stall, children),
                                         name="checkpoint", daemon=True)
         self._writer.start()
         if wait:
@@ -1159,12 +1161,12 @@ class Service:
         return True
 
     def _checkpoint_sources(self) -> dict[str, Any]:
-        """The checkpoint's ``service`` field (in the child process): what each query was registered from, its
+        """The checkpoint's ``service`` field (taken with the engine's state): what each query was registered from, its
         query text null where it is the text the engine's query was registered from, which the checkpoint
         holds already (with 100,000 subscriptions the texts again were 72 % of the file)."""
         sources = self.engine.sources
         queries = {}
-        for sub in self.subs.values():
+        for sub in list(self.subs.values()):  # (the loop may add one meanwhile)
             source = _source(sub.spec)
             if sub.qid in sources and sources.text(sub.qid) == source[0]:
                 source[0] = None
@@ -1179,22 +1181,22 @@ class Service:
         except BaseException as e:
             held.set_exception(e)
 
-    def _finish_checkpoint(self, forked: checkpoint.Forked, held: Future, events_in: int, stall: float,
+    def _finish_checkpoint(self, taken: checkpoint.Staged, held: Future, events_in: int, stall: float,
                            children: list[tuple[Any, Path]]) -> None:
-        """The checkpoint's own thread: once the child has written the state and the loop has said what the
-        sinks hold, store that, then put the isolation engines' checkpoints and the checkpoint in place (so a
-        crash between keeps results twice, never none)."""
+        """The checkpoint's own thread: once it has written the state and the loop has said what the sinks
+        hold, store that, then put the isolation engines' checkpoints and the checkpoint in place (so a crash
+        between keeps results twice, never none)."""
         try:
-            forked.wait()
+            taken.write()
             state = held.result(CHECKPOINT_WAIT)
             errors = [iso.checkpointed(CHECKPOINT_WAIT) for iso, _ in children]
             if state is not None:
                 self._keep(*_with_children(*state, [iso for iso, _ in children]))
             _commit_isolated(children, errors)
-            forked.commit()
-        except Exception as e:  # a full disk (OSError), state the format cannot hold, a loop that did not answer
-            forked.discard()
-            if forked.cancelled:
+            taken.commit()
+        except Exception as e:  # a full disk (OSError), state the format cannot hold, a loop that did not answer, a cancel at the stop
+            taken.discard()
+            if taken.cancelled:
                 log.info("checkpoint dropped at the stop: the final checkpoint supersedes it", extra={"events_in": events_in})
             else:
                 self._checkpoint_failed(e)
@@ -1278,12 +1280,19 @@ def _commit_isolated(children: list[tuple[Any, Path]], errors: list[str | None])
     starts afresh at the next start, the others' checkpoints are kept all the same."""
     for (iso, path), error in zip(children, errors):
         if error is None:
-            checkpoint.Forked(None, None, path).commit()
+            checkpoint.Staged(None, path).commit()
             continue
         log.error("an isolation engine wrote no checkpoint: its query starts afresh at the next start",
                   extra={"query_name": iso.name, "error": error})
-        checkpoint.Forked(None, None, path).discard()
+        checkpoint.Staged(None, path).discard()
         path.unlink(missing_ok=True)
+
+
+def _text_of(engine: Engine | WorkerEngines, qid: int) -> str | None:
+    """Query ``qid``'s text (None: registered as a Pattern), without making its pattern where the engine keeps its
+    shape's plan in its place (``QuerySources.text``: making 100,000 patterns took a third of a restart)."""
+    sources = engine.sources
+    return sources.text(qid) if isinstance(sources, QuerySources) else sources[qid][1]
 
 
 def _source(spec: SubscriptionSpec) -> list[Any]:

@@ -26,7 +26,7 @@ import typing
 from collections import Counter, defaultdict
 from itertools import count
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
 from yfpp.language import pattern as ir
 from yfpp.language.query_text import split_constants
@@ -135,8 +135,10 @@ def _unnum(x: Any) -> Any:
 def _attrs(attrs: dict[str, Any]) -> dict[str, Any]:
     """An event's attributes as JSON: a float JSON cannot hold (given from Python) as :func:`_num` writes it, and
     an object value that looks like such an encoding (``{"$float": …}``, ``{"$dict": …}``) as ``{"$dict": value}``."""
-    if any(_attr(v) is not v for v in attrs.values()):
-        return {k: _attr(v) for k, v in attrs.items()}
+    for v in attrs.values():  # (a loop, not any() over a generator: a checkpoint of 240,000 events calls this for each)
+        t = type(v)
+        if (t is float or t is dict) and _attr(v) is not v:
+            return {k: _attr(v) for k, v in attrs.items()}
     return attrs
 
 
@@ -195,7 +197,12 @@ class _Writer:
 
     def value(self, v: Any) -> Any:
         """A vec slot, partition key or aggregate: None/numbers/strings, MISSING, tuples, events, Kleene states."""
-        if v is None or isinstance(v, (bool, int, str)):
+        t = type(v)
+        if v is None or t is int or t is str or t is bool:  # (the common cases first, by exact type)
+            return v
+        if t is Event:
+            return {"$event": self.event(v)}
+        if isinstance(v, (bool, int, str)):
             return v
         if isinstance(v, float):
             return _num(v)
@@ -215,7 +222,8 @@ class _Writer:
         return {
             "state": state_ref, "vec": [self.value(x) for x in r.vec], "entry": self.entry(r.entry),
             "version": list(r.version), "first_ts": r.first_ts, "first_pos": r.first_pos, "key": self.value(r.key),
-            "born": r.born, "tick": r.tick, "ptick": r.ptick, "blocked": [self.node_ref[n] for n in r.blocked],
+            "born": r.born, "tick": r.tick, "ptick": r.ptick,
+            "blocked": [self.node_ref[n] for n in r.blocked] if r.blocked else [],
         }
 
 
@@ -317,7 +325,8 @@ class EncodedPatterns:
 
 def snapshot(engine, patterns: EncodedPatterns | None = None) -> dict:
     """The engine's whole state as JSON-safe data (``FORMAT``, ``VERSION``; see docs/operations.md);
-    ``patterns``: its queries' patterns encoded already."""
+    ``patterns``: its queries' patterns encoded already. The data shares no list or dict the engine changes later
+    (events' attributes, which nothing changes, it shares): another thread may encode it while the engine runs."""
     encode = patterns.encode if patterns is not None else lambda _, pat: encode_pattern(pat)
     split = patterns.split if patterns is not None else lambda _, text: split_constants(text)
     rt = engine.runtime
@@ -341,13 +350,13 @@ def snapshot(engine, patterns: EncodedPatterns | None = None) -> dict:
             continue
         written.add(id(store))
         for key, (positions, events) in store.buckets.items():
-            negations.append([neg_index[neg], w.value(key), positions, [w.event(e) for e in events]])
+            negations.append([neg_index[neg], w.value(key), list(positions), [w.event(e) for e in events]])
     plan_id = {plan: qid for qid, plan in engine.queries.items()}
     pending = []
     for deadline, order, p in sorted(rt.deadlines.heap, key=lambda d: (d[0], d[1])):
         if p.plan in plan_id and not p.killed:
             pending.append({"query": plan_id[p.plan], "key": w.value(p.key), "vec": [w.value(x) for x in p.vec],
-                            "last_pos": p.last_pos, "deadline": _num(deadline), "order": order, "match": p.match,
+                            "last_pos": p.last_pos, "deadline": _num(deadline), "order": order, "match": dict(p.match),
                             "depth": p.depth, **({"rank": _rank(p.rank)} if p.rank is not None else {})})
     stream = engine.stream_state()
     (next_root, rt._roots), (next_branch, rt._branches) = peek(rt._roots), peek(rt._branches)
@@ -642,40 +651,76 @@ def write_checkpoint(engine, path: str | os.PathLike[str], extra: dict | None = 
     data = snapshot(engine, patterns)
     if extra:
         data.update(extra)
-    write_json(data, path, _checkpoint_json(data, patterns) if patterns is not None else None)
+    write_pieces(json_pieces(data, patterns), path)
 
 
-def _checkpoint_json(data: dict, patterns: EncodedPatterns) -> str:
-    """``data`` (a snapshot) as compact JSON, its ``queries`` last: a version-3 row ``[id, name, None, pattern IR,
-    since_tick]`` whose pattern ``patterns`` keeps the JSON text of is written with that text, not encoded again."""
-    rows = data.get("queries")
-    if not rows or data.get("shapes") is None:  # (versions 1, 2 hold no such rows)
-        return _ENCODE(data)
-    rest = _ENCODE({k: v for k, v in data.items() if k != "queries"})
+_PIECE = 2000  #: list items JSON-encoded in one call by :func:`json_pieces`
+
+
+def json_pieces(data: dict, patterns: EncodedPatterns | None = None) -> Iterator[str]:
+    """``data`` (a snapshot) as compact JSON, in pieces: a long list :data:`_PIECE` items at a time (the encoder
+    holds the GIL through one call: other threads run between the pieces). With ``patterns``, a version-3 query
+    row ``[id, name, None, pattern IR, since_tick]`` whose pattern it keeps the JSON text of is written with that
+    text, not encoded again."""
+    yield "{"
+    for i, (key, value) in enumerate(data.items()):
+        yield f'{"," if i else ""}{_ENCODE(key)}:'
+        if key == "queries" and patterns is not None and data.get("shapes") is not None:
+            yield from _query_rows(value, patterns)
+        elif type(value) is list and len(value) > _PIECE:
+            yield "["
+            for j in range(0, len(value), _PIECE):
+                yield ("," if j else "") + _ENCODE(value[j:j + _PIECE])[1:-1]
+            yield "]"
+        else:
+            yield _ENCODE(value)
+    yield "}"
+
+
+def _query_rows(rows: list[list], patterns: EncodedPatterns) -> Iterator[str]:
+    """The version-3 ``queries`` list, in pieces (:func:`json_pieces`)."""
     parts: list[str] = []
     plain: list[list] = []  # rows encoded together (one encoder call per row took a second for 100,000 rows)
     for qid, name, shape, what, since in rows:
         text = patterns.text(qid, what) if shape is None else None
         if text is None:
             plain.append([qid, name, shape, what, since])
-            continue
+            if len(plain) < _PIECE:
+                continue
         if plain:
             parts.append(_ENCODE(plain)[1:-1])
             plain = []
-        parts.append(f"[{qid:d},{_ENCODE(name)},null,{text},{since if type(since) is int else _ENCODE(since)}]")
+        if text is not None:
+            parts.append(f"[{qid:d},{_ENCODE(name)},null,{text},{since if type(since) is int else _ENCODE(since)}]")
     if plain:
         parts.append(_ENCODE(plain)[1:-1])
-    return f'{rest[:-1]}{"," if len(rest) > 2 else ""}"queries":[{",".join(parts)}]}}'
+    yield "["
+    for k, part in enumerate(parts):
+        yield ("," if k else "") + part
+    yield "]"
 
 
-def write_json(data: Any, path: str | os.PathLike[str], text: str | None = None) -> None:
-    """``data`` as JSON in ``path`` (``text``: that JSON made already), atomically: a temp file in the same
-    directory, fsync, rename."""
+class Cancelled(Exception):
+    """:func:`write_pieces` was cancelled (nothing was written)."""
+
+
+def write_json(data: Any, path: str | os.PathLike[str]) -> None:
+    """``data`` as JSON in ``path``, atomically (:func:`write_pieces`)."""
+    write_pieces([_ENCODE(data)], path)  # (json.dump writes through the slower Python encoder)
+
+
+def write_pieces(pieces: Iterable[str], path: str | os.PathLike[str],
+                 cancelled: Callable[[], bool] | None = None) -> None:
+    """The text ``pieces`` in ``path``, atomically: a temp file in the same directory, fsync, rename;
+    :class:`Cancelled` (and nothing written) once ``cancelled()`` says so between two pieces."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent or ".")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(_ENCODE(data) if text is None else text)  # (json.dump writes through the slower Python encoder)
+            for piece in pieces:
+                if cancelled is not None and cancelled():
+                    raise Cancelled
+                f.write(piece)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
