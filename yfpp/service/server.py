@@ -392,7 +392,7 @@ class Service:
         for name, qid in restored.items():  # (a query text left out: the one the restored query was registered from)
             source = sources.get(name)
             if isinstance(source, list) and source and source[0] is None:
-                sources[name] = [engine.sources[qid][1], *source[1:]]
+                sources[name] = [engine.sources.text(qid), *source[1:]]
         stored, kept, counts = self._stored
         gc.disable()  # (a great many objects made that live on: collecting meanwhile doubles the time)
         try:

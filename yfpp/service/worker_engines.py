@@ -137,6 +137,18 @@ class Worker(Isolated):
                 "queries": len(self.by_name), "live_runs": self.live_runs}
 
 
+class Sources(ChainMap):
+    """The shares' :class:`~yfpp.nfa.shape_plans.QuerySources` as one (``Engine.sources``' reads: a query's
+    ``(pattern, text, name)``, its :meth:`text` without making its pattern)."""
+
+    def text(self, qid: int) -> str | None:
+        """Query ``qid``'s text (None: it was registered as a Pattern), without making its pattern."""
+        for sources in self.maps:
+            if qid in sources:
+                return sources.text(qid)
+        raise KeyError(qid)
+
+
 class WorkerEngines:
     """The service's queries spread over ``n`` engines: ``main`` (share 0) and ``n - 1`` others, in this process
     until :meth:`launch`, in child processes after."""
@@ -167,9 +179,9 @@ class WorkerEngines:
     # --- the queries, over all shares ---------------------------------------------------
 
     @property
-    def sources(self) -> ChainMap:
+    def sources(self) -> Sources:
         """Every share's queries' sources, by query id (as ``Engine.sources``)."""
-        return ChainMap(self.main.sources, self._elsewhere)
+        return Sources(self.main.sources, self._elsewhere)
 
     @property
     def queries(self) -> ChainMap:
