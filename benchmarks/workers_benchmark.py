@@ -100,6 +100,7 @@ def path_costs(path: Path, workload: str, n: int = 2) -> dict[str, float]:
     engine over all its events; ``share`` — worker 0 reading its share (``Share.blocks()``: scanning its chunks,
     parsing its own lines; the peers' scans already in its inbox); ``scan`` — of that, the scans of its chunks;
     ``own`` — matching the events it routed to itself. Each the best of 3."""
+    import gc
     import queue
     import time
 
@@ -135,7 +136,11 @@ def path_costs(path: Path, workload: str, n: int = 2) -> dict[str, float]:
         blocks = list(LineBlocks(f, opts.max_record_bytes, dead, BLOCK))
     best: dict[str, float] = {}
 
+    gc.set_threshold(100_000, 50, 100)  # (as yfpp run and its workers; what is kept from part to part frozen)
+
     def clock(name: str, work: Any) -> Any:
+        gc.collect()
+        gc.freeze()
         started = time.process_time()
         got = work()
         best[name] = min(best.get(name, float("inf")), time.process_time() - started)
