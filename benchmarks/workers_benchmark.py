@@ -20,8 +20,8 @@ busy processes get at once is measured (a shared machine may give two of them we
     python benchmarks/workers_benchmark.py                          # 1M events, N = 1, 2, both workloads
     python benchmarks/workers_benchmark.py --events 5000000
     python benchmarks/workers_benchmark.py --max-workers 16         # N = 1, 2, 4, 8, 16 on a bigger machine
-    python benchmarks/workers_benchmark.py --events 200000 --costs  # and the CPU of reading vs shipping an event,
-                                                                    # and of two ways a worker reads its share
+    python benchmarks/workers_benchmark.py --events 1000000 --costs # and the CPU of reading vs shipping an event,
+                                                                    # and the parts of one engine's and a worker's work
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -93,40 +94,77 @@ def shipping_costs(path: Path) -> dict[str, float]:
     return {"read": read / len(events) * 1e6, "ship": ship / len(events) * 1e6}
 
 
-def share_costs(path: Path, key: str, n: int = 2) -> dict[str, float]:
-    """CPU µs per line, in this process, of worker 0 of ``n`` reading its share of a keyed feed, two ways:
-    ``scan`` — the ts and key scans of every line, then its own lines parsed (what each worker did before the
-    scans were shared: yfpp/workers_reading.py now has each block scanned by one worker);
-    ``bulk`` — each block parsed once by orjson, the records routed by their key, events made of its own only."""
+def path_costs(path: Path, workload: str, n: int = 2) -> dict[str, float]:
+    """CPU s, in this process, of the parts of one engine's run and of worker 0 of ``n``'s (the longest path
+    but the parent's start, which every N pays): ``read`` — one reader over the whole feed; ``match`` — one
+    engine over all its events; ``share`` — worker 0 reading its share (``Share.blocks()``: scanning its chunks,
+    parsing its own lines; the peers' scans already in its inbox); ``scan`` — of that, the scans of its chunks;
+    ``own`` — matching the events it routed to itself. Each the best of 3."""
+    import gc
+    import queue
     import time
 
+    from yfpp.engine import Engine
     from yfpp.input.dead_letters import DeadLetters
-    from yfpp.input.jsonl_reader import LineBlocks, _bulk, _plain_events, parse_block
-    from yfpp.input.jsonl_scan import routing_text, scan_block
+    from yfpp.input.jsonl_reader import LineBlocks, parse_block
     from yfpp.input.readers import reading_options
-    from yfpp.workers_reading import BLOCK
+    from yfpp.language.query_text import load_queries
+    from yfpp.spark.plan import group_queries
+    from yfpp.workers import SLICE_EVENTS, WORKERS, Sequencer, _Matching
+    from yfpp.workers_reading import BLOCK, CHUNK, Share, scan
 
     opts, dead = reading_options(), DeadLetters()
+
+    def loaded() -> Engine:
+        engine = Engine()
+        for q in load_queries([query(workload)]):
+            engine.register(q.text, q.name)
+        return engine
+
+    def read_all(bodies: list[bytes]) -> list[list[Any]]:
+        out, seq = [], 0
+        for body in bodies:
+            events, seq, _ = parse_block(body, seq, 0, opts, dead)
+            out.append(events)
+        return out
+
+    engine = loaded()
+    queries = [(name, pattern) for _, (pattern, _, name) in sorted(engine.sources.items())]
+    groups = group_queries(queries, runner=WORKERS)
+    keys = sorted({g.key[0] for g in groups if g.key})
     with open(path, "rb") as f:
         blocks = list(LineBlocks(f, opts.max_record_bytes, dead, BLOCK))
-    lines = sum(body.count(b"\n") for body in blocks)
+    best: dict[str, float] = {}
 
-    def scan() -> None:
-        for body in blocks:
-            _, (values,) = scan_block(body, opts, [key])
-            split = body.split(b"\n")
-            parse_block(b"\n".join([split[j] for j, v in enumerate(values) if hash(v) % n == 0]), 0, 0, opts, dead)
+    gc.set_threshold(100_000, 50, 100)  # (as yfpp run and its workers; what is kept from part to part frozen)
 
-    def bulk() -> None:
-        for body in blocks:
-            own = [r for r in _bulk(body, (b'"ts"', b'"type"')) if hash(routing_text(r[key])) % n == 0]
-            _plain_events(own, 0, opts, [])
-
-    best = {}
-    for name, way in [("scan", scan), ("bulk", bulk)] * 3:
+    def clock(name: str, work: Any) -> Any:
+        gc.collect()
+        gc.freeze()
         started = time.process_time()
-        way()
-        best[name] = min(best.get(name, float("inf")), (time.process_time() - started) / lines * 1e6)
+        got = work()
+        best[name] = min(best.get(name, float("inf")), time.process_time() - started)
+        return got
+
+    for _ in range(3):
+        batches = clock("read", lambda: read_all(blocks))
+        one = loaded()
+        clock("match", lambda: [one.process_batch(b, []) for b in batches] + [one.flush()])
+        del batches
+        clock("scan", lambda: [scan(body, opts, keys, n) for c in range(0, len(blocks), CHUNK) if c // CHUNK % n == 0
+                               for body in blocks[c:c + CHUNK]])
+        inboxes: list[Any] = [queue.Queue() for _ in range(n)]
+        chunks = (len(blocks) + CHUNK - 1) // CHUNK
+        for c in range(chunks):
+            if c % n:
+                inboxes[0].put((c % n, c, [scan(body, opts, keys, n) for body in blocks[c * CHUNK:(c + 1) * CHUNK]]))
+        for w in range(1, n):
+            inboxes[0].put((w, chunks, None))
+        slicings: dict = {}
+        share = Share(str(path), opts, groups, 0, n, SLICE_EVENTS, dead, Sequencer(dead_letters=dead), slicings, inboxes)
+        routed = clock("share", lambda: list(share.blocks()))
+        matching = _Matching(groups, {}, dead, slicings)
+        clock("own", lambda: [matching.feed(r.items(), closes, []) for r, closes in routed] + [matching.finish()])
     return best
 
 
@@ -137,7 +175,8 @@ def main() -> int:
     ap.add_argument("--workloads", default="keyed,unkeyed")
     ap.add_argument("--repeat", type=int, default=1, help="run the N = 1, 2, … sequence this many times, in turn")
     ap.add_argument("--costs", action="store_true",
-                    help="also measure reading and shipping an event, per event (why the parent reads)")
+                    help="also measure reading and shipping an event, per event (why the parent reads), and the parts "
+                         "of one engine's run and of worker 0 of 2's, in this process (yfpp run's longest path)")
     args = ap.parse_args()
     print(f"commit {commit()}, {args.events:,} events; two busy processes get {cores_for_two():.2f} cores")
     print(f"{'workload':<9} {'N':>3} {'wall s':>7} {'events/s':>10} {'speed-up':>8} {'CPU s':>7} {'CPU µs/ev':>9} "
@@ -151,11 +190,12 @@ def main() -> int:
                 c = shipping_costs(path)
                 print(f"{workload:<9} reading {c['read']:.2f} CPU µs/event; shipping a parsed event to a worker "
                       f"{c['ship']:.2f} CPU µs/event", flush=True)
-                if workload == "keyed":
-                    c = share_costs(path, "tag_id")
-                    print(f"{workload:<9} a worker's share of 2 (CPU µs/line, best of 3): scan every line, parse its own "
-                          f"{c['scan']:.2f}; parse every block once, route the records, make its own events "
-                          f"{c['bulk']:.2f}", flush=True)
+                c = path_costs(path, workload)
+                one, worker = c["read"] + c["match"], c["share"] + c["own"]
+                print(f"{workload:<9} CPU s, best of 3: one engine: reading {c['read']:.2f} + matching {c['match']:.2f} "
+                      f"= {one:.2f}; worker 0 of 2: its share {c['share']:.2f} (of it scanning its chunks "
+                      f"{c['scan']:.2f}) + matching {c['own']:.2f} = {worker:.2f}; allowed (one / worker 0) "
+                      f"{one / worker:.2f}x", flush=True)
             for n in [n for _ in range(args.repeat) for n in counts(args.max_workers)]:  # N = 1, 2, 1, 2, …
                 out, stats = Path(tmp) / f"{workload}_{n}.jsonl", Path(tmp) / "stats.json"
                 wall, cpu, _ = timed([sys.executable, "-m", "yfpp", "run", "-q", query(workload), "-i", str(path),

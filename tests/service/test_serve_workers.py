@@ -119,6 +119,24 @@ def test_queries_are_spread_and_a_feedback_query_is_refused():
         spread.close()
 
 
+def test_the_shares_sources_keep_what_their_engines_keep():
+    """A restored share's queries are kept as its engine keeps them (a plan's pattern is made only when asked):
+    their texts read without patterns, their patterns when asked, as one engine's ``sources``."""
+    restored = Engine()
+    texts = {5: QUERIES[0], 6: QUERIES[1]}
+    for qid, text in texts.items():
+        restored.register(text, f"q{qid}", query_id=qid)
+    spread = WorkerEngines(2, Engine(), {1: restored}, {}, None, lambda rs, arrived: None, lambda name, why: None)
+    try:
+        (mine,) = spread.register_many([(pattern(QUERIES[2]), "p", None)], threading.Lock())
+        assert dict(spread._elsewhere.kept()) == dict(restored.sources.kept())  # (the same objects, none made)
+        assert {qid: spread.sources.text(qid) for qid in texts} == texts and spread.sources.text(mine) is None
+        assert {qid: spread.sources[qid] for qid in texts} == {qid: restored.sources[qid] for qid in texts}
+        assert sorted(spread.sources) == sorted([*texts, mine])
+    finally:
+        spread.close()
+
+
 # --- the service ----------------------------------------------------------------------------
 
 

@@ -1,6 +1,7 @@
 """The service's usage samples (``yfpp.service.accounting.Usage``) against a plain account of them: every query's
 runs, runs shed, CPU share and the queries over their share, through registrations, deletions, runs and quiet
-times; a sample looks one by one only at the queries of branches with live runs."""
+times; a sample looks one by one only at the queries of branches with live runs, and so does a worker engine
+child's report of it (``Usage.report``), which the service's ``Reported`` turns back into every query's sample."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ pytest.importorskip("fastapi", reason="the service needs pip install -e '.[serve
 
 from yfpp.engine import Engine  # noqa: E402
 from yfpp.service import accounting  # noqa: E402
-from yfpp.service.accounting import BUSY, Usage  # noqa: E402
+from yfpp.service.accounting import BUSY, Reported, Usage  # noqa: E402
 
 QUERIES = ["PATTERN SEQ(a x, b y) WHERE skip_till_any_match(x, y) {{ x.k = {k} }} WITHIN 100",
            "PATTERN SEQ(a x, c y) WITHIN 100", "PATTERN SEQ(b x, c y) WHERE x.k = y.k WITHIN 5"]
@@ -62,7 +63,7 @@ steps = st.lists(st.one_of(
     max_size=30)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 @given(steps)
 def test_a_sample_says_what_a_sample_of_every_query_says(monkeypatch, script):
     clock = types.SimpleNamespace(cpu=0.0, wall=0.0)
@@ -70,6 +71,7 @@ def test_a_sample_says_what_a_sample_of_every_query_says(monkeypatch, script):
                                                                   monotonic=lambda: clock.wall))
     eng = Engine(max_runs_per_query=3)  # (a cap: some runs are shed)
     usage, account = Usage(), Account()
+    reported = Reported("worker 1", 7)  # (what a worker engine's child's reports leave in the service)
     ts, made = 0.0, 0
     for step in script:
         if step[0] == "register":
@@ -87,6 +89,8 @@ def test_a_sample_says_what_a_sample_of_every_query_says(monkeypatch, script):
             clock.wall += interval
             assert usage.sample(eng, max_share) == account.sample(eng, spent, interval, max_share)
             assert usage.parts == {name: part for name, part in account.parts.items() if part[0]}
+            reported.take(usage.report(), [])
+            assert dict(reported) == {name: {**usage.of(name), "engine": "worker 1", "pid": 7} for name in account.by_name}
             for name in {f"q{i}" for i in range(made + 2)}:
                 got, want = usage.of(name), account.by_name.get(name, {"runs": 0, "runs_shed": 0, "cpu_s": 0.0})
                 assert (got["runs"], got["runs_shed"], got["engine"]) == (want["runs"], want["runs_shed"], "main")

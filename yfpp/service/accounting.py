@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import Any, Callable
+from collections.abc import Mapping
+from typing import Any, Callable, Iterator
 
 from yfpp.engine import Engine
 
@@ -50,6 +51,9 @@ class Usage:
         self._cpu_at: float | None = None
         self._wall_at = time.monotonic()
         self._child_cpu: dict[str, float] = {}  # each isolated query's child's CPU seconds at the last sample
+        self._came: list[str] = []  # the queries first sampled at the last sample
+        self._went: list[str] = []  # the queries gone since the sample before
+        self._moved: set[str] = set()  # the queries whose runs, shed runs or own CPU moved at the last sample
         #: the usage of the queries that run in isolation engines (yfpp.service.isolation), by name
         self.elsewhere: Callable[[], dict[str, dict[str, Any]]] = dict
 
@@ -65,11 +69,13 @@ class Usage:
         hot = [(root.live, [str(p.name) for p in plans]) for root, plans in rt.branch_queries.items() if root.live]
         live = sum(n for n, _ in hot)
         joined = self._joined
-        for gone in joined.keys() - names:  # (deleted queries)
+        self._went = list(joined.keys() - names)
+        for gone in self._went:  # (deleted queries)
             del joined[gone]
             self._cpu.pop(gone, None)
         even = self._even
-        for name in names - joined.keys():  # (new ones: from now on)
+        self._came = list(names - joined.keys())
+        for name in self._came:  # (new ones: from now on)
             joined[name] = even
         if not live and names:
             self._even += spent / len(names)
@@ -85,7 +91,9 @@ class Usage:
                 parts[name] = (n / len(group), share / spent if busy else 0.0)
                 if max_share is not None and busy and len(names) > 1 and share > max_share * spent:
                     over.append(name)
-        self._runs, self._shed = runs, {str(k): n for k, n in rt.counters.shed_runs.items()}
+        shed = {str(k): n for k, n in rt.counters.shed_runs.items()}
+        self._moved = runs.keys() | self._runs.keys() | {k for k, n in shed.items() if self._shed.get(k) != n}
+        self._runs, self._shed = runs, shed
         self.parts = self._across(parts, spent, interval)
         return over
 
@@ -117,6 +125,52 @@ class Usage:
         return {"runs": self._runs.get(name, 0), "runs_shed": self._shed.get(name, 0),
                 "cpu_s": round(self._cpu.get(name, 0.0) + self._even - joined, 3), "engine": "main"}
 
-    def sampled(self) -> dict[str, dict[str, Any]]:
-        """Every query's last sample (:meth:`of`), by name: what a worker engine's child reports."""
-        return {name: self.of(name) for name in self._joined}
+    def report(self) -> tuple[float, dict[str, float], list[str], dict[str, tuple[int, int, float]]]:
+        """What a worker engine's child sends of the last sample (:class:`Reported` takes it), costing only the
+        queries that came, went or moved (their runs, shed runs or own CPU), not one step per query: the CPU shared
+        evenly so far, the queries first sampled (with the even share when they came), those gone, and the moved
+        ones' ``(runs, runs_shed, own CPU)``."""
+        joined, cpu = self._joined, self._cpu
+        moved = {name: (self._runs.get(name, 0), self._shed.get(name, 0), cpu.get(name, 0.0))
+                 for name in self._moved if name in joined}
+        return self._even, {name: joined[name] for name in self._came}, self._went, moved
+
+
+class Reported(Mapping):
+    """A worker engine child's queries' last samples (as :meth:`Usage.of` gives them, with ``engine`` and ``pid``),
+    by name, kept up to date from its reports (:meth:`Usage.report`): only what a report names is touched."""
+
+    def __init__(self, engine: str, pid: int) -> None:
+        self.engine, self.pid = engine, pid
+        self._even = 0.0
+        self._joined: dict[str, float] = {}  # each query's even share when it came
+        self._moved: dict[str, tuple[int, int, float]] = {}  # (runs, runs_shed, own CPU) of those that ever moved
+        self._sets: dict[str, dict[str, Any]] = {}  # the event-set queries' (no runs: zeros)
+
+    def take(self, report: tuple, sets: list[str] | None) -> None:
+        """A child's report; ``sets``: its event-set queries' names (None: the same as before)."""
+        even, came, went, moved = report
+        self._even = even
+        for name in went:
+            self._joined.pop(name, None)
+            self._moved.pop(name, None)
+        self._joined.update(came)
+        self._moved.update(moved)
+        if sets is not None:
+            self._sets = {name: {"runs": 0, "runs_shed": 0, "cpu_s": 0.0, "engine": self.engine, "pid": self.pid}
+                          for name in sets}
+
+    def __getitem__(self, name: str) -> dict[str, Any]:
+        joined = self._joined.get(name)
+        if joined is None:
+            return self._sets[name]
+        runs, shed, cpu = self._moved.get(name, (0, 0, 0.0))
+        return {"runs": runs, "runs_shed": shed, "cpu_s": round(cpu + self._even - joined, 3), "engine": self.engine,
+                "pid": self.pid}
+
+    def __iter__(self) -> Iterator[str]:  # (an event-set query is no pattern query: the names are apart)
+        yield from self._sets
+        yield from self._joined
+
+    def __len__(self) -> int:
+        return len(self._sets) + len(self._joined)

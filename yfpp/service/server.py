@@ -43,7 +43,6 @@ from yfpp.errors import YfppError
 from yfpp.input.events import Event
 from yfpp.language.pattern import Pattern
 from yfpp.language.query_text import QueryShapes, parse_written_query
-from yfpp.nfa.shape_plans import QuerySources
 from yfpp.service import auth, checkpoint, mqtt, quotas
 from yfpp.service.accounting import Usage
 from yfpp.service.config import ServiceConfig
@@ -398,7 +397,7 @@ class Service:
         for name, qid in restored.items():  # (a query text left out: the one the restored query was registered from)
             source = sources.get(name)
             if isinstance(source, list) and source and source[0] is None:
-                sources[name] = [_text_of(engine, qid), *source[1:]]
+                sources[name] = [engine.sources.text(qid), *source[1:]]  # (no pattern made: a third of a restart at 100k)
         stored, kept, counts = self._stored
         gc.disable()  # (a great many objects made that live on: collecting meanwhile doubles the time)
         try:
@@ -1286,13 +1285,6 @@ def _commit_isolated(children: list[tuple[Any, Path]], errors: list[str | None])
                   extra={"query_name": iso.name, "error": error})
         checkpoint.Staged(None, path).discard()
         path.unlink(missing_ok=True)
-
-
-def _text_of(engine: Engine | WorkerEngines, qid: int) -> str | None:
-    """Query ``qid``'s text (None: registered as a Pattern), without making its pattern where the engine keeps its
-    shape's plan in its place (``QuerySources.text``: making 100,000 patterns took a third of a restart)."""
-    sources = engine.sources
-    return sources.text(qid) if isinstance(sources, QuerySources) else sources[qid][1]
 
 
 def _source(spec: SubscriptionSpec) -> list[Any]:

@@ -49,8 +49,9 @@ from yfpp.errors import YfppError
 from yfpp.input.dead_letters import DeadLetters
 from yfpp.input.events import Event
 from yfpp.language.pattern import Pattern
+from yfpp.nfa.shape_plans import QuerySources
 from yfpp.service import checkpoint
-from yfpp.service.accounting import Usage
+from yfpp.service.accounting import Reported, Usage
 from yfpp.service.isolation import (RESULT_CHUNK, STOP_WAIT, USAGE_EVERY, Deliver, Failed, Isolated, fork_child, pack,
                                     unpack)
 
@@ -79,7 +80,7 @@ class Worker(Isolated):
     def __init__(self, share: int, pid: int, to_child: Connection, from_child: Connection, deliver: Deliver,
                  failed: Failed):
         self.share = share
-        self.by_name: dict[str, dict[str, Any]] = {}  #: the child's last usage sample, by query name
+        self.by_name = Reported(f"worker {share}", pid)  #: the child's last usage sample, by query name
         self.over: list[str] = []  #: queries the child found over max_cpu_share, not yet taken (:meth:`WorkerEngines.over`)
         self.live_runs = 0
         self.events_in = 0  #: events the child has taken (the main engine's ``events_in`` once it caught up)
@@ -127,13 +128,25 @@ class Worker(Isolated):
         elif msg[0] == "taken":
             self.events_in = msg[1]
         elif msg[0] == "sample":
-            self.by_name = {name: {**u, "engine": f"worker {self.share}", "pid": self.pid} for name, u in msg[1].items()}
+            self.by_name.take(msg[1], msg[4])
             self.over += msg[2]
             self.live_runs = msg[3]
 
     def info(self) -> dict[str, Any]:
         return {"share": self.share, "pid": self.pid, "events_in": self.events_in, "queued_events": self._queued,
                 "queries": len(self.by_name), "live_runs": self.live_runs}
+
+
+class Sources(ChainMap):
+    """The shares' :class:`~yfpp.nfa.shape_plans.QuerySources` as one (``Engine.sources``' reads: a query's
+    ``(pattern, text, name)``, its :meth:`text` without making its pattern)."""
+
+    def text(self, qid: int) -> str | None:
+        """Query ``qid``'s text (None: it was registered as a Pattern), without making its pattern."""
+        for sources in self.maps:
+            if qid in sources:
+                return sources.text(qid)
+        raise KeyError(qid)
 
 
 class WorkerEngines:
@@ -156,16 +169,19 @@ class WorkerEngines:
             self._local.append(engine)
         self.share_of: dict[int, int] = {qid: share for share, e in enumerate(self._local) for qid in e.sources}
         self._counts = [len(e.sources) for e in self._local]
-        self._elsewhere: dict[int, tuple] = {qid: src for e in self._local[1:] for qid, src in e.sources.items()}
+        self._elsewhere = QuerySources()  # the other shares' queries, as kept (a plan's pattern is made when asked)
+        for e in self._local[1:]:
+            for qid, kept in e.sources.kept():
+                self._elsewhere[qid] = kept
         self._ids = count(max(self.share_of, default=-1) + 1)
         self.workers: list[Worker] = []
 
     # --- the queries, over all shares ---------------------------------------------------
 
     @property
-    def sources(self) -> ChainMap:
+    def sources(self) -> Sources:
         """Every share's queries' sources, by query id (as ``Engine.sources``)."""
-        return ChainMap(self.main.sources, self._elsewhere)
+        return Sources(self.main.sources, self._elsewhere)
 
     @property
     def queries(self) -> ChainMap:
@@ -306,9 +322,9 @@ class WorkerEngines:
             worker.over = []
         return names
 
-    def usages(self) -> dict[str, dict[str, Any]]:
+    def usages(self) -> ChainMap:
         """The children's queries' usage (their last samples), by query name."""
-        return {name: u for w in self.workers for name, u in w.by_name.items()}
+        return ChainMap(*(w.by_name for w in self.workers))
 
     @property
     def live_runs(self) -> int:
@@ -359,6 +375,7 @@ def _serve_share(engine: Engine, max_share: float | None, inbox: Connection, out
     usage = Usage()
     results: list[dict] = []
     next_usage = time.monotonic() + USAGE_EVERY
+    queries_changed = True  # (since the last sample: the event-set queries' names are sent again)
     while True:
         msg = inbox.recv() if inbox.poll(USAGE_EVERY) else ("idle",)  # (a usage sample each second, also idle)
         kind = msg[0]
@@ -377,10 +394,12 @@ def _serve_share(engine: Engine, max_share: float | None, inbox: Connection, out
                 pass
         elif kind == "register":
             out.send(("registered", [_register(engine, *item) for item in msg[1]]))
+            queries_changed = True
             gc.freeze()  # (as the service after a batch: what they made lives on, no collection need walk it)
         elif kind == "unregister":
             if msg[1] in engine.sources:
                 engine.unregister(msg[1])
+                queries_changed = True
             gc.unfreeze()  # (as the service after a removal: what it held may now be garbage in cycles)
         elif kind == "checkpoint":
             try:
@@ -398,8 +417,9 @@ def _serve_share(engine: Engine, max_share: float | None, inbox: Connection, out
         if time.monotonic() >= next_usage:
             next_usage = time.monotonic() + USAGE_EVERY
             over = usage.sample(engine, max_share)
-            sets = {str(m.plan.name): {"runs": 0, "runs_shed": 0, "cpu_s": 0.0} for m in engine.set_queries.values()}
-            out.send(("sample", {**sets, **usage.sampled()}, over, engine.stats.live_runs))
+            sets = [str(m.plan.name) for m in engine.set_queries.values()] if queries_changed else None
+            queries_changed = False
+            out.send(("sample", usage.report(), over, engine.stats.live_runs, sets))
 
 
 def _register(engine: Engine, qid: int, pattern: Pattern, name: str, policy: str | None) -> str | None:
