@@ -96,7 +96,10 @@ class ComponentSpec:
             keys = tuple(key_set([expr_key(e) for e, _ in c]) for c in (self.begin, self.take, self.final))
         what = (self.event_type, self.kleene, self.contiguity if self.index else None,
                 self.inner if self.kleene else None, self.agg_slots, self.keep_events, partition_by)
-        return (_SIGNATURES.setdefault(what, what), keys[0], keys[1], keys[2], private)
+        what = _SIGNATURES.setdefault(what, what)
+        if keys[1] == () and keys[2] == () and private is None:  # (no take or final edge: the commonest)
+            return what, keys[0]
+        return what, keys[0], keys[1], keys[2], private
 
 
 _SIGNATURES: dict[tuple, tuple] = {}  # one object per kind of component (a few per query shape)
@@ -118,7 +121,7 @@ class QueryPlan:
     source: Pattern | tuple[Any, str]
     # its component specs while it registers (None after: see `specs`)
     compiled_specs: list[ComponentSpec] | None
-    negations: list[NegationPlan]
+    negations: Sequence[NegationPlan]  # (a tuple when there are none)
     trailing: NegationPlan | None
     partition_by: tuple[str, ...]
     window: float | None
@@ -127,7 +130,7 @@ class QueryPlan:
     var_names: tuple[str, ...] = ()
     since_tick: int = 0  # only runs born later count: the runtime tick at registration, raised by a shed (yfpp.runtime.caps)
     negation_key: Hashable = ()  # its middle negations' check signatures: equal keys, equal answers at a node
-    nodes: list = field(default_factory=list)  # the shared-NFA nodes it passes through
+    nodes: tuple = ()  # the shared-NFA nodes it passes through (yfpp.nfa.shared_nfa.SharedNFA.add)
     feedback: bool = False  # its result events go back into the stream (its pattern's FEEDBACK)
 
     @property

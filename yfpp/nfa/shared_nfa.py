@@ -34,7 +34,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from itertools import count
 from types import MappingProxyType
-from typing import Any, Callable, Hashable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 
 from yfpp.input.events import MISSING, Event
 from yfpp.nfa.compiler import ComponentSpec, QueryPlan
@@ -44,6 +44,56 @@ from yfpp.nfa.predicates import AggSlot, Check, is_number
 _ids = count()
 #: what a node without children or wait states holds (read-only: :class:`SharedNFA` gives it a dict when it gets one)
 _NO_ENTRIES: Any = MappingProxyType({})
+
+
+class OneEntry(Mapping):
+    """A read-only mapping of one key (a node's only child or only wait state: a dict of one entry takes
+    about 220 bytes, this 48); :func:`put` and :func:`pop` make a dict of it, or it of nothing, as
+    entries come and go."""
+
+    __slots__ = ("key", "value")
+
+    def __init__(self, key: Hashable, value: Any) -> None:
+        self.key = key
+        self.value = value
+
+    def __getitem__(self, key: Hashable) -> Any:
+        if key == self.key:
+            return self.value
+        raise KeyError(key)
+
+    def get(self, key: Hashable, default: Any = None) -> Any:
+        return self.value if key == self.key else default
+
+    def __contains__(self, key: object) -> bool:
+        return key == self.key
+
+    def __iter__(self) -> Iterator[Hashable]:
+        return iter((self.key,))
+
+    def __len__(self) -> int:
+        return 1
+
+    def values(self) -> tuple:  # type: ignore[override]
+        return (self.value,)
+
+
+def put(entries: Mapping, key: Hashable, value: Any) -> Mapping:
+    """``entries`` (``_NO_ENTRIES``, a :class:`OneEntry` or a dict) with ``key`` -> ``value`` added."""
+    if entries is _NO_ENTRIES:
+        return OneEntry(key, value)
+    if type(entries) is OneEntry:
+        entries = {entries.key: entries.value}  # type: ignore[union-attr]
+    entries[key] = value  # type: ignore[index]
+    return entries
+
+
+def pop(entries: Mapping, key: Hashable) -> Mapping:
+    """``entries`` without ``key`` (which it has)."""
+    if type(entries) is OneEntry:
+        return _NO_ENTRIES
+    del entries[key]  # type: ignore[attr-defined]
+    return entries
 
 
 @dataclass(eq=False, slots=True)
@@ -67,8 +117,8 @@ class Node:
     root: "Node | None" = None  # the first node of this branch of the trie (itself for a root)
     id: int = field(default_factory=lambda: next(_ids))
     # (a subscription's nodes are most of what it costs: each container is made when first needed)
-    children: dict[Hashable, "Node"] = field(default_factory=lambda: _NO_ENTRIES)
-    waits: dict[Hashable, "State"] = field(default_factory=lambda: _NO_ENTRIES)  # contiguity or child -> wait state
+    children: Mapping[Hashable, "Node"] = field(default_factory=lambda: _NO_ENTRIES)
+    waits: Mapping[Hashable, "State"] = field(default_factory=lambda: _NO_ENTRIES)  # contiguity or child -> wait state
     inside: "State | None" = None
     accepts: list[QueryPlan] | tuple = ()
     users: int = 0  # queries through this node
@@ -185,17 +235,17 @@ class _TypeGroup:
     def __init__(self) -> None:
         self.size = 0  # the nodes in it
         self.plain: list[Node] | tuple = ()
-        self.eq: dict[str, dict[Any, list[Node]]] = _NO_ENTRIES
+        self.eq: dict[str, dict[Any, Sequence[Node]]] = _NO_ENTRIES
         # XPath equalities, by (kind, name): @a = 'text' ("xeq"), @a = 12 ("xnum"), a = 'text' ("ceq"), a = 12
         # ("cnum"); looked up by what xpath_ext.xpath_predicates.index_keys reads of the event
-        self.xpath: dict[tuple[str, str], dict[Any, list[Node]]] = _NO_ENTRIES
+        self.xpath: dict[tuple[str, str], dict[Any, Sequence[Node]]] = _NO_ENTRIES
         # range predicates, by (source, attribute, op): a SASE+ attribute's value (source None), an XPath
         # attribute's or child's text cast as XPath casts it ("xnum", "cnum"); sorted (bound, node id) keys
         self.ranges: dict[tuple[str | None, str, str], tuple[list[tuple[Any, int]], dict[int, Node]]] = _NO_ENTRIES
         # both bounds of a range (lo <= x < hi), by (source, attribute) as for ranges: stabbed by the value
         self.intervals: dict[tuple[str | None, str], IntervalIndex] = _NO_ENTRIES
         # XPath starts-with(@a, 'p') / starts-with(a, 'p'), by (kind, name): prefix length -> prefix -> nodes
-        self.prefixes: dict[tuple[str, str], dict[int, dict[str, list[Node]]]] = _NO_ENTRIES
+        self.prefixes: dict[tuple[str, str], dict[int, dict[str, Sequence[Node]]]] = _NO_ENTRIES
         #: xpath_ext.xpath_predicates.index_keys, once an XPath index is made (a run without XPath never loads it)
         self.xpath_keys: Callable[[str, str, Event], list[Any] | None] | None = None
 
@@ -230,12 +280,12 @@ class _TypeGroup:
         elif key[0] == "prefix":
             _, kind, name, prefix = key
             by_len = self._table("prefixes").setdefault((kind, name), {})
-            by_len.setdefault(len(prefix), {}).setdefault(prefix, []).append(node)
+            append_to(by_len.setdefault(len(prefix), {}), prefix, node)
         else:
             for kind, attr, value in _eq_keys(key):
                 table = (self._table("eq").setdefault(attr, {}) if kind == "eq"
                          else self._table("xpath").setdefault((kind, attr), {}))
-                table.setdefault(value, []).append(node)
+                append_to(table, value, node)
 
     def remove(self, node: Node) -> None:
         key = node.index_key
@@ -258,7 +308,7 @@ class _TypeGroup:
         elif key[0] == "prefix":
             _, kind, name, prefix = key
             by_len = self.prefixes[(kind, name)]
-            _drop(by_len[len(prefix)], prefix, node)
+            drop_from(by_len[len(prefix)], prefix, node)
             if not by_len[len(prefix)]:
                 del by_len[len(prefix)]
                 if not by_len:
@@ -267,7 +317,7 @@ class _TypeGroup:
             for kind, attr, value in _eq_keys(key):
                 tables: dict = self.eq if kind == "eq" else self.xpath
                 table = tables[attr if kind == "eq" else (kind, attr)]
-                _drop(table, value, node)
+                drop_from(table, value, node)
                 if not table:
                     del tables[attr if kind == "eq" else (kind, attr)]
 
@@ -391,11 +441,26 @@ def _eq_keys(key: tuple) -> tuple[tuple, ...]:
     return key[1] if key[0] == "anyof" else (key,)
 
 
-def _drop(table: dict, key: Any, node: Node) -> None:
-    """Take ``node`` out of ``table[key]``'s list, and the key when that empties it."""
-    lst = table[key]
-    lst.remove(node)
-    if not lst:
+def append_to(table: dict, key: Any, node: Node) -> None:
+    """``node`` added to ``table[key]``'s nodes: a tuple of one (most keys of a big index have one node), else
+    a list."""
+    nodes = table.get(key)
+    if nodes is None:
+        table[key] = (node,)
+    elif type(nodes) is tuple:
+        table[key] = [*nodes, node]
+    else:
+        nodes.append(node)
+
+
+def drop_from(table: dict, key: Any, node: Node) -> None:
+    """Take ``node`` out of ``table[key]``'s nodes (see :func:`_append`), and the key when that empties it."""
+    nodes = table[key]
+    if type(nodes) is tuple:
+        del table[key]
+        return
+    nodes.remove(node)
+    if not nodes:
         del table[key]
 
 
@@ -679,19 +744,21 @@ class SharedNFA:
         """Merge ``plan``'s components into the trie (time proportional to the query)."""
         private = plan if plan.policy == "non_overlapping" else None
         parent: Node | None = None
+        nodes = []
         for spec in plan.specs:
             sig = spec.signature(plan.partition_by, private)
-            siblings = parent.children if parent else self.roots
-            node = siblings.get(sig)
+            node = (parent.children if parent else self.roots).get(sig)
             if node is None:
                 node = self._new_node(parent, spec, sig, plan.partition_by)
-                if siblings is _NO_ENTRIES:
-                    siblings = parent.children = {}
-                siblings[sig] = node
+                if parent is None:
+                    self.roots[sig] = node
+                else:
+                    parent.children = put(parent.children, sig, node)
             node.users += 1
             node.count_window(plan.window, +1)
-            plan.nodes.append(node)
+            nodes.append(node)
             parent = node
+        plan.nodes = tuple(nodes)
         if parent.accepts:
             parent.accepts.append(plan)
         else:
@@ -726,9 +793,8 @@ class SharedNFA:
             wait = parent.waits.get(wait_key)
             if wait is None:
                 child = node if node.contiguity is Contiguity.SKIP_TILL_NEXT else None
-                if parent.waits is _NO_ENTRIES:
-                    parent.waits = {}
-                wait = parent.waits[wait_key] = State(parent, "wait", node.contiguity, child=child)
+                wait = State(parent, "wait", node.contiguity, child=child)
+                parent.waits = put(parent.waits, wait_key, wait)
                 self.states.add(wait)
             wait.table.add(node)
         return node
@@ -754,12 +820,12 @@ class SharedNFA:
                 del self.roots[node.signature]
                 self.starters.remove(node)
             else:
-                del parent.children[node.signature]
+                parent.children = pop(parent.children, node.signature)
                 wait_key = node.id if node.contiguity is Contiguity.SKIP_TILL_NEXT else node.contiguity
                 wait = parent.waits[wait_key]
                 wait.table.remove(node)
                 if not len(wait.table):
-                    del parent.waits[wait_key]
+                    parent.waits = pop(parent.waits, wait_key)
                     dropped.append(wait)
         self.states.difference_update(dropped)
         return dropped
