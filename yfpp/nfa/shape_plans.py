@@ -75,9 +75,10 @@ class ShapePlan:
         # (the runtime keys its negation stores by these objects)
         negations = [copy.copy(n) for n in t.negations] if t.negations else ()
         trailing = negations[t.negations.index(t.trailing)] if t.trailing is not None else None
-        return QueryPlan(name=name, source=(self, text), compiled_specs=specs, negations=negations,
+        return QueryPlan(name=name, source=text, compiled_specs=specs, negations=negations,
                          trailing=trailing, partition_by=t.partition_by, window=t.window, policy=t.policy,
-                         emit=t.emit, var_names=t.var_names, negation_key=t.negation_key, feedback=t.feedback)
+                         emit=t.emit, var_names=t.var_names, negation_key=t.negation_key, feedback=t.feedback,
+                         shape=self)
 
     def pattern(self, text: str) -> Pattern:
         """The pattern of the query ``text`` of this shape, with the registration's options."""
@@ -165,8 +166,9 @@ class _SpecMaker:
             keys.append(key_set(made_keys))
         get = literals.get
         found = [tuple([get((type(x), x), x) for x in k]) if hot else k for k, hot in self.found]
+        best = found[0] if len(found) == 1 else best_key(found)  # (one key: the best)
         return ComponentSpec(s.index, s.var, s.event_type, s.kleene, s.contiguity, s.inner, lists[0], lists[1],
-                             lists[2], s.agg_slots, s.keep_events, (keys[0], keys[1], keys[2], best_key(found)))
+                             lists[2], s.agg_slots, s.keep_events, (keys[0], keys[1], keys[2], best))
 
 
 class ShapePlans:
@@ -216,7 +218,8 @@ class QuerySources(MutableMapping):
 
     def __setitem__(self, qid: int, source: tuple[Pattern | QueryPlan, str | None, str | int | None]) -> None:
         first, text, name = source
-        made = type(first) is QueryPlan and first.name == (qid if name is None else name)
+        made = (type(first) is QueryPlan and first.shape is not None and first.source is text
+                and first.name == (qid if name is None else name))
         self._kept[qid] = first if made else source  # type: ignore[assignment]
 
     def __delitem__(self, qid: int) -> None:
@@ -247,7 +250,7 @@ def _source(kept: tuple | QueryPlan) -> tuple[Pattern | QueryPlan, str | None, s
     if type(kept) is not QueryPlan:
         return kept  # type: ignore[return-value]
     name = kept.name
-    return kept, kept.source[1], (name if type(name) is str else None)  # type: ignore[index]
+    return kept, kept.source, (name if type(name) is str else None)  # type: ignore[return-value]
 
 
 _MISSING: Any = object()

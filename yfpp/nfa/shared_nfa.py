@@ -42,7 +42,7 @@ from yfpp.language.pattern import Compare, Contiguity, Index, Literal, Or, Ref, 
 from yfpp.nfa.predicates import AggSlot, Check, is_number
 
 _ids = count()
-#: what a node without children or wait states holds (read-only: :class:`SharedNFA` gives it a dict when it gets one)
+#: what a node without children or wait states holds (read-only: :func:`put` gives it a OneEntry, then a dict)
 _NO_ENTRIES: Any = MappingProxyType({})
 
 
@@ -115,7 +115,7 @@ class Node:
     partition_by: tuple[str, ...]
     index_key: tuple | None  # how a TransitionTable can find this node, if at all
     root: "Node | None" = None  # the first node of this branch of the trie (itself for a root)
-    id: int = field(default_factory=lambda: next(_ids))
+    id: int = field(default_factory=_ids.__next__)
     # (a subscription's nodes are most of what it costs: each container is made when first needed)
     children: Mapping[Hashable, "Node"] = field(default_factory=lambda: _NO_ENTRIES)
     waits: Mapping[Hashable, "State"] = field(default_factory=lambda: _NO_ENTRIES)  # contiguity or child -> wait state
@@ -704,7 +704,7 @@ class State:
     contiguity: Contiguity
     table: TransitionTable = field(default_factory=TransitionTable)
     child: Node | None = None  # the one child of a skip-till-next wait state
-    id: int = field(default_factory=lambda: next(_ids))
+    id: int = field(default_factory=_ids.__next__)
     touch_all: bool = False  # every event moves or kills its runs: strict, or partition without an equivalence list
 
     def __post_init__(self) -> None:
@@ -730,7 +730,7 @@ class SharedNFA:
     def __init__(self) -> None:
         self.roots: dict[Hashable, Node] = {}
         self.starters = TransitionTable()
-        self.states: set[State] = set()
+        self.states = 0  # how many states there are (the runtime's live_states)
         # event types some state's runs react to (begin, take, proceed), None for every type (a component
         # of any type, or a partition-contiguity state): an event of another type moves no stored run
         self.reacting: Counter = Counter()
@@ -744,7 +744,6 @@ class SharedNFA:
         """Merge ``plan``'s components into the trie (time proportional to the query)."""
         private = plan if plan.policy == "non_overlapping" else None
         parent: Node | None = None
-        nodes = []
         for spec in plan.specs:
             sig = spec.signature(plan.partition_by, private)
             node = (parent.children if parent else self.roots).get(sig)
@@ -756,13 +755,15 @@ class SharedNFA:
                     parent.children = put(parent.children, sig, node)
             node.users += 1
             node.count_window(plan.window, +1)
-            nodes.append(node)
             parent = node
-        plan.nodes = tuple(nodes)
-        if parent.accepts:
-            parent.accepts.append(plan)
+        plan.last = parent
+        accepts = parent.accepts  # (a tuple of one query, the commonest, else a list)
+        if not accepts:
+            parent.accepts = (plan,)
+        elif type(accepts) is tuple:
+            parent.accepts = [*accepts, plan]
         else:
-            parent.accepts = [plan]
+            accepts.append(plan)
 
     def _new_node(self, parent: Node | None, spec: ComponentSpec, sig: Hashable, partition_by) -> Node:
         node = Node(
@@ -773,19 +774,21 @@ class SharedNFA:
             kleene=spec.kleene,
             contiguity=spec.contiguity,
             inner=spec.inner,
-            begin=tuple(c for _, c in spec.begin),
-            take=tuple(c for _, c in spec.take),
-            final=tuple(c for _, c in spec.final),
+            begin=tuple([c for _, c in spec.begin]),
+            take=tuple([c for _, c in spec.take]) if spec.take else (),
+            final=tuple([c for _, c in spec.final]) if spec.final else (),
             agg_slots=spec.agg_slots,
             keep_events=spec.keep_events,
             partition_by=partition_by,
             index_key=index_key(spec) if spec.keys is None else spec.keys[3],
         )
         node.root = parent.root if parent is not None else node
-        self.reacting.update(_reactions(node))
+        reacting = self.reacting
+        for r in _reactions(node):
+            reacting[r] += 1
         if node.kleene:
             node.inside = State(node, "in", node.inner)
-            self.states.add(node.inside)
+            self.states += 1
         if parent is None:
             self.starters.add(node)
         else:
@@ -795,16 +798,19 @@ class SharedNFA:
                 child = node if node.contiguity is Contiguity.SKIP_TILL_NEXT else None
                 wait = State(parent, "wait", node.contiguity, child=child)
                 parent.waits = put(parent.waits, wait_key, wait)
-                self.states.add(wait)
+                self.states += 1
             wait.table.add(node)
         return node
 
     def remove(self, plan: QueryPlan) -> list[State]:
         """Take ``plan`` out; return the states that no query uses any more."""
-        last = plan.nodes[-1]
-        last.accepts.remove(plan)
-        if not last.accepts:
+        last = plan.last
+        if type(last.accepts) is tuple:
             last.accepts = ()
+        else:
+            last.accepts.remove(plan)
+            if not last.accepts:
+                last.accepts = ()
         dropped: list[State] = []
         for node in reversed(plan.nodes):
             node.users -= 1
@@ -827,7 +833,7 @@ class SharedNFA:
                 if not len(wait.table):
                     parent.waits = pop(parent.waits, wait_key)
                     dropped.append(wait)
-        self.states.difference_update(dropped)
+        self.states -= len(dropped)
         return dropped
 
     # --- figures for `yfpp explain` ----------------------------------------------

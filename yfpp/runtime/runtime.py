@@ -144,7 +144,7 @@ class Runtime(EventSteps, RunMoves, Acceptance):
         self.nfa.add(plan)
         self.negations.add(plan)
         self.deadlines.add(plan)
-        append_to(self.branch_queries, plan.nodes[0].root, plan)
+        append_to(self.branch_queries, plan.last.root, plan)
         if self._needs_pticks(plan):
             self.ptick_users[plan.partition_by] += 1
             self.pticks.setdefault(plan.partition_by, {})
@@ -163,7 +163,7 @@ class Runtime(EventSteps, RunMoves, Acceptance):
         self.negations.remove(plan)
         self.deadlines.remove(plan)
         self._makers.pop(plan, None)
-        drop_from(self.branch_queries, plan.nodes[0].root, plan)
+        drop_from(self.branch_queries, plan.last.root, plan)
         if self._needs_pticks(plan):
             self.ptick_users[plan.partition_by] -= 1
             if not self.ptick_users[plan.partition_by]:
@@ -324,7 +324,7 @@ class Runtime(EventSteps, RunMoves, Acceptance):
 
     @property
     def live_states(self) -> int:
-        return len(self.nfa.states)
+        return self.nfa.states
 
 
 # --- helpers ------------------------------------------------------------------------
