@@ -177,9 +177,10 @@ class Runtime(EventSteps, RunMoves, Acceptance):
 
     @staticmethod
     def _needs_pticks(plan: QueryPlan) -> bool:
-        return bool(plan.partition_by) and any(
-            a.kleene and b.contiguity is PARTITION for a, b in zip(plan.nodes, plan.nodes[1:])  # (a node per component)
-        )
+        if not plan.partition_by:
+            return False
+        nodes = plan.nodes  # (a node per component)
+        return any(a.kleene and b.contiguity is PARTITION for a, b in zip(nodes, nodes[1:]))
 
     # --- the per-event step -----------------------------------------------------------
 
