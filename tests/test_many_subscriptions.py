@@ -116,8 +116,21 @@ def test_churn_with_negations_found_through_live_state_matches_the_reference(sub
         check_churn(subs, events, cuts)
 
 
-def check_churn(subs: list, events: list, cuts: list) -> None:
-    """Register and unregister ``subs`` between ``events`` at ``cuts``; compare with the reference per query."""
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+@given(**CHURN_EXAMPLES, singles=st.lists(st.booleans(), min_size=10, max_size=10), restore_at=st.integers(0, 11))
+def test_churn_with_single_registrations_and_a_restore_matches_the_reference(subs, events, cuts, singles,
+                                                                              restore_at):
+    """The churn property with some subscriptions registered one at a time (the others in batches) and the
+    engine replaced by its snapshot restored before one event: nodes, wait states and index entries of one
+    query and of several come and go (``yfpp.nfa.shared_nfa.OneEntry``, ``append_to``) and survive a restore."""
+    check_churn(subs, events, cuts, singles, restore_at)
+
+
+def check_churn(subs: list, events: list, cuts: list, singles: list | None = None,
+                restore_at: int | None = None) -> None:
+    """Register and unregister ``subs`` between ``events`` at ``cuts``; compare with the reference per query.
+    ``singles[j]``: subscription ``j`` is registered alone (else in a batch); ``restore_at``: the engine is
+    restored from its snapshot before that event."""
     stream = [Event(t, float(i), {k: v for k, v in (("x", x), ("y", y), ("k", key)) if v is not None}, i)
               for i, (t, x, y, key) in enumerate(events)]
     n = len(stream)
@@ -130,7 +143,12 @@ def check_churn(subs: list, events: list, cuts: list) -> None:
         return (m["query"], tuple((k, tuple(v)) for k, v in m["bindings"].items()))
 
     for i in range(n + 1):
+        if i == restore_at:
+            eng = Engine.restore(eng.snapshot())
         batch = [j for j, (start, _) in enumerate(spans) if start == i]
+        for j in [j for j in batch if singles and singles[j]]:
+            ids[j] = eng.register(text(*subs[j]), f"q{j}")
+        batch = [j for j in batch if j not in ids]
         for j, qid in zip(batch, eng.register_many([(text(*subs[j]), f"q{j}") for j in batch])):
             assert isinstance(qid, int), qid
             ids[j] = qid

@@ -215,7 +215,8 @@ def _load_file(path: Path) -> list[QuerySource]:
 
 # A constant that a subscriber varies: a quoted string without quote or backslash inside, or a number (at most 15
 # digits each side of the point) right after a comparison operator and not part of a longer token (80%, 5.x).
-_CONSTANT = re.compile(r"""'[^'\\\n]*'|"[^"\\\n]*"|(?<=[=<>])(\s*)(\d{1,15}(?:\.\d{1,15})?)(?![\w.%])""")
+# (the operator is part of the match, not a look-behind: the scan for a match's first character is faster)
+_CONSTANT = re.compile(r"""('[^'\\\n]*'|"[^"\\\n]*")|[=<>]\s*(\d{1,15}(?:\.\d{1,15})?)(?![\w.%])""")
 _SENTINEL = "\ue000{}\ue001"  # a string constant's stand-in (private-use characters)
 _NUMBER_SENTINEL = 987_654_321_000  # + i: an integer constant's stand-in (12 digits, exact as a double)
 
@@ -269,7 +270,8 @@ def split_constants(text: str) -> tuple[list[str], list[str]]:
     ``around[0] + constants[0] + around[1] + … + around[-1]``; queries of one shape have the same ``around``."""
     around, constants, last = [], [], 0
     for m in _CONSTANT.finditer(text):
-        start, tok = (m.start(2), m.group(2)) if m.group(2) else (m.start(), m.group())
+        tok = m.group(1)
+        start, tok = (m.start(1), tok) if tok is not None else (m.start(2), m.group(2))
         around.append(text[last:start])
         constants.append(tok)
         last = start + len(tok)
@@ -283,7 +285,7 @@ _MISSING: object = object()
 class Shape:
     """A parsed shape: its pattern with stand-ins, and how to put a query's constants in their place."""
 
-    __slots__ = ("pattern", "sentinels", "kinds", "lines", "hot")
+    __slots__ = ("pattern", "sentinels", "kinds", "lines", "hot", "keys")
 
     def __init__(self, pattern: Pattern, sentinels: list[str], kinds: list[type], lines: list[tuple[int, int]]):
         self.pattern = pattern
@@ -291,6 +293,9 @@ class Shape:
         self.sentinels = sentinels  # each constant's stand-in as written in the shape's text
         self.kinds = kinds  # the type the parser made of each stand-in (str, int, float, Decimal…)
         self.lines = lines  # (line, column) of each stand-in in the shape's text
+        # each stand-in's literal value as (type, value), and whether it is a quoted string (else a number of its kind)
+        self.keys = [((str, s[1:-1]), True) if s[0] in "'\"" else ((kind, kind(s)), False)
+                     for s, kind in zip(sentinels, kinds)]
 
     @classmethod
     def make(cls, pieces: list[str], ts_unit: str) -> "Shape | None":
@@ -338,13 +343,7 @@ class Shape:
     def literals(self, constants: list[str]) -> dict[tuple[type, Any], Any]:
         """Each stand-in's literal value, as ``(type, value)``, mapped to the value of its constant in ``constants``
         (as written)."""
-        literals = {}
-        for s, kind, c in zip(self.sentinels, self.kinds, constants):
-            if s[0] in "'\"":
-                literals[(str, s[1:-1])] = c[1:-1]
-            else:
-                literals[(kind, kind(s))] = kind(c)
-        return literals
+        return {key: c[1:-1] if quoted else key[0](c) for (key, quoted), c in zip(self.keys, constants)}
 
     def instance(self, text: str, constants: list[str]) -> Pattern:
         """The shape's pattern with ``constants`` (as written) in place of its stand-ins, and ``text`` its source."""

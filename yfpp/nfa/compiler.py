@@ -96,7 +96,10 @@ class ComponentSpec:
             keys = tuple(key_set([expr_key(e) for e, _ in c]) for c in (self.begin, self.take, self.final))
         what = (self.event_type, self.kleene, self.contiguity if self.index else None,
                 self.inner if self.kleene else None, self.agg_slots, self.keep_events, partition_by)
-        return (_SIGNATURES.setdefault(what, what), keys[0], keys[1], keys[2], private)
+        what = _SIGNATURES.setdefault(what, what)
+        if keys[1] == () and keys[2] == () and private is None:  # (no take or final edge: the commonest)
+            return what, keys[0]
+        return what, keys[0], keys[1], keys[2], private
 
 
 _SIGNATURES: dict[tuple, tuple] = {}  # one object per kind of component (a few per query shape)
@@ -113,12 +116,12 @@ class QueryPlan:
     """One registered query: its component chain and its acceptance checks."""
 
     name: str | int
-    # its pattern, or for a query made from its shape's plan (yfpp.nfa.shape_plans) that plan and the query's text,
-    # from which `pattern` is made when asked: most subscriptions of a big engine are never asked
-    source: Pattern | tuple[Any, str]
+    # its pattern, or for a query made from its shape's plan (yfpp.nfa.shape_plans, `shape`) the query's text, from
+    # which `pattern` is made when asked: most subscriptions of a big engine are never asked
+    source: Pattern | str
     # its component specs while it registers (None after: see `specs`)
     compiled_specs: list[ComponentSpec] | None
-    negations: list[NegationPlan]
+    negations: Sequence[NegationPlan]  # (a tuple when there are none)
     trailing: NegationPlan | None
     partition_by: tuple[str, ...]
     window: float | None
@@ -127,16 +130,27 @@ class QueryPlan:
     var_names: tuple[str, ...] = ()
     since_tick: int = 0  # only runs born later count: the runtime tick at registration, raised by a shed (yfpp.runtime.caps)
     negation_key: Hashable = ()  # its middle negations' check signatures: equal keys, equal answers at a node
-    nodes: list = field(default_factory=list)  # the shared-NFA nodes it passes through
+    last: Any = None  # the last shared-NFA node it passes through (yfpp.nfa.shared_nfa.SharedNFA.add): see `nodes`
     feedback: bool = False  # its result events go back into the stream (its pattern's FEEDBACK)
+    shape: Any = None  # the shape's plan it was made from (yfpp.nfa.shape_plans.ShapePlan), else None
 
     @property
     def pattern(self) -> Pattern:
         """Its pattern (made again from its shape's plan and its text for a query made so)."""
-        source = self.source
-        if type(source) is tuple:
-            return source[0].pattern(source[1])
-        return source  # type: ignore[return-value]
+        if self.shape is not None:
+            return self.shape.pattern(self.source)
+        return self.source  # type: ignore[return-value]
+
+    @property
+    def nodes(self) -> tuple:
+        """The shared-NFA nodes it passes through, first to last (the path up from its last node: a query keeps
+        no list of them)."""
+        out = []
+        node = self.last
+        while node is not None:
+            out.append(node)
+            node = node.parent
+        return tuple(reversed(out))
 
     @property
     def specs(self) -> list[ComponentSpec]:
@@ -172,10 +186,12 @@ def expr_key(expr: Any) -> str:
 
 
 _FIELDS: dict[type, tuple[str, ...]] = {}  # a dataclass's field names, for expr_key
-_COMMON_KEYS: dict[type, Callable[[Any], str]] = {  # (the commonest, written out: "Compare('=',Ref(…),…)")
-    Literal: lambda e: f"Literal({e.value!r})",
-    Ref: lambda e: f"Ref({e.var!r},{e.attr!r},{e.index.name})",
-    Compare: lambda e: f"Compare({e.op!r},{expr_key(e.left)},{expr_key(e.right)})",
+# the commonest, written short (a million subscriptions keep a million of them): ``=($'#0''zone'EACH,@'Z1')`` for
+# ``Compare('=', Ref('#0', 'zone', EACH), Literal('Z1'))``; no other key begins with ``@``, ``$`` or an operator
+_COMMON_KEYS: dict[type, Callable[[Any], str]] = {
+    Literal: lambda e: f"@{e.value!r}",
+    Ref: lambda e: f"${e.var!r}{e.attr!r}{e.index.name}",
+    Compare: lambda e: f"{e.op}({expr_key(e.left)},{expr_key(e.right)})",
 }
 
 

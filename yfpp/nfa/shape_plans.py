@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import ItemsView, Iterator, MutableMapping
+from collections.abc import Iterator, MutableMapping
 from typing import Any, Callable, Hashable
 
 from yfpp.errors import YfppError
@@ -72,11 +72,13 @@ class ShapePlan:
         t = self.template
         literals = self.shape.literals(constants)
         specs = [m.spec(s, literals) for s, m in zip(t.compiled_specs or (), self.made)]
-        negations = [copy.copy(n) for n in t.negations]  # (the runtime keys its negation stores by these objects)
+        # (the runtime keys its negation stores by these objects)
+        negations = [copy.copy(n) for n in t.negations] if t.negations else ()
         trailing = negations[t.negations.index(t.trailing)] if t.trailing is not None else None
-        return QueryPlan(name=name, source=(self, text), compiled_specs=specs, negations=negations,
+        return QueryPlan(name=name, source=text, compiled_specs=specs, negations=negations,
                          trailing=trailing, partition_by=t.partition_by, window=t.window, policy=t.policy,
-                         emit=t.emit, var_names=t.var_names, negation_key=t.negation_key, feedback=t.feedback)
+                         emit=t.emit, var_names=t.var_names, negation_key=t.negation_key, feedback=t.feedback,
+                         shape=self)
 
     def pattern(self, text: str) -> Pattern:
         """The pattern of the query ``text`` of this shape, with the registration's options."""
@@ -164,8 +166,9 @@ class _SpecMaker:
             keys.append(key_set(made_keys))
         get = literals.get
         found = [tuple([get((type(x), x), x) for x in k]) if hot else k for k, hot in self.found]
+        best = found[0] if len(found) == 1 else best_key(found)  # (one key: the best)
         return ComponentSpec(s.index, s.var, s.event_type, s.kleene, s.contiguity, s.inner, lists[0], lists[1],
-                             lists[2], s.agg_slots, s.keep_events, (keys[0], keys[1], keys[2], best_key(found)))
+                             lists[2], s.agg_slots, s.keep_events, (keys[0], keys[1], keys[2], best))
 
 
 class ShapePlans:
@@ -203,18 +206,21 @@ class ShapePlans:
 
 class QuerySources(MutableMapping):
     """``Engine.sources``: each query's ``(pattern, text, name)`` by id.  A query made from its shape's plan keeps
-    its plan in place of its pattern, which is made when asked (``QueryPlan.pattern``); :meth:`kept` gives what
-    is kept, for what reads only text, name, policy and feedback."""
+    just that plan (its text and name are the plan's), and its pattern is made when asked (``QueryPlan.pattern``);
+    :meth:`kept` gives what is kept, for what reads only text, name, policy and feedback."""
 
     def __init__(self) -> None:
-        self._kept: dict[int, tuple[Pattern | QueryPlan, str | None, str | int | None]] = {}
+        self._kept: dict[int, tuple[Pattern | QueryPlan, str | None, str | int | None] | QueryPlan] = {}
 
     def __getitem__(self, qid: int) -> tuple[Pattern, str | None, str | int | None]:
-        first, text, name = self._kept[qid]
+        first, text, name = _source(self._kept[qid])
         return (first.pattern if type(first) is QueryPlan else first), text, name  # type: ignore[return-value]
 
     def __setitem__(self, qid: int, source: tuple[Pattern | QueryPlan, str | None, str | int | None]) -> None:
-        self._kept[qid] = source
+        first, text, name = source
+        made = (type(first) is QueryPlan and first.shape is not None and first.source is text
+                and first.name == (qid if name is None else name))
+        self._kept[qid] = first if made else source  # type: ignore[assignment]
 
     def __delitem__(self, qid: int) -> None:
         del self._kept[qid]
@@ -230,12 +236,21 @@ class QuerySources(MutableMapping):
 
     def text(self, qid: int) -> str | None:
         """Query ``qid``'s text (None: it was registered as a Pattern), without making its pattern."""
-        return self._kept[qid][1]
+        return _source(self._kept[qid])[1]
 
-    def kept(self) -> ItemsView[int, tuple[Pattern | QueryPlan, str | None, str | int | None]]:
+    def kept(self) -> Iterator[tuple[int, tuple[Pattern | QueryPlan, str | None, str | int | None]]]:
         """``(id, (pattern or the query's plan, text, name))`` of each query: both have ``policy`` and
         ``feedback``; a plan stands only for a query with text."""
-        return self._kept.items()
+        for qid, kept in self._kept.items():
+            yield qid, _source(kept)
+
+
+def _source(kept: tuple | QueryPlan) -> tuple[Pattern | QueryPlan, str | None, str | int | None]:
+    """What :class:`QuerySources` keeps of a query as ``(pattern or plan, text, name)``."""
+    if type(kept) is not QueryPlan:
+        return kept  # type: ignore[return-value]
+    name = kept.name
+    return kept, kept.source, (name if type(name) is str else None)  # type: ignore[return-value]
 
 
 _MISSING: Any = object()

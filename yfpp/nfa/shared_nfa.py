@@ -34,7 +34,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from itertools import count
 from types import MappingProxyType
-from typing import Any, Callable, Hashable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 
 from yfpp.input.events import MISSING, Event
 from yfpp.nfa.compiler import ComponentSpec, QueryPlan
@@ -42,8 +42,58 @@ from yfpp.language.pattern import Compare, Contiguity, Index, Literal, Or, Ref, 
 from yfpp.nfa.predicates import AggSlot, Check, is_number
 
 _ids = count()
-#: what a node without children or wait states holds (read-only: :class:`SharedNFA` gives it a dict when it gets one)
+#: what a node without children or wait states holds (read-only: :func:`put` gives it a OneEntry, then a dict)
 _NO_ENTRIES: Any = MappingProxyType({})
+
+
+class OneEntry(Mapping):
+    """A read-only mapping of one key (a node's only child or only wait state: a dict of one entry takes
+    about 220 bytes, this 48); :func:`put` and :func:`pop` make a dict of it, or it of nothing, as
+    entries come and go."""
+
+    __slots__ = ("key", "value")
+
+    def __init__(self, key: Hashable, value: Any) -> None:
+        self.key = key
+        self.value = value
+
+    def __getitem__(self, key: Hashable) -> Any:
+        if key == self.key:
+            return self.value
+        raise KeyError(key)
+
+    def get(self, key: Hashable, default: Any = None) -> Any:
+        return self.value if key == self.key else default
+
+    def __contains__(self, key: object) -> bool:
+        return key == self.key
+
+    def __iter__(self) -> Iterator[Hashable]:
+        return iter((self.key,))
+
+    def __len__(self) -> int:
+        return 1
+
+    def values(self) -> tuple:  # type: ignore[override]
+        return (self.value,)
+
+
+def put(entries: Mapping, key: Hashable, value: Any) -> Mapping:
+    """``entries`` (``_NO_ENTRIES``, a :class:`OneEntry` or a dict) with ``key`` -> ``value`` added."""
+    if entries is _NO_ENTRIES:
+        return OneEntry(key, value)
+    if type(entries) is OneEntry:
+        entries = {entries.key: entries.value}  # type: ignore[union-attr]
+    entries[key] = value  # type: ignore[index]
+    return entries
+
+
+def pop(entries: Mapping, key: Hashable) -> Mapping:
+    """``entries`` without ``key`` (which it has)."""
+    if type(entries) is OneEntry:
+        return _NO_ENTRIES
+    del entries[key]  # type: ignore[attr-defined]
+    return entries
 
 
 @dataclass(eq=False, slots=True)
@@ -65,10 +115,10 @@ class Node:
     partition_by: tuple[str, ...]
     index_key: tuple | None  # how a TransitionTable can find this node, if at all
     root: "Node | None" = None  # the first node of this branch of the trie (itself for a root)
-    id: int = field(default_factory=lambda: next(_ids))
+    id: int = field(default_factory=_ids.__next__)
     # (a subscription's nodes are most of what it costs: each container is made when first needed)
-    children: dict[Hashable, "Node"] = field(default_factory=lambda: _NO_ENTRIES)
-    waits: dict[Hashable, "State"] = field(default_factory=lambda: _NO_ENTRIES)  # contiguity or child -> wait state
+    children: Mapping[Hashable, "Node"] = field(default_factory=lambda: _NO_ENTRIES)
+    waits: Mapping[Hashable, "State"] = field(default_factory=lambda: _NO_ENTRIES)  # contiguity or child -> wait state
     inside: "State | None" = None
     accepts: list[QueryPlan] | tuple = ()
     users: int = 0  # queries through this node
@@ -185,17 +235,17 @@ class _TypeGroup:
     def __init__(self) -> None:
         self.size = 0  # the nodes in it
         self.plain: list[Node] | tuple = ()
-        self.eq: dict[str, dict[Any, list[Node]]] = _NO_ENTRIES
+        self.eq: dict[str, dict[Any, Sequence[Node]]] = _NO_ENTRIES
         # XPath equalities, by (kind, name): @a = 'text' ("xeq"), @a = 12 ("xnum"), a = 'text' ("ceq"), a = 12
         # ("cnum"); looked up by what xpath_ext.xpath_predicates.index_keys reads of the event
-        self.xpath: dict[tuple[str, str], dict[Any, list[Node]]] = _NO_ENTRIES
+        self.xpath: dict[tuple[str, str], dict[Any, Sequence[Node]]] = _NO_ENTRIES
         # range predicates, by (source, attribute, op): a SASE+ attribute's value (source None), an XPath
         # attribute's or child's text cast as XPath casts it ("xnum", "cnum"); sorted (bound, node id) keys
         self.ranges: dict[tuple[str | None, str, str], tuple[list[tuple[Any, int]], dict[int, Node]]] = _NO_ENTRIES
         # both bounds of a range (lo <= x < hi), by (source, attribute) as for ranges: stabbed by the value
         self.intervals: dict[tuple[str | None, str], IntervalIndex] = _NO_ENTRIES
         # XPath starts-with(@a, 'p') / starts-with(a, 'p'), by (kind, name): prefix length -> prefix -> nodes
-        self.prefixes: dict[tuple[str, str], dict[int, dict[str, list[Node]]]] = _NO_ENTRIES
+        self.prefixes: dict[tuple[str, str], dict[int, dict[str, Sequence[Node]]]] = _NO_ENTRIES
         #: xpath_ext.xpath_predicates.index_keys, once an XPath index is made (a run without XPath never loads it)
         self.xpath_keys: Callable[[str, str, Event], list[Any] | None] | None = None
 
@@ -230,12 +280,12 @@ class _TypeGroup:
         elif key[0] == "prefix":
             _, kind, name, prefix = key
             by_len = self._table("prefixes").setdefault((kind, name), {})
-            by_len.setdefault(len(prefix), {}).setdefault(prefix, []).append(node)
+            append_to(by_len.setdefault(len(prefix), {}), prefix, node)
         else:
             for kind, attr, value in _eq_keys(key):
                 table = (self._table("eq").setdefault(attr, {}) if kind == "eq"
                          else self._table("xpath").setdefault((kind, attr), {}))
-                table.setdefault(value, []).append(node)
+                append_to(table, value, node)
 
     def remove(self, node: Node) -> None:
         key = node.index_key
@@ -258,7 +308,7 @@ class _TypeGroup:
         elif key[0] == "prefix":
             _, kind, name, prefix = key
             by_len = self.prefixes[(kind, name)]
-            _drop(by_len[len(prefix)], prefix, node)
+            drop_from(by_len[len(prefix)], prefix, node)
             if not by_len[len(prefix)]:
                 del by_len[len(prefix)]
                 if not by_len:
@@ -267,7 +317,7 @@ class _TypeGroup:
             for kind, attr, value in _eq_keys(key):
                 tables: dict = self.eq if kind == "eq" else self.xpath
                 table = tables[attr if kind == "eq" else (kind, attr)]
-                _drop(table, value, node)
+                drop_from(table, value, node)
                 if not table:
                     del tables[attr if kind == "eq" else (kind, attr)]
 
@@ -391,11 +441,26 @@ def _eq_keys(key: tuple) -> tuple[tuple, ...]:
     return key[1] if key[0] == "anyof" else (key,)
 
 
-def _drop(table: dict, key: Any, node: Node) -> None:
-    """Take ``node`` out of ``table[key]``'s list, and the key when that empties it."""
-    lst = table[key]
-    lst.remove(node)
-    if not lst:
+def append_to(table: dict, key: Any, node: Node) -> None:
+    """``node`` added to ``table[key]``'s nodes: a tuple of one (most keys of a big index have one node), else
+    a list."""
+    nodes = table.get(key)
+    if nodes is None:
+        table[key] = (node,)
+    elif type(nodes) is tuple:
+        table[key] = [*nodes, node]
+    else:
+        nodes.append(node)
+
+
+def drop_from(table: dict, key: Any, node: Node) -> None:
+    """Take ``node`` out of ``table[key]``'s nodes (see :func:`_append`), and the key when that empties it."""
+    nodes = table[key]
+    if type(nodes) is tuple:
+        del table[key]
+        return
+    nodes.remove(node)
+    if not nodes:
         del table[key]
 
 
@@ -639,7 +704,7 @@ class State:
     contiguity: Contiguity
     table: TransitionTable = field(default_factory=TransitionTable)
     child: Node | None = None  # the one child of a skip-till-next wait state
-    id: int = field(default_factory=lambda: next(_ids))
+    id: int = field(default_factory=_ids.__next__)
     touch_all: bool = False  # every event moves or kills its runs: strict, or partition without an equivalence list
 
     def __post_init__(self) -> None:
@@ -665,7 +730,7 @@ class SharedNFA:
     def __init__(self) -> None:
         self.roots: dict[Hashable, Node] = {}
         self.starters = TransitionTable()
-        self.states: set[State] = set()
+        self.states = 0  # how many states there are (the runtime's live_states)
         # event types some state's runs react to (begin, take, proceed), None for every type (a component
         # of any type, or a partition-contiguity state): an event of another type moves no stored run
         self.reacting: Counter = Counter()
@@ -681,21 +746,24 @@ class SharedNFA:
         parent: Node | None = None
         for spec in plan.specs:
             sig = spec.signature(plan.partition_by, private)
-            siblings = parent.children if parent else self.roots
-            node = siblings.get(sig)
+            node = (parent.children if parent else self.roots).get(sig)
             if node is None:
                 node = self._new_node(parent, spec, sig, plan.partition_by)
-                if siblings is _NO_ENTRIES:
-                    siblings = parent.children = {}
-                siblings[sig] = node
+                if parent is None:
+                    self.roots[sig] = node
+                else:
+                    parent.children = put(parent.children, sig, node)
             node.users += 1
             node.count_window(plan.window, +1)
-            plan.nodes.append(node)
             parent = node
-        if parent.accepts:
-            parent.accepts.append(plan)
+        plan.last = parent
+        accepts = parent.accepts  # (a tuple of one query, the commonest, else a list)
+        if not accepts:
+            parent.accepts = (plan,)
+        elif type(accepts) is tuple:
+            parent.accepts = [*accepts, plan]
         else:
-            parent.accepts = [plan]
+            accepts.append(plan)
 
     def _new_node(self, parent: Node | None, spec: ComponentSpec, sig: Hashable, partition_by) -> Node:
         node = Node(
@@ -706,19 +774,21 @@ class SharedNFA:
             kleene=spec.kleene,
             contiguity=spec.contiguity,
             inner=spec.inner,
-            begin=tuple(c for _, c in spec.begin),
-            take=tuple(c for _, c in spec.take),
-            final=tuple(c for _, c in spec.final),
+            begin=tuple([c for _, c in spec.begin]),
+            take=tuple([c for _, c in spec.take]) if spec.take else (),
+            final=tuple([c for _, c in spec.final]) if spec.final else (),
             agg_slots=spec.agg_slots,
             keep_events=spec.keep_events,
             partition_by=partition_by,
             index_key=index_key(spec) if spec.keys is None else spec.keys[3],
         )
         node.root = parent.root if parent is not None else node
-        self.reacting.update(_reactions(node))
+        reacting = self.reacting
+        for r in _reactions(node):
+            reacting[r] += 1
         if node.kleene:
             node.inside = State(node, "in", node.inner)
-            self.states.add(node.inside)
+            self.states += 1
         if parent is None:
             self.starters.add(node)
         else:
@@ -726,19 +796,21 @@ class SharedNFA:
             wait = parent.waits.get(wait_key)
             if wait is None:
                 child = node if node.contiguity is Contiguity.SKIP_TILL_NEXT else None
-                if parent.waits is _NO_ENTRIES:
-                    parent.waits = {}
-                wait = parent.waits[wait_key] = State(parent, "wait", node.contiguity, child=child)
-                self.states.add(wait)
+                wait = State(parent, "wait", node.contiguity, child=child)
+                parent.waits = put(parent.waits, wait_key, wait)
+                self.states += 1
             wait.table.add(node)
         return node
 
     def remove(self, plan: QueryPlan) -> list[State]:
         """Take ``plan`` out; return the states that no query uses any more."""
-        last = plan.nodes[-1]
-        last.accepts.remove(plan)
-        if not last.accepts:
+        last = plan.last
+        if type(last.accepts) is tuple:
             last.accepts = ()
+        else:
+            last.accepts.remove(plan)
+            if not last.accepts:
+                last.accepts = ()
         dropped: list[State] = []
         for node in reversed(plan.nodes):
             node.users -= 1
@@ -754,14 +826,14 @@ class SharedNFA:
                 del self.roots[node.signature]
                 self.starters.remove(node)
             else:
-                del parent.children[node.signature]
+                parent.children = pop(parent.children, node.signature)
                 wait_key = node.id if node.contiguity is Contiguity.SKIP_TILL_NEXT else node.contiguity
                 wait = parent.waits[wait_key]
                 wait.table.remove(node)
                 if not len(wait.table):
-                    del parent.waits[wait_key]
+                    parent.waits = pop(parent.waits, wait_key)
                     dropped.append(wait)
-        self.states.difference_update(dropped)
+        self.states -= len(dropped)
         return dropped
 
     # --- figures for `yfpp explain` ----------------------------------------------

@@ -138,7 +138,7 @@ class NegationStores:
             if neg.upper is None:
                 self._of_type(neg.event_type).put((plan, neg, ()))
                 continue
-            root = plan.nodes[0].root
+            root = plan.last.root
             sig = (neg.signature, plan.partition_by, root)
             store = self.stores.get(sig)
             if store is None:
@@ -148,10 +148,10 @@ class NegationStores:
                 self._of_type(neg.event_type).put((store, None, ()))
             store.users += 1
             self.of[neg] = store
-        self._changed(plan.nodes[0].root)
+        self._changed(plan.last.root)
 
     def remove(self, plan: QueryPlan) -> None:
-        root = plan.nodes[0].root
+        root = plan.last.root
         for neg in plan.negations:
             if neg.upper is None:
                 self._drop(neg.event_type, plan, neg)

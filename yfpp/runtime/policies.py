@@ -40,7 +40,7 @@ def _discard(rt: Runtime, plan: QueryPlan, key: Any, fresh: list[Run]) -> None:
 
     Such a query's nodes are private to it (its signature includes the query)."""
     nodes = set(plan.nodes)
-    root = plan.nodes[0].root
+    root = plan.last.root
     gone = 0
     for st, runs in list(rt.strict.items()):
         if st.node in nodes:

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 from collections import Counter
 from itertools import count
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from yfpp.input.events import Event
 from yfpp.nfa.compiler import NegationPlan, QueryPlan
-from yfpp.nfa.shared_nfa import Node, SharedNFA, State
+from yfpp.nfa.shared_nfa import Node, SharedNFA, State, append_to, drop_from
 from yfpp.runtime.acceptance import Acceptance, MatchMakers
 from yfpp.runtime.caps import check_buffer_caps
 from yfpp.runtime.deadlines import Deadlines, Pending
@@ -114,7 +114,7 @@ class Runtime(EventSteps, RunMoves, Acceptance):
         self.pticks: dict[tuple[str, ...], dict[Any, int]] = {}
         self.ptick_users: Counter = Counter()
         self._counters = Counters()  # read as ``counters``, which brings ``events`` up to date
-        self.branch_queries: dict[Node, list[QueryPlan]] = {}  # root node -> queries through it
+        self.branch_queries: dict[Node, Sequence[QueryPlan]] = {}  # root node -> queries through it (append_to)
         self.tick = 0
         self.now = float("-inf")
         self._roots = count()
@@ -144,7 +144,7 @@ class Runtime(EventSteps, RunMoves, Acceptance):
         self.nfa.add(plan)
         self.negations.add(plan)
         self.deadlines.add(plan)
-        self.branch_queries.setdefault(plan.nodes[0].root, []).append(plan)
+        append_to(self.branch_queries, plan.last.root, plan)
         if self._needs_pticks(plan):
             self.ptick_users[plan.partition_by] += 1
             self.pticks.setdefault(plan.partition_by, {})
@@ -163,10 +163,7 @@ class Runtime(EventSteps, RunMoves, Acceptance):
         self.negations.remove(plan)
         self.deadlines.remove(plan)
         self._makers.pop(plan, None)
-        root = plan.nodes[0].root
-        self.branch_queries[root].remove(plan)
-        if not self.branch_queries[root]:
-            del self.branch_queries[root]
+        drop_from(self.branch_queries, plan.last.root, plan)
         if self._needs_pticks(plan):
             self.ptick_users[plan.partition_by] -= 1
             if not self.ptick_users[plan.partition_by]:
@@ -180,9 +177,10 @@ class Runtime(EventSteps, RunMoves, Acceptance):
 
     @staticmethod
     def _needs_pticks(plan: QueryPlan) -> bool:
-        return bool(plan.partition_by) and any(
-            a.kleene and b.contiguity is PARTITION for a, b in zip(plan.nodes, plan.nodes[1:])  # (a node per component)
-        )
+        if not plan.partition_by:
+            return False
+        nodes = plan.nodes  # (a node per component)
+        return any(a.kleene and b.contiguity is PARTITION for a, b in zip(nodes, nodes[1:]))
 
     # --- the per-event step -----------------------------------------------------------
 
@@ -327,7 +325,7 @@ class Runtime(EventSteps, RunMoves, Acceptance):
 
     @property
     def live_states(self) -> int:
-        return len(self.nfa.states)
+        return self.nfa.states
 
 
 # --- helpers ------------------------------------------------------------------------
