@@ -111,6 +111,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--socket", metavar="HOST:PORT", help="stream: read lines from a socket (a demo source, not replayable)")
     p.add_argument("--checkpoint", help="stream: checkpoint directory (default OUTDIR/_checkpoint)")
     p.add_argument("--max-files", type=int, help="stream: at most this many new files per micro-batch")
+    p.add_argument("--max-spool", type=int, metavar="MIB",
+                   help="stream from tcp:// or mqtt://: the most received data (MiB) held for micro-batches Spark "
+                        "has not committed (default 1024); then TCP stops reading (the producer waits) and MQTT drops "
+                        "messages, reported as one dead letter per run of drops (docs/spark.md)")
     p.add_argument("--trigger", type=float, metavar="SECONDS", help="stream: micro-batch interval, 0.001 to 86400 (default: as soon as data arrives)")
     p.add_argument("--idle-stop", type=float, metavar="SECONDS",
                    help="stream: stop after this long with no micro-batch running or due (default: run until Ctrl-C)")
@@ -152,7 +156,8 @@ def _check_arguments(args: argparse.Namespace) -> None:
     clash = field_clash(args.ts_field, args.type_field, args.format)  # (without --format: the readers refuse it)
     if clash:
         raise YfppError(clash)
-    for flag, value in (("--max-files", args.max_files), ("--trigger", args.trigger), ("--idle-stop", args.idle_stop)):
+    for flag, value in (("--max-files", args.max_files), ("--max-spool", args.max_spool), ("--trigger", args.trigger),
+                        ("--idle-stop", args.idle_stop)):
         if value is not None and not value > 0:
             raise YfppError(f"{flag} must be above 0, got {value}")
     if args.max_files is not None and args.max_files > MAX_FILES:
@@ -567,6 +572,7 @@ def stream(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namesp
     running = kafka + start_stream(spark, queries, out, checkpoint, path=path, socket=args.socket, policy=args.policy,
                                    full_events=args.events, format=args.format, **reading(args),
                                    max_files=args.max_files, hot_keys=args.hot_keys == "auto",
+                                   max_spool=args.max_spool << 20 if args.max_spool else None,
                                    interval=f"{round(args.trigger * 1000)} milliseconds" if args.trigger else None)
     interrupted = getattr(args, "interrupted", None) or threading.Event()
     try:
