@@ -99,8 +99,9 @@ def add_parser(sub: Any) -> None:
                    help="shuffle partitions (default: spark.sql.shuffle.partitions if configured, else 2 × the cores); "
                         "with --plan scan, its tasks (default: the cores)")
     p.add_argument("--hot-keys", choices=["auto", "off"], default="auto",
-                   help="batch (scan plan) and a directory stream: cut a keyed group's hot keys (a key with at least "
-                        "half a task's share of the first events) into overlapping time slices, as unkeyed queries are "
+                   help="batch and a directory stream: cut a keyed group's hot keys (a key with at least half a task's "
+                        "share of the first events; of all events with --plan shuffle) into overlapping time slices, as "
+                        "unkeyed queries are "
                         "(default auto); off: one task per key (docs/spark.md, 'Hot keys')")
     p.add_argument("--class-archive", metavar="FILE", default="off",
                    help="a class-data-sharing archive for the driver JVM this command starts: written when the first "
@@ -541,7 +542,8 @@ def shuffle_rows(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.
     with steps.step("plan the match"):
         rows = match_with_stats(spark, queries, events, policy=args.policy, partitions=args.partitions,
                                 full_events=args.events, feedback_limits=limits, hashed=hashed,
-                                time_range=parsed.time_range(), iso_times=args.ts_format == "iso").persist()
+                                time_range=parsed.time_range(), iso_times=args.ts_format == "iso",
+                                hot_keys=args.hot_keys == "auto").persist()
     observed = Observation("dead letters")
     dead = events.where(F.col("reason").isNotNull())
     none = not parsed.late and not parsed.malformed  # the summaries show none: an empty output, no pass over the input
