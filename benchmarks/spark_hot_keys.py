@@ -1,4 +1,4 @@
-"""Hot keys on ``yfpp spark`` (scan plan): the matching tasks' CPU seconds with ``--hot-keys off`` and ``auto``.
+"""Hot keys on ``yfpp spark`` (scan or shuffle plan): the matching tasks' CPU seconds with ``--hot-keys off`` and ``auto``.
 
 The feed: shelf, register and exit reads, one a second, of 200 tags, tag ``H`` in half of them (JSON lines,
 written once under the temp directory). The queries: three keyed by ``tag_id`` (window 60 s). Each run is
@@ -13,6 +13,7 @@ and the longest task against the mean (``max/mean run``) — and the matches aga
 
     python benchmarks/spark_hot_keys.py                              # 200k events, 4 tasks
     python benchmarks/spark_hot_keys.py --events 50000 --partitions 2
+    python benchmarks/spark_hot_keys.py --plan shuffle               # hot keys of the whole input, by Spark
     python benchmarks/spark_hot_keys.py --events 20000 --stream 4
 """
 
@@ -100,6 +101,7 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--stream", type=int, metavar="M", help="a directory stream of M files instead of a batch job")
+    ap.add_argument("--plan", choices=["scan", "shuffle"], default="scan", help="the batch job's plan")
     args = ap.parse_args()
     path = feed(args.events, args.seed)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -109,12 +111,12 @@ def main() -> None:
         return
     want = run_matches(path, qs, env)
     print(f"{args.events:,} events, tag H in half; {sum(want.values()):,} matches (yfpp run); "
-          f"local[2], --plan scan, {args.partitions} tasks")
+          f"local[2], --plan {args.plan}, {args.partitions} tasks")
     with tempfile.TemporaryDirectory() as tmp:
         for mode in ("off", "auto"):
             out = Path(tmp) / mode
             done = subprocess.run([sys.executable, "-m", "yfpp", "spark", *qs, "-i", str(path), "-o", str(out),
-                                   "--master", "local[2]", "--plan", "scan", "--partitions", str(args.partitions),
+                                   "--master", "local[2]", "--plan", args.plan, "--partitions", str(args.partitions),
                                    "--stats", "--hot-keys", mode], env=env, capture_output=True, text=True, check=False)
             if done.returncode:
                 sys.exit(f"--hot-keys {mode}: {done.stderr.strip()}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import random
+import re
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -113,9 +114,11 @@ def test_hot_key_slices_together_equal_one_engine(tmp_path_factory, pats, events
     assert dead == sorted(letters, key=lambda d: d["seq"])
 
 
-def test_stats_show_the_hot_key_and_the_task_spread(spark, tmp_path, capsys, monkeypatch):
-    """``yfpp spark --stats`` on a skewed feed (the two-worker cluster of tests/conftest.py): the hot key
-    named, the tasks' seconds, the matches of ``yfpp run`` — with and without ``--hot-keys off``."""
+@pytest.mark.parametrize("plan", ["scan", "shuffle"])
+def test_stats_show_the_hot_key_and_the_task_spread(spark, tmp_path, capsys, monkeypatch, plan):
+    """``yfpp spark --stats`` on a skewed feed (the two-worker cluster of tests/conftest.py), by either
+    plan: the hot key named, the tasks' seconds, the matches of ``yfpp run`` — with and without
+    ``--hot-keys off``; the shuffle plan (hot keys of the whole input) spreads the rows per task."""
     from yfpp.cli import main
 
     monkeypatch.chdir(tmp_path)
@@ -123,10 +126,15 @@ def test_stats_show_the_hot_key_and_the_task_spread(spark, tmp_path, capsys, mon
     qs = [a for q in SHOP.values() for a in ("-q", q)]
     assert main(["run", *qs, "-i", str(path)]) == 0
     want = Counter(capsys.readouterr().out.splitlines())
+    spread = {}
     for mode, hot in (("auto", "'H'"), ("off", "none")):
-        assert main(["spark", *qs, "-i", str(path), "-o", mode, "--plan", "scan", "--partitions", "2", "--stats",
+        assert main(["spark", *qs, "-i", str(path), "-o", mode, "--plan", plan, "--partitions", "2", "--stats",
                      "--hot-keys", mode]) == 0
         err = capsys.readouterr().err
         assert f"hot keys          {hot}\n" in err and "task seconds      min " in err, err
         got = Counter(ln for f in (tmp_path / mode / "matches.jsonl").glob("part-*") for ln in f.read_text().splitlines())
         assert got == want
+        rows = [int(m.group(1).replace(",", "")) for m in re.finditer(r"task \d+ +([\d,]+) rows", err)]
+        spread[mode] = max(rows) / min(rows)
+    if plan == "shuffle":
+        assert spread["off"] > 1.4 and spread["auto"] < min(1.25, spread["off"]), spread

@@ -28,6 +28,7 @@ paho = pytest.importorskip("paho.mqtt.client", reason="paho-mqtt is not installe
 from tests.mosquitto import Mosquitto  # noqa: E402
 from yfpp.cli import main  # noqa: E402
 from yfpp.input.generate import generate_rfid  # noqa: E402
+from yfpp.spark.live_parse import frame  # noqa: E402
 from yfpp.spark.live_sources import _MqttReader, _TcpReader  # noqa: E402
 
 TIMEOUT = 30.0
@@ -176,6 +177,48 @@ def test_the_mqtt_reader_s_persistent_session_keeps_what_came_while_it_was_away(
         pub.loop_stop()
         pub.disconnect()
     finally:
+        broker.stop()
+
+
+@needs_broker
+def test_an_mqtt_source_drops_what_its_full_spool_cannot_hold_reports_it_and_goes_on(tmp_path):
+    """Over ``max_spool_bytes`` not yet committed, messages are dropped and counted; once Spark commits,
+    their count is spooled as one dead letter where they were, and the messages after it are spooled."""
+    broker = Mosquitto(tmp_path).start()
+    size = len(frame("rfid/r1", json.dumps({"type": "a", "ts": 10}).encode()))
+    reader = _MqttReader({"url": f"mqtt://127.0.0.1:{broker.port}/rfid/{{reader}}?qos=1",
+                          "spool": str(tmp_path / "spool"), "max_spool_bytes": str(3 * size)})
+    pub = paho.Client(paho.CallbackAPIVersion.VERSION2, protocol=paho.MQTTv311)
+    try:
+        start = reader.initialOffset()
+        assert reader.latestOffset() == start  # connects and subscribes
+        pub.connect("127.0.0.1", broker.port)
+        pub.loop_start()
+
+        def publish(*tss: int) -> None:
+            for ts in tss:
+                pub.publish("rfid/r1", json.dumps({"type": "a", "ts": ts}).encode(), 1).wait_for_publish(TIMEOUT)
+
+        publish(*range(10, 20))
+        deadline = time.monotonic() + TIMEOUT
+        while reader.dropped < 7 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        full = reader.latestOffset()
+        assert (full["records"], reader.dropped) == (3, 7)  # three fit, the rest dropped and counted
+        reader.commit(full)  # Spark committed: room again
+        publish(20, 21)
+        end = poll(reader, start, 6)  # the drop report, then the two new messages
+        assert end["records"] == 6 and reader.dropped == 0
+        rows = [r for r in parsed(reader, start, end) if r["n"] is None]
+        assert [(r["ts"], r["reason"], r["position"]) for r in rows] == [
+            (10.0, None, None), (11.0, None, None), (12.0, None, None),
+            (None, "spool full: 7 messages dropped (max_spool_bytes), not matched", "mqtt spool"),
+            (20.0, None, None), (21.0, None, None)]
+        assert [r["pos"] for r in rows] == [0, 1, 2, None, 3, 4]  # the report takes no seq (-1 once staged)
+    finally:
+        pub.loop_stop()
+        pub.disconnect()
+        reader.stop()
         broker.stop()
 
 

@@ -17,6 +17,7 @@ from pyspark.sql import functions as F
 from yfpp.input.events import PSEUDO_ATTRS
 from yfpp.runtime.feedback import MAX_DEPTH, MAX_DERIVED
 from yfpp.spark.plan import Group, Slicing, effective_queries, group_queries, make_event, match_row, rare_collections
+from yfpp.spark.shuffle_hot import HotHash, find_hot_hashes
 
 MATCH_SCHEMA = "query string, bindings map<string, array<bigint>>, start double, end double, emit string, json string"
 _ARROW_SCHEMA = pa.schema([
@@ -84,7 +85,8 @@ def key_hash(key: tuple[str, ...]) -> Column:
 
 def match(spark: SparkSession, queries: Any, events_df: DataFrame, *, policy: str | None = None,
           partitions: int | None = None, full_events: bool = False,
-          feedback_limits: tuple[int, int] = (MAX_DEPTH, MAX_DERIVED), iso_times: bool = False) -> DataFrame:
+          feedback_limits: tuple[int, int] = (MAX_DEPTH, MAX_DERIVED), iso_times: bool = False,
+          hot_keys: bool = True) -> DataFrame:
     """The matches of ``queries`` over ``events_df`` (see :func:`events_only`), one row per match.
 
     Columns: ``query``, ``bindings`` (variable → seq numbers, pattern order),
@@ -95,18 +97,22 @@ def match(spark: SparkSession, queries: Any, events_df: DataFrame, *, policy: st
     (``"events"``, as ``yfpp run --events`` writes them). ``feedback_limits``: the engines'
     ``(max_feedback_depth, max_derived_per_event)`` (``yfpp run --max-feedback-depth/--max-derived``).
     ``iso_times``: ``json`` has ``start`` and ``end`` as ISO-8601 UTC text (``yfpp run --ts-format iso``).
+    ``hot_keys``: cut a keyed group's hot key hashes into time slices (:mod:`yfpp.spark.shuffle_hot`).
     """
     return match_with_stats(spark, queries, events_df, policy=policy, partitions=partitions, full_events=full_events,
-                            feedback_limits=feedback_limits, iso_times=iso_times).where(F.col("query").isNotNull())
+                            feedback_limits=feedback_limits, iso_times=iso_times,
+                            hot_keys=hot_keys).where(F.col("query").isNotNull())
 
 
 def match_with_stats(spark: SparkSession, queries: Any, events_df: DataFrame, *, policy: str | None = None,
                      partitions: int | None = None, full_events: bool = False,
                      feedback_limits: tuple[int, int] = (MAX_DEPTH, MAX_DERIVED), hashed: Sequence[tuple[str, ...]] = (),
-                     time_range: tuple[float | None, float | None] | None = None, iso_times: bool = False) -> DataFrame:
+                     time_range: tuple[float | None, float | None] | None = None, iso_times: bool = False,
+                     hot_keys: bool = True) -> DataFrame:
     """:func:`match`'s rows plus one row per task with ``query`` null and in ``json``
-    ``{"task", "rows", "engines", "seconds", "matches"}``: the rows (event copies) it matched, the
-    engines it ran (one per group and slice), its Python time, its matches per query.
+    ``{"task", "rows", "engines", "seconds", "matches", "hot"}``: the rows (event copies) it matched, the
+    engines it ran (one per group and slice), its Python time, its matches per query, the job's hot keys
+    (``hot_keys``: :mod:`yfpp.spark.shuffle_hot`; else none).
 
     ``hashed``: equivalence keys whose hashes ``events_df`` carries (``key_hashes``, from
     :func:`yfpp.spark.read.parse_input`); ``time_range``: the events' smallest and largest ts
@@ -125,11 +131,17 @@ def match_with_stats(spark: SparkSession, queries: Any, events_df: DataFrame, *,
                 slicings[i] = sl
     hashes = [(F.col(_HASHES)[",".join(grp.key)] if grp.key in hashed else key_hash(grp.key)).alias(f"h{g}")
               for g, grp in enumerate(groups) if grp.key]
-    packed = events.select(*_EVENT_COLS, *hashes).mapInArrow(_packer(groups, slicings, n), _PACKED_SCHEMA)
+    hashed_events = events.select(*_EVENT_COLS, *hashes)
+    hot = find_hot_hashes(hashed_events, groups, n) if hot_keys else []
+    packed = hashed_events.mapInArrow(_packer(groups, slicings, n, hot), _PACKED_SCHEMA)
     routed = packed.repartitionById(n, "p").sortWithinPartitions("g", "s")
+    # hot hash j runs as unit len(groups) + j: its group's queries, its own slicing
+    units = groups + [groups[hh.group] for hh in hot]
+    unit_slicings = {**slicings, **{len(groups) + j: hh.slicing for j, hh in enumerate(hot)}}
+    names = [hh.name for hh in hot]
     if derived_ids:
-        return routed.mapInArrow(_runner(groups, slicings, _ID_ARROW_SCHEMA), ID_MATCH_SCHEMA)
-    return routed.mapInArrow(_runner(groups, slicings), MATCH_SCHEMA)
+        return routed.mapInArrow(_runner(units, unit_slicings, _ID_ARROW_SCHEMA, names), ID_MATCH_SCHEMA)
+    return routed.mapInArrow(_runner(units, unit_slicings, hot=names), MATCH_SCHEMA)
 
 
 #: A packed blob: the events (``_EVENT_COLS``, Arrow IPC) of one input batch for group ``g``'s slice ``s``
@@ -138,11 +150,15 @@ _PACKED_SCHEMA = "g int, s long, p int, blob binary"
 _PACKED_ARROW = pa.schema([("g", pa.int32()), ("s", pa.int64()), ("p", pa.int32()), ("blob", pa.binary())])
 
 
-def _packer(groups: list[Group], slicings: dict[int, Slicing], n: int,
+def _packer(groups: list[Group], slicings: dict[int, Slicing], n: int, hot: Sequence[HotHash] = (),
             ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The mapInArrow function that routes each event to its ``(g, s, p)`` copies — a keyed group's key hash
     (column ``h{g}``, null: no key) modulo ``n``, a sliced group's slices round-robin, a whole group
-    by its number — and packs each input batch's events per ``(g, s, p)`` into one Arrow IPC blob."""
+    by its number; the events of hot hash ``j`` (``hot``) to its slices as unit ``g = len(groups) + j``
+    — and packs each input batch's events per ``(g, s, p)`` into one Arrow IPC blob."""
+    hot_of: dict[int, list[tuple[int, HotHash]]] = {}  # keyed group → its hot hashes, with their unit
+    for j, hh in enumerate(hot):
+        hot_of.setdefault(hh.group, []).append((len(groups) + j, hh))
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for rb in batches:
@@ -154,19 +170,17 @@ def _packer(groups: list[Group], slicings: dict[int, Slicing], n: int,
                 if grp.key:
                     h = rb.column(f"h{g}")
                     rows = np.flatnonzero(h.is_valid().to_numpy(zero_copy_only=False))
-                    s = np.zeros(len(rows), np.int64)
                     # the valid hashes alone: with a null among them to_numpy gives floats, which round a
                     # 64-bit hash, so one key would go to another task in a batch where some event lacks it
-                    p = h.drop_null().to_numpy().astype(np.int64) % n if len(rows) else s
+                    hs = h.drop_null().to_numpy().astype(np.int64) if len(rows) else np.zeros(0, np.int64)
+                    for u, hh in hot_of.get(g, ()):
+                        mine = hs == hh.hash
+                        if mine.any():
+                            out += _blobs(events, u, *_slices(ts, rows[mine], hh.slicing, u, n), n)
+                            rows, hs = rows[~mine], hs[~mine]
+                    s, p = np.zeros(len(rows), np.int64), hs % n
                 elif sl is not None:
-                    rel = ts - sl.t0  # the slices that read each event: Slicing.reads, vectorised
-                    own = np.floor(rel / sl.length).astype(np.int64)
-                    first = np.maximum(0, np.ceil((rel - sl.window) / sl.length - 1e-9).astype(np.int64) - 1)
-                    span = int((own - first).max()) + 1 if len(ts) else 0
-                    reads = [np.flatnonzero(first + j <= own) for j in range(span)]
-                    rows = np.concatenate(reads) if reads else np.zeros(0, np.int64)
-                    s = np.concatenate([first[r] + j for j, r in enumerate(reads)]) if reads else rows
-                    p = (s + g) % n
+                    rows, s, p = _slices(ts, np.arange(len(ts)), sl, g, n)
                 else:
                     rows, s = np.arange(len(ts)), np.zeros(len(ts), np.int64)
                     p = np.full(len(ts), g % n, np.int64)
@@ -176,6 +190,20 @@ def _packer(groups: list[Group], slicings: dict[int, Slicing], n: int,
                                                  schema=_PACKED_ARROW)
 
     return run
+
+
+def _slices(ts: np.ndarray, rows: np.ndarray, sl: Slicing, g: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(rows, s, p)``: each of ``rows`` (indices into ``ts``) once per slice of ``sl`` that reads it
+    (:meth:`Slicing.reads`, vectorised), slice ``s`` of unit ``g`` on task ``p = (s + g) mod n``."""
+    rel = ts[rows] - sl.t0
+    own = np.floor(rel / sl.length).astype(np.int64)
+    first = np.maximum(0, np.ceil((rel - sl.window) / sl.length - 1e-9).astype(np.int64) - 1)
+    span = int((own - first).max()) + 1 if len(rows) else 0
+    reads = [np.flatnonzero(first + j <= own) for j in range(span)]
+    if not reads:
+        return rows, rows, rows
+    s = np.concatenate([first[r] + j for j, r in enumerate(reads)])
+    return np.concatenate([rows[r] for r in reads]), s, (s + g) % n
 
 
 def _blobs(events: pa.RecordBatch, g: int, rows: np.ndarray, s: np.ndarray, p: np.ndarray,
@@ -196,8 +224,9 @@ def _blobs(events: pa.RecordBatch, g: int, rows: np.ndarray, s: np.ndarray, p: n
 
 
 def _runner(groups: list[Group], slicings: dict[int, Slicing], schema: pa.Schema = _ARROW_SCHEMA,
-            ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The mapInArrow function: one engine per (group, slice) run of a sorted partition, then a stats row."""
+            hot: list[str] | None = None) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The mapInArrow function: one engine per (group, slice) run of a sorted partition, then a stats row
+    (with ``hot``, the job's hot keys, when given). ``groups``: by unit number (a hot hash's unit, its group)."""
     as_text = schema is _ID_ARROW_SCHEMA
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -231,7 +260,8 @@ def _runner(groups: list[Group], slicings: dict[int, Slicing], schema: pa.Schema
             keep(engine.flush())
         ctx = TaskContext.get()
         task = {"task": ctx.partitionId() if ctx else None, "rows": n_rows, "engines": n_engines,
-                "seconds": round(time.process_time() - started, 3), "matches": per_query}
+                "seconds": round(time.process_time() - started, 3), "matches": per_query,
+                **({"hot": hot} if hot is not None else {})}
         rows.append((None, None, None, None, None, json.dumps(task)))
         yield _batch(rows, schema)
 

@@ -99,8 +99,9 @@ def add_parser(sub: Any) -> None:
                    help="shuffle partitions (default: spark.sql.shuffle.partitions if configured, else 2 × the cores); "
                         "with --plan scan, its tasks (default: the cores)")
     p.add_argument("--hot-keys", choices=["auto", "off"], default="auto",
-                   help="batch (scan plan) and a directory stream: cut a keyed group's hot keys (a key with at least "
-                        "half a task's share of the first events) into overlapping time slices, as unkeyed queries are "
+                   help="batch and a directory stream: cut a keyed group's hot keys (a key with at least half a task's "
+                        "share of the first events; of all events with --plan shuffle) into overlapping time slices, as "
+                        "unkeyed queries are "
                         "(default auto); off: one task per key (docs/spark.md, 'Hot keys')")
     p.add_argument("--class-archive", metavar="FILE", default="off",
                    help="a class-data-sharing archive for the driver JVM this command starts: written when the first "
@@ -111,6 +112,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--socket", metavar="HOST:PORT", help="stream: read lines from a socket (a demo source, not replayable)")
     p.add_argument("--checkpoint", help="stream: checkpoint directory (default OUTDIR/_checkpoint)")
     p.add_argument("--max-files", type=int, help="stream: at most this many new files per micro-batch")
+    p.add_argument("--max-spool", type=int, metavar="MIB",
+                   help="stream from tcp:// or mqtt://: the most received data (MiB) held for micro-batches Spark "
+                        "has not committed (default 1024); then TCP stops reading (the producer waits) and MQTT drops "
+                        "messages, reported as one dead letter per run of drops (docs/spark.md)")
     p.add_argument("--trigger", type=float, metavar="SECONDS", help="stream: micro-batch interval, 0.001 to 86400 (default: as soon as data arrives)")
     p.add_argument("--idle-stop", type=float, metavar="SECONDS",
                    help="stream: stop after this long with no micro-batch running or due (default: run until Ctrl-C)")
@@ -152,7 +157,8 @@ def _check_arguments(args: argparse.Namespace) -> None:
     clash = field_clash(args.ts_field, args.type_field, args.format)  # (without --format: the readers refuse it)
     if clash:
         raise YfppError(clash)
-    for flag, value in (("--max-files", args.max_files), ("--trigger", args.trigger), ("--idle-stop", args.idle_stop)):
+    for flag, value in (("--max-files", args.max_files), ("--max-spool", args.max_spool), ("--trigger", args.trigger),
+                        ("--idle-stop", args.idle_stop)):
         if value is not None and not value > 0:
             raise YfppError(f"{flag} must be above 0, got {value}")
     if args.max_files is not None and args.max_files > MAX_FILES:
@@ -538,7 +544,8 @@ def shuffle_rows(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.
     with steps.step("plan the match"):
         rows = match_with_stats(spark, queries, events, policy=args.policy, partitions=args.partitions,
                                 full_events=args.events, feedback_limits=limits, hashed=hashed,
-                                time_range=parsed.time_range(), iso_times=args.ts_format == "iso").persist()
+                                time_range=parsed.time_range(), iso_times=args.ts_format == "iso",
+                                hot_keys=args.hot_keys == "auto").persist()
     observed = Observation("dead letters")
     dead = events.where(F.col("reason").isNotNull())
     none = not parsed.late and not parsed.malformed  # the summaries show none: an empty output, no pass over the input
@@ -569,6 +576,7 @@ def stream(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namesp
     running = kafka + start_stream(spark, queries, out, checkpoint, path=path, socket=args.socket, policy=args.policy,
                                    full_events=args.events, format=args.format, **reading(args),
                                    max_files=args.max_files, hot_keys=args.hot_keys == "auto",
+                                   max_spool=args.max_spool << 20 if args.max_spool else None,
                                    interval=f"{round(args.trigger * 1000)} milliseconds" if args.trigger else None)
     interrupted = getattr(args, "interrupted", None) or threading.Event()
     try:

@@ -12,7 +12,8 @@ finds the late ones on the driver, as for a directory's files. No pyspark import
   are numbered here), so its position is ``line N`` of the whole feed, as ``yfpp run`` reads the bytes.
 * **MQTT messages**: each message's events read by :func:`yfpp.input.mqtt.message_events` (its number
   in the feed from 1, its topic's named levels); its dead letters take no seq (``yfpp run -i mqtt://``
-  numbers events only): their rows have ``pos`` null, which the stager gives seq -1.
+  numbers events only): their rows have ``pos`` null, which the stager gives seq -1. A drop report
+  (:data:`DROPPED`: messages the driver dropped while the spool was full) is one such dead letter.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from yfpp.input.mqtt import Topic, message_events
 from yfpp.spark.parse import _BATCH_ROWS, _Collect, _Columns, _Split, reader_kwargs
 
 FRAME = struct.Struct(">II")  #: an MQTT message in the spool: topic and payload lengths, then both
+#: The topic of a drop report in the spool (no MQTT topic holds U+0000): its payload, the messages dropped.
+DROPPED = "\0dropped"
 
 
 def frame(topic: str, payload: bytes) -> bytes:
@@ -76,7 +79,11 @@ def message_batches(url: str, block: int, messages_before: int, data: bytes, top
     out, split, dead = _Columns(()), _Split(url, block), _Collect()
     read_opts = reader_kwargs(options)
     for number, (name, payload) in enumerate(frames(data), messages_before + 1):
-        events = message_events(payload, name, topic, number, dead, read_opts, fmt)
+        if name == DROPPED:
+            dead.report(0, "mqtt spool", f"spool full: {int(payload)} messages dropped (max_spool_bytes), not matched")
+            events = []
+        else:
+            events = message_events(payload, name, topic, number, dead, read_opts, fmt)
         if dead.items:
             out.dead(split, dead.items, 0, 0, numbered=False)
         if events:

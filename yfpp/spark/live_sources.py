@@ -22,10 +22,12 @@ its task (so any executor can read it) and parsed there (:mod:`yfpp.spark.live_p
 query's stager (:class:`yfpp.spark.ingest.Stager`) numbers them from the chunks' summaries, as a
 directory's files. A restarted query plans an uncommitted micro-batch again from the spool, identically;
 once Spark commits a micro-batch (:meth:`_Reader.commit`) the segments wholly before it are deleted.
+What Spark has not committed is capped (:data:`MAX_SPOOL_BYTES`): TCP waits, MQTT drops and reports.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -46,6 +48,7 @@ from yfpp.input.mqtt import Subscriber, Topic, parse_url
 from yfpp.spark.ingest import Stager, stage
 from yfpp.spark.inputs import local_path, socket_address
 from yfpp.spark.live_parse import (
+    DROPPED,
     FRAME,
     frame,
     frame_ends,
@@ -56,13 +59,17 @@ from yfpp.spark.parse import PARSED_SCHEMA
 from yfpp.spark.read import Parsed
 from yfpp.spark.source import CONNECT_TIMEOUT
 
+log = logging.getLogger(__name__)
+
 FEED_KEY_ENV = "YFPP_FEED_KEY"  #: the feed key a tcp:// source sends as its AUTH line
 CHUNK_BYTES = 4 << 20  #: a micro-batch's bytes per task (about: chunks end at a record's end)
 SEGMENT_BYTES = 64 << 20  #: a spool segment's size before the next is started (option ``segment_bytes``)
 BACKOFF, MAX_BACKOFF = 0.2, 5.0  #: seconds before a TCP source connects again, doubling while it fails
 READ_BYTES = 16 << 20  #: a TCP source's bytes read per offset Spark asks for, at most
-#: A TCP source stops reading while its spool holds this much that Spark has not committed (option
-#: ``max_spool_bytes``): TCP's flow control then holds the producer back.
+#: The most a spool holds that Spark has not committed (option ``max_spool_bytes``, ``yfpp spark --max-spool``):
+#: a TCP source stops reading (TCP's flow control then holds the producer back); an MQTT source, which
+#: cannot hold the broker back, drops the messages that do not fit, counts them, and spools the count as
+#: one drop report (a dead letter) ahead of the next message that fits.
 MAX_SPOOL_BYTES = 1 << 30
 #: Counts the whole records of spooled bytes: ``(their length, the records)``.
 Counter = Callable[[bytes], tuple[int, int]]
@@ -190,6 +197,7 @@ class _Reader(DataSourceStreamReader):
         self.options = {**options, "bad_files": True}  # a chunk the readers cannot read: a dead letter
         self.spool: Spool | None = None  # opened on the driver at the first offset (Spark pickles readers)
         self.committed = 0  # the spool position Spark committed (known after its first commit)
+        self.max_spool = int(self.options.get("max_spool_bytes", MAX_SPOOL_BYTES))
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "spool": None}
@@ -284,7 +292,7 @@ class _TcpReader(_Reader):
             self.connect()
             if self.sock is None:
                 return
-        room = min(READ_BYTES, int(self.options.get("max_spool_bytes", MAX_SPOOL_BYTES)) - (self.spool.size - self.committed))
+        room = min(READ_BYTES, self.max_spool - (self.spool.size - self.committed))
         got, ended = b"", False
         try:
             while not ended and len(got) < room:
@@ -316,7 +324,8 @@ class _TcpReader(_Reader):
 
 
 class _MqttReader(_Reader):
-    """``mqtt://…/TOPIC``: each message appended to the spool (as a frame) before paho acknowledges it."""
+    """``mqtt://…/TOPIC``: each message appended to the spool (as a frame) before paho acknowledges it, or
+    dropped and counted while the uncommitted spool is full (:data:`MAX_SPOOL_BYTES`)."""
 
     count = staticmethod(whole_frames)
 
@@ -326,21 +335,51 @@ class _MqttReader(_Reader):
         self.topic = Topic(topic, opts.get("format"))
         self.fmt = options.get("format") or opts.get("format")
         self.subscriber: Subscriber | None = None
+        self.dropped = 0  # messages dropped since the last drop report was spooled
+        self.guard = threading.Lock()  # paho's thread spools messages, Spark's asks for offsets
 
     def __getstate__(self) -> dict:
-        return {**super().__getstate__(), "subscriber": None}
+        return {**super().__getstate__(), "subscriber": None, "guard": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, guard=threading.Lock())
 
     def connect(self) -> None:
         broker, _, _ = parse_url(self.options["url"])
-        spool = self.spool
-        assert spool is not None
+        take = self.take
 
         class Spooling(Subscriber):
             def on_message(self, msg: Any) -> None:
-                spool.append(frame(msg.topic, msg.payload), 1)
+                take(frame(msg.topic, msg.payload))
 
         self.subscriber = Spooling(broker, [self.topic], f"mqtt source {broker.address}")
         self.subscriber.start()
+
+    def take(self, message: bytes | None) -> None:
+        """Spool ``message`` (a frame; None: none, a pending drop report only) if the uncommitted spool has room,
+        else drop it and count it. The drops since the last report are spooled as one drop report
+        (:data:`yfpp.spark.live_parse.DROPPED`) once it fits, before any later message: drops are reported
+        in stream order, and a message is spooled only after every earlier one is, or reported dropped."""
+        spool = self.spool
+        assert spool is not None
+        with self.guard:
+            if self.dropped:
+                report = frame(DROPPED, str(self.dropped).encode())
+                if spool.size - self.committed + len(report) <= self.max_spool:
+                    spool.append(report, 1)
+                    self.dropped = 0
+            if message is None:
+                return
+            if self.dropped or spool.size - self.committed + len(message) > self.max_spool:
+                if not self.dropped:
+                    log.warning("the MQTT spool is full (max_spool_bytes %d not yet committed): dropping messages "
+                                "until Spark commits a micro-batch", self.max_spool)
+                self.dropped += 1
+            else:
+                spool.append(message, 1)
+
+    def receive(self) -> None:
+        self.take(None)
 
     def record_end(self, data: bytes, at: int) -> int:
         topic, payload = FRAME.unpack_from(data, at)

@@ -246,6 +246,10 @@ def _may_see(p: Pattern, event_type: str) -> bool:
         c.kind is Kind.KLEENE and c.inner in (Contiguity.STRICT, Contiguity.PARTITION) for c in pos)
 
 
+#: A slice spans at least this many windows (the overlap read twice is 1/SLICE_WINDOWS).
+SLICE_WINDOWS = 4
+
+
 @dataclass(frozen=True)
 class Slicing:
     """Time slices of length ``length`` from ``t0``, each extended by ``window``.

@@ -56,16 +56,15 @@ from yfpp.spark.batch import _ARROW_SCHEMA, _ID_ARROW_SCHEMA, _batch
 from yfpp.spark.hot_keys import HotSlices, find_hot, hashable, sliceable
 from yfpp.spark.inputs import local_path
 from yfpp.spark.parse import reader_kwargs
-from yfpp.spark.plan import (Group, Slicing, XmlEvent, effective_queries, group_queries, match_row, needs_xml,
-                             rare_collections)
+from yfpp.spark.plan import (SLICE_WINDOWS, Group, Slicing, XmlEvent, effective_queries, group_queries, match_row,
+                             needs_xml, rare_collections)
 from yfpp.spark.ranges import ByteRange, Summary, plan_ranges, range_offsets, read_range, renumber
 
 #: The dead-letter columns after the match columns (``dead_seq`` is the record's seq).
 DEAD_COLUMNS = [("dead_seq", pa.int64()), ("position", pa.string()), ("reason", pa.string()), ("raw", pa.string())]
-#: A sliced group's slices span at least this many windows (the overlap read twice is 1/SLICE_WINDOWS) …
-SLICE_WINDOWS = 4
-#: … and at least the time span of the stream's first SLICE_EVENTS events, or SLICE_EVENTS_PER_QUERY
-#: per query of the group if more: each slice's engine compiles the group's queries anew (~1 ms a query).
+#: A sliced group's slices span at least :data:`~yfpp.spark.plan.SLICE_WINDOWS` windows and at least the
+#: time span of the stream's first SLICE_EVENTS events, or SLICE_EVENTS_PER_QUERY per query of the group if
+#: more: each slice's engine compiles the group's queries anew (~1 ms a query).
 SLICE_EVENTS = 10_000
 SLICE_EVENTS_PER_QUERY = 100
 

@@ -76,7 +76,7 @@ warnings.filterwarnings("ignore", "The behavior of DataFrame concatenation with 
 def read_stream(spark: SparkSession, path: str | None = None, *, socket: str | None = None,
                 checkpoint: str | None = None, format: str | None = None, ts_field: str = "ts", ts_unit: str = "s",
                 type_field: str | None = None, max_files: int | None = None, interval: str | None = None,
-                hot: HotKeys | None = None) -> tuple[DataFrame, StreamingQuery | None]:
+                hot: HotKeys | None = None, max_spool: int | None = None) -> tuple[DataFrame, StreamingQuery | None]:
     """A streaming event DataFrame from new files of directory ``path``, a live source ``path``
     (``tcp://…``, ``mqtt://…``: :mod:`yfpp.spark.live_sources`, spooled under ``checkpoint``) or lines
     from ``socket`` (host:port), and the query ingesting the directory or live source (``None`` otherwise):
@@ -88,13 +88,16 @@ def read_stream(spark: SparkSession, path: str | None = None, *, socket: str | N
     micro-batch, ``interval`` its trigger. A socket is read on the driver (a demo source).
     ``ts_field``, ``ts_unit`` (``iso``: ISO-8601 text), ``type_field``: as :func:`yfpp.input.readers.read_events`'s.
     ``hot``: a directory stream's hot keys, decided and marked by its stager (:mod:`yfpp.spark.stream_hot`).
+    ``max_spool``: a live source's cap on spooled bytes Spark has not committed
+    (:data:`yfpp.spark.live_sources.MAX_SPOOL_BYTES` by default).
     """
     if path is not None and checkpoint is None:
         raise ValueError("a directory or live stream needs a checkpoint folder")
     if path is not None and inputs.is_live(path):
         query, events = live_sources.start_live(spark, path, checkpoint, {
             "ts_field": ts_field, "ts_unit": ts_unit, **({"format": format} if format else {}),
-            **({"type_field": type_field} if type_field else {})}, interval)
+            **({"type_field": type_field} if type_field else {}),
+            **({"max_spool_bytes": str(max_spool)} if max_spool else {})}, interval)
         return events, query
     if path is not None:
         query, events = ingest.start_ingest(spark, path, checkpoint, format=format, ts_field=ts_field, ts_unit=ts_unit,
@@ -110,13 +113,14 @@ def start_stream(spark: SparkSession, queries: Any, outdir: str, checkpoint: str
                  socket: str | None = None, policy: str | None = None, full_events: bool = False,
                  format: str | None = None, ts_field: str = "ts", ts_unit: str = "s", type_field: str | None = None,
                  max_files: int | None = None, interval: str | None = None, log: Any = None,
-                 hot_keys: bool = True) -> list[StreamingQuery]:
+                 hot_keys: bool = True, max_spool: int | None = None) -> list[StreamingQuery]:
     """Start a stream's queries: ingest (a directory only) and matching, checkpointed under
     ``checkpoint`` (``ingest/``, ``staged/``, ``numbering/``; ``match/``), written to ``outdir``
     (:func:`write_stream`); ``policy``, ``full_events``: as :func:`stream_matches`'s; the reading options
     as :func:`read_stream`'s (``ts_unit`` ``iso``: the matches' lines have ISO-8601 start and end too, as
     ``yfpp run --ts-format iso``). ``hot_keys``: a directory stream cuts a keyed group's hot keys into
-    time slices (:mod:`yfpp.spark.stream_hot`). Stop them with :func:`finish`, or ``stop()`` each."""
+    time slices (:mod:`yfpp.spark.stream_hot`); ``max_spool``: as :func:`read_stream`'s. Stop them with
+    :func:`finish`, or ``stop()`` each."""
     checkpoint, outdir = inputs.qualify(spark, checkpoint).rstrip("/"), inputs.qualify(spark, outdir)
     hot = None
     if path is not None and not inputs.is_live(path) and (hot_keys or _has_hot_keys(spark, checkpoint)):
@@ -124,7 +128,7 @@ def start_stream(spark: SparkSession, queries: Any, outdir: str, checkpoint: str
         hot = HotKeys(group_queries(effective_queries(queries, policy), streaming=True), state_buckets(spark, checkpoint))
     events, ingesting = read_stream(spark, path, socket=socket, checkpoint=checkpoint, format=format, ts_field=ts_field,
                                     ts_unit=ts_unit, type_field=type_field, max_files=max_files, interval=interval,
-                                    hot=hot)
+                                    hot=hot, max_spool=max_spool)
     try:
         matches = stream_matches(spark, queries, events, policy=policy, full_events=full_events,
                                  iso_times=ts_unit == ISO_UNIT_NAME, buckets=state_buckets(spark, checkpoint))
