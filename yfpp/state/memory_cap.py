@@ -93,11 +93,12 @@ def collection_paused() -> Iterator[None]:
     service of 100,000 subscriptions, at each ``POST /subscriptions``), a young collection only those few."""
     collecting = gc.isenabled()
     gc.disable()
+    young = gc.get_count()[0]
     try:
         yield
     finally:
         if collecting:
-            if gc.get_count()[0] >= _FEW and not gc.get_freeze_count():
+            if gc.get_count()[0] - young >= _FEW and not gc.get_freeze_count():
                 gc.freeze()
                 gc.unfreeze()
             gc.enable()
