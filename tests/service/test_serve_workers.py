@@ -204,6 +204,9 @@ def test_put_delete_and_a_refused_feedback_query_with_workers(tmp_path, listener
         c.post_events(jsonl([{"type": "b", "ts": 4}]))
         wait_for(lambda: svc.events_in == 4, what="the events taken")
         assert svc.workers.share_of == {0: 0} and svc.status == "ok"
+        c.unsubscribe("s1")  # the main engine's: its share's count goes down too (it places the next queries)
+        wait_for(lambda: not svc.engine.queries, what="the main engine's query removed")
+        assert svc.workers.share_of == {}
 
 
 def test_checkpoints_with_workers_restore_each_share_and_fewer_workers_are_refused(tmp_path, listeners):

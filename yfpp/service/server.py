@@ -880,11 +880,13 @@ class Service:
     def _drop_query(self, qid: int) -> None:
         """(engine thread, holding ``engine_lock``) Unregister ``qid`` (or stop its isolation engine) unless it
         is gone already (suspended)."""
-        if qid in self.engine.queries or qid in self.engine.set_queries:
+        if self.workers is not None:  # (whichever share holds it: the shares' counts place the next queries)
+            if qid in self.workers.share_of:
+                self.workers.unregister(qid)
+                self.patterns.forget(qid)
+        elif qid in self.engine.queries or qid in self.engine.set_queries:
             self.engine.unregister(qid)
             self.patterns.forget(qid)
-        elif self.workers is not None:
-            self.workers.drop(qid)
         self.isolation.drop(qid)
 
     def _unregister_retired(self) -> None:

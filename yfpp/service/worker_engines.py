@@ -241,11 +241,6 @@ class WorkerEngines:
             self.workers[share - 1].unregister(qid)
         self._forget(qid)
 
-    def drop(self, qid: int) -> None:
-        """(holding ``engine_lock``) Remove query ``qid`` if another share than the main engine's holds it."""
-        if self.share_of.get(qid, 0) != 0:
-            self.unregister(qid)
-
     def replace(self, qid: int, pattern: Pattern, name: str, policy: str | None, lock: Any) -> tuple[int, YfppError | None]:
         """Query ``qid`` removed, ``pattern`` registered as ``name``: (its id, None); if it is refused, the old
         query registered again (afresh): (its id, the refusal)."""
