@@ -166,7 +166,7 @@ class _SpecMaker:
             keys.append(key_set(made_keys))
         get = literals.get
         found = [tuple([get((type(x), x), x) for x in k]) if hot else k for k, hot in self.found]
-        best = found[0] if len(found) == 1 else best_key(found)  # (one key: the best)
+        best = best_key(found)
         return ComponentSpec(s.index, s.var, s.event_type, s.kleene, s.contiguity, s.inner, lists[0], lists[1],
                              lists[2], s.agg_slots, s.keep_events, (keys[0], keys[1], keys[2], best))
 

@@ -441,26 +441,33 @@ def _eq_keys(key: tuple) -> tuple[tuple, ...]:
     return key[1] if key[0] == "anyof" else (key,)
 
 
-def append_to(table: dict, key: Any, node: Node) -> None:
-    """``node`` added to ``table[key]``'s nodes: a tuple of one (most keys of a big index have one node), else
-    a list."""
-    nodes = table.get(key)
-    if nodes is None:
-        table[key] = (node,)
-    elif type(nodes) is tuple:
-        table[key] = [*nodes, node]
-    else:
-        nodes.append(node)
+def appended(items: tuple | list | None, item: Any) -> tuple | list:
+    """``items`` with ``item`` added: a tuple of one (most index keys and accepting nodes hold one), else a list
+    (changed in place)."""
+    if not items:
+        return (item,)
+    if type(items) is tuple:
+        return [*items, item]
+    items.append(item)
+    return items
 
 
-def drop_from(table: dict, key: Any, node: Node) -> None:
-    """Take ``node`` out of ``table[key]``'s nodes (see :func:`_append`), and the key when that empties it."""
-    nodes = table[key]
-    if type(nodes) is tuple:
-        del table[key]
-        return
-    nodes.remove(node)
-    if not nodes:
+def removed(items: tuple | list, item: Any) -> tuple | list:
+    """``items`` (made by :func:`appended`) without ``item``: a list changed in place, a tuple of one emptied."""
+    if type(items) is tuple:
+        return ()
+    items.remove(item)
+    return items
+
+
+def append_to(table: dict, key: Any, item: Any) -> None:
+    """``item`` (a node, a query's plan) added to ``table[key]``'s (:func:`appended`)."""
+    table[key] = appended(table.get(key), item)
+
+
+def drop_from(table: dict, key: Any, item: Any) -> None:
+    """Take ``item`` out of ``table[key]``'s (:func:`removed`), and the key when that empties it."""
+    if not removed(table[key], item):
         del table[key]
 
 
@@ -540,8 +547,8 @@ def conjunct_keys(expr: Any, me: str) -> list[tuple]:
 def best_key(found: list[tuple]) -> tuple | None:
     """The most selective of the keys found: equality, then ``anyof`` (fewest values), prefix (longest),
     interval (both bounds of one attribute, the first of each), range."""
-    if not found:
-        return None
+    if len(found) < 2:
+        return found[0] if found else None
     eqs = [k for k in found if k[0] not in ("anyof", "prefix", "range", "xrange")]
     if eqs:
         return eqs[0]
@@ -757,13 +764,7 @@ class SharedNFA:
             node.count_window(plan.window, +1)
             parent = node
         plan.last = parent
-        accepts = parent.accepts  # (a tuple of one query, the commonest, else a list)
-        if not accepts:
-            parent.accepts = (plan,)
-        elif type(accepts) is tuple:
-            parent.accepts = [*accepts, plan]
-        else:
-            accepts.append(plan)
+        parent.accepts = appended(parent.accepts, plan)  # (a tuple of one query, the commonest, else a list)
 
     def _new_node(self, parent: Node | None, spec: ComponentSpec, sig: Hashable, partition_by) -> Node:
         node = Node(
@@ -805,12 +806,7 @@ class SharedNFA:
     def remove(self, plan: QueryPlan) -> list[State]:
         """Take ``plan`` out; return the states that no query uses any more."""
         last = plan.last
-        if type(last.accepts) is tuple:
-            last.accepts = ()
-        else:
-            last.accepts.remove(plan)
-            if not last.accepts:
-                last.accepts = ()
+        last.accepts = removed(last.accepts, plan) or ()
         dropped: list[State] = []
         for node in reversed(plan.nodes):
             node.users -= 1

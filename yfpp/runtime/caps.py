@@ -103,8 +103,10 @@ def _runs_cut(borns: list[int], cap: int, target: int) -> int:
 def _buffer_cut(rt: Runtime, plan: QueryPlan, borns: list[int], cap: int, target: int) -> int:
     """The first start position kept so that the buffer entries of ``plan``'s nodes from it on are at most
     ``target`` (0: the query is not over ``cap``, none go)."""
+    nodes = plan.nodes  # (a walk up the plan's parents: once)
+
     def buffered(floor: int) -> int:
-        return sum(rt.buffer.count_from(node, floor) for node in plan.nodes)
+        return sum(rt.buffer.count_from(node, floor) for node in nodes)
 
     floor = borns[0] if borns else NO_RUN
     if buffered(floor) <= cap:

@@ -284,7 +284,8 @@ def _merge_key(rt, st) -> Callable[[Any], tuple] | object:
     inside = st.mode == "in"
     getters: dict[tuple, Callable] = {}
     for plan in rt.branch_queries.get(node.root, ()):
-        if len(plan.nodes) <= i or plan.nodes[i] is not node:
+        nodes = plan.nodes  # (a walk up the plan's parents: once)
+        if len(nodes) <= i or nodes[i] is not node:
             continue
         slot_of = {v: k for k, v in enumerate(plan.var_names)}
         slot_of.update({f"#{k}": k for k in range(len(plan.var_names))})

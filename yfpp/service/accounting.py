@@ -168,6 +168,9 @@ class Reported(Mapping):
         return {"runs": runs, "runs_shed": shed, "cpu_s": round(cpu + self._even - joined, 3), "engine": self.engine,
                 "pid": self.pid}
 
+    def __contains__(self, name: object) -> bool:  # (not Mapping's: a KeyError raised and caught per miss)
+        return name in self._joined or name in self._sets
+
     def __iter__(self) -> Iterator[str]:  # (an event-set query is no pattern query: the names are apart)
         yield from self._sets
         yield from self._joined

@@ -1260,7 +1260,7 @@ def _with_children(queued: dict[str, list[dict]], counts: dict[str, dict[str, in
     """What the push sinks hold and the counts (:meth:`Service._held`), with what each isolation engine
     delivering itself held at its checkpoint and its counts then (in place of those the loop had applied)."""
     for iso in children:
-        snapshot = getattr(iso, "snapshot", None)
+        snapshot = iso.snapshot
         if snapshot is None or iso.delivery is None:
             continue
         sid, (theirs, held) = iso.delivery.sid, snapshot

@@ -145,11 +145,7 @@ class Subscription(_Counted):
         self.queue_bytes = spec.queue_bytes or queue_bytes
         self.outbox = None
         self.start()
-        for result in held:
-            if self.outbox is not None:
-                self.outbox.offer(result)
-            else:  # (no push sink any more: what it held is dropped)
-                self.counters.add("dropped")
+        self.take_back(held)  # (no push sink any more: what it held is dropped)
 
     def deliver(self, result: dict, arrived: float | None = None) -> None:
         """A result from the engine, whose event arrived at ``arrived`` (``time.monotonic()``; default: now):

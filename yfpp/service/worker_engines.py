@@ -101,16 +101,12 @@ class Worker(Isolated):
         """(holding ``engine_lock``) Have the child register ``(qid, pattern, name, policy)`` each: the answer,
         per item None or why it was refused, once the child has it."""
         done: Future = Future()
-        with self._wake:
-            self._replies.append(done)
-            self._queue.append(("register", items))
-            self._wake.notify()
+        self._replies.append(done)  # (before the message: the answer cannot come first)
+        self.tell("register", items)
         return done
 
     def unregister(self, qid: int) -> None:
-        with self._wake:
-            self._queue.append(("unregister", qid))
-            self._wake.notify()
+        self.tell("unregister", qid)
 
     def answer(self, done: Future, n: int) -> list[str | None]:
         """Wait for the answer of a registration of ``n`` queries (while the child runs: one that ended took

@@ -293,7 +293,7 @@ class _TcpReader(_Reader):
             if self.sock is None:
                 return
         room = min(READ_BYTES, self.max_spool - (self.spool.size - self.committed))
-        got, ended = b"", False
+        got, ended = bytearray(), False  # (a bytes += would copy all it holds at each chunk)
         try:
             while not ended and len(got) < room:
                 chunk = self.sock.recv(1 << 16)
@@ -303,7 +303,7 @@ class _TcpReader(_Reader):
             pass
         except OSError:  # reset: what came before it is kept
             ended = True
-        data = self.pending + got
+        data = self.pending + bytes(got)
         cut, lines = whole_lines(data)
         if ended:
             self.sock.close()

@@ -38,8 +38,7 @@ from pyspark.sql import functions as F
 
 from yfpp.spark.batch import key_hash
 from yfpp.spark.hot_keys import hot_of_counts, sliceable
-from yfpp.spark.plan import Group, Slicing
-from yfpp.spark.scan import SLICE_WINDOWS
+from yfpp.spark.plan import SLICE_WINDOWS, Group, Slicing
 
 #: The staged column of a hot key's event: the state keys of the slices that read it, with the slicing.
 HOT_TYPE = "array<struct<g:int,b:bigint,s:bigint,t0:double,len:double,w:double>>"

@@ -678,25 +678,25 @@ def json_pieces(data: dict, patterns: EncodedPatterns | None = None) -> Iterator
 
 
 def _query_rows(rows: list[list], patterns: EncodedPatterns) -> Iterator[str]:
-    """The version-3 ``queries`` list, in pieces (:func:`json_pieces`)."""
-    parts: list[str] = []
+    """The version-3 ``queries`` list, in pieces (:func:`json_pieces`), each made when it is asked for."""
+    yield "["
+    sep = ""
     plain: list[list] = []  # rows encoded together (one encoder call per row took a second for 100,000 rows)
-    for qid, name, shape, what, since in rows:
+    for row in rows:
+        qid, name, shape, what, since = row
         text = patterns.text(qid, what) if shape is None else None
         if text is None:
-            plain.append([qid, name, shape, what, since])
+            plain.append(row)
             if len(plain) < _PIECE:
                 continue
         if plain:
-            parts.append(_ENCODE(plain)[1:-1])
-            plain = []
+            yield sep + _ENCODE(plain)[1:-1]
+            sep, plain = ",", []
         if text is not None:
-            parts.append(f"[{qid:d},{_ENCODE(name)},null,{text},{since if type(since) is int else _ENCODE(since)}]")
+            yield sep + f"[{qid:d},{_ENCODE(name)},null,{text},{since if type(since) is int else _ENCODE(since)}]"
+            sep = ","
     if plain:
-        parts.append(_ENCODE(plain)[1:-1])
-    yield "["
-    for k, part in enumerate(parts):
-        yield ("," if k else "") + part
+        yield sep + _ENCODE(plain)[1:-1]
     yield "]"
 
 
