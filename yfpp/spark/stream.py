@@ -122,16 +122,17 @@ def start_stream(spark: SparkSession, queries: Any, outdir: str, checkpoint: str
     time slices (:mod:`yfpp.spark.stream_hot`); ``max_spool``: as :func:`read_stream`'s. Stop them with
     :func:`finish`, or ``stop()`` each."""
     checkpoint, outdir = inputs.qualify(spark, checkpoint).rstrip("/"), inputs.qualify(spark, outdir)
+    buckets = state_buckets(spark, checkpoint)
     hot = None
     if path is not None and not inputs.is_live(path) and (hot_keys or _has_hot_keys(spark, checkpoint)):
         # (the stager needs them from its first batch; once decided, a checkpoint keeps them, --hot-keys off or not)
-        hot = HotKeys(group_queries(effective_queries(queries, policy), streaming=True), state_buckets(spark, checkpoint))
+        hot = HotKeys(group_queries(effective_queries(queries, policy), streaming=True), buckets)
     events, ingesting = read_stream(spark, path, socket=socket, checkpoint=checkpoint, format=format, ts_field=ts_field,
                                     ts_unit=ts_unit, type_field=type_field, max_files=max_files, interval=interval,
                                     hot=hot, max_spool=max_spool)
     try:
         matches = stream_matches(spark, queries, events, policy=policy, full_events=full_events,
-                                 iso_times=ts_unit == ISO_UNIT_NAME, buckets=state_buckets(spark, checkpoint))
+                                 iso_times=ts_unit == ISO_UNIT_NAME, buckets=buckets)
         matching = write_stream(matches, outdir, f"{checkpoint}/match", interval=interval, log=log)
     except BaseException:
         if ingesting is not None:

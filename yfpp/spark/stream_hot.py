@@ -10,11 +10,12 @@ the matches that start in it), as the scan plan cuts a hot key in a batch job.
 
 Which keys are hot is decided once, by the ingest query's stager when it
 stages the stream's first micro-batch with events — nothing came before, so a
-hot key has no history in a bucket — from that batch's key counts (a Spark
-aggregation on the executors: the driver parses nothing), and recorded in the
+hot key has no history in a bucket — from that batch's key counts (Spark
+aggregations on the executors: the driver parses nothing and is sent only the
+hot hashes), and recorded in the
 checkpoint (``hot.json``, read back on every later batch and restart). A key
 is hot when it has at least half a bucket's fair share of the group's keyed
-events of that batch (:func:`yfpp.spark.hot_keys.hot_of_counts`). Its slicing
+events of that batch (:func:`yfpp.spark.hot_keys.hot_bar`). Its slicing
 starts at its first ts; a slice is at least :data:`SLICE_WINDOWS` windows
 long, and the first batch's span over the buckets, so that a batch as long as
 the first spreads the key over about as many state keys as there are buckets.
@@ -37,7 +38,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from yfpp.spark.batch import key_hash
-from yfpp.spark.hot_keys import hot_of_counts, sliceable
+from yfpp.spark.hot_keys import hot_bar, sliceable
 from yfpp.spark.plan import SLICE_WINDOWS, Group, Slicing
 
 #: The staged column of a hot key's event: the state keys of the slices that read it, with the slicing.
@@ -73,17 +74,14 @@ class HotKeys:
         for g, grp in enumerate(self.groups):
             if not grp.key or not sliceable(grp) or grp.window is None:
                 continue
-            rows = (good.select(key_hash(grp.key).alias("h"), "ts").where(F.col("h").isNotNull())
-                    .groupBy("h").agg(F.count("*").alias("n"), F.min("ts").alias("t0"), F.max("ts").alias("t1"))
-                    .collect())
-            if not rows:
+            keyed = good.select(key_hash(grp.key).alias("h"), "ts").where(F.col("h").isNotNull())
+            total, end = keyed.agg(F.count("*"), F.max("ts")).first()
+            if not total:
                 continue
-            end = max(r["t1"] for r in rows)
-            firsts = {r["h"]: r["t0"] for r in rows}
-            hot = hot_of_counts({r["h"]: r["n"] for r in sorted(rows, key=lambda r: (r["t0"], r["h"]))},
-                                self.buckets)
-            keys = [[h, firsts[h], max(SLICE_WINDOWS * grp.window, (end - firsts[h]) / self.buckets)]
-                    for h in hot if end > firsts[h]]
+            rows = (keyed.groupBy("h").agg(F.count("*").alias("n"), F.min("ts").alias("t0"))
+                    .where(F.col("n") >= F.lit(max(2.0, hot_bar(total, self.buckets)))).collect())
+            keys = [[r["h"], r["t0"], max(SLICE_WINDOWS * grp.window, (end - r["t0"]) / self.buckets)]
+                    for r in sorted(rows, key=lambda r: (r["t0"], r["h"])) if end > r["t0"]]
             if keys:
                 self.decided[g] = keys
 
