@@ -22,7 +22,8 @@ keyed by tag_id — see ``spark_vs_run.py``):
 
 ``yfpp run``'s CPU per event is also measured as a command: its subprocess's
 CPU over the feed less its CPU over an empty file (the start-up). The task
-CPU is held against ``yfpp run``'s work measured here (target ≤ 1.1×). ``--plot FILE`` draws the per-event
+CPU is held against ``yfpp run``'s work measured here (target ≤ 1.1×): its reader and engine, and
+(``× run+lines``) those with the match lines encoded, as ``yfpp run`` and the matching tasks do. ``--plot FILE`` draws the per-event
 figures against the task count (matplotlib).
 
     python benchmarks/spark_cost_model.py --events 100000 1000000 --spark --plot benchmarks/spark_cost_model.png
@@ -48,6 +49,7 @@ from spark_vs_run import feed  # noqa: E402
 
 from yfpp.input.readers import read_event_batches  # noqa: E402
 from yfpp.language.query_text import load_patterns  # noqa: E402
+from yfpp.output.writer import encode_match  # noqa: E402
 from yfpp.spark.plan import effective_queries, group_queries, rare_collections  # noqa: E402
 from yfpp.spark.ranges import Summary  # noqa: E402
 from yfpp.spark.scan import SUMMARY, ScanJob, match_task, read_task, ship_order  # noqa: E402
@@ -71,8 +73,9 @@ def run_cpu(path: Path, out: Path) -> float:
     return child_cpu([sys.executable, "-m", "yfpp", "run", "-q", str(QUERIES), "-i", str(path), "-o", str(out)])[0]
 
 
-def in_process(path: Path) -> tuple[float, float]:
-    """CPU µs per event, here: ``yfpp``'s reader alone over ``path``, and the reader and one engine (``yfpp run``'s work)."""
+def in_process(path: Path) -> tuple[float, float, float]:
+    """CPU µs per event, here: ``yfpp``'s reader alone over ``path``, the reader and one engine (``yfpp run``'s
+    work), and that with the matches' lines encoded as ``yfpp run`` writes them (the matching tasks encode them too)."""
     groups = group_queries(effective_queries([(q.name, p) for q, p in load_patterns([str(QUERIES)])]))
     t0 = time.process_time()
     with rare_collections():
@@ -84,7 +87,10 @@ def in_process(path: Path) -> tuple[float, float]:
             eng.process_batch(b, out)
         out += eng.flush()
     t2 = time.process_time()
-    return (t1 - t0) / n * 1e6, (t2 - t1) / n * 1e6
+    for m in out:
+        encode_match(m)
+    t3 = time.process_time()
+    return (t1 - t0) / n * 1e6, (t2 - t1) / n * 1e6, (t3 - t1) / n * 1e6
 
 
 def counted(path: Path, tasks: int) -> dict:
@@ -149,20 +155,24 @@ def main() -> None:
     for n_events in args.events:
         path = feed(n_events, 8, 1)
         cmd = (run_cpu(path, tmp / "run.jsonl") - base) / n_events * 1e6
-        reader, before = in_process(path)
+        reader, before, before_lines = in_process(path)
         print(f"\n{n_events:,} events ({path.stat().st_size / 1e6:.1f} MB), CPU-µs per event: yfpp run {cmd:.2f} "
-              f"(the command, less its start-up); here: the reader {reader:.2f}, reader + engine {before:.2f} "
-              f"(yfpp run's work: × run's base, the mean of the measures before and after each row)")
+              f"(the command, less its start-up); here: the reader {reader:.2f}, reader + engine {before:.2f}, "
+              f"with the match lines encoded {before_lines:.2f} (yfpp run's work: × run's base, × run+lines, the "
+              f"mean of the measures before and after each row)")
         print(f"{'tasks':>6} {'ranges':>6} {'MB parsed':>9} {'max task MB':>11} {'read µs/ev':>10} {'match µs/ev':>11} "
-              f"{'task µs/ev':>10} {'× run':>6} {'copies/ev':>9} {'shuffle B/ev':>12} {'matches':>8}")
+              f"{'task µs/ev':>10} {'× run':>6} {'× run+lines':>11} {'copies/ev':>9} {'shuffle B/ev':>12} "
+              f"{'matches':>8}")
         for n in args.tasks:
             c = counted(path, n)
-            after = in_process(path)[1]  # the base measured again after each task count (a noisy machine) …
+            _, after, after_lines = in_process(path)  # the base measured again after each task count (noise) …
             run, before = (before + after) / 2, after  # … the row's: the mean of the measures before and after it
+            run_lines, before_lines = (before_lines + after_lines) / 2, after_lines
             read, match = c["read_cpu"] / n_events * 1e6, c["match_cpu"] / n_events * 1e6
             plotted.append((n_events, n, read, match, run))
             print(f"{n:>6} {c['ranges']:>6} {c['bytes'] / 1e6:>9.1f} {c['max_task_bytes'] / 1e6:>11.2f} {read:>10.2f} "
-                  f"{match:>11.2f} {read + match:>10.2f} {(read + match) / run:>6.2f} {c['decoded'] / n_events:>9.2f} "
+                  f"{match:>11.2f} {read + match:>10.2f} {(read + match) / run:>6.2f} "
+                  f"{(read + match) / run_lines:>11.2f} {c['decoded'] / n_events:>9.2f} "
                   f"{c['blob_bytes'] / n_events:>12.1f} {c['matches']:>8,}")
     if args.spark:
         cpu0, s0 = spark_stats(empty, tmp / "spark_empty", args.spark_tasks)
