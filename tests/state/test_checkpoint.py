@@ -387,6 +387,28 @@ def test_a_checkpoint_written_with_the_kept_texts_of_patterns_holds_the_snapshot
     assert Engine.restore(back).snapshot() == eng.snapshot()
 
 
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(st.one_of(patterns(), set_patterns(max_vars=3)), min_size=1, max_size=3), streams(max_events=12),
+       st.sampled_from([0, 2]), st.booleans(), st.data())
+def test_what_the_engine_does_after_a_take_does_not_change_what_it_holds(pats, events, max_delay, merge_runs, data):
+    """checkpoint.take copies what the engine changes and shares the rest; its data, made after the engine went
+    on (more events, a query unregistered and one registered, a flush), is the snapshot of the moment of the
+    take."""
+    eng = Engine(max_delay=max_delay, dead_letters=DeadLetters(), merge_runs=merge_runs)
+    for i, p in enumerate(pats):
+        eng.register(p, name=f"q{i}")
+    cut = data.draw(st.integers(0, len(events)))
+    feed(eng, events[:cut])
+    want = json.dumps(snapshot(eng, EncodedPatterns()), allow_nan=False, sort_keys=True)
+    taken = checkpoint.take(eng, EncodedPatterns())
+    feed(eng, events[cut:])
+    eng.unregister(data.draw(st.sampled_from(sorted(eng.queries) + sorted(eng.set_queries))))
+    eng.register(data.draw(patterns()), name="new")
+    feed(eng, events)
+    eng.flush()
+    assert json.dumps(taken.data(), allow_nan=False, sort_keys=True) == want
+
+
 def test_a_cancelled_write_leaves_no_file(tmp_path):
     """write_pieces asks ``cancelled`` between pieces: once it says so, Cancelled, and neither the file nor a
     temp file is left."""

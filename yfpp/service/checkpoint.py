@@ -3,10 +3,11 @@
 The format and the atomic write are the engine's (``yfpp.state.checkpoint``,
 documented in docs/operations.md); the service adds a ``service`` field (what
 each query of the state was registered from, so that a start need not parse it
-again).  A checkpoint stalls the engine thread only to take the state as plain
-data (:func:`take`); a thread of its own writes it to a staged file, a piece at
-a time, and moves it into place once it has stored what the sinks still held at
-that point (:class:`Staged`).
+again).  A checkpoint stalls the engine thread only to take the state (:func:`take`:
+copies of what the engine changes, references to what it never changes); a
+thread of its own makes it plain data and writes it to a staged file, a piece
+at a time, and moves it into place once it has stored what the sinks still held
+at that point (:class:`Staged`).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from typing import Any, Callable
 from yfpp.engine import Engine
 from yfpp.errors import YfppError
 from yfpp.service.registry import counts_only
-from yfpp.state.checkpoint import (Cancelled, EncodedPatterns, json_pieces, read_checkpoint, snapshot,
+from yfpp.state.checkpoint import (Cancelled, EncodedPatterns, Taken, json_pieces, read_checkpoint,
                                   stored_patterns, stored_splits, write_checkpoint, write_pieces)
+from yfpp.state.checkpoint import take as take_state
 
 SERVICE = "service"  #: the checkpoint field of the service's own data
 
@@ -74,14 +76,15 @@ def staged(path: Path) -> Path:
 
 
 class Staged:
-    """A checkpoint taken (the engine's state as plain data, :func:`take`) and not yet written: :meth:`write` (on
-    a thread of its own: the engine thread goes on meanwhile), then :meth:`commit` (or :meth:`discard`);
-    :meth:`cancel` from another thread."""
+    """A checkpoint taken (the engine's state, :func:`take`) and not yet written: :meth:`write` (on a thread of
+    its own: the engine thread goes on meanwhile), then :meth:`commit` (or :meth:`discard`); :meth:`cancel` from
+    another thread."""
 
-    def __init__(self, data: dict[str, Any] | None, path: Path, patterns: EncodedPatterns | None = None):
-        self._data, self.path, self._patterns = data, path, patterns
+    def __init__(self, taken: Taken | None, path: Path, patterns: EncodedPatterns | None = None,
+                 service: dict[str, Any] | None = None):
+        self._taken, self._service, self.path, self._patterns = taken, service, path, patterns
         self.cancelled = False
-        self._written = data is None
+        self._written = taken is None
 
     def cancel(self) -> bool:
         """Stop writing it (a later checkpoint supersedes this one): :meth:`write` then raises. False if it is
@@ -92,15 +95,17 @@ class Staged:
         return True
 
     def write(self) -> None:
-        """Write the data to the staged file (a piece at a time: the engine thread runs between the pieces);
-        YfppError if it was cancelled meanwhile. Nothing to do for one written already."""
-        data, self._data = self._data, None
-        if data is None:
+        """Make the state plain data and write it to the staged file (a piece at a time: the engine thread runs
+        between the pieces); YfppError if it was cancelled meanwhile. Nothing to do for one written already."""
+        taken, self._taken = self._taken, None
+        if taken is None:
             return
         staged(self.path).unlink(missing_ok=True)
         collecting = gc.isenabled()
         gc.disable()  # (the pieces are garbage once written: no collection walks the state meanwhile)
         try:
+            data = taken.data()
+            data[SERVICE] = self._service
             write_pieces(json_pieces(data, self._patterns), staged(self.path), lambda: self.cancelled)
             self._written = True
         except Cancelled:
@@ -119,8 +124,8 @@ class Staged:
 
 def take(engine: Engine, path: Path, service_of: Callable[[], dict[str, Any]],
          patterns: EncodedPatterns | None = None) -> Staged:
-    """The engine's state as it is now (and ``service_of()``), as plain data that shares nothing the engine
-    changes, to be written to ``path`` (:meth:`Staged.write`) while the engine goes on.
+    """The engine's state as it is now (and ``service_of()``), sharing nothing the engine changes, to be written
+    to ``path`` (:meth:`Staged.write`) while the engine goes on.
 
     Call it with the engine quiet (``engine_lock`` held): this is all the time a checkpoint takes from the engine
     thread. No process is forked: a child's copy-on-write doubled the memory of every page the service wrote while
@@ -128,9 +133,8 @@ def take(engine: Engine, path: Path, service_of: Callable[[], dict[str, Any]],
     collecting = gc.isenabled()
     gc.disable()  # (a great many objects made at once: no collection meanwhile)
     try:
-        data = snapshot(engine, patterns)
-        data[SERVICE] = service_of()
+        taken, service = take_state(engine, patterns), service_of()
     finally:
         if collecting:
             gc.enable()
-    return Staged(data, path, patterns)
+    return Staged(taken, path, patterns, service)

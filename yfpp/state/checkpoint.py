@@ -41,7 +41,7 @@ from yfpp.runtime.match_buffer import Entry
 from yfpp.nfa.predicates import KleeneState
 from yfpp.runtime.deadlines import Pending
 from yfpp.runtime.run_merging import as_plain_runs
-from yfpp.runtime.runs import FullRun, Run
+from yfpp.runtime.runs import FullRun
 
 FORMAT = "yfpp-checkpoint"
 VERSION = 3  # 2: event-set queries (``set_queries``) and the ``strategy`` option; 3: queries grouped by shape
@@ -161,28 +161,29 @@ def _unattr(v: Any) -> Any:
 
 
 class _Writer:
-    """Numbers the events and buffer entries a snapshot refers to."""
+    """Numbers the events and buffer entries a snapshot refers to.
+
+    An event is numbered with its ``pos`` of that moment (a held event gets one later) and written as JSON data
+    only by :meth:`event_records`: nothing else of an event changes once the engine holds it, so that may run on
+    another thread while the engine goes on (:class:`Taken`)."""
 
     def __init__(self, node_ref: dict) -> None:
         self.node_ref = node_ref
-        self.events: list[dict] = []
         self.entries: list[dict] = []
+        self._events: list[tuple[Event, int]] = []  # (event, its pos when numbered)
         self._event_ids: dict[int, int] = {}
         self._entry_ids: dict[int, int] = {}
 
     def event(self, ev: Event) -> int:
         i = self._event_ids.get(id(ev))
         if i is None:
-            i = self._event_ids[id(ev)] = len(self.events)
-            rec = {"type": ev.type, "ts": ev.ts, "attrs": _attrs(ev.attrs), "seq": ev.seq, "pos": ev.pos}
-            if isinstance(ev, DerivedEvent):  # keep the provenance full-event output shows
-                rec["from"] = {"query": ev.query, "events": ev.sources, "depth": ev.depth}
-            if ev._element is not None:
-                from lxml import etree
-
-                rec["xml"] = etree.tostring(ev._element, encoding="unicode", with_tail=False)
-            self.events.append(rec)
+            i = self._event_ids[id(ev)] = len(self._events)
+            self._events.append((ev, ev.pos))
         return i
+
+    def event_records(self) -> list[dict]:
+        """Every event numbered, as JSON data, in the order of their numbers."""
+        return [_event_record(ev, pos) for ev, pos in self._events]
 
     def entry(self, e: Entry | None) -> int | None:
         if e is None:
@@ -218,13 +219,44 @@ class _Writer:
                                 None if evs is None else [self.event(e) for e in evs]]}
         raise YfppError(f"checkpoint: cannot store a value of type {type(v).__name__}: {v!r:.80}")
 
-    def run(self, r: Run, state_ref: list) -> dict:
+    def runs(self, store: dict, state_ref: Callable[[Any], list | None]) -> list[tuple]:
+        """The runs of ``store`` (state -> runs; a merged run as its members) as :meth:`run` takes them: their
+        fields as they are now (a run's ``entry`` is set later when it had none: ``first_entry``), the entries
+        numbered now (they gain pointers later)."""
+        rows = []
+        entry = self.entry
+        for st, lst in store.items():
+            ref = state_ref(st)
+            if ref is None:
+                continue
+            for r in lst:
+                for x in ([r] if r.members is None else as_plain_runs(r)):
+                    e = x.entry
+                    rows.append((ref, x.vec, None if e is None else entry(e), x.version, x.first_ts, x.first_pos,
+                                 x.key, x.born, x.tick, x.ptick, x.blocked))
+        return rows
+
+    def run(self, row: tuple) -> dict:
+        """A run as :meth:`runs` took it, as JSON data (its values and events numbered now)."""
+        state, vec, entry, version, first_ts, first_pos, key, born, tick, ptick, blocked = row
         return {
-            "state": state_ref, "vec": [self.value(x) for x in r.vec], "entry": self.entry(r.entry),
-            "version": list(r.version), "first_ts": r.first_ts, "first_pos": r.first_pos, "key": self.value(r.key),
-            "born": r.born, "tick": r.tick, "ptick": r.ptick,
-            "blocked": [self.node_ref[n] for n in r.blocked] if r.blocked else [],
+            "state": state, "vec": [self.value(x) for x in vec], "entry": entry,
+            "version": list(version), "first_ts": first_ts, "first_pos": first_pos, "key": self.value(key),
+            "born": born, "tick": tick, "ptick": ptick,
+            "blocked": [self.node_ref[n] for n in blocked] if blocked else [],
         }
+
+
+def _event_record(ev: Event, pos: int) -> dict:
+    """An event as JSON data (``pos``: its stream position when the snapshot was taken)."""
+    rec = {"type": ev.type, "ts": ev.ts, "attrs": _attrs(ev.attrs), "seq": ev.seq, "pos": pos}
+    if isinstance(ev, DerivedEvent):  # keep the provenance full-event output shows
+        rec["from"] = {"query": ev.query, "events": ev.sources, "depth": ev.depth}
+    if ev._element is not None:
+        from lxml import etree
+
+        rec["xml"] = etree.tostring(ev._element, encoding="unicode", with_tail=False)
+    return rec
 
 
 def _rank(rank: tuple) -> list:
@@ -325,19 +357,49 @@ class EncodedPatterns:
 
 def snapshot(engine, patterns: EncodedPatterns | None = None) -> dict:
     """The engine's whole state as JSON-safe data (``FORMAT``, ``VERSION``; see docs/operations.md);
-    ``patterns``: its queries' patterns encoded already. The data shares no list or dict the engine changes later
-    (events' attributes, which nothing changes, it shares): another thread may encode it while the engine runs."""
-    encode = patterns.encode if patterns is not None else lambda _, pat: encode_pattern(pat)
-    split = patterns.split if patterns is not None else lambda _, text: split_constants(text)
+    ``patterns``: its queries' patterns encoded already (``take(engine, patterns).data()``)."""
+    return take(engine, patterns).data()
+
+
+class Taken:
+    """An engine's state as :func:`take` took it: :meth:`data` makes it JSON-safe data, on any thread, while the
+    engine goes on. What the engine changes later (its stores, buffer entries, counters) was copied by the take;
+    what it never changes (events, run vecs and keys, patterns) is shared and written out by :meth:`data`."""
+
+    def __init__(self, data: dict, writer: _Writer, runs: list[tuple], queries: list[tuple],
+                 patterns: EncodedPatterns | None) -> None:
+        self._data, self._writer, self._runs, self._queries, self._patterns = data, writer, runs, queries, patterns
+
+    def data(self) -> dict:
+        """The snapshot (:func:`snapshot`); the take's references are dropped (call it once)."""
+        data, w, runs, queries, patterns = self._data, self._writer, self._runs, self._queries, self._patterns
+        self._runs = self._queries = []
+        data.update(_queries(queries, patterns))
+        data["runs"] = [w.run(row) for row in runs]
+        data["events"] = w.event_records()
+        data["entries"] = w.entries
+        return data
+
+
+def take(engine, patterns: EncodedPatterns | None = None) -> Taken:
+    """The engine's state as it is now (:class:`Taken`; ``patterns``: its queries' patterns encoded already).
+    Only this walks the engine: the caller holds it quiet meanwhile."""
     rt = engine.runtime
     node_ref = _node_refs(engine)
     w = _Writer(node_ref)
+    dead = rt.dead
+    refs: dict = {}  # (each state's, found once: a keyed query has a store per key)
+    unseen = object()
+
+    def state_ref(st) -> list | None:
+        ref = refs.get(st, unseen)
+        if ref is unseen:
+            ref = refs[st] = _state_ref(st, node_ref) if st not in dead else None
+        return ref
+
     runs = []
     for store in rt._stores():
-        for st, lst in store.items():
-            ref = _state_ref(st, node_ref) if st not in rt.dead else None
-            if ref is not None:
-                runs += [w.run(x, ref) for r in lst for x in as_plain_runs(r)]  # a merged run as its members
+        runs += w.runs(store, state_ref)
     stacks = []
     for node in rt.buffer.stacks():
         if node in node_ref:
@@ -362,6 +424,10 @@ def snapshot(engine, patterns: EncodedPatterns | None = None) -> dict:
     (next_root, rt._roots), (next_branch, rt._branches) = peek(rt._roots), peek(rt._branches)
     next_order, rt.deadlines.order = peek(rt.deadlines.order)
     held = [[ts, _num(sk), arrival, w.event(ev)] for ts, sk, arrival, ev in stream.held]
+    queries = []
+    for qid, (pat, text, name) in engine.sources.kept():  # (pat: the pattern, or the plan of a query with text)
+        plan = engine.queries.get(qid)
+        queries.append((qid, pat, text, name, plan.since_tick if plan is not None else None))
     c = rt.counters
     data = {
         "format": FORMAT,
@@ -370,12 +436,12 @@ def snapshot(engine, patterns: EncodedPatterns | None = None) -> dict:
                     "max_runs_per_query": rt.max_runs, "max_buffer_per_query": rt.max_buffer, "strategy": engine.strategy,
                     "merge_runs": rt.merger is not None, "full_events": rt.full_events,
                     "max_feedback_depth": engine.feedback.max_depth, "max_derived_per_event": engine.feedback.max_derived},
-        **_queries(engine, encode, split),
+        "shapes": None, "queries": None,  # (made by Taken.data)
         "next_query_id": stream.next_query_id,
         "stream": {"next_seq": stream.next_seq, "watermark": [_num(x) for x in stream.watermark],
                    "next_arrival": stream.next_arrival, "tick": rt.tick, "now": _num(rt.now), "next_sweep": rt._next_sweep},
         "held": held,
-        "runs": runs,
+        "runs": None,  # (made by Taken.data)
         "buffer": stacks,
         "negations": negations,
         "pending": pending,
@@ -391,22 +457,22 @@ def snapshot(engine, patterns: EncodedPatterns | None = None) -> dict:
         },
         "dead_letters": {"count": engine.dead_letters.count, "by_reason": dict(engine.dead_letters.by_reason)},
         "set_queries": [[qid, set_checkpoint.save(m, w)] for qid, m in engine.set_queries.items()],
-        "events": w.events,
-        "entries": w.entries,
+        "events": None,  # (made by Taken.data)
+        "entries": None,
     }
-    return data
+    return Taken(data, w, runs, queries, patterns)
 
 
-def _queries(engine, encode: Callable[[int, Any], Any], split: Callable[[int, str], tuple]) -> dict:
+def _queries(queries: list[tuple], patterns: EncodedPatterns | None) -> dict:
     """``shapes``: ``[text around the constants, policy, feedback]`` once per shape; ``queries``: per query in
-    registration order ``[id, name, shape index, its constants, since_tick]`` (``split(qid, text)``), or ``[id,
-    name, None, pattern IR, since_tick]`` for a query registered as a Pattern (``encode(qid, pattern)``;
-    since_tick None: an event-set query's)."""
+    registration order ``[id, name, shape index, its constants, since_tick]``, or ``[id, name, None, pattern IR,
+    since_tick]`` for a query registered as a Pattern (since_tick None: an event-set query's); ``queries``: as
+    :func:`take` took them, ``(id, pattern or plan, text, name, since_tick)``."""
+    encode = patterns.encode if patterns is not None else lambda _, pat: encode_pattern(pat)
+    split = patterns.split if patterns is not None else lambda _, text: split_constants(text)
     shapes: dict[tuple, int] = {}
     rows = []
-    for qid, (pat, text, name) in engine.sources.kept():  # (pat: the pattern, or the plan of a query with text)
-        plan = engine.queries.get(qid)
-        since = plan.since_tick if plan is not None else None
+    for qid, pat, text, name, since in queries:
         if text is None:
             rows.append([qid, name, None, encode(qid, pat), since])
             continue
