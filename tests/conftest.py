@@ -3,7 +3,8 @@
 ``local-cluster[2,1,1024]`` starts a standalone master and two workers (one
 core each) inside the driver's JVM; each worker launches its executor as a
 separate JVM whose working directory is its own work folder — not the
-driver's, so a relative input path only works if the driver resolves it.
+driver's, so a relative input path only works if the driver resolves it. Its JVMs run with
+``tests.spark_jvm.CHEAP_JVM`` (the C1 compiler only: less CPU for jobs of seconds).
 """
 
 from __future__ import annotations
@@ -21,7 +22,10 @@ def spark():
     import pyspark
     from pyspark.sql import SparkSession
 
+    from tests.spark_jvm import CHEAP_JVM
+
     session = (SparkSession.builder.master("local-cluster[2,1,1024]").appName("yfpp-tests")
+               .config("spark.driver.extraJavaOptions", CHEAP_JVM).config("spark.executor.extraJavaOptions", CHEAP_JVM)
                .config("spark.executor.memory", "512m").config("spark.driver.memory", "1g")
                .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.shuffle.partitions", "4").config("spark.task.maxFailures", "1")

@@ -22,16 +22,16 @@ from yfpp.input.record_fields import ReaderOptions, typed_value
 
 
 class Trickle(io.RawIOBase):
-    """A binary stream whose ``read1`` returns a few bytes at a time (a socket feed)."""
+    """A binary stream whose ``read1`` returns a few bytes at a time (a socket feed): 1 to ``most``."""
 
-    def __init__(self, data: bytes, seed: int):
-        self.data, self.pos, self.rng = data, 0, random.Random(seed)
+    def __init__(self, data: bytes, seed: int, most: int = 40):
+        self.data, self.pos, self.rng, self.most = data, 0, random.Random(seed), most
 
     def readable(self) -> bool:
         return True
 
     def read1(self, n: int = -1) -> bytes:
-        k = self.rng.randint(1, 40)
+        k = self.rng.randint(1, self.most)
         out = self.data[self.pos:self.pos + k]
         self.pos += len(out)
         return out
@@ -492,9 +492,11 @@ JSON_LINE_POOL = [
 
 def _read_all(data: bytes, trickle: int | None, **opts) -> tuple[list, str]:
     """Every field of every event, its element (built from its texts when it keeps them: which events do is
-    the path's choice) and the dead letters."""
+    the path's choice) and the dead letters. A trickled feed comes in pieces of 1 to 40 bytes, or up to 1/100th of
+    it when that is more (a tag of 50,000 bytes is still cut some 200 times, each cut scanned again from its tag's
+    start)."""
     out = io.StringIO()
-    source = Trickle(data, trickle) if trickle is not None else io.BytesIO(data)
+    source = Trickle(data, trickle, max(40, len(data) // 100)) if trickle is not None else io.BytesIO(data)
     got = [(e.seq, e.type, e.ts, type(e.ts), sorted((k, v, type(v)) for k, v in e.attrs.items()),
             e.element.sourceline, etree.tostring(e.element, with_tail=False))
            for e in read_xml(source, dead_letters=DeadLetters(out), **opts)]

@@ -71,8 +71,18 @@ class Producer:
             served += 1
 
     def close(self) -> None:
-        self.server.close()
+        close_server(self.server)
         self.thread.join(TIMEOUT)
+
+
+def close_server(server: socket.socket) -> None:
+    """Closes a listening socket and wakes a thread blocked in its ``accept`` (on Linux ``shutdown`` does; a bare
+    ``close`` leaves it blocked until its timeout, and the thread's ``join`` waiting as long)."""
+    try:
+        server.shutdown(socket.SHUT_RDWR)
+    except OSError:  # (where a listening socket cannot be shut down, its accept ends at its timeout)
+        pass
+    server.close()
 
 
 def feed_lines(n: int, seed: int) -> list[bytes]:

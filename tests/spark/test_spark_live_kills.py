@@ -21,7 +21,7 @@ import pytest
 pytest.importorskip("pyspark", reason="pyspark is not installed (pip install '.[spark]')")
 
 from tests.spark.test_spark_cli import output  # noqa: E402
-from tests.spark.test_spark_live import order_feed  # noqa: E402
+from tests.spark.test_spark_live import close_server, order_feed  # noqa: E402
 from tests.spark.test_spark_stream_kills import (  # noqa: E402
     CONF,
     MASTER,
@@ -59,7 +59,7 @@ class Halves:
             self.conns.append(conn)
 
     def close(self) -> None:
-        self.server.close()
+        close_server(self.server)
         for c in self.conns:
             c.close()
         self.thread.join(30)

@@ -21,6 +21,7 @@ import pytest
 
 pytest.importorskip("pyspark", reason="pyspark is not installed (pip install '.[spark]')")
 
+from tests.spark_jvm import EXECUTOR_CONF  # noqa: E402
 from yfpp.input.generate import generate_rfid, write_events  # noqa: E402
 from yfpp.spark.shipping import _why, package_zip, ships  # noqa: E402
 
@@ -92,7 +93,7 @@ def spark_job(worker_python: Path, tmp_path: Path, feed: Path, out: Path, **env:
            "XDG_CACHE_HOME": str(tmp_path / "cache"), **env}
     return subprocess.run([sys.executable, "-m", "yfpp", "spark", "-q", QUERY, "-i", str(feed), "-o", str(out),
                            "--master", "local-cluster[1,1,1024]", "--conf", "spark.executor.memory=512m",
-                           "--conf", "spark.task.maxFailures=1"], cwd=tmp_path, env=env, capture_output=True,
+                           "--conf", "spark.task.maxFailures=1", *EXECUTOR_CONF], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=400)
 
 

@@ -30,6 +30,7 @@ pytest.importorskip("pyspark", reason="pyspark is not installed (pip install '.[
 
 from tests.spark.test_spark_cli import ROOT, output  # noqa: E402
 from tests.spark.test_spark_stream_order import QUERIES, dead_letters, feed_files  # noqa: E402
+from tests.spark_jvm import EXECUTOR_CONF  # noqa: E402
 from yfpp.cli import main  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc"), reason="Linux: /proc")
@@ -37,7 +38,8 @@ pytestmark = pytest.mark.skipif(not os.path.isdir("/proc"), reason="Linux: /proc
 FILES = 6
 #: The master for the job's own JVM: a standalone master and two workers, an executor JVM each.
 MASTER = "local-cluster[2,1,1024]"
-CONF = ["--conf", "spark.executor.memory=512m", "--conf", "spark.driver.memory=1g", "--conf", "spark.ui.enabled=false"]
+CONF = ["--conf", "spark.executor.memory=512m", "--conf", "spark.driver.memory=1g", "--conf", "spark.ui.enabled=false",
+        *EXECUTOR_CONF]
 
 
 def session_processes(sid: int) -> dict[int, bytes]:
