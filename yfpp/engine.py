@@ -141,7 +141,7 @@ class Engine:
             raise YfppError(f"reports must be a text stream or None, not {type(reports).__name__}")
         self._shapes = QueryShapes()  # query texts that differ only by constants are parsed once
         self._plans = ShapePlans(lambda p: not merge_runs and self._for_nfa(p))  # and compiled once
-        self._names: set[str | int] = set()  # explicit names (str) and the ids of unnamed queries
+        self._names: set[str] = set()  # the queries' names (one without a name is known by its id: not kept here)
         self._ids = count()
         self._next_seq = 0
         self._arrivals = count()
@@ -209,7 +209,8 @@ class Engine:
             matcher = self.set_queries[qid] = set_matcher(pattern, name_or_id, self.strategy, limits)
             matcher.plan.full_events = self.runtime.full_events
             self.sources[qid] = source
-            self._names.add(matcher.plan.name)
+            if name is not None:
+                self._names.add(name)
             if pattern.feedback:
                 self.feedback.order[matcher.plan] = qid
             self._route_events()
@@ -221,7 +222,8 @@ class Engine:
     def _add(self, qid: int, plan: QueryPlan) -> int:
         """Add a compiled query (its source kept) to the shared NFA; return its id."""
         self.queries[qid] = plan
-        self._names.add(plan.name)
+        if type(plan.name) is str:
+            self._names.add(plan.name)
         self.runtime.add(plan)
         plan.release_specs()
         if plan.feedback:
