@@ -327,6 +327,11 @@ def snapshot(engine, patterns: EncodedPatterns | None = None) -> dict:
     """The engine's whole state as JSON-safe data (``FORMAT``, ``VERSION``; see docs/operations.md);
     ``patterns``: its queries' patterns encoded already. The data shares no list or dict the engine changes later
     (events' attributes, which nothing changes, it shares): another thread may encode it while the engine runs."""
+    with collection_paused():  # (its lists and dicts hold no cycle: a collection would walk the engine for nothing)
+        return _snapshot(engine, patterns)
+
+
+def _snapshot(engine, patterns: EncodedPatterns | None) -> dict:
     encode = patterns.encode if patterns is not None else lambda _, pat: encode_pattern(pat)
     split = patterns.split if patterns is not None else lambda _, text: split_constants(text)
     rt = engine.runtime
@@ -528,8 +533,9 @@ def restore(data: dict, engine_class: type, **engine_opts: Any):
         raise YfppError(f"checkpoint version {data.get('version')!r} is not supported (this yfpp reads versions "
                         f"{', '.join(map(str, READABLE))})")
     try:
-        check_shape(data)
-        return _restore(data, engine_class, engine_opts)
+        with collection_paused():  # (no collection walks the objects a restore makes, a million queries' among them)
+            check_shape(data)
+            return _restore(data, engine_class, engine_opts)
     except (KeyError, IndexError, TypeError, ValueError, AttributeError, RecursionError) as e:
         raise YfppError(f"corrupt checkpoint: {type(e).__name__}: {e}") from e
 
@@ -541,8 +547,7 @@ def _restore(data: dict, engine_class: type, engine_opts: dict):
                         f"restore it with that strategy, not {engine_opts['strategy']!r}")
     eng = engine_class(**{**data["options"], **engine_opts})
     rt = eng.runtime
-    with collection_paused():
-        _register_queries(eng, data)
+    _register_queries(eng, data)
     plans = Plans(eng)
     rd = _Reader(data)
     check_entries(rd.entries)
