@@ -26,7 +26,7 @@ import os
 import sys
 from decimal import Decimal
 from itertools import count
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol, Sequence, TextIO, TypeVar
 
 from yfpp.input.dead_letters import DeadLetters
 from yfpp.errors import YfppError
@@ -141,7 +141,7 @@ class Engine:
             raise YfppError(f"reports must be a text stream or None, not {type(reports).__name__}")
         self._shapes = QueryShapes()  # query texts that differ only by constants are parsed once
         self._plans = ShapePlans(lambda p: not merge_runs and self._for_nfa(p))  # and compiled once
-        self._names: set[str | int] = set()  # explicit names (str) and the ids of unnamed queries
+        self._names: set[str] = set()  # the queries' names (one without a name is known by its id: not kept here)
         self._ids = count()
         self._next_seq = 0
         self._arrivals = count()
@@ -151,13 +151,16 @@ class Engine:
     # --- queries --------------------------------------------------------------------
 
     def register(self, query: str | Pattern, name: str | None = None, *, policy: str | None = None,
-                 feedback: bool = False, query_id: int | None = None) -> int:
+                 feedback: bool = False, query_id: int | None = None,
+                 split: tuple[Sequence[str], list[str]] | None = None) -> int:
         """Compile and add a query (SASE+ text, extended-XPath text or a Pattern); return its id.
 
         ``name`` (a non-empty string) names its matches; without one they carry the id.
         ``feedback=True`` routes its result events back into the stream, as
         its own ``FEEDBACK`` clause does (``yfpp.runtime.feedback``).  ``query_id``: the id
-        to give it (a restored query keeps its own), else the next one.  A query refused
+        to give it (a restored query keeps its own), else the next one.  ``split``: the text
+        around the query text's constants and its constants (``yfpp.language.query_text.split_constants``),
+        when the caller has them (a checkpoint keeps its queries so).  A query refused
         (an error raised) leaves the engine as it was.
         """
         if name is not None and not (isinstance(name, str) and name):
@@ -166,7 +169,7 @@ class Engine:
             raise YfppError(f"query id {query_id!r} is not a free id (a non-negative integer no query has)")
         shape, constants, pattern = None, [], None
         if isinstance(query, str):
-            shape, constants = self._shapes.shape_of(query)
+            shape, constants = self._shapes.shape_of(query, split=split)
             if shape is None:
                 pattern = parse_query(query)
         elif isinstance(query, Pattern):
@@ -206,7 +209,8 @@ class Engine:
             matcher = self.set_queries[qid] = set_matcher(pattern, name_or_id, self.strategy, limits)
             matcher.plan.full_events = self.runtime.full_events
             self.sources[qid] = source
-            self._names.add(matcher.plan.name)
+            if name is not None:
+                self._names.add(name)
             if pattern.feedback:
                 self.feedback.order[matcher.plan] = qid
             self._route_events()
@@ -218,7 +222,8 @@ class Engine:
     def _add(self, qid: int, plan: QueryPlan) -> int:
         """Add a compiled query (its source kept) to the shared NFA; return its id."""
         self.queries[qid] = plan
-        self._names.add(plan.name)
+        if type(plan.name) is str:
+            self._names.add(plan.name)
         self.runtime.add(plan)
         plan.release_specs()
         if plan.feedback:

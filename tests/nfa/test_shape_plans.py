@@ -76,3 +76,19 @@ def test_queries_of_one_shape_match_as_when_compiled_alone():
     for q in qs:
         alone.register(parse_query(q))
     assert shaped.process_all(list(feed)) and list(shaped.process_all(feed)) == list(alone.process_all(feed))
+
+
+def test_one_string_equality_is_keyed_by_its_index_key_however_written():
+    """A component whose condition is one equality of its attribute with a string is the same node however the
+    equality is written; a number keeps its own key (``1`` and ``1.0`` are other expressions)."""
+    eng = Engine(reports=None)
+    same = [eng.register(q) for q in ("PATTERN SEQ(a e, b f) WHERE [k] AND e.x = 'p' AND f.y = 'q'",
+                                      "PATTERN SEQ(a e, b f) WHERE [k] AND 'p' = e.x AND f.y = 'q' WITHIN 5",
+                                      "PATTERN SEQ(a e, b f) WHERE [k] AND e.x = \"p\" AND 'q' = f.y")]
+    assert len({eng.queries[q].last for q in same}) == 1
+    first = eng.queries[same[0]].nodes[0]
+    assert first.signature[1] is first.index_key == ("eq", "x", "p")
+    xpath = [eng.register(q) for q in ("[k]&&//a[@x='p']//b[y = \"q\"]", "[k]&&//a[ @x = \"p\" ]//b[y='q']")]
+    assert eng.queries[xpath[0]].last is eng.queries[xpath[1]].last
+    numbers = [eng.register(f"PATTERN SEQ(a e) WHERE e.x = {v}") for v in ("1", "1.0")]
+    assert eng.queries[numbers[0]].last is not eng.queries[numbers[1]].last

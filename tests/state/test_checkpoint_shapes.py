@@ -96,3 +96,29 @@ def test_split_constants_gives_the_text_back():
         around, constants = split_constants(text)
         assert "".join(x for p in zip(around, constants) for x in p) + around[-1] == text
         assert constants[:1] == ["'Z12'"] or constants[:1] == ["'U12'"]
+
+
+def test_a_restore_reuses_the_kept_split_and_trusts_only_whole_constants(monkeypatch):
+    """A row's constants are put into its shape without splitting its text again, when they are whole constants
+    of the kinds of its shape's first text (checked by splitting that one); a forged row is split as text."""
+    import yfpp.language.query_text as query_text
+
+    eng, later = engine()
+    data = json.loads(json.dumps(eng.snapshot()))
+    splits = []
+    real = query_text.split_constants
+    monkeypatch.setattr(query_text, "split_constants", lambda text: splits.append(text) or real(text))
+    back = Engine.restore(data, reports=None)
+    assert splits == []  # (the engine split none of the texts: the checkpoint's own check splits one per shape)
+    forged = json.loads(json.dumps(data))
+    row = next(q for q in forged["queries"][1:] if q[2] == forged["queries"][2][2] and q[3][0] != "'U0'")
+    row[3][0] = row[3][0] + " OR r.device = 'U0'"  # (one constant in the row, two in its text)
+    text = "".join(x for p in zip(forged["shapes"][row[2]][0], row[3]) for x in p) + forged["shapes"][row[2]][0][-1]
+    again = Engine.restore(forged, reports=None)
+    assert text in splits and again.sources.text(row[0]) == text
+    alone = Engine(reports=None)
+    alone.register(text, query_id=row[0], name=row[1])
+    ours = [(m["start"], m["end"]) for e in later for m in again.process(dict(e)) if m["query"] == row[1]]
+    assert ours and ours == [(m["start"], m["end"]) for e in later for m in alone.process(dict(e))]
+    for e in later:
+        assert back.process(dict(e)) == eng.process(dict(e))

@@ -24,7 +24,7 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 from yfpp.errors import QueryError, QuerySyntaxError, YfppError
 from yfpp.language.pattern import Literal, Pattern, XPathTest, rebuilt
@@ -240,14 +240,16 @@ class QueryShapes:
             return parse_query(text, None, ts_unit)
         return shape.instance(text, constants)
 
-    def shape_of(self, text: str, ts_unit: str = "s") -> tuple[Shape | None, list[str]]:
+    def shape_of(self, text: str, ts_unit: str = "s",
+                 split: tuple[Sequence[str], list[str]] | None = None) -> tuple[Shape | None, list[str]]:
         """The parsed shape of ``text`` and its constants as written; ``(None, …)`` when ``text`` is parsed on its
-        own (no constants, or a shape :meth:`parse` cannot use)."""
+        own (no constants, or a shape :meth:`parse` cannot use).  ``split``: :func:`split_constants` of ``text``,
+        when the caller has it (a checkpoint keeps its queries so)."""
         from yfpp.language.query_limits import MAX_QUERY_CHARS, check_text
 
         if len(text) > MAX_QUERY_CHARS:
             check_text(text)  # (its error: the shape's text is shorter; its nesting is the text's, checked by parsing)
-        around, constants = split_constants(text)
+        around, constants = split_constants(text) if split is None else split
         if not constants:
             return None, constants
         pieces = [around[0]]
@@ -279,6 +281,19 @@ def split_constants(text: str) -> tuple[list[str], list[str]]:
     return around, constants
 
 
+def token_kinds(constants: Sequence[str]) -> str | None:
+    """Each constant's kind (``s`` a quoted string, ``n`` an integer, ``d`` a decimal), or None when one is not a
+    whole constant as :func:`split_constants` finds them: texts of one text around them whose constants have the
+    same kinds are split alike (a checkpoint keeps its queries split, and checks one text per shape)."""
+    kinds = []
+    for c in constants:
+        if _TOKEN.fullmatch(c) is None:
+            return None
+        kinds.append("s" if c[0] in "'\"" else "d" if "." in c else "n")
+    return "".join(kinds)
+
+
+_TOKEN = re.compile(r"""'[^'\\\n]*'|"[^"\\\n]*"|\d{1,15}(?:\.\d{1,15})?""")
 _MISSING: object = object()
 
 

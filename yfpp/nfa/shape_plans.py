@@ -24,7 +24,7 @@ from yfpp.language.query_text import Shape, hot_objects, split_constants
 from yfpp.nfa.compiler import ComponentSpec, QueryPlan, compile_pattern, expr_key, key_set
 from yfpp.input.events import MISSING
 from yfpp.nfa.predicates import constant_of, rebound
-from yfpp.nfa.shared_nfa import best_key, conjunct_keys
+from yfpp.nfa.shared_nfa import NOT_EQUALITY, atom_key, best_key, conjunct_keys
 
 
 class ShapePlan:
@@ -59,7 +59,8 @@ class ShapePlan:
         hot = hot_objects(tuple(e for s in specs for e, _ in (*s.begin, *s.take, *s.final)), set(values),
                           shape.sentinels, set())
         covered: set[str] = set()
-        made = [_SpecMaker.make(s, hot, values, covered) for s in specs]
+        stand_ins = {key for key, _ in shape.keys}
+        made = [_SpecMaker.make(s, hot, values, stand_ins, covered) for s in specs]
         if None in made or covered != set(values):  # (a constant the compiler kept elsewhere than in a conjunct)
             return None
         return cls(shape, base, template, made)  # type: ignore[arg-type]
@@ -93,22 +94,27 @@ class _SpecMaker:
     """How a query's component spec is made from the template's: per edge (begin, take, final) the template's
     conjuncts and key, or where a conjunct holds a constant what to remake; the begin conjuncts' index keys."""
 
-    __slots__ = ("edges", "found", "keys")
+    __slots__ = ("edges", "found", "best", "atom", "keys")
 
-    def __init__(self, edges: tuple, found: list[tuple[tuple, bool]], keys: tuple | None) -> None:
+    def __init__(self, edges: tuple, found: list[tuple[tuple, tuple]], best: int | None, atom: bool,
+                 keys: tuple | None) -> None:
         # per edge: (the template's conjuncts, their key_set, None) where none holds a constant, else (None, None,
         # items): per conjunct (None, check, key), or for one holding a constant ((type, value) of its stand-in, the
         # check, (the key before it, (XPath text, the stand-in as written) or None, the key after it))
         self.edges = edges
-        self.found = found  # the index keys of the begin conjuncts, each with whether it holds a stand-in
+        # the index keys of the begin conjuncts, each with where it holds stand-ins: ((position, (type, value)), …)
+        self.found = found
+        self.best = best  # which of them best_key picks whatever the constants (None: it must look at them)
+        self.atom = atom  # the begin condition is one string equality: its index key is its key (atom_key)
         self.keys = keys  # ComponentSpec.keys when no conjunct holds a constant, else None
 
     @classmethod
-    def make(cls, spec: ComponentSpec, hot: set[int], sentinels: dict[str, str],
+    def make(cls, spec: ComponentSpec, hot: set[int], sentinels: dict[str, str], stand_ins: set[tuple],
              covered: set[str]) -> "_SpecMaker | None":
         """How to make a query's spec from the template's ``spec``; None when a conjunct holding a constant is not
         one :func:`yfpp.nfa.predicates.rebound` remakes.  ``sentinels``: each stand-in's value (as text) and how it
-        is written; the values of those found go into ``covered``."""
+        is written; ``stand_ins``: each one's literal value as ``(type, value)``; the values of those found go into
+        ``covered``."""
         me = f"#{spec.index}"
         edges: list[tuple] = []
         for conjuncts in (spec.begin, spec.take, spec.final):
@@ -131,11 +137,15 @@ class _SpecMaker:
                 source = (e.source, sentinels[str(value)]) if isinstance(e, XPathTest) else None
                 out.append(((type(value), value), check, (parts[0], source, parts[1])))
             edges.append((None, None, tuple(out)))
-        found = [(k, id(e) in hot) for e, _ in spec.begin for k in conjunct_keys(e, me)]
+        found = [(k, tuple((i, (type(x), x)) for i, x in enumerate(k) if (type(x), x) in stand_ins)
+                      if id(e) in hot else ())
+                 for e, _ in spec.begin for k in conjunct_keys(e, me)]
+        atom = len(spec.begin) == 1 and atom_key(spec.begin[0][0], me) is not None
         keys = None
         if all(items is None for _, _, items in edges):
-            keys = (edges[0][1], edges[1][1], edges[2][1], best_key([k for k, _ in found]))
-        return cls(tuple(edges), found, keys)
+            best = best_key([k for k, _ in found])
+            keys = (best if atom else edges[0][1], edges[1][1], edges[2][1], best)
+        return cls(tuple(edges), found, _fixed_best([k for k, _ in found]), atom, keys)
 
     def spec(self, s: ComponentSpec, literals: dict) -> ComponentSpec:
         """The component spec of the query whose constants are ``literals``, the template's being ``s``."""
@@ -143,7 +153,8 @@ class _SpecMaker:
             return ComponentSpec(s.index, s.var, s.event_type, s.kleene, s.contiguity, s.inner, s.begin, s.take,
                                  s.final, s.agg_slots, s.keep_events, self.keys)
         lists, keys = [], []
-        for conjuncts, fixed_key, items in self.edges:
+        for edge, (conjuncts, fixed_key, items) in enumerate(self.edges):
+            atom = self.atom and not edge  # (the begin edge's key is its index key, below)
             if items is None:
                 lists.append(conjuncts)
                 keys.append(fixed_key)
@@ -156,6 +167,8 @@ class _SpecMaker:
                     continue
                 value = literals[literal]
                 made.append((None, rebound(check, value)))
+                if atom:
+                    continue
                 before, source, after = key
                 if source is None:
                     made_keys.append(before + repr(value) + after)
@@ -163,12 +176,33 @@ class _SpecMaker:
                     text, written = source
                     made_keys.append(before + repr(text.replace(written, written[0] + value + written[0])) + after)
             lists.append(tuple(made))
-            keys.append(key_set(made_keys))
-        get = literals.get
-        found = [tuple([get((type(x), x), x) for x in k]) if hot else k for k, hot in self.found]
-        best = best_key(found)
+            keys.append(None if atom else key_set(made_keys))
+        if self.best is not None:
+            best = _put(*self.found[self.best], literals)
+        else:
+            best = best_key([_put(k, at, literals) for k, at in self.found])
+        if self.atom:
+            keys[0] = best
         return ComponentSpec(s.index, s.var, s.event_type, s.kleene, s.contiguity, s.inner, lists[0], lists[1],
                              lists[2], s.agg_slots, s.keep_events, (keys[0], keys[1], keys[2], best))
+
+
+def _fixed_best(found: list[tuple]) -> int | None:
+    """Which of the index keys ``found`` :func:`yfpp.nfa.shared_nfa.best_key` picks whatever their constants
+    (the only one, or the first equality), else None (it weighs constants: lists, prefixes, bounds)."""
+    if len(found) < 2:
+        return 0 if found else None
+    return next((i for i, k in enumerate(found) if k[0] not in NOT_EQUALITY), None)
+
+
+def _put(key: tuple | None, at: tuple, literals: dict) -> tuple | None:
+    """Index key ``key`` of the template with a query's constants (``literals``) at the positions ``at``."""
+    if not at:
+        return key
+    out = list(key)  # type: ignore[arg-type]
+    for i, stand_in in at:
+        out[i] = literals[stand_in]
+    return tuple(out)
 
 
 class ShapePlans:

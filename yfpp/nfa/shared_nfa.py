@@ -523,6 +523,8 @@ _XPATH_NAME, _XPATH_BOUND = r"(@?)([A-Za-z_][\w.\-]*)", r"([0-9]{1,15})"
 _XPATH_RANGE = re.compile(rf"\s*{_XPATH_NAME}\s*(<=|>=|<|>)\s*{_XPATH_BOUND}\s*\Z")  # @a > 12, a > 12
 _XPATH_RANGE_FLIPPED = re.compile(rf"\s*{_XPATH_BOUND}\s*(<=|>=|<|>)\s*{_XPATH_NAME}\s*\Z")  # 12 < @a
 _XPATH_PREFIX = re.compile(rf"""\s*starts-with\(\s*{_XPATH_NAME}\s*,\s*(?:'([^']+)'|"([^"]+)")\s*\)\s*\Z""")
+#: the index keys that are no plain equality (best_key prefers any equality to them)
+NOT_EQUALITY = ("anyof", "prefix", "range", "xrange")
 _FLIP = {">": "<", ">=": "<=", "<": ">", "<=": ">=", "=": "="}
 _LOWER, _UPPER = (">", ">="), ("<", "<=")
 
@@ -544,12 +546,24 @@ def conjunct_keys(expr: Any, me: str) -> list[tuple]:
     return _sase_keys(expr, me)
 
 
+def atom_key(expr: Any, me: str) -> tuple | None:
+    """The index key of a conjunct of component ``me``'s begin condition that is nothing but the equality of its
+    event's attribute (or child) with a string (``a.zone = 'Z2'``, ``[@zone='Z2']``), else None.  It stands for
+    the condition of such a component in its node's signature: one object, its index key too, in place of an
+    expression key of its own (a million subscriptions, a million of them)."""
+    if isinstance(expr, XPathTest):
+        key = _xpath_atom(expr.source) if expr.var == me and not expr.namespaces else None
+    else:
+        key = _sase_compare(expr, me) if isinstance(expr, Compare) else None
+    return key if key is not None and key[0] in ("eq", "xeq", "ceq") and type(key[-1]) is str else None
+
+
 def best_key(found: list[tuple]) -> tuple | None:
     """The most selective of the keys found: equality, then ``anyof`` (fewest values), prefix (longest),
     interval (both bounds of one attribute, the first of each), range."""
     if len(found) < 2:
         return found[0] if found else None
-    eqs = [k for k in found if k[0] not in ("anyof", "prefix", "range", "xrange")]
+    eqs = [k for k in found if k[0] not in NOT_EQUALITY]
     if eqs:
         return eqs[0]
     anyof = [k for k in found if k[0] == "anyof"]
@@ -753,6 +767,10 @@ class SharedNFA:
         parent: Node | None = None
         for spec in plan.specs:
             sig = spec.signature(plan.partition_by, private)
+            if spec.keys is None and len(spec.begin) == 1:  # (one made from its shape's plan has its atom key)
+                atom = atom_key(spec.begin[0][0], f"#{spec.index}")
+                if atom is not None:
+                    sig = (sig[0], atom, *sig[2:])
             node = (parent.children if parent else self.roots).get(sig)
             if node is None:
                 node = self._new_node(parent, spec, sig, plan.partition_by)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from yfpp.language import pattern as ir
-from yfpp.language.query_text import split_constants
+from yfpp.language.query_text import split_constants, token_kinds
 from yfpp.state import set_checkpoint
 from yfpp.state.plans import Plans, check_entries, check_stack
 from yfpp.state.memory_cap import collection_paused
@@ -358,7 +358,8 @@ class EncodedPatterns:
 def snapshot(engine, patterns: EncodedPatterns | None = None) -> dict:
     """The engine's whole state as JSON-safe data (``FORMAT``, ``VERSION``; see docs/operations.md);
     ``patterns``: its queries' patterns encoded already (``take(engine, patterns).data()``)."""
-    return take(engine, patterns).data()
+    with collection_paused():  # (its lists and dicts hold no cycle: a collection would walk the engine for nothing)
+        return take(engine, patterns).data()
 
 
 class Taken:
@@ -503,6 +504,7 @@ def stored_patterns(data: dict) -> dict[int, Any]:
 def _register_queries(eng, data: dict) -> None:
     """Register the checkpoint's queries again under their own ids (version 3: by shape; 1, 2: their pattern)."""
     shapes = data.get("shapes")
+    kinds: dict[int, str | None] = {}  # per shape, its constants' kinds when its first text splits as kept
     for i, q in enumerate(data["queries"]):
         if shapes is None:
             qid, name, since = q["id"], q["name"], q["since_tick"]
@@ -517,7 +519,10 @@ def _register_queries(eng, data: dict) -> None:
                 if len(what) != len(around) - 1:
                     raise corrupt(f"queries[{i}]", f"shape {shape} takes {len(around) - 1} constants")
                 text = "".join(x for pair in zip(around, what) for x in pair) + around[-1]
-                eng.register(text, name=name, policy=policy, feedback=feedback, query_id=qid)
+                if shape not in kinds:
+                    kinds[shape] = token_kinds(what) if split_constants(text) == (around, what) else None
+                split = (around, what) if kinds[shape] is not None and token_kinds(what) == kinds[shape] else None
+                eng.register(text, name=name, policy=policy, feedback=feedback, query_id=qid, split=split)
         if qid in eng.queries:
             if since is None:
                 raise corrupt(f"queries[{i}]", "a pattern query needs since_tick")
@@ -590,8 +595,9 @@ def restore(data: dict, engine_class: type, **engine_opts: Any):
         raise YfppError(f"checkpoint version {data.get('version')!r} is not supported (this yfpp reads versions "
                         f"{', '.join(map(str, READABLE))})")
     try:
-        check_shape(data)
-        return _restore(data, engine_class, engine_opts)
+        with collection_paused():  # (no collection walks the objects a restore makes, a million queries' among them)
+            check_shape(data)
+            return _restore(data, engine_class, engine_opts)
     except (KeyError, IndexError, TypeError, ValueError, AttributeError, RecursionError) as e:
         raise YfppError(f"corrupt checkpoint: {type(e).__name__}: {e}") from e
 
@@ -603,8 +609,7 @@ def _restore(data: dict, engine_class: type, engine_opts: dict):
                         f"restore it with that strategy, not {engine_opts['strategy']!r}")
     eng = engine_class(**{**data["options"], **engine_opts})
     rt = eng.runtime
-    with collection_paused():
-        _register_queries(eng, data)
+    _register_queries(eng, data)
     plans = Plans(eng)
     rd = _Reader(data)
     check_entries(rd.entries)
