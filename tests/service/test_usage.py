@@ -63,6 +63,25 @@ steps = st.lists(st.one_of(
     max_size=30)
 
 
+
+class Driven:
+    """An engine put through a script's steps other than samples: registrations, deletions, events."""
+
+    def __init__(self, eng: Engine) -> None:
+        self.eng, self.made, self.ts = eng, 0, 0.0
+
+    def apply(self, step: tuple) -> None:
+        eng = self.eng
+        if step[0] == "register":
+            self.made += 1
+            eng.register(QUERIES[step[1]].format(k=step[2]), name=f"q{self.made}")
+        elif step[0] == "unregister" and eng.sources:
+            eng.unregister(sorted(eng.sources)[step[1] % len(eng.sources)])
+        elif step[0] == "events":
+            for etype, k in step[1]:
+                self.ts += 1
+                eng.process({"type": etype, "ts": self.ts, "k": k})
+
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 @given(steps)
 def test_a_sample_says_what_a_sample_of_every_query_says(monkeypatch, script):
@@ -72,18 +91,10 @@ def test_a_sample_says_what_a_sample_of_every_query_says(monkeypatch, script):
     eng = Engine(max_runs_per_query=3)  # (a cap: some runs are shed)
     usage, account = Usage(), Account()
     reported = Reported("worker 1", 7)  # (what a worker engine's child's reports leave in the service)
-    ts, made = 0.0, 0
+    driven = Driven(eng)
     for step in script:
-        if step[0] == "register":
-            made += 1
-            eng.register(QUERIES[step[1]].format(k=step[2]), name=f"q{made}")
-        elif step[0] == "unregister" and eng.sources:
-            eng.unregister(sorted(eng.sources)[step[1] % len(eng.sources)])
-        elif step[0] == "events":
-            for etype, k in step[1]:
-                ts += 1
-                eng.process({"type": etype, "ts": ts, "k": k})
-        elif step[0] == "sample":
+        driven.apply(step)
+        if step[0] == "sample":
             _, spent, interval, max_share = step
             clock.cpu += spent
             clock.wall += interval
@@ -91,7 +102,7 @@ def test_a_sample_says_what_a_sample_of_every_query_says(monkeypatch, script):
             assert usage.parts == {name: part for name, part in account.parts.items() if part[0]}
             reported.take(usage.report(), [])
             assert dict(reported) == {name: {**usage.of(name), "engine": "worker 1", "pid": 7} for name in account.by_name}
-            for name in {f"q{i}" for i in range(made + 2)}:
+            for name in {f"q{i}" for i in range(driven.made + 2)}:
                 got, want = usage.of(name), account.by_name.get(name, {"runs": 0, "runs_shed": 0, "cpu_s": 0.0})
                 assert (got["runs"], got["runs_shed"], got["engine"]) == (want["runs"], want["runs_shed"], "main")
                 assert got["cpu_s"] == pytest.approx(round(want["cpu_s"], 3), abs=1.001e-3)
@@ -115,18 +126,10 @@ def test_a_sample_takes_of_a_worker_child_only_its_changed_queries(monkeypatch, 
     runs: dict[str, int] = {}  # each child query's branch's runs at the child's last report taken
     child_spent = seen_spent = 0.0
     pending: list[tuple] = []  # the child's reports not taken yet
-    ts, made, first = 0.0, 0, True
+    driven, first = Driven(child_engine), True
     for step, take in zip(script, reports + [True] * len(script)):
-        if step[0] == "register":
-            made += 1
-            child_engine.register(QUERIES[step[1]].format(k=step[2]), name=f"q{made}")
-        elif step[0] == "unregister" and child_engine.sources:
-            child_engine.unregister(sorted(child_engine.sources)[step[1] % len(child_engine.sources)])
-        elif step[0] == "events":
-            for etype, k in step[1]:
-                ts += 1
-                child_engine.process({"type": etype, "ts": ts, "k": k})
-        elif step[0] == "sample":
+        driven.apply(step)
+        if step[0] == "sample":
             _, spent, interval, _ = step
             clock.cpu += spent
             clock.wall += interval
