@@ -22,6 +22,8 @@ busy processes get at once is measured (a shared machine may give two of them we
     python benchmarks/workers_benchmark.py --max-workers 16         # N = 1, 2, 4, 8, 16 on a bigger machine
     python benchmarks/workers_benchmark.py --events 1000000 --costs # and the CPU of reading vs shipping an event,
                                                                     # and the parts of one engine's and a worker's work
+    python benchmarks/workers_benchmark.py --events 200000 --instructions [--code OTHER_CHECKOUT]
+                                                                    # instructions per event of a worker's reading share
 """
 
 from __future__ import annotations
@@ -94,46 +96,86 @@ def shipping_costs(path: Path) -> dict[str, float]:
     return {"read": read / len(events) * 1e6, "ship": ship / len(events) * 1e6}
 
 
+class Parts:
+    """What the in-process measurements of one engine's parts and worker 0 of ``n``'s share over a feed start from:
+    the reader options, the query groups and their keys, and the feed's read blocks."""
+
+    def __init__(self, path: Path, workload: str, n: int = 2) -> None:
+        from yfpp.input.dead_letters import DeadLetters
+        from yfpp.input.jsonl_reader import LineBlocks
+        from yfpp.input.readers import reading_options
+        from yfpp.spark.plan import group_queries
+        from yfpp.workers import WORKERS
+        from yfpp.workers_reading import BLOCK
+
+        self.path, self.workload, self.n = path, workload, n
+        self.opts, self.dead = reading_options(), DeadLetters()
+        engine = self.loaded()
+        queries = [(name, pattern) for _, (pattern, _, name) in sorted(engine.sources.items())]
+        self.groups = group_queries(queries, runner=WORKERS)
+        self.keys = sorted({g.key[0] for g in self.groups if g.key})
+        with open(path, "rb") as f:
+            self.blocks = list(LineBlocks(f, self.opts.max_record_bytes, self.dead, BLOCK))
+
+    def loaded(self) -> Any:
+        """An engine with the workload's queries."""
+        from yfpp.engine import Engine
+        from yfpp.language.query_text import load_queries
+
+        engine = Engine()
+        for q in load_queries([query(self.workload)]):
+            engine.register(q.text, q.name)
+        return engine
+
+    def read_all(self) -> list[list[Any]]:
+        """One reader's events of the feed, a list per block."""
+        from yfpp.input.jsonl_reader import parse_block
+
+        out, seq = [], 0
+        for body in self.blocks:
+            events, seq, _ = parse_block(body, seq, 0, self.opts, self.dead)
+            out.append(events)
+        return out
+
+    def scans(self, me: int) -> list[Any]:
+        """The scans of worker ``me``'s chunks (chunk ``c`` by worker ``c % n``)."""
+        from yfpp.workers_reading import CHUNK, scan
+
+        return [scan(body, self.opts, self.keys, self.n) for c in range(0, len(self.blocks), CHUNK)
+                if c // CHUNK % self.n == me for body in self.blocks[c:c + CHUNK]]
+
+    def share(self) -> Any:
+        """Worker 0's :class:`~yfpp.workers_reading.Share`, the peers' scans of their chunks in its inbox."""
+        import queue
+
+        from yfpp.workers import SLICE_EVENTS, Sequencer
+        from yfpp.workers_reading import CHUNK, Share, scan
+
+        n, opts, blocks = self.n, self.opts, self.blocks
+        inboxes: list[Any] = [queue.Queue() for _ in range(n)]
+        chunks = (len(blocks) + CHUNK - 1) // CHUNK
+        for c in range(chunks):
+            if c % n:
+                inboxes[0].put((c % n, c, [scan(body, opts, self.keys, n) for body in blocks[c * CHUNK:(c + 1) * CHUNK]]))
+        for w in range(1, n):
+            inboxes[0].put((w, chunks, None))
+        return Share(str(self.path), opts, self.groups, 0, n, SLICE_EVENTS, self.dead, Sequencer(dead_letters=self.dead),
+                     {}, inboxes)
+
+
 def path_costs(path: Path, workload: str, n: int = 2) -> dict[str, float]:
     """CPU s, in this process, of the parts of one engine's run and of worker 0 of ``n``'s (the longest path
     but the parent's start, which every N pays): ``read`` — one reader over the whole feed; ``match`` — one
     engine over all its events; ``share`` — worker 0 reading its share (``Share.blocks()``: scanning its chunks,
-    parsing its own lines; the peers' scans already in its inbox); ``scan`` — of that, the scans of its chunks;
+    parsing its own lines, each block's events dropped; the peers' scans already in its inbox); ``scan`` — of that, the scans of its chunks;
     ``own`` — matching the events it routed to itself. Each the best of 3."""
+    import collections
     import gc
-    import queue
     import time
 
-    from yfpp.engine import Engine
-    from yfpp.input.dead_letters import DeadLetters
-    from yfpp.input.jsonl_reader import LineBlocks, parse_block
-    from yfpp.input.readers import reading_options
-    from yfpp.language.query_text import load_queries
-    from yfpp.spark.plan import group_queries
-    from yfpp.workers import SLICE_EVENTS, WORKERS, Sequencer, _Matching
-    from yfpp.workers_reading import BLOCK, CHUNK, Share, scan
+    from yfpp.workers import _Matching
 
-    opts, dead = reading_options(), DeadLetters()
-
-    def loaded() -> Engine:
-        engine = Engine()
-        for q in load_queries([query(workload)]):
-            engine.register(q.text, q.name)
-        return engine
-
-    def read_all(bodies: list[bytes]) -> list[list[Any]]:
-        out, seq = [], 0
-        for body in bodies:
-            events, seq, _ = parse_block(body, seq, 0, opts, dead)
-            out.append(events)
-        return out
-
-    engine = loaded()
-    queries = [(name, pattern) for _, (pattern, _, name) in sorted(engine.sources.items())]
-    groups = group_queries(queries, runner=WORKERS)
-    keys = sorted({g.key[0] for g in groups if g.key})
-    with open(path, "rb") as f:
-        blocks = list(LineBlocks(f, opts.max_record_bytes, dead, BLOCK))
+    parts = Parts(path, workload, n)
     best: dict[str, float] = {}
 
     gc.set_threshold(100_000, 50, 100)  # (as yfpp run and its workers; what is kept from part to part frozen)
@@ -147,25 +189,47 @@ def path_costs(path: Path, workload: str, n: int = 2) -> dict[str, float]:
         return got
 
     for _ in range(3):
-        batches = clock("read", lambda: read_all(blocks))
-        one = loaded()
+        batches = clock("read", parts.read_all)
+        one = parts.loaded()
         clock("match", lambda: [one.process_batch(b, []) for b in batches] + [one.flush()])
         del batches
-        clock("scan", lambda: [scan(body, opts, keys, n) for c in range(0, len(blocks), CHUNK) if c // CHUNK % n == 0
-                               for body in blocks[c:c + CHUNK]])
-        inboxes: list[Any] = [queue.Queue() for _ in range(n)]
-        chunks = (len(blocks) + CHUNK - 1) // CHUNK
-        for c in range(chunks):
-            if c % n:
-                inboxes[0].put((c % n, c, [scan(body, opts, keys, n) for body in blocks[c * CHUNK:(c + 1) * CHUNK]]))
-        for w in range(1, n):
-            inboxes[0].put((w, chunks, None))
-        slicings: dict = {}
-        share = Share(str(path), opts, groups, 0, n, SLICE_EVENTS, dead, Sequencer(dead_letters=dead), slicings, inboxes)
-        routed = clock("share", lambda: list(share.blocks()))
-        matching = _Matching(groups, {}, dead, slicings)
+        clock("scan", lambda: parts.scans(0))
+        share = parts.share()
+        clock("share", lambda: collections.deque(share.blocks(), 0))  # (each block's events dropped, as a worker's
+        share = parts.share()                                         # matching drops them; then kept, to match)
+        routed = list(share.blocks())
+        matching = _Matching(parts.groups, {}, parts.dead, share.slicings)
         clock("own", lambda: [matching.feed(r.items(), closes, []) for r, closes in routed] + [matching.finish()])
     return best
+
+
+INSTRUCTION_PARTS = ("start", "peers", "share", "read")  #: what --part runs (each after reading the feed's blocks)
+
+
+def run_part(path: Path, workload: str, part: str) -> None:
+    """One part, for :func:`share_instructions`: ``start`` nothing more; ``peers`` worker 1's scans of its chunks;
+    ``share`` those and worker 0 reading its share (its events dropped as they come, as its matching drops them);
+    ``read`` one reader over the whole feed."""
+    parts = Parts(path, workload)
+    if part == "peers":
+        parts.scans(1)
+    elif part == "share":
+        for _ in parts.share().blocks():
+            pass
+    elif part == "read":
+        parts.read_all()
+
+
+def share_instructions(workload: str, events: int, code: str) -> dict[str, float]:
+    """Instructions per event (callgrind; the yfpp at ``code``) of worker 0 of 2 reading its share (scanning its
+    chunks, parsing its own lines: ``share`` less ``peers``) and of one reader reading the whole feed."""
+    from bench_common import callgrind_instructions
+
+    feed(workload, events)
+    got = {part: callgrind_instructions([__file__, "--part", part, "--workloads", workload, "--events", str(events)],
+                                        str(ROOT), code) for part in INSTRUCTION_PARTS}
+    return {"share": (got["share"] - got["peers"]) / events, "read": (got["read"] - got["start"]) / events,
+            "peers": (got["peers"] - got["start"]) / events}
 
 
 def main() -> int:
@@ -177,7 +241,25 @@ def main() -> int:
     ap.add_argument("--costs", action="store_true",
                     help="also measure reading and shipping an event, per event (why the parent reads), and the parts "
                          "of one engine's run and of worker 0 of 2's, in this process (yfpp run's longest path)")
+    ap.add_argument("--instructions", action="store_true",
+                    help="instead of the runs: instructions per event (callgrind) of worker 0 of 2 reading its share "
+                         "and of one reader (try --events 200000)")
+    ap.add_argument("--code", default=str(ROOT),
+                    help="with --instructions: the yfpp checkout to measure (PYTHONPATH; another commit's for a before)")
+    ap.add_argument("--part", choices=INSTRUCTION_PARTS, help=argparse.SUPPRESS)  # (one part, under callgrind)
     args = ap.parse_args()
+    if args.part:
+        workload = args.workloads.split(",")[0]
+        run_part(feed(workload, args.events), workload, args.part)
+        return 0
+    if args.instructions:
+        print(f"yfpp at {args.code}, {args.events:,} events; instructions per event (callgrind)")
+        for workload in args.workloads.split(","):
+            c = share_instructions(workload, args.events, args.code)
+            print(f"{workload:<9} worker 0 of 2 reading its share {c['share']:,.0f} (worker 1's scans of its chunks "
+                  f"{c['peers']:,.0f}); one reader {c['read']:,.0f}; share / one reader {c['share'] / c['read']:.3f}",
+                  flush=True)
+        return 0
     print(f"commit {commit()}, {args.events:,} events; two busy processes get {cores_for_two():.2f} cores")
     print(f"{'workload':<9} {'N':>3} {'wall s':>7} {'events/s':>10} {'speed-up':>8} {'CPU s':>7} {'CPU µs/ev':>9} "
           f"{'path CPU s':>10} {'free cores':>10}  matches")

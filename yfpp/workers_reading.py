@@ -80,13 +80,15 @@ def plan_slices(groups: list[Group], sliced: Any, ts: list[float], slice_events:
 class Scan(NamedTuple):
     """What :func:`scan` finds in a block of ``size`` bytes. When it is scanned (every line of the shape
     :func:`~yfpp.input.jsonl_scan.scan_block` takes, the times never going back): each line's ``ts``, per
-    routing key each line's worker (``owners``: its key text's hash modulo n), and the ts and index of the
-    ``last`` line the reader makes an event of (None: none); else ``ts`` is None."""
+    routing key each line's worker (``owners``: its key text's hash modulo n), the ts and index of the
+    ``last`` line the reader makes an event of (None: none), and whether each line is an object with no object
+    in it (``flat``: an event of a line then has each routing attribute the scan found); else ``ts`` is None."""
 
     size: int
     ts: list[float] | None
     owners: list[list[int]]
     last: tuple[float, int] | None
+    flat: bool = False
 
 
 def scan(body: bytes, opts: ReaderOptions, keys: Sequence[str], n: int) -> Scan:
@@ -95,14 +97,17 @@ def scan(body: bytes, opts: ReaderOptions, keys: Sequence[str], n: int) -> Scan:
     if found is None or not _ordered(found[0]):
         return Scan(len(body), None, [], None)
     ts, values = found
-    lines = body.split(b"\n")
     last = None
+    end = len(body) - (body[-1:] == b"\n")
     for j in range(len(ts) - 1, -1, -1):  # (parsed from the end back: a line of the shape may be no event)
-        events, _, _ = parse_block(lines[j], 0, 0, opts, DeadLetters())
+        start = body.rfind(b"\n", 0, end) + 1
+        events, _, _ = parse_block(body[start:end], 0, 0, opts, DeadLetters())
         if events:
             last = (events[0].ts, j)
             break
-    return Scan(len(body), ts, [[hash(v) % n for v in vs] for vs in values], last)
+        end = start - 1
+    flat = body[:1] == b"{" and body.count(b"\n{") == len(ts) - 1 and body.count(b"{") == len(ts)  # (one per line)
+    return Scan(len(body), ts, [[hash(v) % n for v in vs] for vs in values], last, flat)
 
 
 class Relay:
@@ -223,7 +228,6 @@ class Share:
     def _scanned(self, body: bytes, seq: int, lineno: int, sc: Scan) -> Routed:
         """The events of the lines of a scanned, ordered block that this worker's groups read; the watermark
         moved past the block (to its last line the reader makes an event of, and its next ``seq``)."""
-        lines = body.split(b"\n")
         ts = sc.ts
         assert ts is not None
         count = len(ts)
@@ -255,20 +259,20 @@ class Share:
             else:
                 masks.append(None if g % n == me else [False] * count)
         every = [m for m in masks if m is not None]
-        if len(every) < len(masks):
-            own = list(range(count))
-        else:
+        own: list[int] | None = None  # the lines parsed here (None: all)
+        if len(every) == len(masks):
             union = every[0] if len(every) == 1 else [any(flags) for flags in zip(*every)]
-            own = list(compress(range(count), union))
+            if not all(union):
+                own = list(compress(range(count), union))
         routed: Routed = {}
-        if own:
-            events = self._parse(lines, own, seq, lineno, reporter)
+        if own is None or own:
+            events = self._parse(body, own, seq, lineno, reporter)
             single = len(self.groups) == 1
             placed: set[int] = set()
             for g, grp in enumerate(self.groups):
                 mask = masks[g]
                 chosen = events if mask is None or single else [ev for ev in events if mask[ev.seq - seq]]
-                if grp.key:  # (an attribute named in a nested object only: the event lacks it)
+                if grp.key and not sc.flat:  # (an attribute named in a nested object only: the event lacks it)
                     a = grp.key[0]
                     chosen = [ev for ev in chosen if a in ev.attrs]
                 if single and not grp.sliced:
@@ -281,26 +285,32 @@ class Share:
             self.sequencer.skip_to(*self.sequencer.watermark, seq + count)
         return routed
 
-    def _parse(self, lines: list[bytes], own: list[int], seq: int, lineno: int, reporter: list[int] | None) -> list[Event]:
-        """The events of the block's lines ``own`` (indexes; the block's first line has ``seq`` and comes after line
-        ``lineno``), numbered as in the file; the dead letters and events of the lines this worker reports counted."""
+    def _parse(self, body: bytes, own: list[int] | None, seq: int, lineno: int, reporter: list[int] | None) -> list[Event]:
+        """The events of the block's lines ``own`` (indexes, None: every line; the block's first line has ``seq`` and
+        comes after line ``lineno``), numbered as in the file; the dead letters and events of the lines this worker
+        reports counted."""
         caught = _Caught()
-        events, _, _ = parse_block(b"\n".join([lines[j] for j in own]), 0, 0, self.opts, caught)
         me = self.me
-        if len(events) == len(own):
-            for ev, j in zip(events, own):
-                ev.seq = seq + j
+        if own is None:  # (a block of lines, each a record: numbered as the file's at once)
+            events, _, _ = parse_block(body, seq, 0, self.opts, caught)
+            dead = [(i - seq, reason, raw) for i, _, reason, raw in caught.items]
         else:
-            for ev in events:
-                ev.seq = seq + own[ev.seq]
-            for i, _, reason, raw in caught.items:
-                j = own[i]
-                if (reporter[j] if reporter is not None else 0) == me:
-                    self.dead.report(seq + j, f"line {lineno + j + 1}", reason, raw)
+            lines = body.split(b"\n")
+            events, _, _ = parse_block(b"\n".join([lines[j] for j in own]), 0, 0, self.opts, caught)
+            if len(events) == len(own):
+                for ev, j in zip(events, own):
+                    ev.seq = seq + j
+            else:
+                for ev in events:
+                    ev.seq = seq + own[ev.seq]
+            dead = [(own[i], reason, raw) for i, _, reason, raw in caught.items]
+        for j, reason, raw in dead:
+            if (reporter[j] if reporter is not None else 0) == me:
+                self.dead.report(seq + j, f"line {lineno + j + 1}", reason, raw)
         if reporter is None:
             reported = events if me == 0 else []
-        elif len(self.groups) == 1 and self.groups[0].key:
-            reported = events  # (its own lines are the ones it reports)
+        elif (len(self.groups) == 1 and self.groups[0].key) or reporter.count(me) == len(reporter):
+            reported = events  # (its own lines are the ones it reports, or it reports every line)
         else:
             reported = [ev for ev in events if reporter[ev.seq - seq] == me]
         self.events += len(reported)

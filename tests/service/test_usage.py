@@ -63,6 +63,25 @@ steps = st.lists(st.one_of(
     max_size=30)
 
 
+
+class Driven:
+    """An engine put through a script's steps other than samples: registrations, deletions, events."""
+
+    def __init__(self, eng: Engine) -> None:
+        self.eng, self.made, self.ts = eng, 0, 0.0
+
+    def apply(self, step: tuple) -> None:
+        eng = self.eng
+        if step[0] == "register":
+            self.made += 1
+            eng.register(QUERIES[step[1]].format(k=step[2]), name=f"q{self.made}")
+        elif step[0] == "unregister" and eng.sources:
+            eng.unregister(sorted(eng.sources)[step[1] % len(eng.sources)])
+        elif step[0] == "events":
+            for etype, k in step[1]:
+                self.ts += 1
+                eng.process({"type": etype, "ts": self.ts, "k": k})
+
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 @given(steps)
 def test_a_sample_says_what_a_sample_of_every_query_says(monkeypatch, script):
@@ -72,18 +91,10 @@ def test_a_sample_says_what_a_sample_of_every_query_says(monkeypatch, script):
     eng = Engine(max_runs_per_query=3)  # (a cap: some runs are shed)
     usage, account = Usage(), Account()
     reported = Reported("worker 1", 7)  # (what a worker engine's child's reports leave in the service)
-    ts, made = 0.0, 0
+    driven = Driven(eng)
     for step in script:
-        if step[0] == "register":
-            made += 1
-            eng.register(QUERIES[step[1]].format(k=step[2]), name=f"q{made}")
-        elif step[0] == "unregister" and eng.sources:
-            eng.unregister(sorted(eng.sources)[step[1] % len(eng.sources)])
-        elif step[0] == "events":
-            for etype, k in step[1]:
-                ts += 1
-                eng.process({"type": etype, "ts": ts, "k": k})
-        elif step[0] == "sample":
+        driven.apply(step)
+        if step[0] == "sample":
             _, spent, interval, max_share = step
             clock.cpu += spent
             clock.wall += interval
@@ -91,7 +102,67 @@ def test_a_sample_says_what_a_sample_of_every_query_says(monkeypatch, script):
             assert usage.parts == {name: part for name, part in account.parts.items() if part[0]}
             reported.take(usage.report(), [])
             assert dict(reported) == {name: {**usage.of(name), "engine": "worker 1", "pid": 7} for name in account.by_name}
-            for name in {f"q{i}" for i in range(made + 2)}:
+            for name in {f"q{i}" for i in range(driven.made + 2)}:
                 got, want = usage.of(name), account.by_name.get(name, {"runs": 0, "runs_shed": 0, "cpu_s": 0.0})
                 assert (got["runs"], got["runs_shed"], got["engine"]) == (want["runs"], want["runs_shed"], "main")
                 assert got["cpu_s"] == pytest.approx(round(want["cpu_s"], 3), abs=1.001e-3)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(steps, st.lists(st.booleans(), max_size=30))
+def test_a_sample_takes_of_a_worker_child_only_its_changed_queries(monkeypatch, script, reports):
+    """The main engine's sample with a worker engine's child (its reports, some of them taken only after the main
+    engine's next sample: ``reports``): the child's queries with runs, or whose own CPU moved since the last sample, with their
+    runs and that CPU over the engines' together — what walking every child query's own CPU gives."""
+    clock = types.SimpleNamespace(cpu=0.0, wall=0.0)
+    monkeypatch.setattr(accounting, "time", types.SimpleNamespace(thread_time=lambda: clock.cpu,
+                                                                  monotonic=lambda: clock.wall))
+    child_engine, main_engine = Engine(max_runs_per_query=3), Engine()
+    child, main = Usage(), Usage()
+    reported = Reported("worker 1", 7)
+    main.shares = lambda: [reported]
+    own: defaultdict[str, float] = defaultdict(float)  # each child query's CPU while its runs said whose
+    seen: dict[str, float] = {}  # ... at the main engine's last sample
+    runs: dict[str, int] = {}  # each child query's branch's runs at the child's last report taken
+    child_spent = seen_spent = 0.0
+    pending: list[tuple] = []  # the child's reports not taken yet
+    driven, first = Driven(child_engine), True
+    for step, take in zip(script, reports + [True] * len(script)):
+        driven.apply(step)
+        if step[0] == "sample":
+            _, spent, interval, _ = step
+            clock.cpu += spent
+            clock.wall += interval
+            child.sample(child_engine)  # (the child's and the main's thread clocks: the same fake one)
+            pending.append(child.report())
+            rt = child_engine.runtime
+            branches = [(root.live, [str(p.name) for p in plans]) for root, plans in rt.branch_queries.items()]
+            live = sum(n for n, _ in branches)
+            if not first:
+                for n, group in branches:
+                    for name in group:
+                        own[name] += spent * n / live / len(group) if n else 0.0
+            if take:
+                for report in pending:
+                    reported.take(report, [])
+                pending.clear()
+                runs = {name: n for n, group in branches for name in group}
+                child_spent = child.spent
+                for gone in set(own) - runs.keys():  # (deleted queries: gone once a report says so)
+                    del own[gone]
+                    seen.pop(gone, None)
+            main.sample(main_engine)
+            total = 0.0 if first else spent + child_spent - seen_spent
+            busy = total >= BUSY * interval > 0
+            want = {}
+            for name, n in runs.items():
+                moved = own[name] - seen.get(name, 0.0) if take else 0.0
+                if n or moved:
+                    want[name] = (n, moved / total if busy else 0.0)
+            if take:
+                seen.update({name: own[name] for name in runs})
+            seen_spent, first = child_spent, False
+            assert main.parts.keys() == want.keys()
+            for name, (n, share) in want.items():
+                assert main.parts[name][0] == n and main.parts[name][1] == pytest.approx(share, abs=1e-9)
+                assert main.of(name) == reported[name]

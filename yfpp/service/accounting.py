@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Mapping
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from yfpp.engine import Engine
 
@@ -54,8 +54,11 @@ class Usage:
         self._came: list[str] = []  # the queries first sampled at the last sample
         self._went: list[str] = []  # the queries gone since the sample before
         self._moved: set[str] = set()  # the queries whose runs, shed runs or own CPU moved at the last sample
+        self.spent = 0.0  #: the engine thread's CPU seconds over the samples (what a child reports it spent)
         #: the usage of the queries that run in isolation engines (yfpp.service.isolation), by name
         self.elsewhere: Callable[[], dict[str, dict[str, Any]]] = dict
+        #: the worker engines' children's last reports (yfpp.service.worker_engines), one per child
+        self.shares: Callable[[], Sequence[Reported]] = tuple
 
     def sample(self, engine: Engine, max_share: float | None = None) -> list[str]:
         """(engine thread, holding ``engine_lock``) Take a sample; return the queries attributed more than
@@ -64,6 +67,7 @@ class Usage:
         now, wall = time.thread_time(), time.monotonic()
         spent, self._cpu_at = (now - self._cpu_at if self._cpu_at is not None else 0.0), now
         interval, self._wall_at = wall - self._wall_at, wall
+        self.spent += spent
         rt = engine.runtime
         names = {str(p.name) for plans in rt.branch_queries.values() for p in plans}
         hot = [(root.live, [str(p.name) for p in plans]) for root, plans in rt.branch_queries.items() if root.live]
@@ -100,17 +104,21 @@ class Usage:
     def _across(self, parts: dict[str, tuple[float, float]], spent: float,
                 interval: float) -> dict[str, tuple[float, float]]:
         """``parts`` of the main engine (CPU as a fraction of the engine thread's ``spent``; 0 while no runs say
-        whose it was) with the isolated queries' added, every CPU share now a fraction of the engines' CPU
-        together over the ``interval``."""
+        whose it was) with the isolated queries' added and the worker children's that changed, every CPU share now
+        a fraction of the engines' CPU together over the ``interval``."""
         children = self.elsewhere()
         spent_by = {name: max(0.0, u["cpu_s"] - self._child_cpu.get(name, 0.0)) for name, u in children.items()}
         self._child_cpu = {name: u["cpu_s"] for name, u in children.items()}
-        total = spent + sum(spent_by.values())
+        shares = [share.changes() for share in self.shares()]
+        total = spent + sum(spent_by.values()) + sum(cpu for cpu, _ in shares)
         busy = total >= BUSY * interval > 0
         main = spent / total if busy else 0.0
         out = {name: (runs, share * main) for name, (runs, share) in parts.items()}
         for name, u in children.items():
             out[name] = (u["runs"], spent_by[name] / total if busy else 0.0)
+        for _, changed in shares:
+            for name, (runs, cpu) in changed.items():
+                out[name] = (runs, cpu / total if busy else 0.0)
         return out
 
     def of(self, name: str) -> dict[str, Any]:
@@ -119,26 +127,30 @@ class Usage:
         elsewhere = self.elsewhere().get(name)
         if elsewhere:
             return elsewhere
+        for share in self.shares():
+            if name in share:
+                return share[name]
         joined = self._joined.get(name)  # (None: not a query of the last sample)
         if joined is None:
             return {"runs": 0, "runs_shed": 0, "cpu_s": 0.0, "engine": "main"}
         return {"runs": self._runs.get(name, 0), "runs_shed": self._shed.get(name, 0),
                 "cpu_s": round(self._cpu.get(name, 0.0) + self._even - joined, 3), "engine": "main"}
 
-    def report(self) -> tuple[float, dict[str, float], list[str], dict[str, tuple[int, int, float]]]:
+    def report(self) -> tuple[float, dict[str, float], list[str], dict[str, tuple[int, int, float]], float]:
         """What a worker engine's child sends of the last sample (:class:`Reported` takes it), costing only the
         queries that came, went or moved (their runs, shed runs or own CPU), not one step per query: the CPU shared
-        evenly so far, the queries first sampled (with the even share when they came), those gone, and the moved
-        ones' ``(runs, runs_shed, own CPU)``."""
+        evenly so far, the queries first sampled (with the even share when they came), those gone, the moved
+        ones' ``(runs, runs_shed, own CPU)``, and the CPU spent over the samples."""
         joined, cpu = self._joined, self._cpu
         moved = {name: (self._runs.get(name, 0), self._shed.get(name, 0), cpu.get(name, 0.0))
                  for name in self._moved if name in joined}
-        return self._even, {name: joined[name] for name in self._came}, self._went, moved
+        return self._even, {name: joined[name] for name in self._came}, self._went, moved, self.spent
 
 
 class Reported(Mapping):
     """A worker engine child's queries' last samples (as :meth:`Usage.of` gives them, with ``engine`` and ``pid``),
-    by name, kept up to date from its reports (:meth:`Usage.report`): only what a report names is touched."""
+    by name, kept up to date from its reports (:meth:`Usage.report`): only what a report names is touched. The
+    reports are taken in the child's reader thread, :meth:`changes` in the engine thread."""
 
     def __init__(self, engine: str, pid: int) -> None:
         self.engine, self.pid = engine, pid
@@ -146,19 +158,43 @@ class Reported(Mapping):
         self._joined: dict[str, float] = {}  # each query's even share when it came
         self._moved: dict[str, tuple[int, int, float]] = {}  # (runs, runs_shed, own CPU) of those that ever moved
         self._sets: dict[str, dict[str, Any]] = {}  # the event-set queries' (no runs: zeros)
+        self._spent = self._spent_seen = 0.0  # the child's CPU over its samples: reported, and at the last changes()
+        self._live: set[str] = set()  # the queries with runs at the child's last sample
+        self._touched: set[str] = set()  # the queries a report named as moved since the last changes()
+        self._seen: dict[str, float] = {}  # each query's own CPU at the last changes() that named it
 
     def take(self, report: tuple, sets: list[str] | None) -> None:
         """A child's report; ``sets``: its event-set queries' names (None: the same as before)."""
-        even, came, went, moved = report
+        even, came, went, moved, self._spent = report
         self._even = even
         for name in went:
             self._joined.pop(name, None)
             self._moved.pop(name, None)
+            self._live.discard(name)
+            self._seen.pop(name, None)
         self._joined.update(came)
         self._moved.update(moved)
+        for name, (runs, _, _) in moved.items():
+            (self._live.add if runs else self._live.discard)(name)
+        self._touched.update(moved)
         if sets is not None:
             self._sets = {name: {"runs": 0, "runs_shed": 0, "cpu_s": 0.0, "engine": self.engine, "pid": self.pid}
                           for name in sets}
+
+    def changes(self) -> tuple[float, dict[str, tuple[int, float]]]:
+        """The child's CPU seconds since the last call and, of its queries with live runs or whose own CPU moved
+        since then, ``(runs, own CPU seconds since then)``: only those are looked at."""
+        spent = self._spent
+        spent, self._spent_seen = spent - self._spent_seen, spent
+        touched, self._touched = self._touched, set()
+        out: dict[str, tuple[int, float]] = {}
+        for name in touched | self._live:
+            runs, _, cpu = self._moved.get(name, (0, 0, 0.0))
+            moved = max(0.0, cpu - self._seen.get(name, 0.0))
+            self._seen[name] = cpu
+            if runs or moved:
+                out[name] = (runs, moved)
+        return spent, out
 
     def __getitem__(self, name: str) -> dict[str, Any]:
         joined = self._joined.get(name)

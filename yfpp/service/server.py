@@ -142,7 +142,8 @@ class Service:
                                       self.returns.put, self._worker_failed) if config.workers > 1 else None)
         #: what the subscriptions' queries are registered with: the engine, or the worker engines
         self.matching: Engine | WorkerEngines = self.workers or self.engine
-        self.usage.elsewhere = self.isolation.usages if self.workers is None else self.workers.usages
+        self.usage.elsewhere = self.isolation.usages
+        self.usage.shares = self.workers.reports if self.workers else tuple
         self.rate = 0.0
         self.started_at = time.time()
         self.loop: asyncio.AbstractEventLoop | None = None

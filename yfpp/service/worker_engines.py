@@ -313,9 +313,9 @@ class WorkerEngines:
             worker.over = []
         return names
 
-    def usages(self) -> ChainMap:
-        """The children's queries' usage (their last samples), by query name."""
-        return ChainMap(*(w.by_name for w in self.workers))
+    def reports(self) -> list[Reported]:
+        """The children's last usage samples (:attr:`yfpp.service.accounting.Usage.shares`)."""
+        return [w.by_name for w in self.workers]
 
     @property
     def live_runs(self) -> int:
