@@ -21,6 +21,7 @@ interval, the engine thread's and the isolation engines' together.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Mapping
@@ -162,39 +163,42 @@ class Reported(Mapping):
         self._live: set[str] = set()  # the queries with runs at the child's last sample
         self._touched: set[str] = set()  # the queries a report named as moved since the last changes()
         self._seen: dict[str, float] = {}  # each query's own CPU at the last changes() that named it
+        self._lock = threading.Lock()  # (take and changes on their two threads: a report is seen whole or not yet)
 
     def take(self, report: tuple, sets: list[str] | None) -> None:
         """A child's report; ``sets``: its event-set queries' names (None: the same as before)."""
-        even, came, went, moved, self._spent = report
-        self._even = even
-        for name in went:
-            self._joined.pop(name, None)
-            self._moved.pop(name, None)
-            self._live.discard(name)
-            self._seen.pop(name, None)
-        self._joined.update(came)
-        self._moved.update(moved)
-        for name, (runs, _, _) in moved.items():
-            (self._live.add if runs else self._live.discard)(name)
-        self._touched.update(moved)
-        if sets is not None:
-            self._sets = {name: {"runs": 0, "runs_shed": 0, "cpu_s": 0.0, "engine": self.engine, "pid": self.pid}
-                          for name in sets}
+        with self._lock:
+            even, came, went, moved, self._spent = report
+            self._even = even
+            for name in went:
+                self._joined.pop(name, None)
+                self._moved.pop(name, None)
+                self._live.discard(name)
+                self._seen.pop(name, None)
+            self._joined.update(came)
+            self._moved.update(moved)
+            for name, (runs, _, _) in moved.items():
+                (self._live.add if runs else self._live.discard)(name)
+            self._touched.update(moved)
+            if sets is not None:
+                self._sets = {name: {"runs": 0, "runs_shed": 0, "cpu_s": 0.0, "engine": self.engine, "pid": self.pid}
+                              for name in sets}
 
     def changes(self) -> tuple[float, dict[str, tuple[int, float]]]:
         """The child's CPU seconds since the last call and, of its queries with live runs or whose own CPU moved
         since then, ``(runs, own CPU seconds since then)``: only those are looked at."""
-        spent = self._spent
-        spent, self._spent_seen = spent - self._spent_seen, spent
-        touched, self._touched = self._touched, set()
-        out: dict[str, tuple[int, float]] = {}
-        for name in touched | self._live:
-            runs, _, cpu = self._moved.get(name, (0, 0, 0.0))
-            moved = max(0.0, cpu - self._seen.get(name, 0.0))
-            self._seen[name] = cpu
-            if runs or moved:
-                out[name] = (runs, moved)
-        return spent, out
+        with self._lock:
+            spent = self._spent
+            spent, self._spent_seen = spent - self._spent_seen, spent
+            touched, self._touched = self._touched, set()
+            out: dict[str, tuple[int, float]] = {}
+            for name in touched | self._live:
+                runs, _, cpu = self._moved.get(name, (0, 0, 0.0))
+                moved = max(0.0, cpu - self._seen.get(name, 0.0))
+                self._seen[name] = cpu
+                if runs or moved:
+                    out[name] = (runs, moved)
+            return spent, out
 
     def __getitem__(self, name: str) -> dict[str, Any]:
         joined = self._joined.get(name)

@@ -97,7 +97,7 @@ class Staged:
     def write(self) -> None:
         """Make the state plain data and write it to the staged file (a piece at a time: the engine thread runs
         between the pieces); YfppError if it was cancelled meanwhile. Nothing to do for one written already."""
-        taken, self._taken = self._taken, None
+        taken, service, self._taken, self._service = self._taken, self._service, None, None  # (held no longer)
         if taken is None:
             return
         staged(self.path).unlink(missing_ok=True)
@@ -105,7 +105,7 @@ class Staged:
         gc.disable()  # (the pieces are garbage once written: no collection walks the state meanwhile)
         try:
             data = taken.data()
-            data[SERVICE] = self._service
+            data[SERVICE] = service
             write_pieces(json_pieces(data, self._patterns), staged(self.path), lambda: self.cancelled)
             self._written = True
         except Cancelled:

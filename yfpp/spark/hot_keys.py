@@ -64,12 +64,13 @@ def find_hot(keys: list[Hashable], tasks: int) -> list[Hashable]:
 def hot_of_counts(counts: Mapping[Hashable, int], tasks: int) -> list[Hashable]:
     """The keys of ``counts`` (events per key value) that are hot among ``tasks`` tasks, in ``counts``' order."""
     bar = hot_bar(sum(counts.values()), tasks)
-    return [k for k, c in counts.items() if c >= bar and c >= 2]
+    return [k for k, c in counts.items() if c >= bar]
 
 
 def hot_bar(events: int, tasks: int) -> float:
-    """The events a key needs to be hot, of ``events`` keyed events over ``tasks`` tasks."""
-    return HOT_SHARE * events / tasks
+    """The events a key needs to be hot, of ``events`` keyed events over ``tasks`` tasks (two at least: one
+    event is never worth slicing)."""
+    return max(2.0, HOT_SHARE * events / tasks)
 
 
 class HotSlices:

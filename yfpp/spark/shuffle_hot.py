@@ -53,7 +53,7 @@ def find_hot_hashes(events: DataFrame, groups: list[Group], tasks: int) -> list[
         rows = (events.where(F.col(h).isNotNull()).groupBy(h)
                 .agg(F.count(F.lit(1)).alias("n"), F.min("ts").alias("t0"), F.max("ts").alias("t1"),
                      F.first("attrs").alias("attrs"))
-                .where(F.col("n") >= F.lit(max(2.0, hot_bar(total, tasks)))).collect())
+                .where(F.col("n") >= F.lit(hot_bar(total, tasks))).collect())
         for r in sorted(rows, key=lambda r: (-r["n"], r[h])):
             length = max(SLICE_WINDOWS * window, (r["t1"] - r["t0"]) / (SLICES_PER_TASK * tasks))
             if r["t1"] - r["t0"] > length:  # else one slice: nothing to spread

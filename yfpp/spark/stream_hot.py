@@ -79,7 +79,7 @@ class HotKeys:
             if not total:
                 continue
             rows = (keyed.groupBy("h").agg(F.count("*").alias("n"), F.min("ts").alias("t0"))
-                    .where(F.col("n") >= F.lit(max(2.0, hot_bar(total, self.buckets)))).collect())
+                    .where(F.col("n") >= F.lit(hot_bar(total, self.buckets))).collect())
             keys = [[r["h"], r["t0"], max(SLICE_WINDOWS * grp.window, (end - r["t0"]) / self.buckets)]
                     for r in sorted(rows, key=lambda r: (r["t0"], r["h"])) if end > r["t0"]]
             if keys:
