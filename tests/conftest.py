@@ -16,6 +16,16 @@ from pathlib import Path
 import pytest
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (the README's ``-n 2 --dist loadgroup``), every test that uses Spark runs in one
+    worker, in turn, so that one Spark session serves them all; the other worker takes the rest."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()) or item.path.parent.name == "spark":
+            item.add_marker(pytest.mark.xdist_group("spark"))
+
+
 @pytest.fixture(scope="session")
 def spark():
     pytest.importorskip("pyspark", reason="pyspark is not installed (pip install '.[spark]')")
