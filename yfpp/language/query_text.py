@@ -28,6 +28,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from yfpp.errors import QueryError, QuerySyntaxError, YfppError
 from yfpp.language.pattern import Literal, Pattern, XPathTest, rebuilt
+from yfpp.language.query_limits import MAX_QUERY_CHARS, check_text
 
 _QUERY_LINE = re.compile(r"@query\s+([A-Za-z_][\w.\-]*)\s*$")
 _SPACE = re.compile(r"\s*")
@@ -246,8 +247,6 @@ class QueryShapes:
         """The parsed shape of ``text`` and its constants as written; ``(None, …)`` when ``text`` is parsed on its
         own (no constants, or a shape :meth:`parse` cannot use).  ``split``: :func:`split_constants` of ``text``,
         when the caller has it (a checkpoint keeps its queries so)."""
-        from yfpp.language.query_limits import MAX_QUERY_CHARS, check_text
-
         if len(text) > MAX_QUERY_CHARS:
             check_text(text)  # (its error: the shape's text is shorter; its nesting is the text's, checked by parsing)
         around, constants = split_constants(text) if split is None else split
