@@ -28,6 +28,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from yfpp.errors import QueryError, QuerySyntaxError, YfppError
 from yfpp.language.pattern import Literal, Pattern, XPathTest, rebuilt
+from yfpp.language.query_limits import MAX_QUERY_CHARS, check_text
 
 _QUERY_LINE = re.compile(r"@query\s+([A-Za-z_][\w.\-]*)\s*$")
 _SPACE = re.compile(r"\s*")
@@ -216,7 +217,8 @@ def _load_file(path: Path) -> list[QuerySource]:
 # A constant that a subscriber varies: a quoted string without quote or backslash inside, or a number (at most 15
 # digits each side of the point) right after a comparison operator and not part of a longer token (80%, 5.x).
 # (the operator is part of the match, not a look-behind: the scan for a match's first character is faster)
-_CONSTANT = re.compile(r"""('[^'\\\n]*'|"[^"\\\n]*")|[=<>]\s*(\d{1,15}(?:\.\d{1,15})?)(?![\w.%])""")
+# (the lookahead first: no alternative is tried where neither can begin)
+_CONSTANT = re.compile(r"""(?=['"=<>])(?:('[^'\\\n]*'|"[^"\\\n]*")|[=<>]\s*(\d{1,15}(?:\.\d{1,15})?)(?![\w.%]))""")
 _SENTINEL = "\ue000{}\ue001"  # a string constant's stand-in (private-use characters)
 _NUMBER_SENTINEL = 987_654_321_000  # + i: an integer constant's stand-in (12 digits, exact as a double)
 
@@ -245,20 +247,20 @@ class QueryShapes:
         """The parsed shape of ``text`` and its constants as written; ``(None, …)`` when ``text`` is parsed on its
         own (no constants, or a shape :meth:`parse` cannot use).  ``split``: :func:`split_constants` of ``text``,
         when the caller has it (a checkpoint keeps its queries so)."""
-        from yfpp.language.query_limits import MAX_QUERY_CHARS, check_text
-
         if len(text) > MAX_QUERY_CHARS:
             check_text(text)  # (its error: the shape's text is shorter; its nesting is the text's, checked by parsing)
         around, constants = split_constants(text) if split is None else split
         if not constants:
             return None, constants
-        pieces = [around[0]]
-        for tok, after in zip(constants, around[1:]):
-            pieces.append("\x00" + ("s" if tok[0] in "'\"" else "d" if "." in tok else "n") + tok[0] * (tok[0] in "'\""))
-            pieces.append(after)
-        key = (ts_unit, "".join(pieces))
+        # (each constant's kind: its quote, or d a decimal, n an integer)
+        kinds = [tok[0] if tok[0] in "'\"" else "d" if "." in tok else "n" for tok in constants]
+        key = (ts_unit, *kinds, *around)
         shape = self._shapes.get(key, _MISSING)
         if shape is _MISSING:
+            pieces = [around[0]]
+            for kind, after in zip(kinds, around[1:]):
+                pieces.append("\x00" + ("s" + kind if kind in "'\"" else kind))
+                pieces.append(after)
             shape = Shape.make(pieces, ts_unit)
             with self._lock:  # (the service parses on several threads)
                 if len(self._shapes) >= self.max_shapes:

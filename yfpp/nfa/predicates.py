@@ -295,11 +295,15 @@ def constant_of(check: Check, expr: Expr) -> Any:
 
 def rebound(check: Check, constant: Any) -> Check:
     """``check`` remade to compare with ``constant`` in place of :func:`constant_of` it (not ``MISSING``)."""
+    global _with_text
     if type(check) is _AttrCompare:
         return _AttrCompare(check.cmp, check.attr, constant)
-    from xpath_ext.xpath_predicates import with_text
+    if _with_text is None:  # (imported once, at the first XPath check remade: not at each)
+        from xpath_ext.xpath_predicates import with_text as _with_text
+    return _XPathCompare(_with_text(check.test, constant))  # type: ignore[attr-defined]
 
-    return _XPathCompare(with_text(check.test, constant))  # type: ignore[attr-defined]
+
+_with_text: Callable[[Any, Any], Any] | None = None  # xpath_ext.xpath_predicates.with_text, once rebound needs it
 
 
 class _Compiler:

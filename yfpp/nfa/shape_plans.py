@@ -76,10 +76,10 @@ class ShapePlan:
         # (the runtime keys its negation stores by these objects)
         negations = [copy.copy(n) for n in t.negations] if t.negations else ()
         trailing = negations[t.negations.index(t.trailing)] if t.trailing is not None else None
-        return QueryPlan(name=name, source=text, compiled_specs=specs, negations=negations,
-                         trailing=trailing, partition_by=t.partition_by, window=t.window, policy=t.policy,
-                         emit=t.emit, var_names=t.var_names, negation_key=t.negation_key, feedback=t.feedback,
-                         shape=self)
+        # (positional arguments, in QueryPlan's field order: name, source, compiled_specs, negations, trailing,
+        # partition_by, window, policy, emit, var_names, since_tick, negation_key, last, feedback, shape)
+        return QueryPlan(name, text, specs, negations, trailing, t.partition_by, t.window, t.policy, t.emit,
+                         t.var_names, 0, t.negation_key, None, t.feedback, self)
 
     def pattern(self, text: str) -> Pattern:
         """The pattern of the query ``text`` of this shape, with the registration's options."""
@@ -94,7 +94,7 @@ class _SpecMaker:
     """How a query's component spec is made from the template's: per edge (begin, take, final) the template's
     conjuncts and key, or where a conjunct holds a constant what to remake; the begin conjuncts' index keys."""
 
-    __slots__ = ("edges", "found", "best", "atom", "keys")
+    __slots__ = ("edges", "found", "best", "atom", "keys", "one")
 
     def __init__(self, edges: tuple, found: list[tuple[tuple, tuple]], best: int | None, atom: bool,
                  keys: tuple | None) -> None:
@@ -107,6 +107,12 @@ class _SpecMaker:
         self.best = best  # which of them best_key picks whatever the constants (None: it must look at them)
         self.atom = atom  # the begin condition is one string equality: its index key is its key (atom_key)
         self.keys = keys  # ComponentSpec.keys when no conjunct holds a constant, else None
+        # the commonest case, made without the loops of spec: the begin condition is one string equality holding a
+        # constant, its index key picked whatever the constants, no constant on take or final; then the stand-in's
+        # (type, value) and the template's check
+        begin, take, final = (items for _, _, items in edges)
+        self.one = (begin[0][:2] if atom and best is not None and begin is not None and begin[0][0] is not None
+                    and take is None and final is None else None)
 
     @classmethod
     def make(cls, spec: ComponentSpec, hot: set[int], sentinels: dict[str, str], stand_ins: set[tuple],
@@ -152,6 +158,12 @@ class _SpecMaker:
         if self.keys is not None:
             return ComponentSpec(s.index, s.var, s.event_type, s.kleene, s.contiguity, s.inner, s.begin, s.take,
                                  s.final, s.agg_slots, s.keep_events, self.keys)
+        if self.one is not None:
+            literal, check = self.one
+            best = _put(*self.found[self.best], literals)  # type: ignore[index]
+            return ComponentSpec(s.index, s.var, s.event_type, s.kleene, s.contiguity, s.inner,
+                                 ((None, rebound(check, literals[literal])),), s.take, s.final, s.agg_slots,
+                                 s.keep_events, (best, self.edges[1][1], self.edges[2][1], best))
         lists, keys = [], []
         for edge, (conjuncts, fixed_key, items) in enumerate(self.edges):
             atom = self.atom and not edge  # (the begin edge's key is its index key, below)

@@ -179,8 +179,12 @@ class Runtime(EventSteps, RunMoves, Acceptance):
     def _needs_pticks(plan: QueryPlan) -> bool:
         if not plan.partition_by:
             return False
-        nodes = plan.nodes  # (a node per component)
-        return any(a.kleene and b.contiguity is PARTITION for a, b in zip(nodes, nodes[1:]))
+        node = plan.last  # (up the query's path: a Kleene node followed by one of partition contiguity)
+        while node.parent is not None:
+            if node.contiguity is PARTITION and node.parent.kleene:
+                return True
+            node = node.parent
+        return False
 
     # --- the per-event step -----------------------------------------------------------
 
