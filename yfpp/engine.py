@@ -194,7 +194,7 @@ class Engine:
         if splan is not None:
             plan = splan.plan(constants, name_or_id, query)  # type: ignore[arg-type]
             self.sources[qid] = (plan, query, name)
-            return self._add(qid, plan)
+            return self._add(qid, plan, name)
         assert pattern is not None
         if policy is not None and policy != pattern.policy:
             pattern = dataclasses.replace(pattern, policy=policy).validate()
@@ -217,13 +217,13 @@ class Engine:
             return qid
         plan = compile_pattern(pattern, name_or_id)
         self.sources[qid] = source
-        return self._add(qid, plan)
+        return self._add(qid, plan, name)
 
-    def _add(self, qid: int, plan: QueryPlan) -> int:
+    def _add(self, qid: int, plan: QueryPlan, name: str | None) -> int:
         """Add a compiled query (its source kept) to the shared NFA; return its id."""
         self.queries[qid] = plan
-        if type(plan.name) is str:
-            self._names.add(plan.name)
+        if name is not None:
+            self._names.add(name)
         self.runtime.add(plan)
         plan.release_specs()
         if plan.feedback:
