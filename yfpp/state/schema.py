@@ -246,6 +246,25 @@ def _set_state(v: Any, sizes: dict) -> None:
     SET_STATE["match-window" if isinstance(v, dict) and "windows" in v else "direct"](v, sizes)
 
 
+_QUERY_ROWS = list_of(row(INT, optional(STR), optional(INT), ANY, optional(INT)))  #: [id, name, shape, …, since_tick]
+_BIG = 1 << 63
+
+
+def _query_rows(v: Any, sizes: dict) -> None:
+    """:data:`_QUERY_ROWS` (a million rows, in a checkpoint of a million subscriptions): rows each of whose
+    values is of its spec pass in one loop; at the first that is not, the spec checks the list, for its error."""
+    if type(v) is list:
+        for q in v:
+            if not (type(q) is list and len(q) == 5 and type(q[0]) is int and 0 <= q[0] < _BIG
+                    and (q[1] is None or type(q[1]) is str and q[1] != "")
+                    and (q[2] is None or type(q[2]) is int and 0 <= q[2] < _BIG)
+                    and (q[4] is None or type(q[4]) is int and 0 <= q[4] < _BIG)):
+                break
+        else:
+            return
+    _QUERY_ROWS(v, sizes)
+
+
 CHECKPOINT = record(
     {
         "options": record({}, {
@@ -256,7 +275,7 @@ CHECKPOINT = record(
         "queries": either(
             list_of(record({"id": INT, "name": optional(STR), "text": optional(STR), "pattern": ANY,
                             "since_tick": optional(INT)})),  # versions 1 and 2
-            list_of(row(INT, optional(STR), optional(INT), ANY, optional(INT))),  # version 3, beside "shapes"
+            _query_rows,  # version 3, beside "shapes"
         ),
         "next_query_id": INT,
         "stream": record({"next_seq": INT, "watermark": row(FLOAT, FLOAT), "next_arrival": INT, "tick": INT, "now": FLOAT,
