@@ -131,10 +131,13 @@ _ROW_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.sampled
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.one_of(st.lists(_ROW_VALUES, min_size=3, max_size=6), _ROW_VALUES), max_size=4))
-def test_the_query_rows_check_refuses_what_its_spec_refuses(rows):
-    """Version 3's query rows pass the one-loop check exactly when they pass their spec, with the spec's error."""
-    from yfpp.state.schema import _QUERY_ROWS, _Bad, _query_rows
+@given(st.lists(st.one_of(st.lists(st.one_of(_ROW_VALUES, st.lists(_ROW_VALUES, max_size=3)), min_size=2, max_size=6),
+                          _ROW_VALUES), max_size=4))
+def test_the_one_loop_checks_refuse_what_their_specs_refuse(rows):
+    """Version 3's query rows and the branches pass their one-loop checks exactly when they pass their specs,
+    with the specs' errors."""
+    from yfpp.state.schema import NODE, _Bad, _branches, _query_rows, list_of, optional, row
+    from yfpp.state.schema import ANY, INT, STR
 
     def outcome(check):
         try:
@@ -143,7 +146,8 @@ def test_the_query_rows_check_refuses_what_its_spec_refuses(rows):
             return e.want, e.found, e.path
         return None
 
-    assert outcome(_query_rows) == outcome(_QUERY_ROWS)
+    assert outcome(_query_rows) == outcome(list_of(row(INT, optional(STR), optional(INT), ANY, optional(INT))))
+    assert outcome(_branches) == outcome(list_of(row(NODE, INT, INT)))
 
 
 @pytest.mark.parametrize("edit, message", [
