@@ -34,8 +34,9 @@ from yfpp.input.events import Event
 from yfpp.runtime.feedback import MAX_DEPTH, MAX_DERIVED, Feedback
 from yfpp.nfa.compiler import QueryPlan, compile_pattern
 from yfpp.language.pattern import POLICIES, SET_POLICIES, STRATEGIES, Pattern
+from yfpp.language.query_limits import MAX_QUERY_CHARS, check_text
 from yfpp.language.query_text import QueryShapes, parse_query
-from yfpp.nfa.shape_plans import QuerySources, ShapePlans
+from yfpp.nfa.shape_plans import QuerySources, ShapePlan, ShapePlans
 from yfpp.runtime.runtime import Runtime
 from yfpp.state.memory_cap import MemoryCap, collection_paused, default_cap_mib
 
@@ -163,10 +164,7 @@ class Engine:
         when the caller has them (a checkpoint keeps its queries so).  A query refused
         (an error raised) leaves the engine as it was.
         """
-        if name is not None and not (isinstance(name, str) and name):
-            raise YfppError(f"a query name must be a non-empty string, not {_printable(name)!r:.80}")
-        if query_id is not None and (type(query_id) is not int or query_id < 0 or query_id in self.sources):
-            raise YfppError(f"query id {query_id!r} is not a free id (a non-negative integer no query has)")
+        self._check_name_id(name, query_id)
         shape, constants, pattern = None, [], None
         if isinstance(query, str):
             shape, constants = self._shapes.shape_of(query, split=split)
@@ -176,12 +174,7 @@ class Engine:
             pattern = query.validate()
         else:
             raise YfppError(f"register() takes query text or a Pattern, not {type(query).__name__}")
-        if name is not None and name in self._names:
-            raise YfppError(f"a query named {name!r} is already registered")
-        if len(self.queries) + len(self.set_queries) >= self.max_queries:
-            raise YfppError(f"the engine holds max_queries={self.max_queries:,} queries: unregister some, or give "
-                            f"Engine(max_queries=…) / YFPP_MAX_QUERIES more (docs/operations.md, \"Memory caps\")")
-        self._memory.admit()
+        self._check_room(name)
         _check_policy(policy)
         policy = policy or self.default_policy
         splan = None
@@ -217,6 +210,47 @@ class Engine:
             return qid
         plan = compile_pattern(pattern, name_or_id)
         self.sources[qid] = source
+        return self._add(qid, plan, name)
+
+    def _check_name_id(self, name: str | None, query_id: int | None) -> None:
+        """Refuse a name that is not a non-empty string, and a ``query_id`` (when given) that is not free."""
+        if name is not None and not (isinstance(name, str) and name):
+            raise YfppError(f"a query name must be a non-empty string, not {_printable(name)!r:.80}")
+        if query_id is not None and (type(query_id) is not int or query_id < 0 or query_id in self.sources):
+            raise YfppError(f"query id {query_id!r} is not a free id (a non-negative integer no query has)")
+
+    def _check_room(self, name: str | None) -> None:
+        """Refuse a name taken, or one more query over ``max_queries`` or the memory cap."""
+        if name is not None and name in self._names:
+            raise YfppError(f"a query named {name!r} is already registered")
+        if len(self.queries) + len(self.set_queries) >= self.max_queries:
+            raise YfppError(f"the engine holds max_queries={self.max_queries:,} queries: unregister some, or give "
+                            f"Engine(max_queries=…) / YFPP_MAX_QUERIES more (docs/operations.md, \"Memory caps\")")
+        self._memory.admit()
+
+    def shape_plan(self, text: str, split: tuple[Sequence[str], list[str]], policy: str | None,
+                   feedback: bool) -> ShapePlan | None:
+        """The compiled plan of the shape of query ``text`` (``split``: its text around the constants and its
+        constants) for a registration with ``policy`` and ``feedback``, as :meth:`register` finds it; None when
+        its queries compile one by one.  With :meth:`register_planned`, queries of one shape are registered with
+        the shape found once (a checkpoint's restore)."""
+        shape, _ = self._shapes.shape_of(text, split=split)
+        if shape is None:
+            return None
+        _check_policy(policy)
+        return self._plans.get(shape, policy or self.default_policy, feedback)
+
+    def register_planned(self, splan: ShapePlan, text: str, constants: list[str], name: str | None,
+                         query_id: int) -> int:
+        """:meth:`register` of query ``text`` of the shape whose plan is ``splan`` (:meth:`shape_plan`), whose
+        constants as written are ``constants`` (the caller vouches for both), under ``query_id``; its id."""
+        self._check_name_id(name, query_id)
+        if len(text) > MAX_QUERY_CHARS:
+            check_text(text)
+        self._check_room(name)
+        qid = self._claim_id(query_id)
+        plan = splan.plan(constants, name if name is not None else qid, text)
+        self.sources[qid] = (plan, text, name)
         return self._add(qid, plan, name)
 
     def _add(self, qid: int, plan: QueryPlan, name: str | None) -> int:

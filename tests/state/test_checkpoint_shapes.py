@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from yfpp.engine import Engine
 from yfpp.errors import YfppError
@@ -122,3 +124,42 @@ def test_a_restore_reuses_the_kept_split_and_trusts_only_whole_constants(monkeyp
     assert ours and ours == [(m["start"], m["end"]) for e in later for m in alone.process(dict(e))]
     for e in later:
         assert back.process(dict(e)) == eng.process(dict(e))
+
+
+_ROW_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.sampled_from([1 << 63, (1 << 63) - 1]),
+                        st.sampled_from(["", "s1", "'Z1'"]), st.floats(allow_nan=False), st.just([]), st.just({}))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.lists(st.one_of(_ROW_VALUES, st.lists(_ROW_VALUES, max_size=3)), min_size=2, max_size=6),
+                          _ROW_VALUES), max_size=4))
+def test_the_one_loop_checks_refuse_what_their_specs_refuse(rows):
+    """Version 3's query rows and the branches pass their one-loop checks exactly when they pass their specs,
+    with the specs' errors."""
+    from yfpp.state.schema import NODE, _Bad, _branches, _query_rows, list_of, optional, row
+    from yfpp.state.schema import ANY, INT, STR
+
+    def outcome(check):
+        try:
+            check(rows, {})
+        except _Bad as e:
+            return e.want, e.found, e.path
+        return None
+
+    assert outcome(_query_rows) == outcome(list_of(row(INT, optional(STR), optional(INT), ANY, optional(INT))))
+    assert outcome(_branches) == outcome(list_of(row(NODE, INT, INT)))
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d["queries"][2].__setitem__(1, d["queries"][1][1]), "a query named 's1' is already registered"),
+    (lambda d: d["queries"][1].__setitem__(1, ""), r"queries\[1\]\[1\]: expected a non-empty string"),
+    (lambda d: d["queries"][0][3].__setitem__(0, "'Z" + "x" * 1_000_000 + "'"), "query text is .*characters"),
+])
+def test_a_row_of_a_compiled_shape_is_checked_as_a_registration(edit, message):
+    """Rows registered from their shape's plan are refused as register refuses them: a name taken, an empty
+    name, a text over the length limit."""
+    eng, _ = engine()
+    data = json.loads(json.dumps(eng.snapshot()))
+    edit(data)
+    with pytest.raises(YfppError, match=message):
+        Engine.restore(data, reports=None)

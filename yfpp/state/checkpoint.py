@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from yfpp.language import pattern as ir
-from yfpp.language.query_text import split_constants, token_kinds
+from yfpp.language.query_text import split_constants
 from yfpp.state import set_checkpoint
+from yfpp.state.kept_shapes import KeptShape
 from yfpp.state.plans import Plans, check_entries, check_stack
 from yfpp.state.memory_cap import collection_paused
 from yfpp.state.schema import check_shape, corrupt
@@ -504,7 +505,7 @@ def stored_patterns(data: dict) -> dict[int, Any]:
 def _register_queries(eng, data: dict) -> None:
     """Register the checkpoint's queries again under their own ids (version 3: by shape; 1, 2: their pattern)."""
     shapes = data.get("shapes")
-    kinds: dict[int, str | None] = {}  # per shape, its constants' kinds when its first text splits as kept
+    kept: dict[int, KeptShape] = {}  # by shape index, made at its first row
     for i, q in enumerate(data["queries"]):
         if shapes is None:
             qid, name, since = q["id"], q["name"], q["since_tick"]
@@ -515,14 +516,10 @@ def _register_queries(eng, data: dict) -> None:
             if shape is None:
                 eng.register(decode_pattern(what), name=name, query_id=qid)
             else:
-                around, policy, feedback = shapes[shape]
-                if len(what) != len(around) - 1:
-                    raise corrupt(f"queries[{i}]", f"shape {shape} takes {len(around) - 1} constants")
-                text = "".join(x for pair in zip(around, what) for x in pair) + around[-1]
-                if shape not in kinds:
-                    kinds[shape] = token_kinds(what) if split_constants(text) == (around, what) else None
-                split = (around, what) if kinds[shape] is not None and token_kinds(what) == kinds[shape] else None
-                eng.register(text, name=name, policy=policy, feedback=feedback, query_id=qid, split=split)
+                ks = kept.get(shape)
+                if ks is None:
+                    ks = kept[shape] = KeptShape(eng, shape, shapes[shape], what, i)
+                ks.register(eng, i, qid, name, what)
         if qid in eng.queries:
             if since is None:
                 raise corrupt(f"queries[{i}]", "a pattern query needs since_tick")

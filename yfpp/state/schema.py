@@ -246,6 +246,34 @@ def _set_state(v: Any, sizes: dict) -> None:
     SET_STATE["match-window" if isinstance(v, dict) and "windows" in v else "direct"](v, sizes)
 
 
+_BIG = 1 << 63
+
+
+def _index(v: Any) -> bool:
+    """Does ``v`` pass ``INT``?"""
+    return type(v) is int and 0 <= v < _BIG
+
+
+def _one_loop(spec: Spec, fits: Callable[[Any], bool]) -> Spec:
+    """``spec`` of a list (a million rows, in a checkpoint of a million subscriptions) whose items that ``fits``
+    (each value of its item's spec) pass in one loop: at the first that does not, ``spec`` checks the list, for
+    its error."""
+    def check(v: Any, sizes: dict) -> None:
+        if type(v) is not list or not all(map(fits, v)):
+            spec(v, sizes)
+    return check
+
+
+_query_rows = _one_loop(  # version 3's queries: [id, name, shape, its constants or IR, since_tick]
+    list_of(row(INT, optional(STR), optional(INT), ANY, optional(INT))),
+    lambda q: (type(q) is list and len(q) == 5 and _index(q[0]) and (q[1] is None or type(q[1]) is str and q[1] != "")
+               and (q[2] is None or _index(q[2])) and (q[4] is None or _index(q[4]))))
+_branches = _one_loop(  # [node, cap_check, reported]
+    list_of(row(NODE, INT, INT)),
+    lambda b: (type(b) is list and len(b) == 3 and type(b[0]) is list and len(b[0]) == 2 and _index(b[0][0])
+               and _index(b[0][1]) and _index(b[1]) and _index(b[2])))
+
+
 CHECKPOINT = record(
     {
         "options": record({}, {
@@ -256,7 +284,7 @@ CHECKPOINT = record(
         "queries": either(
             list_of(record({"id": INT, "name": optional(STR), "text": optional(STR), "pattern": ANY,
                             "since_tick": optional(INT)})),  # versions 1 and 2
-            list_of(row(INT, optional(STR), optional(INT), ANY, optional(INT))),  # version 3, beside "shapes"
+            _query_rows,  # version 3, beside "shapes"
         ),
         "next_query_id": INT,
         "stream": record({"next_seq": INT, "watermark": row(FLOAT, FLOAT), "next_arrival": INT, "tick": INT, "now": FLOAT,
@@ -269,7 +297,7 @@ CHECKPOINT = record(
                                    "deadline": FLOAT, "order": INT, "match": MATCH},
                                   {"depth": INT, "rank": row(INT, list_of(INT, 1), list_of(list_of(INT)))})),
         "partition_ticks": list_of(row(list_of(STR, 1), list_of(row(VALUE, INT)))),
-        "branches": list_of(row(NODE, INT, INT)),
+        "branches": _branches,
         "versions": record({"next_root": INT, "next_branch": integer(1), "next_order": INT}),
         "counters": record(
             {"events": INT, "runs_started": INT, "runs_created": INT, "runs_touched": INT, "peak_runs": INT,
