@@ -185,9 +185,7 @@ class Engine:
         qid = next(self._ids) if query_id is None else self._claim_id(query_id)
         name_or_id = name if name is not None else qid
         if splan is not None:
-            plan = splan.plan(constants, name_or_id, query)  # type: ignore[arg-type]
-            self.sources[qid] = (plan, query, name)
-            return self._add(qid, plan, name)
+            return self._add_planned(splan, qid, constants, query, name)  # type: ignore[arg-type]
         assert pattern is not None
         if policy is not None and policy != pattern.policy:
             pattern = dataclasses.replace(pattern, policy=policy).validate()
@@ -248,7 +246,10 @@ class Engine:
         if len(text) > MAX_QUERY_CHARS:
             check_text(text)
         self._check_room(name)
-        qid = self._claim_id(query_id)
+        return self._add_planned(splan, self._claim_id(query_id), constants, text, name)
+
+    def _add_planned(self, splan: ShapePlan, qid: int, constants: list[str], text: str, name: str | None) -> int:
+        """Add query ``qid``, ``text`` of the shape whose plan is ``splan`` with ``constants``; its id."""
         plan = splan.plan(constants, name if name is not None else qid, text)
         self.sources[qid] = (plan, text, name)
         return self._add(qid, plan, name)

@@ -92,3 +92,24 @@ def test_one_string_equality_is_keyed_by_its_index_key_however_written():
     assert eng.queries[xpath[0]].last is eng.queries[xpath[1]].last
     numbers = [eng.register(f"PATTERN SEQ(a e) WHERE e.x = {v}") for v in ("1", "1.0")]
     assert eng.queries[numbers[0]].last is not eng.queries[numbers[1]].last
+
+
+def test_the_fields_built_by_position_keep_their_order() -> None:
+    """``SharedNFA._new_node`` and ``ShapePlan.plan`` build nodes, wait states and plans from positional arguments
+    (a million subscriptions make millions of them): a field inserted or moved among these must fail here, not
+    put values in the wrong fields."""
+    import dataclasses
+
+    from yfpp.nfa.compiler import QueryPlan
+    from yfpp.nfa.shared_nfa import Node, State
+
+    def names(cls: type, n: int) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)][:n]
+
+    assert names(Node, 18) == ["parent", "signature", "index", "event_type", "kleene", "contiguity", "inner", "begin",
+                               "take", "final", "agg_slots", "keep_events", "partition_by", "index_key", "root", "id",
+                               "children", "waits"]
+    assert names(State, 5) == ["node", "mode", "contiguity", "table", "child"]
+    assert names(QueryPlan, 15) == ["name", "source", "compiled_specs", "negations", "trailing", "partition_by",
+                                    "window", "policy", "emit", "var_names", "since_tick", "negation_key", "last",
+                                    "feedback", "shape"]

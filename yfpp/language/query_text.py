@@ -218,7 +218,9 @@ def _load_file(path: Path) -> list[QuerySource]:
 # digits each side of the point) right after a comparison operator and not part of a longer token (80%, 5.x).
 # (the operator is part of the match, not a look-behind: the scan for a match's first character is faster)
 # (the lookahead first: no alternative is tried where neither can begin)
-_CONSTANT = re.compile(r"""(?=['"=<>])(?:('[^'\\\n]*'|"[^"\\\n]*")|[=<>]\s*(\d{1,15}(?:\.\d{1,15})?)(?![\w.%]))""")
+# each kind of constant as a whole token (``token_kinds``' letters): a quoted string, an integer, a decimal
+KIND_TOKENS = {"s": r"""'[^'\\\n]*'|"[^"\\\n]*\"""", "n": r"\d{1,15}", "d": r"\d{1,15}\.\d{1,15}"}
+_CONSTANT = re.compile(r"""(?=['"=<>])(?:(""" + KIND_TOKENS["s"] + r""")|[=<>]\s*(\d{1,15}(?:\.\d{1,15})?)(?![\w.%]))""")
 _SENTINEL = "\ue000{}\ue001"  # a string constant's stand-in (private-use characters)
 _NUMBER_SENTINEL = 987_654_321_000  # + i: an integer constant's stand-in (12 digits, exact as a double)
 
@@ -295,7 +297,7 @@ def token_kinds(constants: Sequence[str]) -> str | None:
     return "".join(kinds)
 
 
-_TOKEN = re.compile(r"""'[^'\\\n]*'|"[^"\\\n]*"|\d{1,15}(?:\.\d{1,15})?""")
+_TOKEN = re.compile("|".join(KIND_TOKENS.values()))
 _MISSING: object = object()
 
 

@@ -7,12 +7,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from yfpp.language.query_text import split_constants, token_kinds
+from yfpp.language.query_text import KIND_TOKENS, split_constants, token_kinds
 from yfpp.state.schema import corrupt
-
-# each kind of constant (``token_kinds``) as a whole token: the texts of a row's constants, joined by a newline
-# (which none holds), match the shape's kinds when each constant is a whole token of its kind
-_KIND_TOKEN = {"s": r"""'[^'\\\n]*'|"[^"\\\n]*\"""", "n": r"\d{1,15}", "d": r"\d{1,15}\.\d{1,15}"}
 
 
 class KeptShape:
@@ -31,7 +27,7 @@ class KeptShape:
         first_text = self.text(first, row)
         kinds = token_kinds(first) if split_constants(first_text) == (self.around, first) else None
         if kinds is not None:
-            self.kinds = re.compile("\n".join(f"(?:{_KIND_TOKEN[k]})" for k in kinds))
+            self.kinds = re.compile("\n".join(f"(?:{KIND_TOKENS[k]})" for k in kinds))
             self.plan = eng.shape_plan(first_text, (self.around, first), self.policy, self.feedback)
 
     def text(self, constants: list[str], row: int) -> str:
