@@ -20,10 +20,6 @@ keyed by tag_id — see ``spark_vs_run.py``):
   workers from ``--stats`` ("all steps"), and per event the Python workers'
   CPU beyond the empty job's.
 
-``--lines-ab PASSES``: instead, the counting part with plain blocks shipped as lines
-(``yfpp.spark.scan_lines``) and with every block parsed by its read task, alternated
-PASSES times in this process, and the ratio of their task CPU (lines / parsed).
-
 ``yfpp run``'s CPU per event is also measured as a command: its subprocess's
 CPU over the feed less its CPU over an empty file (the start-up). The task
 CPU is held against ``yfpp run``'s work measured here (target ≤ 1.1×): its reader and engine, and
@@ -130,23 +126,6 @@ def counted(path: Path, tasks: int) -> dict:
             "decoded": decoded, "blob_bytes": blob_bytes}
 
 
-def lines_ab(path: Path, n_events: int, tasks: int, passes: int) -> None:
-    """The counted task CPU per event with plain blocks shipped as lines and with every block parsed, alternated."""
-    import yfpp.spark.scan as scan
-    from yfpp.spark.scan_lines import scan_keys
-
-    for _ in range(passes):
-        got = {}
-        for mode, keys in (("lines", scan_keys), ("parsed", lambda job, opts: None)):
-            scan.scan_keys = keys
-            c = counted(path, tasks)
-            got[mode] = (c["read_cpu"] / n_events * 1e6, c["match_cpu"] / n_events * 1e6, c["blob_bytes"] / n_events)
-        scan.scan_keys = scan_keys
-        print(f"{tasks:>6} " + "  ".join(f"{m}: read {r:.2f} match {mt:.2f} task {r + mt:.2f} ({b:.1f} B/ev)"
-                                         for m, (r, mt, b) in got.items())
-              + f"  lines/parsed {sum(got['lines'][:2]) / sum(got['parsed'][:2]):.2f}")
-
-
 def spark_stats(path: Path, out: Path, tasks: int) -> tuple[float, dict[str, float]]:
     """``yfpp spark --plan scan --stats`` over ``path``: the CPU of its whole run (its own count of its process
     tree, JVM and Python workers included), and the "all steps" wall time and CPU by kind."""
@@ -166,14 +145,7 @@ def main() -> None:
     ap.add_argument("--spark", action="store_true", help="also run yfpp spark (fixed cost, per-event worker CPU)")
     ap.add_argument("--spark-tasks", type=int, default=2)
     ap.add_argument("--plot", type=Path, help="draw the per-event figures into this PNG")
-    ap.add_argument("--lines-ab", type=int, metavar="PASSES", help="only: plain blocks as lines against all parsed")
     args = ap.parse_args()
-    if args.lines_ab:
-        for n_events in args.events:
-            print(f"{n_events:,} events, CPU-µs per event (counted tasks):")
-            for n in args.tasks:
-                lines_ab(feed(n_events, 8, 1), n_events, n, args.lines_ab)
-        return
     tmp = Path(tempfile.mkdtemp(prefix="yfpp_cost_"))
     empty = tmp / "empty.jsonl"
     empty.write_text("")

@@ -30,7 +30,7 @@ from yfpp.spark import batch  # noqa: E402
 from yfpp.spark.parse import _json  # noqa: E402
 from yfpp.spark.plan import Slicing, effective_queries, group_queries  # noqa: E402
 from yfpp.spark.hot_keys import sliceable  # noqa: E402
-from yfpp.spark.routing import value_hash  # noqa: E402
+from yfpp.spark.scan import value_hash  # noqa: E402
 from yfpp.spark.shuffle_hot import SLICES_PER_TASK, HotHash  # noqa: E402
 
 

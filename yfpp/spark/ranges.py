@@ -16,18 +16,17 @@ from __future__ import annotations
 import io
 import os
 import re
-from typing import NamedTuple, Sequence
+from typing import Any, Iterator, NamedTuple, Sequence
 
 from yfpp.input.dead_letters import DeadLetters
-from yfpp.input.jsonl_reader import LineBlocks
-from yfpp.input.record_fields import READ_BLOCK
+from yfpp.input.events import Event
+from yfpp.input.readers import read_event_batches
 from yfpp.spark.inputs import splittable
+from yfpp.spark.parse import reader_kwargs
 from yfpp.spark.read import split_offsets
 
 #: A range is at most this long (a task holds its range's bytes while it parses them).
 MAX_RANGE_BYTES = 32 << 20
-#: A read task reads its range this many bytes at a time (``yfpp run``'s blocks).
-BLOCK = READ_BLOCK
 _LINE = re.compile(r"^line (\d+)")
 
 
@@ -91,14 +90,17 @@ def range_bytes(path: str, start: int, end: int) -> bytes:
     return data
 
 
-def range_blocks(path: str, rng: ByteRange, cap: int, dead: DeadLetters) -> tuple[LineBlocks, int, int]:
-    """The complete lines of a byte range, a read block at a time (:class:`~yfpp.input.jsonl_reader.LineBlocks`
-    over its bytes: a line over ``cap`` bytes a dead letter to ``dead``, "line N" of the range), the bytes it
-    holds, and the lines it counts for the line numbers of the ranges after it in its file."""
-    assert rng.end is not None
+def read_range(path: str, rng: ByteRange, reading: dict[str, Any],
+               dead: DeadLetters) -> tuple[Iterator[list[Event]], int, int]:
+    """The events of one range, a reader's batch at a time, ``seq`` their index in the range (dead letters
+    to ``dead``, positions as the reader gives them: "line N" of the range); the bytes it holds; and the
+    lines it counts for the line numbers of the ranges after it in its file (a whole file: 0)."""
+    kw = reader_kwargs(reading)
+    if rng.end is None:
+        return read_event_batches(path, reading["format"], **kw, dead_letters=dead), os.path.getsize(path), 0
     data = range_bytes(path, rng.start, rng.end)
     lines = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
-    return LineBlocks(io.BytesIO(data), cap, dead, BLOCK), len(data), lines
+    return read_event_batches(io.BytesIO(data), "jsonl", **kw, dead_letters=dead), len(data), lines
 
 
 def range_offsets(files: Sequence[str], ranges: Sequence[ByteRange], summaries: Sequence[Summary],

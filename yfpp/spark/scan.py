@@ -4,9 +4,9 @@ Two Spark stages, no row per event in the JVM. **Read tasks** each take some
 byte ranges of the input (local files: plain JSON lines cut at line
 boundaries, other files whole, :mod:`yfpp.spark.ranges`), parse them with
 ``yfpp``'s own readers, and send each event to the **matching tasks** that
-need it (:mod:`yfpp.spark.routing`), as one blob (columns) per range, task
-and chunk of events; a JSON-lines block a scan can route unparsed goes as the
-task's lines instead, parsed by the matching task (:mod:`yfpp.spark.scan_lines`). Each
+need it, as one blob (pickled columns) per range, task and 64k events: of a
+keyed group, task key hash (:func:`value_hash`) modulo ``n``; a whole group,
+task ``g mod n``; a sliced group's slice ``s``, task ``(s + g) mod n``. Each
 range's summary (records, lines, largest ts) goes to every matching task,
 which takes them sorted by range (Spark sorts the few rows), numbers the
 events (seq numbers global: the records of the ranges before) and drops the
@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
+import operator
 import pickle
 import time
+import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
+import numpy as np
 import orjson
 import pyarrow as pa
 from lxml import etree
@@ -46,20 +48,17 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from yfpp.input.dead_letters import DeadLetters
 from yfpp.engine import Engine, event_raw, late_reason
-from yfpp.input.events import Event
-from yfpp.input.jsonl_reader import parse_block
+from yfpp.input.events import MISSING, PSEUDO_ATTRS, Event
 from yfpp.runtime.feedback import MAX_DEPTH, MAX_DERIVED
-from yfpp.input.readers import read_event_batches, reading_options
-from yfpp.input.record_fields import ISO_UNIT_NAME, ReaderOptions
+from yfpp.input.readers import read_event_batches
+from yfpp.input.record_fields import ISO_UNIT_NAME
 from yfpp.spark.batch import _ARROW_SCHEMA, _ID_ARROW_SCHEMA, _batch
 from yfpp.spark.hot_keys import HotSlices, find_hot, hashable, sliceable
 from yfpp.spark.inputs import local_path
 from yfpp.spark.parse import reader_kwargs
 from yfpp.spark.plan import (SLICE_WINDOWS, Group, Slicing, XmlEvent, effective_queries, group_queries, match_row,
                              needs_xml, rare_collections)
-from yfpp.spark.ranges import ByteRange, Summary, plan_ranges, range_blocks, range_offsets, renumber
-from yfpp.spark.routing import Tasks, destinations, key_tasks, lowest, task_indices, taker
-from yfpp.spark.scan_lines import LINES, UNROUTED_LINES, LinesChunk, lines_events, plain_block, scan_keys
+from yfpp.spark.ranges import ByteRange, Summary, plan_ranges, range_offsets, read_range, renumber
 
 #: The dead-letter columns after the match columns (``dead_seq`` is the record's seq).
 DEAD_COLUMNS = [("dead_seq", pa.int64()), ("position", pa.string()), ("reason", pa.string()), ("raw", pa.string())]
@@ -98,16 +97,13 @@ def scan_match(spark: SparkSession, queries: Any, files: Sequence[str], *, singl
 
 #: The rows between the stages: a blob for matching task ``dest`` from byte range ``range`` (its
 #: ``chunk``-th): ``kind`` :data:`EVENTS`, :data:`UNROUTED` (events no task matches, sent to task 0
-#: only to be checked for lateness), :data:`DEAD`, :data:`SUMMARY`, or lines of plain blocks
-#: (:data:`~yfpp.spark.scan_lines.LINES`, :data:`~yfpp.spark.scan_lines.UNROUTED_LINES`).
+#: only to be checked for lateness), :data:`DEAD` or :data:`SUMMARY`.
 _SHIP = pa.schema([("dest", pa.int32()), ("range", pa.int32()), ("chunk", pa.int32()), ("kind", pa.int8()),
                    ("blob", pa.binary())])
 EVENTS, UNROUTED, DEAD, SUMMARY = 0, 1, 2, 3
 #: Events per chunk: a read task packs and sends its events every CHUNK_EVENTS (holding more costs more than the
 #: extra rows: fresh memory for every event — 65,536 a chunk cost 2.0 CPU-µs per event read, 4,096 1.3, the reader 0.85).
 CHUNK_EVENTS = 4096
-#: ... and at least BLOB_EVENTS events a matching task (a blob has its cost too).
-BLOB_EVENTS = 64
 
 
 def _arrow_schema(ids_as_text: bool) -> pa.Schema:
@@ -147,11 +143,6 @@ class ScanJob:
     def ids_as_text(self) -> bool:
         """Do the bindings hold derived events' ids (feedback queries), so that seq numbers are written as text?"""
         return any(p.feedback for g in self.groups for _, p in g.queries)
-
-    @property
-    def options(self) -> ReaderOptions:
-        """The readers' options."""
-        return reading_options(**reader_kwargs(self.reading))
 
     @property
     def schema(self) -> pa.Schema:
@@ -333,6 +324,43 @@ class _Share:
         raise NotImplementedError
 
 
+def value_hash(v: Any) -> int:
+    """A hash of one key value that every process computes alike (no salted ``str`` hash) and that
+    values Python finds equal share: numbers by Python's numeric hash (``7``, ``7.0``, ``True``/``1``
+    alike), text by CRC-32, anything else by its repr's."""
+    t = type(v)
+    if t is int or t is bool or (t is float and v == v):  # NaN's hash is its identity
+        return hash(v)
+    return zlib.crc32((v if t is str else repr(v)).encode("utf-8", "surrogatepass"))
+
+
+def key_tasks(events: list[Event], key: tuple[str, ...], n: int) -> list[int | None]:
+    """The task of each event's key value among ``n`` (its :func:`value_hash` modulo ``n``; several
+    attributes' hashes combined), None for an event that lacks a key attribute."""
+    out: list[int | None] = []
+    if len(key) == 1 and key[0] not in PSEUDO_ATTRS:  # the common case, inlined
+        a = key[0]
+        for ev in events:
+            v = ev.attrs.get(a, MISSING)
+            if v is MISSING:
+                out.append(None)
+                continue
+            t = type(v)
+            out.append((hash(v) if t is int or (t is float and v == v) else value_hash(v)) % n)
+        return out
+    for ev in events:
+        h = 0
+        for a in key:
+            v = ev.get(a)
+            if v is MISSING:
+                out.append(None)
+                break
+            h = h * 1_000_003 + value_hash(v)
+        else:
+            out.append(h % n)
+    return out
+
+
 class _Keyed(_Share):
     """The keys whose hash (:func:`value_hash`) modulo n is the task's: one engine; events lacking a key
     attribute go nowhere. ``sole``: the job's only group, so the task is sent its events only. ``hot``:
@@ -434,97 +462,75 @@ class _Sliced(_Share):
         self.live.clear()
 
 
+def destinations(job: ScanJob, events: list[Event]) -> list[int | set[int] | None]:
+    """The matching tasks each event goes to: one (an int), several (a set), or None (no task matches it)."""
+    n = job.n
+    per_group: list[list[Any]] = []
+    fixed: set[int] = set()  # the tasks of whole groups (and of sliced ones run whole)
+    for g, grp in enumerate(job.groups):
+        sl = job.slicings.get(g)
+        if grp.key:
+            tasks: list[Any] = key_tasks(events, grp.key, n)
+            hot = job.hot.get(g)
+            if hot:
+                numbered = {key: (i, sl) for i, (key, sl) in enumerate(hot.items())}
+                key_of = grp.key_of
+                for j, ev in enumerate(events):
+                    k = key_of(ev)
+                    got = numbered.get(hashable(k)) if k is not None else None
+                    if got is not None:
+                        i, hsl = got
+                        tasks[j] = {(s + g + i) % n for s in hsl.reads(ev.ts)} or None  # (late: task 0 checks)
+            per_group.append(tasks)
+        elif sl is not None:
+            per_group.append([{(s + g) % n for s in sl.reads(ev.ts)} or None for ev in events])  # (late: task 0 checks)
+        else:
+            fixed.add(g % n)
+    if len(per_group) == 1 and not fixed:  # one keyed or sliced group: its own tasks
+        return per_group[0]
+    out: list[Any] = [set(fixed) for _ in events]
+    for tasks in per_group:
+        for ds, t in zip(out, tasks):
+            if type(t) is int:
+                ds.add(t)
+            elif t:
+                ds |= t
+    return [ds or None for ds in out]
+
+
 def read_task(job: ScanJob, ids: Iterable[int]) -> Iterator[list[tuple]]:
-    """Read task's rows of :data:`_SHIP` for the byte ranges ``ids``, a list per chunk, in stream order: a
-    range's plain blocks' lines (:mod:`yfpp.spark.scan_lines`) and its other events, packed per matching
-    task (``(pos, types, ts, attrs, xml texts or None)``, pos the record's index in the range; the locally
-    late left out); its dead letters for task 0 (``(pos, position, reason, raw, ts, mark)``: a malformed
-    record's position and reason as its reader gives them, a late event's ts and the largest ts before it in
-    the range) and its :class:`Summary` for every task."""
-    opts = job.options
-    keys = scan_keys(job, opts)
+    """Read task's rows of :data:`_SHIP` for the byte ranges ``ids``, a list per chunk: each range's
+    events packed per matching task (``(pos, types, ts, attrs, xml texts or None)``, pos the record's
+    index in the range; the locally late left out), its dead letters for task 0 (``(pos, position,
+    reason, raw, ts, mark)``: a malformed record's position and reason as its reader gives them, a
+    late event's ts and the largest ts before it in the range) and its :class:`Summary` for every task."""
     for r in ids:
         started = time.process_time()
         rng = job.ranges[r]
-        ship = _Shipping(job, r, keys)
-        path = job.paths[rng.file]
-        if rng.end is None:  # a whole file, by its own reader
-            for events in read_event_batches(path, job.reading["format"], **reader_kwargs(job.reading),
-                                             dead_letters=ship.dead):
-                yield from ship.events(events)
-            records, lines, size = max(ship.last, ship.dead.last) + 1, 0, os.path.getsize(path)
-        else:
-            blocks, size, lines = range_blocks(path, rng, opts.max_record_bytes, ship.dead)
-            for body in blocks:
-                found = None if keys is None else plain_block(body, opts, keys, ship.hi)
-                if found is None:
-                    events, blocks.seq, blocks.lineno = parse_block(body, blocks.seq, blocks.lineno, opts, ship.dead)
-                    yield from ship.events(events)
-                else:
-                    yield from ship.plain(body, blocks.seq, blocks.lineno, *found)
-                    blocks.seq += len(found[0])
-                    blocks.lineno += len(found[0])
-            records = blocks.seq
-        yield ship.finish(Summary(records, lines, ship.hi, size, round(time.process_time() - started, 4)))
-
-
-class _Shipping:
-    """One byte range being shipped by its read task: its chunks in stream order, each of parsed events or of
-    plain blocks' lines (of :data:`CHUNK_EVENTS` events, :data:`BLOB_EVENTS` a task at least); its dead letters and
-    locally late events; the largest ts of its events so far (``hi``) and the seq of its last event."""
-
-    def __init__(self, job: ScanJob, r: int, keys: list[str] | None):
-        self.job, self.r, self.keys = job, r, keys
-        self.dead = _Collect()
-        self.late: list[tuple] = []
-        self.held: list[Event] = []  # the chunk's events, in order …
-        self.dests: Tasks = []  # … and their destinations
-        self.lines = LinesChunk(keys or [])
-        self.hi: float | None = None
-        self.last = self.chunk = -1
-        self.limit = max(CHUNK_EVENTS, BLOB_EVENTS * job.n)
-
-    def events(self, events: list[Event]) -> Iterator[list[tuple]]:
-        """Take a parsed batch of the range's events."""
-        if not events:
-            return
-        if len(self.lines):
-            yield self._lines()
-        self.last = events[-1].seq
-        kept, self.hi = _in_order(events, self.hi, self.late)
-        self.held += kept
-        self.dests += destinations(self.job, kept)
-        if len(self.held) >= self.limit:
-            yield self._events()
-
-    def plain(self, body: bytes, seq: int, lineno: int, ts: list[float], values: list[list[bytes]]) -> Iterator[list[tuple]]:
-        """Take a plain block (:func:`~yfpp.spark.scan_lines.plain_block`)."""
-        if self.held:
-            yield self._events()
-        self.lines.add(body, seq, lineno, ts, values)
-        self.hi = ts[-1]
-        if len(self.lines) >= self.limit:
-            yield self._lines()
-
-    def _events(self) -> list[tuple]:
-        self.chunk += 1
-        rows = _packs(self.job, self.r, self.chunk, self.held, self.dests)
-        self.held, self.dests = [], []
-        return rows
-
-    def _lines(self) -> list[tuple]:
-        self.chunk += 1
-        rows = self.lines.rows(self.job, self.r, self.chunk)
-        self.lines = LinesChunk(self.keys or [])
-        return rows
-
-    def finish(self, summary: Summary) -> list[tuple]:
-        """The last rows of the range: what is held, its dead letters, its summary."""
-        r = self.r
-        rows = self._events() if self.held else self._lines() if len(self.lines) else []
-        if self.dead.items or self.late:
-            rows.append((0, r, 0, DEAD, pickle.dumps([(*item, None, None) for item in self.dead.items] + self.late, 5)))
-        return rows + [(d, r, 0, SUMMARY, pickle.dumps(tuple(summary), 5)) for d in range(self.job.n)]
+        dead = _Collect()
+        late: list[tuple] = []
+        batches, size, lines = read_range(job.paths[rng.file], rng, job.reading, dead)
+        held: list[Event] = []  # the chunk's events, in order …
+        dests: list[int | set[int] | None] = []  # … and their destinations
+        hi = top = None
+        last, chunk = -1, 0
+        for events in batches:
+            if not events:
+                continue
+            last = events[-1].seq
+            kept, hi = _in_order(events, hi, late)
+            top = hi
+            held += kept
+            dests += destinations(job, kept)
+            if len(held) >= max(CHUNK_EVENTS, 64 * job.n):  # blobs of 64 events or more: a blob has its cost too
+                yield _packs(job, r, chunk, held, dests)
+                held, dests, chunk = [], [], chunk + 1
+        rows = _packs(job, r, chunk, held, dests)
+        if dead.items or late:
+            rows.append((0, r, 0, DEAD, pickle.dumps([(*item, None, None) for item in dead.items] + late, 5)))
+        summary = Summary(max(last, dead.last) + 1, lines, top, size, round(time.process_time() - started, 4))
+        rows += [(d, r, 0, SUMMARY, pickle.dumps(tuple(summary), 5)) for d in range(job.n)]
+        yield rows
 
 
 def _in_order(events: list[Event], hi: float | None, late: list[tuple]) -> tuple[list[Event], float | None]:
@@ -559,13 +565,43 @@ def _packs(job: ScanJob, r: int, chunk: int, events: list[Event], dests: list[in
     cols = ([ev.seq for ev in events], [ev.type for ev in events], [ev.ts for ev in events],
             [ev.attrs for ev in events], xml)
     rows = []
-    for d, idx in enumerate(task_indices(dests, n)[0]):
+    for d, idx in enumerate(_task_indices(dests, n)):
         if not idx:
             continue
-        take = taker(idx)
+        take = _taker(idx)
         blob = _dumps(tuple(None if c is None else take(c) for c in cols))
         rows.append((0, r, chunk, UNROUTED, blob) if d == n else (d, r, chunk, EVENTS, blob))
     return rows
+
+
+def _task_indices(dests: list[int | set[int] | None], n: int) -> list[list[int]]:
+    """For each matching task (and, last, for no task), the indices of the events that go to it, in order."""
+    try:
+        tasks = np.array(dests, dtype=np.int64)  # one task each (a keyed group): sorted by task, in C
+    except (TypeError, ValueError):
+        tasks = None
+    if tasks is not None and tasks.ndim == 1:
+        order = np.argsort(tasks, kind="stable").tolist()
+        ends = np.cumsum(np.bincount(tasks, minlength=n)).tolist()
+        return [order[a:b] for a, b in zip([0] + ends[:-1], ends)] + [[]]
+    out: list[list[int]] = [[] for _ in range(n + 1)]
+    for i, ds in enumerate(dests):
+        if type(ds) is int:
+            out[ds].append(i)
+        elif ds is None:
+            out[n].append(i)
+        else:
+            for d in ds:
+                out[d].append(i)
+    return out
+
+
+def _taker(idx: list[int]) -> Callable[[list], tuple]:
+    """A function picking the items at ``idx`` of a column (a tuple: orjson and pickle write it as a list)."""
+    if len(idx) == 1:
+        i = idx[0]
+        return lambda col: (col[i],)
+    return operator.itemgetter(*idx)
 
 
 def _dumps(cols: tuple) -> bytes:
@@ -594,7 +630,6 @@ def match_task(job: ScanJob, task: int, shipped: Iterable[tuple]) -> Iterator[tu
     dead letters, then its stats row."""
     started = time.process_time()
     n = job.n
-    opts = job.options
     summaries: dict[int, Summary] = {}
     rest = iter(shipped)
     for row in rest:
@@ -630,24 +665,16 @@ def match_task(job: ScanJob, task: int, shipped: Iterable[tuple]) -> Iterator[tu
                 out.append(none + (base + pos, position, reason, raw))
                 n_dead += 1
             continue
-        if kind >= LINES:
-            letters: list[tuple] = []
-            events = lines_events(blob, opts, off, letters)
-            out.extend(none + d for d in letters)
-            n_dead += len(letters)
-            first = events[0].ts if events else None  # (a plain block's ts never go back)
+        pos, types, tss, attrs, xml = _loads(blob)
+        if xml is None:
+            events = _events(pos, types, tss, attrs, base)
         else:
-            pos, types, tss, attrs, xml = _loads(blob)
-            if xml is None:
-                events = _events(pos, types, tss, attrs, base)
-            else:
-                events = [Event(t, ts, a, base + p) if x is None else XmlEvent(t, ts, a, base + p, x)
-                          for p, t, ts, a, x in zip(pos, types, tss, attrs, xml)]
-            first = min(tss, default=None)
-        if before is not None and first is not None and first < before:
+            events = [Event(t, ts, a, base + p) if x is None else XmlEvent(t, ts, a, base + p, x)
+                      for p, t, ts, a, x in zip(pos, types, tss, attrs, xml)]
+        if before is not None and tss and min(tss) < before:
             events, n_late = _late_against(job, task, events, before, out)
             n_dead += n_late
-        if kind == UNROUTED or kind == UNROUTED_LINES:
+        if kind == UNROUTED:
             continue
         for share in shares:
             share.feed(events, out)
@@ -697,8 +724,14 @@ def _late_against(job: ScanJob, task: int, events: list[Event], before: float,
     kept, late = [], []
     for ev in events:
         (late if ev.ts < before else kept).append(ev)
-    reported = [ev for ev, ds in zip(late, destinations(job, late)) if lowest(ds) == task]
+    reported = [ev for ev, ds in zip(late, destinations(job, late)) if _lowest(ds) == task]
     out.extend((None,) * 6 + (ev.seq, f"seq {ev.seq}", late_reason(ev.ts, before, 0.0),
                                event_raw(ev.type, ev.ts, ev.attrs)) for ev in reported)
     return kept, len(reported)
 
+
+def _lowest(ds: int | set[int] | None) -> int:
+    """The lowest of an event's :func:`destinations` (task 0 for an event no task matches)."""
+    if ds is None:
+        return 0
+    return ds if type(ds) is int else min(ds, default=0)
