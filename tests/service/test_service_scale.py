@@ -320,9 +320,11 @@ def test_a_stop_while_busy_discards_the_inbox_after_a_while_and_writes_the_final
             Client(f"http://127.0.0.1:{svc.port}").subscribe(PAIR.format(k=0), name="p")
             real = svc.engine.process_batch
 
-            def slow(events, out):
-                time.sleep(0.01)
-                return real(events, out)
+            def slow(events, out):  # 10 ms an event
+                for ev in events:
+                    time.sleep(0.01)
+                    real((ev,), out)
+                return out
 
             monkeypatch.setattr(svc.engine, "process_batch", slow)
             send(svc.feed_port("jsonl"), b"".join(pairs(3000, 1)))

@@ -156,6 +156,7 @@ class Service:
         self.stopping = threading.Event()  #: set when shutdown begins: feeds and pull streams end
         self._last_ts = self.engine.latest_ts  # largest ts fed, and the wall time it came (for advance_idle)
         self._last_wall = time.monotonic()
+        self._in_hand: Event | None = None  # the event the engine thread gives the engine now (_taken)
         self._advanced = float("-inf")
         self.failed: str | None = None  #: why the engine thread died (the service then stops, exit status 1)
         self.on_failure: Callable[[], None] = lambda: None  #: called on the loop when the engine thread dies
@@ -1018,8 +1019,7 @@ class Service:
             self._unregister_retired()
             if isinstance(item, tuple):
                 self._arrived, events = item
-                for ev in events:
-                    self._process(ev, out)
+                self._process(events, out)
                 if self.workers is not None:
                     self.workers.feed(self._arrived, events)
                 for iso in self.isolation.feed(self._arrived, events):
@@ -1030,17 +1030,30 @@ class Service:
                 self._advance_idle(out)
         out.hand_over()
 
-    def _process(self, ev: Event, out: _Results) -> None:
-        ev.seq = -1  # the engine numbers events across all feeds
-        self.events_taken += 1
-        if ev.ts > self._last_ts:
-            self._last_ts = ev.ts
+    def _process(self, events: list[Event], out: _Results) -> None:
+        """A batch through the engine in one ``process_batch``; an event the engine fails on is that record's
+        problem (a dead letter; its matches so far are out), and the engine goes on with the next."""
+        taken = self._taken(events)
+        while True:
+            try:
+                self.engine.process_batch(taken, out)
+                break
+            except Exception as e:
+                ev = self._in_hand
+                log.exception("engine failed on an event", extra={"event": repr(ev)[:300]})
+                self.dead_letters.report(ev.seq, f"seq {ev.seq}", f"engine error: {type(e).__name__}: {e}", repr(ev)[:500])
         self._last_wall = time.monotonic()
-        try:
-            self.engine.process_batch((ev,), out)
-        except Exception as e:  # one record's failure is that record's problem (its matches so far are out)
-            log.exception("engine failed on an event", extra={"event": repr(ev)[:300]})
-            self.dead_letters.report(ev.seq, f"seq {ev.seq}", f"engine error: {type(e).__name__}: {e}", repr(ev)[:500])
+
+    def _taken(self, events: list[Event]) -> Iterator[Event]:
+        """The events as the engine takes them: each to be numbered by the engine (across all feeds), counted,
+        and kept as the one in hand (the one a fault of the engine is put down to)."""
+        for ev in events:
+            ev.seq = -1
+            self.events_taken += 1
+            if ev.ts > self._last_ts:
+                self._last_ts = ev.ts
+            self._in_hand = ev
+            yield ev
 
     def _advance_idle(self, out: _Results) -> None:
         """With ``advance_idle``: once the feed was quiet that long, stream time follows the wall clock."""
