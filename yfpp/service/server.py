@@ -987,7 +987,7 @@ class Service:
                     for name in self.usage.sample(self.engine, self.config.max_cpu_share) + self._workers_over():
                         self._offload(name, f"its query took more than {self.config.max_cpu_share:.0%} of the "
                                             f"engine's time (max_cpu_share) beside other subscriptions")
-                    for name, why in quotas.over_keys(list(self.subs.values()), self.usage, self.config):
+                    for name, why in quotas.over_keys(self.subs, self.usage, self.config):
                         self._offload(name, why)
                 next_sample = now + max(1.0, (time.monotonic() - now) / USAGE_SHARE)
             if stop:
