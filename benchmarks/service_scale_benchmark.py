@@ -118,16 +118,19 @@ class Serve:
 
 
 RUN_LOOP = """
-import json, sys, time
+import gc, json, sys, time
 from yfpp.cli import write_matches
 from yfpp.engine import Engine
 from yfpp.input.readers import read_event_batches
 from yfpp.language.query_text import load_queries
 from yfpp.output.writer import MatchWriter
+from yfpp.state.memory_cap import RARE_COLLECTIONS
 t0 = time.process_time()
 engine = Engine()
 for q in load_queries([sys.argv[1]]):
     engine.register(q.text, name=q.name)
+gc.freeze()  # (as yfpp run before its loop)
+gc.set_threshold(*RARE_COLLECTIONS)
 t1 = time.process_time()
 size, marks = int(sys.argv[3]), [t1]
 
@@ -150,8 +153,9 @@ print(json.dumps({"register_s": t1 - t0, "events": n, "round_s": [b - a for a, b
 
 def run_cpu(queries: Path, feed: Path, size: int) -> dict:
     """``yfpp run``'s own loop (``yfpp.cli.write_matches``: reading the feed, the engine, matches written as
-    JSON lines to /dev/null) over ``feed`` with the queries of ``queries``, in a process of its own: the CPU
-    seconds of registering, and of the loop over each round of ``size`` events."""
+    JSON lines to /dev/null; the collector set as ``yfpp run`` sets it) over ``feed`` with the queries of
+    ``queries``, in a process of its own: the CPU seconds of registering, and of the loop over each round of
+    ``size`` events."""
     done = subprocess.run([sys.executable, "-c", RUN_LOOP, str(queries), str(feed), str(size)], cwd=ROOT, env=ENV,
                           check=True,
                           capture_output=True, text=True)
