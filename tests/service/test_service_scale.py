@@ -556,9 +556,10 @@ def test_yfpp_serve_collects_garbage_as_rarely_as_yfpp_run(monkeypatch):
 
     monkeypatch.setattr(server, "Service", service)
     before = gc.get_threshold()
+    gc.set_threshold(700, 10, 10)  # (Python's default; a yfpp run or serve in this process before may have set another)
     try:
         with pytest.raises(Started):
             server.run(ServiceConfig(state=None))
     finally:
         gc.set_threshold(*before)
-    assert seen == [RARE_COLLECTIONS] != [before]
+    assert seen == [RARE_COLLECTIONS]
