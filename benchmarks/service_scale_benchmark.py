@@ -5,11 +5,12 @@ All on 127.0.0.1, the service as its own process (``yfpp serve --state DIR``, a 
 * N subscriptions of the correlated RFID template of ``subscriptions_benchmark.py`` are registered in
   ``POST /subscriptions`` of 4,000 each (JSON arrays): the service's CPU seconds for it; then 300 more one request each
   (service CPU per request: the median of 5 rounds of 60, as a periodic checkpoint adds its CPU to one round);
-* E events (``build_events``, as JSON lines) are written to the feed: the service's CPU seconds from the
-  first write until it has taken every event, per event; against ``yfpp run``'s own loop
-  (``yfpp.cli.write_matches``: the reader, the engine, each match a JSON line to /dev/null) over the same
-  events (a file) and the same N queries (a query file), in a process of its own, its CPU seconds apart
-  from registering the queries, per event;
+* ``--rounds`` K rounds of E events (``build_events``, as JSON lines) are written to the feed, one round after
+  the other: the service's CPU seconds from a round's first write until it has taken every event of it, per
+  event; against ``yfpp run``'s own loop (``yfpp.cli.write_matches``: the reader, the engine, each match a JSON
+  line to /dev/null) over the same events (a file) and the same N queries (a query file), in a process of its
+  own, its CPU seconds apart from registering the queries, per event of each round; the ratio round by round,
+  and its median (one round is 0.2-2 s of CPU: the machine's noise moves one round's figures by a fifth);
 * SIGTERM: seconds until the process has ended (and its CPU seconds meanwhile), and that the final checkpoint
   was written;
 * the service started again on that state: seconds until ``/health`` answers 200 (every subscription
@@ -117,29 +118,46 @@ class Serve:
 
 
 RUN_LOOP = """
-import json, sys, time
+import gc, json, sys, time
 from yfpp.cli import write_matches
 from yfpp.engine import Engine
 from yfpp.input.readers import read_event_batches
 from yfpp.language.query_text import load_queries
 from yfpp.output.writer import MatchWriter
+from yfpp.state.memory_cap import RARE_COLLECTIONS
 t0 = time.process_time()
 engine = Engine()
 for q in load_queries([sys.argv[1]]):
     engine.register(q.text, name=q.name)
+gc.freeze()  # (as yfpp run before its loop)
+gc.set_threshold(*RARE_COLLECTIONS)
 t1 = time.process_time()
+size, marks = int(sys.argv[3]), [t1]
+
+def rounds(batches):  # (the batches cut at each round's end; the CPU time when the loop asks past it)
+    n = 0
+    for batch in batches:
+        while batch:
+            part, batch = batch[:size - n % size], batch[size - n % size:]
+            yield part
+            n += len(part)
+            if n % size == 0:
+                marks.append(time.process_time())
+
 out = MatchWriter("/dev/null", live_input=False)
-n = write_matches(engine, read_event_batches(sys.argv[2], "jsonl"), out, None)
+n = write_matches(engine, rounds(read_event_batches(sys.argv[2], "jsonl")), out, None)
 out.close()
-print(json.dumps({"register_s": t1 - t0, "events": n, "loop_s": time.process_time() - t1}))
+print(json.dumps({"register_s": t1 - t0, "events": n, "round_s": [b - a for a, b in zip(marks, marks[1:])]}))
 """
 
 
-def run_cpu(queries: Path, feed: Path) -> dict:
+def run_cpu(queries: Path, feed: Path, size: int) -> dict:
     """``yfpp run``'s own loop (``yfpp.cli.write_matches``: reading the feed, the engine, matches written as
-    JSON lines to /dev/null) over ``feed`` with the queries of ``queries``, in a process of its own: the CPU
-    seconds of registering and of the loop, apart."""
-    done = subprocess.run([sys.executable, "-c", RUN_LOOP, str(queries), str(feed)], cwd=ROOT, env=ENV, check=True,
+    JSON lines to /dev/null; the collector set as ``yfpp run`` sets it) over ``feed`` with the queries of
+    ``queries``, in a process of its own: the CPU seconds of registering, and of the loop over each round of
+    ``size`` events."""
+    done = subprocess.run([sys.executable, "-c", RUN_LOOP, str(queries), str(feed), str(size)], cwd=ROOT, env=ENV,
+                          check=True,
                           capture_output=True, text=True)
     return json.loads(done.stdout)
 
@@ -170,7 +188,8 @@ def checkpoint_stall(runs: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--subs", type=int, default=100)
-    ap.add_argument("--events", type=int, default=20_000)
+    ap.add_argument("--events", type=int, default=20_000, help="events per round")
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--runs", type=int, default=0, help="also the checkpoint stall of an engine with this many runs")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--checkpoint-every", type=float, default=5.0,
@@ -182,19 +201,21 @@ def main() -> None:
         plot([json.loads(line) for line in Path(args.record).read_text().splitlines()], args.plot)
         return
     n, e = args.subs, args.events
-    events = build_events(e, n, n, "correlated", args.seed)
-    lines = b"".join(json.dumps({"type": ev.type, "ts": ev.ts, **ev.attrs}).encode() + b"\n" for ev in events)
+    events = build_events(e * args.rounds, n, n, "correlated", args.seed)
+    lines = [json.dumps({"type": ev.type, "ts": ev.ts, **ev.attrs}).encode() + b"\n" for ev in events]
+    feeds = [b"".join(lines[i:i + e]) for i in range(0, len(lines), e)]  # (a round's each)
     texts = [TEMPLATES["sase"].format(k=k) for k in range(1, n + 1)]
-    r: dict = {"subs": n, "events": e, "checkpoint_every": args.checkpoint_every,
+    r: dict = {"subs": n, "events": e, "rounds": args.rounds, "checkpoint_every": args.checkpoint_every,
                "http": "httptools" if importlib.util.find_spec("httptools") else "h11"}  # (uvicorn's, as the service's)
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
         feed, queries = tmp_path / "feed.jsonl", tmp_path / "queries.sase"
-        feed.write_bytes(lines)
+        feed.write_bytes(b"".join(feeds))
         queries.write_text("".join(f"@query q{k}\n{t}\n" for k, t in enumerate(texts, 1)))
-        run = run_cpu(queries, feed)
-        assert run["events"] == e, run
-        r["run_cpu_per_event_us"] = 1e6 * run["loop_s"] / e
+        run = run_cpu(queries, feed, e)
+        assert run["events"] == e * args.rounds, run
+        r["run_cpu_per_event_us_rounds"] = [1e6 * x / e for x in run["round_s"]]
+        r["run_cpu_per_event_us"] = statistics.median(r["run_cpu_per_event_us_rounds"])
         r["run_register_cpu_s"] = run["register_s"]
 
         state = tmp_path / "state"
@@ -214,15 +235,21 @@ def main() -> None:
             r["single_register_cpu_ms_rounds"] = [c for c, _ in rounds]
             r["single_register_cpu_ms"] = statistics.median(c for c, _ in rounds)
             r["single_register_wall_ms"] = statistics.median(w for _, w in rounds)
-            cpu0 = svc.cpu()
-            t0 = time.perf_counter()
-            with socket.create_connection(("127.0.0.1", svc.feed)) as s:
-                s.sendall(lines)
-            while svc.request("GET", "/health")["events_in"] < e:  # type: ignore[index]
-                time.sleep(0.05)
-            r["serve_cpu_per_event_us"] = 1e6 * (svc.cpu() - cpu0) / e
-            r["serve_events_per_s"] = e / (time.perf_counter() - t0)
-            r["ratio"] = r["serve_cpu_per_event_us"] / r["run_cpu_per_event_us"]
+            serve, walls, taken = [], [], 0
+            for chunk in feeds:
+                cpu0, t0 = svc.cpu(), time.perf_counter()
+                with socket.create_connection(("127.0.0.1", svc.feed)) as s:
+                    s.sendall(chunk)
+                taken += e
+                while svc.request("GET", "/health")["events_in"] < taken:  # type: ignore[index]
+                    time.sleep(0.05)
+                serve.append(1e6 * (svc.cpu() - cpu0) / e)
+                walls.append(time.perf_counter() - t0)
+            r["serve_cpu_per_event_us_rounds"] = serve
+            r["serve_cpu_per_event_us"] = statistics.median(serve)
+            r["serve_events_per_s"] = e / statistics.median(walls)
+            r["ratio_rounds"] = [a / b for a, b in zip(serve, r["run_cpu_per_event_us_rounds"])]
+            r["ratio"] = statistics.median(r["ratio_rounds"])
             time.sleep(min(6.0, args.checkpoint_every + 1))  # (a periodic checkpoint past every event)
             r["periodic_checkpoint_engine_thread_s"] = [x["engine_thread_s"] for x in svc.log
                                                         if x.get("msg") == "checkpoint written" and "engine_thread_s" in x]
@@ -235,9 +262,10 @@ def main() -> None:
             svc.stop()
     if args.runs:
         r["checkpoint"] = checkpoint_stall(args.runs)
-    print(f"commit {commit()}  {n:,} subscriptions, {e:,} events")
-    print(f"CPU per event       serve {r['serve_cpu_per_event_us']:.0f} µs, yfpp run {r['run_cpu_per_event_us']:.0f} µs "
-          f"(× {r['ratio']:.2f}); serve took {r['serve_events_per_s']:,.0f} events/s")
+    print(f"commit {commit()}  {n:,} subscriptions, {args.rounds} rounds of {e:,} events")
+    print(f"CPU per event       serve {r['serve_cpu_per_event_us']:.1f} µs, yfpp run {r['run_cpu_per_event_us']:.1f} µs "
+          f"(medians of the rounds); × {r['ratio']:.2f} (the median round's; rounds "
+          f"{', '.join(f'{x:.2f}' for x in r['ratio_rounds'])}); serve took {r['serve_events_per_s']:,.0f} events/s")
     print(f"registration        {n:,} in requests of {BATCH:,}: {r['batch_register_cpu_s']:.1f} s service CPU "
           f"(yfpp run registers them in {r['run_register_cpu_s']:.1f} s); one at a time: "
           f"{r['single_register_cpu_ms']:.2f} ms CPU, {r['single_register_wall_ms']:.1f} ms wall (HTTP read by {r['http']}; "

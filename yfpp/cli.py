@@ -24,6 +24,7 @@ from yfpp.input.record_fields import MAX_DEPTH, MAX_RECORD_BYTES, check_ts_unit
 from yfpp.output.ordered import OrderedMatches
 from yfpp.output.stats import Progress, format_figures, run_figures, write_figures_json
 from yfpp.output.vocabulary import Vocabulary
+from yfpp.state.memory_cap import RARE_COLLECTIONS
 
 CHECKPOINT_EVERY = 100_000  #: events between checkpoints of ``yfpp run --checkpoint``
 MAX_SYMBOLS, MAX_TAGS = 1_000_000, 100_000  #: yfpp generate's: a price per symbol, a lifecycle per tag is held
@@ -359,7 +360,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # Runs, buffer entries and events form no reference cycles: keep the cyclic collector from
     # rescanning millions of them (it took a third of the time on large runs).
     gc.freeze()
-    gc.set_threshold(100_000, 50, 100)
+    gc.set_threshold(*RARE_COLLECTIONS)
     plans = [*engine.queries.values(), *(m.plan for m in engine.set_queries.values())]
     vocabulary = Vocabulary(plan.pattern for plan in plans)
     started = time.perf_counter()

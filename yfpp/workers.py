@@ -39,6 +39,7 @@ from yfpp.errors import YfppError
 from yfpp.input.dead_letters import DeadLetters
 from yfpp.input.events import MISSING, Event
 from yfpp.state.checkpoint import write_checkpoint, write_json
+from yfpp.state.memory_cap import RARE_COLLECTIONS
 from yfpp.output.stats import run_figures
 from yfpp.output.writer import LineEncoder
 from yfpp.input.record_fields import ReaderOptions
@@ -566,7 +567,7 @@ class _Matching:
 def _prepare() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     gc.freeze()  # as yfpp run: runs, buffered events and matches form no reference cycles
-    gc.set_threshold(100_000, 50, 100)
+    gc.set_threshold(*RARE_COLLECTIONS)
 
 
 def _sent(encoder: LineEncoder, matches: list[dict], dead: _Collect) -> tuple[Any, dict[str, int], list[tuple]]:

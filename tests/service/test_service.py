@@ -302,7 +302,13 @@ def test_a_stop_does_not_wait_for_ever_on_an_engine_stuck_on_an_event(tmp_path, 
     background = BackgroundService(config(tmp_path))
     with background as svc:
         real = svc.engine.process_batch
-        monkeypatch.setattr(svc.engine, "process_batch", lambda evs, out: release.wait(TIMEOUT) and real(evs, out))
+        def stuck(events, out):  # each event taken, then the engine stuck on it
+            for ev in events:
+                release.wait(TIMEOUT)
+                real((ev,), out)
+            return out
+
+        monkeypatch.setattr(svc.engine, "process_batch", stuck)
         send(svc.feed_port("jsonl"), b'{"type": "a", "ts": 1}\n')
         wait_for(lambda: svc.events_in == 1, what="the engine to take the event")
         with caplog.at_level("ERROR", logger="yfpp.service"):
@@ -594,10 +600,10 @@ def test_a_failing_batch_is_logged_and_the_engine_thread_goes_on(tmp_path, liste
         c.subscribe(THEFT, sink=out.url, name="theft")
         real = svc._process
 
-        def process(ev, out):
-            if ev.type == "bug":
+        def process(events, out):
+            if any(ev.type == "bug" for ev in events):
                 raise RuntimeError("a fault outside the per-event guard")
-            return real(ev, out)
+            return real(events, out)
 
         monkeypatch.setattr(svc, "_process", process)
         with caplog.at_level("ERROR", logger="yfpp.service"):

@@ -115,6 +115,7 @@ class Runtime(EventSteps, RunMoves, Acceptance):
         self.ptick_users: Counter = Counter()
         self._counters = Counters()  # read as ``counters``, which brings ``events`` up to date
         self.branch_queries: dict[Node, Sequence[QueryPlan]] = {}  # root node -> queries through it (append_to)
+        self.queries_changed = 0  #: counts add and remove: a reader of branch_queries knows if it changed since
         self.tick = 0
         self.now = float("-inf")
         self._roots = count()
@@ -145,6 +146,7 @@ class Runtime(EventSteps, RunMoves, Acceptance):
         self.negations.add(plan)
         self.deadlines.add(plan)
         append_to(self.branch_queries, plan.last.root, plan)
+        self.queries_changed += 1
         if self._needs_pticks(plan):
             self.ptick_users[plan.partition_by] += 1
             self.pticks.setdefault(plan.partition_by, {})
@@ -164,6 +166,7 @@ class Runtime(EventSteps, RunMoves, Acceptance):
         self.deadlines.remove(plan)
         self._makers.pop(plan, None)
         drop_from(self.branch_queries, plan.last.root, plan)
+        self.queries_changed += 1
         if self._needs_pticks(plan):
             self.ptick_users[plan.partition_by] -= 1
             if not self.ptick_users[plan.partition_by]:

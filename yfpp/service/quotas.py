@@ -13,7 +13,7 @@ counting its queries in the main engine and in the isolation engines alike.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from yfpp.language.pattern import Contiguity, Kind, Pattern
 from yfpp.service.auth import ADMIN
@@ -75,8 +75,9 @@ def check(spec: "SubscriptionSpec", owner: str, owned: Iterable["Subscription"],
                               f"key_max_queue_bytes={config.key_max_queue_bytes}")
 
 
-def over_keys(subs: Iterable["Subscription"], usage: "Usage", config: "ServiceConfig") -> list[tuple[str, str]]:
-    """``(query name, why)`` of the subscriptions to give up, after a usage sample: of each subscriber key over
+def over_keys(subs: Mapping[str, "Subscription"], usage: "Usage", config: "ServiceConfig") -> list[tuple[str, str]]:
+    """``(query name, why)`` of the subscriptions to give up, after a usage sample: of ``subs`` (the service's, by
+    id: copied here, as the loop changes them meanwhile; not at all without key quotas) each subscriber key over
     ``key_max_runs`` (its subscriptions' runs, in the main engine each branch's shared evenly among its queries,
     and in the isolation engines) or ``key_max_cpu_share`` (their fraction of the CPU of the engine thread and
     the isolation engines together), its costliest one by that measure (one a sample: the next sample says
@@ -86,7 +87,7 @@ def over_keys(subs: Iterable["Subscription"], usage: "Usage", config: "ServiceCo
     if most_runs is None and most_share is None:
         return []
     by_key: dict[str, list[tuple[float, float, str]]] = {}
-    for sub in subs:
+    for sub in list(subs.values()):
         part = usage.parts.get(sub.name)
         if part is not None and sub.owner != ADMIN and sub.suspended is None:
             by_key.setdefault(sub.owner, []).append((*part, sub.name))

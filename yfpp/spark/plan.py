@@ -38,6 +38,7 @@ from lxml import etree
 from yfpp.input.dead_letters import DeadLetters
 from yfpp.engine import Engine
 from yfpp.errors import YfppError
+from yfpp.state.memory_cap import RARE_COLLECTIONS
 from yfpp.sets.plan import partition_attributes
 from yfpp.input.events import MISSING, Event
 from yfpp.runtime.feedback import MAX_DEPTH, MAX_DERIVED
@@ -296,7 +297,7 @@ def rare_collections() -> Iterator[None]:
     a task's time). The Python worker's own settings come back afterwards (workers are reused)."""
     threshold = gc.get_threshold()
     gc.freeze()
-    gc.set_threshold(100_000, 50, 100)
+    gc.set_threshold(*RARE_COLLECTIONS)
     try:
         yield
     finally:
