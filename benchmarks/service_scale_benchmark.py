@@ -234,8 +234,8 @@ def main() -> None:
             if args.checkpoint_every <= 10:
                 written, cpu0 = _written(svc), svc.cpu()
                 time.sleep(3 * args.checkpoint_every)
-                n = _written(svc) - written
-                r["idle_cpu_s_per_checkpoint"] = (svc.cpu() - cpu0) / n if n else None
+                taken = _written(svc) - written
+                r["idle_cpu_s_per_checkpoint"] = (svc.cpu() - cpu0) / taken if taken else None
             r["periodic_checkpoint_engine_thread_s"] = [x["engine_thread_s"] for x in svc.log
                                                         if x.get("msg") == "checkpoint written" and "engine_thread_s" in x]
             r["stop_s"], r["stop_cpu_s"] = svc.stop()
