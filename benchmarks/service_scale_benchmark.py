@@ -17,6 +17,8 @@ All on 127.0.0.1, the service as its own process (``yfpp serve --state DIR``, a 
   registered again), and its CPU seconds;
 * the engine thread's seconds for each periodic checkpoint (the service's log, ``engine_thread_s``; one every
   5 s while the events are taken, ``--checkpoint-every``);
+* once every event is taken, the service idle for three checkpoint periods (with ``--checkpoint-every`` up
+  to 10 s): its CPU seconds per periodic checkpoint written meanwhile (the idle loop's counted in);
 * ``--runs R``: in this process, an engine holding R partial matches, the seconds ``checkpoint.take`` holds
   the caller (the service's engine thread) and the seconds until the checkpoint is written (``Staged.write``,
   on the service's checkpoint thread).
@@ -162,6 +164,11 @@ def run_cpu(queries: Path, feed: Path, size: int) -> dict:
     return json.loads(done.stdout)
 
 
+def _written(svc: Serve) -> int:
+    """The checkpoints the service's log says it has written so far."""
+    return sum(1 for x in list(svc.log) if x.get("msg") == "checkpoint written")
+
+
 def checkpoint_stall(runs: int) -> dict:
     """An engine with ``runs`` partial matches: seconds ``checkpoint.take`` holds its caller, then until written."""
     from yfpp.engine import Engine
@@ -251,6 +258,11 @@ def main() -> None:
             r["ratio_rounds"] = [a / b for a, b in zip(serve, r["run_cpu_per_event_us_rounds"])]
             r["ratio"] = statistics.median(r["ratio_rounds"])
             time.sleep(min(6.0, args.checkpoint_every + 1))  # (a periodic checkpoint past every event)
+            if args.checkpoint_every <= 10:
+                written, cpu0 = _written(svc), svc.cpu()
+                time.sleep(3 * args.checkpoint_every)
+                taken = _written(svc) - written
+                r["idle_cpu_s_per_checkpoint"] = (svc.cpu() - cpu0) / taken if taken else None
             r["periodic_checkpoint_engine_thread_s"] = [x["engine_thread_s"] for x in svc.log
                                                         if x.get("msg") == "checkpoint written" and "engine_thread_s" in x]
             r["stop_s"], r["stop_cpu_s"] = svc.stop()
@@ -271,6 +283,8 @@ def main() -> None:
           f"{r['single_register_cpu_ms']:.2f} ms CPU, {r['single_register_wall_ms']:.1f} ms wall (HTTP read by {r['http']}; "
           f"rounds {', '.join(f'{x:.2f}' for x in r['single_register_cpu_ms_rounds'])} ms)")
     print(f"checkpoints         engine thread {', '.join(f'{x:.3f}' for x in r['periodic_checkpoint_engine_thread_s'])} s")
+    if r.get("idle_cpu_s_per_checkpoint") is not None:
+        print(f"idle                {r['idle_cpu_s_per_checkpoint']:.3f} s of service CPU per periodic checkpoint")
     print(f"stop (SIGTERM)      {r['stop_s']:.1f} s ({r['stop_cpu_s']:.1f} s CPU), final checkpoint written: "
           f"{r['stop_checkpoint_written']}")
     print(f"restart             /health 200 after {r['restart_s']:.1f} s ({r['restart_cpu_s']:.1f} s CPU), "

@@ -71,11 +71,11 @@ def test_restore_mid_stream_with_merging(pats, events, data):
 
 def _live_runs(eng: Engine) -> Counter:
     """Every live run (merged runs as their members) by state, key, start and the events it bound."""
-    from yfpp.state.checkpoint import _node_refs, _state_ref
+    from yfpp.state.checkpoint import NodeRefs, _state_ref
     from yfpp.runtime.run_merging import as_plain_runs
 
     rt = eng.runtime
-    refs = _node_refs(eng)  # states named as checkpoints name them: the same in both engines
+    refs = NodeRefs(eng)  # states named as checkpoints name them: the same in both engines
     out: Counter = Counter()
     for store in rt._stores():
         for state, runs in store.items():

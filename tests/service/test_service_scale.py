@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from unittest.mock import patch
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -25,7 +26,9 @@ from yfpp.engine import Engine  # noqa: E402
 from yfpp.errors import YfppError  # noqa: E402
 from yfpp.service.client import Client, ServiceError  # noqa: E402
 from yfpp.service.config import ServiceConfig  # noqa: E402
+from yfpp.service.checkpoint import read as stored  # noqa: E402
 from yfpp.service.server import BackgroundService, Service  # noqa: E402
+from yfpp.state import query_base  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 PAIR = "PATTERN SEQ(a x, b y) WHERE skip_till_any_match(x, y) {{ x.k = {k} AND y.k = {k} }} WITHIN 100"
@@ -355,8 +358,9 @@ def test_a_restart_keeps_every_subscription_its_id_owner_and_sink_and_checkpoint
         c.unsubscribe(answers[1]["subscription"]["id"])
         before = sorted((s["id"], s["name"], s["owner"], s["sink"], s["query"]) for s in c.subscriptions())
     checkpoint = tmp_path / "state" / "engine-checkpoint.json"
-    first = json.loads(checkpoint.read_bytes())["queries"]
-    said = json.loads(checkpoint.read_bytes())["service"]["queries"]  # (a text the engine's rows hold: not again)
+    first, service, _ = stored(checkpoint)
+    first = first["queries"]
+    said = service["queries"]  # (a text the engine's rows hold: not again)
     assert said["q5"] == [PAIR.format(k=5), "sase", None] and all(said[f"q{k}"] == [None, None, None] for k in (0, 2, 3, 4))
     with BackgroundService(cfg) as svc:
         c = Client(f"http://127.0.0.1:{svc.port}", admin)
@@ -372,7 +376,7 @@ def test_a_restart_keeps_every_subscription_its_id_owner_and_sink_and_checkpoint
             s["query"] for s in c.subscriptions() if s["name"] != "q5")
         assert [text for _, (_, text, name) in sources if name == "q5"] == [None]
         assert len(before) == 6 and svc.save_checkpoint()
-    assert json.loads(checkpoint.read_bytes())["queries"] == first
+    assert stored(checkpoint)[0]["queries"] == first
 
 
 def test_a_stop_drops_a_periodic_checkpoint_still_being_written_and_writes_the_final_one(tmp_path, monkeypatch,
@@ -425,7 +429,7 @@ def test_the_stop_writes_the_final_checkpoint_in_process_and_a_start_restores_ev
             monkeypatch.setattr(os, "fork", no_fork)
     monkeypatch.undo()
     assert [r.getMessage() for r in caplog.records].count("checkpoint written") == 1
-    rows = json.loads((tmp_path / "state" / "engine-checkpoint.json").read_bytes())["queries"]
+    rows = stored(tmp_path / "state" / "engine-checkpoint.json")[0]["queries"]
     assert [row[2] is None for row in rows] == [False, False, True]  # q0, q1 by shape; q2 (a language named) as IR
     with BackgroundService(config(tmp_path)) as svc:
         assert svc.restored and svc.events_in == 31 and sorted(svc.by_name) == sorted(queries)
@@ -563,3 +567,50 @@ def test_yfpp_serve_collects_garbage_as_rarely_as_yfpp_run(monkeypatch):
     finally:
         gc.set_threshold(*before)
     assert seen == [RARE_COLLECTIONS]
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.lists(st.tuples(st.sampled_from(["add", "delete", "update", "events", "checkpoint"]), st.integers(0, 5)),
+                      min_size=1, max_size=12))
+def test_checkpoints_against_a_base_between_registrations_updates_and_deletions_and_a_kill_9_lose_nothing(
+        tmp_path_factory, steps):
+    """Periodic checkpoints write the queries once (a base) and then what changed: with subscriptions added,
+    changed (PUT) and deleted between them, and a new base after a change or two, the files a kill -9 leaves
+    right after a checkpoint restore the subscriptions of then; fed the rest of the events, each counts the
+    matches the uninterrupted service counts."""
+    tmp = tmp_path_factory.mktemp("state")
+    records = pairs(80, 3)
+    crash = tmp / "crash"
+    fed = 0
+    with patch.object(query_base, "MIN_CHANGES", 2):
+        with BackgroundService(config(tmp, checkpoint_every=3600)) as svc:
+            c = Client(f"http://127.0.0.1:{svc.port}")
+            for i, (step, k) in enumerate(steps):
+                sids = sorted(svc.subs)
+                if step == "add":
+                    c.subscribe(PAIR.format(k=k % 3), name=f"n{i}")
+                elif step == "delete" and sids:
+                    c.unsubscribe(sids[k % len(sids)])
+                elif step == "update" and sids:
+                    c._request("PUT", f"/subscriptions/{sids[k % len(sids)]}",
+                               json.dumps({"query": PAIR.format(k=(k + 1) % 3)}).encode())
+                elif step == "events":
+                    send(svc.feed_port("jsonl"), b"".join(records[fed:fed + 4 * k]))
+                    fed = min(fed + 4 * k, len(records))
+                    wait_for(lambda: svc.events_in == fed, what="the events")
+                elif step == "checkpoint":
+                    assert svc.save_checkpoint()
+            assert svc.save_checkpoint()
+            shutil.copytree(tmp / "state", crash / "state")  # the files a kill -9 now leaves
+            with svc.engine_lock:
+                names, runs = sorted(svc.by_name), len(svc.engine.snapshot()["runs"])
+            send(svc.feed_port("jsonl"), b"".join(records[fed:]))
+            wait_for(lambda: svc.events_in == len(records), what="the rest taken")
+        want = {s.name: s.counters.matches for s in svc.subs.values()}
+        with BackgroundService(config(crash, jsonl_port=0)) as svc:
+            assert svc.restored and svc.events_in == fed and sorted(svc.by_name) == names
+            assert len(svc.engine.snapshot()["runs"]) == runs  # (each query kept, with its partial matches)
+            send(svc.feed_port("jsonl"), b"".join(records[fed:]))
+            wait_for(lambda: svc.events_in == len(records), what="the rest taken")
+        assert {s.name: s.counters.matches for s in svc.subs.values()} == want
+        assert [p.name for p in (crash / "state").glob("engine-checkpoint.json.base-*")] != []

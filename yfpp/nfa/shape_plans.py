@@ -257,6 +257,7 @@ class QuerySources(MutableMapping):
 
     def __init__(self) -> None:
         self._kept: dict[int, tuple[Pattern | QueryPlan, str | None, str | int | None] | QueryPlan] = {}
+        self.version = 0  #: raised by every change: what reads the queries again only once they changed
 
     def __getitem__(self, qid: int) -> tuple[Pattern, str | None, str | int | None]:
         first, text, name = _source(self._kept[qid])
@@ -267,9 +268,11 @@ class QuerySources(MutableMapping):
         made = (type(first) is QueryPlan and first.shape is not None and first.source is text
                 and first.name == (qid if name is None else name))
         self._kept[qid] = first if made else source  # type: ignore[assignment]
+        self.version += 1
 
     def __delitem__(self, qid: int) -> None:
         del self._kept[qid]
+        self.version += 1
 
     def __contains__(self, qid: object) -> bool:
         return qid in self._kept
@@ -283,6 +286,14 @@ class QuerySources(MutableMapping):
     def text(self, qid: int) -> str | None:
         """Query ``qid``'s text (None: it was registered as a Pattern), without making its pattern."""
         return _source(self._kept[qid])[1]
+
+    def entries(self) -> dict[int, object]:
+        """Each query's entry by id, to compare by identity (an entry is replaced, never changed; read only)."""
+        return self._kept
+
+    def kept_of(self, qid: int) -> tuple[Pattern | QueryPlan, str | None, str | int | None]:
+        """Query ``qid``'s ``(pattern or plan, text, name)``, as :meth:`kept` gives it."""
+        return _source(self._kept[qid])
 
     def kept(self) -> Iterator[tuple[int, tuple[Pattern | QueryPlan, str | None, str | int | None]]]:
         """``(id, (pattern or the query's plan, text, name))`` of each query: both have ``policy`` and

@@ -3,7 +3,8 @@
 The format and the atomic write are the engine's (``yfpp.state.checkpoint``,
 documented in docs/operations.md); the service adds a ``service`` field (what
 each query of the state was registered from, so that a start need not parse it
-again).  A checkpoint stalls the engine thread only to take the state (:func:`take`:
+again).  Periodic checkpoints write the queries and that field once, in a base file,
+and then what changed since (``yfpp.state.query_base``).  A checkpoint stalls the engine thread only to take the state (:func:`take`:
 copies of what the engine changes, references to what it never changes); a
 thread of its own makes it plain data and writes it to a staged file, a piece
 at a time, and moves it into place once it has stored what the sinks still held
@@ -21,9 +22,11 @@ from typing import Any, Callable
 from yfpp.engine import Engine
 from yfpp.errors import YfppError
 from yfpp.service.registry import counts_only
-from yfpp.state.checkpoint import (Cancelled, EncodedPatterns, Taken, json_pieces, read_checkpoint,
-                                  stored_patterns, stored_splits, write_checkpoint, write_pieces)
+from yfpp.state import query_base
+from yfpp.state.checkpoint import (Cancelled, EncodedPatterns, Taken, json_pieces, stored_patterns, stored_splits,
+                                  write_checkpoint, write_pieces)
 from yfpp.state.checkpoint import take as take_state
+from yfpp.state.query_base import QueryBase, TakenQueries
 
 SERVICE = "service"  #: the checkpoint field of the service's own data
 
@@ -35,13 +38,16 @@ def save(engine: Engine, path: Path, service: dict[str, Any] | None = None,
     write_checkpoint(engine, path, {SERVICE: service} if service is not None else None, patterns)
 
 
-def load(path: Path, patterns: EncodedPatterns | None = None, **opts: Any) -> tuple[Engine | None, dict[str, Any]]:
-    """The engine restored from ``path`` and the checkpoint's service data, or (None, {}) when there is no
-    checkpoint yet; ``patterns`` keeps the restored queries' patterns as the checkpoint holds them encoded."""
+def load(path: Path, patterns: EncodedPatterns | None = None, base: QueryBase | None = None,
+         **opts: Any) -> tuple[Engine | None, dict[str, Any]]:
+    """The engine restored from ``path`` (and its base) and the checkpoint's service data, or (None, {}) when there
+    is no checkpoint yet; ``patterns`` keeps the restored queries' patterns as the checkpoint holds them encoded;
+    ``base`` is told of the base file read (and the base files of no checkpoint are removed)."""
     if not path.is_file():
         return None, {}
-    data = read_checkpoint(path)
-    service = data.pop(SERVICE, None) if isinstance(data, dict) else None
+    data, service, token = read(path)
+    if base is not None:
+        base.found(token)
     gc.disable()  # (restoring makes a great many objects that live on: collecting meanwhile doubles the time)
     try:
         engine = Engine.restore(data, **opts)
@@ -56,6 +62,19 @@ def load(path: Path, patterns: EncodedPatterns | None = None, **opts: Any) -> tu
         gc.enable()
     gc.freeze()  # (the restored queries live as long as the service: no collection need walk them, as the next did)
     return engine, service if isinstance(service, dict) else {}
+
+
+def read(path: Path) -> tuple[dict, Any, str | None]:
+    """The checkpoint at ``path`` as one written whole (its base's queries merged in: ``Engine.restore`` reads it),
+    its service field apart (the subscriptions' sources of the base, changed since) and its base's token."""
+    data, keyed, token = query_base.read(path)
+    service = data.pop(SERVICE, None) if isinstance(data, dict) else None
+    if token is not None and isinstance(service, dict):
+        removed = set(service.pop("removed", []))
+        queries = {k: v for k, v in keyed.items() if k not in removed}
+        queries.update(service.get("queries") or {})
+        service["queries"] = queries
+    return data, service, token
 
 
 def load_counts(path: Path) -> dict[str, dict[str, int]]:
@@ -81,8 +100,10 @@ class Staged:
     another thread."""
 
     def __init__(self, taken: Taken | None, path: Path, patterns: EncodedPatterns | None = None,
-                 service: dict[str, Any] | None = None):
+                 service: dict[str, Any] | None = None, base: QueryBase | None = None):
         self._taken, self._service, self.path, self._patterns = taken, service, path, patterns
+        self._base = base
+        self._against: TakenQueries | None = taken.against if taken is not None else None
         self.cancelled = False
         self._written = taken is None
 
@@ -106,6 +127,8 @@ class Staged:
         try:
             data = taken.data()
             data[SERVICE] = service
+            if self._against is not None:  # (a new base: in place before the checkpoint that needs it)
+                self._against.write_base(self.path, self._patterns, lambda: self.cancelled)
             write_pieces(json_pieces(data, self._patterns), staged(self.path), lambda: self.cancelled)
             self._written = True
         except Cancelled:
@@ -117,24 +140,39 @@ class Staged:
     def commit(self) -> None:
         os.chmod(staged(self.path), 0o600)  # (the state holds events: their owner's alone)
         os.replace(staged(self.path), self.path)
+        self._settle(True)
 
     def discard(self) -> None:
         staged(self.path).unlink(missing_ok=True)
+        self._settle(False)
+
+    def _settle(self, committed: bool) -> None:
+        """Tell the base (once) that this checkpoint is in place or given up."""
+        against, self._against = self._against, None
+        if self._base is not None and against is not None:
+            (self._base.committed if committed else self._base.discarded)(against)
 
 
 def take(engine: Engine, path: Path, service_of: Callable[[], dict[str, Any]],
-         patterns: EncodedPatterns | None = None) -> Staged:
+         patterns: EncodedPatterns | None = None, base: QueryBase | None = None) -> Staged:
     """The engine's state as it is now (and ``service_of()``), sharing nothing the engine changes, to be written
     to ``path`` (:meth:`Staged.write`) while the engine goes on.
 
     Call it with the engine quiet (``engine_lock`` held): this is all the time a checkpoint takes from the engine
     thread. No process is forked: a child's copy-on-write doubled the memory of every page the service wrote while
-    it lived, and the CPU each event cost meanwhile."""
+    it lived, and the CPU each event cost meanwhile.
+
+    With ``base``, the queries and the service's ``queries`` field are written as what changed since its base
+    (a new base now and then: ``yfpp.state.query_base``)."""
     collecting = gc.isenabled()
     gc.disable()  # (a great many objects made at once: no collection meanwhile)
     try:
-        taken, service = take_state(engine, patterns), service_of()
+        service = service_of()
+        taken = take_state(engine, patterns, base)  # (last: from here the base is held for it, Staged)
+        if taken.against is not None:
+            changed, removed = taken.against.keyed(service["queries"])
+            service = {**service, "queries": changed, "removed": removed}
     finally:
         if collecting:
             gc.enable()
-    return Staged(taken, path, patterns, service)
+    return Staged(taken, path, patterns, service, base)

@@ -39,6 +39,7 @@ from pydantic import ValidationError
 
 from yfpp.state.checkpoint import EncodedPatterns, encode_pattern
 from yfpp.state.memory_cap import RARE_COLLECTIONS
+from yfpp.state.query_base import QueryBase
 from yfpp.engine import Engine
 from yfpp.errors import YfppError
 from yfpp.input.events import Event
@@ -106,7 +107,12 @@ class Service:
         self.read_opts = config.read_opts
         engine_opts = {"max_delay": config.max_delay, "dead_letters": self.dead_letters}
         self.patterns = EncodedPatterns()  #: the queries' patterns encoded for the checkpoints (once, not at each)
-        restored, self._sources = (checkpoint.load(self.checkpoint_path, self.patterns, **engine_opts)
+        #: the queries as the checkpoints' base holds them: a periodic checkpoint writes what changed since
+        self.query_base = QueryBase(self.checkpoint_path) if self.checkpoint_path else None
+        self._source_of: dict[str, tuple[SubscriptionSpec, int, list[Any]]] = {}  #: the sources taken, kept by spec
+        self._subs_changed = 0  #: raised by each subscription added, changed or removed
+        self._sources_taken: tuple[int, dict[str, list[Any]]] = (-1, {})  #: (_subs_changed, the sources) of the last take
+        restored, self._sources = (checkpoint.load(self.checkpoint_path, self.patterns, self.query_base, **engine_opts)
                                    if self.checkpoint_path else (None, {}))
         self.engine: Engine = restored or Engine(**engine_opts)
         self.restored = restored is not None
@@ -325,7 +331,8 @@ class Service:
         taken = None
         if self._final_checkpoint_due() and self.checkpoint_path is not None:
             try:  # (written here: nothing else runs now)
-                taken = checkpoint.take(self.engine, self.checkpoint_path, self._checkpoint_sources, self.patterns)
+                taken = checkpoint.take(self.engine, self.checkpoint_path, self._checkpoint_sources, self.patterns,
+                                        self.query_base)
                 taken.write()
             except Exception as e:
                 self._checkpoint_failed(e)
@@ -541,6 +548,7 @@ class Service:
         sub.usage = self.usage
         sub.start()
         self.subs[sub.id] = sub
+        self._subs_changed += 1
         self._owned.setdefault(sub.owner, {})[sub.id] = sub
         self.by_name[sub.name] = sub
 
@@ -659,6 +667,7 @@ class Service:
                 qid, refused = await asyncio.to_thread(self._replace_query, sub.qid, query, name, spec.policy)
                 if refused is not None:
                     sub.qid = qid
+                    self._subs_changed += 1
                     await asyncio.to_thread(self.registry.update, sid, old.model_dump())
                     raise RequestError(400, f"query: {refused}", **_error_position(refused))
                 sub.cost = quotas.estimate(pattern)
@@ -666,6 +675,7 @@ class Service:
             self._claimed.discard(name)
         self.by_name.pop(sub.name, None)
         await sub.change(spec, qid, cfg.queue_size, cfg.queue_bytes)
+        self._subs_changed += 1
         self.by_name[sub.name] = sub
         iso = self.isolation.by_qid.get(sub.qid)
         if not requery and iso is not None and iso.delivering:  # (its sink may have changed: the child's too)
@@ -764,6 +774,7 @@ class Service:
         sub = self.subs.pop(sid, None)
         if sub is None:  # a concurrent DELETE removed it meanwhile
             return
+        self._subs_changed += 1
         self._owned.get(sub.owner, {}).pop(sid, None)
         self.by_name.pop(sub.name, None)
         self._claimed.add(sub.name)
@@ -1157,7 +1168,8 @@ class Service:
         start = time.perf_counter()
         with self.engine_lock:
             try:
-                taken = checkpoint.take(self.engine, self.checkpoint_path, self._checkpoint_sources, self.patterns)
+                taken = checkpoint.take(self.engine, self.checkpoint_path, self._checkpoint_sources, self.patterns,
+                                        self.query_base)
             except Exception as e:  # (state the format cannot hold: the same as a failed write)
                 self._checkpoint_failed(e)
                 return False
@@ -1179,14 +1191,28 @@ class Service:
     def _checkpoint_sources(self) -> dict[str, Any]:
         """The checkpoint's ``service`` field (taken with the engine's state): what each query was registered from, its
         query text null where it is the text the engine's query was registered from, which the checkpoint
-        holds already (with 100,000 subscriptions the texts again were 72 % of the file)."""
-        sources = self.engine.sources
+        holds already (with 100,000 subscriptions the texts again were 72 % of the file). A subscription's
+        source is made once for its spec and query (the same object from checkpoint to checkpoint: the base
+        holds it, ``yfpp.state.query_base``); with no subscription changed since the last take, its very map."""
+        changed, (taken_at, queries) = self._subs_changed, self._sources_taken
+        if taken_at == changed:
+            return {"window_unit": self.config.window_unit, "workers": self.config.workers, "queries": queries}
+        sources, kept = self.engine.sources, self._source_of
         queries = {}
         for sub in list(self.subs.values()):  # (the loop may add one meanwhile)
+            was = kept.get(sub.name)
+            if was is not None and was[0] is sub.spec and was[1] == sub.qid:
+                queries[sub.name] = was[2]
+                continue
             source = _source(sub.spec)
             if sub.qid in sources and sources.text(sub.qid) == source[0]:
                 source[0] = None
+            kept[sub.name] = (sub.spec, sub.qid, source)
             queries[sub.name] = source
+        if len(kept) > len(queries):  # (those of subscriptions deleted)
+            for name in [name for name in kept if name not in queries]:
+                del kept[name]
+        self._sources_taken = (changed, queries)
         return {"window_unit": self.config.window_unit, "workers": self.config.workers, "queries": queries}
 
     def _hold(self, held: Future) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import heapq
 import json
 import math
@@ -26,7 +27,7 @@ import typing
 from collections import Counter, defaultdict
 from itertools import count
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from yfpp.language import pattern as ir
 from yfpp.language.query_text import split_constants
@@ -43,6 +44,9 @@ from yfpp.nfa.predicates import KleeneState
 from yfpp.runtime.deadlines import Pending
 from yfpp.runtime.run_merging import as_plain_runs
 from yfpp.runtime.runs import FullRun
+
+if TYPE_CHECKING:
+    from yfpp.state.query_base import QueryBase
 
 FORMAT = "yfpp-checkpoint"
 VERSION = 3  # 2: event-set queries (``set_queries``) and the ``strategy`` option; 3: queries grouped by shape
@@ -168,8 +172,7 @@ class _Writer:
     only by :meth:`event_records`: nothing else of an event changes once the engine holds it, so that may run on
     another thread while the engine goes on (:class:`Taken`)."""
 
-    def __init__(self, node_ref: dict) -> None:
-        self.node_ref = node_ref
+    def __init__(self) -> None:
         self.entries: list[dict] = []
         self._events: list[tuple[Event, int]] = []  # (event, its pos when numbered)
         self._event_ids: dict[int, int] = {}
@@ -220,7 +223,7 @@ class _Writer:
                                 None if evs is None else [self.event(e) for e in evs]]}
         raise YfppError(f"checkpoint: cannot store a value of type {type(v).__name__}: {v!r:.80}")
 
-    def runs(self, store: dict, state_ref: Callable[[Any], list | None]) -> list[tuple]:
+    def runs(self, store: dict, state_ref: Callable[[Any], list | None], node_ref: NodeRefs) -> list[tuple]:
         """The runs of ``store`` (state -> runs; a merged run as its members) as :meth:`run` takes them: their
         fields as they are now (a run's ``entry`` is set later when it had none: ``first_entry``), the entries
         numbered now (they gain pointers later)."""
@@ -234,7 +237,8 @@ class _Writer:
                 for x in ([r] if r.members is None else as_plain_runs(r)):
                     e = x.entry
                     rows.append((ref, x.vec, None if e is None else entry(e), x.version, x.first_ts, x.first_pos,
-                                 x.key, x.born, x.tick, x.ptick, x.blocked))
+                                 x.key, x.born, x.tick, x.ptick,
+                                 [node_ref.of(n) for n in x.blocked] if x.blocked else []))
         return rows
 
     def run(self, row: tuple) -> dict:
@@ -244,7 +248,7 @@ class _Writer:
             "state": state, "vec": [self.value(x) for x in vec], "entry": entry,
             "version": list(version), "first_ts": first_ts, "first_pos": first_pos, "key": self.value(key),
             "born": born, "tick": tick, "ptick": ptick,
-            "blocked": [self.node_ref[n] for n in blocked] if blocked else [],
+            "blocked": blocked,
         }
 
 
@@ -287,22 +291,53 @@ _ENCODE = json.JSONEncoder(separators=(",", ":")).encode  #: compact JSON, as js
 _AROUNDS = 4096  #: shapes whose text around the constants :class:`EncodedPatterns` keeps once
 
 
-def _node_refs(engine) -> dict:
-    """Every live node of the shared NFA -> ``[query id, component index]`` of the first query through it."""
-    refs: dict = {}
-    for qid, plan in engine.queries.items():
-        for i, node in enumerate(plan.nodes):
-            refs.setdefault(node, [qid, i])
-    return refs
+class NodeRefs:
+    """Live nodes of the shared NFA -> ``[query id, component index]`` of a query through them, looked up as a take
+    needs them. ``known`` (kept from take to take) serves while its query is registered with that node there; a
+    node it does not know, or knows by a query gone since, has every query's nodes walked once (the first query
+    through a node is then its reference): an engine whose queries did not change is not walked again."""
+
+    def __init__(self, engine, known: dict | None = None) -> None:
+        self._queries = engine.queries
+        self.known: dict = {} if known is None else known
+        self._walked = False
+
+    def add(self, qid: int) -> None:
+        """Know the nodes of query ``qid`` (registered since the last walk)."""
+        for i, node in enumerate(self._queries[qid].nodes):
+            self.known.setdefault(node, [qid, i])
+
+    def get(self, node) -> list | None:
+        """``node``'s reference, or None if no registered query goes through it."""
+        ref = self.known.get(node)
+        if ref is not None:
+            plan = self._queries.get(ref[0])
+            if plan is not None and ref[1] < len(plan.nodes) and plan.nodes[ref[1]] is node:
+                return ref
+        if self._walked:
+            return None
+        self._walked = True
+        self.known.clear()
+        for qid, plan in self._queries.items():
+            for i, n in enumerate(plan.nodes):
+                self.known.setdefault(n, [qid, i])
+        return self.known.get(node)
+
+    def of(self, node) -> list:
+        """The reference of ``node``, which a registered query goes through."""
+        ref = self.get(node)
+        if ref is None:
+            raise KeyError(f"a node of no registered query: {node!r:.60}")
+        return ref
 
 
-def _state_ref(st, node_ref: dict) -> list | None:
+def _state_ref(st, node_ref: NodeRefs) -> list | None:
     node = node_ref.get(st.node)
     if node is None:
         return None
     if st.mode == "in":
         return [node, "in"]
-    return [node, "wait", st.contiguity.value, node_ref[st.child] if st.child is not None else None]
+    return [node, "wait", st.contiguity.value, node_ref.of(st.child) if st.child is not None else None]
 
 
 class EncodedPatterns:
@@ -368,27 +403,34 @@ class Taken:
     engine goes on. What the engine changes later (its stores, buffer entries, counters) was copied by the take;
     what it never changes (events, run vecs and keys, patterns) is shared and written out by :meth:`data`."""
 
-    def __init__(self, data: dict, writer: _Writer, runs: list[tuple], queries: list[tuple],
-                 patterns: EncodedPatterns | None) -> None:
+    def __init__(self, data: dict, writer: _Writer, runs: list[tuple],
+                 queries: Callable[[EncodedPatterns | None], dict], patterns: EncodedPatterns | None,
+                 against: Any = None) -> None:
         self._data, self._writer, self._runs, self._queries, self._patterns = data, writer, runs, queries, patterns
+        self.against = against  #: the queries as taken against a base (``QueryBase.take``), or None
 
     def data(self) -> dict:
-        """The snapshot (:func:`snapshot`); the take's references are dropped (call it once)."""
+        """The snapshot (:func:`snapshot`; taken against a base, its queries are what changed since:
+        :mod:`yfpp.state.query_base`); the take's references are dropped (call it once)."""
         data, w, runs, queries, patterns = self._data, self._writer, self._runs, self._queries, self._patterns
-        self._runs = self._queries = []
-        data.update(_queries(queries, patterns))
+        self._runs = []
+        data.update(queries(patterns))
         data["runs"] = [w.run(row) for row in runs]
         data["events"] = w.event_records()
         data["entries"] = w.entries
         return data
 
 
-def take(engine, patterns: EncodedPatterns | None = None) -> Taken:
-    """The engine's state as it is now (:class:`Taken`; ``patterns``: its queries' patterns encoded already).
-    Only this walks the engine: the caller holds it quiet meanwhile."""
+def take(engine, patterns: EncodedPatterns | None = None, base: QueryBase | None = None) -> Taken:
+    """The engine's state as it is now (:class:`Taken`; ``patterns``: its queries' patterns encoded already;
+    ``base``: the queries as a base file holds them, and what is kept between takes: the queries are then taken
+    as what changed since, :mod:`yfpp.state.query_base`). Only this walks the engine: the caller holds it quiet
+    meanwhile."""
     rt = engine.runtime
-    node_ref = _node_refs(engine)
-    w = _Writer(node_ref)
+    node_ref = NodeRefs(engine, None if base is None else base.node_refs)
+    if base is not None:
+        base.prepare(engine, node_ref)
+    w = _Writer()
     dead = rt.dead
     refs: dict = {}  # (each state's, found once: a keyed query has a store per key)
     unseen = object()
@@ -401,21 +443,15 @@ def take(engine, patterns: EncodedPatterns | None = None) -> Taken:
 
     runs = []
     for store in rt._stores():
-        runs += w.runs(store, state_ref)
+        runs += w.runs(store, state_ref, node_ref)
     stacks = []
     for node in rt.buffer.stacks():
-        if node in node_ref:
-            stacks.append([node_ref[node], [w.entry(e) for e in rt.buffer.entries(node)]])
-    neg_index = {neg: [qid, i] for qid, plan in engine.queries.items() for i, neg in enumerate(plan.negations)}
-    negations = []
-    written: set[int] = set()
-    for neg, store in rt.negations.of.items():  # a store shared by equivalent negations: written once
-        if id(store) in written:
-            continue
-        written.add(id(store))
-        for key, (positions, events) in store.buckets.items():
-            negations.append([neg_index[neg], w.value(key), list(positions), [w.event(e) for e in events]])
-    plan_id = {plan: qid for qid, plan in engine.queries.items()}
+        ref = node_ref.get(node)
+        if ref is not None:
+            stacks.append([ref, [w.entry(e) for e in rt.buffer.entries(node)]])
+    negations = _negations(engine, w)
+    # (each query's plan by id only with deadlines pending: a walk over every query)
+    plan_id = {plan: qid for qid, plan in engine.queries.items()} if rt.deadlines.heap else {}
     pending = []
     for deadline, order, p in sorted(rt.deadlines.heap, key=lambda d: (d[0], d[1])):
         if p.plan in plan_id and not p.killed:
@@ -426,10 +462,12 @@ def take(engine, patterns: EncodedPatterns | None = None) -> Taken:
     (next_root, rt._roots), (next_branch, rt._branches) = peek(rt._roots), peek(rt._branches)
     next_order, rt.deadlines.order = peek(rt.deadlines.order)
     held = [[ts, _num(sk), arrival, w.event(ev)] for ts, sk, arrival, ev in stream.held]
-    queries = []
-    for qid, (pat, text, name) in engine.sources.kept():  # (pat: the pattern, or the plan of a query with text)
-        plan = engine.queries.get(qid)
-        queries.append((qid, pat, text, name, plan.since_tick if plan is not None else None))
+    branches = []
+    for root in rt.branch_queries:  # (those whose counts are not yet the 0 a restored branch starts with)
+        if root.cap_check or root.reported:
+            ref = node_ref.get(root)
+            if ref is not None:
+                branches.append([ref, root.cap_check, root.reported])
     c = rt.counters
     data = {
         "format": FORMAT,
@@ -448,7 +486,7 @@ def take(engine, patterns: EncodedPatterns | None = None) -> Taken:
         "negations": negations,
         "pending": pending,
         "partition_ticks": [[list(attrs), [[w.value(k), n] for k, n in ticks.items()]] for attrs, ticks in rt.pticks.items()],
-        "branches": [[node_ref[root], root.cap_check, root.reported] for root in rt.branch_queries if root in node_ref],
+        "branches": branches,
         "versions": {"next_root": next_root, "next_branch": next_branch, "next_order": next_order},
         "counters": {
             "events": c.events, "runs_started": c.runs_started, "runs_created": c.runs_created, "runs_touched": c.runs_touched,
@@ -462,17 +500,51 @@ def take(engine, patterns: EncodedPatterns | None = None) -> Taken:
         "events": None,  # (made by Taken.data)
         "entries": None,
     }
-    return Taken(data, w, runs, queries, patterns)
+    against = None if base is None else base.take(engine)  # (last: nothing after it fails, leaving it taken)
+    queries = functools.partial(query_rows, taken_queries(engine)) if against is None else against.data
+    return Taken(data, w, runs, queries, patterns, against)
 
 
-def _queries(queries: list[tuple], patterns: EncodedPatterns | None) -> dict:
+def taken_queries(engine, qids: Iterable[int] | None = None) -> list[tuple]:
+    """The queries (those of ``qids``, in that order; all in registration order by default) as :func:`query_rows`
+    takes them: ``(id, pattern or plan, text, name, since_tick)`` (pattern: the plan of a query with text)."""
+    sources, plans = engine.sources, engine.queries
+    kept = sources.kept() if qids is None else ((qid, sources.kept_of(qid)) for qid in qids)
+    rows = []
+    for qid, (pat, text, name) in kept:
+        plan = plans.get(qid)
+        rows.append((qid, pat, text, name, plan.since_tick if plan is not None else None))
+    return rows
+
+
+def _negations(engine, w: _Writer) -> list[list]:
+    """The negation candidates held: ``[[query id, negation index], key, positions, events]``."""
+    rt = engine.runtime
+    neg_index: dict | None = None  # (made at the first candidate: a walk over every query)
+    negations = []
+    written: set[int] = set()
+    for neg, store in rt.negations.of.items():  # a store shared by equivalent negations: written once
+        if id(store) in written or not store.buckets:
+            continue
+        written.add(id(store))
+        if neg_index is None:
+            neg_index = {n: [qid, i] for qid, plan in engine.queries.items() for i, n in enumerate(plan.negations)}
+        for key, (positions, events) in store.buckets.items():
+            negations.append([neg_index[neg], w.value(key), list(positions), [w.event(e) for e in events]])
+    return negations
+
+
+def query_rows(queries: list[tuple], patterns: EncodedPatterns | None, shapes: dict[tuple, int] | None = None) -> dict:
     """``shapes``: ``[text around the constants, policy, feedback]`` once per shape; ``queries``: per query in
     registration order ``[id, name, shape index, its constants, since_tick]``, or ``[id, name, None, pattern IR,
     since_tick]`` for a query registered as a Pattern (since_tick None: an event-set query's); ``queries``: as
-    :func:`take` took them, ``(id, pattern or plan, text, name, since_tick)``."""
+    :func:`take` took them, ``(id, pattern or plan, text, name, since_tick)``. With ``shapes`` (the shapes of a
+    base, by index; the dict gains the new ones), only the shapes new to it are given, numbered after it."""
     encode = patterns.encode if patterns is not None else lambda _, pat: encode_pattern(pat)
     split = patterns.split if patterns is not None else lambda _, text: split_constants(text)
-    shapes: dict[tuple, int] = {}
+    if shapes is None:
+        shapes = {}
+    known = len(shapes)
     rows = []
     for qid, pat, text, name, since in queries:
         if text is None:
@@ -481,7 +553,7 @@ def _queries(queries: list[tuple], patterns: EncodedPatterns | None) -> dict:
         around, constants = split(qid, text)
         shape = shapes.setdefault((tuple(around), pat.policy, pat.feedback), len(shapes))
         rows.append([qid, name, shape, constants, since])
-    return {"shapes": [[list(around), policy, feedback] for around, policy, feedback in shapes],
+    return {"shapes": [[list(around), policy, feedback] for around, policy, feedback in list(shapes)[known:]],
             "queries": rows}
 
 
@@ -588,6 +660,9 @@ def restore(data: dict, engine_class: type, **engine_opts: Any):
     checkpoint is a :class:`YfppError` ``corrupt checkpoint: …`` here, never an error in a later ``process``."""
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise YfppError("not a yfpp checkpoint")
+    if "base" in data:
+        raise YfppError("this checkpoint keeps its queries in a base file beside it (a service's periodic checkpoint): "
+                        "read it with yfpp.state.query_base.read")
     if data.get("version") not in READABLE:
         raise YfppError(f"checkpoint version {data.get('version')!r} is not supported (this yfpp reads versions "
                         f"{', '.join(map(str, READABLE))})")
