@@ -106,9 +106,8 @@ def test_the_fields_built_by_position_keep_their_order() -> None:
     def names(cls: type, n: int) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)][:n]
 
-    assert names(Node, 18) == ["parent", "signature", "index", "event_type", "kleene", "contiguity", "inner", "begin",
-                               "take", "final", "agg_slots", "keep_events", "partition_by", "index_key", "root", "id",
-                               "children", "waits"]
+    assert names(Node, 16) == ["parent", "signature", "index", "event_type", "kleene", "contiguity", "inner", "begin",
+                               "take", "final", "partition_by", "index_key", "root", "id", "children", "waits"]
     assert names(State, 5) == ["node", "mode", "contiguity", "table", "child"]
     assert names(QueryPlan, 15) == ["name", "source", "compiled_specs", "negations", "trailing", "partition_by",
                                     "window", "policy", "emit", "var_names", "since_tick", "negation_key", "last",
