@@ -189,20 +189,18 @@ class TransitionTable:
     ``only``, and gives it as the candidate of every event of its type (its begin checks decide, as for any
     candidate); a second node, or :meth:`groups`, spreads it into ``by_type``."""
 
-    __slots__ = ("by_type", "only", "size")
+    __slots__ = ("by_type", "only")
 
     def __init__(self) -> None:
         self.by_type: dict[str | None, _TypeGroup] = _NO_ENTRIES  # (a dict once a second node is added)
-        self.size = 0
         self.only: Node | None = None
 
     def add(self, node: Node) -> None:
-        if not self.size:
+        if self.only is None and not self.by_type:
             self.only = node
         else:
             self._spread()
             self._add(node)
-        self.size += 1
 
     def _add(self, node: Node) -> None:
         if self.by_type is _NO_ENTRIES:
@@ -219,7 +217,6 @@ class TransitionTable:
             self.only = None
 
     def remove(self, node: Node) -> None:
-        self.size -= 1
         if self.only is node:
             self.only = None
             return
@@ -252,7 +249,7 @@ class TransitionTable:
         return group.candidates(ev) + anyg.candidates(ev)
 
     def __len__(self) -> int:
-        return self.size
+        return 1 if self.only is not None else sum(g.size for g in self.by_type.values())
 
 
 class _TypeGroup:
