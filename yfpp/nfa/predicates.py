@@ -81,6 +81,7 @@ def _make_compare(op: str) -> Callable[[Any, Any], bool]:
 
 
 _COMPARE = {op: _make_compare(op) for op in _CMP}  # (one function per operator, shared by every predicate)
+_EQUAL = _COMPARE["="]
 
 
 def compare_fn(op: str) -> Callable[[Any, Any], bool]:
@@ -265,6 +266,24 @@ class _AttrCompare:
 
     def __call__(self, ev: Event, vec: tuple) -> bool:
         return self.cmp(ev.attrs.get(self.attr, MISSING), self.lit)
+
+
+class EqualityKey(tuple):
+    """The index key ``("eq", attr, value)`` of ``ev.attr = value`` (``yfpp.nfa.shared_nfa.index_key``) that is the
+    equality's check too: called as one it answers what ``_AttrCompare(compare_fn("="), attr, value)`` does.  A
+    component whose begin condition is that equality alone (the components of most subscriptions) keeps one object
+    for its signature's key, its index key and its check, not two."""
+
+    __slots__ = ()
+
+    def __call__(self, ev: Event, vec: tuple) -> bool:
+        return _EQUAL(ev.attrs.get(self[1], MISSING), self[2])
+
+
+def equality_attr(check: Check) -> str | None:
+    """The attribute of ``check`` when it is ``ev.attr = constant`` (:class:`EqualityKey` answers as it does), else
+    None."""
+    return check.attr if type(check) is _AttrCompare and check.cmp is _EQUAL else None
 
 
 class _XPathCompare:
