@@ -47,6 +47,21 @@ _ids = count()
 _NO_ENTRIES: Any = MappingProxyType({})
 
 
+class _InBooks:
+    """A figure of a node kept in its :class:`NodeBooks` (0 while it has none)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, node: "Node | None", owner: type | None = None) -> Any:
+        if node is None:
+            return self
+        return 0 if node.books is None else getattr(node.books, self.name)
+
+    def __set__(self, node: "Node", value: int) -> None:
+        setattr(node._books(), self.name, value)
+
+
 @dataclass(eq=False, slots=True)
 class Node:
     """A positive component shared by every query whose prefix leads here.
@@ -89,23 +104,10 @@ class Node:
     def keep_events(self) -> bool:
         return self.signature[0][5]  # type: ignore[index]
 
-    @property
-    def cap_check(self) -> int:
-        """On a branch's root node: when the caps count its queries' runs again (yfpp.runtime.caps)."""
-        return self.books.cap_check if self.books is not None else 0
-
-    @cap_check.setter
-    def cap_check(self, value: int) -> None:
-        self._books().cap_check = value
-
-    @property
-    def reported(self) -> int:
-        """On a branch's root node: the size of its last "growing" report (yfpp.runtime.pruning)."""
-        return self.books.reported if self.books is not None else 0
-
-    @reported.setter
-    def reported(self, value: int) -> None:
-        self._books().reported = value
+    #: on a branch's root node: when the caps count its queries' runs again (yfpp.runtime.caps), the size of its
+    #: last "growing" report (yfpp.runtime.pruning)
+    cap_check = _InBooks()
+    reported = _InBooks()
 
     def _books(self) -> "NodeBooks":
         if self.books is None:
