@@ -247,7 +247,8 @@ def _attribute_comparison(tok: XPathToken) -> tuple[Callable[[Any, Any], Any], s
 class AttributeTest:
     """The test of ``@name op literal`` (:func:`_attribute_comparison`), on an event; a value error (a text that is
     no number) is false.  One slotted object: a quarter of the memory of a ``partial`` (with its arguments and
-    keywords), which a million subscriptions pay a million times."""
+    keywords), which a million subscriptions pay a million times.  It is a check of the shared NFA as it is
+    (``test(event, vec)``: the tuple of the run's bindings, unread), not wrapped in another object."""
 
     __slots__ = ("op", "name", "literal", "numeric")
 
@@ -257,7 +258,7 @@ class AttributeTest:
         self.literal = literal
         self.numeric = numeric
 
-    def __call__(self, event: Event) -> bool:
+    def __call__(self, event: Event, vec: tuple = ()) -> bool:
         raw = _read_view(event).get(self.name)
         if raw is None:
             return False

@@ -106,10 +106,27 @@ def test_the_fields_built_by_position_keep_their_order() -> None:
     def names(cls: type, n: int) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)][:n]
 
-    assert names(Node, 18) == ["parent", "signature", "index", "event_type", "kleene", "contiguity", "inner", "begin",
-                               "take", "final", "agg_slots", "keep_events", "partition_by", "index_key", "root", "id",
-                               "children", "waits"]
+    assert names(Node, 16) == ["parent", "signature", "index", "event_type", "kleene", "contiguity", "inner", "begin",
+                               "take", "final", "partition_by", "index_key", "root", "id", "children", "waits"]
     assert names(State, 5) == ["node", "mode", "contiguity", "table", "child"]
     assert names(QueryPlan, 15) == ["name", "source", "compiled_specs", "negations", "trailing", "partition_by",
                                     "window", "policy", "emit", "var_names", "since_tick", "negation_key", "last",
                                     "feedback", "shape"]
+
+
+def test_a_one_equality_component_keeps_its_index_key_as_its_check() -> None:
+    """A component of a shape's query whose begin condition is ``ev.attr = 'text'`` alone holds one object as its
+    signature's key, its index key and its check (``EqualityKey``), which answers as the compiled check does."""
+    from yfpp.nfa.predicates import EqualityKey, compare_fn
+    from yfpp.nfa.shared_nfa import Node
+
+    eng = Engine()
+    text = "PATTERN SEQ(shelf a, exit c) WHERE skip_till_any_match(a, c) {{ [tag_id] AND a.zone = '{z}' AND c.door = 'D1' }}"
+    first, second = (eng.register(text.format(z=z)) for z in ("Z1", "Z2"))  # (both made from the shape's plan)
+    node: Node = eng.queries[second].nodes[0]
+    assert type(node.index_key) is EqualityKey and node.begin == (node.index_key,) and node.signature[1] is node.index_key
+    assert eng.queries[first].nodes[0].index_key == ("eq", "zone", "Z1")
+    equal = compare_fn("=")  # (what the compiled check of `a.zone = 'Z2'` calls)
+    for value in ("Z2", "Z1", "z2", 2, 2.0, None, True, ["Z2"]):
+        assert node.index_key(Event("shelf", 0.0, {"zone": value}, 0), ()) == equal(value, "Z2")
+    assert node.index_key(Event("shelf", 0.0, {}, 0), ()) is False

@@ -308,3 +308,39 @@ def test_every_predicate_form_takes_an_index():
         "PATTERN SEQ(a e) WHERE e.x >= 1 AND e.x < 5": ("interval", None, "x", 1, True, 5, False),
         "PATTERN SEQ(a e) WHERE e.x = 'k' OR e.x = 'j'": ("anyof", (("eq", "x", "k"), ("eq", "x", "j"))),
     }
+
+
+def test_a_nodes_only_child_and_wait_state_stand_for_their_mappings():
+    """A node's only child and only wait state are kept as themselves (no mapping object), a second makes a dict,
+    removing goes back; windows that differ, the branch's queries and the transition table's size read the same
+    whatever the form; the engine matches, restores and explains as with dicts."""
+    from yfpp.nfa.shared_nfa import Node, State, child_at, children_of
+
+    eng = Engine()
+    text = "PATTERN SEQ(shelf a, exit c) WHERE skip_till_any_match(a, c) {{ [tag_id] AND a.zone = 'Z1' AND c.door = '{d}' }} WITHIN {w}"
+    first = eng.register(text.format(d="D1", w="1 hour"))
+    root = eng.queries[first].nodes[0]
+    only = root.children
+    assert type(only) is Node and list(children_of(root)) == [only] and child_at(root, only.signature) is only
+    assert child_at(root, ("no", "such")) is None
+    wait = root.waits
+    assert type(wait) is State and len(root.waits) == 1 and list(root.waits.values()) == [wait]
+    assert root.waits[wait.key] is wait and root.waits.get(wait.key) is wait and root.waits.get("other") is None
+    assert len(wait.table) == 1 and root.window == 3600 and root.books is None
+    second = eng.register(text.format(d="D2", w="2 hours"))
+    assert type(root.children) is dict and len(root.children) == 2 and len(wait.table) == 2
+    assert root.window == 7200 and root.books.windows == {3600: 1, 7200: 1}
+    assert type(root.waits) is State  # (one contiguity: one wait state for both children)
+    assert list(eng.runtime.branch_queries[root]) == [eng.queries[first], eng.queries[second]]
+    events = [Event("shelf", 0.0, {"tag_id": 1, "zone": "Z1"}, 0), Event("exit", 5000.0, {"tag_id": 1, "door": "D2"}, 1),
+              Event("exit", 5001.0, {"tag_id": 1, "door": "D1"}, 2)]
+    restored = Engine.restore(eng.snapshot())
+    assert [m["query"] for m in _feed(eng, events)] == [second] == [m["query"] for m in _feed(restored, events)]
+    from yfpp.output.explain import nfa_graph
+
+    assert {root.id, *(c.id for c in children_of(root))} <= set(nfa_graph(eng).nodes)
+    eng.unregister(second)
+    assert root.window == 3600 and root.books.windows is None and len(wait.table) == 1
+    assert list(eng.runtime.branch_queries[root]) == [eng.queries[first]]
+    eng.unregister(first)
+    assert not eng.runtime.branch_queries and not eng.runtime.nfa.roots

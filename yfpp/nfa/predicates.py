@@ -81,6 +81,7 @@ def _make_compare(op: str) -> Callable[[Any, Any], bool]:
 
 
 _COMPARE = {op: _make_compare(op) for op in _CMP}  # (one function per operator, shared by every predicate)
+_EQUAL = _COMPARE["="]
 
 
 def compare_fn(op: str) -> Callable[[Any, Any], bool]:
@@ -267,6 +268,24 @@ class _AttrCompare:
         return self.cmp(ev.attrs.get(self.attr, MISSING), self.lit)
 
 
+class EqualityKey(tuple):
+    """The index key ``("eq", attr, value)`` of ``ev.attr = value`` (``yfpp.nfa.shared_nfa.index_key``) that is the
+    equality's check too: called as one it answers what ``_AttrCompare(compare_fn("="), attr, value)`` does.  A
+    component whose begin condition is that equality alone (the components of most subscriptions) keeps one object
+    for its signature's key, its index key and its check, not two."""
+
+    __slots__ = ()
+
+    def __call__(self, ev: Event, vec: tuple) -> bool:
+        return _EQUAL(ev.attrs.get(self[1], MISSING), self[2])
+
+
+def equality_attr(check: Check) -> str | None:
+    """The attribute of ``check`` when it is ``ev.attr = constant`` (:class:`EqualityKey` answers as it does), else
+    None."""
+    return check.attr if type(check) is _AttrCompare and check.cmp is _EQUAL else None
+
+
 class _XPathCompare:
     """An XPath predicate on the event being tested, as a callable object (smaller than a closure or a bound
     method; :func:`rebound` can read its test)."""
@@ -287,10 +306,10 @@ def constant_of(check: Check, expr: Expr) -> Any:
     if type(check) is _AttrCompare and isinstance(expr, Compare) and isinstance(expr.right, Literal):
         lit, value = check.lit, expr.right.value
         return lit if type(lit) is type(value) and lit == value else MISSING
-    if type(check) is _XPathCompare and isinstance(expr, XPathTest):
+    if isinstance(expr, XPathTest):
         from xpath_ext.xpath_predicates import attribute_text
 
-        text = attribute_text(check.test)
+        text = attribute_text(check)  # (None for any check but an @name op 'text' test)
         return MISSING if text is None else text
     return MISSING
 
@@ -302,7 +321,7 @@ def rebound(check: Check, constant: Any) -> Check:
         return _AttrCompare(check.cmp, check.attr, constant)
     if _with_text is None:  # (imported once, at the first XPath check remade: not at each)
         from xpath_ext.xpath_predicates import with_text as _with_text
-    return _XPathCompare(_with_text(check.test, constant))  # type: ignore[attr-defined]
+    return _with_text(check, constant)
 
 
 _with_text: Callable[[Any, Any], Any] | None = None  # xpath_ext.xpath_predicates.with_text, once rebound needs it
@@ -378,7 +397,9 @@ class _Compiler:
             self.xpath_compiler = compile_xpath_test
         test = self.xpath_compiler(e.source, e.namespaces)
         if e.var == self.place.current and self.place.mode == "event" and e.var not in self.cells:  # (its event)
-            return _XPathCompare(test)
+            from xpath_ext.xpath_predicates import AttributeTest  # (a check as it is: no wrapper)
+
+            return test if type(test) is AttributeTest else _XPathCompare(test)
         pick = self._event_of(e.var, Index.EACH)
         return lambda ev, vec: test(pick(ev, vec))
 

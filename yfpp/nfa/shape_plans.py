@@ -23,7 +23,7 @@ from yfpp.language.pattern import Pattern, XPathTest, variables
 from yfpp.language.query_text import Shape, hot_objects, split_constants
 from yfpp.nfa.compiler import ComponentSpec, QueryPlan, compile_pattern, expr_key, key_set
 from yfpp.input.events import MISSING
-from yfpp.nfa.predicates import constant_of, rebound
+from yfpp.nfa.predicates import EqualityKey, constant_of, equality_attr, rebound
 from yfpp.nfa.shared_nfa import NOT_EQUALITY, atom_key, best_key, conjunct_keys
 
 
@@ -109,10 +109,15 @@ class _SpecMaker:
         self.keys = keys  # ComponentSpec.keys when no conjunct holds a constant, else None
         # the commonest case, made without the loops of spec: the begin condition is one string equality holding a
         # constant, its index key picked whatever the constants, no constant on take or final; then the stand-in's
-        # (type, value) and the template's check
+        # (type, value), the template's check, and whether the query's index key is its check too (EqualityKey)
         begin, take, final = (items for _, _, items in edges)
-        self.one = (begin[0][:2] if atom and best is not None and begin is not None and begin[0][0] is not None
-                    and take is None and final is None else None)
+        self.one = None
+        if atom and best is not None and begin is not None and begin[0][0] is not None and take is None \
+                and final is None:
+            literal, check = begin[0][:2]
+            key, at = found[best]
+            attr = equality_attr(check)
+            self.one = (literal, check, attr is not None and key[:2] == ("eq", attr) and at == ((2, literal),))
 
     @classmethod
     def make(cls, spec: ComponentSpec, hot: set[int], sentinels: dict[str, str], stand_ins: set[tuple],
@@ -159,11 +164,15 @@ class _SpecMaker:
             return ComponentSpec(s.index, s.var, s.event_type, s.kleene, s.contiguity, s.inner, s.begin, s.take,
                                  s.final, s.agg_slots, s.keep_events, self.keys)
         if self.one is not None:
-            literal, check = self.one
-            best = _put(*self.found[self.best], literals)  # type: ignore[index]
-            return ComponentSpec(s.index, s.var, s.event_type, s.kleene, s.contiguity, s.inner,
-                                 ((None, rebound(check, literals[literal])),), s.take, s.final, s.agg_slots,
-                                 s.keep_events, (best, self.edges[1][1], self.edges[2][1], best))
+            literal, check, keyed = self.one
+            if keyed:
+                best = EqualityKey(("eq", check.attr, literals[literal]))
+                begin = ((None, best),)
+            else:
+                best = _put(*self.found[self.best], literals)  # type: ignore[index]
+                begin = ((None, rebound(check, literals[literal])),)
+            return ComponentSpec(s.index, s.var, s.event_type, s.kleene, s.contiguity, s.inner, begin, s.take,
+                                 s.final, s.agg_slots, s.keep_events, (best, self.edges[1][1], self.edges[2][1], best))
         lists, keys = [], []
         for edge, (conjuncts, fixed_key, items) in enumerate(self.edges):
             atom = self.atom and not edge  # (the begin edge's key is its index key, below)

@@ -42,66 +42,36 @@ from yfpp.language.pattern import Compare, Contiguity, Index, Literal, Or, Ref, 
 from yfpp.nfa.predicates import AggSlot, Check, is_number
 
 _ids = count()
-#: what a node without children or wait states holds (read-only: :func:`put` gives it a OneEntry, then a dict)
+#: what a node without children or wait states holds (read-only: the first one added takes its place, a second makes
+#: a dict of both)
 _NO_ENTRIES: Any = MappingProxyType({})
 
 
-class OneEntry(Mapping):
-    """A read-only mapping of one key (a node's only child or only wait state: a dict of one entry takes
-    about 220 bytes, this 48); :func:`put` and :func:`pop` make a dict of it, or it of nothing, as
-    entries come and go."""
+class _InBooks:
+    """A figure of a node kept in its :class:`NodeBooks` (0 while it has none)."""
 
-    __slots__ = ("key", "value")
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
 
-    def __init__(self, key: Hashable, value: Any) -> None:
-        self.key = key
-        self.value = value
+    def __get__(self, node: "Node | None", owner: type | None = None) -> Any:
+        if node is None:
+            return self
+        return 0 if node.books is None else getattr(node.books, self.name)
 
-    def __getitem__(self, key: Hashable) -> Any:
-        if key == self.key:
-            return self.value
-        raise KeyError(key)
-
-    def get(self, key: Hashable, default: Any = None) -> Any:
-        return self.value if key == self.key else default
-
-    def __contains__(self, key: object) -> bool:
-        return key == self.key
-
-    def __iter__(self) -> Iterator[Hashable]:
-        return iter((self.key,))
-
-    def __len__(self) -> int:
-        return 1
-
-    def values(self) -> tuple:  # type: ignore[override]
-        return (self.value,)
-
-
-def put(entries: Mapping, key: Hashable, value: Any) -> Mapping:
-    """``entries`` (``_NO_ENTRIES``, a :class:`OneEntry` or a dict) with ``key`` -> ``value`` added."""
-    if entries is _NO_ENTRIES:
-        return OneEntry(key, value)
-    if type(entries) is OneEntry:
-        entries = {entries.key: entries.value}  # type: ignore[union-attr]
-    entries[key] = value  # type: ignore[index]
-    return entries
-
-
-def pop(entries: Mapping, key: Hashable) -> Mapping:
-    """``entries`` without ``key`` (which it has)."""
-    if type(entries) is OneEntry:
-        return _NO_ENTRIES
-    del entries[key]  # type: ignore[attr-defined]
-    return entries
+    def __set__(self, node: "Node", value: int) -> None:
+        setattr(node._books(), self.name, value)
 
 
 @dataclass(eq=False, slots=True)
 class Node:
-    """A positive component shared by every query whose prefix leads here."""
+    """A positive component shared by every query whose prefix leads here.
+
+    (A subscription's nodes are most of what it costs: what every node of a kind of component shares is read from
+    its signature's first item, what few nodes use is kept aside in :class:`NodeBooks`, each container is made
+    when first needed.)"""
 
     parent: "Node | None"
-    signature: Hashable
+    signature: Hashable  # (what the component is — ComponentSpec.signature, one tuple for every one alike —, …)
     index: int
     event_type: str | None
     kleene: bool
@@ -110,49 +80,108 @@ class Node:
     begin: tuple[Check, ...]
     take: tuple[Check, ...]
     final: tuple[Check, ...]
-    agg_slots: tuple[AggSlot, ...]
-    keep_events: bool
     partition_by: tuple[str, ...]
     index_key: tuple | None  # how a TransitionTable can find this node, if at all
     root: "Node | None" = None  # the first node of this branch of the trie (itself for a root)
     id: int = field(default_factory=_ids.__next__)
-    # (a subscription's nodes are most of what it costs: each container is made when first needed)
-    children: Mapping[Hashable, "Node"] = field(default_factory=lambda: _NO_ENTRIES)
-    waits: Mapping[Hashable, "State"] = field(default_factory=lambda: _NO_ENTRIES)  # contiguity or child -> wait state
+    # signature -> child: _NO_ENTRIES, the only child itself (children_of, child_at), else a dict
+    children: "Mapping[Hashable, Node] | Node" = field(default_factory=lambda: _NO_ENTRIES)
+    # contiguity or child's id -> wait state: _NO_ENTRIES, the only wait state itself (a State is a mapping of
+    # itself alone), else a dict
+    waits: "Mapping[Hashable, State]" = field(default_factory=lambda: _NO_ENTRIES)
     inside: "State | None" = None
     accepts: list[QueryPlan] | tuple = ()
     users: int = 0  # queries through this node
-    windows: dict | None = None  # window -> queries through here with it; None: all of them have `window`
-    window: float | None = None  # the largest of them (None: unbounded): runs here live that long
-    # kept on a branch's root node by the runtime: its runs now, when the caps count its queries' runs again
-    # (yfpp.runtime.caps), its last "growing" report
-    live: int = 0
-    cap_check: int = 0
-    reported: int = 0
+    window: float | None = None  # the largest window of the queries through here (None: unbounded): runs live that long
+    live: int = 0  # on a branch's root node, kept by the runtime: its runs now
+    books: "NodeBooks | None" = None
+
+    @property
+    def agg_slots(self) -> tuple[AggSlot, ...]:
+        return self.signature[0][4]  # type: ignore[index]
+
+    @property
+    def keep_events(self) -> bool:
+        return self.signature[0][5]  # type: ignore[index]
+
+    #: on a branch's root node: when the caps count its queries' runs again (yfpp.runtime.caps), the size of its
+    #: last "growing" report (yfpp.runtime.pruning)
+    cap_check = _InBooks()
+    reported = _InBooks()
+
+    def _books(self) -> "NodeBooks":
+        if self.books is None:
+            self.books = NodeBooks()
+        return self.books
 
     def count_window(self, window: float | None, delta: int) -> None:
         """One more (``delta`` +1, after ``users`` counted it) or one less (-1) query through here with ``window``."""
-        ws = self.windows
+        ws = self.books.windows if self.books is not None else None
         if ws is None:
             if delta > 0 and self.users == 1:  # (a new node)
                 self.window = window
                 return
             if window == self.window:
                 return
-            ws = self.windows = {self.window: self.users - delta}
+            ws = self._books().windows = {self.window: self.users - delta}
         ws[window] = ws.get(window, 0) + delta
         if not ws[window]:
             del ws[window]
         bounded = [w for w in ws if w is not None]
         self.window = None if None in ws or not bounded else max(bounded)
         if len(ws) == 1:
-            self.windows = None
+            self.books.windows = None  # type: ignore[union-attr]
 
     def wait_states(self) -> Iterable["State"]:
         return self.waits.values()
 
     def __repr__(self) -> str:
         return f"<node {self.id} {self.event_type or '*'}{'+' if self.kleene else ''}>"
+
+
+class NodeBooks:
+    """What few nodes keep: the windows of their queries when these differ, and on a branch's root the caps' and the
+    growth reports' figures."""
+
+    __slots__ = ("cap_check", "reported", "windows")
+
+    def __init__(self) -> None:
+        self.windows: dict | None = None  # window -> queries through the node with it; None: all have Node.window
+        self.cap_check = 0
+        self.reported = 0
+
+
+def children_of(node: Node) -> Iterable[Node]:
+    """``node``'s children."""
+    children = node.children
+    return (children,) if type(children) is Node else children.values()  # type: ignore[union-attr]
+
+
+def child_at(node: Node, sig: Hashable) -> Node | None:
+    """``node``'s child of signature ``sig``, if any."""
+    children = node.children
+    if type(children) is Node:
+        return children if children.signature == sig else None  # type: ignore[union-attr]
+    return children.get(sig)  # type: ignore[union-attr]
+
+
+def _with(entries: Any, key: Hashable, value: "Node | State") -> Any:
+    """``Node.children`` or ``Node.waits`` with ``key`` -> ``value`` added: the first entry stands for the mapping of
+    itself alone, a second makes a dict of both."""
+    if entries is _NO_ENTRIES:
+        return value
+    if type(entries) is not dict:
+        entries = {entries.signature if type(entries) is Node else entries.key: entries}
+    entries[key] = value
+    return entries
+
+
+def _without(entries: Any, key: Hashable) -> Any:
+    """``Node.children`` or ``Node.waits`` without ``key`` (which it has)."""
+    if type(entries) is not dict:
+        return _NO_ENTRIES
+    del entries[key]
+    return entries
 
 
 class TransitionTable:
@@ -162,20 +191,18 @@ class TransitionTable:
     ``only``, and gives it as the candidate of every event of its type (its begin checks decide, as for any
     candidate); a second node, or :meth:`groups`, spreads it into ``by_type``."""
 
-    __slots__ = ("by_type", "only", "size")
+    __slots__ = ("by_type", "only")
 
     def __init__(self) -> None:
         self.by_type: dict[str | None, _TypeGroup] = _NO_ENTRIES  # (a dict once a second node is added)
-        self.size = 0
         self.only: Node | None = None
 
     def add(self, node: Node) -> None:
-        if not self.size:
+        if self.only is None and not self.by_type:
             self.only = node
         else:
             self._spread()
             self._add(node)
-        self.size += 1
 
     def _add(self, node: Node) -> None:
         if self.by_type is _NO_ENTRIES:
@@ -192,7 +219,6 @@ class TransitionTable:
             self.only = None
 
     def remove(self, node: Node) -> None:
-        self.size -= 1
         if self.only is node:
             self.only = None
             return
@@ -225,7 +251,7 @@ class TransitionTable:
         return group.candidates(ev) + anyg.candidates(ev)
 
     def __len__(self) -> int:
-        return self.size
+        return 1 if self.only is not None else sum(g.size for g in self.by_type.values())
 
 
 class _TypeGroup:
@@ -725,12 +751,33 @@ class State:
     contiguity: Contiguity
     table: TransitionTable = field(default_factory=TransitionTable)
     child: Node | None = None  # the one child of a skip-till-next wait state
-    id: int = field(default_factory=_ids.__next__)
     touch_all: bool = False  # every event moves or kills its runs: strict, or partition without an equivalence list
 
     def __post_init__(self) -> None:
         c = self.contiguity
         self.touch_all = c is Contiguity.STRICT or (c is Contiguity.PARTITION and not self.node.partition_by)
+
+    # A node's only wait state stands for the mapping of it alone in ``Node.waits`` (most nodes have one: a dict of
+    # one entry, or an object holding the entry, would cost a million subscriptions 50–220 MB).
+
+    @property
+    def key(self) -> Hashable:
+        """Its key in its node's ``waits``: its child's id under skip-till-next, else its contiguity."""
+        return self.child.id if self.child is not None else self.contiguity
+
+    def values(self) -> tuple["State"]:
+        return (self,)
+
+    def get(self, key: Hashable, default: Any = None) -> Any:
+        return self if key == self.key else default
+
+    def __getitem__(self, key: Hashable) -> "State":
+        if key == self.key:
+            return self
+        raise KeyError(key)
+
+    def __len__(self) -> int:
+        return 1
 
     def reacts_to(self, etype: str) -> bool:
         """Can an event of this type begin, take or proceed here?"""
@@ -771,13 +818,13 @@ class SharedNFA:
                 atom = atom_key(spec.begin[0][0], f"#{spec.index}")
                 if atom is not None:
                     sig = (sig[0], atom, *sig[2:])
-            node = (parent.children if parent else self.roots).get(sig)
+            node = child_at(parent, sig) if parent else self.roots.get(sig)
             if node is None:
                 node = self._new_node(parent, spec, sig, plan.partition_by)
                 if parent is None:
                     self.roots[sig] = node
                 else:
-                    parent.children = put(parent.children, sig, node)
+                    parent.children = _with(parent.children, sig, node)
             node.users += 1
             node.count_window(plan.window, +1)
             parent = node
@@ -790,8 +837,7 @@ class SharedNFA:
                     tuple([c for _, c in spec.begin]),
                     tuple([c for _, c in spec.take]) if spec.take else (),
                     tuple([c for _, c in spec.final]) if spec.final else (),
-                    spec.agg_slots, spec.keep_events, partition_by,
-                    index_key(spec) if spec.keys is None else spec.keys[3],
+                    partition_by, index_key(spec) if spec.keys is None else spec.keys[3],
                     None, next(_ids), _NO_ENTRIES, _NO_ENTRIES)
         node.root = parent.root if parent is not None else node
         reacting = self.reacting
@@ -808,7 +854,7 @@ class SharedNFA:
             if wait is None:
                 child = node if node.contiguity is Contiguity.SKIP_TILL_NEXT else None
                 wait = State(parent, "wait", node.contiguity, TransitionTable(), child)
-                parent.waits = put(parent.waits, wait_key, wait)
+                parent.waits = _with(parent.waits, wait_key, wait)
                 self.states += 1
             wait.table.add(node)
         return node
@@ -832,12 +878,12 @@ class SharedNFA:
                 del self.roots[node.signature]
                 self.starters.remove(node)
             else:
-                parent.children = pop(parent.children, node.signature)
+                parent.children = _without(parent.children, node.signature)
                 wait_key = node.id if node.contiguity is Contiguity.SKIP_TILL_NEXT else node.contiguity
                 wait = parent.waits[wait_key]
                 wait.table.remove(node)
                 if not len(wait.table):
-                    parent.waits = pop(parent.waits, wait_key)
+                    parent.waits = _without(parent.waits, wait_key)
                     dropped.append(wait)
         self.states -= len(dropped)
         return dropped
@@ -849,4 +895,4 @@ class SharedNFA:
         while stack:
             n = stack.pop()
             yield n
-            stack.extend(n.children.values())
+            stack.extend(children_of(n))

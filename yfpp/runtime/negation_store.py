@@ -23,7 +23,7 @@ from yfpp.input.events import Event
 from yfpp.nfa.compiler import NegationPlan, QueryPlan
 from yfpp.nfa.predicates import Check
 from yfpp.runtime.runs import NO_RUN
-from yfpp.nfa.shared_nfa import Node, State
+from yfpp.nfa.shared_nfa import Node, State, children_of
 
 
 class CandidateStore:
@@ -205,7 +205,7 @@ class NegationStores:
             if st.touch_all:
                 continue
             children = [st.child] if st.child is not None else [
-                c for c in node.children.values() if c.contiguity is st.contiguity]
+                c for c in children_of(node) if c.contiguity is st.contiguity]
             if children and all(c.event_type is not None and c.event_type != etype and all(
                     any(of.get(neg) is store and neg.lower == node.index and neg.upper == c.index
                         and not neg.cross_preds for neg in plan.negations)
@@ -277,7 +277,7 @@ def _nodes_below(node: Node) -> Iterator[Node]:
     while stack:
         n = stack.pop()
         yield n
-        stack.extend(n.children.values())
+        stack.extend(children_of(n))
 
 
 def _wait_states_below(root: Node) -> list[State]:

@@ -50,6 +50,7 @@ from typing import Any, Callable
 
 from yfpp.input.events import Event
 from yfpp.language.pattern import Aggregate, Contiguity, Index, Length, Ref, XPathTest, walk
+from yfpp.nfa.shared_nfa import children_of
 from yfpp.runtime.runs import FullRun, first_entry, full
 
 
@@ -146,7 +147,7 @@ class RunMerger:
         node = r.state.node
         windows = self._windows.get(node)
         if windows is None:
-            ws = {w for w in (node.window, *(c.window for c in node.children.values())) if w is not None}
+            ws = {w for w in (node.window, *(c.window for c in children_of(node))) if w is not None}
             windows = self._windows[node] = tuple(sorted(ws))
         if not windows or ev.ts - r.members.first_ts[0] <= windows[0]:
             groups = [r]  # the oldest member is inside every window: so is every member

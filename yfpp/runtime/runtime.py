@@ -21,11 +21,11 @@ from __future__ import annotations
 
 from collections import Counter
 from itertools import count
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from yfpp.input.events import Event
 from yfpp.nfa.compiler import NegationPlan, QueryPlan
-from yfpp.nfa.shared_nfa import Node, SharedNFA, State, append_to, drop_from
+from yfpp.nfa.shared_nfa import Node, SharedNFA, State
 from yfpp.runtime.acceptance import Acceptance, MatchMakers
 from yfpp.runtime.caps import check_buffer_caps
 from yfpp.runtime.deadlines import Deadlines, Pending
@@ -89,6 +89,45 @@ class Route:
         self.step: Callable[[Runtime, Event, Route, int, list[dict]], list[dict]] = Runtime._steps
 
 
+class BranchQueries(Mapping[Node, Sequence[QueryPlan]]):
+    """Each branch's root node -> the queries through it, kept as the query itself while it is the only one (most
+    branches: a million subscriptions of their own branches would hold a million tuples of one), else a list; read
+    as sequences (made when read: sweeps, caps and reports read them, no event does)."""
+
+    __slots__ = ("_by_root",)
+
+    def __init__(self) -> None:
+        self._by_root: dict[Node, QueryPlan | list[QueryPlan]] = {}
+
+    def add(self, plan: QueryPlan) -> None:
+        root, by_root = plan.last.root, self._by_root
+        had = by_root.get(root)
+        if had is None:
+            by_root[root] = plan
+        elif type(had) is list:
+            had.append(plan)
+        else:
+            by_root[root] = [had, plan]  # type: ignore[list-item]
+
+    def remove(self, plan: QueryPlan) -> None:
+        root, by_root = plan.last.root, self._by_root
+        had = by_root[root]
+        if type(had) is list and len(had) > 1:
+            had.remove(plan)
+        else:
+            del by_root[root]
+
+    def __getitem__(self, root: Node) -> Sequence[QueryPlan]:
+        had = self._by_root[root]
+        return had if type(had) is list else (had,)  # type: ignore[return-value]
+
+    def __iter__(self) -> Iterator[Node]:
+        return iter(self._by_root)
+
+    def __len__(self) -> int:
+        return len(self._by_root)
+
+
 class Runtime(EventSteps, RunMoves, Acceptance):
     """Runs every registered query, merged into one shared NFA, over one ordered stream."""
 
@@ -114,7 +153,7 @@ class Runtime(EventSteps, RunMoves, Acceptance):
         self.pticks: dict[tuple[str, ...], dict[Any, int]] = {}
         self.ptick_users: Counter = Counter()
         self._counters = Counters()  # read as ``counters``, which brings ``events`` up to date
-        self.branch_queries: dict[Node, Sequence[QueryPlan]] = {}  # root node -> queries through it (append_to)
+        self.branch_queries = BranchQueries()  # root node -> queries through it
         self.queries_changed = 0  #: counts add and remove: a reader of branch_queries knows if it changed since
         self.tick = 0
         self.now = float("-inf")
@@ -145,7 +184,7 @@ class Runtime(EventSteps, RunMoves, Acceptance):
         self.nfa.add(plan)
         self.negations.add(plan)
         self.deadlines.add(plan)
-        append_to(self.branch_queries, plan.last.root, plan)
+        self.branch_queries.add(plan)
         self.queries_changed += 1
         if self._needs_pticks(plan):
             self.ptick_users[plan.partition_by] += 1
@@ -165,7 +204,7 @@ class Runtime(EventSteps, RunMoves, Acceptance):
         self.negations.remove(plan)
         self.deadlines.remove(plan)
         self._makers.pop(plan, None)
-        drop_from(self.branch_queries, plan.last.root, plan)
+        self.branch_queries.remove(plan)
         self.queries_changed += 1
         if self._needs_pticks(plan):
             self.ptick_users[plan.partition_by] -= 1
