@@ -44,6 +44,7 @@ from yfpp.output.writer import LineEncoder
 from yfpp.input.record_fields import ReaderOptions
 from yfpp.spark.plan import Group, Runner, Slicing, XmlEvent, group_queries, needs_xml
 from yfpp.workers_reading import Share, common_reads, plan_slices, reads_itself
+from yfpp.workers_xml_reading import XmlShare, reads_xml_itself
 
 WORKERS = Runner("with --workers", "run with --workers 1")
 SLICE_EVENTS = 20_000  #: about this many events per time slice of an unkeyed group (at least its window long)
@@ -127,7 +128,9 @@ class Workers:
         self._files: list[str] = []  # the workers' files of the last checkpoint
         self._figures: list[dict] = []
         self._cpu: list[float] = []  # each worker's CPU seconds, as it ended
-        self.source = source if source is not None and reads_itself(*source, self.groups) else None
+        share = None if source is None else Share if reads_itself(*source, self.groups) else \
+            XmlShare if reads_xml_itself(*source, self.groups) else None
+        self.source = source if share is not None else None
         self.events = 0  #: the events the workers read (when they read the input)
         self.vocabulary: dict[str, set[str]] = {}  #: the attribute names per type they saw (likewise)
         ctx = _context(forked=self.source is not None)
@@ -137,7 +140,7 @@ class Workers:
         if self.source is None:
             jobs = [(_work, (i, self._inboxes[i], sending, self.groups, engine_opts or {})) for i in range(n)]
         else:  # (an inbox holds the scans the others send: a few chunks, as each worker scans a few rounds ahead)
-            jobs = [(_read_work, (i, self._inboxes, (source[0], source[2]), sending, self.groups, engine_opts or {},
+            jobs = [(_read_work, (i, self._inboxes, (source[0], source[2], share), sending, self.groups, engine_opts or {},
                                   slice_events)) for i in range(n)]
         self._procs = [ctx.Process(target=target, args=args, name=f"yfpp-worker-{i}", daemon=True)
                        for i, (target, args) in enumerate(jobs)]
@@ -603,9 +606,10 @@ def _work(index: int, inbox: Any, sending: tuple[Any, LineEncoder], groups: list
         results.put((index, "error", f"{type(e).__name__}: {e}"))
 
 
-def _read_work(index: int, inboxes: list[Any], source: tuple[str, ReaderOptions], sending: tuple[Any, LineEncoder],
-               groups: list[Group], engine_opts: dict[str, Any], slice_events: int) -> None:
-    """A worker that reads the input itself (:class:`yfpp.workers_reading.Share`; ``inboxes``: each worker's, of
+def _read_work(index: int, inboxes: list[Any], source: tuple[str, ReaderOptions, type[Share]],
+               sending: tuple[Any, LineEncoder], groups: list[Group], engine_opts: dict[str, Any], slice_events: int) -> None:
+    """A worker that reads the input itself (``source``: the file, its reader options and the
+    :class:`yfpp.workers_reading.Share` or :class:`yfpp.workers_xml_reading.XmlShare` that reads it; ``inboxes``: each worker's, of
     the scans the others send it): its share of each block matched; matches (encoded) and dead letters back every
     :data:`SEND_ROWS` events or so; at the end the count of the events it reported and the names it saw
     (``"read"``), then the figures."""
@@ -614,7 +618,7 @@ def _read_work(index: int, inboxes: list[Any], source: tuple[str, ReaderOptions]
     try:
         dead = _Collect()
         slicings: dict[int, Slicing | None] = {}
-        share = Share(source[0], source[1], groups, index, len(inboxes), slice_events, dead,
+        share = source[2](source[0], source[1], groups, index, len(inboxes), slice_events, dead,
                       Sequencer(dead_letters=dead if index == 0 else DeadLetters()), slicings, inboxes)
         matching = _Matching(groups, engine_opts, dead, slicings)
         out: list[dict] = []
