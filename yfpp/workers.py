@@ -9,9 +9,10 @@ in one worker. Each worker runs one engine per group and slice; together they fi
 
 A regular JSON-lines file (no ``--max-delay``, checkpoint or progress line) is read by the workers
 themselves, each block scanned by one of them and each worker parsing only its own lines
-(:mod:`yfpp.workers_reading`): shipping a parsed event costs more CPU than reading it (benchmarks/RESULTS.md,
+(:mod:`yfpp.workers_reading`; an XML file of one event element a line likewise:
+:mod:`yfpp.workers_xml_reading`): shipping a parsed event costs more CPU than reading it (benchmarks/RESULTS.md,
 "Workers"). Otherwise — a pipe or an MQTT feed, which can be
-read once, XML, a checkpoint — the parent reads and parses the input with the one reader and puts the events
+read once, other XML, a checkpoint — the parent reads and parses the input with the one reader and puts the events
 through one engine's reorder buffer (:class:`Sequencer`: ``seq`` numbers, dead letters, late events and
 stream order are one engine's), routes them — compact tuples ``(type, ts, attrs, seq[, xml])`` per engine,
 pickled. Each worker encodes its matches as the output's lines (:class:`~yfpp.output.writer.LineEncoder`) and the
@@ -140,8 +141,8 @@ class Workers:
         if self.source is None:
             jobs = [(_work, (i, self._inboxes[i], sending, self.groups, engine_opts or {})) for i in range(n)]
         else:  # (an inbox holds the scans the others send: a few chunks, as each worker scans a few rounds ahead)
-            jobs = [(_read_work, (i, self._inboxes, (source[0], source[2], share), sending, self.groups, engine_opts or {},
-                                  slice_events)) for i in range(n)]
+            jobs = [(_read_work, (i, self._inboxes, (source[0], source[2], share), sending, self.groups,
+                                  engine_opts or {}, slice_events)) for i in range(n)]
         self._procs = [ctx.Process(target=target, args=args, name=f"yfpp-worker-{i}", daemon=True)
                        for i, (target, args) in enumerate(jobs)]
         for p in self._procs:
@@ -607,11 +608,12 @@ def _work(index: int, inbox: Any, sending: tuple[Any, LineEncoder], groups: list
 
 
 def _read_work(index: int, inboxes: list[Any], source: tuple[str, ReaderOptions, type[Share]],
-               sending: tuple[Any, LineEncoder], groups: list[Group], engine_opts: dict[str, Any], slice_events: int) -> None:
+               sending: tuple[Any, LineEncoder], groups: list[Group], engine_opts: dict[str, Any],
+               slice_events: int) -> None:
     """A worker that reads the input itself (``source``: the file, its reader options and the
-    :class:`yfpp.workers_reading.Share` or :class:`yfpp.workers_xml_reading.XmlShare` that reads it; ``inboxes``: each worker's, of
-    the scans the others send it): its share of each block matched; matches (encoded) and dead letters back every
-    :data:`SEND_ROWS` events or so; at the end the count of the events it reported and the names it saw
+    :class:`yfpp.workers_reading.Share` or :class:`yfpp.workers_xml_reading.XmlShare` that reads it;
+    ``inboxes``: each worker's, of the scans the others send it): its share of each block matched; matches
+    (encoded) and dead letters back every :data:`SEND_ROWS` events or so; at the end the count of the events it reported and the names it saw
     (``"read"``), then the figures."""
     _prepare()
     results, encoder = sending

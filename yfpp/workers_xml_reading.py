@@ -19,15 +19,13 @@ worker's one reader and put through the reorder buffer, whose late events and de
 
 from __future__ import annotations
 
-import os
 import re
-from typing import Iterator, Sequence
+from typing import BinaryIO, Iterator, Sequence
 
 from yfpp import workers_reading
 from yfpp.errors import YfppError
 from yfpp.input.dead_letters import DeadLetters
 from yfpp.input.events import Event
-from yfpp.input.jsonl_reader import LineBlocks
 from yfpp.input.jsonl_scan import routing_text
 from yfpp.input.line_attributes import NAME
 from yfpp.input.readers import format_of
@@ -36,7 +34,7 @@ from yfpp.input.xml_lines import JsonLines, TypedValues
 from yfpp.input.xml_parsing import BATCH_END
 from yfpp.input.xml_reader import Splitter, record_events
 from yfpp.spark.plan import Group
-from yfpp.workers_reading import Relay, Routed, Scan, Share, _Caught, _ordered
+from yfpp.workers_reading import Relay, Routed, Scan, Share, _Caught, _ordered, file_head
 
 # A block of plain lines cut at its quotes: its first piece, each line's end and the next one's start (its tag and
 # first attribute's name), the name of each other attribute, the end of the last line. Each piece between two values
@@ -54,8 +52,7 @@ _INTEGERS = re.compile(rb'(?:[1-9][0-9]{0,17}|0)(?:"(?:[1-9][0-9]{0,17}|0))*+') 
 _TEXT = rb'[ !#-%\'-;?-\[\]-~]*+'
 _PLAIN = re.compile(rb"(?:[ \t]*+<" + _NAME + rb"(?:[ \t]++" + _NAME + rb'="' + _TEXT + rb'")++[ \t]*+/>\n)++')
 _ENCODING = re.compile(rb"""\sencoding\s*=\s*["']([A-Za-z0-9._-]+)["']""")
-_LIKELY = re.compile(rb"\n[ \t]*+<" + _NAME + rb"[ \t][^<>&\n]*/>\n")  # a line that may be plain (a file worth reading so)
-_UNBOUNDED = 1 << 62  # no line is too long for the blocks: the one reader applies the cap
+_LIKELY = re.compile(rb"\n[ \t]*+<" + _NAME + rb"[ \t][^<>&\n]*/>\n")  # a line perhaps plain
 
 
 def _attribute(name: bytes, value: bytes) -> re.Pattern[bytes]:
@@ -67,23 +64,20 @@ def reads_xml_itself(path: str, fmt: str | None, opts: ReaderOptions, groups: li
     """Whether the workers can read ``path`` themselves: a regular, uncompressed XML file with numeric times,
     events typed by their tag, in UTF-8, a line in its first 4 KiB that may be plain, and every keyed group keyed
     by one attribute (not the ts, ``type`` or ``seq``)."""
-    if path == "-" or not os.path.isfile(path) or opts.unit is ISO_8601 or opts.type_field is not None:
-        return False
-    if re.fullmatch(NAME, opts.ts_field.encode()) is None:
-        return False
-    try:
-        with open(path, "rb") as f:
-            head = f.read(4096)
-    except OSError:
-        return False
-    if head[:2] == b"\x1f\x8b":
+    head = file_head(path)
+    if head is None or opts.unit is ISO_8601 or opts.type_field is not None or not _name(opts.ts_field):
         return False
     fmt = (fmt or format_of(path) or ("xml" if head.lstrip(b"\xef\xbb\xbf \t\r\n")[:1] == b"<" else "")).lower()
     declared = _ENCODING.search(head[:head.find(b"?>")]) if head.lstrip(b"\xef\xbb\xbf")[:5] == b"<?xml" else None
     if declared is not None and declared[1].lower() not in (b"utf-8", b"utf8"):
         return False
-    return fmt == "xml" and _LIKELY.search(head) is not None and all(len(g.key) == 1 and re.fullmatch(NAME, g.key[0].encode()) is not None
-                                and g.key[0] not in (opts.ts_field, "type", "seq") for g in groups if g.key)
+    return fmt == "xml" and _LIKELY.search(head) is not None and all(
+        len(g.key) == 1 and _name(g.key[0]) and g.key[0] not in (opts.ts_field, "type", "seq") for g in groups if g.key)
+
+
+def _name(name: str) -> bool:
+    """Whether ``name`` is an attribute name the plain lines' readers take."""
+    return re.fullmatch(NAME, name.encode()) is not None
 
 
 class _Owners(dict):
@@ -104,9 +98,9 @@ class _Owners(dict):
 class Scanner:
     """The :class:`~yfpp.workers_reading.Scan` of a block of complete lines for ``n`` workers, routed by ``keys``:
     scanned when every line is ``<tag name="value" …/>``, one of them the ts, a number, with each key, and no ``&``,
-    ``\\r`` or namespace. Lines with the same attributes in the same order (the tags and blanks may differ) are the
-    quickest: cut at its quotes, such a block is a run of lines of as many pieces each, the same names at the same
-    places; other blocks are found by regular expressions, their values printable ASCII without ``=``."""
+    ``\\r`` or namespace. Lines of as many attributes, the ts and keys at the same places (the tags, blanks and other
+    names may differ), are the quickest: cut at its quotes, such a block is a run of lines of as many pieces each;
+    other blocks are found by regular expressions, their values printable ASCII without ``=``."""
 
     def __init__(self, opts: ReaderOptions, keys: Sequence[str], n: int):
         self.unit, self.ts_field, self.n = opts.unit, opts.ts_field.encode(), n
@@ -125,7 +119,7 @@ class Scanner:
             return not_scanned
         names = self._names(pieces, step) if step >= 2 and step % 2 == 0 and step * lines + 1 == len(pieces) \
             and body.count(b"<") == lines else None
-        if names is not None and self.ts_field in names and all(k in names for k in self.keys):
+        if names is not None and names.count(self.ts_field) == 1 and all(names.count(k) == 1 for k in self.keys):
             raw = pieces[2 * names.index(self.ts_field) + 1::step]
             values = [pieces[2 * names.index(k) + 1::step] for k in self.keys]
         elif _PLAIN.fullmatch(body) is not None:
@@ -148,24 +142,26 @@ class Scanner:
         return Scan(len(body), ts, owners, (ts[-1], lines - 1), True)
 
     @staticmethod
-    def _names(pieces: list[bytes], step: int) -> list[bytes] | None:
-        """The attribute names of every line of a block cut at its quotes into ``step`` pieces a line, or None
-        when its lines are not each a self-closing element of those attributes in that order."""
+    def _names(pieces: list[bytes], step: int) -> list[bytes | None] | None:
+        """The name of each attribute place of a block cut at its quotes into ``step`` pieces a line (None for a
+        place whose name changes from line to line), or None when its lines are not each a self-closing element of
+        ``step // 2`` attributes."""
         first, last = _FIRST.fullmatch(pieces[0]), _LAST.fullmatch(pieces[-1])
         if first is None or last is None:
             return None
-        names = [first[1]]
+        starts = {first[1]}
         for piece in set(pieces[step:-1:step]):
             m = _BOUNDARY.fullmatch(piece)
-            if m is None or m[1] != names[0]:
-                return None
-        for j in range(2, step, 2):
-            found = set(pieces[j::step])
-            m = _NEXT.fullmatch(found.pop()) if len(found) == 1 else None
             if m is None:
                 return None
-            names.append(m[1])
-        return names if len(set(names)) == len(names) else None
+            starts.add(m[1])
+        names = [first[1] if len(starts) == 1 else None]
+        for j in range(2, step, 2):
+            found = {m[1] if (m := _NEXT.fullmatch(piece)) is not None else None for piece in set(pieces[j::step])}
+            if None in found:
+                return None
+            names.append(found.pop() if len(found) == 1 else None)
+        return names
 
     def _owners(self, values: list[bytes]) -> list[int]:
         """The worker each key text routes to."""
@@ -230,19 +226,34 @@ def read_alone(body: bytes, scope: bytes, line: int, opts: ReaderOptions, dl: De
     return events + one.read(b"", dl)
 
 
+def line_blocks(f: BinaryIO, size: int) -> Iterator[bytes]:
+    """The bytes of ``f`` a block of about ``size`` at a time, each cut after its last line end (one without a line
+    end whole: a long line in pieces, which the one reader reads; memory holds two blocks at most)."""
+    carry = b""
+    while data := f.read(size):
+        block = carry + data
+        cut = block.rfind(b"\n") + 1 or len(block)
+        carry = block[cut:]
+        yield block[:cut]
+    if carry:
+        yield carry
+
+
 class XmlShare(Share):
     """Worker ``index`` of ``n``'s share of the XML file ``path`` (see :class:`~yfpp.workers_reading.Share`)."""
+
+    _reader: JsonLines | None = None  # the reader of the block's plain lines (None: the one reader reads it)
+    _scope: bytes = b""  # the start tag of the root they are in (its namespaces)
 
     def blocks(self) -> Iterator[tuple[Routed, list[tuple[int, int]]]]:
         """This worker's events of each block read, and the (group, slice) pairs no later event is read by."""
         one = OneReader(self.opts)
         reporting = self.dead if self.me == 0 else self.quiet
         with open(self.path, "rb") as f, open(self.path, "rb") as ahead:
-            relay = Relay(iter(LineBlocks(ahead, _UNBOUNDED, DeadLetters(), workers_reading.BLOCK)),
-                          Scanner(self.opts, self.keys, self.n), self.me, self.n, self.inboxes)
+            scanner = Scanner(self.opts, self.keys, self.n)
+            relay = Relay(line_blocks(ahead, workers_reading.BLOCK), scanner, self.me, self.n, self.inboxes)
             scans: list[Scan] = []
-            blocks = LineBlocks(f, _UNBOUNDED, DeadLetters(), workers_reading.BLOCK)
-            for b, body in enumerate(blocks):
+            for b, body in enumerate(line_blocks(f, workers_reading.BLOCK)):
                 if b % workers_reading.CHUNK == 0:
                     scans = relay.chunk(b // workers_reading.CHUNK)
                 sc = scans[b % workers_reading.CHUNK] if b % workers_reading.CHUNK < len(scans) else None
@@ -254,20 +265,9 @@ class XmlShare(Share):
                     routed = self._scanned(body, one.seq, one.line, sc)
                     one.skip(len(sc.ts))
                 else:
-                    routed = self._read(one.read(body, reporting))
+                    routed = self._buffered(one.read(body, reporting))
                 yield routed, self._closing()
-            yield self._read(one.read(b"", reporting)), self._closing()
-
-    def _read(self, events: list[Event]) -> Routed:
-        """This worker's share of events every worker read (through the reorder buffer)."""
-        if self.me == 0:
-            self.events += len(events)
-            self.vocabulary.note(events)
-        self.sequencer.process_batch(events, [])
-        released = self.sequencer.take()
-        if released and not self._started:
-            self._start([ev.ts for ev in released])
-        return self._parsed(released)
+            yield self._buffered(one.read(b"", reporting)), self._closing()
 
     def _parse(self, body: bytes, own: list[int] | None, seq: int, lineno: int,
                reporter: list[int] | None) -> list[Event]:
@@ -278,6 +278,7 @@ class XmlShare(Share):
         else:
             lines = body.split(b"\n")
             region, numbers = b"".join([lines[j] + b"\n" for j in own]), [seq + j for j in own]
+        assert self._reader is not None  # (a block is scanned only where the plain lines have a reader)
         events = self._reader.read(region, seq, lineno, numbers)
         me = self.me
         if events is None:  # (a line the plain reader refuses: the block read the long way, this worker's kept)

@@ -5,8 +5,8 @@ scanned ts and routing text), and whole runs against one engine reading the same
 same dead letters (malformed lines, late events, each once with its seq and line) and the same count of
 events, on generated patterns over files whose heads and lines take many shapes (an XML declaration, a
 namespaced root, attributes in any order, keys written as floats, comments, entities, child elements,
-elements across lines, duplicate attributes, tabs and look-alike attributes in values, broken lines, times going
-back), read in blocks of a few lines.
+elements across lines, events on one line, duplicate attributes, tabs and look-alike attributes in values,
+broken lines, times going back), read in blocks of a few lines.
 """
 
 from __future__ import annotations
@@ -17,22 +17,18 @@ import re
 from collections import Counter
 from io import BytesIO
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import yfpp.workers_reading
-from tests.cli.test_workers import Lines
-from tests.cli.test_workers_reading import Letters
+from tests.cli import test_workers_reading as reading_test
+from tests.cli.test_workers_reading import small_blocks  # noqa: F401 (a fixture)
 from tests.generators import patterns, streams
-from yfpp.cli import main
-from yfpp.engine import Engine
 from yfpp.input.dead_letters import DeadLetters
 from yfpp.input.jsonl_scan import routing_text
-from yfpp.input.readers import read_event_batches, reading_options
+from yfpp.input.readers import reading_options
 from yfpp.input.xml_reader import xml_batches
 from yfpp.language.query_text import parse_query
-from yfpp.workers import Sequencer, Workers
+from yfpp.workers import Sequencer
 from yfpp.workers_xml_reading import Scanner, XmlShare, reads_xml_itself
 
 HEADS = ['<stream>\n', '<?xml version="1.0" encoding="UTF-8"?>\n<stream xmlns="urn:s">\n',
@@ -74,6 +70,8 @@ def line_of(tag: str, attrs: dict, style: int) -> str:
         return plain.replace('k="', 'k="\t')
     if style == 13:  # a value holding what looks like an attribute (another before the key, or none)
         return plain.replace("<%s " % tag, '<%s n=" k=" ' % tag)
+    if style == 14:  # three events on one line (longer than a block of the tests)
+        return plain * 3
     return plain
 
 
@@ -82,7 +80,7 @@ def feeds(draw, max_events: int = 40) -> str:
     """An XML document of a generated stream, each line in a drawn shape (mostly plain), some swapped out of order,
     after a first plain line."""
     events = draw(streams(max_events=max_events))
-    styles = draw(st.lists(st.sampled_from([0] * 8 + [1, 1, 2, *range(3, 14)]), min_size=len(events),
+    styles = draw(st.lists(st.sampled_from([0] * 8 + [1, 1, 2, *range(3, 15)]), min_size=len(events),
                            max_size=len(events)))
     head = draw(st.sampled_from(HEADS))
     root = "feed" if "<feed" in head else "stream"
@@ -117,44 +115,24 @@ def test_the_scan_agrees_with_the_reader(text):
         assert xs[ev.seq] == hash(routing_text(ev.attrs["x"])) % (1 << 30)
 
 
-def letters(dead: Letters) -> Counter:
-    """The dead letters, the prefix lxml makes up for a namespace in a letter's raw text written ``nsN``: it numbers
+def letters(items: Counter) -> Counter:
+    """Dead letters, the prefix lxml makes up for a namespace in a letter's raw text written ``nsN``: it numbers
     them within the block the element was parsed in (``ns0``, ``ns1``…), so the number depends on where the reader's
     blocks are cut — in one reader too, reading the same file in blocks of another size."""
     return Counter({(seq, at, why, raw if raw is None else re.sub(r"\bns[0-9]+(?=[:=])", "nsN", raw)): count
-                    for (seq, at, why, raw), count in dead.items.items()})
+                    for (seq, at, why, raw), count in items.items()})
 
 
 def one_engine(queries: list, path: str) -> tuple[Counter, Counter, int]:
-    dead = Letters()
-    eng = Engine(dead_letters=dead)
-    for name, p in queries:
-        eng.register(p, name=name)
-    out: list[dict] = []
-    count = 0
-    for batch in read_event_batches(path, "xml", dead_letters=dead):
-        count += len(batch)
-        eng.process_batch(batch, out)
-    eng.flush(out)
-    return Counter(json.dumps(m, sort_keys=True) for m in out), letters(dead), count
+    """One engine's matches, dead letters and count of events over the XML file ``path``."""
+    matches, dead, count = reading_test.one_engine(queries, path, "xml")
+    return matches, letters(dead), count
 
 
 def with_workers(queries: list, path: str, n: int) -> tuple[Counter, Counter, int]:
-    dead = Letters()
-    out = Lines()
-    workers = Workers(queries, n, out, dead, slice_events=3, source=(path, None, reading_options()))
-    try:
-        assert workers.source is not None
-        workers.flush()
-    finally:
-        workers.close()
-    return Counter(json.dumps(m, sort_keys=True) for m in out), letters(dead), workers.events
-
-
-@pytest.fixture
-def small_blocks(monkeypatch):
-    monkeypatch.setattr(yfpp.workers_reading, "BLOCK", 97)  # a few lines a block (inherited by the forked workers)
-    monkeypatch.setattr(yfpp.workers_reading, "CHUNK", 2)  # two blocks a chunk: each worker scans some for the others
+    """The same from ``n`` workers reading the file themselves."""
+    matches, dead, count = reading_test.with_workers(queries, path, n, None)
+    return matches, letters(dead), count
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
@@ -234,14 +212,5 @@ def test_cli_workers_read_the_xml_file(capsys, tmp_path):
     path = tmp_path / "feed.xml"
     path.write_text("<stream>\n" + "".join(f'<{"ab"[i % 2]} ts="{i}" k="{i % 7}"/>\n' for i in range(3000))
                     + "</stream>\n")
-    query = "PATTERN SEQ(a x, b y) WHERE [k] WITHIN 30"
-    results = {}
-    for argv in (["--workers", "1"], ["--workers", "2"]):
-        stats = tmp_path / "stats.json"
-        assert main(["run", "-q", query, "-i", str(path), "--stats-json", str(stats), *argv]) == 0
-        out, _ = capsys.readouterr()
-        figures = json.loads(stats.read_text())
-        results[tuple(argv)] = (sorted(out.splitlines()), figures["events"], figures["matches"])
-        if argv[1] == "2":
-            assert len(figures["worker_cpu_s"]) == 2
+    results = reading_test.cli_results(capsys, tmp_path, path, (["--workers", "1"], ["--workers", "2"]))
     assert len(set(map(str, results.values()))) == 1 and results[("--workers", "1")][1] == 3000
