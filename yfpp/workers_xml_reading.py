@@ -203,12 +203,9 @@ class OneReader:
     def read(self, body: bytes, dl: DeadLetters) -> list[Event]:
         """The events of the records ``body`` completes (``b""``: the end of the input); dead letters to ``dl``."""
         sp = self.splitter
-        if sp.stopped:
-            return []
         seq = sp.count
         self._data = body
-        sp._refill()
-        return record_events(sp.take(), seq, sp, self.typed, dl)
+        return record_events(sp.read_records(), seq, sp, self.typed, dl)
 
     def skip(self, lines: int) -> None:
         """Past a block of ``lines`` plain lines (each one record), read elsewhere."""

@@ -235,16 +235,18 @@ class Splitter:
     def records(self) -> Iterator[list[Chunk | Region | Lines | Bad]]:
         """Lists of records, one list per block read (so a live feed is read as it arrives)."""
         while not self.stopped:
-            self._refill()
-            out = self.take()
+            out = self.read_records()
             if out:
                 yield out
             if self.eof:
                 return
 
-    def take(self) -> list[Chunk | Region | Lines | Bad]:
-        """The records the input read so far completes (all of them, the end reported, once it is at its end);
-        :attr:`count` moved past them."""
+    def read_records(self) -> list[Chunk | Region | Lines | Bad]:
+        """Reads a block of the input: the records it completes (all of them, the end reported, once it is at its
+        end; none when the reader has stopped); :attr:`count` moved past them."""
+        if self.stopped:
+            return []
+        self._refill()
         if self.first:
             if len(self.buf) < 3 and not self.eof:
                 return []  # a byte order mark may be cut short
