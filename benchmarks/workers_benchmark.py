@@ -1,7 +1,7 @@
 """``yfpp run --workers N`` scaling: events per wall second and CPU per event at N = 1, 2, … .
 
-Two workloads, each a JSON-lines feed from :mod:`yfpp.input.generate` (written once under the temp
-directory, then reused):
+Two workloads, each a JSON-lines feed (``--xml``: an XML one, one event element a line) from
+:mod:`yfpp.input.generate` (written once under the temp directory, then reused):
 
 * ``keyed``: ``queries/shoplifting.sase`` over ``generate_rfid(E, tags=1000)`` — one keyed group
   (``tag_id``): each event goes to one worker;
@@ -10,7 +10,8 @@ directory, then reused):
 
 Each command (``python -m yfpp run -q … -i FEED --workers N -o OUT``) runs as a subprocess; its
 wall time is the subprocess's, its CPU the whole process tree's (the command and its workers). The
-workers read the feed themselves (a JSON-lines file: yfpp/workers_reading.py). ``path CPU s`` is the
+workers read the feed themselves (a JSON-lines file: yfpp/workers_reading.py; XML:
+yfpp/workers_xml_reading.py). ``path CPU s`` is the
 CPU of the longest path — the parent's (its start, the matches it writes) plus the busiest worker's
 (``worker_cpu_s`` of ``--stats-json``) — and ``free cores`` the speed-up over N = 1 it allows where each
 process has a core of its own: what the wall time says on a quiet machine, read on a busy one. The
@@ -19,6 +20,7 @@ busy processes get at once is measured (a shared machine may give two of them we
 
     python benchmarks/workers_benchmark.py                          # 1M events, N = 1, 2, both workloads
     python benchmarks/workers_benchmark.py --events 5000000
+    python benchmarks/workers_benchmark.py --xml                    # the same events as XML feeds
     python benchmarks/workers_benchmark.py --max-workers 16         # N = 1, 2, 4, 8, 16 on a bigger machine
     python benchmarks/workers_benchmark.py --events 1000000 --costs # and the CPU of reading vs shipping an event,
                                                                     # and the parts of one engine's and a worker's work
@@ -48,15 +50,15 @@ DATA = Path(tempfile.gettempdir()) / "yfpp-workers-bench"
 UNKEYED = "PATTERN SEQ(stock a, stock b) WHERE b.price > a.price + 4 WITHIN 3"
 
 
-def feed(workload: str, events: int) -> Path:
-    """The workload's feed of ``events`` events (generated once)."""
-    path = DATA / f"{workload}_{events}.jsonl"
+def feed(workload: str, events: int, fmt: str = "jsonl") -> Path:
+    """The workload's feed of ``events`` events in ``fmt`` (``jsonl`` or ``xml``; generated once)."""
+    path = DATA / f"{workload}_{events}.{fmt}"
     if not path.is_file():
         DATA.mkdir(parents=True, exist_ok=True)
         records = generate_rfid(events, tags=1000, seed=1) if workload == "keyed" else generate_stock(
             events, symbols=10, seed=1)
         tmp = path.with_suffix(".tmp")
-        write_events(records, str(tmp), "jsonl")
+        write_events(records, str(tmp), fmt)
         tmp.rename(path)
     return path
 
@@ -98,7 +100,8 @@ def shipping_costs(path: Path) -> dict[str, float]:
 
 class Parts:
     """What the in-process measurements of one engine's parts and worker 0 of ``n``'s share over a feed start from:
-    the reader options, the query groups and their keys, and the feed's read blocks."""
+    the reader options, the query groups and their keys, and the feed's read blocks (an XML feed's as
+    yfpp/workers_xml_reading.py cuts them)."""
 
     def __init__(self, path: Path, workload: str, n: int = 2) -> None:
         from yfpp.input.dead_letters import DeadLetters
@@ -107,15 +110,17 @@ class Parts:
         from yfpp.spark.plan import group_queries
         from yfpp.workers import WORKERS
         from yfpp.workers_reading import BLOCK
+        from yfpp.workers_xml_reading import line_blocks
 
-        self.path, self.workload, self.n = path, workload, n
+        self.path, self.workload, self.n, self.xml = path, workload, n, path.suffix == ".xml"
         self.opts, self.dead = reading_options(), DeadLetters()
         engine = self.loaded()
         queries = [(name, pattern) for _, (pattern, _, name) in sorted(engine.sources.items())]
         self.groups = group_queries(queries, runner=WORKERS)
         self.keys = sorted({g.key[0] for g in self.groups if g.key})
         with open(path, "rb") as f:
-            self.blocks = list(LineBlocks(f, self.opts.max_record_bytes, self.dead, BLOCK))
+            self.blocks = list(line_blocks(f, BLOCK) if self.xml else LineBlocks(f, self.opts.max_record_bytes,
+                                                                                  self.dead, BLOCK))
 
     def loaded(self) -> Any:
         """An engine with the workload's queries."""
@@ -128,20 +133,31 @@ class Parts:
         return engine
 
     def read_all(self) -> list[list[Any]]:
-        """One reader's events of the feed, a list per block."""
+        """One reader's events of the feed, a list per block (an XML feed's: per batch of its reader)."""
         from yfpp.input.jsonl_reader import parse_block
+        from yfpp.input.readers import read_event_batches
 
+        if self.xml:
+            return list(read_event_batches(str(self.path), "xml", dead_letters=self.dead))
         out, seq = [], 0
         for body in self.blocks:
             events, seq, _ = parse_block(body, seq, 0, self.opts, self.dead)
             out.append(events)
         return out
 
+    def scanner(self) -> Any:
+        """The scan of a block (JSON lines or XML)."""
+        from yfpp.workers_reading import scan
+        from yfpp.workers_xml_reading import Scanner
+
+        return Scanner(self.opts, self.keys, self.n) if self.xml else lambda body: scan(body, self.opts, self.keys, self.n)
+
     def scans(self, me: int) -> list[Any]:
         """The scans of worker ``me``'s chunks (chunk ``c`` by worker ``c % n``)."""
-        from yfpp.workers_reading import CHUNK, scan
+        from yfpp.workers_reading import CHUNK
 
-        return [scan(body, self.opts, self.keys, self.n) for c in range(0, len(self.blocks), CHUNK)
+        scan = self.scanner()
+        return [scan(body) for c in range(0, len(self.blocks), CHUNK)
                 if c // CHUNK % self.n == me for body in self.blocks[c:c + CHUNK]]
 
     def share(self) -> Any:
@@ -149,17 +165,18 @@ class Parts:
         import queue
 
         from yfpp.workers import SLICE_EVENTS, Sequencer
-        from yfpp.workers_reading import CHUNK, Share, scan
+        from yfpp.workers_reading import CHUNK, Share
+        from yfpp.workers_xml_reading import XmlShare
 
-        n, opts, blocks = self.n, self.opts, self.blocks
+        n, opts, blocks, scan = self.n, self.opts, self.blocks, self.scanner()
         inboxes: list[Any] = [queue.Queue() for _ in range(n)]
         chunks = (len(blocks) + CHUNK - 1) // CHUNK
         for c in range(chunks):
             if c % n:
-                inboxes[0].put((c % n, c, [scan(body, opts, self.keys, n) for body in blocks[c * CHUNK:(c + 1) * CHUNK]]))
+                inboxes[0].put((c % n, c, [scan(body) for body in blocks[c * CHUNK:(c + 1) * CHUNK]]))
         for w in range(1, n):
             inboxes[0].put((w, chunks, None))
-        return Share(str(self.path), opts, self.groups, 0, n, SLICE_EVENTS, self.dead, Sequencer(dead_letters=self.dead),
+        return (XmlShare if self.xml else Share)(str(self.path), opts, self.groups, 0, n, SLICE_EVENTS, self.dead, Sequencer(dead_letters=self.dead),
                      {}, inboxes)
 
 
@@ -237,6 +254,7 @@ def main() -> int:
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--max-workers", type=int, default=2, help="largest N (N = 1, 2, 4, … up to it)")
     ap.add_argument("--workloads", default="keyed,unkeyed")
+    ap.add_argument("--xml", action="store_true", help="XML feeds (one event element a line) instead of JSON lines")
     ap.add_argument("--repeat", type=int, default=1, help="run the N = 1, 2, … sequence this many times, in turn")
     ap.add_argument("--costs", action="store_true",
                     help="also measure reading and shipping an event, per event (why the parent reads), and the parts "
@@ -248,6 +266,8 @@ def main() -> int:
                     help="with --instructions: the yfpp checkout to measure (PYTHONPATH; another commit's for a before)")
     ap.add_argument("--part", choices=INSTRUCTION_PARTS, help=argparse.SUPPRESS)  # (one part, under callgrind)
     args = ap.parse_args()
+    if args.xml and (args.instructions or args.part):
+        ap.error("--instructions measures the JSON-lines reading only")
     if args.part:
         workload = args.workloads.split(",")[0]
         run_part(feed(workload, args.events), workload, args.part)
@@ -260,12 +280,13 @@ def main() -> int:
                   f"{c['peers']:,.0f}); one reader {c['read']:,.0f}; share / one reader {c['share'] / c['read']:.3f}",
                   flush=True)
         return 0
-    print(f"commit {commit()}, {args.events:,} events; two busy processes get {cores_for_two():.2f} cores")
+    print(f"commit {commit()}, {args.events:,} events, {'XML' if args.xml else 'JSON-lines'} feeds; two busy processes "
+          f"get {cores_for_two():.2f} cores")
     print(f"{'workload':<9} {'N':>3} {'wall s':>7} {'events/s':>10} {'speed-up':>8} {'CPU s':>7} {'CPU µs/ev':>9} "
           f"{'path CPU s':>10} {'free cores':>10}  matches")
     with tempfile.TemporaryDirectory(prefix="yfpp-workers-") as tmp:
         for workload in args.workloads.split(","):
-            path = feed(workload, args.events)
+            path = feed(workload, args.events, "xml" if args.xml else "jsonl")
             base_wall = base_cpu = 1.0
             base = None
             if args.costs:

@@ -9,9 +9,10 @@ in one worker. Each worker runs one engine per group and slice; together they fi
 
 A regular JSON-lines file (no ``--max-delay``, checkpoint or progress line) is read by the workers
 themselves, each block scanned by one of them and each worker parsing only its own lines
-(:mod:`yfpp.workers_reading`): shipping a parsed event costs more CPU than reading it (benchmarks/RESULTS.md,
+(:mod:`yfpp.workers_reading`; an XML file of one event element a line likewise:
+:mod:`yfpp.workers_xml_reading`): shipping a parsed event costs more CPU than reading it (benchmarks/RESULTS.md,
 "Workers"). Otherwise — a pipe or an MQTT feed, which can be
-read once, XML, a checkpoint — the parent reads and parses the input with the one reader and puts the events
+read once, other XML, a checkpoint — the parent reads and parses the input with the one reader and puts the events
 through one engine's reorder buffer (:class:`Sequencer`: ``seq`` numbers, dead letters, late events and
 stream order are one engine's), routes them — compact tuples ``(type, ts, attrs, seq[, xml])`` per engine,
 pickled. Each worker encodes its matches as the output's lines (:class:`~yfpp.output.writer.LineEncoder`) and the
@@ -45,6 +46,7 @@ from yfpp.output.writer import LineEncoder
 from yfpp.input.record_fields import ReaderOptions
 from yfpp.spark.plan import Group, Runner, Slicing, XmlEvent, group_queries, needs_xml
 from yfpp.workers_reading import Share, common_reads, plan_slices, reads_itself
+from yfpp.workers_xml_reading import XmlShare, reads_xml_itself
 
 WORKERS = Runner("with --workers", "run with --workers 1")
 SLICE_EVENTS = 20_000  #: about this many events per time slice of an unkeyed group (at least its window long)
@@ -128,7 +130,9 @@ class Workers:
         self._files: list[str] = []  # the workers' files of the last checkpoint
         self._figures: list[dict] = []
         self._cpu: list[float] = []  # each worker's CPU seconds, as it ended
-        self.source = source if source is not None and reads_itself(*source, self.groups) else None
+        share = None if source is None else Share if reads_itself(*source, self.groups) else \
+            XmlShare if reads_xml_itself(*source, self.groups) else None
+        self.source = source if share is not None else None
         self.events = 0  #: the events the workers read (when they read the input)
         self.vocabulary: dict[str, set[str]] = {}  #: the attribute names per type they saw (likewise)
         ctx = _context(forked=self.source is not None)
@@ -138,8 +142,8 @@ class Workers:
         if self.source is None:
             jobs = [(_work, (i, self._inboxes[i], sending, self.groups, engine_opts or {})) for i in range(n)]
         else:  # (an inbox holds the scans the others send: a few chunks, as each worker scans a few rounds ahead)
-            jobs = [(_read_work, (i, self._inboxes, (source[0], source[2]), sending, self.groups, engine_opts or {},
-                                  slice_events)) for i in range(n)]
+            jobs = [(_read_work, (i, self._inboxes, (source[0], source[2], share), sending, self.groups,
+                                  engine_opts or {}, slice_events)) for i in range(n)]
         self._procs = [ctx.Process(target=target, args=args, name=f"yfpp-worker-{i}", daemon=True)
                        for i, (target, args) in enumerate(jobs)]
         for p in self._procs:
@@ -604,18 +608,20 @@ def _work(index: int, inbox: Any, sending: tuple[Any, LineEncoder], groups: list
         results.put((index, "error", f"{type(e).__name__}: {e}"))
 
 
-def _read_work(index: int, inboxes: list[Any], source: tuple[str, ReaderOptions], sending: tuple[Any, LineEncoder],
-               groups: list[Group], engine_opts: dict[str, Any], slice_events: int) -> None:
-    """A worker that reads the input itself (:class:`yfpp.workers_reading.Share`; ``inboxes``: each worker's, of
-    the scans the others send it): its share of each block matched; matches (encoded) and dead letters back every
-    :data:`SEND_ROWS` events or so; at the end the count of the events it reported and the names it saw
+def _read_work(index: int, inboxes: list[Any], source: tuple[str, ReaderOptions, type[Share]],
+               sending: tuple[Any, LineEncoder], groups: list[Group], engine_opts: dict[str, Any],
+               slice_events: int) -> None:
+    """A worker that reads the input itself (``source``: the file, its reader options and the
+    :class:`yfpp.workers_reading.Share` or :class:`yfpp.workers_xml_reading.XmlShare` that reads it;
+    ``inboxes``: each worker's, of the scans the others send it): its share of each block matched; matches
+    (encoded) and dead letters back every :data:`SEND_ROWS` events or so; at the end the count of the events it reported and the names it saw
     (``"read"``), then the figures."""
     _prepare()
     results, encoder = sending
     try:
         dead = _Collect()
         slicings: dict[int, Slicing | None] = {}
-        share = Share(source[0], source[1], groups, index, len(inboxes), slice_events, dead,
+        share = source[2](source[0], source[1], groups, index, len(inboxes), slice_events, dead,
                       Sequencer(dead_letters=dead if index == 0 else DeadLetters()), slicings, inboxes)
         matching = _Matching(groups, engine_opts, dead, slicings)
         out: list[dict] = []

@@ -48,19 +48,25 @@ Routed = dict[tuple[int, int], list[Event]]  #: a block's events per (group, sli
 def reads_itself(path: str, fmt: str | None, opts: ReaderOptions, groups: list[Group]) -> bool:
     """Whether the workers can read ``path`` themselves: a regular, uncompressed JSON-lines file with numeric
     times, and every keyed group keyed by one top-level attribute (not the type or ts field)."""
-    if path == "-" or not os.path.isfile(path) or opts.unit is ISO_8601:
-        return False
-    try:
-        with open(path, "rb") as f:
-            head = f.read(4096)
-    except OSError:
-        return False
-    if head[:2] == b"\x1f\x8b":
+    head = file_head(path)
+    if head is None or opts.unit is ISO_8601:
         return False
     fmt = (fmt or format_of(path) or ("jsonl" if head.lstrip(b"\xef\xbb\xbf \t\r\n")[:1] == b"{" else "")).lower()
     fields = {opts.ts_field, opts.type_field or "type", "seq"}
     return fmt == "jsonl" and all(len(g.key) == 1 and "." not in g.key[0] and g.key[0] not in fields
                                   for g in groups if g.key)
+
+
+def file_head(path: str) -> bytes | None:
+    """The first 4 KiB of ``path`` when it is a regular file, not gzip, else None."""
+    if path == "-" or not os.path.isfile(path):
+        return None
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return None
+    return None if head[:2] == b"\x1f\x8b" else head
 
 
 def plan_slices(groups: list[Group], sliced: Any, ts: list[float], slice_events: int) -> dict[int, Slicing | None]:
@@ -209,15 +215,19 @@ class Share:
                 else:
                     events, lines.seq, lines.lineno = parse_block(body, lines.seq, lines.lineno, self.opts,
                                                                    self.dead if self.me == 0 else self.quiet)
-                    if self.me == 0:
-                        self.events += len(events)
-                        self.vocabulary.note(events)
-                    self.sequencer.process_batch(events, [])
-                    released = self.sequencer.take()
-                    if released and not self._started:
-                        self._start([ev.ts for ev in released])
-                    routed = self._parsed(released)
+                    routed = self._buffered(events)
                 yield routed, self._closing()
+
+    def _buffered(self, events: list[Event]) -> Routed:
+        """This worker's share of the events of a block every worker parsed, put through the reorder buffer."""
+        if self.me == 0:
+            self.events += len(events)
+            self.vocabulary.note(events)
+        self.sequencer.process_batch(events, [])
+        released = self.sequencer.take()
+        if released and not self._started:
+            self._start([ev.ts for ev in released])
+        return self._parsed(released)
 
     def _start(self, ts: list[float]) -> None:
         self.slicings.update(plan_slices(self.groups, self._open, ts, self.slice_events))

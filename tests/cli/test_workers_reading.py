@@ -109,24 +109,24 @@ def test_routing_text_is_one_per_python_value():
     assert routing_text("1") == b'"1"' and routing_text(0) == routing_text(False) == b"0"
 
 
-def one_engine(queries: list, path: str) -> tuple[Counter, Counter, int]:
+def one_engine(queries: list, path: str, fmt: str = "jsonl") -> tuple[Counter, Counter, int]:
     dead = Letters()
     eng = Engine(dead_letters=dead)
     for name, p in queries:
         eng.register(p, name=name)
     out: list[dict] = []
     count = 0
-    for batch in read_event_batches(path, "jsonl", dead_letters=dead):
+    for batch in read_event_batches(path, fmt, dead_letters=dead):
         count += len(batch)
         eng.process_batch(batch, out)
     eng.flush(out)
     return Counter(json.dumps(m, sort_keys=True) for m in out), dead.items, count
 
 
-def with_workers(queries: list, path: str, n: int) -> tuple[Counter, Counter, int]:
+def with_workers(queries: list, path: str, n: int, fmt: str = "jsonl") -> tuple[Counter, Counter, int]:
     dead = Letters()
     out = Lines()
-    workers = Workers(queries, n, out, dead, slice_events=3, source=(path, "jsonl", reading_options()))
+    workers = Workers(queries, n, out, dead, slice_events=3, source=(path, fmt, reading_options()))
     try:
         assert workers.source is not None
         workers.flush()
@@ -177,9 +177,17 @@ def test_cli_workers_read_the_file_when_they_can(capsys, tmp_path):
     """The same lines and figures from the command line; a gzip file or --max-delay takes the parent's reader."""
     path = tmp_path / "feed.jsonl"
     path.write_text("".join(json.dumps({"type": "ab"[i % 2], "ts": i, "k": i % 7}) + "\n" for i in range(3000)))
+    results = cli_results(capsys, tmp_path, path, (["--workers", "1"], ["--workers", "2"],
+                                                   ["--workers", "2", "--max-delay", "1"]))
+    assert len(set(map(str, results.values()))) == 1 and results[("--workers", "1")][1] == 3000
+
+
+def cli_results(capsys, tmp_path, path, argvs: tuple[list[str], ...]) -> dict[tuple[str, ...], tuple]:
+    """Per extra arguments, the sorted lines, events and matches of a keyed query over ``path`` from the command
+    line (and two workers' CPU seconds where ``--workers 2``)."""
     query = "PATTERN SEQ(a x, b y) WHERE [k] WITHIN 30"
     results = {}
-    for argv in (["--workers", "1"], ["--workers", "2"], ["--workers", "2", "--max-delay", "1"]):
+    for argv in argvs:
         stats = tmp_path / "stats.json"
         assert main(["run", "-q", query, "-i", str(path), "--stats-json", str(stats), *argv]) == 0
         out, _ = capsys.readouterr()
@@ -188,7 +196,7 @@ def test_cli_workers_read_the_file_when_they_can(capsys, tmp_path):
         if argv[1] == "2":
             cpu = figures["worker_cpu_s"]  # each worker's CPU seconds, the busiest first
             assert len(cpu) == 2 and cpu[0] >= cpu[1] > 0
-    assert len(set(map(str, results.values()))) == 1 and results[("--workers", "1")][1] == 3000
+    return results
 
 
 def test_a_dead_letter_with_the_latest_ts_does_not_move_the_watermark(small_blocks, tmp_path):

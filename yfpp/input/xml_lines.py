@@ -32,10 +32,10 @@ from __future__ import annotations
 
 import math
 import re
-from itertools import compress, repeat
+from itertools import compress, count, repeat
 from operator import add, is_, truediv
 from datetime import datetime, timezone
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 import orjson
 
@@ -223,9 +223,10 @@ class JsonLines:
         # an element is built from its texts, or in a root's namespaces parsed from its line (see Event._element)
         self._scope = None if scope == PLAIN_SCOPE else scope
 
-    def read(self, region: bytes, seq: int, line: int) -> list[Event] | None:
+    def read(self, region: bytes, seq: int, line: int, numbers: Sequence[int] | None = None) -> list[Event] | None:
         """The events of ``region``'s lines (UTF-8, each line ending ``\\n``, no ``&``), numbered from ``seq``
-        and ``line``; None if they are not each one element as the module docstring says."""
+        and ``line`` (or, ``numbers``, each line's seq, its line that much more than ``seq`` is of ``line``:
+        lines picked from a block); None if they are not each one element as the module docstring says."""
         if not self.enabled or len(region) > _MAX_BYTES:
             return None
         lines = region.split(b"\n")  # (the last is the b"" after the last line end)
@@ -260,7 +261,8 @@ class JsonLines:
         new = object.__new__
         to_line = line - seq
         scope = self._scope
-        for tag, ts, attrs, raw in zip(map(self._tags.__getitem__, tags), times, records, lines):
+        for tag, ts, attrs, raw, seq in zip(map(self._tags.__getitem__, tags), times, records, lines,
+                                            count(seq) if numbers is None else numbers):
             # Event(tag, ts, attrs, seq, line, texts=raw) without the call to __init__
             event = new(Event)
             event.type = tag
@@ -271,7 +273,6 @@ class JsonLines:
             event._texts = raw
             event._el = seq + to_line if scope is None else (seq + to_line, raw, scope)
             append(event)
-            seq += 1
         return events
 
     def _number_times(self, raw: list[bytes]) -> Any:

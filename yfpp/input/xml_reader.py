@@ -235,27 +235,41 @@ class Splitter:
     def records(self) -> Iterator[list[Chunk | Region | Lines | Bad]]:
         """Lists of records, one list per block read (so a live feed is read as it arrives)."""
         while not self.stopped:
-            self._refill()
-            if self.first:
-                if len(self.buf) < 3 and not self.eof:
-                    continue  # a byte order mark may be cut short
-                self._byte_order_mark()
-            if not self.stack and not self.skip_text:
-                self._whole_lines()
-            while not self.stopped and self._step():
-                pass
-            if self.eof and not self.stopped:
-                self._finish()
-            elif self.stack and self.skipping is None and len(self.buf) - self.start < READ_BLOCK:
-                # leave a small unfinished element to the next block, where the fast path may take it
-                self.stack, self.pos, self.line = [], self.start, self.start_line
-            if self.out:
-                self.count += sum(len(r.elements) if type(r) is Region else len(r.items) if type(r) is Lines else 1
-                                  for r in self.out)
-                yield self.out
-                self.out = []
+            out = self.read_records()
+            if out:
+                yield out
             if self.eof:
                 return
+
+    def read_records(self) -> list[Chunk | Region | Lines | Bad]:
+        """Reads a block of the input: the records it completes (all of them, the end reported, once it is at its
+        end; none when the reader has stopped); :attr:`count` moved past them."""
+        if self.stopped:
+            return []
+        self._refill()
+        if self.first:
+            if len(self.buf) < 3 and not self.eof:
+                return []  # a byte order mark may be cut short
+            self._byte_order_mark()
+        if not self.stack and not self.skip_text:
+            self._whole_lines()
+        while not self.stopped and self._step():
+            pass
+        if self.eof and not self.stopped:
+            self._finish()
+        elif self.stack and self.skipping is None and len(self.buf) - self.start < READ_BLOCK:
+            # leave a small unfinished element to the next block, where the fast path may take it
+            self.stack, self.pos, self.line = [], self.start, self.start_line
+        out, self.out = self.out, []
+        self.count += _records(out)
+        return out
+
+    def between_events(self) -> bool:
+        """Whether all read so far is read, inside a root (not at its end), in UTF-8: where the next line of plain
+        events would be read by its root's :meth:`scoped_readers` (if they are not None)."""
+        return (self.wrapper is not None and not self.stack and not self.skip_text and self.tag_quote is None
+                and self.pos == len(self.buf) and not self.cr and not self.first and not self.eof and not self.stopped
+                and (self.encoding is None or self.encoding.lower() in _UTF8))
 
     def _step(self) -> bool:
         """Read one thing; False when more input is needed."""
@@ -314,7 +328,7 @@ class Splitter:
         if region[-2:] != b">\n" or b"&" in region:  # lxml's target gets "&#38;" for "&amp;"
             return None
         if self.encoding is None or self.encoding.lower() in _UTF8:  # (the readers check the rest themselves)
-            readers = self._scoped_readers()
+            readers = self.scoped_readers()
             if readers is not None:
                 events = readers[region[-3:] != b"/>\n"].read(region, self.count, self.line)
                 if events is not None:
@@ -341,7 +355,7 @@ class Splitter:
         # an error lxml logs without raising it to a target (an undeclared prefix) makes the tree parse fail
         return lines if len(lines.items) == n and not len(parser.error_log) else None
 
-    def _scoped_readers(self) -> tuple[JsonLines, ChildReadings] | None:
+    def scoped_readers(self) -> tuple[JsonLines, ChildReadings] | None:
         """The readers of plain lines inside the current wrapper (its namespaces), or None when the wrapper does
         not parse (then every record is a dead letter, which the splitter reports)."""
         scope = self.wrapper_open
@@ -805,40 +819,12 @@ def xml_batches(f: IO[Any], owned: bool, opts: ReaderOptions, dl: DeadLetters) -
     """The events of an XML source (see the module docstring), a list per read block (of the records it
     completes) that has any; dead letters go to ``dl`` as a block is read."""
     splitter = Splitter(getattr(f, "read1", f.read), opts)
-    seq = 0
     typed = TypedValues()
-    flat_ok = opts.type_field is None and opts.unit is not ISO_8601
+    seq = 0
     try:
         for records in splitter.records():
-            chunks = [r for r in records if type(r) is Chunk]
-            parsed = iter(_parse_chunks(chunks, splitter.parser) if chunks else ())
-            events: list[Event] = []
-            for record in records:
-                kind = type(record)
-                if kind is Region:
-                    if flat_ok and record.flat:
-                        seq = _flat_events(record.elements, seq, record.line - 1, opts, typed, dl, events)
-                    else:
-                        seq = _long_events(record.elements, seq, record.line - 1, opts, dl, events)
-                    continue
-                if kind is Lines:
-                    if record.clean:
-                        events += record.items
-                    else:
-                        _line_events(record.items, opts, dl, events)
-                    seq += len(record.items)
-                    continue
-                if kind is Chunk:
-                    el = next(parsed)
-                    if type(el) is not Bad:
-                        event = _event_or_report(el, seq, record.line, opts, dl)
-                        if event is not None:
-                            events.append(event)
-                        seq += 1
-                        continue
-                    record = el
-                dl.report(seq, f"line {record.line}", record.reason, record.raw)
-                seq += 1
+            events = record_events(records, seq, splitter, typed, dl)
+            seq = splitter.count
             if events:
                 yield events
     except (OSError, EOFError, zlib.error) as e:
@@ -846,6 +832,48 @@ def xml_batches(f: IO[Any], owned: bool, opts: ReaderOptions, dl: DeadLetters) -
     finally:
         if owned:
             f.close()
+
+
+def _records(records: list[Chunk | Region | Lines | Bad]) -> int:
+    """The records (seq numbers) a list of the splitter's holds."""
+    return sum(len(r.elements) if type(r) is Region else len(r.items) if type(r) is Lines else 1 for r in records)
+
+
+def record_events(records: list[Chunk | Region | Lines | Bad], seq: int, splitter: Splitter, typed: TypedValues,
+                  dl: DeadLetters) -> list[Event]:
+    """The events of a list of ``splitter``'s records, numbered from ``seq``; dead letters to ``dl``."""
+    opts = splitter.opts
+    flat_ok = opts.type_field is None and opts.unit is not ISO_8601
+    chunks = [r for r in records if type(r) is Chunk]
+    parsed = iter(_parse_chunks(chunks, splitter.parser) if chunks else ())
+    events: list[Event] = []
+    for record in records:
+        kind = type(record)
+        if kind is Region:
+            if flat_ok and record.flat:
+                seq = _flat_events(record.elements, seq, record.line - 1, opts, typed, dl, events)
+            else:
+                seq = _long_events(record.elements, seq, record.line - 1, opts, dl, events)
+            continue
+        if kind is Lines:
+            if record.clean:
+                events += record.items
+            else:
+                _line_events(record.items, opts, dl, events)
+            seq += len(record.items)
+            continue
+        if kind is Chunk:
+            el = next(parsed)
+            if type(el) is not Bad:
+                event = _event_or_report(el, seq, record.line, opts, dl)
+                if event is not None:
+                    events.append(event)
+                seq += 1
+                continue
+            record = el
+        dl.report(seq, f"line {record.line}", record.reason, record.raw)
+        seq += 1
+    return events
 
 
 def _event_or_report(el: Any, seq: int, line: int, opts: ReaderOptions, dl: DeadLetters) -> Event | None:

@@ -1,0 +1,297 @@
+"""``yfpp run --workers N`` over an XML file of one event element a line: every worker reads the file and parses
+only its own lines, as :mod:`yfpp.workers_reading` does for JSON lines (its :class:`~yfpp.workers_reading.Relay`
+of scans, its routing of a scanned block's lines, its reorder buffer for the rest).
+
+XML is read by one stateful reader (:class:`yfpp.input.xml_reader.Splitter`: the XML declaration, DOCTYPE, the
+root and its namespaces, elements across lines…). So each worker runs that reader (:class:`OneReader`) over
+every block that is not plain — the file's head first — and gives it no more than the count of records and lines
+of each block it skips. A block is skipped, its lines routed by their scan and each parsed by the plain-line
+reader (:class:`yfpp.input.xml_lines.JsonLines`, in the root's namespaces) in the workers that take it, only
+when the reader stands between events inside a root, in UTF-8
+(:meth:`~yfpp.input.xml_reader.Splitter.between_events`), and the block's scan (:class:`Scanner`) found every
+line one self-closing element ``<tag name="value" … ts="number" …/>`` (no ``&``, CR or namespace) holding each
+routing attribute, its times never going back. Such a line is one record of the one reader, read as it reads it
+alone (a line the plain-line reader refuses is read so: :func:`read_alone`); the one reader's state after it is
+the same but for the indentation it learns, which decides where it cuts its blocks, never what it reads. So
+``seq`` numbers, dead letters and late events are the one reader's: a block not scanned is read by every
+worker's one reader and put through the reorder buffer, whose late events and dead letters worker 0 reports.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import BinaryIO, Iterator, Sequence
+
+from yfpp import workers_reading
+from yfpp.errors import YfppError
+from yfpp.input.dead_letters import DeadLetters
+from yfpp.input.events import Event
+from yfpp.input.jsonl_scan import routing_text
+from yfpp.input.line_attributes import NAME
+from yfpp.input.readers import format_of
+from yfpp.input.record_fields import ISO_8601, ReaderOptions, typed_value
+from yfpp.input.xml_lines import JsonLines, TypedValues
+from yfpp.input.xml_parsing import BATCH_END
+from yfpp.input.xml_reader import Splitter, record_events
+from yfpp.spark.plan import Group
+from yfpp.workers_reading import Relay, Routed, Scan, Share, _Caught, _ordered, file_head
+
+# A block of plain lines cut at its quotes: its first piece, each line's end and the next one's start (its tag and
+# first attribute's name), the name of each other attribute, the end of the last line. Each piece between two values
+# one of these, and no "<" but the tags': each line one self-closing element of quoted attributes.
+_NAME = rb"[A-Za-z_][A-Za-z0-9._-]*+"
+_FIRST = re.compile(rb"[ \t]*+<" + _NAME + rb"[ \t]++(" + _NAME + rb")=")
+_BOUNDARY = re.compile(rb"[ \t]*+/>\n[ \t]*+<" + _NAME + rb"[ \t]++(" + _NAME + rb")=")
+_NEXT = re.compile(rb"[ \t]++(" + _NAME + rb")=")
+_LAST = re.compile(rb"[ \t]*+/>\n")
+_TS = rb"[0-9]{1,15}(?:\.[0-9]{1,15})?"  # a ts JsonLines reads
+_NUMBERS = re.compile(_TS + rb'(?:"' + _TS + rb")*+")
+_INTEGERS = re.compile(rb'(?:[1-9][0-9]{0,17}|0)(?:"(?:[1-9][0-9]{0,17}|0))*+')  # integers that are their routing text
+# Lines with their attributes in other orders: each line one such element, a value printable ASCII without a quote,
+# "&", "<", "=" or backslash (so each " name=" in a line starts an attribute: the scan finds the line's attribute)
+_TEXT = rb'[ !#-%\'-;?-\[\]-~]*+'
+_PLAIN = re.compile(rb"(?:[ \t]*+<" + _NAME + rb"(?:[ \t]++" + _NAME + rb'="' + _TEXT + rb'")++[ \t]*+/>\n)++')
+_ENCODING = re.compile(rb"""\sencoding\s*=\s*["']([A-Za-z0-9._-]+)["']""")
+_LIKELY = re.compile(rb"\n[ \t]*+<" + _NAME + rb"[ \t][^<>&\n]*/>\n")  # a line perhaps plain
+
+
+def _attribute(name: bytes, value: bytes) -> re.Pattern[bytes]:
+    """Attribute ``name`` of a line of ``_PLAIN``, its value matching ``value``, and the rest of the line."""
+    return re.compile(rb"[ \t]" + re.escape(name) + rb'="(' + value + rb')"[^\n]*+')
+
+
+def reads_xml_itself(path: str, fmt: str | None, opts: ReaderOptions, groups: list[Group]) -> bool:
+    """Whether the workers can read ``path`` themselves: a regular, uncompressed XML file with numeric times,
+    events typed by their tag, in UTF-8, a line in its first 4 KiB that may be plain, and every keyed group keyed
+    by one attribute (not the ts, ``type`` or ``seq``)."""
+    head = file_head(path)
+    if head is None or opts.unit is ISO_8601 or opts.type_field is not None or not _name(opts.ts_field):
+        return False
+    fmt = (fmt or format_of(path) or ("xml" if head.lstrip(b"\xef\xbb\xbf \t\r\n")[:1] == b"<" else "")).lower()
+    declared = _ENCODING.search(head[:head.find(b"?>")]) if head.lstrip(b"\xef\xbb\xbf")[:5] == b"<?xml" else None
+    if declared is not None and declared[1].lower() not in (b"utf-8", b"utf8"):
+        return False
+    return fmt == "xml" and _LIKELY.search(head) is not None and all(
+        len(g.key) == 1 and _name(g.key[0]) and g.key[0] not in (opts.ts_field, "type", "seq") for g in groups if g.key)
+
+
+def _name(name: str) -> bool:
+    """Whether ``name`` is an attribute name the plain lines' readers take."""
+    return re.fullmatch(NAME, name.encode()) is not None
+
+
+class _Owners(dict):
+    """Per attribute text, the worker of ``n`` its typed value's routing text hashes to (as routing a parsed
+    event does); 4,096 texts kept at most, then forgotten at once."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.n = n
+
+    def __missing__(self, text: bytes) -> int:
+        if len(self) >= 4096:
+            self.clear()
+        owner = self[text] = hash(routing_text(typed_value(text.decode("utf-8", "surrogateescape")))) % self.n
+        return owner
+
+
+class Scanner:
+    """The :class:`~yfpp.workers_reading.Scan` of a block of complete lines for ``n`` workers, routed by ``keys``:
+    scanned when every line is ``<tag name="value" …/>``, one of them the ts, a number, with each key, and no ``&``,
+    ``\\r`` or namespace. Lines of as many attributes, the ts and keys at the same places (the tags, blanks and other
+    names may differ), are the quickest: cut at its quotes, such a block is a run of lines of as many pieces each;
+    other blocks are found by regular expressions, their values printable ASCII without ``=``."""
+
+    def __init__(self, opts: ReaderOptions, keys: Sequence[str], n: int):
+        self.unit, self.ts_field, self.n = opts.unit, opts.ts_field.encode(), n
+        self.keys = [k.encode() for k in keys]
+        self.owners = _Owners(n)
+        self.last = JsonLines(opts)
+        self.ts = _attribute(self.ts_field, _TS)
+        self.attributes = [_attribute(k, _TEXT) for k in self.keys]
+
+    def __call__(self, body: bytes) -> Scan:
+        not_scanned = Scan(len(body), None, [], None)
+        lines = body.count(b"\n")
+        pieces = body.split(b'"')
+        step = (len(pieces) - 1) // lines if lines else 0
+        if not lines or b"&" in body or b"\r" in body or b"xmlns" in body:
+            return not_scanned
+        names = self._names(pieces, step) if step >= 2 and step % 2 == 0 and step * lines + 1 == len(pieces) \
+            and body.count(b"<") == lines else None
+        if names is not None and names.count(self.ts_field) == 1 and all(names.count(k) == 1 for k in self.keys):
+            raw = pieces[2 * names.index(self.ts_field) + 1::step]
+            values = [pieces[2 * names.index(k) + 1::step] for k in self.keys]
+        elif _PLAIN.fullmatch(body) is not None:
+            raw, values = self.ts.findall(body), [a.findall(body) for a in self.attributes]
+            if len(raw) != lines or any(len(v) != lines for v in values):
+                return not_scanned
+        else:
+            return not_scanned
+        # (a tab in a value is a space to XML: the routing text is not the value's)
+        if _NUMBERS.fullmatch(b'"'.join(raw)) is None or any(b"\t" in b"".join(v) for v in values):
+            return not_scanned
+        m, d = self.unit
+        ts = list(map(float, raw)) if m == d == 1 else [float(r) * m / d for r in raw]
+        if not _ordered(ts):
+            return not_scanned
+        owners = list(map(self._owners, values))
+        # the last line an event (a line of this shape may be none: a duplicate attribute): else not scanned
+        if self.last.read(body[body.rfind(b"\n", 0, len(body) - 1) + 1:], 0, 0) is None:
+            return not_scanned
+        return Scan(len(body), ts, owners, (ts[-1], lines - 1), True)
+
+    @staticmethod
+    def _names(pieces: list[bytes], step: int) -> list[bytes | None] | None:
+        """The name of each attribute place of a block cut at its quotes into ``step`` pieces a line (None for a
+        place whose name changes from line to line), or None when its lines are not each a self-closing element of
+        ``step // 2`` attributes."""
+        first, last = _FIRST.fullmatch(pieces[0]), _LAST.fullmatch(pieces[-1])
+        if first is None or last is None:
+            return None
+        starts = {first[1]}
+        for piece in set(pieces[step:-1:step]):
+            m = _BOUNDARY.fullmatch(piece)
+            if m is None:
+                return None
+            starts.add(m[1])
+        names = [first[1] if len(starts) == 1 else None]
+        for j in range(2, step, 2):
+            found = {m[1] if (m := _NEXT.fullmatch(piece)) is not None else None for piece in set(pieces[j::step])}
+            if None in found:
+                return None
+            names.append(found.pop() if len(found) == 1 else None)
+        return names
+
+    def _owners(self, values: list[bytes]) -> list[int]:
+        """The worker each key text routes to."""
+        n = self.n
+        if _INTEGERS.fullmatch(b'"'.join(values)) is not None:
+            return [h % n for h in map(hash, values)]
+        return list(map(self.owners.__getitem__, values))
+
+
+class OneReader:
+    """The one reader (:class:`~yfpp.input.xml_reader.Splitter`) of a worker: given each block it reads
+    (:meth:`read`) and the size of each it skips (:meth:`skip`)."""
+
+    def __init__(self, opts: ReaderOptions):
+        self._data = b""
+        self.splitter = Splitter(self._give, opts)
+        self.typed = TypedValues()
+
+    def _give(self, size: int) -> bytes:
+        data, self._data = self._data, b""
+        return data
+
+    @property
+    def seq(self) -> int:
+        """The next record's seq."""
+        return self.splitter.count
+
+    @property
+    def line(self) -> int:
+        """The line the next record starts on (when :meth:`plain`)."""
+        return self.splitter.line
+
+    def plain(self) -> JsonLines | None:
+        """The reader of the plain lines that would come next, when the one reader would read them so."""
+        sp = self.splitter
+        readers = sp.scoped_readers() if sp.between_events() else None
+        return readers[0] if readers is not None and readers[0].enabled else None
+
+    def read(self, body: bytes, dl: DeadLetters) -> list[Event]:
+        """The events of the records ``body`` completes (``b""``: the end of the input); dead letters to ``dl``."""
+        sp = self.splitter
+        seq = sp.count
+        self._data = body
+        return record_events(sp.read_records(), seq, sp, self.typed, dl)
+
+    def skip(self, lines: int) -> None:
+        """Past a block of ``lines`` plain lines (each one record), read elsewhere."""
+        self.splitter.count += lines
+        self.splitter.line += lines
+
+
+def read_alone(body: bytes, scope: bytes, line: int, opts: ReaderOptions, dl: DeadLetters) -> list[Event]:
+    """The events of ``body``'s lines as the one reader reads them inside a root of the namespaces of ``scope``
+    (:attr:`~yfpp.input.xml_reader.Splitter.wrapper_open`), the first on line ``line``, numbered from 0; dead
+    letters to ``dl``."""
+    one = OneReader(opts)
+    one.splitter.line = line - 1
+    events = one.read(b"".join((scope, b"\n", body, BATCH_END, b"\n")), dl)
+    return events + one.read(b"", dl)
+
+
+def line_blocks(f: BinaryIO, size: int) -> Iterator[bytes]:
+    """The bytes of ``f`` a block of about ``size`` at a time, each cut after its last line end (one without a line
+    end whole: a long line in pieces, which the one reader reads; memory holds two blocks at most)."""
+    carry = b""
+    while data := f.read(size):
+        block = carry + data
+        cut = block.rfind(b"\n") + 1 or len(block)
+        carry = block[cut:]
+        yield block[:cut]
+    if carry:
+        yield carry
+
+
+class XmlShare(Share):
+    """Worker ``index`` of ``n``'s share of the XML file ``path`` (see :class:`~yfpp.workers_reading.Share`)."""
+
+    _reader: JsonLines | None = None  # the reader of the block's plain lines (None: the one reader reads it)
+    _scope: bytes = b""  # the start tag of the root they are in (its namespaces)
+
+    def blocks(self) -> Iterator[tuple[Routed, list[tuple[int, int]]]]:
+        """This worker's events of each block read, and the (group, slice) pairs no later event is read by."""
+        one = OneReader(self.opts)
+        reporting = self.dead if self.me == 0 else self.quiet
+        with open(self.path, "rb") as f, open(self.path, "rb") as ahead:
+            scanner = Scanner(self.opts, self.keys, self.n)
+            relay = Relay(line_blocks(ahead, workers_reading.BLOCK), scanner, self.me, self.n, self.inboxes)
+            scans: list[Scan] = []
+            for b, body in enumerate(line_blocks(f, workers_reading.BLOCK)):
+                if b % workers_reading.CHUNK == 0:
+                    scans = relay.chunk(b // workers_reading.CHUNK)
+                sc = scans[b % workers_reading.CHUNK] if b % workers_reading.CHUNK < len(scans) else None
+                if sc is None or sc.size != len(body):
+                    raise YfppError(f"{self.path} changed while the workers read it")
+                self._reader, self._scope = one.plain(), one.splitter.wrapper_open
+                if (sc.ts is not None and self._reader is not None and self._started
+                        and sc.ts[0] >= self.sequencer.watermark[0]):
+                    routed = self._scanned(body, one.seq, one.line, sc)
+                    one.skip(len(sc.ts))
+                else:
+                    routed = self._buffered(one.read(body, reporting))
+                yield routed, self._closing()
+            yield self._buffered(one.read(b"", reporting)), self._closing()
+
+    def _parse(self, body: bytes, own: list[int] | None, seq: int, lineno: int,
+               reporter: list[int] | None) -> list[Event]:
+        """The events of the block's lines ``own`` (indexes, None: every line; the block's first line is record
+        ``seq``, on line ``lineno``); the dead letters and events of the lines this worker reports counted."""
+        if own is None:
+            region, numbers = body, None
+        else:
+            lines = body.split(b"\n")
+            region, numbers = b"".join([lines[j] + b"\n" for j in own]), [seq + j for j in own]
+        assert self._reader is not None  # (a block is scanned only where the plain lines have a reader)
+        events = self._reader.read(region, seq, lineno, numbers)
+        me = self.me
+        if events is None:  # (a line the plain reader refuses: the block read the long way, this worker's kept)
+            caught = _Caught()
+            events = read_alone(body, self._scope, lineno, self.opts, caught)
+            mine = None if own is None else set(own)
+            events = [ev for ev in events if mine is None or ev.seq in mine]
+            for ev in events:
+                ev.seq += seq
+            for j, position, reason, raw in caught.items:
+                if (mine is None or j in mine) and (reporter[j] if reporter is not None else 0) == me:
+                    self.dead.report(seq + j, position, reason, raw)
+        if reporter is None:
+            reported = events if me == 0 else []
+        else:
+            reported = [ev for ev in events if reporter[ev.seq - seq] == me]
+        self.events += len(reported)
+        self.vocabulary.note(reported)
+        return events
