@@ -109,8 +109,9 @@ def scan(body: bytes, opts: ReaderOptions, keys: Sequence[str], n: int) -> Scan:
             last = (events[0].ts, j)
             break
         end = start - 1
+    # (flat: one `{` a line, the first byte of each; only keyed groups look at it)
     flat = bool(keys) and body[:1] == b"{" and body.count(b"\n{") == len(ts) - 1 and body.count(b"{") == len(ts)
-    return Scan(len(body), array("d", ts), [workers_of(vs, n) for vs in values], last, flat)  # (one `{` a line)
+    return Scan(len(body), array("d", ts), [workers_of(vs, n) for vs in values], last, flat)
 
 
 def workers_of(values: Sequence[Hashable], n: int) -> array:

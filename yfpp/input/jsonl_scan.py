@@ -46,10 +46,13 @@ def scan_block(body: bytes, opts: ReaderOptions, keys: Sequence[str]) -> tuple[l
     raw = _field(opts.ts_field, _NUMBER).findall(body)
     if len(raw) != lines or body.count(b'"%s"' % opts.ts_field.encode()) != lines:
         return None
-    try:  # (one orjson call reads every number: a fifth of what float() on each costs)
-        numbers: list[Any] = orjson.loads(b"[" + b",".join(raw) + b"]")
+    try:
         m, d = opts.unit
-        ts = list(map(float, numbers)) if m == d == 1 else [r * m / d for r in numbers]
+        if m == d == 1:
+            ts = list(map(float, raw))
+        else:
+            numbers: list[Any] = orjson.loads(b"[" + b",".join(raw) + b"]")
+            ts = [r * m / d for r in numbers]
     except (ValueError, OverflowError):  # (orjson.JSONDecodeError is a ValueError)
         return None
     if not math.isfinite(sum(ts)):  # (1e999: a dead letter; a sum past the floats: not scanned)
