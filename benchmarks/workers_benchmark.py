@@ -26,6 +26,8 @@ busy processes get at once is measured (a shared machine may give two of them we
                                                                     # and the parts of one engine's and a worker's work
     python benchmarks/workers_benchmark.py --events 200000 --instructions [--code OTHER_CHECKOUT]
                                                                     # instructions per event of a worker's reading share
+    python benchmarks/workers_benchmark.py --events 200000 --run-instructions [--code OTHER_CHECKOUT]
+                                                                    # instructions of each process of whole commands
 """
 
 from __future__ import annotations
@@ -249,6 +251,25 @@ def share_instructions(workload: str, events: int, code: str) -> dict[str, float
             "peers": (got["peers"] - got["start"]) / events}
 
 
+def run_instructions(workload: str, events: int, code: str, n: int) -> list[int]:
+    """Instructions (callgrind; the yfpp at ``code``) of each process of ``yfpp run --workers n`` over the feed: the
+    parent's first (its start, routing nothing: the workers read the file), then each worker's from its fork."""
+    import glob
+    import os
+    import re
+    import subprocess
+
+    with tempfile.TemporaryDirectory(prefix="yfpp-callgrind-") as tmp:
+        env = {**os.environ, "PYTHONPATH": code, "PYTHONHASHSEED": "0"}
+        subprocess.run(["valgrind", "--tool=callgrind", "--zero-before=PyOS_AfterFork_Child",
+                        f"--callgrind-out-file={tmp}/cg.%p", sys.executable, "-m", "yfpp", "run", "-q", query(workload),
+                        "-i", str(feed(workload, events)), "--workers", str(n), "-o", f"{tmp}/out", "--progress", "never"],
+                       cwd=code, env=env, check=True, capture_output=True)
+        counts = [int(re.search(r"^summary:\s+(\d+)", Path(f).read_text(), re.M).group(1))  # type: ignore[union-attr]
+                  for f in sorted(glob.glob(f"{tmp}/cg.*"), key=lambda f: int(f.rsplit(".", 1)[1]))]
+    return counts  # (the parent's pid is the lowest: it forks the workers)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--events", type=int, default=1_000_000)
@@ -264,10 +285,22 @@ def main() -> int:
                          "and of one reader (try --events 200000)")
     ap.add_argument("--code", default=str(ROOT),
                     help="with --instructions: the yfpp checkout to measure (PYTHONPATH; another commit's for a before)")
+    ap.add_argument("--run-instructions", action="store_true",
+                    help="instead of the runs: instructions (callgrind) of each process of N = 1 and 2's whole "
+                         "commands, and of N = 2's longest path (the parent and the busiest worker; try --events 200000)")
     ap.add_argument("--part", choices=INSTRUCTION_PARTS, help=argparse.SUPPRESS)  # (one part, under callgrind)
     args = ap.parse_args()
     if args.xml and (args.instructions or args.part):
         ap.error("--instructions measures the JSON-lines reading only")
+    if args.run_instructions:
+        print(f"yfpp at {args.code}, {args.events:,} events; instructions per event (callgrind), each process")
+        for workload in args.workloads.split(","):
+            (one,), (parent, *workers) = (run_instructions(workload, args.events, args.code, n) for n in (1, 2))
+            path = parent + max(workers)
+            print(f"{workload:<9} N=1 {one / args.events:,.0f}; N=2 parent {parent / args.events:,.0f}, workers "
+                  f"{', '.join(f'{w / args.events:,.0f}' for w in workers)}; busiest worker / (N=1 less the parent) "
+                  f"{max(workers) / (one - parent):.3f}; N=1 / longest path {one / path:.3f}x", flush=True)
+        return 0
     if args.part:
         workload = args.workloads.split(",")[0]
         run_part(feed(workload, args.events), workload, args.part)

@@ -25,8 +25,10 @@ from __future__ import annotations
 import math
 import os
 from bisect import bisect_left, bisect_right
-from itertools import compress, islice
-from typing import Any, Callable, Iterator, NamedTuple, Sequence
+from array import array
+from itertools import compress, islice, repeat
+from operator import eq, mod
+from typing import Any, Callable, Hashable, Iterator, NamedTuple, Sequence
 
 from yfpp.engine import Engine
 from yfpp.errors import YfppError
@@ -86,13 +88,14 @@ def plan_slices(groups: list[Group], sliced: Any, ts: list[float], slice_events:
 class Scan(NamedTuple):
     """What :func:`scan` finds in a block of ``size`` bytes. When it is scanned (every line of the shape
     :func:`~yfpp.input.jsonl_scan.scan_block` takes, the times never going back): each line's ``ts``, per
-    routing key each line's worker (``owners``: its key text's hash modulo n), the ts and index of the
+    routing key each line's worker (``owners``: its key text's hash modulo n; both arrays, which a worker
+    sends its peers as a few bytes a line), the ts and index of the
     ``last`` line the reader makes an event of (None: none), and whether each line is an object with no object
     in it (``flat``: an event of a line then has each routing attribute the scan found); else ``ts`` is None."""
 
     size: int
-    ts: list[float] | None
-    owners: list[list[int]]
+    ts: Sequence[float] | None
+    owners: list[array]
     last: tuple[float, int] | None
     flat: bool = False
 
@@ -112,8 +115,14 @@ def scan(body: bytes, opts: ReaderOptions, keys: Sequence[str], n: int) -> Scan:
             last = (events[0].ts, j)
             break
         end = start - 1
-    flat = body[:1] == b"{" and body.count(b"\n{") == len(ts) - 1 and body.count(b"{") == len(ts)  # (one per line)
-    return Scan(len(body), ts, [[hash(v) % n for v in vs] for vs in values], last, flat)
+    # (flat: one `{` a line, the first byte of each; only keyed groups look at it)
+    flat = bool(keys) and body[:1] == b"{" and body.count(b"\n{") == len(ts) - 1 and body.count(b"{") == len(ts)
+    return Scan(len(body), array("d", ts), [workers_of(vs, n) for vs in values], last, flat)
+
+
+def workers_of(values: Sequence[Hashable], n: int) -> array:
+    """Each value's worker of ``n``: its hash modulo ``n`` (in C: no Python step per value)."""
+    return array("I", map(mod, map(hash, values), repeat(n)))
 
 
 class Relay:
@@ -243,12 +252,12 @@ class Share:
         count = len(ts)
         me, n = self.me, self.n
         masks: list[list[bool] | None] = []  # per group: which lines it routes here (None: every line)
-        reporter: list[int] | None = None  # per line, the worker that reports it (None: worker 0)
+        reporter: Sequence[int] | None = None  # per line, the worker that reports it (None: worker 0)
         for g, grp in enumerate(self.groups):
             sl = self.slicings.get(g) if grp.sliced else None
             if grp.key:
                 owners = sc.owners[self.keys.index(grp.key[0])]
-                masks.append([o == me for o in owners])
+                masks.append(list(map(eq, owners, repeat(me))))
                 if g == 0:
                     reporter = owners
             elif sl is not None:  # (a slice's lines found by bisection, a little wide: routing takes the exact ones)
@@ -269,14 +278,14 @@ class Share:
             else:
                 masks.append(None if g % n == me else [False] * count)
         every = [m for m in masks if m is not None]
-        own: list[int] | None = None  # the lines parsed here (None: all)
+        union: list[bool] | None = None  # which lines are parsed here (None: all)
         if len(every) == len(masks):
-            union = every[0] if len(every) == 1 else [any(flags) for flags in zip(*every)]
-            if not all(union):
-                own = list(compress(range(count), union))
+            union = every[0] if len(every) == 1 else list(map(any, zip(*every)))
+            if all(union):
+                union = None
         routed: Routed = {}
-        if own is None or own:
-            events = self._parse(body, own, seq, lineno, reporter)
+        if union is None or any(union):
+            events = self._parse(body, union, seq, lineno, reporter)
             single = len(self.groups) == 1
             placed: set[int] = set()
             for g, grp in enumerate(self.groups):
@@ -295,18 +304,19 @@ class Share:
             self.sequencer.skip_to(*self.sequencer.watermark, seq + count)
         return routed
 
-    def _parse(self, body: bytes, own: list[int] | None, seq: int, lineno: int, reporter: list[int] | None) -> list[Event]:
-        """The events of the block's lines ``own`` (indexes, None: every line; the block's first line has ``seq`` and
+    def _parse(self, body: bytes, union: list[bool] | None, seq: int, lineno: int,
+               reporter: Sequence[int] | None) -> list[Event]:
+        """The events of the block's lines ``union`` flags (None: every line; the block's first line has ``seq`` and
         comes after line ``lineno``), numbered as in the file; the dead letters and events of the lines this worker
         reports counted."""
         caught = _Caught()
         me = self.me
-        if own is None:  # (a block of lines, each a record: numbered as the file's at once)
+        if union is None:  # (a block of lines, each a record: numbered as the file's at once)
             events, _, _ = parse_block(body, seq, 0, self.opts, caught)
             dead = [(i - seq, reason, raw) for i, _, reason, raw in caught.items]
         else:
-            lines = body.split(b"\n")
-            events, _, _ = parse_block(b"\n".join([lines[j] for j in own]), 0, 0, self.opts, caught)
+            own = list(compress(range(len(union)), union))
+            events, _, _ = parse_block(b"\n".join(compress(body.split(b"\n"), union)), 0, 0, self.opts, caught)
             if len(events) == len(own):
                 for ev, j in zip(events, own):
                     ev.seq = seq + j

@@ -28,7 +28,7 @@ from yfpp.input.jsonl_reader import parse_block
 from yfpp.input.jsonl_scan import routing_text, scan_block
 from yfpp.input.readers import read_event_batches, reading_options
 from yfpp.workers import Workers
-from yfpp.workers_reading import Relay, Scan
+from yfpp.workers_reading import Relay, Scan, scan, workers_of
 
 
 class Letters(DeadLetters):
@@ -102,6 +102,17 @@ def test_the_scan_agrees_with_the_reader(text):
         for ev in events:
             assert ts[j] == ev.ts
             assert ks[j] == routing_text(ev.attrs["k"]) and xs[j] == routing_text(ev.attrs["x"])
+
+
+def test_a_scan_sends_each_lines_ts_and_worker_as_arrays():
+    """A scan as a worker's peers receive it (pickled): the ts and each key's workers (its text's hash modulo n)."""
+    import pickle
+
+    body = b"".join(json.dumps({"type": "a", "ts": i / 2, "k": f"s{i % 5}"}).encode() + b"\n" for i in range(40))
+    sent = pickle.loads(pickle.dumps(scan(body, reading_options(), ["k"], 3)))
+    texts = [b'"s%d"' % (i % 5) for i in range(40)]
+    assert list(sent.ts) == [i / 2 for i in range(40)] and sent.last == (19.5, 39) and sent.flat
+    assert list(sent.owners[0]) == [hash(t) % 3 for t in texts] == list(workers_of(texts, 3))
 
 
 def test_routing_text_is_one_per_python_value():
