@@ -20,6 +20,8 @@ worker's one reader and put through the reorder buffer, whose late events and de
 from __future__ import annotations
 
 import re
+from array import array
+from itertools import compress
 from typing import BinaryIO, Iterator, Sequence
 
 from yfpp import workers_reading
@@ -34,7 +36,7 @@ from yfpp.input.xml_lines import JsonLines, TypedValues
 from yfpp.input.xml_parsing import BATCH_END
 from yfpp.input.xml_reader import Splitter, record_events
 from yfpp.spark.plan import Group
-from yfpp.workers_reading import Relay, Routed, Scan, Share, _Caught, _ordered, file_head
+from yfpp.workers_reading import Relay, Routed, Scan, Share, _Caught, _ordered, file_head, workers_of
 
 # A block of plain lines cut at its quotes: its first piece, each line's end and the next one's start (its tag and
 # first attribute's name), the name of each other attribute, the end of the last line. Each piece between two values
@@ -139,7 +141,7 @@ class Scanner:
         # the last line an event (a line of this shape may be none: a duplicate attribute): else not scanned
         if self.last.read(body[body.rfind(b"\n", 0, len(body) - 1) + 1:], 0, 0) is None:
             return not_scanned
-        return Scan(len(body), ts, owners, (ts[-1], lines - 1), True)
+        return Scan(len(body), array("d", ts), owners, (ts[-1], lines - 1), True)
 
     @staticmethod
     def _names(pieces: list[bytes], step: int) -> list[bytes | None] | None:
@@ -163,12 +165,11 @@ class Scanner:
             names.append(found.pop() if len(found) == 1 else None)
         return names
 
-    def _owners(self, values: list[bytes]) -> list[int]:
+    def _owners(self, values: list[bytes]) -> array:
         """The worker each key text routes to."""
-        n = self.n
         if _INTEGERS.fullmatch(b'"'.join(values)) is not None:
-            return [h % n for h in map(hash, values)]
-        return list(map(self.owners.__getitem__, values))
+            return workers_of(values, self.n)
+        return array("I", map(self.owners.__getitem__, values))
 
 
 class OneReader:
@@ -266,10 +267,11 @@ class XmlShare(Share):
                 yield routed, self._closing()
             yield self._buffered(one.read(b"", reporting)), self._closing()
 
-    def _parse(self, body: bytes, own: list[int] | None, seq: int, lineno: int,
-               reporter: list[int] | None) -> list[Event]:
-        """The events of the block's lines ``own`` (indexes, None: every line; the block's first line is record
+    def _parse(self, body: bytes, union: list[bool] | None, seq: int, lineno: int,
+               reporter: Sequence[int] | None) -> list[Event]:
+        """The events of the block's lines ``union`` flags (None: every line; the block's first line is record
         ``seq``, on line ``lineno``); the dead letters and events of the lines this worker reports counted."""
+        own = None if union is None else list(compress(range(len(union)), union))
         if own is None:
             region, numbers = body, None
         else:
