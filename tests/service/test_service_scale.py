@@ -57,6 +57,16 @@ def expected(queries: dict[str, str], records: list[bytes]) -> list[dict]:
     return out
 
 
+def yfpp_serve(state: Path, checkpoint_every: float) -> tuple[subprocess.Popen, dict, Client]:
+    """``yfpp serve`` as its own process (its log, JSON lines, on its stderr), once it has started: the process,
+    its ``service started`` log line and a client of its API."""
+    proc = subprocess.Popen([sys.executable, "-m", "yfpp.cli", "serve", "--port", "0", "--jsonl-port", "0",
+                             "--state", str(state), "--checkpoint-every", str(checkpoint_every), "--log-level", "info"],
+                            cwd=ROOT, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    started = json.loads(next(line for line in proc.stderr if '"service started"' in line))
+    return proc, started, Client(f"http://{started['http']}", timeout=TIMEOUT)
+
+
 def test_a_batch_registers_each_item_on_its_own_and_refuses_only_the_bad_ones(tmp_path):
     out = LineListener()
     try:
@@ -114,12 +124,8 @@ def test_kill_9_with_a_sink_backlog_loses_no_result_and_keeps_the_counters(tmp_p
     slow = LineListener(read=False, rcvbuf=4096)
     records = pairs(3000, 1)
     want = expected({"p": PAIR.format(k=0)}, records)
-    proc = subprocess.Popen([sys.executable, "-m", "yfpp.cli", "serve", "--port", "0", "--jsonl-port", "0",
-                             "--state", str(state), "--checkpoint-every", "0.3", "--log-level", "info"],
-                            cwd=ROOT, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc, started, c = yfpp_serve(state, 0.3)
     try:
-        started = json.loads(next(line for line in proc.stderr if '"service started"' in line))
-        c = Client(f"http://{started['http']}", timeout=TIMEOUT)
         c.subscribe(PAIR.format(k=0), name="p", sink=slow.url, queue=100_000)
         send(started["feeds"]["jsonl"], b"".join(records))
         for line in proc.stderr:  # a checkpoint past every event
@@ -614,3 +620,37 @@ def test_checkpoints_against_a_base_between_registrations_updates_and_deletions_
             wait_for(lambda: svc.events_in == len(records), what="the rest taken")
         assert {s.name: s.counters.matches for s in svc.subs.values()} == want
         assert [p.name for p in (crash / "state").glob("engine-checkpoint.json.base-*")] != []
+
+
+def test_sigterm_while_busy_stops_yfpp_serve_with_the_final_checkpoint(tmp_path):
+    """``yfpp serve`` as its own process, its inbox full (a feed written faster than the engine takes it): SIGTERM
+    ends it (exit 0) after the engine thread's bounded drain (what it did not take by then is logged with the seq
+    to resend from), with the final checkpoint written at the events it took; a start on that state goes on from
+    there."""
+    state = tmp_path / "state"
+    proc, started, c = yfpp_serve(state, 3600)
+    try:
+        c.subscribe(PAIR.format(k=0), name="p")  # (one key: each b completes every a of the last 100 events)
+
+        def feed():
+            try:
+                send(started["feeds"]["jsonl"], b"".join(pairs(200_000, 1)))
+            except OSError:  # (the feed port closes at the stop)
+                pass
+
+        threading.Thread(target=feed, daemon=True).start()
+        wait_for(lambda: c.health()["inbox"] > 2, what="a busy engine")
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.communicate(timeout=TIMEOUT * 3)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0 and "Traceback" not in rest
+    logged = [json.loads(line) for line in rest.splitlines() if line.startswith("{")]
+    [written] = [r for r in logged if r["msg"] == "checkpoint written"]
+    assert 0 < written["events_in"] <= 200_000
+    for waiting in [r for r in logged if r["msg"] == "events still waiting at the stop are discarded"]:
+        assert waiting["resend_from_seq"] == written["events_in"]  # (the inbox not taken in time: resent from there)
+    with BackgroundService(config(tmp_path)) as svc:
+        assert svc.events_in == written["events_in"] and list(svc.by_name) == ["p"]

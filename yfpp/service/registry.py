@@ -233,20 +233,26 @@ class Registry:
         with self._transaction() as db:
             return db.execute("SELECT id, spec FROM mqtt_feeds ORDER BY seq").fetchall()
 
-    def keep_queued(self, queued: dict[str, list[dict]], counts: dict[str, dict[str, int]] | None = None) -> None:
+    def keep_queued(self, queued: dict[str, list[dict]], counts: dict[str, dict[str, int]] | None = None,
+                    gone: list[str] | None = None) -> None:
         """Replace the kept results by ``queued`` (results by subscription id, oldest first) and, given
         ``counts``, the kept counters (by subscription id; ``""``: the totals) by those, in one transaction: a
         crash keeps both as they were or both as given, never the results of one write with the counts of
-        another. Synced: on the disk (with every change before it) when it returns, before the checkpoint they
-        go with is put in place."""
+        another. With ``gone`` (a list), ``counts`` are those that changed: their rows are replaced, the rows of
+        ``gone`` removed and the others kept; without, the table is replaced. Synced: on the disk (with every
+        change before it) when it returns, before the checkpoint they go with is put in place."""
         rows = [(sid, json.dumps(r, default=str)) for sid, results in queued.items() for r in results]
         with self._transaction(synced=True) as db:
             db.execute("DELETE FROM queued")
             db.executemany("INSERT INTO queued (sub, result) VALUES (?, ?)", rows)
             if counts is not None:  # (a subscription's counts that are all 0 are not stored: 0 is where they start)
                 self._make(db, "counts")
-                db.execute("DELETE FROM counts")
-                db.executemany("INSERT INTO counts (sub, counts) VALUES (?, ?)",
+                if gone is None:
+                    db.execute("DELETE FROM counts")
+                else:  # (the rows of those deleted, and of those whose counts are 0 again)
+                    db.executemany("DELETE FROM counts WHERE sub = ?",
+                                   [(sid,) for sid in gone] + [(sid,) for sid, c in counts.items() if not any(c.values())])
+                db.executemany("INSERT OR REPLACE INTO counts (sub, counts) VALUES (?, ?)",
                                [(sid, _COMPACT(c)) for sid, c in counts.items() if sid == "" or any(c.values())])
 
     def kept_counts(self) -> dict[str, dict[str, int]] | None:

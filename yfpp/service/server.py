@@ -32,7 +32,7 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 import uvicorn
 from pydantic import ValidationError
@@ -48,6 +48,7 @@ from yfpp.language.query_text import QueryShapes, parse_written_query
 from yfpp.service import auth, checkpoint, mqtt, quotas
 from yfpp.service.accounting import Usage
 from yfpp.service.config import ServiceConfig
+from yfpp.service.counts_kept import CountsKept
 from yfpp.service.batch import spec_of as batch_spec
 from yfpp.service.errors import RequestError
 from yfpp.service.health import HealthListener
@@ -138,6 +139,7 @@ class Service:
         self.events_taken = 0  #: events given to the engine by this process
         self._events_before = self.engine.next_seq  # events the restored state had taken
         self.totals = Totals()  #: counts over every subscription held since the start (the metrics' totals)
+        self.counts_kept = CountsKept()  #: the subscriptions whose counts a checkpoint stores again
         self.usage = Usage()  #: each query's runs and CPU, sampled by the engine thread
         #: the isolation engines' results to the loop
         self.returns = Returns(self._returned, lambda: self.loop, self._unwanted)
@@ -273,7 +275,7 @@ class Service:
         self._route()  # the engine thread's last results
         self.returns.drain(float("inf"))  # (and the isolation engines')
         await self._drain(1.0)
-        held = self._held()  # (before the TCP sinks close: what their connections still buffer is kept too)
+        held = self._held(_delivering(children))  # (before the TCP sinks close: what their connections still buffer is kept too)
         for sub in list(self.subs.values()):
             await sub.stop()
         await asyncio.to_thread(self._final_checkpoint, held, children)
@@ -304,14 +306,18 @@ class Service:
             log.error("the engine thread did not finish in time: stopping without the final checkpoint",
                       extra={"seconds": STOP_WAIT, "inbox": self.inbox.qsize()})
 
-    def _held(self) -> tuple[dict[str, list[dict]], dict[str, dict[str, int]], dict[str, dict[int, dict]]]:
+    def _held(self, also: list[str]) -> Held:
         """On the loop: the results the push sinks hold (being sent, or queued) by subscription, the counts
         (``""``: the totals) that go with them, and the isolation engines' counts they hold (by subscription
-        and pid: :meth:`Subscription.tally`)."""
+        and pid: :meth:`Subscription.tally`), of the subscriptions changed since the last checkpoint kept them
+        (``also``: those of the isolation engines checkpointed with it), and the ids of those deleted since
+        (``CountsKept.take``)."""
         queued: dict[str, list[dict]] = {}
         counts = {"": self.totals.counts()}
         applied = {}
-        for sid, sub in self.subs.items():
+        sids, gone = self.counts_kept.take(self.subs, also)
+        for sid in sids:
+            sub = self.subs[sid]
             counts[sid] = sub.counts()
             if sub.elsewhere:
                 applied[sid] = dict(sub.elsewhere)
@@ -321,10 +327,10 @@ class Service:
                 counts[""]["delivered"] -= unsent
                 if held := sub.outbox.held():
                     queued[sid] = held
-        return queued, counts, applied
+                    self.counts_kept.held(sid)
+        return Held(queued, counts, applied, gone)
 
-    def _final_checkpoint(self, held: tuple[dict[str, list[dict]], dict[str, dict[str, int]], Any],
-                          children: list[tuple[Any, Path]]) -> None:
+    def _final_checkpoint(self, held: Held, children: list[tuple[Any, Path]]) -> None:
         """At the stop: store the results the push sinks still hold, to be queued again at the next start, and
         the counters; then checkpoint the engine (past those results: it will not produce them again), unless
         its thread died or did not finish."""
@@ -337,7 +343,7 @@ class Service:
             except Exception as e:
                 self._checkpoint_failed(e)
                 taken = None
-        self._keep_queued(*held[:2])  # (the children stopped: what their sinks held was handed back, so is in it)
+        self._keep_queued(held)  # (the children stopped: what their sinks held was handed back, so is in it)
         if taken is not None:
             try:
                 _commit_isolated(children, [iso.checkpointed(CHECKPOINT_WAIT) for iso, _ in children])
@@ -355,17 +361,19 @@ class Service:
         return (self.checkpoint_path is not None and self.failed is None
                 and (thread is None or not thread.is_alive()))
 
-    def _keep_queued(self, queued: dict[str, list[dict]], counts: dict[str, dict[str, int]]) -> None:
+    def _keep_queued(self, held: Held) -> None:
         """Store the results the push sinks still hold at the stop, and the counters (with no state kept: say
         what is lost)."""
+        queued = held.queued
         n = sum(map(len, queued.values()))
         if self.checkpoint_path is None:
             log.warning("no state is kept (--no-state): discarded at the stop", extra={
                 "queued_results": n, "subscriptions": len(self.subs), "partial_matches": self.engine.stats.live_runs})
             return
         try:
-            self._keep(queued, counts)
+            self._keep(queued, held.counts, held.gone)
         except (RegistryError, OSError) as e:
+            self.counts_kept.not_kept()
             if n:
                 log.error("results still queued at the stop are lost", extra={"results": n, "error": str(e)})
             else:  # (those of the last stop, if any, stay: the next start queues them again)
@@ -375,11 +383,11 @@ class Service:
             log.warning("results still queued at the stop are kept for the next start",
                         extra={"results": n, "subscriptions": len(queued)})
 
-    def _keep(self, queued: dict[str, list[dict]], counts: dict[str, dict[str, int]]) -> None:
-        """Store what the push sinks hold and the counters, in one registry transaction (RegistryError, OSError if
-        it cannot): kept apart, a crash between the two writes restored the results of one checkpoint with the
-        counts of another, and ``matches - delivered - dropped`` no longer matched what was queued."""
-        self.registry.keep_queued(queued, counts)
+    def _keep(self, queued: dict[str, list[dict]], counts: dict[str, dict[str, int]], gone: list[str] | None) -> None:
+        """Store what the push sinks hold and the counters (``Held``), in one registry transaction (RegistryError,
+        OSError if it cannot): kept apart, a crash between the two writes restored the results of one checkpoint
+        with the counts of another, and ``matches - delivered - dropped`` no longer matched what was queued."""
+        self.registry.keep_queued(queued, counts, gone)
         if self.counts_path is not None:  # (an earlier version's file: superseded by what the registry now keeps)
             self.counts_path.unlink(missing_ok=True)
 
@@ -546,6 +554,7 @@ class Service:
 
     def _attach(self, sub: Subscription) -> None:
         sub.usage = self.usage
+        self.counts_kept.follow(sub)
         sub.start()
         self.subs[sub.id] = sub
         self._subs_changed += 1
@@ -775,6 +784,7 @@ class Service:
         if sub is None:  # a concurrent DELETE removed it meanwhile
             return
         self._subs_changed += 1
+        self.counts_kept.removed(sid)
         self._owned.get(sub.owner, {}).pop(sid, None)
         self.by_name.pop(sub.name, None)
         self._claimed.add(sub.name)
@@ -1175,7 +1185,7 @@ class Service:
                 return False
             children = self._children_checkpoint(self.checkpoint_path.parent)
             if loop is not None and not loop.is_closed():
-                loop.call_soon_threadsafe(self._hold, held)  # (the results so far are handed over: _step)
+                loop.call_soon_threadsafe(self._hold, held, _delivering(children))  # (the results so far are handed over: _step)
             else:
                 held.set_result(None)
         stall = time.perf_counter() - start  # (what the engine thread gave: taking the state)
@@ -1215,11 +1225,11 @@ class Service:
         self._sources_taken = (changed, queries)
         return {"window_unit": self.config.window_unit, "workers": self.config.workers, "queries": queries}
 
-    def _hold(self, held: Future) -> None:
+    def _hold(self, held: Future, also: list[str]) -> None:
         """On the loop: route what the engine thread has handed over, then say what the sinks hold."""
         try:
             self._route()
-            held.set_result(self._held())
+            held.set_result(self._held(also))
         except BaseException as e:
             held.set_exception(e)
 
@@ -1228,15 +1238,19 @@ class Service:
         """The checkpoint's own thread: once it has written the state and the loop has said what the sinks
         hold, store that, then put the isolation engines' checkpoints and the checkpoint in place (so a crash
         between keeps results twice, never none)."""
+        kept = False
         try:
             taken.write()
             state = held.result(CHECKPOINT_WAIT)
             errors = [iso.checkpointed(CHECKPOINT_WAIT) for iso, _ in children]
             if state is not None:
-                self._keep(*_with_children(*state, [iso for iso, _ in children]))
+                self._keep(*_with_children(state, [iso for iso, _ in children]), state.gone)
+            kept = True
             _commit_isolated(children, errors)
             taken.commit()
         except Exception as e:  # a full disk (OSError), state the format cannot hold, a loop that did not answer, a cancel at the stop
+            if not kept:  # (what the loop took as kept was not: the next checkpoint stores every subscription's)
+                self.counts_kept.not_kept()
             taken.discard()
             if taken.cancelled:
                 log.info("checkpoint dropped at the stop: the final checkpoint supersedes it", extra={"events_in": events_in})
@@ -1296,10 +1310,24 @@ class _Results:
             self._hand_over(items)
 
 
-def _with_children(queued: dict[str, list[dict]], counts: dict[str, dict[str, int]],
-                   applied: dict[str, dict[int, dict]], children: list[Any]) -> tuple[dict, dict]:
+class Held(NamedTuple):
+    """What :meth:`Service._held` says the push sinks hold and the counts, for the registry (``Registry.keep_queued``)."""
+
+    queued: dict[str, list[dict]]  #: the results the push sinks hold, by subscription
+    counts: dict[str, dict[str, int]]  #: the counts of the subscriptions changed since the last kept (``""``: the totals)
+    applied: dict[str, dict[int, dict]]  #: the isolation engines' counts they hold, by subscription and pid
+    gone: list[str] | None  #: the subscriptions deleted since (None: ``counts`` holds every subscription's)
+
+
+def _delivering(children: list[tuple[Any, Path]]) -> list[str]:
+    """The subscriptions whose isolation engine, among ``children``, delivers its results itself."""
+    return [iso.delivery.sid for iso, _ in children if iso.delivery is not None]
+
+
+def _with_children(held: Held, children: list[Any]) -> tuple[dict, dict]:
     """What the push sinks hold and the counts (:meth:`Service._held`), with what each isolation engine
     delivering itself held at its checkpoint and its counts then (in place of those the loop had applied)."""
+    queued, counts, applied = held.queued, held.counts, held.applied
     for iso in children:
         snapshot = iso.snapshot
         if snapshot is None or iso.delivery is None:

@@ -63,12 +63,24 @@ class Counters:
     sink_errors: int = 0  #: failed connects, lost connections, failed writes or POSTs
     last_error: str | None = None
     last_error_at: float | None = None  #: Unix time
+    #: where ``key`` (its subscription's id) is put at each change: the subscriptions whose counts a checkpoint
+    #: writes again (``yfpp.service.counts_kept``)
+    moved: set[str] | None = dataclasses.field(default=None, repr=False)
+    key: str = ""
 
     def add(self, count: str, n: int = 1) -> None:
         """``n`` more of ``count`` (matches, delivered, dropped or sink_errors), here and in ``totals``."""
         setattr(self, count, getattr(self, count) + n)
+        if self.moved is not None:
+            self.moved.add(self.key)
         if self.totals is not None:
             self.totals.add(count, n)
+
+    def touch(self) -> None:
+        """Its subscription's outbox took a result not counted here (one the counts restored or an isolation
+        engine counted): a checkpoint looks at it again."""
+        if self.moved is not None:
+            self.moved.add(self.key)
 
     def error(self, text: str) -> None:
         """A failure of the destination: counted, and its text kept as ``last_error``."""

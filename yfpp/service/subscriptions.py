@@ -188,6 +188,7 @@ class Subscription(_Counted):
     def take_back(self, results: list[dict]) -> None:
         """What an isolation engine's sink held at its stop (counted as matches there): queued for the push sink
         here, or dropped (counted) with none."""
+        self.counters.touch()
         for result in results:
             if self.outbox is not None:
                 self.outbox.offer(result)
@@ -209,6 +210,7 @@ class Subscription(_Counted):
     def requeue(self, result: dict) -> None:
         """A result kept by a checkpoint or at a stop, counted in the counts restored with it: queued again."""
         if self.outbox is not None:
+            self.counters.touch()
             self.outbox.offer(result)
 
     def listen(self) -> Outbox:
