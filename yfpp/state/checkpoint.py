@@ -464,7 +464,7 @@ def take(engine, patterns: EncodedPatterns | None = None, base: QueryBase | None
     held = [[ts, _num(sk), arrival, w.event(ev)] for ts, sk, arrival, ev in stream.held]
     branches = []
     for root in rt.branch_queries:  # (those whose counts are not yet the 0 a restored branch starts with)
-        if root.cap_check or root.reported:
+        if root.books is not None and (root.cap_check or root.reported):  # (no books: both 0, read at once)
             ref = node_ref.get(root)
             if ref is not None:
                 branches.append([ref, root.cap_check, root.reported])
