@@ -70,6 +70,8 @@ class ShapePlan:
         made = [_SpecMaker.make(s, hot, values, stand_ins, covered, remaking) for s in specs]
         if covered != set(values):  # (a constant the compiler kept elsewhere than in a conjunct)
             return None
+        for spec in specs:  # (what each query's component is, found once: ComponentSpec.what)
+            spec.what = spec.kind(template.partition_by)
         return cls(shape, base, template, made)  # type: ignore[arg-type]
 
     def plan(self, constants: list[str], name: str | int, text: str) -> QueryPlan:
@@ -181,7 +183,7 @@ class _SpecMaker:
         as written, ``texts``), the template's being ``s``."""
         if self.keys is not None:
             return ComponentSpec(s.index, s.var, s.event_type, s.kleene, s.contiguity, s.inner, s.begin, s.take,
-                                 s.final, s.agg_slots, s.keep_events, self.keys)
+                                 s.final, s.agg_slots, s.keep_events, self.keys, s.what)
         if self.one is not None:
             literal, check, keyed = self.one
             if keyed:
@@ -191,7 +193,8 @@ class _SpecMaker:
                 best = _put(*self.found[self.best], literals)  # type: ignore[index]
                 begin = ((None, rebound(check, literals[literal])),)
             return ComponentSpec(s.index, s.var, s.event_type, s.kleene, s.contiguity, s.inner, begin, s.take,
-                                 s.final, s.agg_slots, s.keep_events, (best, self.edges[1][1], self.edges[2][1], best))
+                                 s.final, s.agg_slots, s.keep_events, (best, self.edges[1][1], self.edges[2][1], best),
+                                 s.what)
         lists, keys = [], []
         remade: dict[_Remade, tuple[Expr, Check]] = {}  # (a Kleene's first and later iterations share a check)
         for edge, (conjuncts, fixed_key, items) in enumerate(self.edges):
@@ -240,7 +243,7 @@ class _SpecMaker:
             first = self.found[0][0]
             keys[0] = atom_key(remade[first][0], f"#{s.index}") if type(first) is _Remade else best
         return ComponentSpec(s.index, s.var, s.event_type, s.kleene, s.contiguity, s.inner, lists[0], lists[1],
-                             lists[2], s.agg_slots, s.keep_events, (keys[0], keys[1], keys[2], best))
+                             lists[2], s.agg_slots, s.keep_events, (keys[0], keys[1], keys[2], best), s.what)
 
 
 class _Remade:
