@@ -78,6 +78,23 @@ def test_queries_of_one_shape_match_as_when_compiled_alone():
     assert shaped.process_all(list(feed)) and list(shaped.process_all(feed)) == list(alone.process_all(feed))
 
 
+@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+@given(template=st.integers(0, len(TEMPLATES) - 1), subs=st.lists(constants, min_size=1, max_size=6),
+       events=st.lists(st.tuples(st.sampled_from("abc"), st.sampled_from(VALUES), st.sampled_from(VALUES),
+                                 st.sampled_from([1, 2])), max_size=10))
+def test_queries_made_from_their_shape_give_the_matches_of_the_queries_compiled_alone(template, subs, events):
+    """Random constants and feeds: the queries of a shape registered in a batch (made from the shape's plan) give
+    exactly the matches, in order, of the same queries each compiled alone from its pattern."""
+    texts = [text(template, *c) for c in subs]
+    feed = [Event(t, float(i), {k: v for k, v in (("x", x), ("y", y), ("k", key)) if v is not None}, i)
+            for i, (t, x, y, key) in enumerate(events)]
+    shaped, alone = Engine(reports=None), Engine(reports=None)
+    assert all(isinstance(q, int) for q in shaped.register_many([(q, f"q{j}") for j, q in enumerate(texts)]))
+    for j, q in enumerate(texts):
+        alone.register(parse_query(q), f"q{j}")
+    assert list(shaped.process_all(list(feed))) == list(alone.process_all(list(feed)))
+
+
 def test_one_string_equality_is_keyed_by_its_index_key_however_written():
     """A component whose condition is one equality of its attribute with a string is the same node however the
     equality is written; a number keeps its own key (``1`` and ``1.0`` are other expressions)."""
