@@ -226,7 +226,7 @@ class TestTemplate:
     of the predicate with other literals is made without parsing it again (the fast path's closures and
     :class:`AttributeTest` read each literal once, when made)."""
 
-    __slots__ = ("token", "namespaces", "slots", "lock")
+    __slots__ = ("lock", "namespaces", "slots", "token")
 
     def __init__(self, source: str, namespaces: Namespaces, stand_ins: dict[Any, Any]) -> None:
         """``stand_ins``: the value of each literal that stands for a constant (a string's text, an integer) and

@@ -21,7 +21,7 @@ from collections.abc import Iterator, MutableMapping
 from typing import Any, Callable, Hashable
 
 from yfpp.errors import YfppError
-from yfpp.language.pattern import Expr, Literal, Pattern, XPathTest, variables
+from yfpp.language.pattern import Expr, Pattern, XPathTest, variables
 from yfpp.language.query_text import Shape, hot_objects, split_constants, substitute
 from yfpp.nfa.compiler import ComponentSpec, QueryPlan, compile_pattern, expr_key, key_set
 from yfpp.input.events import MISSING
@@ -265,7 +265,7 @@ class _Remade:
 
     @classmethod
     def make(cls, expr: Expr, place: Place, shape: Shape, scope: Scope, hot: set[int],
-             sentinels: dict[str, str]) -> "_Remade":
+             sentinels: dict[str, str]) -> _Remade:
         """How to remake ``expr`` (checked at ``place``) for a query of ``shape``; ``sentinels``: each stand-in's
         value (as text) and how it is written."""
         values = set()
