@@ -31,6 +31,12 @@ TEMPLATES = [  # what subscribers write, constants in braces
     "[k]&&//a[@x >= {t}][@x < {u}]//!c//b[@y = {v} or @y = '{s}']&&({w})",
     "[k]&&//a[starts-with(@x, '{s}')]//b[y >= {t}]&&({w})",
     "[k]&&//a[@x = '{s}']//b[@y = \"{s}1\"]&&({w})",
+    "[k]&&//a[@x = '{s}' or @x = 'x{v}']//!c//b[@y > {t}]&&({w})",
+    "[k]&&//a[x = '{s}']//b[@y = {v} and not(starts-with(@x, '{s}'))]&&({w})",
+    ("PATTERN SEQ(a e, b+ f[]) WHERE skip_till_next_match(e, f[]) {{ [k] AND NOT (e.x = '{s}' OR e.y < {t}) AND "
+     "f[i].y >= f[i-1].y + {v} AND f[f.len].x = '{s}' AND max(f[..].y) <= {t} }} WITHIN {w}"),
+    ("PATTERN SEQ(b+ e[], a f) WHERE skip_till_any_match(e[], f) {{ [k] AND (e.x = '{s}' OR e.y > {v}) AND "
+     "f.y <= {t} }} WITHIN {w}"),
 ]
 VALUES = [0, 1, 2, 3, 5, "1", "x", "x1", "", None]
 

@@ -112,12 +112,12 @@ def test_a_registration_or_two_does_not_ask_how_many_objects_are_frozen(monkeypa
     eng = Engine()
     eng.register_many(["//a[@x = 1]"])
     assert not asked and gc.isenabled()
-    eng.register_many([f"//a[@x = {k}]" for k in range(2, 3000)])
+    eng.register_many([f"//a[@x = {k}]" for k in range(2, 10_000)])  # (past _FEW objects made)
     assert asked and gc.isenabled()
     held = [[k] for k in range(10)]
     gc.freeze()
     try:
-        eng.register_many([f"//b[@y = {k}]" for k in range(3000)])
+        eng.register_many([f"//b[@y = {k}]" for k in range(10_000)])
         assert real() > 0  # (not unfrozen)
     finally:
         gc.unfreeze()

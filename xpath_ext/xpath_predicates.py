@@ -24,6 +24,7 @@ elementpath on the pre-parsed token.
 from __future__ import annotations
 
 import operator
+import threading
 from decimal import Decimal
 from functools import lru_cache
 from typing import Any, Callable
@@ -206,13 +207,62 @@ def compile_xpath_test(source: str, namespaces: Namespaces = ()) -> Test:
     except ElementPathError as err:
         message, line, column = error_location(err)
         raise QuerySyntaxError(f"invalid XPath predicate: {message}", source, line, column) from None
+    test = _fast_or_none(token, source, namespaces)
+    return test if test is not None else _elementpath_test(token, dict(namespaces))
+
+
+def _fast_or_none(token: XPathToken, source: str, namespaces: Namespaces) -> Test | None:
+    """The test of the parsed predicate ``token`` (of ``source``) without elementpath, but where the fast path
+    cannot read an event; None when elementpath must evaluate it for every event."""
     attribute = _attribute_comparison(token)
     if attribute is not None:  # (reads no child: never needs elementpath)
         return AttributeTest(*attribute)
     fast = _boolean(token)
-    if fast is None:
-        return _elementpath_test(token, dict(namespaces))
-    return _fast_test(fast, _parsed_when_needed(source, namespaces))
+    return None if fast is None else _fast_test(fast, _parsed_when_needed(source, namespaces))
+
+
+class TestTemplate:
+    """A predicate whose literals vary (a query shape's, with stand-ins for its constants), parsed once: the test
+    of the predicate with other literals is made without parsing it again (the fast path's closures and
+    :class:`AttributeTest` read each literal once, when made)."""
+
+    __slots__ = ("lock", "namespaces", "slots", "token")
+
+    def __init__(self, source: str, namespaces: Namespaces, stand_ins: dict[Any, Any]) -> None:
+        """``stand_ins``: the value of each literal that stands for a constant (a string's text, an integer) and
+        the key its constant has in :meth:`test`'s ``values``."""
+        self.token = parse_expression(source, namespaces)
+        self.namespaces = namespaces
+        self.lock = threading.Lock()  # (its literals are set while a test is made: one at a time)
+        self.slots: list[tuple[XPathToken, Any]] = []  # (literal token, its constant's key)
+        stack = [self.token]
+        while stack:
+            tok = stack.pop()
+            stack.extend(tok)
+            if tok.symbol in ("(string)", "(integer)") and tok.value in stand_ins:
+                self.slots.append((tok, stand_ins[tok.value]))
+
+    def test(self, values: dict[Any, str], source: str) -> Test:
+        """What ``compile_xpath_test(source)`` gives, ``source`` being the predicate with the constants ``values``
+        (by key; a string's text, an integer's digits) in place of the stand-ins."""
+        literals = []
+        for tok, key in self.slots:
+            value = values[key]
+            if tok.symbol == "(integer)" and value.isascii() and value.isdigit():
+                value = int(value)
+            elif tok.symbol == "(integer)" or "'" in value or '"' in value:  # (a quote is doubled in the text)
+                return compile_xpath_test(source, self.namespaces)
+            literals.append(value)
+        with self.lock:
+            kept = [tok.value for tok, _ in self.slots]
+            try:
+                for (tok, _), value in zip(self.slots, literals):
+                    tok.value = value
+                made = _fast_or_none(self.token, source, self.namespaces)
+            finally:
+                for (tok, _), value in zip(self.slots, kept):
+                    tok.value = value
+        return made if made is not None else compile_xpath_test(source, self.namespaces)
 
 
 def attribute_text(test: Test) -> str | None:

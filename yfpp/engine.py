@@ -782,6 +782,9 @@ def _printable(v: Any) -> Any:
     return [_printable(x) for x in v] if isinstance(v, list) else v
 
 
+_POLICY_NAMES = frozenset((*POLICIES, *SET_POLICIES))
+
+
 def _check_policy(policy: str | None) -> None:
-    if policy not in (None, *POLICIES, *SET_POLICIES):
+    if policy is not None and (not isinstance(policy, str) or policy not in _POLICY_NAMES):
         raise YfppError(f"policy must be one of {', '.join(dict.fromkeys(POLICIES + SET_POLICIES))}, not {policy!r}")

@@ -51,15 +51,15 @@ def test_shapes_of_attribute_comparisons_have_a_plan_and_the_rest_compile_alone(
     for i in range(len(TEMPLATES)):
         shape, _ = shapes.shape_of(text(i, 1, 2, 3, "x", 5))
         has_plan[i] = shape is not None and plans.get(shape, None, False) is not None
-    assert has_plan[0] and has_plan[1] and has_plan[4], has_plan  # e.x = v AND f.y > t; a range; e.x = 's' …
-    assert not has_plan[2]  # an OR of equalities: one check over both constants, compiled per query
-    shape, _ = shapes.shape_of("[k]&&//a[@x = 'p']//b[@y = \"q\"]&&(5)")
-    assert plans.get(shape, None, False) is not None  # XPath comparisons of an attribute with a text
-    for q in ("PATTERN SEQ(a e, ~b g, c f) WHERE g.x = 'p' AND f.y = 2",  # a negated component's constant
-              "PATTERN SEQ(a e) WHERE e.y - 1 > 3",  # a comparison of no attribute with it
-              "//a[@x = 'p' and @y = 'q']"):  # an XPath test of two
+    # every template: comparisons, ranges, an OR of equalities, a Kleene's first iteration, XPath `and`, `or`,
+    # starts-with, child elements and numbers (the conjuncts no rebound check takes are compiled alone: _Remade)
+    assert all(has_plan.values()), has_plan
+    for q in ("[k]&&//a[@x = 'p']//b[@y = \"q\"]&&(5)", "PATTERN SEQ(a e) WHERE e.y - 1 > 3",
+              "//a[@x = 'p' and @y = 'q']", "//a[@x = 2.5 or @y = 'q']"):
         shape, _ = shapes.shape_of(q)
-        assert plans.get(shape, None, False) is None
+        assert plans.get(shape, None, False) is not None, q
+    shape, _ = shapes.shape_of("PATTERN SEQ(a e, ~b g, c f) WHERE g.x = 'p' AND f.y = 2")
+    assert plans.get(shape, None, False) is None  # a negated component's constant
     shape, consts = shapes.shape_of("PATTERN SEQ(a e) WHERE e.x = 'p' AND e.y <= 3")
     made = plans.get(shape, "all", False).plan(consts, "q", "PATTERN SEQ(a e) WHERE e.x = 'p' AND e.y <= 3")
     assert made.pattern == parse_query("PATTERN SEQ(a e) WHERE e.x = 'p' AND e.y <= 3")
@@ -76,6 +76,23 @@ def test_queries_of_one_shape_match_as_when_compiled_alone():
     for q in qs:
         alone.register(parse_query(q))
     assert shaped.process_all(list(feed)) and list(shaped.process_all(feed)) == list(alone.process_all(feed))
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+@given(template=st.integers(0, len(TEMPLATES) - 1), subs=st.lists(constants, min_size=1, max_size=6),
+       events=st.lists(st.tuples(st.sampled_from("abc"), st.sampled_from(VALUES), st.sampled_from(VALUES),
+                                 st.sampled_from([1, 2])), max_size=10))
+def test_queries_made_from_their_shape_give_the_matches_of_the_queries_compiled_alone(template, subs, events):
+    """Random constants and feeds: the queries of a shape registered in a batch (made from the shape's plan) give
+    exactly the matches, in order, of the same queries each compiled alone from its pattern."""
+    texts = [text(template, *c) for c in subs]
+    feed = [Event(t, float(i), {k: v for k, v in (("x", x), ("y", y), ("k", key)) if v is not None}, i)
+            for i, (t, x, y, key) in enumerate(events)]
+    shaped, alone = Engine(reports=None), Engine(reports=None)
+    assert all(isinstance(q, int) for q in shaped.register_many([(q, f"q{j}") for j, q in enumerate(texts)]))
+    for j, q in enumerate(texts):
+        alone.register(parse_query(q), f"q{j}")
+    assert list(shaped.process_all(list(feed))) == list(alone.process_all(list(feed)))
 
 
 def test_one_string_equality_is_keyed_by_its_index_key_however_written():
@@ -95,12 +112,12 @@ def test_one_string_equality_is_keyed_by_its_index_key_however_written():
 
 
 def test_the_fields_built_by_position_keep_their_order() -> None:
-    """``SharedNFA._new_node`` and ``ShapePlan.plan`` build nodes, wait states and plans from positional arguments
-    (a million subscriptions make millions of them): a field inserted or moved among these must fail here, not
-    put values in the wrong fields."""
+    """``SharedNFA._new_node`` and ``ShapePlan.plan`` build nodes, wait states, specs and plans from positional
+    arguments (a million subscriptions make millions of them): a field inserted or moved among these must fail
+    here, not put values in the wrong fields."""
     import dataclasses
 
-    from yfpp.nfa.compiler import QueryPlan
+    from yfpp.nfa.compiler import ComponentSpec, QueryPlan
     from yfpp.nfa.shared_nfa import Node, State
 
     def names(cls: type, n: int) -> list[str]:
@@ -109,6 +126,8 @@ def test_the_fields_built_by_position_keep_their_order() -> None:
     assert names(Node, 16) == ["parent", "signature", "index", "event_type", "kleene", "contiguity", "inner", "begin",
                                "take", "final", "partition_by", "index_key", "root", "id", "children", "waits"]
     assert names(State, 5) == ["node", "mode", "contiguity", "table", "child"]
+    assert names(ComponentSpec, 13) == ["index", "var", "event_type", "kleene", "contiguity", "inner", "begin", "take",
+                                         "final", "agg_slots", "keep_events", "keys", "what"]
     assert names(QueryPlan, 15) == ["name", "source", "compiled_specs", "negations", "trailing", "partition_by",
                                     "window", "policy", "emit", "var_names", "since_tick", "negation_key", "last",
                                     "feedback", "shape"]

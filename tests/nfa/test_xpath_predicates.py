@@ -348,3 +348,29 @@ def test_the_child_element_example_matches_its_sase_equivalent() -> None:
     sase = bindings("PATTERN SEQ(reading a, ~reading n, reading b) WHERE skip_till_any_match(a, n, b) "
                     "{ [sensor] AND a.celsius > 30 AND n.celsius < 25 AND b.celsius > 30 } WITHIN 10 minutes")
     assert xpath == sase == [([2], [4]), ([5], [7])]
+
+
+#: predicates with the stand-ins of a query shape's constants (``{s}``, ``{s2}`` strings, ``{n}`` an integer)
+TEMPLATED = ["@a = {s} and @b > {n}", "starts-with(@a, {s})", "a = {s}", "@a = {s} or @a = {s2}", "@b = {n}",
+             "not(contains(@c, {s})) or b >= {n}", "(@a + {n}) > @b", "{n} <= @b and ends-with(c, {s2})"]
+STAND_INS = {"s": "'\ue0000\ue001'", "s2": "'\ue0001\ue001'", "n": "987654321002"}
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from(TEMPLATED), st.sampled_from(["7", "07", "abc", "", "Z1", "x y", "3.5"]),
+       st.sampled_from(["7", "abc", "Z", "-1"]), st.sampled_from(["0", "3", "7", "1000", "9007199254740993"]),
+       attributes, children)
+def test_a_test_made_from_its_template_is_the_test_compiled(template: str, s: str, s2: str, n: str,
+                                                             attrs: dict[str, str], kids: list) -> None:
+    """``TestTemplate``: a shape's predicate parsed once, remade with a query's constants, answers as the
+    predicate with those constants compiled (``compile_xpath_test``)."""
+    from xpath_ext.xpath_predicates import TestTemplate
+
+    made = TestTemplate(template.format(**STAND_INS), (), {"\ue0000\ue001": "s", "\ue0001\ue001": "s2",
+                                                           987654321002: "n"})
+    source = template.format(s=repr(s), s2=repr(s2), n=n)
+    test = made.test({"s": s, "s2": s2, "n": n}, source)
+    again = made.test({"s": "other", "s2": "other", "n": "1"}, template.format(s="'other'", s2="'other'", n="1"))
+    ev = event(attrs, children=kids)
+    assert test(ev) == compile_xpath_test(source)(ev)
+    assert again(ev) == compile_xpath_test(template.format(s="'other'", s2="'other'", n="1"))(ev)

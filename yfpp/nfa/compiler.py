@@ -86,6 +86,8 @@ class ComponentSpec:
     # made from a shape's plan (yfpp.nfa.shape_plans): the expression keys (key_set) of begin, take and final and
     # the shared NFA's index key, which are otherwise read from the canonical expressions (then None in the conjuncts)
     keys: tuple[Hashable, Hashable, Hashable, tuple | None] | None = None
+    # made from a shape's plan: what the component is (:meth:`kind`), the shape's, found once
+    what: tuple | None = None
 
     def signature(self, partition_by: tuple[str, ...], private: object | None) -> Hashable:
         """What must be equal for two queries to share this component's runs: what the component is, one tuple
@@ -94,12 +96,18 @@ class ComponentSpec:
         keys = self.keys
         if keys is None:
             keys = tuple(key_set([expr_key(e) for e, _ in c]) for c in (self.begin, self.take, self.final))
-        what = (self.event_type, self.kleene, self.contiguity if self.index else None,
-                self.inner if self.kleene else None, self.agg_slots, self.keep_events, partition_by)
-        what = _SIGNATURES.setdefault(what, what)
+        what = self.what
+        if what is None or what[6] != partition_by:
+            what = self.kind(partition_by)
         if keys[1] == () and keys[2] == () and private is None:  # (no take or final edge: the commonest)
             return what, keys[0]
         return what, keys[0], keys[1], keys[2], private
+
+    def kind(self, partition_by: tuple[str, ...]) -> tuple:
+        """What the component is, as the first item of its signature: one tuple object for every one alike."""
+        what = (self.event_type, self.kleene, self.contiguity if self.index else None,
+                self.inner if self.kleene else None, self.agg_slots, self.keep_events, partition_by)
+        return _SIGNATURES.setdefault(what, what)
 
 
 _SIGNATURES: dict[tuple, tuple] = {}  # one object per kind of component (a few per query shape)

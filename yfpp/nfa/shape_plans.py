@@ -1,14 +1,16 @@
 """One compiled plan per query shape: queries that differ only by constants share what they compile to.
 
 A shape (``yfpp.language.query_text.Shape``: a query text with stand-ins for its constants) is compiled once,
-into a :class:`ShapePlan`.  A query of the shape is made from it (:meth:`ShapePlan.plan`) without compiling:
-its components' conjuncts that hold no constant are the shape's own (canonical expression and check, shared by
-every query of the shape); a conjunct that holds one gets the query's constant put into its expression key (what
-the node signature reads), its index keys and its check, a comparison of the event's attribute with a constant
-(:func:`yfpp.nfa.predicates.rebound`).  A shape whose constants stand anywhere else (an XPath test, a negated
-component's conjunct, RETURN, a constant on the left of a comparison, a Kleene aggregate…) has no plan: its
-queries compile one by one, as any query does; so do those of an engine that merges runs (the run merger reads
-the canonical expressions of a registering query, which a query made from its shape's plan does not carry).
+into a :class:`ShapePlan`.  A query of the shape is made from it (:meth:`ShapePlan.plan`) without compiling the
+query: its components' conjuncts that hold no constant are the shape's own (canonical expression and check, shared
+by every query of the shape); a conjunct that compares the event's attribute with a constant gets the query's
+constant put into its expression key (what the node signature reads), its index keys and its check
+(:func:`yfpp.nfa.predicates.rebound`); any other conjunct that holds constants (an ``or``, an XPath test of several
+comparisons, of a child or of a function, a condition on a Kleene iteration's first event…) is compiled alone, its
+constants put into the shape's canonical conjunct (:class:`_Remade`; an XPath test from its parsed template, not
+parsed again).  A shape whose constants stand anywhere else (a negated component's conjunct, RETURN, …) has no
+plan: its queries compile one by one, as any query does; so do those of an engine that merges runs (the run merger
+reads the canonical expressions of a registering query, which a query made from its shape's plan does not carry).
 """
 
 from __future__ import annotations
@@ -19,24 +21,26 @@ from collections.abc import Iterator, MutableMapping
 from typing import Any, Callable, Hashable
 
 from yfpp.errors import YfppError
-from yfpp.language.pattern import Pattern, XPathTest, variables
-from yfpp.language.query_text import Shape, hot_objects, split_constants
+from yfpp.language.pattern import Expr, Pattern, XPathTest, variables
+from yfpp.language.query_text import Shape, hot_objects, split_constants, substitute
 from yfpp.nfa.compiler import ComponentSpec, QueryPlan, compile_pattern, expr_key, key_set
 from yfpp.input.events import MISSING
-from yfpp.nfa.predicates import EqualityKey, constant_of, equality_attr, rebound
+from yfpp.nfa.predicates import Check, EqualityKey, Place, Scope, compile_check, constant_of, equality_attr, rebound
 from yfpp.nfa.shared_nfa import NOT_EQUALITY, atom_key, best_key, conjunct_keys
 
 
 class ShapePlan:
     """A shape's compiled plan (its pattern's, stand-ins for constants) and how a query's constants go into it."""
 
-    __slots__ = ("shape", "base", "template", "made")
+    __slots__ = ("shape", "base", "template", "made", "remakes")
 
     def __init__(self, shape: Shape, base: Pattern, template: QueryPlan, made: list[_SpecMaker]) -> None:
         self.shape = shape
         self.base = base  # the shape's pattern with the registration's options (policy, feedback)
         self.template = template  # compiled from it, its specs kept
         self.made = made  # per component spec, how a query's is made
+        # whether a conjunct is compiled for each query (_Remade)
+        self.remakes = any(type(item[0]) is _Remade for m in made for _, _, items in m.edges for item in items or ())
 
     @classmethod
     def make(cls, shape: Shape, base: Pattern) -> "ShapePlan | None":
@@ -60,9 +64,14 @@ class ShapePlan:
                           shape.sentinels, set())
         covered: set[str] = set()
         stand_ins = {key for key, _ in shape.keys}
-        made = [_SpecMaker.make(s, hot, values, stand_ins, covered) for s in specs]
-        if None in made or covered != set(values):  # (a constant the compiler kept elsewhere than in a conjunct)
+        scope = Scope({f"#{s.index}": s.index for s in specs}, {f"#{s.index}" for s in specs if s.kleene},
+                      {f"#{s.index}": s.agg_slots for s in specs if s.kleene})
+        remaking = (shape, scope, hot, values)
+        made = [_SpecMaker.make(s, hot, values, stand_ins, covered, remaking) for s in specs]
+        if covered != set(values):  # (a constant the compiler kept elsewhere than in a conjunct)
             return None
+        for spec in specs:  # (what each query's component is, found once: ComponentSpec.what)
+            spec.what = spec.kind(template.partition_by)
         return cls(shape, base, template, made)  # type: ignore[arg-type]
 
     def plan(self, constants: list[str], name: str | int, text: str) -> QueryPlan:
@@ -72,7 +81,8 @@ class ShapePlan:
         (``QueryPlan.pattern``: :meth:`pattern`)."""
         t = self.template
         literals = self.shape.literals(constants)
-        specs = [m.spec(s, literals) for s, m in zip(t.compiled_specs or (), self.made)]
+        texts = list(zip(self.shape.sentinels, constants)) if self.remakes else ()  # (what _Remade.made reads)
+        specs = [m.spec(s, literals, texts) for s, m in zip(t.compiled_specs or (), self.made)]
         # (the runtime keys its negation stores by these objects)
         negations = [copy.copy(n) for n in t.negations] if t.negations else ()
         trailing = negations[t.negations.index(t.trailing)] if t.trailing is not None else None
@@ -100,9 +110,11 @@ class _SpecMaker:
                  keys: tuple | None) -> None:
         # per edge: (the template's conjuncts, their key_set, None) where none holds a constant, else (None, None,
         # items): per conjunct (None, check, key), or for one holding a constant ((type, value) of its stand-in, the
-        # check, (the key before it, (XPath text, the stand-in as written) or None, the key after it))
+        # check, (the key before it, (XPath text, the stand-in as written) or None, the key after it)), or for one
+        # whose check no rebound check takes (its _Remade, None, None)
         self.edges = edges
-        # the index keys of the begin conjuncts, each with where it holds stand-ins: ((position, (type, value)), …)
+        # the index keys of the begin conjuncts, each with where it holds stand-ins: ((position, (type, value)), …);
+        # for a conjunct remade (its _Remade, None): its keys are those of its expression made for the query
         self.found = found
         self.best = best  # which of them best_key picks whatever the constants (None: it must look at them)
         self.atom = atom  # the begin condition is one string equality: its index key is its key (atom_key)
@@ -112,7 +124,7 @@ class _SpecMaker:
         # (type, value), the template's check, and whether the query's index key is its check too (EqualityKey)
         begin, take, final = (items for _, _, items in edges)
         self.one = None
-        if atom and best is not None and begin is not None and begin[0][0] is not None and take is None \
+        if atom and best is not None and begin is not None and type(begin[0][0]) is tuple and take is None \
                 and final is None:
             literal, check = begin[0][:2]
             key, at = found[best]
@@ -121,48 +133,57 @@ class _SpecMaker:
 
     @classmethod
     def make(cls, spec: ComponentSpec, hot: set[int], sentinels: dict[str, str], stand_ins: set[tuple],
-             covered: set[str]) -> "_SpecMaker | None":
-        """How to make a query's spec from the template's ``spec``; None when a conjunct holding a constant is not
-        one :func:`yfpp.nfa.predicates.rebound` remakes.  ``sentinels``: each stand-in's value (as text) and how it
-        is written; ``stand_ins``: each one's literal value as ``(type, value)``; the values of those found go into
-        ``covered``."""
+             covered: set[str], remaking: tuple) -> "_SpecMaker":
+        """How to make a query's spec from the template's ``spec``.  ``sentinels``: each stand-in's value (as text)
+        and how it is written; ``stand_ins``: each one's literal value as ``(type, value)``; the values of those
+        found go into ``covered``; ``remaking``: what :meth:`_Remade.make` takes after a conjunct and its place."""
         me = f"#{spec.index}"
         edges: list[tuple] = []
-        for conjuncts in (spec.begin, spec.take, spec.final):
+        remade: dict[int, _Remade] = {}  # by the template's check (a Kleene's first and later iterations share one)
+        for edge, conjuncts in enumerate((spec.begin, spec.take, spec.final)):
             if not any(id(e) in hot for e, _ in conjuncts):
                 edges.append((conjuncts, key_set([expr_key(e) for e, _ in conjuncts]), None))
                 continue
-            out = []
+            out: list[tuple] = []
             for e, check in conjuncts:
                 key = expr_key(e)
                 if id(e) not in hot:
                     out.append((None, check, key))
                     continue
                 value = constant_of(check, e)
-                if value is MISSING or str(value) not in sentinels:
-                    return None
-                covered.add(str(value))
                 parts = key.split(repr(e.source) if isinstance(e, XPathTest) else repr(value))
-                if len(parts) != 2:
-                    return None
+                if value is MISSING or str(value) not in sentinels or len(parts) != 2:
+                    mode = "bound" if edge == 2 else "iter" if spec.kleene else "event"
+                    if id(check) not in remade:
+                        remade[id(check)] = _Remade.make(e, Place(me, mode), *remaking)
+                    covered.update(remade[id(check)].values)
+                    out.append((remade[id(check)], None, None))
+                    continue
+                covered.add(str(value))
                 source = (e.source, sentinels[str(value)]) if isinstance(e, XPathTest) else None
                 out.append(((type(value), value), check, (parts[0], source, parts[1])))
             edges.append((None, None, tuple(out)))
-        found = [(k, tuple((i, (type(x), x)) for i, x in enumerate(k) if (type(x), x) in stand_ins)
-                      if id(e) in hot else ())
-                 for e, _ in spec.begin for k in conjunct_keys(e, me)]
+        found: list[tuple] = []
+        for e, check in spec.begin:
+            if id(check) in remade:
+                found.append((remade[id(check)], None))
+                continue
+            found += [(k, tuple((i, (type(x), x)) for i, x in enumerate(k) if (type(x), x) in stand_ins)
+                       if id(e) in hot else ()) for k in conjunct_keys(e, me)]
         atom = len(spec.begin) == 1 and atom_key(spec.begin[0][0], me) is not None
         keys = None
         if all(items is None for _, _, items in edges):
             best = best_key([k for k, _ in found])
             keys = (best if atom else edges[0][1], edges[1][1], edges[2][1], best)
-        return cls(tuple(edges), found, _fixed_best([k for k, _ in found]), atom, keys)
+        fixed = None if any(at is None for _, at in found) else _fixed_best([k for k, _ in found])
+        return cls(tuple(edges), found, fixed, atom, keys)
 
-    def spec(self, s: ComponentSpec, literals: dict) -> ComponentSpec:
-        """The component spec of the query whose constants are ``literals``, the template's being ``s``."""
+    def spec(self, s: ComponentSpec, literals: dict, texts: list[tuple[str, str]]) -> ComponentSpec:
+        """The component spec of the query whose constants are ``literals`` (and as written, after the stand-in
+        as written, ``texts``), the template's being ``s``."""
         if self.keys is not None:
             return ComponentSpec(s.index, s.var, s.event_type, s.kleene, s.contiguity, s.inner, s.begin, s.take,
-                                 s.final, s.agg_slots, s.keep_events, self.keys)
+                                 s.final, s.agg_slots, s.keep_events, self.keys, s.what)
         if self.one is not None:
             literal, check, keyed = self.one
             if keyed:
@@ -172,8 +193,10 @@ class _SpecMaker:
                 best = _put(*self.found[self.best], literals)  # type: ignore[index]
                 begin = ((None, rebound(check, literals[literal])),)
             return ComponentSpec(s.index, s.var, s.event_type, s.kleene, s.contiguity, s.inner, begin, s.take,
-                                 s.final, s.agg_slots, s.keep_events, (best, self.edges[1][1], self.edges[2][1], best))
+                                 s.final, s.agg_slots, s.keep_events, (best, self.edges[1][1], self.edges[2][1], best),
+                                 s.what)
         lists, keys = [], []
+        remade: dict[_Remade, tuple[Expr, Check]] = {}  # (a Kleene's first and later iterations share a check)
         for edge, (conjuncts, fixed_key, items) in enumerate(self.edges):
             atom = self.atom and not edge  # (the begin edge's key is its index key, below)
             if items is None:
@@ -185,6 +208,14 @@ class _SpecMaker:
                 if literal is None:
                     made.append((None, check))
                     made_keys.append(key)
+                    continue
+                if type(literal) is _Remade:
+                    if literal not in remade:
+                        remade[literal] = literal.made(literals, texts)
+                    expr, check = remade[literal]
+                    made.append((None, check))
+                    if not atom:
+                        made_keys.append(expr_key(expr))
                     continue
                 value = literals[literal]
                 made.append((None, rebound(check, value)))
@@ -201,11 +232,68 @@ class _SpecMaker:
         if self.best is not None:
             best = _put(*self.found[self.best], literals)
         else:
-            best = best_key([_put(k, at, literals) for k, at in self.found])
+            found: list[tuple] = []
+            for k, at in self.found:
+                if at is None:  # (a conjunct remade: the keys of its expression)
+                    found += conjunct_keys(remade[k][0], f"#{s.index}")
+                else:
+                    found.append(_put(k, at, literals))
+            best = best_key(found)
         if self.atom:
-            keys[0] = best
+            first = self.found[0][0]
+            keys[0] = atom_key(remade[first][0], f"#{s.index}") if type(first) is _Remade else best
         return ComponentSpec(s.index, s.var, s.event_type, s.kleene, s.contiguity, s.inner, lists[0], lists[1],
-                             lists[2], s.agg_slots, s.keep_events, (keys[0], keys[1], keys[2], best))
+                             lists[2], s.agg_slots, s.keep_events, (keys[0], keys[1], keys[2], best), s.what)
+
+
+class _Remade:
+    """How a conjunct holding constants is made for a query when its check is no comparison that
+    :func:`yfpp.nfa.predicates.rebound` remakes (an ``or``, an XPath test of several comparisons or of a function,
+    a condition on a Kleene iteration's first event…): its canonical expression with the query's constants put in,
+    compiled alone — what compiling the whole query gives of it — its key and index keys read from that
+    expression; an XPath test is made from its parsed template (``TestTemplate``), not parsed again."""
+
+    __slots__ = ("expr", "hot", "place", "scope", "template", "values")
+
+    def __init__(self, expr: Expr, hot: set[int], place: Place, scope: Scope, template: Any, values: set[str]) -> None:
+        self.expr = expr  # the template's canonical conjunct
+        self.hot = hot  # the ids of its objects that hold stand-ins (what substitute rebuilds)
+        self.place = place  # where its check runs, its variables by position (#i)
+        self.scope = scope  # the shape's, its variables by position
+        self.template = template  # its XPath test's TestTemplate, or None
+        self.values = values  # the stand-ins' values (as text) it holds
+
+    @classmethod
+    def make(cls, expr: Expr, place: Place, shape: Shape, scope: Scope, hot: set[int],
+             sentinels: dict[str, str]) -> _Remade:
+        """How to remake ``expr`` (checked at ``place``) for a query of ``shape``; ``sentinels``: each stand-in's
+        value (as text) and how it is written."""
+        values = set()
+        for value, written in sentinels.items():
+            if hot_objects(expr, {value}, [written], set()):
+                values.add(value)
+        template = None
+        if isinstance(expr, XPathTest) and expr.var == place.current and place.mode == "event":
+            from xpath_ext.xpath_predicates import TestTemplate
+
+            stand_ins: dict[Any, Any] = {}
+            for (kind, value), quoted in shape.keys:
+                if quoted:
+                    stand_ins[value] = (kind, value)
+                elif kind is str and value.isdigit():  # (an XPath number: its text)
+                    stand_ins[int(value)] = (kind, value)
+            template = TestTemplate(expr.source, expr.namespaces, stand_ins)
+            if len(template.slots) != sum(expr.source.count(w) for w in shape.sentinels):
+                template = None  # (a stand-in it cannot put a constant into: a decimal; parsed per query)
+        return cls(expr, hot, place, scope, template, values)
+
+    def made(self, literals: dict, texts: list[tuple[str, str]]) -> tuple[Expr, Check]:
+        """The query's conjunct and its check, its constants being ``literals`` (as written: ``texts``)."""
+        expr = substitute(self.expr, literals, texts, self.hot)
+        template = self.template
+        if template is None:
+            return expr, compile_check(expr, self.place, self.scope)
+        return expr, compile_check(expr, self.place, self.scope, lambda source, _: template.test(literals, source))
 
 
 def _fixed_best(found: list[tuple]) -> int | None:

@@ -692,6 +692,8 @@ def _xpath_atom(source: str) -> tuple | None:
 
 def _split_top(source: str, word: str) -> list[str]:
     """``source`` cut at each ``word`` (``and``/``or``, between spaces) outside quotes, brackets and parentheses."""
+    if word not in source:  # (most predicates: no character walk)
+        return [source]
     parts, depth, quote, start, i, n = [], 0, "", 0, 0, len(source)
     token = f" {word} "
     while i < n:
