@@ -66,17 +66,23 @@ def test_subscriptions_sharing_atoms_match_each_query_alone(subs, evs, dropped):
     assert got == want
 
 
+class Counted:
+    """A check of the event alone that counts its evaluations in ``per_event`` by its atom key (an event-only
+    check still: it has an ``atom_key``)."""
+
+    def __init__(self, check, per_event: Counter) -> None:
+        self.check, self.per_event, self.key = check, per_event, atom_key(check)
+
+    def __call__(self, ev, vec):
+        self.per_event[self.key] += 1
+        return self.check(ev, vec)
+
+    def atom_key(self):
+        return self.key
+
+
 def count_evaluations(eng: Engine, per_event: Counter) -> None:
-    """Wrap what each node's checks evaluate (a shared atom's own check once) to count it, by its atom key."""
-    def counted(check):
-        key = atom_key(check)
-
-        def count(ev, vec):
-            per_event[key] += 1
-            return check(ev, vec)
-
-        return count
-
+    """Wrap what each node's checks of the event alone evaluate (a shared atom's own check once) to count it."""
     done = set()
     for node in eng.runtime.nfa.nodes():
         for field in ("begin", "take"):
@@ -85,10 +91,10 @@ def count_evaluations(eng: Engine, per_event: Counter) -> None:
                 if is_shared(c):
                     if id(c) not in done:
                         done.add(id(c))
-                        c.cell[2] = counted(c.cell[2])
+                        c.cell[2] = Counted(c.cell[2], per_event)
                     checks.append(c)
                 else:
-                    checks.append(counted(c) if atom_key(c) is not None else c)
+                    checks.append(Counted(c, per_event) if atom_key(c) is not None else c)
             setattr(node, field, tuple(checks))
 
 
@@ -113,6 +119,23 @@ def test_each_atom_is_evaluated_at_most_once_per_event():
         per_event.clear()
     assert matches == 50 + 1  # the exit ends a run in each of the 50 branches; the first reading is S3's alert
     assert max(most) == 1
+
+
+def test_a_predicate_of_one_node_is_evaluated_once_for_its_many_runs():
+    """One query, fifty runs of one tag waiting for its exit: the exit's ``c.door = 'D1'`` is evaluated once for
+    them all (the wait state's candidates tested before its runs), and each run still checks its own window."""
+    eng = Engine()
+    eng.register("PATTERN SEQ(shelf a, exit c) WHERE skip_till_any_match(a, c) { [tag_id] AND c.door = 'D1' } "
+                 "WITHIN 30 seconds")
+    per_event: Counter = Counter()
+    count_evaluations(eng, per_event)
+    for i in range(50):
+        eng.process(Event("shelf", float(i), {"tag_id": 7}, i))
+    assert len(eng.process(Event("exit", 55.0, {"tag_id": 7, "door": "D1"}, 50))) == 25  # the shelves of 25..49 s
+    assert per_event == {("eq", "door", "D1"): 1}
+    per_event.clear()
+    assert eng.process(Event("exit", 56.0, {"tag_id": 7, "door": "D2"}, 51)) == []
+    assert per_event == {("eq", "door", "D1"): 1}
 
 
 def test_an_event_given_again_is_evaluated_again():
