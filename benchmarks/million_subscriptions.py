@@ -32,6 +32,7 @@ cost of unregistering a sample of 1,000 subscriptions.
     python benchmarks/million_subscriptions.py --million --kinds a-sase c   # adds 1M (needs memory)
     python benchmarks/million_subscriptions.py --plot                  # also benchmarks/million_subscriptions.png
     python benchmarks/million_subscriptions.py --forms --events 5000   # and-form vs brackets, intervals
+    python benchmarks/million_subscriptions.py --atoms --events 3000   # a residual predicate many subscriptions share
     python benchmarks/million_subscriptions.py --churn c 10000         # subscribe/unsubscribe beside a feed
     python benchmarks/million_subscriptions.py --housekeeping b --sizes 1000 100000   # sweeps against N
     python benchmarks/million_subscriptions.py --state c --sizes 100000 --events 2000  # snapshot / restore
@@ -47,7 +48,10 @@ import random
 import subprocess
 import sys
 import time
+from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -248,6 +252,156 @@ def forms(n_events: int, seed: int) -> list[str]:
     return out
 
 
+ATOMS = {  # subscriptions sharing a predicate that is not their index key (issue 33, deliver 4)
+    "second component": ("PATTERN SEQ(shelf a, exit c) WHERE skip_till_any_match(a, c) {{ [tag_id] AND "
+                         "a.zone = 'Z{j}' AND c.door = 'D1' }} WITHIN 1 hour"),
+    "root residual": "PATTERN SEQ(reading r) WHERE r.device = 'U{d}' AND r.celsius > 30 AND r.sensor = 'S{j}'",
+}
+
+
+class _Counted:
+    """A check counting its evaluations in ``per_event`` by itself (one that reads what a run has bound)."""
+
+    def __init__(self, check: Any, per_event: Counter) -> None:
+        self.check, self.per_event, self.key = check, per_event, check
+
+    def __call__(self, ev: Any, vec: tuple) -> bool:
+        self.per_event[self.key] += 1
+        return self.check(ev, vec)
+
+
+class _CountedAtom(_Counted):
+    """A check of the event alone counting its evaluations by what it computes: a check of the event alone still
+    (it has an ``atom_key``)."""
+
+    def __init__(self, check: Any, per_event: Counter) -> None:
+        super().__init__(check, per_event)
+        self.key = check.atom_key()
+
+    def atom_key(self) -> Any:
+        return self.key
+
+
+def _counted(check: Any, per_event: Counter) -> _Counted:
+    return (_Counted if getattr(check, "atom_key", None) is None else _CountedAtom)(check, per_event)
+
+
+def _count_atoms(eng: Engine, per_event: Counter) -> None:
+    """Wrap every begin and take check of ``eng``'s nodes (the check a shared atom evaluates, where one holds it)
+    to count its evaluations in ``per_event``."""
+    wrapped: set[int] = set()
+    for node in eng.runtime.nfa.nodes():
+        for field in ("begin", "take"):
+            checks = []
+            for check in getattr(node, field):
+                cell = getattr(check, "cell", None)  # (a shared atom: count what it evaluates)
+                if cell is None:
+                    checks.append(_counted(check, per_event))
+                else:
+                    if id(check) not in wrapped:
+                        wrapped.add(id(check))
+                        cell[2] = _counted(cell[2], per_event)
+                    checks.append(check)
+            setattr(node, field, tuple(checks))
+
+
+def _atoms_feed(case: str, n: int, n_events: int, seed: int) -> list[Event]:
+    """The feed of an ``ATOMS`` case: ``second component``, 20 tags, shelf zones drawn over the N subscriptions'
+    zones, so an exit finds the runs of its tag in about a hundred branches, each testing ``c.door = 'D1'``;
+    ``root residual``, readings of ten devices, each finding its device's N/10 subscriptions through the hash
+    index, each testing ``r.celsius > 30``."""
+    rng = random.Random(seed)
+    if case == "second component":
+        return [Event("shelf", float(i), {"tag_id": rng.randrange(20), "zone": f"Z{rng.randrange(1, n + 1)}"}, i)
+                if rng.random() < 0.7 else
+                Event("exit", float(i), {"tag_id": rng.randrange(20), "door": f"D{rng.randrange(1, 4)}"}, i)
+                for i in range(n_events)]
+    return [Event("reading", float(i), {"device": f"U{rng.randrange(10)}", "celsius": rng.randrange(60),
+                                        "sensor": f"S{rng.randrange(n)}"}, i) for i in range(n_events)]
+
+
+def _atoms_engine(texts: list[str], shared: bool) -> Engine:
+    """An engine of ``texts``; ``shared`` False: every check left where it stands, as before atoms were shared
+    (the registry's ``add`` switched off while they register)."""
+    from yfpp.nfa.shared_atoms import SharedAtoms
+
+    real = SharedAtoms.add
+    if not shared:
+        SharedAtoms.add = lambda self, node, mate=None: None  # type: ignore[method-assign]
+    try:
+        eng = Engine(reports=None)
+        for t in texts:
+            eng.register(t)
+    finally:
+        SharedAtoms.add = real  # type: ignore[method-assign]
+    return eng
+
+
+@contextmanager
+def _per_run(on: bool) -> Iterator[None]:
+    """While ``on``: a wait state's candidates tested per run again, as before (``moves._tested_once`` off)."""
+    import yfpp.runtime.moves as moves
+
+    real = moves._tested_once
+    if on:
+        moves._tested_once = lambda cands, ev: (cands, None)
+    try:
+        yield
+    finally:
+        moves._tested_once = real
+
+
+def _atoms_pass(eng: Engine, events: list[Event], per_event: Counter | None) -> tuple[float, int, int, int]:
+    """One pass of ``events`` (copies): CPU µs per event, matches, and with ``per_event`` (counting) the atom
+    evaluations in all and the most evaluations of one atom in one event."""
+    total = most = matches = 0
+    c0 = time.process_time()
+    for e in events:
+        matches += len(eng.process(Event(e.type, e.ts, dict(e.attrs), e.seq)))
+        if per_event is not None:
+            total += sum(per_event.values())
+            most = max(most, max(per_event.values(), default=0))
+            per_event.clear()
+    return 1e6 * (time.process_time() - c0) / len(events), matches, total, most
+
+
+def atoms(n_events: int, seed: int, sizes: list[int], rounds: int = 5) -> list[str]:
+    """Subscriptions sharing an atomic predicate that is not their index key (``ATOMS``), each atom shared
+    (evaluated once per event, and once for the runs of a wait state) against every check left where it stands
+    and tested per run: evaluations per event (a counting
+    wrapper around every check, one pass each) and CPU µs per event (engines not wrapped, ``rounds`` passes
+    each in turn, unshared then shared; the median of each and of the ratios of the pairs)."""
+    out = ["| case | subscriptions | atom evaluations per event | most evaluations of one atom in one event "
+           "| CPU µs/event, unshared | CPU µs/event, shared | ratio (min–max) | matches |",
+           "|---|---|---|---|---|---|---|---|"]
+    print("\n".join(out), flush=True)
+    for case, template in ATOMS.items():
+        for n in sizes:
+            events = _atoms_feed(case, n, n_events, seed)
+            texts = [template.format(j=k, d=k % 10) for k in range(n)]
+            counts = []
+            for shared in (False, True):
+                eng = _atoms_engine(texts, shared)
+                per_event: Counter = Counter()
+                _count_atoms(eng, per_event)
+                with _per_run(not shared):
+                    counts.append(_atoms_pass(eng, events, per_event))
+            cpu: dict[bool, list[float]] = {False: [], True: []}
+            for _ in range(rounds):
+                for shared in (False, True):
+                    eng = _atoms_engine(texts, shared)
+                    with _per_run(not shared):
+                        cpu[shared].append(_atoms_pass(eng, events, None)[0])
+            ratios = sorted(a / b for a, b in zip(cpu[True], cpu[False]))
+            (_, matches, before, most_before), (_, matches_after, after, most_after) = counts
+            assert matches == matches_after, (case, n, matches, matches_after)
+            out.append(f"| {case} | {n:,} | {before / n_events:,.1f} → {after / n_events:,.1f} | {most_before:,} → "
+                       f"{most_after:,} | {sorted(cpu[False])[rounds // 2]:,.1f} | {sorted(cpu[True])[rounds // 2]:,.1f} "
+                       f"| {ratios[rounds // 2]:.2f} ({ratios[0]:.2f}–{ratios[-1]:.2f}) | {matches:,} |")
+            print(out[-1], flush=True)
+    return out
+
+
 def churn(kind: str, n: int, seed: int) -> str:
     """CPU µs per subscribe + unsubscribe beside a feed: ``n`` subscriptions of ``kind``, 2,000 events, then 1,000
     rounds of (register one, unregister one at random, process one event), less 1,000 events alone; and where
@@ -381,6 +535,8 @@ def main() -> None:
     p.add_argument("--no-batch", action="store_true", help="skip the register_many measurement")
     p.add_argument("--rows", type=Path, help="append each measurement to this JSON-lines file, and plot every row in it")
     p.add_argument("--forms", action="store_true", help="only the ways of writing a predicate (and, brackets, intervals)")
+    p.add_argument("--atoms", action="store_true", help="only subscriptions sharing a predicate that is not their "
+                   "index key: evaluations per event and CPU, atoms shared or not (--sizes, 1,000 and 10,000 by default)")
     p.add_argument("--churn", nargs=2, metavar=("KIND", "N"), help="only the cost of subscribing and unsubscribing "
                    "beside a feed, N subscriptions of KIND")
     p.add_argument("--housekeeping", metavar="KIND", help="only what sweeping, pruning and deadline checks cost "
@@ -416,6 +572,9 @@ def main() -> None:
         return
     if args.forms:
         forms(args.events, args.seed)
+        return
+    if args.atoms:
+        atoms(args.events, args.seed, args.sizes if args.sizes != [1_000, 10_000, 100_000] else [1_000, 10_000])
         return
     sizes = sorted(set(args.sizes) | ({1_000_000} if args.million else set()))
     batched_api = hasattr(Engine, "register_many") and not args.no_batch

@@ -318,6 +318,14 @@ class AttributeTest:
         except _ERRORS:
             return False
 
+    def atom_key(self) -> tuple:
+        """What it computes: it reads nothing but the event (``yfpp.nfa.predicates.atom_key``); ``@a = 'text'`` as
+        its index key is written (``("xeq", name, text)``)."""
+        literal = self.literal
+        if self.op is operator.eq and not self.numeric and type(literal) is str:
+            return ("xeq", self.name, literal)
+        return ("@", self.op, self.name, type(literal), literal, self.numeric)
+
 
 def _parsed_when_needed(source: str, namespaces: Namespaces) -> Test:
     """The elementpath test of ``source`` (valid), parsed at its first call: behind the fast path it decides only

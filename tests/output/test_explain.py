@@ -151,7 +151,28 @@ def test_explain_counts_the_nodes_found_through_an_index_and_those_every_event_t
     g = nfa_graph(eng)
     figures = sharing_figures(eng, g)
     assert (figures["indexed_nodes"], figures["tested_nodes"]) == (2, 1)
-    assert as_text(eng, g).endswith("nodes with predicates: 2 found through an index, 1 evaluated for every event of their type")
+    assert as_text(eng, g).splitlines()[-2] == \
+        "nodes with predicates: 2 found through an index, 1 evaluated for every event of their type"
+
+
+def test_explain_says_which_predicates_are_shared_once_per_event_and_which_are_evaluated_per_node_or_run():
+    from yfpp.engine import Engine
+    from yfpp.output.explain import as_text, nfa_graph, sharing_figures
+
+    eng = Engine()
+    for j in range(3):  # one device's alerts: found together through the hash index on device
+        eng.register(f"PATTERN SEQ(reading r, alarm x) WHERE r.device = 'U1' AND r.celsius > 30 AND r.sensor = 'S{j}' "
+                     f"AND x.level > r.celsius")
+    eng.register("PATTERN SEQ(reading r) WHERE r.device = 'U2' AND r.celsius > 30")  # alone under its key
+    g = nfa_graph(eng)
+    f = sharing_figures(eng, g)
+    assert (f["shared_atoms"], f["shared_checks"], f["event_checks"], f["run_checks"]) == (2, 6, 5, 3)
+    text = as_text(eng, g)
+    assert text.count("where r.celsius > 30  (shared: once per event)") == 3
+    assert text.count("where r.sensor = 'S1'\n") == 1 and "x.level > r.celsius  (shared" not in text
+    assert text.splitlines()[-1] == ("predicates: 2 shared, each evaluated once per event for its 6 node checks; 5 of "
+                                     "the event alone evaluated per node an event reaches; 3 per run (they read what "
+                                     "the run has bound, or are XPath tests other than @a op literal)")
 
 
 def subscriptions_file(tmp_path: Path, n: int) -> Path:
@@ -171,11 +192,12 @@ def test_a_big_engine_is_explained_by_figures_and_its_most_shared_nodes(tmp_path
     path = subscriptions_file(tmp_path, 400)
     assert main(["explain", "-q", str(path)]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert len(out) == 3 + 10 + 1  # not a line per node
+    assert len(out) == 4 + 10 + 1  # not a line per node
     assert out[0].startswith("401 queries of 3 shapes; 602 components → ")
     assert "found through an index (hash 425)" in out[1]  # (200 devices, 25 zones, 200 doors) and ", 0 evaluated per subscription" in out[1]
-    assert out[2] == "the 10 most shared nodes:"
-    shelf = [line for line in out[3:13] if line.endswith("shelf [tag_id]  index: zone = 'Z1' (hash index)")]
+    assert out[2].startswith("predicates: 0 shared, each evaluated once per event for its 0 node checks; ")
+    assert out[3] == "the 10 most shared nodes:"
+    shelf = [line for line in out[4:14] if line.endswith("shelf [tag_id]  index: zone = 'Z1' (hash index)")]
     assert len(shelf) == 1 and shelf[0].split()[0] == "8"  # s1, s51, s101 … s351: Z1's 8 of the shelf queries
     assert main(["explain", "-q", str(path), "--format", "json"]) == 0
     s = json.loads(capsys.readouterr().out)["summary"]

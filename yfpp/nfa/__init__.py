@@ -7,6 +7,7 @@
   incremental aggregates.
 - ``shape_plans``: one compiled plan per query shape; a query that differs from it only by constants is made
   from it, its constants put into the canonical expressions and attribute comparisons, without compiling.
+- ``shared_atoms``: predicates of the event alone that several nodes hold, evaluated once per event for them all.
 - ``shared_nfa``: all plans merged into a trie of nodes (YFilter); wait/in states; transition tables by type
   with equality (hash) and range (sorted) indexes; live add and remove.
 """

@@ -22,7 +22,7 @@ import operator
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import product
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Hashable, Iterator
 
 from yfpp.errors import PatternError
 from yfpp.input.events import MISSING, PSEUDO_ATTRS, Event
@@ -82,6 +82,7 @@ def _make_compare(op: str) -> Callable[[Any, Any], bool]:
 
 _COMPARE = {op: _make_compare(op) for op in _CMP}  # (one function per operator, shared by every predicate)
 _EQUAL = _COMPARE["="]
+_OP_OF = {fn: op for op, fn in _COMPARE.items()}
 
 
 def compare_fn(op: str) -> Callable[[Any, Any], bool]:
@@ -267,6 +268,14 @@ class _AttrCompare:
     def __call__(self, ev: Event, vec: tuple) -> bool:
         return self.cmp(ev.attrs.get(self.attr, MISSING), self.lit)
 
+    def atom_key(self) -> tuple:
+        """What it computes (:func:`atom_key`): an equality with a string or a number as its index key is written
+        (``("eq", attr, value)``: ``x = 1`` and ``x = 1.0`` hold for the same values), else with the constant's type."""
+        lit = self.lit
+        if self.cmp is _EQUAL and (type(lit) is str or is_number(lit)):
+            return ("eq", self.attr, lit)
+        return (_OP_OF[self.cmp], self.attr, type(lit), lit)
+
 
 class EqualityKey(tuple):
     """The index key ``("eq", attr, value)`` of ``ev.attr = value`` (``yfpp.nfa.shared_nfa.index_key``) that is the
@@ -278,6 +287,24 @@ class EqualityKey(tuple):
 
     def __call__(self, ev: Event, vec: tuple) -> bool:
         return _EQUAL(ev.attrs.get(self[1], MISSING), self[2])
+
+    def atom_key(self) -> tuple:
+        """What it computes (:func:`atom_key`): itself, as the equality's :class:`_AttrCompare` writes it."""
+        return self
+
+
+def atom_key(check: Check) -> Hashable | None:
+    """What ``check`` computes, when it reads nothing but the event being tested (an attribute of it against a
+    constant, SASE+ or XPath): checks of equal keys give the same answer on every event, so one evaluation per
+    event serves them all (``yfpp.nfa.shared_atoms``).  None for any other check (one that reads what a run has
+    bound cannot be shared between runs; a general XPath test is not compared)."""
+    key = getattr(type(check), "atom_key", None)
+    return None if key is None else key(check)
+
+
+def reads_event_only(check: Check) -> bool:
+    """Does ``check`` read nothing but the event being tested (has it an :func:`atom_key`)?  Cheaper than the key."""
+    return hasattr(type(check), "atom_key")
 
 
 def equality_attr(check: Check) -> str | None:

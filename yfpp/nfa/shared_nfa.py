@@ -40,6 +40,7 @@ from yfpp.input.events import MISSING, Event
 from yfpp.nfa.compiler import ComponentSpec, QueryPlan
 from yfpp.language.pattern import Compare, Contiguity, Index, Literal, Or, Ref, XPathTest
 from yfpp.nfa.predicates import AggSlot, Check, is_number
+from yfpp.nfa.shared_atoms import SharedAtoms, hash_keyed
 
 _ids = count()
 #: what a node without children or wait states holds (read-only: the first one added takes its place, a second makes
@@ -252,6 +253,18 @@ class TransitionTable:
 
     def __len__(self) -> int:
         return 1 if self.only is not None else sum(g.size for g in self.by_type.values())
+
+    def mate(self, node: Node) -> Node | None:
+        """Another node of ``node``'s (hash) index key that an event finds with it here, if any."""
+        key = node.index_key
+        group = self.by_type.get(node.event_type) if self.only is None and key is not None else None
+        if group is None:
+            return None
+        table = group.eq.get(key[1]) if key[0] == "eq" else group.xpath.get((key[0], key[1]))
+        for other in (table or {}).get(key[2], ()):
+            if other is not node:
+                return other
+        return None
 
 
 class _TypeGroup:
@@ -804,6 +817,7 @@ class SharedNFA:
         # event types some state's runs react to (begin, take, proceed), None for every type (a component
         # of any type, or a partition-contiguity state): an event of another type moves no stored run
         self.reacting: Counter = Counter()
+        self.atoms = SharedAtoms()  # atomic checks several nodes hold: evaluated once per event
 
     def reacts(self, etype: str) -> bool:
         """May an event of type ``etype`` move (or kill) a run waiting in some state?"""
@@ -850,6 +864,7 @@ class SharedNFA:
             self.states += 1
         if parent is None:
             self.starters.add(node)
+            self.atoms.add(node, self.starters.mate(node) if hash_keyed(node.index_key) else None)
         else:
             wait_key = node.id if node.contiguity is Contiguity.SKIP_TILL_NEXT else node.contiguity
             wait = parent.waits.get(wait_key)
@@ -859,6 +874,7 @@ class SharedNFA:
                 parent.waits = _with(parent.waits, wait_key, wait)
                 self.states += 1
             wait.table.add(node)
+            self.atoms.add(node)
         return node
 
     def remove(self, plan: QueryPlan) -> list[State]:
@@ -871,6 +887,7 @@ class SharedNFA:
             node.count_window(plan.window, -1)
             if node.users:
                 continue
+            self.atoms.remove(node)
             self.reacting.subtract(_reactions(node))
             self.reacting += Counter()  # drop the zeros
             parent = node.parent

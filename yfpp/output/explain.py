@@ -24,7 +24,9 @@ from yfpp.nfa.compiler import QueryPlan
 from yfpp.language.pattern import (
     Aggregate, And, Arith, Compare, Contiguity, Expr, Index, Length, Literal, Neg, Not, Or, Ref, XPathTest, variables,
 )
-from yfpp.nfa.shared_nfa import Node
+from yfpp.nfa.predicates import reads_event_only
+from yfpp.nfa.shared_atoms import is_shared
+from yfpp.nfa.shared_nfa import Node, SharedNFA
 
 AXIS = {
     Contiguity.STRICT: "/",
@@ -57,7 +59,7 @@ def nfa_graph(engine: Engine) -> nx.DiGraph:
             kleene=node.kleene,
             partition_by=list(node.partition_by),
             window=node.window,
-            predicates=_predicates(specs_of, users[0][0], users[0][1], names) if users else [],
+            predicates=_predicates(specs_of, users[0][0], users[0][1], names, node) if users else [],
             index=_index_text(node.index_key),
             queries=[str(p.name) for p, _ in users],
             accepts=[_acceptance(p) for p in node.accepts],
@@ -76,13 +78,46 @@ def _label(node: Node) -> str:
     return text
 
 
-def _predicates(specs_of: dict[QueryPlan, list], plan: QueryPlan, i: int, names: tuple[str, ...]) -> list[str]:
+def _predicates(specs_of: dict[QueryPlan, list], plan: QueryPlan, i: int, names: tuple[str, ...], node: Node) -> list[str]:
+    """The predicates of ``node`` (its component ``i`` of ``plan``), those it shares with other nodes marked."""
     specs = specs_of.get(plan)
     if specs is None:
         specs = specs_of[plan] = plan.specs
     spec = specs[i]
-    edges = [("", spec.begin), ("take: ", spec.take), ("final: ", spec.final)] if spec.kleene else [("", spec.begin)]
-    return [prefix + expr_text(e, names) for prefix, checks in edges for e, _ in checks]
+    edges = [("", spec.begin, node.begin), ("take: ", spec.take, node.take), ("final: ", spec.final, ())] \
+        if spec.kleene else [("", spec.begin, node.begin)]
+    out = []
+    for prefix, checks, held in edges:
+        shared = [is_shared(c) for c in held] if len(held) == len(checks) else [False] * len(checks)
+        out += [prefix + expr_text(e, names) + ("  (shared: once per event)" if s else "")
+                for (e, _), s in zip(checks, shared)]
+    return out
+
+
+def atom_figures(nfa: SharedNFA) -> dict[str, int]:
+    """How the checks of the nodes' events are evaluated: ``shared_atoms`` predicates evaluated once per event for
+    the ``shared_checks`` node checks that hold them (``yfpp.nfa.shared_atoms``); ``event_checks`` that read the
+    event alone, evaluated per node an event reaches; ``run_checks`` that read what a run has bound (or a general
+    XPath test), evaluated per run."""
+    shared = event = run = 0
+    for n in nfa.nodes():
+        for checks in (n.begin, n.take):
+            for c in checks:
+                if is_shared(c):
+                    shared += 1
+                elif reads_event_only(c):
+                    event += 1
+                else:
+                    run += 1
+    return {"shared_atoms": len(nfa.atoms.atoms), "shared_checks": shared, "event_checks": event, "run_checks": run}
+
+
+def atom_text(f: dict[str, int]) -> str:
+    """The line of :func:`atom_figures`."""
+    return (f"predicates: {f['shared_atoms']:,} shared, each evaluated once per event for its "
+            f"{f['shared_checks']:,} node checks; {f['event_checks']:,} of the event alone evaluated per node an "
+            f"event reaches; {f['run_checks']:,} per run (they read what the run has bound, or are XPath tests other "
+            f"than @a op literal)")
 
 
 def _index_text(key: tuple | None) -> str | None:
@@ -228,6 +263,7 @@ def sharing_figures(engine: Engine, g: nx.DiGraph) -> dict[str, float]:
         # nodes whose begin predicates an event can fail: found through an index, or tested by every event of the type
         "indexed_nodes": sum(1 for n in nfa if n.begin and n.index_key is not None),
         "tested_nodes": sum(1 for n in nfa if n.begin and n.index_key is None),
+        **atom_figures(engine.runtime.nfa),
     }
 
 
@@ -274,6 +310,7 @@ def as_text(engine: Engine, g: nx.DiGraph) -> str:
     if f["indexed_nodes"] or f["tested_nodes"]:
         lines.append(f"nodes with predicates: {f['indexed_nodes']} found through an index, {f['tested_nodes']} "
                      f"evaluated for every event of their type")
+        lines.append(atom_text(f))
     lines.extend(_set_text(q) for q in set_queries(engine))
     return "\n".join(lines)
 

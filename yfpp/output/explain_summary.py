@@ -2,7 +2,8 @@
 
 Computed from the shared NFA directly (no graph is built): how many queries,
 query shapes, components, nodes (shared, found through an index by kind, or
-whose predicates every event of their type evaluates per subscription) and
+whose predicates every event of their type evaluates per subscription), how
+their predicates are evaluated (shared once per event, per node, per run) and
 the ``top`` nodes the most queries go through, each with its path from the
 root.  Time: one pass over the nodes and the queries' texts.
 """
@@ -17,7 +18,7 @@ from typing import Any
 from yfpp.engine import Engine
 from yfpp.language.query_text import split_constants
 from yfpp.nfa.shared_nfa import Node
-from yfpp.output.explain import _index_text, _label
+from yfpp.output.explain import _index_text, _label, atom_figures, atom_text
 
 LIMIT = 200  # queries beyond which ``yfpp explain`` prints this summary unless --full is given
 
@@ -55,6 +56,7 @@ def summary(engine: Engine, top: int = 10) -> dict[str, Any]:
         "indexed_nodes": sum(by_index.values()),
         "indexed_by_kind": dict(sorted(by_index.items())),
         "tested_nodes": tested,
+        **atom_figures(engine.runtime.nfa),
         "most_shared": [{"path": _path(n), "queries": n.users, "index": _index_text(n.index_key)} for n in most],
     }
 
@@ -78,6 +80,7 @@ def summary_text(s: dict[str, Any]) -> str:
         f"nodes with predicates: {s['indexed_nodes']:,} found through an index"
         + (f" ({', '.join(f'{kind} {n:,}' for kind, n in s['indexed_by_kind'].items())})" if s["indexed_by_kind"] else "")
         + f", {s['tested_nodes']:,} evaluated per subscription for every event of their type",
+        atom_text(s),
         f"the {len(s['most_shared'])} most shared nodes:",
     ]
     lines += [f"  {m['queries']:>9,}  {m['path']}" + (f"  index: {m['index']}" if m["index"] else "")

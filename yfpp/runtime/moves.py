@@ -3,11 +3,12 @@ states, under each contiguity. A mixin of :class:`~yfpp.runtime.runtime.Runtime`
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from yfpp.input.events import Event
 from yfpp.language.pattern import Contiguity
-from yfpp.nfa.predicates import kleene_start, kleene_take
+from yfpp.nfa.predicates import kleene_start, kleene_take, reads_event_only
+from yfpp.nfa.shared_atoms import is_shared
 from yfpp.nfa.shared_nfa import Node, State
 from yfpp.runtime.match_buffer import MatchBuffer, Version
 from yfpp.runtime.runs import FullRun, Run, first_entry
@@ -28,6 +29,24 @@ def _ignores(c: Contiguity, moved: bool, ek: Any, rkey: Any) -> bool:
     if c is PARTITION:
         return ek != rkey
     return False
+
+
+def _tested_once(cands: Sequence[Node], ev: Event) -> tuple[Sequence[Node], set[Node] | None]:
+    """The candidates of a wait state holding several runs, those whose begin checks all read the event alone
+    (``yfpp.nfa.predicates.reads_event_only``, or a shared atom) tested once for them all: the candidates left
+    (in their order; those failing dropped) and the set of those that passed (None: none)."""
+    kept: list[Node] = []
+    passed: set[Node] | None = None
+    for child in cands:
+        checks = child.begin
+        if checks and all(reads_event_only(p) or is_shared(p) for p in checks):
+            if not all(p(ev, ()) for p in checks):
+                continue
+            if passed is None:
+                passed = set()
+            passed.add(child)
+        kept.append(child)
+    return (kept if passed is not None or len(kept) < len(cands) else cands), passed
 
 
 class RunMoves:
@@ -123,6 +142,9 @@ class RunMoves:
         c = st.contiguity
         ts = ev.ts
         cands = st.table.candidates(ev)
+        passed = None  # children whose checks read the event alone and hold: tested once, not per run
+        if cands and len(runs) > 1:
+            cands, passed = _tested_once(cands, ev)
         for r in runs:
             age = ts - r.first_ts
             if w is not None and age > w:
@@ -135,7 +157,7 @@ class RunMoves:
                     cw = child.window
                     if cw is not None and age > cw:
                         continue
-                    for p in child.begin:
+                    for p in (child.begin if passed is None or child not in passed else ()):
                         if not p(ev, vec):
                             break
                     else:

@@ -142,6 +142,7 @@ class Runtime(EventSteps, RunMoves, Acceptance):
         self.on_error = on_error or _raise
         self.report = report or (lambda msg: None)
         self.nfa = SharedNFA()
+        self._atom_memo = self.nfa.atoms.memo
         self.buffer = MatchBuffer()
         self.keyed: dict[tuple[str, ...], dict[Any, dict[State, list[Run]]]] = {}
         self.unkeyed: dict[State, list[Run]] = {}
@@ -271,6 +272,7 @@ class Runtime(EventSteps, RunMoves, Acceptance):
         """
         tick = self.tick = self.tick + 1
         ev.pos = tick
+        self._atom_memo.epoch += 1  # (the shared atoms' answers are of the events before)
         self.now = ev.ts
         out: list[dict] = self._expire(ev.ts) if self._deadline_heap else []
         route = self._routes.get(ev.type) or self._route(ev.type)
