@@ -268,9 +268,10 @@ class XmlShare(Share):
             yield self._buffered(one.read(b"", reporting)), self._closing()
 
     def _parse(self, body: bytes, union: list[bool] | None, seq: int, lineno: int,
-               reporter: Sequence[int] | None) -> list[Event]:
+               reporter: Sequence[int] | None, sc: Scan) -> list[Event]:
         """The events of the block's lines ``union`` flags (None: every line; the block's first line is record
-        ``seq``, on line ``lineno``); the dead letters and events of the lines this worker reports counted."""
+        ``seq``, on line ``lineno``); the dead letters and events of the lines this worker reports counted (``sc``,
+        the block's scan: not read here)."""
         own = None if union is None else list(compress(range(len(union)), union))
         if own is None:
             region, numbers = body, None

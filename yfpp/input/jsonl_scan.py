@@ -12,6 +12,10 @@ ts is its ts. A routing attribute named once is the event's attribute, with the 
 (:func:`routing_text`), unless the name is nested (``{"n": {"k": 1}}``): then the event lacks it, and
 the caller checks that an event it parsed has the attribute. A line the parser refuses may have any
 scanned values.
+
+For keyed groups :func:`parsed_scan` finds the same by parsing the block once (one orjson call, as the reader
+parses a block of the plain shape) and keeps the records, so that the scanning worker builds its own lines'
+events from them instead of parsing those lines again.
 """
 
 from __future__ import annotations
@@ -19,10 +23,12 @@ from __future__ import annotations
 import math
 import re
 from functools import lru_cache
-from typing import Any, Sequence
+from operator import itemgetter
+from typing import Any, Iterable, Sequence
 
 import orjson
 
+from yfpp.input.jsonl_reader import plain_records
 from yfpp.input.record_fields import ISO_8601, ReaderOptions
 
 # a number's characters (float() refuses what is no number; a line the parser takes has a JSON number there)
@@ -66,6 +72,39 @@ def scan_block(body: bytes, opts: ReaderOptions, keys: Sequence[str]) -> tuple[l
     return ts, values
 
 
+def parsed_scan(body: bytes, opts: ReaderOptions,
+                keys: Sequence[str]) -> tuple[list[float], list[list[Any]], list[dict[str, Any]]] | None:
+    """Each line's ts (scaled as the reader scales it), per name of ``keys`` each line's value, and the lines'
+    records, from one parse of the block (:func:`~yfpp.input.jsonl_reader.plain_records`); None unless every
+    line is of the plain shape, without ``\\r``, with a number as ts and an integer or a string as each key.
+    A record that is no plain event (an empty type, a null value) may be a dead letter: the caller parses its
+    line again to learn what it is."""
+    if b"\r" in body:
+        return None
+    records = plain_records(body, opts)
+    if records is None:
+        return None
+    try:
+        raw = list(map(itemgetter(opts.ts_field), records))
+        values = [list(map(itemgetter(name), records)) for name in keys]
+    except KeyError:  # (a line naming the ts or a key as a value only)
+        return None
+    if not _NUMBERS.issuperset(map(type, raw)) or not all(_KEYS.issuperset(map(type, vs)) for vs in values):
+        return None
+    m, d = opts.unit
+    try:
+        ts = raw if m == d == 1 else [r * m / d for r in raw]
+        if not math.isfinite(math.fsum(ts)):
+            return None
+    except OverflowError:  # (an integer past the floats)
+        return None
+    return ts, values, records
+
+
+_NUMBERS = frozenset((int, float))
+_KEYS = frozenset((int, str))  # (the values the regular expressions take; others: the block is not scanned)
+
+
 def routing_text(value: Any) -> bytes:
     """The text :func:`scan_block` finds for an attribute's value, made from the parsed value; values equal in
     Python (``1``, ``1.0``, ``True``) get one text, so one key goes to one worker however it is written."""
@@ -74,3 +113,13 @@ def routing_text(value: Any) -> bytes:
     if isinstance(value, (bool, int)) or (type(value) is float and value.is_integer()):
         return str(int(value)).encode()
     return repr(value).encode()
+
+
+def routing_texts(values: list[Any]) -> Iterable[bytes]:
+    """The :func:`routing_text` of each of ``values``: in C passes where they are all integers or all strings."""
+    kinds = set(map(type, values))
+    if kinds == {int}:
+        return map(str.encode, map(int.__repr__, values))
+    if kinds == {str}:
+        return map(b'"%s"'.__mod__, map(str.encode, values))  # (a parsed line's strings hold no lone surrogate)
+    return map(routing_text, values)
