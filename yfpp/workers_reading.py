@@ -2,13 +2,16 @@
 
 Shipping a parsed event from one reading process to a worker costs more CPU than reading it
 (benchmarks/RESULTS.md, "Workers"), so for a regular JSON-lines file each worker reads the whole file
-itself. Of each block of lines, one worker finds, without parsing, every line's ts and routing values
-(:func:`yfpp.input.jsonl_scan.scan_block`) and the worker each key value hashes to (:func:`scan`): the
-blocks come in chunks of :data:`CHUNK`, chunk ``c`` scanned by worker ``c % n``, which scans its chunks a
-few rounds ahead of its matching and sends the scans to the others (:class:`Relay`). Each worker then
-parses only the lines some group of its own routes to it: a keyed group's lines whose key text hashes to
-it, a sliced group's lines read by its slices, all lines of its whole groups. So each line is scanned
-once and parsed by about one worker; every worker reads the bytes (a copy from the page cache).
+itself. Of each block of lines, one worker finds every line's ts and routing values and the worker each
+key value hashes to (:func:`scan`): the blocks come in chunks of :data:`CHUNK`, chunk ``c`` scanned by
+worker ``c % n``, which scans its chunks a few rounds ahead of its matching and sends the scans to the
+others (:class:`Relay`). Each worker then makes events only of the lines some group of its own routes to
+it: a keyed group's lines whose key text hashes to it, a sliced group's lines read by its slices, all
+lines of its whole groups. For keyed groups a block of the plain shape is scanned by parsing it once
+(:func:`yfpp.input.jsonl_scan.parsed_scan`): the scanner makes its own lines' events of the records, and
+the others parse their lines of it without the block's checks; other blocks are scanned without parsing
+(:func:`yfpp.input.jsonl_scan.scan_block`). So each line is scanned once and made an event of by about
+one worker; every worker reads the bytes (a copy from the page cache).
 
 Everything a single reader decides is decided alike: a line's ``seq`` is its record's index (the
 block's first ``seq`` plus its place), dead letters are reported by one worker (the **reporter** of a
@@ -368,11 +371,8 @@ class Share:
             return None  # (every line: the reader's block parse, its checks included, costs the same)
         else:
             records = records_of_plain_lines(compress(body.split(b"\n"), union))
-        events = plain_events(records, seq, self.opts)
-        if events is not None and union is not None:
-            for ev, j in zip(events, compress(range(len(union)), union)):
-                ev.seq = seq + j
-        return events
+        own = range(len(records)) if union is None else compress(range(len(union)), union)
+        return plain_events(records, map(seq.__add__, own), self.opts)
 
     def _count(self, events: list[Event], seq: int, reporter: Sequence[int] | None) -> None:
         """The events of the lines this worker reports counted (``reporter``: each line's reporting worker; None:
