@@ -156,10 +156,16 @@ PLAIN_QUERIES = ("PATTERN SEQ(a x, b y) WHERE [k] WITHIN 5", "PATTERN SEQ(a x, ~
                  "PATTERN SEQ(b x, c+ y[]) WHERE [k] AND x.x = y[i].x WITHIN 6", "PATTERN SEQ(c x, a y) WITHIN 3")
 
 
+@pytest.fixture
+def plain_blocks(monkeypatch):
+    monkeypatch.setattr(yfpp.workers_reading, "BLOCK", 331)  # about five lines a block: each worker owns some of them
+    monkeypatch.setattr(yfpp.workers_reading, "CHUNK", 2)
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                                                  HealthCheck.function_scoped_fixture])
 @given(st.sets(st.sampled_from(PLAIN_QUERIES), min_size=1), plain_feeds(), st.sampled_from([2, 3]))
-def test_workers_over_plain_blocks_are_one_engine(small_blocks, tmp_path, texts, text, n):
+def test_workers_over_plain_blocks_are_one_engine(plain_blocks, tmp_path, texts, text, n):
     """Blocks of the plain shape (events made of the scanner's records, or the peers' lines parsed without the
     checks) mixed with others, several keys, dead letters and late events: one engine's matches, dead letters
     and count."""
