@@ -6,7 +6,7 @@ itself. Of each block of lines, one worker finds every line's ts and routing val
 key value hashes to (:func:`scan`): the blocks come in chunks of :data:`CHUNK`, chunk ``c`` scanned by
 worker ``c % n``, which scans its chunks a few rounds ahead of its matching and sends the scans to the
 others (:class:`Relay`). Each worker then makes events only of the lines some group of its own routes to
-it: a keyed group's lines whose key text hashes to it, a sliced group's lines read by its slices, all
+it: a keyed group's lines whose key value hashes to it, a sliced group's lines read by its slices, all
 lines of its whole groups. For keyed groups a block of the plain shape is scanned by parsing it once
 (:func:`yfpp.input.jsonl_scan.parsed_scan`): the scanner makes its own lines' events of the records, and
 the others parse their lines of it without the block's checks; other blocks are scanned without parsing
@@ -20,7 +20,7 @@ ts never fall below the watermark — the ts of the last line an event was made 
 end by parsing back from its last line. A block that is not scanned (a line of another shape) or whose ts
 go back is parsed whole by every worker and put through one engine's reorder buffer (the
 :class:`~yfpp.workers.Sequencer` given), whose late events and dead letters worker 0 reports; its events
-are routed by their parsed values (:func:`~yfpp.input.jsonl_scan.routing_text`), as scanned lines are.
+are routed by their parsed values (:func:`workers_of`), as scanned lines are.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from yfpp.errors import YfppError
 from yfpp.input.dead_letters import DeadLetters
 from yfpp.input.events import MISSING, Event
 from yfpp.input.jsonl_reader import LineBlocks, parse_block, plain_events, records_of_plain_lines
-from yfpp.input.jsonl_scan import parsed_scan, routing_text, routing_texts, scan_block
+from yfpp.input.jsonl_scan import parsed_scan, scan_block
 from yfpp.input.readers import format_of
 from yfpp.input.record_fields import ISO_8601, ReaderOptions
 from yfpp.output.vocabulary import Vocabulary
@@ -91,7 +91,7 @@ def plan_slices(groups: list[Group], sliced: Any, ts: list[float], slice_events:
 class Scan(NamedTuple):
     """What :func:`scan` finds in a block of ``size`` bytes. When it is scanned (every line of the shape
     :func:`~yfpp.input.jsonl_scan.scan_block` takes, the times never going back): each line's ``ts``, per
-    routing key each line's worker (``owners``: its key text's hash modulo n; both arrays, which a worker
+    routing key each line's worker (``owners``: :func:`workers_of` its key value; both arrays, which a worker
     sends its peers as a few bytes a line), the ts and index of the
     ``last`` line the reader makes an event of (None: none), and whether each line is an object with no object
     in it (``flat``: an event of a line then has each routing attribute the scan found); else ``ts`` is None.
@@ -117,7 +117,7 @@ def scan(body: bytes, opts: ReaderOptions, keys: Sequence[str], n: int) -> Scan:
         ts, values, records = parsed
         if not _ordered(ts):
             return Scan(len(body), None, [], None)
-        return Scan(len(body), array("d", ts), [workers_of(routing_texts(vs), n) for vs in values],
+        return Scan(len(body), array("d", ts), [workers_of(vs, n) for vs in values],
                     _last_event(body, len(ts), opts), True, True, records)
     found = scan_block(body, opts, keys)
     if found is None or not _ordered(found[0]):
@@ -141,7 +141,8 @@ def _last_event(body: bytes, lines: int, opts: ReaderOptions) -> tuple[float, in
 
 
 def workers_of(values: Iterable[Hashable], n: int) -> array:
-    """Each value's worker of ``n``: its hash modulo ``n`` (in C: no Python step per value)."""
+    """Each key value's worker of ``n``: its hash modulo ``n`` (in C: no Python step per value). Values equal in
+    Python (``1``, ``1.0``, ``True``) hash alike, so one key goes to one worker however it is written."""
     return array("I", map(mod, map(hash, values), repeat(n)))
 
 
@@ -397,7 +398,7 @@ class Share:
         for g, grp in enumerate(self.groups):
             if grp.key:
                 a = grp.key[0]
-                chosen = [ev for ev in events if (v := ev.get(a)) is not MISSING and hash(routing_text(v)) % n == me]
+                chosen = [ev for ev in events if (v := ev.get(a)) is not MISSING and hash(v) % n == me]
             else:
                 chosen = events if self.slicings.get(g) is not None or g % n == me else []  # (sliced, or whole)
             self._place(routed, g, chosen, placed)

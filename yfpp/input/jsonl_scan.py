@@ -8,8 +8,8 @@ A block is scanned only when no line holds a backslash or a ``\r`` and each line
 with a number, and each routing attribute once, with an integer or a string — else :func:`scan_block`
 gives None (the caller parses the block). Without a backslash no quote is escaped and no key is written
 with escapes, so a line the parser takes as an event has its ts key where the scan found it: the scanned
-ts is its ts. A routing attribute named once is the event's attribute, with the scanned routing text
-(:func:`routing_text`), unless the name is nested (``{"n": {"k": 1}}``): then the event lacks it, and
+ts is its ts. A routing attribute named once is the event's attribute, with the scanned value
+(:func:`key_values`), unless the name is nested (``{"n": {"k": 1}}``): then the event lacks it, and
 the caller checks that an event it parsed has the attribute. A line the parser refuses may have any
 scanned values.
 
@@ -23,8 +23,9 @@ from __future__ import annotations
 import math
 import re
 from functools import lru_cache
+from itertools import repeat
 from operator import itemgetter
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import orjson
 
@@ -42,9 +43,9 @@ def _field(name: str, value: bytes) -> re.Pattern[bytes]:
     return re.compile(rb'"%s"[ \t]*:[ \t]*(%s)[ \t]*[,}][^\n]*' % (re.escape(name.encode()), value))
 
 
-def scan_block(body: bytes, opts: ReaderOptions, keys: Sequence[str]) -> tuple[list[float], list[list[bytes]]] | None:
-    """Each line's ts (scaled as the reader scales it) and, per name of ``keys``, each line's value as JSON
-    text; None unless every line of ``body`` (complete lines, ``\\n``-terminated but maybe the last) has the
+def scan_block(body: bytes, opts: ReaderOptions, keys: Sequence[str]) -> tuple[list[float], list[list[Any]]] | None:
+    """Each line's ts (scaled as the reader scales it) and, per name of ``keys``, each line's value (an integer or
+    a string, :func:`key_values`); None unless every line of ``body`` (complete lines, ``\\n``-terminated but maybe the last) has the
     shape of the module docstring."""
     if opts.unit is ISO_8601 or b"\\" in body or b"\r" in body:
         return None
@@ -68,8 +69,19 @@ def scan_block(body: bytes, opts: ReaderOptions, keys: Sequence[str]) -> tuple[l
         found = _field(name, _VALUE).findall(body)
         if len(found) != lines or body.count(b'"%s"' % name.encode()) != lines:
             return None
-        values.append(found)
+        values.append(key_values(found))
     return ts, values
+
+
+def key_values(texts: list[bytes]) -> list[int | str]:
+    """The values of JSON integers and strings without escapes, as a parser reads them (a line's bytes that are no
+    UTF-8 kept as surrogates: that line is a dead letter); in C passes where they are all of one kind."""
+    quotes = sum(map(bytes.count, texts, repeat(b'"')))
+    if quotes == 0:
+        return list(map(int, texts))
+    if quotes == 2 * len(texts):  # (no string holds a quote: joined, they are cut at each pair of quotes)
+        return b"".join(texts)[1:-1].decode("utf-8", "surrogateescape").split('""')
+    return [int(t) if t[:1] != b'"' else t[1:-1].decode("utf-8", "surrogateescape") for t in texts]
 
 
 def parsed_scan(body: bytes, opts: ReaderOptions,
@@ -103,23 +115,3 @@ def parsed_scan(body: bytes, opts: ReaderOptions,
 
 _NUMBERS = frozenset((int, float))
 _KEYS = frozenset((int, str))  # (the values the regular expressions take; others: the block is not scanned)
-
-
-def routing_text(value: Any) -> bytes:
-    """The text :func:`scan_block` finds for an attribute's value, made from the parsed value; values equal in
-    Python (``1``, ``1.0``, ``True``) get one text, so one key goes to one worker however it is written."""
-    if type(value) is str:
-        return b'"%s"' % value.encode("utf-8", "surrogatepass")
-    if isinstance(value, (bool, int)) or (type(value) is float and value.is_integer()):
-        return str(int(value)).encode()
-    return repr(value).encode()
-
-
-def routing_texts(values: list[Any]) -> Iterable[bytes]:
-    """The :func:`routing_text` of each of ``values``: in C passes where they are all integers or all strings."""
-    kinds = set(map(type, values))
-    if kinds == {int}:
-        return map(str.encode, map(int.__repr__, values))
-    if kinds == {str}:
-        return map(b'"%s"'.__mod__, map(str.encode, values))  # (a parsed line's strings hold no lone surrogate)
-    return map(routing_text, values)
