@@ -153,7 +153,8 @@ def plain_feeds(draw, max_events: int = 40) -> str:
     return "".join(line + "\n" for line in lines)
 
 
-PLAIN_QUERIES = ("PATTERN SEQ(a x, b y) WHERE [k] WITHIN 5", "PATTERN SEQ(a x, ~(c z), b y) WHERE [s] AND y.x >= x.x WITHIN 4",
+PLAIN_QUERIES = ("PATTERN SEQ(a x, b y) WHERE [k] WITHIN 5",
+                 "PATTERN SEQ(a x, ~(c z), b y) WHERE [s] AND y.x >= x.x WITHIN 4",
                  "PATTERN SEQ(b x, c+ y[]) WHERE [k] AND x.x = y[i].x WITHIN 6", "PATTERN SEQ(c x, a y) WITHIN 3")
 
 

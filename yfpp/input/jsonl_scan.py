@@ -45,8 +45,8 @@ def _field(name: str, value: bytes) -> re.Pattern[bytes]:
 
 def scan_block(body: bytes, opts: ReaderOptions, keys: Sequence[str]) -> tuple[list[float], list[list[Any]]] | None:
     """Each line's ts (scaled as the reader scales it) and, per name of ``keys``, each line's value (an integer or
-    a string, :func:`key_values`); None unless every line of ``body`` (complete lines, ``\\n``-terminated but maybe the last) has the
-    shape of the module docstring."""
+    a string, :func:`key_values`); None unless every line of ``body`` (complete lines, ``\\n``-terminated but maybe
+    the last) has the shape of the module docstring."""
     if opts.unit is ISO_8601 or b"\\" in body or b"\r" in body:
         return None
     lines = body.count(b"\n") + (body[-1:] != b"\n")
