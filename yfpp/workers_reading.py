@@ -372,8 +372,11 @@ class Share:
             return None  # (every line: the reader's block parse, its checks included, costs the same)
         else:
             records = records_of_plain_lines(compress(body.split(b"\n"), union))
-        own = range(len(records)) if union is None else compress(range(len(union)), union)
-        return plain_events(records, map(seq.__add__, own), self.opts)
+        events = plain_events(records, seq, self.opts)
+        if events is not None and union is not None:  # (numbered as in the file; the reader's loop left as it is)
+            for ev, j in zip(events, compress(range(len(union)), union)):
+                ev.seq = seq + j
+        return events
 
     def _count(self, events: list[Event], seq: int, reporter: Sequence[int] | None) -> None:
         """The events of the lines this worker reports counted (``reporter``: each line's reporting worker; None:
