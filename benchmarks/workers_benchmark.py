@@ -167,15 +167,16 @@ class Parts:
         import queue
 
         from yfpp.workers import SLICE_EVENTS, Sequencer
-        from yfpp.workers_reading import CHUNK, Share
+        from yfpp.workers_reading import CHUNK, Relay, Share
         from yfpp.workers_xml_reading import XmlShare
 
         n, opts, blocks, scan = self.n, self.opts, self.blocks, self.scanner()
         inboxes: list[Any] = [queue.Queue() for _ in range(n)]
+        sent = getattr(Relay, "sent", lambda sc: sc)  # (as a peer's scan comes: a checkout before it kept records)
         chunks = (len(blocks) + CHUNK - 1) // CHUNK
         for c in range(chunks):
             if c % n:
-                inboxes[0].put((c % n, c, [scan(body) for body in blocks[c * CHUNK:(c + 1) * CHUNK]]))
+                inboxes[0].put((c % n, c, [sent(scan(body)) for body in blocks[c * CHUNK:(c + 1) * CHUNK]]))
         for w in range(1, n):
             inboxes[0].put((w, chunks, None))
         return (XmlShare if self.xml else Share)(str(self.path), opts, self.groups, 0, n, SLICE_EVENTS, self.dead, Sequencer(dead_letters=self.dead),

@@ -2,13 +2,16 @@
 
 Shipping a parsed event from one reading process to a worker costs more CPU than reading it
 (benchmarks/RESULTS.md, "Workers"), so for a regular JSON-lines file each worker reads the whole file
-itself. Of each block of lines, one worker finds, without parsing, every line's ts and routing values
-(:func:`yfpp.input.jsonl_scan.scan_block`) and the worker each key value hashes to (:func:`scan`): the
-blocks come in chunks of :data:`CHUNK`, chunk ``c`` scanned by worker ``c % n``, which scans its chunks a
-few rounds ahead of its matching and sends the scans to the others (:class:`Relay`). Each worker then
-parses only the lines some group of its own routes to it: a keyed group's lines whose key text hashes to
-it, a sliced group's lines read by its slices, all lines of its whole groups. So each line is scanned
-once and parsed by about one worker; every worker reads the bytes (a copy from the page cache).
+itself. Of each block of lines, one worker finds every line's ts and routing values and the worker each
+key value hashes to (:func:`scan`): the blocks come in chunks of :data:`CHUNK`, chunk ``c`` scanned by
+worker ``c % n``, which scans its chunks a few rounds ahead of its matching and sends the scans to the
+others (:class:`Relay`). Each worker then makes events only of the lines some group of its own routes to
+it: a keyed group's lines whose key value hashes to it, a sliced group's lines read by its slices, all
+lines of its whole groups. For keyed groups a block of the plain shape is scanned by parsing it once
+(:func:`yfpp.input.jsonl_scan.parsed_scan`): the scanner makes its own lines' events of the records, and
+the others parse their lines of it without the block's checks; other blocks are scanned without parsing
+(:func:`yfpp.input.jsonl_scan.scan_block`). So each line is scanned once and made an event of by about
+one worker; every worker reads the bytes (a copy from the page cache).
 
 Everything a single reader decides is decided alike: a line's ``seq`` is its record's index (the
 block's first ``seq`` plus its place), dead letters are reported by one worker (the **reporter** of a
@@ -17,7 +20,7 @@ ts never fall below the watermark — the ts of the last line an event was made 
 end by parsing back from its last line. A block that is not scanned (a line of another shape) or whose ts
 go back is parsed whole by every worker and put through one engine's reorder buffer (the
 :class:`~yfpp.workers.Sequencer` given), whose late events and dead letters worker 0 reports; its events
-are routed by their parsed values (:func:`~yfpp.input.jsonl_scan.routing_text`), as scanned lines are.
+are routed by their parsed values (:func:`workers_of`), as scanned lines are.
 """
 
 from __future__ import annotations
@@ -28,14 +31,14 @@ from bisect import bisect_left, bisect_right
 from array import array
 from itertools import compress, islice, repeat
 from operator import eq, mod
-from typing import Any, Callable, Hashable, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, Hashable, Iterable, Iterator, NamedTuple, Sequence
 
 from yfpp.engine import Engine
 from yfpp.errors import YfppError
 from yfpp.input.dead_letters import DeadLetters
 from yfpp.input.events import MISSING, Event
-from yfpp.input.jsonl_reader import LineBlocks, parse_block
-from yfpp.input.jsonl_scan import routing_text, scan_block
+from yfpp.input.jsonl_reader import LineBlocks, parse_block, plain_events, records_of_plain_lines
+from yfpp.input.jsonl_scan import parsed_scan, scan_block
 from yfpp.input.readers import format_of
 from yfpp.input.record_fields import ISO_8601, ReaderOptions
 from yfpp.output.vocabulary import Vocabulary
@@ -88,40 +91,58 @@ def plan_slices(groups: list[Group], sliced: Any, ts: list[float], slice_events:
 class Scan(NamedTuple):
     """What :func:`scan` finds in a block of ``size`` bytes. When it is scanned (every line of the shape
     :func:`~yfpp.input.jsonl_scan.scan_block` takes, the times never going back): each line's ``ts``, per
-    routing key each line's worker (``owners``: its key text's hash modulo n; both arrays, which a worker
+    routing key each line's worker (``owners``: :func:`workers_of` its key value; both arrays, which a worker
     sends its peers as a few bytes a line), the ts and index of the
     ``last`` line the reader makes an event of (None: none), and whether each line is an object with no object
-    in it (``flat``: an event of a line then has each routing attribute the scan found); else ``ts`` is None."""
+    in it (``flat``: an event of a line then has each routing attribute the scan found); else ``ts`` is None.
+    ``plain``: every line has the plain shape of :func:`~yfpp.input.jsonl_reader.plain_records` (any of them
+    parsed without its checks); ``records``: the lines' records the scan parsed (kept by the scanning worker,
+    never sent: None in the peers' scans)."""
 
     size: int
     ts: Sequence[float] | None
     owners: list[array]
     last: tuple[float, int] | None
     flat: bool = False
+    plain: bool = False
+    records: list[dict[str, Any]] | None = None
 
 
 def scan(body: bytes, opts: ReaderOptions, keys: Sequence[str], n: int) -> Scan:
-    """The :class:`Scan` of a block of complete lines, for ``n`` workers."""
+    """The :class:`Scan` of a block of complete lines, for ``n`` workers: for keyed groups, the block parsed
+    once where it has the plain shape (its records kept, :func:`~yfpp.input.jsonl_scan.parsed_scan`), else
+    found by regular expressions (:func:`~yfpp.input.jsonl_scan.scan_block`)."""
+    parsed = parsed_scan(body, opts, keys) if keys else None
+    if parsed is not None:
+        ts, values, records = parsed
+        if not _ordered(ts):
+            return Scan(len(body), None, [], None)
+        return Scan(len(body), array("d", ts), [workers_of(vs, n) for vs in values],
+                    _last_event(body, len(ts), opts), True, True, records)
     found = scan_block(body, opts, keys)
     if found is None or not _ordered(found[0]):
         return Scan(len(body), None, [], None)
     ts, values = found
-    last = None
+    # (flat: one `{` a line, the first byte of each; only keyed groups look at it)
+    flat = bool(keys) and body[:1] == b"{" and body.count(b"\n{") == len(ts) - 1 and body.count(b"{") == len(ts)
+    return Scan(len(body), array("d", ts), [workers_of(vs, n) for vs in values], _last_event(body, len(ts), opts), flat)
+
+
+def _last_event(body: bytes, lines: int, opts: ReaderOptions) -> tuple[float, int] | None:
+    """The ts and index of the last of the block's ``lines`` lines that the reader makes an event of (None: none)."""
     end = len(body) - (body[-1:] == b"\n")
-    for j in range(len(ts) - 1, -1, -1):  # (parsed from the end back: a line of the shape may be no event)
+    for j in range(lines - 1, -1, -1):  # (parsed from the end back: a line of the shape may be no event)
         start = body.rfind(b"\n", 0, end) + 1
         events, _, _ = parse_block(body[start:end], 0, 0, opts, DeadLetters())
         if events:
-            last = (events[0].ts, j)
-            break
+            return events[0].ts, j
         end = start - 1
-    # (flat: one `{` a line, the first byte of each; only keyed groups look at it)
-    flat = bool(keys) and body[:1] == b"{" and body.count(b"\n{") == len(ts) - 1 and body.count(b"{") == len(ts)
-    return Scan(len(body), array("d", ts), [workers_of(vs, n) for vs in values], last, flat)
+    return None
 
 
-def workers_of(values: Sequence[Hashable], n: int) -> array:
-    """Each value's worker of ``n``: its hash modulo ``n`` (in C: no Python step per value)."""
+def workers_of(values: Iterable[Hashable], n: int) -> array:
+    """Each key value's worker of ``n``: its hash modulo ``n`` (in C: no Python step per value). Values equal in
+    Python (``1``, ``1.0``, ``True``) hash alike, so one key goes to one worker however it is written."""
     return array("I", map(mod, map(hash, values), repeat(n)))
 
 
@@ -160,10 +181,16 @@ class Relay:
                     self.kept[got] = scans
         return self.kept.pop(c, [])
 
+    @staticmethod
+    def sent(sc: Scan) -> Scan:
+        """``sc`` as the peers get it: without the records its scanner keeps."""
+        return sc._replace(records=None) if sc.records is not None else sc
+
     def _send(self, c: int, scans: list[Scan] | None) -> None:
         """Chunk ``c``'s scans kept, and sent to the others (None: the end of the file, before chunk ``c``)."""
         if scans is not None:
             self.kept[c] = scans
+            scans = list(map(self.sent, scans))
         for w, inbox in enumerate(self.inboxes):
             if w != self.me:
                 inbox.put((self.me, c, scans))
@@ -285,7 +312,7 @@ class Share:
                 union = None
         routed: Routed = {}
         if union is None or any(union):
-            events = self._parse(body, union, seq, lineno, reporter)
+            events = self._parse(body, union, seq, lineno, reporter, sc)
             single = len(self.groups) == 1
             placed: set[int] = set()
             for g, grp in enumerate(self.groups):
@@ -305,10 +332,16 @@ class Share:
         return routed
 
     def _parse(self, body: bytes, union: list[bool] | None, seq: int, lineno: int,
-               reporter: Sequence[int] | None) -> list[Event]:
+               reporter: Sequence[int] | None, sc: Scan) -> list[Event]:
         """The events of the block's lines ``union`` flags (None: every line; the block's first line has ``seq`` and
         comes after line ``lineno``), numbered as in the file; the dead letters and events of the lines this worker
-        reports counted."""
+        reports counted. Lines of the plain shape are made events of the records the scan parsed (``sc.records``,
+        in the worker that scanned the block) or parsed without the block's checks; a line that is no plain event
+        sends them all the long way."""
+        events = self._plain(body, union, seq, sc) if sc.plain else None
+        if events is not None:
+            self._count(events, seq, reporter)
+            return events
         caught = _Caught()
         me = self.me
         if union is None:  # (a block of lines, each a record: numbered as the file's at once)
@@ -327,6 +360,28 @@ class Share:
         for j, reason, raw in dead:
             if (reporter[j] if reporter is not None else 0) == me:
                 self.dead.report(seq + j, f"line {lineno + j + 1}", reason, raw)
+        self._count(events, seq, reporter)
+        return events
+
+    def _plain(self, body: bytes, union: list[bool] | None, seq: int, sc: Scan) -> list[Event] | None:
+        """The events of the lines ``union`` flags of a block of the plain shape, numbered as in the file; None
+        when one of them is no plain event."""
+        if sc.records is not None:
+            records = sc.records if union is None else list(compress(sc.records, union))
+        elif union is None:
+            return None  # (every line: the reader's block parse, its checks included, costs the same)
+        else:
+            records = records_of_plain_lines(compress(body.split(b"\n"), union))
+        events = plain_events(records, seq, self.opts)
+        if events is not None and union is not None:  # (numbered as in the file; the reader's loop left as it is)
+            for ev, j in zip(events, compress(range(len(union)), union)):
+                ev.seq = seq + j
+        return events
+
+    def _count(self, events: list[Event], seq: int, reporter: Sequence[int] | None) -> None:
+        """The events of the lines this worker reports counted (``reporter``: each line's reporting worker; None:
+        worker 0)."""
+        me = self.me
         if reporter is None:
             reported = events if me == 0 else []
         elif (len(self.groups) == 1 and self.groups[0].key) or reporter.count(me) == len(reporter):
@@ -335,7 +390,6 @@ class Share:
             reported = [ev for ev in events if reporter[ev.seq - seq] == me]
         self.events += len(reported)
         self.vocabulary.note(reported)
-        return events
 
     # --- a parsed block: route by the parsed values ------------------------------------------
 
@@ -347,7 +401,7 @@ class Share:
         for g, grp in enumerate(self.groups):
             if grp.key:
                 a = grp.key[0]
-                chosen = [ev for ev in events if (v := ev.get(a)) is not MISSING and hash(routing_text(v)) % n == me]
+                chosen = [ev for ev in events if (v := ev.get(a)) is not MISSING and hash(v) % n == me]
             else:
                 chosen = events if self.slicings.get(g) is not None or g % n == me else []  # (sliced, or whole)
             self._place(routed, g, chosen, placed)

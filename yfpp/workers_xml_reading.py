@@ -28,7 +28,6 @@ from yfpp import workers_reading
 from yfpp.errors import YfppError
 from yfpp.input.dead_letters import DeadLetters
 from yfpp.input.events import Event
-from yfpp.input.jsonl_scan import routing_text
 from yfpp.input.line_attributes import NAME
 from yfpp.input.readers import format_of
 from yfpp.input.record_fields import ISO_8601, ReaderOptions, typed_value
@@ -48,7 +47,7 @@ _NEXT = re.compile(rb"[ \t]++(" + _NAME + rb")=")
 _LAST = re.compile(rb"[ \t]*+/>\n")
 _TS = rb"[0-9]{1,15}(?:\.[0-9]{1,15})?"  # a ts JsonLines reads
 _NUMBERS = re.compile(_TS + rb'(?:"' + _TS + rb")*+")
-_INTEGERS = re.compile(rb'(?:[1-9][0-9]{0,17}|0)(?:"(?:[1-9][0-9]{0,17}|0))*+')  # integers that are their routing text
+_INTEGERS = re.compile(rb'(?:[1-9][0-9]{0,17}|0)(?:"(?:[1-9][0-9]{0,17}|0))*+')  # integers as int() reads them
 # Lines with their attributes in other orders: each line one such element, a value printable ASCII without a quote,
 # "&", "<", "=" or backslash (so each " name=" in a line starts an attribute: the scan finds the line's attribute)
 _TEXT = rb'[ !#-%\'-;?-\[\]-~]*+'
@@ -83,7 +82,7 @@ def _name(name: str) -> bool:
 
 
 class _Owners(dict):
-    """Per attribute text, the worker of ``n`` its typed value's routing text hashes to (as routing a parsed
+    """Per attribute text, the worker of ``n`` its typed value hashes to (as routing a parsed
     event does); 4,096 texts kept at most, then forgotten at once."""
 
     def __init__(self, n: int):
@@ -93,7 +92,7 @@ class _Owners(dict):
     def __missing__(self, text: bytes) -> int:
         if len(self) >= 4096:
             self.clear()
-        owner = self[text] = hash(routing_text(typed_value(text.decode("utf-8", "surrogateescape")))) % self.n
+        owner = self[text] = hash(typed_value(text.decode("utf-8", "surrogateescape"))) % self.n
         return owner
 
 
@@ -168,7 +167,7 @@ class Scanner:
     def _owners(self, values: list[bytes]) -> array:
         """The worker each key text routes to."""
         if _INTEGERS.fullmatch(b'"'.join(values)) is not None:
-            return workers_of(values, self.n)
+            return workers_of(map(int, values), self.n)
         return array("I", map(self.owners.__getitem__, values))
 
 
@@ -268,9 +267,10 @@ class XmlShare(Share):
             yield self._buffered(one.read(b"", reporting)), self._closing()
 
     def _parse(self, body: bytes, union: list[bool] | None, seq: int, lineno: int,
-               reporter: Sequence[int] | None) -> list[Event]:
+               reporter: Sequence[int] | None, sc: Scan) -> list[Event]:
         """The events of the block's lines ``union`` flags (None: every line; the block's first line is record
-        ``seq``, on line ``lineno``); the dead letters and events of the lines this worker reports counted."""
+        ``seq``, on line ``lineno``); the dead letters and events of the lines this worker reports counted (``sc``,
+        the block's scan: not read here)."""
         own = None if union is None else list(compress(range(len(union)), union))
         if own is None:
             region, numbers = body, None

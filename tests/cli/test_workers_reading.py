@@ -25,7 +25,7 @@ from yfpp.cli import main
 from yfpp.engine import Engine
 from yfpp.input.dead_letters import DeadLetters
 from yfpp.input.jsonl_reader import parse_block
-from yfpp.input.jsonl_scan import routing_text, scan_block
+from yfpp.input.jsonl_scan import key_values, scan_block
 from yfpp.input.readers import read_event_batches, reading_options
 from yfpp.workers import Workers
 from yfpp.workers_reading import Relay, Scan, scan, workers_of
@@ -88,7 +88,7 @@ def feeds(draw, max_events: int = 40) -> str:
 @settings(max_examples=200, deadline=None)
 @given(feeds(max_events=30))
 def test_the_scan_agrees_with_the_reader(text):
-    """Where a block is scanned, each line the reader takes has the scanned ts and key text."""
+    """Where a block is scanned, each line the reader takes has the scanned ts and key values."""
     body = text.encode()
     if not body:
         return
@@ -101,23 +101,94 @@ def test_the_scan_agrees_with_the_reader(text):
         events, _, _ = parse_block(line, j, 0, opts, DeadLetters())
         for ev in events:
             assert ts[j] == ev.ts
-            assert ks[j] == routing_text(ev.attrs["k"]) and xs[j] == routing_text(ev.attrs["x"])
+            for scanned, parsed in ((ks[j], ev.attrs["k"]), (xs[j], ev.attrs["x"])):
+                assert scanned == parsed and type(scanned) is type(parsed) and hash(scanned) == hash(parsed)
 
 
 def test_a_scan_sends_each_lines_ts_and_worker_as_arrays():
-    """A scan as a worker's peers receive it (pickled): the ts and each key's workers (its text's hash modulo n)."""
+    """A scan as a worker's peers receive it (pickled): the ts and each key's workers (its value's hash modulo n)."""
     import pickle
 
     body = b"".join(json.dumps({"type": "a", "ts": i / 2, "k": f"s{i % 5}"}).encode() + b"\n" for i in range(40))
     sent = pickle.loads(pickle.dumps(scan(body, reading_options(), ["k"], 3)))
-    texts = [b'"s%d"' % (i % 5) for i in range(40)]
+    keys = [f"s{i % 5}" for i in range(40)]
     assert list(sent.ts) == [i / 2 for i in range(40)] and sent.last == (19.5, 39) and sent.flat
-    assert list(sent.owners[0]) == [hash(t) % 3 for t in texts] == list(workers_of(texts, 3))
+    assert list(sent.owners[0]) == [hash(k) % 3 for k in keys] == list(workers_of(keys, 3))
 
 
-def test_routing_text_is_one_per_python_value():
-    assert routing_text(1) == routing_text(1.0) == routing_text(True) == b"1"
-    assert routing_text("1") == b'"1"' and routing_text(0) == routing_text(False) == b"0"
+def test_a_plain_block_is_parsed_once_by_its_scanner():
+    """A block of the plain shape: the scan parses it (the scanner keeps the records, its peers get none) and finds
+    what the regular expressions find; a line naming the key as a value only, or a null key, leaves it to them."""
+    import pickle
+
+    opts = reading_options()
+    body = b"".join(json.dumps({"type": "ab"[i % 2], "ts": i, "k": i % 4, "s": f"v{i % 3}"}).encode() + b"\n"
+                    for i in range(30))
+    got = scan(body, opts, ["k", "s"], 3)
+    assert got.plain and got.records is not None and len(got.records) == 30
+    sent = pickle.loads(pickle.dumps(Relay.sent(got)))
+    assert sent.records is None and sent.plain
+    found = scan_block(body, opts, ["k", "s"])
+    assert found is not None and list(got.ts) == found[0] and got.last == (29.0, 29)
+    assert [list(o) for o in got.owners] == [list(workers_of(vs, 3)) for vs in found[1]]
+    for odd in (b'{"type": "a", "ts": 30, "x": "k", "s": "v"}\n', b'{"type": "a", "ts": 30, "k": null, "s": "v"}\n'):
+        assert not scan(body + odd, opts, ["k", "s"], 3).plain
+
+
+@st.composite
+def plain_feeds(draw, max_events: int = 40) -> str:
+    """JSON lines mostly of the plain shape, keyed by ``k`` (an integer) and ``s`` (a string), among them plain
+    lines that are no plain event (no or an empty type, a number as type, a null value), nested and broken
+    lines, blank lines and times going back (late events)."""
+    lines, ts = [], 0
+    for _ in range(draw(st.integers(0, max_events))):
+        ts += draw(st.sampled_from([0, 0, 1, 2]))
+        rec = {"type": draw(st.sampled_from("abc")), "ts": ts, "k": draw(st.integers(0, 3)),
+               "s": draw(st.sampled_from(["p", "q", "r"])), "x": draw(st.integers(0, 3))}
+        style = draw(st.sampled_from([0] * 16 + list(range(1, 10))))
+        odd = [rec, {**rec, "ts": max(ts - 3, 0)}, {**rec, "x": None}, {**rec, "type": ""},
+               {k: v for k, v in rec.items() if k != "type"}, {**rec, "type": 5}, {**rec, "n": {"m": 1}},
+               {**rec, "ts": ts + 0.5}][style] if style < 8 else None
+        lines.append(json.dumps(odd) if odd is not None else draw(st.sampled_from(["{broken", ""])))
+    return "".join(line + "\n" for line in lines)
+
+
+PLAIN_QUERIES = ("PATTERN SEQ(a x, b y) WHERE [k] WITHIN 5",
+                 "PATTERN SEQ(a x, ~(c z), b y) WHERE [s] AND y.x >= x.x WITHIN 4",
+                 "PATTERN SEQ(b x, c+ y[]) WHERE [k] AND x.x = y[i].x WITHIN 6", "PATTERN SEQ(c x, a y) WITHIN 3")
+
+
+@pytest.fixture
+def plain_blocks(monkeypatch):
+    monkeypatch.setattr(yfpp.workers_reading, "BLOCK", 331)  # about five lines a block: each worker owns some of them
+    monkeypatch.setattr(yfpp.workers_reading, "CHUNK", 2)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(st.sets(st.sampled_from(PLAIN_QUERIES), min_size=1), plain_feeds(), st.sampled_from([2, 3]))
+def test_workers_over_plain_blocks_are_one_engine(plain_blocks, tmp_path, texts, text, n):
+    """Blocks of the plain shape (events made of the scanner's records, or the peers' lines parsed without the
+    checks) mixed with others, several keys, dead letters and late events: one engine's matches, dead letters
+    and count."""
+    from yfpp.language.query_text import parse_query
+
+    path = tmp_path / "feed.jsonl"
+    path.write_text(text)
+    queries = [(f"q{i}", parse_query(q, "sase", "s")) for i, q in enumerate(sorted(texts))]
+    assert with_workers(queries, str(path), n) == one_engine(queries, str(path))
+
+
+def test_equal_key_values_go_to_one_worker():
+    assert len({*workers_of([1, 1.0, True], 7)}) == 1 and len({*workers_of([0, 0.0, False], 7)}) == 1
+
+
+@given(st.one_of(st.lists(st.integers()), st.lists(st.text()), st.lists(st.one_of(st.integers(), st.text()))))
+def test_key_values_read_json_integers_and_strings(values):
+    """As the scan finds them: JSON integers and strings without a quote, backslash or control character."""
+    values = [v for v in values if type(v) is int or all(c >= " " and c not in '"\\' for c in v)]
+    texts = [json.dumps(v, ensure_ascii=False).encode() for v in values]
+    assert key_values(texts) == values
 
 
 def one_engine(queries: list, path: str, fmt: str = "jsonl") -> tuple[Counter, Counter, int]:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import math
 import zlib
-from typing import IO, Any, Iterator
+from typing import IO, Any, Iterable, Iterator
 
 import orjson
 
@@ -109,10 +109,9 @@ def parse_block(body: bytes, seq: int, lineno: int, opts: ReaderOptions,
                 dl: DeadLetters) -> tuple[list[Event], int, int]:
     """The events of ``body``'s lines (its records numbered from ``seq``, its lines counted from ``lineno``;
     dead letters to ``dl``), and the ``seq`` and ``lineno`` after it."""
-    keys = (b'"%s"' % opts.ts_field.encode(), b'"%s"' % (opts.type_field or "type").encode())
-    bulk = opts.unit is not ISO_8601 and (opts.type_field or "type") != opts.ts_field
+    keys = _quoted_keys(opts)
     events: list[Event] = []
-    parsed = _bulk(body, keys) if bulk and len(body) <= opts.max_record_bytes else None
+    parsed = plain_records(body, opts)
     if parsed is not None and _plain_events(parsed, seq, opts, events):
         return events, seq + len(events), lineno + len(parsed)
     events.clear()
@@ -127,6 +126,33 @@ def parse_block(body: bytes, seq: int, lineno: int, opts: ReaderOptions,
             continue  # blank
         seq += 1
     return events, seq, lineno
+
+
+def plain_records(body: bytes, opts: ReaderOptions) -> list[Any] | None:
+    """The records of ``body``'s lines parsed by one orjson call when every line has the plain shape (:func:`_bulk`:
+    one flat object naming the type and ts keys once), else None. A subset of such lines may be parsed without
+    the checks (:func:`records_of_plain_lines`)."""
+    if opts.unit is ISO_8601 or (opts.type_field or "type") == opts.ts_field or len(body) > opts.max_record_bytes:
+        return None
+    return _bulk(body, _quoted_keys(opts))
+
+
+def records_of_plain_lines(lines: Iterable[bytes]) -> list[Any]:
+    """The records of lines taken from a block :func:`plain_records` parsed (so each is one flat object), by one
+    orjson call without its checks."""
+    return orjson.loads(b"[" + b",".join(lines) + b"]")
+
+
+def plain_events(records: list[Any], seq: int, opts: ReaderOptions) -> list[Event] | None:
+    """The events of records of the plain shape (:func:`plain_records`), numbered from ``seq``; None (``records``
+    spoilt) unless each is a plain event (else :func:`parse_block` reads their lines one by one)."""
+    events: list[Event] = []
+    return events if _plain_events(records, seq, opts, events) else None
+
+
+def _quoted_keys(opts: ReaderOptions) -> tuple[bytes, bytes]:
+    """The quoted ts and type field names."""
+    return b'"%s"' % opts.ts_field.encode(), b'"%s"' % (opts.type_field or "type").encode()
 
 
 def _last_line_end(block: bytes) -> int:

@@ -8,10 +8,14 @@ A block is scanned only when no line holds a backslash or a ``\r`` and each line
 with a number, and each routing attribute once, with an integer or a string — else :func:`scan_block`
 gives None (the caller parses the block). Without a backslash no quote is escaped and no key is written
 with escapes, so a line the parser takes as an event has its ts key where the scan found it: the scanned
-ts is its ts. A routing attribute named once is the event's attribute, with the scanned routing text
-(:func:`routing_text`), unless the name is nested (``{"n": {"k": 1}}``): then the event lacks it, and
+ts is its ts. A routing attribute named once is the event's attribute, with the scanned value
+(:func:`key_values`), unless the name is nested (``{"n": {"k": 1}}``): then the event lacks it, and
 the caller checks that an event it parsed has the attribute. A line the parser refuses may have any
 scanned values.
+
+For keyed groups :func:`parsed_scan` finds the same by parsing the block once (one orjson call, as the reader
+parses a block of the plain shape) and keeps the records, so that the scanning worker builds its own lines'
+events from them instead of parsing those lines again.
 """
 
 from __future__ import annotations
@@ -19,10 +23,13 @@ from __future__ import annotations
 import math
 import re
 from functools import lru_cache
+from itertools import repeat
+from operator import itemgetter
 from typing import Any, Sequence
 
 import orjson
 
+from yfpp.input.jsonl_reader import plain_records
 from yfpp.input.record_fields import ISO_8601, ReaderOptions
 
 # a number's characters (float() refuses what is no number; a line the parser takes has a JSON number there)
@@ -36,10 +43,10 @@ def _field(name: str, value: bytes) -> re.Pattern[bytes]:
     return re.compile(rb'"%s"[ \t]*:[ \t]*(%s)[ \t]*[,}][^\n]*' % (re.escape(name.encode()), value))
 
 
-def scan_block(body: bytes, opts: ReaderOptions, keys: Sequence[str]) -> tuple[list[float], list[list[bytes]]] | None:
-    """Each line's ts (scaled as the reader scales it) and, per name of ``keys``, each line's value as JSON
-    text; None unless every line of ``body`` (complete lines, ``\\n``-terminated but maybe the last) has the
-    shape of the module docstring."""
+def scan_block(body: bytes, opts: ReaderOptions, keys: Sequence[str]) -> tuple[list[float], list[list[Any]]] | None:
+    """Each line's ts (scaled as the reader scales it) and, per name of ``keys``, each line's value (an integer or
+    a string, :func:`key_values`); None unless every line of ``body`` (complete lines, ``\\n``-terminated but maybe
+    the last) has the shape of the module docstring."""
     if opts.unit is ISO_8601 or b"\\" in body or b"\r" in body:
         return None
     lines = body.count(b"\n") + (body[-1:] != b"\n")
@@ -62,15 +69,49 @@ def scan_block(body: bytes, opts: ReaderOptions, keys: Sequence[str]) -> tuple[l
         found = _field(name, _VALUE).findall(body)
         if len(found) != lines or body.count(b'"%s"' % name.encode()) != lines:
             return None
-        values.append(found)
+        values.append(key_values(found))
     return ts, values
 
 
-def routing_text(value: Any) -> bytes:
-    """The text :func:`scan_block` finds for an attribute's value, made from the parsed value; values equal in
-    Python (``1``, ``1.0``, ``True``) get one text, so one key goes to one worker however it is written."""
-    if type(value) is str:
-        return b'"%s"' % value.encode("utf-8", "surrogatepass")
-    if isinstance(value, (bool, int)) or (type(value) is float and value.is_integer()):
-        return str(int(value)).encode()
-    return repr(value).encode()
+def key_values(texts: list[bytes]) -> list[int | str]:
+    """The values of JSON integers and strings without escapes, as a parser reads them (a line's bytes that are no
+    UTF-8 kept as surrogates: that line is a dead letter); in C passes where they are all of one kind."""
+    quotes = sum(map(bytes.count, texts, repeat(b'"')))
+    if quotes == 0:
+        return list(map(int, texts))
+    if quotes == 2 * len(texts):  # (no string holds a quote: joined, they are cut at each pair of quotes)
+        return b"".join(texts)[1:-1].decode("utf-8", "surrogateescape").split('""')
+    return [int(t) if t[:1] != b'"' else t[1:-1].decode("utf-8", "surrogateescape") for t in texts]
+
+
+def parsed_scan(body: bytes, opts: ReaderOptions,
+                keys: Sequence[str]) -> tuple[list[float], list[list[Any]], list[dict[str, Any]]] | None:
+    """Each line's ts (scaled as the reader scales it), per name of ``keys`` each line's value, and the lines'
+    records, from one parse of the block (:func:`~yfpp.input.jsonl_reader.plain_records`); None unless every
+    line is of the plain shape, without ``\\r``, with a number as ts and an integer or a string as each key.
+    A record that is no plain event (an empty type, a null value) may be a dead letter: the caller parses its
+    line again to learn what it is."""
+    if b"\r" in body:
+        return None
+    records = plain_records(body, opts)
+    if records is None:
+        return None
+    try:
+        raw = list(map(itemgetter(opts.ts_field), records))
+        values = [list(map(itemgetter(name), records)) for name in keys]
+    except KeyError:  # (a line naming the ts or a key as a value only)
+        return None
+    if not _NUMBERS.issuperset(map(type, raw)) or not all(_KEYS.issuperset(map(type, vs)) for vs in values):
+        return None
+    m, d = opts.unit
+    try:
+        ts = raw if m == d == 1 else [r * m / d for r in raw]
+        if not math.isfinite(math.fsum(ts)):
+            return None
+    except OverflowError:  # (an integer past the floats)
+        return None
+    return ts, values, records
+
+
+_NUMBERS = frozenset((int, float))
+_KEYS = frozenset((int, str))  # (the values the regular expressions take; others: the block is not scanned)
