@@ -106,6 +106,7 @@ class Scanner:
     def __init__(self, opts: ReaderOptions, keys: Sequence[str], n: int):
         self.unit, self.ts_field, self.n = opts.unit, opts.ts_field.encode(), n
         self.keys = [k.encode() for k in keys]
+        self.max_record_bytes = opts.max_record_bytes
         self.owners = _Owners(n)
         self.last = JsonLines(opts)
         self.ts = _attribute(self.ts_field, _TS)
@@ -114,10 +115,13 @@ class Scanner:
     def __call__(self, body: bytes) -> Scan:
         not_scanned = Scan(len(body), None, [], None)
         lines = body.count(b"\n")
-        pieces = body.split(b'"')
-        step = (len(pieces) - 1) // lines if lines else 0
         if not lines or b"&" in body or b"\r" in body or b"xmlns" in body:
             return not_scanned
+        cap = self.max_record_bytes  # (a line over it: the reader's dead letter, "too large")
+        if len(body) > cap and max(map(len, body.split(b"\n"))) > cap:
+            return not_scanned
+        pieces = body.split(b'"')
+        step = (len(pieces) - 1) // lines
         names = self._names(pieces, step) if step >= 2 and step % 2 == 0 and step * lines + 1 == len(pieces) \
             and body.count(b"<") == lines else None
         if names is not None and names.count(self.ts_field) == 1 and all(names.count(k) == 1 for k in self.keys):

@@ -213,3 +213,15 @@ def test_cli_workers_read_the_xml_file(capsys, tmp_path):
                     + "</stream>\n")
     results = reading_test.cli_results(capsys, tmp_path, path, (["--workers", "1"], ["--workers", "2"]))
     assert len(set(map(str, results.values()))) == 1 and results[("--workers", "1")][1] == 3000
+
+
+def test_a_line_over_max_record_bytes_is_the_same_dead_letter_with_workers(capsys, tmp_path):
+    """A plain line longer than --max-record-bytes in a block the workers would scan: one dead letter ("too
+    large") and the same events and matches as one engine, not an event."""
+    path = tmp_path / "feed.xml"
+    lines = [f'<{"ab"[i % 2]} ts="{i}" k="{i % 7}"/>\n' for i in range(3000)]
+    lines[2000] = f'<a ts="2000" k="3" pad="{"x" * 600}"/>\n'
+    path.write_text("<stream>\n" + "".join(lines) + "</stream>\n")
+    results = reading_test.cli_results(capsys, tmp_path, path, (["--workers", "1", "--max-record-bytes", "300"],
+                                                                ["--workers", "2", "--max-record-bytes", "300"]))
+    assert len(set(map(str, results.values()))) == 1 and results[("--workers", "1", "--max-record-bytes", "300")][1] == 2999

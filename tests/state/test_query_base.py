@@ -156,3 +156,45 @@ def test_a_shed_after_the_base_is_in_the_checkpoint_against_it(tmp_path):
     write(eng, base, path, encoded, {}, True)
     assert json.loads(path.read_text())["since"] == [[1, eng.queries[1].since_tick]]
     assert read(path) == (json.dumps(snapshot(eng), sort_keys=True), {})
+
+
+def test_a_checkpoint_given_up_after_a_restart_leaves_the_base_of_the_one_in_place(tmp_path):
+    """After a restart the base read with the checkpoint in place stays while that checkpoint is in place: a
+    first checkpoint taking a new base and given up (a full disk) removes its own base only, and a base file of
+    no checkpoint (a kill -9 while the first one was written) goes at the start."""
+    path = tmp_path / "engine-checkpoint.json"
+    eng = Engine()
+    eng.register(TEXT.format(k=1), name="q1")
+    write(eng, QueryBase(path), path, EncodedPatterns(), {}, True)
+    want = read(path)
+    restarted, patterns = QueryBase(path), EncodedPatterns()
+    restarted.found(query_base.read(path)[2])
+    with patch.object(query_base, "MIN_CHANGES", 1):
+        eng.register(TEXT.format(k=2), name="q2")  # (enough changes for a new base)
+        write(eng, restarted, path, patterns, {}, False)
+    assert read(path) == want and len(list(tmp_path.glob(base_name(path, "*")))) == 1
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    stray = empty / base_name(path, "0" * 12)
+    stray.write_text("{}")
+    QueryBase(empty / path.name).found(None)
+    assert not stray.exists()
+
+
+def test_the_nodes_of_queries_gone_are_forgotten_at_a_new_base(tmp_path):
+    """What the takes keep of the nodes (``node_refs``) does not grow with queries registered and removed."""
+    path = tmp_path / "engine-checkpoint.json"
+    eng = Engine()
+    eng.register(TEXT.format(k=0), name="kept")
+    eng.process(Event("A", 1.0, {"x": 0, "k": 0}, 0))
+    base, patterns = QueryBase(path), EncodedPatterns()
+    sizes = []
+    with patch.object(query_base, "MIN_CHANGES", 2):
+        for r in range(6):
+            qids = [eng.register(TEXT.format(k=100 * r + i), name=f"n{r}.{i}") for i in range(20)]
+            write(eng, base, path, patterns, {}, True)
+            for qid in qids:
+                eng.unregister(qid)
+            write(eng, base, path, patterns, {}, True)
+            sizes.append(len(base.node_refs))
+    assert max(sizes) <= 2 * 21 * 2 and read(path) == (json.dumps(snapshot(eng), sort_keys=True), {})

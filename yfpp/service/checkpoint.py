@@ -44,6 +44,8 @@ def load(path: Path, patterns: EncodedPatterns | None = None, base: QueryBase | 
     is no checkpoint yet; ``patterns`` keeps the restored queries' patterns as the checkpoint holds them encoded;
     ``base`` is told of the base file read (and the base files of no checkpoint are removed)."""
     if not path.is_file():
+        if base is not None:
+            base.found(None)  # (a base file of no checkpoint: a kill -9 during the first one)
         return None, {}
     data, service, token = read(path)
     if base is not None:

@@ -98,9 +98,11 @@ class QueryBase:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.node_refs: dict = {}  #: kept by ``NodeRefs`` from take to take
+        self.node_refs: dict = {}  #: kept by ``NodeRefs`` from take to take (forgotten at each new base)
+        self._refs_base: _Base | None = None  # the base ``node_refs`` was kept since
         self._lock = threading.Lock()
-        self._base: _Base | None = None  # the base of the checkpoint in place
+        self._base: _Base | None = None  # the base of the checkpoint in place, as taken here
+        self._in_place: str | None = None  # the token of the base of the checkpoint in place (taken here or read)
         self._pending: Counter[str] = Counter()  # tokens of the checkpoints taken and not yet in place or given up
         self._files: set[str] = set()  # tokens of the base files written and not removed
         self._diff: tuple = (None, None, [], [])  # (sources.version, base, added, removed) of the last take
@@ -109,6 +111,9 @@ class QueryBase:
         """Before a take: ``node_ref`` knows the nodes of the queries registered since the base."""
         with self._lock:
             base = self._base
+        if base is not self._refs_base:  # (the nodes of queries gone since are forgotten: one walk a base)
+            self.node_refs.clear()
+            self._refs_base = base
         if base is not None:
             for qid in self._changes(engine.sources, base)[0]:
                 if qid in engine.queries:
@@ -153,8 +158,9 @@ class QueryBase:
         for stale in self.path.parent.glob(base_name(self.path, "*")):
             if stale.name != keep:
                 stale.unlink(missing_ok=True)
-        if token is not None:
-            with self._lock:
+        with self._lock:
+            self._in_place = token
+            if token is not None:
                 self._files.add(token)
 
     def committed(self, taken: TakenQueries) -> None:
@@ -162,6 +168,7 @@ class QueryBase:
         with self._lock:
             self._pending[taken.token] -= 1
             self._base = taken.base
+            self._in_place = taken.token
             self._remove_unused()
 
     def discarded(self, taken: TakenQueries) -> None:
@@ -171,8 +178,7 @@ class QueryBase:
             self._remove_unused()
 
     def _remove_unused(self) -> None:
-        current = self._base.token if self._base is not None else None
-        for token in [t for t in self._files if t != current and self._pending[t] <= 0]:
+        for token in [t for t in self._files if t != self._in_place and self._pending[t] <= 0]:
             self.path.with_name(base_name(self.path, token)).unlink(missing_ok=True)
             self._files.discard(token)
             del self._pending[token]
