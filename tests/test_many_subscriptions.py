@@ -128,7 +128,8 @@ def test_churn_with_single_registrations_and_a_restore_matches_the_reference(sub
                                                                               restore_at):
     """The churn property with some subscriptions registered one at a time (the others in batches) and the
     engine replaced by its snapshot restored before one event: nodes, wait states and index entries of one
-    query and of several come and go (``yfpp.nfa.shared_nfa.OneEntry``, ``append_to``) and survive a restore."""
+    query and of several come and go (a node's only child or wait state held as itself, ``append_to``) and survive a
+    restore."""
     check_churn(subs, events, cuts, singles, restore_at)
 
 

@@ -500,7 +500,7 @@ def removed(items: tuple | list, item: Any) -> tuple | list:
 
 
 def append_to(table: dict, key: Any, item: Any) -> None:
-    """``item`` (a node, a query's plan) added to ``table[key]``'s (:func:`appended`)."""
+    """``item`` (an index entry's node) added to ``table[key]``'s (:func:`appended`)."""
     table[key] = appended(table.get(key), item)
 
 
