@@ -49,7 +49,7 @@ _TS = rb"[0-9]{1,15}(?:\.[0-9]{1,15})?"  # a ts JsonLines reads
 _NUMBERS = re.compile(_TS + rb'(?:"' + _TS + rb")*+")
 _INTEGERS = re.compile(rb'(?:[1-9][0-9]{0,17}|0)(?:"(?:[1-9][0-9]{0,17}|0))*+')  # integers as int() reads them
 # Lines with their attributes in other orders: each line one such element, a value printable ASCII without a quote,
-# "&", "<", "=" or backslash (so each " name=" in a line starts an attribute: the scan finds the line's attribute)
+# "&", "<", "=", ">" or backslash (so each " name=" in a line starts an attribute: the scan finds the line's attribute)
 _TEXT = rb'[ !#-%\'-;?-\[\]-~]*+'
 _PLAIN = re.compile(rb"(?:[ \t]*+<" + _NAME + rb"(?:[ \t]++" + _NAME + rb'="' + _TEXT + rb'")++[ \t]*+/>\n)++')
 _ENCODING = re.compile(rb"""\sencoding\s*=\s*["']([A-Za-z0-9._-]+)["']""")
@@ -101,7 +101,8 @@ class Scanner:
     scanned when every line is ``<tag name="value" …/>``, one of them the ts, a number, with each key, and no ``&``,
     ``\\r`` or namespace. Lines of as many attributes, the ts and keys at the same places (the tags, blanks and other
     names may differ), are the quickest: cut at its quotes, such a block is a run of lines of as many pieces each;
-    other blocks are found by regular expressions, their values printable ASCII without ``=``."""
+    other blocks are found by regular expressions, their values printable ASCII without a quote, ``&``, ``<``,
+    ``=``, ``>`` or backslash."""
 
     def __init__(self, opts: ReaderOptions, keys: Sequence[str], n: int):
         self.unit, self.ts_field, self.n = opts.unit, opts.ts_field.encode(), n
