@@ -106,14 +106,15 @@ def check_workers(spark: Any) -> None:
         import platform
         import socket
 
-        missing = []
+        missing, broken = [], None
         for module in needed:
             try:
                 importlib.import_module(module)
-            except Exception:
+            except ModuleNotFoundError:
                 missing.append(module)
-        broken = None
-        if not missing:
+            except Exception as e:  # (there, but it does not import: say why)
+                broken = broken or f"{module}: {type(e).__name__}: {e}"
+        if not missing and broken is None:
             for module in packages:
                 try:
                     importlib.import_module(module)
@@ -125,6 +126,8 @@ def check_workers(spark: Any) -> None:
     n = max(sc.defaultParallelism, 1)
     try:
         reports = sc.parallelize(range(n), n).map(probe).collect()
+        if any(missing or broken for _, _, missing, broken in reports):  # (asked again: a worker that started
+            reports = sc.parallelize(range(n), n).map(probe).collect()  # badly once is not the executors' Python)
     except Exception as e:
         raise YfppError(f"cannot run Python on the executors: {_why(str(e))}") from None
     for host, version, missing, broken in reports:
@@ -133,7 +136,7 @@ def check_workers(spark: Any) -> None:
                             f"{'it' if len(missing) == 1 else 'them'} there (pip install {' '.join(missing)}), or set "
                             f"spark.pyspark.python (PYSPARK_PYTHON) to a Python that has {'it' if len(missing) == 1 else 'them'}")
         if broken:
-            raise YfppError(f"the executors cannot import the shipped {broken} (Python {version} on {host})")
+            raise YfppError(f"the executors cannot import {broken} (Python {version} on {host})")
 
 
 def _why(text: str) -> str:
