@@ -326,6 +326,36 @@ class AttributeTest:
             return ("xeq", self.name, literal)
         return ("@", self.op, self.name, type(literal), literal, self.numeric)
 
+    def equality_key(self) -> tuple[type, tuple] | None:
+        """For ``@name = 'text'``: the class of its index key that answers as this test does
+        (:class:`AttributeEquality`) and that key's first two items, ``("xeq", name)``; else None
+        (``yfpp.nfa.predicates.equality_key_of``)."""
+        if self.op is operator.eq and not self.numeric and type(self.literal) is str:
+            return AttributeEquality, ("xeq", self.name)
+        return None
+
+
+class AttributeEquality(tuple):
+    """The index key ``("xeq", name, text)`` of ``@name = 'text'`` that is the predicate's test too: called, it
+    answers what ``AttributeTest(operator.eq, name, text, False)`` does.  A component whose begin condition is that
+    test alone (each step of most XPath subscriptions) keeps one object for its signature's key, its index key, its
+    shared-atom key and its check, not three."""
+
+    __slots__ = ()
+
+    def __call__(self, event: Event, vec: tuple = ()) -> bool:
+        raw = _read_view(event).get(self[1])
+        if raw is None:
+            return False
+        try:
+            return bool(raw == self[2])
+        except _ERRORS:
+            return False
+
+    def atom_key(self) -> tuple:
+        """What it computes (``yfpp.nfa.predicates.atom_key``): itself, as :meth:`AttributeTest.atom_key` writes it."""
+        return self
+
 
 def _parsed_when_needed(source: str, namespaces: Namespaces) -> Test:
     """The elementpath test of ``source`` (valid), parsed at its first call: behind the fast path it decides only

@@ -149,3 +149,79 @@ def test_a_one_equality_component_keeps_its_index_key_as_its_check() -> None:
     for value in ("Z2", "Z1", "z2", 2, 2.0, None, True, ["Z2"]):
         assert node.index_key(Event("shelf", 0.0, {"zone": value}, 0), ()) == equal(value, "Z2")
     assert node.index_key(Event("shelf", 0.0, {}, 0), ()) is False
+
+
+XPATH_TEXTS = ["Z1", "Z2", "z1", "07", "7", "", " Z1", "Z 1", "é"]
+XPATH_CONSTANTS = ["Z1", "Z2", "07", "7", "Z 1", "é"]
+
+
+def _xpath_events(source: str, rows: list[tuple[str, str | None, str | None]]) -> list[Event]:
+    """Events of ``rows`` (type, zone, door; None: absent): from an XML document, JSON-like attributes, or an XML
+    element whose zone and door are child elements (which ``@zone`` does not read)."""
+    import io
+
+    from lxml import etree
+
+    from yfpp.input.readers import read_events
+
+    if source == "xml":
+        items = "".join(f'<{t} ts="{i}" tag="1"' + "".join(f' {a}="{v}"' for a, v in (("zone", z), ("door", d))
+                                                            if v is not None) + "/>"
+                        for i, (t, z, d) in enumerate(rows))
+        return list(read_events(io.BytesIO(f"<s>{items}</s>".encode()), "xml"))
+    if source == "json":
+        return [Event(t, float(i), {"tag": 1, **{a: v for a, v in (("zone", z), ("door", d)) if v is not None}}, i)
+                for i, (t, z, d) in enumerate(rows)]
+    events = []
+    for i, (t, z, d) in enumerate(rows):
+        el = etree.Element(t, {"tag": "1"})
+        for a, v in (("zone", z), ("door", d)):
+            if v is not None:
+                etree.SubElement(el, a).text = v
+        events.append(Event(t, float(i), {"tag": 1}, i, el))
+    return events
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(subs=st.lists(st.tuples(st.sampled_from(XPATH_CONSTANTS), st.sampled_from(XPATH_CONSTANTS)), min_size=1,
+                     max_size=6),
+       rows=st.lists(st.tuples(st.sampled_from(["shelf", "exit"]), st.one_of(st.none(), st.sampled_from(XPATH_TEXTS)),
+                               st.one_of(st.none(), st.sampled_from(XPATH_TEXTS))), max_size=8),
+       source=st.sampled_from(["xml", "json", "children"]), batched=st.booleans())
+def test_xpath_equality_steps_made_from_their_shape_match_as_compiled_alone(subs, rows, source, batched):
+    """XPath steps ``[@a='text']`` made from their shape's plan (each step's index key is its test:
+    ``AttributeEquality``) give exactly the matches, in order, of the same queries each compiled alone, over
+    random constants and attribute texts from XML, JSON and child elements."""
+    texts = [f"[tag]&&//shelf[@zone='{z}']//exit[@door='{d}']&&(1 hour)" for z, d in subs]
+    shaped, alone = Engine(reports=None), Engine(reports=None)
+    if batched:
+        assert all(isinstance(q, int) for q in shaped.register_many([(q, f"q{j}") for j, q in enumerate(texts)]))
+    else:
+        for j, q in enumerate(texts):
+            shaped.register(q, f"q{j}")
+    for j, q in enumerate(texts):
+        alone.register(parse_query(q), f"q{j}")
+    feed = _xpath_events(source, rows)
+    assert list(shaped.process_all(list(feed))) == list(alone.process_all(list(feed)))
+
+
+def test_an_xpath_equality_step_keeps_its_index_key_as_its_test() -> None:
+    """A step of a shape's query whose predicate is ``@a = 'text'`` alone holds one object as its signature's key,
+    its index key, its shared-atom key and its test (``AttributeEquality``), which answers as the compiled test."""
+    from xpath_ext.xpath_predicates import AttributeEquality, compile_xpath_test
+    from yfpp.nfa.predicates import atom_key
+    from yfpp.nfa.shared_nfa import Node
+
+    eng = Engine()
+    first, second = (eng.register(f"[tag]&&//shelf[@zone='{z}']//exit[@door='D1']&&(1 hour)") for z in ("Z1", "Z2"))
+    node: Node = eng.queries[second].nodes[0]
+    key = node.index_key
+    assert type(key) is AttributeEquality and node.begin == (key,) and node.signature[1] is key
+    assert atom_key(key) is key and eng.queries[first].nodes[0].index_key == ("xeq", "zone", "Z1")
+    compiled = compile_xpath_test("@zone='Z2'")
+    for source in ("xml", "json", "children"):
+        for ev in _xpath_events(source, [("shelf", z, None) for z in [*XPATH_TEXTS, None]]):
+            assert key(ev, ()) is compiled(ev)
+    for value in ("Z2", 2, 2.0, True, ["Z2"]):  # (attributes from JSON that are no text)
+        ev = Event("shelf", 0.0, {"zone": value}, 0)
+        assert key(ev, ()) is compiled(ev)

@@ -307,10 +307,15 @@ def reads_event_only(check: Check) -> bool:
     return hasattr(type(check), "atom_key")
 
 
-def equality_attr(check: Check) -> str | None:
-    """The attribute of ``check`` when it is ``ev.attr = constant`` (:class:`EqualityKey` answers as it does), else
-    None."""
-    return check.attr if type(check) is _AttrCompare and check.cmp is _EQUAL else None
+def equality_key_of(check: Check) -> tuple[type, tuple] | None:
+    """For ``check`` the equality of the event's attribute with a constant (SASE+ ``ev.attr = constant``, XPath
+    ``@attr = 'text'``): the class of its index key that answers as the check does (:class:`EqualityKey`,
+    ``xpath_ext.xpath_predicates.AttributeEquality``) and that key's first two items (``("eq", attr)``,
+    ``("xeq", attr)``); else None."""
+    if type(check) is _AttrCompare:
+        return (EqualityKey, ("eq", check.attr)) if check.cmp is _EQUAL else None
+    keyed = getattr(type(check), "equality_key", None)
+    return None if keyed is None else keyed(check)
 
 
 class _XPathCompare:

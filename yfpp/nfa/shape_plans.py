@@ -25,7 +25,7 @@ from yfpp.language.pattern import Expr, Pattern, XPathTest, variables
 from yfpp.language.query_text import Shape, hot_objects, split_constants, substitute
 from yfpp.nfa.compiler import ComponentSpec, QueryPlan, compile_pattern, expr_key, key_set
 from yfpp.input.events import MISSING
-from yfpp.nfa.predicates import Check, EqualityKey, Place, Scope, compile_check, constant_of, equality_attr, rebound
+from yfpp.nfa.predicates import Check, Place, Scope, compile_check, constant_of, equality_key_of, rebound
 from yfpp.nfa.shared_nfa import NOT_EQUALITY, atom_key, best_key, conjunct_keys
 
 
@@ -121,15 +121,17 @@ class _SpecMaker:
         self.keys = keys  # ComponentSpec.keys when no conjunct holds a constant, else None
         # the commonest case, made without the loops of spec: the begin condition is one string equality holding a
         # constant, its index key picked whatever the constants, no constant on take or final; then the stand-in's
-        # (type, value), the template's check, and whether the query's index key is its check too (EqualityKey)
+        # (type, value), the template's check, and where the query's index key is its check too, that key's class
+        # and first two items (EqualityKey, AttributeEquality: equality_key_of), else None
         begin, take, final = (items for _, _, items in edges)
         self.one = None
         if atom and best is not None and begin is not None and type(begin[0][0]) is tuple and take is None \
                 and final is None:
             literal, check = begin[0][:2]
             key, at = found[best]
-            attr = equality_attr(check)
-            self.one = (literal, check, attr is not None and key[:2] == ("eq", attr) and at == ((2, literal),))
+            keyed = equality_key_of(check)
+            self.one = (literal, check, keyed if keyed is not None and key[:2] == keyed[1] and at == ((2, literal),)
+                        else None)
 
     @classmethod
     def make(cls, spec: ComponentSpec, hot: set[int], sentinels: dict[str, str], stand_ins: set[tuple],
@@ -186,8 +188,9 @@ class _SpecMaker:
                                  s.final, s.agg_slots, s.keep_events, self.keys, s.what)
         if self.one is not None:
             literal, check, keyed = self.one
-            if keyed:
-                best = EqualityKey(("eq", check.attr, literals[literal]))
+            if keyed is not None:
+                key_type, (kind, attr) = keyed
+                best = key_type((kind, attr, literals[literal]))
                 begin = ((None, best),)
             else:
                 best = _put(*self.found[self.best], literals)  # type: ignore[index]
