@@ -162,8 +162,16 @@ class Engine:
         to give it (a restored query keeps its own), else the next one.  ``split``: the text
         around the query text's constants and its constants (``yfpp.language.query_text.split_constants``),
         when the caller has them (a checkpoint keeps its queries so).  A query refused
-        (an error raised) leaves the engine as it was.
+        (an error raised) leaves the engine as it was.  No garbage collection runs meanwhile
+        (``yfpp.state.memory_cap.collection_paused``): what a registration makes and drops goes by reference
+        counting, and only what it keeps is counted towards the next collection.
         """
+        with collection_paused():
+            return self._register(query, name, policy=policy, feedback=feedback, query_id=query_id, split=split)
+
+    def _register(self, query: str | Pattern, name: str | None, *, policy: str | None, feedback: bool,
+                  query_id: int | None = None, split: tuple[Sequence[str], list[str]] | None = None) -> int:
+        """:meth:`register`, the collector paused by the caller."""
         self._check_name_id(name, query_id)
         shape, constants, pattern = None, [], None
         if isinstance(query, str):
@@ -291,7 +299,7 @@ class Engine:
             for item in queries:
                 query, name = item if isinstance(item, tuple) and len(item) == 2 else (item, None)
                 try:
-                    out.append(self.register(query, name, policy=policy, feedback=feedback))
+                    out.append(self._register(query, name, policy=policy, feedback=feedback))
                 except YfppError as err:
                     out.append(err)
         return out

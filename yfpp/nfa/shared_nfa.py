@@ -828,19 +828,21 @@ class SharedNFA:
         """Merge ``plan``'s components into the trie (time proportional to the query)."""
         private = plan if plan.policy == "non_overlapping" else None
         parent: Node | None = None
+        new = False  # (below a node made now there is nothing to look up)
         for spec in plan.specs:
             sig = spec.signature(plan.partition_by, private)
             if spec.keys is None and len(spec.begin) == 1:  # (one made from its shape's plan has its atom key)
                 atom = atom_key(spec.begin[0][0], f"#{spec.index}")
                 if atom is not None:
                     sig = (sig[0], atom, *sig[2:])
-            node = child_at(parent, sig) if parent else self.roots.get(sig)
+            node = None if new else child_at(parent, sig) if parent else self.roots.get(sig)
             if node is None:
                 node = self._new_node(parent, spec, sig, plan.partition_by)
                 if parent is None:
                     self.roots[sig] = node
                 else:
                     parent.children = _with(parent.children, sig, node)
+                new = True
             node.users += 1
             node.count_window(plan.window, +1)
             parent = node
