@@ -4,6 +4,7 @@ what is restored is the engine that was saved, its queries' ids, names, policies
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -98,6 +99,24 @@ def test_split_constants_gives_the_text_back():
         around, constants = split_constants(text)
         assert "".join(x for p in zip(around, constants) for x in p) + around[-1] == text
         assert constants[:1] == ["'Z12'"] or constants[:1] == ["'U12'"]
+
+
+# the constant scan written plainly (a look-ahead, then the alternatives whole): what split_constants finds
+_PLAIN_CONSTANT = re.compile(r"""(?=['"=<>])(?:('[^'\\\n]*'|"[^"\\\n]*")|[=<>]\s*(\d{1,15}(?:\.\d{1,15})?)(?![\w.%]))""")
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.sampled_from(["'", '"', "=", "<", ">", " ", "\n", "\\", ".", "%", "_", "a", "x1", "0", "12",
+                                 "1234567890123456", "٣", "\u00a0", " = ", "'Z1'", ">= 3.5", "<7"]), max_size=16))
+def test_split_constants_finds_what_the_plain_scan_finds(pieces):
+    text = "".join(pieces)
+    want = [(m.start(1), m.group(1)) if m.group(1) is not None else (m.start(2), m.group(2))
+            for m in _PLAIN_CONSTANT.finditer(text)]
+    around, constants = split_constants(text)
+    assert constants == [tok for _, tok in want]
+    assert [len(a) for a in around[:-1]] == [at - (want[i - 1][0] + len(want[i - 1][1]) if i else 0)
+                                             for i, (at, _) in enumerate(want)]
+    assert "".join(x for p in zip(around, constants) for x in p) + around[-1] == text
 
 
 def test_a_restore_reuses_the_kept_split_and_trusts_only_whole_constants(monkeypatch):

@@ -851,8 +851,9 @@ class SharedNFA:
 
     def _new_node(self, parent: Node | None, spec: ComponentSpec, sig: Hashable, partition_by) -> Node:
         # (positional arguments, in Node's field order: a million subscriptions make two million nodes)
+        begin = spec.begin
         node = Node(parent, sig, spec.index, spec.event_type, spec.kleene, spec.contiguity, spec.inner,
-                    tuple([c for _, c in spec.begin]),
+                    (begin[0][1],) if len(begin) == 1 else tuple([c for _, c in begin]),  # (one: no comprehension)
                     tuple([c for _, c in spec.take]) if spec.take else (),
                     tuple([c for _, c in spec.final]) if spec.final else (),
                     partition_by, index_key(spec) if spec.keys is None else spec.keys[3],
