@@ -11,7 +11,7 @@ lines of its whole groups. For keyed groups a block of the plain shape is scanne
 (:func:`yfpp.input.jsonl_scan.parsed_scan`): the scanner makes its own lines' events of the records, and
 the others parse their lines of it without the block's checks; other blocks are scanned without parsing
 (:func:`yfpp.input.jsonl_scan.scan_block`). So each line is scanned once and made an event of by about
-one worker; every worker reads the bytes (a copy from the page cache).
+one worker; every worker reads the bytes once (a copy from the page cache).
 
 Everything a single reader decides is decided alike: a line's ``seq`` is its record's index (the
 block's first ``seq`` plus its place), dead letters are reported by one worker (the **reporter** of a
@@ -151,7 +151,7 @@ def workers_of(values: Iterable[Hashable], n: int) -> array:
 
 
 class Relay:
-    """Worker ``me`` of ``n``'s reading of the file: :meth:`blocks` gives each block with its :class:`Scan`. The
+    """Worker ``me`` of ``n``'s reading of the file: :meth:`blocks_read` gives each block with its :class:`Scan`. The
     blocks are read once, by ``blocks`` (an iterator of a block's bytes; ``marks``: what the reader set aside while
     reading the block it just gave, taken with it), a chunk of :data:`CHUNK` blocks at a time, up to :data:`AHEAD`
     rounds of chunks ahead of the block given; its own chunks (chunk ``c`` by worker ``c % n``) are scanned as they
@@ -296,11 +296,9 @@ class Share:
 
     def _relay(self, f: BinaryIO) -> Relay:
         """The :class:`Relay` over the blocks of the open file ``f``: its marks the lines over the size cap."""
-        self._lines = LineBlocks(f, self.opts.max_record_bytes, _Caught(), BLOCK)
-        caught = self._lines.dl
-        assert isinstance(caught, _Caught)
-        return Relay(iter(self._lines), lambda body: scan(body, self.opts, self.keys, self.n), self.me, self.n,
-                     self.inboxes, caught.take)
+        caught = _Caught()
+        return Relay(iter(LineBlocks(f, self.opts.max_record_bytes, caught, BLOCK)),
+                     lambda body: scan(body, self.opts, self.keys, self.n), self.me, self.n, self.inboxes, caught.take)
 
     def _set_aside(self, marks: list[tuple]) -> None:
         """The lines over the size cap read before the next block: each a dead letter (``too large``), numbered
