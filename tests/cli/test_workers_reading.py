@@ -384,3 +384,20 @@ def test_truncating_the_input_under_a_running_command_ends_it_with_an_error(tmp_
     finally:
         proc.kill()
     assert proc.returncode != 0 and "feed.jsonl changed while the workers read it" in err
+
+
+def test_lines_over_max_record_bytes_are_the_same_dead_letters_with_workers(capsys, tmp_path):
+    """Lines longer than --max-record-bytes (the first, one inside, the last: each read by the relay ahead of its
+    matching, its dead letter given where the worker stands): the same dead letters, events and matches as one
+    engine."""
+    path = tmp_path / "feed.jsonl"
+    lines = [json.dumps({"type": "ab"[i % 2], "ts": i, "k": i % 7}) + "\n" for i in range(3000)]
+    for i in (0, 1500, 2999):
+        lines[i] = json.dumps({"type": "a", "ts": i, "k": 3, "pad": "x" * 600}) + "\n"
+    path.write_text("".join(lines))
+    argvs = [[*w, "--max-record-bytes", "300", "--dead-letters", str(tmp_path / f"dead{w[1]}.jsonl")]
+             for w in (["--workers", "1"], ["--workers", "2"])]
+    results = cli_results(capsys, tmp_path, path, tuple(argvs))
+    assert len(set(map(str, results.values()))) == 1 and results[tuple(argvs[0])][1] == 2997
+    dead = [sorted((tmp_path / f"dead{n}.jsonl").read_text().splitlines()) for n in (1, 2)]
+    assert dead[0] == dead[1] and len(dead[0]) == 3

@@ -34,7 +34,7 @@ import orjson
 from yfpp.input.dead_letters import DeadLetters
 from yfpp.errors import InputError
 from yfpp.input.events import Event
-from yfpp.input.record_fields import ISO_8601, READ_BLOCK, ReaderOptions, pop_ts, pop_type, preview, scaled_ts
+from yfpp.input.record_fields import ISO_8601, RAW_PREVIEW, READ_BLOCK, ReaderOptions, pop_ts, pop_type, preview, scaled_ts
 
 _INEXACT = "inexact"  # _flatten's answer for a float that may be a rounded integer
 _BIG = float(1 << 63)
@@ -94,13 +94,15 @@ class LineBlocks:
                 continue
             cut = len(block) if eof else _last_line_end(block)
             body, carry = block[:cut], block[cut:]
-            if len(carry) > cap:
-                self.lineno += 1
-                self.dl.report(self.seq, f"line {self.lineno}", f"too large: a line over {cap:,} bytes", preview(carry))
-                self.seq += 1
+            large = _large(carry, cap) if len(carry) > cap else None
+            if large is not None:
                 carry, dropping = b"", True
             if body:
                 yield body
+            if large is not None:  # (after the lines before it: numbered where it stands)
+                self.lineno += 1
+                self.dl.report(self.seq, f"line {self.lineno}", f"too large: a line over {cap:,} bytes", large)
+                self.seq += 1
             if eof:
                 return
 
@@ -121,7 +123,8 @@ def parse_block(body: bytes, seq: int, lineno: int, opts: ReaderOptions,
         if type(event) is Event:
             events.append(event)
         elif event is not None:
-            dl.report(seq, f"line {lineno}", event, preview(line))
+            dl.report(seq, f"line {lineno}", event,
+                      _large(line, opts.max_record_bytes) if len(line) > opts.max_record_bytes else preview(line))
         else:
             continue  # blank
         seq += 1
@@ -148,6 +151,12 @@ def plain_events(records: list[Any], seqs: Iterable[int], opts: ReaderOptions) -
     None (``records`` spoilt) unless each is a plain event (else :func:`parse_block` reads their lines one by one)."""
     events: list[Event] = []
     return events if _plain_events(records, seqs, opts, events) else None
+
+
+def _large(line: bytes, cap: int) -> str:
+    """The raw text of a line over ``cap`` bytes: its first ``cap`` bytes (or fewer, :data:`RAW_PREVIEW`), whatever
+    of it was read when it was found too large (so where reads cut the file does not change it)."""
+    return preview(line[:cap + 1], min(cap, RAW_PREVIEW))
 
 
 def _quoted_keys(opts: ReaderOptions) -> tuple[bytes, bytes]:
