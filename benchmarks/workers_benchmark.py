@@ -177,8 +177,9 @@ class Parts:
         for c in range(chunks):
             if c % n:
                 inboxes[0].put((c % n, c, [sent(scan(body)) for body in blocks[c * CHUNK:(c + 1) * CHUNK]]))
+        size = sum(map(len, blocks))  # (the bytes each peer read, which a checkout since one read of the file checks)
         for w in range(1, n):
-            inboxes[0].put((w, chunks, None))
+            inboxes[0].put((w, (chunks, size) if hasattr(Relay, "same_file") else chunks, None))
         return (XmlShare if self.xml else Share)(str(self.path), opts, self.groups, 0, n, SLICE_EVENTS, self.dead, Sequencer(dead_letters=self.dead),
                      {}, inboxes)
 
@@ -240,21 +241,24 @@ def run_part(path: Path, workload: str, part: str) -> None:
         parts.read_all()
 
 
-def share_instructions(workload: str, events: int, code: str) -> dict[str, float]:
+def share_instructions(workload: str, events: int, code: str, fmt: str = "jsonl") -> dict[str, float]:
     """Instructions per event (callgrind; the yfpp at ``code``) of worker 0 of 2 reading its share (scanning its
-    chunks, parsing its own lines: ``share`` less ``peers``) and of one reader reading the whole feed."""
+    chunks, parsing its own lines: ``share`` less ``peers``) and of one reader reading the whole feed (``fmt``:
+    ``jsonl`` or ``xml``)."""
     from bench_common import callgrind_instructions
 
-    feed(workload, events)
-    got = {part: callgrind_instructions([__file__, "--part", part, "--workloads", workload, "--events", str(events)],
-                                        str(ROOT), code) for part in INSTRUCTION_PARTS}
+    feed(workload, events, fmt)
+    xml = ["--xml"] if fmt == "xml" else []
+    got = {part: callgrind_instructions([__file__, "--part", part, "--workloads", workload, "--events", str(events),
+                                         *xml], str(ROOT), code) for part in INSTRUCTION_PARTS}
     return {"share": (got["share"] - got["peers"]) / events, "read": (got["read"] - got["start"]) / events,
             "peers": (got["peers"] - got["start"]) / events}
 
 
-def run_instructions(workload: str, events: int, code: str, n: int) -> list[int]:
-    """Instructions (callgrind; the yfpp at ``code``) of each process of ``yfpp run --workers n`` over the feed: the
-    parent's first (its start, routing nothing: the workers read the file), then each worker's from its fork."""
+def run_instructions(workload: str, events: int, code: str, n: int, fmt: str = "jsonl") -> list[int]:
+    """Instructions (callgrind; the yfpp at ``code``) of each process of ``yfpp run --workers n`` over the feed
+    (``fmt``: ``jsonl`` or ``xml``): the parent's first (its start, routing nothing: the workers read the file), then
+    each worker's from its fork."""
     import glob
     import os
     import re
@@ -264,7 +268,7 @@ def run_instructions(workload: str, events: int, code: str, n: int) -> list[int]
         env = {**os.environ, "PYTHONPATH": code, "PYTHONHASHSEED": "0"}
         subprocess.run(["valgrind", "--tool=callgrind", "--zero-before=PyOS_AfterFork_Child",
                         f"--callgrind-out-file={tmp}/cg.%p", sys.executable, "-m", "yfpp", "run", "-q", query(workload),
-                        "-i", str(feed(workload, events)), "--workers", str(n), "-o", f"{tmp}/out", "--progress", "never"],
+                        "-i", str(feed(workload, events, fmt)), "--workers", str(n), "-o", f"{tmp}/out", "--progress", "never"],
                        cwd=code, env=env, check=True, capture_output=True)
         counts = [int(re.search(r"^summary:\s+(\d+)", Path(f).read_text(), re.M).group(1))  # type: ignore[union-attr]
                   for f in sorted(glob.glob(f"{tmp}/cg.*"), key=lambda f: int(f.rsplit(".", 1)[1]))]
@@ -291,12 +295,11 @@ def main() -> int:
                          "commands, and of N = 2's longest path (the parent and the busiest worker; try --events 200000)")
     ap.add_argument("--part", choices=INSTRUCTION_PARTS, help=argparse.SUPPRESS)  # (one part, under callgrind)
     args = ap.parse_args()
-    if args.xml and (args.instructions or args.part):
-        ap.error("--instructions measures the JSON-lines reading only")
+    fmt = "xml" if args.xml else "jsonl"
     if args.run_instructions:
-        print(f"yfpp at {args.code}, {args.events:,} events; instructions per event (callgrind), each process")
+        print(f"yfpp at {args.code}, {args.events:,} events, {fmt}; instructions per event (callgrind), each process")
         for workload in args.workloads.split(","):
-            (one,), (parent, *workers) = (run_instructions(workload, args.events, args.code, n) for n in (1, 2))
+            (one,), (parent, *workers) = (run_instructions(workload, args.events, args.code, n, fmt) for n in (1, 2))
             path = parent + max(workers)
             print(f"{workload:<9} N=1 {one / args.events:,.0f}; N=2 parent {parent / args.events:,.0f}, workers "
                   f"{', '.join(f'{w / args.events:,.0f}' for w in workers)}; busiest worker / (N=1 less the parent) "
@@ -304,12 +307,12 @@ def main() -> int:
         return 0
     if args.part:
         workload = args.workloads.split(",")[0]
-        run_part(feed(workload, args.events), workload, args.part)
+        run_part(feed(workload, args.events, fmt), workload, args.part)
         return 0
     if args.instructions:
-        print(f"yfpp at {args.code}, {args.events:,} events; instructions per event (callgrind)")
+        print(f"yfpp at {args.code}, {args.events:,} events, {fmt}; instructions per event (callgrind)")
         for workload in args.workloads.split(","):
-            c = share_instructions(workload, args.events, args.code)
+            c = share_instructions(workload, args.events, args.code, fmt)
             print(f"{workload:<9} worker 0 of 2 reading its share {c['share']:,.0f} (worker 1's scans of its chunks "
                   f"{c['peers']:,.0f}); one reader {c['read']:,.0f}; share / one reader {c['share'] / c['read']:.3f}",
                   flush=True)
@@ -320,7 +323,7 @@ def main() -> int:
           f"{'path CPU s':>10} {'free cores':>10}  matches")
     with tempfile.TemporaryDirectory(prefix="yfpp-workers-") as tmp:
         for workload in args.workloads.split(","):
-            path = feed(workload, args.events, "xml" if args.xml else "jsonl")
+            path = feed(workload, args.events, fmt)
             base_wall = base_cpu = 1.0
             base = None
             if args.costs:

@@ -11,7 +11,7 @@ lines of its whole groups. For keyed groups a block of the plain shape is scanne
 (:func:`yfpp.input.jsonl_scan.parsed_scan`): the scanner makes its own lines' events of the records, and
 the others parse their lines of it without the block's checks; other blocks are scanned without parsing
 (:func:`yfpp.input.jsonl_scan.scan_block`). So each line is scanned once and made an event of by about
-one worker; every worker reads the bytes (a copy from the page cache).
+one worker; every worker reads the bytes once (a copy from the page cache).
 
 Everything a single reader decides is decided alike: a line's ``seq`` is its record's index (the
 block's first ``seq`` plus its place), dead letters are reported by one worker (the **reporter** of a
@@ -31,7 +31,7 @@ from bisect import bisect_left, bisect_right
 from array import array
 from itertools import compress, islice, repeat
 from operator import eq, mod
-from typing import Any, Callable, Hashable, Iterable, Iterator, NamedTuple, Sequence
+from typing import Any, BinaryIO, Callable, Hashable, Iterable, Iterator, NamedTuple, Sequence
 
 from yfpp.engine import Engine
 from yfpp.errors import YfppError
@@ -118,7 +118,7 @@ def scan(body: bytes, opts: ReaderOptions, keys: Sequence[str], n: int) -> Scan:
         if not _ordered(ts):
             return Scan(len(body), None, [], None)
         return Scan(len(body), array("d", ts), [workers_of(vs, n) for vs in values],
-                    _last_event(body, len(ts), opts), True, True, records)
+                    _last_event(body, len(ts), opts, records[-1]), True, True, records)
     found = scan_block(body, opts, keys)
     if found is None or not _ordered(found[0]):
         return Scan(len(body), None, [], None)
@@ -128,8 +128,12 @@ def scan(body: bytes, opts: ReaderOptions, keys: Sequence[str], n: int) -> Scan:
     return Scan(len(body), array("d", ts), [workers_of(vs, n) for vs in values], _last_event(body, len(ts), opts), flat)
 
 
-def _last_event(body: bytes, lines: int, opts: ReaderOptions) -> tuple[float, int] | None:
-    """The ts and index of the last of the block's ``lines`` lines that the reader makes an event of (None: none)."""
+def _last_event(body: bytes, lines: int, opts: ReaderOptions,
+                last: dict[str, Any] | None = None) -> tuple[float, int] | None:
+    """The ts and index of the last of the block's ``lines`` lines that the reader makes an event of (None: none);
+    ``last``: the last line's record where the block has the plain shape (a plain event: the last event)."""
+    if last is not None and (events := plain_events([dict(last)], (0,), opts)):
+        return events[0].ts, lines - 1
     end = len(body) - (body[-1:] == b"\n")
     for j in range(lines - 1, -1, -1):  # (parsed from the end back: a line of the shape may be no event)
         start = body.rfind(b"\n", 0, end) + 1
@@ -147,44 +151,78 @@ def workers_of(values: Iterable[Hashable], n: int) -> array:
 
 
 class Relay:
-    """Worker ``me`` of ``n``'s part of the scanning: :meth:`chunk` gives the :class:`Scan` of each block of a chunk
-    (:data:`CHUNK` blocks of ``blocks``, a reader of its own over the file) — its own chunks scanned here, up to
-    :data:`AHEAD` rounds of chunks ahead, each sent to the others' ``inboxes`` as it is scanned; the others' chunks
-    taken from its inbox (``inboxes[me]``). At the end of the file each worker tells the others how many chunks it
-    read, so none waits for a chunk its scanner never read (a file that grew while it was read)."""
+    """Worker ``me`` of ``n``'s reading of the file: :meth:`blocks_read` gives each block with its :class:`Scan`. The
+    blocks are read once, by ``blocks`` (an iterator of a block's bytes; ``marks``: what the reader set aside while
+    reading the block it just gave, taken with it), a chunk of :data:`CHUNK` blocks at a time, up to :data:`AHEAD`
+    rounds of chunks ahead of the block given; its own chunks (chunk ``c`` by worker ``c % n``) are scanned as they
+    are read, each chunk's scans sent to the others' ``inboxes``; the others' chunks' scans come from its inbox
+    (``inboxes[me]``). At the end of the file each worker tells the others how many chunks and bytes it read, so
+    none waits for a chunk its scanner never read, and all read the same bytes (:meth:`same_file`)."""
 
     def __init__(self, blocks: Iterator[bytes], scanner: Callable[[bytes], Scan], me: int, n: int,
-                 inboxes: Sequence[Any]):
+                 inboxes: Sequence[Any], marks: Callable[[], list] = list):
         self.blocks, self.scanner, self.me, self.n, self.inboxes = blocks, scanner, me, n, inboxes
-        self.read = 0  # the chunks read by the scanning reader
-        self.ended = False  # its end reached
+        self.marks = marks
+        self.read = 0  # the chunks read
+        self.size = 0  # their bytes
+        self.ended = False  # the end of the file reached
         self.kept: dict[int, list[Scan]] = {}  # scans of chunks not taken yet (own, and received)
-        self.ends: dict[int, int] = {}  # per worker that reached the end of the file, the chunks it read
+        self.bodies: dict[int, list[tuple[bytes, list]]] = {}  # the blocks of chunks not taken yet, and their marks
+        self.ends: dict[int, tuple[int, int]] = {}  # per worker that reached the end of the file: chunks, bytes read
+        self.trailing: list = []  # the marks after the last block
+
+    def blocks_read(self) -> Iterator[tuple[bytes, list, Scan | None]]:
+        """Each block read, the marks before it, and its scan (None: the scan is of other bytes, or missing: the
+        file changed while it was read)."""
+        c = 0
+        while True:
+            scans = self.chunk(c)
+            bodies = self.bodies.pop(c, None)
+            if bodies is None:
+                return
+            for b, (body, marks) in enumerate(bodies):
+                sc = scans[b] if b < len(scans) else None
+                yield body, marks, sc if sc is not None and sc.size == len(body) else None
+            c += 1
 
     def chunk(self, c: int) -> list[Scan]:
         """The scans of chunk ``c``'s blocks (fewer, or none, at the end of the file)."""
         me, n = self.me, self.n
         while self.read <= c + AHEAD * n and not self.ended:
-            blocks = list(islice(self.blocks, CHUNK))
-            self.ended = not blocks
+            got = [(body, self.marks()) for body in islice(self.blocks, CHUNK)]
+            self.ended = not got
             if self.ended:
+                self.trailing = self.marks()
                 self._send(self.read, None)
-            elif self.read % n == me:
-                self._send(self.read, [self.scanner(body) for body in blocks])
-            self.read += not self.ended
+                continue
+            self.bodies[self.read] = got
+            self.size += sum(len(body) for body, _ in got)
+            if self.read % n == me:
+                self._send(self.read, [self.scanner(body) for body, _ in got])
+            self.read += 1
         if c % n != me:
-            while c not in self.kept and self.ends.get(c % n, c + 1) > c:
-                w, got, scans = self.inboxes[me].get()
-                if scans is None:
-                    self.ends[w] = got
-                else:
-                    self.kept[got] = scans
+            while c not in self.kept and self.ends.get(c % n, (c + 1,))[0] > c:
+                self._receive()
         return self.kept.pop(c, [])
+
+    def same_file(self) -> bool:
+        """At the end of the file: whether every worker read as many bytes as this one (waiting for their ends)."""
+        while len(self.ends) < self.n - 1:
+            self._receive()
+        return all(size == self.size for _, size in self.ends.values())
 
     @staticmethod
     def sent(sc: Scan) -> Scan:
         """``sc`` as the peers get it: without the records its scanner keeps."""
         return sc._replace(records=None) if sc.records is not None else sc
+
+    def _receive(self) -> None:
+        """A peer's next message: a chunk's scans, or its end of the file."""
+        w, got, scans = self.inboxes[self.me].get()
+        if scans is None:
+            self.ends[w] = got
+        else:
+            self.kept[got] = scans
 
     def _send(self, c: int, scans: list[Scan] | None) -> None:
         """Chunk ``c``'s scans kept, and sent to the others (None: the end of the file, before chunk ``c``)."""
@@ -193,7 +231,7 @@ class Relay:
             scans = list(map(self.sent, scans))
         for w, inbox in enumerate(self.inboxes):
             if w != self.me:
-                inbox.put((self.me, c, scans))
+                inbox.put((self.me, c if scans is not None else (c, self.size), scans))
 
 
 def common_reads(sl: Slicing, events: list[Event]) -> range | None:
@@ -229,30 +267,69 @@ class Share:
         self.events = 0  #: the events of the lines this worker reports (summed over the workers: the input's)
         self.vocabulary = Vocabulary(pattern for g in groups for _, pattern in g.queries)
         self._started = False
+        self.seq = self.lineno = 0  # where the reader stands: the next record's seq, the lines read
 
     def blocks(self) -> Iterator[tuple[Routed, list[tuple[int, int]]]]:
         """This worker's events of each block read, and the (group, slice) pairs no later event is read by."""
-        cap = self.opts.max_record_bytes
-        with open(self.path, "rb") as f, open(self.path, "rb") as ahead:
-            lines = LineBlocks(f, cap, self.dead if self.me == 0 else self.quiet, BLOCK)
-            relay = Relay(iter(LineBlocks(ahead, cap, DeadLetters(), BLOCK)),
-                          lambda body: scan(body, self.opts, self.keys, self.n), self.me, self.n, self.inboxes)
-            scans: list[Scan] = []
-            for b, body in enumerate(lines):
-                if b % CHUNK == 0:
-                    scans = relay.chunk(b // CHUNK)
-                if b % CHUNK >= len(scans) or scans[b % CHUNK].size != len(body):
+        with open(self.path, "rb") as f:
+            relay = self._relay(f)
+            for body, marks, sc in relay.blocks_read():
+                if sc is None:
                     raise YfppError(f"{self.path} changed while the workers read it")
-                sc = scans[b % CHUNK]
-                if sc.ts is not None and self._started and sc.ts[0] >= self.sequencer.watermark[0]:
-                    routed = self._scanned(body, lines.seq, lines.lineno, sc)
-                    lines.seq += len(sc.ts)
-                    lines.lineno += len(sc.ts)
+                self._set_aside(marks)
+                if (self._plain_next() and sc.ts is not None and self._started
+                        and sc.ts[0] >= self.sequencer.watermark[0]):
+                    seq, lineno = self._position()
+                    routed = self._scanned(body, seq, lineno, sc)
+                    self._skip(len(sc.ts))
                 else:
-                    events, lines.seq, lines.lineno = parse_block(body, lines.seq, lines.lineno, self.opts,
-                                                                   self.dead if self.me == 0 else self.quiet)
-                    routed = self._buffered(events)
+                    routed = self._buffered(self._read(body))
                 yield routed, self._closing()
+            self._set_aside(relay.trailing)
+            if not relay.same_file() or f.tell() > os.fstat(f.fileno()).st_size:
+                raise YfppError(f"{self.path} changed while the workers read it")
+            last = self._read(b"")
+            if last is not None:
+                yield self._buffered(last), self._closing()
+
+    # --- the reader's steps (JSON lines here; XML in yfpp.workers_xml_reading.XmlShare) ----------
+
+    def _relay(self, f: BinaryIO) -> Relay:
+        """The :class:`Relay` over the blocks of the open file ``f``: its marks the lines over the size cap."""
+        caught = _Caught()
+        return Relay(iter(LineBlocks(f, self.opts.max_record_bytes, caught, BLOCK)),
+                     lambda body: scan(body, self.opts, self.keys, self.n), self.me, self.n, self.inboxes, caught.take)
+
+    def _set_aside(self, marks: list[tuple]) -> None:
+        """The lines over the size cap read before the next block: each a dead letter (``too large``), numbered
+        where the reader stands (as :class:`~yfpp.input.jsonl_reader.LineBlocks` numbers them, reading alone)."""
+        for _, _, reason, raw in marks:
+            self.lineno += 1
+            if self.me == 0:
+                self.dead.report(self.seq, f"line {self.lineno}", reason, raw)
+            self.seq += 1
+
+    def _plain_next(self) -> bool:
+        """Whether the reader would read the next block's lines as plain lines (a JSON-lines reader always can)."""
+        return True
+
+    def _position(self) -> tuple[int, int]:
+        """The next record's ``seq``, and the line the next block comes after."""
+        return self.seq, self.lineno
+
+    def _skip(self, lines: int) -> None:
+        """Past a scanned block of ``lines`` lines, each one record, read by :meth:`_scanned`."""
+        self.seq += lines
+        self.lineno += lines
+
+    def _read(self, body: bytes) -> list[Event] | None:
+        """The events of a block as the one reader reads it (dead letters: worker 0's to report); at the end of the
+        file (``body`` empty), those it still holds (None: none, a JSON-lines reader holds none)."""
+        if not body:
+            return None
+        events, self.seq, self.lineno = parse_block(body, self.seq, self.lineno, self.opts,
+                                                    self.dead if self.me == 0 else self.quiet)
+        return events
 
     def _buffered(self, events: list[Event]) -> Routed:
         """This worker's share of the events of a block every worker parsed, put through the reorder buffer."""
@@ -372,11 +449,8 @@ class Share:
             return None  # (every line: the reader's block parse, its checks included, costs the same)
         else:
             records = records_of_plain_lines(compress(body.split(b"\n"), union))
-        events = plain_events(records, seq, self.opts)
-        if events is not None and union is not None:  # (numbered as in the file; the reader's loop left as it is)
-            for ev, j in zip(events, compress(range(len(union)), union)):
-                ev.seq = seq + j
-        return events
+        seqs = range(seq, seq + len(sc.records if union is None else union))
+        return plain_events(records, seqs if union is None else compress(seqs, union), self.opts)
 
     def _count(self, events: list[Event], seq: int, reporter: Sequence[int] | None) -> None:
         """The events of the lines this worker reports counted (``reporter``: each line's reporting worker; None:
@@ -454,6 +528,11 @@ class _Caught(DeadLetters):
 
     def report(self, seq: int, position: str, reason: str, raw: str | None = None) -> None:
         self.items.append((seq, position, reason, raw))
+
+    def take(self) -> list[tuple]:
+        """The dead letters kept since the last take."""
+        items, self.items = self.items, []
+        return items
 
 
 def _ordered(ts: list[float]) -> bool:

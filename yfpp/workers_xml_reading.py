@@ -25,17 +25,16 @@ from itertools import compress
 from typing import BinaryIO, Iterator, Sequence
 
 from yfpp import workers_reading
-from yfpp.errors import YfppError
 from yfpp.input.dead_letters import DeadLetters
 from yfpp.input.events import Event
 from yfpp.input.line_attributes import NAME
 from yfpp.input.readers import format_of
 from yfpp.input.record_fields import ISO_8601, ReaderOptions, typed_value
-from yfpp.input.xml_lines import JsonLines, TypedValues
+from yfpp.input.xml_lines import JsonLines, TypedValues, number_times
 from yfpp.input.xml_parsing import BATCH_END
 from yfpp.input.xml_reader import Splitter, record_events
 from yfpp.spark.plan import Group
-from yfpp.workers_reading import Relay, Routed, Scan, Share, _Caught, _ordered, file_head, workers_of
+from yfpp.workers_reading import Relay, Scan, Share, _Caught, _ordered, file_head, workers_of
 
 # A block of plain lines cut at its quotes: its first piece, each line's end and the next one's start (its tag and
 # first attribute's name), the name of each other attribute, the end of the last line. Each piece between two values
@@ -137,8 +136,7 @@ class Scanner:
         # (a tab in a value is a space to XML: the routing text is not the value's)
         if _NUMBERS.fullmatch(b'"'.join(raw)) is None or any(b"\t" in b"".join(v) for v in values):
             return not_scanned
-        m, d = self.unit
-        ts = list(map(float, raw)) if m == d == 1 else [float(r) * m / d for r in raw]
+        ts = number_times(raw, self.unit)
         if not _ordered(ts):
             return not_scanned
         owners = list(map(self._owners, values))
@@ -244,32 +242,28 @@ def line_blocks(f: BinaryIO, size: int) -> Iterator[bytes]:
 class XmlShare(Share):
     """Worker ``index`` of ``n``'s share of the XML file ``path`` (see :class:`~yfpp.workers_reading.Share`)."""
 
+    _one: OneReader  # the one reader, of every block not scanned
     _reader: JsonLines | None = None  # the reader of the block's plain lines (None: the one reader reads it)
     _scope: bytes = b""  # the start tag of the root they are in (its namespaces)
 
-    def blocks(self) -> Iterator[tuple[Routed, list[tuple[int, int]]]]:
-        """This worker's events of each block read, and the (group, slice) pairs no later event is read by."""
-        one = OneReader(self.opts)
-        reporting = self.dead if self.me == 0 else self.quiet
-        with open(self.path, "rb") as f, open(self.path, "rb") as ahead:
-            scanner = Scanner(self.opts, self.keys, self.n)
-            relay = Relay(line_blocks(ahead, workers_reading.BLOCK), scanner, self.me, self.n, self.inboxes)
-            scans: list[Scan] = []
-            for b, body in enumerate(line_blocks(f, workers_reading.BLOCK)):
-                if b % workers_reading.CHUNK == 0:
-                    scans = relay.chunk(b // workers_reading.CHUNK)
-                sc = scans[b % workers_reading.CHUNK] if b % workers_reading.CHUNK < len(scans) else None
-                if sc is None or sc.size != len(body):
-                    raise YfppError(f"{self.path} changed while the workers read it")
-                self._reader, self._scope = one.plain(), one.splitter.wrapper_open
-                if (sc.ts is not None and self._reader is not None and self._started
-                        and sc.ts[0] >= self.sequencer.watermark[0]):
-                    routed = self._scanned(body, one.seq, one.line, sc)
-                    one.skip(len(sc.ts))
-                else:
-                    routed = self._buffered(one.read(body, reporting))
-                yield routed, self._closing()
-            yield self._buffered(one.read(b"", reporting)), self._closing()
+    def _relay(self, f: BinaryIO) -> Relay:
+        self._one = OneReader(self.opts)
+        return Relay(line_blocks(f, workers_reading.BLOCK), Scanner(self.opts, self.keys, self.n), self.me, self.n,
+                     self.inboxes)
+
+    def _plain_next(self) -> bool:
+        one = self._one
+        self._reader, self._scope = one.plain(), one.splitter.wrapper_open
+        return self._reader is not None
+
+    def _position(self) -> tuple[int, int]:
+        return self._one.seq, self._one.line
+
+    def _skip(self, lines: int) -> None:
+        self._one.skip(lines)
+
+    def _read(self, body: bytes) -> list[Event] | None:
+        return self._one.read(body, self.dead if self.me == 0 else self.quiet)
 
     def _parse(self, body: bytes, union: list[bool] | None, seq: int, lineno: int,
                reporter: Sequence[int] | None, sc: Scan) -> list[Event]:
@@ -277,11 +271,11 @@ class XmlShare(Share):
         ``seq``, on line ``lineno``); the dead letters and events of the lines this worker reports counted (``sc``,
         the block's scan: not read here)."""
         own = None if union is None else list(compress(range(len(union)), union))
-        if own is None:
+        if union is None:
             region, numbers = body, None
         else:
-            lines = body.split(b"\n")
-            region, numbers = b"".join([lines[j] + b"\n" for j in own]), [seq + j for j in own]
+            region = b"\n".join(compress(body.split(b"\n"), union)) + b"\n"
+            numbers = list(compress(range(seq, seq + len(union)), union))
         assert self._reader is not None  # (a block is scanned only where the plain lines have a reader)
         events = self._reader.read(region, seq, lineno, numbers)
         me = self.me
@@ -295,10 +289,5 @@ class XmlShare(Share):
             for j, position, reason, raw in caught.items:
                 if (mine is None or j in mine) and (reporter[j] if reporter is not None else 0) == me:
                     self.dead.report(seq + j, position, reason, raw)
-        if reporter is None:
-            reported = events if me == 0 else []
-        else:
-            reported = [ev for ev in events if reporter[ev.seq - seq] == me]
-        self.events += len(reported)
-        self.vocabulary.note(reported)
+        self._count(events, seq, reporter)
         return events

@@ -9,9 +9,14 @@ floats and booleans as keys, blank and broken lines, times going back), read in 
 
 from __future__ import annotations
 
+import collections
 import json
+import os
 import queue
 import random
+import subprocess
+import sys
+import time
 from collections import Counter
 
 import pytest
@@ -24,11 +29,12 @@ from tests.generators import patterns, streams
 from yfpp.cli import main
 from yfpp.engine import Engine
 from yfpp.input.dead_letters import DeadLetters
-from yfpp.input.jsonl_reader import parse_block
+from yfpp.errors import YfppError
+from yfpp.input.jsonl_reader import LineBlocks, parse_block
 from yfpp.input.jsonl_scan import key_values, scan_block
 from yfpp.input.readers import read_event_batches, reading_options
-from yfpp.workers import Workers
-from yfpp.workers_reading import Relay, Scan, scan, workers_of
+from yfpp.workers import Sequencer, Workers
+from yfpp.workers_reading import Relay, Scan, Share, scan, workers_of
 
 
 class Letters(DeadLetters):
@@ -312,3 +318,86 @@ def test_the_relay_gives_each_chunk_its_scans_and_waits_for_none_past_a_scanners
     assert [sc.size for sc in first.chunk(1)] == [sc.size for sc in second.chunk(1)] == [3, 4]
     assert second.chunk(2) == []  # worker 0 scans chunk 2, but its reader ended before it
     assert inboxes[1].empty()  # (worker 0's still holds worker 1's end, which it never needed)
+
+
+def keyed_groups(query: str = "PATTERN SEQ(a x, b y) WHERE [k] WITHIN 30") -> list:
+    from yfpp.language.query_text import parse_query
+    from yfpp.spark.plan import group_queries
+    from yfpp.workers import WORKERS
+
+    return group_queries([("q", parse_query(query, "sase", "s"))], runner=WORKERS)
+
+
+def plain_file(path, lines: int) -> None:
+    path.write_text("".join(json.dumps({"type": "ab"[i % 2], "ts": i, "k": i % 7}) + "\n" for i in range(lines)))
+
+
+def test_a_file_cut_short_under_a_worker_is_an_error(monkeypatch, tmp_path):
+    """Worker 1 read the whole file (its scans and its end are in worker 0's inbox); the file is cut short before
+    worker 0 reads it: worker 0 stops with an error naming the file, waiting for nothing."""
+    monkeypatch.setattr(yfpp.workers_reading, "CHUNK", 2)
+    path = tmp_path / "feed.jsonl"
+    plain_file(path, 3000)
+    opts, groups = reading_options(), keyed_groups()
+    with open(path, "rb") as f:
+        blocks = list(LineBlocks(f, opts.max_record_bytes, DeadLetters(), yfpp.workers_reading.BLOCK))
+    chunks = (len(blocks) + 1) // 2
+    assert chunks >= 3
+    inboxes: list = [queue.Queue(), queue.Queue()]
+    for c in range(1, chunks, 2):
+        inboxes[0].put((1, c, [Relay.sent(scan(body, opts, ["k"], 2)) for body in blocks[2 * c:2 * c + 2]]))
+    inboxes[0].put((1, (chunks, sum(map(len, blocks))), None))
+    os.truncate(path, path.stat().st_size // 2)
+    share = Share(str(path), opts, groups, 0, 2, 20_000, DeadLetters(), Sequencer(), {}, inboxes)
+    with pytest.raises(YfppError, match="feed.jsonl changed while the workers read it"):
+        collections.deque(share.blocks(), 0)
+
+
+def test_a_file_cut_below_what_a_worker_read_is_an_error(monkeypatch, tmp_path):
+    """One worker, the file cut short after it read ahead past the cut: the end of its read is an error, not the
+    events of a file that never was."""
+    monkeypatch.setattr(yfpp.workers_reading, "CHUNK", 2)
+    path = tmp_path / "feed.jsonl"
+    plain_file(path, 3000)
+    share = Share(str(path), reading_options(), keyed_groups(), 0, 1, 20_000, DeadLetters(), Sequencer(), {})
+    blocks = share.blocks()
+    next(blocks)  # (read ahead: a few chunks)
+    os.truncate(path, 100)
+    with pytest.raises(YfppError, match="changed while the workers read it"):
+        collections.deque(blocks, 0)
+
+
+def test_truncating_the_input_under_a_running_command_ends_it_with_an_error(tmp_path):
+    """``yfpp run --workers 2`` over a file cut short while the workers read it (once their first matches are
+    written): the command ends, within a bound, naming the file; it does not wait forever for a worker."""
+    path, out = tmp_path / "feed.jsonl", tmp_path / "out.jsonl"
+    plain_file(path, 300_000)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen([sys.executable, "-m", "yfpp", "run", "-q", "PATTERN SEQ(a x, b y) WHERE [k] WITHIN 30",
+                             "-i", str(path), "--workers", "2", "-o", str(out), "--progress", "never"],
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        while proc.poll() is None and not (out.exists() and out.stat().st_size):
+            time.sleep(0.01)
+        os.truncate(path, 1000)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0 and "feed.jsonl changed while the workers read it" in err
+
+
+def test_lines_over_max_record_bytes_are_the_same_dead_letters_with_workers(capsys, tmp_path):
+    """Lines longer than --max-record-bytes (the first, one inside, the last: each read by the relay ahead of its
+    matching, its dead letter given where the worker stands): the same dead letters, events and matches as one
+    engine."""
+    path = tmp_path / "feed.jsonl"
+    lines = [json.dumps({"type": "ab"[i % 2], "ts": i, "k": i % 7}) + "\n" for i in range(3000)]
+    for i in (0, 1500, 2999):
+        lines[i] = json.dumps({"type": "a", "ts": i, "k": 3, "pad": "x" * 600}) + "\n"
+    path.write_text("".join(lines))
+    argvs = [[*w, "--max-record-bytes", "300", "--dead-letters", str(tmp_path / f"dead{w[1]}.jsonl")]
+             for w in (["--workers", "1"], ["--workers", "2"])]
+    results = cli_results(capsys, tmp_path, path, tuple(argvs))
+    assert len(set(map(str, results.values()))) == 1 and results[tuple(argvs[0])][1] == 2997
+    dead = [sorted((tmp_path / f"dead{n}.jsonl").read_text().splitlines()) for n in (1, 2)]
+    assert dead[0] == dead[1] and len(dead[0]) == 3

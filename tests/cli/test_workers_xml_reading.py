@@ -225,3 +225,26 @@ def test_a_line_over_max_record_bytes_is_the_same_dead_letter_with_workers(capsy
     results = reading_test.cli_results(capsys, tmp_path, path, (["--workers", "1", "--max-record-bytes", "300"],
                                                                 ["--workers", "2", "--max-record-bytes", "300"]))
     assert len(set(map(str, results.values()))) == 1 and results[("--workers", "1", "--max-record-bytes", "300")][1] == 2999
+
+
+def test_two_workers_scan_the_plain_blocks_and_read_the_others(small_blocks, tmp_path):
+    """Stretches of plain lines and of child-element readings in turn, read by two workers in blocks of a few lines:
+    some blocks are scanned (each by one worker, both routing its lines by the scan), the others read by each
+    worker's one reader (whose place the scanned blocks move on); one engine's matches, dead letters and count."""
+    from yfpp import workers_reading
+    from yfpp.workers_xml_reading import line_blocks
+
+    rng = random.Random(5)
+    lines = []
+    for i in range(400):
+        style = 0 if i // 25 % 2 == 0 else 5  # (25 plain lines, then 25 with a child element, …)
+        lines.append(line_of(rng.choice("abc"), {"k": rng.randrange(9), "ts": i, "x": rng.randrange(4)}, style))
+    path = tmp_path / "feed.xml"
+    path.write_text('<?xml version="1.0"?>\n<stream>\n' + "\n".join(lines) + "\n</stream>\n")
+    scanner = Scanner(reading_options(), ["k"], 2)
+    with open(path, "rb") as f:
+        scanned = [scanner(body).ts is not None for body in line_blocks(f, workers_reading.BLOCK)]
+    assert scanned.count(True) > 10 and scanned.count(False) > 10
+    expected = one_engine(QUERIES, str(path))
+    assert sum(expected[0].values()) > 50
+    assert with_workers(QUERIES, str(path), 2) == expected

@@ -34,7 +34,7 @@ import orjson
 from yfpp.input.dead_letters import DeadLetters
 from yfpp.errors import InputError
 from yfpp.input.events import Event
-from yfpp.input.record_fields import ISO_8601, READ_BLOCK, ReaderOptions, pop_ts, pop_type, preview, scaled_ts
+from yfpp.input.record_fields import ISO_8601, RAW_PREVIEW, READ_BLOCK, ReaderOptions, pop_ts, pop_type, preview, scaled_ts
 
 _INEXACT = "inexact"  # _flatten's answer for a float that may be a rounded integer
 _BIG = float(1 << 63)
@@ -94,13 +94,15 @@ class LineBlocks:
                 continue
             cut = len(block) if eof else _last_line_end(block)
             body, carry = block[:cut], block[cut:]
-            if len(carry) > cap:
-                self.lineno += 1
-                self.dl.report(self.seq, f"line {self.lineno}", f"too large: a line over {cap:,} bytes", preview(carry))
-                self.seq += 1
+            large = _large(carry, cap) if len(carry) > cap else None
+            if large is not None:
                 carry, dropping = b"", True
             if body:
                 yield body
+            if large is not None:  # (after the lines before it: numbered where it stands)
+                self.lineno += 1
+                self.dl.report(self.seq, f"line {self.lineno}", f"too large: a line over {cap:,} bytes", large)
+                self.seq += 1
             if eof:
                 return
 
@@ -112,7 +114,7 @@ def parse_block(body: bytes, seq: int, lineno: int, opts: ReaderOptions,
     keys = _quoted_keys(opts)
     events: list[Event] = []
     parsed = plain_records(body, opts)
-    if parsed is not None and _plain_events(parsed, seq, opts, events):
+    if parsed is not None and _plain_events(parsed, range(seq, seq + len(parsed)), opts, events):
         return events, seq + len(events), lineno + len(parsed)
     events.clear()
     for line in body.splitlines():
@@ -121,7 +123,8 @@ def parse_block(body: bytes, seq: int, lineno: int, opts: ReaderOptions,
         if type(event) is Event:
             events.append(event)
         elif event is not None:
-            dl.report(seq, f"line {lineno}", event, preview(line))
+            dl.report(seq, f"line {lineno}", event,
+                      _large(line, opts.max_record_bytes) if len(line) > opts.max_record_bytes else preview(line))
         else:
             continue  # blank
         seq += 1
@@ -143,11 +146,17 @@ def records_of_plain_lines(lines: Iterable[bytes]) -> list[Any]:
     return orjson.loads(b"[" + b",".join(lines) + b"]")
 
 
-def plain_events(records: list[Any], seq: int, opts: ReaderOptions) -> list[Event] | None:
-    """The events of records of the plain shape (:func:`plain_records`), numbered from ``seq``; None (``records``
-    spoilt) unless each is a plain event (else :func:`parse_block` reads their lines one by one)."""
+def plain_events(records: list[Any], seqs: Iterable[int], opts: ReaderOptions) -> list[Event] | None:
+    """The events of records of the plain shape (:func:`plain_records`), numbered by ``seqs`` (one number a record);
+    None (``records`` spoilt) unless each is a plain event (else :func:`parse_block` reads their lines one by one)."""
     events: list[Event] = []
-    return events if _plain_events(records, seq, opts, events) else None
+    return events if _plain_events(records, seqs, opts, events) else None
+
+
+def _large(line: bytes, cap: int) -> str:
+    """The raw text of a line over ``cap`` bytes: its first ``cap`` bytes (or fewer, :data:`RAW_PREVIEW`), whatever
+    of it was read when it was found too large (so where reads cut the file does not change it)."""
+    return preview(line[:cap + 1], min(cap, RAW_PREVIEW))
 
 
 def _quoted_keys(opts: ReaderOptions) -> tuple[bytes, bytes]:
@@ -187,8 +196,8 @@ def _bulk(body: bytes, keys: tuple[bytes, bytes]) -> list[Any] | None:
     return records if len(records) == lines else None
 
 
-def _plain_events(records: list[Any], seq: int, opts: ReaderOptions, out: list[Event]) -> bool:
-    """The events of :func:`_bulk`'s records appended to ``out``, numbered from ``seq``; False (``records``
+def _plain_events(records: list[Any], seqs: Iterable[int], opts: ReaderOptions, out: list[Event]) -> bool:
+    """The events of :func:`_bulk`'s records appended to ``out``, numbered by ``seqs``; False (``records``
     spoilt, ``out`` partly filled) unless every one is what :func:`_plain_event` takes (with no list or
     object among the values, only a null or a float of 2⁶³ or more makes a record not plain: looking at
     each value costs less than scanning the text for what could make one).
@@ -199,7 +208,7 @@ def _plain_events(records: list[Any], seq: int, opts: ReaderOptions, out: list[E
     m, d = opts.unit
     append, big, new = out.append, _BIG, object.__new__
     try:
-        for record in records:
+        for record, seq in zip(records, seqs):
             if type(record) is not dict:
                 return False
             type_ = record.pop(type_field, None)
@@ -221,7 +230,6 @@ def _plain_events(records: list[Any], seq: int, opts: ReaderOptions, out: list[E
             event.pos = -1
             event._texts = event._el = None
             append(event)
-            seq += 1
     except OverflowError:
         return False
     return True

@@ -106,7 +106,7 @@ def parsed_scan(body: bytes, opts: ReaderOptions,
     m, d = opts.unit
     try:
         ts = raw if m == d == 1 else [r * m / d for r in raw]
-        if not math.isfinite(math.fsum(ts)):
+        if not math.isfinite(sum(ts)):  # (an integer sum is exact; a float one overflows to inf: not scanned)
             return None
     except OverflowError:  # (an integer past the floats)
         return None

@@ -251,7 +251,7 @@ class JsonLines:
             parts[0] = b"[" + parts[0][1:]
             parts[-1] += b"]"
             records = orjson.loads(b"".join(parts))
-            times = self._iso_times(*ts_pieces) if self.iso else self._number_times(ts_pieces[0])
+            times = self._iso_times(*ts_pieces) if self.iso else number_times(ts_pieces[0], self._unit)
         except (_NotPlain, ValueError):
             return None
         if len(records) != n or sum(map(len, records)) != len(parts) >> 1:  # a name given twice
@@ -275,10 +275,6 @@ class JsonLines:
             append(event)
         return events
 
-    def _number_times(self, raw: list[bytes]) -> Any:
-        m, d = self._unit
-        return map(float, raw) if m == d == 1 else [float(r) * m / d for r in raw]
-
     def _iso_times(self, minutes: list[bytes], seconds: list[bytes], fractions: list[bytes | None],
                    offsets: list[bytes | None]) -> list[float]:
         """The ts in seconds of ISO-8601 texts cut in pieces by ``_ISO_TS`` (one offset in a block)."""
@@ -295,6 +291,13 @@ class JsonLines:
         # microseconds into the minute: the seconds and the fraction's six digits read as one integer
         micro = map(int, map(add, seconds, map(bytes.ljust, fractions, repeat(6), repeat(b"0"))))
         return list(map(truediv, map(add, map(table.__getitem__, minutes), micro), repeat(1_000_000)))
+
+
+def number_times(raw: list[bytes], unit: tuple[int, int]) -> list[float]:
+    """The ts of number texts (``[0-9]+(.[0-9]+)?``) in seconds of ``unit`` (as :func:`typed_value` reads them,
+    scaled exactly: every unit's ``m`` or ``d`` is 1)."""
+    m, d = unit
+    return list(map(float, raw)) if m == d == 1 else [float(r) * m / d for r in raw]
 
 
 # a line that is one event of leaf children: its tag, then its children (a name, its text: no markup, no entity)
