@@ -4,7 +4,10 @@ Two Spark stages, no row per event in the JVM. **Read tasks** each take some
 byte ranges of the input (local files: plain JSON lines cut at line
 boundaries, other files whole, :mod:`yfpp.spark.ranges`), parse them with
 ``yfpp``'s own readers, and send each event to the **matching tasks** that
-need it, as one blob (pickled columns) per range, task and 64k events: of a
+need it, as one blob (packed columns) per range, task and chunk of events —
+or, for a job of one keyed group, a range whose every line is a plain flat
+object, parsed by Arrow's JSON reader and sent as Arrow columns
+(:mod:`yfpp.spark.columnar`): of a
 keyed group, task key hash (:func:`value_hash`) modulo ``n``; a whole group,
 task ``g mod n``; a sliced group's slice ``s``, task ``(s + g) mod n``. Each
 range's summary (records, lines, largest ts) goes to every matching task,
@@ -53,12 +56,13 @@ from yfpp.runtime.feedback import MAX_DEPTH, MAX_DERIVED
 from yfpp.input.readers import read_event_batches
 from yfpp.input.record_fields import ISO_UNIT_NAME
 from yfpp.spark.batch import _ARROW_SCHEMA, _ID_ARROW_SCHEMA, _batch
+from yfpp.spark import columnar
 from yfpp.spark.hot_keys import HotSlices, find_hot, hashable, sliceable
 from yfpp.spark.inputs import local_path
 from yfpp.spark.parse import reader_kwargs
 from yfpp.spark.plan import (SLICE_WINDOWS, Group, Slicing, XmlEvent, effective_queries, group_queries, match_row,
                              needs_xml, rare_collections)
-from yfpp.spark.ranges import ByteRange, Summary, plan_ranges, range_offsets, read_range, renumber
+from yfpp.spark.ranges import ByteRange, Summary, plan_ranges, range_bytes, range_offsets, read_range, renumber
 
 #: The dead-letter columns after the match columns (``dead_seq`` is the record's seq).
 DEAD_COLUMNS = [("dead_seq", pa.int64()), ("position", pa.string()), ("reason", pa.string()), ("raw", pa.string())]
@@ -147,6 +151,11 @@ class ScanJob:
     @property
     def schema(self) -> pa.Schema:
         return _arrow_schema(self.ids_as_text)
+
+    @property
+    def columnar(self) -> bool:
+        """Do its plain JSON-lines ranges take the columnar read side (:func:`yfpp.spark.columnar.applies`)?"""
+        return columnar.applies(self.groups, self.hot, self.with_xml, self.reading)
 
     def reader(self, readers: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
         """The first stage's mapInArrow function: read task ``i`` of ``readers`` ships its ranges (consecutive ones)."""
@@ -507,6 +516,11 @@ def read_task(job: ScanJob, ids: Iterable[int]) -> Iterator[list[tuple]]:
     for r in ids:
         started = time.process_time()
         rng = job.ranges[r]
+        if rng.end is not None and job.columnar:
+            shipped = _columnar_range(job, r, started)
+            if shipped is not None:
+                yield from shipped
+                continue
         dead = _Collect()
         late: list[tuple] = []
         batches, size, lines = read_range(job.paths[rng.file], rng, job.reading, dead)
@@ -531,6 +545,32 @@ def read_task(job: ScanJob, ids: Iterable[int]) -> Iterator[list[tuple]]:
         summary = Summary(max(last, dead.last) + 1, lines, top, size, round(time.process_time() - started, 4))
         rows += [(d, r, 0, SUMMARY, pickle.dumps(tuple(summary), 5)) for d in range(job.n)]
         yield rows
+
+
+def _columnar_range(job: ScanJob, r: int, started: float) -> list[list[tuple]] | None:
+    """Read task's rows of range ``r`` by the columnar read side (:mod:`yfpp.spark.columnar`): a list per
+    parsed block, each task's events one Arrow IPC blob (kind :data:`EVENTS`, those without the key
+    :data:`UNROUTED`), then the range's :class:`Summary` for every task; None when the range is not
+    plain (the reader's path reads it)."""
+    rng = job.ranges[r]
+    data = range_bytes(job.paths[rng.file], rng.start, rng.end)  # type: ignore[arg-type]
+    tables = columnar.plain_tables(data, job.reading.get("ts_field") or "ts")
+    if tables is None:
+        return None
+    n, key = job.n, job.groups[0].key[0]
+    dests = [columnar.route(t, key, n) for t in tables]
+    if any(d is None for d in dests):
+        return None
+    out, base = [], 0
+    for chunk, (table, dest) in enumerate(zip(tables, dests)):
+        pos = np.arange(base, base + table.num_rows)
+        out.append([(d, r, chunk, EVENTS, blob) if d < n else (0, r, chunk, UNROUTED, blob)
+                    for d, blob in columnar.pack(table, pos, dest, n)])  # type: ignore[arg-type]
+        base += table.num_rows
+    top = tables[-1].column("ts")[-1].as_py()
+    summary = Summary(base, data.count(b"\n"), top, len(data), round(time.process_time() - started, 4))
+    out.append([(d, r, 0, SUMMARY, pickle.dumps(tuple(summary), 5)) for d in range(n)])
+    return out
 
 
 def _in_order(events: list[Event], hi: float | None, late: list[tuple]) -> tuple[list[Event], float | None]:
@@ -665,12 +705,7 @@ def match_task(job: ScanJob, task: int, shipped: Iterable[tuple]) -> Iterator[tu
                 out.append(none + (base + pos, position, reason, raw))
                 n_dead += 1
             continue
-        pos, types, tss, attrs, xml = _loads(blob)
-        if xml is None:
-            events = _events(pos, types, tss, attrs, base)
-        else:
-            events = [Event(t, ts, a, base + p) if x is None else XmlEvent(t, ts, a, base + p, x)
-                      for p, t, ts, a, x in zip(pos, types, tss, attrs, xml)]
+        events, tss = _unpack(blob, base)
         if before is not None and tss and min(tss) < before:
             events, n_late = _late_against(job, task, events, before, out)
             n_dead += n_late
@@ -697,6 +732,18 @@ def match_task(job: ScanJob, task: int, shipped: Iterable[tuple]) -> Iterator[tu
         stats["read"] = {"ranges": len(summary), "bytes": sum(s.bytes for s in summary),
                          "seconds": round(sum(s.seconds for s in summary), 3)}
     yield (None, None, None, None, None, json.dumps(stats), None, None, None, None)
+
+
+def _unpack(blob: bytes, base: int) -> tuple[list[Event], list[float]]:
+    """A blob's events, seq ``base + pos``, and their ts: a columnar one's (:func:`yfpp.spark.columnar.events_of`)
+    or one :func:`_packs` packed."""
+    if blob[:4] == columnar.IPC_MAGIC:
+        return columnar.events_of(blob, base)
+    pos, types, tss, attrs, xml = _loads(blob)
+    if xml is None:
+        return _events(pos, types, tss, attrs, base), tss
+    return [Event(t, ts, a, base + p) if x is None else XmlEvent(t, ts, a, base + p, x)
+            for p, t, ts, a, x in zip(pos, types, tss, attrs, xml)], tss
 
 
 def _events(pos: list[int], types: list[str], tss: list[float], attrs: list[dict], base: int) -> list[Event]:
