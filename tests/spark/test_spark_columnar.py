@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import zlib
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -108,16 +107,11 @@ def test_the_columnar_side_gives_the_readers_events_and_yfpp_run_s_matches(tmp_p
     tables = columnar.plain_tables(data, "ts")
     event("columnar" if tables is not None else "the reader's path")
     if tables is not None:  # the events it ships are the reader's, attributes in their order, of the same types
-        events, base = [], 0
-        for t in tables:
-            for _, blob in columnar.pack(t, np.arange(base, base + t.num_rows), columnar.route(t, "k", 1), 1):
-                events += columnar.events_of(blob, 0)[0]
-            base += t.num_rows
-        events.sort(key=lambda e: e.seq)  # (the events with the key, then those without)
-        want = list(read_events(str(path), dead_letters=DeadLetters()))
-        assert [(e.type, e.ts, list(e.attrs.items()), [type(v) for v in e.attrs.values()]) for e in events] == \
-               [(e.type, e.ts, list(e.attrs.items()), [type(v) for v in e.attrs.values()]) for e in want]
-        assert [type(e.ts) for e in events] == [float] * len(want)
+        got = [(t, ts, a) for table in tables for t, ts, a in zip(table.column("type").to_pylist(),
+                                                                  table.column("ts").to_pylist(), columnar.attrs_of(table))]
+        want = [(e.type, e.ts, e.attrs) for e in read_events(str(path), dead_letters=DeadLetters())]
+        assert [(t, ts, type(ts), list(a.items()), [type(v) for v in a.values()]) for t, ts, a in got] == \
+               [(t, ts, type(ts), list(a.items()), [type(v) for v in a.values()]) for t, ts, a in want]
     want, letters = one_engine(QUERIES, path)
     got, dead, stats = scanned(QUERIES, [path], n, 100, pieces)
     with monkeypatch.context() as m:

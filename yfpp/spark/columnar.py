@@ -1,4 +1,4 @@
-"""The scan plan's columnar read side: plain JSON lines parsed by Arrow's C++ reader, routed and shipped as columns.
+"""The scan plan's columnar read side: plain JSON lines parsed by Arrow's C++ reader and routed in numpy.
 
 A read task takes this path for a byte range only when every record in it
 reads exactly as ``yfpp run``'s reader reads it (:func:`plain_tables`): each
@@ -12,10 +12,10 @@ Anything else, and any range when the job is not one keyed group on one
 attribute without hot keys (:func:`applies`), takes the reader's path. A
 ``null`` is a missing attribute, as the reader has it.
 
-The events of a range go to their key's task (:func:`route`: the key hash of
-:func:`yfpp.spark.scan.value_hash`, in numpy) as one Arrow IPC stream per
-task and chunk (:func:`pack`); the matching task makes its :class:`Event`\\s
-from the columns (:func:`events_of`).
+Each block's rows go to their key's task (:func:`route`: the key hash of
+:func:`yfpp.spark.scan.value_hash`, in numpy), packed as the reader's
+events are (:func:`yfpp.spark.scan._packs`: the attributes' dicts made from
+the columns, :func:`attrs_of`), so the matching tasks read them as any.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from __future__ import annotations
 import io
 import zlib
 from collections.abc import Callable
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -30,13 +31,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from yfpp.input.events import PSEUDO_ATTRS, Event
+from yfpp.input.events import PSEUDO_ATTRS
 from yfpp.input.record_fields import MAX_RECORD_BYTES
 
 #: Bytes per Arrow parse (cut at a line end): Arrow's reader is cheapest per line from about 256 KB up.
 BLOCK_BYTES = 1 << 20
-#: The first bytes of an Arrow IPC stream (its continuation marker): how a matching task tells a columnar blob.
-IPC_MAGIC = b"\xff\xff\xff\xff"
 _ATTR_TYPES = (pa.int64(), pa.float64(), pa.string(), pa.bool_(), pa.null())
 _HASH_MOD = (1 << 61) - 1  # CPython's numeric hash of an int: its value modulo 2**61 - 1, sign kept, -1 → -2
 
@@ -190,42 +189,18 @@ def route(table: pa.Table, key: str, n: int) -> np.ndarray | None:
     return dest
 
 
-def pack(table: pa.Table, pos: np.ndarray, dest: np.ndarray, n: int) -> list[tuple[int, bytes]]:
-    """The rows for each task ``d`` (and ``n``: no task) as one Arrow IPC stream, a column ``pos`` (the record's
-    index in its range) first: ``(d, blob)`` for each task with rows."""
-    order = np.argsort(dest, kind="stable")
-    ends = np.cumsum(np.bincount(dest, minlength=n + 1))
-    table = table.add_column(0, "pos", _arrow(pos)).take(_arrow(order))
-    out = []
-    for d, (a, b) in enumerate(zip(np.concatenate(([0], ends[:-1])).tolist(), ends.tolist())):
-        if b > a:
-            sink = pa.BufferOutputStream()
-            part = table.slice(a, b - a)
-            with pa.ipc.new_stream(sink, part.schema) as w:
-                w.write_table(part)
-            out.append((d, sink.getvalue().to_pybytes()))
-    return out
-
-
-def events_of(blob: bytes, base: int) -> tuple[list[Event], list[float]]:
-    """A columnar blob's events (seq ``base + pos``, attributes in the columns' order, a null one left out) and their ts."""
-    table = pa.ipc.open_stream(blob).read_all().combine_chunks()
-    names = table.column_names[3:]
-    tss = table.column("ts").to_pylist()
-    seqs = (_numpy(table.column("pos")) + base).tolist()
-    attrs = _attrs(table, names, [table.column(n) for n in names])
-    return list(map(Event, table.column("type").to_pylist(), tss, attrs, seqs)), tss  # (map: cheaper than a loop here)
-
-
-def _attrs(table: pa.Table, names: list[str], cols: list[pa.ChunkedArray]) -> list[dict[str, Any]]:
-    """Each row's attributes: the rows grouped by which columns they have, each group's dicts made by one function."""
+def attrs_of(table: pa.Table) -> list[dict[str, Any]]:
+    """Each row's attributes (the columns after type and ts, in their order; a null one left out): the rows
+    grouped by which columns they have, each group's dicts made by one function."""
+    names = table.column_names[2:]
+    cols = [table.column(n) for n in names]
     present = None
     for i, col in enumerate(cols):
         if col.null_count:
             bits = _numpy(col.is_valid()).astype(np.int64) << i
             present = bits if present is None else present | bits
     if present is None:
-        return _dicts(tuple(names), [c.to_pylist() for c in cols], table.num_rows)
+        return _dicts(tuple(names), [pylist(c) for c in cols], table.num_rows)
     full = sum(1 << i for i, c in enumerate(cols) if not c.null_count)
     present |= full
     out = np.empty(table.num_rows, dtype=object)
@@ -233,8 +208,21 @@ def _attrs(table: pa.Table, names: list[str], cols: list[pa.ChunkedArray]) -> li
         idx = np.flatnonzero(present == p)
         keep = [i for i in range(len(cols)) if p >> i & 1]
         taken = _arrow(idx)
-        out[idx] = _dicts(tuple(names[i] for i in keep), [cols[i].take(taken).to_pylist() for i in keep], len(idx))
+        out[idx] = _dicts(tuple(names[i] for i in keep), [pylist(cols[i].take(taken)) for i in keep], len(idx))
     return out.tolist()
+
+
+def pylist(col: pa.Array | pa.ChunkedArray) -> list[Any]:
+    """A column without nulls as a list of Python values, through numpy (Arrow's ``to_pylist`` boxes each value
+    as a scalar first: several times slower); strings through their dictionary."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if arr.type == pa.string():
+        codes = arr.dictionary_encode()
+        words = codes.dictionary.to_pylist()
+        if len(words) <= 1:
+            return words * len(arr)
+        return list(itemgetter(*_numpy(codes.indices).tolist())(words))
+    return _numpy(arr).tolist()  # (a bool column's as bools)
 
 
 def _dicts(names: tuple[str, ...], values: list[list[Any]], count: int) -> list[dict[str, Any]]:

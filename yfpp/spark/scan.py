@@ -4,10 +4,10 @@ Two Spark stages, no row per event in the JVM. **Read tasks** each take some
 byte ranges of the input (local files: plain JSON lines cut at line
 boundaries, other files whole, :mod:`yfpp.spark.ranges`), parse them with
 ``yfpp``'s own readers, and send each event to the **matching tasks** that
-need it, as one blob (packed columns) per range, task and chunk of events —
-or, for a job of one keyed group, a range whose every line is a plain flat
-object, parsed by Arrow's JSON reader and sent as Arrow columns
-(:mod:`yfpp.spark.columnar`): of a
+need it, as one blob (packed columns) per range, task and chunk of events
+(for a job of one keyed group, a range whose every line is a plain flat
+object is parsed by Arrow's JSON reader and routed in numpy instead:
+:mod:`yfpp.spark.columnar`): of a
 keyed group, task key hash (:func:`value_hash`) modulo ``n``; a whole group,
 task ``g mod n``; a sliced group's slice ``s``, task ``(s + g) mod n``. Each
 range's summary (records, lines, largest ts) goes to every matching task,
@@ -549,9 +549,8 @@ def read_task(job: ScanJob, ids: Iterable[int]) -> Iterator[list[tuple]]:
 
 def _columnar_range(job: ScanJob, r: int, started: float) -> list[list[tuple]] | None:
     """Read task's rows of range ``r`` by the columnar read side (:mod:`yfpp.spark.columnar`): a list per
-    parsed block, each task's events one Arrow IPC blob (kind :data:`EVENTS`, those without the key
-    :data:`UNROUTED`), then the range's :class:`Summary` for every task; None when the range is not
-    plain (the reader's path reads it)."""
+    parsed block, its events packed per task as :func:`_packs` packs them, then the range's :class:`Summary`
+    for every task; None when the range is not plain (the reader's path reads it)."""
     rng = job.ranges[r]
     data = range_bytes(job.paths[rng.file], rng.start, rng.end)  # type: ignore[arg-type]
     tables = columnar.plain_tables(data, job.reading.get("ts_field") or "ts")
@@ -563,9 +562,9 @@ def _columnar_range(job: ScanJob, r: int, started: float) -> list[list[tuple]] |
         return None
     out, base = [], 0
     for chunk, (table, dest) in enumerate(zip(tables, dests)):
-        pos = np.arange(base, base + table.num_rows)
-        out.append([(d, r, chunk, EVENTS, blob) if d < n else (0, r, chunk, UNROUTED, blob)
-                    for d, blob in columnar.pack(table, pos, dest, n)])  # type: ignore[arg-type]
+        cols = (list(range(base, base + table.num_rows)), columnar.pylist(table.column("type")),
+                columnar.pylist(table.column("ts")), columnar.attrs_of(table), None)
+        out.append(_pack_columns(r, chunk, cols, _task_indices(dest, n)))  # type: ignore[arg-type]
         base += table.num_rows
     top = tables[-1].column("ts")[-1].as_py()
     summary = Summary(base, data.count(b"\n"), top, len(data), round(time.process_time() - started, 4))
@@ -604,8 +603,14 @@ def _packs(job: ScanJob, r: int, chunk: int, events: list[Event], dests: list[in
                for ev in events]
     cols = ([ev.seq for ev in events], [ev.type for ev in events], [ev.ts for ev in events],
             [ev.attrs for ev in events], xml)
+    return _pack_columns(r, chunk, cols, _task_indices(dests, n))
+
+
+def _pack_columns(r: int, chunk: int, cols: tuple, indices: list[list[int]]) -> list[tuple]:
+    """:func:`_packs`' rows from a chunk's columns and each task's row ``indices`` (the last: no task's)."""
+    n = len(indices) - 1
     rows = []
-    for d, idx in enumerate(_task_indices(dests, n)):
+    for d, idx in enumerate(indices):
         if not idx:
             continue
         take = _taker(idx)
@@ -614,16 +619,17 @@ def _packs(job: ScanJob, r: int, chunk: int, events: list[Event], dests: list[in
     return rows
 
 
-def _task_indices(dests: list[int | set[int] | None], n: int) -> list[list[int]]:
-    """For each matching task (and, last, for no task), the indices of the events that go to it, in order."""
+def _task_indices(dests: list[int | set[int] | None] | np.ndarray, n: int) -> list[list[int]]:
+    """For each matching task (and, last, for no task), the indices of the events that go to it, in order
+    (``dests`` a numpy array: one task each, ``n`` for none)."""
     try:
-        tasks = np.array(dests, dtype=np.int64)  # one task each (a keyed group): sorted by task, in C
+        tasks = np.asarray(dests, dtype=np.int64)  # one task each (a keyed group): sorted by task, in C
     except (TypeError, ValueError):
         tasks = None
     if tasks is not None and tasks.ndim == 1:
         order = np.argsort(tasks, kind="stable").tolist()
-        ends = np.cumsum(np.bincount(tasks, minlength=n)).tolist()
-        return [order[a:b] for a, b in zip([0] + ends[:-1], ends)] + [[]]
+        ends = np.cumsum(np.bincount(tasks, minlength=n + 1)).tolist()
+        return [order[a:b] for a, b in zip([0] + ends[:-1], ends)]
     out: list[list[int]] = [[] for _ in range(n + 1)]
     for i, ds in enumerate(dests):
         if type(ds) is int:
@@ -705,7 +711,12 @@ def match_task(job: ScanJob, task: int, shipped: Iterable[tuple]) -> Iterator[tu
                 out.append(none + (base + pos, position, reason, raw))
                 n_dead += 1
             continue
-        events, tss = _unpack(blob, base)
+        pos, types, tss, attrs, xml = _loads(blob)
+        if xml is None:
+            events = _events(pos, types, tss, attrs, base)
+        else:
+            events = [Event(t, ts, a, base + p) if x is None else XmlEvent(t, ts, a, base + p, x)
+                      for p, t, ts, a, x in zip(pos, types, tss, attrs, xml)]
         if before is not None and tss and min(tss) < before:
             events, n_late = _late_against(job, task, events, before, out)
             n_dead += n_late
@@ -732,18 +743,6 @@ def match_task(job: ScanJob, task: int, shipped: Iterable[tuple]) -> Iterator[tu
         stats["read"] = {"ranges": len(summary), "bytes": sum(s.bytes for s in summary),
                          "seconds": round(sum(s.seconds for s in summary), 3)}
     yield (None, None, None, None, None, json.dumps(stats), None, None, None, None)
-
-
-def _unpack(blob: bytes, base: int) -> tuple[list[Event], list[float]]:
-    """A blob's events, seq ``base + pos``, and their ts: a columnar one's (:func:`yfpp.spark.columnar.events_of`)
-    or one :func:`_packs` packed."""
-    if blob[:4] == columnar.IPC_MAGIC:
-        return columnar.events_of(blob, base)
-    pos, types, tss, attrs, xml = _loads(blob)
-    if xml is None:
-        return _events(pos, types, tss, attrs, base), tss
-    return [Event(t, ts, a, base + p) if x is None else XmlEvent(t, ts, a, base + p, x)
-            for p, t, ts, a, x in zip(pos, types, tss, attrs, xml)], tss
 
 
 def _events(pos: list[int], types: list[str], tss: list[float], attrs: list[dict], base: int) -> list[Event]:
