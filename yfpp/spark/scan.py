@@ -4,10 +4,7 @@ Two Spark stages, no row per event in the JVM. **Read tasks** each take some
 byte ranges of the input (local files: plain JSON lines cut at line
 boundaries, other files whole, :mod:`yfpp.spark.ranges`), parse them with
 ``yfpp``'s own readers, and send each event to the **matching tasks** that
-need it, as one blob (packed columns) per range, task and chunk of events
-(for a job of one keyed group, a range whose every line is a plain flat
-object is parsed by Arrow's JSON reader and routed in numpy instead:
-:mod:`yfpp.spark.columnar`): of a
+need it, as one blob (pickled columns) per range, task and 64k events: of a
 keyed group, task key hash (:func:`value_hash`) modulo ``n``; a whole group,
 task ``g mod n``; a sliced group's slice ``s``, task ``(s + g) mod n``. Each
 range's summary (records, lines, largest ts) goes to every matching task,
@@ -56,13 +53,12 @@ from yfpp.runtime.feedback import MAX_DEPTH, MAX_DERIVED
 from yfpp.input.readers import read_event_batches
 from yfpp.input.record_fields import ISO_UNIT_NAME
 from yfpp.spark.batch import _ARROW_SCHEMA, _ID_ARROW_SCHEMA, _batch
-from yfpp.spark import columnar
 from yfpp.spark.hot_keys import HotSlices, find_hot, hashable, sliceable
 from yfpp.spark.inputs import local_path
 from yfpp.spark.parse import reader_kwargs
 from yfpp.spark.plan import (SLICE_WINDOWS, Group, Slicing, XmlEvent, effective_queries, group_queries, match_row,
                              needs_xml, rare_collections)
-from yfpp.spark.ranges import ByteRange, Summary, plan_ranges, range_bytes, range_offsets, read_range, renumber
+from yfpp.spark.ranges import ByteRange, Summary, plan_ranges, range_offsets, read_range, renumber
 
 #: The dead-letter columns after the match columns (``dead_seq`` is the record's seq).
 DEAD_COLUMNS = [("dead_seq", pa.int64()), ("position", pa.string()), ("reason", pa.string()), ("raw", pa.string())]
@@ -151,11 +147,6 @@ class ScanJob:
     @property
     def schema(self) -> pa.Schema:
         return _arrow_schema(self.ids_as_text)
-
-    @property
-    def columnar(self) -> bool:
-        """Do its plain JSON-lines ranges take the columnar read side (:func:`yfpp.spark.columnar.applies`)?"""
-        return columnar.applies(self.groups, self.hot, self.with_xml, self.reading)
 
     def reader(self, readers: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
         """The first stage's mapInArrow function: read task ``i`` of ``readers`` ships its ranges (consecutive ones)."""
@@ -516,11 +507,6 @@ def read_task(job: ScanJob, ids: Iterable[int]) -> Iterator[list[tuple]]:
     for r in ids:
         started = time.process_time()
         rng = job.ranges[r]
-        if rng.end is not None and job.columnar:
-            shipped = _columnar_range(job, r, started)
-            if shipped is not None:
-                yield from shipped
-                continue
         dead = _Collect()
         late: list[tuple] = []
         batches, size, lines = read_range(job.paths[rng.file], rng, job.reading, dead)
@@ -545,31 +531,6 @@ def read_task(job: ScanJob, ids: Iterable[int]) -> Iterator[list[tuple]]:
         summary = Summary(max(last, dead.last) + 1, lines, top, size, round(time.process_time() - started, 4))
         rows += [(d, r, 0, SUMMARY, pickle.dumps(tuple(summary), 5)) for d in range(job.n)]
         yield rows
-
-
-def _columnar_range(job: ScanJob, r: int, started: float) -> list[list[tuple]] | None:
-    """Read task's rows of range ``r`` by the columnar read side (:mod:`yfpp.spark.columnar`): a list per
-    parsed block, its events packed per task as :func:`_packs` packs them, then the range's :class:`Summary`
-    for every task; None when the range is not plain (the reader's path reads it)."""
-    rng = job.ranges[r]
-    data = range_bytes(job.paths[rng.file], rng.start, rng.end)  # type: ignore[arg-type]
-    tables = columnar.plain_tables(data, job.reading.get("ts_field") or "ts")
-    if tables is None:
-        return None
-    n, key = job.n, job.groups[0].key[0]
-    dests = [columnar.route(t, key, n) for t in tables]
-    if any(d is None for d in dests):
-        return None
-    out, base = [], 0
-    for chunk, (table, dest) in enumerate(zip(tables, dests)):
-        cols = (list(range(base, base + table.num_rows)), columnar.pylist(table.column("type")),
-                columnar.pylist(table.column("ts")), columnar.attrs_of(table), None)
-        out.append(_pack_columns(r, chunk, cols, _task_indices(dest, n)))  # type: ignore[arg-type]
-        base += table.num_rows
-    top = tables[-1].column("ts")[-1].as_py()
-    summary = Summary(base, data.count(b"\n"), top, len(data), round(time.process_time() - started, 4))
-    out.append([(d, r, 0, SUMMARY, pickle.dumps(tuple(summary), 5)) for d in range(n)])
-    return out
 
 
 def _in_order(events: list[Event], hi: float | None, late: list[tuple]) -> tuple[list[Event], float | None]:
@@ -603,14 +564,8 @@ def _packs(job: ScanJob, r: int, chunk: int, events: list[Event], dests: list[in
                for ev in events]
     cols = ([ev.seq for ev in events], [ev.type for ev in events], [ev.ts for ev in events],
             [ev.attrs for ev in events], xml)
-    return _pack_columns(r, chunk, cols, _task_indices(dests, n))
-
-
-def _pack_columns(r: int, chunk: int, cols: tuple, indices: list[list[int]]) -> list[tuple]:
-    """:func:`_packs`' rows from a chunk's columns and each task's row ``indices`` (the last: no task's)."""
-    n = len(indices) - 1
     rows = []
-    for d, idx in enumerate(indices):
+    for d, idx in enumerate(_task_indices(dests, n)):
         if not idx:
             continue
         take = _taker(idx)
@@ -619,17 +574,16 @@ def _pack_columns(r: int, chunk: int, cols: tuple, indices: list[list[int]]) -> 
     return rows
 
 
-def _task_indices(dests: list[int | set[int] | None] | np.ndarray, n: int) -> list[list[int]]:
-    """For each matching task (and, last, for no task), the indices of the events that go to it, in order
-    (``dests`` a numpy array: one task each, ``n`` for none)."""
+def _task_indices(dests: list[int | set[int] | None], n: int) -> list[list[int]]:
+    """For each matching task (and, last, for no task), the indices of the events that go to it, in order."""
     try:
-        tasks = np.asarray(dests, dtype=np.int64)  # one task each (a keyed group): sorted by task, in C
+        tasks = np.array(dests, dtype=np.int64)  # one task each (a keyed group): sorted by task, in C
     except (TypeError, ValueError):
         tasks = None
     if tasks is not None and tasks.ndim == 1:
         order = np.argsort(tasks, kind="stable").tolist()
-        ends = np.cumsum(np.bincount(tasks, minlength=n + 1)).tolist()
-        return [order[a:b] for a, b in zip([0] + ends[:-1], ends)]
+        ends = np.cumsum(np.bincount(tasks, minlength=n)).tolist()
+        return [order[a:b] for a, b in zip([0] + ends[:-1], ends)] + [[]]
     out: list[list[int]] = [[] for _ in range(n + 1)]
     for i, ds in enumerate(dests):
         if type(ds) is int:
