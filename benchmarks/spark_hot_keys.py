@@ -10,11 +10,14 @@ between the two runs and with ``yfpp run``.
 micro-batch (``yfpp spark --stream --max-files 1 --stats``, ``spark.sql.shuffle.partitions`` P): per
 mode, the matching query's stages that ran more than a tenth of a second — their tasks' run seconds
 and the longest task against the mean (``max/mean run``) — and the matches against ``yfpp run``.
+``--live``: the M parts sent by a TCP server on loopback instead, a few seconds apart
+(``yfpp spark --stream -i tcp://…``).
 
     python benchmarks/spark_hot_keys.py                              # 200k events, 4 tasks
     python benchmarks/spark_hot_keys.py --events 50000 --partitions 2
     python benchmarks/spark_hot_keys.py --plan shuffle               # hot keys of the whole input, by Spark
     python benchmarks/spark_hot_keys.py --events 20000 --stream 4
+    python benchmarks/spark_hot_keys.py --events 20000 --stream 4 --live
 """
 
 from __future__ import annotations
@@ -24,9 +27,12 @@ import json
 import os
 import random
 import re
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -60,8 +66,29 @@ def run_matches(path: Path, qs: list[str], env: dict) -> Counter:
     return Counter(run.stdout.splitlines())
 
 
-def stream(path: Path, files: int, partitions: int, qs: list[str], env: dict) -> None:
-    """The feed as a directory stream of ``files`` micro-batches, with ``--hot-keys off`` and ``auto``."""
+def serve(parts: list[str], pause: float) -> tuple[socket.socket, threading.Thread]:
+    """A loopback TCP server sending ``parts`` to its first connection, ``pause`` seconds apart."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(600)
+
+    def run() -> None:
+        try:
+            conn, _ = server.accept()
+        except OSError:  # closed, or no connection in time
+            return
+        with conn:
+            for part in parts:
+                conn.sendall(part.encode())
+                time.sleep(pause)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return server, thread
+
+
+def stream(path: Path, files: int, partitions: int, qs: list[str], env: dict, live: bool = False) -> None:
+    """The feed as a directory stream of ``files`` micro-batches (``live``: a TCP feed in as many parts), with
+    ``--hot-keys off`` and ``auto``."""
     lines = path.read_text().splitlines()
     lines.append(json.dumps({"type": "heartbeat", "ts": len(lines) + 10**6, "tag_id": "beat"}))  # (keyed: see the test)
     with tempfile.TemporaryDirectory() as tmp:
@@ -71,18 +98,31 @@ def stream(path: Path, files: int, partitions: int, qs: list[str], env: dict) ->
         inbox = Path(tmp) / "inbox"
         inbox.mkdir()
         size = -(-len(lines) // files)
-        for n in range(files):
+        parts = ["".join(ln + "\n" for ln in lines[n * size:(n + 1) * size]) for n in range(files)]
+        for n, text in enumerate(parts):
             part = inbox / f"part-{n:03d}.jsonl"
-            part.write_text("".join(ln + "\n" for ln in lines[n * size:(n + 1) * size]))
+            part.write_text(text)
             os.utime(part, (1e9 + n, 1e9 + n))
         print(f"{len(lines):,} events, tag H in half; {sum(want.values()):,} matches (yfpp run); local[2], "
-              f"stream of {files} files, {partitions} shuffle partitions")
+              f"{'a TCP feed in' if live else 'stream of'} {files} {'parts' if live else 'files'}, "
+              f"{partitions} shuffle partitions")
         for mode in ("off", "auto"):
             out = Path(tmp) / mode
-            done = subprocess.run([sys.executable, "-m", "yfpp", "spark", "--stream", *qs, "-i", str(inbox), "-o",
-                                   str(out), "--master", "local[2]", "--max-files", "1", "--idle-stop", "2", "--stats",
-                                   "--conf", f"spark.sql.shuffle.partitions={partitions}", "--hot-keys", mode],
-                                  env=env, capture_output=True, text=True, check=False)
+            server = None
+            if live:
+                server, sender = serve(parts, 4.0)
+                source = ["-i", f"tcp://127.0.0.1:{server.getsockname()[1]}", "--idle-stop", "8"]
+            else:
+                source = ["-i", str(inbox), "--max-files", "1", "--idle-stop", "2"]
+            try:
+                done = subprocess.run([sys.executable, "-m", "yfpp", "spark", "--stream", *qs, *source, "-o", str(out),
+                                       "--master", "local[2]", "--stats",
+                                       "--conf", f"spark.sql.shuffle.partitions={partitions}", "--hot-keys", mode],
+                                      env=env, capture_output=True, text=True, check=False)
+            finally:
+                if server is not None:
+                    server.close()
+                    sender.join(10)
             if done.returncode:
                 sys.exit(f"--hot-keys {mode}: {done.stderr.strip()[-2000:]}")
             section = done.stderr[done.stderr.index(" match:"):]
@@ -101,13 +141,14 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--stream", type=int, metavar="M", help="a directory stream of M files instead of a batch job")
+    ap.add_argument("--live", action="store_true", help="with --stream: the parts sent over TCP (-i tcp://…)")
     ap.add_argument("--plan", choices=["scan", "shuffle"], default="scan", help="the batch job's plan")
     args = ap.parse_args()
     path = feed(args.events, args.seed)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     qs = [a for q in QUERIES for a in ("-q", q)]
     if args.stream:
-        stream(path, args.stream, args.partitions, qs, env)
+        stream(path, args.stream, args.partitions, qs, env, args.live)
         return
     want = run_matches(path, qs, env)
     print(f"{args.events:,} events, tag H in half; {sum(want.values()):,} matches (yfpp run); "

@@ -26,6 +26,7 @@ pytest.importorskip("pyspark", reason="pyspark is not installed (pip install '.[
 paho = pytest.importorskip("paho.mqtt.client", reason="paho-mqtt is not installed (pip install -e '.[serve]')")
 
 from tests.mosquitto import Mosquitto  # noqa: E402
+from tests.spark.test_spark_hot_keys import SHOP, skewed_feed  # noqa: E402
 from yfpp.cli import main  # noqa: E402
 from yfpp.input.generate import generate_rfid  # noqa: E402
 from yfpp.spark.live_parse import frame  # noqa: E402
@@ -261,6 +262,31 @@ def test_yfpp_spark_stream_from_tcp_equals_yfpp_run(spark, tmp_path, capsys):
     assert spark_lines(tmp_path / "out") == want
     assert not spark.streams.active
 
+
+
+def test_a_skewed_tcp_stream_cuts_its_hot_key_into_slices_and_is_yfpp_run(spark, tmp_path, capsys):
+    """Tag H in half the events of a TCP feed sent in three parts (several micro-batches): the stager decides
+    from the first micro-batch that H is hot (``hot.json``), its events go to time slices' state keys, and
+    the matches of the three keyed queries are ``yfpp run``'s."""
+    path = skewed_feed(tmp_path / "feed.jsonl", 3000, seed=4)
+    lines = path.read_bytes().splitlines(keepends=True)
+    lines.append(json.dumps({"type": "heartbeat", "ts": 10**6, "tag_id": "beat"}).encode() + b"\n")  # closes the windows
+    path.write_bytes(b"".join(lines))
+    queries = [a for q in SHOP.values() for a in ("-q", q)]
+    assert main(["run", *queries, "-i", str(path)]) == 0
+    want = Counter(capsys.readouterr().out.splitlines())
+    assert sum(want.values()) > 500
+    producer = Producer([b"".join(lines[i:i + 1000]) for i in range(0, len(lines), 1000)], pause=1.0)
+    out, ck = tmp_path / "out", tmp_path / "ck"
+    try:
+        assert run_bounded(spark, ["spark", "--stream", *queries, "-i", f"tcp://127.0.0.1:{producer.port}",
+                                   "-o", str(out), "--checkpoint", str(ck), "--idle-stop", "4"]) == 0
+    finally:
+        producer.close()
+    assert spark_lines(out) == want
+    (keys,) = json.loads((ck / "hot.json").read_text())["groups"].values()  # one keyed group, H its one hot key
+    assert len(keys) == 1
+    assert not spark.streams.active
 
 @needs_broker
 def test_yfpp_spark_stream_from_mqtt_equals_yfpp_run_across_a_restart(spark, tmp_path, capsys):

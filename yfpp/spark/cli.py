@@ -99,8 +99,8 @@ def add_parser(sub: Any) -> None:
                    help="shuffle partitions (default: spark.sql.shuffle.partitions if configured, else 2 × the cores); "
                         "with --plan scan, its tasks (default: the cores)")
     p.add_argument("--hot-keys", choices=["auto", "off"], default="auto",
-                   help="batch and a directory stream: cut a keyed group's hot keys (a key with at least half a task's "
-                        "share of the first events; of all events with --plan shuffle) into overlapping time slices, as "
+                   help="batch, a directory or live stream: cut a keyed group's hot keys (a key with at least half a "
+                        "task's share of the first events; of all events with --plan shuffle) into overlapping time slices, as "
                         "unkeyed queries are "
                         "(default auto); off: one task per key (docs/spark.md, 'Hot keys')")
     p.add_argument("--class-archive", metavar="FILE", default="off",

@@ -58,6 +58,7 @@ from yfpp.spark.live_parse import (
 from yfpp.spark.parse import PARSED_SCHEMA
 from yfpp.spark.read import Parsed
 from yfpp.spark.source import CONNECT_TIMEOUT
+from yfpp.spark.stream_hot import HotKeys
 
 log = logging.getLogger(__name__)
 
@@ -407,10 +408,11 @@ class LiveStager(Stager):
 
 
 def start_live(spark: SparkSession, url: str, checkpoint: str, options: dict[str, str],
-               interval: str | None = None) -> tuple[StreamingQuery, DataFrame]:
+               interval: str | None = None, hot: HotKeys | None = None) -> tuple[StreamingQuery, DataFrame]:
     """Start the ingest query of live source ``url`` (spooled under ``checkpoint``, a local folder's URI or
     path); return it and the streaming DataFrame of staged events. ``options``: the readers' (format,
-    ts_field, ts_unit, type_field); ``interval``: the trigger."""
+    ts_field, ts_unit, type_field); ``interval``: the trigger; ``hot``: the stream's hot keys, decided and
+    marked when staging, as a directory stream's (:mod:`yfpp.spark.stream_hot`)."""
     folder = local_path(f"{checkpoint}/live/spool")
     if folder is None:
         raise InputError(f"a live source spools what it receives under the checkpoint, which must be a local "
@@ -420,7 +422,7 @@ def start_live(spark: SparkSession, url: str, checkpoint: str, options: dict[str
                          "stream with a fresh checkpoint folder")
     spark.dataSource.register(LiveSource)
     parsed = spark.readStream.format("yfpp_live").options(url=url, spool=folder, **options).load()
-    return stage(spark, parsed, LiveStager(spark, url, checkpoint, single=True), interval)
+    return stage(spark, parsed, LiveStager(spark, url, checkpoint, hot, single=True), interval)
 
 
 def kafka_inbox(spark: Any, url: str, checkpoint: str) -> tuple[Any, str]:

@@ -10,7 +10,7 @@ batch task holds many key values: per micro-batch, the state function runs
 once per bucket that got events or timed out — one engine, its queries
 compiled once, for all the bucket's key values —, not once per key value
 (compiling a group of 1,000 subscriptions takes a quarter of a second). A
-directory stream's hot keys have state keys of their own, one per time slice
+directory or live stream's hot keys have state keys of their own, one per time slice
 (:mod:`yfpp.spark.stream_hot`).
 
 The state of a bucket is its **not-yet-finished events**, not a pickled engine
@@ -87,7 +87,7 @@ def read_stream(spark: SparkSession, path: str | None = None, *, socket: str | N
     then; see :mod:`yfpp.spark.ingest`); ``max_files`` new files at most per
     micro-batch, ``interval`` its trigger. A socket is read on the driver (a demo source).
     ``ts_field``, ``ts_unit`` (``iso``: ISO-8601 text), ``type_field``: as :func:`yfpp.input.readers.read_events`'s.
-    ``hot``: a directory stream's hot keys, decided and marked by its stager (:mod:`yfpp.spark.stream_hot`).
+    ``hot``: a directory or live stream's hot keys, decided and marked by its stager (:mod:`yfpp.spark.stream_hot`).
     ``max_spool``: a live source's cap on spooled bytes Spark has not committed
     (:data:`yfpp.spark.live_sources.MAX_SPOOL_BYTES` by default).
     """
@@ -97,7 +97,7 @@ def read_stream(spark: SparkSession, path: str | None = None, *, socket: str | N
         query, events = live_sources.start_live(spark, path, checkpoint, {
             "ts_field": ts_field, "ts_unit": ts_unit, **({"format": format} if format else {}),
             **({"type_field": type_field} if type_field else {}),
-            **({"max_spool_bytes": str(max_spool)} if max_spool else {})}, interval)
+            **({"max_spool_bytes": str(max_spool)} if max_spool else {})}, interval, hot)
         return events, query
     if path is not None:
         query, events = ingest.start_ingest(spark, path, checkpoint, format=format, ts_field=ts_field, ts_unit=ts_unit,
@@ -118,13 +118,13 @@ def start_stream(spark: SparkSession, queries: Any, outdir: str, checkpoint: str
     ``checkpoint`` (``ingest/``, ``staged/``, ``numbering/``; ``match/``), written to ``outdir``
     (:func:`write_stream`); ``policy``, ``full_events``: as :func:`stream_matches`'s; the reading options
     as :func:`read_stream`'s (``ts_unit`` ``iso``: the matches' lines have ISO-8601 start and end too, as
-    ``yfpp run --ts-format iso``). ``hot_keys``: a directory stream cuts a keyed group's hot keys into
+    ``yfpp run --ts-format iso``). ``hot_keys``: a directory or live stream cuts a keyed group's hot keys into
     time slices (:mod:`yfpp.spark.stream_hot`); ``max_spool``: as :func:`read_stream`'s. Stop them with
     :func:`finish`, or ``stop()`` each."""
     checkpoint, outdir = inputs.qualify(spark, checkpoint).rstrip("/"), inputs.qualify(spark, outdir)
     buckets = state_buckets(spark, checkpoint)
     hot = None
-    if path is not None and not inputs.is_live(path) and (hot_keys or _has_hot_keys(spark, checkpoint)):
+    if path is not None and (hot_keys or _has_hot_keys(spark, checkpoint)):
         # (the stager needs them from its first batch; once decided, a checkpoint keeps them, --hot-keys off or not)
         hot = HotKeys(group_queries(effective_queries(queries, policy), streaming=True), buckets)
     events, ingesting = read_stream(spark, path, socket=socket, checkpoint=checkpoint, format=format, ts_field=ts_field,
@@ -207,7 +207,7 @@ def stream_matches(spark: SparkSession, queries: Any, events: DataFrame, *, poli
                            iso_times=iso_times)
     low, high = TS_RANGE
     good = F.col("reason").isNull() & (F.col("ts") > low) & (F.col("ts") < high)
-    if "hot" not in events.columns:  # (a live or socket source: no hot keys)
+    if "hot" not in events.columns:  # (the socket source: no hot keys)
         events = events.withColumn("hot", F.lit(None).cast(HOT_TYPE))
     routed = (events.select(F.explode(_routes(groups, good, buckets)).alias("r"), "*")
               .select("r.*", *_RECORD_COLS)
