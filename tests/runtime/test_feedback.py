@@ -270,6 +270,9 @@ def staged_consumer_matches(feeder: tuple[str, Pattern], consumer: tuple[str, Pa
     return [(cname, {v: [stream[s][1] for s in lst] for v, lst in b.items()}) for b, _ in reference_matches(q, positioned)]
 
 
+MAX_DERIVED_COMPARED = 6  #: derived events of one stream at most, in the staged comparison below
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 @given(deadline_feeder_and_consumer(), streams(max_events=8, types=TYPES + ["X"], min_events=4))
 @example(tuple((n, parse_query(t)) for n, t in DEADLINE_RANK_QUERIES),
@@ -277,6 +280,10 @@ def staged_consumer_matches(feeder: tuple[str, Pattern], consumer: tuple[str, Pa
 def test_deadline_released_feedback_matches_a_staged_evaluation(queries, events):
     """The consumer of a trailing-negation query's derived events binds them in the documented order."""
     feeder, consumer = queries
+    # A consumer's Kleene under skip-till-any over the input and every derived event makes 2^(events + derived)
+    # runs: past max_runs_per_query the engine sheds (as documented), which the staged reference does not model
+    # (and enumerates for minutes). Kept to where the exact comparison holds.
+    assume(len(reference_matches(feeder[1], events)) <= MAX_DERIVED_COMPARED)
     want = staged_consumer_matches(feeder, consumer, events)
     eng, _ = engine(max_feedback_depth=3, max_derived_per_event=1_000)
     for name, p in queries:
