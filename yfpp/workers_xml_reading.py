@@ -252,6 +252,7 @@ class XmlShare(Share):
                      self.inboxes)
 
     def _plain_next(self) -> bool:
+        """(the one reader's reader of plain lines, and the root they are in, taken for the next block)"""
         one = self._one
         self._reader, self._scope = one.plain(), one.splitter.wrapper_open
         return self._reader is not None
@@ -270,7 +271,6 @@ class XmlShare(Share):
         """The events of the block's lines ``union`` flags (None: every line; the block's first line is record
         ``seq``, on line ``lineno``); the dead letters and events of the lines this worker reports counted (``sc``,
         the block's scan: not read here)."""
-        own = None if union is None else list(compress(range(len(union)), union))
         if union is None:
             region, numbers = body, None
         else:
@@ -282,7 +282,7 @@ class XmlShare(Share):
         if events is None:  # (a line the plain reader refuses: the block read the long way, this worker's kept)
             caught = _Caught()
             events = read_alone(body, self._scope, lineno, self.opts, caught)
-            mine = None if own is None else set(own)
+            mine = None if union is None else set(compress(range(len(union)), union))
             events = [ev for ev in events if mine is None or ev.seq in mine]
             for ev in events:
                 ev.seq += seq

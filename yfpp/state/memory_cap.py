@@ -89,9 +89,9 @@ _FEW = 50_000  #: objects made while paused below which :func:`collection_paused
 
 @contextmanager
 def collection_paused() -> Iterator[None]:
-    """No garbage collection while many queries register (``Engine.register_many``, a checkpoint's restore) or a
-    snapshot is taken: the objects a registration makes live on, and collecting them as they come made a batch
-    half again as long; a snapshot's hold no cycle.
+    """No garbage collection while queries register (``Engine.register``, ``register_many``, a checkpoint's
+    restore) or a snapshot is taken: the objects a registration makes live on, and collecting them as they come
+    made a batch half again as long; a snapshot's hold no cycle.
     After, they go to the oldest generation unscanned (frozen and unfrozen), where the next full collection
     finds them, not the first young one (which would walk all of them at once) — unless objects are frozen
     already (``yfpp serve`` freezes a restored engine's): those stay so. A few objects made (fewer than
