@@ -113,6 +113,7 @@ class Parts:
         from yfpp.workers import WORKERS
         from yfpp.workers_reading import BLOCK
         from yfpp.workers_xml_reading import line_blocks
+        import yfpp.workers_reading as reading
 
         self.path, self.workload, self.n, self.xml = path, workload, n, path.suffix == ".xml"
         self.opts, self.dead = reading_options(), DeadLetters()
@@ -120,6 +121,8 @@ class Parts:
         queries = [(name, pattern) for _, (pattern, _, name) in sorted(engine.sources.items())]
         self.groups = group_queries(queries, runner=WORKERS)
         self.keys = sorted({g.key[0] for g in self.groups if g.key})
+        # (blocks a chunk, as the workers cut them: a checkout before chunk_blocks had CHUNK for every plan)
+        self.chunk = getattr(reading, "chunk_blocks", lambda groups: reading.CHUNK)(self.groups)
         with open(path, "rb") as f:
             self.blocks = list(line_blocks(f, BLOCK) if self.xml else LineBlocks(f, self.opts.max_record_bytes,
                                                                                   self.dead, BLOCK))
@@ -156,27 +159,26 @@ class Parts:
 
     def scans(self, me: int) -> list[Any]:
         """The scans of worker ``me``'s chunks (chunk ``c`` by worker ``c % n``)."""
-        from yfpp.workers_reading import CHUNK
-
-        scan = self.scanner()
-        return [scan(body) for c in range(0, len(self.blocks), CHUNK)
-                if c // CHUNK % self.n == me for body in self.blocks[c:c + CHUNK]]
+        scan, chunk = self.scanner(), self.chunk
+        return [scan(body) for c in range(0, len(self.blocks), chunk)
+                if c // chunk % self.n == me for body in self.blocks[c:c + chunk]]
 
     def share(self) -> Any:
         """Worker 0's :class:`~yfpp.workers_reading.Share`, the peers' scans of their chunks in its inbox."""
         import queue
 
         from yfpp.workers import SLICE_EVENTS, Sequencer
-        from yfpp.workers_reading import CHUNK, Relay, Share
+        from yfpp.workers_reading import Relay, Share
         from yfpp.workers_xml_reading import XmlShare
 
         n, opts, blocks, scan = self.n, self.opts, self.blocks, self.scanner()
         inboxes: list[Any] = [queue.Queue() for _ in range(n)]
         sent = getattr(Relay, "sent", lambda sc: sc)  # (as a peer's scan comes: a checkout before it kept records)
-        chunks = (len(blocks) + CHUNK - 1) // CHUNK
+        chunk = self.chunk
+        chunks = (len(blocks) + chunk - 1) // chunk
         for c in range(chunks):
             if c % n:
-                inboxes[0].put((c % n, c, [sent(scan(body)) for body in blocks[c * CHUNK:(c + 1) * CHUNK]]))
+                inboxes[0].put((c % n, c, [sent(scan(body)) for body in blocks[c * chunk:(c + 1) * chunk]]))
         size = sum(map(len, blocks))  # (the bytes each peer read, which a checkout since one read of the file checks)
         for w in range(1, n):
             inboxes[0].put((w, (chunks, size) if hasattr(Relay, "same_file") else chunks, None))

@@ -3,7 +3,7 @@
 Shipping a parsed event from one reading process to a worker costs more CPU than reading it
 (benchmarks/RESULTS.md, "Workers"), so for a regular JSON-lines file each worker reads the whole file
 itself. Of each block of lines, one worker finds every line's ts and routing values and the worker each
-key value hashes to (:func:`scan`): the blocks come in chunks of :data:`CHUNK`, chunk ``c`` scanned by
+key value hashes to (:func:`scan`): the blocks come in chunks (:func:`chunk_blocks`), chunk ``c`` scanned by
 worker ``c % n``, which scans its chunks a few rounds ahead of its matching and sends the scans to the
 others (:class:`Relay`). Each worker then makes events only of the lines some group of its own routes to
 it: a keyed group's lines whose key value hashes to it, a sliced group's lines read by its slices, all
@@ -45,7 +45,8 @@ from yfpp.output.vocabulary import Vocabulary
 from yfpp.spark.plan import Group, Slicing
 
 BLOCK = 1 << 14  #: bytes read at a time (as the reader: larger batches of events match slower)
-CHUNK = 16  #: blocks a worker scans for all (chunk ``c`` of the file by worker ``c % n``)
+CHUNK = 16  #: blocks a worker scans for all (chunk ``c`` of the file by worker ``c % n``), unless every group is keyed
+KEYED_CHUNK = 2  #: blocks a chunk when every group is keyed (:func:`chunk_blocks`)
 AHEAD = 2  #: rounds of chunks a worker scans ahead of the block it matches (so none waits on a busy peer)
 Routed = dict[tuple[int, int], list[Event]]  #: a block's events per (group, slice) of this worker
 
@@ -72,6 +73,15 @@ def file_head(path: str) -> bytes | None:
     except OSError:
         return None
     return None if head[:2] == b"\x1f\x8b" else head
+
+
+def chunk_blocks(groups: Sequence[Group]) -> int:
+    """Blocks a chunk for ``groups``: :data:`KEYED_CHUNK` when every group is keyed, else :data:`CHUNK`. A worker
+    holds the blocks (and the records its scans parsed) of the chunks it reads ahead, ``AHEAD * n + 1`` chunks:
+    where every block's events split evenly over the workers they go in step, and short chunks keep what is held
+    in the processor's cache (benchmarks/RESULTS.md, "Workers"); a time slice or a whole group keeps one worker
+    busy while the others run ahead, as far as the chunks scanned ahead let them."""
+    return KEYED_CHUNK if groups and all(g.key for g in groups) else CHUNK
 
 
 def plan_slices(groups: list[Group], sliced: Any, ts: list[float], slice_events: int) -> dict[int, Slicing | None]:
@@ -153,16 +163,16 @@ def workers_of(values: Iterable[Hashable], n: int) -> array:
 class Relay:
     """Worker ``me`` of ``n``'s reading of the file: :meth:`blocks_read` gives each block with its :class:`Scan`. The
     blocks are read once, by ``blocks`` (an iterator of a block's bytes; ``marks``: what the reader set aside while
-    reading the block it just gave, taken with it), a chunk of :data:`CHUNK` blocks at a time, up to :data:`AHEAD`
+    reading the block it just gave, taken with it), a chunk of ``chunk`` blocks at a time, up to :data:`AHEAD`
     rounds of chunks ahead of the block given; its own chunks (chunk ``c`` by worker ``c % n``) are scanned as they
     are read, each chunk's scans sent to the others' ``inboxes``; the others' chunks' scans come from its inbox
     (``inboxes[me]``). At the end of the file each worker tells the others how many chunks and bytes it read, so
     none waits for a chunk its scanner never read, and all read the same bytes (:meth:`same_file`)."""
 
     def __init__(self, blocks: Iterator[bytes], scanner: Callable[[bytes], Scan], me: int, n: int,
-                 inboxes: Sequence[Any], marks: Callable[[], list] = list):
+                 inboxes: Sequence[Any], marks: Callable[[], list] = list, chunk: int = CHUNK):
         self.blocks, self.scanner, self.me, self.n, self.inboxes = blocks, scanner, me, n, inboxes
-        self.marks = marks
+        self.marks, self.chunk_size = marks, chunk
         self.read = 0  # the chunks read
         self.size = 0  # their bytes
         self.ended = False  # the end of the file reached
@@ -189,7 +199,7 @@ class Relay:
         """The scans of chunk ``c``'s blocks (fewer, or none, at the end of the file)."""
         me, n = self.me, self.n
         while self.read <= c + AHEAD * n and not self.ended:
-            got = [(body, self.marks()) for body in islice(self.blocks, CHUNK)]
+            got = [(body, self.marks()) for body in islice(self.blocks, self.chunk_size)]
             self.ended = not got
             if self.ended:
                 self.trailing = self.marks()
@@ -298,7 +308,8 @@ class Share:
         """The :class:`Relay` over the blocks of the open file ``f``: its marks the lines over the size cap."""
         caught = _Caught()
         return Relay(iter(LineBlocks(f, self.opts.max_record_bytes, caught, BLOCK)),
-                     lambda body: scan(body, self.opts, self.keys, self.n), self.me, self.n, self.inboxes, caught.take)
+                     lambda body: scan(body, self.opts, self.keys, self.n), self.me, self.n, self.inboxes, caught.take,
+                     chunk_blocks(self.groups))
 
     def _set_aside(self, marks: list[tuple]) -> None:
         """The lines over the size cap read before the next block: each a dead letter (``too large``), numbered

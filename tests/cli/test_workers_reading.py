@@ -34,7 +34,7 @@ from yfpp.input.jsonl_reader import LineBlocks, parse_block
 from yfpp.input.jsonl_scan import key_values, scan_block
 from yfpp.input.readers import read_event_batches, reading_options
 from yfpp.workers import Sequencer, Workers
-from yfpp.workers_reading import Relay, Scan, Share, scan, workers_of
+from yfpp.workers_reading import Relay, Scan, Share, chunk_blocks, scan, workers_of
 
 
 class Letters(DeadLetters):
@@ -227,6 +227,7 @@ def with_workers(queries: list, path: str, n: int, fmt: str = "jsonl") -> tuple[
 def small_blocks(monkeypatch):
     monkeypatch.setattr(yfpp.workers_reading, "BLOCK", 97)  # a few lines a block (inherited by the forked workers)
     monkeypatch.setattr(yfpp.workers_reading, "CHUNK", 2)  # two blocks a chunk: each worker scans some for the others
+    monkeypatch.setattr(yfpp.workers_reading, "KEYED_CHUNK", 1)  # (where every group is keyed: one block a chunk)
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
@@ -306,14 +307,13 @@ def test_a_dead_letter_with_the_latest_ts_does_not_move_the_watermark(small_bloc
 def test_the_relay_gives_each_chunk_its_scans_and_waits_for_none_past_a_scanners_end(monkeypatch):
     """Chunks of two blocks dealt to two workers: each gets every chunk's scans, its own or its peer's; a chunk its
     scanner never read (the file grew after the scanner reached its end) comes empty instead of being waited for."""
-    monkeypatch.setattr(yfpp.workers_reading, "CHUNK", 2)
     inboxes = [queue.Queue(), queue.Queue()]
 
     def scanner(body: bytes) -> Scan:
         return Scan(len(body), None, [], None)
 
-    first = Relay(iter([b"a", b"bb", b"ccc"]), scanner, 0, 2, inboxes)  # worker 0's reader saw 3 blocks
-    second = Relay(iter([b"a", b"bb", b"ccc", b"dddd", b"eeeee", b"f"]), scanner, 1, 2, inboxes)  # worker 1's, 6
+    first = Relay(iter([b"a", b"bb", b"ccc"]), scanner, 0, 2, inboxes, chunk=2)  # worker 0's reader saw 3 blocks
+    second = Relay(iter([b"a", b"bb", b"ccc", b"dddd", b"eeeee", b"f"]), scanner, 1, 2, inboxes, chunk=2)  # worker 1's, 6
     assert [sc.size for sc in first.chunk(0)] == [sc.size for sc in second.chunk(0)] == [1, 2]
     assert [sc.size for sc in first.chunk(1)] == [sc.size for sc in second.chunk(1)] == [3, 4]
     assert second.chunk(2) == []  # worker 0 scans chunk 2, but its reader ended before it
@@ -328,6 +328,18 @@ def keyed_groups(query: str = "PATTERN SEQ(a x, b y) WHERE [k] WITHIN 30") -> li
     return group_queries([("q", parse_query(query, "sase", "s"))], runner=WORKERS)
 
 
+def test_chunks_are_short_where_every_group_is_keyed():
+    """Where every group is keyed each block's events split over the workers, which go in step: short chunks keep
+    what a worker holds ahead small; a time slice or a whole group keeps one worker busy while the others run ahead
+    (as far as the chunks scanned ahead let them), so its plans keep long chunks."""
+    keyed = keyed_groups()
+    sliced = keyed_groups("PATTERN SEQ(a x, b y) WITHIN 30")
+    whole = keyed_groups("PATTERN SEQ(a x, b y)")
+    assert not sliced[0].key and sliced[0].sliced and not whole[0].key and not whole[0].sliced
+    assert chunk_blocks(keyed) == yfpp.workers_reading.KEYED_CHUNK < yfpp.workers_reading.CHUNK
+    assert chunk_blocks(sliced) == chunk_blocks(whole) == chunk_blocks(keyed + sliced) == yfpp.workers_reading.CHUNK
+
+
 def plain_file(path, lines: int) -> None:
     path.write_text("".join(json.dumps({"type": "ab"[i % 2], "ts": i, "k": i % 7}) + "\n" for i in range(lines)))
 
@@ -335,7 +347,7 @@ def plain_file(path, lines: int) -> None:
 def test_a_file_cut_short_under_a_worker_is_an_error(monkeypatch, tmp_path):
     """Worker 1 read the whole file (its scans and its end are in worker 0's inbox); the file is cut short before
     worker 0 reads it: worker 0 stops with an error naming the file, waiting for nothing."""
-    monkeypatch.setattr(yfpp.workers_reading, "CHUNK", 2)
+    monkeypatch.setattr(yfpp.workers_reading, "KEYED_CHUNK", 2)  # (its groups are keyed)
     path = tmp_path / "feed.jsonl"
     plain_file(path, 3000)
     opts, groups = reading_options(), keyed_groups()
@@ -356,7 +368,7 @@ def test_a_file_cut_short_under_a_worker_is_an_error(monkeypatch, tmp_path):
 def test_a_file_cut_below_what_a_worker_read_is_an_error(monkeypatch, tmp_path):
     """One worker, the file cut short after it read ahead past the cut: the end of its read is an error, not the
     events of a file that never was."""
-    monkeypatch.setattr(yfpp.workers_reading, "CHUNK", 2)
+    monkeypatch.setattr(yfpp.workers_reading, "KEYED_CHUNK", 2)
     path = tmp_path / "feed.jsonl"
     plain_file(path, 3000)
     share = Share(str(path), reading_options(), keyed_groups(), 0, 1, 20_000, DeadLetters(), Sequencer(), {})
