@@ -121,8 +121,9 @@ class Parts:
         queries = [(name, pattern) for _, (pattern, _, name) in sorted(engine.sources.items())]
         self.groups = group_queries(queries, runner=WORKERS)
         self.keys = sorted({g.key[0] for g in self.groups if g.key})
-        # (blocks a chunk, as the workers cut them: a checkout before chunk_blocks had CHUNK for every plan)
-        self.chunk = getattr(reading, "chunk_blocks", lambda groups: reading.CHUNK)(self.groups)
+        # (blocks a chunk, as the workers cut them: CHUNK for XML, and in a checkout before chunk_blocks)
+        self.chunk = reading.CHUNK if self.xml else getattr(reading, "chunk_blocks", lambda groups: reading.CHUNK)(
+            self.groups)
         with open(path, "rb") as f:
             self.blocks = list(line_blocks(f, BLOCK) if self.xml else LineBlocks(f, self.opts.max_record_bytes,
                                                                                   self.dead, BLOCK))

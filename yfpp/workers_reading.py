@@ -76,11 +76,12 @@ def file_head(path: str) -> bytes | None:
 
 
 def chunk_blocks(groups: Sequence[Group]) -> int:
-    """Blocks a chunk for ``groups``: :data:`KEYED_CHUNK` when every group is keyed, else :data:`CHUNK`. A worker
-    holds the blocks (and the records its scans parsed) of the chunks it reads ahead, ``AHEAD * n + 1`` chunks:
-    where every block's events split evenly over the workers they go in step, and short chunks keep what is held
-    in the processor's cache (benchmarks/RESULTS.md, "Workers"); a time slice or a whole group keeps one worker
-    busy while the others run ahead, as far as the chunks scanned ahead let them."""
+    """Blocks a chunk of a JSON-lines file for ``groups``: :data:`KEYED_CHUNK` when every group is keyed, else
+    :data:`CHUNK`. A worker holds the blocks, and the records its scans parsed, of the chunks it reads ahead
+    (``AHEAD * n + 1`` chunks): where every block's events split over the workers they go in step, and short
+    chunks keep what is held in the processor's cache (benchmarks/RESULTS.md, "Workers"); a time slice or a whole
+    group keeps one worker busy while the others run ahead, as far as the chunks scanned ahead let them. (An XML
+    scan keeps no records: XML keeps :data:`CHUNK`.)"""
     return KEYED_CHUNK if groups and all(g.key for g in groups) else CHUNK
 
 

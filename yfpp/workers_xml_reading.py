@@ -249,7 +249,7 @@ class XmlShare(Share):
     def _relay(self, f: BinaryIO) -> Relay:
         self._one = OneReader(self.opts)
         return Relay(line_blocks(f, workers_reading.BLOCK), Scanner(self.opts, self.keys, self.n), self.me, self.n,
-                     self.inboxes, chunk=workers_reading.chunk_blocks(self.groups))
+                     self.inboxes)
 
     def _plain_next(self) -> bool:
         """(the one reader's reader of plain lines, and the root they are in, taken for the next block)"""
