@@ -165,8 +165,9 @@ class Relay:
     """Worker ``me`` of ``n``'s reading of the file: :meth:`blocks_read` gives each block with its :class:`Scan`. The
     blocks are read once, by ``blocks`` (an iterator of a block's bytes; ``marks``: what the reader set aside while
     reading the block it just gave, taken with it), a chunk of ``chunk`` blocks (None: :data:`CHUNK`, as it is then)
-    at a time, up to :data:`AHEAD` rounds of chunks ahead of the block given; its own chunks (chunk ``c`` by worker ``c % n``) are scanned as they
-    are read, each chunk's scans sent to the others' ``inboxes``; the others' chunks' scans come from its inbox
+    at a time, up to :data:`AHEAD` rounds of chunks ahead of the block given; its own chunks (chunk ``c`` by worker
+    ``c % n``) are scanned as they are read, each chunk's scans sent to the others' ``inboxes``; the others' chunks'
+    scans come from its inbox
     (``inboxes[me]``). At the end of the file each worker tells the others how many chunks and bytes it read, so
     none waits for a chunk its scanner never read, and all read the same bytes (:meth:`same_file`)."""
 
