@@ -313,7 +313,7 @@ def test_the_relay_gives_each_chunk_its_scans_and_waits_for_none_past_a_scanners
         return Scan(len(body), None, [], None)
 
     first = Relay(iter([b"a", b"bb", b"ccc"]), scanner, 0, 2, inboxes, chunk=2)  # worker 0's reader saw 3 blocks
-    second = Relay(iter([b"a", b"bb", b"ccc", b"dddd", b"eeeee", b"f"]), scanner, 1, 2, inboxes, chunk=2)  # worker 1's, 6
+    second = Relay(iter([b"a", b"bb", b"ccc", b"dddd", b"eeeee", b"f"]), scanner, 1, 2, inboxes, chunk=2)  # 6 blocks
     assert [sc.size for sc in first.chunk(0)] == [sc.size for sc in second.chunk(0)] == [1, 2]
     assert [sc.size for sc in first.chunk(1)] == [sc.size for sc in second.chunk(1)] == [3, 4]
     assert second.chunk(2) == []  # worker 0 scans chunk 2, but its reader ended before it
