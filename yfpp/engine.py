@@ -259,7 +259,7 @@ class Engine:
     def _add_planned(self, splan: ShapePlan, qid: int, constants: list[str], text: str, name: str | None) -> int:
         """Add query ``qid``, ``text`` of the shape whose plan is ``splan`` with ``constants``; its id."""
         plan = splan.plan(constants, name if name is not None else qid, text)
-        self.sources[qid] = (plan, text, name)
+        self.sources.keep_planned(qid, plan)
         return self._add(qid, plan, name)
 
     def _add(self, qid: int, plan: QueryPlan, name: str | None) -> int:
@@ -271,7 +271,7 @@ class Engine:
         plan.release_specs()
         if plan.feedback:
             self.feedback.order[plan] = qid
-        self._route_events()
+            self._route_events()  # (an NFA query without feedback leaves the route as it is)
         return qid
 
     def _claim_id(self, qid: int) -> int:

@@ -277,9 +277,7 @@ def split_constants(text: str) -> tuple[list[str], list[str]]:
     ``around[0] + constants[0] + around[1] + … + around[-1]``; queries of one shape have the same ``around``."""
     around, constants, last = [], [], 0
     for m in _CONSTANT.finditer(text):
-        start, end = m.span(1)  # (a number: after its operator; a quoted string: the whole match)
-        if start < 0:
-            start, end = m.span()
+        start, end = m.span(m.lastindex or 0)  # (a number: its group, after its operator; a quoted string: the match)
         around.append(text[last:start])
         constants.append(text[start:end])
         last = end
