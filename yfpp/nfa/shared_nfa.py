@@ -43,6 +43,7 @@ from yfpp.nfa.predicates import AggSlot, Check, is_number
 from yfpp.nfa.shared_atoms import HASHED as _HASHED, SharedAtoms
 
 _ids = count()
+_STRICT, _PARTITION = Contiguity.STRICT, Contiguity.PARTITION
 #: what a node without children or wait states holds (read-only: the first one added takes its place, a second makes
 #: a dict of both)
 _NO_ENTRIES: Any = MappingProxyType({})
@@ -772,20 +773,25 @@ def _balanced(source: str) -> bool:
     return depth == 0
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False, slots=True, init=False)
 class State:
     """Where runs wait: inside Kleene ``node``, or after ``node`` for ``table``'s children."""
 
     node: Node | None  # None: the root level (no runs wait there)
     mode: str  # "wait" | "in"
     contiguity: Contiguity
-    table: TransitionTable = field(default_factory=TransitionTable)
-    child: Node | None = None  # the one child of a skip-till-next wait state
-    touch_all: bool = False  # every event moves or kills its runs: strict, or partition without an equivalence list
+    table: TransitionTable
+    child: Node | None  # the one child of a skip-till-next wait state
+    touch_all: bool  # every event moves or kills its runs: strict, or partition without an equivalence list
 
-    def __post_init__(self) -> None:
-        c = self.contiguity
-        self.touch_all = c is Contiguity.STRICT or (c is Contiguity.PARTITION and not self.node.partition_by)
+    def __init__(self, node: Node, mode: str, contiguity: Contiguity, child: Node | None = None) -> None:
+        # (written out, not a dataclass's: a million subscriptions make a million wait states)
+        self.node = node
+        self.mode = mode
+        self.contiguity = contiguity
+        self.table = TransitionTable()
+        self.child = child
+        self.touch_all = contiguity is _STRICT or (contiguity is _PARTITION and not node.partition_by)
 
     # A node's only wait state stands for the mapping of it alone in ``Node.waits`` (most nodes have one: a dict of
     # one entry, or an object holding the entry, would cost a million subscriptions 50–220 MB).
@@ -904,7 +910,7 @@ class SharedNFA:
             wait = parent.waits.get(wait_key)
             if wait is None:
                 child = node if contiguity is Contiguity.SKIP_TILL_NEXT else None
-                wait = State(parent, "wait", contiguity, TransitionTable(), child)
+                wait = State(parent, "wait", contiguity, child)
                 parent.waits = _with(parent.waits, wait_key, wait)
                 self.states += 1
             wait.table.add(node)
