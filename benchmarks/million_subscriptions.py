@@ -141,7 +141,7 @@ def worker(args: argparse.Namespace) -> dict:
         warm.register(t.format(j=1, j2=2, lo=0, hi=10, t=20))  # lazy imports, parser tables
     del warm
     rss0 = rss_kib()
-    eng = Engine(reports=None)
+    eng = Engine(reports=None, freeze_registered=args.freeze_registered)
     t0 = time.process_time()
     if args.batch:
         ids = []
@@ -177,7 +177,8 @@ def worker(args: argparse.Namespace) -> dict:
 
 def run_worker(kind: str, n: int, args: argparse.Namespace, batch: bool = False) -> dict:
     cmd = [sys.executable, __file__, "--worker", "--kind", kind, "--n", str(n), "--events", str(args.events),
-           "--seed", str(args.seed)] + (["--batch"] if batch else [])
+           "--seed", str(args.seed)] + (["--batch"] if batch else []) + \
+        (["--freeze-registered"] if args.freeze_registered else [])
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
         sys.stderr.write(done.stderr[-3000:])
@@ -533,6 +534,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=33)
     p.add_argument("--plot", action="store_true", help="write benchmarks/million_subscriptions.png")
     p.add_argument("--no-batch", action="store_true", help="skip the register_many measurement")
+    p.add_argument("--freeze-registered", action="store_true", help="the engines measured are made with "
+                   "Engine(freeze_registered=True): each registration ends with gc.freeze()")
     p.add_argument("--rows", type=Path, help="append each measurement to this JSON-lines file, and plot every row in it")
     p.add_argument("--forms", action="store_true", help="only the ways of writing a predicate (and, brackets, intervals)")
     p.add_argument("--atoms", action="store_true", help="only subscriptions sharing a predicate that is not their "

@@ -122,3 +122,29 @@ def test_a_registration_or_two_does_not_ask_how_many_objects_are_frozen(monkeypa
     finally:
         gc.unfreeze()
     assert held
+
+
+def test_an_engine_that_freezes_what_it_registers_leaves_it_to_no_collection():
+    """``Engine(freeze_registered=True)`` ends each registration with ``gc.freeze()``: the queries registered, one at
+    a time or in a batch, are in no generation the collector walks, and they match as an engine's that does not; a
+    default engine freezes nothing."""
+    import gc
+
+    events = [Event(t, float(i), {"x": ("p", "q")[i % 2]}, i) for i, t in enumerate("abab")]
+    texts = ["PATTERN SEQ(a e, b f) WHERE e.x = 'p' AND f.x = 'q'", "PATTERN SEQ(a e, b f) WHERE e.x = 'q'"]
+    before = gc.get_freeze_count()
+    plain = Engine(reports=None)
+    plain.register(texts[0])
+    plain.register_many(texts[1:])
+    assert gc.get_freeze_count() == before
+    try:
+        frozen = Engine(reports=None, freeze_registered=True)
+        one = frozen.register(texts[0])
+        assert gc.get_freeze_count() > before
+        batch = frozen.register_many(texts[1:])
+        assert gc.isenabled()
+        young = {id(o) for o in gc.get_objects()}
+        assert not {id(frozen.queries[q]) for q in (one, *batch)} & young
+        assert [frozen.process(ev) for ev in events] == [plain.process(ev) for ev in events]
+    finally:
+        gc.unfreeze()

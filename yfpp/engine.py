@@ -87,7 +87,11 @@ class Engine:
     to step when many runs of a partition agree on what lies ahead.  ``max_queries``: how many queries
     it holds at most (default ``MAX_QUERIES``; a registration beyond is refused with an error).  ``max_memory_mb``:
     the resident set (MiB) past which a registration is refused with an error (default ``YFPP_MAX_MEMORY_MB``, else
-    80 % of physical memory; ``yfpp.state.memory_cap``).
+    80 % of physical memory; ``yfpp.state.memory_cap``).  ``freeze_registered``: every registration ends with
+    ``gc.freeze()``, so that Python's collector never walks the registered queries again (one at a time, a
+    registration no longer pays for full collections over every query registered before) — process-wide: the
+    application's objects of the moment are frozen too, and what an unregistered query leaves in reference cycles
+    stays until ``gc.unfreeze()``; for a process whose work is holding subscriptions (docs/internals.md).
 
     ``copy.deepcopy(engine)``, ``copy.copy`` and ``pickle`` give an engine in the same state
     (queries, options, runs, held events, counters, the ``reports`` lines):
@@ -114,6 +118,7 @@ class Engine:
         merge_runs: bool = False,
         max_queries: int | None = None,
         max_memory_mb: int | None = None,
+        freeze_registered: bool = False,
     ):
         if strategy not in STRATEGIES:
             raise YfppError(f"unknown evaluation strategy {strategy!r} (expected one of {', '.join(STRATEGIES)})")
@@ -124,6 +129,7 @@ class Engine:
         max_runs_per_query = _cap("max_runs_per_query", max_runs_per_query, MAX_RUNS_PER_QUERY)
         max_buffer_per_query = _cap("max_buffer_per_query", max_buffer_per_query, MAX_BUFFER_PER_QUERY)
         self.max_queries = _cap("max_queries", max_queries, MAX_QUERIES)
+        self.freeze_registered = bool(freeze_registered)
         self._memory = MemoryCap(default_cap_mib() if max_memory_mb is None else _cap("max_memory_mb", max_memory_mb, 1))
         _check_policy(policy)
         self.runtime = Runtime(int(max_runs_per_query), int(max_buffer_per_query), self._failed, self._report,
@@ -166,7 +172,7 @@ class Engine:
         (``yfpp.state.memory_cap.collection_paused``): what a registration makes and drops goes by reference
         counting, and only what it keeps is counted towards the next collection.
         """
-        with collection_paused():
+        with collection_paused(self.freeze_registered):
             return self._register(query, name, policy=policy, feedback=feedback, query_id=query_id, split=split)
 
     def _register(self, query: str | Pattern, name: str | None, *, policy: str | None, feedback: bool,
@@ -259,7 +265,7 @@ class Engine:
     def _add_planned(self, splan: ShapePlan, qid: int, constants: list[str], text: str, name: str | None) -> int:
         """Add query ``qid``, ``text`` of the shape whose plan is ``splan`` with ``constants``; its id."""
         plan = splan.plan(constants, name if name is not None else qid, text)
-        self.sources[qid] = (plan, text, name)
+        self.sources.keep_planned(qid, plan)
         return self._add(qid, plan, name)
 
     def _add(self, qid: int, plan: QueryPlan, name: str | None) -> int:
@@ -271,7 +277,7 @@ class Engine:
         plan.release_specs()
         if plan.feedback:
             self.feedback.order[plan] = qid
-        self._route_events()
+            self._route_events()  # (an NFA query without feedback leaves the route as it is)
         return qid
 
     def _claim_id(self, qid: int) -> int:
@@ -295,7 +301,7 @@ class Engine:
         :meth:`register`); the runtime's dispatch per event type is made again once, at the next event.  No
         garbage collection runs meanwhile (``yfpp.state.memory_cap.collection_paused``)."""
         out: list[int | YfppError] = []
-        with collection_paused():
+        with collection_paused(self.freeze_registered):
             for item in queries:
                 query, name = item if isinstance(item, tuple) and len(item) == 2 else (item, None)
                 try:

@@ -112,20 +112,19 @@ def test_one_string_equality_is_keyed_by_its_index_key_however_written():
 
 
 def test_the_fields_built_by_position_keep_their_order() -> None:
-    """``SharedNFA._new_node`` and ``ShapePlan.plan`` build nodes, wait states, specs and plans from positional
+    """``SharedNFA._new_node`` and ``ShapePlan.plan`` build nodes, specs and plans from positional
     arguments (a million subscriptions make millions of them): a field inserted or moved among these must fail
     here, not put values in the wrong fields."""
     import dataclasses
 
     from yfpp.nfa.compiler import ComponentSpec, QueryPlan
-    from yfpp.nfa.shared_nfa import Node, State
+    from yfpp.nfa.shared_nfa import Node
 
     def names(cls: type, n: int) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)][:n]
 
     assert names(Node, 16) == ["parent", "signature", "index", "event_type", "kleene", "contiguity", "inner", "begin",
                                "take", "final", "partition_by", "index_key", "root", "id", "children", "waits"]
-    assert names(State, 5) == ["node", "mode", "contiguity", "table", "child"]
     assert names(ComponentSpec, 13) == ["index", "var", "event_type", "kleene", "contiguity", "inner", "begin", "take",
                                          "final", "agg_slots", "keep_events", "keys", "what"]
     assert names(QueryPlan, 15) == ["name", "source", "compiled_specs", "negations", "trailing", "partition_by",

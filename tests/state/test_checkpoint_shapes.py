@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from yfpp.engine import Engine
 from yfpp.errors import YfppError
-from yfpp.language.query_text import parse_query, split_constants
+from yfpp.language.query_text import parse_query, split_constants, split_like
 from yfpp.state.checkpoint import encode_pattern
 
 TEMPLATES = [
@@ -105,9 +105,12 @@ def test_split_constants_gives_the_text_back():
 _PLAIN_CONSTANT = re.compile(r"""(?=['"=<>])(?:('[^'\\\n]*'|"[^"\\\n]*")|[=<>]\s*(\d{1,15}(?:\.\d{1,15})?)(?![\w.%]))""")
 
 
+_PIECES = st.sampled_from(["'", '"', "=", "<", ">", " ", "\n", "\\", ".", "%", "_", "a", "x1", "0", "12",
+                           "1234567890123456", "٣", "\u00a0", " = ", "'Z1'", ">= 3.5", "<7"])
+
+
 @settings(max_examples=500, deadline=None)
-@given(st.lists(st.sampled_from(["'", '"', "=", "<", ">", " ", "\n", "\\", ".", "%", "_", "a", "x1", "0", "12",
-                                 "1234567890123456", "٣", "\u00a0", " = ", "'Z1'", ">= 3.5", "<7"]), max_size=16))
+@given(st.lists(_PIECES, max_size=16))
 def test_split_constants_finds_what_the_plain_scan_finds(pieces):
     text = "".join(pieces)
     want = [(m.start(1), m.group(1)) if m.group(1) is not None else (m.start(2), m.group(2))
@@ -117,6 +120,29 @@ def test_split_constants_finds_what_the_plain_scan_finds(pieces):
     assert [len(a) for a in around[:-1]] == [at - (want[i - 1][0] + len(want[i - 1][1]) if i else 0)
                                              for i, (at, _) in enumerate(want)]
     assert "".join(x for p in zip(around, constants) for x in p) + around[-1] == text
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(_PIECES, max_size=16), st.lists(st.tuples(st.sampled_from(["", "'", '"']), st.lists(_PIECES, max_size=4)),
+                                                max_size=8))
+def test_a_text_split_like_another_is_split_as_the_scan_splits_it(pieces, fills):
+    """``split_like`` (how ``QueryShapes.shape_of`` splits a text of the shape it found last) finds a text's
+    constants only where ``split_constants`` finds the same text around them, and the same constants."""
+    text = "".join(pieces)
+    around, constants = split_constants(text)
+    kinds = [tok[0] if tok[0] in "'\"" else "d" if "." in tok else "n" for tok in constants]
+    both = [tok for tok in constants if "'" in tok and '"' in tok]  # (left to the scan)
+    assert split_like(text, around, kinds) == (None if both else constants)
+    # the same text around other constants: each a quoted string or the pieces as they come
+    others = [quote + "".join(inner) + quote for quote, inner in fills[:len(constants)]] + constants[len(fills):]
+    other = around[0] + "".join(c + after for c, after in zip(others, around[1:]))
+    found = split_like(other, around, kinds)
+    if found is not None:
+        assert split_constants(other) == (around, found)
+    elif split_constants(other)[0] == around:  # (the scan splits it alike: kinds differ, or a constant holds both quotes)
+        tokens = split_constants(other)[1]
+        assert [tok[0] if tok[0] in "'\"" else "d" if "." in tok else "n" for tok in tokens] != kinds or \
+            any("'" in tok and '"' in tok for tok in tokens)
 
 
 def test_a_restore_reuses_the_kept_split_and_trusts_only_whole_constants(monkeypatch):

@@ -237,6 +237,9 @@ class QueryShapes:
         self.max_shapes = max_shapes
         self._shapes: dict[tuple, Shape | None] = {}
         self._lock = threading.Lock()
+        # the last shape found: (ts_unit, text around its constants, their kinds, the shape); a text of it is split
+        # by comparing (split_like), not scanned (a batch of one template's subscriptions, a checkpoint's rows)
+        self._last: tuple[str, list[str], list[str], Shape | None] | None = None
 
     def parse(self, text: str, ts_unit: str = "s") -> Pattern:
         """:func:`parse_query` of ``text``, the same pattern, from the shape's when it was met before."""
@@ -252,6 +255,11 @@ class QueryShapes:
         when the caller has it (a checkpoint keeps its queries so)."""
         if len(text) > MAX_QUERY_CHARS:
             check_text(text)  # (its error: the shape's text is shorter; its nesting is the text's, checked by parsing)
+        last = self._last
+        if split is None and last is not None and last[0] == ts_unit:
+            found = split_like(text, last[1], last[2])
+            if found is not None:
+                return last[3], found
         around, constants = split_constants(text) if split is None else split
         if not constants:
             return None, constants
@@ -269,6 +277,7 @@ class QueryShapes:
                 if len(self._shapes) >= self.max_shapes:
                     self._shapes.pop(next(iter(self._shapes)))
                 self._shapes[key] = shape
+        self._last = (ts_unit, around, kinds, shape)  # type: ignore[assignment]
         return shape, constants  # type: ignore[return-value]
 
 
@@ -277,14 +286,46 @@ def split_constants(text: str) -> tuple[list[str], list[str]]:
     ``around[0] + constants[0] + around[1] + … + around[-1]``; queries of one shape have the same ``around``."""
     around, constants, last = [], [], 0
     for m in _CONSTANT.finditer(text):
-        start, end = m.span(1)  # (a number: after its operator; a quoted string: the whole match)
-        if start < 0:
-            start, end = m.span()
+        start, end = m.span(m.lastindex or 0)  # (a number: its group, after its operator; a quoted string: the match)
         around.append(text[last:start])
         constants.append(text[start:end])
         last = end
     around.append(text[last:])
     return around, constants
+
+
+def split_like(text: str, around: Sequence[str], kinds: Sequence[str]) -> list[str] | None:
+    """The constants of ``text`` when :func:`split_constants` splits it into ``around`` (the text around a text's
+    constants, as it split that one) and constants of ``kinds`` (``'`` or ``"`` a quoted string, ``n`` an integer,
+    ``d`` a decimal), else None; found by comparing ``text`` with ``around`` piece by piece, not by scanning it.
+    (The scan finds the same: ``around`` holds no constant, and what follows each of its pieces is a whole constant
+    of the kind the scan found there, then the same piece that ended that one; a quoted constant holding the other
+    quote is left to the scan: it may close a quote that ``around`` leaves open.)"""
+    first = around[0]
+    if not text.startswith(first):
+        return None
+    constants, at = [], len(first)
+    for kind, after in zip(kinds, around[1:]):
+        if kind == "'" or kind == '"':
+            end = text.find(kind, at + 1) + 1
+            if not end or not text.startswith(kind, at):
+                return None
+            token = text[at:end]
+            if "\\" in token or "\n" in token or ('"' if kind == "'" else "'") in token:
+                return None  # (not a whole constant; or one holding the other quote, which may close one left open)
+        else:
+            m = _NUMBER.match(text, at)
+            if m is None:
+                return None
+            end = m.end()
+            token = text[at:end]
+            if ("." in token) != (kind == "d"):
+                return None
+        if not text.startswith(after, end):
+            return None
+        constants.append(token)
+        at = end + len(after)
+    return constants if at == len(text) else None
 
 
 def token_kinds(constants: Sequence[str]) -> str | None:
@@ -300,6 +341,7 @@ def token_kinds(constants: Sequence[str]) -> str | None:
 
 
 _TOKEN = re.compile("|".join(KIND_TOKENS.values()))
+_NUMBER = re.compile(r"\d{1,15}(?:\.\d{1,15})?(?![\w.%])")  # a number constant, as _CONSTANT's group finds it
 _MISSING: object = object()
 
 

@@ -122,7 +122,7 @@ class _SpecMaker:
         # the commonest case, made without the loops of spec: the begin condition is one string equality holding a
         # constant, its index key picked whatever the constants, no constant on take or final; then the stand-in's
         # (type, value), the template's check, and where the query's index key is its check too, that key's class
-        # and first two items (EqualityKey, AttributeEquality: equality_key_of), else None
+        # and its first two items (EqualityKey, AttributeEquality: equality_key_of) as one triple, else None
         begin, take, final = (items for _, _, items in edges)
         self.one = None
         if atom and best is not None and begin is not None and type(begin[0][0]) is tuple and take is None \
@@ -130,8 +130,8 @@ class _SpecMaker:
             literal, check = begin[0][:2]
             key, at = found[best]
             keyed = equality_key_of(check)
-            self.one = (literal, check, keyed if keyed is not None and key[:2] == keyed[1] and at == ((2, literal),)
-                        else None)
+            self.one = (literal, check, (keyed[0], *keyed[1]) if keyed is not None and key[:2] == keyed[1]
+                        and at == ((2, literal),) else None)
 
     @classmethod
     def make(cls, spec: ComponentSpec, hot: set[int], sentinels: dict[str, str], stand_ins: set[tuple],
@@ -189,7 +189,7 @@ class _SpecMaker:
         if self.one is not None:
             literal, check, keyed = self.one
             if keyed is not None:
-                key_type, (kind, attr) = keyed
+                key_type, kind, attr = keyed
                 best = key_type((kind, attr, literals[literal]))
                 begin = ((None, best),)
             else:
@@ -368,6 +368,12 @@ class QuerySources(MutableMapping):
         made = (type(first) is QueryPlan and first.shape is not None and first.source is text
                 and first.name == (qid if name is None else name))
         self._kept[qid] = first if made else source  # type: ignore[assignment]
+        self.version += 1
+
+    def keep_planned(self, qid: int, plan: QueryPlan) -> None:
+        """Keep query ``qid`` made from its shape's plan: ``plan``, whose text and name (or ``qid``) are its own (what
+        ``self[qid] = (plan, plan.source, name)`` keeps, without asking)."""
+        self._kept[qid] = plan
         self.version += 1
 
     def __delitem__(self, qid: int) -> None:

@@ -86,29 +86,30 @@ class SharedAtoms:
                 return
             if mate not in self.paired:  # (it was alone: not counted)
                 self.paired.add(mate)
-                self._count(mate)
+                self.count(mate)
             self.paired.add(node)
-        self._count(node)
+        self.count(node)
 
-    def _count(self, node: Any) -> None:
+    def count(self, node: Any) -> None:
+        """Count the atomic checks of new ``node`` (below the root level, or a root whose checks are counted: see
+        :meth:`add`)."""
         single, atoms = self.single, self.atoms
-        for field in _FIELDS:
-            for check in getattr(node, field):
-                key = atom_key(check)
-                if key is None or is_shared(check):
-                    continue
-                atom = atoms.get(key)
-                if atom is not None:
-                    atom.holders += _replace(node, key, atom)  # type: ignore[attr-defined]
-                    continue
-                first = single.pop(key, None)
-                if first is None:
-                    single[key] = node
-                    continue
-                atom = atoms[key] = shared_atom(check, self.memo, key)  # (the second check of the key)
-                if first is not node:
-                    atom.holders += _replace(first, key, atom)  # type: ignore[attr-defined]
+        for check in (*node.begin, *node.take) if node.take else node.begin:
+            key = atom_key(check)
+            if key is None or is_shared(check):
+                continue
+            atom = atoms.get(key)
+            if atom is not None:
                 atom.holders += _replace(node, key, atom)  # type: ignore[attr-defined]
+                continue
+            first = single.pop(key, None)
+            if first is None:
+                single[key] = node
+                continue
+            atom = atoms[key] = shared_atom(check, self.memo, key)  # (the second check of the key)
+            if first is not node:
+                atom.holders += _replace(first, key, atom)  # type: ignore[attr-defined]
+            atom.holders += _replace(node, key, atom)  # type: ignore[attr-defined]
 
     def remove(self, node: Any) -> None:
         """Forget the atomic checks of ``node``, which no query uses any more."""
@@ -132,7 +133,11 @@ class SharedAtoms:
 
 def hash_keyed(key: tuple | None) -> bool:
     """Is a node of index key ``key`` found through a hash index (an equality, SASE+ or XPath)?"""
-    return key is not None and key[0] in ("eq", "xeq", "xnum", "ceq", "cnum")
+    return key is not None and key[0] in HASHED
+
+
+#: the kinds of index keys (their first item) looked up in a hash index
+HASHED = frozenset(("eq", "xeq", "xnum", "ceq", "cnum"))
 
 
 def _replace(node: Any, key: Hashable, atom: Check) -> int:

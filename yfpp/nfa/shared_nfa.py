@@ -40,9 +40,10 @@ from yfpp.input.events import MISSING, Event
 from yfpp.nfa.compiler import ComponentSpec, QueryPlan
 from yfpp.language.pattern import Compare, Contiguity, Index, Literal, Or, Ref, XPathTest
 from yfpp.nfa.predicates import AggSlot, Check, is_number
-from yfpp.nfa.shared_atoms import SharedAtoms, hash_keyed
+from yfpp.nfa.shared_atoms import HASHED as _HASHED, SharedAtoms
 
 _ids = count()
+_STRICT, _PARTITION = Contiguity.STRICT, Contiguity.PARTITION
 #: what a node without children or wait states holds (read-only: the first one added takes its place, a second makes
 #: a dict of both)
 _NO_ENTRIES: Any = MappingProxyType({})
@@ -199,11 +200,12 @@ class TransitionTable:
         self.only: Node | None = None
 
     def add(self, node: Node) -> None:
-        if self.only is None and not self.by_type:
-            self.only = node
-        else:
+        if self.only is not None:
             self._spread()
-            self._add(node)
+        elif not self.by_type:
+            self.only = node
+            return
+        self._add(node)
 
     def _add(self, node: Node) -> None:
         if self.by_type is _NO_ENTRIES:
@@ -299,7 +301,21 @@ class _TypeGroup:
     def add(self, node: Node) -> None:
         key = node.index_key
         self.size += 1
-        if key is not None and self.xpath_keys is None and key[0] != "eq" and _reads_xpath(key):
+        if key is not None and key[0] in _HASHED:  # (the commonest: an equality with one value)
+            if key[0] == "eq":
+                tables, at = self._table("eq"), key[1]
+            else:  # (an XPath one: by (kind, name))
+                tables, at = self._table("xpath"), key[:2]
+                if self.xpath_keys is None:
+                    from xpath_ext.xpath_predicates import index_keys
+
+                    self.xpath_keys = index_keys
+            table = tables.get(at)
+            if table is None:
+                table = tables[at] = {}
+            table[key[2]] = appended(table.get(key[2]), node)
+            return
+        if key is not None and self.xpath_keys is None and _reads_xpath(key):
             from xpath_ext.xpath_predicates import index_keys
 
             self.xpath_keys = index_keys
@@ -757,20 +773,25 @@ def _balanced(source: str) -> bool:
     return depth == 0
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False, slots=True, init=False)
 class State:
     """Where runs wait: inside Kleene ``node``, or after ``node`` for ``table``'s children."""
 
     node: Node | None  # None: the root level (no runs wait there)
     mode: str  # "wait" | "in"
     contiguity: Contiguity
-    table: TransitionTable = field(default_factory=TransitionTable)
-    child: Node | None = None  # the one child of a skip-till-next wait state
-    touch_all: bool = False  # every event moves or kills its runs: strict, or partition without an equivalence list
+    table: TransitionTable
+    child: Node | None  # the one child of a skip-till-next wait state
+    touch_all: bool  # every event moves or kills its runs: strict, or partition without an equivalence list
 
-    def __post_init__(self) -> None:
-        c = self.contiguity
-        self.touch_all = c is Contiguity.STRICT or (c is Contiguity.PARTITION and not self.node.partition_by)
+    def __init__(self, node: Node, mode: str, contiguity: Contiguity, child: Node | None = None) -> None:
+        # (written out, not a dataclass's: a million subscriptions make a million wait states)
+        self.node = node
+        self.mode = mode
+        self.contiguity = contiguity
+        self.table = TransitionTable()
+        self.child = child
+        self.touch_all = contiguity is _STRICT or (contiguity is _PARTITION and not node.partition_by)
 
     # A node's only wait state stands for the mapping of it alone in ``Node.waits`` (most nodes have one: a dict of
     # one entry, or an object holding the entry, would cost a million subscriptions 50–220 MB).
@@ -827,24 +848,34 @@ class SharedNFA:
     def add(self, plan: QueryPlan) -> None:
         """Merge ``plan``'s components into the trie (time proportional to the query)."""
         private = plan if plan.policy == "non_overlapping" else None
+        partition_by, window = plan.partition_by, plan.window
         parent: Node | None = None
         new = False  # (below a node made now there is nothing to look up)
         for spec in plan.specs:
-            sig = spec.signature(plan.partition_by, private)
-            if spec.keys is None and len(spec.begin) == 1:  # (one made from its shape's plan has its atom key)
-                atom = atom_key(spec.begin[0][0], f"#{spec.index}")
-                if atom is not None:
-                    sig = (sig[0], atom, *sig[2:])
+            keys, what = spec.keys, spec.what
+            if keys is None:
+                sig = spec.signature(partition_by, private)
+                if len(spec.begin) == 1:  # (one made from its shape's plan has its atom key)
+                    atom = atom_key(spec.begin[0][0], f"#{spec.index}")
+                    if atom is not None:
+                        sig = (sig[0], atom, *sig[2:])
+            elif keys[1] == () and keys[2] == () and private is None and what is not None and what[6] == partition_by:
+                sig = (what, keys[0])  # (spec.signature of a spec made from its shape's plan without take or final)
+            else:
+                sig = spec.signature(partition_by, private)
             node = None if new else child_at(parent, sig) if parent else self.roots.get(sig)
             if node is None:
-                node = self._new_node(parent, spec, sig, plan.partition_by)
+                node = self._new_node(parent, spec, sig, partition_by)
+                node.users = 1
+                node.window = window  # (what count_window sets for a node's first query)
                 if parent is None:
                     self.roots[sig] = node
                 else:
                     parent.children = _with(parent.children, sig, node)
                 new = True
-            node.users += 1
-            node.count_window(plan.window, +1)
+            else:
+                node.users += 1
+                node.count_window(window, +1)
             parent = node
         plan.last = parent
         parent.accepts = appended(parent.accepts, plan)  # (a tuple of one query, the commonest, else a list)
@@ -852,13 +883,12 @@ class SharedNFA:
     def _new_node(self, parent: Node | None, spec: ComponentSpec, sig: Hashable, partition_by) -> Node:
         # (positional arguments, in Node's field order: a million subscriptions make two million nodes)
         begin = spec.begin
+        key = index_key(spec) if spec.keys is None else spec.keys[3]
         node = Node(parent, sig, spec.index, spec.event_type, spec.kleene, spec.contiguity, spec.inner,
                     (begin[0][1],) if len(begin) == 1 else tuple([c for _, c in begin]),  # (one: no comprehension)
                     tuple([c for _, c in spec.take]) if spec.take else (),
                     tuple([c for _, c in spec.final]) if spec.final else (),
-                    partition_by, index_key(spec) if spec.keys is None else spec.keys[3],
-                    None, next(_ids), _NO_ENTRIES, _NO_ENTRIES)
-        node.root = parent.root if parent is not None else node
+                    partition_by, key, None if parent is None else parent.root, next(_ids), _NO_ENTRIES, _NO_ENTRIES)
         reacting = self.reacting
         for r in _reactions(node):
             reacting[r] += 1
@@ -866,18 +896,25 @@ class SharedNFA:
             node.inside = State(node, "in", node.inner)
             self.states += 1
         if parent is None:
+            node.root = node
             self.starters.add(node)
-            self.atoms.add(node, self.starters.mate(node) if hash_keyed(node.index_key) else None)
+            if key is None or key[0] not in _HASHED:  # (not hash_keyed: counted)
+                self.atoms.count(node)
+            else:
+                mate = self.starters.mate(node)
+                if mate is not None:  # (else alone under its key: not counted)
+                    self.atoms.add(node, mate)
         else:
-            wait_key = node.id if node.contiguity is Contiguity.SKIP_TILL_NEXT else node.contiguity
+            contiguity = node.contiguity
+            wait_key = node.id if contiguity is Contiguity.SKIP_TILL_NEXT else contiguity
             wait = parent.waits.get(wait_key)
             if wait is None:
-                child = node if node.contiguity is Contiguity.SKIP_TILL_NEXT else None
-                wait = State(parent, "wait", node.contiguity, TransitionTable(), child)
+                child = node if contiguity is Contiguity.SKIP_TILL_NEXT else None
+                wait = State(parent, "wait", contiguity, child)
                 parent.waits = _with(parent.waits, wait_key, wait)
                 self.states += 1
             wait.table.add(node)
-            self.atoms.add(node)
+            self.atoms.count(node)
         return node
 
     def remove(self, plan: QueryPlan) -> list[State]:

@@ -187,7 +187,7 @@ class Runtime(EventSteps, RunMoves, Acceptance):
         self.deadlines.add(plan)
         self.branch_queries.add(plan)
         self.queries_changed += 1
-        if self._needs_pticks(plan):
+        if plan.partition_by and self._needs_pticks(plan):
             self.ptick_users[plan.partition_by] += 1
             self.pticks.setdefault(plan.partition_by, {})
         if plan.partition_by and plan.partition_by not in self.keyed:

@@ -88,7 +88,7 @@ _FEW = 50_000  #: objects made while paused below which :func:`collection_paused
 
 
 @contextmanager
-def collection_paused() -> Iterator[None]:
+def collection_paused(freeze: bool = False) -> Iterator[None]:
     """No garbage collection while queries register (``Engine.register``, ``register_many``, a checkpoint's
     restore) or a snapshot is taken: the objects a registration makes live on, and collecting them as they come
     made a batch half again as long; a snapshot's hold no cycle.
@@ -96,15 +96,18 @@ def collection_paused() -> Iterator[None]:
     finds them, not the first young one (which would walk all of them at once) — unless objects are frozen
     already (``yfpp serve`` freezes a restored engine's): those stay so. A few objects made (fewer than
     :data:`_FEW`: a query or two) stay young: asking whether objects are frozen walks every frozen one (0.2 s in a
-    service of 100,000 subscriptions, at each ``POST /subscriptions``), a young collection only those few."""
+    service of 100,000 subscriptions, at each ``POST /subscriptions``), a young collection only those few.
+    ``freeze``: after, every object is frozen (``gc.freeze``, the application's too: ``Engine(freeze_registered=True)``)."""
     collecting = gc.isenabled()
     gc.disable()
     young = gc.get_count()[0]
     try:
         yield
     finally:
+        if freeze:
+            gc.freeze()
         if collecting:
-            if gc.get_count()[0] - young >= _FEW and not gc.get_freeze_count():
+            if not freeze and gc.get_count()[0] - young >= _FEW and not gc.get_freeze_count():
                 gc.freeze()
                 gc.unfreeze()
             gc.enable()
