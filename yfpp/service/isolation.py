@@ -193,7 +193,8 @@ class Isolated:
         self._queued = 0  # events in _queue
         self._wake = threading.Condition()
         self._stopping = False
-        self.usage: dict[str, Any] = {"runs": 0, "runs_shed": 0, "cpu_s": 0.0, "engine": "isolated", "pid": pid}
+        self.usage: dict[str, Any] = {"runs": 0, "runs_shed": 0, "buffered": 0, "cpu_s": 0.0, "engine": "isolated",
+                                      "pid": pid}
         self._acks: queue.Queue[str | None] = queue.Queue()  # each checkpoint's error (None: written)
         self._sender = threading.Thread(target=self._send, name=f"isolated-{pid}-send", daemon=True)
         self._reader = threading.Thread(target=self._read, name=f"isolated-{pid}-read", daemon=True)
@@ -564,5 +565,5 @@ def _child(engine: Engine, qid: int, name: str, inbox: Connection, out: Connecti
             next_usage = time.monotonic() + USAGE_EVERY
             rt = engine.runtime
             usage = {"runs": engine.stats.live_runs, "runs_shed": rt.counters.shed_runs.get(name, 0),
-                     "cpu_s": round(time.thread_time() - cpu0, 3)}
+                     "buffered": rt.buffer.size, "cpu_s": round(time.thread_time() - cpu0, 3)}
             out.send(("usage", {**usage, "counts": own.report()} if own is not None else usage))
