@@ -20,6 +20,8 @@ ADMIN = "the admin key, 16+ characters"
 
 
 def serve(tmp_path, **kw) -> BackgroundService:
+    """(Isolation engines at nice 10, not the default idle: as tests.service.test_service_isolation.config says.)"""
+    kw.setdefault("isolation_priority", 10)
     return BackgroundService(ServiceConfig(port=0, jsonl_port=0, state=str(tmp_path / "state"), admin_key=ADMIN,
                                            dead_letters=str(tmp_path / "dead.jsonl"), log_level="warning", **kw))
 

@@ -124,8 +124,8 @@ def add_parsers(sub: Any) -> None:
                    help="a query whose runs may grow faster than events**N starts in an isolation engine "
                         "(with --max-isolated; default: none)")
     s.add_argument("--isolation-priority", type=_priority, metavar="NICE|idle",
-                   help="the isolation engines' CPU priority: a nice value 0-19 above the service's, or idle "
-                        "(SCHED_IDLE: only CPU no other process wants; the others' latency first) (default 10)")
+                   help="the isolation engines' CPU priority: idle (SCHED_IDLE: only CPU no other process wants; "
+                        "the others' latency first) or a nice value 0-19 above the service's (default idle)")
     s.add_argument("--workers", metavar="N|auto",
                    help="spread the subscriptions' queries over N engines (the service's and N-1 processes), each "
                         "fed every event: for many subscriptions; auto: one per core available (default 1; "

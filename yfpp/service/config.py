@@ -60,9 +60,9 @@ class ServiceConfig:
     key_max_cpu_share: float | None = None  #: a subscriber key's subscriptions' share of the engine's time
     max_isolated: int = 0  #: queries moved to isolation engines (child processes) at most, rather than suspended
     isolate_degree: int | None = None  #: a query estimated to grow faster than events**this starts isolated
-    #: the isolation engines' CPU priority: a nice value 0-19 above the service's, or "idle" (Linux SCHED_IDLE:
-    #: they run only when no other process wants the CPU)
-    isolation_priority: int | str = 10
+    #: the isolation engines' CPU priority: "idle" (Linux SCHED_IDLE: they run only on CPU no other process wants;
+    #: docs/service.md, "Priorities") or a nice value 0-19 above the service's
+    isolation_priority: int | str = "idle"
     workers: int | str = 1  #: engines the subscriptions' queries are spread over, each fed every event ("auto": one per core)
     dead_letters_per_second: float = 100.0  #: dead letters written per second at most (the others are counted)
     dead_letters_max_bytes: int = 64 * 1024 * 1024  #: a dead-letter file this big is rotated to FILE.1

@@ -33,8 +33,8 @@ long: the main engine's results go between). A child
 whose queue holds :data:`BACKLOG` events, or that ends, is reported to the
 service (``failed``, or the engine thread's feed): its subscription is
 suspended, saying why. The child runs at a
-lower CPU priority than the service (``isolation_priority``: a nice value, or
-``idle``, Linux's SCHED_IDLE, :func:`_lower_priority`).
+lower CPU priority than the service (``isolation_priority``: ``idle``, Linux's
+SCHED_IDLE, by default, or a nice value: :func:`_lower_priority`).
 
 Checkpoints: with the main engine's (engine_lock held), each child is sent a
 ``checkpoint`` message in its stream of events, so it writes its own state
@@ -330,7 +330,7 @@ class Isolated:
 class Isolation:
     """The service's isolated queries, by query id."""
 
-    def __init__(self, deliver: Deliver, failed: Failed, most: int, priority: int | str = 10):
+    def __init__(self, deliver: Deliver, failed: Failed, most: int, priority: int | str = "idle"):
         self._deliver, self._failed = deliver, failed
         self.most = most  #: isolated queries at once at most (max_isolated)
         self.priority = priority  #: the children's (isolation_priority): a nice value, or "idle"
