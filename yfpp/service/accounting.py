@@ -14,9 +14,10 @@ whose share of the engine thread's CPU over the last interval is over a bound
 
 A query moved to an isolation engine reports its own usage (its child's runs
 and CPU, ``engine`` ``isolated``: :attr:`Usage.elsewhere`); the sample takes it
-in :attr:`Usage.parts` as well, so the per-key quotas count a key's runs and CPU
-wherever its queries run: a part's CPU share is of the engines' CPU over the
-interval, the engine thread's and the isolation engines' together.
+in :attr:`Usage.parts` as well, so the per-key quotas count a key's runs,
+buffered events and CPU wherever its queries run: a part's CPU share is of the
+engines' CPU over the interval, the engine thread's and the isolation engines'
+together.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from yfpp.engine import Engine
 
 
 BUSY = 0.1  #: a query is over its CPU share only while the engine thread is busy this fraction of the time at least
+
+Part = tuple[float, float, float]  #: a query's part of a sample: runs, CPU share, buffered events (:attr:`Usage.parts`)
 
 
 def buffered_by_branch(engine: Engine) -> Counter:
@@ -49,11 +52,11 @@ class Usage:
     after queries came or went (60 ms at 100,000)."""
 
     def __init__(self) -> None:
-        #: each query's part of the last sample, of those on a branch with live runs (the others': 0, 0) and those
-        #: in isolation engines: its runs (in the main engine its branch's, shared evenly among the branch's
-        #: queries) and its fraction of the CPU the engines spent over the interval, the engine thread's and the
-        #: isolation engines' (0 while they were not busy: :data:`BUSY`)
-        self.parts: dict[str, tuple[float, float]] = {}
+        #: each query's part of the last sample, of those on a branch with live runs (the others': 0, 0, 0) and
+        #: those in isolation engines: its runs (in the main engine its branch's, shared evenly among the branch's
+        #: queries), its fraction of the CPU the engines spent over the interval, the engine thread's and the
+        #: isolation engines' (0 while they were not busy: :data:`BUSY`), and its buffered events (shared as its runs)
+        self.parts: dict[str, Part] = {}
         self._runs: dict[str, int] = {}  # the live runs of each query's branch at the last sample (if not 0)
         self._buffered: dict[str, int] = {}  # the buffered events of each of those queries' branch
         self._shed: dict[str, int] = {}  # the runs shed, by query, at the last sample
@@ -103,7 +106,7 @@ class Usage:
         runs: dict[str, int] = {}
         buffered: dict[str, int] = {}
         sizes = buffered_by_branch(engine) if hot else Counter()
-        parts: dict[str, tuple[float, float]] = {}
+        parts: dict[str, Part] = {}
         busy = bool(live) and spent >= BUSY * interval > 0
         for root, group in hot:
             n = root.live
@@ -112,7 +115,7 @@ class Usage:
                 self._cpu[name] += share
                 runs[name] = n
                 buffered[name] = sizes[root]
-                parts[name] = (n / len(group), share / spent if busy else 0.0)
+                parts[name] = (n / len(group), share / spent if busy else 0.0, sizes[root] / len(group))
                 if max_share is not None and busy and len(joined) > 1 and share > max_share * spent:
                     over.append(name)
         shed = {str(k): n for k, n in rt.counters.shed_runs.items()}
@@ -121,8 +124,7 @@ class Usage:
         self.parts = self._across(parts, spent, interval)
         return over
 
-    def _across(self, parts: dict[str, tuple[float, float]], spent: float,
-                interval: float) -> dict[str, tuple[float, float]]:
+    def _across(self, parts: dict[str, Part], spent: float, interval: float) -> dict[str, Part]:
         """``parts`` of the main engine (CPU as a fraction of the engine thread's ``spent``; 0 while no runs say
         whose it was) with the isolated queries' added and the worker children's that changed, every CPU share now
         a fraction of the engines' CPU together over the ``interval``."""
@@ -133,12 +135,12 @@ class Usage:
         total = spent + sum(spent_by.values()) + sum(cpu for cpu, _ in shares)
         busy = total >= BUSY * interval > 0
         main = spent / total if busy else 0.0
-        out = {name: (runs, share * main) for name, (runs, share) in parts.items()}
+        out = {name: (runs, share * main, buffered) for name, (runs, share, buffered) in parts.items()}
         for name, u in children.items():
-            out[name] = (u["runs"], spent_by[name] / total if busy else 0.0)
+            out[name] = (u["runs"], spent_by[name] / total if busy else 0.0, u["buffered"])
         for _, changed in shares:
-            for name, (runs, cpu) in changed.items():
-                out[name] = (runs, cpu / total if busy else 0.0)
+            for name, (runs, cpu, buffered) in changed.items():
+                out[name] = (runs, cpu / total if busy else 0.0, buffered)
         return out
 
     def of(self, name: str) -> dict[str, Any]:
@@ -205,20 +207,20 @@ class Reported(Mapping):
                                      "pid": self.pid}
                               for name in sets}
 
-    def changes(self) -> tuple[float, dict[str, tuple[int, float]]]:
+    def changes(self) -> tuple[float, dict[str, tuple[int, float, int]]]:
         """The child's CPU seconds since the last call and, of its queries with live runs or whose own CPU moved
-        since then, ``(runs, own CPU seconds since then)``: only those are looked at."""
+        since then, ``(runs, own CPU seconds since then, buffered events)``: only those are looked at."""
         with self._lock:
             spent = self._spent
             spent, self._spent_seen = spent - self._spent_seen, spent
             touched, self._touched = self._touched, set()
-            out: dict[str, tuple[int, float]] = {}
+            out: dict[str, tuple[int, float, int]] = {}
             for name in touched | self._live:
-                runs, _, cpu, _ = self._moved.get(name, (0, 0, 0.0, 0))
+                runs, _, cpu, buffered = self._moved.get(name, (0, 0, 0.0, 0))
                 moved = max(0.0, cpu - self._seen.get(name, 0.0))
                 self._seen[name] = cpu
                 if runs or moved:
-                    out[name] = (runs, moved)
+                    out[name] = (runs, moved, buffered)
             return spent, out
 
     def __getitem__(self, name: str) -> dict[str, Any]:

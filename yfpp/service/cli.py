@@ -114,6 +114,9 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--key-max-runs", type=int, metavar="N",
                    help="a subscriber key whose subscriptions hold more live runs gives up its costliest one "
                         "(default: no limit)")
+    s.add_argument("--key-max-buffered", type=int, metavar="N",
+                   help="a subscriber key whose subscriptions hold more buffered events (for their runs) gives up "
+                        "its costliest one (default: no limit)")
     s.add_argument("--key-max-cpu-share", type=float, metavar="FRACTION",
                    help="a subscriber key whose subscriptions take more of the engine's time gives up its "
                         "costliest one (default: no limit)")
