@@ -160,3 +160,32 @@ def test_feedback_queries_stream_their_matches_and_the_derived_events_ones(tmp_p
         out.wait_lines(len(want))
     assert sorted(out.results(), key=lambda m: m["id"]) == sorted(want, key=lambda m: m["id"])
     assert [m["query"] for m in want] == ["pairs", "pairs", "after"]
+
+
+def test_each_result_is_encoded_once_for_every_pull_stream(tmp_path, monkeypatch):
+    """Three pull streams of one subscription each get every result; each result is encoded once for all three."""
+    from yfpp.service import subscriptions
+
+    encoded: list[str] = []
+
+    def counted(result: dict) -> tuple[bytes, int]:
+        encoded.append(result["id"])
+        return as_sse_event(result)
+
+    as_sse_event = subscriptions.as_sse_event
+    monkeypatch.setattr(subscriptions, "as_sse_event", counted)
+    query, events = "PATTERN SEQ(a x, b y)", [{"type": t, "ts": i} for i, t in enumerate("abab" * 50)]
+    want = expected(query, events)
+    with BackgroundService(config(tmp_path)) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        sid = c.subscribe(query, name="q")["id"]
+        got: list[list[dict]] = [[], [], []]
+        streams = [threading.Thread(target=lambda out=out: out.extend(
+            r for _, r in zip(range(len(want)), c.matches(sid, timeout=TIMEOUT)))) for out in got]
+        for stream in streams:
+            stream.start()
+        wait_for(lambda: len(svc.subs[sid].listeners) == 3, what="the pull streams to attach")
+        c.post_events(jsonl(events))
+        for stream in streams:
+            stream.join(TIMEOUT)
+        assert got == [want] * 3 and sorted(encoded) == sorted(r["id"] for r in want)

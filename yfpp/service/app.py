@@ -197,8 +197,7 @@ def create_app(service: Service) -> FastAPI:
                             yield b": keep-alive\n\n"
                         continue
                     quiet = 0.0
-                    yield b"".join(f"id: {r['id']}\ndata: {json.dumps(r, separators=(',', ':'))}\n\n".encode()
-                                   for r in batch)
+                    yield b"".join(batch)  # (each result's event, encoded once for every stream)
                     box.delivered()
                     box.done()
             finally:
