@@ -1,5 +1,5 @@
 """Per-key quotas sampled while the service runs (yfpp.service.quotas.over_keys): a subscriber key over
-``key_max_runs`` or ``key_max_cpu_share`` gives up its costliest subscription, reported to its owner; the
+``key_max_runs``, ``key_max_buffered`` or ``key_max_cpu_share`` gives up its costliest subscription, reported to its owner; the
 other keys' subscriptions go on. Real sockets on 127.0.0.1, each wait bounded."""
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ ADMIN = "the admin key, 16+ characters"
 
 
 def serve(tmp_path, **kw) -> BackgroundService:
+    """(Isolation engines at nice 10, not the default idle: as tests.service.test_service_isolation.config says.)"""
+    kw.setdefault("isolation_priority", 10)
     return BackgroundService(ServiceConfig(port=0, jsonl_port=0, state=str(tmp_path / "state"), admin_key=ADMIN,
                                            dead_letters=str(tmp_path / "dead.jsonl"), log_level="warning", **kw))
 
@@ -65,6 +67,64 @@ def test_a_key_over_its_cpu_share_gives_up_its_costliest_subscription(tmp_path):
         admin.post_events(jsonl([{"type": "ping", "ts": ts + 1}]))
         wait_for(lambda: bob.subscription(light)["counters"]["matches"] == 1, what="bob's query matching on")
         assert bob.subscription(light)["suspended"] is None
+
+
+#: one run that buffers every b after its a: a key's buffered events grow while its runs stay few
+KLEENE = "PATTERN SEQ(a x, b+ y, c z)"
+
+
+def a_and_bs(start: int, n: int = 300) -> bytes:
+    """An ``a`` and ``n`` ``b`` events from ``ts`` ``start``: the Kleene query's run buffers them all."""
+    return jsonl([{"type": "a", "ts": start}] + [{"type": "b", "ts": start + 1 + i} for i in range(n)])
+
+
+def test_a_key_over_its_buffered_events_gives_up_its_costliest_subscription(tmp_path):
+    with serve(tmp_path, key_max_runs=10, key_max_buffered=100) as svc:
+        admin, alice, bob = clients(svc)
+        heavy = alice.subscribe(KLEENE, name="heavy")["id"]
+        small = alice.subscribe("PATTERN SEQ(d x, c y)", name="small")["id"]
+        bobs = bob.subscribe("PATTERN SEQ(e x, b y)", name="bobs")["id"]
+        admin.post_events(jsonl([{"type": "d", "ts": 0}]) + a_and_bs(1))  # alice: 2 runs, 302 buffered events
+        why = wait_for(lambda: alice.subscription(heavy)["suspended"], what="alice's costliest suspended")
+        assert "key_max_buffered=100" in why and "buffered events" in why
+        time.sleep(2.5)  # (two more samples)
+        assert alice.subscription(small)["suspended"] is None and bob.subscription(bobs)["suspended"] is None
+        admin.post_events(jsonl([{"type": t, "ts": 400 + i} for i, t in enumerate("ebc")]))
+        wait_for(lambda: bob.subscription(bobs)["counters"]["matches"] == 1, what="bob's query matching on")
+        wait_for(lambda: alice.subscription(small)["counters"]["matches"] == 1, what="alice's other one on")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="isolation engines are forked")
+def test_a_key_quota_counts_the_buffered_events_of_its_isolated_queries_too(tmp_path, caplog):
+    """Over the quota, the query is moved to an isolation engine (its run and buffered events with it); still over
+    it there, by the child's reports, it is suspended."""
+    with serve(tmp_path, key_max_buffered=100, max_isolated=1) as svc:
+        admin, alice, bob = clients(svc)
+        heavy = alice.subscribe(KLEENE, name="heavy")["id"]
+        bobs = bob.subscribe("PATTERN SEQ(d x, e y)", name="bobs")["id"]
+        admin.post_events(a_and_bs(0))
+        why = wait_for(lambda: alice.subscription(heavy)["suspended"], what="alice's isolated query suspended")
+        assert "key_max_buffered=100" in why and admin.health()["isolated"] == []
+        assert [getattr(r, "query_name", None) for r in caplog.records
+                if r.getMessage() == "query moved to an isolation engine"] == ["heavy"]
+        admin.post_events(jsonl([{"type": t, "ts": 400 + i} for i, t in enumerate("de")]))
+        wait_for(lambda: bob.subscription(bobs)["counters"]["matches"] == 1, what="bob's query matching on")
+
+
+def test_a_key_quota_counts_the_buffered_events_of_its_queries_in_worker_engines(tmp_path):
+    with serve(tmp_path, key_max_buffered=100, workers=2) as svc:
+        admin, alice, bob = clients(svc)
+        small = alice.subscribe("PATTERN SEQ(d x, e y)", name="small")["id"]
+        heavy = alice.subscribe(KLEENE, name="heavy")["id"]
+        bobs = bob.subscribe("PATTERN SEQ(d x, c y)", name="bobs")["id"]
+        assert svc.workers.share_of == {0: 0, 1: 1, 2: 1}  # (heavy: the child's, its usage from the child's reports)
+        admin.post_events(a_and_bs(0))
+        why = wait_for(lambda: alice.subscription(heavy)["suspended"], what="alice's query in a worker suspended")
+        assert "key_max_buffered=100" in why and "buffered events" in why
+        admin.post_events(jsonl([{"type": t, "ts": 400 + i} for i, t in enumerate("dec")]))
+        wait_for(lambda: alice.subscription(small)["counters"]["matches"] == 1, what="alice's other one on")
+        wait_for(lambda: bob.subscription(bobs)["counters"]["matches"] == 1, what="bob's query matching on")
+        assert alice.subscription(small)["suspended"] is None
 
 
 def test_a_queue_is_capped_in_bytes_as_well_as_in_results():
@@ -130,7 +190,7 @@ def test_a_key_cpu_share_counts_its_isolation_engines_cpu():
     from yfpp.engine import Engine
     from yfpp.service.accounting import Usage
 
-    usage, children = Usage(), {"heavy": {"runs": 7, "runs_shed": 0, "cpu_s": 0.0, "engine": "isolated"}}
+    usage, children = Usage(), {"heavy": {"runs": 7, "runs_shed": 0, "buffered": 9, "cpu_s": 0.0, "engine": "isolated"}}
     usage.elsewhere = lambda: children
     engine = Engine()
     engine.register("PATTERN SEQ(a x, b y)", name="light")
@@ -138,8 +198,8 @@ def test_a_key_cpu_share_counts_its_isolation_engines_cpu():
     usage.sample(engine)
     children["heavy"] = {**children["heavy"], "cpu_s": 50.0}  # (far more than the engine thread spent since)
     usage.sample(engine)
-    runs, share = usage.parts["heavy"]
-    assert runs == 7 and 0.99 < share <= 1.0 and usage.parts["light"][1] == pytest.approx(1.0 - share)
+    runs, share, buffered = usage.parts["heavy"]
+    assert runs == 7 and buffered == 9 and 0.99 < share <= 1.0 and usage.parts["light"][1] == pytest.approx(1.0 - share)
     assert usage.of("heavy")["engine"] == "isolated" and usage.of("light")["engine"] == "main"
 
 

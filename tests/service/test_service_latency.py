@@ -78,7 +78,7 @@ def test_latency_in_the_subscription_and_the_metrics(tmp_path: Path, listeners):
     lat = info["latency"]
     assert lat["window"] == 20 and 0 <= lat["p50_ms"] <= lat["p99_ms"] < 60_000
     assert idle["latency"] == {"p50_ms": None, "p99_ms": None, "window": 0}
-    assert set(info["usage"]) == {"runs", "runs_shed", "cpu_s", "engine"} and info["usage"]["engine"] == "main"
+    assert set(info["usage"]) == {"runs", "runs_shed", "buffered", "cpu_s", "engine"} and info["usage"]["engine"] == "main"
     labels = 'name="theft",subscription="s1"'
     assert m[f"yfpp_subscription_latency_seconds_count{{{labels}}}"] == 20
     assert m[f'yfpp_subscription_latency_seconds_bucket{{le="+Inf",{labels}}}'] == 20

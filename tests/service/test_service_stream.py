@@ -40,11 +40,13 @@ def expected(query: str, records: list[dict], idle_to: float | None = None) -> l
 
 
 class HandOvers:
-    """Records what the engine thread hands to the loop: the largest list, and the most results waiting at once."""
+    """Records what the engine thread hands to the loop: the largest list, the most results waiting at once, and
+    the most one turn of the loop routed."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch):
-        self.largest = self.waiting = 0
-        hand_over, route = Service._hand_over, Service._route
+        self.largest = self.waiting = self.routed = 0
+        self._turn = 0  # the results the current turn routed
+        hand_over, route, route_batch = Service._hand_over, Service._route_turn, Service._route_batch
 
         def record_hand_over(svc: Service, results: list[dict]) -> None:
             self.largest = max(self.largest, len(results))
@@ -53,17 +55,27 @@ class HandOvers:
                 self.waiting = max(self.waiting, svc._handed_over)
 
         monkeypatch.setattr(Service, "_hand_over", record_hand_over)
-        monkeypatch.setattr(Service, "_route", lambda svc: (self._routing(svc), route(svc)))
+        def record_turn(svc: Service, everything: bool = False) -> None:
+            with svc._room:
+                self.waiting = max(self.waiting, svc._handed_over)
+            self._turn = 0
+            route(svc, everything)
+            if not everything:
+                self.routed = max(self.routed, self._turn)
 
-    def _routing(self, svc: Service) -> None:
-        with svc._room:
-            self.waiting = max(self.waiting, svc._handed_over)
+        def record_batch(svc: Service, batch: list[dict], arrived: float | None) -> None:
+            self._turn += len(batch)
+            route_batch(svc, batch, arrived)
+
+        monkeypatch.setattr(Service, "_route_turn", record_turn)
+        monkeypatch.setattr(Service, "_route_batch", record_batch)
 
 
 @pytest.mark.parametrize("query", [QUIET, QUIET.replace("{A a}", "A a")])  # an event-set query, a pattern query
 @pytest.mark.parametrize("release", ["late event", "advance_idle"])
 def test_matches_one_event_releases_reach_the_loop_in_chunks_in_order(tmp_path, listeners, monkeypatch, release, query):
     monkeypatch.setattr(server, "HANDED_OVER", 2 * CHUNK)
+    monkeypatch.setattr(server, "ROUTE_TURN", 1)  # (one hand-over a turn of the loop: the rest on the next turns)
     seen = HandOvers(monkeypatch)
     out = listeners()
     idle = release == "advance_idle"
@@ -76,7 +88,7 @@ def test_matches_one_event_releases_reach_the_loop_in_chunks_in_order(tmp_path, 
     want = expected(query, OPENS if idle else OPENS + [LATE], idle_to=svc_idle_to if idle else None)
     assert len(want) == N and out.results() == want
     assert seen.largest <= CHUNK  # not the event's N
-    assert seen.waiting < server.HANDED_OVER + CHUNK
+    assert seen.waiting < server.HANDED_OVER + CHUNK and 0 < seen.routed <= CHUNK
 
 
 def test_an_event_the_engine_fails_on_is_a_dead_letter_and_the_batch_goes_on(tmp_path, listeners, monkeypatch):
@@ -160,3 +172,32 @@ def test_feedback_queries_stream_their_matches_and_the_derived_events_ones(tmp_p
         out.wait_lines(len(want))
     assert sorted(out.results(), key=lambda m: m["id"]) == sorted(want, key=lambda m: m["id"])
     assert [m["query"] for m in want] == ["pairs", "pairs", "after"]
+
+
+def test_each_result_is_encoded_once_for_every_pull_stream(tmp_path, monkeypatch):
+    """Three pull streams of one subscription each get every result; each result is encoded once for all three."""
+    from yfpp.service import subscriptions
+
+    encoded: list[str] = []
+
+    def counted(result: dict) -> tuple[bytes, int]:
+        encoded.append(result["id"])
+        return as_sse_event(result)
+
+    as_sse_event = subscriptions.as_sse_event
+    monkeypatch.setattr(subscriptions, "as_sse_event", counted)
+    query, events = "PATTERN SEQ(a x, b y)", [{"type": t, "ts": i} for i, t in enumerate("abab" * 50)]
+    want = expected(query, events)
+    with BackgroundService(config(tmp_path)) as svc:
+        c = Client(f"http://127.0.0.1:{svc.port}")
+        sid = c.subscribe(query, name="q")["id"]
+        got: list[list[dict]] = [[], [], []]
+        streams = [threading.Thread(target=lambda out=out: out.extend(
+            r for _, r in zip(range(len(want)), c.matches(sid, timeout=TIMEOUT)))) for out in got]
+        for stream in streams:
+            stream.start()
+        wait_for(lambda: len(svc.subs[sid].listeners) == 3, what="the pull streams to attach")
+        c.post_events(jsonl(events))
+        for stream in streams:
+            stream.join(TIMEOUT)
+        assert got == [want] * 3 and sorted(encoded) == sorted(r["id"] for r in want)

@@ -1,5 +1,5 @@
 """The service's usage samples (``yfpp.service.accounting.Usage``) against a plain account of them: every query's
-runs, runs shed, CPU share and the queries over their share, through registrations, deletions, runs and quiet
+runs, runs shed, buffered events, CPU share and the queries over their share, through registrations, deletions, runs and quiet
 times; a sample looks one by one only at the queries of branches with live runs, and so does a worker engine
 child's report of it (``Usage.report``), which the service's ``Reported`` turns back into every query's sample."""
 
@@ -16,10 +16,11 @@ pytest.importorskip("fastapi", reason="the service needs pip install -e '.[serve
 
 from yfpp.engine import Engine  # noqa: E402
 from yfpp.service import accounting  # noqa: E402
-from yfpp.service.accounting import BUSY, Reported, Usage  # noqa: E402
+from yfpp.service.accounting import BUSY, Reported, Usage, buffered_by_branch  # noqa: E402
 
 QUERIES = ["PATTERN SEQ(a x, b y) WHERE skip_till_any_match(x, y) {{ x.k = {k} }} WITHIN 100",
-           "PATTERN SEQ(a x, c y) WITHIN 100", "PATTERN SEQ(b x, c y) WHERE x.k = y.k WITHIN 5"]
+           "PATTERN SEQ(a x, c y) WITHIN 100", "PATTERN SEQ(b x, c y) WHERE x.k = y.k WITHIN 5",
+           "PATTERN SEQ(a x, b+ y, c z) WITHIN 100"]
 
 
 class Account:
@@ -28,7 +29,7 @@ class Account:
     def __init__(self) -> None:
         self.cpu: defaultdict[str, float] = defaultdict(float)
         self.by_name: dict[str, dict] = {}
-        self.parts: dict[str, tuple[float, float]] = {}
+        self.parts: dict[str, tuple[float, float, float]] = {}
         self.first = True
 
     def sample(self, engine: Engine, spent: float, interval: float, max_share: float | None) -> list[str]:
@@ -36,17 +37,20 @@ class Account:
         sample's: none)."""
         spent, self.first = (0.0 if self.first else spent), False
         rt = engine.runtime
-        branches = [(root.live, [str(p.name) for p in plans]) for root, plans in rt.branch_queries.items()]
-        live = sum(n for n, _ in branches)
-        names = [name for _, group in branches for name in group]
+        branches = [(root.live, [str(p.name) for p in plans], root) for root, plans in rt.branch_queries.items()]
+        live = sum(n for n, _, _ in branches)
+        names = [name for _, group, _ in branches for name in group]
         busy = bool(live) and spent >= BUSY * interval > 0
         over, self.by_name, self.parts = [], {}, {}
-        for n, group in branches:
+        sizes = buffered_by_branch(engine)
+        for n, group, root in branches:
             share = spent * n / live / len(group) if live else spent / len(names)
             for name in group:
                 self.cpu[name] += share
-                self.by_name[name] = {"runs": n, "runs_shed": rt.counters.shed_runs.get(name, 0), "cpu_s": self.cpu[name]}
-                self.parts[name] = (n / len(group), share / spent if busy else 0.0)
+                buffered = sizes[root] if n else 0  # (a branch without runs is not looked at)
+                self.by_name[name] = {"runs": n, "runs_shed": rt.counters.shed_runs.get(name, 0), "buffered": buffered,
+                                      "cpu_s": self.cpu[name]}
+                self.parts[name] = (n / len(group), share / spent if busy else 0.0, buffered / len(group))
                 if max_share is not None and busy and len(names) > 1 and share > max_share * spent:
                     over.append(name)
         for gone in set(self.cpu) - set(names):
@@ -103,8 +107,10 @@ def test_a_sample_says_what_a_sample_of_every_query_says(monkeypatch, script):
             reported.take(usage.report(), [])
             assert dict(reported) == {name: {**usage.of(name), "engine": "worker 1", "pid": 7} for name in account.by_name}
             for name in {f"q{i}" for i in range(driven.made + 2)}:
-                got, want = usage.of(name), account.by_name.get(name, {"runs": 0, "runs_shed": 0, "cpu_s": 0.0})
-                assert (got["runs"], got["runs_shed"], got["engine"]) == (want["runs"], want["runs_shed"], "main")
+                got = usage.of(name)
+                want = account.by_name.get(name, {"runs": 0, "runs_shed": 0, "buffered": 0, "cpu_s": 0.0})
+                assert (got["runs"], got["runs_shed"], got["buffered"], got["engine"]) == (
+                    want["runs"], want["runs_shed"], want["buffered"], "main")
                 assert got["cpu_s"] == pytest.approx(round(want["cpu_s"], 3), abs=1.001e-3)
 
 
@@ -123,7 +129,7 @@ def test_a_sample_takes_of_a_worker_child_only_its_changed_queries(monkeypatch, 
     main.shares = lambda: [reported]
     own: defaultdict[str, float] = defaultdict(float)  # each child query's CPU while its runs said whose
     seen: dict[str, float] = {}  # ... at the main engine's last sample
-    runs: dict[str, int] = {}  # each child query's branch's runs at the child's last report taken
+    runs: dict[str, tuple[int, int]] = {}  # each child query's branch's runs and buffered events at the child's last report taken
     child_spent = seen_spent = 0.0
     pending: list[tuple] = []  # the child's reports not taken yet
     driven, first = Driven(child_engine), True
@@ -136,17 +142,18 @@ def test_a_sample_takes_of_a_worker_child_only_its_changed_queries(monkeypatch, 
             child.sample(child_engine)  # (the child's and the main's thread clocks: the same fake one)
             pending.append(child.report())
             rt = child_engine.runtime
-            branches = [(root.live, [str(p.name) for p in plans]) for root, plans in rt.branch_queries.items()]
-            live = sum(n for n, _ in branches)
+            branches = [(root.live, [str(p.name) for p in plans], root) for root, plans in rt.branch_queries.items()]
+            live = sum(n for n, _, _ in branches)
             if not first:
-                for n, group in branches:
+                for n, group, _ in branches:
                     for name in group:
                         own[name] += spent * n / live / len(group) if n else 0.0
             if take:
                 for report in pending:
                     reported.take(report, [])
                 pending.clear()
-                runs = {name: n for n, group in branches for name in group}
+                sizes = buffered_by_branch(child_engine)
+                runs = {name: (n, sizes[root] if n else 0) for n, group, root in branches for name in group}
                 child_spent = child.spent
                 for gone in set(own) - runs.keys():  # (deleted queries: gone once a report says so)
                     del own[gone]
@@ -155,16 +162,17 @@ def test_a_sample_takes_of_a_worker_child_only_its_changed_queries(monkeypatch, 
             total = 0.0 if first else spent + child_spent - seen_spent
             busy = total >= BUSY * interval > 0
             want = {}
-            for name, n in runs.items():
+            for name, (n, buffered) in runs.items():
                 moved = own[name] - seen.get(name, 0.0) if take else 0.0
                 if n or moved:
-                    want[name] = (n, moved / total if busy else 0.0)
+                    want[name] = (n, moved / total if busy else 0.0, buffered)
             if take:
                 seen.update({name: own[name] for name in runs})
             seen_spent, first = child_spent, False
             assert main.parts.keys() == want.keys()
-            for name, (n, share) in want.items():
+            for name, (n, share, buffered) in want.items():
                 assert main.parts[name][0] == n and main.parts[name][1] == pytest.approx(share, abs=1e-9)
+                assert main.parts[name][2] == buffered
                 assert main.of(name) == reported[name]
 
 

@@ -4,7 +4,7 @@ and the metrics as ``yfpp_subscription_runs`` / ``yfpp_subscription_cpu_seconds`
 The engine thread samples once a second (less often when a sample would take
 more than 1 % of its time: ``server.USAGE_SHARE``), holding ``engine_lock``: each
 pattern query's live runs (those of its shared-NFA branch: the queries of one
-branch share its runs), the runs shed by the engine's caps counted against
+branch share its runs) and its branch's buffered events, the runs shed by the engine's caps counted against
 it, and an estimate of the engine CPU it took, the engine thread's CPU time
 since the last sample shared out by live runs (evenly among a branch's
 queries; evenly among all queries while none has runs). The loop reads the
@@ -14,16 +14,17 @@ whose share of the engine thread's CPU over the last interval is over a bound
 
 A query moved to an isolation engine reports its own usage (its child's runs
 and CPU, ``engine`` ``isolated``: :attr:`Usage.elsewhere`); the sample takes it
-in :attr:`Usage.parts` as well, so the per-key quotas count a key's runs and CPU
-wherever its queries run: a part's CPU share is of the engines' CPU over the
-interval, the engine thread's and the isolation engines' together.
+in :attr:`Usage.parts` as well, so the per-key quotas count a key's runs,
+buffered events and CPU wherever its queries run: a part's CPU share is of the
+engines' CPU over the interval, the engine thread's and the isolation engines'
+together.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping
 from typing import Any, Callable, Iterator, Sequence
 
@@ -31,6 +32,17 @@ from yfpp.engine import Engine
 
 
 BUSY = 0.1  #: a query is over its CPU share only while the engine thread is busy this fraction of the time at least
+
+Part = tuple[float, float, float]  #: a query's part of a sample: runs, CPU share, buffered events (:attr:`Usage.parts`)
+
+
+def buffered_by_branch(engine: Engine) -> Counter:
+    """The events each shared-NFA branch (by its root) holds in the match buffer for its runs."""
+    rt = engine.runtime
+    sizes: Counter = Counter()
+    for node in rt.buffer.stacks():
+        sizes[node.root] += rt.buffer.count_from(node, 0)
+    return sizes
 
 
 class Usage:
@@ -40,12 +52,13 @@ class Usage:
     after queries came or went (60 ms at 100,000)."""
 
     def __init__(self) -> None:
-        #: each query's part of the last sample, of those on a branch with live runs (the others': 0, 0) and those
-        #: in isolation engines: its runs (in the main engine its branch's, shared evenly among the branch's
-        #: queries) and its fraction of the CPU the engines spent over the interval, the engine thread's and the
-        #: isolation engines' (0 while they were not busy: :data:`BUSY`)
-        self.parts: dict[str, tuple[float, float]] = {}
+        #: each query's part of the last sample, of those on a branch with live runs (the others': 0, 0, 0) and
+        #: those in isolation engines: its runs (in the main engine its branch's, shared evenly among the branch's
+        #: queries), its fraction of the CPU the engines spent over the interval, the engine thread's and the
+        #: isolation engines' (0 while they were not busy: :data:`BUSY`), and its buffered events (shared as its runs)
+        self.parts: dict[str, Part] = {}
         self._runs: dict[str, int] = {}  # the live runs of each query's branch at the last sample (if not 0)
+        self._buffered: dict[str, int] = {}  # the buffered events of each of those queries' branch
         self._shed: dict[str, int] = {}  # the runs shed, by query, at the last sample
         self._cpu: defaultdict[str, float] = defaultdict(float)  # the CPU attributed to a query by its runs
         self._even = 0.0  # the CPU each query was attributed while no query had runs, since the first sample
@@ -72,8 +85,8 @@ class Usage:
         interval, self._wall_at = wall - self._wall_at, wall
         self.spent += spent
         rt = engine.runtime
-        hot = [(root.live, [str(p.name) for p in plans]) for root, plans in rt.branch_queries.items() if root.live]
-        live = sum(n for n, _ in hot)
+        hot = [(root, [str(p.name) for p in plans]) for root, plans in rt.branch_queries.items() if root.live]
+        live = sum(root.live for root, _ in hot)
         joined = self._joined
         self._went, self._came = [], []
         if (rt, rt.queries_changed) != self._queries_seen:  # (the names of every query: only after a change)
@@ -91,24 +104,27 @@ class Usage:
             self._even += spent / len(joined)
         over: list[str] = []
         runs: dict[str, int] = {}
-        parts: dict[str, tuple[float, float]] = {}
+        buffered: dict[str, int] = {}
+        sizes = buffered_by_branch(engine) if hot else Counter()
+        parts: dict[str, Part] = {}
         busy = bool(live) and spent >= BUSY * interval > 0
-        for n, group in hot:
+        for root, group in hot:
+            n = root.live
             share = spent * n / live / len(group)
             for name in group:
                 self._cpu[name] += share
                 runs[name] = n
-                parts[name] = (n / len(group), share / spent if busy else 0.0)
+                buffered[name] = sizes[root]
+                parts[name] = (n / len(group), share / spent if busy else 0.0, sizes[root] / len(group))
                 if max_share is not None and busy and len(joined) > 1 and share > max_share * spent:
                     over.append(name)
         shed = {str(k): n for k, n in rt.counters.shed_runs.items()}
         self._moved = runs.keys() | self._runs.keys() | {k for k, n in shed.items() if self._shed.get(k) != n}
-        self._runs, self._shed = runs, shed
+        self._runs, self._shed, self._buffered = runs, shed, buffered
         self.parts = self._across(parts, spent, interval)
         return over
 
-    def _across(self, parts: dict[str, tuple[float, float]], spent: float,
-                interval: float) -> dict[str, tuple[float, float]]:
+    def _across(self, parts: dict[str, Part], spent: float, interval: float) -> dict[str, Part]:
         """``parts`` of the main engine (CPU as a fraction of the engine thread's ``spent``; 0 while no runs say
         whose it was) with the isolated queries' added and the worker children's that changed, every CPU share now
         a fraction of the engines' CPU together over the ``interval``."""
@@ -119,12 +135,12 @@ class Usage:
         total = spent + sum(spent_by.values()) + sum(cpu for cpu, _ in shares)
         busy = total >= BUSY * interval > 0
         main = spent / total if busy else 0.0
-        out = {name: (runs, share * main) for name, (runs, share) in parts.items()}
+        out = {name: (runs, share * main, buffered) for name, (runs, share, buffered) in parts.items()}
         for name, u in children.items():
-            out[name] = (u["runs"], spent_by[name] / total if busy else 0.0)
+            out[name] = (u["runs"], spent_by[name] / total if busy else 0.0, u["buffered"])
         for _, changed in shares:
-            for name, (runs, cpu) in changed.items():
-                out[name] = (runs, cpu / total if busy else 0.0)
+            for name, (runs, cpu, buffered) in changed.items():
+                out[name] = (runs, cpu / total if busy else 0.0, buffered)
         return out
 
     def of(self, name: str) -> dict[str, Any]:
@@ -138,17 +154,18 @@ class Usage:
                 return share[name]
         joined = self._joined.get(name)  # (None: not a query of the last sample)
         if joined is None:
-            return {"runs": 0, "runs_shed": 0, "cpu_s": 0.0, "engine": "main"}
+            return {"runs": 0, "runs_shed": 0, "buffered": 0, "cpu_s": 0.0, "engine": "main"}
         return {"runs": self._runs.get(name, 0), "runs_shed": self._shed.get(name, 0),
+                "buffered": self._buffered.get(name, 0),
                 "cpu_s": round(self._cpu.get(name, 0.0) + self._even - joined, 3), "engine": "main"}
 
-    def report(self) -> tuple[float, dict[str, float], list[str], dict[str, tuple[int, int, float]], float]:
+    def report(self) -> tuple[float, dict[str, float], list[str], dict[str, tuple[int, int, float, int]], float]:
         """What a worker engine's child sends of the last sample (:class:`Reported` takes it), costing only the
         queries that came, went or moved (their runs, shed runs or own CPU), not one step per query: the CPU shared
         evenly so far, the queries first sampled (with the even share when they came), those gone, the moved
-        ones' ``(runs, runs_shed, own CPU)``, and the CPU spent over the samples."""
+        ones' ``(runs, runs_shed, own CPU, buffered events)``, and the CPU spent over the samples."""
         joined, cpu = self._joined, self._cpu
-        moved = {name: (self._runs.get(name, 0), self._shed.get(name, 0), cpu.get(name, 0.0))
+        moved = {name: (self._runs.get(name, 0), self._shed.get(name, 0), cpu.get(name, 0.0), self._buffered.get(name, 0))
                  for name in self._moved if name in joined}
         return self._even, {name: joined[name] for name in self._came}, self._went, moved, self.spent
 
@@ -162,7 +179,7 @@ class Reported(Mapping):
         self.engine, self.pid = engine, pid
         self._even = 0.0
         self._joined: dict[str, float] = {}  # each query's even share when it came
-        self._moved: dict[str, tuple[int, int, float]] = {}  # (runs, runs_shed, own CPU) of those that ever moved
+        self._moved: dict[str, tuple[int, int, float, int]] = {}  # (runs, runs_shed, own CPU, buffered) of those that ever moved
         self._sets: dict[str, dict[str, Any]] = {}  # the event-set queries' (no runs: zeros)
         self._spent = self._spent_seen = 0.0  # the child's CPU over its samples: reported, and at the last changes()
         self._live: set[str] = set()  # the queries with runs at the child's last sample
@@ -182,36 +199,37 @@ class Reported(Mapping):
                 self._seen.pop(name, None)
             self._joined.update(came)
             self._moved.update(moved)
-            for name, (runs, _, _) in moved.items():
+            for name, (runs, *_) in moved.items():
                 (self._live.add if runs else self._live.discard)(name)
             self._touched.update(moved)
             if sets is not None:
-                self._sets = {name: {"runs": 0, "runs_shed": 0, "cpu_s": 0.0, "engine": self.engine, "pid": self.pid}
+                self._sets = {name: {"runs": 0, "runs_shed": 0, "buffered": 0, "cpu_s": 0.0, "engine": self.engine,
+                                     "pid": self.pid}
                               for name in sets}
 
-    def changes(self) -> tuple[float, dict[str, tuple[int, float]]]:
+    def changes(self) -> tuple[float, dict[str, tuple[int, float, int]]]:
         """The child's CPU seconds since the last call and, of its queries with live runs or whose own CPU moved
-        since then, ``(runs, own CPU seconds since then)``: only those are looked at."""
+        since then, ``(runs, own CPU seconds since then, buffered events)``: only those are looked at."""
         with self._lock:
             spent = self._spent
             spent, self._spent_seen = spent - self._spent_seen, spent
             touched, self._touched = self._touched, set()
-            out: dict[str, tuple[int, float]] = {}
+            out: dict[str, tuple[int, float, int]] = {}
             for name in touched | self._live:
-                runs, _, cpu = self._moved.get(name, (0, 0, 0.0))
+                runs, _, cpu, buffered = self._moved.get(name, (0, 0, 0.0, 0))
                 moved = max(0.0, cpu - self._seen.get(name, 0.0))
                 self._seen[name] = cpu
                 if runs or moved:
-                    out[name] = (runs, moved)
+                    out[name] = (runs, moved, buffered)
             return spent, out
 
     def __getitem__(self, name: str) -> dict[str, Any]:
         joined = self._joined.get(name)
         if joined is None:
             return self._sets[name]
-        runs, shed, cpu = self._moved.get(name, (0, 0, 0.0))
-        return {"runs": runs, "runs_shed": shed, "cpu_s": round(cpu + self._even - joined, 3), "engine": self.engine,
-                "pid": self.pid}
+        runs, shed, cpu, buffered = self._moved.get(name, (0, 0, 0.0, 0))
+        return {"runs": runs, "runs_shed": shed, "buffered": buffered, "cpu_s": round(cpu + self._even - joined, 3),
+                "engine": self.engine, "pid": self.pid}
 
     def __contains__(self, name: object) -> bool:  # (not Mapping's: a KeyError raised and caught per miss)
         return name in self._joined or name in self._sets

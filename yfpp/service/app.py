@@ -43,13 +43,30 @@ ANSWERS: dict[int, str] = {
     400: "a bad request (the error says what)", 401: "no key, or a wrong or revoked one",
     403: "the key's role may not do this, or the sink or query is not allowed (the error says why)",
     404: "no such subscription or key (another key's subscription too)", 409: "a name taken, or a server limit",
-    413: "a body or query over its cap", 422: "a body that is not the model", 429: "over the key's quota",
+    413: "a body or query over its cap (every route: a body over the server's cap is refused unread)",
+    422: "a body that is not the model", 429: "over the key's quota",
     502: "the MQTT broker refused the connection or did not answer (the error says which)",
-    503: "the registry or the service cannot take it now"}
+    503: "the registry or the service cannot take it now (GET /health: the engine thread has died)"}
 
 
 def _answers(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"description": ANSWERS[code]} for code in codes}
+
+
+def _declare_everywhere(app: FastAPI) -> None:
+    """Have the OpenAPI document declare, on every route, what the service may answer on any: 413 (the body cap,
+    before a route is reached) and, on every route that takes a key, 401 and 403."""
+    made = app.openapi
+
+    def document() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            for operation in (op for ops in made()["paths"].values() for op in ops.values()):
+                answers = operation.setdefault("responses", {})
+                for code in (401, 403, 413) if operation.get("security") else (413,):
+                    answers.setdefault(str(code), {"description": ANSWERS[code]})
+        return app.openapi_schema  # type: ignore[return-value]
+
+    app.openapi = document  # type: ignore[method-assign]
 
 
 class KeySpec(BaseModel):
@@ -115,7 +132,8 @@ def create_app(service: Service) -> FastAPI:
     @app.post("/subscriptions", status_code=201, summary="Add a subscription, or many (of the key that asks)",
               description="One subscription (a JSON object: 201 and the subscription), or many (a JSON array, or "
                           "NDJSON: 200 and, for each in order, {status: 201, subscription} or {status, error}).",
-              responses=_answers(400, 401, 403, 409, 413, 422, 429, 503),
+              responses={200: {"description": "many: for each in order, its subscription or its error"},
+                         **_answers(400, 401, 403, 409, 413, 422, 429, 503)},
               openapi_extra={"requestBody": {"required": True, "content": {
                   "application/json": {"schema": {"anyOf": [SPEC_SCHEMA, {"type": "array", "items": SPEC_SCHEMA}]}},
                   "application/x-ndjson": {"schema": SPEC_SCHEMA}}}})
@@ -141,7 +159,8 @@ def create_app(service: Service) -> FastAPI:
     @app.put("/subscriptions/{sid}", summary="Change a subscription in place (its id stays)",
              description="The fields given replace the subscription's. A changed query, language, policy or name "
                          "starts its query afresh (the old one's partial matches are dropped); a changed sink gets "
-                         "the results the old one still held.", responses=_answers(400, 401, 403, 404, 409, 413, 422, 503))
+                         "the results the old one still held.",
+             responses=_answers(400, 401, 403, 404, 409, 413, 422, 429, 503))
     async def change_subscription(sid: str, request: Request, who: Principal = Depends(subscriber)) -> Response:
         body = await _body(request, service.config.max_request_bytes)
         try:
@@ -178,8 +197,7 @@ def create_app(service: Service) -> FastAPI:
                             yield b": keep-alive\n\n"
                         continue
                     quiet = 0.0
-                    yield b"".join(f"id: {r['id']}\ndata: {json.dumps(r, separators=(',', ':'))}\n\n".encode()
-                                   for r in batch)
+                    yield b"".join(batch)  # (each result's event, encoded once for every stream)
                     box.delivered()
                     box.done()
             finally:
@@ -227,7 +245,8 @@ def create_app(service: Service) -> FastAPI:
             raise RequestError(404, f"no key {kid!r}")
         return Response(status_code=204)
 
-    @app.get("/health", summary="Liveness and a few figures (503 when the engine thread has died)")
+    @app.get("/health", summary="Liveness and a few figures (503 when the engine thread has died)",
+             responses=_answers(503))
     async def health() -> Response:
         body = service.health()
         return _json_response(body, 503 if body["status"] == "failed" else 200)
@@ -238,6 +257,7 @@ def create_app(service: Service) -> FastAPI:
         text = await asyncio.get_running_loop().run_in_executor(scrapes, metrics.render, registry)
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    _declare_everywhere(app)
     return app
 
 

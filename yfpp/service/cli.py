@@ -114,6 +114,9 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--key-max-runs", type=int, metavar="N",
                    help="a subscriber key whose subscriptions hold more live runs gives up its costliest one "
                         "(default: no limit)")
+    s.add_argument("--key-max-buffered", type=int, metavar="N",
+                   help="a subscriber key whose subscriptions hold more buffered events (for their runs) gives up "
+                        "its costliest one (default: no limit)")
     s.add_argument("--key-max-cpu-share", type=float, metavar="FRACTION",
                    help="a subscriber key whose subscriptions take more of the engine's time gives up its "
                         "costliest one (default: no limit)")
@@ -124,8 +127,8 @@ def add_parsers(sub: Any) -> None:
                    help="a query whose runs may grow faster than events**N starts in an isolation engine "
                         "(with --max-isolated; default: none)")
     s.add_argument("--isolation-priority", type=_priority, metavar="NICE|idle",
-                   help="the isolation engines' CPU priority: a nice value 0-19 above the service's, or idle "
-                        "(SCHED_IDLE: only CPU no other process wants; the others' latency first) (default 10)")
+                   help="the isolation engines' CPU priority: idle (SCHED_IDLE: only CPU no other process wants; "
+                        "the others' latency first) or a nice value 0-19 above the service's (default idle)")
     s.add_argument("--workers", metavar="N|auto",
                    help="spread the subscriptions' queries over N engines (the service's and N-1 processes), each "
                         "fed every event: for many subscriptions; auto: one per core available (default 1; "

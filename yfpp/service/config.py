@@ -57,12 +57,13 @@ class ServiceConfig:
     max_query_degree: int | None = None  #: refuse a subscriber's query whose runs may grow faster than events**this
     max_cpu_share: float | None = None  #: suspend (or isolate) a subscription taking more of the engine's CPU, beside others
     key_max_runs: int | None = None  #: live runs per subscriber key, over its subscriptions (sampled)
+    key_max_buffered: int | None = None  #: buffered events per subscriber key, over its subscriptions (sampled)
     key_max_cpu_share: float | None = None  #: a subscriber key's subscriptions' share of the engine's time
     max_isolated: int = 0  #: queries moved to isolation engines (child processes) at most, rather than suspended
     isolate_degree: int | None = None  #: a query estimated to grow faster than events**this starts isolated
-    #: the isolation engines' CPU priority: a nice value 0-19 above the service's, or "idle" (Linux SCHED_IDLE:
-    #: they run only when no other process wants the CPU)
-    isolation_priority: int | str = 10
+    #: the isolation engines' CPU priority: "idle" (Linux SCHED_IDLE: they run only on CPU no other process wants;
+    #: docs/service.md, "Priorities") or a nice value 0-19 above the service's
+    isolation_priority: int | str = "idle"
     workers: int | str = 1  #: engines the subscriptions' queries are spread over, each fed every event ("auto": one per core)
     dead_letters_per_second: float = 100.0  #: dead letters written per second at most (the others are counted)
     dead_letters_max_bytes: int = 64 * 1024 * 1024  #: a dead-letter file this big is rotated to FILE.1
@@ -157,8 +158,10 @@ class ServiceConfig:
         v = self.isolation_priority
         if v != "idle" and not (isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 19):
             raise YfppError(f"isolation_priority must be a nice value 0-19 or \"idle\", got {v!r}")
-        if self.key_max_runs is not None and not (isinstance(self.key_max_runs, int) and self.key_max_runs >= 1):
-            raise YfppError(f"key_max_runs must be a positive integer, got {self.key_max_runs!r}")
+        for name in ("key_max_runs", "key_max_buffered"):
+            v = getattr(self, name)
+            if v is not None and not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+                raise YfppError(f"{name} must be a positive integer, got {v!r}")
         for name in ("max_cpu_share", "key_max_cpu_share"):
             v = getattr(self, name)
             if v is not None and not (isinstance(v, (int, float)) and 0 < v <= 1):

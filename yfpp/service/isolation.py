@@ -33,8 +33,8 @@ long: the main engine's results go between). A child
 whose queue holds :data:`BACKLOG` events, or that ends, is reported to the
 service (``failed``, or the engine thread's feed): its subscription is
 suspended, saying why. The child runs at a
-lower CPU priority than the service (``isolation_priority``: a nice value, or
-``idle``, Linux's SCHED_IDLE, :func:`_lower_priority`).
+lower CPU priority than the service (``isolation_priority``: ``idle``, Linux's
+SCHED_IDLE, by default, or a nice value: :func:`_lower_priority`).
 
 Checkpoints: with the main engine's (engine_lock held), each child is sent a
 ``checkpoint`` message in its stream of events, so it writes its own state
@@ -193,7 +193,8 @@ class Isolated:
         self._queued = 0  # events in _queue
         self._wake = threading.Condition()
         self._stopping = False
-        self.usage: dict[str, Any] = {"runs": 0, "runs_shed": 0, "cpu_s": 0.0, "engine": "isolated", "pid": pid}
+        self.usage: dict[str, Any] = {"runs": 0, "runs_shed": 0, "buffered": 0, "cpu_s": 0.0, "engine": "isolated",
+                                      "pid": pid}
         self._acks: queue.Queue[str | None] = queue.Queue()  # each checkpoint's error (None: written)
         self._sender = threading.Thread(target=self._send, name=f"isolated-{pid}-send", daemon=True)
         self._reader = threading.Thread(target=self._read, name=f"isolated-{pid}-read", daemon=True)
@@ -329,7 +330,7 @@ class Isolated:
 class Isolation:
     """The service's isolated queries, by query id."""
 
-    def __init__(self, deliver: Deliver, failed: Failed, most: int, priority: int | str = 10):
+    def __init__(self, deliver: Deliver, failed: Failed, most: int, priority: int | str = "idle"):
         self._deliver, self._failed = deliver, failed
         self.most = most  #: isolated queries at once at most (max_isolated)
         self.priority = priority  #: the children's (isolation_priority): a nice value, or "idle"
@@ -564,5 +565,5 @@ def _child(engine: Engine, qid: int, name: str, inbox: Connection, out: Connecti
             next_usage = time.monotonic() + USAGE_EVERY
             rt = engine.runtime
             usage = {"runs": engine.stats.live_runs, "runs_shed": rt.counters.shed_runs.get(name, 0),
-                     "cpu_s": round(time.thread_time() - cpu0, 3)}
+                     "buffered": rt.buffer.size, "cpu_s": round(time.thread_time() - cpu0, 3)}
             out.send(("usage", {**usage, "counts": own.report()} if own is not None else usage))

@@ -82,14 +82,18 @@ def _per_subscription(subs: list) -> Iterator[Metric]:
                               "live runs (an estimate)", labels=LABELS)
     shed = CounterMetricFamily("yfpp_subscription_runs_shed", "runs the engine's caps shed against its query "
                                "(last sample)", labels=LABELS)
+    buffered = GaugeMetricFamily("yfpp_subscription_buffered_events", "events its shared-NFA branch holds for its "
+                                 "runs (last sample)", labels=LABELS)
     for sub in subs:
         use = sub.usage.of(sub.name) if sub.usage else {"runs": 0, "cpu_s": 0.0}
         runs.add_metric([sub.id, sub.name], use["runs"])
         cpu.add_metric([sub.id, sub.name], use["cpu_s"])
         shed.add_metric([sub.id, sub.name], use.get("runs_shed", 0))
+        buffered.add_metric([sub.id, sub.name], use.get("buffered", 0))
     yield runs
     yield cpu
     yield shed
+    yield buffered
     latency = HistogramMetricFamily("yfpp_subscription_latency_seconds", "from the arrival of a result's event "
                                     "to the result's delivery (push sink or pull stream)", labels=LABELS)
     for sub in subs:

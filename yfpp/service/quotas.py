@@ -6,9 +6,10 @@ holds at most ``key_max_subscriptions`` subscriptions, ``key_max_queue`` queued
 results and ``key_max_queue_bytes`` queued bytes over all of them; and with
 ``max_query_degree`` set, a subscriber's query whose estimated cost grows faster
 than that power of the events is refused. The admin is held to ``max_queue``
-only. Once a second, after the usage sample, a key over ``key_max_runs`` or
-``key_max_cpu_share`` gives up its costliest subscription (:func:`over_keys`),
-counting its queries in the main engine and in the isolation engines alike.
+only. Once a second, after the usage sample, a key over ``key_max_runs``,
+``key_max_buffered`` or ``key_max_cpu_share`` gives up its costliest subscription
+(:func:`over_keys`), counting its queries in the main engine, the worker engines
+and the isolation engines alike.
 """
 
 from __future__ import annotations
@@ -79,26 +80,31 @@ def over_keys(subs: Mapping[str, "Subscription"], usage: "Usage", config: "Servi
     """``(query name, why)`` of the subscriptions to give up, after a usage sample: of ``subs`` (the service's, by
     id: copied here, as the loop changes them meanwhile; not at all without key quotas) each subscriber key over
     ``key_max_runs`` (its subscriptions' runs, in the main engine each branch's shared evenly among its queries,
-    and in the isolation engines) or ``key_max_cpu_share`` (their fraction of the CPU of the engine thread and
-    the isolation engines together), its costliest one by that measure (one a sample: the next sample says
-    whether the key is still over). The service moves one in the main engine to an isolation engine if it
-    can, and suspends it otherwise, or if it runs in one already."""
-    most_runs, most_share = config.key_max_runs, config.key_max_cpu_share
-    if most_runs is None and most_share is None:
+    and in the worker and isolation engines), ``key_max_buffered`` (their buffered events, shared as the runs)
+    or ``key_max_cpu_share`` (their fraction of the CPU of the engine thread and the other engines together),
+    its costliest one by that measure (one a sample: the next sample says whether the key is still over). The
+    service moves one in the main engine to an isolation engine if it can, and suspends it otherwise, or if it
+    runs in one already."""
+    most_runs, most_buffered, most_share = config.key_max_runs, config.key_max_buffered, config.key_max_cpu_share
+    if most_runs is None and most_buffered is None and most_share is None:
         return []
-    by_key: dict[str, list[tuple[float, float, str]]] = {}
+    by_key: dict[str, list[tuple[float, float, float, str]]] = {}
     for sub in list(subs.values()):
         part = usage.parts.get(sub.name)
         if part is not None and sub.owner != ADMIN and sub.suspended is None:
             by_key.setdefault(sub.owner, []).append((*part, sub.name))
     out = []
     for mine in by_key.values():
-        runs, share = sum(p[0] for p in mine), sum(p[1] for p in mine)
+        runs, share, buffered = (sum(p[i] for p in mine) for i in range(3))
         if most_runs is not None and runs > most_runs:
-            name = max(mine, key=lambda p: p[0])[2]
+            name = max(mine, key=lambda p: p[0])[3]
             out.append((name, f"its key's subscriptions held {runs:,.0f} live runs, over key_max_runs={most_runs:,}"))
+        elif most_buffered is not None and buffered > most_buffered:
+            name = max(mine, key=lambda p: p[2])[3]
+            out.append((name, f"its key's subscriptions held {buffered:,.0f} buffered events, over "
+                              f"key_max_buffered={most_buffered:,}"))
         elif most_share is not None and share > most_share:
-            name = max(mine, key=lambda p: p[1])[2]
+            name = max(mine, key=lambda p: p[1])[3]
             out.append((name, f"its key's subscriptions took {share:.0%} of the engine's time, over "
                               f"key_max_cpu_share={most_share:g}"))
     return out

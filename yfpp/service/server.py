@@ -7,7 +7,7 @@ bounded ``inbox`` (a full inbox slows the feeds, never the sinks); the asyncio
 loop runs the HTTP API and every subscription's sender task.  The engine
 thread hands results to the loop as the engine makes them, :data:`CHUNK` at a
 time, and waits while :data:`HANDED_OVER` wait for the loop, which queues them per
-subscription (see :mod:`yfpp.service.sinks`).  That wait can come in the middle
+subscription (see :mod:`yfpp.service.sinks`), :data:`ROUTE_TURN` a turn of the loop.  That wait can come in the middle
 of an event, holding ``engine_lock``: so the loop thread never takes
 ``engine_lock`` once the engine thread runs (only :meth:`Service.start`, before it).
 """
@@ -74,6 +74,7 @@ INGEST_THREADS = 4  #: POST /events bodies read at once (more wait their turn); 
 HANDED_OVER = 65_536  #: results from the engine thread not yet routed by the loop before the engine thread waits
 RETIRE_WAIT = 0.8  #: seconds a DELETE waits for the engine thread to unregister the query (it answers anyway)
 CHUNK = 1024  #: results the engine thread gathers before handing them to the loop (and at the end of each batch)
+ROUTE_TURN = CHUNK  #: results the loop routes in one turn at least (more wait for its next turn: :meth:`Service._route_turn`)
 USAGE_SHARE = 0.01  #: the engine thread's time that sampling each query's usage may take (sampled once a second at most)
 
 
@@ -1118,19 +1119,30 @@ class Service:
             self._handed_over += len(results)
             wake, self._route_scheduled = not self._route_scheduled, True
         if wake:
-            loop.call_soon_threadsafe(self._route)
+            loop.call_soon_threadsafe(self._route_turn)
 
     def _route(self) -> None:
-        """On the loop: each result to its subscription (results of a just-deleted one are dropped)."""
+        """On the loop: every result handed over to its subscription (results of a just-deleted one are dropped)."""
+        self._route_turn(everything=True)
+
+    def _route_turn(self, everything: bool = False) -> None:
+        """On the loop: the batches handed over, :data:`ROUTE_TURN` results of them at least (or ``everything``),
+        to their subscriptions; the rest on the loop's next turn, so that requests are answered in between (each result is
+        queued for every pull stream of its subscription: 65,536 of them to 20 streams held the loop a second)."""
+        taken: list[tuple[list[dict], float | None]] = []
+        n, most = 0, None if everything else ROUTE_TURN
         with self._room:  # a batch queued after this schedules another turn
-            self._route_scheduled = False
-            batches = list(zip(self._results, self._arrivals))
-            self._results.clear()
-            self._arrivals.clear()
-            self._handed_over = 0
+            results, arrivals = self._results, self._arrivals
+            while results and (most is None or n < most):
+                taken.append((results.popleft(), arrivals.popleft()))
+                n += len(taken[-1][0])
+            self._handed_over -= n
+            self._route_scheduled = more = bool(results)
             self._room.notify_all()
-        for batch, arrived in batches:
+        for batch, arrived in taken:
             self._route_batch(batch, arrived)
+        if more:
+            asyncio.get_running_loop().call_soon(self._route_turn)
 
     def _route_batch(self, batch: Iterable[dict], arrived: float | None) -> None:
         """On the loop: results of one batch of events, which arrived at ``arrived``, to their subscriptions."""

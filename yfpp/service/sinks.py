@@ -95,6 +95,8 @@ class Outbox:
     a loop-written sink replaces it with its own (cheap, idempotent) scheduling.
     Beside each result it keeps when its event arrived, for ``latency`` (recorded at :meth:`delivered`), and,
     with ``max_bytes``, its size as a JSON line: the queue holds at most ``size`` results and ``max_bytes`` bytes.
+    A pull stream's queues hold each result encoded once for all of them (:func:`as_sse_event`), offered with
+    that size.
     """
 
     def __init__(self, size: int, overflow: str, counters: Counters, latency: Latency | None = None,
@@ -106,7 +108,7 @@ class Outbox:
         self.overflow = overflow
         self.counters = counters
         self.latency = latency
-        self.items: deque[dict] = deque()
+        self.items: deque[Any] = deque()  #: the results (dicts; a pull stream's: their events, bytes)
         self.arrivals: deque[float] = deque()  #: the ``time.monotonic()`` of each queued result's event
         self.taken: list[float] = []  #: the arrivals of the results taken last
         self.in_flight = 0  #: results taken by a sender and not yet delivered or given back
@@ -116,10 +118,11 @@ class Outbox:
         self._ready = asyncio.Event()
         self.wake: Callable[[], None] = self._ready.set
 
-    def offer(self, result: dict, arrived: float | None = None) -> None:
-        """Queue ``result``, whose event arrived at ``arrived`` (default: now)."""
+    def offer(self, result: Any, arrived: float | None = None, size: int | None = None) -> None:
+        """Queue ``result``, whose event arrived at ``arrived`` (default: now); ``size``: its JSON line's length
+        (default: encoded here, when ``max_bytes`` counts it)."""
         if self.max_bytes is not None:
-            self._offer_sized(result, arrived)
+            self._offer_sized(result, arrived, len(as_json_line(result)) if size is None else size)
             return
         if len(self.items) >= self.size:
             self.counters.add("dropped")
@@ -131,10 +134,9 @@ class Outbox:
         self.arrivals.append(time.monotonic() if arrived is None else arrived)
         self.wake()
 
-    def _offer_sized(self, result: dict, arrived: float | None) -> None:
-        """:meth:`offer` under ``max_bytes`` as well: the oldest results make room (or, with drop_newest, the
-        new one is dropped); a result larger than the whole queue is dropped."""
-        n = len(as_json_line(result))
+    def _offer_sized(self, result: Any, arrived: float | None, n: int) -> None:
+        """:meth:`offer` under ``max_bytes`` as well, of a result of ``n`` bytes: the oldest results make room
+        (or, with drop_newest, the new one is dropped); a result larger than the whole queue is dropped."""
         items, limit = self.items, self.max_bytes
         assert limit is not None
         if n > limit:
@@ -209,6 +211,12 @@ def as_json_line(result: dict) -> bytes:
         return orjson.dumps(result, option=orjson.OPT_APPEND_NEWLINE)
     except (TypeError, orjson.JSONEncodeError):
         return (json.dumps(result, separators=(",", ":")) + "\n").encode()
+
+
+def as_sse_event(result: dict) -> tuple[bytes, int]:
+    """A result as one Server-Sent Event (its ``id``, its JSON line as ``data``) and its JSON line's length."""
+    line = as_json_line(result)
+    return b"id: %b\ndata: %b\n\n" % (str(result["id"]).encode(), line[:-1]), len(line)
 
 
 def as_xml_element(result: dict) -> bytes:

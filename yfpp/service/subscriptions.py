@@ -14,7 +14,7 @@ from yfpp.service.child_delivery import COUNTED
 from yfpp.service.latency import Latency
 from yfpp.service.sink_policy import SinkPolicy, shown
 from yfpp.service.sink_urls import check_sink, sink_for
-from yfpp.service.sinks import Counters, Outbox, PushSink
+from yfpp.service.sinks import Counters, Outbox, PushSink, as_sse_event
 
 _NAME = re.compile(r"[A-Za-z_][\w.\-]*\Z")
 SUBSCRIPTION_ID = re.compile(r"s[0-9]+")  #: the ids the registry gives (Registry.add), the names of unnamed subscriptions
@@ -160,8 +160,8 @@ class Subscription(_Counted):
             self.counters.add("delivered")
         else:
             self.counters.add("dropped")
-        for listener in self.listeners:
-            listener.offer(result, arrived)
+        if self.listeners:
+            self._to_streams(result, arrived)
 
     def discard(self, n: int) -> bool:
         """``n`` results made: counted as :meth:`deliver` counts them with no destination (``matches`` and
@@ -197,9 +197,15 @@ class Subscription(_Counted):
 
     def to_listeners(self, results: list[dict], arrived: float | None) -> None:
         """Results counted by its isolation engine, which delivers them itself: to the pull streams."""
-        for listener in self.listeners:
+        if self.listeners:
             for result in results:
-                listener.offer(result, arrived)
+                self._to_streams(result, arrived)
+
+    def _to_streams(self, result: dict, arrived: float | None) -> None:
+        """``result`` to every pull stream, encoded once for all of them."""
+        event, size = as_sse_event(result)
+        for listener in self.listeners:
+            listener.offer(event, arrived, size)
 
     def unlisten(self, box: Outbox) -> None:
         """A pull-stream listener gone."""
