@@ -298,6 +298,13 @@ class _TypeGroup:
             setattr(self, name, table)
         return table
 
+    def _read_xpath_keys(self) -> None:
+        """From now on, candidates are looked up by the event's XPath values too (``xpath_ext`` is imported only
+        once a node of an XPath index key is added)."""
+        from xpath_ext.xpath_predicates import index_keys
+
+        self.xpath_keys = index_keys
+
     def add(self, node: Node) -> None:
         key = node.index_key
         self.size += 1
@@ -307,18 +314,14 @@ class _TypeGroup:
             else:  # (an XPath one: by (kind, name))
                 tables, at = self._table("xpath"), key[:2]
                 if self.xpath_keys is None:
-                    from xpath_ext.xpath_predicates import index_keys
-
-                    self.xpath_keys = index_keys
+                    self._read_xpath_keys()
             table = tables.get(at)
             if table is None:
                 table = tables[at] = {}
             table[key[2]] = appended(table.get(key[2]), node)
             return
         if key is not None and self.xpath_keys is None and _reads_xpath(key):
-            from xpath_ext.xpath_predicates import index_keys
-
-            self.xpath_keys = index_keys
+            self._read_xpath_keys()
         if key is None:
             if self.plain:
                 self.plain.append(node)
