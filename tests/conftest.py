@@ -44,4 +44,20 @@ def spark():
     app = session.sparkContext.applicationId
     yield session
     session.stop()
-    shutil.rmtree(Path(os.path.dirname(pyspark.__file__)) / "work" / app, ignore_errors=True)  # the executors' folders
+    work = Path(os.path.dirname(pyspark.__file__)) / "work" / app  # the executors' folders
+    if not _worked_in(work):
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _worked_in(folder: Path) -> bool:
+    """Whether a live process has its working directory in ``folder``. An application id is the second its
+    master took it (``app-YYYYMMDDhhmmss-0000``), so another test run's cluster (another clone's suite on
+    the same Python) may have the same id and run its executors in these folders: they stay then."""
+    inside = str(folder) + os.sep
+    for pid in filter(str.isdigit, os.listdir("/proc") if os.path.isdir("/proc") else ()):
+        try:
+            if (os.readlink(f"/proc/{pid}/cwd") + os.sep).startswith(inside):
+                return True
+        except OSError:
+            continue
+    return False

@@ -121,7 +121,7 @@ def test_stats_counts_the_cpu_of_the_whole_process_tree_workers_that_exited_too(
 
     from yfpp.input.generate import generate_rfid, write_events
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]  # the clone's root: the yfpp of this tree, whatever is installed
     write_events(generate_rfid(20_000, tags=50, gap=3, seed=7), tmp_path / "feed.jsonl")
     query = "PATTERN SEQ(shelf a, {exit b, exit c}) WHERE [tag_id] WITHIN 1 hour"
     cmd = [sys.executable, "-m", "yfpp", "spark", "-q", query, "-i", str(tmp_path / "feed.jsonl"), "-o",

@@ -13,6 +13,7 @@ import os
 import site
 import subprocess
 import sys
+import types
 import zipfile
 from collections import Counter
 from pathlib import Path
@@ -23,7 +24,8 @@ pytest.importorskip("pyspark", reason="pyspark is not installed (pip install '.[
 
 from tests.spark_jvm import EXECUTOR_CONF  # noqa: E402
 from yfpp.input.generate import generate_rfid, write_events  # noqa: E402
-from yfpp.spark.shipping import _why, package_zip, ships  # noqa: E402
+from yfpp.errors import YfppError  # noqa: E402
+from yfpp.spark.shipping import _why, check_workers, package_zip, ships  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 QUERY = "[tag_id]&&//shelf//!register//exit&&(1 hour)"
@@ -45,6 +47,36 @@ while args[0] != "-m":  # Spark starts "python -m pyspark.daemon" (maybe with fl
 sys.argv = [args[1], *args[2:]]
 runpy.run_module(args[1], run_name="__main__", alter_sys=True)
 """
+
+
+class _HereContext:
+    """A SparkContext stand-in whose one "executor" is this process: ``parallelize(...).map(f).collect()`` runs ``f``."""
+
+    defaultParallelism = 1
+
+    def parallelize(self, data, slices):
+        return self
+
+    def map(self, f):
+        self.f = f
+        return self
+
+    def collect(self):
+        return [self.f(0)]
+
+
+def test_the_probe_names_a_deleted_working_directory(tmp_path, monkeypatch):
+    """An executor's Python worker whose working directory is gone cannot import anything (Spark puts ``.`` on
+    its ``sys.path``): the check says so and where, not which module failed first."""
+    spark = types.SimpleNamespace(sparkContext=_HereContext())
+    check_workers(spark)  # (here everything imports)
+    gone = tmp_path / "executor-0"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    with pytest.raises(YfppError, match=r"^the executors run Python in a deleted working directory \(.*executor-0\): "
+                                        r"the executor's work folder was removed while the application ran"):
+        check_workers(spark)
 
 
 def test_ships_only_to_masters_whose_python_runs_apart():

@@ -103,9 +103,20 @@ def check_workers(spark: Any) -> None:
 
     def probe(_: Any) -> tuple[str, str, list[str], str | None]:  # (pickled by value: runs before yfpp is known there)
         import importlib
+        import os
         import platform
         import socket
 
+        host, version = socket.gethostname(), platform.python_version()
+        try:
+            os.getcwd()
+        except FileNotFoundError:  # (every import would fail: Spark puts the worker's folder, ".", on sys.path)
+            try:
+                where = os.readlink("/proc/self/cwd").removesuffix(" (deleted)")
+            except OSError:
+                where = "unknown"
+            return host, version, [], f"run Python in a deleted working directory ({where}): the executor's work " \
+                                      "folder was removed while the application ran"
         missing, broken = [], None
         for module in needed:
             try:
@@ -113,15 +124,15 @@ def check_workers(spark: Any) -> None:
             except ModuleNotFoundError:
                 missing.append(module)
             except Exception as e:  # (there, but it does not import: say why)
-                broken = broken or f"{module}: {type(e).__name__}: {e}"
+                broken = broken or f"cannot import {module}: {type(e).__name__}: {e}"
         if not missing and broken is None:
             for module in packages:
                 try:
                     importlib.import_module(module)
                 except Exception as e:
-                    broken = f"{module}: {type(e).__name__}: {e}"
+                    broken = f"cannot import {module}: {type(e).__name__}: {e}"
                     break
-        return socket.gethostname(), platform.python_version(), missing, broken
+        return host, version, missing, broken
 
     n = max(sc.defaultParallelism, 1)
     try:
@@ -136,7 +147,7 @@ def check_workers(spark: Any) -> None:
                             f"{'it' if len(missing) == 1 else 'them'} there (pip install {' '.join(missing)}), or set "
                             f"spark.pyspark.python (PYSPARK_PYTHON) to a Python that has {'it' if len(missing) == 1 else 'them'}")
         if broken:
-            raise YfppError(f"the executors cannot import {broken} (Python {version} on {host})")
+            raise YfppError(f"the executors {broken} (Python {version} on {host})")
 
 
 def _why(text: str) -> str:
