@@ -10,8 +10,8 @@ The fast path turns the common forms — general comparisons ``= != < <= > >=``
 between attributes (``@a``), child elements (``a``), literals and arithmetic
 (``+ - * div``) on attributes, ``contains``/``starts-with``/``ends-with`` of an
 attribute or a child with a string literal, ``and``/``or``/``not(…)``, ``@a``
-and ``a`` existence — into closures that read the raw attribute text (or each leaf child's
-text) from the element and compare exactly as elementpath does: they build the
+and ``a`` existence — into a tree of small objects (``xpath_ext.xpath_fast_path``) that read the raw
+attribute text (or each leaf child's text) from the element and compare exactly as elementpath does: they build the
 same values (``UntypedAtomic`` for an attribute or a child, the literal's own
 value) and apply the same Python operators, conversions and evaluation order; a
 child that is not a leaf sends that event to elementpath.  The attribute text is read from
@@ -213,7 +213,7 @@ def _fast_or_none(token: XPathToken, source: str, namespaces: Namespaces) -> Tes
 
 class TestTemplate:
     """A predicate whose literals vary (a query shape's, with stand-ins for its constants), parsed once: the test
-    of the predicate with other literals is made without parsing it again (the fast path's closures and
+    of the predicate with other literals is made without parsing it again (the fast path's objects and
     :class:`AttributeTest` read each literal once, when made)."""
 
     __slots__ = ("lock", "namespaces", "slots", "token")
