@@ -25,7 +25,7 @@ from itertools import product
 from typing import Any, Callable, Hashable, Iterator
 
 from yfpp.errors import PatternError
-from yfpp.nfa.check_objects import AllOf, AnyOf, AttrOfPicked, CompareWith, FirstOrEvent, NotOf
+from yfpp.nfa.check_objects import AllOf, AnyOf, AttrOfPicked, EndOfRunAttr, FirstOrEvent, NotOf, compare_with
 from yfpp.input.events import MISSING, PSEUDO_ATTRS, Event
 from yfpp.language.pattern import (
     Aggregate,
@@ -403,7 +403,7 @@ class _Compiler:
             attr = getattr(get, "event_attr", None)
             if attr is not None:  # the event's attribute against a constant: the most common predicate of all
                 return _AttrCompare(cmp, attr, lit)
-            return CompareWith(cmp, get, lit)
+            return compare_with(cmp, get, lit)
         gl, gr = self.value(left), self.value(right)
         return lambda ev, vec: cmp(gl(ev, vec), gr(ev, vec))
 
@@ -468,6 +468,9 @@ class _Compiler:
 
             bound.slot_attr = (slot, attr)  # type: ignore[attr-defined]  # what it reads, for callers that inline it
             return bound
+        if (r.var in scope.kleene and r.index in (Index.FIRST, Index.LAST) and r.var in scope.slot_of
+                and (r.var != place.current or place.mode == "bound")):  # v[1], v[v.len] of a run bound before here
+            return EndOfRunAttr(scope.slot_of[r.var], attr, r.index is Index.LAST)
         return AttrOfPicked(self._event_of(r.var, r.index), attr)
 
     def _event_of(self, var: str, index: Index) -> Callable[[Any, tuple], Event | None]:
