@@ -36,6 +36,7 @@ cost of unregistering a sample of 1,000 subscriptions.
     python benchmarks/million_subscriptions.py --churn c 10000         # subscribe/unsubscribe beside a feed
     python benchmarks/million_subscriptions.py --housekeeping b --sizes 1000 100000   # sweeps against N
     python benchmarks/million_subscriptions.py --state c --sizes 100000 --events 2000  # snapshot / restore
+    python benchmarks/million_subscriptions.py --held b                # what a subscription of each shape holds
 """
 
 from __future__ import annotations
@@ -525,6 +526,31 @@ HOUSEKEEPING_HEADER = ("| kind | subscriptions | CPU µs/event | sweeps | sweep 
                        "| sweep CPU ns per visited object | idle CPU µs/event |\n|---|---|---|---|---|---|---|---|")
 
 
+def held(kind: str, n: int) -> list[str]:
+    """Per shape of ``kind``: the objects Python's cyclic collector tracks and the bytes (tracemalloc) that one
+    subscription adds, over ``register_many`` of ``n`` of the shape after 50 of it (its plan, lazy imports)."""
+    import tracemalloc
+
+    lines = ["| shape | tracked objects / sub | bytes / sub (tracemalloc) |", "|---|---|---|"]
+    for shape in TEMPLATES[kind]:
+        def texts(start: int, count: int) -> list[tuple[str, None]]:
+            return [(shape.format(j=j, j2=j + 7, lo=10 * (j - 1), hi=10 * j, t=20 + (7 * j) % 30), None)
+                    for j in range(start, start + count)]
+
+        eng, batch = Engine(reports=None), texts(1000, n)
+        eng.register_many(texts(1, 50))  # type: ignore[attr-defined]
+        gc.collect()
+        tracked = len(gc.get_objects())
+        tracemalloc.start()
+        eng.register_many(batch)  # type: ignore[attr-defined]
+        del batch
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        lines.append(f"| `{shape[:60]}…` | {(len(gc.get_objects()) - tracked) / n:.1f} | {grown / n:,.0f} |")
+    return lines
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
@@ -545,6 +571,8 @@ def main() -> None:
     p.add_argument("--housekeeping", metavar="KIND", help="only what sweeping, pruning and deadline checks cost "
                    "beside --sizes subscriptions of KIND, over the feed and over idle events")
     p.add_argument("--state", metavar="KIND", help="only snapshot and restore of --sizes subscriptions of KIND")
+    p.add_argument("--held", metavar="KIND", help="only what one subscription of each shape of KIND holds: objects "
+                   "the cyclic collector tracks and bytes (1,000 of a shape registered after 50 of it)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--kind", help=argparse.SUPPRESS)
     p.add_argument("--housekeeping-one", nargs=2, help=argparse.SUPPRESS)
@@ -554,6 +582,9 @@ def main() -> None:
     if args.worker:
         print(json.dumps(worker(args)), flush=True)
         os._exit(0)  # (not freeing a million subscriptions object by object at exit: minutes under load)
+    if args.held:
+        print("\n".join(held(args.held, 1_000)))
+        return
     if args.churn:
         print(churn(args.churn[0], int(args.churn[1]), args.seed))
         return

@@ -10,8 +10,8 @@ The fast path turns the common forms — general comparisons ``= != < <= > >=``
 between attributes (``@a``), child elements (``a``), literals and arithmetic
 (``+ - * div``) on attributes, ``contains``/``starts-with``/``ends-with`` of an
 attribute or a child with a string literal, ``and``/``or``/``not(…)``, ``@a``
-and ``a`` existence — into closures that read the raw attribute text (or each leaf child's
-text) from the element and compare exactly as elementpath does: they build the
+and ``a`` existence — into a tree of small objects (``xpath_ext.xpath_fast_path``) that read the raw
+attribute text (or each leaf child's text) from the element and compare exactly as elementpath does: they build the
 same values (``UntypedAtomic`` for an attribute or a child, the literal's own
 value) and apply the same Python operators, conversions and evaluation order; a
 child that is not a leaf sends that event to elementpath.  The attribute text is read from
@@ -25,32 +25,22 @@ from __future__ import annotations
 
 import operator
 import threading
-from decimal import Decimal
 from functools import lru_cache
 from typing import Any, Callable
 
 from elementpath import ElementPathError, XPath2Parser, XPathContext, XPathToken
-from elementpath.datatypes import NumericProxy, UntypedAtomic
+from elementpath.datatypes import NumericProxy
 from elementpath.exceptions import MissingContextError
 from elementpath.helpers import get_double
 from elementpath.tdop import Parser as TdopParser
 
 from yfpp.errors import QuerySyntaxError
 from yfpp.input.events import Event
-from yfpp.input.xml_element import AttributeView
+from xpath_ext.xpath_fast_path import COMPARE, ERRORS, FLIPPED, Slow, attribute_name, boolean, child_elements, read_view
 
 Namespaces = tuple[tuple[str, str], ...]
 Test = Callable[[Event], bool]
-_Fn = Callable[[Any], Any]  # element -> value (None: the empty sequence)
 
-#: Errors that make a predicate false: elementpath's and those of the Python
-#: operations both paths share (decimal.InvalidOperation is an ArithmeticError; a KeyError is what
-#: elementpath raises for a QName whose prefix has no namespace).
-_ERRORS = (ElementPathError, ArithmeticError, TypeError, ValueError, LookupError)
-
-_COMPARE = {"=": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
-_FLIPPED = {"=": operator.eq, "!=": operator.ne, "<": operator.gt, "<=": operator.ge, ">": operator.lt, ">=": operator.le}
-_LITERALS = ("(integer)", "(decimal)", "(float)", "(string)")
 
 
 #: XPath 2.0 an event predicate refuses, as its cost has no bound in the event's size: loops over
@@ -208,7 +198,7 @@ def compile_xpath_test(source: str, namespaces: Namespaces = ()) -> Test:
         message, line, column = error_location(err)
         raise QuerySyntaxError(f"invalid XPath predicate: {message}", source, line, column) from None
     test = _fast_or_none(token, source, namespaces)
-    return test if test is not None else _elementpath_test(token, dict(namespaces))
+    return test if test is not None else ElementpathTest(token, dict(namespaces))
 
 
 def _fast_or_none(token: XPathToken, source: str, namespaces: Namespaces) -> Test | None:
@@ -217,13 +207,13 @@ def _fast_or_none(token: XPathToken, source: str, namespaces: Namespaces) -> Tes
     attribute = _attribute_comparison(token)
     if attribute is not None:  # (reads no child: never needs elementpath)
         return AttributeTest(*attribute)
-    fast = _boolean(token)
-    return None if fast is None else _fast_test(fast, _parsed_when_needed(source, namespaces))
+    fast = boolean(token)
+    return None if fast is None else FastTest(fast, ParsedWhenNeeded(source, namespaces))
 
 
 class TestTemplate:
     """A predicate whose literals vary (a query shape's, with stand-ins for its constants), parsed once: the test
-    of the predicate with other literals is made without parsing it again (the fast path's closures and
+    of the predicate with other literals is made without parsing it again (the fast path's objects and
     :class:`AttributeTest` read each literal once, when made)."""
 
     __slots__ = ("lock", "namespaces", "slots", "token")
@@ -283,14 +273,14 @@ def _attribute_comparison(tok: XPathToken) -> tuple[Callable[[Any, Any], Any], s
     the commonest predicate of subscriptions, one small object each (see :func:`_attribute_with_literal`)."""
     while tok.symbol == "(" and len(tok) == 1:
         tok = tok[0]
-    if tok.symbol not in _COMPARE or len(tok) != 2:
+    if tok.symbol not in COMPARE or len(tok) != 2:
         return None
-    op, atok, ltok = _COMPARE[tok.symbol], tok[0], tok[1]
+    op, atok, ltok = COMPARE[tok.symbol], tok[0], tok[1]
     if atok.symbol in ("(string)", "(integer)") and ltok.symbol == "@":
-        op, atok, ltok = _FLIPPED[tok.symbol], ltok, atok
+        op, atok, ltok = FLIPPED[tok.symbol], ltok, atok
     if not (atok.symbol == "@" and ltok.symbol in ("(string)", "(integer)")):
         return None
-    name = _attribute_name(atok)
+    name = attribute_name(atok)
     return None if name is None else (op, name, ltok.value, ltok.symbol == "(integer)")
 
 
@@ -309,13 +299,13 @@ class AttributeTest:
         self.numeric = numeric
 
     def __call__(self, event: Event, vec: tuple = ()) -> bool:
-        raw = _read_view(event).get(self.name)
+        raw = read_view(event).get(self.name)
         if raw is None:
             return False
         op, literal = self.op, self.literal
         try:
             return bool(op(get_double(raw, None), literal)) if self.numeric else bool(op(raw, literal))
-        except _ERRORS:
+        except ERRORS:
             return False
 
     def atom_key(self) -> tuple:
@@ -344,12 +334,12 @@ class AttributeEquality(tuple):
     __slots__ = ()
 
     def __call__(self, event: Event, vec: tuple = ()) -> bool:
-        raw = _read_view(event).get(self[1])
+        raw = read_view(event).get(self[1])
         if raw is None:
             return False
         try:
             return bool(raw == self[2])
-        except _ERRORS:
+        except ERRORS:
             return False
 
     def atom_key(self) -> tuple:
@@ -357,153 +347,68 @@ class AttributeEquality(tuple):
         return self
 
 
-def _parsed_when_needed(source: str, namespaces: Namespaces) -> Test:
-    """The elementpath test of ``source`` (valid), parsed at its first call: behind the fast path it decides only
-    the events the fast path cannot read, and a parsed token tree is most of what a predicate would hold."""
-    made: list[Test] = []
-
-    def test(event: Event) -> bool:
-        if not made:
-            made.append(_elementpath_test(parse_expression(source, namespaces), dict(namespaces)))
-        return made[0](event)
-
-    return test
-
-
 def by_elementpath(source: str, namespaces: Namespaces = ()) -> bool:
     """Is the (valid) predicate ``[source]`` evaluated by elementpath for every event, not by the fast path?"""
-    return _boolean(parse_expression(source, namespaces)) is None
+    return boolean(parse_expression(source, namespaces)) is None
 
 
-def _fast_test(fast: Callable[[Any], bool], slow: Test) -> Test:
-    def test(event: Event) -> bool:
+class FastTest:
+    """A predicate's test by the fast path (``fast``: the tree ``xpath_fast_path.boolean`` made), elementpath
+    (``slow``) deciding the events it cannot read.  Like every test :func:`compile_xpath_test` makes, a check of
+    the shared NFA as it is (``test(event, vec)``: the run's bindings, unread)."""
+
+    __slots__ = ("fast", "slow")
+
+    def __init__(self, fast: Any, slow: Test) -> None:
+        self.fast = fast
+        self.slow = slow
+
+    def __call__(self, event: Event, vec: tuple = ()) -> bool:
         try:
-            return fast(_read_view(event))
-        except _ERRORS:
+            return self.fast.holds(read_view(event))
+        except ERRORS:
             return False
-        except _Slow:
-            return slow(event)
-
-    return test
+        except Slow:
+            return self.slow(event)
 
 
-def _read_view(event: Event) -> Any:
-    """What the fast path and the indexes read attributes (``.get``) and leaf children of: the attribute texts
-    of an XML event that keeps only those (it has no children), else its element, else (an event from JSON)
-    an :class:`AttributeView` — no element is built for either."""
-    el = event.texts
-    if el is None:
-        el = event._element
-    return el if el is not None else AttributeView(event)
+class ParsedWhenNeeded:
+    """The elementpath test of ``source`` (valid), parsed at its first call: behind the fast path it decides only
+    the events the fast path cannot read, and a parsed token tree is most of what a predicate would hold."""
+
+    __slots__ = ("source", "namespaces", "made")
+
+    def __init__(self, source: str, namespaces: Namespaces) -> None:
+        self.source = source
+        self.namespaces = namespaces
+        self.made: ElementpathTest | None = None
+
+    def __call__(self, event: Event, vec: tuple = ()) -> bool:
+        made = self.made
+        if made is None:
+            made = self.made = ElementpathTest(parse_expression(self.source, self.namespaces), dict(self.namespaces))
+        return made(event)
 
 
-def _elementpath_test(token: XPathToken, namespaces: dict[str, str]) -> Test:
-    def test(event: Event) -> bool:
+class ElementpathTest:
+    """The predicate of the parsed ``token`` evaluated by elementpath on the event's element."""
+
+    __slots__ = ("token", "namespaces")
+
+    def __init__(self, token: XPathToken, namespaces: dict[str, str]) -> None:
+        self.token = token
+        self.namespaces = namespaces
+
+    def __call__(self, event: Event, vec: tuple = ()) -> bool:
+        token = self.token
         try:
-            context = XPathContext(event.element, namespaces=namespaces, fragment=True)
+            context = XPathContext(event.element, namespaces=self.namespaces, fragment=True)
             items = list(token.select(context))
             if len(items) == 1 and isinstance(items[0], NumericProxy):
                 return bool(items[0] == context.position)
             return token.boolean_value(items)
-        except _ERRORS:
+        except ERRORS:
             return False
-
-    return test
-
-
-# --- fast path: token -> closure over the element, or None (unsupported) ----
-
-
-class _Slow(Exception):
-    """A child element the fast path does not read (one with children, comments or entity references of its
-    own): elementpath decides for that event."""
-
-
-def _boolean(tok: XPathToken) -> Callable[[Any], bool] | None:
-    """A closure for a boolean-valued token (its effective boolean value)."""
-    sym = tok.symbol
-    if sym == "(" and len(tok) == 1:
-        return _boolean(tok[0])
-    if sym == "@":
-        name = _attribute_name(tok)
-        return None if name is None else (lambda el: el.get(name) is not None)
-    child = _child_name(tok)
-    if child is not None:  # a node sequence: true when not empty
-        return lambda el: next(iter(_child_elements(el, child)), None) is not None
-    if sym == "not" and tok.label == "function" and len(tok) == 1:
-        arg = _boolean(tok[0])
-        return None if arg is None else (lambda el: not arg(el))
-    if sym in ("and", "or") and len(tok) == 2:
-        left, right = _boolean(tok[0]), _boolean(tok[1])
-        if left is None or right is None:
-            return None
-        if sym == "and":
-            return lambda el: left(el) and right(el)
-        return lambda el: left(el) or right(el)
-    if sym in _COMPARE and len(tok) == 2:
-        return _comparison(_COMPARE[sym], tok[0], tok[1])
-    if sym in _STRING_TESTS and tok.label == "function" and len(tok) == 2 and tok[1].symbol == "(string)":
-        return _string_test(_STRING_TESTS[sym], tok[0], tok[1].value)
-    return None
-
-
-#: ``contains``, ``starts-with``, ``ends-with`` with the default (codepoint) collation: Python's own
-_STRING_TESTS: dict[str, Callable[[str, str], bool]] = {
-    "contains": operator.contains, "starts-with": str.startswith, "ends-with": str.endswith}
-
-
-def _string_test(test: Callable[[str, str], bool], tok: XPathToken, literal: str) -> Callable[[Any], bool] | None:
-    """``contains(x, 'lit')`` and the like for an attribute or a child step ``x``: its text (the empty sequence
-    gives ``''``, more than one child is a type error, as elementpath's ``xs:string?`` argument)."""
-    values = _values(tok) if tok.symbol == "@" or _child_name(tok) is not None else None
-    if values is None:
-        return None
-
-    def string_test(el: Any) -> bool:
-        items = values(el)
-        if len(items) > 1:
-            raise TypeError("a sequence of more than one item is not allowed as argument")
-        return test(str(items[0]) if items else "", literal)
-
-    return string_test
-
-
-def _comparison(op: Callable[[Any, Any], Any], ltok: XPathToken, rtok: XPathToken) -> Callable[[Any], bool] | None:
-    """A general comparison of two single values, as elementpath's
-    ``iter_comparison_data`` does it: both sides evaluated, left first; an
-    empty side → false; str with a number → type error (with a child step on
-    a side, :func:`_sequence_comparison`)."""
-    if _child_name(ltok) is not None or _child_name(rtok) is not None:
-        return _sequence_comparison(op, ltok, rtok)
-    if ltok.symbol in ("(string)", "(integer)") and rtok.symbol == "@":  # 3 < @a is @a > 3
-        return _attribute_with_literal(lambda x, y: op(y, x), rtok, ltok)
-    if ltok.symbol == "@" and rtok.symbol in ("(string)", "(integer)"):
-        return _attribute_with_literal(op, ltok, rtok)
-    left, right = _value(ltok), _value(rtok)
-    if left is None or right is None or (ltok.symbol in _LITERALS and rtok.symbol in _LITERALS):
-        return None
-
-    def compare(el: Any) -> bool:
-        x, y = left(el), right(el)
-        if x is None or y is None:
-            return False
-        return _holds(op, x, y)
-
-    return compare
-
-
-def _attribute_with_literal(op: Callable[[Any, Any], Any], atok: XPathToken,
-                            ltok: XPathToken) -> Callable[[Any], bool] | None:
-    """``@a op 'text'`` and ``@a op 12``, the commonest predicates, without the ``UntypedAtomic``: what its
-    comparison does — the attribute's text compared with a string as it is, cast with ``get_double`` for an
-    integer (a text that is no number: a value error)."""
-    name = _attribute_name(atok)
-    if name is None:
-        return None
-    literal = ltok.value
-    if ltok.symbol == "(string)":
-        return lambda el: (raw := el.get(name)) is not None and bool(op(raw, literal))
-    return lambda el: (raw := el.get(name)) is not None and bool(op(get_double(raw, None), literal))  # (no parser)
 
 
 def index_keys(kind: str, name: str, event: Event) -> list[Any] | None:
@@ -512,13 +417,13 @@ def index_keys(kind: str, name: str, event: Event) -> list[Any] | None:
     (``get_double``; none when that fails: the predicate is false), for the child step ``name`` (``ceq``,
     ``cnum``) the same of each leaf child, or None when a child named so is not a leaf (the fast path leaves
     those to elementpath, and so does the index: every node of the table checks its predicate)."""
-    el = _read_view(event)
+    el = read_view(event)
     if kind[0] == "x":
         text = el.get(name)
         texts = [] if text is None else [text]
     else:
         texts = []
-        for c in _child_elements(el, name):
+        for c in child_elements(el, name):
             if len(c):
                 return None
             texts.append(c.text or "")
@@ -528,159 +433,6 @@ def index_keys(kind: str, name: str, event: Event) -> list[Any] | None:
     for text in texts:
         try:
             numbers.add(get_double(text, None))
-        except _ERRORS:
+        except ERRORS:
             pass
     return list(numbers)
-
-
-def _holds(op: Callable[[Any, Any], Any], x: Any, y: Any) -> bool:
-    """``op`` on one pair of values, with elementpath's type rules (str with a number → type error)."""
-    if isinstance(x, str):
-        if not isinstance(y, (str, UntypedAtomic)):
-            raise TypeError(f"cannot compare {type(x)!r} and {type(y)!r}")
-    elif isinstance(y, str) and not isinstance(x, UntypedAtomic):
-        raise TypeError(f"cannot compare {type(x)!r} and {type(y)!r}")
-    elif isinstance(x, float) and isinstance(y, Decimal):
-        y = float(y)
-    elif isinstance(x, Decimal) and isinstance(y, float):
-        x = float(x)
-    return bool(op(x, y))
-
-
-def _sequence_comparison(op: Callable[[Any, Any], Any], ltok: XPathToken,
-                         rtok: XPathToken) -> Callable[[Any], bool] | None:
-    """A general comparison with a child step on either side (``reading > 30``): true when some pair of a
-    left and a right value holds. As elementpath: both sides evaluated first, left then right; then the
-    pairs in order (left outer), a pair that cannot be compared before one that holds → type error."""
-    left, right = _values(ltok), _values(rtok)
-    if left is None or right is None:
-        return None
-
-    def compare(el: Any) -> bool:
-        xs, ys = left(el), right(el)
-        return any(_holds(op, x, y) for x in xs for y in ys)
-
-    return compare
-
-
-def _values(tok: XPathToken) -> Callable[[Any], list[Any]] | None:
-    """A closure for a token's sequence of values: the leaf children named by a child step (each its
-    text as ``UntypedAtomic``), else the single value of :func:`_value` (none for the empty sequence)."""
-    child = _child_name(tok)
-    if child is not None:
-
-        def children(el: Any) -> list[Any]:
-            out = []
-            for c in _child_elements(el, child):
-                if len(c):  # (comments, processing instructions and entity references count too)
-                    raise _Slow
-                out.append(UntypedAtomic(c.text or ""))
-            return out
-
-        return children
-    value = _value(tok)
-    if value is None:
-        return None
-
-    def single(el: Any) -> list[Any]:
-        v = value(el)
-        return [] if v is None else [v]
-
-    return single
-
-
-def _child_elements(el: Any, name: str) -> Any:
-    """The child elements named ``name`` of what the fast path reads: none for an XML event's attribute
-    texts (a childless element), the built element's for an event that came from JSON."""
-    if type(el) is dict:
-        return ()
-    if type(el) is AttributeView:
-        el = el.event.element
-    return el.iterchildren(name)
-
-
-def _child_name(tok: XPathToken) -> str | None:
-    """``a`` for the child step ``a`` (no prefix, no wildcard, no default element namespace), else None."""
-    if (tok.symbol == "(name)" and tok.label == "name" and not len(tok) and isinstance(tok.value, str)
-            and ":" not in tok.value and not tok.parser.default_namespace):
-        return tok.value
-    return None
-
-
-def _value(tok: XPathToken) -> _Fn | None:
-    """A closure for a single-valued token: ``UntypedAtomic`` for ``@a``, the
-    literal's value, a float for arithmetic; None for the empty sequence."""
-    sym = tok.symbol
-    if sym == "(" and len(tok) == 1:
-        return _value(tok[0])
-    if sym in _LITERALS:
-        value = tok.value
-        return lambda el: value
-    if sym == "@":
-        name = _attribute_name(tok)
-        if name is None:
-            return None
-
-        def attribute(el: Any) -> UntypedAtomic | None:
-            raw = el.get(name)
-            return None if raw is None else UntypedAtomic(raw)
-
-        return attribute
-    if sym in ("+", "-", "*", "div") and len(tok) == 2:
-        return _arithmetic(sym, tok[0], tok[1])
-    return None
-
-
-def _arithmetic(sym: str, ltok: XPathToken, rtok: XPathToken) -> _Fn | None:
-    """Binary arithmetic with an attribute or arithmetic operand (so the result
-    is an xs:double), as elementpath's ``get_operands``: an empty left operand
-    gives the empty sequence before the right one is evaluated; untyped
-    operands are cast with the parser's xs:double rules."""
-    if ltok.symbol in _LITERALS and rtok.symbol in _LITERALS:
-        return None  # integer/decimal arithmetic: elementpath
-    if "(string)" in (ltok.symbol, rtok.symbol):
-        return None
-    left, right = _value(ltok), _value(rtok)
-    if left is None or right is None:
-        return None
-    xsd_version = ltok.parser.xsd_version
-
-    def number(v: Any) -> float:
-        return get_double(v.value, xsd_version) if isinstance(v, UntypedAtomic) else float(v)
-
-    def arithmetic(el: Any) -> float | None:
-        x = left(el)
-        if x is None:
-            return None
-        y = right(el)
-        if y is None:
-            return None
-        a, b = number(x), number(y)
-        if sym == "+":
-            return a + b
-        if sym == "-":
-            return a - b
-        if sym == "*":
-            return a * b
-        return _divide(a, b)
-
-    return arithmetic
-
-
-def _divide(a: float, b: float) -> float:
-    """xs:double ``div`` as elementpath computes it (a zero divisor included)."""
-    if b != 0:
-        return a / b
-    if a == 0:
-        return float("nan")
-    negative = str(b).startswith("-")
-    if a > 0:
-        return float("-inf") if negative else float("inf")
-    return float("inf") if negative else float("-inf")
-
-
-def _attribute_name(tok: XPathToken) -> str | None:
-    """``a`` for ``@a`` (no prefix, no wildcard), else None."""
-    if len(tok) == 1 and tok[0].symbol == "(name)" and ":" not in tok[0].value:
-        return str(tok[0].value)
-    return None

@@ -8,7 +8,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from lxml import etree
 
-from xpath_ext.xpath_predicates import _boolean, compile_xpath_test, parse_expression
+from xpath_ext.xpath_fast_path import boolean as _boolean
+from xpath_ext.xpath_predicates import compile_xpath_test, parse_expression
 from yfpp.errors import QuerySyntaxError
 from yfpp.input.events import Event
 

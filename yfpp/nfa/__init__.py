@@ -1,9 +1,11 @@
 """NFA layer: one query's plan and the shared NFA of all queries. May import ``yfpp.errors``,
 ``yfpp.input``, ``yfpp.language`` and ``xpath_ext``.
 
+- ``check_objects``: the checks and getters of compiled conjuncts as slotted objects (``AND``/``OR``/``NOT``, a
+  picked value against a constant): one object the cyclic collector tracks where a closure is several.
 - ``compiler``: a query's NFA^b plan, the paper's steps as passes (structure, predicate placement,
   negations); each component spec carries its sharing signature.
-- ``predicates``: expression trees → closures ``f(ev, vec)`` (docs/semantics.md §4), Kleene state with
+- ``predicates``: expression trees → checks ``f(ev, vec)`` (closures and slotted objects) (docs/semantics.md §4), Kleene state with
   incremental aggregates.
 - ``shape_plans``: one compiled plan per query shape; a query that differs from it only by constants is made
   from it, its constants put into the canonical expressions and attribute comparisons, without compiling.

@@ -25,6 +25,7 @@ from itertools import product
 from typing import Any, Callable, Hashable, Iterator
 
 from yfpp.errors import PatternError
+from yfpp.nfa.check_objects import AllOf, AnyOf, AttrOfPicked, EndOfRunAttr, FirstOrEvent, NotOf, compare_with
 from yfpp.input.events import MISSING, PSEUDO_ATTRS, Event
 from yfpp.language.pattern import (
     Aggregate,
@@ -318,19 +319,6 @@ def equality_key_of(check: Check) -> tuple[type, tuple] | None:
     return None if keyed is None else keyed(check)
 
 
-class _XPathCompare:
-    """An XPath predicate on the event being tested, as a callable object (smaller than a closure or a bound
-    method; :func:`rebound` can read its test)."""
-
-    __slots__ = ("test",)
-
-    def __init__(self, test: Callable[[Event], bool]) -> None:
-        self.test = test
-
-    def __call__(self, ev: Event, vec: tuple) -> bool:
-        return self.test(ev)
-
-
 def constant_of(check: Check, expr: Expr) -> Any:
     """The constant ``check`` (compiled from ``expr``) compares with, when :func:`rebound` can put another in its
     place: of a comparison of the event's attribute with a constant, SASE+ or XPath (``@a op 'text'``); else
@@ -370,14 +358,11 @@ class _Compiler:
     # -- booleans
     def boolean(self, e: Expr) -> Check:
         if isinstance(e, And):
-            parts = [self.boolean(x) for x in e.operands]
-            return lambda ev, vec: all(p(ev, vec) for p in parts)
+            return AllOf(tuple(self.boolean(x) for x in e.operands))
         if isinstance(e, Or):
-            parts = [self.boolean(x) for x in e.operands]
-            return lambda ev, vec: any(p(ev, vec) for p in parts)
+            return AnyOf(tuple(self.boolean(x) for x in e.operands))
         if isinstance(e, Not):
-            inner = self.boolean(e.operand)
-            return lambda ev, vec: not inner(ev, vec)
+            return NotOf(self.boolean(e.operand))
         qvars = [v for v in quantified_vars(e, self.place, self.scope) if v not in self.cells]
         if qvars and not self.list_each:
             return self._forall(e, qvars)
@@ -418,7 +403,7 @@ class _Compiler:
             attr = getattr(get, "event_attr", None)
             if attr is not None:  # the event's attribute against a constant: the most common predicate of all
                 return _AttrCompare(cmp, attr, lit)
-            return lambda ev, vec: cmp(get(ev, vec), lit)
+            return compare_with(cmp, get, lit)
         gl, gr = self.value(left), self.value(right)
         return lambda ev, vec: cmp(gl(ev, vec), gr(ev, vec))
 
@@ -429,9 +414,7 @@ class _Compiler:
             self.xpath_compiler = compile_xpath_test
         test = self.xpath_compiler(e.source, e.namespaces)
         if e.var == self.place.current and self.place.mode == "event" and e.var not in self.cells:  # (its event)
-            from xpath_ext.xpath_predicates import AttributeTest  # (a check as it is: no wrapper)
-
-            return test if type(test) is AttributeTest else _XPathCompare(test)
+            return test  # (a check as it is, ``test(event, vec)``: no wrapper)
         pick = self._event_of(e.var, Index.EACH)
         return lambda ev, vec: test(pick(ev, vec))
 
@@ -485,13 +468,10 @@ class _Compiler:
 
             bound.slot_attr = (slot, attr)  # type: ignore[attr-defined]  # what it reads, for callers that inline it
             return bound
-        pick = self._event_of(r.var, r.index)
-
-        def get(ev, vec):
-            x = pick(ev, vec)
-            return MISSING if x is None else x.get(attr)
-
-        return get
+        if (r.var in scope.kleene and r.index in (Index.FIRST, Index.LAST) and r.var in scope.slot_of
+                and (r.var != place.current or place.mode == "bound")):  # v[1], v[v.len] of a run bound before here
+            return EndOfRunAttr(scope.slot_of[r.var], attr, r.index is Index.LAST)
+        return AttrOfPicked(self._event_of(r.var, r.index), attr)
 
     def _event_of(self, var: str, index: Index) -> Callable[[Any, tuple], Event | None]:
         """A function giving the event ``var[index]`` denotes at this place."""
@@ -506,7 +486,7 @@ class _Compiler:
             if index is Index.PREV:
                 return lambda ev, vec: vec[slot].last if vec[slot] is not None else None
             if index is Index.FIRST:
-                return lambda ev, vec: vec[slot].first if vec[slot] is not None else ev
+                return FirstOrEvent(slot)
             raise PatternError(f"{var}[{var}.len] cannot be used while {var} is still taking events", var=var)
         if var not in self.scope.slot_of:
             raise PatternError(f"{var!r} is not bound where this predicate is checked", var=var)

@@ -92,7 +92,8 @@ class Node:
     # itself alone), else a dict
     waits: "Mapping[Hashable, State]" = field(default_factory=lambda: _NO_ENTRIES)
     inside: "State | None" = None
-    accepts: list[QueryPlan] | tuple = ()
+    # the queries accepting here: () none, the only one itself (most nodes that accept), else a list (accepting)
+    accepts: "QueryPlan | list[QueryPlan] | tuple" = ()
     users: int = 0  # queries through this node
     window: float | None = None  # the largest window of the queries through here (None: unbounded): runs live that long
     live: int = 0  # on a branch's root node, kept by the runtime: its runs now
@@ -499,8 +500,14 @@ def _eq_keys(key: tuple) -> tuple[tuple, ...]:
     return key[1] if key[0] == "anyof" else (key,)
 
 
+def accepting(node: Node) -> "Sequence[QueryPlan]":
+    """The queries accepting at ``node`` (its ``accepts``: none, the only one itself, or a list)."""
+    accepts = node.accepts
+    return accepts if type(accepts) is list or not accepts else (accepts,)
+
+
 def appended(items: tuple | list | None, item: Any) -> tuple | list:
-    """``items`` with ``item`` added: a tuple of one (most index keys and accepting nodes hold one), else a list
+    """``items`` with ``item`` added: a tuple of one (most index keys hold one), else a list
     (changed in place)."""
     if not items:
         return (item,)
@@ -881,7 +888,13 @@ class SharedNFA:
                 node.count_window(window, +1)
             parent = node
         plan.last = parent
-        parent.accepts = appended(parent.accepts, plan)  # (a tuple of one query, the commonest, else a list)
+        accepts = parent.accepts
+        if not accepts:
+            parent.accepts = plan  # (the only query itself, the commonest: no tuple of one)
+        elif type(accepts) is list:
+            accepts.append(plan)
+        else:
+            parent.accepts = [accepts, plan]
 
     def _new_node(self, parent: Node | None, spec: ComponentSpec, sig: Hashable, partition_by) -> Node:
         # (positional arguments, in Node's field order: a million subscriptions make two million nodes)
@@ -923,7 +936,11 @@ class SharedNFA:
     def remove(self, plan: QueryPlan) -> list[State]:
         """Take ``plan`` out; return the states that no query uses any more."""
         last = plan.last
-        last.accepts = removed(last.accepts, plan) or ()
+        accepts = last.accepts
+        if type(accepts) is list:
+            accepts.remove(plan)
+        if type(accepts) is not list or not accepts:
+            last.accepts = ()
         dropped: list[State] = []
         for node in reversed(plan.nodes):
             node.users -= 1

@@ -26,7 +26,7 @@ from yfpp.language.pattern import (
 )
 from yfpp.nfa.predicates import reads_event_only
 from yfpp.nfa.shared_atoms import is_shared
-from yfpp.nfa.shared_nfa import Node, SharedNFA
+from yfpp.nfa.shared_nfa import Node, SharedNFA, accepting
 
 AXIS = {
     Contiguity.STRICT: "/",
@@ -62,7 +62,7 @@ def nfa_graph(engine: Engine) -> nx.DiGraph:
             predicates=_predicates(specs_of, users[0][0], users[0][1], names, node) if users else [],
             index=_index_text(node.index_key),
             queries=[str(p.name) for p, _ in users],
-            accepts=[_acceptance(p) for p in node.accepts],
+            accepts=[_acceptance(p) for p in accepting(node)],
         )
         parent = "start" if node.parent is None else node.parent.id
         g.add_edge(parent, node.id, label="" if node.parent is None else AXIS[node.contiguity])

@@ -59,7 +59,9 @@ class Acceptance:
         binds = None
         last = entry.event if entry is not None else ev
         last_ts = last.ts
-        accepts = node.accepts
+        accepts = node.accepts  # (the only query itself, or a list: yfpp.nfa.shared_nfa.accepting)
+        if type(accepts) is not list:
+            accepts = (accepts,)
         memo: dict | None = {} if len(accepts) > 1 else None  # equal negation checks give equal answers
         for plan in accepts:
             if born <= plan.since_tick:

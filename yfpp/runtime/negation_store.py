@@ -23,7 +23,7 @@ from yfpp.input.events import Event
 from yfpp.nfa.compiler import NegationPlan, QueryPlan
 from yfpp.nfa.predicates import Check
 from yfpp.runtime.runs import NO_RUN
-from yfpp.nfa.shared_nfa import Node, State, children_of
+from yfpp.nfa.shared_nfa import Node, State, accepting, children_of
 
 
 class CandidateStore:
@@ -287,4 +287,4 @@ def _wait_states_below(root: Node) -> list[State]:
 
 def _accepting_below(node: Node) -> list[QueryPlan]:
     """The queries accepting at ``node`` or below it."""
-    return [plan for n in _nodes_below(node) for plan in n.accepts]
+    return [plan for n in _nodes_below(node) for plan in accepting(n)]
