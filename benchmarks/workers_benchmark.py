@@ -258,10 +258,13 @@ def share_instructions(workload: str, events: int, code: str, fmt: str = "jsonl"
             "peers": (got["peers"] - got["start"]) / events}
 
 
-def run_instructions(workload: str, events: int, code: str, n: int, fmt: str = "jsonl") -> list[int]:
+def run_instructions(workload: str, events: int, code: str, n: int, fmt: str = "jsonl",
+                     from_source: bool = False) -> list[int]:
     """Instructions (callgrind; the yfpp at ``code``) of each process of ``yfpp run --workers n`` over the feed
     (``fmt``: ``jsonl`` or ``xml``): the parent's first (its start, routing nothing: the workers read the file), then
-    each worker's from its fork."""
+    each worker's from its fork. yfpp's modules are loaded from byte code compiled beforehand, as an installed
+    package has it (``from_source``: compiled from the sources as they are imported, where nothing writes byte code,
+    ``PYTHONDONTWRITEBYTECODE``: about a thousand million instructions more at the start)."""
     import glob
     import os
     import re
@@ -269,6 +272,12 @@ def run_instructions(workload: str, events: int, code: str, n: int, fmt: str = "
 
     with tempfile.TemporaryDirectory(prefix="yfpp-callgrind-") as tmp:
         env = {**os.environ, "PYTHONPATH": code, "PYTHONHASHSEED": "0"}
+        if not from_source:  # (a copy of the package, compiled: the checkout is left as it is)
+            import shutil
+
+            shutil.copytree(f"{code}/yfpp", f"{tmp}/code/yfpp")
+            subprocess.run([sys.executable, "-m", "compileall", "-q", f"{tmp}/code/yfpp"], check=True)
+            env["PYTHONPATH"] = code = f"{tmp}/code"  # (and the working directory: `-m` looks there first)
         subprocess.run(["valgrind", "--tool=callgrind", "--zero-before=PyOS_AfterFork_Child",
                         f"--callgrind-out-file={tmp}/cg.%p", sys.executable, "-m", "yfpp", "run", "-q", query(workload),
                         "-i", str(feed(workload, events, fmt)), "--workers", str(n), "-o", f"{tmp}/out", "--progress", "never"],
@@ -296,13 +305,17 @@ def main() -> int:
     ap.add_argument("--run-instructions", action="store_true",
                     help="instead of the runs: instructions (callgrind) of each process of N = 1 and 2's whole "
                          "commands, and of N = 2's longest path (the parent and the busiest worker; try --events 200000)")
+    ap.add_argument("--from-source", action="store_true",
+                    help="with --run-instructions: yfpp's modules compiled as they are imported, not read as byte code")
     ap.add_argument("--part", choices=INSTRUCTION_PARTS, help=argparse.SUPPRESS)  # (one part, under callgrind)
     args = ap.parse_args()
     fmt = "xml" if args.xml else "jsonl"
     if args.run_instructions:
-        print(f"yfpp at {args.code}, {args.events:,} events, {fmt}; instructions per event (callgrind), each process")
+        print(f"yfpp at {args.code}, {args.events:,} events, {fmt}; instructions per event (callgrind), each process; "
+              f"yfpp {'compiled from its sources' if args.from_source else 'read as byte code'}")
         for workload in args.workloads.split(","):
-            (one,), (parent, *workers) = (run_instructions(workload, args.events, args.code, n, fmt) for n in (1, 2))
+            (one,), (parent, *workers) = (run_instructions(workload, args.events, args.code, n, fmt, args.from_source)
+                                          for n in (1, 2))
             path = parent + max(workers)
             print(f"{workload:<9} N=1 {one / args.events:,.0f}; N=2 parent {parent / args.events:,.0f}, workers "
                   f"{', '.join(f'{w / args.events:,.0f}' for w in workers)}; busiest worker / (N=1 less the parent) "

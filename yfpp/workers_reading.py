@@ -30,7 +30,7 @@ import os
 from bisect import bisect_left, bisect_right
 from array import array
 from itertools import compress, islice, repeat
-from operator import eq, mod
+from operator import eq, itemgetter, mod
 from typing import Any, BinaryIO, Callable, Hashable, Iterable, Iterator, NamedTuple, Sequence
 
 from yfpp.engine import Engine
@@ -49,6 +49,7 @@ CHUNK = 16  #: blocks a worker scans for all (chunk ``c`` of the file by worker 
 KEYED_CHUNK = 2  #: blocks a chunk when every group is keyed (:func:`chunk_blocks`)
 AHEAD = 2  #: rounds of chunks a worker scans ahead of the block it matches (so none waits on a busy peer)
 Routed = dict[tuple[int, int], list[Event]]  #: a block's events per (group, slice) of this worker
+Owners = bytes | array  #: each line's worker (:func:`owner_array`)
 
 
 def reads_itself(path: str, fmt: str | None, opts: ReaderOptions, groups: list[Group]) -> bool:
@@ -102,17 +103,18 @@ def plan_slices(groups: list[Group], sliced: Any, ts: list[float], slice_events:
 class Scan(NamedTuple):
     """What :func:`scan` finds in a block of ``size`` bytes. When it is scanned (every line of the shape
     :func:`~yfpp.input.jsonl_scan.scan_block` takes, the times never going back): each line's ``ts``, per
-    routing key each line's worker (``owners``: :func:`workers_of` its key value; both arrays, which a worker
-    sends its peers as a few bytes a line), the ts and index of the
+    routing key each line's worker (``owners``: :func:`workers_of` its key value; both compact arrays, which a
+    worker sends its peers as a few bytes a line), the ts and index of the
     ``last`` line the reader makes an event of (None: none), and whether each line is an object with no object
-    in it (``flat``: an event of a line then has each routing attribute the scan found); else ``ts`` is None.
+    in it (``flat``: an event of a line then has each routing attribute the scan found, but where ``plain`` a null
+    value, which makes the line no plain event); else ``ts`` is None.
     ``plain``: every line has the plain shape of :func:`~yfpp.input.jsonl_reader.plain_records` (any of them
     parsed without its checks); ``records``: the lines' records the scan parsed (kept by the scanning worker,
     never sent: None in the peers' scans)."""
 
     size: int
     ts: Sequence[float] | None
-    owners: list[array]
+    owners: list[Owners]
     last: tuple[float, int] | None
     flat: bool = False
     plain: bool = False
@@ -123,13 +125,18 @@ def scan(body: bytes, opts: ReaderOptions, keys: Sequence[str], n: int) -> Scan:
     """The :class:`Scan` of a block of complete lines, for ``n`` workers: for keyed groups, the block parsed
     once where it has the plain shape (its records kept, :func:`~yfpp.input.jsonl_scan.parsed_scan`), else
     found by regular expressions (:func:`~yfpp.input.jsonl_scan.scan_block`)."""
-    parsed = parsed_scan(body, opts, keys) if keys else None
+    parsed = parsed_scan(body, opts) if keys else None
     if parsed is not None:
-        ts, values, records = parsed
+        ts, records = parsed
         if not _ordered(ts):
             return Scan(len(body), None, [], None)
-        return Scan(len(body), array("d", ts), [workers_of(vs, n) for vs in values],
-                    _last_event(body, len(ts), opts, records[-1]), True, True, records)
+        try:  # (any value of a flat object hashes as the engine compares it: 1, 1.0 and true alike)
+            owners = [workers_of(map(itemgetter(name), records), n) for name in keys]
+        except KeyError:  # (a line naming a key as a value only: the regular expressions decide)
+            owners = None
+        if owners is not None:
+            return Scan(len(body), array("d", ts), owners, _last_event(body, len(ts), opts, records[-1]), True, True,
+                        records)
     found = scan_block(body, opts, keys)
     if found is None or not _ordered(found[0]):
         return Scan(len(body), None, [], None)
@@ -155,10 +162,26 @@ def _last_event(body: bytes, lines: int, opts: ReaderOptions,
     return None
 
 
-def workers_of(values: Iterable[Hashable], n: int) -> array:
+def workers_of(values: Iterable[Hashable], n: int) -> Owners:
     """Each key value's worker of ``n``: its hash modulo ``n`` (in C: no Python step per value). Values equal in
     Python (``1``, ``1.0``, ``True``) hash alike, so one key goes to one worker however it is written."""
-    return array("I", map(mod, map(hash, values), repeat(n)))
+    return owner_array(map(mod, map(hash, values), repeat(n)), n)
+
+
+def owner_array(owners: Iterable[int], n: int) -> Owners:
+    """Workers of ``n`` as compact as they go to the peers: ``bytes`` where each fits a byte (a worker's lines then
+    flagged in one C pass, :func:`flags_of`), else an ``I`` array."""
+    return bytes(owners) if n <= 256 else array("I", owners)
+
+
+def flags_of(owners: Owners, me: int) -> Sequence[int]:
+    """1 for each of ``owners`` that is ``me``, else 0 (truth values, as ``compress`` takes them)."""
+    if type(owners) is bytes:
+        return owners.translate(_ONE_AT[me])
+    return bytes(map(eq, owners, repeat(me)))
+
+
+_ONE_AT = [bytes(i == me for i in range(256)) for me in range(256)]  #: per worker, a table of 1 at it, 0 elsewhere
 
 
 class Relay:
@@ -368,13 +391,13 @@ class Share:
         assert ts is not None
         count = len(ts)
         me, n = self.me, self.n
-        masks: list[list[bool] | None] = []  # per group: which lines it routes here (None: every line)
+        masks: list[Sequence[int] | None] = []  # per group: which lines it routes here, truth values (None: every line)
         reporter: Sequence[int] | None = None  # per line, the worker that reports it (None: worker 0)
         for g, grp in enumerate(self.groups):
             sl = self.slicings.get(g) if grp.sliced else None
             if grp.key:
                 owners = sc.owners[self.keys.index(grp.key[0])]
-                masks.append(list(map(eq, owners, repeat(me))))
+                masks.append(flags_of(owners, me))
                 if g == 0:
                     reporter = owners
             elif sl is not None:  # (a slice's lines found by bisection, a little wide: routing takes the exact ones)
@@ -395,20 +418,20 @@ class Share:
             else:
                 masks.append(None if g % n == me else [False] * count)
         every = [m for m in masks if m is not None]
-        union: list[bool] | None = None  # which lines are parsed here (None: all)
+        union: Sequence[int] | None = None  # which lines are parsed here, truth values (None: all)
         if len(every) == len(masks):
             union = every[0] if len(every) == 1 else list(map(any, zip(*every)))
-            if all(union):
+            if 0 not in union:  # (0 == False: a list of bools or a bytes of flags alike)
                 union = None
         routed: Routed = {}
-        if union is None or any(union):
-            events = self._parse(body, union, seq, lineno, reporter, sc)
+        if union is None or 1 in union:
+            events, keyed = self._parse(body, union, seq, lineno, reporter, sc)
             single = len(self.groups) == 1
             placed: set[int] = set()
             for g, grp in enumerate(self.groups):
                 mask = masks[g]
                 chosen = events if mask is None or single else [ev for ev in events if mask[ev.seq - seq]]
-                if grp.key and not sc.flat:  # (an attribute named in a nested object only: the event lacks it)
+                if grp.key and not keyed:  # (a key named in a nested object only, or null: the event lacks it)
                     a = grp.key[0]
                     chosen = [ev for ev in chosen if a in ev.attrs]
                 if single and not grp.sliced:
@@ -421,17 +444,18 @@ class Share:
             self.sequencer.skip_to(*self.sequencer.watermark, seq + count)
         return routed
 
-    def _parse(self, body: bytes, union: list[bool] | None, seq: int, lineno: int,
-               reporter: Sequence[int] | None, sc: Scan) -> list[Event]:
+    def _parse(self, body: bytes, union: Sequence[int] | None, seq: int, lineno: int,
+               reporter: Sequence[int] | None, sc: Scan) -> tuple[list[Event], bool]:
         """The events of the block's lines ``union`` flags (None: every line; the block's first line has ``seq`` and
-        comes after line ``lineno``), numbered as in the file; the dead letters and events of the lines this worker
-        reports counted. Lines of the plain shape are made events of the records the scan parsed (``sc.records``,
-        in the worker that scanned the block) or parsed without the block's checks; a line that is no plain event
-        sends them all the long way."""
+        comes after line ``lineno``), numbered as in the file, and whether each has every routing attribute the scan
+        found; the dead letters and events of the lines this worker reports counted. Lines of the plain shape are
+        made events of the records the scan parsed (``sc.records``, in the worker that scanned the block) or parsed
+        without the block's checks; a line that is no plain event (a null value among them) sends them all the long
+        way."""
         events = self._plain(body, union, seq, sc) if sc.plain else None
         if events is not None:
             self._count(events, seq, reporter)
-            return events
+            return events, True
         caught = _Caught()
         me = self.me
         if union is None:  # (a block of lines, each a record: numbered as the file's at once)
@@ -451,13 +475,13 @@ class Share:
             if (reporter[j] if reporter is not None else 0) == me:
                 self.dead.report(seq + j, f"line {lineno + j + 1}", reason, raw)
         self._count(events, seq, reporter)
-        return events
+        return events, sc.flat and not sc.plain
 
-    def _plain(self, body: bytes, union: list[bool] | None, seq: int, sc: Scan) -> list[Event] | None:
+    def _plain(self, body: bytes, union: Sequence[int] | None, seq: int, sc: Scan) -> list[Event] | None:
         """The events of the lines ``union`` flags of a block of the plain shape, numbered as in the file; None
         when one of them is no plain event."""
         if sc.records is not None:
-            records = sc.records if union is None else list(compress(sc.records, union))
+            records = sc.records if union is None else compress(sc.records, union)
         elif union is None:
             return None  # (every line: the reader's block parse, its checks included, costs the same)
         else:

@@ -34,7 +34,7 @@ from yfpp.input.xml_lines import JsonLines, TypedValues, number_times
 from yfpp.input.xml_parsing import BATCH_END
 from yfpp.input.xml_reader import Splitter, record_events
 from yfpp.spark.plan import Group
-from yfpp.workers_reading import Relay, Scan, Share, _Caught, _ordered, file_head, workers_of
+from yfpp.workers_reading import Owners, Relay, Scan, Share, _Caught, _ordered, file_head, owner_array, workers_of
 
 # A block of plain lines cut at its quotes: its first piece, each line's end and the next one's start (its tag and
 # first attribute's name), the name of each other attribute, the end of the last line. Each piece between two values
@@ -167,11 +167,11 @@ class Scanner:
             names.append(found.pop() if len(found) == 1 else None)
         return names
 
-    def _owners(self, values: list[bytes]) -> array:
+    def _owners(self, values: list[bytes]) -> Owners:
         """The worker each key text routes to."""
         if _INTEGERS.fullmatch(b'"'.join(values)) is not None:
             return workers_of(map(int, values), self.n)
-        return array("I", map(self.owners.__getitem__, values))
+        return owner_array(map(self.owners.__getitem__, values), self.n)
 
 
 class OneReader:
@@ -266,11 +266,11 @@ class XmlShare(Share):
     def _read(self, body: bytes) -> list[Event] | None:
         return self._one.read(body, self.dead if self.me == 0 else self.quiet)
 
-    def _parse(self, body: bytes, union: list[bool] | None, seq: int, lineno: int,
-               reporter: Sequence[int] | None, sc: Scan) -> list[Event]:
+    def _parse(self, body: bytes, union: Sequence[int] | None, seq: int, lineno: int,
+               reporter: Sequence[int] | None, sc: Scan) -> tuple[list[Event], bool]:
         """The events of the block's lines ``union`` flags (None: every line; the block's first line is record
-        ``seq``, on line ``lineno``); the dead letters and events of the lines this worker reports counted (``sc``,
-        the block's scan: not read here)."""
+        ``seq``, on line ``lineno``), each with every key attribute the scan found; the dead letters and events of
+        the lines this worker reports counted (``sc``, the block's scan: not read here)."""
         if union is None:
             region, numbers = body, None
         else:
@@ -290,4 +290,4 @@ class XmlShare(Share):
                 if (mine is None or j in mine) and (reporter[j] if reporter is not None else 0) == me:
                     self.dead.report(seq + j, position, reason, raw)
         self._count(events, seq, reporter)
-        return events
+        return events, True

@@ -124,7 +124,8 @@ def test_a_scan_sends_each_lines_ts_and_worker_as_arrays():
 
 def test_a_plain_block_is_parsed_once_by_its_scanner():
     """A block of the plain shape: the scan parses it (the scanner keeps the records, its peers get none) and finds
-    what the regular expressions find; a line naming the key as a value only, or a null key, leaves it to them."""
+    what the regular expressions find; a line naming the key as a value only leaves it to them. A key of any other
+    JSON scalar (null, a float, a boolean) is routed by its hash as well, equal values to one worker."""
     import pickle
 
     opts = reading_options()
@@ -137,24 +138,27 @@ def test_a_plain_block_is_parsed_once_by_its_scanner():
     found = scan_block(body, opts, ["k", "s"])
     assert found is not None and list(got.ts) == found[0] and got.last == (29.0, 29)
     assert [list(o) for o in got.owners] == [list(workers_of(vs, 3)) for vs in found[1]]
-    for odd in (b'{"type": "a", "ts": 30, "x": "k", "s": "v"}\n', b'{"type": "a", "ts": 30, "k": null, "s": "v"}\n'):
-        assert not scan(body + odd, opts, ["k", "s"], 3).plain
+    assert not scan(body + b'{"type": "a", "ts": 30, "x": "k", "s": "v"}\n', opts, ["k", "s"], 3).plain
+    odd = b'{"type": "a", "ts": 30, "k": null, "s": "v"}\n{"type": "a", "ts": 31, "k": 1.0, "s": true}\n'
+    got = scan(body + odd, opts, ["k", "s"], 3)
+    assert got.plain and [list(o[-2:]) for o in got.owners] == [[hash(None) % 3, 1 % 3], [hash("v") % 3, 1 % 3]]
 
 
 @st.composite
 def plain_feeds(draw, max_events: int = 40) -> str:
     """JSON lines mostly of the plain shape, keyed by ``k`` (an integer) and ``s`` (a string), among them plain
-    lines that are no plain event (no or an empty type, a number as type, a null value), nested and broken
-    lines, blank lines and times going back (late events)."""
+    lines that are no plain event (no or an empty type, a number as type, a null value, a null key), keys written
+    as floats or booleans, nested and broken lines, blank lines and times going back (late events)."""
     lines, ts = [], 0
     for _ in range(draw(st.integers(0, max_events))):
         ts += draw(st.sampled_from([0, 0, 1, 2]))
         rec = {"type": draw(st.sampled_from("abc")), "ts": ts, "k": draw(st.integers(0, 3)),
                "s": draw(st.sampled_from(["p", "q", "r"])), "x": draw(st.integers(0, 3))}
-        style = draw(st.sampled_from([0] * 16 + list(range(1, 10))))
+        style = draw(st.sampled_from([0] * 16 + list(range(1, 13))))
         odd = [rec, {**rec, "ts": max(ts - 3, 0)}, {**rec, "x": None}, {**rec, "type": ""},
                {k: v for k, v in rec.items() if k != "type"}, {**rec, "type": 5}, {**rec, "n": {"m": 1}},
-               {**rec, "ts": ts + 0.5}][style] if style < 8 else None
+               {**rec, "ts": ts + 0.5}, {**rec, "k": None}, {**rec, "k": float(rec["k"])},
+               {**rec, "k": rec["k"] % 2 == 1, "s": None}][style] if style < 11 else None
         lines.append(json.dumps(odd) if odd is not None else draw(st.sampled_from(["{broken", ""])))
     return "".join(line + "\n" for line in lines)
 

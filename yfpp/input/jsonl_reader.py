@@ -146,7 +146,7 @@ def records_of_plain_lines(lines: Iterable[bytes]) -> list[Any]:
     return orjson.loads(b"[" + b",".join(lines) + b"]")
 
 
-def plain_events(records: list[Any], seqs: Iterable[int], opts: ReaderOptions) -> list[Event] | None:
+def plain_events(records: Iterable[Any], seqs: Iterable[int], opts: ReaderOptions) -> list[Event] | None:
     """The events of records of the plain shape (:func:`plain_records`), numbered by ``seqs`` (one number a record);
     None (``records`` spoilt) unless each is a plain event (else :func:`parse_block` reads their lines one by one)."""
     events: list[Event] = []
@@ -196,7 +196,7 @@ def _bulk(body: bytes, keys: tuple[bytes, bytes]) -> list[Any] | None:
     return records if len(records) == lines else None
 
 
-def _plain_events(records: list[Any], seqs: Iterable[int], opts: ReaderOptions, out: list[Event]) -> bool:
+def _plain_events(records: Iterable[Any], seqs: Iterable[int], opts: ReaderOptions, out: list[Event]) -> bool:
     """The events of :func:`_bulk`'s records appended to ``out``, numbered by ``seqs``; False (``records``
     spoilt, ``out`` partly filled) unless every one is what :func:`_plain_event` takes (with no list or
     object among the values, only a null or a float of 2⁶³ or more makes a record not plain: looking at

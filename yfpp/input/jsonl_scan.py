@@ -84,13 +84,12 @@ def key_values(texts: list[bytes]) -> list[int | str]:
     return [int(t) if t[:1] != b'"' else t[1:-1].decode("utf-8", "surrogateescape") for t in texts]
 
 
-def parsed_scan(body: bytes, opts: ReaderOptions,
-                keys: Sequence[str]) -> tuple[list[float], list[list[Any]], list[dict[str, Any]]] | None:
-    """Each line's ts (scaled as the reader scales it), per name of ``keys`` each line's value, and the lines'
-    records, from one parse of the block (:func:`~yfpp.input.jsonl_reader.plain_records`); None unless every
-    line is of the plain shape, without ``\\r``, with a number as ts and an integer or a string as each key.
-    A record that is no plain event (an empty type, a null value) may be a dead letter: the caller parses its
-    line again to learn what it is."""
+def parsed_scan(body: bytes, opts: ReaderOptions) -> tuple[list[float], list[dict[str, Any]]] | None:
+    """Each line's ts (scaled as the reader scales it) and the lines' records, from one parse of the block
+    (:func:`~yfpp.input.jsonl_reader.plain_records`); None unless every line is of the plain shape, without
+    ``\\r``, with a number as ts. The caller looks up the routing values in the records: a flat object's value is
+    a number, a string, a boolean or null. A record that is no plain event (an empty type, a null value) may be a
+    dead letter: the caller parses its line again to learn what it is."""
     if b"\r" in body:
         return None
     records = plain_records(body, opts)
@@ -98,10 +97,9 @@ def parsed_scan(body: bytes, opts: ReaderOptions,
         return None
     try:
         raw = list(map(itemgetter(opts.ts_field), records))
-        values = [list(map(itemgetter(name), records)) for name in keys]
-    except KeyError:  # (a line naming the ts or a key as a value only)
+    except KeyError:  # (a line naming the ts as a value only)
         return None
-    if not _NUMBERS.issuperset(map(type, raw)) or not all(_KEYS.issuperset(map(type, vs)) for vs in values):
+    if not _NUMBERS.issuperset(map(type, raw)):
         return None
     m, d = opts.unit
     try:
@@ -110,8 +108,7 @@ def parsed_scan(body: bytes, opts: ReaderOptions,
             return None
     except OverflowError:  # (an integer past the floats)
         return None
-    return ts, values, records
+    return ts, records
 
 
 _NUMBERS = frozenset((int, float))
-_KEYS = frozenset((int, str))  # (the values the regular expressions take; others: the block is not scanned)
