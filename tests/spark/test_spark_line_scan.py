@@ -4,8 +4,8 @@ A line the compiled scan takes as plain is one the reader's bulk path reads as a
 ts and matching task (hypothesis, over lines built near the edges: escapes, braces and names in strings,
 non-ASCII, nulls, floats, exponents, long numbers, duplicate and missing fields, blanks, broken JSON). A job
 of one keyed group over a feed of such lines, late events, blank lines, ``\\r``, a byte-order mark, in small
-chunks and several byte ranges, gives exactly one engine's matches and dead letters (seq numbers,
-positions) — the tasks run one after the other as in tests/spark/test_spark_scan.py.
+chunks, several byte ranges and small blocks on the matching side, gives exactly one engine's matches and
+dead letters (seq numbers, positions) — the tasks run one after the other as in tests/spark/test_spark_scan.py.
 """
 
 from __future__ import annotations
@@ -62,6 +62,17 @@ def lines(draw: st.DrawFn, types: tuple[str, ...] = ("A", "B")) -> str:
     return draw(st.sampled_from([line] * 8 + (["", "  ", '{"type": "A", "ts": ', "[1]", " " + line] if odd else [])))
 
 
+@st.composite
+def plain_feeds(draw: st.DrawFn) -> list[str]:
+    """Mostly plain lines in ts order (so that chunks of several plain lines go unparsed), a few others among them."""
+    ts = sorted(draw(st.lists(st.integers(0, 40), min_size=5, max_size=30)))
+    feed = [json.dumps({"type": draw(st.sampled_from("AB")), "ts": t, "k": draw(st.sampled_from([0, -1, "u"])),
+                        "x": draw(st.sampled_from([1, 2.5, "s", True]))}) for t in ts]
+    for _ in range(draw(st.integers(0, 3))):
+        feed.insert(draw(st.integers(0, len(feed))), draw(lines()))
+    return feed
+
+
 @settings(max_examples=1000, deadline=None)
 @given(line=lines(), n=st.integers(1, 7))
 def test_a_plain_line_is_the_reader_s_event_with_the_scan_s_ts_and_task(line, n):
@@ -99,15 +110,38 @@ def test_a_range_the_scan_leaves_to_the_reader():
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
-@given(feed=st.lists(st.one_of(lines(), lines(), st.sampled_from(['{"type": "A", "ts": 2, "k": 1}\r'])), max_size=30),
-       n=st.integers(1, 3), pieces=st.sampled_from([1, 3, 7]), chunk=st.sampled_from([1, 2, 5]),
+@given(feed=st.one_of(plain_feeds(), st.lists(st.one_of(lines(), lines(), st.sampled_from(['{"type": "A", "ts": 2, "k": 1}\r'])),
+                                              max_size=30)),
+       n=st.integers(1, 3), pieces=st.sampled_from([1, 3, 7]), chunk=st.sampled_from([1, 2, 5, 30]),
+       block=st.sampled_from([1, 60, 1 << 14]),
        bom=st.booleans(), last_newline=st.booleans())
-def test_keyed_jobs_over_scanned_lines_equal_one_engine(tmp_path_factory, feed, n, pieces, chunk, bom, last_newline):
+def test_keyed_jobs_over_scanned_lines_equal_one_engine(tmp_path_factory, feed, n, pieces, chunk, block, bom,
+                                                        last_newline):
     text = ("\ufeff" if bom else "") + "\n".join(feed) + ("\n" if last_newline else "")
     path = tmp_path_factory.mktemp("lines") / "feed.jsonl"
     path.write_bytes(text.encode("utf-8", "surrogatepass"))
     want, letters = one_engine(QUERY, path)
-    with mock.patch.object(scan, "chunk_events", lambda n: chunk), mock.patch.object(line_scan, "MAX_LINE_BYTES", 80):
+    with mock.patch.object(scan, "chunk_events", lambda n: chunk), mock.patch.object(line_scan, "MAX_LINE_BYTES", 80), \
+            mock.patch.object(scan, "READ_BLOCK", block):  # a matching task reads a blob's lines in blocks this long
         got, dead, _ = scanned(QUERY, [path], n, 100, pieces, hot_keys=False)
     assert got == want
     assert dead == sorted(letters, key=lambda d: d["seq"])
+
+
+@pytest.mark.parametrize(("n", "pieces", "chunk", "block"), [(1, 1, 30, 1), (3, 3, 7, 60), (2, 7, 100, 1 << 14),
+                                                            (3, 1, 1000, 100)])
+def test_a_long_plain_feed_with_odd_late_and_broken_lines_equals_one_engine(tmp_path, n, pieces, chunk, block):
+    """Chunks of many plain lines, read in blocks of one line to a few, around an odd line (nested), a late
+    one, a broken one and a blank one: the same matches (their events' seq numbers) and dead letters."""
+    feed = [json.dumps({"type": "AB"[i % 2], "ts": i // 2, "k": [0, "u", -1][i % 3], "x": i}) for i in range(300)]
+    feed[50] = json.dumps({"type": "B", "ts": 25, "k": 0, "n": {"y": 1}})
+    feed[120] = json.dumps({"type": "A", "ts": 3, "k": "u"})
+    feed[200] = '{"type": "A", "ts": '
+    feed[250] = ""
+    path = tmp_path / "feed.jsonl"
+    path.write_text("".join(ln + "\n" for ln in feed))
+    want, letters = one_engine(QUERY, path)
+    with mock.patch.object(scan, "chunk_events", lambda n: chunk), mock.patch.object(scan, "READ_BLOCK", block):
+        got, dead, _ = scanned(QUERY, [path], n, 100, pieces, hot_keys=False)
+    assert got == want and len(want) > 100
+    assert dead == letters and [d["seq"] for d in dead] == [120, 200]

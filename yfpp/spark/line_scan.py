@@ -36,8 +36,9 @@ import numpy as np
 
 from yfpp.input.record_fields import ISO_8601, ReaderOptions
 
-#: A chunk's lines for one task are at most this many bytes (the reader's bulk path takes at most
-#: ``max_record_bytes`` at once); a range with a longer line is read by the reader.
+#: A range with a line longer than this is read by the reader (a matching task reads its lines a ``READ_BLOCK``
+#: and a line at a time, and the reader's bulk path takes at most ``max_record_bytes`` at once); a chunk of
+#: lines is at most this long too.
 MAX_LINE_BYTES = 1 << 19
 _BOM = b"\xef\xbb\xbf"
 
