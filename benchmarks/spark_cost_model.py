@@ -14,6 +14,9 @@ keyed by tag_id — see ``spark_vs_run.py``):
   the most one task parsed — the input is parsed once), the task CPU per event
   (read, match, both), the largest task's share, the events decoded per input
   event (copies sent), and the shuffle bytes per event (the blobs' size).
+  With numba installed the read tasks ship the feed's plain lines unparsed
+  (``yfpp.spark.line_scan``); a first small job warms the scan's kernels
+  (compiled, or loaded from numba's cache) before anything is counted.
 * **Spark** (``--spark``: ``yfpp spark --plan scan --stats --master local[T]``
   as a subprocess, T = ``--spark-tasks``, default 2): over an empty file (the
   fixed cost) and over the feed; the CPU of the driver, the JVM and the Python
@@ -50,6 +53,7 @@ from spark_vs_run import feed  # noqa: E402
 from yfpp.input.readers import read_event_batches  # noqa: E402
 from yfpp.language.query_text import load_patterns  # noqa: E402
 from yfpp.output.writer import encode_match  # noqa: E402
+from yfpp.spark import line_scan  # noqa: E402
 from yfpp.spark.plan import effective_queries, group_queries, rare_collections  # noqa: E402
 from yfpp.spark.ranges import Summary  # noqa: E402
 from yfpp.spark.scan import SUMMARY, ScanJob, match_task, read_task, ship_order  # noqa: E402
@@ -151,6 +155,10 @@ def main() -> None:
     empty.write_text("")
     base = run_cpu(empty, tmp / "run_empty.jsonl")
     print(f"yfpp run over an empty file: {base:.2f} CPU-s (start-up)")
+    warm = time.process_time()
+    counted(feed(2_000, 8, 1), 2)  # not per-event work: …
+    print(f"a first small job here: {time.process_time() - warm:.2f} CPU-s (… with numba, the line scan's kernels "
+          f"compiled or loaded from numba's cache: {'lines scanned' if line_scan.available() else 'no numba'})")
     plotted = []
     for n_events in args.events:
         path = feed(n_events, 8, 1)

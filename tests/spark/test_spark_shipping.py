@@ -140,6 +140,12 @@ def test_a_worker_without_yfpp_gets_it_shipped(worker_python, tmp_path):
     assert got == Counter(expected.splitlines()) and got
     assert len(list((tmp_path / "cache" / "yfpp" / "pyfiles").glob("yfpp-*.zip"))) == 1
 
+    slower = spark_job(worker_python, tmp_path, feed, tmp_path / "out3", YFPP_TEST_HIDE="numba")
+    assert slower.returncode == 0, slower.stderr[-3000:]
+    assert "yfpp: note: the executors' Python lacks numba (optional: " in slower.stderr
+    assert Counter(ln for f in sorted((tmp_path / "out3" / "matches.jsonl").glob("part-*"))
+                   for ln in f.read_text().splitlines()) == got
+
     missing = spark_job(worker_python, tmp_path, feed, tmp_path / "out2", YFPP_TEST_HIDE="orjson,lark")
     assert missing.returncode == 2
     line = missing.stderr.strip().splitlines()[-1]

@@ -9,7 +9,7 @@ pyspark is imported only when one of these is first used.
 Modules: ``cli`` (``yfpp spark``), ``starting`` (the JVM and session started while queries are read),
 ``inputs``, ``parse`` and ``read`` (inputs through Spark's file systems, parsed on the executors), ``plan``
 (query groups, partition and slice plans), ``ranges`` (byte ranges of the input, read once each), ``scan`` and ``batch`` (the scan and shuffle plans of a batch
-job), ``hot_keys`` (a keyed group's hot keys cut into time slices), ``shuffle_hot`` (the shuffle plan's hot key
+job), ``line_scan`` and ``line_kernels`` (the scan plan's plain JSON lines routed unparsed by a compiled scan, numba), ``hot_keys`` (a keyed group's hot keys cut into time slices), ``shuffle_hot`` (the shuffle plan's hot key
 hashes, found by a Spark aggregation), ``ingest`` and ``stream`` (a directory
 stream), ``stream_hot`` (a stream's hot keys cut into time slices), ``stream_stats`` (a stream's stages for ``--stats``), ``source`` (the socket source), ``live_sources`` (``tcp://``, ``mqtt://``, spooled; ``kafka://``), ``live_parse`` (their spooled chunks parsed on the executors), ``costs`` (per-step
 costs for ``--stats``, JVM options, the class-data archive), ``errors`` (a failure of the JVM, the

@@ -90,15 +90,17 @@ def range_bytes(path: str, start: int, end: int) -> bytes:
     return data
 
 
-def read_range(path: str, rng: ByteRange, reading: dict[str, Any],
-               dead: DeadLetters) -> tuple[Iterator[list[Event]], int, int]:
+def read_range(path: str, rng: ByteRange, reading: dict[str, Any], dead: DeadLetters,
+               data: bytes | None = None) -> tuple[Iterator[list[Event]], int, int]:
     """The events of one range, a reader's batch at a time, ``seq`` their index in the range (dead letters
     to ``dead``, positions as the reader gives them: "line N" of the range); the bytes it holds; and the
-    lines it counts for the line numbers of the ranges after it in its file (a whole file: 0)."""
+    lines it counts for the line numbers of the ranges after it in its file (a whole file: 0). ``data``:
+    the range's bytes (:func:`range_bytes`) when the caller has read them."""
     kw = reader_kwargs(reading)
     if rng.end is None:
         return read_event_batches(path, reading["format"], **kw, dead_letters=dead), os.path.getsize(path), 0
-    data = range_bytes(path, rng.start, rng.end)
+    if data is None:
+        data = range_bytes(path, rng.start, rng.end)
     lines = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
     return read_event_batches(io.BytesIO(data), "jsonl", **kw, dead_letters=dead), len(data), lines
 

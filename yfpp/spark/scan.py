@@ -4,9 +4,13 @@ Two Spark stages, no row per event in the JVM. **Read tasks** each take some
 byte ranges of the input (local files: plain JSON lines cut at line
 boundaries, other files whole, :mod:`yfpp.spark.ranges`), parse them with
 ``yfpp``'s own readers, and send each event to the **matching tasks** that
-need it, as one blob (pickled columns) per range, task and 64k events: of a
+need it, as one blob (packed columns) per range, task and chunk of events: of a
 keyed group, task key hash (:func:`value_hash`) modulo ``n``; a whole group,
-task ``g mod n``; a sliced group's slice ``s``, task ``(s + g) mod n``. Each
+task ``g mod n``; a sliced group's slice ``s``, task ``(s + g) mod n``. A job
+of one group keyed by one attribute ships plain JSON lines unparsed where numba
+is installed: a compiled scan finds each line's ts and key
+(:mod:`yfpp.spark.line_scan`), and the matching task reads the lines with
+``yfpp run``'s reader; lines the scan does not take are parsed as above. Each
 range's summary (records, lines, largest ts) goes to every matching task,
 which takes them sorted by range (Spark sorts the few rows), numbers the
 events (seq numbers global: the records of the ranges before) and drops the
@@ -35,7 +39,7 @@ import operator
 import pickle
 import time
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -50,15 +54,17 @@ from yfpp.input.dead_letters import DeadLetters
 from yfpp.engine import Engine, event_raw, late_reason
 from yfpp.input.events import MISSING, PSEUDO_ATTRS, Event
 from yfpp.runtime.feedback import MAX_DEPTH, MAX_DERIVED
-from yfpp.input.readers import read_event_batches
-from yfpp.input.record_fields import ISO_UNIT_NAME
+from yfpp.input.jsonl_reader import parse_block, plain_events, plain_records
+from yfpp.input.readers import read_event_batches, reading_options
+from yfpp.input.record_fields import ISO_UNIT_NAME, READ_BLOCK, ReaderOptions
 from yfpp.spark.batch import _ARROW_SCHEMA, _ID_ARROW_SCHEMA, _batch
 from yfpp.spark.hot_keys import HotSlices, find_hot, hashable, sliceable
 from yfpp.spark.inputs import local_path
+from yfpp.spark.line_scan import LineSpec, Scanned, chunk_ends, chunk_is_plain, group_lines, scan_range, unpack
 from yfpp.spark.parse import reader_kwargs
 from yfpp.spark.plan import (SLICE_WINDOWS, Group, Slicing, XmlEvent, effective_queries, group_queries, match_row,
                              needs_xml, rare_collections)
-from yfpp.spark.ranges import ByteRange, Summary, plan_ranges, range_offsets, read_range, renumber
+from yfpp.spark.ranges import ByteRange, Summary, plan_ranges, range_bytes, range_offsets, read_range, renumber
 
 #: The dead-letter columns after the match columns (``dead_seq`` is the record's seq).
 DEAD_COLUMNS = [("dead_seq", pa.int64()), ("position", pa.string()), ("reason", pa.string()), ("raw", pa.string())]
@@ -100,10 +106,16 @@ def scan_match(spark: SparkSession, queries: Any, files: Sequence[str], *, singl
 #: only to be checked for lateness), :data:`DEAD` or :data:`SUMMARY`.
 _SHIP = pa.schema([("dest", pa.int32()), ("range", pa.int32()), ("chunk", pa.int32()), ("kind", pa.int8()),
                    ("blob", pa.binary())])
-EVENTS, UNROUTED, DEAD, SUMMARY = 0, 1, 2, 3
+EVENTS, UNROUTED, DEAD, SUMMARY, LINES = 0, 1, 2, 3, 4  # LINES: plain JSON lines (:func:`yfpp.spark.line_scan.pack`)
 #: Events per chunk: a read task packs and sends its events every CHUNK_EVENTS (holding more costs more than the
 #: extra rows: fresh memory for every event — 65,536 a chunk cost 2.0 CPU-µs per event read, 4,096 1.3, the reader 0.85).
 CHUNK_EVENTS = 4096
+
+
+def chunk_events(n: int) -> int:
+    """The events (or lines) a read task packs at a time for ``n`` matching tasks: :data:`CHUNK_EVENTS`, or 64 a
+    task if more (a blob has its cost too)."""
+    return max(CHUNK_EVENTS, 64 * n)
 
 
 def _arrow_schema(ids_as_text: bool) -> pa.Schema:
@@ -115,8 +127,9 @@ def _arrow_schema(ids_as_text: bool) -> pa.Schema:
 class ScanJob:
     """Everything both stages need: the groups, the input (``files`` as listed, ``paths`` their local
     files), its byte ranges, the matching tasks ``n``, the sliced groups' slicings (None: the group
-    runs whole on task ``g mod n``), the keyed groups' hot keys (each its own slicing), and whether XML
-    events carry their element's text."""
+    runs whole on task ``g mod n``), the keyed groups' hot keys (each its own slicing), whether XML
+    events carry their element's text, and what a line scan looks for (None: the job's events are all
+    parsed on the read tasks, :func:`line_spec`)."""
 
     groups: list[Group]
     files: list[str]
@@ -128,6 +141,7 @@ class ScanJob:
     slicings: dict[int, Slicing | None]
     with_xml: bool
     hot: dict[int, dict[Any, Slicing]]
+    lines: LineSpec | None = None
 
     @classmethod
     def plan(cls, groups: list[Group], files: Sequence[str], single: bool, n: int, reading: dict[str, Any],
@@ -137,7 +151,12 @@ class ScanJob:
         paths = [local_path(f) or f for f in files]
         slicings, hot = head_slicings(groups, paths, reading, n, slice_events, hot_keys)
         return cls(groups, list(files), paths, single, plan_ranges(paths, reading["format"], pieces or n), reading, n,
-                   slicings, needs_xml(groups), hot)
+                   slicings, needs_xml(groups), hot, line_spec(groups, hot, reading))
+
+    @property
+    def options(self) -> ReaderOptions:
+        """The readers' options."""
+        return reading_options(**reader_kwargs(self.reading))
 
     @property
     def ids_as_text(self) -> bool:
@@ -183,6 +202,15 @@ class ScanJob:
                 yield _batch(rows, schema)
 
         return run
+
+
+def line_spec(groups: list[Group], hot: dict[int, dict[Any, Slicing]], reading: dict[str, Any]) -> LineSpec | None:
+    """What the read tasks scan plain JSON lines for: for a job of one group keyed by one attribute (not a
+    pseudo-attribute), without hot keys or XPath; else None (every event is parsed where it is read)."""
+    if len(groups) != 1 or len(groups[0].key) != 1 or groups[0].key[0] in PSEUDO_ATTRS or hot.get(0) \
+            or needs_xml(groups):
+        return None
+    return LineSpec.of(reading_options(**reader_kwargs(reading)), groups[0].key[0])
 
 
 def prefix_events(grp: Group, slice_events: int | None) -> int:
@@ -501,36 +529,89 @@ def destinations(job: ScanJob, events: list[Event]) -> list[int | set[int] | Non
 def read_task(job: ScanJob, ids: Iterable[int]) -> Iterator[list[tuple]]:
     """Read task's rows of :data:`_SHIP` for the byte ranges ``ids``, a list per chunk: each range's
     events packed per matching task (``(pos, types, ts, attrs, xml texts or None)``, pos the record's
-    index in the range; the locally late left out), its dead letters for task 0 (``(pos, position,
-    reason, raw, ts, mark)``: a malformed record's position and reason as its reader gives them, a
+    index in the range; the locally late left out) or, for chunks of plain lines a line scan takes
+    (:func:`_line_chunks`), the lines themselves (:data:`LINES`); its dead letters for task 0 (``(pos,
+    position, reason, raw, ts, mark)``: a malformed record's position and reason as its reader gives them, a
     late event's ts and the largest ts before it in the range) and its :class:`Summary` for every task."""
     for r in ids:
         started = time.process_time()
         rng = job.ranges[r]
         dead = _Collect()
-        late: list[tuple] = []
-        batches, size, lines = read_range(job.paths[rng.file], rng, job.reading, dead)
-        held: list[Event] = []  # the chunk's events, in order …
-        dests: list[int | set[int] | None] = []  # … and their destinations
-        hi = top = None
-        last, chunk = -1, 0
-        for events in batches:
-            if not events:
-                continue
-            last = events[-1].seq
-            kept, hi = _in_order(events, hi, late)
-            top = hi
-            held += kept
-            dests += destinations(job, kept)
-            if len(held) >= max(CHUNK_EVENTS, 64 * job.n):  # blobs of 64 events or more: a blob has its cost too
-                yield _packs(job, r, chunk, held, dests)
-                held, dests, chunk = [], [], chunk + 1
-        rows = _packs(job, r, chunk, held, dests)
-        if dead.items or late:
-            rows.append((0, r, 0, DEAD, pickle.dumps([(*item, None, None) for item in dead.items] + late, 5)))
-        summary = Summary(max(last, dead.last) + 1, lines, top, size, round(time.process_time() - started, 4))
-        rows += [(d, r, 0, SUMMARY, pickle.dumps(tuple(summary), 5)) for d in range(job.n)]
+        seen = _Seen()
+        data = scanned = None
+        if job.lines is not None and rng.end is not None:
+            data = range_bytes(job.paths[rng.file], rng.start, rng.end)
+            lined = data if data.endswith(b"\n") else data + b"\n"
+            scanned = scan_range(lined, job.lines, job.n) if data else None
+        if scanned is not None:
+            chunks = _line_chunks(job, r, lined, scanned, dead, seen)
+            size, lines = len(data), len(scanned.ends)
+        else:
+            batches, size, lines = read_range(job.paths[rng.file], rng, job.reading, dead, data)
+            chunks = _event_chunks(job, r, batches, seen)
+        yield from chunks
+        rows = []
+        if dead.items or seen.late:
+            rows.append((0, r, 0, DEAD, pickle.dumps([(*item, None, None) for item in dead.items] + seen.late, 5)))
+        summary = Summary(max(seen.last, dead.last) + 1, lines, seen.hi, size, round(time.process_time() - started, 4))
+        yield rows + [(d, r, 0, SUMMARY, pickle.dumps(tuple(summary), 5)) for d in range(job.n)]
+
+
+@dataclass
+class _Seen:
+    """What a read task has seen of a range so far: the largest ts, the last event's record index, its late events
+    (dead letters ``(pos, None, None, raw, ts, mark)``)."""
+
+    hi: float | None = None
+    last: int = -1
+    late: list[tuple] = field(default_factory=list)
+
+
+def _event_chunks(job: ScanJob, r: int, batches: Iterable[list[Event]], seen: _Seen) -> Iterator[list[tuple]]:
+    """Range ``r``'s events (a reader's batches) packed per task, a chunk of :data:`CHUNK_EVENTS` or more at a time."""
+    held: list[Event] = []  # the chunk's events, in order …
+    dests: list[int | set[int] | None] = []  # … and their destinations
+    chunk = 0
+    for events in batches:
+        if not events:
+            continue
+        seen.last = events[-1].seq
+        kept, seen.hi = _in_order(events, seen.hi, seen.late)
+        held += kept
+        dests += destinations(job, kept)
+        if len(held) >= chunk_events(job.n):
+            yield _packs(job, r, chunk, held, dests)
+            held, dests, chunk = [], [], chunk + 1
+    rows = _packs(job, r, chunk, held, dests)
+    if rows:
         yield rows
+
+
+def _line_chunks(job: ScanJob, r: int, data: bytes, scanned: Scanned, dead: _Collect,
+                 seen: _Seen) -> Iterator[list[tuple]]:
+    """Range ``r``'s lines (``data``, each line ``\\n``-terminated, as ``scanned``), a chunk at a time: a chunk of
+    plain lines in ts order and not late (:func:`~yfpp.spark.line_scan.chunk_is_plain`) as :data:`LINES` blobs
+    per task; any other parsed by ``yfpp run``'s reader (``parse_block``, its lines and records counted on
+    from the chunks before) and packed as events."""
+    opts = job.options
+    seq = lineno = chunk = a = 0
+    while a < len(scanned.ends):
+        b = chunk_ends(scanned, a, chunk_events(job.n))
+        if chunk_is_plain(scanned, a, b, seen.hi):
+            rows = [(d, r, chunk, LINES, blob) for d, blob in group_lines(data, scanned, a, b, seq, job.n)]
+            seq, lineno, seen.hi = seq + b - a, lineno + b - a, float(scanned.ts[b - 1])
+            seen.last = seq - 1
+        else:
+            body = data[int(scanned.ends[a - 1]) if a else 0:int(scanned.ends[b - 1])]
+            events, seq, lineno = parse_block(body, seq, lineno, opts, dead)
+            rows = []
+            if events:
+                seen.last = events[-1].seq
+                kept, seen.hi = _in_order(events, seen.hi, seen.late)
+                rows = _packs(job, r, chunk, kept, destinations(job, kept))
+        if rows:
+            yield rows
+        chunk, a = chunk + 1, b
 
 
 def _in_order(events: list[Event], hi: float | None, late: list[tuple]) -> tuple[list[Event], float | None]:
@@ -652,6 +733,7 @@ def match_task(job: ScanJob, task: int, shipped: Iterable[tuple]) -> Iterator[tu
     out: list[tuple] = []
     none = (None,) * 6
     n_dead = 0
+    opts = job.options
     for _, r, _, kind, blob in rest:
         off = offsets[r]
         base, before = off.seq_base, off.before
@@ -665,19 +747,14 @@ def match_task(job: ScanJob, task: int, shipped: Iterable[tuple]) -> Iterator[tu
                 out.append(none + (base + pos, position, reason, raw))
                 n_dead += 1
             continue
-        pos, types, tss, attrs, xml = _loads(blob)
-        if xml is None:
-            events = _events(pos, types, tss, attrs, base)
-        else:
-            events = [Event(t, ts, a, base + p) if x is None else XmlEvent(t, ts, a, base + p, x)
-                      for p, t, ts, a, x in zip(pos, types, tss, attrs, xml)]
-        if before is not None and tss and min(tss) < before:
-            events, n_late = _late_against(job, task, events, before, out)
-            n_dead += n_late
-        if kind == UNROUTED:
-            continue
-        for share in shares:
-            share.feed(events, out)
+        for events, low in (_line_batches(blob, base, opts) if kind == LINES else [_blob_events(blob, base)]):
+            if before is not None and low is not None and low < before:
+                events, n_late = _late_against(job, task, events, before, out)
+                n_dead += n_late
+            if kind == UNROUTED:
+                continue
+            for share in shares:
+                share.feed(events, out)
         if len(out) >= 4096:
             yield from out
             out.clear()
@@ -715,6 +792,37 @@ def _events(pos: list[int], types: list[str], tss: list[float], attrs: list[dict
         ev._texts = ev._el = None
         append(ev)
     return out
+
+
+def _blob_events(blob: bytes, base: int) -> tuple[list[Event], float | None]:
+    """The events of a blob of packed columns (:func:`_packs`), seq ``base`` plus each one's record index, and
+    their smallest ts."""
+    pos, types, tss, attrs, xml = _loads(blob)
+    if xml is None:
+        events = _events(pos, types, tss, attrs, base)
+    else:
+        events = [Event(t, ts, a, base + p) if x is None else XmlEvent(t, ts, a, base + p, x)
+                  for p, t, ts, a, x in zip(pos, types, tss, attrs, xml)]
+    return events, min(tss, default=None)
+
+
+def _line_batches(blob: bytes, base: int, opts: ReaderOptions) -> Iterator[tuple[list[Event], float]]:
+    """The events of a :data:`LINES` blob, seq ``base`` plus each line's record index, and the smallest ts,
+    a batch per ``READ_BLOCK`` bytes or so (as ``yfpp run``'s reader reads: the records just parsed are
+    matched while they are in the processor's cache), read by the reader's bulk path (every line is
+    plain, :mod:`yfpp.spark.line_scan`)."""
+    pos, body = unpack(blob)
+    seqs = (pos + base).tolist()
+    start = first = 0
+    while start < len(body):
+        end = body.find(b"\n", start + READ_BLOCK) + 1 or len(body)
+        lines = body.count(b"\n", start, end)
+        records = plain_records(body[start:end], opts)
+        events = None if records is None else plain_events(records, seqs[first:first + lines], opts)
+        if events is None:
+            raise RuntimeError("the line scan took a line that yfpp's reader does not read as a plain event")
+        yield events, events[0].ts  # (a chunk of lines is in ts order)
+        start, first = end, first + lines
 
 
 def _late_against(job: ScanJob, task: int, events: list[Event], before: float,

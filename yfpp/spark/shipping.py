@@ -11,7 +11,8 @@ worker, so driver and executors run the same code.
 What cannot be shipped — the compiled libraries (lxml, orjson, pyarrow…) and
 Python itself — must be on the workers already. A one-task-per-core job checks
 that before the real job starts (:func:`check_workers`), and a missing piece is
-one ``yfpp: error:`` line that names it. Local masters (``local``,
+one ``yfpp: error:`` line that names it; a missing optional one (:data:`OPTIONAL`)
+one ``yfpp: note:`` line, and the job runs without it. Local masters (``local``,
 ``local[N]``) run their Python workers on this machine, with the driver's
 packages: nothing is shipped or checked.
 """
@@ -22,6 +23,7 @@ import hashlib
 import importlib
 import os
 import re
+import sys
 import tempfile
 import zipfile
 from typing import Any
@@ -33,6 +35,8 @@ from yfpp.errors import YfppError
 PACKAGES = ("yfpp", "xpath_ext")
 #: What the executors' Python must have installed (import names: yfpp's dependencies, PySpark's Arrow and pandas).
 NEEDED = ("lxml", "orjson", "elementpath", "lark", "networkx", "pyarrow", "pandas")
+#: What speeds the executors up where installed, and what it is for.
+OPTIONAL = {"numba": "the scan plan's read tasks then parse every JSON line rather than ship plain ones unparsed"}
 
 
 def ships(master: str) -> bool:
@@ -97,12 +101,14 @@ def package_zip(cache: str | None = None) -> str:
 def check_workers(spark: Any) -> None:
     """Run a task per core that imports what the job needs on the executors (:data:`NEEDED`, then the
     shipped :data:`PACKAGES`); raise :class:`YfppError` with one line naming what is missing, or why
-    the executors' Python did not run."""
+    the executors' Python did not run. A missing :data:`OPTIONAL` module is a note on stderr."""
     sc = spark.sparkContext
-    needed, packages = NEEDED, PACKAGES
+    needed, packages, optional = NEEDED, PACKAGES, tuple(OPTIONAL)
 
-    def probe(_: Any) -> tuple[str, str, list[str], str | None]:  # (pickled by value: runs before yfpp is known there)
+    # (pickled by value: runs before yfpp is known there)
+    def probe(_: Any) -> tuple[str, str, list[str], str | None, list[str]]:
         import importlib
+        import importlib.util
         import os
         import platform
         import socket
@@ -116,7 +122,14 @@ def check_workers(spark: Any) -> None:
             except OSError:
                 where = "unknown"
             return host, version, [], f"run Python in a deleted working directory ({where}): the executor's work " \
-                                      "folder was removed while the application ran"
+                                      "folder was removed while the application ran", []
+        lacking = []
+        for module in optional:
+            try:
+                if importlib.util.find_spec(module) is None:
+                    lacking.append(module)
+            except ImportError:
+                lacking.append(module)
         missing, broken = [], None
         for module in needed:
             try:
@@ -132,22 +145,27 @@ def check_workers(spark: Any) -> None:
                 except Exception as e:
                     broken = f"cannot import {module}: {type(e).__name__}: {e}"
                     break
-        return host, version, missing, broken
+        return host, version, missing, broken, lacking
 
     n = max(sc.defaultParallelism, 1)
     try:
         reports = sc.parallelize(range(n), n).map(probe).collect()
-        if any(missing or broken for _, _, missing, broken in reports):  # (asked again: a worker that started
+        if any(missing or broken for _, _, missing, broken, _ in reports):  # (asked again: a worker that started
             reports = sc.parallelize(range(n), n).map(probe).collect()  # badly once is not the executors' Python)
     except Exception as e:
         raise YfppError(f"cannot run Python on the executors: {_why(str(e))}") from None
-    for host, version, missing, broken in reports:
+    for host, version, missing, broken, _ in reports:
         if missing:
             raise YfppError(f"the executors' Python lacks {', '.join(missing)} (Python {version} on {host}): install "
                             f"{'it' if len(missing) == 1 else 'them'} there (pip install {' '.join(missing)}), or set "
                             f"spark.pyspark.python (PYSPARK_PYTHON) to a Python that has {'it' if len(missing) == 1 else 'them'}")
         if broken:
             raise YfppError(f"the executors {broken} (Python {version} on {host})")
+    lacking = sorted({m for *_, ms in reports for m in ms})
+    if lacking:
+        print(f"yfpp: note: the executors' Python lacks {', '.join(lacking)} (optional: "
+              f"{'; '.join(OPTIONAL[m] for m in lacking)}; pip install {' '.join(lacking)} there to speed them up)",
+              file=sys.stderr)
 
 
 def _why(text: str) -> str:

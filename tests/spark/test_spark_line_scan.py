@@ -1,0 +1,147 @@
+"""The scan plan's line scan (``yfpp.spark.line_scan``): plain JSON lines shipped unparsed, read where matched.
+
+A line the compiled scan takes as plain is one the reader's bulk path reads as an event, with the scan's
+ts and matching task (hypothesis, over lines built near the edges: escapes, braces and names in strings,
+non-ASCII, nulls, floats, exponents, long numbers, duplicate and missing fields, blanks, broken JSON). A job
+of one keyed group over a feed of such lines, late events, blank lines, ``\\r``, a byte-order mark, in small
+chunks, several byte ranges and small blocks on the matching side, gives exactly one engine's matches and
+dead letters (seq numbers, positions) — the tasks run one after the other as in tests/spark/test_spark_scan.py.
+"""
+
+from __future__ import annotations
+
+import json
+from unittest import mock
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("pyspark", reason="pyspark is not installed (pip install '.[spark]')")
+pytest.importorskip("numba", reason="numba is not installed (pip install '.[spark]')")
+
+from tests.spark.test_spark_scan import one_engine, scanned  # noqa: E402
+from yfpp.input.events import Event  # noqa: E402
+from yfpp.input.jsonl_reader import plain_events, plain_records  # noqa: E402
+from yfpp.input.readers import reading_options  # noqa: E402
+from yfpp.spark import line_scan, scan  # noqa: E402
+from yfpp.spark.line_scan import LineSpec, scan_range  # noqa: E402
+from yfpp.spark.plan import effective_queries, group_queries  # noqa: E402
+from yfpp.spark.scan import LINES, ScanJob, key_tasks, read_task  # noqa: E402
+
+OPTS = reading_options()
+SPEC = LineSpec.of(OPTS, "k")
+QUERY = [("q", "PATTERN SEQ(A a, B b) WHERE skip_till_any_match(a, b) { [k] } WITHIN 10")]
+
+_PLAIN_VALUES = ["0", "-1", "7", "-0", "123456789012345678", "2.5", "-0.0", '"a"', '""', '"x y"', '"]"', '"k"',
+                 "true", "false"]
+_ODD_VALUES = ["1234567890123456789", "1e2", "1E400", "3.", "007", "-", '"{"', '"["', '"ts"', '"type"', r'"a\"b"',
+               r'"\u00e9"', '"é"', '"a\tb"', "null", "[1]", '{"a": 1}', "tru", "nul"]
+_PLAIN_KEYS = [str(i) for i in range(-3, 6)] + ['"u"', '"v"', '"u v"']
+_ODD_KEYS = ['"é"', r'"u\n"', "2.0", "true", "null", "99999999999999999999", '"{"']
+_ODD_TS = ["1.5", "1e1", '"3"', "12345678901234567", "null"]
+
+
+@st.composite
+def lines(draw: st.DrawFn, types: tuple[str, ...] = ("A", "B")) -> str:
+    """A JSON line, plain (about half of them) or near it: fields type, ts, k and others, any of them odd,
+    missing or given twice, blanks and tabs between the tokens; or a blank or broken line."""
+    odd = draw(st.booleans())
+    def pick(plain: list[str], others: list[str]) -> str:
+        return draw(st.sampled_from(plain + (others if odd else [])))
+    fields = []
+    for name, plain, others in (("type", [f'"{t}"' for t in types], ['""', "1", '"ts"']),
+                                ("ts", [str(i) for i in range(-5, 41)], _ODD_TS), ("k", _PLAIN_KEYS, _ODD_KEYS)):
+        for _ in range(draw(st.sampled_from([1, 1, 1, 0, 2])) if odd else 1):
+            fields.append((name, pick(plain, others)))
+    fields += [(pick(["x", "y", "a.b"], ["ts ", "é", "{"]), pick(_PLAIN_VALUES, _ODD_VALUES))
+               for _ in range(draw(st.integers(0, 2)))]
+    fields = draw(st.permutations(fields))
+    gap = draw(st.sampled_from(["", " ", "\t"]))
+    line = "{" + gap + ("," + gap).join(f'"{n}"{gap}:{gap}{v}' for n, v in fields) + gap + "}"
+    return draw(st.sampled_from([line] * 8 + (["", "  ", '{"type": "A", "ts": ', "[1]", " " + line] if odd else [])))
+
+
+@st.composite
+def plain_feeds(draw: st.DrawFn) -> list[str]:
+    """Mostly plain lines in ts order (so that chunks of several plain lines go unparsed), a few others among them."""
+    ts = sorted(draw(st.lists(st.integers(0, 40), min_size=5, max_size=30)))
+    feed = [json.dumps({"type": draw(st.sampled_from("AB")), "ts": t, "k": draw(st.sampled_from([0, -1, "u"])),
+                        "x": draw(st.sampled_from([1, 2.5, "s", True]))}) for t in ts]
+    for _ in range(draw(st.integers(0, 3))):
+        feed.insert(draw(st.integers(0, len(feed))), draw(lines()))
+    return feed
+
+
+@settings(max_examples=1000, deadline=None)
+@given(line=lines(), n=st.integers(1, 7))
+def test_a_plain_line_is_the_reader_s_event_with_the_scan_s_ts_and_task(line, n):
+    data = line.encode("utf-8", "surrogatepass") + b"\n"
+    got = scan_range(data, SPEC, n)
+    if got is None:
+        assert data.startswith(b"\xef\xbb\xbf") or b"\r" in data
+        return
+    if not got.plain[0]:
+        return
+    records = plain_records(data, OPTS)
+    assert records is not None
+    events = plain_events(records, [0], OPTS)
+    assert events is not None and type(events[0]) is Event
+    assert events[0].ts == got.ts[0] and key_tasks(events, ("k",), n) == [got.tasks[0]]
+
+
+def test_the_feed_s_lines_are_plain_and_shipped_unparsed(tmp_path):
+    """Plain lines in ts order travel as LINES blobs only: no event is parsed on the read side."""
+    path = tmp_path / "feed.jsonl"
+    path.write_text("".join(json.dumps({"type": "AB"[i % 2], "ts": i, "k": i % 3, "s": "z"}) + "\n" for i in range(50)))
+    job = ScanJob.plan(group_queries(effective_queries(QUERY)), [f"file://{path}"], True, 3,
+                       {"format": None, "ts_field": "ts", "ts_unit": "s", "type_field": None}, hot_keys=False)
+    kinds = {row[3] for rows in read_task(job, range(len(job.ranges))) for row in rows}
+    assert job.lines == SPEC and LINES in kinds and scan.EVENTS not in kinds
+
+
+def test_a_range_the_scan_leaves_to_the_reader():
+    assert scan_range(b'\xef\xbb\xbf{"type": "A", "ts": 1, "k": 1}\n', SPEC, 2) is None
+    assert scan_range(b'{"type": "A", "ts": 1, "k": 1}\r\n', SPEC, 2) is None
+    with mock.patch.object(line_scan, "MAX_LINE_BYTES", 20):
+        assert scan_range(b'{"type": "A", "ts": 1, "k": 1}\n', SPEC, 2) is None
+    assert LineSpec.of(OPTS, "ts") is None and LineSpec.of(reading_options(ts_unit="iso"), "k") is None
+    assert LineSpec.of(OPTS, 'a"b') is None and LineSpec.of(reading_options(ts_field="type"), "k") is None
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(feed=st.one_of(plain_feeds(), st.lists(st.one_of(lines(), lines(), st.sampled_from(['{"type": "A", "ts": 2, "k": 1}\r'])),
+                                              max_size=30)),
+       n=st.integers(1, 3), pieces=st.sampled_from([1, 3, 7]), chunk=st.sampled_from([1, 2, 5, 30]),
+       block=st.sampled_from([1, 60, 1 << 14]),
+       bom=st.booleans(), last_newline=st.booleans())
+def test_keyed_jobs_over_scanned_lines_equal_one_engine(tmp_path_factory, feed, n, pieces, chunk, block, bom,
+                                                        last_newline):
+    text = ("\ufeff" if bom else "") + "\n".join(feed) + ("\n" if last_newline else "")
+    path = tmp_path_factory.mktemp("lines") / "feed.jsonl"
+    path.write_bytes(text.encode("utf-8", "surrogatepass"))
+    want, letters = one_engine(QUERY, path)
+    with mock.patch.object(scan, "chunk_events", lambda n: chunk), mock.patch.object(line_scan, "MAX_LINE_BYTES", 80), \
+            mock.patch.object(scan, "READ_BLOCK", block):  # a matching task reads a blob's lines in blocks this long
+        got, dead, _ = scanned(QUERY, [path], n, 100, pieces, hot_keys=False)
+    assert got == want
+    assert dead == sorted(letters, key=lambda d: d["seq"])
+
+
+@pytest.mark.parametrize(("n", "pieces", "chunk", "block"), [(1, 1, 30, 1), (3, 3, 7, 60), (2, 7, 100, 1 << 14),
+                                                            (3, 1, 1000, 100)])
+def test_a_long_plain_feed_with_odd_late_and_broken_lines_equals_one_engine(tmp_path, n, pieces, chunk, block):
+    """Chunks of many plain lines, read in blocks of one line to a few, around an odd line (nested), a late
+    one, a broken one and a blank one: the same matches (their events' seq numbers) and dead letters."""
+    feed = [json.dumps({"type": "AB"[i % 2], "ts": i // 2, "k": [0, "u", -1][i % 3], "x": i}) for i in range(300)]
+    feed[50] = json.dumps({"type": "B", "ts": 25, "k": 0, "n": {"y": 1}})
+    feed[120] = json.dumps({"type": "A", "ts": 3, "k": "u"})
+    feed[200] = '{"type": "A", "ts": '
+    feed[250] = ""
+    path = tmp_path / "feed.jsonl"
+    path.write_text("".join(ln + "\n" for ln in feed))
+    want, letters = one_engine(QUERY, path)
+    with mock.patch.object(scan, "chunk_events", lambda n: chunk), mock.patch.object(scan, "READ_BLOCK", block):
+        got, dead, _ = scanned(QUERY, [path], n, 100, pieces, hot_keys=False)
+    assert got == want and len(want) > 100
+    assert dead == letters and [d["seq"] for d in dead] == [120, 200]

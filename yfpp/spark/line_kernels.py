@@ -1,0 +1,214 @@
+"""The compiled kernels of :mod:`yfpp.spark.line_scan` (numba; imported only where numba is installed).
+
+Each is compiled on its first call in a process, or loaded from numba's cache (``cache=True``: next to this
+file, or under ``NUMBA_CACHE_DIR``, or the user's cache folder when this file's folder cannot be written — a
+shipped zip's case).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+_SPACE, _TAB, _QUOTE, _COMMA, _COLON, _OPEN, _CLOSE = 32, 9, 34, 44, 58, 123, 125
+_BACKSLASH, _MINUS, _ZERO, _NINE, _POINT, _NEWLINE, _BRACKET = 92, 45, 48, 57, 46, 10, 91
+_EXACT = 1 << 53  # the largest scaled ts a float holds exactly (and so divides as Python's int / int rounds)
+
+
+def _crc_table() -> np.ndarray:
+    """CRC-32's (zlib's) byte table."""
+    table = np.empty(256, np.uint32)
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (0xEDB88320 ^ (c >> 1)) if c & 1 else c >> 1
+        table[i] = c
+    return table
+
+
+_CRC = _crc_table()
+
+
+@njit(cache=True)
+def scan(b: Any, lines: int, type_key: Any, ts_key: Any, key: Any, mul: int, div: int) -> tuple:
+    """Over ``b`` (``lines`` lines, each ``\\n``-terminated): each line's end, whether it is plain (1), its ts
+    and its key's hash (see :mod:`yfpp.spark.line_scan`; 0 for a line that is not plain)."""
+    ends = np.empty(lines, np.int64)
+    plain = np.zeros(lines, np.uint8)
+    ts = np.zeros(lines, np.float64)
+    hashes = np.zeros(lines, np.int64)
+    table = _CRC
+    start = 0
+    for li in range(lines):
+        end = start
+        while b[end] != _NEWLINE:
+            end += 1
+        ends[li] = end + 1
+        plain[li] = _line(b, start, end, type_key, ts_key, key, mul, div, table, ts, hashes, li)
+        start = end + 1
+    return ends, plain, ts, hashes
+
+
+@njit(cache=True)
+def _same(b: Any, start: int, end: int, name: Any) -> bool:
+    if end - start != len(name):
+        return False
+    for k in range(len(name)):
+        if b[start + k] != name[k]:
+            return False
+    return True
+
+
+@njit(cache=True)
+def _odd(c: int) -> bool:
+    """Is byte ``c`` one a plain line's strings lack: a backslash, a control character, no ASCII, or a
+    brace or bracket (the reader's bulk path counts those to find flat objects)?"""
+    return c == _BACKSLASH or c < _SPACE or c > 126 or c == _OPEN or c == _CLOSE or c == _BRACKET
+
+
+@njit(cache=True)
+def _blanks(b: Any, i: int, end: int) -> int:
+    while i < end and (b[i] == _SPACE or b[i] == _TAB):
+        i += 1
+    return i
+
+
+@njit(cache=True)
+def _line(b: Any, s: int, e: int, type_key: Any, ts_key: Any, key: Any, mul: int, div: int, table: Any,
+          ts: Any, hashes: Any, li: int) -> int:
+    """1 if bytes ``s`` to ``e`` are a plain line (its ts and key hash written at ``li``), else 0."""
+    if e - s < 2 or b[s] != _OPEN or b[e - 1] != _CLOSE:
+        return 0
+    e -= 1  # the closing brace
+    i = _blanks(b, s + 1, e)
+    seen_type = seen_ts = seen_key = 0
+    while True:
+        if i >= e or b[i] != _QUOTE:  # a field name
+            return 0
+        k0 = i = i + 1
+        while i < e and b[i] != _QUOTE:
+            if _odd(b[i]):
+                return 0
+            i += 1
+        if i >= e:
+            return 0
+        k1 = i
+        i = _blanks(b, i + 1, e)
+        if i >= e or b[i] != _COLON:
+            return 0
+        i = _blanks(b, i + 1, e)
+        if i >= e:
+            return 0
+        which = 0
+        if _same(b, k0, k1, type_key):
+            which = 1
+            seen_type += 1
+        elif _same(b, k0, k1, ts_key):
+            which = 2
+            seen_ts += 1
+        elif _same(b, k0, k1, key):
+            which = 3
+            seen_key += 1
+        c = b[i]
+        if c == _QUOTE:  # a string
+            v0 = i = i + 1
+            h = np.uint32(0xFFFFFFFF)
+            while i < e and b[i] != _QUOTE:
+                c = b[i]
+                if _odd(c):
+                    return 0
+                if which == 3:
+                    h = table[(h ^ c) & 0xFF] ^ (h >> 8)
+                i += 1
+            if i >= e or which == 2 or (which == 1 and i == v0):
+                return 0
+            if _same(b, v0, i, type_key) or _same(b, v0, i, ts_key):  # the reader's bulk path counts the names
+                return 0
+            if which == 3:
+                hashes[li] = np.int64(h ^ np.uint32(0xFFFFFFFF))
+            i += 1
+        elif c == _MINUS or _ZERO <= c <= _NINE:  # a number
+            if which == 1:
+                return 0
+            negative = c == _MINUS
+            if negative:
+                i += 1
+            d0 = i
+            v = np.int64(0)
+            if i < e and b[i] == _ZERO:
+                i += 1
+            else:
+                while i < e and _ZERO <= b[i] <= _NINE:
+                    v = v * 10 + np.int64(b[i] - _ZERO)
+                    i += 1
+            digits = i - d0
+            if digits == 0 or digits > 18:
+                return 0
+            fraction = i < e and b[i] == _POINT
+            if fraction:
+                i += 1
+                f0 = i
+                while i < e and _ZERO <= b[i] <= _NINE:
+                    i += 1
+                if i == f0:
+                    return 0
+            if i < e and (b[i] == 101 or b[i] == 69):  # e, E: an exponent
+                return 0
+            if negative:
+                v = -v
+            if which == 2:
+                if fraction or digits > 15 or abs(v * mul) > _EXACT:
+                    return 0
+                ts[li] = np.float64(v * mul) / div
+            elif which == 3:
+                if fraction:
+                    return 0
+                hashes[li] = -2 if v == -1 else v  # Python's hash of an int below 2**61 - 1
+        elif c == 116 and which == 0 and i + 4 <= e and b[i + 1] == 114 and b[i + 2] == 117 and b[i + 3] == 101:
+            i += 4  # true
+        elif (c == 102 and which == 0 and i + 5 <= e and b[i + 1] == 97 and b[i + 2] == 108 and b[i + 3] == 115
+              and b[i + 4] == 101):
+            i += 5  # false
+        else:
+            return 0
+        i = _blanks(b, i, e)
+        if i == e:
+            break
+        if b[i] != _COMMA:
+            return 0
+        i = _blanks(b, i + 1, e)
+    return 1 if seen_type == 1 and seen_ts == 1 and seen_key == 1 else 0
+
+
+@njit(cache=True)
+def group(b: Any, first: int, ends: Any, tasks: Any, n: int) -> tuple:
+    """The lines ending at ``ends`` (the first beginning at ``first``) grouped by their ``tasks``, in order:
+    their bytes, each task's byte and line bounds (``n + 1`` each) and the lines' indexes (from 0)."""
+    lines = len(ends)
+    byte_at = np.zeros(n + 1, np.int64)
+    line_at = np.zeros(n + 1, np.int64)
+    start = first
+    for li in range(lines):
+        byte_at[tasks[li] + 1] += ends[li] - start
+        line_at[tasks[li] + 1] += 1
+        start = ends[li]
+    for t in range(n):
+        byte_at[t + 1] += byte_at[t]
+        line_at[t + 1] += line_at[t]
+    out = np.empty(byte_at[n], np.uint8)
+    pos = np.empty(lines, np.int64)
+    at_byte = byte_at[:n].copy()
+    at_line = line_at[:n].copy()
+    start = first
+    for li in range(lines):
+        t = tasks[li]
+        size = ends[li] - start
+        o = at_byte[t]
+        out[o:o + size] = b[start:ends[li]]
+        at_byte[t] = o + size
+        pos[at_line[t]] = li
+        at_line[t] += 1
+        start = ends[li]
+    return out, byte_at, line_at, pos

@@ -1,0 +1,156 @@
+"""Plain JSON lines routed unparsed: a compiled scan of a byte range (numba; optional, the job runs without it).
+
+The scan plan's read task (:func:`yfpp.spark.scan.read_task`) of a job whose one group is keyed by one
+attribute hands this module a byte range of plain JSON lines. One pass of code compiled by numba finds
+each line's end, whether the line is *plain* (below), its ts and its key's :func:`~yfpp.spark.scan.value_hash`;
+a second pass groups a chunk's lines by matching task (hash modulo the tasks). The lines travel whole, and
+the matching task reads them with ``yfpp run``'s own reader (its bulk path: ``plain_records``,
+``plain_events``) — so each event is built once, where it is matched.
+
+A line is plain when it is what the reader's bulk path reads as an event with the ts and key the scan
+found, which the scan makes sure of by taking only lines that are
+
+* one flat object, ``{`` its first byte and ``}`` its last (blanks and tabs between the tokens), of ASCII
+  without a backslash, a control character, a brace or a bracket in its strings — so no string is escaped
+  and its bytes are its text — and no string value that spells the type or the ts field's name (the bulk
+  path counts braces, brackets and those names);
+* of values that are each a string, ``true``, ``false`` or a JSON number without an exponent of at most
+  18 digits before its point (no ``null``, array or object; no float of 2⁶³ or more);
+* naming the type field once, with a non-empty string; the ts field once, with an integer of at most 15
+  digits whose scaled value the float division gives exactly (``|ts × multiplier| ≤ 2⁵³``, as the reader's
+  ``raw * m / d`` rounds); and the key attribute once, with a string (hashed by CRC-32, as ``value_hash``
+  hashes text) or an integer (Python's hash of it).
+
+Any other line — and a range with a ``\\r``, a byte-order mark or a line over :data:`MAX_LINE_BYTES` —
+is left to the reader on the read task (:func:`scan_range` says which).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from yfpp.input.record_fields import ISO_8601, ReaderOptions
+
+#: A range with a line longer than this is read by the reader (a matching task reads its lines a ``READ_BLOCK``
+#: and a line at a time, and the reader's bulk path takes at most ``max_record_bytes`` at once); a chunk of
+#: lines is at most this long too.
+MAX_LINE_BYTES = 1 << 19
+_BOM = b"\xef\xbb\xbf"
+
+
+def available() -> bool:
+    """Can this Python scan lines (numba is installed: pip install numba)?"""
+    return _kernels() is not None
+
+
+@dataclass(frozen=True)
+class LineSpec:
+    """What a scan looks for: the type, ts and key field names (ASCII, no quote or backslash) and the ts
+    unit's multiplier and divisor."""
+
+    type_field: bytes
+    ts_field: bytes
+    key: bytes
+    mul: int
+    div: int
+
+    @classmethod
+    def of(cls, opts: ReaderOptions, key: str) -> LineSpec | None:
+        """The spec for reading ``opts`` and key attribute ``key``; None where no line could be plain (ISO-8601
+        ts, a name that needs escapes, the key or the type the ts field)."""
+        names = (opts.type_field or "type", opts.ts_field, key)
+        if opts.unit is ISO_8601 or len(set(names)) < 3 or not all(_plain_name(n) for n in names):
+            return None
+        mul, div = opts.unit
+        return cls(*(n.encode() for n in names), mul, div)
+
+
+def _plain_name(name: str) -> bool:
+    return name.isascii() and name.isprintable() and '"' not in name and "\\" not in name
+
+
+class Scanned(NamedTuple):
+    """A range's lines: each line's end (the offset after its ``\\n``), whether it is plain, and for a plain
+    line its ts and matching task (its key's hash modulo the tasks)."""
+
+    ends: np.ndarray
+    plain: np.ndarray
+    ts: np.ndarray
+    tasks: np.ndarray
+
+
+def scan_range(data: bytes, spec: LineSpec, n: int) -> Scanned | None:
+    """The lines of ``data`` (complete lines, the last ``\\n``-terminated) scanned for ``n`` tasks; None when
+    the range is left to the reader: no numba here, a ``\\r`` (a line end of the reader's too), a
+    byte-order mark first (the reader drops it), or a line over :data:`MAX_LINE_BYTES`."""
+    kernels = _kernels()
+    if kernels is None or not data or b"\r" in data or data.startswith(_BOM):
+        return None
+    arr = np.frombuffer(data, np.uint8)
+    ends, plain, ts, hashes = kernels.scan(arr, data.count(b"\n"), *_spec_arrays(spec), spec.mul, spec.div)
+    if np.diff(ends, prepend=0).max() > MAX_LINE_BYTES:
+        return None
+    return Scanned(ends, plain.view(np.bool_), ts, np.mod(hashes, n))
+
+
+def chunk_ends(scanned: Scanned, start: int, lines: int) -> int:
+    """The line after a chunk that begins at line ``start``: at most ``lines`` lines and
+    :data:`MAX_LINE_BYTES` bytes (at least one line)."""
+    ends = scanned.ends
+    first = ends[start - 1] if start else 0
+    fit = int(np.searchsorted(ends, first + MAX_LINE_BYTES, "right"))
+    return max(start + 1, min(start + lines, fit))
+
+
+def chunk_is_plain(scanned: Scanned, a: int, b: int, hi: float | None) -> bool:
+    """Are lines ``a`` to ``b`` all plain, with ts in order and none below ``hi`` (no late event)?"""
+    ts = scanned.ts[a:b]
+    return bool(scanned.plain[a:b].all() and (hi is None or ts[0] >= hi) and (ts[1:] >= ts[:-1]).all())
+
+
+def group_lines(data: bytes, scanned: Scanned, a: int, b: int, seq: int, n: int) -> list[tuple[int, bytes]]:
+    """Lines ``a`` to ``b`` of ``data`` grouped by task, in order: ``(task, blob)`` for each task with lines,
+    the blob :func:`pack`'s (the lines' record indexes ``seq`` on, and their bytes)."""
+    first = int(scanned.ends[a - 1]) if a else 0
+    out, byte_at, line_at, pos = _kernels().group(np.frombuffer(data, np.uint8), first, scanned.ends[a:b],
+                                                  scanned.tasks[a:b], n)
+    pos += seq
+    return [(t, pack(pos[line_at[t]:line_at[t + 1]], out[byte_at[t]:byte_at[t + 1]]))
+            for t in range(n) if line_at[t + 1] > line_at[t]]
+
+
+def pack(pos: np.ndarray, body: Any) -> bytes:
+    """A blob of lines: their count (4 bytes), their record indexes (int32 each) and their bytes."""
+    return len(pos).to_bytes(4, "little") + pos.astype(np.int32).tobytes() + bytes(body)
+
+
+def unpack(blob: bytes) -> tuple[np.ndarray, bytes]:
+    """The record indexes and bytes of a :func:`pack` blob."""
+    k = int.from_bytes(blob[:4], "little")
+    return np.frombuffer(blob, np.int32, k, 4), blob[4 + 4 * k:]
+
+
+def _spec_arrays(spec: LineSpec) -> tuple[np.ndarray, ...]:
+    return tuple(np.frombuffer(n, np.uint8) for n in (spec.type_field, spec.ts_field, spec.key))
+
+
+_KERNELS: list[ModuleType | None] = []
+
+
+def _kernels() -> ModuleType | None:
+    """:mod:`yfpp.spark.line_kernels` (imported once, each kernel compiled or loaded from numba's cache on
+    its first call), or None without numba (or with one that does not import)."""
+    if not _KERNELS:
+        try:
+            if importlib.util.find_spec("numba") is None:
+                raise ImportError("numba")
+            from yfpp.spark import line_kernels
+        except ImportError:
+            line_kernels = None  # type: ignore[assignment]
+        _KERNELS.append(line_kernels)
+    return _KERNELS[0]
