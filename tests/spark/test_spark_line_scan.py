@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from unittest import mock
 
+import numpy as np
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -145,3 +147,13 @@ def test_a_long_plain_feed_with_odd_late_and_broken_lines_equals_one_engine(tmp_
         got, dead, _ = scanned(QUERY, [path], n, 100, pieces, hot_keys=False)
     assert got == want and len(want) > 100
     assert dead == letters and [d["seq"] for d in dead] == [120, 200]
+
+
+def test_seq_numbers_past_two_to_the_31_events():
+    """A blob's record indexes are int32 within their range; the seq numbers they give (a range's first seq
+    plus each index) go on past 2**31 events, as a billion-event job's do."""
+    lines = b'{"type": "A", "ts": 1, "k": 1}\n{"type": "B", "ts": 2, "k": 1}\n'
+    blob = line_scan.pack(np.array([0, 1]), lines)
+    for base in (2**31 - 1, 3_000_000_000):
+        (events, _), = scan._line_batches(blob, base, OPTS)
+        assert [ev.seq for ev in events] == [base, base + 1]

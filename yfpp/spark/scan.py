@@ -812,7 +812,7 @@ def _line_batches(blob: bytes, base: int, opts: ReaderOptions) -> Iterator[tuple
     matched while they are in the processor's cache), read by the reader's bulk path (every line is
     plain, :mod:`yfpp.spark.line_scan`)."""
     pos, body = unpack(blob)
-    seqs = (pos + base).tolist()
+    seqs = (pos.astype(np.int64) + base).tolist()  # (base + an int32 would wrap past 2**31 events)
     start = first = 0
     while start < len(body):
         end = body.find(b"\n", start + READ_BLOCK) + 1 or len(body)
