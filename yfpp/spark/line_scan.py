@@ -27,6 +27,7 @@ is left to the reader on the read task (:func:`scan_range` says which).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from dataclasses import dataclass
 from types import ModuleType
@@ -139,18 +140,14 @@ def _spec_arrays(spec: LineSpec) -> tuple[np.ndarray, ...]:
     return tuple(np.frombuffer(n, np.uint8) for n in (spec.type_field, spec.ts_field, spec.key))
 
 
-_KERNELS: list[ModuleType | None] = []
-
-
+@functools.cache
 def _kernels() -> ModuleType | None:
     """:mod:`yfpp.spark.line_kernels` (imported once, each kernel compiled or loaded from numba's cache on
     its first call), or None without numba (or with one that does not import)."""
-    if not _KERNELS:
-        try:
-            if importlib.util.find_spec("numba") is None:
-                raise ImportError("numba")
-            from yfpp.spark import line_kernels
-        except ImportError:
-            line_kernels = None  # type: ignore[assignment]
-        _KERNELS.append(line_kernels)
-    return _KERNELS[0]
+    try:
+        if importlib.util.find_spec("numba") is None:
+            return None
+        from yfpp.spark import line_kernels
+    except ImportError:
+        return None
+    return line_kernels
