@@ -15,7 +15,8 @@ pytest.importorskip("pyspark", reason="pyspark is not installed (pip install '.[
 
 from yfpp.cli import main  # noqa: E402
 from yfpp.input.generate import generate_rfid, write_events  # noqa: E402
-from yfpp.spark.errors import Jvm, chain, spark_cause  # noqa: E402
+from yfpp.spark.cli import job_error  # noqa: E402
+from yfpp.spark.errors import Jvm, chain, error_text, jvm_gone, spark_cause  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 QUERY = "PATTERN SEQ(shelf a, ~register b, exit c) WHERE [tag_id] WITHIN 1 hour"
@@ -68,6 +69,26 @@ def test_a_jvm_that_exited_is_asked_what_it_said():
     assert "spark.driver.memory" in spark_cause(refused, "local[2]", Jvm("", 52))  # Spark's exit status for OOM
     assert spark_cause(refused, "local[2]", Jvm("some last words\n", 3)) == (
         "the driver JVM exited with status 3: some last words")
+
+
+class _AskedAJvmThatHasGone(Exception):
+    """A Py4J error whose JVM died as it failed: its ``str`` asks the JVM for the trace, and cannot."""
+
+    errmsg = "An error occurred while calling o132.collectToPython.\n"
+
+    def __str__(self) -> str:
+        from py4j.protocol import Py4JNetworkError
+
+        raise Py4JNetworkError("Answer from Java side is empty")
+
+
+def test_an_error_whose_jvm_cannot_be_asked_reads_as_the_jvm_gone_and_its_exit_status_names_the_cause():
+    """The job's error says only "An error occurred while calling …" when the JVM died under it: what asking
+    raised is kept, so the caller waits for the JVM's exit status (Spark's 52: out of memory) before naming it."""
+    text = error_text(_AskedAJvmThatHasGone())
+    assert text.startswith("An error occurred while calling o132.collectToPython.") and jvm_gone(text), text
+    assert job_error(_AskedAJvmThatHasGone(), "local[1]", Jvm("", 52), text).startswith(
+        "the driver JVM ran out of memory")
 
 
 @pytest.mark.parametrize("executor, master, setting", [

@@ -47,11 +47,13 @@ class Jvm:
 
 
 def error_text(e: BaseException) -> str:
-    """``str(e)``; a Py4J error's message alone when its JVM is gone (its ``str`` asks the JVM for the trace)."""
+    """``str(e)``; when that fails — a Py4J error's ``str`` asks the JVM for the trace, and a JVM that has
+    gone cannot answer — the error's message and what asking raised (a ``Py4JNetworkError``, which
+    :func:`jvm_gone` reads as the JVM gone)."""
     try:
         return str(e)
-    except Exception:
-        return str(getattr(e, "errmsg", "")) or type(e).__name__
+    except Exception as asking:
+        return f"{getattr(e, 'errmsg', '') or type(e).__name__}\n{type(asking).__name__}: {asking}"
 
 
 def jvm_gone(text: str) -> bool:
