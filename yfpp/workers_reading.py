@@ -86,10 +86,14 @@ def chunk_blocks(groups: Sequence[Group]) -> int:
     return KEYED_CHUNK if groups and all(g.key for g in groups) else CHUNK
 
 
-def plan_slices(groups: list[Group], sliced: Any, ts: list[float], slice_events: int) -> dict[int, Slicing | None]:
+def plan_slices(groups: list[Group], sliced: Any, ts: list[float], slice_events: float, events: float = 0.0,
+                n: int = 1) -> dict[int, Slicing | None]:
     """Each sliced group's slices (``sliced``: their indexes), from the first ts of the stream's first batch,
     about ``slice_events`` events long at that batch's rate (``ts``), at least the group's window (None: one
-    slice, when the window is 0)."""
+    slice, when the window is 0). ``events``: about how many events the stream holds (0: not known); then the
+    slices are made a little shorter, as many as deal evenly to the ``n`` workers (:func:`even_slice_events`)."""
+    if events > 0:
+        slice_events = even_slice_events(events, n, slice_events)
     t0, t1 = (ts[0], ts[-1]) if ts else (0.0, 0.0)
     rate = (len(ts) - 1) / (t1 - t0) if t1 > t0 else 0.0
     plans: dict[int, Slicing | None] = {}
@@ -98,6 +102,13 @@ def plan_slices(groups: list[Group], sliced: Any, ts: list[float], slice_events:
         length = max(w, slice_events / rate if rate else w)
         plans[g] = Slicing(t0, length, w) if length > 0 else None
     return plans
+
+
+def even_slice_events(events: float, n: int, slice_events: float) -> float:
+    """The events a slice of a stream of about ``events`` events, at most ``slice_events``, such that the slices
+    are a multiple of ``n`` in number: dealt round-robin, each of ``n`` workers matches as many of them (3 slices of
+    2 workers put two thirds of the matching on one)."""
+    return events / (n * math.ceil(events / (n * slice_events)))
 
 
 class Scan(NamedTuple):
@@ -303,12 +314,15 @@ class Share:
         self.vocabulary = Vocabulary(pattern for g in groups for _, pattern in g.queries)
         self._started = False
         self.seq = self.lineno = 0  # where the reader stands: the next record's seq, the lines read
+        self._size = self._taken = 0  # the file's bytes, and those of the blocks taken so far (the slices' plan)
 
     def blocks(self) -> Iterator[tuple[Routed, list[tuple[int, int]]]]:
         """This worker's events of each block read, and the (group, slice) pairs no later event is read by."""
         with open(self.path, "rb") as f:
             relay = self._relay(f)
+            self._size = os.fstat(f.fileno()).st_size
             for body, marks, sc in relay.blocks_read():
+                self._taken += len(body)
                 if sc is None:
                     raise YfppError(f"{self.path} changed while the workers read it")
                 self._set_aside(marks)
@@ -379,7 +393,10 @@ class Share:
         return self._parsed(released)
 
     def _start(self, ts: list[float]) -> None:
-        self.slicings.update(plan_slices(self.groups, self._open, ts, self.slice_events))
+        """The slices planned from the first events released (``ts``): as many as deal evenly to the workers, for as
+        many events as the file holds at the rate of events to bytes read so far."""
+        events = len(ts) * self._size / self._taken if self._taken else 0.0
+        self.slicings.update(plan_slices(self.groups, self._open, ts, self.slice_events, events, self.n))
         self._started = True
 
     # --- a scanned block: parse the own lines ------------------------------------------------
