@@ -542,12 +542,15 @@ class Share:
         sl = self.slicings.get(g) if self.groups[g].sliced else None
         me, n = self.me, self.n
         if sl is not None and (reads := common_reads(sl, events)) is not None:
-            for s in reads:
-                if (s + g) % n == me:
-                    chosen = events if placed.isdisjoint(map(id, events)) else [
-                        Event(ev.type, ev.ts, ev.attrs, ev.seq) if id(ev) in placed else ev for ev in events]
-                    placed.update(map(id, chosen))
-                    routed.setdefault((g, s), []).extend(chosen)
+            mine = [s for s in reads if (s + g) % n == me]
+            if len(mine) == 1 and len(self.groups) == 1:  # (the one engine here that reads them: nothing to copy)
+                routed.setdefault((g, mine[0]), []).extend(events)
+                return
+            for s in mine:
+                chosen = events if placed.isdisjoint(map(id, events)) else [
+                    Event(ev.type, ev.ts, ev.attrs, ev.seq) if id(ev) in placed else ev for ev in events]
+                placed.update(map(id, chosen))
+                routed.setdefault((g, s), []).extend(chosen)
             return
         for ev in events:
             for s in (sl.reads(ev.ts) if sl is not None else (0,)):
