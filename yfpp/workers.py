@@ -50,9 +50,9 @@ from yfpp.workers_reading import Share, common_reads, plan_slices, reads_itself
 from yfpp.workers_xml_reading import XmlShare, reads_xml_itself
 
 WORKERS = Runner("with --workers", "run with --workers 1")
-#: at most about this many events per time slice of an unkeyed group (at least its window long): slices short
-#: enough to deal evenly to the workers (the overlap a slice reads twice is its window; an engine a slice, ~0.15 ms
-#: a query, benchmarks/RESULTS.md "Workers")
+#: at most about this many events per time slice of an unkeyed group (at least its window long): short enough that
+#: the slices deal about evenly to the workers (what a slice costs more: its window's events read twice, an engine
+#: made, ~0.15 ms a query; benchmarks/RESULTS.md "Workers")
 SLICE_EVENTS = 5_000
 SEND_ROWS = 4096  #: rows gathered before they are sent (the readers' batches can be a few dozen events)
 INBOX = 64  #: messages a worker's inbox holds before the reader waits (so it can run ahead of a busy worker)

@@ -86,29 +86,41 @@ def chunk_blocks(groups: Sequence[Group]) -> int:
     return KEYED_CHUNK if groups and all(g.key for g in groups) else CHUNK
 
 
-def plan_slices(groups: list[Group], sliced: Any, ts: list[float], slice_events: float, events: float = 0.0,
+def plan_slices(groups: list[Group], sliced: Any, ts: list[float], slice_events: float, last: float | None = None,
                 n: int = 1) -> dict[int, Slicing | None]:
     """Each sliced group's slices (``sliced``: their indexes), from the first ts of the stream's first batch,
     about ``slice_events`` events long at that batch's rate (``ts``), at least the group's window (None: one
-    slice, when the window is 0). ``events``: about how many events the stream holds (0: not known); then the
-    slices are made a little shorter, as many as deal evenly to the ``n`` workers (:func:`even_slice_events`)."""
-    if events > 0:
-        slice_events = even_slice_events(events, n, slice_events)
+    slice, when the window is 0). ``last``: the stream's last ts where it is known (a file's last line); then
+    the slices up to it are a little shorter, as many as deal evenly to the ``n`` workers (:func:`even_length`)."""
     t0, t1 = (ts[0], ts[-1]) if ts else (0.0, 0.0)
     rate = (len(ts) - 1) / (t1 - t0) if t1 > t0 else 0.0
     plans: dict[int, Slicing | None] = {}
     for g in sliced:
         w = groups[g].window
         length = max(w, slice_events / rate if rate else w)
+        if last is not None and last > t0 and length > 0:
+            length = max(w, even_length(last - t0, n, length))
         plans[g] = Slicing(t0, length, w) if length > 0 else None
     return plans
 
 
-def even_slice_events(events: float, n: int, slice_events: float) -> float:
-    """The events a slice of a stream of about ``events`` events, at most ``slice_events``, such that the slices
-    are a multiple of ``n`` in number: dealt round-robin, each of ``n`` workers matches as many of them (3 slices of
-    2 workers put two thirds of the matching on one)."""
-    return events / (n * math.ceil(events / (n * slice_events)))
+def even_length(span: float, n: int, length: float) -> float:
+    """A slice length, at most about ``length``, that cuts ``span`` into slices a multiple of ``n`` in number (the end
+    of the span inside the last of them): dealt round-robin, each of ``n`` workers matches as many of them (3 slices
+    of 2 workers put two thirds of the matching on one)."""
+    return span / (n * math.ceil(span / (n * length)) - 1e-6)
+
+
+def last_ts(fd: int, size: int, opts: ReaderOptions) -> float | None:
+    """The ts of the last line of the JSON-lines file open as ``fd`` (``size`` bytes) that the reader makes an event
+    of, among its last :data:`BLOCK` bytes (None: none), read without moving the file's position."""
+    tail = os.pread(fd, BLOCK, max(0, size - BLOCK))
+    lines = tail.split(b"\n")[size > BLOCK:]  # (the first piece of a tail: part of a line)
+    for line in reversed(lines):
+        events, _, _ = parse_block(line, 0, 0, opts, DeadLetters())
+        if events:
+            return events[0].ts
+    return None
 
 
 class Scan(NamedTuple):
@@ -314,15 +326,14 @@ class Share:
         self.vocabulary = Vocabulary(pattern for g in groups for _, pattern in g.queries)
         self._started = False
         self.seq = self.lineno = 0  # where the reader stands: the next record's seq, the lines read
-        self._size = self._taken = 0  # the file's bytes, and those of the blocks taken so far (the slices' plan)
+        self._last: float | None = None  # the ts of the file's last event, where found (the slices' plan)
 
     def blocks(self) -> Iterator[tuple[Routed, list[tuple[int, int]]]]:
         """This worker's events of each block read, and the (group, slice) pairs no later event is read by."""
         with open(self.path, "rb") as f:
             relay = self._relay(f)
-            self._size = os.fstat(f.fileno()).st_size
+            self._last = self._last_ts(f)
             for body, marks, sc in relay.blocks_read():
-                self._taken += len(body)
                 if sc is None:
                     raise YfppError(f"{self.path} changed while the workers read it")
                 self._set_aside(marks)
@@ -349,6 +360,10 @@ class Share:
         return Relay(iter(LineBlocks(f, self.opts.max_record_bytes, caught, BLOCK)),
                      lambda body: scan(body, self.opts, self.keys, self.n), self.me, self.n, self.inboxes, caught.take,
                      chunk_blocks(self.groups))
+
+    def _last_ts(self, f: BinaryIO) -> float | None:
+        """The ts of the open file's last event, where its last lines tell (:func:`last_ts`; only sliced groups ask)."""
+        return last_ts(f.fileno(), os.fstat(f.fileno()).st_size, self.opts) if self._open else None
 
     def _set_aside(self, marks: list[tuple]) -> None:
         """The lines over the size cap read before the next block: each a dead letter (``too large``), numbered
@@ -393,10 +408,9 @@ class Share:
         return self._parsed(released)
 
     def _start(self, ts: list[float]) -> None:
-        """The slices planned from the first events released (``ts``): as many as deal evenly to the workers, for as
-        many events as the file holds at the rate of events to bytes read so far."""
-        events = len(ts) * self._size / self._taken if self._taken else 0.0
-        self.slicings.update(plan_slices(self.groups, self._open, ts, self.slice_events, events, self.n))
+        """The slices planned from the first events released (``ts``) to the file's last (as many as deal evenly to
+        the workers)."""
+        self.slicings.update(plan_slices(self.groups, self._open, ts, self.slice_events, self._last, self.n))
         self._started = True
 
     # --- a scanned block: parse the own lines ------------------------------------------------

@@ -251,6 +251,9 @@ class XmlShare(Share):
         return Relay(line_blocks(f, workers_reading.BLOCK), Scanner(self.opts, self.keys, self.n), self.me, self.n,
                      self.inboxes)
 
+    def _last_ts(self, f: BinaryIO) -> float | None:
+        return None  # (the slices not planned to the file's end: its last lines close the root, read by one reader)
+
     def _plain_next(self) -> bool:
         """(the one reader's reader of plain lines, and the root they are in, taken for the next block)"""
         one = self._one

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 import os
 import queue
 import random
@@ -34,7 +35,7 @@ from yfpp.input.jsonl_reader import LineBlocks, parse_block
 from yfpp.input.jsonl_scan import key_values, scan_block
 from yfpp.input.readers import read_event_batches, reading_options
 from yfpp.workers import Sequencer, Workers
-from yfpp.workers_reading import Relay, Scan, Share, chunk_blocks, even_slice_events, scan, workers_of
+from yfpp.workers_reading import Relay, Scan, Share, chunk_blocks, even_length, scan, workers_of
 
 
 class Letters(DeadLetters):
@@ -344,30 +345,32 @@ def test_chunks_are_short_where_every_group_is_keyed():
     assert chunk_blocks(sliced) == chunk_blocks(whole) == chunk_blocks(keyed + sliced) == yfpp.workers_reading.CHUNK
 
 
-@given(st.integers(1, 10**7), st.integers(1, 64), st.integers(1, 50_000))
-def test_slices_of_a_stream_of_known_size_deal_evenly(events, n, most):
-    """Where the stream's size is known, its slices are as many as deal evenly to the workers, none longer than
-    asked: 3 slices of 2 workers would put two thirds of the matching on one."""
-    per = even_slice_events(events, n, most)
-    count = round(events / per)
-    assert per <= most and count % n == 0 and count * per == pytest.approx(events)
+@given(st.floats(1e-3, 1e9), st.integers(1, 64), st.floats(1e-2, 1e6))
+def test_slices_up_to_a_known_end_deal_evenly(span, n, slices):
+    """Where the stream's last ts is known, its slices are as many as deal evenly to the workers, none longer than
+    asked (``span / slices``), the last ts in the last slice: 3 slices of 2 workers would put two thirds of the
+    matching on one."""
+    most = span / slices
+    length = even_length(span, n, most)
+    count = math.floor(span / length) + 1  # (the slices from 0 to the span: the last holds it)
+    assert length <= most * (1 + 1e-6) and count % n == 0 and count * length >= span
 
 
 def test_workers_reading_a_file_plan_slices_that_deal_evenly(tmp_path):
-    """The slices of a file the workers read are planned from its size: 60 events of 2 workers at 20 events a
-    slice are 4 slices of 15, not 3 of 20 (two of them on one worker)."""
+    """The slices of a file the workers read are planned to its last line's ts: 60 events of 2 workers at 20 events a
+    slice are 4 slices of about 15, not 3 of 20 (two of them on one worker)."""
     from yfpp.language.query_text import parse_query
     from yfpp.spark.plan import group_queries
     from yfpp.workers import WORKERS
 
     path = tmp_path / "feed.jsonl"
-    path.write_text("".join('{"type": "a", "ts": %3d}\n' % i for i in range(60)))  # (lines of one length)
+    path.write_text("".join(json.dumps({"type": "a", "ts": i}) + "\n" for i in range(60)) + "{broken\n\n")
     groups = group_queries([("q", parse_query("PATTERN SEQ(a x, a y) WITHIN 2", "sase", "s"))], runner=WORKERS)
     slicings: dict = {}
     share = Share(str(path), reading_options(), groups, 0, 2, 20, DeadLetters(), Sequencer(), slicings,
                   [queue.Queue(), queue.Queue()])
     next(share.blocks())  # (the file's one block: worker 0's chunk, its slices planned as it is read)
-    assert slicings[0].length == pytest.approx(15)
+    assert slicings[0].length == pytest.approx(59 / 4) and slicings[0].own(59) == 3
 
 
 def plain_file(path, lines: int) -> None:
