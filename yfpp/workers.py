@@ -31,7 +31,6 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from operator import itemgetter
 from typing import Any, Sequence
 
 from lxml import etree
@@ -558,11 +557,10 @@ class _Matching:
 
     def _keep(self, found: list[dict], g: int, s: int, into: list[dict]) -> None:
         sl = self.slicings.get(g)
-        if sl is not None:
-            own = sl.own
-            found = [m for m in found if own(m["start"]) == s]
-        into.extend(found)
-        self.kept.update(map(str, map(itemgetter("query"), found)))
+        for m in found:
+            if sl is None or sl.own(m["start"]) == s:
+                into.append(m)
+                self.kept[str(m["query"])] += 1
 
     def _retire(self, eng: Engine) -> None:
         f = run_figures(eng, 0, 0.0, self.dead)
