@@ -13,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from tests.generators import patterns, set_patterns, streams
@@ -47,7 +47,11 @@ def one_engine(queries: list, events: list[Event], max_delay: float = 0.0, dead:
     eng = Engine(dead_letters=dead or DeadLetters(), max_delay=max_delay)
     for name, p in queries:
         eng.register(p, name=name)
-    return Counter(json.dumps(m, sort_keys=True) for m in eng.process_all(events))
+    found = Counter(json.dumps(m, sort_keys=True) for m in eng.process_all(events))
+    # Over max_runs_per_query a query's search is given up and its matches lost (reported, counted): which ones
+    # depends on the events an engine holds, so a time slice of the workers loses others. Compared within the caps.
+    assume(not any(eng.runtime.counters.shed_runs.values()))
+    return found
 
 
 def with_workers(queries: list, events: list[Event], n: int = 2, slice_events: int = 5, batch: int = 7,
