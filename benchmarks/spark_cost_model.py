@@ -207,7 +207,7 @@ def main() -> None:
             pts = [p for p in plotted if p[0] == n_events]
             xs = [p[1] for p in pts]
             ax.plot(xs, [p[2] + p[3] for p in pts], "o-", label=f"task CPU, {n_events:,} events")
-            ax.plot(xs, [p[2] for p in pts], "s:", label=f"of which read + parse + route, {n_events:,}")
+            ax.plot(xs, [p[2] for p in pts], "s:", label=f"of which the read tasks (read, scan or parse, route), {n_events:,}")
             ax.axhline(pts[0][4], ls="--", lw=0.8, color=ax.lines[-1].get_color(), label=f"yfpp run, {n_events:,}")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("matching tasks (= byte ranges)")
