@@ -65,7 +65,8 @@ from yfpp.spark.line_scan import (LineReader, LineSpec, Scanned, blob_low, chunk
 from yfpp.spark.parse import reader_kwargs
 from yfpp.spark.plan import (SLICE_WINDOWS, Group, Slicing, XmlEvent, effective_queries, group_queries, match_row,
                              needs_xml, rare_collections)
-from yfpp.spark.ranges import ByteRange, Summary, plan_ranges, range_bytes, range_offsets, read_range, renumber
+from yfpp.spark.ranges import (ByteRange, Summary, plan_ranges, range_bytes, range_offsets, read_range, renumber,
+                               unpack_summaries)
 
 #: The dead-letter columns after the match columns (``dead_seq`` is the record's seq).
 DEAD_COLUMNS = [("dead_seq", pa.int64()), ("position", pa.string()), ("reason", pa.string()), ("raw", pa.string())]
@@ -555,7 +556,8 @@ def read_task(job: ScanJob, ids: Iterable[int]) -> Iterator[list[tuple]]:
         if dead.items or seen.late:
             rows.append((0, r, 0, DEAD, pickle.dumps([(*item, None, None) for item in dead.items] + seen.late, 5)))
         summary = Summary(max(seen.last, dead.last) + 1, lines, seen.hi, size, round(time.process_time() - started, 4))
-        yield rows + [(d, r, 0, SUMMARY, pickle.dumps(tuple(summary), 5)) for d in range(job.n)]
+        packed = summary.packed()
+        yield rows + [(d, r, 0, SUMMARY, packed) for d in range(job.n)]
 
 
 @dataclass
@@ -712,14 +714,14 @@ def match_task(job: ScanJob, task: int, shipped: Iterable[tuple]) -> Iterator[tu
     dead letters, then its stats row."""
     started = time.process_time()
     n = job.n
-    summaries: dict[int, Summary] = {}
+    packed: dict[int, bytes] = {}
     rest = iter(shipped)
     for row in rest:
         if row[3] != SUMMARY:
             rest = itertools.chain([row], rest)
             break
-        summaries[row[1]] = Summary(*pickle.loads(row[4]))
-    summary = [summaries[r] for r in range(len(job.ranges))]
+        packed[row[1]] = row[4]
+    summary = unpack_summaries([packed[r] for r in range(len(job.ranges))])
     offsets = range_offsets(job.files, job.ranges, summary, job.single)
     shares: list[_Share] = []
     for g, grp in enumerate(job.groups):
