@@ -168,8 +168,8 @@ def test_small_blobs_of_several_ranges_are_read_in_the_reader_s_blocks(tmp_path)
     path.write_text("".join(ln + "\n" for ln in feed))
     want, letters = one_engine(QUERY, path)
     calls = []
-    real = line_scan.records_of_plain_lines
-    with mock.patch.object(line_scan, "records_of_plain_lines", lambda lines: calls.append(1) or real(lines)), \
+    real = line_scan.plain_events
+    with mock.patch.object(line_scan, "plain_events", lambda *args: calls.append(1) or real(*args)), \
             mock.patch.object(line_scan, "READ_BLOCK", 2000):
         got, dead, stats = scanned(QUERY, [path], 2, 100, 20, hot_keys=False)
     assert got == want and dead == letters == [] and len(stats) == 2

@@ -4,9 +4,9 @@ The scan plan's read task (:func:`yfpp.spark.scan.read_task`) of a job whose one
 attribute hands this module a byte range of plain JSON lines. One pass of code compiled by numba finds
 each line's end, whether the line is *plain* (below), its ts and its key's :func:`~yfpp.spark.scan.value_hash`;
 a second pass groups a chunk's lines by matching task (hash modulo the tasks). The lines travel whole, and
-the matching task reads them with ``yfpp run``'s own reader (:class:`LineReader`: one orjson call a block of
-lines, ``records_of_plain_lines``, without the bulk path's checks of the block, which the scan has made
-line by line; then ``plain_events``) — so each event is built once, where it is matched.
+the matching task reads them as ``yfpp run``'s reader reads a block of plain lines (:class:`LineReader`: one
+orjson call a block — without the bulk path's checks of the block, which the scan has made line by line —
+and the reader's ``plain_events``) — so each event is built once, where it is matched.
 
 A line is plain when it is what the reader's bulk path reads as an event with the ts and key the scan
 found, which the scan makes sure of by taking only lines that are
@@ -35,9 +35,10 @@ from types import ModuleType
 from typing import Any, Iterator, NamedTuple
 
 import numpy as np
+import orjson
 
 from yfpp.input.events import Event
-from yfpp.input.jsonl_reader import plain_events, records_of_plain_lines
+from yfpp.input.jsonl_reader import plain_events
 from yfpp.input.record_fields import ISO_8601, READ_BLOCK, ReaderOptions
 
 #: A blob's head: its line count (int32) and its first line's ts (float64).
@@ -138,8 +139,8 @@ def blob_low(blob: bytes) -> float:
 
 
 class LineReader:
-    """The lines of :func:`group_lines` blobs read by ``yfpp run``'s reader (``records_of_plain_lines``, ``plain_events``)
-    a ``READ_BLOCK`` of bytes at a time, across blobs: a matching task that gets many small blobs (of many byte
+    """The lines of :func:`group_lines` blobs read as ``yfpp run``'s reader reads plain lines (one orjson call, then
+    ``plain_events``) a ``READ_BLOCK`` of bytes at a time, across blobs: a matching task that gets many small blobs (of many byte
     ranges) reads their lines in the reader's blocks, a reader call each, not one a blob. Each line's seq is its
     blob's ``base`` plus its record index."""
 
@@ -173,7 +174,7 @@ class LineReader:
                 if not final:
                     break
                 end = len(body)
-            records = records_of_plain_lines(body[start:end - 1].split(b"\n"))  # (the scan has checked them)
+            records = orjson.loads(b"[" + body[start:end - 1].replace(b"\n", b",") + b"]")  # (the scan checked them)
             lines = len(records)
             events = plain_events(records, numbers[first:first + lines], self.opts)
             if events is None:
