@@ -12,8 +12,6 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from yfpp.spark.line_scan import HEAD
-
 _SPACE, _TAB, _QUOTE, _COMMA, _COLON, _OPEN, _CLOSE = 32, 9, 34, 44, 58, 123, 125
 _BACKSLASH, _MINUS, _ZERO, _NINE, _POINT, _BRACKET = 92, 45, 48, 57, 46, 91
 _EXACT = 1 << 53  # the largest scaled ts a float holds exactly (and so divides as Python's int / int rounds)
@@ -182,10 +180,11 @@ def _line(b: Any, s: int, e: int, type_key: Any, ts_key: Any, key: Any, mul: int
 
 
 @njit(cache=True)
-def group(b: Any, first: int, ends: Any, tasks: Any, ts: Any, seq: int, n: int) -> tuple:
+def group(b: Any, first: int, ends: Any, tasks: Any, ts: Any, seq: int, n: int, head: int) -> tuple:
     """The lines ending at ``ends`` (the first beginning at ``first``) grouped by their ``tasks``, in order, a blob
-    a task one after the other: the line count, the first line's ts (of ``ts``), the lines' record indexes (``seq``
-    on, int32 each) and their bytes — and each task's blob bounds (``n + 1``; a task without lines: none)."""
+    a task one after the other: its ``head`` bytes (the line count, int32, and the first line's ts of ``ts``,
+    float64), the lines' record indexes (``seq`` on, int32 each) and their bytes — and each task's blob bounds
+    (``n + 1``; a task without lines: none)."""
     lines = len(ends)
     count = np.zeros(n, np.int64)
     size = np.zeros(n, np.int64)
@@ -196,20 +195,20 @@ def group(b: Any, first: int, ends: Any, tasks: Any, ts: Any, seq: int, n: int) 
         start = ends[li]
     blob_at = np.zeros(n + 1, np.int64)
     for t in range(n):
-        blob_at[t + 1] = blob_at[t] + (HEAD + 4 * count[t] + size[t] if count[t] else 0)
+        blob_at[t + 1] = blob_at[t] + (head + 4 * count[t] + size[t] if count[t] else 0)
     out = np.empty(blob_at[n], np.uint8)
-    at_pos = blob_at[:n] + HEAD
+    at_pos = blob_at[:n] + head
     at_byte = at_pos + 4 * count
     word = np.empty(1, np.int32)
     low = np.empty(1, np.float64)
     start = first
     for li in range(lines):
         t = tasks[li]
-        if at_pos[t] == blob_at[t] + HEAD:  # the task's first line: its blob's head
+        if at_pos[t] == blob_at[t] + head:  # the task's first line: its blob's head
             word[0] = count[t]
             out[blob_at[t]:blob_at[t] + 4] = word.view(np.uint8)
             low[0] = ts[li]
-            out[blob_at[t] + 4:blob_at[t] + HEAD] = low.view(np.uint8)
+            out[blob_at[t] + 4:blob_at[t] + head] = low.view(np.uint8)
         word[0] = seq + li
         out[at_pos[t]:at_pos[t] + 4] = word.view(np.uint8)
         at_pos[t] += 4

@@ -128,7 +128,7 @@ def group_lines(data: bytes, scanned: Scanned, a: int, b: int, seq: int, n: int)
     (``seq`` on, int32) and their bytes (:class:`LineReader` reads them)."""
     first = int(scanned.ends[a - 1]) if a else 0
     out, blob_at = _kernels().group(np.frombuffer(data, np.uint8), first, scanned.ends[a:b], scanned.tasks[a:b],
-                                    scanned.ts[a:b], seq, n)
+                                    scanned.ts[a:b], seq, n, HEAD)
     at = blob_at.tolist()
     return [(t, out[at[t]:at[t + 1]].tobytes()) for t in range(n) if at[t + 1] > at[t]]
 
