@@ -192,4 +192,5 @@ def test_a_blob_s_head_holds_its_lines_count_and_smallest_ts():
         reader = LineReader(OPTS)
         reader.add(blob, 100)
         events, = reader.blocks(final=True)
-        assert [ev.seq for ev in events] == [100 + 5 + i for i in mine] and [ev.ts for ev in events] == [i + 1 for i in mine]
+        assert [ev.seq for ev in events] == [100 + 5 + i for i in mine]
+        assert [ev.ts for ev in events] == [i + 1 for i in mine]

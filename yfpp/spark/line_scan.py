@@ -140,9 +140,9 @@ def blob_low(blob: bytes) -> float:
 
 class LineReader:
     """The lines of :func:`group_lines` blobs read as ``yfpp run``'s reader reads plain lines (one orjson call, then
-    ``plain_events``) a ``READ_BLOCK`` of bytes at a time, across blobs: a matching task that gets many small blobs (of many byte
-    ranges) reads their lines in the reader's blocks, a reader call each, not one a blob. Each line's seq is its
-    blob's ``base`` plus its record index."""
+    ``plain_events``) a ``READ_BLOCK`` of bytes at a time, across blobs: a matching task that gets many small blobs
+    (of many byte ranges) reads their lines in the reader's blocks, one call each, not one a blob. Each line's seq
+    is its blob's ``base`` plus its record index."""
 
     def __init__(self, opts: ReaderOptions):
         self.opts = opts
@@ -175,8 +175,8 @@ class LineReader:
                     break
                 end = len(body)
             records = orjson.loads(b"[" + body[start:end - 1].replace(b"\n", b",") + b"]")  # (the scan checked them)
-            lines = len(records)
-            events = plain_events(records, numbers[first:first + lines], self.opts)
+            lines = body.count(b"\n", start, end)
+            events = plain_events(records, numbers[first:first + lines], self.opts) if len(records) == lines else None
             if events is None:
                 raise RuntimeError("the line scan took a line that yfpp's reader does not read as a plain event")
             yield events
