@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import pickle
 import re
 import resource
 import subprocess
@@ -55,7 +54,7 @@ from yfpp.language.query_text import load_patterns  # noqa: E402
 from yfpp.output.writer import encode_match  # noqa: E402
 from yfpp.spark import line_scan  # noqa: E402
 from yfpp.spark.plan import effective_queries, group_queries, rare_collections  # noqa: E402
-from yfpp.spark.ranges import Summary  # noqa: E402
+from yfpp.spark.ranges import unpack_summaries  # noqa: E402
 from yfpp.spark.scan import SUMMARY, ScanJob, match_task, read_task, ship_order  # noqa: E402
 
 QUERIES = ROOT / "queries" / "shoplifting.sase"
@@ -123,7 +122,7 @@ def counted(path: Path, tasks: int) -> dict:
         matches += len(rows) - 1
         if t == 0:
             parsed = stats["read"]["bytes"]
-    range_bytes = [Summary(*pickle.loads(r[4])).bytes for r in shipped[0] if r[3] == SUMMARY]  # task 0 has them all
+    range_bytes = [s.bytes for s in unpack_summaries([r[4] for r in shipped[0] if r[3] == SUMMARY])]  # task 0: all
     return {"tasks": tasks, "ranges": len(job.ranges), "events": records, "matches": matches,
             "bytes": parsed, "max_task_bytes": max(range_bytes), "read_cpu": sum(read_cpu),
             "match_cpu": sum(match_cpu), "max_task_cpu": max(max(read_cpu), max(match_cpu)),
@@ -207,7 +206,7 @@ def main() -> None:
             pts = [p for p in plotted if p[0] == n_events]
             xs = [p[1] for p in pts]
             ax.plot(xs, [p[2] + p[3] for p in pts], "o-", label=f"task CPU, {n_events:,} events")
-            ax.plot(xs, [p[2] for p in pts], "s:", label=f"of which read + parse + route, {n_events:,}")
+            ax.plot(xs, [p[2] for p in pts], "s:", label=f"of which the read tasks (read, scan or parse, route), {n_events:,}")
             ax.axhline(pts[0][4], ls="--", lw=0.8, color=ax.lines[-1].get_color(), label=f"yfpp run, {n_events:,}")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("matching tasks (= byte ranges)")

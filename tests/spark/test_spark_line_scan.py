@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 from unittest import mock
 
-import numpy as np
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -27,7 +25,7 @@ from yfpp.input.events import Event  # noqa: E402
 from yfpp.input.jsonl_reader import plain_events, plain_records  # noqa: E402
 from yfpp.input.readers import reading_options  # noqa: E402
 from yfpp.spark import line_scan, scan  # noqa: E402
-from yfpp.spark.line_scan import LineSpec, scan_range  # noqa: E402
+from yfpp.spark.line_scan import LineReader, LineSpec, scan_range  # noqa: E402
 from yfpp.spark.plan import effective_queries, group_queries  # noqa: E402
 from yfpp.spark.scan import LINES, ScanJob, key_tasks, read_task  # noqa: E402
 
@@ -124,7 +122,7 @@ def test_keyed_jobs_over_scanned_lines_equal_one_engine(tmp_path_factory, feed, 
     path.write_bytes(text.encode("utf-8", "surrogatepass"))
     want, letters = one_engine(QUERY, path)
     with mock.patch.object(scan, "chunk_events", lambda n: chunk), mock.patch.object(line_scan, "MAX_LINE_BYTES", 80), \
-            mock.patch.object(scan, "READ_BLOCK", block):  # a matching task reads a blob's lines in blocks this long
+            mock.patch.object(line_scan, "READ_BLOCK", block):  # a matching task reads its lines in blocks this long
         got, dead, _ = scanned(QUERY, [path], n, 100, pieces, hot_keys=False)
     assert got == want
     assert dead == sorted(letters, key=lambda d: d["seq"])
@@ -143,7 +141,7 @@ def test_a_long_plain_feed_with_odd_late_and_broken_lines_equals_one_engine(tmp_
     path = tmp_path / "feed.jsonl"
     path.write_text("".join(ln + "\n" for ln in feed))
     want, letters = one_engine(QUERY, path)
-    with mock.patch.object(scan, "chunk_events", lambda n: chunk), mock.patch.object(scan, "READ_BLOCK", block):
+    with mock.patch.object(scan, "chunk_events", lambda n: chunk), mock.patch.object(line_scan, "READ_BLOCK", block):
         got, dead, _ = scanned(QUERY, [path], n, 100, pieces, hot_keys=False)
     assert got == want and len(want) > 100
     assert dead == letters and [d["seq"] for d in dead] == [120, 200]
@@ -153,7 +151,46 @@ def test_seq_numbers_past_two_to_the_31_events():
     """A blob's record indexes are int32 within their range; the seq numbers they give (a range's first seq
     plus each index) go on past 2**31 events, as a billion-event job's do."""
     lines = b'{"type": "A", "ts": 1, "k": 1}\n{"type": "B", "ts": 2, "k": 1}\n'
-    blob = line_scan.pack(np.array([0, 1]), lines)
+    (_, blob), = line_scan.group_lines(lines, scan_range(lines, SPEC, 1), 0, 2, 0, 1)
     for base in (2**31 - 1, 3_000_000_000):
-        (events, _), = scan._line_batches(blob, base, OPTS)
+        reader = LineReader(OPTS)
+        reader.add(blob, base)
+        events, = reader.blocks(final=True)
         assert [ev.seq for ev in events] == [base, base + 1]
+
+
+def test_small_blobs_of_several_ranges_are_read_in_the_reader_s_blocks(tmp_path):
+    """A matching task that gets many small blobs (many byte ranges, many tasks) reads their lines a READ_BLOCK at
+    a time across blobs and ranges — one reader call a block, not one a blob — with each line's seq and the matches
+    and dead letters of one engine."""
+    feed = [json.dumps({"type": "AB"[i % 2], "ts": i // 2, "k": i % 5, "x": i}) for i in range(400)]
+    path = tmp_path / "feed.jsonl"
+    path.write_text("".join(ln + "\n" for ln in feed))
+    want, letters = one_engine(QUERY, path)
+    calls = []
+    real = line_scan.plain_events
+    with mock.patch.object(line_scan, "plain_events", lambda *args: calls.append(1) or real(*args)), \
+            mock.patch.object(line_scan, "READ_BLOCK", 2000):
+        got, dead, stats = scanned(QUERY, [path], 2, 100, 20, hot_keys=False)
+    assert got == want and dead == letters == [] and len(stats) == 2
+    job = ScanJob.plan(group_queries(effective_queries(QUERY)), [f"file://{path}"], True, 2,
+                       {"format": None, "ts_field": "ts", "ts_unit": "s", "type_field": None}, pieces=20,
+                       hot_keys=False)
+    blobs = [row for rows in read_task(job, range(len(job.ranges))) for row in rows if row[3] == LINES]
+    size = path.stat().st_size
+    assert len(blobs) >= 30 and len(calls) <= size // 2000 + 2  # each task's blocks 2,000 bytes or more, but its last
+
+
+def test_a_blob_s_head_holds_its_lines_count_and_smallest_ts():
+    lines = b'{"type": "A", "ts": 1, "k": 1}\n{"type": "B", "ts": 2, "k": 2}\n{"type": "B", "ts": 3, "k": 3}\n'
+    scanned_lines = scan_range(lines, SPEC, 2)
+    blobs = dict(line_scan.group_lines(lines, scanned_lines, 0, 3, 5, 2))
+    tasks = scanned_lines.tasks.tolist()
+    for t, blob in blobs.items():
+        mine = [i for i in range(3) if tasks[i] == t]
+        assert line_scan.blob_low(blob) == mine[0] + 1
+        reader = LineReader(OPTS)
+        reader.add(blob, 100)
+        events, = reader.blocks(final=True)
+        assert [ev.seq for ev in events] == [100 + 5 + i for i in mine]
+        assert [ev.ts for ev in events] == [i + 1 for i in mine]

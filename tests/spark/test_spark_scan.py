@@ -36,7 +36,7 @@ from yfpp.spark.inputs import choose_plan, local_files, local_path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 from yfpp.spark.plan import effective_queries, group_queries  # noqa: E402
-from yfpp.spark.ranges import range_bytes  # noqa: E402
+from yfpp.spark.ranges import Summary, range_bytes, unpack_summaries  # noqa: E402
 from yfpp.spark.scan import ScanJob, match_task, read_task, scan_match, ship_order  # noqa: E402
 
 READING = {"format": None, "ts_field": "ts", "ts_unit": "s"}
@@ -259,6 +259,13 @@ def test_dead_letters_of_a_directory_as_yfpp_run(spark, tmp_path, capsys, plan):
     got = sorted((json.loads(r[0]) for r in spark.read.text(str(out / "dead_letters.jsonl")).collect()), key=lambda d: d["seq"])
     assert got == letters and [d["seq"] for d in got] == [600, 601, 902]
     assert "events            900\n" in err and "dead letters      3\n" in err
+
+
+def test_range_summaries_come_back_as_they_went():
+    """A range's summary travels as one fixed-size record; a task reads all ranges' in one go (no ts yet: None)."""
+    sent = [Summary(7, 9, 12.5, 300, 0.25), Summary(0, 2, None, 10, 0.0), Summary(2**40, 0, -1e300, 2**33, 1.5)]
+    back = unpack_summaries([s.packed() for s in sent])
+    assert back == sent and [type(s.max_ts) for s in back] == [float, type(None), float]
 
 
 def test_packed_columns_come_back_as_they_went():

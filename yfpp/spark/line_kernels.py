@@ -13,7 +13,7 @@ import numpy as np
 from numba import njit
 
 _SPACE, _TAB, _QUOTE, _COMMA, _COLON, _OPEN, _CLOSE = 32, 9, 34, 44, 58, 123, 125
-_BACKSLASH, _MINUS, _ZERO, _NINE, _POINT, _NEWLINE, _BRACKET = 92, 45, 48, 57, 46, 10, 91
+_BACKSLASH, _MINUS, _ZERO, _NINE, _POINT, _BRACKET = 92, 45, 48, 57, 46, 91
 _EXACT = 1 << 53  # the largest scaled ts a float holds exactly (and so divides as Python's int / int rounds)
 
 
@@ -32,23 +32,20 @@ _CRC = _crc_table()
 
 
 @njit(cache=True)
-def scan(b: Any, lines: int, type_key: Any, ts_key: Any, key: Any, mul: int, div: int) -> tuple:
-    """Over ``b`` (``lines`` lines, each ``\\n``-terminated): each line's end, whether it is plain (1), its ts
-    and its key's hash (see :mod:`yfpp.spark.line_scan`; 0 for a line that is not plain)."""
-    ends = np.empty(lines, np.int64)
+def scan(b: Any, ends: Any, type_key: Any, ts_key: Any, key: Any, mul: int, div: int) -> tuple:
+    """Over ``b``'s lines (ending at ``ends``: the offset after each ``\\n``): whether each is plain (1), its ts and
+    its key's hash (see :mod:`yfpp.spark.line_scan`; 0 for a line that is not plain)."""
+    lines = len(ends)
     plain = np.zeros(lines, np.uint8)
     ts = np.zeros(lines, np.float64)
     hashes = np.zeros(lines, np.int64)
     table = _CRC
     start = 0
     for li in range(lines):
-        end = start
-        while b[end] != _NEWLINE:
-            end += 1
-        ends[li] = end + 1
+        end = ends[li] - 1
         plain[li] = _line(b, start, end, type_key, ts_key, key, mul, div, table, ts, hashes, li)
         start = end + 1
-    return ends, plain, ts, hashes
+    return plain, ts, hashes
 
 
 @njit(cache=True)
@@ -183,32 +180,41 @@ def _line(b: Any, s: int, e: int, type_key: Any, ts_key: Any, key: Any, mul: int
 
 
 @njit(cache=True)
-def group(b: Any, first: int, ends: Any, tasks: Any, n: int) -> tuple:
-    """The lines ending at ``ends`` (the first beginning at ``first``) grouped by their ``tasks``, in order:
-    their bytes, each task's byte and line bounds (``n + 1`` each) and the lines' indexes (from 0)."""
+def group(b: Any, first: int, ends: Any, tasks: Any, ts: Any, seq: int, n: int, head: int) -> tuple:
+    """The lines ending at ``ends`` (the first beginning at ``first``) grouped by their ``tasks``, in order, a blob
+    a task one after the other: its ``head`` bytes (the line count, int32, and the first line's ts of ``ts``,
+    float64), the lines' record indexes (``seq`` on, int32 each) and their bytes — and each task's blob bounds
+    (``n + 1``; a task without lines: none)."""
     lines = len(ends)
-    byte_at = np.zeros(n + 1, np.int64)
-    line_at = np.zeros(n + 1, np.int64)
+    count = np.zeros(n, np.int64)
+    size = np.zeros(n, np.int64)
     start = first
     for li in range(lines):
-        byte_at[tasks[li] + 1] += ends[li] - start
-        line_at[tasks[li] + 1] += 1
+        count[tasks[li]] += 1
+        size[tasks[li]] += ends[li] - start
         start = ends[li]
+    blob_at = np.zeros(n + 1, np.int64)
     for t in range(n):
-        byte_at[t + 1] += byte_at[t]
-        line_at[t + 1] += line_at[t]
-    out = np.empty(byte_at[n], np.uint8)
-    pos = np.empty(lines, np.int64)
-    at_byte = byte_at[:n].copy()
-    at_line = line_at[:n].copy()
+        blob_at[t + 1] = blob_at[t] + (head + 4 * count[t] + size[t] if count[t] else 0)
+    out = np.empty(blob_at[n], np.uint8)
+    at_pos = blob_at[:n] + head
+    at_byte = at_pos + 4 * count
+    word = np.empty(1, np.int32)
+    low = np.empty(1, np.float64)
     start = first
     for li in range(lines):
         t = tasks[li]
+        if at_pos[t] == blob_at[t] + head:  # the task's first line: its blob's head
+            word[0] = count[t]
+            out[blob_at[t]:blob_at[t] + 4] = word.view(np.uint8)
+            low[0] = ts[li]
+            out[blob_at[t] + 4:blob_at[t] + head] = low.view(np.uint8)
+        word[0] = seq + li
+        out[at_pos[t]:at_pos[t] + 4] = word.view(np.uint8)
+        at_pos[t] += 4
         size = ends[li] - start
         o = at_byte[t]
         out[o:o + size] = b[start:ends[li]]
         at_byte[t] = o + size
-        pos[at_line[t]] = li
-        at_line[t] += 1
         start = ends[li]
-    return out, byte_at, line_at, pos
+    return out, blob_at

@@ -4,8 +4,9 @@ The scan plan's read task (:func:`yfpp.spark.scan.read_task`) of a job whose one
 attribute hands this module a byte range of plain JSON lines. One pass of code compiled by numba finds
 each line's end, whether the line is *plain* (below), its ts and its key's :func:`~yfpp.spark.scan.value_hash`;
 a second pass groups a chunk's lines by matching task (hash modulo the tasks). The lines travel whole, and
-the matching task reads them with ``yfpp run``'s own reader (its bulk path: ``plain_records``,
-``plain_events``) — so each event is built once, where it is matched.
+the matching task reads them as ``yfpp run``'s reader reads a block of plain lines (:class:`LineReader`: one
+orjson call a block — without the bulk path's checks of the block, which the scan has made line by line —
+and the reader's ``plain_events``) — so each event is built once, where it is matched.
 
 A line is plain when it is what the reader's bulk path reads as an event with the ts and key the scan
 found, which the scan makes sure of by taking only lines that are
@@ -31,17 +32,23 @@ import functools
 import importlib.util
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, NamedTuple
+from typing import Any, Iterator, NamedTuple
 
 import numpy as np
+import orjson
 
-from yfpp.input.record_fields import ISO_8601, ReaderOptions
+from yfpp.input.events import Event
+from yfpp.input.jsonl_reader import plain_events
+from yfpp.input.record_fields import ISO_8601, READ_BLOCK, ReaderOptions
 
+#: A blob's head: its line count (int32) and its first line's ts (float64).
+HEAD = 12
 #: A range with a line longer than this is read by the reader (a matching task reads its lines a ``READ_BLOCK``
 #: and a line at a time, and the reader's bulk path takes at most ``max_record_bytes`` at once); a chunk of
 #: lines is at most this long too.
 MAX_LINE_BYTES = 1 << 19
 _BOM = b"\xef\xbb\xbf"
+_NEWLINE = 10
 
 
 def available() -> bool:
@@ -93,7 +100,8 @@ def scan_range(data: bytes, spec: LineSpec, n: int) -> Scanned | None:
     if kernels is None or not data or b"\r" in data or data.startswith(_BOM):
         return None
     arr = np.frombuffer(data, np.uint8)
-    ends, plain, ts, hashes = kernels.scan(arr, data.count(b"\n"), *_spec_arrays(spec), spec.mul, spec.div)
+    ends = np.flatnonzero(arr == _NEWLINE) + 1
+    plain, ts, hashes = kernels.scan(arr, ends, *_spec_arrays(spec), spec.mul, spec.div)
     if np.diff(ends, prepend=0).max() > MAX_LINE_BYTES:
         return None
     return Scanned(ends, plain.view(np.bool_), ts, np.mod(hashes, n))
@@ -115,25 +123,66 @@ def chunk_is_plain(scanned: Scanned, a: int, b: int, hi: float | None) -> bool:
 
 
 def group_lines(data: bytes, scanned: Scanned, a: int, b: int, seq: int, n: int) -> list[tuple[int, bytes]]:
-    """Lines ``a`` to ``b`` of ``data`` grouped by task, in order: ``(task, blob)`` for each task with lines,
-    the blob :func:`pack`'s (the lines' record indexes ``seq`` on, and their bytes)."""
+    """Lines ``a`` to ``b`` of ``data`` grouped by task, in order: ``(task, blob)`` for each task with lines, the
+    blob its lines' count, the first one's ts (the smallest: a chunk's lines are in ts order), their record indexes
+    (``seq`` on, int32) and their bytes (:class:`LineReader` reads them)."""
     first = int(scanned.ends[a - 1]) if a else 0
-    out, byte_at, line_at, pos = _kernels().group(np.frombuffer(data, np.uint8), first, scanned.ends[a:b],
-                                                  scanned.tasks[a:b], n)
-    pos += seq
-    return [(t, pack(pos[line_at[t]:line_at[t + 1]], out[byte_at[t]:byte_at[t + 1]]))
-            for t in range(n) if line_at[t + 1] > line_at[t]]
+    out, blob_at = _kernels().group(np.frombuffer(data, np.uint8), first, scanned.ends[a:b], scanned.tasks[a:b],
+                                    scanned.ts[a:b], seq, n, HEAD)
+    at = blob_at.tolist()
+    return [(t, out[at[t]:at[t + 1]].tobytes()) for t in range(n) if at[t + 1] > at[t]]
 
 
-def pack(pos: np.ndarray, body: Any) -> bytes:
-    """A blob of lines: their count (4 bytes), their record indexes (int32 each) and their bytes."""
-    return len(pos).to_bytes(4, "little") + pos.astype(np.int32).tobytes() + bytes(body)
+def blob_low(blob: bytes) -> float:
+    """The smallest ts of a :func:`group_lines` blob's lines."""
+    return float(np.frombuffer(blob, np.float64, 1, 4)[0])
 
 
-def unpack(blob: bytes) -> tuple[np.ndarray, bytes]:
-    """The record indexes and bytes of a :func:`pack` blob."""
-    k = int.from_bytes(blob[:4], "little")
-    return np.frombuffer(blob, np.int32, k, 4), blob[4 + 4 * k:]
+class LineReader:
+    """The lines of :func:`group_lines` blobs read as ``yfpp run``'s reader reads plain lines (one orjson call, then
+    ``plain_events``) a ``READ_BLOCK`` of bytes at a time, across blobs: a matching task that gets many small blobs
+    (of many byte ranges) reads their lines in the reader's blocks, one call each, not one a blob. Each line's seq
+    is its blob's ``base`` plus its record index."""
+
+    def __init__(self, opts: ReaderOptions):
+        self.opts = opts
+        self.bodies: list[Any] = []
+        self.seqs: list[np.ndarray] = []
+        self.size = 0
+
+    def add(self, blob: bytes, base: int) -> None:
+        """Hold a blob's lines, to be read by :meth:`blocks`."""
+        k = int(np.frombuffer(blob, np.int32, 1)[0])
+        self.seqs.append(np.frombuffer(blob, np.int32, k, HEAD).astype(np.int64) + base)  # (base + an int32 would
+        view = memoryview(blob)[HEAD + 4 * k:]                                             # wrap past 2**31 events)
+        self.bodies.append(view)
+        self.size += len(view)
+
+    def blocks(self, final: bool = False) -> Iterator[list[Event]]:
+        """The events of the lines held, a batch per ``READ_BLOCK`` bytes or so (as ``yfpp run``'s reader reads:
+        the records just parsed are matched while they are in the processor's cache); unless ``final``, the lines
+        after the last whole block are kept for the blobs to come."""
+        if not self.bodies or (not final and self.size < READ_BLOCK):
+            return
+        body = bytes(self.bodies[0]) if len(self.bodies) == 1 else b"".join(self.bodies)
+        seqs = np.concatenate(self.seqs) if len(self.seqs) > 1 else self.seqs[0]
+        numbers = seqs.tolist()
+        start = first = 0
+        while start < len(body):
+            end = body.find(b"\n", start + READ_BLOCK) + 1
+            if not end:
+                if not final:
+                    break
+                end = len(body)
+            records = orjson.loads(b"[" + body[start:end - 1].replace(b"\n", b",") + b"]")  # (the scan checked them)
+            lines = body.count(b"\n", start, end)
+            events = plain_events(records, numbers[first:first + lines], self.opts) if len(records) == lines else None
+            if events is None:
+                raise RuntimeError("the line scan took a line that yfpp's reader does not read as a plain event")
+            yield events
+            start, first = end, first + lines
+        self.bodies, self.seqs, self.size = ([body[start:]], [seqs[first:]], len(body) - start) if start < len(body) \
+            else ([], [], 0)
 
 
 def _spec_arrays(spec: LineSpec) -> tuple[np.ndarray, ...]:

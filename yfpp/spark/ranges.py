@@ -14,9 +14,12 @@ seq number is that index plus the records of the ranges before
 from __future__ import annotations
 
 import io
+import math
 import os
 import re
 from typing import Any, Iterator, NamedTuple, Sequence
+
+import numpy as np
 
 from yfpp.input.dead_letters import DeadLetters
 from yfpp.input.events import Event
@@ -47,6 +50,21 @@ class Summary(NamedTuple):
     max_ts: float | None
     bytes: int
     seconds: float
+
+    def packed(self) -> bytes:
+        """The summary as one fixed-size record (:func:`unpack_summaries`; no ts yet: NaN, which no ts is)."""
+        return np.array([(self.records, self.lines, math.nan if self.max_ts is None else self.max_ts, self.bytes,
+                          self.seconds)], _PACKED).tobytes()
+
+
+_PACKED = np.dtype([("records", "<i8"), ("lines", "<i8"), ("max_ts", "<f8"), ("bytes", "<i8"), ("seconds", "<f8")])
+
+
+def unpack_summaries(blobs: Sequence[bytes]) -> list[Summary]:
+    """The summaries of :meth:`Summary.packed` records, read in one go (a matching task gets one a range)."""
+    cols = np.frombuffer(b"".join(blobs), _PACKED)
+    return [Summary(n, lines, None if ts != ts else ts, size, cpu)
+            for n, lines, ts, size, cpu in zip(*(cols[name].tolist() for name in _PACKED.names))]
 
 
 class Offsets(NamedTuple):

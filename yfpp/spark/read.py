@@ -214,8 +214,8 @@ def split_offsets(stats: list[Any], single: bool, start: tuple[int, float | None
     instead of path order."""
     name = unquote if uris else str
     rank = {inputs.same_file(f): i for i, f in enumerate(order or ())}
-    rows = sorted(((s[0], s[1], s[2], s[3], s[4]) for s in stats),
-                  key=lambda r: (rank.get(inputs.same_file(r[0]), -1), name(r[0]), r[1]))
+    place = {p: (rank.get(inputs.same_file(p), -1), name(p)) for p in {s[0] for s in stats}}  # once a file
+    rows = sorted(((s[0], s[1], s[2], s[3], s[4]) for s in stats), key=lambda r: (*place[r[0]], r[1]))
     paths = sorted({name(r[0]) for r in rows})
     common = name(root).rstrip("/") + "/" if root else os.path.commonprefix(paths).rpartition("/")[0] + "/" if paths else ""
     out = []

@@ -54,17 +54,19 @@ from yfpp.input.dead_letters import DeadLetters
 from yfpp.engine import Engine, event_raw, late_reason
 from yfpp.input.events import MISSING, PSEUDO_ATTRS, Event
 from yfpp.runtime.feedback import MAX_DEPTH, MAX_DERIVED
-from yfpp.input.jsonl_reader import parse_block, plain_events, plain_records
+from yfpp.input.jsonl_reader import parse_block
 from yfpp.input.readers import read_event_batches, reading_options
-from yfpp.input.record_fields import ISO_UNIT_NAME, READ_BLOCK, ReaderOptions
+from yfpp.input.record_fields import ISO_UNIT_NAME, ReaderOptions
 from yfpp.spark.batch import _ARROW_SCHEMA, _ID_ARROW_SCHEMA, _batch
 from yfpp.spark.hot_keys import HotSlices, find_hot, hashable, sliceable
 from yfpp.spark.inputs import local_path
-from yfpp.spark.line_scan import LineSpec, Scanned, chunk_ends, chunk_is_plain, group_lines, scan_range, unpack
+from yfpp.spark.line_scan import (LineReader, LineSpec, Scanned, blob_low, chunk_ends, chunk_is_plain, group_lines,
+                                  scan_range)
 from yfpp.spark.parse import reader_kwargs
 from yfpp.spark.plan import (SLICE_WINDOWS, Group, Slicing, XmlEvent, effective_queries, group_queries, match_row,
                              needs_xml, rare_collections)
-from yfpp.spark.ranges import ByteRange, Summary, plan_ranges, range_bytes, range_offsets, read_range, renumber
+from yfpp.spark.ranges import (ByteRange, Summary, plan_ranges, range_bytes, range_offsets, read_range, renumber,
+                               unpack_summaries)
 
 #: The dead-letter columns after the match columns (``dead_seq`` is the record's seq).
 DEAD_COLUMNS = [("dead_seq", pa.int64()), ("position", pa.string()), ("reason", pa.string()), ("raw", pa.string())]
@@ -106,7 +108,7 @@ def scan_match(spark: SparkSession, queries: Any, files: Sequence[str], *, singl
 #: only to be checked for lateness), :data:`DEAD` or :data:`SUMMARY`.
 _SHIP = pa.schema([("dest", pa.int32()), ("range", pa.int32()), ("chunk", pa.int32()), ("kind", pa.int8()),
                    ("blob", pa.binary())])
-EVENTS, UNROUTED, DEAD, SUMMARY, LINES = 0, 1, 2, 3, 4  # LINES: plain JSON lines (:func:`yfpp.spark.line_scan.pack`)
+EVENTS, UNROUTED, DEAD, SUMMARY, LINES = 0, 1, 2, 3, 4  # LINES: plain JSON lines (:func:`.line_scan.group_lines`)
 #: Events per chunk: a read task packs and sends its events every CHUNK_EVENTS (holding more costs more than the
 #: extra rows: fresh memory for every event — 65,536 a chunk cost 2.0 CPU-µs per event read, 4,096 1.3, the reader 0.85).
 CHUNK_EVENTS = 4096
@@ -554,7 +556,8 @@ def read_task(job: ScanJob, ids: Iterable[int]) -> Iterator[list[tuple]]:
         if dead.items or seen.late:
             rows.append((0, r, 0, DEAD, pickle.dumps([(*item, None, None) for item in dead.items] + seen.late, 5)))
         summary = Summary(max(seen.last, dead.last) + 1, lines, seen.hi, size, round(time.process_time() - started, 4))
-        yield rows + [(d, r, 0, SUMMARY, pickle.dumps(tuple(summary), 5)) for d in range(job.n)]
+        packed = summary.packed()
+        yield rows + [(d, r, 0, SUMMARY, packed) for d in range(job.n)]
 
 
 @dataclass
@@ -711,14 +714,14 @@ def match_task(job: ScanJob, task: int, shipped: Iterable[tuple]) -> Iterator[tu
     dead letters, then its stats row."""
     started = time.process_time()
     n = job.n
-    summaries: dict[int, Summary] = {}
+    packed: dict[int, bytes] = {}
     rest = iter(shipped)
     for row in rest:
         if row[3] != SUMMARY:
             rest = itertools.chain([row], rest)
             break
-        summaries[row[1]] = Summary(*pickle.loads(row[4]))
-    summary = [summaries[r] for r in range(len(job.ranges))]
+        packed[row[1]] = row[4]
+    summary = unpack_summaries([packed[r] for r in range(len(job.ranges))])
     offsets = range_offsets(job.files, job.ranges, summary, job.single)
     shares: list[_Share] = []
     for g, grp in enumerate(job.groups):
@@ -733,31 +736,50 @@ def match_task(job: ScanJob, task: int, shipped: Iterable[tuple]) -> Iterator[tu
     out: list[tuple] = []
     none = (None,) * 6
     n_dead = 0
-    opts = job.options
+    lines = LineReader(job.options)  # LINES blobs' lines, read across blobs and ranges in the reader's blocks
+
+    def feed(events: list[Event]) -> None:
+        for share in shares:
+            share.feed(events, out)
+
     for _, r, _, kind, blob in rest:
         off = offsets[r]
         base, before = off.seq_base, off.before
-        if kind == DEAD:
-            for pos, position, reason, raw, ts, mark in pickle.loads(blob):
-                if reason is None:  # late in its range; the largest ts before it may be in a range before
-                    position = f"seq {base + pos}"
-                    reason = late_reason(ts, mark if before is None or mark > before else before, 0.0)
-                else:
-                    position = renumber(position, off)
-                out.append(none + (base + pos, position, reason, raw))
-                n_dead += 1
-            continue
-        for events, low in (_line_batches(blob, base, opts) if kind == LINES else [_blob_events(blob, base)]):
-            if before is not None and low is not None and low < before:
-                events, n_late = _late_against(job, task, events, before, out)
-                n_dead += n_late
-            if kind == UNROUTED:
-                continue
-            for share in shares:
-                share.feed(events, out)
+        if kind == LINES:
+            late = before is not None and blob_low(blob) < before  # some late against the ranges before?
+            if late:  # the lines held first, then the blob's own, checked
+                for events in lines.blocks(final=True):
+                    feed(events)
+            lines.add(blob, base)
+            for events in lines.blocks(final=late):
+                if late:
+                    events, n_late = _late_against(job, task, events, before, out)
+                    n_dead += n_late
+                feed(events)
+        else:
+            for events in lines.blocks(final=True):
+                feed(events)
+            if kind == DEAD:
+                for pos, position, reason, raw, ts, mark in pickle.loads(blob):
+                    if reason is None:  # late in its range; the largest ts before it may be in a range before
+                        position = f"seq {base + pos}"
+                        reason = late_reason(ts, mark if before is None or mark > before else before, 0.0)
+                    else:
+                        position = renumber(position, off)
+                    out.append(none + (base + pos, position, reason, raw))
+                    n_dead += 1
+            else:
+                events, low = _blob_events(blob, base)
+                if before is not None and low is not None and low < before:
+                    events, n_late = _late_against(job, task, events, before, out)
+                    n_dead += n_late
+                if kind != UNROUTED:
+                    feed(events)
         if len(out) >= 4096:
             yield from out
             out.clear()
+    for events in lines.blocks(final=True):
+        feed(events)
     for share in shares:
         share.finish(out)
     yield from out
@@ -804,25 +826,6 @@ def _blob_events(blob: bytes, base: int) -> tuple[list[Event], float | None]:
         events = [Event(t, ts, a, base + p) if x is None else XmlEvent(t, ts, a, base + p, x)
                   for p, t, ts, a, x in zip(pos, types, tss, attrs, xml)]
     return events, min(tss, default=None)
-
-
-def _line_batches(blob: bytes, base: int, opts: ReaderOptions) -> Iterator[tuple[list[Event], float]]:
-    """The events of a :data:`LINES` blob, seq ``base`` plus each line's record index, and the smallest ts,
-    a batch per ``READ_BLOCK`` bytes or so (as ``yfpp run``'s reader reads: the records just parsed are
-    matched while they are in the processor's cache), read by the reader's bulk path (every line is
-    plain, :mod:`yfpp.spark.line_scan`)."""
-    pos, body = unpack(blob)
-    seqs = (pos.astype(np.int64) + base).tolist()  # (base + an int32 would wrap past 2**31 events)
-    start = first = 0
-    while start < len(body):
-        end = body.find(b"\n", start + READ_BLOCK) + 1 or len(body)
-        lines = body.count(b"\n", start, end)
-        records = plain_records(body[start:end], opts)
-        events = None if records is None else plain_events(records, seqs[first:first + lines], opts)
-        if events is None:
-            raise RuntimeError("the line scan took a line that yfpp's reader does not read as a plain event")
-        yield events, events[0].ts  # (a chunk of lines is in ts order)
-        start, first = end, first + lines
 
 
 def _late_against(job: ScanJob, task: int, events: list[Event], before: float,
