@@ -104,7 +104,7 @@ class _SpecMaker:
     """How a query's component spec is made from the template's: per edge (begin, take, final) the template's
     conjuncts and key, or where a conjunct holds a constant what to remake; the begin conjuncts' index keys."""
 
-    __slots__ = ("edges", "found", "best", "atom", "keys", "one")
+    __slots__ = ("edges", "found", "best", "atom", "keys", "one", "shared")
 
     def __init__(self, edges: tuple, found: list[tuple[tuple, tuple]], best: int | None, atom: bool,
                  keys: tuple | None) -> None:
@@ -119,6 +119,7 @@ class _SpecMaker:
         self.best = best  # which of them best_key picks whatever the constants (None: it must look at them)
         self.atom = atom  # the begin condition is one string equality: its index key is its key (atom_key)
         self.keys = keys  # ComponentSpec.keys when no conjunct holds a constant, else None
+        self.shared: ComponentSpec | None = None  # then the spec of every query, made at the first
         # the commonest case, made without the loops of spec: the begin condition is one string equality holding a
         # constant, its index key picked whatever the constants, no constant on take or final; then the stand-in's
         # (type, value), the template's check, and where the query's index key is its check too, that key's class
@@ -183,9 +184,14 @@ class _SpecMaker:
     def spec(self, s: ComponentSpec, literals: dict, texts: list[tuple[str, str]]) -> ComponentSpec:
         """The component spec of the query whose constants are ``literals`` (and as written, after the stand-in
         as written, ``texts``), the template's being ``s``."""
-        if self.keys is not None:
-            return ComponentSpec(s.index, s.var, s.event_type, s.kleene, s.contiguity, s.inner, s.begin, s.take,
-                                 s.final, s.agg_slots, s.keep_events, self.keys, s.what)
+        if self.keys is not None:  # (no constant: one spec, one node signature for every query of the shape)
+            shared = self.shared
+            if shared is None:
+                shared = self.shared = ComponentSpec(s.index, s.var, s.event_type, s.kleene, s.contiguity, s.inner,
+                                                     s.begin, s.take, s.final, s.agg_slots, s.keep_events, self.keys,
+                                                     s.what)
+                shared.shared_signature = shared.signature(s.what[6], None)  # type: ignore[index]
+            return shared
         if self.one is not None:
             literal, check, keyed = self.one
             if keyed is not None:

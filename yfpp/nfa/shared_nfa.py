@@ -869,8 +869,10 @@ class SharedNFA:
                     atom = atom_key(spec.begin[0][0], f"#{spec.index}")
                     if atom is not None:
                         sig = (sig[0], atom, *sig[2:])
-            elif keys[1] == () and keys[2] == () and private is None and what is not None and what[6] == partition_by:
-                sig = (what, keys[0])  # (spec.signature of a spec made from its shape's plan without take or final)
+            elif private is None and what is not None and what[6] == partition_by:  # (made from its shape's plan)
+                sig = spec.shared_signature
+                if sig is None:
+                    sig = (what, keys[0]) if keys[1] == () and keys[2] == () else spec.signature(partition_by, None)
             else:
                 sig = spec.signature(partition_by, private)
             node = None if new else child_at(parent, sig) if parent else self.roots.get(sig)
