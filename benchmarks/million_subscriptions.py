@@ -526,12 +526,20 @@ HOUSEKEEPING_HEADER = ("| kind | subscriptions | CPU µs/event | sweeps | sweep 
                        "| sweep CPU ns per visited object | idle CPU µs/event |\n|---|---|---|---|---|---|---|---|")
 
 
+def _tracked() -> tuple[int, int]:
+    """The objects the cyclic collector tracks, and the references they hold (what a full collection visits)."""
+    objects = gc.get_objects()
+    return len(objects), sum(len(gc.get_referents(o)) for o in objects)
+
+
 def held(kind: str, n: int) -> list[str]:
-    """Per shape of ``kind``: the objects Python's cyclic collector tracks and the bytes (tracemalloc) that one
-    subscription adds, over ``register_many`` of ``n`` of the shape after 50 of it (its plan, lazy imports)."""
+    """Per shape of ``kind``: the objects Python's cyclic collector tracks, the references they hold (a full
+    collection's work follows these) and the bytes (tracemalloc) that one subscription adds, over
+    ``register_many`` of ``n`` of the shape after 50 of it (its plan, lazy imports)."""
     import tracemalloc
 
-    lines = ["| shape | tracked objects / sub | bytes / sub (tracemalloc) |", "|---|---|---|"]
+    lines = ["| shape | tracked objects / sub | references they hold / sub | bytes / sub (tracemalloc) |",
+             "|---|---|---|---|"]
     for shape in TEMPLATES[kind]:
         def texts(start: int, count: int) -> list[tuple[str, None]]:
             return [(shape.format(j=j, j2=j + 7, lo=10 * (j - 1), hi=10 * j, t=20 + (7 * j) % 30), None)
@@ -540,14 +548,16 @@ def held(kind: str, n: int) -> list[str]:
         eng, batch = Engine(reports=None), texts(1000, n)
         eng.register_many(texts(1, 50))  # type: ignore[attr-defined]
         gc.collect()
-        tracked = len(gc.get_objects())
+        tracked, refs = _tracked()
         tracemalloc.start()
         eng.register_many(batch)  # type: ignore[attr-defined]
         del batch
         gc.collect()
         grown = tracemalloc.get_traced_memory()[0]
         tracemalloc.stop()
-        lines.append(f"| `{shape[:60]}…` | {(len(gc.get_objects()) - tracked) / n:.1f} | {grown / n:,.0f} |")
+        tracked_after, refs_after = _tracked()
+        lines.append(f"| `{shape[:60]}…` | {(tracked_after - tracked) / n:.1f} | {(refs_after - refs) / n:.1f} "
+                     f"| {grown / n:,.0f} |")
     return lines
 
 
@@ -572,7 +582,8 @@ def main() -> None:
                    "beside --sizes subscriptions of KIND, over the feed and over idle events")
     p.add_argument("--state", metavar="KIND", help="only snapshot and restore of --sizes subscriptions of KIND")
     p.add_argument("--held", metavar="KIND", help="only what one subscription of each shape of KIND holds: objects "
-                   "the cyclic collector tracks and bytes (1,000 of a shape registered after 50 of it)")
+                   "the cyclic collector tracks, the references they hold and bytes (1,000 of a shape registered after 50 "
+                   "of it)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--kind", help=argparse.SUPPRESS)
     p.add_argument("--housekeeping-one", nargs=2, help=argparse.SUPPRESS)

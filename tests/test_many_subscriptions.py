@@ -37,6 +37,7 @@ TEMPLATES = [  # what subscribers write, constants in braces
      "f[i].y >= f[i-1].y + {v} AND f[f.len].x = '{s}' AND max(f[..].y) <= {t} }} WITHIN {w}"),
     ("PATTERN SEQ(b+ e[], a f) WHERE skip_till_any_match(e[], f) {{ [k] AND (e.x = '{s}' OR e.y > {v}) AND "
      "f.y <= {t} }} WITHIN {w}"),
+    "PATTERN SEQ(a e, b f) WHERE skip_till_any_match(e, f) {{ [k] AND (e.x = '{s}' OR e.x = 'x{v}') }} WITHIN {w}",
 ]
 VALUES = [0, 1, 2, 3, 5, "1", "x", "x1", "", None]
 

@@ -4,6 +4,7 @@ events; and the engine's memory cap refuses registrations with an error."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from unittest.mock import patch
 
@@ -27,11 +28,13 @@ constants = st.tuples(st.integers(-1, 4), st.integers(0, 3), st.integers(0, 5), 
 @given(template=st.integers(0, len(TEMPLATES) - 1),
        subs=st.lists(st.tuples(constants, st.integers(0, 6), st.integers(0, 7), st.booleans()), min_size=1, max_size=12),
        events=st.lists(st.tuples(st.sampled_from("abc"), st.sampled_from(VALUES), st.sampled_from(VALUES),
-                                 st.sampled_from([1, 2])), max_size=6))
-def test_one_shape_with_many_constants_matches_the_reference_per_query(template, subs, events):
+                                 st.sampled_from([1, 2])), max_size=6),
+       restore_at=st.integers(0, 7))
+def test_one_shape_with_many_constants_matches_the_reference_per_query(template, subs, events, restore_at):
     """Subscription j of the shape is registered before event ``start`` (one at a time or in a batch) and
     unregistered before event ``stop`` (after the last event: kept); its matches are exactly the reference
-    evaluator's over the events between (a removed query ending in a negation aside: its deadline may fall after)."""
+    evaluator's over the events between (a removed query ending in a negation aside: its deadline may fall after).
+    Before event ``restore_at`` the engine is snapshot and restored from the JSON of its checkpoint."""
     stream = [Event(t, float(i), {k: v for k, v in (("x", x), ("y", y), ("k", key)) if v is not None}, i)
               for i, (t, x, y, key) in enumerate(events)]
     n = len(stream)
@@ -52,6 +55,8 @@ def test_one_shape_with_many_constants_matches_the_reference_per_query(template,
         for j, (_, stop) in enumerate(spans):
             if stop == i:
                 eng.unregister(ids.pop(j))
+        if i == restore_at:
+            eng = Engine.restore(json.loads(json.dumps(eng.snapshot())))
         if i < n:
             e = stream[i]
             got.update(_canon(m["query"], m["bindings"]) for m in eng.process(Event(e.type, e.ts, dict(e.attrs), e.seq)))

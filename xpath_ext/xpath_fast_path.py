@@ -97,7 +97,7 @@ def boolean(tok: XPathToken) -> Any:
         left, right = boolean(tok[0]), boolean(tok[1])
         if left is None or right is None:
             return None
-        return _And(left, right) if sym == "and" else _Or(left, right)
+        return _And(left, right) if sym == "and" else _either(left, right)
     if sym in COMPARE and len(tok) == 2:
         return _comparison(COMPARE[sym], tok[0], tok[1])
     if sym in _STRING_TESTS and tok.label == "function" and len(tok) == 2 and tok[1].symbol == "(string)":
@@ -151,6 +151,43 @@ class _Or(_And):
 
     def holds(self, el: Any) -> bool:
         return self.left.holds(el) or self.right.holds(el)
+
+
+def _either(left: Any, right: Any) -> Any:
+    """``left or right``: one :class:`_AttributeAmong` for ``@a = 'x' or @a = 'y' …`` (one object where an ``_Or``
+    of comparisons is three: a subscription's objects are walked at every full collection), else an ``_Or``."""
+    texts = _equal_texts(left), _equal_texts(right)
+    if texts[0] is not None and texts[1] is not None and texts[0][0] == texts[1][0]:
+        return _AttributeAmong(texts[0][0], texts[0][1] + texts[1][1])
+    return _Or(left, right)
+
+
+def _equal_texts(test: Any) -> tuple[str, tuple[str, ...]] | None:
+    """``(name, texts)`` of ``@name = 'text'`` or of an :class:`_AttributeAmong`, else None."""
+    if type(test) is _AttributeText and test.op is operator.eq:
+        return test.name, (test.literal,)
+    if type(test) is _AttributeAmong:
+        return test.name, test.literals
+    return None
+
+
+class _AttributeAmong:
+    """``@name = 'x' or @name = 'y' …``: the attribute's text equal to one of ``literals`` (tried in order)."""
+
+    __slots__ = ("name", "literals")
+
+    def __init__(self, name: str, literals: tuple[str, ...]) -> None:
+        self.name = name
+        self.literals = literals
+
+    def holds(self, el: Any) -> bool:
+        raw = el.get(self.name)
+        if raw is None:
+            return False
+        for literal in self.literals:
+            if raw == literal:
+                return True
+        return False
 
 
 #: ``contains``, ``starts-with``, ``ends-with`` with the default (codepoint) collation: Python's own

@@ -208,7 +208,7 @@ def _fast_or_none(token: XPathToken, source: str, namespaces: Namespaces) -> Tes
     if attribute is not None:  # (reads no child: never needs elementpath)
         return AttributeTest(*attribute)
     fast = boolean(token)
-    return None if fast is None else FastTest(fast, ParsedWhenNeeded(source, namespaces))
+    return None if fast is None else FastTest(fast, source, namespaces)
 
 
 class TestTemplate:
@@ -354,14 +354,18 @@ def by_elementpath(source: str, namespaces: Namespaces = ()) -> bool:
 
 class FastTest:
     """A predicate's test by the fast path (``fast``: the tree ``xpath_fast_path.boolean`` made), elementpath
-    (``slow``) deciding the events it cannot read.  Like every test :func:`compile_xpath_test` makes, a check of
-    the shared NFA as it is (``test(event, vec)``: the run's bindings, unread)."""
+    deciding the events it cannot read: the test of ``source`` (valid), parsed at the first such event (a parsed
+    token tree is most of what a predicate would hold; one object, not two: a million subscriptions' tests are
+    objects the cyclic collector walks).  Like every test :func:`compile_xpath_test` makes, a check of the shared
+    NFA as it is (``test(event, vec)``: the run's bindings, unread)."""
 
-    __slots__ = ("fast", "slow")
+    __slots__ = ("fast", "source", "namespaces", "parsed")
 
-    def __init__(self, fast: Any, slow: Test) -> None:
+    def __init__(self, fast: Any, source: str, namespaces: Namespaces) -> None:
         self.fast = fast
-        self.slow = slow
+        self.source = source
+        self.namespaces = namespaces
+        self.parsed: ElementpathTest | None = None
 
     def __call__(self, event: Event, vec: tuple = ()) -> bool:
         try:
@@ -371,23 +375,13 @@ class FastTest:
         except Slow:
             return self.slow(event)
 
-
-class ParsedWhenNeeded:
-    """The elementpath test of ``source`` (valid), parsed at its first call: behind the fast path it decides only
-    the events the fast path cannot read, and a parsed token tree is most of what a predicate would hold."""
-
-    __slots__ = ("source", "namespaces", "made")
-
-    def __init__(self, source: str, namespaces: Namespaces) -> None:
-        self.source = source
-        self.namespaces = namespaces
-        self.made: ElementpathTest | None = None
-
-    def __call__(self, event: Event, vec: tuple = ()) -> bool:
-        made = self.made
-        if made is None:
-            made = self.made = ElementpathTest(parse_expression(self.source, self.namespaces), dict(self.namespaces))
-        return made(event)
+    def slow(self, event: Event) -> bool:
+        """The test by elementpath."""
+        parsed = self.parsed
+        if parsed is None:
+            parsed = self.parsed = ElementpathTest(parse_expression(self.source, self.namespaces),
+                                                   dict(self.namespaces))
+        return parsed(event)
 
 
 class ElementpathTest:

@@ -11,7 +11,8 @@ from tests.test_many_subscriptions import TEMPLATES, VALUES, text
 from yfpp.engine import Engine
 from yfpp.input.events import Event
 from yfpp.language.query_text import QueryShapes, parse_query
-from yfpp.nfa.shape_plans import ShapePlans
+from yfpp.nfa.rebind import same
+from yfpp.nfa.shape_plans import ShapePlans, _Remade
 
 constants = st.tuples(st.integers(-1, 4), st.integers(0, 3), st.integers(0, 5), st.sampled_from(["1", "x", "x1", "2"]),
                       st.integers(1, 6))
@@ -224,3 +225,56 @@ def test_an_xpath_equality_step_keeps_its_index_key_as_its_test() -> None:
     for value in ("Z2", 2, 2.0, True, ["Z2"]):  # (attributes from JSON that are no text)
         ev = Event("shelf", 0.0, {"zone": value}, 0)
         assert key(ev, ()) is compiled(ev)
+
+
+REMADE = TEMPLATES + [  # conjuncts no rebound check takes: an OR, XPath and/or/starts-with/children, a Kleene's first
+    "[k]&&//a[starts-with(@x, '{s}-')]//b[@y = {v}]&&({w})",
+    "[k]&&//a[@x='{s}' or @x='x{s}']//b[@y > {t}]&&({w})",
+    "PATTERN SEQ(b+ e[], a f) WHERE skip_till_next_match(e[], f) {{ [k] AND e[1].x = '{s}' AND e[1].y > {t} }}",
+]
+odd_texts = st.text(st.sampled_from(["x", "1", "'", '"', "\ue000", "\u0661", " ", "-", "é"]), max_size=4)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(template=st.integers(0, len(REMADE) - 1),
+       subs=st.lists(st.tuples(st.integers(0, 99), st.integers(0, 4), odd_texts), min_size=1, max_size=6))
+def test_a_conjunct_remade_for_a_query_is_what_compiling_it_gives(template, subs):
+    """A conjunct holding constants that no rebound check takes is remade for each query: its check rebound to the
+    query's constants (yfpp.nfa.rebind) is the check compiling it gives, object for object; a constant it cannot
+    rebind (a quote, a stand-in's mark, a digit not ASCII) is compiled; so is a conjunct whose check holds closures."""
+    shapes, plans = QueryShapes(), ShapePlans(lambda pattern: True)
+    rebound = 0
+    for t, v, s in subs:
+        q = REMADE[template].format(t=t, u=t + 3, v=v, s=s, w=5)
+        shape, constants = shapes.shape_of(q)
+        splan = shape and plans.get(shape, None, False)
+        if not splan:
+            continue
+        literals, texts = shape.literals(constants), list(zip(shape.sentinels, constants))
+        for maker in splan.made:
+            for _, _, items in maker.edges:
+                for remade in {item[0] for item in items or () if type(item[0]) is _Remade}:
+                    made = remade.made(literals, texts)
+                    expr, check = remade._compiled(literals, texts)
+                    assert made.expr == expr
+                    if remade.check is not None:  # (else both compiled: each its own closures)
+                        assert same(made.check, check), q
+                        rebound += 1
+    if template >= len(TEMPLATES) and all(s.isalnum() and s.isascii() for _, _, s in subs):
+        assert rebound  # (these shapes' conjuncts are rebound)
+
+
+def test_a_check_rebound_shares_what_holds_no_constant():
+    shapes, plans = QueryShapes(), ShapePlans(lambda pattern: True)
+    checks = []
+    for s in ("p", "q"):
+        q = f"[k]&&//a[starts-with(@x, '{s}-')]//b&&(5)"
+        shape, constants = shapes.shape_of(q)
+        (remade,) = [i[0] for m in plans.get(shape, None, False).made for _, _, items in m.edges for i in items or ()
+                     if type(i[0]) is _Remade]
+        checks.append(remade.made(shape.literals(constants), list(zip(shape.sentinels, constants))).check)
+    a, b = checks
+    assert a is not b and not same(a, b)
+    assert a.fast.values is b.fast.values  # (the attribute read: no constant in it)
+    assert (a.fast.literal, b.fast.literal, a.source, b.source) == ("p-", "q-", "starts-with(@x, 'p-')",
+                                                                    "starts-with(@x, 'q-')")

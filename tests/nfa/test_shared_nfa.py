@@ -326,9 +326,9 @@ def test_a_nodes_only_child_and_wait_state_stand_for_their_mappings():
     wait = root.waits
     assert type(wait) is State and len(root.waits) == 1 and list(root.waits.values()) == [wait]
     assert root.waits[wait.key] is wait and root.waits.get(wait.key) is wait and root.waits.get("other") is None
-    assert len(wait.table) == 1 and root.window == 3600 and root.books is None
+    assert wait.table.size() == 1 and root.window == 3600 and root.books is None
     second = eng.register(text.format(d="D2", w="2 hours"))
-    assert type(root.children) is dict and len(root.children) == 2 and len(wait.table) == 2
+    assert type(root.children) is dict and len(root.children) == 2 and wait.table.size() == 2
     assert root.window == 7200 and root.books.windows == {3600: 1, 7200: 1}
     assert type(root.waits) is State  # (one contiguity: one wait state for both children)
     assert list(eng.runtime.branch_queries[root]) == [eng.queries[first], eng.queries[second]]
@@ -340,7 +340,7 @@ def test_a_nodes_only_child_and_wait_state_stand_for_their_mappings():
 
     assert {root.id, *(c.id for c in children_of(root))} <= set(nfa_graph(eng).nodes)
     eng.unregister(second)
-    assert root.window == 3600 and root.books.windows is None and len(wait.table) == 1
+    assert root.window == 3600 and root.books.windows is None and wait.table.size() == 1
     assert list(eng.runtime.branch_queries[root]) == [eng.queries[first]]
     eng.unregister(first)
     assert not eng.runtime.branch_queries and not eng.runtime.nfa.roots

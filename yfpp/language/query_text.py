@@ -222,6 +222,7 @@ def _load_file(path: Path) -> list[QuerySource]:
 # each kind of constant as a whole token (``token_kinds``' letters): a quoted string, an integer, a decimal
 KIND_TOKENS = {"s": r"""'[^'\\\n]*'|"[^"\\\n]*\"""", "n": r"\d{1,15}", "d": r"\d{1,15}\.\d{1,15}"}
 _CONSTANT = re.compile(r"""['"=<>](?:(?<=')[^'\\\n]*'|(?<=")[^"\\\n]*"|(?<=[=<>])\s*(\d{1,15}(?:\.\d{1,15})?)(?![\w.%]))""")
+RECENT_SHAPES = 8  #: how many of the last shapes found a text is compared with before it is scanned
 _SENTINEL = "\ue000{}\ue001"  # a string constant's stand-in (private-use characters)
 _NUMBER_SENTINEL = 987_654_321_000  # + i: an integer constant's stand-in (12 digits, exact as a double)
 
@@ -237,9 +238,10 @@ class QueryShapes:
         self.max_shapes = max_shapes
         self._shapes: dict[tuple, Shape | None] = {}
         self._lock = threading.Lock()
-        # the last shape found: (ts_unit, text around its constants, their kinds, the shape); a text of it is split
-        # by comparing (split_like), not scanned (a batch of one template's subscriptions, a checkpoint's rows)
-        self._last: tuple[str, list[str], list[str], Shape | None] | None = None
+        # the last shapes found, the latest first: (ts_unit, text around its constants, their kinds, the shape); a text
+        # of one is split by comparing (split_like), not scanned (a batch of one template's subscriptions, a
+        # checkpoint's rows, subscribers of a few templates registering in turn)
+        self._recent: tuple[tuple[str, list[str], list[str], Shape | None], ...] = ()
 
     def parse(self, text: str, ts_unit: str = "s") -> Pattern:
         """:func:`parse_query` of ``text``, the same pattern, from the shape's when it was met before."""
@@ -255,11 +257,13 @@ class QueryShapes:
         when the caller has it (a checkpoint keeps its queries so)."""
         if len(text) > MAX_QUERY_CHARS:
             check_text(text)  # (its error: the shape's text is shorter; its nesting is the text's, checked by parsing)
-        last = self._last
-        if split is None and last is not None and last[0] == ts_unit:
-            found = split_like(text, last[1], last[2])
-            if found is not None:
-                return last[3], found
+        recent = self._recent
+        if split is None:
+            for last in recent:  # (the latest first; a text of another shape seldom begins as this one's)
+                if last[0] == ts_unit and text.startswith(last[1][0]):
+                    found = split_like(text, last[1], last[2])
+                    if found is not None:
+                        return last[3], found
         around, constants = split_constants(text) if split is None else split
         if not constants:
             return None, constants
@@ -277,7 +281,7 @@ class QueryShapes:
                 if len(self._shapes) >= self.max_shapes:
                     self._shapes.pop(next(iter(self._shapes)))
                 self._shapes[key] = shape
-        self._last = (ts_unit, around, kinds, shape)  # type: ignore[assignment]
+        self._recent = ((ts_unit, around, kinds, shape), *recent[:RECENT_SHAPES - 1])  # type: ignore[assignment]
         return shape, constants  # type: ignore[return-value]
 
 

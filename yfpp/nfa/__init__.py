@@ -7,6 +7,8 @@
   negations); each component spec carries its sharing signature.
 - ``predicates``: expression trees → checks ``f(ev, vec)`` (closures and slotted objects) (docs/semantics.md §4), Kleene state with
   incremental aggregates.
+- ``rebind``: a shape's compiled check made again for a query's constants: the objects holding a stand-in copied
+  with the constant, the rest shared, without compiling.
 - ``shape_plans``: one compiled plan per query shape; a query that differs from it only by constants is made
   from it, its constants put into the canonical expressions and attribute comparisons, without compiling.
 - ``shared_atoms``: predicates of the event alone that several nodes hold, evaluated once per event for them all.

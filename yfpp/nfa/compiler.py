@@ -88,6 +88,9 @@ class ComponentSpec:
     keys: tuple[Hashable, Hashable, Hashable, tuple | None] | None = None
     # made from a shape's plan: what the component is (:meth:`kind`), the shape's, found once
     what: tuple | None = None
+    # made from a shape's plan and holding no constant: its node signature (:meth:`signature`, no private runs), one
+    # tuple for the nodes of every query of the shape (a node's signature is an object the cyclic collector walks)
+    shared_signature: Hashable = None
 
     def signature(self, partition_by: tuple[str, ...], private: object | None) -> Hashable:
         """What must be equal for two queries to share this component's runs: what the component is, one tuple

@@ -278,6 +278,29 @@ class _AttrCompare:
         return (_OP_OF[self.cmp], self.attr, type(lit), lit)
 
 
+class _AttrAmong:
+    """``ev.attr = 'x' OR ev.attr = 'y' OR …`` (strings): one object where an ``AnyOf`` of comparisons is four (its
+    parts' tuple and each part: a subscription's objects are walked at every full collection)."""
+
+    __slots__ = ("attr", "texts")
+
+    def __init__(self, attr: str, texts: tuple[str, ...]) -> None:
+        self.attr = attr
+        self.texts = texts
+
+    def __call__(self, ev: Event, vec: tuple) -> bool:
+        v = ev.attrs.get(self.attr, MISSING)
+        return type(v) is str and v in self.texts  # (what _EQUAL answers of each: a string equal to one)
+
+    @classmethod
+    def of(cls, parts: tuple[Check, ...]) -> "_AttrAmong | None":
+        """The check of the disjunction of ``parts`` when each is ``ev.attr = 'text'`` of one attribute, else None."""
+        if not all(type(p) is _AttrCompare and p.cmp is _EQUAL and type(p.lit) is str for p in parts) \
+                or len({p.attr for p in parts}) != 1:  # type: ignore[attr-defined]
+            return None
+        return cls(parts[0].attr, tuple(p.lit for p in parts))  # type: ignore[attr-defined]
+
+
 class EqualityKey(tuple):
     """The index key ``("eq", attr, value)`` of ``ev.attr = value`` (``yfpp.nfa.shared_nfa.index_key``) that is the
     equality's check too: called as one it answers what ``_AttrCompare(compare_fn("="), attr, value)`` does.  A
@@ -360,7 +383,8 @@ class _Compiler:
         if isinstance(e, And):
             return AllOf(tuple(self.boolean(x) for x in e.operands))
         if isinstance(e, Or):
-            return AnyOf(tuple(self.boolean(x) for x in e.operands))
+            parts = tuple(self.boolean(x) for x in e.operands)
+            return _AttrAmong.of(parts) or AnyOf(parts)
         if isinstance(e, Not):
             return NotOf(self.boolean(e.operand))
         qvars = [v for v in quantified_vars(e, self.place, self.scope) if v not in self.cells]

@@ -6,16 +6,16 @@ query: its components' conjuncts that hold no constant are the shape's own (cano
 by every query of the shape); a conjunct that compares the event's attribute with a constant gets the query's
 constant put into its expression key (what the node signature reads), its index keys and its check
 (:func:`yfpp.nfa.predicates.rebound`); any other conjunct that holds constants (an ``or``, an XPath test of several
-comparisons, of a child or of a function, a condition on a Kleene iteration's first event…) is compiled alone, its
-constants put into the shape's canonical conjunct (:class:`_Remade`; an XPath test from its parsed template, not
-parsed again).  A shape whose constants stand anywhere else (a negated component's conjunct, RETURN, …) has no
+comparisons, of a child or of a function, a condition on a Kleene iteration's first event…) is made from the shape's
+canonical conjunct, its constants put in (:class:`_Remade`): its check the shape's check rebound to them
+(``yfpp.nfa.rebind``) where that was found to give what compiling gives, else compiled (an XPath test from its parsed
+template, not parsed again).  A shape whose constants stand anywhere else (a negated component's conjunct, RETURN, …) has no
 plan: its queries compile one by one, as any query does; so do those of an engine that merges runs (the run merger
 reads the canonical expressions of a registering query, which a query made from its shape's plan does not carry).
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Iterator, MutableMapping
 from typing import Any, Callable, Hashable
@@ -23,9 +23,10 @@ from typing import Any, Callable, Hashable
 from yfpp.errors import YfppError
 from yfpp.language.pattern import Expr, Pattern, XPathTest, variables
 from yfpp.language.query_text import Shape, hot_objects, split_constants, substitute
-from yfpp.nfa.compiler import ComponentSpec, QueryPlan, compile_pattern, expr_key, key_set
+from yfpp.nfa.compiler import ComponentSpec, NegationPlan, QueryPlan, compile_pattern, expr_key, key_set
 from yfpp.input.events import MISSING
 from yfpp.nfa.predicates import Check, Place, Scope, compile_check, constant_of, equality_key_of, rebound
+from yfpp.nfa.rebind import Rebinding, same
 from yfpp.nfa.shared_nfa import NOT_EQUALITY, atom_key, best_key, conjunct_keys
 
 
@@ -52,7 +53,7 @@ class ShapePlan:
             template = compile_pattern(base, "")
         except YfppError:  # (the stand-ins are no constants there: each query compiles, for its own error)
             return None
-        values = {(s[1:-1] if s[0] in "'\"" else s): s for s in shape.sentinels}
+        values = {_unquoted(s): s for s in shape.sentinels}
         negated = {c.var for c in base.components if not c.positive}
         outside = [e for e in base.where if variables(e) & negated]
         if base.emit is not None:
@@ -84,7 +85,7 @@ class ShapePlan:
         texts = list(zip(self.shape.sentinels, constants)) if self.remakes else ()  # (what _Remade.made reads)
         specs = [m.spec(s, literals, texts) for s, m in zip(t.compiled_specs or (), self.made)]
         # (the runtime keys its negation stores by these objects)
-        negations = [copy.copy(n) for n in t.negations] if t.negations else ()
+        negations = [_copied(n) for n in t.negations] if t.negations else ()
         trailing = negations[t.negations.index(t.trailing)] if t.trailing is not None else None
         # (positional arguments, in QueryPlan's field order: name, source, compiled_specs, negations, trailing,
         # partition_by, window, policy, emit, var_names, since_tick, negation_key, last, feedback, shape)
@@ -104,7 +105,7 @@ class _SpecMaker:
     """How a query's component spec is made from the template's: per edge (begin, take, final) the template's
     conjuncts and key, or where a conjunct holds a constant what to remake; the begin conjuncts' index keys."""
 
-    __slots__ = ("edges", "found", "best", "atom", "keys", "one")
+    __slots__ = ("edges", "found", "best", "atom", "keys", "one", "shared")
 
     def __init__(self, edges: tuple, found: list[tuple[tuple, tuple]], best: int | None, atom: bool,
                  keys: tuple | None) -> None:
@@ -119,6 +120,7 @@ class _SpecMaker:
         self.best = best  # which of them best_key picks whatever the constants (None: it must look at them)
         self.atom = atom  # the begin condition is one string equality: its index key is its key (atom_key)
         self.keys = keys  # ComponentSpec.keys when no conjunct holds a constant, else None
+        self.shared: ComponentSpec | None = None  # then the spec of every query, made at the first
         # the commonest case, made without the loops of spec: the begin condition is one string equality holding a
         # constant, its index key picked whatever the constants, no constant on take or final; then the stand-in's
         # (type, value), the template's check, and where the query's index key is its check too, that key's class
@@ -157,7 +159,7 @@ class _SpecMaker:
                 if value is MISSING or str(value) not in sentinels or len(parts) != 2:
                     mode = "bound" if edge == 2 else "iter" if spec.kleene else "event"
                     if id(check) not in remade:
-                        remade[id(check)] = _Remade.make(e, Place(me, mode), *remaking)
+                        remade[id(check)] = _Remade.make(e, check, Place(me, mode), *remaking)
                     covered.update(remade[id(check)].values)
                     out.append((remade[id(check)], None, None))
                     continue
@@ -183,9 +185,14 @@ class _SpecMaker:
     def spec(self, s: ComponentSpec, literals: dict, texts: list[tuple[str, str]]) -> ComponentSpec:
         """The component spec of the query whose constants are ``literals`` (and as written, after the stand-in
         as written, ``texts``), the template's being ``s``."""
-        if self.keys is not None:
-            return ComponentSpec(s.index, s.var, s.event_type, s.kleene, s.contiguity, s.inner, s.begin, s.take,
-                                 s.final, s.agg_slots, s.keep_events, self.keys, s.what)
+        if self.keys is not None:  # (no constant: one spec, one node signature for every query of the shape)
+            shared = self.shared
+            if shared is None:
+                shared = self.shared = ComponentSpec(s.index, s.var, s.event_type, s.kleene, s.contiguity, s.inner,
+                                                     s.begin, s.take, s.final, s.agg_slots, s.keep_events, self.keys,
+                                                     s.what)
+                shared.shared_signature = shared.signature(s.what[6], None)  # type: ignore[index]
+            return shared
         if self.one is not None:
             literal, check, keyed = self.one
             if keyed is not None:
@@ -199,7 +206,7 @@ class _SpecMaker:
                                  s.final, s.agg_slots, s.keep_events, (best, self.edges[1][1], self.edges[2][1], best),
                                  s.what)
         lists, keys = [], []
-        remade: dict[_Remade, tuple[Expr, Check]] = {}  # (a Kleene's first and later iterations share a check)
+        remade: dict[_Remade, _Made] = {}  # (a Kleene's first and later iterations share a check)
         for edge, (conjuncts, fixed_key, items) in enumerate(self.edges):
             atom = self.atom and not edge  # (the begin edge's key is its index key, below)
             if items is None:
@@ -215,10 +222,10 @@ class _SpecMaker:
                 if type(literal) is _Remade:
                     if literal not in remade:
                         remade[literal] = literal.made(literals, texts)
-                    expr, check = remade[literal]
-                    made.append((None, check))
+                    conjunct = remade[literal]
+                    made.append((None, conjunct.check))
                     if not atom:
-                        made_keys.append(expr_key(expr))
+                        made_keys.append(conjunct.key())
                     continue
                 value = literals[literal]
                 made.append((None, rebound(check, value)))
@@ -238,13 +245,13 @@ class _SpecMaker:
             found: list[tuple] = []
             for k, at in self.found:
                 if at is None:  # (a conjunct remade: the keys of its expression)
-                    found += conjunct_keys(remade[k][0], f"#{s.index}")
+                    found += remade[k].found(f"#{s.index}")
                 else:
                     found.append(_put(k, at, literals))
             best = best_key(found)
         if self.atom:
             first = self.found[0][0]
-            keys[0] = atom_key(remade[first][0], f"#{s.index}") if type(first) is _Remade else best
+            keys[0] = remade[first].atom(f"#{s.index}") if type(first) is _Remade else best
         return ComponentSpec(s.index, s.var, s.event_type, s.kleene, s.contiguity, s.inner, lists[0], lists[1],
                              lists[2], s.agg_slots, s.keep_events, (keys[0], keys[1], keys[2], best), s.what)
 
@@ -253,28 +260,41 @@ class _Remade:
     """How a conjunct holding constants is made for a query when its check is no comparison that
     :func:`yfpp.nfa.predicates.rebound` remakes (an ``or``, an XPath test of several comparisons or of a function,
     a condition on a Kleene iteration's first event…): its canonical expression with the query's constants put in,
-    compiled alone — what compiling the whole query gives of it — its key and index keys read from that
-    expression; an XPath test is made from its parsed template (``TestTemplate``), not parsed again."""
+    its check the template's rebound to them (:class:`yfpp.nfa.rebind.Rebinding`, where probes found that to give
+    what compiling gives) or else compiled alone — what compiling the whole query gives of it — its key and index
+    keys read from that expression; an XPath test is compiled from its parsed template (``TestTemplate``), not
+    parsed again."""
 
-    __slots__ = ("expr", "hot", "place", "scope", "template", "values")
+    __slots__ = ("expr", "hot", "place", "scope", "template", "values", "positions", "recent", "check", "numbers")
 
-    def __init__(self, expr: Expr, hot: set[int], place: Place, scope: Scope, template: Any, values: set[str]) -> None:
+    def __init__(self, expr: Expr, hot: set[int], place: Place, scope: Scope, template: Any, values: set[str],
+                 positions: tuple[int, ...]) -> None:
         self.expr = expr  # the template's canonical conjunct
         self.hot = hot  # the ids of its objects that hold stand-ins (what substitute rebuilds)
         self.place = place  # where its check runs, its variables by position (#i)
         self.scope = scope  # the shape's, its variables by position
         self.template = template  # its XPath test's TestTemplate, or None
         self.values = values  # the stand-ins' values (as text) it holds
+        self.positions = positions  # where those stand in the shape's constants
+        # the conjuncts made for the last constants met (as written, at ``positions``): a threshold or a level that
+        # many subscriptions of a shape share is compiled once (at most RECENT kept, the oldest dropped first)
+        self.recent: dict[tuple[str, ...], _Made] = {}
+        # how a query's check is the template's rebound to its constants (yfpp.nfa.rebind), else None (compiled)
+        self.check: Rebinding | None = None
+        # where an XPath number stands among the shape's constants (its stand-in is a text), and its stand-in as
+        # the integer the compiled check holds
+        self.numbers: tuple[tuple[int, int], ...] = ()
 
     @classmethod
-    def make(cls, expr: Expr, place: Place, shape: Shape, scope: Scope, hot: set[int],
+    def make(cls, expr: Expr, check: Check, place: Place, shape: Shape, scope: Scope, hot: set[int],
              sentinels: dict[str, str]) -> _Remade:
-        """How to remake ``expr`` (checked at ``place``) for a query of ``shape``; ``sentinels``: each stand-in's
-        value (as text) and how it is written."""
+        """How to remake ``expr`` (checked at ``place``, compiled to ``check``) for a query of ``shape``;
+        ``sentinels``: each stand-in's value (as text) and how it is written."""
         values = set()
         for value, written in sentinels.items():
             if hot_objects(expr, {value}, [written], set()):
                 values.add(value)
+        positions = tuple(i for i, written in enumerate(shape.sentinels) if _unquoted(written) in values)
         template = None
         if isinstance(expr, XPathTest) and expr.var == place.current and place.mode == "event":
             from xpath_ext.xpath_predicates import TestTemplate
@@ -288,15 +308,129 @@ class _Remade:
             template = TestTemplate(expr.source, expr.namespaces, stand_ins)
             if len(template.slots) != sum(expr.source.count(w) for w in shape.sentinels):
                 template = None  # (a stand-in it cannot put a constant into: a decimal; parsed per query)
-        return cls(expr, hot, place, scope, template, values)
+        remake = cls(expr, hot, place, scope, template, values, positions)
+        remake.check = remake._rebinding(check, shape)
+        return remake
 
-    def made(self, literals: dict, texts: list[tuple[str, str]]) -> tuple[Expr, Check]:
-        """The query's conjunct and its check, its constants being ``literals`` (as written: ``texts``)."""
+    def _rebinding(self, check: Check, shape: Shape) -> Rebinding | None:
+        """How to rebind ``check`` to a query's constants, when that gives what compiling its conjunct gives (found
+        on probe constants: each a text or an integer, a decimal is not rebound, of other lengths than the
+        stand-ins'); else None."""
+        if any(kind not in (str, int) or not (quoted or str(value).isdigit())
+               for (kind, value), quoted in (shape.keys[i] for i in self.positions)):
+            return None
+        self.numbers = tuple((i, int(shape.keys[i][0][1])) for i in self.positions
+                             if shape.keys[i][0][0] is str and not shape.keys[i][1])
+        try:
+            rebinding = Rebinding(check, {*(k for k, _ in shape.keys), *((int, n) for _, n in self.numbers)},
+                                  list(shape.sentinels))
+        except RecursionError:  # (objects that hold each other: not rebound)
+            return None
+        for text, number in _PROBES:
+            constants = [s[0] + text + s[0] if quoted else str(number) for s, (_, quoted) in
+                         zip(shape.sentinels, shape.keys)]
+            literals, texts = shape.literals(constants), list(zip(shape.sentinels, constants))
+            try:
+                compiled = self._compiled(literals, texts)[1]
+            except YfppError:
+                return None
+            if not same(self._rebound(rebinding, literals, texts), compiled):
+                return None
+        return rebinding
+
+    def _rebound(self, rebinding: Rebinding, literals: dict, texts: list[tuple[str, str]]) -> Check:
+        """The check ``rebinding`` makes for the constants ``literals`` (as written: ``texts``), an XPath number's as
+        an integer."""
+        if self.numbers:
+            literals = dict(literals)
+            for i, stand_in in self.numbers:
+                literals[(int, stand_in)] = int(texts[i][1])
+        return rebinding.made(literals, texts)
+
+    def made(self, literals: dict, texts: list[tuple[str, str]]) -> _Made:
+        """The query's conjunct, its check and what is read of it, its constants being ``literals`` (as written:
+        ``texts``); the same object for the same constants as written (they make the same conjunct)."""
+        constants = tuple([texts[i][1] for i in self.positions])
+        recent = self.recent
+        made = recent.get(constants)
+        if made is not None:
+            return made
+        if self.check is not None and all(map(_plain, constants)):
+            made = _Made(substitute(self.expr, literals, texts, self.hot), self._rebound(self.check, literals, texts))
+        else:
+            made = _Made(*self._compiled(literals, texts))
+        if len(recent) >= RECENT:
+            del recent[next(iter(recent))]
+        recent[constants] = made
+        return made
+
+    def _compiled(self, literals: dict, texts: list[tuple[str, str]]) -> tuple[Expr, Check]:
+        """The query's conjunct and its check compiled, its constants being ``literals`` (as written: ``texts``)."""
         expr = substitute(self.expr, literals, texts, self.hot)
         template = self.template
         if template is None:
             return expr, compile_check(expr, self.place, self.scope)
         return expr, compile_check(expr, self.place, self.scope, lambda source, _: template.test(literals, source))
+
+
+#: how many conjuncts made for distinct constants a :class:`_Remade` keeps, to give again
+RECENT = 64
+#: the constants a :class:`_Remade` is made for to find whether rebinding its check gives what compiling gives:
+#: (a text's, an integer's); other lengths and characters than the stand-ins' and each other's
+_PROBES = (("p", 7), ("qr7-x", 12345))
+
+
+def _plain(constant: str) -> bool:
+    """Is ``constant`` (as written) one whose check is rebound: an integer, or a text holding no quote (an XPath text
+    doubles one) and no stand-in's mark?"""
+    if constant[0] not in "'\"":
+        return constant.isascii() and constant.isdigit()
+    return not any(c in constant[1:-1] for c in "'\"\ue000\ue001")
+
+
+class _Made:
+    """A conjunct made for a query's constants (:meth:`_Remade.made`): its expression, its check, and what the
+    plan reads of the expression (its key, its index keys, its atom key), each read once."""
+
+    __slots__ = ("expr", "check", "_key", "_found", "_atom")
+
+    def __init__(self, expr: Expr, check: Check) -> None:
+        self.expr = expr
+        self.check = check
+        self._key: str | None = None
+        self._found: list[tuple] | None = None
+        self._atom: Any = _MISSING
+
+    def key(self) -> str:
+        """:func:`yfpp.nfa.compiler.expr_key` of the expression."""
+        if self._key is None:
+            self._key = expr_key(self.expr)
+        return self._key
+
+    def found(self, me: str) -> list[tuple]:
+        """Its index keys as a begin conjunct of component ``me`` (:func:`yfpp.nfa.shared_nfa.conjunct_keys`)."""
+        if self._found is None:
+            self._found = conjunct_keys(self.expr, me)
+        return self._found
+
+    def atom(self, me: str) -> tuple | None:
+        """:func:`yfpp.nfa.shared_nfa.atom_key` of the expression as a begin conjunct of component ``me``."""
+        if self._atom is _MISSING:
+            self._atom = atom_key(self.expr, me)
+        return self._atom
+
+
+def _unquoted(written: str) -> str:
+    """A stand-in's value as text, from how it is written (a quoted string's quotes dropped)."""
+    return written[1:-1] if written[0] in "'\"" else written
+
+
+def _copied(negation: NegationPlan) -> NegationPlan:
+    """A shallow copy of ``negation`` (``copy.copy``'s, without its reduce protocol: a third of the time)."""
+    new = object.__new__(NegationPlan)
+    for name in NegationPlan.__slots__:
+        object.__setattr__(new, name, getattr(negation, name))
+    return new
 
 
 def _fixed_best(found: list[tuple]) -> int | None:

@@ -53,6 +53,7 @@ def shared_atom(check: Check, memo: AtomMemo, key: Hashable) -> Check:
     atom.key = key  # type: ignore[attr-defined]
     atom.holders = 0  # type: ignore[attr-defined]
     atom.cell = cell  # type: ignore[attr-defined]
+    atom.alone = (atom,)  # type: ignore[attr-defined]  # the checks of every node holding it alone: one tuple
     return atom
 
 
@@ -146,6 +147,8 @@ def _replace(node: Any, key: Hashable, atom: Check) -> int:
     for field in _FIELDS:
         checks = getattr(node, field)
         new = tuple(atom if not is_shared(c) and atom_key(c) == key else c for c in checks)
+        if new == atom.alone:  # type: ignore[attr-defined]
+            new = atom.alone  # type: ignore[attr-defined]
         replaced = sum(1 for a, b in zip(checks, new) if a is not b)
         if replaced:
             setattr(node, field, new)

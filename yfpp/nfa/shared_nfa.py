@@ -254,7 +254,8 @@ class TransitionTable:
             return anyg.candidates(ev)
         return group.candidates(ev) + anyg.candidates(ev)
 
-    def __len__(self) -> int:
+    def size(self) -> int:
+        """How many nodes it holds (not ``__len__``: a :class:`State`, its own table, is a mapping of itself alone)."""
         return 1 if self.only is not None else sum(g.size for g in self.by_type.values())
 
     def mate(self, node: Node) -> Node | None:
@@ -784,22 +785,26 @@ def _balanced(source: str) -> bool:
 
 
 @dataclass(eq=False, slots=True, init=False)
-class State:
-    """Where runs wait: inside Kleene ``node``, or after ``node`` for ``table``'s children."""
+class State(TransitionTable):
+    """Where runs wait: inside Kleene ``node``, or after ``node`` for ``table``'s children.  A state is its own
+    transition table (``table`` is itself): one object a wait state, not two (a million subscriptions make a
+    million wait states, each an object the cyclic collector walks at every full collection)."""
 
     node: Node | None  # None: the root level (no runs wait there)
     mode: str  # "wait" | "in"
     contiguity: Contiguity
-    table: TransitionTable
+    table: TransitionTable  # itself
     child: Node | None  # the one child of a skip-till-next wait state
     touch_all: bool  # every event moves or kills its runs: strict, or partition without an equivalence list
 
     def __init__(self, node: Node, mode: str, contiguity: Contiguity, child: Node | None = None) -> None:
         # (written out, not a dataclass's: a million subscriptions make a million wait states)
+        self.by_type = _NO_ENTRIES
+        self.only = None
         self.node = node
         self.mode = mode
         self.contiguity = contiguity
-        self.table = TransitionTable()
+        self.table = self
         self.child = child
         self.touch_all = contiguity is _STRICT or (contiguity is _PARTITION and not node.partition_by)
 
@@ -869,8 +874,10 @@ class SharedNFA:
                     atom = atom_key(spec.begin[0][0], f"#{spec.index}")
                     if atom is not None:
                         sig = (sig[0], atom, *sig[2:])
-            elif keys[1] == () and keys[2] == () and private is None and what is not None and what[6] == partition_by:
-                sig = (what, keys[0])  # (spec.signature of a spec made from its shape's plan without take or final)
+            elif private is None and what is not None and what[6] == partition_by:  # (made from its shape's plan)
+                sig = spec.shared_signature
+                if sig is None:
+                    sig = (what, keys[0]) if keys[1] == () and keys[2] == () else spec.signature(partition_by, None)
             else:
                 sig = spec.signature(partition_by, private)
             node = None if new else child_at(parent, sig) if parent else self.roots.get(sig)
@@ -961,7 +968,7 @@ class SharedNFA:
                 wait_key = node.id if node.contiguity is Contiguity.SKIP_TILL_NEXT else node.contiguity
                 wait = parent.waits[wait_key]
                 wait.table.remove(node)
-                if not len(wait.table):
+                if not wait.size():
                     parent.waits = _without(parent.waits, wait_key)
                     dropped.append(wait)
         self.states -= len(dropped)
