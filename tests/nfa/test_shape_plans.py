@@ -4,6 +4,7 @@ constants stand where the plan cannot put them compiles query by query."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -11,8 +12,10 @@ from tests.test_many_subscriptions import TEMPLATES, VALUES, text
 from yfpp.engine import Engine
 from yfpp.input.events import Event
 from yfpp.language.query_text import QueryShapes, parse_query
+from yfpp.nfa.compiler import expr_key
 from yfpp.nfa.rebind import same
 from yfpp.nfa.shape_plans import ShapePlans, _Remade
+from yfpp.nfa.shared_nfa import atom_key as conjunct_atom_key, conjunct_keys
 
 constants = st.tuples(st.integers(-1, 4), st.integers(0, 3), st.integers(0, 5), st.sampled_from(["1", "x", "x1", "2"]),
                       st.integers(1, 6))
@@ -240,8 +243,10 @@ odd_texts = st.text(st.sampled_from(["x", "1", "'", '"', "\ue000", "\u0661", " "
        subs=st.lists(st.tuples(st.integers(0, 99), st.integers(0, 4), odd_texts), min_size=1, max_size=6))
 def test_a_conjunct_remade_for_a_query_is_what_compiling_it_gives(template, subs):
     """A conjunct holding constants that no rebound check takes is remade for each query: its check rebound to the
-    query's constants (yfpp.nfa.rebind) is the check compiling it gives, object for object; a constant it cannot
-    rebind (a quote, a stand-in's mark, a digit not ASCII) is compiled; so is a conjunct whose check holds closures."""
+    query's constants (yfpp.nfa.rebind) is the check compiling it gives, object for object, and its expression key,
+    index keys and atom key, made from its shape's without an expression (yfpp.nfa.rebound_keys), are those read from
+    the expression compiling gives; a constant it cannot rebind (a quote, a stand-in's mark, a digit not ASCII) is
+    compiled; so is a conjunct whose check holds closures."""
     shapes, plans = QueryShapes(), ShapePlans(lambda pattern: True)
     rebound = 0
     for t, v, s in subs:
@@ -256,12 +261,48 @@ def test_a_conjunct_remade_for_a_query_is_what_compiling_it_gives(template, subs
                 for remade in {item[0] for item in items or () if type(item[0]) is _Remade}:
                     made = remade.made(literals, texts)
                     expr, check = remade._compiled(literals, texts)
-                    assert made.expr == expr
+                    assert made.expr is None or made.expr == expr  # (None: its keys made from its shape's)
+                    me = remade.place.current
+                    assert (made.key(), made.found(me), made.atom(me)) == \
+                        (expr_key(expr), conjunct_keys(expr, me), conjunct_atom_key(expr, me)), q
                     if remade.check is not None:  # (else both compiled: each its own closures)
                         assert same(made.check, check), q
                         rebound += 1
     if template >= len(TEMPLATES) and all(s.isalnum() and s.isascii() for _, _, s in subs):
         assert rebound  # (these shapes' conjuncts are rebound)
+
+
+@pytest.mark.parametrize("query", [
+    "PATTERN SEQ(a x, b y) WHERE skip_till_any_match(x, y) {{ [k] AND (x.v = {0} OR x.v = {1}) }}",
+    "[k]&&//a[@v = {0} or @v = {1}]//b&&(5)",
+])
+def test_a_remade_conjunct_of_equal_constants_has_the_keys_of_its_expression(query):
+    """An ``or`` of two equal constants has one index key where its shape's has two: its keys are read from its
+    expression, not made from its shape's (``'a'`` and ``"a"``, ``7`` and ``07`` are equal constants)."""
+    shapes, plans = QueryShapes(), ShapePlans(lambda pattern: True)
+    for a, b in (("'p'", "'q'"), ("'a'", "'a'"), ("'a'", '"a"'), ("7", "07"), ("7", "8")):
+        shape, constants = shapes.shape_of(query.format(a, b))
+        (remade,) = [i[0] for m in plans.get(shape, None, False).made for _, _, items in m.edges for i in items or ()
+                     if type(i[0]) is _Remade]
+        literals, texts = shape.literals(constants), list(zip(shape.sentinels, constants))
+        made, (expr, _) = remade.made(literals, texts), remade._compiled(literals, texts)
+        me = remade.place.current
+        assert (made.key(), made.found(me)) == (expr_key(expr), conjunct_keys(expr, me))
+        assert (made.expr is None) == (a != b and {a, b} != {"'a'", '"a"'} and b != "07")
+
+
+@pytest.mark.parametrize("first, query", [
+    ("[k]&&//a[@x >= 1][@x < 4]//b&&(5)", "[k]&&//a[@x >= 987654321001][@x < 987654321004]//b&&(5)"),
+    ("[k]&&//a[@x = 1 or @x = 2]//b&&(5)", "[k]&&//a[@x = 987654321001 or @x = 5]//b&&(5)"),
+])
+def test_a_constant_that_reads_as_another_stand_in_stays_itself(first, query):
+    """A query's constant may read as a stand-in of its shape (``987654321001``): it is put in once, not read again
+    as a stand-in, so the query's pattern and its nodes' signatures are those of the query compiled alone."""
+    shaped, alone = Engine(), Engine()
+    shaped.register(first)
+    qid, lone = shaped.register(query), alone.register(parse_query(query))
+    assert shaped.sources[qid][0].where == parse_query(query).where
+    assert [n.signature for n in shaped.queries[qid].nodes] == [n.signature for n in alone.queries[lone].nodes]
 
 
 def test_a_check_rebound_shares_what_holds_no_constant():

@@ -457,6 +457,26 @@ def hot_objects(obj: Any, values: set[str], sentinels: list[str], hot: set[int])
     return hot
 
 
+def put_constants(text: str, texts: list[tuple[str, str]] | tuple) -> str:
+    """``text`` with each stand-in (as written) replaced by its constant (``texts``: ``(stand-in, constant)``), in one
+    pass: a constant put in may read as another stand-in (``987654321001``), which stays as it is."""
+    hits = []
+    for stand_in, constant in texts:
+        at = text.find(stand_in)
+        while at >= 0:
+            hits.append((at, len(stand_in), constant))
+            at = text.find(stand_in, at + len(stand_in))
+    if not hits:
+        return text
+    hits.sort()
+    out, start = [], 0
+    for at, n, constant in hits:
+        out += (text[start:at], constant)
+        start = at + n
+    out.append(text[start:])
+    return "".join(out)
+
+
 def substitute(obj: Any, literals: dict, texts: list[tuple[str, str]], hot: set[int]) -> Any:
     """``obj`` rebuilt with the literals and XPath texts replaced where :func:`hot_objects` found stand-ins."""
     if id(obj) not in hot:
@@ -464,10 +484,7 @@ def substitute(obj: Any, literals: dict, texts: list[tuple[str, str]], hot: set[
     if isinstance(obj, Literal):
         return Literal(literals[(type(obj.value), obj.value)])
     if isinstance(obj, XPathTest):
-        source = obj.source
-        for s, c in texts:
-            source = source.replace(s, c)
-        return rebuilt(obj, source=source)
+        return rebuilt(obj, source=put_constants(obj.source, texts))
     if isinstance(obj, tuple):
         return tuple([substitute(o, literals, texts, hot) for o in obj])
     return rebuilt(obj, **{name: substitute(getattr(obj, name), literals, texts, hot) for name in type(obj).__slots__

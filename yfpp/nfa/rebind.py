@@ -13,6 +13,8 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
+from yfpp.language.query_text import put_constants
+
 _PLAIN = (str, int, float, bool, type(None))
 _UNSET: Any = object()  # (a slot never set)
 
@@ -79,10 +81,7 @@ def _made(obj: Any, recipe: Any, literals: dict[tuple[type, Any], Any], texts: l
         new = literals.get((type(obj), obj), _UNSET)
         if new is not _UNSET:
             return new
-        for stand_in, constant in texts:
-            if stand_in in obj:
-                obj = obj.replace(stand_in, constant)
-        return obj
+        return put_constants(obj, texts)
     names, parts = recipe
     if names is None:
         items = list(obj)

@@ -27,6 +27,7 @@ from yfpp.nfa.compiler import ComponentSpec, NegationPlan, QueryPlan, compile_pa
 from yfpp.input.events import MISSING
 from yfpp.nfa.predicates import Check, Place, Scope, compile_check, constant_of, equality_key_of, rebound
 from yfpp.nfa.rebind import Rebinding, same
+from yfpp.nfa.rebound_keys import KeysTemplate, takes
 from yfpp.nfa.shared_nfa import NOT_EQUALITY, atom_key, best_key, conjunct_keys
 
 
@@ -265,7 +266,8 @@ class _Remade:
     keys read from that expression; an XPath test is compiled from its parsed template (``TestTemplate``), not
     parsed again."""
 
-    __slots__ = ("expr", "hot", "place", "scope", "template", "values", "positions", "recent", "check", "numbers")
+    __slots__ = ("expr", "hot", "place", "scope", "template", "values", "positions", "recent", "check", "numbers",
+                 "keys")
 
     def __init__(self, expr: Expr, hot: set[int], place: Place, scope: Scope, template: Any, values: set[str],
                  positions: tuple[int, ...]) -> None:
@@ -284,6 +286,9 @@ class _Remade:
         # where an XPath number stands among the shape's constants (its stand-in is a text), and its stand-in as
         # the integer the compiled check holds
         self.numbers: tuple[tuple[int, int], ...] = ()
+        # how its keys are made for a query's constants without making its expression, where that was found to give
+        # what reading the expression gives (with its check rebound), else None
+        self.keys: KeysTemplate | None = None
 
     @classmethod
     def make(cls, expr: Expr, check: Check, place: Place, shape: Shape, scope: Scope, hot: set[int],
@@ -310,6 +315,8 @@ class _Remade:
                 template = None  # (a stand-in it cannot put a constant into: a decimal; parsed per query)
         remake = cls(expr, hot, place, scope, template, values, positions)
         remake.check = remake._rebinding(check, shape)
+        if remake.check is not None:
+            remake.keys = remake._keys_template(shape)
         return remake
 
     def _rebinding(self, check: Check, shape: Shape) -> Rebinding | None:
@@ -338,6 +345,20 @@ class _Remade:
                 return None
         return rebinding
 
+    def _keys_template(self, shape: Shape) -> KeysTemplate | None:
+        """How its keys are made for a query's constants, found on probe constants (distinct, in both orders: an
+        ``or``'s index key keeps its values in order, one each)."""
+        numbers = dict(self.numbers)
+        stand_ins = [(shape.keys[i][0], numbers.get(i)) for i in self.positions]
+        n, probes = len(shape.keys), []
+        for probe in range(2):
+            constants = [s[0] + (f"p{i}" if probe == 0 else f"zq-{n - i}") + s[0] if quoted
+                         else str(7 + i if probe == 0 else 12345 - i)
+                         for i, (s, (_, quoted)) in enumerate(zip(shape.sentinels, shape.keys))]
+            literals = shape.literals(constants)
+            probes.append((literals, substitute(self.expr, literals, list(zip(shape.sentinels, constants)), self.hot)))
+        return KeysTemplate.make(self.expr, self.place.current, stand_ins, probes)  # type: ignore[arg-type]
+
     def _rebound(self, rebinding: Rebinding, literals: dict, texts: list[tuple[str, str]]) -> Check:
         """The check ``rebinding`` makes for the constants ``literals`` (as written: ``texts``), an XPath number's as
         an integer."""
@@ -356,7 +377,11 @@ class _Remade:
         if made is not None:
             return made
         if self.check is not None and all(map(_plain, constants)):
-            made = _Made(substitute(self.expr, literals, texts, self.hot), self._rebound(self.check, literals, texts))
+            check = self._rebound(self.check, literals, texts)
+            if self.keys is not None and takes(constants):
+                made = _Made(None, check, self.keys, literals)
+            else:
+                made = _Made(substitute(self.expr, literals, texts, self.hot), check)
         else:
             made = _Made(*self._compiled(literals, texts))
         if len(recent) >= RECENT:
@@ -390,13 +415,17 @@ def _plain(constant: str) -> bool:
 
 class _Made:
     """A conjunct made for a query's constants (:meth:`_Remade.made`): its expression, its check, and what the
-    plan reads of the expression (its key, its index keys, its atom key), each read once."""
+    plan reads of the expression (its key, its index keys, its atom key), each read once — or, with no expression,
+    made from its shape's keys (``keys``, the constants ``literals`` put in)."""
 
-    __slots__ = ("expr", "check", "_key", "_found", "_atom")
+    __slots__ = ("expr", "check", "keys", "literals", "_key", "_found", "_atom")
 
-    def __init__(self, expr: Expr, check: Check) -> None:
+    def __init__(self, expr: Expr | None, check: Check, keys: KeysTemplate | None = None,
+                 literals: dict | None = None) -> None:
         self.expr = expr
         self.check = check
+        self.keys = keys
+        self.literals = literals
         self._key: str | None = None
         self._found: list[tuple] | None = None
         self._atom: Any = _MISSING
@@ -404,19 +433,22 @@ class _Made:
     def key(self) -> str:
         """:func:`yfpp.nfa.compiler.expr_key` of the expression."""
         if self._key is None:
-            self._key = expr_key(self.expr)
+            keys = self.keys
+            self._key = expr_key(self.expr) if keys is None else keys.key_of(self.literals)  # type: ignore[arg-type]
         return self._key
 
     def found(self, me: str) -> list[tuple]:
         """Its index keys as a begin conjunct of component ``me`` (:func:`yfpp.nfa.shared_nfa.conjunct_keys`)."""
         if self._found is None:
-            self._found = conjunct_keys(self.expr, me)
+            keys = self.keys
+            self._found = conjunct_keys(self.expr, me) if keys is None else keys.found_of(self.literals)  # type: ignore[arg-type]
         return self._found
 
     def atom(self, me: str) -> tuple | None:
         """:func:`yfpp.nfa.shared_nfa.atom_key` of the expression as a begin conjunct of component ``me``."""
         if self._atom is _MISSING:
-            self._atom = atom_key(self.expr, me)
+            keys = self.keys
+            self._atom = atom_key(self.expr, me) if keys is None else keys.atom_of(self.literals)  # type: ignore[arg-type]
         return self._atom
 
 
