@@ -58,7 +58,7 @@ _LEAF: Any = object()  # the recipe of a text or an integer that holds a stand-i
 
 def _recipe(obj: Any, stand_ins: set[tuple[type, Any]], written: list[str]) -> Any:
     """None where ``obj`` holds no stand-in; else ``_LEAF`` for a text or an integer, or ``(names, [(slot or index,
-    its recipe), …])`` for a tuple (names None) or a slotted object (names: its slots)."""
+    its recipe), …])`` for a tuple (names None) or a slotted object (names: its other slots, shared as they are)."""
     t = type(obj)
     if t is str:
         return _LEAF if (str, obj) in stand_ins or any(w in obj for w in written) else None
@@ -72,7 +72,11 @@ def _recipe(obj: Any, stand_ins: set[tuple[type, Any]], written: list[str]) -> A
             return None
         items = [(n, getattr(obj, n)) for n in names if hasattr(obj, n)]
     parts = [(at, r) for at, r in ((at, _recipe(x, stand_ins, written)) for at, x in items) if r is not None]
-    return (names, parts) if parts else None
+    if not parts:
+        return None
+    if names is not None:  # (a slotted object: the slots it shares, then those it makes)
+        names = tuple(n for n in names if n not in {at for at, _ in parts})
+    return names, parts
 
 
 def _made(obj: Any, recipe: Any, literals: dict[tuple[type, Any], Any], texts: list[tuple[str, str]]) -> Any:
@@ -88,14 +92,17 @@ def _made(obj: Any, recipe: Any, literals: dict[tuple[type, Any], Any], texts: l
         for i, r in parts:
             items[i] = _made(obj[i], r, literals, texts)
         return tuple(items)
-    made = object.__new__(type(obj))
+    made = _new(type(obj))
     for name in names:
         value = getattr(obj, name, _UNSET)
         if value is not _UNSET:
-            object.__setattr__(made, name, value)
+            _set(made, name, value)
     for name, r in parts:
-        object.__setattr__(made, name, _made(getattr(obj, name), r, literals, texts))
+        _set(made, name, _made(getattr(obj, name), r, literals, texts))
     return made
+
+
+_new, _set = object.__new__, object.__setattr__
 
 
 def same(a: Any, b: Any) -> bool:

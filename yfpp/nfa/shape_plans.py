@@ -17,6 +17,7 @@ reads the canonical expressions of a registering query, which a query made from 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterator, MutableMapping
 from typing import Any, Callable, Hashable
 
@@ -405,12 +406,14 @@ RECENT = 64
 _PROBES = (("p", 7), ("qr7-x", 12345))
 
 
+#: a constant (as written) whose check is rebound: an integer (ASCII digits), or a text holding no quote (an XPath
+#: text doubles one) and no stand-in's mark
+_PLAIN = re.compile("[0-9]+|'[^'\"\ue000\ue001]*'|\"[^'\"\ue000\ue001]*\"")
+
+
 def _plain(constant: str) -> bool:
-    """Is ``constant`` (as written) one whose check is rebound: an integer, or a text holding no quote (an XPath text
-    doubles one) and no stand-in's mark?"""
-    if constant[0] not in "'\"":
-        return constant.isascii() and constant.isdigit()
-    return not any(c in constant[1:-1] for c in "'\"\ue000\ue001")
+    """Is ``constant`` (as written) one whose check is rebound (:data:`_PLAIN`)?"""
+    return _PLAIN.fullmatch(constant) is not None
 
 
 class _Made:
