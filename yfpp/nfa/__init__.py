@@ -9,6 +9,8 @@
   incremental aggregates.
 - ``rebind``: a shape's compiled check made again for a query's constants: the objects holding a stand-in copied
   with the constant, the rest shared, without compiling.
+- ``rebound_keys``: a remade conjunct's expression key, index keys and atom key made from its shape's, the query's
+  constants put where the stand-ins stand, without making its expression.
 - ``shape_plans``: one compiled plan per query shape; a query that differs from it only by constants is made
   from it, its constants put into the canonical expressions and attribute comparisons, without compiling.
 - ``shared_atoms``: predicates of the event alone that several nodes hold, evaluated once per event for them all.

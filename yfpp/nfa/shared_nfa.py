@@ -200,21 +200,22 @@ class TransitionTable:
         self.by_type: dict[str | None, _TypeGroup] = _NO_ENTRIES  # (a dict once a second node is added)
         self.only: Node | None = None
 
-    def add(self, node: Node) -> None:
+    def add(self, node: Node) -> Node | None:
+        """Add ``node``; return another node of its (hash) index key that an event finds with it here, if any."""
         if self.only is not None:
             self._spread()
         elif not self.by_type:
             self.only = node
-            return
-        self._add(node)
+            return None
+        return self._add(node)
 
-    def _add(self, node: Node) -> None:
+    def _add(self, node: Node) -> Node | None:
         if self.by_type is _NO_ENTRIES:
             self.by_type = {}
         group = self.by_type.get(node.event_type)
         if group is None:
             group = self.by_type[node.event_type] = _TypeGroup()
-        group.add(node)
+        return group.add(node)
 
     def _spread(self) -> None:
         """Put ``only`` into ``by_type``."""
@@ -258,18 +259,6 @@ class TransitionTable:
         """How many nodes it holds (not ``__len__``: a :class:`State`, its own table, is a mapping of itself alone)."""
         return 1 if self.only is not None else sum(g.size for g in self.by_type.values())
 
-    def mate(self, node: Node) -> Node | None:
-        """Another node of ``node``'s (hash) index key that an event finds with it here, if any."""
-        key = node.index_key
-        group = self.by_type.get(node.event_type) if self.only is None and key is not None else None
-        if group is None:
-            return None
-        table = group.eq.get(key[1]) if key[0] == "eq" else group.xpath.get((key[0], key[1]))
-        for other in (table or {}).get(key[2], ()):
-            if other is not node:
-                return other
-        return None
-
 
 class _TypeGroup:
     # (each index table is made when its first node comes: most groups hold one node of one kind)
@@ -307,7 +296,8 @@ class _TypeGroup:
 
         self.xpath_keys = index_keys
 
-    def add(self, node: Node) -> None:
+    def add(self, node: Node) -> Node | None:
+        """Index ``node``; for a hash index key, return another node the same lookup finds, if any."""
         key = node.index_key
         self.size += 1
         if key is not None and key[0] in _HASHED:  # (the commonest: an equality with one value)
@@ -320,8 +310,9 @@ class _TypeGroup:
             table = tables.get(at)
             if table is None:
                 table = tables[at] = {}
-            table[key[2]] = appended(table.get(key[2]), node)
-            return
+            had = table.get(key[2])
+            table[key[2]] = appended(had, node)
+            return had[0] if had else None  # (a node the same lookup finds: TransitionTable.add)
         if key is not None and self.xpath_keys is None and _reads_xpath(key):
             self._read_xpath_keys()
         if key is None:
@@ -346,6 +337,7 @@ class _TypeGroup:
                 table = (self._table("eq").setdefault(attr, {}) if kind == "eq"
                          else self._table("xpath").setdefault((kind, attr), {}))
                 append_to(table, value, node)
+        return None
 
     def remove(self, node: Node) -> None:
         key = node.index_key
@@ -920,13 +912,11 @@ class SharedNFA:
             self.states += 1
         if parent is None:
             node.root = node
-            self.starters.add(node)
+            mate = self.starters.add(node)
             if key is None or key[0] not in _HASHED:  # (not hash_keyed: counted)
                 self.atoms.count(node)
-            else:
-                mate = self.starters.mate(node)
-                if mate is not None:  # (else alone under its key: not counted)
-                    self.atoms.add(node, mate)
+            elif mate is not None:  # (else alone under its key: not counted)
+                self.atoms.add(node, mate)
         else:
             contiguity = node.contiguity
             wait_key = node.id if contiguity is Contiguity.SKIP_TILL_NEXT else contiguity
