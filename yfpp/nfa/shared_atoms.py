@@ -146,6 +146,11 @@ def _replace(node: Any, key: Hashable, atom: Check) -> int:
     n = 0
     for field in _FIELDS:
         checks = getattr(node, field)
+        if len(checks) < 2:  # (the commonest: none, or one check, which is the atom's alone or not at all)
+            if checks and not is_shared(checks[0]) and atom_key(checks[0]) == key:
+                setattr(node, field, atom.alone)  # type: ignore[attr-defined]
+                n += 1
+            continue
         new = tuple(atom if not is_shared(c) and atom_key(c) == key else c for c in checks)
         if new == atom.alone:  # type: ignore[attr-defined]
             new = atom.alone  # type: ignore[attr-defined]
