@@ -46,8 +46,8 @@ from yfpp.output.writer import LineEncoder
 from yfpp.input.record_fields import ReaderOptions
 from yfpp.spark.plan import Group, Runner, Slicing, XmlEvent, group_queries, needs_xml
 from yfpp.workers_pipes import Inbox, Outbox
-from yfpp.workers_reading import Share, common_reads, plan_slices, reads_itself
-from yfpp.workers_xml_reading import XmlShare, reads_xml_itself
+from yfpp.workers_reading import Share, common_reads, file_format, file_head, last_ts, plan_slices, reads_itself
+from yfpp.workers_xml_reading import XmlShare, last_xml_ts, reads_xml_itself
 
 WORKERS = Runner("with --workers", "run with --workers 1")
 #: at most about this many events per time slice of an unkeyed group (at least its window long): short enough that
@@ -137,6 +137,8 @@ class Workers:
         share = None if source is None else Share if reads_itself(*source, self.groups) else \
             XmlShare if reads_xml_itself(*source, self.groups) else None
         self.source = source if share is not None else None
+        #: the ts of the last event of a file the parent reads, where its last lines tell (the slices planned to it)
+        self._last = _last_event_ts(*source) if source is not None and share is None and self._open else None
         self.events = 0  #: the events the workers read (when they read the input)
         self.vocabulary: dict[str, set[str]] = {}  #: the attribute names per type they saw (likewise)
         ctx = _context(forked=self.source is not None)
@@ -237,8 +239,10 @@ class Workers:
 
     def _start(self, batch: list[Event]) -> None:
         """Fix each sliced group's slices: from the first event's ts, about so many events long
-        (``slice_events``) at the first batch's rate, at least the group's window (None: one slice, when the window is 0)."""
-        self.slicings.update(plan_slices(self.groups, self._open, [ev.ts for ev in batch], self.slice_events))
+        (``slice_events``) at the first batch's rate, at least the group's window (None: one slice, when the window is
+        0); where the input file's last event is known, as many up to it as deal evenly to the workers."""
+        self.slicings.update(plan_slices(self.groups, self._open, [ev.ts for ev in batch], self.slice_events,
+                                         self._last, self.n))
         self._begin()
 
     def _begin(self, restore: Sequence[str | None] | None = None) -> None:
@@ -485,6 +489,18 @@ class Tally:
 
     live_runs: int = 0
     matches: Counter = field(default_factory=Counter)
+
+
+def _last_event_ts(path: str, fmt: str | None, opts: ReaderOptions) -> float | None:
+    """The ts of the last event of ``path``, a regular, uncompressed JSON-lines or XML file (``fmt``: its format,
+    None: from its name or first byte), where its last lines tell; else None."""
+    head = file_head(path)
+    fmt = file_format(path, fmt, head) if head is not None else ""
+    if fmt not in ("jsonl", "xml"):
+        return None
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        return (last_ts if fmt == "jsonl" else last_xml_ts)(f.fileno(), size, opts)
 
 
 def _hash(key: tuple) -> int:
