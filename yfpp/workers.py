@@ -16,7 +16,8 @@ read once, other XML, a checkpoint — the parent reads and parses the input wit
 through one engine's reorder buffer (:class:`Sequencer`: ``seq`` numbers, dead letters, late events and
 stream order are one engine's), routes them — compact tuples ``(type, ts, attrs, seq[, xml])`` per engine,
 pickled. Each worker encodes its matches as the output's lines (:class:`~yfpp.output.writer.LineEncoder`) and the
-parent writes the bytes as they come, each worker's in its stream order (so per key in stream order).
+parent writes the bytes as they come, each worker's in its stream order (so per key in stream order). A worker
+sends its scans and results over pipes from its matching thread (:mod:`yfpp.workers_pipes`: no feeder thread).
 """
 
 from __future__ import annotations
@@ -640,8 +641,8 @@ def _work(index: int, inbox: Any, sending: tuple[Any, LineEncoder], groups: list
 
 
 def _read_work(index: int, pipes: tuple[Any, list[Any]], source: tuple[str, ReaderOptions, type[Share]],
-                sending: tuple[Any, LineEncoder], groups: list[Group], engine_opts: dict[str, Any],
-                slice_events: int) -> None:
+               sending: tuple[Any, LineEncoder], groups: list[Group], engine_opts: dict[str, Any],
+               slice_events: int) -> None:
     """A worker that reads the input itself (``source``: the file, its reader options and the
     :class:`yfpp.workers_reading.Share` or :class:`yfpp.workers_xml_reading.XmlShare` that reads it;
     ``pipes``: the reading end of its inbox, of the scans the others send it, and the writing end of each worker's):

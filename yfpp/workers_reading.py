@@ -314,8 +314,9 @@ class Share:
     per block, this worker's events per (group, slice) and the slices it may close. ``dead``: where the
     dead letters this worker reports go; ``sequencer``: an empty reorder buffer (max_delay 0) whose dead
     letters are ``dead`` in worker 0 and a quiet sink in the others; ``slicings``: filled at the first block
-    (the dict the worker's matching reads); ``inboxes``: each worker's queue of the scans the others send it
-    (:class:`Relay`; none for one worker)."""
+    (the dict the worker's matching reads); ``inboxes``: per worker, where the scans sent to it go — this worker's own
+    :class:`~yfpp.workers_pipes.Inbox` at its index, an :class:`~yfpp.workers_pipes.Outbox` to each other one (put and
+    get, as queues; :class:`Relay`; none for one worker)."""
 
     def __init__(self, path: str, opts: ReaderOptions, groups: list[Group], index: int, n: int, slice_events: int,
                  dead: DeadLetters, sequencer: Engine, slicings: dict[int, Slicing | None],
