@@ -373,7 +373,7 @@ def main() -> int:
             for n, ratios in speedups.items():
                 if n > 1:
                     print(f"{workload:<9} events per wall second N={n} / N=1: median {statistics.median(ratios):.2f}x "
-                          f"(min {min(ratios):.2f}, max {max(ratios):.2f}, {len(ratios)} pairs)", flush=True)
+                          f"(min {min(ratios):.2f}, max {max(ratios):.2f}, {len(ratios)} pair{'s' * (len(ratios) > 1)})", flush=True)
     return 0
 
 
