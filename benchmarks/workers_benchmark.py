@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 from collections import Counter
@@ -342,6 +343,7 @@ def main() -> int:
             path = feed(workload, args.events, fmt)
             base_wall = base_cpu = 1.0
             base = None
+            speedups: dict[int, list[float]] = {}
             if args.costs:
                 c = shipping_costs(path)
                 print(f"{workload:<9} reading {c['read']:.2f} CPU µs/event; shipping a parsed event to a worker "
@@ -364,9 +366,14 @@ def main() -> int:
                     base_wall, base_cpu = wall, cpu
                 base = base if base is not None else found
                 same = "same as N=1" if found == base else "DIFFERENT from N=1"
+                speedups.setdefault(n, []).append(base_wall / wall)
                 print(f"{workload:<9} {n:>3} {wall:>7.2f} {args.events / wall:>10,.0f} {base_wall / wall:>7.2f}x "
                       f"{cpu:>7.2f} {cpu / args.events * 1e6:>9.1f} {path_cpu:>10.2f} {base_cpu / path_cpu:>9.2f}x  "
                       f"{sum(found.values()):,} ({same})", flush=True)
+            for n, ratios in speedups.items():
+                if n > 1:
+                    print(f"{workload:<9} events per wall second N={n} / N=1: median {statistics.median(ratios):.2f}x "
+                          f"(min {min(ratios):.2f}, max {max(ratios):.2f}, {len(ratios)} pair{'s' * (len(ratios) > 1)})", flush=True)
     return 0
 
 

@@ -16,7 +16,8 @@ read once, other XML, a checkpoint — the parent reads and parses the input wit
 through one engine's reorder buffer (:class:`Sequencer`: ``seq`` numbers, dead letters, late events and
 stream order are one engine's), routes them — compact tuples ``(type, ts, attrs, seq[, xml])`` per engine,
 pickled. Each worker encodes its matches as the output's lines (:class:`~yfpp.output.writer.LineEncoder`) and the
-parent writes the bytes as they come, each worker's in its stream order (so per key in stream order).
+parent writes the bytes as they come, each worker's in its stream order (so per key in stream order). A worker
+sends its scans and results over pipes from its matching thread (:mod:`yfpp.workers_pipes`: no feeder thread).
 """
 
 from __future__ import annotations
@@ -45,8 +46,9 @@ from yfpp.output.stats import run_figures
 from yfpp.output.writer import LineEncoder
 from yfpp.input.record_fields import ReaderOptions
 from yfpp.spark.plan import Group, Runner, Slicing, XmlEvent, group_queries, needs_xml
-from yfpp.workers_reading import Share, common_reads, plan_slices, reads_itself
-from yfpp.workers_xml_reading import XmlShare, reads_xml_itself
+from yfpp.workers_pipes import Inbox, Outbox
+from yfpp.workers_reading import Share, common_reads, file_format, file_head, last_ts, plan_slices, reads_itself
+from yfpp.workers_xml_reading import XmlShare, last_xml_ts, reads_xml_itself
 
 WORKERS = Runner("with --workers", "run with --workers 1")
 #: at most about this many events per time slice of an unkeyed group (at least its window long): short enough that
@@ -136,21 +138,31 @@ class Workers:
         share = None if source is None else Share if reads_itself(*source, self.groups) else \
             XmlShare if reads_xml_itself(*source, self.groups) else None
         self.source = source if share is not None else None
+        #: the ts of the last event of a file the parent reads, where its last lines tell (the slices planned to it)
+        self._last = _last_event_ts(*source) if source is not None and share is None and self._open else None
         self.events = 0  #: the events the workers read (when they read the input)
         self.vocabulary: dict[str, set[str]] = {}  #: the attribute names per type they saw (likewise)
         ctx = _context(forked=self.source is not None)
-        self._results = ctx.Queue()
-        self._inboxes = [ctx.Queue(INBOX) if self.source is None else ctx.Queue() for _ in range(n)]
-        sending = (self._results, out.encoder)
-        if self.source is None:
-            jobs = [(_work, (i, self._inboxes[i], sending, self.groups, engine_opts or {})) for i in range(n)]
-        else:  # (an inbox holds the scans the others send: a few chunks, as each worker scans a few rounds ahead)
-            jobs = [(_read_work, (i, self._inboxes, (source[0], source[2], share), sending, self.groups,
-                                  engine_opts or {}, slice_events)) for i in range(n)]
+        results = [ctx.Pipe(duplex=False) for _ in range(n)]  # (a pipe each: written a message at a time)
+        self._results = Inbox([r for r, _ in results])
+        ends: list[Any] = [w for _, w in results]
+        if self.source is None:  # (the parent's messages: a bounded queue, so that it can run ahead of a busy worker)
+            self._inboxes = [ctx.Queue(INBOX) for _ in range(n)]
+            jobs = [(_work, (i, self._inboxes[i], (results[i][1], out.encoder), self.groups, engine_opts or {}))
+                    for i in range(n)]
+        else:  # (a worker's inbox pipe holds the scans the others send it)
+            self._inboxes = []
+            pipes = [ctx.Pipe(duplex=False) for _ in range(n)]
+            ends += [end for pipe in pipes for end in pipe]
+            jobs = [(_read_work, (i, (pipes[i][0], [w for _, w in pipes]), (source[0], source[2], share),
+                                  (results[i][1], out.encoder), self.groups, engine_opts or {}, slice_events))
+                    for i in range(n)]
         self._procs = [ctx.Process(target=target, args=args, name=f"yfpp-worker-{i}", daemon=True)
                        for i, (target, args) in enumerate(jobs)]
         for p in self._procs:
             p.start()
+        for end in ends:  # (the workers' ends: once the workers are gone, the results pipe reads as ended)
+            end.close()
         self._started = False
         self._collector = threading.Thread(target=self._collect, name="yfpp-collector", daemon=True)
         self._collector.start()
@@ -228,8 +240,10 @@ class Workers:
 
     def _start(self, batch: list[Event]) -> None:
         """Fix each sliced group's slices: from the first event's ts, about so many events long
-        (``slice_events``) at the first batch's rate, at least the group's window (None: one slice, when the window is 0)."""
-        self.slicings.update(plan_slices(self.groups, self._open, [ev.ts for ev in batch], self.slice_events))
+        (``slice_events``) at the first batch's rate, at least the group's window (None: one slice, when the window is
+        0); where the input file's last event is known, as many up to it as deal evenly to the workers."""
+        self.slicings.update(plan_slices(self.groups, self._open, [ev.ts for ev in batch], self.slice_events,
+                                         self._last, self.n))
         self._begin()
 
     def _begin(self, restore: Sequence[str | None] | None = None) -> None:
@@ -423,9 +437,12 @@ class Workers:
                 p.terminate()
         for p in self._procs:
             p.join()
-        for q in (*self._inboxes, self._results):
+        for q in self._inboxes:
             q.cancel_join_thread()
             q.close()
+        self._collector.join(_POLL)  # (it reads the end of the results pipe, every worker gone)
+        if not self._collector.is_alive():
+            self._results.close()
 
 
 class Sequencer(Engine):
@@ -473,6 +490,18 @@ class Tally:
 
     live_runs: int = 0
     matches: Counter = field(default_factory=Counter)
+
+
+def _last_event_ts(path: str, fmt: str | None, opts: ReaderOptions) -> float | None:
+    """The ts of the last event of ``path``, a regular, uncompressed JSON-lines or XML file (``fmt``: its format,
+    None: from its name or first byte), where its last lines tell; else None."""
+    head = file_head(path)
+    fmt = file_format(path, fmt, head) if head is not None else ""
+    if fmt not in ("jsonl", "xml"):
+        return None
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        return (last_ts if fmt == "jsonl" else last_xml_ts)(f.fileno(), size, opts)
 
 
 def _hash(key: tuple) -> int:
@@ -588,9 +617,9 @@ def _work(index: int, inbox: Any, sending: tuple[Any, LineEncoder], groups: list
     """A worker fed by the parent: engines per (group, slice) fed the routed rows; matches (a slice's: those
     starting in it, encoded) and dead letters back after each message; its state into a file at a checkpoint (a
     message that is a path); the figures at the end. Its first message gives the slicings and the file to restore,
-    if any. ``sending``: the results queue and the encoder of the matches."""
+    if any. ``sending``: the writing end of the results pipe and the encoder of the matches."""
     _prepare()
-    results, encoder = sending
+    results, encoder = Outbox(sending[0], index, exclusive=True), sending[1]
     try:
         dead = _Collect()
         start = inbox.get()
@@ -611,16 +640,18 @@ def _work(index: int, inbox: Any, sending: tuple[Any, LineEncoder], groups: list
         results.put((index, "error", f"{type(e).__name__}: {e}"))
 
 
-def _read_work(index: int, inboxes: list[Any], source: tuple[str, ReaderOptions, type[Share]],
+def _read_work(index: int, pipes: tuple[Any, list[Any]], source: tuple[str, ReaderOptions, type[Share]],
                sending: tuple[Any, LineEncoder], groups: list[Group], engine_opts: dict[str, Any],
                slice_events: int) -> None:
     """A worker that reads the input itself (``source``: the file, its reader options and the
     :class:`yfpp.workers_reading.Share` or :class:`yfpp.workers_xml_reading.XmlShare` that reads it;
-    ``inboxes``: each worker's, of the scans the others send it): its share of each block matched; matches
-    (encoded) and dead letters back every :data:`SEND_ROWS` events or so; at the end the count of the events it reported and the names it saw
-    (``"read"``), then the figures."""
+    ``pipes``: the reading end of its inbox, of the scans the others send it, and the writing end of each worker's):
+    its share of each block matched; matches (encoded) and dead letters back every :data:`SEND_ROWS` events or so;
+    at the end the count of the events it reported and the names it saw (``"read"``), then the figures."""
     _prepare()
-    results, encoder = sending
+    inbox = Inbox([pipes[0]])
+    inboxes = [inbox if w == index else Outbox(end, index, inbox) for w, end in enumerate(pipes[1])]
+    results, encoder = Outbox(sending[0], index, inbox, exclusive=True), sending[1]
     try:
         dead = _Collect()
         slicings: dict[int, Slicing | None] = {}

@@ -58,7 +58,7 @@ def reads_itself(path: str, fmt: str | None, opts: ReaderOptions, groups: list[G
     head = file_head(path)
     if head is None or opts.unit is ISO_8601:
         return False
-    fmt = (fmt or format_of(path) or ("jsonl" if head.lstrip(b"\xef\xbb\xbf \t\r\n")[:1] == b"{" else "")).lower()
+    fmt = file_format(path, fmt, head)
     fields = {opts.ts_field, opts.type_field or "type", "seq"}
     return fmt == "jsonl" and all(len(g.key) == 1 and "." not in g.key[0] and g.key[0] not in fields
                                   for g in groups if g.key)
@@ -74,6 +74,13 @@ def file_head(path: str) -> bytes | None:
     except OSError:
         return None
     return None if head[:2] == b"\x1f\x8b" else head
+
+
+def file_format(path: str, fmt: str | None, head: bytes) -> str:
+    """The format of the file ``path`` (``head``: its first bytes): ``fmt`` when given, else by its name, else
+    ``jsonl`` or ``xml`` by its first byte (else "")."""
+    first = head.lstrip(b"\xef\xbb\xbf \t\r\n")[:1]
+    return (fmt or format_of(path) or ("jsonl" if first == b"{" else "xml" if first == b"<" else "")).lower()
 
 
 def chunk_blocks(groups: Sequence[Group]) -> int:
@@ -307,8 +314,9 @@ class Share:
     per block, this worker's events per (group, slice) and the slices it may close. ``dead``: where the
     dead letters this worker reports go; ``sequencer``: an empty reorder buffer (max_delay 0) whose dead
     letters are ``dead`` in worker 0 and a quiet sink in the others; ``slicings``: filled at the first block
-    (the dict the worker's matching reads); ``inboxes``: each worker's queue of the scans the others send it
-    (:class:`Relay`; none for one worker)."""
+    (the dict the worker's matching reads); ``inboxes``: per worker, where the scans sent to it go — this worker's own
+    :class:`~yfpp.workers_pipes.Inbox` at its index, an :class:`~yfpp.workers_pipes.Outbox` to each other one (put and
+    get, as queues; :class:`Relay`; none for one worker)."""
 
     def __init__(self, path: str, opts: ReaderOptions, groups: list[Group], index: int, n: int, slice_events: int,
                  dead: DeadLetters, sequencer: Engine, slicings: dict[int, Slicing | None],

@@ -19,6 +19,7 @@ worker's one reader and put through the reorder buffer, whose late events and de
 
 from __future__ import annotations
 
+import os
 import re
 from array import array
 from itertools import compress
@@ -28,13 +29,13 @@ from yfpp import workers_reading
 from yfpp.input.dead_letters import DeadLetters
 from yfpp.input.events import Event
 from yfpp.input.line_attributes import NAME
-from yfpp.input.readers import format_of
 from yfpp.input.record_fields import ISO_8601, ReaderOptions, typed_value
 from yfpp.input.xml_lines import JsonLines, TypedValues, number_times
 from yfpp.input.xml_parsing import BATCH_END
 from yfpp.input.xml_reader import Splitter, record_events
 from yfpp.spark.plan import Group
-from yfpp.workers_reading import Owners, Relay, Scan, Share, _Caught, _ordered, file_head, owner_array, workers_of
+from yfpp.workers_reading import (Owners, Relay, Scan, Share, _Caught, _ordered, file_format, file_head, owner_array,
+                                  workers_of)
 
 # A block of plain lines cut at its quotes: its first piece, each line's end and the next one's start (its tag and
 # first attribute's name), the name of each other attribute, the end of the last line. Each piece between two values
@@ -67,7 +68,7 @@ def reads_xml_itself(path: str, fmt: str | None, opts: ReaderOptions, groups: li
     head = file_head(path)
     if head is None or opts.unit is ISO_8601 or opts.type_field is not None or not _name(opts.ts_field):
         return False
-    fmt = (fmt or format_of(path) or ("xml" if head.lstrip(b"\xef\xbb\xbf \t\r\n")[:1] == b"<" else "")).lower()
+    fmt = file_format(path, fmt, head)
     declared = _ENCODING.search(head[:head.find(b"?>")]) if head.lstrip(b"\xef\xbb\xbf")[:5] == b"<?xml" else None
     if declared is not None and declared[1].lower() not in (b"utf-8", b"utf8"):
         return False
@@ -216,6 +217,22 @@ class OneReader:
         self.splitter.line += lines
 
 
+def last_xml_ts(fd: int, size: int, opts: ReaderOptions) -> float | None:
+    """The ts of the last line ``<tag … ts="number" …/>`` of the XML file open as ``fd`` (``size`` bytes) among its
+    last :data:`~yfpp.workers_reading.BLOCK` bytes (None: none, or ISO-8601 times), read without moving the file's
+    position: where the slices are planned to (a plan only: a line that is no event moves the slices, never the
+    matches)."""
+    if opts.unit is ISO_8601:
+        return None
+    tail = os.pread(fd, workers_reading.BLOCK, max(0, size - workers_reading.BLOCK))
+    ts = _attribute(opts.ts_field.encode(), _TS)
+    for line in reversed(tail.split(b"\n")[size > workers_reading.BLOCK:]):
+        line = line.strip()
+        if line[:1] == b"<" and line[-2:] == b"/>" and (m := ts.search(line)) is not None:
+            return number_times([m[1]], opts.unit)[0]
+    return None
+
+
 def read_alone(body: bytes, scope: bytes, line: int, opts: ReaderOptions, dl: DeadLetters) -> list[Event]:
     """The events of ``body``'s lines as the one reader reads them inside a root of the namespaces of ``scope``
     (:attr:`~yfpp.input.xml_reader.Splitter.wrapper_open`), the first on line ``line``, numbered from 0; dead
@@ -252,7 +269,7 @@ class XmlShare(Share):
                      self.inboxes)
 
     def _last_ts(self, f: BinaryIO) -> float | None:
-        return None  # (the slices not planned to the file's end: its last lines close the root, read by one reader)
+        return last_xml_ts(f.fileno(), os.fstat(f.fileno()).st_size, self.opts) if self._open else None
 
     def _plain_next(self) -> bool:
         """(the one reader's reader of plain lines, and the root they are in, taken for the next block)"""

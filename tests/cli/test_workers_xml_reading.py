@@ -12,22 +12,25 @@ broken lines, times going back), read in blocks of a few lines.
 from __future__ import annotations
 
 import json
+import queue
 import random
 import re
 from collections import Counter
 from io import BytesIO
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.cli import test_workers_reading as reading_test
+from tests.cli.test_workers import Lines
 from tests.cli.test_workers_reading import small_blocks  # noqa: F401 (a fixture)
 from tests.generators import patterns, streams
 from yfpp.input.dead_letters import DeadLetters
-from yfpp.input.readers import reading_options
+from yfpp.input.readers import read_event_batches, reading_options
 from yfpp.input.xml_reader import xml_batches
 from yfpp.language.query_text import parse_query
-from yfpp.workers import Sequencer
+from yfpp.workers import Sequencer, Workers
 from yfpp.workers_xml_reading import Scanner, XmlShare, reads_xml_itself
 
 HEADS = ['<stream>\n', '<?xml version="1.0" encoding="UTF-8"?>\n<stream xmlns="urn:s">\n',
@@ -248,3 +251,45 @@ def test_two_workers_scan_the_plain_blocks_and_read_the_others(small_blocks, tmp
     expected = one_engine(QUERIES, str(path))
     assert sum(expected[0].values()) > 50
     assert with_workers(QUERIES, str(path), 2) == expected
+
+
+
+def test_workers_reading_an_xml_file_plan_slices_that_deal_evenly(tmp_path):
+    """As for JSON lines, the slices of an XML file the workers read are planned to its last event line's ts (the
+    root's end after it): 60 events of 2 workers at 20 events a slice are 4 slices of about 15, not 3 of 20."""
+    path = tmp_path / "feed.xml"
+    path.write_text("<stream>\n" + "".join(f'  <a ts="{i}"/>\n' for i in range(60)) + "  <broken\n</stream>\n")
+    slicings: dict = {}
+    share = XmlShare(str(path), reading_options(), sliced_groups(), 0, 2, 20, DeadLetters(), Sequencer(), slicings,
+                     [queue.Queue(), queue.Queue()])
+    next(share.blocks())  # (the file's one block: worker 0's chunk, its slices planned as it is read)
+    assert slicings[0].length == pytest.approx(59 / 4) and slicings[0].own(59) == 3
+
+
+def sliced_groups() -> list:
+    from yfpp.spark.plan import group_queries
+    from yfpp.workers import WORKERS
+
+    return group_queries(SLICED, runner=WORKERS)
+
+
+SLICED = [("q", parse_query("PATTERN SEQ(a x, a y) WITHIN 2", "sase", "s"))]
+
+
+def test_the_parent_reading_a_file_plans_slices_that_deal_evenly(tmp_path):
+    """An XML file the workers do not read themselves (elements across lines) is read by the parent, which plans the
+    slices to the file's last event line as the workers do: 600 events of 2 workers at 200 a slice are 4 slices of
+    about 150, not 3 of 200; the matches are one engine's."""
+    path = tmp_path / "feed.xml"
+    path.write_text("<stream>\n" + "".join(f'  <a\n    ts="{i}"/>\n' for i in range(599)) + '  <a ts="599"/>\n</stream>\n')
+    out = Lines()
+    workers = Workers(SLICED, 2, out, DeadLetters(), slice_events=200, source=(str(path), None, reading_options()))
+    try:
+        assert workers.source is None  # (the parent reads it)
+        for batch in read_event_batches(str(path), None, dead_letters=DeadLetters()):
+            workers.process_batch(batch)
+        workers.flush()
+    finally:
+        workers.close()
+    assert workers.slicings[0].length == pytest.approx(599 / 4)
+    assert Counter(json.dumps(m, sort_keys=True) for m in out) == reading_test.one_engine(SLICED, str(path), "xml")[0]
