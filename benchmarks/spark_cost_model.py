@@ -7,7 +7,7 @@ keyed by tag_id — see ``spark_vs_run.py``):
   alone and the reader and one engine over the feed — ``yfpp run``'s work —
   in this process; ``--tasks``, default 2 16 128): the scan plan's
   read tasks (``yfpp.spark.scan.read_task``, one per byte range, as many ranges
-  as tasks) and matching tasks (``match_task``) run one after the other in this
+  as tasks but none below ``MIN_RANGE_BYTES`` — 4 MB — save the last) and matching tasks (``match_task``) run one after the other in this
   process, each timed with ``time.process_time``; the blobs between them kept
   in a dict (Spark's shuffle is not in these figures: its JVM side is in the
   Spark part). Printed per task count: bytes parsed (all tasks together, and
@@ -141,6 +141,26 @@ def spark_stats(path: Path, out: Path, tasks: int) -> tuple[float, dict[str, flo
     return float(whole[1]), {"wall": float(m[1]), "driver": float(m[2]), "JVM": float(m[3]), "Python workers": float(m[4])}
 
 
+def with_spark(sizes: list[int], tasks: int, tmp: Path, base: float) -> None:
+    """Print ``yfpp spark --master local[tasks] --stats``'s CPU over an empty file and over the feed of each size:
+    the Python workers' CPU per event beyond the empty job's against ``yfpp run``'s (``base``: its start-up)."""
+    empty = tmp / "empty.jsonl"
+    empty.write_text("")
+    cpu0, s0 = spark_stats(empty, tmp / "spark_empty", tasks)
+    print(f"\nyfpp spark local[{tasks}], empty input: {cpu0:.1f} CPU-s the whole run; "
+          f"steps {s0['wall']:.1f} s wall, CPU driver {s0['driver']:.2f} JVM {s0['JVM']:.2f} "
+          f"Python workers {s0['Python workers']:.2f}")
+    for n_events in sizes:
+        path = feed(n_events, 8, 1)
+        run = (run_cpu(path, tmp / "run.jsonl") - base) / n_events * 1e6
+        cpu, s = spark_stats(path, tmp / "spark_out", tasks)
+        workers = (s["Python workers"] - s0["Python workers"]) / n_events * 1e6
+        print(f"{n_events:,} events: {cpu:.1f} CPU-s the whole run, steps {s['wall']:.1f} s wall; Python workers "
+              f"{s['Python workers']:.2f} CPU-s, {workers:.2f} µs/event beyond the empty job "
+              f"({workers / run:.2f}× yfpp run's {run:.2f}); JVM {s['JVM']:.2f} "
+              f"({(s['JVM'] - s0['JVM']) / n_events * 1e6:.2f} µs/event beyond the empty job)", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, nargs="+", default=[100_000, 1_000_000])
@@ -180,21 +200,9 @@ def main() -> None:
             print(f"{n:>6} {c['ranges']:>6} {c['bytes'] / 1e6:>9.1f} {c['max_task_bytes'] / 1e6:>11.2f} {read:>10.2f} "
                   f"{match:>11.2f} {read + match:>10.2f} {(read + match) / run:>6.2f} "
                   f"{(read + match) / run_lines:>11.2f} {c['decoded'] / n_events:>9.2f} "
-                  f"{c['blob_bytes'] / n_events:>12.1f} {c['matches']:>8,}")
+                  f"{c['blob_bytes'] / n_events:>12.1f} {c['matches']:>8,}", flush=True)
     if args.spark:
-        cpu0, s0 = spark_stats(empty, tmp / "spark_empty", args.spark_tasks)
-        print(f"\nyfpp spark local[{args.spark_tasks}], empty input: {cpu0:.1f} CPU-s the whole run; "
-              f"steps {s0['wall']:.1f} s wall, CPU driver {s0['driver']:.2f} JVM {s0['JVM']:.2f} "
-              f"Python workers {s0['Python workers']:.2f}")
-        for n_events in args.events:
-            path = feed(n_events, 8, 1)
-            run = (run_cpu(path, tmp / "run.jsonl") - base) / n_events * 1e6
-            cpu, s = spark_stats(path, tmp / "spark_out", args.spark_tasks)
-            workers = (s["Python workers"] - s0["Python workers"]) / n_events * 1e6
-            print(f"{n_events:,} events: {cpu:.1f} CPU-s the whole run, steps {s['wall']:.1f} s wall; Python workers "
-                  f"{s['Python workers']:.2f} CPU-s, {workers:.2f} µs/event beyond the empty job "
-                  f"({workers / run:.2f}× yfpp run's {run:.2f}); JVM {s['JVM']:.2f} "
-                  f"({(s['JVM'] - s0['JVM']) / n_events * 1e6:.2f} µs/event beyond the empty job)")
+        with_spark(args.events, args.spark_tasks, tmp, base)
     if args.plot:
         import matplotlib
 
@@ -209,7 +217,7 @@ def main() -> None:
             ax.plot(xs, [p[2] for p in pts], "s:", label=f"of which the read tasks (read, scan or parse, route), {n_events:,}")
             ax.axhline(pts[0][4], ls="--", lw=0.8, color=ax.lines[-1].get_color(), label=f"yfpp run, {n_events:,}")
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("matching tasks (= byte ranges)")
+        ax.set_xlabel("matching tasks (byte ranges: as many, each 4 MB or more)")
         ax.set_ylabel("CPU µs per event")
         ax.set_ylim(bottom=0)
         ax.set_title("yfpp spark scan plan: task CPU per event (shoplifting)")

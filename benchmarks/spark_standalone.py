@@ -20,7 +20,11 @@ The cluster count comes out *below* the matching tasks' own CPU on 5M events: so
 workers' CPU escapes it (not found how), so read it as a lower bound. On a machine with fewer free cores than executors the executors share them: the wall figures
 then show the machine, not the cluster's scaling.
 
-    python benchmarks/spark_standalone.py --events 1000000 5000000
+At the end: the throughput (events a wall second) with each executor count against the first's, and (``--local T``,
+default 2) ``yfpp spark --master local[T] --stats`` over an empty file and each feed, as ``spark_cost_model.py
+--spark`` runs it — the Python workers' CPU per event beyond the empty job's against ``yfpp run``'s.
+
+    python benchmarks/spark_standalone.py --events 5000000     # about 8 minutes on a quiet 2-core machine
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from spark_cost_model import QUERIES, child_cpu, run_cpu  # noqa: E402
+from spark_cost_model import QUERIES, child_cpu, run_cpu, with_spark  # noqa: E402
 from spark_vs_run import feed  # noqa: E402
 
 from yfpp.spark.costs import keep_orphans  # noqa: E402
@@ -158,6 +162,9 @@ def main() -> None:
     ap.add_argument("--executors", type=int, nargs="+", default=[1, 2], help="executor counts, ascending")
     ap.add_argument("--partitions", type=int, default=4, help="the scan plan's tasks (byte ranges), every job")
     ap.add_argument("--executor-memory", default="768m")
+    ap.add_argument("--local", type=int, default=2, metavar="T",
+                    help="then yfpp spark --master local[T] --stats over the same feeds: the Python workers' CPU per "
+                         "event against yfpp run's (spark_cost_model.py --spark); 0: not")
     args = ap.parse_args()
     if not keep_orphans():
         sys.exit("needs Linux (a child subreaper, /proc) to count the executors' CPU")
@@ -171,6 +178,7 @@ def main() -> None:
     print(f"{'executors':>9} {'events':>10} {'wall s':>7} {'events/s':>9} {'driver CPU s':>12} {'cluster CPU s':>13} "
           f"{'cluster µs/ev beyond empty':>26} {'× run':>6} {'matching tasks µs/ev':>20} {'× run':>6}")
     cluster = Cluster(tmp, worker_memory="1200m")
+    rate: dict[tuple[int, int], float] = {}  # (executors, events) → events a wall second
     try:
         workers = 0
         for executors in args.executors:
@@ -182,12 +190,19 @@ def main() -> None:
                   f"{fixed['cluster']:>13.1f}", flush=True)
             for n in args.events:
                 r = job(cluster, feed(n, 8, 1), tmp / "out", args.partitions, args.executor_memory)
+                rate[executors, n] = r["events"] / r["elapsed"]
                 per = (r["cluster"] - fixed["cluster"]) / r["events"] * 1e6
                 print(f"{executors:>9} {r['events']:>10,} {r['elapsed']:>7.1f} {r['events'] / r['elapsed']:>9,.0f} "
                       f"{r['driver']:>12.1f} {r['cluster']:>13.1f} {per:>26.2f} {per / runs[n]:>6.2f} "
                       f"{r['tasks'] / r['events'] * 1e6:>20.2f} {r['tasks'] / r['events'] * 1e6 / runs[n]:>6.2f}", flush=True)
     finally:
         cluster.stop()
+    one = args.executors[0]
+    for executors in args.executors[1:]:
+        print(f"throughput, {executors} executors against {one}: "
+              f"{', '.join(f'{n:,} events {rate[executors, n] / rate[one, n]:.2f}x' for n in args.events)}")
+    if args.local:
+        with_spark(args.events, args.local, tmp, base)
 
 
 if __name__ == "__main__":

@@ -113,24 +113,26 @@ def test_a_range_the_scan_leaves_to_the_reader():
 @given(feed=st.one_of(plain_feeds(), st.lists(st.one_of(lines(), lines(), st.sampled_from(['{"type": "A", "ts": 2, "k": 1}\r'])),
                                               max_size=30)),
        n=st.integers(1, 3), pieces=st.sampled_from([1, 3, 7]), chunk=st.sampled_from([1, 2, 5, 30]),
-       block=st.sampled_from([1, 60, 1 << 14]),
+       block=st.sampled_from([1, 60, 1 << 14]), run=st.sampled_from([1, 100, 1 << 16]),
        bom=st.booleans(), last_newline=st.booleans())
-def test_keyed_jobs_over_scanned_lines_equal_one_engine(tmp_path_factory, feed, n, pieces, chunk, block, bom,
+def test_keyed_jobs_over_scanned_lines_equal_one_engine(tmp_path_factory, feed, n, pieces, chunk, block, run, bom,
                                                         last_newline):
     text = ("\ufeff" if bom else "") + "\n".join(feed) + ("\n" if last_newline else "")
     path = tmp_path_factory.mktemp("lines") / "feed.jsonl"
     path.write_bytes(text.encode("utf-8", "surrogatepass"))
     want, letters = one_engine(QUERY, path)
     with mock.patch.object(scan, "chunk_events", lambda n: chunk), mock.patch.object(line_scan, "MAX_LINE_BYTES", 80), \
-            mock.patch.object(line_scan, "READ_BLOCK", block):  # a matching task reads its lines in blocks this long
+            mock.patch.object(line_scan, "READ_BLOCK", block), \
+            mock.patch.object(scan, "RUN_BYTES_PER_TASK", run):  # plain chunks grouped up to this a task
         got, dead, _ = scanned(QUERY, [path], n, 100, pieces, hot_keys=False)
     assert got == want
     assert dead == sorted(letters, key=lambda d: d["seq"])
 
 
-@pytest.mark.parametrize(("n", "pieces", "chunk", "block"), [(1, 1, 30, 1), (3, 3, 7, 60), (2, 7, 100, 1 << 14),
-                                                            (3, 1, 1000, 100)])
-def test_a_long_plain_feed_with_odd_late_and_broken_lines_equals_one_engine(tmp_path, n, pieces, chunk, block):
+@pytest.mark.parametrize(("n", "pieces", "chunk", "block", "run"), [(1, 1, 30, 1, 1), (3, 3, 7, 60, 1 << 16),
+                                                                   (2, 7, 100, 1 << 14, 1), (3, 1, 1000, 100, 1),
+                                                                   (2, 1, 10, 60, 700), (3, 2, 5, 1 << 14, 1 << 16)])
+def test_a_long_plain_feed_with_odd_late_and_broken_lines_equals_one_engine(tmp_path, n, pieces, chunk, block, run):
     """Chunks of many plain lines, read in blocks of one line to a few, around an odd line (nested), a late
     one, a broken one and a blank one: the same matches (their events' seq numbers) and dead letters."""
     feed = [json.dumps({"type": "AB"[i % 2], "ts": i // 2, "k": [0, "u", -1][i % 3], "x": i}) for i in range(300)]
@@ -141,7 +143,8 @@ def test_a_long_plain_feed_with_odd_late_and_broken_lines_equals_one_engine(tmp_
     path = tmp_path / "feed.jsonl"
     path.write_text("".join(ln + "\n" for ln in feed))
     want, letters = one_engine(QUERY, path)
-    with mock.patch.object(scan, "chunk_events", lambda n: chunk), mock.patch.object(line_scan, "READ_BLOCK", block):
+    with mock.patch.object(scan, "chunk_events", lambda n: chunk), mock.patch.object(line_scan, "READ_BLOCK", block), \
+            mock.patch.object(scan, "RUN_BYTES_PER_TASK", run):
         got, dead, _ = scanned(QUERY, [path], n, 100, pieces, hot_keys=False)
     assert got == want and len(want) > 100
     assert dead == letters and [d["seq"] for d in dead] == [120, 200]
@@ -175,7 +178,7 @@ def test_small_blobs_of_several_ranges_are_read_in_the_reader_s_blocks(tmp_path)
     assert got == want and dead == letters == [] and len(stats) == 2
     job = ScanJob.plan(group_queries(effective_queries(QUERY)), [f"file://{path}"], True, 2,
                        {"format": None, "ts_field": "ts", "ts_unit": "s", "type_field": None}, pieces=20,
-                       hot_keys=False)
+                       hot_keys=False, min_range_bytes=1)
     blobs = [row for rows in read_task(job, range(len(job.ranges))) for row in rows if row[3] == LINES]
     size = path.stat().st_size
     assert len(blobs) >= 30 and len(calls) <= size // 2000 + 2  # each task's blocks 2,000 bytes or more, but its last
@@ -194,3 +197,31 @@ def test_a_blob_s_head_holds_its_lines_count_and_smallest_ts():
         events, = reader.blocks(final=True)
         assert [ev.seq for ev in events] == [100 + 5 + i for i in mine]
         assert [ev.ts for ev in events] == [i + 1 for i in mine]
+
+
+def test_plain_chunks_in_a_row_are_grouped_together_up_to_the_bytes_given():
+    """``plain_run`` goes on over the plain chunks after a plain one while they continue its ts order and fit the
+    bytes given; a line that is not plain, or one back in time, ends it at its chunk's start."""
+    rows = [{"type": "AB"[i % 2], "ts": i, "k": i % 3} for i in range(40)]
+    rows[25] = {"type": "A", "ts": 25, "k": 1, "n": {"y": 1}}  # nested: not plain
+    data = "".join(json.dumps(r) + "\n" for r in rows).encode()
+    got = scan_range(data, SPEC, 3)
+    size, two = int(got.ends[9]), int(got.ends[19])  # the first chunk's bytes, the first two chunks'
+    assert line_scan.plain_run(got, 0, 10, 10, 10 * size) == 20  # lines 20–29 hold the nested one
+    assert line_scan.plain_run(got, 0, 10, 10, two - 1) == 10 and line_scan.plain_run(got, 0, 10, 10, two) == 20
+    assert line_scan.plain_run(got, 26, 30, 10, 10 * size) == 40
+    rows[25], rows[15] = rows[24] | {"ts": 25}, {"type": "A", "ts": 3, "k": 1}  # plain again; line 15 back in time
+    later = scan_range("".join(json.dumps(r) + "\n" for r in rows).encode(), SPEC, 3)
+    assert line_scan.plain_run(later, 0, 10, 10, 10 * size) == 10 and line_scan.plain_run(later, 20, 30, 10, 10**6) == 40
+
+
+def test_a_range_of_plain_lines_goes_to_each_task_in_one_blob_when_the_bytes_allow():
+    path_rows = "".join(json.dumps({"type": "AB"[i % 2], "ts": i, "k": i % 3, "s": "z"}) + "\n" for i in range(300))
+    for run, blobs in ((1 << 16, 3), (1, 3 * 30)):  # all 300 lines at once, or each chunk of 10 alone
+        job = ScanJob.plan(group_queries(effective_queries(QUERY)), ["file:///dev/null"], True, 3,
+                           {"format": None, "ts_field": "ts", "ts_unit": "s", "type_field": None}, hot_keys=False)
+        data = path_rows.encode()
+        with mock.patch.object(scan, "chunk_events", lambda n: 10), mock.patch.object(scan, "RUN_BYTES_PER_TASK", run):
+            rows = [row for rs in scan._line_chunks(job, 0, data, scan_range(data, SPEC, 3), scan._Collect(),
+                                                    scan._Seen()) for row in rs]
+        assert len(rows) == blobs and {row[3] for row in rows} == {LINES}

@@ -126,11 +126,12 @@ def one_engine(named: list, path: Path) -> tuple[Counter, list[dict]]:
 
 
 def scanned(named: list, files: list[Path], n: int, slice_events: int,
-            pieces: int = 1, hot_keys: bool = True) -> tuple[Counter, list[dict], list[dict]]:
+            pieces: int = 1, hot_keys: bool = True, least: int = 1) -> tuple[Counter, list[dict], list[dict]]:
     """The matches, dead letters and stats rows of a job of ``n`` matching tasks over about ``pieces``
-    byte ranges, its tasks run one after the other (each byte range read by a read task of its own)."""
+    byte ranges (each but a file's last at least ``least`` bytes: by default however small), its tasks run one
+    after the other (each byte range read by a read task of its own)."""
     job = ScanJob.plan(group_queries(effective_queries(named)), [f"file://{f}" for f in files], len(files) == 1, n,
-                       READING, slice_events, pieces, hot_keys)
+                       READING, slice_events, pieces, hot_keys, min_range_bytes=least)
     shipped: dict[int, list[tuple]] = {task: [] for task in range(n)}
     for r in range(len(job.ranges)):
         for rows in read_task(job, [r]):
@@ -153,9 +154,11 @@ def scanned(named: list, files: list[Path], n: int, slice_events: int,
 @given(pats=st.lists(patterns(), min_size=1, max_size=3), events=streams(max_events=30),
        late=st.one_of(st.none(), st.integers(0, 29)), bad=st.one_of(st.none(), st.integers(0, 29)),
        n=st.integers(2, 3), slice_events=st.sampled_from([1, 2, 4, 100]), pieces=st.sampled_from([1, 3, 7]),
-       files=st.sampled_from([1, 2]))
+       files=st.sampled_from([1, 2]), least=st.sampled_from([1, 40, 300, 1 << 20]))
 def test_scan_tasks_together_equal_one_engine(tmp_path_factory, pats, events, late, bad, n, slice_events, pieces,
-                                               files):
+                                               files, least):
+    """Any byte ranges (``pieces`` of them, each but a file's last at least ``least`` bytes) give one engine's
+    matches, dead letters and counts."""
     lines = [json.dumps({"type": e.type, "ts": e.ts, **e.attrs}) for e in events]
     if late is not None and late < len(lines) and events[late].ts > 0:  # an event back in time
         lines.insert(late + 1, json.dumps({"type": "A", "ts": events[late].ts - 1, "x": 1, "k": 0}))
@@ -176,7 +179,7 @@ def test_scan_tasks_together_equal_one_engine(tmp_path_factory, pats, events, la
             if d["position"].startswith("line "):
                 line = int(d["position"].split()[1])
                 d["position"] = f"a.jsonl line {line}" if line <= cut else f"b.jsonl line {line - cut}"
-    got, dead, stats = scanned(named, parts, n, slice_events, pieces)
+    got, dead, stats = scanned(named, parts, n, slice_events, pieces, least=least)
     assert got == want
     assert dead == sorted(letters, key=lambda d: d["seq"])
     assert [s["task"] for s in stats] == list(range(n)) and sum(s["dead"] for s in stats) == len(letters)

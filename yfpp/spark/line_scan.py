@@ -122,6 +122,20 @@ def chunk_is_plain(scanned: Scanned, a: int, b: int, hi: float | None) -> bool:
     return bool(scanned.plain[a:b].all() and (hi is None or ts[0] >= hi) and (ts[1:] >= ts[:-1]).all())
 
 
+def plain_run(scanned: Scanned, a: int, b: int, lines: int, most: int) -> int:
+    """The line after the plain lines from ``a`` on: lines ``a`` to ``b`` (plain: :func:`chunk_is_plain`) and the
+    plain chunks of :func:`chunk_ends` (``lines`` lines) after them that continue their ts order, while all of them
+    hold at most ``most`` bytes — so that many tasks get blobs of many lines each, not a chunk's share."""
+    ends = scanned.ends
+    limit = (int(ends[a - 1]) if a else 0) + most
+    while b < len(ends):
+        c = chunk_ends(scanned, b, lines)
+        if int(ends[c - 1]) > limit or not chunk_is_plain(scanned, b, c, float(scanned.ts[b - 1])):
+            break
+        b = c
+    return b
+
+
 def group_lines(data: bytes, scanned: Scanned, a: int, b: int, seq: int, n: int) -> list[tuple[int, bytes]]:
     """Lines ``a`` to ``b`` of ``data`` grouped by task, in order: ``(task, blob)`` for each task with lines, the
     blob its lines' count, the first one's ts (the smallest: a chunk's lines are in ts order), their record indexes

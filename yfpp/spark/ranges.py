@@ -30,6 +30,10 @@ from yfpp.spark.read import split_offsets
 
 #: A range is at most this long (a task holds its range's bytes while it parses them).
 MAX_RANGE_BYTES = 32 << 20
+#: A range is at least this long, but for a file's last (a file below it is one range): a range costs each
+#: matching task a blob, a summary and its offsets whatever its size (about 0.7 ms a range in all at 128 tasks),
+#: against some 25 ms to read and scan 4 MB (docs/spark.md, "The cost model").
+MIN_RANGE_BYTES = 4 << 20
 _LINE = re.compile(r"^line (\d+)")
 
 
@@ -77,18 +81,23 @@ class Offsets(NamedTuple):
     prefix: str
 
 
-def plan_ranges(paths: Sequence[str], format: str | None, pieces: int) -> list[ByteRange]:
+def plan_ranges(paths: Sequence[str], format: str | None, pieces: int,
+                min_bytes: int = MIN_RANGE_BYTES) -> list[ByteRange]:
     """The ranges of the local files ``paths`` (in stream order): the splittable ones
     (:func:`yfpp.spark.inputs.splittable`) cut so that there are about ``pieces`` ranges over all
-    bytes, none over :data:`MAX_RANGE_BYTES`; the others one range each."""
+    bytes, each of a file but its last at least ``min_bytes`` long and none over :data:`MAX_RANGE_BYTES`
+    (``min_bytes`` at most half of it); the others one range each."""
+    if not 1 <= min_bytes <= MAX_RANGE_BYTES // 2:
+        raise ValueError(f"a range's least size must be from 1 to {MAX_RANGE_BYTES // 2:,} bytes, not {min_bytes:,}")
     sizes = [os.path.getsize(p) for p in paths]
-    target = max(1, min(MAX_RANGE_BYTES, -(-sum(sizes) // max(pieces, 1))))
+    target = min(MAX_RANGE_BYTES, max(min_bytes, -(-sum(sizes) // max(pieces, 1))))
     out = []
     for i, (path, size) in enumerate(zip(paths, sizes)):
         if not splittable(path, format) or size == 0:
             out.append(ByteRange(i, 0, None))
             continue
-        step = -(-size // -(-size // target))  # equal pieces, each at most the target
+        cuts = max(1, min(-(-size // target), size // min_bytes))  # ≥ size / MAX (min_bytes ≤ MAX / 2)
+        step = -(-size // cuts)  # equal pieces, each at least min_bytes and at most the target
         out += [ByteRange(i, a, min(a + step, size)) for a in range(0, size, step)]
     return out
 

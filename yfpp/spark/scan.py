@@ -61,12 +61,12 @@ from yfpp.spark.batch import _ARROW_SCHEMA, _ID_ARROW_SCHEMA, _batch
 from yfpp.spark.hot_keys import HotSlices, find_hot, hashable, sliceable
 from yfpp.spark.inputs import local_path
 from yfpp.spark.line_scan import (LineReader, LineSpec, Scanned, blob_low, chunk_ends, chunk_is_plain, group_lines,
-                                  scan_range)
+                                  plain_run, scan_range)
 from yfpp.spark.parse import reader_kwargs
 from yfpp.spark.plan import (SLICE_WINDOWS, Group, Slicing, XmlEvent, effective_queries, group_queries, match_row,
                              needs_xml, rare_collections)
-from yfpp.spark.ranges import (ByteRange, Summary, plan_ranges, range_bytes, range_offsets, read_range, renumber,
-                               unpack_summaries)
+from yfpp.spark.ranges import (MIN_RANGE_BYTES, ByteRange, Summary, plan_ranges, range_bytes, range_offsets, read_range,
+                               renumber, unpack_summaries)
 
 #: The dead-letter columns after the match columns (``dead_seq`` is the record's seq).
 DEAD_COLUMNS = [("dead_seq", pa.int64()), ("position", pa.string()), ("reason", pa.string()), ("raw", pa.string())]
@@ -81,12 +81,13 @@ def scan_match(spark: SparkSession, queries: Any, files: Sequence[str], *, singl
                format: str | None = None, ts_field: str = "ts", ts_unit: str = "s", type_field: str | None = None,
                policy: str | None = None, full_events: bool = False,
                feedback_limits: tuple[int, int] = (MAX_DEPTH, MAX_DERIVED), slice_events: int | None = None,
-               pieces: int | None = None, hot_keys: bool = True) -> DataFrame:
+               pieces: int | None = None, hot_keys: bool = True, min_range_bytes: int = MIN_RANGE_BYTES) -> DataFrame:
     """The rows of :func:`yfpp.spark.batch.match_with_stats` (matches, then a stats row per task with
     also ``records``, ``dead`` and, task 0, ``read``: the ranges' bytes and CPU seconds) and the dead
     letters (:data:`DEAD_COLUMNS` set, the rest null) of the ``files`` (listed URIs, path order;
     ``single``: one file named, positions without its name), matched by ``tasks`` tasks. ``pieces``:
-    about how many byte ranges to cut the input into (default ``tasks``). ``slice_events``: see
+    about how many byte ranges to cut the input into (default ``tasks``), each of a file but its last at least
+    ``min_range_bytes`` long (:func:`~yfpp.spark.ranges.plan_ranges`). ``slice_events``: see
     :func:`slicing_of` (default: :data:`SLICE_EVENTS`, or :data:`SLICE_EVENTS_PER_QUERY` per query if
     more). ``ts_unit`` ``iso``: ISO-8601 timestamps, and the matches' lines have ISO-8601 start and
     end, as ``yfpp run --ts-format iso``. ``hot_keys``: cut a keyed group's hot keys into time slices
@@ -94,7 +95,8 @@ def scan_match(spark: SparkSession, queries: Any, files: Sequence[str], *, singl
     groups = group_queries(effective_queries(queries, policy), full_events=full_events, feedback_limits=feedback_limits,
                            iso_times=ts_unit == ISO_UNIT_NAME)
     job = ScanJob.plan(groups, files, single, tasks, {"format": format, "ts_field": ts_field, "ts_unit": ts_unit,
-                                                      "type_field": type_field}, slice_events, pieces, hot_keys)
+                                                      "type_field": type_field}, slice_events, pieces, hot_keys,
+                       min_range_bytes)
     readers = min(tasks, len(job.ranges))
     shipped = spark.range(readers, numPartitions=readers).mapInArrow(job.reader(readers), from_arrow_schema(_SHIP))
     # the schema as a StructType, not DDL text: no first use of Spark's SQL parser (0.2–0.3 JVM CPU-s)
@@ -112,6 +114,10 @@ EVENTS, UNROUTED, DEAD, SUMMARY, LINES = 0, 1, 2, 3, 4  # LINES: plain JSON line
 #: Events per chunk: a read task packs and sends its events every CHUNK_EVENTS (holding more costs more than the
 #: extra rows: fresh memory for every event — 65,536 a chunk cost 2.0 CPU-µs per event read, 4,096 1.3, the reader 0.85).
 CHUNK_EVENTS = 4096
+#: Plain lines that follow one another are grouped at most this many bytes a matching task at a time (into blobs
+#: of about this size a task: with many tasks a chunk's share is some 60 lines, each blob costing both sides as much
+#: as many lines; the read task holds the grouped copy beside its range).
+RUN_BYTES_PER_TASK = 1 << 16
 
 
 def chunk_events(n: int) -> int:
@@ -147,13 +153,15 @@ class ScanJob:
 
     @classmethod
     def plan(cls, groups: list[Group], files: Sequence[str], single: bool, n: int, reading: dict[str, Any],
-             slice_events: int | None = None, pieces: int | None = None, hot_keys: bool = True) -> ScanJob:
-        """The job over ``files`` (listed URIs, stream order); reads the head of the stream when a group is
-        sliced or (``hot_keys``) a keyed group may have hot keys."""
+             slice_events: int | None = None, pieces: int | None = None, hot_keys: bool = True,
+             min_range_bytes: int = MIN_RANGE_BYTES) -> ScanJob:
+        """The job over ``files`` (listed URIs, stream order) cut into about ``pieces`` byte ranges (:func:`plan_ranges`);
+        reads the head of the stream when a group is sliced or (``hot_keys``) a keyed group may have hot keys."""
         paths = [local_path(f) or f for f in files]
         slicings, hot = head_slicings(groups, paths, reading, n, slice_events, hot_keys)
-        return cls(groups, list(files), paths, single, plan_ranges(paths, reading["format"], pieces or n), reading, n,
-                   slicings, needs_xml(groups), hot, line_spec(groups, hot, reading))
+        ranges = plan_ranges(paths, reading["format"], pieces or n, min_range_bytes)
+        return cls(groups, list(files), paths, single, ranges, reading, n, slicings, needs_xml(groups), hot,
+                   line_spec(groups, hot, reading))
 
     @property
     def options(self) -> ReaderOptions:
@@ -593,7 +601,8 @@ def _event_chunks(job: ScanJob, r: int, batches: Iterable[list[Event]], seen: _S
 def _line_chunks(job: ScanJob, r: int, data: bytes, scanned: Scanned, dead: _Collect,
                  seen: _Seen) -> Iterator[list[tuple]]:
     """Range ``r``'s lines (``data``, each line ``\\n``-terminated, as ``scanned``), a chunk at a time: a chunk of
-    plain lines in ts order and not late (:func:`~yfpp.spark.line_scan.chunk_is_plain`) as :data:`LINES` blobs
+    plain lines in ts order and not late (:func:`~yfpp.spark.line_scan.chunk_is_plain`), with the plain chunks after
+    it up to :data:`RUN_BYTES_PER_TASK` a task (:func:`~yfpp.spark.line_scan.plain_run`), as :data:`LINES` blobs
     per task; any other parsed by ``yfpp run``'s reader (``parse_block``, its lines and records counted on
     from the chunks before) and packed as events."""
     opts = job.options
@@ -601,6 +610,7 @@ def _line_chunks(job: ScanJob, r: int, data: bytes, scanned: Scanned, dead: _Col
     while a < len(scanned.ends):
         b = chunk_ends(scanned, a, chunk_events(job.n))
         if chunk_is_plain(scanned, a, b, seen.hi):
+            b = plain_run(scanned, a, b, chunk_events(job.n), job.n * RUN_BYTES_PER_TASK)
             rows = [(d, r, chunk, LINES, blob) for d, blob in group_lines(data, scanned, a, b, seq, job.n)]
             seq, lineno, seen.hi = seq + b - a, lineno + b - a, float(scanned.ts[b - 1])
             seen.last = seq - 1
