@@ -25,6 +25,22 @@ from yfpp.language.pattern import (
 TYPES = ["A", "B", "C"]
 CONTIGUITIES = list(Contiguity)
 _ABSENT = object()
+#: Events of a stream that a pattern with up to 2^events runs is tested over (``within_reach``).
+EXPONENTIAL_EVENTS = 14
+
+
+def exponential(p: Pattern) -> bool:
+    """Whether ``p`` may hold 2^events runs: an unwindowed Kleene that picks its first or its later events
+    skip-till-any."""
+    return p.window is None and any(c.kind is Kind.KLEENE and Contiguity.SKIP_TILL_ANY in (c.contiguity, c.inner)
+                                    for c in p.components)
+
+
+def within_reach(patterns: list[Pattern], events: list[Event]) -> list[Event]:
+    """``events``, cut to ``EXPONENTIAL_EVENTS`` where a pattern is ``exponential``: over 30 events such a
+    pattern runs to the run cap for minutes, and CI's fixed examples (``CI=true`` derandomizes Hypothesis)
+    may draw one whenever a test's strategy changes."""
+    return events[:EXPONENTIAL_EVENTS] if any(exponential(p) for p in patterns) else events
 
 
 @st.composite

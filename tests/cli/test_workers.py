@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, assume, currently_in_test_context, given, settings
 from hypothesis import strategies as st
 
-from tests.generators import patterns, set_patterns, streams
+from tests.generators import patterns, set_patterns, streams, within_reach
 from tests.spark.test_spark_plan import KEYED, STOCK, stream_of
 from yfpp.cli import main
 from yfpp.engine import Engine
@@ -82,6 +82,7 @@ def copies(events: list[Event]) -> list[Event]:
 def test_workers_find_one_engines_matches(pats, events):
     """Keyed, sliced (tiny slices) and whole groups at once, strict and partition contiguity, trailing
     negations, non_overlapping, event sets: the same multiset of match lines as one engine."""
+    events = within_reach(pats, events)
     queries = [(f"q{i}", p) for i, p in enumerate(pats)]
     assert with_workers(queries, copies(events)) == one_engine(queries, copies(events))
 
@@ -90,6 +91,7 @@ def test_workers_find_one_engines_matches(pats, events):
 @given(st.lists(patterns(), min_size=1, max_size=2), streams(max_events=30), st.data())
 def test_workers_reorder_and_report_late_events_as_one_engine(pats, events, data):
     """Out of order arrivals: the reorder buffer (--max-delay) and late events are one engine's, before the routing."""
+    events = within_reach(pats, events)
     swaps = data.draw(st.lists(st.integers(0, max(len(events) - 2, 0)), max_size=6))
     for i in swaps:
         if len(events) > 1:

@@ -25,13 +25,12 @@ from hypothesis import strategies as st
 
 pytest.importorskip("pyspark", reason="pyspark is not installed (pip install '.[spark]')")
 
-from tests.generators import patterns, streams  # noqa: E402
+from tests.generators import patterns, streams, within_reach  # noqa: E402
 from yfpp.cli import main  # noqa: E402
 from yfpp.input.dead_letters import DeadLetters  # noqa: E402
 from yfpp.engine import Engine  # noqa: E402
 from yfpp.errors import InputError  # noqa: E402
 from yfpp.input.generate import generate_rfid, write_events  # noqa: E402
-from yfpp.language.pattern import Contiguity, Kind  # noqa: E402
 from yfpp.input.readers import read_events  # noqa: E402
 from yfpp.spark.inputs import choose_plan, local_files, local_path  # noqa: E402
 
@@ -160,9 +159,7 @@ def test_scan_tasks_together_equal_one_engine(tmp_path_factory, pats, events, la
                                                files, least):
     """Any byte ranges (``pieces`` of them, each but a file's last at least ``least`` bytes) give one engine's
     matches, dead letters and counts."""
-    if any(p.window is None and any(c.kind is Kind.KLEENE and c.contiguity is Contiguity.SKIP_TILL_ANY
-                                     for c in p.components) for p in pats):
-        events = events[:14]  # (an unwindowed skip-till-any Kleene has up to 2^events runs: over 30, minutes at the run cap)
+    events = within_reach(pats, events)
     lines = [json.dumps({"type": e.type, "ts": e.ts, **e.attrs}) for e in events]
     if late is not None and late < len(lines) and events[late].ts > 0:  # an event back in time
         lines.insert(late + 1, json.dumps({"type": "A", "ts": events[late].ts - 1, "x": 1, "k": 0}))

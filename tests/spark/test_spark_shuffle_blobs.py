@@ -23,7 +23,7 @@ pytest.importorskip("pyspark", reason="pyspark is not installed (pip install '.[
 import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 
-from tests.generators import patterns, streams  # noqa: E402
+from tests.generators import patterns, streams, within_reach  # noqa: E402
 from yfpp.engine import Engine  # noqa: E402
 from yfpp.input.events import MISSING, Event  # noqa: E402
 from yfpp.spark import batch  # noqa: E402
@@ -38,6 +38,7 @@ from yfpp.spark.shuffle_hot import SLICES_PER_TASK, HotHash  # noqa: E402
 @given(pats=st.lists(patterns(), min_size=1, max_size=3), events=streams(max_events=30), n=st.integers(1, 3),
        cut=st.integers(1, 7), slices=st.integers(1, 4))
 def test_packed_tasks_together_equal_one_engine(pats, events, n, cut, slices):
+    events = within_reach(pats, events)
     named = [(f"q{i}", p) for i, p in enumerate(pats)]
     eng = Engine()
     for name, p in named:
