@@ -178,10 +178,11 @@ class Engine:
     def _register(self, query: str | Pattern, name: str | None, *, policy: str | None, feedback: bool,
                   query_id: int | None = None, split: tuple[Sequence[str], list[str]] | None = None) -> int:
         """:meth:`register`, the collector paused by the caller."""
-        self._check_name_id(name, query_id)
+        if name is not None or query_id is not None:
+            self._check_name_id(name, query_id)
         shape, constants, pattern = None, [], None
         if isinstance(query, str):
-            shape, constants = self._shapes.shape_of(query, split=split)
+            shape, constants = self._shapes.shape_of(query, "s", split)
             if shape is None:
                 pattern = parse_query(query)
         elif isinstance(query, Pattern):
@@ -189,7 +190,8 @@ class Engine:
         else:
             raise YfppError(f"register() takes query text or a Pattern, not {type(query).__name__}")
         self._check_room(name)
-        _check_policy(policy)
+        if policy is not None:
+            _check_policy(policy)
         policy = policy or self.default_policy
         splan = None
         if shape is not None:  # (a query of a shape met before: made from the shape's plan, when it has one)

@@ -127,8 +127,9 @@ def test_the_fields_built_by_position_keep_their_order() -> None:
     def names(cls: type, n: int) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)][:n]
 
-    assert names(Node, 16) == ["parent", "signature", "index", "event_type", "kleene", "contiguity", "inner", "begin",
-                               "take", "final", "partition_by", "index_key", "root", "id", "children", "waits"]
+    assert names(Node, 20) == ["parent", "signature", "index", "event_type", "kleene", "contiguity", "inner", "begin",
+                               "take", "final", "partition_by", "index_key", "root", "id", "children", "waits",
+                               "inside", "accepts", "users", "window"]
     assert names(ComponentSpec, 13) == ["index", "var", "event_type", "kleene", "contiguity", "inner", "begin", "take",
                                          "final", "agg_slots", "keep_events", "keys", "what"]
     assert names(QueryPlan, 15) == ["name", "source", "compiled_specs", "negations", "trailing", "partition_by",
