@@ -173,11 +173,12 @@ class Engine:
         counting, and only what it keeps is counted towards the next collection.
         """
         with collection_paused(self.freeze_registered):
-            return self._register(query, name, policy=policy, feedback=feedback, query_id=query_id, split=split)
+            return self._register(query, name, policy, feedback, query_id, split)
 
-    def _register(self, query: str | Pattern, name: str | None, *, policy: str | None, feedback: bool,
+    def _register(self, query: str | Pattern, name: str | None, policy: str | None, feedback: bool,
                   query_id: int | None = None, split: tuple[Sequence[str], list[str]] | None = None) -> int:
-        """:meth:`register`, the collector paused by the caller."""
+        """:meth:`register`, the collector paused by the caller (its arguments by position: a batch calls it per
+        query)."""
         if name is not None or query_id is not None:
             self._check_name_id(name, query_id)
         shape, constants, pattern = None, [], None
@@ -307,7 +308,7 @@ class Engine:
             for item in queries:
                 query, name = item if isinstance(item, tuple) and len(item) == 2 else (item, None)
                 try:
-                    out.append(self._register(query, name, policy=policy, feedback=feedback))
+                    out.append(self._register(query, name, policy, feedback))
                 except YfppError as err:
                     out.append(err)
         return out

@@ -239,10 +239,11 @@ class QueryShapes:
         self._shapes: dict[tuple, Shape | None] = {}
         self._lock = threading.Lock()
         self._likes: dict[tuple, re.Pattern] = {}  # per key of _shapes: like_pattern of its text and kinds
-        # the last shapes found, the latest first: (ts_unit, like_pattern of the text around its constants and their
-        # kinds, the shape); a text of one is split by one match (split_like), not scanned (a batch of one template's
-        # subscriptions, a checkpoint's rows, subscribers of a few templates registering in turn)
-        self._recent: tuple[tuple[str, re.Pattern, Shape | None], ...] = ()
+        # the last shapes found, the latest first: (ts_unit, the text before its first constant, like_pattern of the
+        # text around its constants and their kinds, the shape); a text of one is split by one match (split_like), not
+        # scanned (a batch of one template's subscriptions, a checkpoint's rows, subscribers of a few templates
+        # registering in turn)
+        self._recent: tuple[tuple[str, str, re.Pattern, Shape | None], ...] = ()
 
     def parse(self, text: str, ts_unit: str = "s") -> Pattern:
         """:func:`parse_query` of ``text``, the same pattern, from the shape's when it was met before."""
@@ -260,8 +261,8 @@ class QueryShapes:
             check_text(text)  # (its error: the shape's text is shorter; its nesting is the text's, checked by parsing)
         recent = self._recent
         if split is None:
-            for unit, like, shape in recent:  # (the latest first)
-                if unit == ts_unit:
+            for unit, first, like, shape in recent:  # (the latest first; a text of another shape seldom begins alike)
+                if unit == ts_unit and text.startswith(first):
                     found = split_like(text, like)
                     if found is not None:
                         return shape, found
@@ -283,7 +284,7 @@ class QueryShapes:
                     self._shapes.pop(next(iter(self._shapes)))
                 self._shapes[key] = entry
         shape, like = entry
-        self._recent = ((ts_unit, like, shape), *recent[:RECENT_SHAPES - 1])  # type: ignore[assignment]
+        self._recent = ((ts_unit, around[0], like, shape), *recent[:RECENT_SHAPES - 1])  # type: ignore[assignment]
         return shape, constants  # type: ignore[return-value]
 
 
@@ -308,7 +309,7 @@ def like_pattern(around: Sequence[str], kinds: Sequence[str]) -> re.Pattern:
     for kind, after in zip(kinds, around[1:]):
         parts.append(f"({_LIKE_TOKENS[kind]})")
         parts.append(re.escape(after))
-    return re.compile("".join(parts), re.DOTALL)
+    return re.compile("".join(parts))
 
 
 def split_like(text: str, like: re.Pattern) -> list[str] | None:

@@ -461,12 +461,11 @@ def _unquoted(written: str) -> str:
     return written[1:-1] if written[0] in "'\"" else written
 
 
-def _copied(negation: NegationPlan) -> NegationPlan:
-    """A shallow copy of ``negation`` (``copy.copy``'s, without its reduce protocol: a third of the time)."""
-    new = object.__new__(NegationPlan)
-    for name in NegationPlan.__slots__:
-        object.__setattr__(new, name, getattr(negation, name))
-    return new
+def _copied(n: NegationPlan) -> NegationPlan:
+    """A shallow copy of ``n`` (``copy.copy``'s, without its reduce protocol; by position, in NegationPlan's field
+    order: no call per field)."""
+    return NegationPlan(n.var, n.event_type, n.self_preds, n.cross_preds, n.lower, n.upper, n.signature,
+                        n.check_signature)
 
 
 def _fixed_best(found: list[tuple]) -> int | None:
