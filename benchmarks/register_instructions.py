@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from million_subscriptions import KINDS, distinct, query  # noqa: E402
+from million_subscriptions import KINDS, distinct, query
 
-from yfpp.engine import Engine  # noqa: E402
+from yfpp.engine import Engine
 
 
 def main() -> None:
