@@ -173,15 +173,17 @@ class Engine:
         counting, and only what it keeps is counted towards the next collection.
         """
         with collection_paused(self.freeze_registered):
-            return self._register(query, name, policy=policy, feedback=feedback, query_id=query_id, split=split)
+            return self._register(query, name, policy, feedback, query_id, split)
 
-    def _register(self, query: str | Pattern, name: str | None, *, policy: str | None, feedback: bool,
+    def _register(self, query: str | Pattern, name: str | None, policy: str | None, feedback: bool,
                   query_id: int | None = None, split: tuple[Sequence[str], list[str]] | None = None) -> int:
-        """:meth:`register`, the collector paused by the caller."""
-        self._check_name_id(name, query_id)
+        """:meth:`register`, the collector paused by the caller (its arguments by position: a batch calls it per
+        query)."""
+        if name is not None or query_id is not None:
+            self._check_name_id(name, query_id)
         shape, constants, pattern = None, [], None
         if isinstance(query, str):
-            shape, constants = self._shapes.shape_of(query, split=split)
+            shape, constants = self._shapes.shape_of(query, "s", split)
             if shape is None:
                 pattern = parse_query(query)
         elif isinstance(query, Pattern):
@@ -189,7 +191,8 @@ class Engine:
         else:
             raise YfppError(f"register() takes query text or a Pattern, not {type(query).__name__}")
         self._check_room(name)
-        _check_policy(policy)
+        if policy is not None:
+            _check_policy(policy)
         policy = policy or self.default_policy
         splan = None
         if shape is not None:  # (a query of a shape met before: made from the shape's plan, when it has one)
@@ -305,7 +308,7 @@ class Engine:
             for item in queries:
                 query, name = item if isinstance(item, tuple) and len(item) == 2 else (item, None)
                 try:
-                    out.append(self._register(query, name, policy=policy, feedback=feedback))
+                    out.append(self._register(query, name, policy, feedback))
                 except YfppError as err:
                     out.append(err)
         return out

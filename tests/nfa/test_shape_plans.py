@@ -116,24 +116,27 @@ def test_one_string_equality_is_keyed_by_its_index_key_however_written():
 
 
 def test_the_fields_built_by_position_keep_their_order() -> None:
-    """``SharedNFA._new_node`` and ``ShapePlan.plan`` build nodes, specs and plans from positional
-    arguments (a million subscriptions make millions of them): a field inserted or moved among these must fail
-    here, not put values in the wrong fields."""
+    """``SharedNFA._new_node``, ``ShapePlan.plan`` and ``shape_plans._copied`` build nodes, specs, plans and negation
+    plans from positional arguments (a million subscriptions make millions of them): a field inserted or moved among
+    these must fail here, not put values in the wrong fields."""
     import dataclasses
 
-    from yfpp.nfa.compiler import ComponentSpec, QueryPlan
+    from yfpp.nfa.compiler import ComponentSpec, NegationPlan, QueryPlan
     from yfpp.nfa.shared_nfa import Node
 
     def names(cls: type, n: int) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)][:n]
 
-    assert names(Node, 16) == ["parent", "signature", "index", "event_type", "kleene", "contiguity", "inner", "begin",
-                               "take", "final", "partition_by", "index_key", "root", "id", "children", "waits"]
+    assert names(Node, 20) == ["parent", "signature", "index", "event_type", "kleene", "contiguity", "inner", "begin",
+                               "take", "final", "partition_by", "index_key", "root", "id", "children", "waits",
+                               "inside", "accepts", "users", "window"]
     assert names(ComponentSpec, 13) == ["index", "var", "event_type", "kleene", "contiguity", "inner", "begin", "take",
                                          "final", "agg_slots", "keep_events", "keys", "what"]
     assert names(QueryPlan, 15) == ["name", "source", "compiled_specs", "negations", "trailing", "partition_by",
                                     "window", "policy", "emit", "var_names", "since_tick", "negation_key", "last",
                                     "feedback", "shape"]
+    assert names(NegationPlan, 8) == ["var", "event_type", "self_preds", "cross_preds", "lower", "upper", "signature",
+                                      "check_signature"]
 
 
 def test_a_one_equality_component_keeps_its_index_key_as_its_check() -> None:

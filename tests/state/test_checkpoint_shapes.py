@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from yfpp.engine import Engine
 from yfpp.errors import YfppError
-from yfpp.language.query_text import parse_query, split_constants, split_like
+from yfpp.language.query_text import like_pattern, parse_query, split_constants, split_like
 from yfpp.state.checkpoint import encode_pattern
 
 TEMPLATES = [
@@ -132,11 +132,11 @@ def test_a_text_split_like_another_is_split_as_the_scan_splits_it(pieces, fills)
     around, constants = split_constants(text)
     kinds = [tok[0] if tok[0] in "'\"" else "d" if "." in tok else "n" for tok in constants]
     both = [tok for tok in constants if "'" in tok and '"' in tok]  # (left to the scan)
-    assert split_like(text, around, kinds) == (None if both else constants)
+    assert split_like(text, like_pattern(around, kinds)) == (None if both else constants)
     # the same text around other constants: each a quoted string or the pieces as they come
     others = [quote + "".join(inner) + quote for quote, inner in fills[:len(constants)]] + constants[len(fills):]
     other = around[0] + "".join(c + after for c, after in zip(others, around[1:]))
-    found = split_like(other, around, kinds)
+    found = split_like(other, like_pattern(around, kinds))
     if found is not None:
         assert split_constants(other) == (around, found)
     elif split_constants(other)[0] == around:  # (the scan splits it alike: kinds differ, or a constant holds both quotes)

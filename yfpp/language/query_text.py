@@ -238,10 +238,12 @@ class QueryShapes:
         self.max_shapes = max_shapes
         self._shapes: dict[tuple, Shape | None] = {}
         self._lock = threading.Lock()
-        # the last shapes found, the latest first: (ts_unit, text around its constants, their kinds, the shape); a text
-        # of one is split by comparing (split_like), not scanned (a batch of one template's subscriptions, a
-        # checkpoint's rows, subscribers of a few templates registering in turn)
-        self._recent: tuple[tuple[str, list[str], list[str], Shape | None], ...] = ()
+        self._likes: dict[tuple, re.Pattern] = {}  # per key of _shapes: like_pattern of its text and kinds
+        # the last shapes found, the latest first: (ts_unit, the text before its first constant, like_pattern of the
+        # text around its constants and their kinds, the shape); a text of one is split by one match (split_like), not
+        # scanned (a batch of one template's subscriptions, a checkpoint's rows, subscribers of a few templates
+        # registering in turn)
+        self._recent: tuple[tuple[str, str, re.Pattern, Shape | None], ...] = ()
 
     def parse(self, text: str, ts_unit: str = "s") -> Pattern:
         """:func:`parse_query` of ``text``, the same pattern, from the shape's when it was met before."""
@@ -259,29 +261,30 @@ class QueryShapes:
             check_text(text)  # (its error: the shape's text is shorter; its nesting is the text's, checked by parsing)
         recent = self._recent
         if split is None:
-            for last in recent:  # (the latest first; a text of another shape seldom begins as this one's)
-                if last[0] == ts_unit and text.startswith(last[1][0]):
-                    found = split_like(text, last[1], last[2])
+            for unit, first, like, shape in recent:  # (the latest first; a text of another shape seldom begins alike)
+                if unit == ts_unit and text.startswith(first):
+                    found = split_like(text, like)
                     if found is not None:
-                        return last[3], found
+                        return shape, found
         around, constants = split_constants(text) if split is None else split
         if not constants:
             return None, constants
         # (each constant's kind: its quote, or d a decimal, n an integer)
         kinds = [tok[0] if tok[0] in "'\"" else "d" if "." in tok else "n" for tok in constants]
         key = (ts_unit, *kinds, *around)
-        shape = self._shapes.get(key, _MISSING)
-        if shape is _MISSING:
+        entry = self._shapes.get(key)
+        if entry is None:
             pieces = [around[0]]
             for kind, after in zip(kinds, around[1:]):
                 pieces.append("\x00" + ("s" + kind if kind in "'\"" else kind))
                 pieces.append(after)
-            shape = Shape.make(pieces, ts_unit)
+            entry = Shape.make(pieces, ts_unit), like_pattern(around, kinds)
             with self._lock:  # (the service parses on several threads)
                 if len(self._shapes) >= self.max_shapes:
                     self._shapes.pop(next(iter(self._shapes)))
-                self._shapes[key] = shape
-        self._recent = ((ts_unit, around, kinds, shape), *recent[:RECENT_SHAPES - 1])  # type: ignore[assignment]
+                self._shapes[key] = entry
+        shape, like = entry
+        self._recent = ((ts_unit, around[0], like, shape), *recent[:RECENT_SHAPES - 1])  # type: ignore[assignment]
         return shape, constants  # type: ignore[return-value]
 
 
@@ -298,38 +301,26 @@ def split_constants(text: str) -> tuple[list[str], list[str]]:
     return around, constants
 
 
-def split_like(text: str, around: Sequence[str], kinds: Sequence[str]) -> list[str] | None:
-    """The constants of ``text`` when :func:`split_constants` splits it into ``around`` (the text around a text's
-    constants, as it split that one) and constants of ``kinds`` (``'`` or ``"`` a quoted string, ``n`` an integer,
-    ``d`` a decimal), else None; found by comparing ``text`` with ``around`` piece by piece, not by scanning it.
-    (The scan finds the same: ``around`` holds no constant, and what follows each of its pieces is a whole constant
-    of the kind the scan found there, then the same piece that ended that one; a quoted constant holding the other
-    quote is left to the scan: it may close a quote that ``around`` leaves open.)"""
-    first = around[0]
-    if not text.startswith(first):
-        return None
-    constants, at = [], len(first)
+def like_pattern(around: Sequence[str], kinds: Sequence[str]) -> re.Pattern:
+    """What :func:`split_like` matches a text with: ``around`` (the text around a text's constants, as
+    :func:`split_constants` split that one) with, between its pieces, a whole constant of each of ``kinds`` (``'`` or
+    ``"`` a quoted string, ``n`` an integer, ``d`` a decimal), each a group."""
+    parts = [re.escape(around[0])]
     for kind, after in zip(kinds, around[1:]):
-        if kind == "'" or kind == '"':
-            end = text.find(kind, at + 1) + 1
-            if not end or not text.startswith(kind, at):
-                return None
-            token = text[at:end]
-            if "\\" in token or "\n" in token or ('"' if kind == "'" else "'") in token:
-                return None  # (not a whole constant; or one holding the other quote, which may close one left open)
-        else:
-            m = _NUMBER.match(text, at)
-            if m is None:
-                return None
-            end = m.end()
-            token = text[at:end]
-            if ("." in token) != (kind == "d"):
-                return None
-        if not text.startswith(after, end):
-            return None
-        constants.append(token)
-        at = end + len(after)
-    return constants if at == len(text) else None
+        parts.append(f"({_LIKE_TOKENS[kind]})")
+        parts.append(re.escape(after))
+    return re.compile("".join(parts))
+
+
+def split_like(text: str, like: re.Pattern) -> list[str] | None:
+    """The constants of ``text`` when :func:`split_constants` splits it as it split the text ``like`` was made of
+    (:func:`like_pattern`: the same text around constants of the same kinds), else None; found by one match, not by
+    scanning ``text``.  (The scan finds the same: the text around holds no constant, and what stands between two
+    of its pieces is a whole constant of the kind the scan found there, followed by the same piece that ended that
+    one; a quoted constant holding the other quote is left to the scan: it may close a quote the text around leaves
+    open.)"""
+    m = like.fullmatch(text)
+    return None if m is None else list(m.groups())
 
 
 def token_kinds(constants: Sequence[str]) -> str | None:
@@ -345,8 +336,10 @@ def token_kinds(constants: Sequence[str]) -> str | None:
 
 
 _TOKEN = re.compile("|".join(KIND_TOKENS.values()))
-_NUMBER = re.compile(r"\d{1,15}(?:\.\d{1,15})?(?![\w.%])")  # a number constant, as _CONSTANT's group finds it
-_MISSING: object = object()
+#: a whole constant of each kind as split_like matches it: a quoted string holding neither the other quote, a backslash
+#: nor a line break; a number as _CONSTANT's group finds it (all its digits: no word character, dot or % after it)
+_LIKE_TOKENS = {"'": r"'[^'\"\\\n]*'", '"': r'"[^\'"\\\n]*"', "n": r"\d{1,15}(?![\w.%])",
+                "d": r"\d{1,15}\.\d{1,15}(?![\w.%])"}
 
 
 class Shape:

@@ -35,13 +35,14 @@ from yfpp.nfa.shared_nfa import NOT_EQUALITY, atom_key, best_key, conjunct_keys
 class ShapePlan:
     """A shape's compiled plan (its pattern's, stand-ins for constants) and how a query's constants go into it."""
 
-    __slots__ = ("shape", "base", "template", "made", "remakes")
+    __slots__ = ("shape", "base", "template", "made", "remakes", "pairs")
 
     def __init__(self, shape: Shape, base: Pattern, template: QueryPlan, made: list[_SpecMaker]) -> None:
         self.shape = shape
         self.base = base  # the shape's pattern with the registration's options (policy, feedback)
         self.template = template  # compiled from it, its specs kept
         self.made = made  # per component spec, how a query's is made
+        self.pairs = tuple(zip(template.compiled_specs or (), made))  # (each template spec with its maker)
         # whether a conjunct is compiled for each query (_Remade)
         self.remakes = any(type(item[0]) is _Remade for m in made for _, _, items in m.edges for item in items or ())
 
@@ -85,7 +86,7 @@ class ShapePlan:
         t = self.template
         literals = self.shape.literals(constants)
         texts = list(zip(self.shape.sentinels, constants)) if self.remakes else ()  # (what _Remade.made reads)
-        specs = [m.spec(s, literals, texts) for s, m in zip(t.compiled_specs or (), self.made)]
+        specs = [m.spec(s, literals, texts) for s, m in self.pairs]
         # (the runtime keys its negation stores by these objects)
         negations = [_copied(n) for n in t.negations] if t.negations else ()
         trailing = negations[t.negations.index(t.trailing)] if t.trailing is not None else None
@@ -125,8 +126,9 @@ class _SpecMaker:
         self.shared: ComponentSpec | None = None  # then the spec of every query, made at the first
         # the commonest case, made without the loops of spec: the begin condition is one string equality holding a
         # constant, its index key picked whatever the constants, no constant on take or final; then the stand-in's
-        # (type, value), the template's check, and where the query's index key is its check too, that key's class
-        # and its first two items (EqualityKey, AttributeEquality: equality_key_of) as one triple, else None
+        # (type, value), the template's check, where the query's index key is its check too that key's class and
+        # its first two items (EqualityKey, AttributeEquality: equality_key_of) as one triple, else None, and the
+        # take and final edges' keys
         begin, take, final = (items for _, _, items in edges)
         self.one = None
         if atom and best is not None and begin is not None and type(begin[0][0]) is tuple and take is None \
@@ -135,7 +137,7 @@ class _SpecMaker:
             key, at = found[best]
             keyed = equality_key_of(check)
             self.one = (literal, check, (keyed[0], *keyed[1]) if keyed is not None and key[:2] == keyed[1]
-                        and at == ((2, literal),) else None)
+                        and at == ((2, literal),) else None, edges[1][1], edges[2][1])
 
     @classmethod
     def make(cls, spec: ComponentSpec, hot: set[int], sentinels: dict[str, str], stand_ins: set[tuple],
@@ -196,7 +198,7 @@ class _SpecMaker:
                 shared.shared_signature = shared.signature(s.what[6], None)  # type: ignore[index]
             return shared
         if self.one is not None:
-            literal, check, keyed = self.one
+            literal, check, keyed, take_key, final_key = self.one
             if keyed is not None:
                 key_type, kind, attr = keyed
                 best = key_type((kind, attr, literals[literal]))
@@ -205,8 +207,7 @@ class _SpecMaker:
                 best = _put(*self.found[self.best], literals)  # type: ignore[index]
                 begin = ((None, rebound(check, literals[literal])),)
             return ComponentSpec(s.index, s.var, s.event_type, s.kleene, s.contiguity, s.inner, begin, s.take,
-                                 s.final, s.agg_slots, s.keep_events, (best, self.edges[1][1], self.edges[2][1], best),
-                                 s.what)
+                                 s.final, s.agg_slots, s.keep_events, (best, take_key, final_key, best), s.what)
         lists, keys = [], []
         remade: dict[_Remade, _Made] = {}  # (a Kleene's first and later iterations share a check)
         for edge, (conjuncts, fixed_key, items) in enumerate(self.edges):
@@ -460,12 +461,11 @@ def _unquoted(written: str) -> str:
     return written[1:-1] if written[0] in "'\"" else written
 
 
-def _copied(negation: NegationPlan) -> NegationPlan:
-    """A shallow copy of ``negation`` (``copy.copy``'s, without its reduce protocol: a third of the time)."""
-    new = object.__new__(NegationPlan)
-    for name in NegationPlan.__slots__:
-        object.__setattr__(new, name, getattr(negation, name))
-    return new
+def _copied(n: NegationPlan) -> NegationPlan:
+    """A shallow copy of ``n`` (``copy.copy``'s, without its reduce protocol; by position, in NegationPlan's field
+    order: no call per field)."""
+    return NegationPlan(n.var, n.event_type, n.self_preds, n.cross_preds, n.lower, n.upper, n.signature,
+                        n.check_signature)
 
 
 def _fixed_best(found: list[tuple]) -> int | None:

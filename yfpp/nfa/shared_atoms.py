@@ -97,7 +97,7 @@ class SharedAtoms:
         single, atoms = self.single, self.atoms
         for check in (*node.begin, *node.take) if node.take else node.begin:
             key = atom_key(check)
-            if key is None or is_shared(check):
+            if key is None:  # (a shared atom too: a function, which has no atom_key)
                 continue
             atom = atoms.get(key)
             if atom is not None:

@@ -43,7 +43,7 @@ from yfpp.nfa.predicates import AggSlot, Check, is_number
 from yfpp.nfa.shared_atoms import HASHED as _HASHED, SharedAtoms
 
 _ids = count()
-_STRICT, _PARTITION = Contiguity.STRICT, Contiguity.PARTITION
+_STRICT, _PARTITION, _NEXT = Contiguity.STRICT, Contiguity.PARTITION, Contiguity.SKIP_TILL_NEXT
 #: what a node without children or wait states holds (read-only: the first one added takes its place, a second makes
 #: a dict of both)
 _NO_ENTRIES: Any = MappingProxyType({})
@@ -302,16 +302,24 @@ class _TypeGroup:
         self.size += 1
         if key is not None and key[0] in _HASHED:  # (the commonest: an equality with one value)
             if key[0] == "eq":
-                tables, at = self._table("eq"), key[1]
+                tables, at = self.eq, key[1]
+                if tables is _NO_ENTRIES:
+                    tables = self.eq = {}
             else:  # (an XPath one: by (kind, name))
-                tables, at = self._table("xpath"), key[:2]
-                if self.xpath_keys is None:
-                    self._read_xpath_keys()
+                tables, at = self.xpath, key[:2]
+                if tables is _NO_ENTRIES:
+                    tables = self.xpath = {}
+                    if self.xpath_keys is None:
+                        self._read_xpath_keys()
             table = tables.get(at)
             if table is None:
                 table = tables[at] = {}
-            had = table.get(key[2])
-            table[key[2]] = appended(had, node)
+            value = key[2]
+            had = table.get(value)
+            if had is None:  # (the commonest: a value no other node is found by)
+                table[value] = (node,)
+                return None
+            table[value] = appended(had, node)
             return had[0] if had else None  # (a node the same lookup finds: TransitionTable.add)
         if key is not None and self.xpath_keys is None and _reads_xpath(key):
             self._read_xpath_keys()
@@ -874,9 +882,7 @@ class SharedNFA:
                 sig = spec.signature(partition_by, private)
             node = None if new else child_at(parent, sig) if parent else self.roots.get(sig)
             if node is None:
-                node = self._new_node(parent, spec, sig, partition_by)
-                node.users = 1
-                node.window = window  # (what count_window sets for a node's first query)
+                node = self._new_node(parent, spec, sig, partition_by, window)
                 if parent is None:
                     self.roots[sig] = node
                 else:
@@ -895,15 +901,19 @@ class SharedNFA:
         else:
             parent.accepts = [accepts, plan]
 
-    def _new_node(self, parent: Node | None, spec: ComponentSpec, sig: Hashable, partition_by) -> Node:
-        # (positional arguments, in Node's field order: a million subscriptions make two million nodes)
+    def _new_node(self, parent: Node | None, spec: ComponentSpec, sig: Hashable, partition_by,
+                  window: float | None) -> Node:
+        """A node of ``spec`` under ``parent`` (None: a root), its first query's ``window`` counted."""
+        # (positional arguments, in Node's field order: a million subscriptions make two million nodes; users 1 and
+        # the window, what count_window sets for a node's first query)
         begin = spec.begin
         key = index_key(spec) if spec.keys is None else spec.keys[3]
         node = Node(parent, sig, spec.index, spec.event_type, spec.kleene, spec.contiguity, spec.inner,
                     (begin[0][1],) if len(begin) == 1 else tuple([c for _, c in begin]),  # (one: no comprehension)
                     tuple([c for _, c in spec.take]) if spec.take else (),
                     tuple([c for _, c in spec.final]) if spec.final else (),
-                    partition_by, key, None if parent is None else parent.root, next(_ids), _NO_ENTRIES, _NO_ENTRIES)
+                    partition_by, key, None if parent is None else parent.root, next(_ids), _NO_ENTRIES, _NO_ENTRIES,
+                    None, (), 1, window)
         reacting = self.reacting
         for r in _reactions(node):
             reacting[r] += 1
@@ -919,14 +929,16 @@ class SharedNFA:
                 self.atoms.add(node, mate)
         else:
             contiguity = node.contiguity
-            wait_key = node.id if contiguity is Contiguity.SKIP_TILL_NEXT else contiguity
-            wait = parent.waits.get(wait_key)
+            wait_key = node.id if contiguity is _NEXT else contiguity
+            waits = parent.waits
+            wait = None if waits is _NO_ENTRIES else waits.get(wait_key)  # (none under a node made now)
             if wait is None:
-                child = node if contiguity is Contiguity.SKIP_TILL_NEXT else None
-                wait = State(parent, "wait", contiguity, child)
-                parent.waits = _with(parent.waits, wait_key, wait)
+                wait = State(parent, "wait", contiguity, node if contiguity is _NEXT else None)
+                parent.waits = wait if waits is _NO_ENTRIES else _with(waits, wait_key, wait)
                 self.states += 1
-            wait.table.add(node)
+                wait.only = node  # (its table's first node: TransitionTable.add)
+            else:
+                wait.table.add(node)
             self.atoms.count(node)
         return node
 

@@ -134,11 +134,11 @@ class NegationStores:
         return negs
 
     def add(self, plan: QueryPlan) -> None:
+        root = plan.last.root
         for neg in plan.negations:
             if neg.upper is None:
                 self._of_type(neg.event_type).put((plan, neg, ()))
                 continue
-            root = plan.last.root
             sig = (neg.signature, plan.partition_by, root)
             store = self.stores.get(sig)
             if store is None:
@@ -148,7 +148,8 @@ class NegationStores:
                 self._of_type(neg.event_type).put((store, None, ()))
             store.users += 1
             self.of[neg] = store
-        self._changed(plan.last.root)
+        if root in self.of_root:  # (_changed, written out: every registration passes here)
+            self.dirty.add(root)
 
     def remove(self, plan: QueryPlan) -> None:
         root = plan.last.root

@@ -184,7 +184,8 @@ class Runtime(EventSteps, RunMoves, Acceptance):
             plan.partition_by = self._interned.setdefault(plan.partition_by, plan.partition_by)
         self.nfa.add(plan)
         self.negations.add(plan)
-        self.deadlines.add(plan)
+        if plan.trailing is not None:  # (the deadlines keep only such queries)
+            self.deadlines.add(plan)
         self.branch_queries.add(plan)
         self.queries_changed += 1
         if plan.partition_by and self._needs_pticks(plan):
