@@ -20,6 +20,7 @@ from yfpp.engine import Engine
 from yfpp.errors import YfppError
 from yfpp.input.events import Event
 from yfpp.input.generate import generate_rfid, generate_stock
+from yfpp.language.query_text import parse_query
 from yfpp.spark.plan import _LIVE, LiveEngines, Slicing, advance_key, effective_queries, group_queries, make_event
 
 KEYED = {
@@ -260,6 +261,19 @@ SETS = {  # event-set queries (docs/event_sets.md) over the RFID feed
     "set_first": "PATTERN {shelf a, exit c} WHERE [tag_id] WITHIN 10 min OUTPUT non_overlapping",
     "set_first_anywhere": "PATTERN {shelf a, exit c} WHERE a.tag_id = c.tag_id WITHIN 1 min OUTPUT non_overlapping",
 }
+
+
+@pytest.mark.parametrize("given, policy, streaming", [
+    ({**KEYED, **STOCK}, None, False), ({**KEYED, **STOCK}, "all", True), (STOCK, "non_overlapping", True),
+    (FEEDBACK, None, False), (FEEDBACK, "all", False), (SETS, None, False), (SETS, None, True)])
+def test_a_group_engine_registers_each_query_given_as_text_as_the_same_pattern(given, policy, streaming):
+    as_patterns = {"rise", "zone_pairs", "set_listed", "xpath_out"}  # given as Patterns: registered as such
+    queries = effective_queries({n: parse_query(q) if n in as_patterns else q for n, q in given.items()}, policy)
+    for group in group_queries(queries, streaming=streaming):
+        engine = group.engine()
+        assert [engine.sources[qid][0] for qid in sorted(engine.sources)] == [p for _, p in group.queries]
+        assert [engine.sources.text(qid) is None for qid in sorted(engine.sources)] == [
+            name in as_patterns for name, _ in group.queries]
 
 
 def test_set_queries_are_keyed_by_their_equality_relationships_or_sliced():
