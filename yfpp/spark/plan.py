@@ -54,9 +54,8 @@ _PARSER = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=Fals
 class EffectiveQueries(list):
     """The ``[(name, pattern)]`` :func:`effective_queries` returns, with the ``policy`` it applied: given to
     it again (the same policy, or none), it is returned as it is — validated and compiled once per job.
-    ``texts``: by name, the text of each query given as text (registering it with its pattern's policy
-    gives that pattern again, through the engine's plans per query shape: a quarter of the CPU of
-    registering the pattern, for 1,000 subscriptions of one shape)."""
+    ``texts``: by name, the text that registering with its pattern's policy makes into that pattern again
+    (:func:`remaking_texts`)."""
 
     def __init__(self, items: Iterable[Query], policy: str | None, texts: Mapping[Any, str] | None = None):
         super().__init__(items)
@@ -80,8 +79,25 @@ def effective_queries(queries: Mapping[str, str | Pattern] | Iterable[str | Patt
         name, query = item if isinstance(item, tuple) else (None, item)
         engine.register(query, name=name)
     plans = {**engine.queries, **{qid: m.plan for qid, m in engine.set_queries.items()}}
-    texts = {plans[qid].name: text for qid in plans if (text := engine.sources.text(qid)) is not None}
-    return EffectiveQueries(((plans[qid].name, plans[qid].pattern) for qid in sorted(plans)), policy, texts)
+    found = [(plans[qid].name, plans[qid].pattern) for qid in sorted(plans)]
+    return EffectiveQueries(found, policy, remaking_texts(found))
+
+
+def remaking_texts(queries: Iterable[Query]) -> dict[Any, str]:
+    """By name, each query's source text when registering it with the pattern's policy makes the same pattern
+    (checked here, once: not so for a pattern read with ``--ts-unit ms``, or changed after parsing). An engine
+    registers such a text from its plan per query shape — for 1,000 subscriptions of one shape 0.03 CPU-s,
+    against 0.12 for their patterns —, and a stream's state key pays that on every Python worker that has
+    no live engine of it (:class:`LiveEngines`)."""
+    scratch, texts = Engine(), {}
+    for name, pattern in queries:
+        try:
+            qid = scratch.register(pattern.source, policy=pattern.policy) if pattern.source else None
+        except YfppError:
+            continue
+        if qid is not None and scratch.sources[qid][0] == pattern:
+            texts[name] = pattern.source
+    return texts
 
 
 def spark_key(p: Pattern) -> tuple[str, ...]:
@@ -112,8 +128,8 @@ class Group:
     full_events: bool = False  # matches list their bound events in full (``Engine(full_events=True)``)
     iso_times: bool = False  # a match's JSON line has its start and end as ISO-8601 UTC text (``yfpp run --ts-format iso``)
     feedback_limits: tuple[int, int] = (MAX_DEPTH, MAX_DERIVED)  # the engine's max_feedback_depth, max_derived_per_event
-    #: per query, the text it was given as (``EffectiveQueries.texts``), else None: registered as text, it is
-    #: made from its shape's plan (1,000 subscriptions of one shape: 0.03 CPU-s against 0.12 as patterns)
+    #: per query, the text that makes its pattern (:func:`remaking_texts`), registered rather than the pattern;
+    #: None: the pattern is registered
     texts: tuple[str | None, ...] = ()
 
     def engine(self, **opts: Any) -> Engine:
