@@ -6,7 +6,6 @@ the whole stream, on generated workloads, by simulating what Spark does.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import random
@@ -21,8 +20,6 @@ from yfpp.engine import Engine
 from yfpp.errors import YfppError
 from yfpp.input.events import Event
 from yfpp.input.generate import generate_rfid, generate_stock
-from yfpp.language.pattern import Pattern
-from yfpp.language.query_text import parse_query
 from yfpp.spark.plan import _LIVE, LiveEngines, Slicing, advance_key, effective_queries, group_queries, make_event
 
 KEYED = {
@@ -263,34 +260,6 @@ SETS = {  # event-set queries (docs/event_sets.md) over the RFID feed
     "set_first": "PATTERN {shelf a, exit c} WHERE [tag_id] WITHIN 10 min OUTPUT non_overlapping",
     "set_first_anywhere": "PATTERN {shelf a, exit c} WHERE a.tag_id = c.tag_id WITHIN 1 min OUTPUT non_overlapping",
 }
-
-
-@pytest.mark.parametrize("given, policy, streaming", [
-    ({**KEYED, **STOCK}, None, False), ({**KEYED, **STOCK}, "all", True), (STOCK, "non_overlapping", True),
-    (FEEDBACK, None, False), (FEEDBACK, "all", False), (SETS, None, False), (SETS, None, True)])
-def test_a_group_engine_registers_the_text_that_makes_each_pattern_else_the_pattern(given, policy, streaming):
-    parsed = {"rise", "zone_pairs", "set_listed", "xpath_out"}  # given as Patterns parsed from their text
-    other_unit = {"unbounded", "trailing", "set_unkeyed", "back_at_shelf"}  # parsed with --ts-unit ms: not their text's
-    changed = {"any", "sase_shop", "set_quiet", "theft_fb"}  # a field changed after parsing: not their text's
-
-    def query(name: str, text: str) -> str | Pattern:
-        if name in changed:
-            return dataclasses.replace(parse_query(text), policy="non_overlapping" if "~" not in text else "all",
-                                       window=(parse_query(text).window or 1) * 2)
-        return parse_query(text, ts_unit="ms") if name in other_unit else parse_query(text) if name in parsed else text
-
-    queries = effective_queries({n: query(n, q) for n, q in given.items()}, policy)
-    for group in group_queries(queries, streaming=streaming):
-        engine = group.engine()
-        assert [engine.sources[qid][0] for qid in sorted(engine.sources)] == [p for _, p in group.queries]
-        as_text = [engine.sources.text(qid) is not None for qid in sorted(engine.sources)]
-        assert as_text == [name not in changed and (name not in other_unit or same_in_ms(given[name]))
-                           for name, _ in group.queries]
-
-
-def same_in_ms(text: str) -> bool:
-    """Does ``--ts-unit ms`` leave the query as it is (no window, or one with its unit)?"""
-    return parse_query(text, ts_unit="ms") == parse_query(text)
 
 
 def test_set_queries_are_keyed_by_their_equality_relationships_or_sliced():

@@ -53,14 +53,11 @@ _PARSER = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=Fals
 
 class EffectiveQueries(list):
     """The ``[(name, pattern)]`` :func:`effective_queries` returns, with the ``policy`` it applied: given to
-    it again (the same policy, or none), it is returned as it is — validated and compiled once per job.
-    ``texts``: by name, the text that registering with its pattern's policy makes into that pattern again
-    (:func:`remaking_texts`)."""
+    it again (the same policy, or none), it is returned as it is — validated and compiled once per job."""
 
-    def __init__(self, items: Iterable[Query], policy: str | None, texts: Mapping[Any, str] | None = None):
+    def __init__(self, items: Iterable[Query], policy: str | None):
         super().__init__(items)
         self.policy = policy
-        self.texts = dict(texts or {})
 
 
 def effective_queries(queries: Mapping[str, str | Pattern] | Iterable[str | Pattern | tuple[str, str | Pattern]],
@@ -79,25 +76,7 @@ def effective_queries(queries: Mapping[str, str | Pattern] | Iterable[str | Patt
         name, query = item if isinstance(item, tuple) else (None, item)
         engine.register(query, name=name)
     plans = {**engine.queries, **{qid: m.plan for qid, m in engine.set_queries.items()}}
-    found = [(plans[qid].name, plans[qid].pattern) for qid in sorted(plans)]
-    return EffectiveQueries(found, policy, remaking_texts(found))
-
-
-def remaking_texts(queries: Iterable[Query]) -> dict[Any, str]:
-    """By name, each query's source text when registering it with the pattern's policy makes the same pattern
-    (checked here, once: not so for a pattern read with ``--ts-unit ms``, or changed after parsing). An engine
-    registers such a text from its plan per query shape — for 1,000 subscriptions of one shape 0.03 CPU-s,
-    against 0.12 for their patterns —, and a stream's state key pays that on every Python worker that has
-    no live engine of it (:class:`LiveEngines`)."""
-    scratch, texts = Engine(), {}
-    for name, pattern in queries:
-        try:
-            qid = scratch.register(pattern.source, policy=pattern.policy) if pattern.source else None
-        except YfppError:
-            continue
-        if qid is not None and scratch.sources[qid][0] == pattern:
-            texts[name] = pattern.source
-    return texts
+    return EffectiveQueries(((plans[qid].name, plans[qid].pattern) for qid in sorted(plans)), policy)
 
 
 def spark_key(p: Pattern) -> tuple[str, ...]:
@@ -128,21 +107,14 @@ class Group:
     full_events: bool = False  # matches list their bound events in full (``Engine(full_events=True)``)
     iso_times: bool = False  # a match's JSON line has its start and end as ISO-8601 UTC text (``yfpp run --ts-format iso``)
     feedback_limits: tuple[int, int] = (MAX_DEPTH, MAX_DERIVED)  # the engine's max_feedback_depth, max_derived_per_event
-    #: per query, the text that makes its pattern (:func:`remaking_texts`), registered rather than the pattern;
-    #: None: the pattern is registered
-    texts: tuple[str | None, ...] = ()
 
     def engine(self, **opts: Any) -> Engine:
         """A fresh engine with the group's queries; ``opts``: further :class:`Engine` options (caps, strategy…)."""
         depth, derived = self.feedback_limits
         eng = Engine(full_events=self.full_events, max_feedback_depth=depth, max_derived_per_event=derived,
                      **{"dead_letters": DeadLetters(), **opts})
-        texts = self.texts or (None,) * len(self.queries)
-        for (name, pattern), text in zip(self.queries, texts, strict=True):
-            if text is None:
-                eng.register(pattern, name=name)
-            else:
-                eng.register(text, name=name, policy=pattern.policy)
+        for name, pattern in self.queries:
+            eng.register(pattern, name=name)
         return eng
 
     @property
@@ -186,19 +158,14 @@ def group_queries(queries: Sequence[Query], *, streaming: bool = False, full_eve
             whole.append(q)
         else:
             sliced.append(q)
-    given = getattr(queries, "texts", {})
-
-    def texts(qs: list[Query]) -> tuple[str | None, ...]:
-        return tuple(given.get(name) for name, _ in qs)
-
-    groups = [Group(tuple(qs), key, _max_window(p for _, p in qs), texts=texts(qs)) for key, qs in keyed.items()]
+    groups = [Group(tuple(qs), key, _max_window(p for _, p in qs)) for key, qs in keyed.items()]
     if sliced:
-        groups.append(Group(tuple(sliced), (), _max_window(p for _, p in sliced), sliced=True, texts=texts(sliced)))
+        groups.append(Group(tuple(sliced), (), _max_window(p for _, p in sliced), sliced=True))
     if whole:
-        groups.append(Group(tuple(whole), (), _max_window(p for _, p in whole), texts=texts(whole)))
+        groups.append(Group(tuple(whole), (), _max_window(p for _, p in whole)))
     for q in alone:
         p = q[1]
-        groups.append(Group((q,), spark_key(p) if not is_strict(p) else (), p.window, texts=texts([q])))
+        groups.append(Group((q,), spark_key(p) if not is_strict(p) else (), p.window))
     check_feedback(groups, streaming=streaming, runner=runner or SPARK)
     return [replace(g, full_events=full_events, feedback_limits=feedback_limits, iso_times=iso_times) for g in groups]
 

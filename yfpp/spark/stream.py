@@ -9,7 +9,7 @@ A keyed group's key values are spread over a fixed number of **state keys**
 batch task holds many key values: per micro-batch, the state function runs
 once per bucket that got events or timed out — one engine, its queries
 compiled once, for all the bucket's key values —, not once per key value
-(compiling a group of 1,000 subscriptions of one shape takes 0.03 CPU-s: ``plan.remaking_texts``). A
+(compiling a group of 1,000 subscriptions takes about a tenth of a second). A
 directory or live stream's hot keys have state keys of their own, one per time slice
 (:mod:`yfpp.spark.stream_hot`).
 
