@@ -1,4 +1,4 @@
-"""Throughput on a standalone Spark cluster (``spark://``): one, then two single-core executors.
+"""Throughput on a standalone Spark cluster (``spark://``): one, then two executors of one task slot (``--pin``: one CPU).
 
 The script starts a master and one worker (``spark-class …deploy.master.Master`` / ``…deploy.worker.Worker``,
 one core each, on loopback, under a temp folder), runs ``yfpp spark --master spark://… --plan scan --stats``
@@ -20,11 +20,20 @@ The cluster count comes out *below* the matching tasks' own CPU on 5M events: so
 workers' CPU escapes it (not found how), so read it as a lower bound. On a machine with fewer free cores than executors the executors share them: the wall figures
 then show the machine, not the cluster's scaling.
 
+With ``--pin`` each executor has one CPU of its own: worker k's daemon starts with its CPU affinity set to CPU k,
+and its executor's JVM and Python workers inherit it (``spark_pinning.py``; the master and the driver stay
+unpinned). A ``--cores 1`` worker is one task slot, not one core: unpinned, its executor's JVM (reading the
+ranges, the Arrow hand-off, writing) runs beside its Python worker on the other core, so on a 2-core machine one
+executor already keeps more than one core busy and a second adds little. The first job of each executor count
+prints the ``Cpus_allowed_list`` of the workers' processes seen while it ran. ``--pin`` is refused when this
+process may use fewer CPUs than the executors.
+
 At the end: the throughput (events a wall second) with each executor count against the first's, and (``--local T``,
 default 2) ``yfpp spark --master local[T] --stats`` over an empty file and each feed, as ``spark_cost_model.py
 --spark`` runs it — the Python workers' CPU per event beyond the empty job's against ``yfpp run``'s.
 
     python benchmarks/spark_standalone.py --events 5000000     # about 8 minutes on a quiet 2-core machine
+    python benchmarks/spark_standalone.py --events 5000000 --local 0 --pin
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -47,6 +57,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from spark_cost_model import QUERIES, child_cpu, run_cpu, with_spark  # noqa: E402
+from spark_pinning import cpus_allowed, descendants, executor_cpus, pin_to  # noqa: E402
 from spark_vs_run import feed  # noqa: E402
 
 from yfpp.spark.costs import keep_orphans  # noqa: E402
@@ -67,27 +78,31 @@ def free_port() -> int:
 
 
 class Cluster:
-    """A standalone master on loopback and its workers (one core each), processes of this script."""
+    """A standalone master on loopback and its workers (one core each), processes of this script; with ``pins``,
+    worker k's daemon (and so its executor, the executor's Python workers) confined to CPU ``pins[k]``."""
 
-    def __init__(self, folder: Path, worker_memory: str):
-        self.folder, self.worker_memory = folder, worker_memory
+    def __init__(self, folder: Path, worker_memory: str, pins: list[int] | None = None):
+        self.folder, self.worker_memory, self.pins = folder, worker_memory, pins
         self.port, self.ui = free_port(), free_port()
         self.url = f"spark://127.0.0.1:{self.port}"
         self.procs: list[subprocess.Popen] = []
         self._start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port",
                     str(self.port), "--webui-port", str(self.ui))
 
-    def _start(self, name: str, *args: str) -> None:
+    def _start(self, name: str, *args: str, cpu: int | None = None) -> None:
+        # (daemons start while no other thread of this script runs: a preexec_fn is safe here)
         log = (self.folder / f"{name}.log").open("w")
         self.procs.append(subprocess.Popen([spark_class(), *args], stdout=log, stderr=subprocess.STDOUT,
-                                           env={**os.environ, "SPARK_NO_DAEMONIZE": "1"}))
+                                           env={**os.environ, "SPARK_NO_DAEMONIZE": "1"},
+                                           preexec_fn=None if cpu is None else pin_to(cpu)))
 
     def add_worker(self) -> None:
         n = len(self.procs) - 1  # the workers so far
         work = self.folder / f"worker{n}"
         work.mkdir()
         self._start(f"worker{n}", "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", "1",
-                    "--memory", self.worker_memory, "--webui-port", str(free_port()), "--work-dir", str(work), self.url)
+                    "--memory", self.worker_memory, "--webui-port", str(free_port()), "--work-dir", str(work), self.url,
+                    cpu=None if self.pins is None else self.pins[n])
         self.wait_workers(n + 1)
 
     def wait_workers(self, n: int) -> None:
@@ -102,6 +117,14 @@ class Cluster:
             time.sleep(0.5)
         self.stop()
         sys.exit(f"{n} worker(s) did not register in {STARTUP:.0f} s (logs under {self.folder})")
+
+    def workers_cpus(self) -> dict[int, set[tuple[str, str]]]:
+        """Per worker, its daemon's and its live descendants' (the executor, its Python workers) command names
+        with their ``Cpus_allowed_list``."""
+        seen: dict[int, set[tuple[str, str]]] = {}
+        for k, p in enumerate(self.procs[1:]):
+            seen[k] = {c for pid in (p.pid, *descendants(p.pid)) if (c := cpus_allowed(pid))}
+        return seen
 
     def stop(self) -> None:
         for p in reversed(self.procs):  # workers first (they kill their executors), then the master
@@ -135,13 +158,50 @@ def cluster_cpu(cluster: Cluster) -> float:
     return daemons / tick + mine.ru_utime + mine.ru_stime
 
 
-def job(cluster: Cluster, path: Path, out: Path, partitions: int, executor_memory: str) -> dict[str, float]:
-    """One ``yfpp spark`` job on the cluster: its events, wall time, driver CPU and the cluster's CPU."""
+class AffinityWatch:
+    """Samples, once a second while a job runs, the CPUs each worker's processes may use."""
+
+    def __init__(self, cluster: Cluster):
+        self.cluster, self.seen = cluster, {k: set() for k in range(len(cluster.procs) - 1)}
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        while not self._done.wait(1.0):
+            for k, found in self.cluster.workers_cpus().items():
+                self.seen[k] |= found
+
+    def __enter__(self) -> AffinityWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def line(self) -> str:
+        """One line: per worker, each command name seen with the CPUs it was allowed."""
+        def names(found: set[tuple[str, str]]) -> str:
+            by_cpus: dict[str, set[str]] = {}
+            for name, cpus in found:
+                by_cpus.setdefault(cpus, set()).add(name)
+            return "; ".join(f"CPUs {cpus}: {', '.join(sorted(n))}" for cpus, n in sorted(by_cpus.items()))
+        return "executor processes' Cpus_allowed_list during the job: " + " | ".join(
+            f"worker {k} ({names(found)})" for k, found in self.seen.items())
+
+
+def job(cluster: Cluster, path: Path, out: Path, partitions: int, executor_memory: str,
+        show_cpus: bool = False) -> dict[str, float]:
+    """One ``yfpp spark`` job on the cluster: its events, wall time, driver CPU and the cluster's CPU; with
+    ``show_cpus``, printed first: the CPUs the workers' processes were allowed while it ran."""
     before = cluster_cpu(cluster)
-    _, err = child_cpu([sys.executable, "-m", "yfpp", "spark", "-q", str(QUERIES), "-i", str(path), "-o", str(out),
-                        "--master", cluster.url, "--plan", "scan", "--partitions", str(partitions), "--stats",
-                        "--mode", "overwrite", "--conf", "spark.executor.cores=1",
-                        "--conf", f"spark.executor.memory={executor_memory}"])
+    with AffinityWatch(cluster) as watch:
+        _, err = child_cpu([sys.executable, "-m", "yfpp", "spark", "-q", str(QUERIES), "-i", str(path), "-o",
+                            str(out), "--master", cluster.url, "--plan", "scan", "--partitions", str(partitions),
+                            "--stats", "--mode", "overwrite", "--conf", "spark.executor.cores=1",
+                            "--conf", f"spark.executor.memory={executor_memory}"])
+    if show_cpus:
+        print(watch.line(), flush=True)
     time.sleep(3)  # the executors end with the application: reaped by their workers by now
     after = cluster_cpu(cluster)
     (out.parent / f"job-{len(cluster.procs) - 1}-{path.stem}.log").write_text(err)
@@ -165,9 +225,19 @@ def main() -> None:
     ap.add_argument("--local", type=int, default=2, metavar="T",
                     help="then yfpp spark --master local[T] --stats over the same feeds: the Python workers' CPU per "
                          "event against yfpp run's (spark_cost_model.py --spark); 0: not")
+    ap.add_argument("--pin", action="store_true",
+                    help="give each executor one CPU of its own: worker k's daemon, and so its executor JVM and "
+                         "Python workers, confined to CPU k (the master and the driver are not)")
     args = ap.parse_args()
     if not keep_orphans():
         sys.exit("needs Linux (a child subreaper, /proc) to count the executors' CPU")
+    try:
+        pins = executor_cpus(max(args.executors)) if args.pin else None
+    except ValueError as e:
+        sys.exit(str(e))
+    print("executors pinned: " + ", ".join(f"executor {k + 1} to CPU {c}" for k, c in enumerate(pins))
+          + "; the master and the driver unpinned" if pins else
+          "executors not pinned: each may use every CPU (a --cores 1 worker is one task slot, not one core)")
     tmp = Path(tempfile.mkdtemp(prefix="yfpp_standalone_"))
     empty = tmp / "empty.jsonl"
     empty.write_text("")
@@ -177,7 +247,7 @@ def main() -> None:
           f"{', '.join(f'{n:,} events {us:.2f}' for n, us in runs.items())}")
     print(f"{'executors':>9} {'events':>10} {'wall s':>7} {'events/s':>9} {'driver CPU s':>12} {'cluster CPU s':>13} "
           f"{'cluster µs/ev beyond empty':>26} {'× run':>6} {'matching tasks µs/ev':>20} {'× run':>6}")
-    cluster = Cluster(tmp, worker_memory="1200m")
+    cluster = Cluster(tmp, worker_memory="1200m", pins=pins)
     rate: dict[tuple[int, int], float] = {}  # (executors, events) → events a wall second
     try:
         workers = 0
@@ -188,8 +258,8 @@ def main() -> None:
             fixed = job(cluster, empty, tmp / "out", args.partitions, args.executor_memory)
             print(f"{executors:>9} {0:>10} {fixed['elapsed']:>7.1f} {'':>9} {fixed['driver']:>12.1f} "
                   f"{fixed['cluster']:>13.1f}", flush=True)
-            for n in args.events:
-                r = job(cluster, feed(n, 8, 1), tmp / "out", args.partitions, args.executor_memory)
+            for i, n in enumerate(args.events):
+                r = job(cluster, feed(n, 8, 1), tmp / "out", args.partitions, args.executor_memory, show_cpus=i == 0)
                 rate[executors, n] = r["events"] / r["elapsed"]
                 per = (r["cluster"] - fixed["cluster"]) / r["events"] * 1e6
                 print(f"{executors:>9} {r['events']:>10,} {r['elapsed']:>7.1f} {r['events'] / r['elapsed']:>9,.0f} "

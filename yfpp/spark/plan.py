@@ -460,7 +460,8 @@ def _advance(grp: Group, state: Any, st: dict, rows: list[tuple], wm_ms: int, sh
     if live is not None and not non_overlapping:
         st["token"] = live.keep(engine)
     state.update((pickle.dumps(st),))
-    wakeups = [r[0] + w for r in keep for w in grp.trailing_windows]  # possible deadlines
+    trailing = grp.trailing_windows
+    wakeups = [r[0] + w for r in keep for w in trailing]  # possible deadlines
     if grp.window is not None:
         wakeups.append(keep[-1][0] + grp.window)  # every kept event has left the window
     due = [ms for ms in (math.floor((t + shift) * 1000) for t in wakeups) if ms >= wm_ms]

@@ -9,7 +9,7 @@ A keyed group's key values are spread over a fixed number of **state keys**
 batch task holds many key values: per micro-batch, the state function runs
 once per bucket that got events or timed out — one engine, its queries
 compiled once, for all the bucket's key values —, not once per key value
-(compiling a group of 1,000 subscriptions takes a quarter of a second). A
+(compiling a group of 1,000 subscriptions takes about a tenth of a second). A
 directory or live stream's hot keys have state keys of their own, one per time slice
 (:mod:`yfpp.spark.stream_hot`).
 
@@ -54,6 +54,7 @@ from yfpp.input.record_fields import ISO_UNIT_NAME
 from yfpp.spark import ingest, inputs, live_sources, source
 from yfpp.spark.batch import MATCH_SCHEMA, key_hash
 from yfpp.spark.plan import Group, advance_key, effective_queries, group_queries, match_row
+from yfpp.spark.shipped import Shipped
 from yfpp.spark.stream_hot import HOT_TYPE, RECORD, HotKeys, owner
 
 OUTPUT_SCHEMA = "kind string, " + MATCH_SCHEMA
@@ -256,7 +257,10 @@ def range_reason(ts: float) -> str:
 
 
 def _state_function(groups: list[Group]) -> Callable[[tuple, Iterator[pd.DataFrame], GroupState], Iterator[pd.DataFrame]]:
+    shipped = Shipped(groups)  # (unpickled once per Python worker, not at every task of every micro-batch)
+
     def fn(key: tuple, pdfs: Iterator[pd.DataFrame], state: GroupState) -> Iterator[pd.DataFrame]:
+        groups = shipped.get()
         g = int(key[0])
         if g == TICK:
             for _ in pdfs:
