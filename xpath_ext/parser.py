@@ -29,7 +29,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from pathlib import Path
+from importlib import resources
 from typing import NoReturn
 
 from elementpath import ElementPathError
@@ -44,7 +44,7 @@ from yfpp.language.query_limits import check_text, deepest, finite_number, finit
 from yfpp.language.sase_parser import parse_result
 from yfpp.language.units import UNIT_SECONDS, bare_window, window_seconds
 
-GRAMMAR = Path(__file__).with_name("xpath_grammar.lark")
+GRAMMAR = resources.files("xpath_ext") / "xpath_grammar.lark"  # (a path, or a zip member on a Spark executor)
 LARK_OPTIONS = {"maybe_placeholders": True}
 _LARK = lalr_parser(GRAMMAR, **LARK_OPTIONS)
 

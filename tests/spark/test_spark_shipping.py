@@ -92,6 +92,18 @@ def test_the_zip_is_cached_by_content(tmp_path):
     assert not [n for n in names if n.endswith(".pyc") or "__pycache__" in n]
 
 
+def test_an_executor_parses_queries_from_the_shipped_zip(tmp_path):
+    """The grammars and their saved tables are read from the zip (package resources, not paths beside a module)."""
+    path = package_zip(str(tmp_path))
+    code = (f"import sys; sys.path[:0] = [{path!r}, *{site.getsitepackages()!r}]\n"
+            "import yfpp; from yfpp.engine import Engine; from yfpp.language import sase_parser\n"
+            "e = Engine(); e.register('PATTERN SEQ(a x, b y) WITHIN 3'); e.register('//a//b&&(3)')\n"
+            "print(yfpp.__file__, len(e.queries), sase_parser._PARSER.source_path)")
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [os.path.join(path, "yfpp", "__init__.py"), "2", "<deserialized>"]
+
+
 def test_why_the_executors_python_did_not_run_is_one_line():
     mismatch = ("An error occurred while calling o41.collectAndServe.\n: org.apache.spark.SparkException: Job aborted\n"
                 "pyspark.errors.exceptions.base.PySparkRuntimeError: [PYTHON_VERSION_MISMATCH] Python in worker has "

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
+from importlib.resources.abc import Traversable
 from typing import Any
 
 import lark
@@ -23,8 +23,10 @@ from lark.grammar import Rule
 from lark.lexer import TerminalDef
 
 
-def lalr_parser(grammar: Path, **options: Any) -> Lark:
-    """The LALR parser of ``grammar`` with ``options``: from its saved tables when they are current."""
+def lalr_parser(grammar: Traversable, **options: Any) -> Lark:
+    """The LALR parser of ``grammar`` with ``options``: from its saved tables when they are current. ``grammar``
+    is a file of the package (``importlib.resources.files``): a path, or a member of the zip that ``yfpp spark``
+    ships to a cluster's executors."""
     text = grammar.read_text(encoding="utf-8")
     try:
         saved = json.loads(tables_path(grammar).read_bytes())
@@ -35,11 +37,11 @@ def lalr_parser(grammar: Path, **options: Any) -> Lark:
     return Lark(text, parser="lalr", **options)
 
 
-def tables_path(grammar: Path) -> Path:
-    return grammar.with_name(grammar.stem + ".tables.json")
+def tables_path(grammar: Traversable) -> Traversable:
+    return grammar.parent / (grammar.name.rpartition(".")[0] + ".tables.json")  # type: ignore[attr-defined]
 
 
-def tables_text(grammar: Path, **options: Any) -> str:
+def tables_text(grammar: Traversable, **options: Any) -> str:
     """What the tables file of ``grammar`` holds for ``options``, analysed afresh."""
     text = grammar.read_text(encoding="utf-8")
     data, memo = Lark(text, parser="lalr", **options).memo_serialize([TerminalDef, Rule])

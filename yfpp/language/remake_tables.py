@@ -13,8 +13,8 @@ from yfpp.language.lark_tables import tables_path, tables_text
 
 
 def grammars() -> list[tuple[Path, dict[str, Any]]]:
-    """The grammars the package parses queries with, and their parsers' options."""
-    return [(sase.GRAMMAR, sase.LARK_OPTIONS), (xpath.GRAMMAR, xpath.LARK_OPTIONS)]
+    """The grammars the package parses queries with, and their parsers' options (the package installed as files)."""
+    return [(Path(str(sase.GRAMMAR)), sase.LARK_OPTIONS), (Path(str(xpath.GRAMMAR)), xpath.LARK_OPTIONS)]
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ import difflib
 import re
 from dataclasses import dataclass, replace
 from decimal import Decimal
-from pathlib import Path
+from importlib import resources
 from typing import Any, NamedTuple
 
 from lark import Token, Transformer, Tree, v_args
@@ -60,7 +60,7 @@ from yfpp.input.events import PSEUDO_ATTRS
 from yfpp.language.query_limits import check_text, deepest, finite_number, finite_window, too_deep
 from yfpp.language.units import bare_window, window_seconds
 
-GRAMMAR = Path(__file__).with_name("sase_grammar.lark")
+GRAMMAR = resources.files("yfpp.language") / "sase_grammar.lark"  # (a path, or a zip member on a Spark executor)
 LARK_OPTIONS = {"start": ["start", "result"], "propagate_positions": True}  # tree positions for PatternError messages
 _PARSER = lalr_parser(GRAMMAR, **LARK_OPTIONS)
 
