@@ -118,7 +118,7 @@ def main() -> None:
             print(write_feed(shape, args.events, Path(args.write)))
         return
     print(f"commit {commit()}, {args.events:,} events, best of {args.rounds} rounds (CPU s)")
-    print(f"| shape | yfpp CPU s | µs/event | parse floor CPU s | yfpp / floor | events | dead letters |")
+    print("| shape | yfpp CPU s | µs/event | parse floor CPU s | yfpp / floor | events | dead letters |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as tmp:
         for shape in args.shapes:

@@ -155,9 +155,9 @@ def simulate_stream(queries: dict[str, str], events: list[Event], batches: int, 
                     rows[(g, k)].append((ev.ts, ev.seq, ev.type, json.dumps(ev.attrs), None))
         for (g, k), r in rows.items():
             out.update(json.dumps(m) for m in advance_key(groups[g], states[(g, k)], r, wm_ms, live=live))
-        for (g, k), st in list(states.items()):
-            if (g, k) not in rows and st.timeout is not None and st.timeout < wm_ms:
-                out.update(json.dumps(m) for m in advance_key(groups[g], st, [], wm_ms, live=live))
+        for (g, k), state in list(states.items()):
+            if (g, k) not in rows and state.timeout is not None and state.timeout < wm_ms:
+                out.update(json.dumps(m) for m in advance_key(groups[g], state, [], wm_ms, live=live))
         if chunk:
             max_ts = max(ev.ts for ev in chunk)
             wm_ms = max(wm_ms, math.floor(max_ts * 1000) - 1)
