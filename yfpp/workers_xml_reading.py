@@ -144,7 +144,7 @@ class Scanner:
         # the last line an event (a line of this shape may be none: a duplicate attribute): else not scanned
         if self.last.read(body[body.rfind(b"\n", 0, len(body) - 1) + 1:], 0, 0) is None:
             return not_scanned
-        return Scan(len(body), array("d", ts), owners, (ts[-1], lines - 1), True)
+        return Scan(len(body), ts, owners, (ts[-1], lines - 1), True, lines=lines)
 
     @staticmethod
     def _names(pieces: list[bytes], step: int) -> list[bytes | None] | None:
@@ -266,7 +266,7 @@ class XmlShare(Share):
     def _relay(self, f: BinaryIO) -> Relay:
         self._one = OneReader(self.opts)
         return Relay(line_blocks(f, workers_reading.BLOCK), Scanner(self.opts, self.keys, self.n), self.me, self.n,
-                     self.inboxes)
+                     self.inboxes, every_ts=any(g.sliced for g in self.groups))
 
     def _last_ts(self, f: BinaryIO) -> float | None:
         return last_xml_ts(f.fileno(), os.fstat(f.fileno()).st_size, self.opts) if self._open else None
