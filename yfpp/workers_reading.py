@@ -176,8 +176,8 @@ def scan(body: bytes, opts: ReaderOptions, keys: Sequence[str], n: int) -> Scan:
     ts, values = found
     # (flat: one `{` a line, the first byte of each; only keyed groups look at it)
     flat = bool(keys) and body[:1] == b"{" and body.count(b"\n{") == len(ts) - 1 and body.count(b"{") == len(ts)
-    return Scan(len(body), ts, [workers_of(vs, n) for vs in values], _last_event(body, len(ts), opts), flat,
-                lines=len(ts))
+    return Scan(len(body), array("d", ts), [workers_of(vs, n) for vs in values], _last_event(body, len(ts), opts),
+                flat, lines=len(ts))
 
 
 def _last_event(body: bytes, lines: int, opts: ReaderOptions,
@@ -286,7 +286,7 @@ class Relay:
     def sent(sc: Scan, every_ts: bool = True) -> Scan:
         """``sc`` as the peers get it: without the records its scanner keeps, its ts a compact array (only the first,
         unless ``every_ts``: a plan with a time slice)."""
-        if sc.ts is None:
+        if sc.ts is None or (every_ts and type(sc.ts) is array):
             return sc
         return sc._replace(ts=array("d", sc.ts if every_ts else sc.ts[:1]), records=None)
 
