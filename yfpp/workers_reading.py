@@ -52,10 +52,12 @@ Routed = dict[tuple[int, int], list[Event]]  #: a block's events per (group, sli
 Owners = bytes | array  #: each line's worker (:func:`owner_array`)
 
 
-def reads_itself(path: str, fmt: str | None, opts: ReaderOptions, groups: list[Group]) -> bool:
+def reads_itself(path: str, fmt: str | None, opts: ReaderOptions, groups: list[Group],
+                 head: bytes | None = None) -> bool:
     """Whether the workers can read ``path`` themselves: a regular, uncompressed JSON-lines file with numeric
-    times, and every keyed group keyed by one top-level attribute (not the type or ts field)."""
-    head = file_head(path)
+    times, and every keyed group keyed by one top-level attribute (not the type or ts field). ``head``: the file's
+    :func:`file_head` where the caller has it (None: read here)."""
+    head = head if head is not None else file_head(path)
     if head is None or opts.unit is ISO_8601:
         return False
     fmt = file_format(path, fmt, head)

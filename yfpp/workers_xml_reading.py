@@ -61,11 +61,13 @@ def _attribute(name: bytes, value: bytes) -> re.Pattern[bytes]:
     return re.compile(rb"[ \t]" + re.escape(name) + rb'="(' + value + rb')"[^\n]*+')
 
 
-def reads_xml_itself(path: str, fmt: str | None, opts: ReaderOptions, groups: list[Group]) -> bool:
+def reads_xml_itself(path: str, fmt: str | None, opts: ReaderOptions, groups: list[Group],
+                     head: bytes | None = None) -> bool:
     """Whether the workers can read ``path`` themselves: a regular, uncompressed XML file with numeric times,
     events typed by their tag, in UTF-8, a line in its first 4 KiB that may be plain, and every keyed group keyed
-    by one attribute (not the ts, ``type`` or ``seq``)."""
-    head = file_head(path)
+    by one attribute (not the ts, ``type`` or ``seq``). ``head``: the file's
+    :func:`~yfpp.workers_reading.file_head` where the caller has it (None: read here)."""
+    head = head if head is not None else file_head(path)
     if head is None or opts.unit is ISO_8601 or opts.type_field is not None or not _name(opts.ts_field):
         return False
     fmt = file_format(path, fmt, head)
