@@ -135,11 +135,12 @@ class Workers:
         self._files: list[str] = []  # the workers' files of the last checkpoint
         self._figures: list[dict] = []
         self._cpu: list[float] = []  # each worker's CPU seconds, as it ended
-        share = None if source is None else Share if reads_itself(*source, self.groups) else \
-            XmlShare if reads_xml_itself(*source, self.groups) else None
+        head = file_head(source[0]) if source is not None else None  # (None: not a regular, uncompressed file)
+        share = None if source is None or head is None else Share if reads_itself(*source, self.groups, head) else \
+            XmlShare if reads_xml_itself(*source, self.groups, head) else None
         self.source = source if share is not None else None
         #: the ts of the last event of a file the parent reads, where its last lines tell (the slices planned to it)
-        self._last = _last_event_ts(*source) if source is not None and share is None and self._open else None
+        self._last = _last_event_ts(*source, head) if head is not None and share is None and self._open else None
         self.events = 0  #: the events the workers read (when they read the input)
         self.vocabulary: dict[str, set[str]] = {}  #: the attribute names per type they saw (likewise)
         ctx = _context(forked=self.source is not None)
@@ -492,11 +493,11 @@ class Tally:
     matches: Counter = field(default_factory=Counter)
 
 
-def _last_event_ts(path: str, fmt: str | None, opts: ReaderOptions) -> float | None:
+def _last_event_ts(path: str, fmt: str | None, opts: ReaderOptions, head: bytes) -> float | None:
     """The ts of the last event of ``path``, a regular, uncompressed JSON-lines or XML file (``fmt``: its format,
-    None: from its name or first byte), where its last lines tell; else None."""
-    head = file_head(path)
-    fmt = file_format(path, fmt, head) if head is not None else ""
+    None: from its name or first byte; ``head``: its :func:`~yfpp.workers_reading.file_head`), where its last lines
+    tell; else None."""
+    fmt = file_format(path, fmt, head)
     if fmt not in ("jsonl", "xml"):
         return None
     with open(path, "rb") as f:

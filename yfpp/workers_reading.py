@@ -52,10 +52,12 @@ Routed = dict[tuple[int, int], list[Event]]  #: a block's events per (group, sli
 Owners = bytes | array  #: each line's worker (:func:`owner_array`)
 
 
-def reads_itself(path: str, fmt: str | None, opts: ReaderOptions, groups: list[Group]) -> bool:
+def reads_itself(path: str, fmt: str | None, opts: ReaderOptions, groups: list[Group],
+                 head: bytes | None = None) -> bool:
     """Whether the workers can read ``path`` themselves: a regular, uncompressed JSON-lines file with numeric
-    times, and every keyed group keyed by one top-level attribute (not the type or ts field)."""
-    head = file_head(path)
+    times, and every keyed group keyed by one top-level attribute (not the type or ts field). ``head``: the file's
+    :func:`file_head` where the caller has it (None: read here)."""
+    head = head if head is not None else file_head(path)
     if head is None or opts.unit is ISO_8601:
         return False
     fmt = file_format(path, fmt, head)
@@ -133,14 +135,16 @@ def last_ts(fd: int, size: int, opts: ReaderOptions) -> float | None:
 class Scan(NamedTuple):
     """What :func:`scan` finds in a block of ``size`` bytes. When it is scanned (every line of the shape
     :func:`~yfpp.input.jsonl_scan.scan_block` takes, the times never going back): each line's ``ts``, per
-    routing key each line's worker (``owners``: :func:`workers_of` its key value; both compact arrays, which a
-    worker sends its peers as a few bytes a line), the ts and index of the
+    routing key each line's worker (``owners``: :func:`workers_of` its key value, a compact array, which a
+    worker sends its peers as a byte a line), the ts and index of the
     ``last`` line the reader makes an event of (None: none), and whether each line is an object with no object
     in it (``flat``: an event of a line then has each routing attribute the scan found, but where ``plain`` a null
     value, which makes the line no plain event); else ``ts`` is None.
     ``plain``: every line has the plain shape of :func:`~yfpp.input.jsonl_reader.plain_records` (any of them
     parsed without its checks); ``records``: the lines' records the scan parsed (kept by the scanning worker,
-    never sent: None in the peers' scans)."""
+    never sent: None in the peers' scans); ``lines``: the block's lines, where scanned. The peers get ``ts`` as a
+    compact array, and only its first where every group is keyed (:meth:`Relay.sent`: only a time slice looks at
+    the others)."""
 
     size: int
     ts: Sequence[float] | None
@@ -149,6 +153,7 @@ class Scan(NamedTuple):
     flat: bool = False
     plain: bool = False
     records: list[dict[str, Any]] | None = None
+    lines: int = 0
 
 
 def scan(body: bytes, opts: ReaderOptions, keys: Sequence[str], n: int) -> Scan:
@@ -165,15 +170,16 @@ def scan(body: bytes, opts: ReaderOptions, keys: Sequence[str], n: int) -> Scan:
         except KeyError:  # (a line naming a key as a value only: the regular expressions decide)
             owners = None
         if owners is not None:
-            return Scan(len(body), array("d", ts), owners, _last_event(body, len(ts), opts, records[-1]), True, True,
-                        records)
+            return Scan(len(body), ts, owners, _last_event(body, len(ts), opts, records[-1]), True, True, records,
+                        len(ts))
     found = scan_block(body, opts, keys)
     if found is None or not _ordered(found[0]):
         return Scan(len(body), None, [], None)
     ts, values = found
     # (flat: one `{` a line, the first byte of each; only keyed groups look at it)
     flat = bool(keys) and body[:1] == b"{" and body.count(b"\n{") == len(ts) - 1 and body.count(b"{") == len(ts)
-    return Scan(len(body), array("d", ts), [workers_of(vs, n) for vs in values], _last_event(body, len(ts), opts), flat)
+    return Scan(len(body), array("d", ts), [workers_of(vs, n) for vs in values], _last_event(body, len(ts), opts),
+                flat, lines=len(ts))
 
 
 def _last_event(body: bytes, lines: int, opts: ReaderOptions,
@@ -218,16 +224,18 @@ class Relay:
     """Worker ``me`` of ``n``'s reading of the file: :meth:`blocks_read` gives each block with its :class:`Scan`. The
     blocks are read once, by ``blocks`` (an iterator of a block's bytes; ``marks``: what the reader set aside while
     reading the block it just gave, taken with it), a chunk of ``chunk`` blocks (None: :data:`CHUNK`, as it is then)
-    at a time, up to :data:`AHEAD` rounds of chunks ahead of the block given; its own chunks (chunk ``c`` by worker
+    at a time (``every_ts``: the peers' groups look at each line's ts, :meth:`sent`), up to :data:`AHEAD` rounds of chunks ahead of the block given; its own chunks (chunk ``c`` by worker
     ``c % n``) are scanned as they are read, each chunk's scans sent to the others' ``inboxes``; the others' chunks'
     scans come from its inbox
     (``inboxes[me]``). At the end of the file each worker tells the others how many chunks and bytes it read, so
     none waits for a chunk its scanner never read, and all read the same bytes (:meth:`same_file`)."""
 
     def __init__(self, blocks: Iterator[bytes], scanner: Callable[[bytes], Scan], me: int, n: int,
-                 inboxes: Sequence[Any], marks: Callable[[], list] = list, chunk: int | None = None):
+                 inboxes: Sequence[Any], marks: Callable[[], list] = list, chunk: int | None = None,
+                 every_ts: bool = True):
         self.blocks, self.scanner, self.me, self.n, self.inboxes = blocks, scanner, me, n, inboxes
         self.marks, self.chunk_size = marks, CHUNK if chunk is None else chunk
+        self.every_ts = every_ts  # the peers look at every line's ts (a time slice), not just the first
         self.read = 0  # the chunks read
         self.size = 0  # their bytes
         self.ended = False  # the end of the file reached
@@ -277,9 +285,12 @@ class Relay:
         return all(size == self.size for _, size in self.ends.values())
 
     @staticmethod
-    def sent(sc: Scan) -> Scan:
-        """``sc`` as the peers get it: without the records its scanner keeps."""
-        return sc._replace(records=None) if sc.records is not None else sc
+    def sent(sc: Scan, every_ts: bool = True) -> Scan:
+        """``sc`` as the peers get it: without the records its scanner keeps, its ts a compact array (only the first,
+        unless ``every_ts``: a plan with a time slice)."""
+        if sc.ts is None or (every_ts and type(sc.ts) is array):
+            return sc
+        return sc._replace(ts=array("d", sc.ts if every_ts else sc.ts[:1]), records=None)
 
     def _receive(self) -> None:
         """A peer's next message: a chunk's scans, or its end of the file."""
@@ -293,7 +304,7 @@ class Relay:
         """Chunk ``c``'s scans kept, and sent to the others (None: the end of the file, before chunk ``c``)."""
         if scans is not None:
             self.kept[c] = scans
-            scans = list(map(self.sent, scans))
+            scans = [self.sent(sc, self.every_ts) for sc in scans]
         for w, inbox in enumerate(self.inboxes):
             if w != self.me:
                 inbox.put((self.me, c if scans is not None else (c, self.size), scans))
@@ -349,7 +360,7 @@ class Share:
                         and sc.ts[0] >= self.sequencer.watermark[0]):
                     seq, lineno = self._position()
                     routed = self._scanned(body, seq, lineno, sc)
-                    self._skip(len(sc.ts))
+                    self._skip(sc.lines)
                 else:
                     routed = self._buffered(self._read(body))
                 yield routed, self._closing()
@@ -367,7 +378,7 @@ class Share:
         caught = _Caught()
         return Relay(iter(LineBlocks(f, self.opts.max_record_bytes, caught, BLOCK)),
                      lambda body: scan(body, self.opts, self.keys, self.n), self.me, self.n, self.inboxes, caught.take,
-                     chunk_blocks(self.groups))
+                     chunk_blocks(self.groups), any(g.sliced for g in self.groups))
 
     def _last_ts(self, f: BinaryIO) -> float | None:
         """The ts of the open file's last event, where its last lines tell (:func:`last_ts`; only sliced groups ask)."""
@@ -428,7 +439,7 @@ class Share:
         moved past the block (to its last line the reader makes an event of, and its next ``seq``)."""
         ts = sc.ts
         assert ts is not None
-        count = len(ts)
+        count = sc.lines
         me, n = self.me, self.n
         masks: list[Sequence[int] | None] = []  # per group: which lines it routes here, truth values (None: every line)
         reporter: Sequence[int] | None = None  # per line, the worker that reports it (None: worker 0)
@@ -525,7 +536,7 @@ class Share:
             return None  # (every line: the reader's block parse, its checks included, costs the same)
         else:
             records = records_of_plain_lines(compress(body.split(b"\n"), union))
-        seqs = range(seq, seq + len(sc.records if union is None else union))
+        seqs = range(seq, seq + sc.lines)
         return plain_events(records, seqs if union is None else compress(seqs, union), self.opts)
 
     def _count(self, events: list[Event], seq: int, reporter: Sequence[int] | None) -> None:

@@ -61,11 +61,13 @@ def _attribute(name: bytes, value: bytes) -> re.Pattern[bytes]:
     return re.compile(rb"[ \t]" + re.escape(name) + rb'="(' + value + rb')"[^\n]*+')
 
 
-def reads_xml_itself(path: str, fmt: str | None, opts: ReaderOptions, groups: list[Group]) -> bool:
+def reads_xml_itself(path: str, fmt: str | None, opts: ReaderOptions, groups: list[Group],
+                     head: bytes | None = None) -> bool:
     """Whether the workers can read ``path`` themselves: a regular, uncompressed XML file with numeric times,
     events typed by their tag, in UTF-8, a line in its first 4 KiB that may be plain, and every keyed group keyed
-    by one attribute (not the ts, ``type`` or ``seq``)."""
-    head = file_head(path)
+    by one attribute (not the ts, ``type`` or ``seq``). ``head``: the file's
+    :func:`~yfpp.workers_reading.file_head` where the caller has it (None: read here)."""
+    head = head if head is not None else file_head(path)
     if head is None or opts.unit is ISO_8601 or opts.type_field is not None or not _name(opts.ts_field):
         return False
     fmt = file_format(path, fmt, head)
@@ -144,7 +146,7 @@ class Scanner:
         # the last line an event (a line of this shape may be none: a duplicate attribute): else not scanned
         if self.last.read(body[body.rfind(b"\n", 0, len(body) - 1) + 1:], 0, 0) is None:
             return not_scanned
-        return Scan(len(body), array("d", ts), owners, (ts[-1], lines - 1), True)
+        return Scan(len(body), ts, owners, (ts[-1], lines - 1), True, lines=lines)
 
     @staticmethod
     def _names(pieces: list[bytes], step: int) -> list[bytes | None] | None:
@@ -266,7 +268,7 @@ class XmlShare(Share):
     def _relay(self, f: BinaryIO) -> Relay:
         self._one = OneReader(self.opts)
         return Relay(line_blocks(f, workers_reading.BLOCK), Scanner(self.opts, self.keys, self.n), self.me, self.n,
-                     self.inboxes)
+                     self.inboxes, every_ts=any(g.sliced for g in self.groups))
 
     def _last_ts(self, f: BinaryIO) -> float | None:
         return last_xml_ts(f.fileno(), os.fstat(f.fileno()).st_size, self.opts) if self._open else None

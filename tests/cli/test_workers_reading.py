@@ -148,18 +148,20 @@ def test_a_plain_block_is_parsed_once_by_its_scanner():
 @st.composite
 def plain_feeds(draw, max_events: int = 40) -> str:
     """JSON lines mostly of the plain shape, keyed by ``k`` (an integer) and ``s`` (a string), among them plain
-    lines that are no plain event (no or an empty type, a number as type, a null value, a null key), keys written
-    as floats or booleans, nested and broken lines, blank lines and times going back (late events)."""
+    lines that are no plain event (no or an empty type, a number as type, a null value, a null key, a boolean or a
+    numeric string as ts), keys written as floats or booleans, nested and broken lines, blank lines and times going
+    back (late events)."""
     lines, ts = [], 0
     for _ in range(draw(st.integers(0, max_events))):
         ts += draw(st.sampled_from([0, 0, 1, 2]))
         rec = {"type": draw(st.sampled_from("abc")), "ts": ts, "k": draw(st.integers(0, 3)),
                "s": draw(st.sampled_from(["p", "q", "r"])), "x": draw(st.integers(0, 3))}
-        style = draw(st.sampled_from([0] * 16 + list(range(1, 13))))
+        style = draw(st.sampled_from([0] * 16 + list(range(1, 15))))
         odd = [rec, {**rec, "ts": max(ts - 3, 0)}, {**rec, "x": None}, {**rec, "type": ""},
                {k: v for k, v in rec.items() if k != "type"}, {**rec, "type": 5}, {**rec, "n": {"m": 1}},
                {**rec, "ts": ts + 0.5}, {**rec, "k": None}, {**rec, "k": float(rec["k"])},
-               {**rec, "k": rec["k"] % 2 == 1, "s": None}][style] if style < 11 else None
+               {**rec, "k": rec["k"] % 2 == 1, "s": None}, {**rec, "ts": ts % 2 == 1}, {**rec, "ts": str(ts)}][style] \
+            if style < 13 else None
         lines.append(json.dumps(odd) if odd is not None else draw(st.sampled_from(["{broken", ""])))
     return "".join(line + "\n" for line in lines)
 

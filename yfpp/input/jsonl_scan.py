@@ -87,9 +87,10 @@ def key_values(texts: list[bytes]) -> list[int | str]:
 def parsed_scan(body: bytes, opts: ReaderOptions) -> tuple[list[float], list[dict[str, Any]]] | None:
     """Each line's ts (scaled as the reader scales it) and the lines' records, from one parse of the block
     (:func:`~yfpp.input.jsonl_reader.plain_records`); None unless every line is of the plain shape, without
-    ``\\r``, with a number as ts. The caller looks up the routing values in the records: a flat object's value is
-    a number, a string, a boolean or null. A record that is no plain event (an empty type, a null value) may be a
-    dead letter: the caller parses its line again to learn what it is."""
+    ``\\r``, with a number as ts (a boolean passes as one: its line is no plain event). The caller looks up the
+    routing values in the records: a flat object's value is a number, a string, a boolean or null. A record that is
+    no plain event (an empty type, a null value) may be a dead letter: the caller parses its line again to learn what
+    it is."""
     if b"\r" in body:
         return None
     records = plain_records(body, opts)
@@ -97,18 +98,14 @@ def parsed_scan(body: bytes, opts: ReaderOptions) -> tuple[list[float], list[dic
         return None
     try:
         raw = list(map(itemgetter(opts.ts_field), records))
+        m, d = opts.unit
+        ts = raw if m == d == 1 else [r * m / d for r in raw]
+        # (a sum of numbers: a string or a null among them is a TypeError; a boolean counts as the number it is, its
+        # line no plain event, which its worker parses again; an integer sum is exact, a float one overflows to inf)
+        if not math.isfinite(sum(ts)):
+            return None
     except KeyError:  # (a line naming the ts as a value only)
         return None
-    if not _NUMBERS.issuperset(map(type, raw)):
-        return None
-    m, d = opts.unit
-    try:
-        ts = raw if m == d == 1 else [r * m / d for r in raw]
-        if not math.isfinite(sum(ts)):  # (an integer sum is exact; a float one overflows to inf: not scanned)
-            return None
-    except OverflowError:  # (an integer past the floats)
+    except (TypeError, OverflowError):  # (a ts of no number; an integer past the floats)
         return None
     return ts, records
-
-
-_NUMBERS = frozenset((int, float))
