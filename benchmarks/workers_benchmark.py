@@ -10,8 +10,8 @@ Two workloads, each a JSON-lines feed (``--xml``: an XML one, one event element 
 
 Each command (``python -m yfpp run -q … -i FEED --workers N -o OUT``) runs as a subprocess; its
 wall time is the subprocess's, its CPU the whole process tree's (the command and its workers). The
-workers read the feed themselves (a JSON-lines file: yfpp/workers_reading.py; XML:
-yfpp/workers_xml_reading.py). ``path CPU s`` is the
+workers read the feed themselves (a JSON-lines file: yfpp/workers/reading.py; XML:
+yfpp/workers/xml_reading.py). ``path CPU s`` is the
 CPU of the longest path — the parent's (its start, the matches it writes) plus the busiest worker's
 (``worker_cpu_s`` of ``--stats-json``) — and ``free cores`` the speed-up over N = 1 it allows where each
 process has a core of its own: what the wall time says on a quiet machine, read on a busy one. The
@@ -104,17 +104,17 @@ def shipping_costs(path: Path) -> dict[str, float]:
 class Parts:
     """What the in-process measurements of one engine's parts and worker 0 of ``n``'s share over a feed start from:
     the reader options, the query groups and their keys, and the feed's read blocks (an XML feed's as
-    yfpp/workers_xml_reading.py cuts them)."""
+    yfpp/workers/xml_reading.py cuts them)."""
 
     def __init__(self, path: Path, workload: str, n: int = 2) -> None:
         from yfpp.input.dead_letters import DeadLetters
         from yfpp.input.jsonl_reader import LineBlocks
         from yfpp.input.readers import reading_options
         from yfpp.spark.plan import group_queries
-        from yfpp.workers import WORKERS
-        from yfpp.workers_reading import BLOCK
-        from yfpp.workers_xml_reading import line_blocks
-        import yfpp.workers_reading as reading
+        from yfpp.workers.pool import WORKERS
+        from yfpp.workers.reading import BLOCK
+        from yfpp.workers.xml_reading import line_blocks
+        import yfpp.workers.reading as reading
 
         self.path, self.workload, self.n, self.xml = path, workload, n, path.suffix == ".xml"
         self.opts, self.dead = reading_options(), DeadLetters()
@@ -154,8 +154,8 @@ class Parts:
 
     def scanner(self) -> Any:
         """The scan of a block (JSON lines or XML)."""
-        from yfpp.workers_reading import scan
-        from yfpp.workers_xml_reading import Scanner
+        from yfpp.workers.reading import scan
+        from yfpp.workers.xml_reading import Scanner
 
         return Scanner(self.opts, self.keys, self.n) if self.xml else lambda body: scan(body, self.opts, self.keys, self.n)
 
@@ -166,12 +166,12 @@ class Parts:
                 if c // chunk % self.n == me for body in self.blocks[c:c + chunk]]
 
     def share(self) -> Any:
-        """Worker 0's :class:`~yfpp.workers_reading.Share`, the peers' scans of their chunks in its inbox."""
+        """Worker 0's :class:`~yfpp.workers.reading.Share`, the peers' scans of their chunks in its inbox."""
         import queue
 
-        from yfpp.workers import SLICE_EVENTS, Sequencer
-        from yfpp.workers_reading import Relay, Share
-        from yfpp.workers_xml_reading import XmlShare
+        from yfpp.workers.pool import SLICE_EVENTS, Sequencer
+        from yfpp.workers.reading import Relay, Share
+        from yfpp.workers.xml_reading import XmlShare
 
         n, opts, blocks, scan = self.n, self.opts, self.blocks, self.scanner()
         inboxes: list[Any] = [queue.Queue() for _ in range(n)]
@@ -198,7 +198,7 @@ def path_costs(path: Path, workload: str, n: int = 2) -> dict[str, float]:
     import gc
     import time
 
-    from yfpp.workers import _Matching
+    from yfpp.workers.pool import _Matching
 
     parts = Parts(path, workload, n)
     best: dict[str, float] = {}

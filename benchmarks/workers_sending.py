@@ -1,5 +1,5 @@
 """What sending costs a busy worker: a ``multiprocessing.Queue`` (a feeder thread writes) against
-:mod:`yfpp.workers_pipes` (the sending thread writes).
+:mod:`yfpp.workers.pipes` (the sending thread writes).
 
 A sender process alternates a unit of pure-Python work (about a keyed worker's matching between two scans it
 sends) with sending a message of about a scan's size to a receiver process as busy; the sender's CPU seconds (all
@@ -22,7 +22,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from yfpp.workers_pipes import Inbox, Outbox
+from yfpp.workers.pipes import Inbox, Outbox
 
 CTX = multiprocessing.get_context("fork")
 

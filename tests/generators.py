@@ -36,11 +36,16 @@ def exponential(p: Pattern) -> bool:
                                     for c in p.components)
 
 
+def events_within_reach(patterns: list[Pattern], most: int) -> int:
+    """``most``, or ``EXPONENTIAL_EVENTS`` where a pattern is ``exponential``: over 30 events such a pattern runs to
+    the run cap for minutes, and CI's fixed examples (``CI=true`` derandomizes Hypothesis) may draw one whenever a
+    test's strategy changes."""
+    return min(most, EXPONENTIAL_EVENTS) if any(exponential(p) for p in patterns) else most
+
+
 def within_reach(patterns: list[Pattern], events: list[Event]) -> list[Event]:
-    """``events``, cut to ``EXPONENTIAL_EVENTS`` where a pattern is ``exponential``: over 30 events such a
-    pattern runs to the run cap for minutes, and CI's fixed examples (``CI=true`` derandomizes Hypothesis)
-    may draw one whenever a test's strategy changes."""
-    return events[:EXPONENTIAL_EVENTS] if any(exponential(p) for p in patterns) else events
+    """``events``, no more of them than :func:`events_within_reach` allows."""
+    return events[:events_within_reach(patterns, len(events))]
 
 
 @st.composite

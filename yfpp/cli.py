@@ -328,7 +328,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if type(reported) is not int:
             raise YfppError("corrupt checkpoint: dead_letters_reported is not an integer")
         if "workers" in stored:  # written by workers: their reorder buffer says what was consumed
-            from yfpp.workers import Sequencer
+            from yfpp.workers.pool import Sequencer
 
             sequencer = Sequencer.restore(stored["workers"].get("sequencer") or {}, dead_letters=dead)
         skip = SkipConsumed(sequencer or engine, dead, reported)  # records the checkpoint consumed: neither matched nor reported again
@@ -417,7 +417,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _workers(args: argparse.Namespace, stored: dict | None) -> int:
     """``--workers``' count (else $YFPP_WORKERS', else 1; with ``--restore``, else the checkpoint's): a checkpoint
     is resumed by as many workers as wrote it."""
-    from yfpp.workers import worker_count
+    from yfpp.workers.pool import worker_count
 
     written = (stored["workers"].get("n") if isinstance(stored["workers"], dict) else None) \
         if stored is not None and "workers" in stored else 1 if stored is not None else None
@@ -435,11 +435,11 @@ def _workers(args: argparse.Namespace, stored: dict | None) -> int:
 def _start_workers(engine: Engine, n: int, out: Any, dead: DeadLetters, caps: dict[str, Any],
                    args: argparse.Namespace, live: bool, stored: dict | None, sequencer: Any,
                    source: tuple[str, str | None, Any] | None = None) -> Any:
-    """The :class:`yfpp.workers.Workers` running ``engine``'s queries (as registered: names, policies) in ``n``
+    """The :class:`yfpp.workers.pool.Workers` running ``engine``'s queries (as registered: names, policies) in ``n``
     processes; ``live``: the input is live (each batch is sent on at once); ``stored``, ``sequencer``: the
     checkpoint to resume from (``--restore``) and its restored reorder buffer; ``source``: the input file, its
     format and reader options, for the workers to read themselves where they can."""
-    from yfpp.workers import Workers
+    from yfpp.workers.pool import Workers
 
     resume = None
     if stored is not None and sequencer is not None:
@@ -502,7 +502,7 @@ def _open_input(path: str) -> BinaryIO:
 def write_matches(engine: Any, batches: Iterable[list[Event]], out: MatchWriter, progress: Progress | None,
                   checkpoint: tuple[str, int, Callable[[], dict]] | None = None,
                   vocabulary: Vocabulary | None = None, catalog: Engine | None = None) -> int:
-    """Stream batches of events through the engine (or a :class:`yfpp.workers.Workers`), writing matches as they
+    """Stream batches of events through the engine (or a :class:`yfpp.workers.pool.Workers`), writing matches as they
     complete; return the event count.
 
     With ``checkpoint = (path, every, extra)`` the engine's state (and the fields ``extra()`` gives) is
@@ -524,7 +524,7 @@ def write_matches(engine: Any, batches: Iterable[list[Event]], out: MatchWriter,
                 if isinstance(engine, Engine):
                     out.flush()
                     write_checkpoint(engine, checkpoint[0], checkpoint[2]())
-                else:  # workers: each writes its engines, then the manifest (yfpp.workers.Workers.checkpoint)
+                else:  # workers: each writes its engines, then the manifest (yfpp.workers.pool.Workers.checkpoint)
                     engine.checkpoint(checkpoint[0], catalog, checkpoint[2]())
         if progress is not None:
             progress.update(n, engine)

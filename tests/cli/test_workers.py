@@ -1,4 +1,4 @@
-"""``yfpp run --workers N`` (yfpp/workers.py): N engine processes find one engine's matches.
+"""``yfpp run --workers N`` (yfpp/workers/pool.py): N engine processes find one engine's matches.
 
 The workers are checked against one :class:`Engine` over the same stream — on generated
 patterns and streams (hypothesis, bounded: each example starts two processes), on the Spark
@@ -27,7 +27,7 @@ from yfpp.input.generate import generate_rfid, generate_stock, write_events
 from yfpp.output.writer import LineEncoder
 from yfpp.spark.plan import effective_queries
 from yfpp.state.checkpoint import read_checkpoint
-from yfpp.workers import Sequencer, Workers, worker_count
+from yfpp.workers.pool import Sequencer, Workers, worker_count
 
 
 class Lines(list):

@@ -1,4 +1,4 @@
-"""The workers' pipes (:mod:`yfpp.workers_pipes`): messages whole and in each sender's order, a sender waiting while
+"""The workers' pipes (:mod:`yfpp.workers.pipes`): messages whole and in each sender's order, a sender waiting while
 its receiver's pipe is full, no deadlock between two processes writing to each other, a worker's crash reported."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from hypothesis import given, settings, strategies as st
 
-from yfpp.workers_pipes import FRAGMENT, Inbox, Outbox
+from yfpp.workers.pipes import FRAGMENT, Inbox, Outbox
 
 CTX = multiprocessing.get_context("spawn")  # (no fork of the test process and its threads)
 BIG = 100_000  #: bytes of a large message: more than a pipe holds with a few of them

@@ -1,4 +1,4 @@
-"""Workers that read a JSON-lines file themselves (yfpp/workers_reading.py, yfpp/input/jsonl_scan.py).
+"""Workers that read a JSON-lines file themselves (yfpp/workers/reading.py, yfpp/input/jsonl_scan.py).
 
 The scan is checked against the reader (every line the reader makes an event of has the scanned ts and
 routing text), and whole runs against one engine reading the same bytes: the same matches, the same dead
@@ -24,9 +24,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import yfpp.workers_reading
+import yfpp.workers.reading
 from tests.cli.test_workers import Lines
-from tests.generators import patterns, streams
+from tests.generators import events_within_reach, patterns, streams
 from yfpp.cli import main
 from yfpp.engine import Engine
 from yfpp.input.dead_letters import DeadLetters
@@ -34,8 +34,8 @@ from yfpp.errors import YfppError
 from yfpp.input.jsonl_reader import LineBlocks, parse_block
 from yfpp.input.jsonl_scan import key_values, scan_block
 from yfpp.input.readers import read_event_batches, reading_options
-from yfpp.workers import Sequencer, Workers
-from yfpp.workers_reading import Relay, Scan, Share, chunk_blocks, even_length, scan, workers_of
+from yfpp.workers.pool import Sequencer, Workers
+from yfpp.workers.reading import Relay, Scan, Share, chunk_blocks, even_length, scan, workers_of
 
 
 class Letters(DeadLetters):
@@ -173,8 +173,8 @@ PLAIN_QUERIES = ("PATTERN SEQ(a x, b y) WHERE [k] WITHIN 5",
 
 @pytest.fixture
 def plain_blocks(monkeypatch):
-    monkeypatch.setattr(yfpp.workers_reading, "BLOCK", 331)  # about five lines a block: each worker owns some of them
-    monkeypatch.setattr(yfpp.workers_reading, "CHUNK", 2)
+    monkeypatch.setattr(yfpp.workers.reading, "BLOCK", 331)  # about five lines a block: each worker owns some of them
+    monkeypatch.setattr(yfpp.workers.reading, "CHUNK", 2)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
@@ -232,17 +232,18 @@ def with_workers(queries: list, path: str, n: int, fmt: str = "jsonl") -> tuple[
 
 @pytest.fixture
 def small_blocks(monkeypatch):
-    monkeypatch.setattr(yfpp.workers_reading, "BLOCK", 97)  # a few lines a block (inherited by the forked workers)
-    monkeypatch.setattr(yfpp.workers_reading, "CHUNK", 2)  # two blocks a chunk: each worker scans some for the others
-    monkeypatch.setattr(yfpp.workers_reading, "KEYED_CHUNK", 1)  # (where every group is keyed: one block a chunk)
+    monkeypatch.setattr(yfpp.workers.reading, "BLOCK", 97)  # a few lines a block (inherited by the forked workers)
+    monkeypatch.setattr(yfpp.workers.reading, "CHUNK", 2)  # two blocks a chunk: each worker scans some for the others
+    monkeypatch.setattr(yfpp.workers.reading, "KEYED_CHUNK", 1)  # (where every group is keyed: one block a chunk)
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                                                  HealthCheck.function_scoped_fixture])
-@given(st.lists(patterns(), min_size=1, max_size=3), feeds(), st.sampled_from([2, 3]))
-def test_workers_reading_the_file_are_one_engine(small_blocks, tmp_path, pats, text, n):
+@given(st.lists(patterns(), min_size=1, max_size=3), st.data(), st.sampled_from([2, 3]))
+def test_workers_reading_the_file_are_one_engine(small_blocks, tmp_path, pats, data, n):
     """Keyed, sliced and whole groups at once over every line shape (an event read by two engines of a worker is
     two objects: the runtime numbers each engine's events in them): one engine's matches, dead letters and count."""
+    text = data.draw(feeds(max_events=events_within_reach(pats, 40)))
     path = tmp_path / "feed.jsonl"
     path.write_text(text)
     queries = [(f"q{i}", p) for i, p in enumerate(pats)]
@@ -330,7 +331,7 @@ def test_the_relay_gives_each_chunk_its_scans_and_waits_for_none_past_a_scanners
 def keyed_groups(query: str = "PATTERN SEQ(a x, b y) WHERE [k] WITHIN 30") -> list:
     from yfpp.language.query_text import parse_query
     from yfpp.spark.plan import group_queries
-    from yfpp.workers import WORKERS
+    from yfpp.workers.pool import WORKERS
 
     return group_queries([("q", parse_query(query, "sase", "s"))], runner=WORKERS)
 
@@ -343,8 +344,8 @@ def test_chunks_are_short_where_every_group_is_keyed():
     sliced = keyed_groups("PATTERN SEQ(a x, b y) WITHIN 30")
     whole = keyed_groups("PATTERN SEQ(a x, b y)")
     assert not sliced[0].key and sliced[0].sliced and not whole[0].key and not whole[0].sliced
-    assert chunk_blocks(keyed) == yfpp.workers_reading.KEYED_CHUNK < yfpp.workers_reading.CHUNK
-    assert chunk_blocks(sliced) == chunk_blocks(whole) == chunk_blocks(keyed + sliced) == yfpp.workers_reading.CHUNK
+    assert chunk_blocks(keyed) == yfpp.workers.reading.KEYED_CHUNK < yfpp.workers.reading.CHUNK
+    assert chunk_blocks(sliced) == chunk_blocks(whole) == chunk_blocks(keyed + sliced) == yfpp.workers.reading.CHUNK
 
 
 @given(st.floats(1e-3, 1e9), st.integers(1, 64), st.floats(1e-2, 1e6))
@@ -363,7 +364,7 @@ def test_workers_reading_a_file_plan_slices_that_deal_evenly(tmp_path):
     slice are 4 slices of about 15, not 3 of 20 (two of them on one worker)."""
     from yfpp.language.query_text import parse_query
     from yfpp.spark.plan import group_queries
-    from yfpp.workers import WORKERS
+    from yfpp.workers.pool import WORKERS
 
     path = tmp_path / "feed.jsonl"
     path.write_text("".join(json.dumps({"type": "a", "ts": i}) + "\n" for i in range(60)) + "{broken\n\n")
@@ -382,12 +383,12 @@ def plain_file(path, lines: int) -> None:
 def test_a_file_cut_short_under_a_worker_is_an_error(monkeypatch, tmp_path):
     """Worker 1 read the whole file (its scans and its end are in worker 0's inbox); the file is cut short before
     worker 0 reads it: worker 0 stops with an error naming the file, waiting for nothing."""
-    monkeypatch.setattr(yfpp.workers_reading, "KEYED_CHUNK", 2)  # (its groups are keyed)
+    monkeypatch.setattr(yfpp.workers.reading, "KEYED_CHUNK", 2)  # (its groups are keyed)
     path = tmp_path / "feed.jsonl"
     plain_file(path, 3000)
     opts, groups = reading_options(), keyed_groups()
     with open(path, "rb") as f:
-        blocks = list(LineBlocks(f, opts.max_record_bytes, DeadLetters(), yfpp.workers_reading.BLOCK))
+        blocks = list(LineBlocks(f, opts.max_record_bytes, DeadLetters(), yfpp.workers.reading.BLOCK))
     chunks = (len(blocks) + 1) // 2
     assert chunks >= 3
     inboxes: list = [queue.Queue(), queue.Queue()]
@@ -403,7 +404,7 @@ def test_a_file_cut_short_under_a_worker_is_an_error(monkeypatch, tmp_path):
 def test_a_file_cut_below_what_a_worker_read_is_an_error(monkeypatch, tmp_path):
     """One worker, the file cut short after it read ahead past the cut: the end of its read is an error, not the
     events of a file that never was."""
-    monkeypatch.setattr(yfpp.workers_reading, "KEYED_CHUNK", 2)
+    monkeypatch.setattr(yfpp.workers.reading, "KEYED_CHUNK", 2)
     path = tmp_path / "feed.jsonl"
     plain_file(path, 3000)
     share = Share(str(path), reading_options(), keyed_groups(), 0, 1, 20_000, DeadLetters(), Sequencer(), {})

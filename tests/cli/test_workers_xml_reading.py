@@ -1,4 +1,4 @@
-"""Workers that read an XML file themselves (yfpp/workers_xml_reading.py).
+"""Workers that read an XML file themselves (yfpp/workers/xml_reading.py).
 
 The scan is checked against the one reader (every line of a scanned block that it makes an event of has the
 scanned ts and routing text), and whole runs against one engine reading the same bytes: the same matches, the
@@ -25,13 +25,13 @@ from hypothesis import strategies as st
 from tests.cli import test_workers_reading as reading_test
 from tests.cli.test_workers import Lines
 from tests.cli.test_workers_reading import small_blocks  # noqa: F401 (a fixture)
-from tests.generators import patterns, streams
+from tests.generators import events_within_reach, patterns, streams
 from yfpp.input.dead_letters import DeadLetters
 from yfpp.input.readers import read_event_batches, reading_options
 from yfpp.input.xml_reader import xml_batches
 from yfpp.language.query_text import parse_query
-from yfpp.workers import Sequencer, Workers
-from yfpp.workers_xml_reading import Scanner, XmlShare, reads_xml_itself
+from yfpp.workers.pool import Sequencer, Workers
+from yfpp.workers.xml_reading import Scanner, XmlShare, reads_xml_itself
 
 HEADS = ['<stream>\n', '<?xml version="1.0" encoding="UTF-8"?>\n<stream xmlns="urn:s">\n',
          '<?xml version="1.0"?>\n<!DOCTYPE stream>\n  <feed xmlns:p="urn:p" id="1">\n']
@@ -139,10 +139,11 @@ def with_workers(queries: list, path: str, n: int) -> tuple[Counter, Counter, in
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                                                  HealthCheck.function_scoped_fixture])
-@given(st.lists(patterns(), min_size=1, max_size=3), feeds(), st.sampled_from([2, 3]))
-def test_workers_reading_the_xml_file_are_one_engine(small_blocks, tmp_path, pats, text, n):
+@given(st.lists(patterns(), min_size=1, max_size=3), st.data(), st.sampled_from([2, 3]))
+def test_workers_reading_the_xml_file_are_one_engine(small_blocks, tmp_path, pats, data, n):
     """Keyed, sliced and whole groups at once over every head and line shape: one engine's matches, dead letters
     and count."""
+    text = data.draw(feeds(max_events=events_within_reach(pats, 40)))
     path = tmp_path / "feed.xml"
     path.write_text(text)
     queries = [(f"q{i}", p) for i, p in enumerate(pats)]
@@ -183,7 +184,7 @@ def test_a_plain_file_is_scanned_but_for_its_head_and_end(tmp_path):
     path = tmp_path / "feed.xml"
     plain_feed(path)
     from yfpp.spark.plan import group_queries
-    from yfpp.workers import WORKERS
+    from yfpp.workers.pool import WORKERS
 
     groups = group_queries(QUERIES, runner=WORKERS)
     share = XmlShare(str(path), reading_options(), groups, 0, 1, 20_000, DeadLetters(), Sequencer(), {})
@@ -234,8 +235,8 @@ def test_two_workers_scan_the_plain_blocks_and_read_the_others(small_blocks, tmp
     """Stretches of plain lines and of child-element readings in turn, read by two workers in blocks of a few lines:
     some blocks are scanned (each by one worker, both routing its lines by the scan), the others read by each
     worker's one reader (whose place the scanned blocks move on); one engine's matches, dead letters and count."""
-    from yfpp import workers_reading
-    from yfpp.workers_xml_reading import line_blocks
+    from yfpp.workers import reading as workers_reading
+    from yfpp.workers.xml_reading import line_blocks
 
     rng = random.Random(5)
     lines = []
@@ -268,7 +269,7 @@ def test_workers_reading_an_xml_file_plan_slices_that_deal_evenly(tmp_path):
 
 def sliced_groups() -> list:
     from yfpp.spark.plan import group_queries
-    from yfpp.workers import WORKERS
+    from yfpp.workers.pool import WORKERS
 
     return group_queries(SLICED, runner=WORKERS)
 

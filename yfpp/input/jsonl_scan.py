@@ -1,7 +1,7 @@
 """What a block of JSON lines holds, read without parsing it: each line's ts and key values.
 
 ``yfpp run --workers N`` has every worker read the whole file and parse only its own lines
-(yfpp/workers_reading.py); which lines are its own it learns from :func:`scan_block`, which finds each
+(yfpp/workers/reading.py); which lines are its own it learns from :func:`scan_block`, which finds each
 line's ts and the values of the routing attributes with a few passes of C code over the block.
 
 A block is scanned only when no line holds a backslash or a ``\r`` and each line names the ts field once,

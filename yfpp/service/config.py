@@ -105,7 +105,7 @@ class ServiceConfig:
 
     def _check_workers(self) -> None:
         """``workers`` as a count (``auto``: the cores available); isolation engines only with one."""
-        from yfpp.workers import worker_count
+        from yfpp.workers.pool import worker_count
 
         if isinstance(self.workers, bool) or not isinstance(self.workers, (int, str)):
             raise YfppError(f"workers must be a number of engines or 'auto', got {self.workers!r}")

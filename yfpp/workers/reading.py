@@ -19,7 +19,7 @@ line: the worker its first group routes it to, which parses it), and no line is 
 ts never fall below the watermark — the ts of the last line an event was made of, found at each block's
 end by parsing back from its last line. A block that is not scanned (a line of another shape) or whose ts
 go back is parsed whole by every worker and put through one engine's reorder buffer (the
-:class:`~yfpp.workers.Sequencer` given), whose late events and dead letters worker 0 reports; its events
+:class:`~yfpp.workers.pool.Sequencer` given), whose late events and dead letters worker 0 reports; its events
 are routed by their parsed values (:func:`workers_of`), as scanned lines are.
 """
 
@@ -326,7 +326,7 @@ class Share:
     dead letters this worker reports go; ``sequencer``: an empty reorder buffer (max_delay 0) whose dead
     letters are ``dead`` in worker 0 and a quiet sink in the others; ``slicings``: filled at the first block
     (the dict the worker's matching reads); ``inboxes``: per worker, where the scans sent to it go — this worker's own
-    :class:`~yfpp.workers_pipes.Inbox` at its index, an :class:`~yfpp.workers_pipes.Outbox` to each other one (put and
+    :class:`~yfpp.workers.pipes.Inbox` at its index, an :class:`~yfpp.workers.pipes.Outbox` to each other one (put and
     get, as queues; :class:`Relay`; none for one worker)."""
 
     def __init__(self, path: str, opts: ReaderOptions, groups: list[Group], index: int, n: int, slice_events: int,
@@ -371,7 +371,7 @@ class Share:
             if last is not None:
                 yield self._buffered(last), self._closing()
 
-    # --- the reader's steps (JSON lines here; XML in yfpp.workers_xml_reading.XmlShare) ----------
+    # --- the reader's steps (JSON lines here; XML in yfpp.workers.xml_reading.XmlShare) ----------
 
     def _relay(self, f: BinaryIO) -> Relay:
         """The :class:`Relay` over the blocks of the open file ``f``: its marks the lines over the size cap."""

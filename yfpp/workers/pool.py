@@ -9,15 +9,15 @@ in one worker. Each worker runs one engine per group and slice; together they fi
 
 A regular JSON-lines file (no ``--max-delay``, checkpoint or progress line) is read by the workers
 themselves, each block scanned by one of them and each worker parsing only its own lines
-(:mod:`yfpp.workers_reading`; an XML file of one event element a line likewise:
-:mod:`yfpp.workers_xml_reading`): shipping a parsed event costs more CPU than reading it (benchmarks/RESULTS.md,
+(:mod:`yfpp.workers.reading`; an XML file of one event element a line likewise:
+:mod:`yfpp.workers.xml_reading`): shipping a parsed event costs more CPU than reading it (benchmarks/RESULTS.md,
 "Workers"). Otherwise — a pipe or an MQTT feed, which can be
 read once, other XML, a checkpoint — the parent reads and parses the input with the one reader and puts the events
 through one engine's reorder buffer (:class:`Sequencer`: ``seq`` numbers, dead letters, late events and
 stream order are one engine's), routes them — compact tuples ``(type, ts, attrs, seq[, xml])`` per engine,
 pickled. Each worker encodes its matches as the output's lines (:class:`~yfpp.output.writer.LineEncoder`) and the
 parent writes the bytes as they come, each worker's in its stream order (so per key in stream order). A worker
-sends its scans and results over pipes from its matching thread (:mod:`yfpp.workers_pipes`: no feeder thread).
+sends its scans and results over pipes from its matching thread (:mod:`yfpp.workers.pipes`: no feeder thread).
 """
 
 from __future__ import annotations
@@ -46,9 +46,9 @@ from yfpp.output.stats import run_figures
 from yfpp.output.writer import LineEncoder
 from yfpp.input.record_fields import ReaderOptions
 from yfpp.spark.plan import Group, Runner, Slicing, XmlEvent, group_queries, needs_xml
-from yfpp.workers_pipes import Inbox, Outbox
-from yfpp.workers_reading import Share, common_reads, file_format, file_head, last_ts, plan_slices, reads_itself
-from yfpp.workers_xml_reading import XmlShare, last_xml_ts, reads_xml_itself
+from yfpp.workers.pipes import Inbox, Outbox
+from yfpp.workers.reading import Share, common_reads, file_format, file_head, last_ts, plan_slices, reads_itself
+from yfpp.workers.xml_reading import XmlShare, last_xml_ts, reads_xml_itself
 
 WORKERS = Runner("with --workers", "run with --workers 1")
 #: at most about this many events per time slice of an unkeyed group (at least its window long): short enough that
@@ -71,7 +71,7 @@ def _context(forked: bool = False) -> Any:
     if "forkserver" not in methods:
         return multiprocessing.get_context("spawn")
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["yfpp.workers"])
+    ctx.set_forkserver_preload(["yfpp.workers.pool"])
     return ctx
 
 
@@ -102,7 +102,7 @@ class Workers:
     ``max_delay``, ``max_held``: the reorder buffer's, as one engine's (:class:`Sequencer`); ``resume``: a
     checkpoint's data (:meth:`checkpoint`) and the ``folder`` of its files, with its restored ``sequencer``;
     ``source``: an input file, its format (None: from its name or first byte) and its reader options, which
-    the workers read themselves where :func:`yfpp.workers_reading.reads_itself` says they can (then
+    the workers read themselves where :func:`yfpp.workers.reading.reads_itself` says they can (then
     :attr:`source` is kept: no batch is routed, :meth:`flush` waits for the workers, and :attr:`events` and
     :attr:`vocabulary` are what they read).
     """
@@ -495,7 +495,7 @@ class Tally:
 
 def _last_event_ts(path: str, fmt: str | None, opts: ReaderOptions, head: bytes) -> float | None:
     """The ts of the last event of ``path``, a regular, uncompressed JSON-lines or XML file (``fmt``: its format,
-    None: from its name or first byte; ``head``: its :func:`~yfpp.workers_reading.file_head`), where its last lines
+    None: from its name or first byte; ``head``: its :func:`~yfpp.workers.reading.file_head`), where its last lines
     tell; else None."""
     fmt = file_format(path, fmt, head)
     if fmt not in ("jsonl", "xml"):
@@ -645,7 +645,7 @@ def _read_work(index: int, pipes: tuple[Any, list[Any]], source: tuple[str, Read
                sending: tuple[Any, LineEncoder], groups: list[Group], engine_opts: dict[str, Any],
                slice_events: int) -> None:
     """A worker that reads the input itself (``source``: the file, its reader options and the
-    :class:`yfpp.workers_reading.Share` or :class:`yfpp.workers_xml_reading.XmlShare` that reads it;
+    :class:`yfpp.workers.reading.Share` or :class:`yfpp.workers.xml_reading.XmlShare` that reads it;
     ``pipes``: the reading end of its inbox, of the scans the others send it, and the writing end of each worker's):
     its share of each block matched; matches (encoded) and dead letters back every :data:`SEND_ROWS` events or so;
     at the end the count of the events it reported and the names it saw (``"read"``), then the figures."""

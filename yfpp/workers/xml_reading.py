@@ -1,5 +1,5 @@
 """``yfpp run --workers N`` over an XML file of one event element a line: every worker reads the file and parses
-only its own lines, as :mod:`yfpp.workers_reading` does for JSON lines (its :class:`~yfpp.workers_reading.Relay`
+only its own lines, as :mod:`yfpp.workers.reading` does for JSON lines (its :class:`~yfpp.workers.reading.Relay`
 of scans, its routing of a scanned block's lines, its reorder buffer for the rest).
 
 XML is read by one stateful reader (:class:`yfpp.input.xml_reader.Splitter`: the XML declaration, DOCTYPE, the
@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import os
 import re
-from array import array
 from itertools import compress
 from typing import BinaryIO, Iterator, Sequence
 
-from yfpp import workers_reading
+from yfpp.workers import reading as workers_reading
 from yfpp.input.dead_letters import DeadLetters
 from yfpp.input.events import Event
 from yfpp.input.line_attributes import NAME
@@ -34,7 +33,7 @@ from yfpp.input.xml_lines import JsonLines, TypedValues, number_times
 from yfpp.input.xml_parsing import BATCH_END
 from yfpp.input.xml_reader import Splitter, record_events
 from yfpp.spark.plan import Group
-from yfpp.workers_reading import (Owners, Relay, Scan, Share, _Caught, _ordered, file_format, file_head, owner_array,
+from yfpp.workers.reading import (Owners, Relay, Scan, Share, _Caught, _ordered, file_format, file_head, owner_array,
                                   workers_of)
 
 # A block of plain lines cut at its quotes: its first piece, each line's end and the next one's start (its tag and
@@ -66,7 +65,7 @@ def reads_xml_itself(path: str, fmt: str | None, opts: ReaderOptions, groups: li
     """Whether the workers can read ``path`` themselves: a regular, uncompressed XML file with numeric times,
     events typed by their tag, in UTF-8, a line in its first 4 KiB that may be plain, and every keyed group keyed
     by one attribute (not the ts, ``type`` or ``seq``). ``head``: the file's
-    :func:`~yfpp.workers_reading.file_head` where the caller has it (None: read here)."""
+    :func:`~yfpp.workers.reading.file_head` where the caller has it (None: read here)."""
     head = head if head is not None else file_head(path)
     if head is None or opts.unit is ISO_8601 or opts.type_field is not None or not _name(opts.ts_field):
         return False
@@ -99,7 +98,7 @@ class _Owners(dict):
 
 
 class Scanner:
-    """The :class:`~yfpp.workers_reading.Scan` of a block of complete lines for ``n`` workers, routed by ``keys``:
+    """The :class:`~yfpp.workers.reading.Scan` of a block of complete lines for ``n`` workers, routed by ``keys``:
     scanned when every line is ``<tag name="value" …/>``, one of them the ts, a number, with each key, and no ``&``,
     ``\\r`` or namespace. Lines of as many attributes, the ts and keys at the same places (the tags, blanks and other
     names may differ), are the quickest: cut at its quotes, such a block is a run of lines of as many pieces each;
@@ -221,7 +220,7 @@ class OneReader:
 
 def last_xml_ts(fd: int, size: int, opts: ReaderOptions) -> float | None:
     """The ts of the last line ``<tag … ts="number" …/>`` of the XML file open as ``fd`` (``size`` bytes) among its
-    last :data:`~yfpp.workers_reading.BLOCK` bytes (None: none, or ISO-8601 times), read without moving the file's
+    last :data:`~yfpp.workers.reading.BLOCK` bytes (None: none, or ISO-8601 times), read without moving the file's
     position: where the slices are planned to (a plan only: a line that is no event moves the slices, never the
     matches)."""
     if opts.unit is ISO_8601:
@@ -259,7 +258,7 @@ def line_blocks(f: BinaryIO, size: int) -> Iterator[bytes]:
 
 
 class XmlShare(Share):
-    """Worker ``index`` of ``n``'s share of the XML file ``path`` (see :class:`~yfpp.workers_reading.Share`)."""
+    """Worker ``index`` of ``n``'s share of the XML file ``path`` (see :class:`~yfpp.workers.reading.Share`)."""
 
     _one: OneReader  # the one reader, of every block not scanned
     _reader: JsonLines | None = None  # the reader of the block's plain lines (None: the one reader reads it)

@@ -1,0 +1,7 @@
+"""``yfpp run --workers N``: N engine processes that find one engine's matches (docs/operations.md, "Workers").
+
+Modules: ``pool`` (the worker processes: the Spark plan's groups and slices over N engines, the sequencer, the
+match lines merged), ``reading`` (a JSON-lines file read by the workers themselves, each parsing only its own lines),
+``xml_reading`` (the same for an XML file of one event element a line), ``pipes`` (the messages between the
+processes: pipes written by the sending thread, back-pressure, no deadlock between two workers).
+"""
