@@ -47,7 +47,8 @@ from yfpp.output.writer import LineEncoder
 from yfpp.input.record_fields import ReaderOptions
 from yfpp.spark.plan import Group, Runner, Slicing, XmlEvent, group_queries, needs_xml
 from yfpp.workers.pipes import Inbox, Outbox
-from yfpp.workers.reading import Share, common_reads, file_format, file_head, last_ts, plan_slices, reads_itself
+from yfpp.workers.reading import (KeptDeadLetters, Share, common_reads, file_format, file_head, last_ts, plan_slices,
+                                  reads_itself)
 from yfpp.workers.xml_reading import XmlShare, last_xml_ts, reads_xml_itself
 
 WORKERS = Runner("with --workers", "run with --workers 1")
@@ -527,21 +528,6 @@ def _add(total: dict[str, Any], part: dict[str, Any]) -> None:
 # --- the worker process ------------------------------------------------------------------------
 
 
-class _Collect(DeadLetters):
-    """A worker's dead letters, kept until they go to the parent with the next matches."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.items: list[tuple] = []
-
-    def report(self, seq: int, position: str, reason: str, raw: str | None = None) -> None:
-        self.items.append((seq, position, reason, raw))
-
-    def take(self) -> list[tuple]:
-        items, self.items = self.items, []
-        return items
-
-
 class _Matching:
     """A worker's engines per (group, slice), made as events come for them; the matches a slice's engine makes
     are kept when they start in it. ``slicings``: the sliced groups' (a dict filled once they are fixed)."""
@@ -607,7 +593,7 @@ def _prepare() -> None:
     gc.set_threshold(*RARE_COLLECTIONS)
 
 
-def _sent(encoder: LineEncoder, matches: list[dict], dead: _Collect) -> tuple[Any, dict[str, int], list[tuple]]:
+def _sent(encoder: LineEncoder, matches: list[dict], dead: KeptDeadLetters) -> tuple[Any, dict[str, int], list[tuple]]:
     """A ``"matches"`` message's payload: the matches encoded as the output's lines, their count per query, and the
     dead letters reported since the last."""
     return encoder.encode(matches), Counter(str(m["query"]) for m in matches), dead.take()
@@ -622,7 +608,7 @@ def _work(index: int, inbox: Any, sending: tuple[Any, LineEncoder], groups: list
     _prepare()
     results, encoder = Outbox(sending[0], index, exclusive=True), sending[1]
     try:
-        dead = _Collect()
+        dead = KeptDeadLetters()
         start = inbox.get()
         matching = _Matching(groups, engine_opts, dead, start["slicings"], start["restore"])
         while (msg := inbox.get()) is not None:
@@ -654,7 +640,7 @@ def _read_work(index: int, pipes: tuple[Any, list[Any]], source: tuple[str, Read
     inboxes = [inbox if w == index else Outbox(end, index, inbox) for w, end in enumerate(pipes[1])]
     results, encoder = Outbox(sending[0], index, inbox, exclusive=True), sending[1]
     try:
-        dead = _Collect()
+        dead = KeptDeadLetters()
         slicings: dict[int, Slicing | None] = {}
         share = source[2](source[0], source[1], groups, index, len(inboxes), slice_events, dead,
                       Sequencer(dead_letters=dead if index == 0 else DeadLetters()), slicings, inboxes)

@@ -375,7 +375,7 @@ class Share:
 
     def _relay(self, f: BinaryIO) -> Relay:
         """The :class:`Relay` over the blocks of the open file ``f``: its marks the lines over the size cap."""
-        caught = _Caught()
+        caught = KeptDeadLetters()
         return Relay(iter(LineBlocks(f, self.opts.max_record_bytes, caught, BLOCK)),
                      lambda body: scan(body, self.opts, self.keys, self.n), self.me, self.n, self.inboxes, caught.take,
                      chunk_blocks(self.groups), any(g.sliced for g in self.groups))
@@ -506,7 +506,7 @@ class Share:
         if events is not None:
             self._count(events, seq, reporter)
             return events, True
-        caught = _Caught()
+        caught = KeptDeadLetters()
         me = self.me
         if union is None:  # (a block of lines, each a record: numbered as the file's at once)
             events, _, _ = parse_block(body, seq, 0, self.opts, caught)
@@ -609,8 +609,9 @@ class Share:
         return closes
 
 
-class _Caught(DeadLetters):
-    """Dead letters kept (as ``(seq, position, reason, raw)``) to be numbered as in the file."""
+class KeptDeadLetters(DeadLetters):
+    """Dead letters kept as ``(seq, position, reason, raw)`` until taken: a reader's, to be numbered as in the file;
+    a worker's, to go to the parent with its next matches."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -33,7 +33,7 @@ from yfpp.input.xml_lines import JsonLines, TypedValues, number_times
 from yfpp.input.xml_parsing import BATCH_END
 from yfpp.input.xml_reader import Splitter, record_events
 from yfpp.spark.plan import Group
-from yfpp.workers.reading import (Owners, Relay, Scan, Share, _Caught, _ordered, file_format, file_head, owner_array,
+from yfpp.workers.reading import (Owners, Relay, Scan, Share, KeptDeadLetters, _ordered, file_format, file_head, owner_array,
                                   workers_of)
 
 # A block of plain lines cut at its quotes: its first piece, each line's end and the next one's start (its tag and
@@ -301,7 +301,7 @@ class XmlShare(Share):
         events = self._reader.read(region, seq, lineno, numbers)
         me = self.me
         if events is None:  # (a line the plain reader refuses: the block read the long way, this worker's kept)
-            caught = _Caught()
+            caught = KeptDeadLetters()
             events = read_alone(body, self._scope, lineno, self.opts, caught)
             mine = None if union is None else set(compress(range(len(union)), union))
             events = [ev for ev in events if mine is None or ev.seq in mine]
