@@ -449,3 +449,40 @@ def test_lines_over_max_record_bytes_are_the_same_dead_letters_with_workers(caps
     assert len(set(map(str, results.values()))) == 1 and results[tuple(argvs[0])][1] == 2997
     dead = [sorted((tmp_path / f"dead{n}.jsonl").read_text().splitlines()) for n in (1, 2)]
     assert dead[0] == dead[1] and len(dead[0]) == 3
+
+
+def test_close_closes_the_results_pipes_while_the_collector_is_busy(monkeypatch, tmp_path):
+    """``Workers.close`` with the collector thread still writing matches past its wait (an output that blocks): the
+    process holds no more file descriptors than before the workers started; the collector then ends."""
+    import threading
+
+    import yfpp.workers.pool
+
+    monkeypatch.setattr(yfpp.workers.pool, "_POLL", 0.05)
+    entered, release = threading.Event(), threading.Event()
+
+    class Blocking(Lines):
+        def write_encoded(self, lines: bytes, count: int) -> None:
+            entered.set()
+            release.wait(30)
+
+    path = tmp_path / "feed.jsonl"
+    plain_file(path, 3000)
+    fds = lambda: len(os.listdir("/proc/self/fd"))  # noqa: E731
+    before = fds()
+    from yfpp.language.query_text import parse_query
+
+    query = parse_query("PATTERN SEQ(a x, b y) WHERE [k] WITHIN 30", "sase", "s")
+    workers = Workers([("q", query)], 2, Blocking(), DeadLetters(),
+                      source=(str(path), "jsonl", reading_options()))
+    try:
+        assert entered.wait(30)
+        workers.close()
+        deadline = time.monotonic() + 10
+        while fds() > before and time.monotonic() < deadline:  # (the queues' threads close theirs as they end)
+            time.sleep(0.01)
+        assert fds() == before and workers._collector.is_alive()
+    finally:
+        release.set()
+    workers._collector.join(10)
+    assert not workers._collector.is_alive()

@@ -53,12 +53,13 @@ class Inbox:
             if not self._buffers:
                 raise EOFError("every sender closed its end of the inbox")
             for fd, _ in self._poll.poll():
-                self.read(fd)
+                if fd in self._buffers:  # (not a pipe closed meanwhile: close())
+                    self.read(fd)
         return pickle.loads(self._ready.popleft())
 
     def read(self, fd: int) -> None:
         """What the pipe ``fd`` holds read into the local queue (without waiting)."""
-        got = [self._buffers[fd]]
+        got = [self._buffers.get(fd, b"")]
         ended = False
         while True:
             try:
@@ -84,11 +85,14 @@ class Inbox:
                 self._parts.setdefault(sender, []).append(part.tobytes())
         if ended:
             self._poll.unregister(fd)
-            del self._buffers[fd]
-        else:
+            self._buffers.pop(fd, None)
+        elif fd in self._buffers:
             self._buffers[fd] = data[at:]
 
     def close(self) -> None:
+        """Every pipe closed, and the messages not taken dropped, even while a thread reads them: its next
+        :meth:`get` finds no message and no pipe (``EOFError``)."""
+        self._buffers, self._ready = {}, deque()
         for conn in self._conns:
             conn.close()
 

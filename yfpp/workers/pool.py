@@ -439,12 +439,12 @@ class Workers:
                 p.terminate()
         for p in self._procs:
             p.join()
+            p.close()  # (its sentinel's file descriptors)
         for q in self._inboxes:
             q.cancel_join_thread()
             q.close()
         self._collector.join(_POLL)  # (it reads the end of the results pipe, every worker gone)
-        if not self._collector.is_alive():
-            self._results.close()
+        self._results.close()  # (a collector still busy, writing matches, finds it closed when it reads again)
 
 
 class Sequencer(Engine):
