@@ -128,6 +128,11 @@ class Parts:
         with open(path, "rb") as f:
             self.blocks = list(line_blocks(f, BLOCK) if self.xml else LineBlocks(f, self.opts.max_record_bytes,
                                                                                   self.dead, BLOCK))
+        # (where each worker scans every block itself with the compiled line scan; a checkout before it: never)
+        spec_of = getattr(reading, "compiled_spec", None)
+        with open(path, "rb") as f:
+            self.spec = None if self.xml or spec_of is None else spec_of(self.opts, self.groups, f.read(4096),
+                                                                          path.stat().st_size)
 
     def loaded(self) -> Any:
         """An engine with the workload's queries."""
@@ -153,17 +158,22 @@ class Parts:
         return out
 
     def scanner(self) -> Any:
-        """The scan of a block (JSON lines or XML)."""
+        """The scan of a block (JSON lines or XML; the compiled line scan where the workers make it)."""
         from yfpp.workers.reading import scan
         from yfpp.workers.xml_reading import Scanner
 
+        if self.spec is not None:
+            from yfpp.workers.reading import compiled_scan
+
+            return lambda body: compiled_scan(body, self.spec, self.opts, self.keys, self.n)
         return Scanner(self.opts, self.keys, self.n) if self.xml else lambda body: scan(body, self.opts, self.keys, self.n)
 
     def scans(self, me: int) -> list[Any]:
-        """The scans of worker ``me``'s chunks (chunk ``c`` by worker ``c % n``)."""
+        """The scans of worker ``me``'s chunks (chunk ``c`` by worker ``c % n``; with the compiled line scan, every
+        block's by each worker)."""
         scan, chunk = self.scanner(), self.chunk
         return [scan(body) for c in range(0, len(self.blocks), chunk)
-                if c // chunk % self.n == me for body in self.blocks[c:c + chunk]]
+                if self.spec is not None or c // chunk % self.n == me for body in self.blocks[c:c + chunk]]
 
     def share(self) -> Any:
         """Worker 0's :class:`~yfpp.workers.reading.Share`, the peers' scans of their chunks in its inbox."""
@@ -179,13 +189,14 @@ class Parts:
         chunk = self.chunk
         chunks = (len(blocks) + chunk - 1) // chunk
         for c in range(chunks):
-            if c % n:
+            if c % n and self.spec is None:  # (with the compiled line scan, the peers send nothing but their ends)
                 inboxes[0].put((c % n, c, [sent(scan(body)) for body in blocks[c * chunk:(c + 1) * chunk]]))
         size = sum(map(len, blocks))  # (the bytes each peer read, which a checkout since one read of the file checks)
         for w in range(1, n):
             inboxes[0].put((w, (chunks, size) if hasattr(Relay, "same_file") else chunks, None))
-        return (XmlShare if self.xml else Share)(str(self.path), opts, self.groups, 0, n, SLICE_EVENTS, self.dead, Sequencer(dead_letters=self.dead),
-                     {}, inboxes)
+        spec = {"spec": self.spec} if self.spec is not None else {}
+        return (XmlShare if self.xml else Share)(str(self.path), opts, self.groups, 0, n, SLICE_EVENTS, self.dead,
+                                                 Sequencer(dead_letters=self.dead), {}, inboxes, **spec)
 
 
 def path_costs(path: Path, workload: str, n: int = 2) -> dict[str, float]:
@@ -236,7 +247,7 @@ def run_part(path: Path, workload: str, part: str) -> None:
     ``share`` those and worker 0 reading its share (its events dropped as they come, as its matching drops them);
     ``read`` one reader over the whole feed."""
     parts = Parts(path, workload)
-    if part == "peers":
+    if part == "peers" and parts.spec is None:  # (with the compiled line scan, worker 1 scans nothing for worker 0)
         parts.scans(1)
     elif part == "share":
         for _ in parts.share().blocks():
@@ -359,7 +370,9 @@ def main() -> int:
                 wall, cpu, _ = timed([sys.executable, "-m", "yfpp", "run", "-q", query(workload), "-i", str(path),
                                       "--workers", str(n), "-o", str(out), "--progress", "never",
                                       "--stats-json", str(stats)])
-                workers = json.loads(stats.read_text()).get("worker_cpu_s", [])
+                figures = json.loads(stats.read_text())
+                workers = figures.get("worker_cpu_s", [])
+                reading = f"; {figures['workers_reading']}" if n > 1 and "workers_reading" in figures else ""
                 path_cpu = cpu - sum(workers) + max(workers, default=0.0)
                 found = Counter(out.read_text().splitlines())
                 if n == 1:  # (speed-ups: against the N = 1 run just before)
@@ -369,7 +382,7 @@ def main() -> int:
                 speedups.setdefault(n, []).append(base_wall / wall)
                 print(f"{workload:<9} {n:>3} {wall:>7.2f} {args.events / wall:>10,.0f} {base_wall / wall:>7.2f}x "
                       f"{cpu:>7.2f} {cpu / args.events * 1e6:>9.1f} {path_cpu:>10.2f} {base_cpu / path_cpu:>9.2f}x  "
-                      f"{sum(found.values()):,} ({same})", flush=True)
+                      f"{sum(found.values()):,} ({same}{reading})", flush=True)
             for n, ratios in speedups.items():
                 if n > 1:
                     print(f"{workload:<9} events per wall second N={n} / N=1: median {statistics.median(ratios):.2f}x "

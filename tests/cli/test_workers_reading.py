@@ -20,10 +20,12 @@ import sys
 import time
 from collections import Counter
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import yfpp.workers.compiled
 import yfpp.workers.reading
 from tests.cli.test_workers import Lines
 from tests.generators import events_within_reach, patterns, streams
@@ -35,7 +37,11 @@ from yfpp.input.jsonl_reader import LineBlocks, parse_block
 from yfpp.input.jsonl_scan import key_values, scan_block
 from yfpp.input.readers import read_event_batches, reading_options
 from yfpp.workers.pool import Sequencer, Workers
-from yfpp.workers.reading import Relay, Scan, Share, chunk_blocks, even_length, scan, workers_of
+from yfpp.spark import line_scan
+from yfpp.spark.line_scan import LineSpec
+from yfpp.spark.plan import value_hash
+from yfpp.workers.reading import (Relay, Scan, Share, chunk_blocks, compiled_scan, compiled_spec, even_length, scan,
+                                  workers_of)
 
 
 class Letters(DeadLetters):
@@ -146,22 +152,24 @@ def test_a_plain_block_is_parsed_once_by_its_scanner():
 
 
 @st.composite
-def plain_feeds(draw, max_events: int = 40) -> str:
-    """JSON lines mostly of the plain shape, keyed by ``k`` (an integer) and ``s`` (a string), among them plain
-    lines that are no plain event (no or an empty type, a number as type, a null value, a null key, a boolean or a
-    numeric string as ts), keys written as floats or booleans, nested and broken lines, blank lines and times going
-    back (late events)."""
+def plain_feeds(draw, max_events: int = 40, plain: int = 16) -> str:
+    """JSON lines mostly of the plain shape (``plain`` in ``plain + 16`` lines), keyed by ``k`` (an integer, some
+    negative, -1 among them, whose hash is -2, and one of 18 digits) and ``s`` (a string), among them plain lines
+    that are no plain event (no or an empty type, a number as type, a null value, a null key, a boolean or a
+    numeric string as ts), keys written as floats or booleans or missing, nested and broken lines, blank lines and
+    times going back (late events)."""
     lines, ts = [], 0
     for _ in range(draw(st.integers(0, max_events))):
         ts += draw(st.sampled_from([0, 0, 1, 2]))
-        rec = {"type": draw(st.sampled_from("abc")), "ts": ts, "k": draw(st.integers(0, 3)),
+        rec = {"type": draw(st.sampled_from("abc")), "ts": ts, "k": draw(st.sampled_from([-2, -1, 0, 1, 2, 3, 10**17 + 1])),
                "s": draw(st.sampled_from(["p", "q", "r"])), "x": draw(st.integers(0, 3))}
-        style = draw(st.sampled_from([0] * 16 + list(range(1, 15))))
+        style = draw(st.sampled_from([0] * plain + list(range(1, 17))))
         odd = [rec, {**rec, "ts": max(ts - 3, 0)}, {**rec, "x": None}, {**rec, "type": ""},
                {k: v for k, v in rec.items() if k != "type"}, {**rec, "type": 5}, {**rec, "n": {"m": 1}},
                {**rec, "ts": ts + 0.5}, {**rec, "k": None}, {**rec, "k": float(rec["k"])},
-               {**rec, "k": rec["k"] % 2 == 1, "s": None}, {**rec, "ts": ts % 2 == 1}, {**rec, "ts": str(ts)}][style] \
-            if style < 13 else None
+               {**rec, "k": rec["k"] % 2 == 1, "s": None}, {**rec, "ts": ts % 2 == 1}, {**rec, "ts": str(ts)},
+               {k: v for k, v in rec.items() if k != "k"}, {k: v for k, v in rec.items() if k != "s"}][style] \
+            if style < 15 else None
         lines.append(json.dumps(odd) if odd is not None else draw(st.sampled_from(["{broken", ""])))
     return "".join(line + "\n" for line in lines)
 
@@ -192,6 +200,99 @@ def test_workers_over_plain_blocks_are_one_engine(plain_blocks, tmp_path, texts,
     assert with_workers(queries, str(path), n) == one_engine(queries, str(path))
 
 
+@pytest.fixture(params=["compiled line scan", "scans relayed"])
+def keyed_reading(request, monkeypatch):
+    """Keyed workers each scanning every block with the compiled line scan (whatever the file's first lines), or
+    relaying the scans (as without numba); blocks of a few lines (inherited by the forked workers)."""
+    if request.param == "compiled line scan" and not line_scan.available():
+        pytest.skip("numba is not installed")
+    monkeypatch.setattr(yfpp.workers.reading, "COMPILED", request.param == "compiled line scan")
+    monkeypatch.setattr(yfpp.workers.compiled, "HEAD_LINES", 0)
+    monkeypatch.setattr(yfpp.workers.reading, "COMPILED_MIN_BYTES", 0)
+    monkeypatch.setattr(yfpp.workers.reading, "BLOCK", 331)
+    monkeypatch.setattr(yfpp.workers.reading, "KEYED_CHUNK", 1)
+    return request.param
+
+
+KEYED_QUERIES = {"k": (PLAIN_QUERIES[0], PLAIN_QUERIES[2]),
+                 "s": (PLAIN_QUERIES[1], "PATTERN SEQ(a x, b+ y[]) WHERE [s] AND x.x < y[i].x WITHIN 3")}
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(st.sampled_from("ks"), st.data(), plain_feeds(max_events=60, plain=100), st.sampled_from([2, 3]))
+def test_keyed_workers_are_one_engine_with_the_compiled_scan_and_without(keyed_reading, tmp_path, key, data, text, n):
+    """Every group keyed by one attribute (an integer or a string), the lines mostly plain (blocks the compiled scan
+    takes whole, routed by value_hash) with others among them (blocks scanned the slow way or parsed whole by every
+    worker, routed by the same hash): late events, malformed lines, a key missing or null or a float on some lines
+    — one engine's matches, dead letters and count."""
+    from yfpp.language.query_text import parse_query
+
+    path = tmp_path / "feed.jsonl"
+    path.write_text(text)
+    texts = data.draw(st.sets(st.sampled_from(KEYED_QUERIES[key]), min_size=1))
+    queries = [(f"q{i}", parse_query(q, "sase", "s")) for i, q in enumerate(sorted(texts))]
+    assert with_workers(queries, str(path), n, reading=keyed_reading) == one_engine(queries, str(path))
+
+
+@settings(max_examples=100, deadline=None)
+@given(plain_feeds(max_events=30, plain=100), st.sampled_from([2, 3, 300]))
+def test_the_compiled_scan_agrees_with_the_slow_scan(text, n):
+    """Where the compiled scan takes a block whole: the slow scan's ts, last event and each line's worker by
+    value_hash; where it does not, the slow scan itself."""
+    if not line_scan.available():
+        pytest.skip("numba is not installed")
+    body, opts = text.encode(), reading_options()
+    if not body:
+        return
+    got = compiled_scan(body, LineSpec.of(opts, "k"), opts, ["k"], n)
+    slow = scan(body, opts, ["k"], n, value_hash)
+    if type(got.ts) is np.ndarray:  # (taken whole: every line a plain event, in ts order)
+        assert slow.ts is not None and list(got.ts) == list(slow.ts) and got.last == slow.last
+        assert list(got.owners[0]) == list(slow.owners[0]) and got.lines == slow.lines == len(body.splitlines())
+    else:
+        assert got == slow
+
+
+def test_the_compiled_scan_takes_lines_up_to_the_readers_cap():
+    """A block with a line of ``max_record_bytes`` is taken whole; one byte more, the line is the reader's dead letter
+    (``too large``), and the block is left to the slow scan."""
+    if not line_scan.available():
+        pytest.skip("numba is not installed")
+    import dataclasses
+
+    line = json.dumps({"type": "a", "ts": 1, "k": 2, "pad": "x" * 40}).encode()
+    body = b'{"type": "b", "ts": 0, "k": 1}\n' + line + b"\n"
+    for cap, whole in ((len(line), True), (len(line) - 1, False)):
+        opts = dataclasses.replace(reading_options(), max_record_bytes=cap)
+        got = compiled_scan(body, LineSpec.of(opts, "k"), opts, ["k"], 2)
+        assert (type(got.ts) is np.ndarray) == whole and (got.ts is not None and list(got.ts) == [0.0, 1.0])
+
+
+def test_the_compiled_scan_is_chosen_where_the_head_is_plain_and_numba_is_there(monkeypatch, tmp_path):
+    """Every group keyed by one attribute over a large file of plain lines: the compiled line scan, its kernel loaded
+    before the workers start (none of them loads it); a line that is not plain among the first, two key attributes,
+    a smaller file, numba missing or the switch off: the scans relayed."""
+    if not line_scan.available():
+        pytest.skip("numba is not installed")
+    from yfpp.workers.compiled_kernels import owned_lines
+
+    path = tmp_path / "feed.jsonl"
+    plain_file(path, 100)
+    opts, head, large = reading_options(), path.read_bytes()[:4096], yfpp.workers.reading.COMPILED_MIN_BYTES
+    assert compiled_spec(opts, keyed_groups(), head, large) is not None and owned_lines.signatures
+    assert compiled_spec(opts, keyed_groups(), head, large - 1) is None
+    assert compiled_spec(opts, keyed_groups(), b'{"type": "a", "ts": 0, "k": 1.5}\n' + head, large) is None
+    two = keyed_groups() + keyed_groups("PATTERN SEQ(a x, b y) WHERE [x] WITHIN 3")
+    assert compiled_spec(opts, two, head, large) is None
+    assert compiled_spec(opts, keyed_groups("PATTERN SEQ(a x, b y) WITHIN 3"), head, large) is None
+    monkeypatch.setattr(line_scan, "available", lambda: False)
+    assert compiled_spec(opts, keyed_groups(), head, large) is None
+    monkeypatch.undo()
+    monkeypatch.setattr(yfpp.workers.reading, "COMPILED", False)
+    assert compiled_spec(opts, keyed_groups(), head, large) is None
+
+
 def test_equal_key_values_go_to_one_worker():
     assert len({*workers_of([1, 1.0, True], 7)}) == 1 and len({*workers_of([0, 0.0, False], 7)}) == 1
 
@@ -218,12 +319,14 @@ def one_engine(queries: list, path: str, fmt: str = "jsonl") -> tuple[Counter, C
     return Counter(json.dumps(m, sort_keys=True) for m in out), dead.items, count
 
 
-def with_workers(queries: list, path: str, n: int, fmt: str = "jsonl") -> tuple[Counter, Counter, int]:
+def with_workers(queries: list, path: str, n: int, fmt: str = "jsonl",
+                 reading: str | None = None) -> tuple[Counter, Counter, int]:
+    """The workers' matches, dead letters and count of events (``reading``: how they must read the file)."""
     dead = Letters()
     out = Lines()
     workers = Workers(queries, n, out, dead, slice_events=3, source=(path, fmt, reading_options()))
     try:
-        assert workers.source is not None
+        assert workers.source is not None and workers.reading == (reading or workers.reading)
         workers.flush()
     finally:
         workers.close()

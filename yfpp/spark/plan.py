@@ -28,6 +28,7 @@ import json
 import math
 import pickle
 import uuid
+import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Iterator, Mapping, Sequence
@@ -168,6 +169,18 @@ def group_queries(queries: Sequence[Query], *, streaming: bool = False, full_eve
         groups.append(Group((q,), spark_key(p) if not is_strict(p) else (), p.window))
     check_feedback(groups, streaming=streaming, runner=runner or SPARK)
     return [replace(g, full_events=full_events, feedback_limits=feedback_limits, iso_times=iso_times) for g in groups]
+
+
+def value_hash(v: Any) -> int:
+    """A hash of one key value that every process computes alike (no salted ``str`` hash) and that
+    values Python finds equal share: numbers by Python's numeric hash (``7``, ``7.0``, ``True``/``1``
+    alike), text by CRC-32, anything else by its repr's. A job's tasks and the workers of
+    ``yfpp run --workers N`` over plain JSON lines (:mod:`yfpp.workers.compiled`) route keys by it, as the
+    compiled line scan hashes them (:mod:`yfpp.spark.line_scan`)."""
+    t = type(v)
+    if t is int or t is bool or (t is float and v == v):  # NaN's hash is its identity
+        return hash(v)
+    return zlib.crc32((v if t is str else repr(v)).encode("utf-8", "surrogatepass"))
 
 
 def hashable_keys(groups: Sequence[Group]) -> list[tuple[str, ...]]:

@@ -38,7 +38,6 @@ import json
 import operator
 import pickle
 import time
-import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -64,7 +63,7 @@ from yfpp.spark.line_scan import (LineReader, LineSpec, Scanned, blob_low, chunk
                                   plain_run, scan_range)
 from yfpp.spark.parse import reader_kwargs
 from yfpp.spark.plan import (SLICE_WINDOWS, Group, Slicing, XmlEvent, effective_queries, group_queries, match_row,
-                             needs_xml, rare_collections)
+                             needs_xml, rare_collections, value_hash)
 from yfpp.spark.ranges import (MIN_RANGE_BYTES, ByteRange, Summary, plan_ranges, range_bytes, range_offsets, read_range,
                                renumber, unpack_summaries)
 
@@ -360,16 +359,6 @@ class _Share:
 
     def finish(self, out: list[tuple]) -> None:
         raise NotImplementedError
-
-
-def value_hash(v: Any) -> int:
-    """A hash of one key value that every process computes alike (no salted ``str`` hash) and that
-    values Python finds equal share: numbers by Python's numeric hash (``7``, ``7.0``, ``True``/``1``
-    alike), text by CRC-32, anything else by its repr's."""
-    t = type(v)
-    if t is int or t is bool or (t is float and v == v):  # NaN's hash is its identity
-        return hash(v)
-    return zlib.crc32((v if t is str else repr(v)).encode("utf-8", "surrogatepass"))
 
 
 def key_tasks(events: list[Event], key: tuple[str, ...], n: int) -> list[int | None]:

@@ -32,7 +32,8 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from functools import partial
+from typing import Any, Callable, Sequence
 
 from lxml import etree
 
@@ -47,8 +48,8 @@ from yfpp.output.writer import LineEncoder
 from yfpp.input.record_fields import ReaderOptions
 from yfpp.spark.plan import Group, Runner, Slicing, XmlEvent, group_queries, needs_xml
 from yfpp.workers.pipes import Inbox, Outbox
-from yfpp.workers.reading import (KeptDeadLetters, Share, common_reads, file_format, file_head, last_ts, plan_slices,
-                                  reads_itself)
+from yfpp.workers.reading import (KeptDeadLetters, Share, common_reads, compiled_spec, file_format, file_head, last_ts,
+                                  plan_slices, reads_itself)
 from yfpp.workers.xml_reading import XmlShare, last_xml_ts, reads_xml_itself
 
 WORKERS = Runner("with --workers", "run with --workers 1")
@@ -139,7 +140,13 @@ class Workers:
         head = file_head(source[0]) if source is not None else None  # (None: not a regular, uncompressed file)
         share = None if source is None or head is None else Share if reads_itself(*source, self.groups, head) else \
             XmlShare if reads_xml_itself(*source, self.groups, head) else None
+        spec = compiled_spec(source[2], self.groups, head, os.path.getsize(source[0])) if share is Share else None
+        if spec is not None:
+            share = partial(Share, spec=spec)
         self.source = source if share is not None else None
+        #: how the workers read the input: each scans every block itself (``compiled line scan``), one scans each
+        #: block for the others (``scans relayed``), or the parent reads it and sends them the events (``parent``)
+        self.reading = "parent" if share is None else "scans relayed" if spec is None else "compiled line scan"
         #: the ts of the last event of a file the parent reads, where its last lines tell (the slices planned to it)
         self._last = _last_event_ts(*source, head) if head is not None and share is None and self._open else None
         self.events = 0  #: the events the workers read (when they read the input)
@@ -430,6 +437,7 @@ class Workers:
             "event_sets": total.get("event_sets", {}),
             "workers": self.n,
             "worker_cpu_s": sorted(self._cpu, reverse=True),
+            "workers_reading": self.reading,
         }
 
     def close(self) -> None:
@@ -627,7 +635,7 @@ def _work(index: int, inbox: Any, sending: tuple[Any, LineEncoder], groups: list
         results.put((index, "error", f"{type(e).__name__}: {e}"))
 
 
-def _read_work(index: int, pipes: tuple[Any, list[Any]], source: tuple[str, ReaderOptions, type[Share]],
+def _read_work(index: int, pipes: tuple[Any, list[Any]], source: tuple[str, ReaderOptions, Callable[..., Share]],
                sending: tuple[Any, LineEncoder], groups: list[Group], engine_opts: dict[str, Any],
                slice_events: int) -> None:
     """A worker that reads the input itself (``source``: the file, its reader options and the

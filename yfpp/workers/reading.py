@@ -21,6 +21,14 @@ end by parsing back from its last line. A block that is not scanned (a line of a
 go back is parsed whole by every worker and put through one engine's reorder buffer (the
 :class:`~yfpp.workers.pool.Sequencer` given), whose late events and dead letters worker 0 reports; its events
 are routed by their parsed values (:func:`workers_of`), as scanned lines are.
+
+Where every group is keyed by the same one attribute and the file's first lines are plain JSON lines
+(:func:`compiled_spec`, numba installed), nothing is relayed: each worker scans every block itself, just
+before it matches it, with the compiled line scan (:mod:`yfpp.workers.compiled`: each line's ts and the worker
+its key hashes to, no parse), and parses only its own lines of it; a block that scan does not take whole is
+scanned by each worker with :func:`scan`. The run then routes every key by :func:`~yfpp.spark.plan.value_hash`
+(the kernel's hash), in every block, scanned or parsed; otherwise by Python's ``hash``. Either way the
+workers tell each other at the end how many bytes they read.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ from bisect import bisect_left, bisect_right
 from array import array
 from itertools import compress, islice, repeat
 from operator import eq, itemgetter, mod
-from typing import Any, BinaryIO, Callable, Hashable, Iterable, Iterator, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Hashable, Iterable, Iterator, NamedTuple, Sequence
 
 from yfpp.engine import Engine
 from yfpp.errors import YfppError
@@ -42,12 +50,19 @@ from yfpp.input.jsonl_scan import parsed_scan, scan_block
 from yfpp.input.readers import format_of
 from yfpp.input.record_fields import ISO_8601, ReaderOptions
 from yfpp.output.vocabulary import Vocabulary
-from yfpp.spark.plan import Group, Slicing
+from yfpp.spark.plan import Group, Slicing, value_hash
+
+if TYPE_CHECKING:
+    from yfpp.spark.line_scan import LineSpec
 
 BLOCK = 1 << 14  #: bytes read at a time (as the reader: larger batches of events match slower)
 CHUNK = 16  #: blocks a worker scans for all (chunk ``c`` of the file by worker ``c % n``), unless every group is keyed
 KEYED_CHUNK = 2  #: blocks a chunk when every group is keyed (:func:`chunk_blocks`)
 AHEAD = 2  #: rounds of chunks a worker scans ahead of the block it matches (so none waits on a busy peer)
+COMPILED = True  #: whether keyed plans over plain JSON lines use the compiled line scan where numba is installed
+#: the smallest file the compiled line scan reads: loading numba costs the parent, before it forks the workers, about
+#: as much CPU as the scan saves a worker over a million plain lines (benchmarks/RESULTS.md, "Workers")
+COMPILED_MIN_BYTES = 128 << 20
 Routed = dict[tuple[int, int], list[Event]]  #: a block's events per (group, slice) of this worker
 Owners = bytes | array  #: each line's worker (:func:`owner_array`)
 
@@ -64,6 +79,21 @@ def reads_itself(path: str, fmt: str | None, opts: ReaderOptions, groups: list[G
     fields = {opts.ts_field, opts.type_field or "type", "seq"}
     return fmt == "jsonl" and all(len(g.key) == 1 and "." not in g.key[0] and g.key[0] not in fields
                                   for g in groups if g.key)
+
+
+def compiled_spec(opts: ReaderOptions, groups: list[Group], head: bytes, size: int) -> LineSpec | None:
+    """What the compiled line scan looks for where the workers reading a file (:func:`reads_itself`; ``head``: its
+    first bytes, ``size``: its length) each scan every block themselves with it (:mod:`yfpp.workers.compiled`): every
+    group keyed by the same one attribute, numba installed (:data:`COMPILED`), a file of at least
+    :data:`COMPILED_MIN_BYTES` whose first lines are plain; else None (the scans relayed).
+    Decided once, before the workers start (the kernel loaded here, so that none of them loads it), as the routing
+    hash of the whole run (:func:`~yfpp.spark.plan.value_hash` where compiled, else Python's)."""
+    keys = {g.key for g in groups}
+    if not COMPILED or len(keys) != 1 or () in keys or size < COMPILED_MIN_BYTES:
+        return None
+    from yfpp.workers.compiled import plain_head_spec  # (numpy and numba: imported only where they may serve)
+
+    return plain_head_spec(head, opts, next(iter(keys))[0])
 
 
 def file_head(path: str) -> bytes | None:
@@ -156,17 +186,19 @@ class Scan(NamedTuple):
     lines: int = 0
 
 
-def scan(body: bytes, opts: ReaderOptions, keys: Sequence[str], n: int) -> Scan:
-    """The :class:`Scan` of a block of complete lines, for ``n`` workers: for keyed groups, the block parsed
-    once where it has the plain shape (its records kept, :func:`~yfpp.input.jsonl_scan.parsed_scan`), else
-    found by regular expressions (:func:`~yfpp.input.jsonl_scan.scan_block`)."""
+def scan(body: bytes, opts: ReaderOptions, keys: Sequence[str], n: int,
+         route: Callable[[Any], int] = hash) -> Scan:
+    """The :class:`Scan` of a block of complete lines, for ``n`` workers (``route``: the run's routing hash,
+    :func:`workers_of`): for keyed groups, the block parsed once where it has the plain shape (its records kept,
+    :func:`~yfpp.input.jsonl_scan.parsed_scan`), else found by regular expressions
+    (:func:`~yfpp.input.jsonl_scan.scan_block`)."""
     parsed = parsed_scan(body, opts) if keys else None
     if parsed is not None:
         ts, records = parsed
         if not _ordered(ts):
             return Scan(len(body), None, [], None)
         try:  # (any value of a flat object hashes as the engine compares it: 1, 1.0 and true alike)
-            owners = [workers_of(map(itemgetter(name), records), n) for name in keys]
+            owners = [workers_of(map(itemgetter(name), records), n, route) for name in keys]
         except KeyError:  # (a line naming a key as a value only: the regular expressions decide)
             owners = None
         if owners is not None:
@@ -178,8 +210,23 @@ def scan(body: bytes, opts: ReaderOptions, keys: Sequence[str], n: int) -> Scan:
     ts, values = found
     # (flat: one `{` a line, the first byte of each; only keyed groups look at it)
     flat = bool(keys) and body[:1] == b"{" and body.count(b"\n{") == len(ts) - 1 and body.count(b"{") == len(ts)
-    return Scan(len(body), array("d", ts), [workers_of(vs, n) for vs in values], _last_event(body, len(ts), opts),
+    return Scan(len(body), array("d", ts), [workers_of(vs, n, route) for vs in values], _last_event(body, len(ts), opts),
                 flat, lines=len(ts))
+
+
+def compiled_scan(body: bytes, spec: LineSpec, opts: ReaderOptions, keys: Sequence[str], n: int) -> Scan:
+    """The :class:`Scan` of a block of complete lines for ``n`` workers, where every group is keyed by ``keys[0]``
+    (:func:`compiled_spec`): where every line is plain, none over the reader's ``max_record_bytes`` and the ts never go
+    back, each line's ts and worker from the compiled scan (:func:`yfpp.workers.compiled.owned`; the lines left
+    unparsed, each a plain event: the block's last line its last event); else :func:`scan`'s, routed by
+    :func:`~yfpp.spark.plan.value_hash` as well."""
+    from yfpp.workers.compiled import owned  # (numpy and numba, loaded before the workers started: compiled_spec)
+
+    taken = owned(body, spec, n, opts.max_record_bytes)
+    if taken is None:
+        return scan(body, opts, keys, n, value_hash)
+    ts, owners = taken
+    return Scan(len(body), ts, [owners], (float(ts[-1]), len(ts) - 1), True, True, None, len(ts))
 
 
 def _last_event(body: bytes, lines: int, opts: ReaderOptions,
@@ -198,10 +245,11 @@ def _last_event(body: bytes, lines: int, opts: ReaderOptions,
     return None
 
 
-def workers_of(values: Iterable[Hashable], n: int) -> Owners:
-    """Each key value's worker of ``n``: its hash modulo ``n`` (in C: no Python step per value). Values equal in
+def workers_of(values: Iterable[Hashable], n: int, route: Callable[[Any], int] = hash) -> Owners:
+    """Each key value's worker of ``n``: its hash (``route``: Python's, in C with no Python step per value, or
+    :func:`~yfpp.spark.plan.value_hash` where the compiled line scan routes the run) modulo ``n``. Values equal in
     Python (``1``, ``1.0``, ``True``) hash alike, so one key goes to one worker however it is written."""
-    return owner_array(map(mod, map(hash, values), repeat(n)), n)
+    return owner_array(map(mod, map(route, values), repeat(n)), n)
 
 
 def owner_array(owners: Iterable[int], n: int) -> Owners:
@@ -228,12 +276,15 @@ class Relay:
     ``c % n``) are scanned as they are read, each chunk's scans sent to the others' ``inboxes``; the others' chunks'
     scans come from its inbox
     (``inboxes[me]``). At the end of the file each worker tells the others how many chunks and bytes it read, so
-    none waits for a chunk its scanner never read, and all read the same bytes (:meth:`same_file`)."""
+    none waits for a chunk its scanner never read, and all read the same bytes (:meth:`same_file`). ``alone``: each
+    worker scans every chunk itself as it comes to it (the compiled line scan, :mod:`yfpp.workers.compiled`), and
+    sends the others nothing but its end."""
 
     def __init__(self, blocks: Iterator[bytes], scanner: Callable[[bytes], Scan], me: int, n: int,
                  inboxes: Sequence[Any], marks: Callable[[], list] = list, chunk: int | None = None,
-                 every_ts: bool = True):
+                 every_ts: bool = True, alone: bool = False):
         self.blocks, self.scanner, self.me, self.n, self.inboxes = blocks, scanner, me, n, inboxes
+        self.alone = alone  # each worker scans every block itself, just before it is matched: only the ends are sent
         self.marks, self.chunk_size = marks, CHUNK if chunk is None else chunk
         self.every_ts = every_ts  # the peers look at every line's ts (a time slice), not just the first
         self.read = 0  # the chunks read
@@ -261,7 +312,7 @@ class Relay:
     def chunk(self, c: int) -> list[Scan]:
         """The scans of chunk ``c``'s blocks (fewer, or none, at the end of the file)."""
         me, n = self.me, self.n
-        while self.read <= c + AHEAD * n and not self.ended:
+        while self.read <= c + (0 if self.alone else AHEAD * n) and not self.ended:
             got = [(body, self.marks()) for body in islice(self.blocks, self.chunk_size)]
             self.ended = not got
             if self.ended:
@@ -270,10 +321,10 @@ class Relay:
                 continue
             self.bodies[self.read] = got
             self.size += sum(len(body) for body, _ in got)
-            if self.read % n == me:
+            if self.alone or self.read % n == me:
                 self._send(self.read, [self.scanner(body) for body, _ in got])
             self.read += 1
-        if c % n != me:
+        if c % n != me and not self.alone:
             while c not in self.kept and self.ends.get(c % n, (c + 1,))[0] > c:
                 self._receive()
         return self.kept.pop(c, [])
@@ -304,6 +355,8 @@ class Relay:
         """Chunk ``c``'s scans kept, and sent to the others (None: the end of the file, before chunk ``c``)."""
         if scans is not None:
             self.kept[c] = scans
+            if self.alone:
+                return
             scans = [self.sent(sc, self.every_ts) for sc in scans]
         for w, inbox in enumerate(self.inboxes):
             if w != self.me:
@@ -327,12 +380,15 @@ class Share:
     letters are ``dead`` in worker 0 and a quiet sink in the others; ``slicings``: filled at the first block
     (the dict the worker's matching reads); ``inboxes``: per worker, where the scans sent to it go — this worker's own
     :class:`~yfpp.workers.pipes.Inbox` at its index, an :class:`~yfpp.workers.pipes.Outbox` to each other one (put and
-    get, as queues; :class:`Relay`; none for one worker)."""
+    get, as queues; :class:`Relay`; none for one worker); ``spec``: where each worker scans every block itself with
+    the compiled line scan (:func:`compiled_spec`; None: the scans relayed)."""
 
     def __init__(self, path: str, opts: ReaderOptions, groups: list[Group], index: int, n: int, slice_events: int,
                  dead: DeadLetters, sequencer: Engine, slicings: dict[int, Slicing | None],
-                 inboxes: Sequence[Any] = ()):
+                 inboxes: Sequence[Any] = (), spec: LineSpec | None = None):
         self.path, self.opts, self.groups, self.me, self.n = path, opts, groups, index, n
+        self.spec = spec
+        self.route: Callable[[Any], int] = hash if spec is None else value_hash  #: the routing hash of the whole run
         self.inboxes = inboxes
         self.slice_events = slice_events
         self.dead = dead
@@ -376,9 +432,14 @@ class Share:
     def _relay(self, f: BinaryIO) -> Relay:
         """The :class:`Relay` over the blocks of the open file ``f``: its marks the lines over the size cap."""
         caught = KeptDeadLetters()
-        return Relay(iter(LineBlocks(f, self.opts.max_record_bytes, caught, BLOCK)),
-                     lambda body: scan(body, self.opts, self.keys, self.n), self.me, self.n, self.inboxes, caught.take,
-                     chunk_blocks(self.groups), any(g.sliced for g in self.groups))
+        opts, keys, n = self.opts, self.keys, self.n
+        if self.spec is not None:
+            spec = self.spec
+            scanner: Callable[[bytes], Scan] = lambda body: compiled_scan(body, spec, opts, keys, n)
+        else:
+            scanner = lambda body: scan(body, opts, keys, n)
+        return Relay(iter(LineBlocks(f, opts.max_record_bytes, caught, BLOCK)), scanner, self.me, n, self.inboxes,
+                     caught.take, chunk_blocks(self.groups), any(g.sliced for g in self.groups), self.spec is not None)
 
     def _last_ts(self, f: BinaryIO) -> float | None:
         """The ts of the open file's last event, where its last lines tell (:func:`last_ts`; only sliced groups ask)."""
@@ -557,12 +618,12 @@ class Share:
     def _parsed(self, events: list[Event]) -> Routed:
         """This worker's share of events released in stream order (every worker has them all)."""
         routed: Routed = {}
-        me, n = self.me, self.n
+        me, n, route = self.me, self.n, self.route
         placed: set[int] = set()
         for g, grp in enumerate(self.groups):
             if grp.key:
                 a = grp.key[0]
-                chosen = [ev for ev in events if (v := ev.get(a)) is not MISSING and hash(v) % n == me]
+                chosen = [ev for ev in events if (v := ev.get(a)) is not MISSING and route(v) % n == me]
             else:
                 chosen = events if self.slicings.get(g) is not None or g % n == me else []  # (sliced, or whole)
             self._place(routed, g, chosen, placed)

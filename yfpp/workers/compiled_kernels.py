@@ -1,0 +1,41 @@
+"""The compiled kernel of :mod:`yfpp.workers.compiled` (numba; imported only where numba is installed).
+
+It reads each line with :mod:`yfpp.spark.line_kernels`' test of a plain line, in one call a block (the
+per-call costs of a scan that several numpy passes make, a tenth of a µs a line at 16 KiB blocks, left out).
+Compiled on its first call in a process, or loaded from numba's cache (``cache=True``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+from yfpp.spark.line_kernels import _CRC, _line
+
+_NEWLINE = 10
+
+
+@njit(cache=True)
+def owned_lines(b: Any, type_key: Any, ts_key: Any, key: Any, mul: int, div: int, n: int, cap: int,
+                owners: Any, ts: Any) -> int:
+    """The lines of ``b`` (complete lines, the last ``\\n``-terminated): each one's ts and worker of ``n`` (its key's
+    hash modulo ``n``) into ``ts`` and ``owners`` (as long as the lines), and their count; -1 at the first line that
+    is not plain, over ``cap`` bytes, or whose ts is below the line's before."""
+    hashes = np.zeros(1, np.int64)
+    one = np.zeros(1, np.float64)
+    start = 0
+    li = 0
+    for i in range(len(b)):
+        if b[i] != _NEWLINE:
+            continue
+        if i - start > cap or not _line(b, start, i, type_key, ts_key, key, mul, div, _CRC, one, hashes, 0):
+            return -1
+        if li and one[0] < ts[li - 1]:
+            return -1
+        ts[li] = one[0]
+        owners[li] = hashes[0] % n
+        li += 1
+        start = i + 1
+    return li
