@@ -10,8 +10,9 @@ Two workloads, each a JSON-lines feed (``--xml``: an XML one, one event element 
 
 Each command (``python -m yfpp run -q … -i FEED --workers N -o OUT``) runs as a subprocess; its
 wall time is the subprocess's, its CPU the whole process tree's (the command and its workers). The
-workers read the feed themselves (a JSON-lines file: yfpp/workers/reading.py; XML:
-yfpp/workers/xml_reading.py). ``path CPU s`` is the
+workers read the feed themselves (a JSON-lines file: yfpp/workers/reading.py — each worker scanning every
+block with the compiled line scan where the plan and the file allow, yfpp/workers/compiled.py, else the scans
+relayed; each N = 2 row names the path its run took; XML: yfpp/workers/xml_reading.py). ``path CPU s`` is the
 CPU of the longest path — the parent's (its start, the matches it writes) plus the busiest worker's
 (``worker_cpu_s`` of ``--stats-json``) — and ``free cores`` the speed-up over N = 1 it allows where each
 process has a core of its own: what the wall time says on a quiet machine, read on a busy one. The
