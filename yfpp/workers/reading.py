@@ -22,13 +22,13 @@ go back is parsed whole by every worker and put through one engine's reorder buf
 :class:`~yfpp.workers.pool.Sequencer` given), whose late events and dead letters worker 0 reports; its events
 are routed by their parsed values (:func:`workers_of`), as scanned lines are.
 
-Where every group is keyed by the same one attribute and the file's first lines are plain JSON lines
-(:func:`compiled_spec`, numba installed), nothing is relayed: each worker scans every block itself, just
-before it matches it, with the compiled line scan (:mod:`yfpp.workers.compiled`: each line's ts and the worker
-its key hashes to, no parse), and parses only its own lines of it; a block that scan does not take whole is
-scanned by each worker with :func:`scan`. The run then routes every key by :func:`~yfpp.spark.plan.value_hash`
-(the kernel's hash), in every block, scanned or parsed; otherwise by Python's ``hash``. Either way the
-workers tell each other at the end how many bytes they read.
+Where every group is keyed by the same one attribute and the file is large (:data:`COMPILED_MIN_BYTES`) and
+begins with plain JSON lines (:func:`compiled_spec`, numba installed), nothing is relayed: each worker scans
+every block itself, just before it matches it, with the compiled line scan (:mod:`yfpp.workers.compiled`: each
+line's ts and the worker its key hashes to, no parse), and parses only its own lines of it; a block that scan
+does not take whole is scanned by each worker with :func:`scan`. The run then routes every key by
+:func:`~yfpp.spark.plan.value_hash` (the kernel's hash), in every block, scanned or parsed; otherwise by
+Python's ``hash``. Either way the workers tell each other at the end how many bytes they read.
 """
 
 from __future__ import annotations
