@@ -154,8 +154,11 @@ def test_a_receiver_started_again_drops_what_lies_past_the_published_end(tmp_pat
     with open(live_spool.segment_path(folder, *segs[-1]), "ab") as f:
         f.write(lines(6, 1) + b'{"type": "cut')  # appended, not published
     Path(live_spool.segment_path(folder, end.pos + 500, 99)).write_bytes(lines(7, 3))  # a segment never published
+    marks = read_published(folder).marks
+    live_spool.write_atomically(str(Path(folder) / live_spool.MARKS),
+                                json.dumps([*map(list, marks), [end.pos + 7, 7]]))  # a mark its end never passed
     again = Spool(folder, segment_bytes=100)
-    assert again.end == end and live_spool.segments(folder) == segs
+    assert again.end == end and live_spool.segments(folder) == segs and read_published(folder).marks == marks
     again.append(lines(6, 1), 1, 0)
     assert spooled(folder, 0, again.size) == lines(0, 7)
     again.close()
@@ -164,7 +167,7 @@ def test_a_receiver_started_again_drops_what_lies_past_the_published_end(tmp_pat
 def test_a_spool_made_by_a_driver_receiver_is_refused(tmp_path):
     folder = tmp_path / "spool"
     folder.mkdir()
-    Path(live_spool.segment_path(str(folder), 0, 0)).write_bytes(lines(0, 2))  # segments, no published.json
+    Path(live_spool.segment_path(str(folder), 0, 0)).write_bytes(lines(0, 2))  # segments, nothing published
     with pytest.raises(InputError, match="received live sources on the driver; start this stream with a fresh"):
         Spool(str(folder))
 
@@ -335,3 +338,20 @@ def test_chunks_planned_from_published_marks_are_the_range_cut_at_line_ends(appe
             assert feed[b.pos - 1:b.pos] == b"\n" and feed[:b.pos].count(b"\n") == b.records
             assert b.pos - a.pos <= chunk_bytes or not any(a.pos < mk.pos < b.pos for mk in marks)
         assert spooled(folder, ends[i].pos, ends[j].pos) == feed[ends[i].pos:ends[j].pos]
+
+
+def test_the_published_end_is_the_valid_slot_with_the_higher_number(tmp_path):
+    """Two slots written in turn: a slot cut by a crash (its CRC wrong) leaves the other, the one before it."""
+    folder = str(tmp_path / "spool")
+    spool = Spool(folder)
+    spool.append(lines(0, 1), 1, 0)
+    before = read_published(folder).end
+    spool.append(lines(1, 1), 1, 0)
+    assert read_published(folder).end == Mark(len(lines(0, 2)), 2)
+    number, _ = live_spool.read_end(folder)
+    path = Path(folder) / live_spool.PUBLISHED
+    raw = bytearray(path.read_bytes())
+    raw[number % 2 * live_spool.SLOT.size + 9] ^= 0xFF  # the newer slot's position, torn
+    path.write_bytes(bytes(raw))
+    assert read_published(folder).end == before
+    spool.close()

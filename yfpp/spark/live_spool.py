@@ -5,10 +5,15 @@ executors share, and the files through which the receiver and the planning half 
   lines; MQTT messages as frames); a position is a byte offset in the whole. Only the receiver writes them,
   appending to the newest; the planning half deletes the segments wholly before what Spark committed
   (:func:`trim`, never the newest) and the executors read byte ranges (:func:`spooled`).
-* ``published.json`` (:class:`Published`): the durable end — ``pos``, ``records`` — and the record-aligned
-  **marks** (``[pos, records]``, about :data:`MARK_BYTES` apart) the planner cuts a micro-batch's chunks at
-  without reading the bytes. The receiver rewrites it (write, fsync, rename) after every append is fsynced:
-  nothing past it is ever planned, and a receiver started again truncates what lies past it.
+* ``published`` and ``marks.json`` (:class:`Published`, :func:`read_published`): the durable **end** — a
+  byte position and the records before it — and the record-aligned **marks** (``[pos, records]``, about
+  :data:`MARK_BYTES` apart) the planner cuts a micro-batch's chunks at without reading the bytes. After
+  every append is fsynced the receiver publishes the end: a record of two slots written in turn (a
+  publication number, the end, a CRC; written in place and fsynced — far cheaper than a new file and a
+  rename, which matters at one publication per MQTT message); the reader takes the valid slot with the
+  higher number. ``marks.json`` is rewritten (write, fsync, rename) only when a mark is added, before the end
+  that passes it. Nothing past the end is ever planned, and a receiver started again truncates what lies
+  past it (and drops the marks past it).
 * ``committed.json``: the position Spark committed, written by the planning half at each commit; the
   receiver reads it to keep what Spark has not committed under its cap.
 * ``error``: a receiver's last word when it cannot go on (its first connection failed, or it failed too
@@ -19,7 +24,9 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import threading
+import zlib
 from collections.abc import Iterable, Sequence
 from itertools import pairwise
 from typing import NamedTuple
@@ -29,7 +36,9 @@ from yfpp.errors import InputError
 SEGMENT_BYTES = 64 << 20  #: a spool segment's size before the next is started (option ``segment_bytes``)
 CHUNK_BYTES = 4 << 20  #: a micro-batch's bytes per task (about: chunks end at a record's end)
 MARK_BYTES = 1 << 20  #: the spacing of the published marks a chunk may end at
-PUBLISHED, COMMITTED, ERROR, STOP = "published.json", "committed.json", "error", "stop"
+PUBLISHED, MARKS, COMMITTED, ERROR, STOP = "published", "marks.json", "committed.json", "error", "stop"
+#: A slot of ``published``: the publication's number, the end's position and records, the CRC-32 of the three.
+SLOT = struct.Struct("<QQQI")
 
 
 class Mark(NamedTuple):
@@ -40,7 +49,7 @@ class Mark(NamedTuple):
 
 
 class Published(NamedTuple):
-    """The receiver's durable end (``end``) and the marks between what Spark committed and it."""
+    """The receiver's durable end (``end``) and the marks before it (from about what Spark committed on)."""
 
     end: Mark
     marks: tuple[Mark, ...] = ()
@@ -56,14 +65,35 @@ def write_atomically(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
-def read_published(folder: str) -> Published | None:
-    """What the receiver of the spool in ``folder`` published last; None before it first did."""
+def read_end(folder: str) -> tuple[int, Mark] | None:
+    """The number and the end of the last publication of the spool in ``folder``; None before the first."""
     try:
-        with open(os.path.join(folder, PUBLISHED)) as f:
-            data = json.load(f)
+        with open(os.path.join(folder, PUBLISHED), "rb") as f:
+            data = f.read(2 * SLOT.size)
     except FileNotFoundError:
         return None
-    return Published(Mark(data["pos"], data["records"]), tuple(Mark(*m) for m in data["marks"]))
+    slots = [SLOT.unpack_from(data, at) for at in range(0, len(data) - SLOT.size + 1, SLOT.size)]
+    valid = [(n, Mark(pos, records)) for n, pos, records, crc in slots if crc == _crc(n, pos, records)]
+    return max(valid, default=None)
+
+
+def _crc(*fields: int) -> int:
+    return zlib.crc32(SLOT.pack(*fields, 0)[:-4])
+
+
+def read_marks(folder: str) -> tuple[Mark, ...]:
+    try:
+        with open(os.path.join(folder, MARKS)) as f:
+            return tuple(Mark(*m) for m in json.load(f))
+    except FileNotFoundError:
+        return ()
+
+
+def read_published(folder: str) -> Published | None:
+    """What the receiver of the spool in ``folder`` published last; None before it first did. (The end is read
+    first: the marks, written before any end that passes them, then hold every mark before it.)"""
+    end = read_end(folder)
+    return None if end is None else Published(end[1], read_marks(folder))
 
 
 def read_committed(folder: str) -> int:
@@ -135,13 +165,16 @@ class Spool:
     def __init__(self, folder: str, segment_bytes: int = SEGMENT_BYTES):
         os.makedirs(folder, exist_ok=True)
         self.folder, self.segment_bytes, self.lock = folder, segment_bytes, threading.Lock()
-        published = read_published(folder)
-        if published is None and segments(folder):
+        last = read_end(folder)
+        if last is None and segments(folder):
             raise InputError(f"the spool {folder} has no {PUBLISHED}: it was made by a yfpp that received live "
                              "sources on the driver; start this stream with a fresh checkpoint folder")
-        published = published or Published(Mark(0, 0))
-        self.end, self.marks = published.end, list(published.marks)
+        self.number, self.end = last or (0, Mark(0, 0))
+        self.marks = [m for m in read_marks(folder) if m.pos <= self.end.pos]  # (past it: written, never passed)
+        self.write_marks()
         self.last_mark = self.marks[-1].pos if self.marks else self.end.pos  # (marks are kept this far apart)
+        self.published = os.open(os.path.join(folder, PUBLISHED), os.O_RDWR | os.O_CREAT, 0o644)
+        self.publish()  # (before a first segment exists: a spool with segments has a published end)
         for start, records in segments(folder):
             if start > self.end.pos:
                 os.remove(segment_path(folder, start, records))
@@ -150,7 +183,6 @@ class Spool:
             f.truncate(self.end.pos - start)
         self.segment_start = start
         self.file = open(segment_path(folder, start, records), "ab")  # noqa: SIM115 (appended to until it stops)
-        self.publish(read_committed(folder))
 
     @property
     def size(self) -> int:
@@ -158,7 +190,7 @@ class Spool:
 
     def append(self, data: bytes, records: int, committed: int, inner: Iterable[Mark] = ()) -> None:
         """Append ``data`` (``records`` whole records; ``inner``: record boundaries inside it, relative to its
-        start), make it durable, then publish it with its marks (those after ``committed`` kept)."""
+        start), make it durable, then publish it — and its marks, if it adds one (those after ``committed`` kept)."""
         with self.lock:
             if self.end.pos - self.segment_start >= self.segment_bytes:
                 self.file.close()
@@ -169,20 +201,29 @@ class Spool:
             os.fsync(self.file.fileno())
             base = self.end
             self.end = Mark(base.pos + len(data), base.records + records)
+            added = []
             for m in (*(Mark(base.pos + p, base.records + r) for p, r in inner), self.end):
                 if m.pos - self.last_mark >= MARK_BYTES:
-                    self.marks.append(m)
+                    added.append(m)
                     self.last_mark = m.pos
-            self.publish(committed)
+            if added:
+                self.marks = [m for m in self.marks if m.pos > committed] + added
+                self.write_marks()
+            self.publish()
 
-    def publish(self, committed: int) -> None:
-        """Publish the end and the marks after ``committed`` (with the lock held, or before any append)."""
-        self.marks = [m for m in self.marks if m.pos > committed]
-        write_atomically(os.path.join(self.folder, PUBLISHED), json.dumps(
-            {"pos": self.end.pos, "records": self.end.records, "marks": [list(m) for m in self.marks]}))
+    def write_marks(self) -> None:
+        write_atomically(os.path.join(self.folder, MARKS), json.dumps([list(m) for m in self.marks]))
+
+    def publish(self) -> None:
+        """Publish the end: the next slot, written in place and fsynced (with the lock held, or before any append)."""
+        self.number += 1
+        os.pwrite(self.published, SLOT.pack(self.number, *self.end, _crc(self.number, *self.end)),
+                  self.number % 2 * SLOT.size)
+        os.fsync(self.published)
 
     def close(self) -> None:
         self.file.close()
+        os.close(self.published)
 
 
 def whole_lines(data: bytes) -> tuple[int, int]:
