@@ -355,3 +355,63 @@ def test_the_published_end_is_the_valid_slot_with_the_higher_number(tmp_path):
     path.write_bytes(bytes(raw))
     assert read_published(folder).end == before
     spool.close()
+
+
+class FailingContext:
+    """A SparkContext stand-in whose receiver jobs fail ``failures`` times (an executor lost), then run."""
+
+    def __init__(self, failures: int):
+        self.failures, self.jobs, self.groups = failures, 0, []
+
+    def setJobGroup(self, group: str, description: str, interruptOnCancel: bool = False) -> None:
+        self.groups.append(group)
+
+    def parallelize(self, data: list, slices: int) -> FailingContext:
+        return self
+
+    def mapPartitions(self, task) -> FailingContext:
+        self.task = task
+        return self
+
+    def collect(self) -> list:
+        self.jobs += 1
+        if self.jobs <= self.failures:
+            raise RuntimeError(f"Job aborted: executor {self.jobs} lost")
+        return list(self.task(iter([0])))
+
+
+@pytest.mark.parametrize("failures", [2, live_receiver.RESTARTS + 1])
+def test_a_failed_receiver_job_is_submitted_again_a_bounded_number_of_times(tmp_path, monkeypatch, failures):
+    """Where Spark does not retry the task (``spark.task.maxFailures`` 1), the driver thread submits the job
+    again; after RESTARTS more failures the stream fails with one line naming the last."""
+    monkeypatch.setattr(live_receiver, "MAX_BACKOFF", 0.01)
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(TIMEOUT)
+    folder = str(tmp_path / "spool")
+    feed = Feed(f"tcp://127.0.0.1:{server.getsockname()[1]}", folder)
+    context = FailingContext(failures)
+    job = live_receiver.ReceiverJob(SimpleNamespace(sparkContext=context), feed)
+    query = SimpleNamespace(id="q-1", isActive=True)
+    job.start(query)
+    reader = _TcpReader({"url": feed.url, "spool": folder})
+    try:
+        if failures > live_receiver.RESTARTS:
+            job.thread.join(TIMEOUT)
+            assert context.jobs == live_receiver.RESTARTS + 1
+            with pytest.raises(InputError, match=f"^the receiver of {feed.url} failed 11 times; the last: Job aborted: "
+                                                 "executor 11 lost$"):
+                reader.latestOffset()
+            return
+        conn, _ = server.accept()  # the third job's receiver
+        conn.sendall(lines(0, 3))
+        assert wait_records(reader, 3)["records"] == 3 and context.jobs == 3
+        assert live_receiver.receiver_of(query) is job and set(context.groups) == {job.group}
+    finally:
+        query.isActive = False  # the ingest query ended: its watcher stops the receiver
+        job.thread.join(TIMEOUT)
+        server.close()
+    assert not job.thread.is_alive()
+    deadline = time.monotonic() + TIMEOUT
+    while any(n.startswith("stop") for n in os.listdir(folder)):  # its stop file, removed once it ended
+        assert time.monotonic() < deadline
+        time.sleep(0.05)

@@ -276,6 +276,7 @@ class ReceiverJob:
         token = uuid.uuid4().hex
         self.group, self.stop_file = f"yfpp live receiver {token}", os.path.join(feed.folder, f"{STOP}-{token}")
         self.stopping = threading.Event()
+        os.makedirs(feed.folder, exist_ok=True)
         with suppress(FileNotFoundError):
             os.remove(os.path.join(feed.folder, ERROR))  # a former run's
         self.thread = threading.Thread(target=self._run, name="yfpp-live-receiver", daemon=True)

@@ -168,7 +168,6 @@ def start_live(spark: SparkSession, url: str, checkpoint: str, options: dict[str
     if cores < 2:
         raise InputError(f"a live source's receiver holds one executor core for the stream's life, and the "
                          f"stream has {cores}: give it at least 2 (--master local[2], or more executors)")
-    os.makedirs(folder, exist_ok=True)
     feed = Feed.of(url, folder, options)
     receiver = ReceiverJob(spark, feed)
     spark.dataSource.register(LiveSource)
