@@ -1,8 +1,8 @@
 """Live sources of ``yfpp spark --stream`` (``yfpp.spark.live_sources``): ``-i tcp://…`` from a TCP server
 the test starts, ``-i mqtt://…`` from a real Mosquitto broker (tests/mosquitto.py), both on loopback.
 
-The readers alone (no JVM): what they spool, the offsets, a micro-batch read again after a restart, the
-AUTH line, an MQTT persistent session across a restart. Through Spark (the two-worker cluster of
+The receivers and readers alone (no JVM): what the receivers spool and publish, the offsets, a micro-batch
+planned again after a restart, the AUTH line, an MQTT persistent session across a restart, MQTT drops. Through Spark (the two-worker cluster of
 tests/conftest.py): the matches of ``yfpp spark --stream -i tcp://…`` / ``-i mqtt://…`` equal ``yfpp run``'s
 over the same events, also across a restart and a failure after a batch's outputs were written. Every
 wait is bounded; the servers and the broker are stopped by the test (the broker by its PID).
@@ -30,7 +30,9 @@ from tests.spark.test_spark_hot_keys import SHOP, skewed_feed  # noqa: E402
 from yfpp.cli import main  # noqa: E402
 from yfpp.input.generate import generate_rfid  # noqa: E402
 from yfpp.spark.live_parse import frame  # noqa: E402
+from yfpp.spark.live_receiver import Feed, MqttReceiver  # noqa: E402
 from yfpp.spark.live_sources import _MqttReader, _TcpReader  # noqa: E402
+from yfpp.spark.live_spool import Spool  # noqa: E402
 
 TIMEOUT = 30.0
 ACCEPT_TIMEOUT = 600.0  #: the stream's JVM and session may take minutes to start on a loaded machine
@@ -124,15 +126,19 @@ def records(rows: list[dict]) -> list[tuple]:
             for r in sorted((r for r in rows if r["n"] is None), key=lambda r: (r["pos"] is None, r["pos"] or 0))]
 
 
-def test_the_tcp_reader_spools_sends_its_key_and_plans_a_batch_again(tmp_path, monkeypatch):
+def test_the_tcp_receiver_spools_sends_its_key_and_a_batch_is_planned_again(tmp_path, monkeypatch):
+    from tests.spark.test_spark_live_spool import receiving
+
     monkeypatch.setenv("YFPP_FEED_KEY", "k-123")
     producer = Producer([b'{"type": "a", "ts": 1}\n{"type": "b", "ts": 0}\n{"type": "c", "ts"', b': 2}\nnot json\n',
                          b'{"type": "d", "ts": 3}'], pause=0.3)  # a last line without its newline
     options = {"url": f"tcp://127.0.0.1:{producer.port}", "spool": str(tmp_path / "ck" / "live" / "spool")}
+    feed = Feed.of(options["url"], options["spool"], {})  # (made on the driver: the key travels with the task)
     reader = _TcpReader(options)
     start = reader.initialOffset()
-    mid = poll(reader, start, 2)
-    end = poll(reader, start, 5)
+    with receiving(feed):
+        mid = poll(reader, start, 2)
+        end = poll(reader, start, 5)
     assert end == {"pos": 101, "records": 5}
     first, rest = parsed(reader, start, mid), parsed(reader, mid, end)
     # parsed on the executors: a record's index in its chunk, a dead letter's line in the whole feed (its
@@ -143,28 +149,37 @@ def test_the_tcp_reader_spools_sends_its_key_and_plans_a_batch_again(tmp_path, m
     summaries = [r for r in rows if r["n"] is not None]
     assert sum(s["n"] for s in summaries) == 5 and sum(s["dead"] for s in summaries) == 1
     assert producer.first_lines[0] == b"AUTH k-123\n"  # the line a feed connection to yfpp serve sends
-    reader.stop()
     spool = Path(options["spool"])
-    (segment,) = spool.iterdir()
+    (segment,) = [f for f in spool.iterdir() if "-" in f.name]
     with segment.open("ab") as f:
-        f.write(b'{"type": "cut')  # a crash in the middle of a write
+        f.write(b'{"type": "cut')  # a receiver that died in the middle of a write
     again = _TcpReader(options)  # a restarted query: a new reader over the same spool
     assert again.partitions(start, end) == reader.partitions(start, end)  # planned again identically
-    assert again.latestOffset() == end  # connects again: the producer has nothing more
+    with receiving(feed):  # a receiver started again: connects again, the producer has nothing more
+        deadline = time.monotonic() + TIMEOUT
+        while len(producer.first_lines) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert again.latestOffset() == end
     assert segment.stat().st_size == end["pos"]  # the cut tail dropped
-    again.stop()
     producer.close()
 
 
+def mqtt_receiver(url: str, folder: str, **options: str) -> MqttReceiver:
+    """An MQTT receiver on ``folder``, connected and subscribed (its messages spooled on paho's thread)."""
+    receiver = MqttReceiver(Feed.of(url, folder, options), Spool(folder))
+    receiver.connect()
+    return receiver
+
+
 @needs_broker
-def test_the_mqtt_reader_s_persistent_session_keeps_what_came_while_it_was_away(tmp_path):
+def test_the_mqtt_receiver_s_persistent_session_keeps_what_came_while_it_was_away(tmp_path):
     broker = Mosquitto(tmp_path).start()
     try:
         url = f"mqtt://127.0.0.1:{broker.port}/rfid/{{reader}}?qos=1&client_id=spark-1&clean=0"
         options = {"url": url, "spool": str(tmp_path / "spool")}
+        receiver = mqtt_receiver(url, options["spool"])
         reader = _MqttReader(options)
         start = reader.initialOffset()
-        assert reader.latestOffset() == start  # connects and subscribes
         pub = paho.Client(paho.CallbackAPIVersion.VERSION2, protocol=paho.MQTTv311)
         pub.connect("127.0.0.1", broker.port)
         pub.loop_start()
@@ -176,15 +191,18 @@ def test_the_mqtt_reader_s_persistent_session_keeps_what_came_while_it_was_away(
             (0, "a", {"reader": "r1"}), (1, "b", {"reader": "r1"})]
         (dead,) = [r for r in first if r["reason"]]
         assert dead["pos"] is None and dead["position"] == "mqtt rfid/r2 message 2"  # no seq: -1 once staged
-        reader.stop()
+        receiver.close()
+        receiver.spool.close()
         for i in range(3):  # while the stream is away: kept by the broker for the persistent session
             pub.publish("rfid/r3", json.dumps({"type": "c", "ts": 10 + i}).encode(), 1).wait_for_publish(TIMEOUT)
         again = _MqttReader(options)
         assert parsed(again, start, mid) == first  # the spool, planned again
+        receiver = mqtt_receiver(url, options["spool"])
         end = poll(again, mid, 3)
         assert end["records"] == 5
         assert [(r["pos"], r["type"]) for r in parsed(again, mid, end) if r["type"]] == [(0, "c"), (1, "c"), (2, "c")]
-        again.stop()
+        receiver.close()
+        receiver.spool.close()
         pub.loop_stop()
         pub.disconnect()
     finally:
@@ -197,12 +215,12 @@ def test_an_mqtt_source_drops_what_its_full_spool_cannot_hold_reports_it_and_goe
     their count is spooled as one dead letter where they were, and the messages after it are spooled."""
     broker = Mosquitto(tmp_path).start()
     size = len(frame("rfid/r1", json.dumps({"type": "a", "ts": 10}).encode()))
-    reader = _MqttReader({"url": f"mqtt://127.0.0.1:{broker.port}/rfid/{{reader}}?qos=1",
-                          "spool": str(tmp_path / "spool"), "max_spool_bytes": str(3 * size)})
+    url, folder = f"mqtt://127.0.0.1:{broker.port}/rfid/{{reader}}?qos=1", str(tmp_path / "spool")
+    receiver = mqtt_receiver(url, folder, max_spool_bytes=str(3 * size))
+    reader = _MqttReader({"url": url, "spool": folder})
     pub = paho.Client(paho.CallbackAPIVersion.VERSION2, protocol=paho.MQTTv311)
     try:
         start = reader.initialOffset()
-        assert reader.latestOffset() == start  # connects and subscribes
         pub.connect("127.0.0.1", broker.port)
         pub.loop_start()
 
@@ -212,14 +230,14 @@ def test_an_mqtt_source_drops_what_its_full_spool_cannot_hold_reports_it_and_goe
 
         publish(*range(10, 20))
         deadline = time.monotonic() + TIMEOUT
-        while reader.dropped < 7 and time.monotonic() < deadline:
+        while receiver.dropped < 7 and time.monotonic() < deadline:
             time.sleep(0.05)
         full = reader.latestOffset()
-        assert (full["records"], reader.dropped) == (3, 7)  # three fit, the rest dropped and counted
+        assert (full["records"], receiver.dropped) == (3, 7)  # three fit, the rest dropped and counted
         reader.commit(full)  # Spark committed: room again
         publish(20, 21)
         end = poll(reader, start, 6)  # the drop report, then the two new messages
-        assert end["records"] == 6 and reader.dropped == 0
+        assert end["records"] == 6 and receiver.dropped == 0
         rows = [r for r in parsed(reader, start, end) if r["n"] is None]
         assert [(r["ts"], r["reason"], r["position"]) for r in rows] == [
             (10.0, None, None), (11.0, None, None), (12.0, None, None),
@@ -229,7 +247,8 @@ def test_an_mqtt_source_drops_what_its_full_spool_cannot_hold_reports_it_and_goe
     finally:
         pub.loop_stop()
         pub.disconnect()
-        reader.stop()
+        receiver.close()
+        receiver.spool.close()
         broker.stop()
 
 
@@ -394,8 +413,8 @@ def test_a_tcp_stream_is_parsed_on_the_executors_and_is_yfpp_run_across_a_produc
     """The producer (a process) is killed by PID once the first half of the feed is spooled and started again
     on the same port with the second half: the source connects again, and the stream's matches and dead
     letters (late events, malformed lines, with their seq and positions) are ``yfpp run``'s over the whole
-    feed. ``--stats``: the ingest query's stages — reading the spooled chunks and parsing them — ran as
-    tasks on the executors."""
+    feed. ``--stats``: the receiver's job and the ingest query's stages — reading the spooled chunks and
+    parsing them — ran as tasks on the executors."""
     from tests.spark.test_spark_live_spool import start_producer
 
     lines, queries, want = order_feed(tmp_path, 7, capsys)
@@ -431,9 +450,10 @@ def test_a_tcp_stream_is_parsed_on_the_executors_and_is_yfpp_run_across_a_produc
     got = [json.loads(ln) for f in sorted(out.glob("dead_letters.jsonl/batch=*/part-*")) for ln in f.read_text().splitlines()]
     key = lambda d: (d["seq"], d["position"], d["reason"], d["raw"])  # noqa: E731
     assert sorted(map(key, got)) == sorted(map(key, dead))
-    ingest = err[err.index(" ingest:"):err.index(" match:")]
-    rows = [ln.split() for ln in ingest.splitlines() if re.match(r"\s+\d+\s+\d+\s", ln)]
-    assert rows and all("driver" not in r[2].split(",") for r in rows), ingest
+    for name, then in (("receiver", "ingest"), ("ingest", "match")):  # the receiver's job, the ingest query's
+        stages = err[err.index(f" {name}:"):err.index(f" {then}:")]
+        rows = [ln.split() for ln in stages.splitlines() if re.match(r"\s+\d+\s+\d+\s", ln)]
+        assert rows and all("driver" not in r[2].split(",") for r in rows), stages
 
 
 def spooled_records(query) -> int:
@@ -484,11 +504,11 @@ def test_the_stager_numbers_mqtt_events_only_and_gives_their_dead_letters_seq_mi
     import pyarrow as pa
 
     from yfpp.spark.live_parse import frame
-    from yfpp.spark.live_sources import LiveStager, Spool, whole_frames
+    from yfpp.spark.live_sources import LiveStager
     from yfpp.spark.parse import PARSED_SCHEMA
 
     folder = str(tmp_path / "spool")
-    spool = Spool(folder, whole_frames)
+    spool = Spool(folder)
     reader = _MqttReader({"url": "mqtt://127.0.0.1/t", "spool": folder})
     batches = [[b'{"type": "a", "ts": 5}\n{"type": "b", "ts": 6}', b"oops", b'{"type": "c", "ts": 4}'],
                [b'[{"type": "d", "ts": 7}, 1]', b'{"type": "e", "ts": 8}']]
@@ -496,8 +516,8 @@ def test_the_stager_numbers_mqtt_events_only_and_gives_their_dead_letters_seq_mi
     start = reader.initialOffset()
     for batch_id, messages in enumerate(batches):
         for m in messages:
-            spool.append(frame("t", m), 1)
-        end = spool.offset()
+            spool.append(frame("t", m), 1, 0)
+        end = reader.latestOffset()
         table = pa.Table.from_batches([b for c in reader.partitions(start, end) for b in reader.read(c)])
         stager(spark.createDataFrame(table.to_pandas(), PARSED_SCHEMA), batch_id)
         start = end

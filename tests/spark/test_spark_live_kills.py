@@ -1,20 +1,24 @@
-"""A ``yfpp spark --stream -i tcp://…`` job survives its driver killed by PID: what was spooled is read again.
+"""A ``yfpp spark --stream -i tcp://…`` job survives its driver, or the executor running its receiver, killed by PID.
 
 The job runs as a user runs it (``python -m yfpp spark --stream`` in a session of its own, on the
 standalone ``local-cluster`` of :mod:`tests.spark.test_spark_stream_kills`). A producer on loopback sends the
 first half of a feed (late events, malformed lines) to the first connection; once it is all spooled and a
-micro-batch is written, the driver is killed (SIGKILL); the same command started again on the same
-checkpoint connects again and gets the second half. The outputs must be ``yfpp run``'s matches and dead
-letters over the whole feed: none lost, none twice. Every process is stopped by its PID; every wait is bounded.
+micro-batch is written, the driver is killed (SIGKILL), and the same command started again on the same
+checkpoint connects again and gets the second half — or the executor JVM whose Python worker runs the
+receiver is killed (SIGKILL), and the receiver started again on an executor connects again and gets the
+rest from the first byte the spool lacks. The outputs must be ``yfpp run``'s matches and dead letters over
+the whole feed: none lost, none twice. Every process is stopped by its PID; every wait is bounded.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -27,21 +31,25 @@ from tests.spark.test_spark_stream_kills import (  # noqa: E402
     MASTER,
     run_again,
     session_of,
+    session_processes,
     start_driver,
     wait_for,
 )
 from tests.spark.test_spark_stream_order import dead_letters  # noqa: E402
+from yfpp.spark.live_spool import Mark, Published, read_published  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc"), reason="Linux: /proc")
 
 ACCEPT_TIMEOUT = 600.0
+EMPTY = Published(Mark(0, 0))  #: the spool before its receiver first published
 
 
 class Halves:
     """A TCP server on loopback: connection k gets ``parts[k]`` (nothing after the last) and is kept open."""
 
     def __init__(self, parts: list[bytes]):
-        self.parts, self.conns = parts, []
+        self.parts: list[bytes] = parts
+        self.conns: list[socket.socket] = []
         self.server = socket.create_server(("127.0.0.1", 0))
         self.server.settimeout(ACCEPT_TIMEOUT)
         self.port = self.server.getsockname()[1]
@@ -54,9 +62,12 @@ class Halves:
                 conn, _ = self.server.accept()
             except OSError:  # closed
                 return
-            if len(self.conns) < len(self.parts):
-                conn.sendall(self.parts[len(self.conns)])
+            conn.sendall(self.part(len(self.conns)))
             self.conns.append(conn)
+
+    def part(self, k: int) -> bytes:
+        """What connection ``k`` gets."""
+        return self.parts[k] if k < len(self.parts) else b""
 
     def close(self) -> None:
         close_server(self.server)
@@ -90,3 +101,76 @@ def test_a_tcp_stream_survives_its_driver_killed(tmp_path, capsys):
     assert len(producer.conns) >= 2  # the restarted driver connected again
     assert output(out / "matches.jsonl") == expected  # none lost, none twice
     assert dead_letters(out / "dead_letters.jsonl") == dead_letters(tmp_path / "dead.jsonl")
+
+
+class Resender(Halves):
+    """The first connection gets ``first``; each later one the feed ``data`` from the first byte the spool in
+    ``folder`` lacks (its published end: the new receiver has truncated the spool to it before connecting)."""
+
+    def __init__(self, data: bytes, first: int, folder: Path):
+        self.data, self.first, self.folder = data, first, folder
+        super().__init__([])
+
+    def part(self, k: int) -> bytes:
+        if not k:
+            return self.data[:self.first]
+        published = read_published(str(self.folder))
+        return self.data[published.end.pos if published else 0:]
+
+
+def receiver_executor(sid: int, folder: Path) -> int:
+    """The executor JVM whose Python worker holds the spool's lock (the receiver task), by PID."""
+    lock = str(folder / "receiver.lock")
+    for pid in session_processes(sid):
+        try:
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") == lock for fd in os.listdir(f"/proc/{pid}/fd")):
+                break
+        except OSError:
+            continue
+    else:
+        raise AssertionError("no process holds the receiver's lock")
+    while b"CoarseGrainedExecutorBackend" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+        pid = int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])  # its parent
+        assert pid > 1, "the receiver runs in no executor"
+    return pid
+
+
+def test_a_tcp_stream_survives_the_executor_of_its_receiver_killed(tmp_path, capsys):
+    lines, queries, expected = order_feed(tmp_path, 9, capsys)
+    assert expected
+    data = (tmp_path / "all.jsonl").read_bytes()
+    half = len("".join(ln + "\n" for ln in lines[:len(lines) // 2]).encode())
+    out, ck = tmp_path / "out", tmp_path / "ck"
+    spool = ck / "live" / "spool"
+    producer = Resender(data, half, spool)
+    args = ["--stream", "--stats", *queries, "-i", f"tcp://127.0.0.1:{producer.port}", "-o", str(out),
+            "--checkpoint", str(ck), "--idle-stop", "30", "--master", MASTER, *CONF]  # (the receiver's restart fits)
+    err = tmp_path / "stderr.txt"
+    try:
+        with session_of(start_driver(args, err)) as driver:
+            wait_for(driver, err, "batch 0:")
+            deadline = time.monotonic() + 60
+            while (read_published(str(spool)) or EMPTY).end.pos < half:  # the first half, published
+                assert time.monotonic() < deadline, err.read_text()
+                time.sleep(0.1)
+            executor = receiver_executor(driver.pid, spool)
+            os.kill(executor, signal.SIGKILL)
+            deadline = time.monotonic() + 240
+            while read_published(str(spool)).end.pos < len(data):  # the rest, from the receiver started again
+                assert time.monotonic() < deadline and driver.poll() is None, err.read_text()
+                time.sleep(0.1)
+            assert driver.wait(300) == 0, err.read_text()
+            deadline = time.monotonic() + 30
+            while session_processes(driver.pid) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert not session_processes(driver.pid)  # no executor, receiver or Python worker left behind
+    finally:
+        producer.close()
+    assert len(producer.conns) >= 2  # the receiver, started again, connected again
+    assert output(out / "matches.jsonl") == expected  # none lost, none twice
+    assert dead_letters(out / "dead_letters.jsonl") == dead_letters(tmp_path / "dead.jsonl")
+    text = err.read_text()
+    stages = text[text.index(" receiver:"):text.index(" ingest:")]
+    rows = [ln.split() for ln in stages.splitlines() if re.match(r"\s+\d+\s+\d+\s", ln)]
+    executors = {e for r in rows for e in r[2].split(",")}
+    assert len(executors) >= 2 and "driver" not in executors, stages  # ran on an executor, then on another

@@ -562,7 +562,7 @@ def shuffle_rows(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.
 
 def stream(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namespace) -> int:
     from yfpp.spark.costs import tree_cpu_by_kind
-    from yfpp.spark.stream import finish, start_stream
+    from yfpp.spark.stream import finish, start_stream, stop_query
 
     cpu = tree_cpu_by_kind()
     out = qualify(spark, args.output)
@@ -583,14 +583,15 @@ def stream(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namesp
         wait_idle(running, args.idle_stop, interrupted)
     except BaseException:
         for q in running:
-            q.stop()
+            stop_query(q)
         raise
     if interrupted.is_set():  # Ctrl-C: stopped where they were (a restart goes on from the checkpoint)
         for q in running:
-            q.stop()
+            stop_query(q)
         raise KeyboardInterrupt
     finish(running)  # idle: the matching query takes what the ingest query staged last; a failed one raises
     if args.stats:
+        from yfpp.spark.live_receiver import receiver_of
         from yfpp.spark.stream_stats import report
 
         after = tree_cpu_by_kind()
@@ -598,7 +599,11 @@ def stream(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namesp
         progress = running[-1].recentProgress  # the matching query's rows are the records (when it kept every report)
         whole = len(progress) < int(spark.conf.get("spark.sql.streaming.numRecentProgressUpdates"))
         read = sum(p["numInputRows"] for p in progress) if whole else 0
-        print("\n".join(report(spark, list(zip(names, running)), {k: v - cpu.get(k, 0.0) for k, v in after.items()},
+        groups = [(name, str(q.runId)) for name, q in zip(names, running)]
+        receiver = receiver_of(running[0])
+        if receiver is not None:
+            groups.insert(0, ("receiver", receiver.group))
+        print("\n".join(report(spark, groups, {k: v - cpu.get(k, 0.0) for k, v in after.items()},
                                read or None)), file=sys.stderr)
     return 0
 

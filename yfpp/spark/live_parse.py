@@ -39,18 +39,6 @@ def frame(topic: str, payload: bytes) -> bytes:
     return FRAME.pack(len(t), len(payload)) + t + payload
 
 
-def frame_ends(data: bytes) -> list[int]:
-    """The end of each whole frame of ``data``, in order."""
-    ends, pos = [], 0
-    while pos + FRAME.size <= len(data):
-        t, p = FRAME.unpack_from(data, pos)
-        if pos + FRAME.size + t + p > len(data):
-            break
-        pos += FRAME.size + t + p
-        ends.append(pos)
-    return ends
-
-
 def frames(data: bytes) -> Iterator[tuple[str, bytes]]:
     """The ``(topic, payload)`` messages of whole frames."""
     pos = 0

@@ -52,6 +52,7 @@ from yfpp.engine import event_raw
 from yfpp.errors import InputError
 from yfpp.input.record_fields import ISO_UNIT_NAME
 from yfpp.spark import ingest, inputs, live_sources, source
+from yfpp.spark.live_receiver import receiver_of
 from yfpp.spark.batch import MATCH_SCHEMA, key_hash
 from yfpp.spark.plan import Group, advance_key, effective_queries, group_queries, match_row
 from yfpp.spark.shipped import Shipped
@@ -90,7 +91,7 @@ def read_stream(spark: SparkSession, path: str | None = None, *, socket: str | N
     ``ts_field``, ``ts_unit`` (``iso``: ISO-8601 text), ``type_field``: as :func:`yfpp.input.readers.read_events`'s.
     ``hot``: a directory or live stream's hot keys, decided and marked by its stager (:mod:`yfpp.spark.stream_hot`).
     ``max_spool``: a live source's cap on spooled bytes Spark has not committed
-    (:data:`yfpp.spark.live_sources.MAX_SPOOL_BYTES` by default).
+    (:data:`yfpp.spark.live_receiver.MAX_SPOOL_BYTES` by default).
     """
     if path is not None and checkpoint is None:
         raise ValueError("a directory or live stream needs a checkpoint folder")
@@ -172,7 +173,7 @@ def finish(queries: list[StreamingQuery]) -> None:
             q.processAllAvailable()
     except BaseException:
         for q in queries:
-            q.stop()
+            stop_query(q)
         raise
     stop(queries)
 
@@ -183,17 +184,25 @@ _STOPPED = re.compile(r"java\.lang\.InterruptedException|InterruptedIOException|
 
 
 def stop(queries: list[StreamingQuery]) -> None:
-    """Stop every query of ``queries``; raise the error of the first that had failed (the
-    ``StreamingQueryException``), not counting the interruption of a micro-batch by this stop."""
+    """Stop every query of ``queries`` (and a live stream's receiver); raise the error of the first that had
+    failed (the ``StreamingQueryException``), not counting the interruption of a micro-batch by this stop."""
     failed = []
     for q in queries:
         active = q.isActive
-        q.stop()
+        stop_query(q)
         error = q.exception()
         if error is not None and not (active and _STOPPED.search(str(error))):
             failed.append(error)
     if failed:
         raise failed[0]
+
+
+def stop_query(query: StreamingQuery) -> None:
+    """Stop ``query``, and its receiver if it reads a live source (:mod:`yfpp.spark.live_receiver`)."""
+    query.stop()
+    receiver = receiver_of(query)
+    if receiver is not None:
+        receiver.stop()
 
 
 def stream_matches(spark: SparkSession, queries: Any, events: DataFrame, *, policy: str | None = None,

@@ -1,7 +1,7 @@
 """``yfpp spark --stream --stats``: what each streaming query's Spark stages did, and where.
 
 A streaming query runs its micro-batches' jobs in a Spark job group named by
-its run id; each stage of those jobs is listed with its tasks, the executors
+its run id (a live source's receiver, its job in a group of its own: ``receiver:``); each stage of those jobs is listed with its tasks, the executors
 that ran them, its input (bytes and rows read from files), its shuffle
 output, its tasks' run and CPU time, and the longest task's run time against
 the mean (``max/mean``: how evenly the state keys, a hot key's slices among
@@ -20,14 +20,14 @@ from typing import Any, Sequence
 from yfpp.spark.costs import KINDS
 
 
-def stage_rows(spark: Any, run_id: str) -> list[dict]:
-    """The stages of the jobs of the streaming query with run id ``run_id`` (skipped ones left out)."""
+def stage_rows(spark: Any, group: str) -> list[dict]:
+    """The stages of the jobs of job group ``group`` (skipped ones left out)."""
     sc = spark.sparkContext
     sc._jsc.sc().listenerBus().waitUntilEmpty()
     tracker, store = sc.statusTracker(), sc._jsc.sc().statusStore()
     quantiles = sc._gateway.new_array(sc._jvm.double, 0)
     out = []
-    for job in sorted(tracker.getJobIdsForGroup(run_id)):
+    for job in sorted(tracker.getJobIdsForGroup(group)):
         info = tracker.getJobInfo(job)
         for sid in sorted(info.stageIds if info else []):
             attempts = store.stageData(sid, False, None, False, quantiles)
@@ -51,16 +51,16 @@ def _call_site(name: str) -> str:
     return re.sub(r" at (?:\S*/)?([^/\s]+)$", r" at \1", name)
 
 
-def report(spark: Any, queries: Sequence[tuple[str, Any]], cpu: dict[str, float], events: int | None) -> list[str]:
-    """The ``--stats`` lines of a stream: per query (name, :class:`StreamingQuery`) its stages, then the
-    process tree's CPU per kind over the stream (``cpu``: the growth of :func:`tree_cpu_by_kind`),
-    per event when ``events`` (the records read) is known."""
+def report(spark: Any, groups: Sequence[tuple[str, str]], cpu: dict[str, float], events: int | None) -> list[str]:
+    """The ``--stats`` lines of a stream: per job group (name, group id: a streaming query's run id, a live
+    source's receiver's group) its stages, then the process tree's CPU per kind over the stream (``cpu``: the
+    growth of :func:`tree_cpu_by_kind`), per event when ``events`` (the records read) is known."""
     lines = ["stages per streaming query (the micro-batches' jobs):",
              "  stage  tasks  executors         input bytes  input rows  shuffle bytes  task run s  task CPU s"
              "  max/mean run  call site"]
-    for name, query in queries:
+    for name, group in groups:
         lines.append(f" {name}:")
-        for s in stage_rows(spark, str(query.runId)):
+        for s in stage_rows(spark, group):
             lines.append(f"  {s['stage']:>5}  {s['tasks']:>5}  {','.join(s['executors']) or '-':<16} {s['input_bytes']:>12,}"
                          f"  {s['input_rows']:>10,}  {s['shuffle_bytes']:>13,}  {s['run']:>10.2f}  {s['cpu']:>10.2f}"
                          f"  {s['spread']:>12.2f}  {s['name']}")

@@ -1,0 +1,332 @@
+"""The receiver of a live source (:mod:`yfpp.spark.live_sources`): a Spark job of one task that runs on an executor
+for the stream's life, receives the feed and appends it to the spool (:mod:`yfpp.spark.live_spool`).
+
+* **tcp://HOST:PORT** — connects to a producer and reads what it sends, one record per line. When
+  ``$YFPP_FEED_KEY`` is set on the driver it first sends ``AUTH <key>`` and a newline (the line a feed
+  connection to ``yfpp serve`` sends). A connection that closes or drops is connected again, after
+  :data:`BACKOFF` seconds doubling up to :data:`MAX_BACKOFF` while it fails (a last line without its newline
+  is a record); only the first connection's failure is an error. While the spool holds ``max_spool`` bytes
+  Spark has not committed it stops reading (TCP's flow control holds the producer back).
+* **mqtt://…** — subscribes with :class:`yfpp.input.mqtt.Subscriber`; each message is appended (as a frame)
+  and published before paho acknowledges it. While the spool is full a message is dropped and counted; the
+  count is spooled as one drop report (:data:`yfpp.spark.live_parse.DROPPED`) once there is room, ahead of any
+  later message.
+
+:class:`ReceiverJob` submits the task from a driver thread, in a job group of its own, and submits it again
+(at most :data:`RESTARTS` times) when it fails — its executor died: the new receiver opens the spool at its
+published end and connects again. It ends the task by the spool's ``stop`` file when the stream stops (and
+cancels the job group if the task does not end in time): a stop file of its own (``stop-<job>``), so that
+a receiver still ending does not stop the next one. One receiver at a time holds the spool's lock.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import suppress
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from yfpp.errors import YfppError
+from yfpp.input.mqtt import Broker, Subscriber, Topic, parse_url
+from yfpp.spark.inputs import socket_address
+from yfpp.spark.live_parse import DROPPED, frame
+from yfpp.spark.live_spool import (
+    ERROR,
+    MARK_BYTES,
+    SEGMENT_BYTES,
+    STOP,
+    Spool,
+    line_marks,
+    read_committed,
+    whole_lines,
+    write_atomically,
+)
+from yfpp.spark.source import CONNECT_TIMEOUT
+
+log = logging.getLogger(__name__)
+
+FEED_KEY_ENV = "YFPP_FEED_KEY"  #: the feed key a tcp:// source sends as its AUTH line
+BACKOFF, MAX_BACKOFF = 0.2, 5.0  #: seconds before a TCP source connects again, doubling while it fails
+READ_BYTES = 16 << 20  #: a TCP source's bytes appended at once, at most
+FLUSH_SECONDS = 0.2  #: a TCP source appends what it read at least this often
+POLL = 0.1  #: seconds between looks at the ``stop`` file and, while the spool is full, at ``committed.json``
+#: The most a spool holds that Spark has not committed (option ``max_spool_bytes``, ``yfpp spark --max-spool``).
+MAX_SPOOL_BYTES = 1 << 30
+RESTARTS = 10  #: the times a failed receiver is started again in a stream's life before the stream fails
+STOP_WAIT = 30.0  #: seconds the driver waits for a stopped receiver to end before cancelling its job
+
+
+@dataclass(frozen=True)
+class Feed:
+    """What a receiver needs, made on the driver (secrets included: the executors need not have them)."""
+
+    url: str
+    folder: str
+    segment_bytes: int = SEGMENT_BYTES
+    max_spool: int = MAX_SPOOL_BYTES
+    feed_key: str | None = None
+    broker: Broker | None = None
+    topic: Topic | None = None
+
+    @classmethod
+    def of(cls, url: str, folder: str, options: dict[str, str]) -> Feed:
+        sizes = {"segment_bytes": int(options.get("segment_bytes", SEGMENT_BYTES)),
+                 "max_spool": int(options.get("max_spool_bytes", MAX_SPOOL_BYTES))}
+        if url.startswith("tcp://"):
+            return cls(url, folder, feed_key=os.environ.get(FEED_KEY_ENV) or None, **sizes)
+        broker, topic, opts = parse_url(url)
+        return cls(url, folder, broker=broker, topic=Topic(topic, opts.get("format")), **sizes)
+
+
+class _Receiver:
+    """What the two receivers share: the spool, the cap."""
+
+    def __init__(self, feed: Feed, spool: Spool):
+        self.feed, self.spool = feed, spool
+        self.committed = read_committed(feed.folder)
+
+    def room(self, size: int) -> bool:
+        """Does ``size`` more bytes fit under the cap? (``committed.json`` read again when not.)"""
+        if self.spool.size - self.committed + size <= self.feed.max_spool:
+            return True
+        self.committed = read_committed(self.feed.folder)
+        return self.spool.size - self.committed + size <= self.feed.max_spool
+
+    def connect(self) -> None:
+        """The first connection (its failure: YfppError)."""
+        raise NotImplementedError
+
+    def step(self) -> None:
+        """Receive for a moment."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class TcpReceiver(_Receiver):
+    """``tcp://HOST:PORT``: lines from a producer, appended as they come; connected again (bounded backoff)."""
+
+    def __init__(self, feed: Feed, spool: Spool):
+        super().__init__(feed, spool)
+        address = socket_address(feed.url.removeprefix("tcp://").rstrip("/"))
+        if address is None:
+            raise YfppError(f"a TCP source is tcp://HOST:PORT, not {feed.url!r}")
+        self.address = address
+        self.sock: socket.socket | None = None
+        self.connected = False  # once: later failures are retried
+        self.backoff, self.retry_at = BACKOFF, 0.0
+        self.pending = b""
+
+    def connect(self) -> None:
+        host, port = self.address
+        try:
+            self.sock = socket.create_connection(self.address, timeout=CONNECT_TIMEOUT)
+        except OSError as e:
+            if not self.connected:
+                raise YfppError(f"cannot connect to {host}:{port}: {e.strerror or e}") from None
+            self.retry_at = time.monotonic() + self.backoff
+            self.backoff = min(2 * self.backoff, MAX_BACKOFF)
+            return
+        self.connected, self.backoff = True, BACKOFF
+        if self.feed.feed_key:
+            self.sock.sendall(f"AUTH {self.feed.feed_key}\n".encode())
+        self.sock.settimeout(POLL)
+
+    def step(self) -> None:
+        if self.sock is None:
+            if time.monotonic() < self.retry_at:
+                time.sleep(POLL)
+                return
+            self.connect()
+            if self.sock is None:
+                return
+        if not self.room(1):
+            time.sleep(POLL)  # full: the producer waits (TCP's flow control)
+            return
+        room = min(READ_BYTES, self.feed.max_spool - (self.spool.size - self.committed))
+        got, ended = bytearray(), False  # (a bytes += would copy all it holds at each chunk)
+        until = time.monotonic() + FLUSH_SECONDS
+        try:
+            while not ended and len(got) < room and time.monotonic() < until:
+                chunk = self.sock.recv(min(1 << 16, room - len(got)))
+                ended = not chunk
+                got += chunk
+        except TimeoutError:
+            pass
+        except OSError:  # reset: what came before it is kept
+            ended = True
+        data = self.pending + bytes(got)
+        cut, lines = whole_lines(data)
+        if ended:
+            self.sock.close()
+            self.sock, self.retry_at = None, time.monotonic() + self.backoff
+            if cut < len(data):  # the connection's last line, without its newline
+                data, cut, lines = data + b"\n", len(data) + 1, lines + 1
+        self.pending = data[cut:]
+        if cut:
+            self.spool.append(data[:cut], lines, self.committed, line_marks(data[:cut], MARK_BYTES))
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+
+
+class MqttReceiver(_Receiver):
+    """``mqtt://…/TOPIC``: each message appended and published before paho acknowledges it, or dropped and
+    counted while the spool is full."""
+
+    def __init__(self, feed: Feed, spool: Spool):
+        super().__init__(feed, spool)
+        self.subscriber: Subscriber | None = None
+        self.dropped = 0  # messages dropped since the last drop report was spooled
+        self.guard = threading.Lock()  # paho's thread spools messages, the task's loop drop reports
+
+    def connect(self) -> None:
+        broker, topic, take = self.feed.broker, self.feed.topic, self.take
+        assert broker is not None and topic is not None
+
+        class Spooling(Subscriber):
+            def on_message(self, msg: Any) -> None:
+                take(frame(msg.topic, msg.payload))
+
+        self.subscriber = Spooling(broker, [topic], f"mqtt source {broker.address}")
+        self.subscriber.start()
+
+    def take(self, message: bytes | None) -> None:
+        """Spool ``message`` (a frame; None: none, a pending drop report only) if the spool has room, else drop
+        it and count it. The drops since the last report are spooled as one drop report once it fits, before
+        any later message: drops are reported in stream order."""
+        with self.guard:
+            if self.dropped:
+                report = frame(DROPPED, str(self.dropped).encode())
+                if self.room(len(report)):
+                    self.spool.append(report, 1, self.committed)
+                    self.dropped = 0
+            if message is None:
+                return
+            if self.dropped or not self.room(len(message)):
+                if not self.dropped:
+                    log.warning("the MQTT spool is full (max_spool_bytes %d not yet committed): dropping messages "
+                                "until Spark commits a micro-batch", self.feed.max_spool)
+                self.dropped += 1
+            else:
+                self.spool.append(message, 1, self.committed)
+
+    def step(self) -> None:
+        time.sleep(POLL)
+        self.take(None)
+
+    def close(self) -> None:
+        if self.subscriber is not None:
+            self.subscriber.stop()
+
+
+def receive(feed: Feed, stop: str = STOP, _: Iterator[Any] = iter(())) -> Iterator[Any]:
+    """The receiver task: takes the spool's lock, opens the spool at its published end, connects and receives
+    until the file ``stop`` appears in the spool folder (its job's). A first connection that fails is written
+    to the ``error`` file (the planning half raises it) and ends the task. Yields nothing."""
+    os.makedirs(feed.folder, exist_ok=True)
+    stopped = partial(os.path.exists, os.path.join(feed.folder, stop))
+    with open(os.path.join(feed.folder, "receiver.lock"), "a") as lock:
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:  # a receiver that has not ended yet (a duplicate task, a lost executor)
+                if stopped():
+                    return iter(())
+                time.sleep(POLL)
+        try:
+            spool = Spool(feed.folder, feed.segment_bytes)
+        except YfppError as e:
+            write_atomically(os.path.join(feed.folder, ERROR), str(e))
+            return iter(())
+        receiver = (TcpReceiver if feed.url.startswith("tcp://") else MqttReceiver)(feed, spool)
+        try:
+            receiver.connect()
+            while not stopped():
+                receiver.step()
+        except YfppError as e:
+            write_atomically(os.path.join(feed.folder, ERROR), str(e))
+        finally:
+            receiver.close()
+            spool.close()
+    return iter(())
+
+
+#: The receiver of each running live stream, by its ingest query's id.
+RUNNING: dict[str, ReceiverJob] = {}
+
+
+class ReceiverJob:
+    """The receiver task of ``feed``, submitted from a driver thread in job group :attr:`group` (its stages are
+    those ``--stats`` lists as ``receiver:``), again when it fails, until :meth:`stop`."""
+
+    def __init__(self, spark: Any, feed: Feed):
+        self.sc, self.feed = spark.sparkContext, feed
+        token = uuid.uuid4().hex
+        self.group, self.stop_file = f"yfpp live receiver {token}", os.path.join(feed.folder, f"{STOP}-{token}")
+        self.stopping = threading.Event()
+        os.makedirs(feed.folder, exist_ok=True)
+        with suppress(FileNotFoundError):
+            os.remove(os.path.join(feed.folder, ERROR))  # a former run's
+        self.thread = threading.Thread(target=self._run, name="yfpp-live-receiver", daemon=True)
+
+    def start(self, query: Any) -> None:
+        """Start the receiver, and stop it when ``query`` (the ingest query) ends."""
+        RUNNING[str(query.id)] = self
+        self.thread.start()
+        threading.Thread(target=self._watch, args=(query,), name="yfpp-live-watch", daemon=True).start()
+
+    def _run(self) -> None:
+        self.sc.setJobGroup(self.group, f"yfpp: live receiver of {self.feed.url}", interruptOnCancel=True)
+        task, why = partial(receive, self.feed, os.path.basename(self.stop_file)), ""
+        for attempt in range(RESTARTS + 1):
+            if attempt:
+                log.warning("the live receiver of %s failed (%s): started again", self.feed.url, why)
+                time.sleep(min(BACKOFF * 2 ** (attempt - 1), MAX_BACKOFF))
+            try:
+                self.sc.parallelize([0], 1).mapPartitions(task).collect()
+                return  # stopped, or the first connection failed (the error file says it)
+            except Exception as e:  # its executor died, or the task failed
+                if self.stopping.is_set():
+                    return
+                why = str(e).split("\n", 1)[0][:500]
+        write_atomically(os.path.join(self.feed.folder, ERROR),
+                         f"the receiver of {self.feed.url} failed {RESTARTS + 1} times; the last: {why}")
+
+    def _watch(self, query: Any) -> None:
+        try:
+            while not self.stopping.is_set() and query.isActive:
+                time.sleep(0.5)
+        except Exception:  # (the JVM is gone: the process is ending, and the receiver with it)
+            return
+        self.stop()
+
+    def stop(self) -> None:
+        """End the receiver task (its stop file; its job group cancelled if it does not end in time)."""
+        if self.thread.ident is None:  # never started
+            return
+        if not self.stopping.is_set():
+            self.stopping.set()
+            write_atomically(self.stop_file, "")
+        self.thread.join(STOP_WAIT)
+        if self.thread.is_alive():
+            self.sc.cancelJobGroup(self.group)
+            self.thread.join(STOP_WAIT)
+        with suppress(FileNotFoundError):
+            os.remove(self.stop_file)
+
+
+def receiver_of(query: Any) -> ReceiverJob | None:
+    """The receiver of ``query`` if it is a live stream's ingest query (None otherwise)."""
+    return RUNNING.get(str(query.id))
