@@ -6,10 +6,15 @@ one core each, on loopback, under a temp folder), runs ``yfpp spark --master spa
 each ``--events`` size, then starts a second worker and runs the same jobs again; at the end it stops the
 workers and the master by their PIDs. yfpp reaches the executors as ``yfpp spark`` ships it (a zip of its
 packages, docs/spark.md, "Running on a cluster"). With each executor count it first runs a job over an empty
-file: its cluster CPU (executors starting, yfpp shipped and imported) is the fixed cost, taken off per event.
+file: its cluster CPU (executors starting, yfpp shipped and imported) is the fixed cost, taken off per event, and
+its timeline (``--stats``: when the driver JVM was up, the session ready, each executor registered, the check job and
+each Spark job submitted, its first task launched, done; the session stopped) says where its wall time went.
 
-Printed per job: the events, its wall time and events per wall second (the job's own ``elapsed``, from the
-JVM's start to the last write), the driver's CPU (``yfpp spark``'s own count of its process tree: the
+Printed per job: the events; three wall times — the command's (from its start to its exit, measured here), its
+``elapsed`` (``yfpp spark``'s own: from the job's start in the driver — the JVM, the session and the executors'
+check done — to its last write; the listing and planning inside) and Spark's duration of the matching job
+(``--stats``' ``matching job``: its first stage submitted to its last stage completed, as Spark's UI shows a job's
+duration: the cluster's own time for the events) — and the events per second on the last two; the driver's CPU (``yfpp spark``'s own count of its process tree: the
 driver's Python and JVM), and the cluster's CPU — executors, their Python workers, the worker and master
 daemons: the growth of the daemons' own and reaped children's CPU (``/proc``: an executor ends with its
 application and its worker reaps it), plus what this script reaps (it is a child subreaper, so a Python
@@ -28,7 +33,8 @@ executor already keeps more than one core busy and a second adds little. The fir
 prints the ``Cpus_allowed_list`` of the workers' processes seen while it ran. ``--pin`` is refused when this
 process may use fewer CPUs than the executors.
 
-At the end: the throughput (events a wall second) with each executor count against the first's, and (``--local T``,
+At the end: the throughput (events a wall second) with each executor count against the first's, on each basis —
+the command, the job's ``elapsed``, Spark's matching job, and ``elapsed`` beyond the empty job's — and (``--local T``,
 default 2) ``yfpp spark --master local[T] --stats`` over an empty file and each feed, as ``spark_cost_model.py
 --spark`` runs it — the Python workers' CPU per event beyond the empty job's against ``yfpp run``'s.
 
@@ -190,35 +196,67 @@ class AffinityWatch:
             f"worker {k} ({names(found)})" for k, found in self.seen.items())
 
 
+def job_figures(err: str) -> dict[str, float]:
+    """From a ``yfpp spark --stats`` run's stderr: its ``events``, ``elapsed`` (wall s from the job's start in the
+    driver to its last write), ``spark`` (Spark's duration of the matching step: its first stage submitted to its
+    last stage completed; NaN when not printed), ``driver`` (the process tree's CPU s) and ``tasks`` (the
+    matching tasks' own CPU s); a :class:`ValueError` naming what is missing."""
+    found = {k: re.search(p, err, re.MULTILINE) for k, p in (("events", r"^events\s+([\d,]+)"), ("elapsed", r"^elapsed\s+([\d.]+) s"),
+                                                ("driver", r"process CPU s, the whole run\s+([\d.]+)"))}
+    lacking = [k for k, m in found.items() if m is None]
+    if lacking:
+        raise ValueError(f"no {', '.join(lacking)} line(s) in:\n{err[-2000:]}")
+    spark = re.search(r"^matching job\s+([\d.]+) s", err, re.MULTILINE)
+    return {"events": int(found["events"][1].replace(",", "")), "elapsed": float(found["elapsed"][1]),  # type: ignore[index]
+            "spark": float(spark[1]) if spark else float("nan"), "driver": float(found["driver"][1]),  # type: ignore[index]
+            "tasks": sum(float(t) for t in re.findall(r"^  task \d+ .* ([\d.]+) s$", err, re.MULTILINE))}
+
+
+def timeline_lines(err: str) -> list[str]:
+    """The ``timeline`` block of a ``yfpp spark --stats`` run's stderr, and its stop line (when it stopped)."""
+    block = re.search(r"^timeline \(s since the process started\):\n((?:  .*\n)+)", err, re.MULTILINE)
+    stop = re.search(r"^stop session.*stopped ([\d.]+) s after the process started", err, re.MULTILINE)
+    return (block[1].splitlines() if block else []) + (
+        [f"  {float(stop[1]):8.2f}  session stopped"] if stop else [])
+
+
 def job(cluster: Cluster, path: Path, out: Path, partitions: int, executor_memory: str,
-        show_cpus: bool = False) -> dict[str, float]:
-    """One ``yfpp spark`` job on the cluster: its events, wall time, driver CPU and the cluster's CPU; with
-    ``show_cpus``, printed first: the CPUs the workers' processes were allowed while it ran."""
+        show_cpus: bool = False, show_timeline: bool = False) -> dict[str, float]:
+    """One ``yfpp spark`` job on the cluster: :func:`job_figures`, ``command`` (the command's wall s, its start to
+    its exit) and the cluster's CPU; with ``show_cpus``, printed first: the CPUs the workers' processes were
+    allowed while it ran; with ``show_timeline``, its timeline (:func:`timeline_lines`)."""
     before = cluster_cpu(cluster)
     with AffinityWatch(cluster) as watch:
+        started = time.perf_counter()
         _, err = child_cpu([sys.executable, "-m", "yfpp", "spark", "-q", str(QUERIES), "-i", str(path), "-o",
                             str(out), "--master", cluster.url, "--plan", "scan", "--partitions", str(partitions),
                             "--stats", "--mode", "overwrite", "--conf", "spark.executor.cores=1",
                             "--conf", f"spark.executor.memory={executor_memory}"])
+        command = time.perf_counter() - started
     if show_cpus:
         print(watch.line(), flush=True)
+    if show_timeline:
+        print("\n".join(["  the empty job's timeline, s since its process started:"]
+                        + [f"  {ln}" for ln in timeline_lines(err)]), flush=True)
     time.sleep(3)  # the executors end with the application: reaped by their workers by now
     after = cluster_cpu(cluster)
     (out.parent / f"job-{len(cluster.procs) - 1}-{path.stem}.log").write_text(err)
-    found = {k: re.search(p, err, re.MULTILINE) for k, p in (("events", r"^events\s+([\d,]+)"), ("elapsed", r"^elapsed\s+([\d.]+) s"),
-                                                ("driver", r"process CPU s, the whole run\s+([\d.]+)"))}
-    if not all(found.values()):
-        sys.exit(f"no events / elapsed / whole-run lines in:\n{err[-2000:]}")
-    driver = float(found["driver"][1])  # type: ignore[index]
-    tasks = sum(float(t) for t in re.findall(r"^  task \d+ .* ([\d.]+) s$", err, re.MULTILINE))
+    try:
+        figures = job_figures(err)
+    except ValueError as e:
+        sys.exit(str(e))
     total = after - before  # (the driver included: it is a child of this script)
-    return {"events": int(found["events"][1].replace(",", "")), "elapsed": float(found["elapsed"][1]),  # type: ignore[index]
-            "driver": driver, "cluster": total - driver, "tasks": tasks}
+    return {**figures, "command": command, "cluster": total - figures["driver"]}
+
+
+BASES = {"command": "the command (start to exit)", "elapsed": "the job's elapsed",
+         "spark": "Spark's matching job", "beyond": "elapsed beyond the empty job's"}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--events", type=int, nargs="+", default=[1_000_000, 5_000_000])
+    ap.add_argument("--events", type=int, nargs="*", default=[1_000_000, 5_000_000],
+                    help="feed sizes; none: the empty jobs alone (the fixed part)")
     ap.add_argument("--executors", type=int, nargs="+", default=[1, 2], help="executor counts, ascending")
     ap.add_argument("--partitions", type=int, default=4, help="the scan plan's tasks (byte ranges), every job")
     ap.add_argument("--executor-memory", default="768m")
@@ -245,32 +283,36 @@ def main() -> None:
     runs = {n: (run_cpu(feed(n, 8, 1), tmp / "run.jsonl") - base) / n * 1e6 for n in args.events}
     print(f"yfpp run, CPU-µs per event (less its start-up): "
           f"{', '.join(f'{n:,} events {us:.2f}' for n, us in runs.items())}")
-    print(f"{'executors':>9} {'events':>10} {'wall s':>7} {'events/s':>9} {'driver CPU s':>12} {'cluster CPU s':>13} "
+    print(f"{'executors':>9} {'events':>10} {'command s':>9} {'elapsed s':>9} {'Spark job s':>11} "
+          f"{'events/s elapsed':>16} {'events/s Spark job':>18} {'driver CPU s':>12} {'cluster CPU s':>13} "
           f"{'cluster µs/ev beyond empty':>26} {'× run':>6} {'matching tasks µs/ev':>20} {'× run':>6}")
     cluster = Cluster(tmp, worker_memory="1200m", pins=pins)
-    rate: dict[tuple[int, int], float] = {}  # (executors, events) → events a wall second
+    wall: dict[tuple[int, int], dict[str, float]] = {}  # (executors, events) → wall s on each basis (BASES)
     try:
         workers = 0
         for executors in args.executors:
             while workers < executors:
                 cluster.add_worker()
                 workers += 1
-            fixed = job(cluster, empty, tmp / "out", args.partitions, args.executor_memory)
-            print(f"{executors:>9} {0:>10} {fixed['elapsed']:>7.1f} {'':>9} {fixed['driver']:>12.1f} "
-                  f"{fixed['cluster']:>13.1f}", flush=True)
+            fixed = job(cluster, empty, tmp / "out", args.partitions, args.executor_memory, show_timeline=True)
+            print(f"{executors:>9} {0:>10} {fixed['command']:>9.1f} {fixed['elapsed']:>9.1f} {fixed['spark']:>11.1f} "
+                  f"{'':>16} {'':>18} {fixed['driver']:>12.1f} {fixed['cluster']:>13.1f}", flush=True)
             for i, n in enumerate(args.events):
                 r = job(cluster, feed(n, 8, 1), tmp / "out", args.partitions, args.executor_memory, show_cpus=i == 0)
-                rate[executors, n] = r["events"] / r["elapsed"]
+                wall[executors, n] = {"command": r["command"], "elapsed": r["elapsed"], "spark": r["spark"],
+                                      "beyond": r["elapsed"] - fixed["elapsed"]}
                 per = (r["cluster"] - fixed["cluster"]) / r["events"] * 1e6
-                print(f"{executors:>9} {r['events']:>10,} {r['elapsed']:>7.1f} {r['events'] / r['elapsed']:>9,.0f} "
+                print(f"{executors:>9} {r['events']:>10,} {r['command']:>9.1f} {r['elapsed']:>9.1f} {r['spark']:>11.1f} "
+                      f"{r['events'] / r['elapsed']:>16,.0f} {r['events'] / r['spark']:>18,.0f} "
                       f"{r['driver']:>12.1f} {r['cluster']:>13.1f} {per:>26.2f} {per / runs[n]:>6.2f} "
                       f"{r['tasks'] / r['events'] * 1e6:>20.2f} {r['tasks'] / r['events'] * 1e6 / runs[n]:>6.2f}", flush=True)
     finally:
         cluster.stop()
     one = args.executors[0]
     for executors in args.executors[1:]:
-        print(f"throughput, {executors} executors against {one}: "
-              f"{', '.join(f'{n:,} events {rate[executors, n] / rate[one, n]:.2f}x' for n in args.events)}")
+        for n in args.events:
+            print(f"throughput, {n:,} events, {executors} executors against {one}: " + ", ".join(
+                f"{what} {wall[one, n][basis] / wall[executors, n][basis]:.2f}x" for basis, what in BASES.items()))
     if args.local:
         with_spark(args.events, args.local, tmp, base)
 

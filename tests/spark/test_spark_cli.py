@@ -268,3 +268,12 @@ def test_a_job_started_from_another_thread_borrows_the_process_session_and_leave
     assert codes == [0]
     assert output(tmp_path / "out" / "matches.jsonl") == engine_lines(tmp_path / "feed.jsonl")
     assert spark.range(3).count() == 3  # the session still runs
+
+
+def test_a_session_of_its_own_starts_without_the_web_ui_unless_spark_submit_set_it_up(monkeypatch):
+    from yfpp.spark.cli import own_session_settings
+
+    monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
+    assert own_session_settings() == {"spark.log.level": "OFF", "spark.ui.enabled": "false"}
+    monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "41234")  # (spark-submit's JVM: its settings are the user's)
+    assert own_session_settings() == {"spark.log.level": "OFF"}

@@ -139,6 +139,13 @@ def test_stats_counts_the_cpu_of_the_whole_process_tree_workers_that_exited_too(
     cpu = [float(x) for line in steps.splitlines() if line.startswith("  ") and not line.startswith("      ")
            for x in line.split()[-3:] if line.split()[-1].replace(".", "").replace("-", "").isdigit()]
     assert cpu and min(cpu) >= -0.05, steps
+    # the timeline: the driver's milestones in order, and the matching step's Spark duration within the job's elapsed
+    marks = [ln.split(None, 1) for ln in text.split("timeline (s since the process started):\n")[1].splitlines()
+             if ln.startswith("  ") and "  job  " not in ln and ln.split()[0].count(".") == 1]
+    at = {name: float(t) for t, name in marks}
+    assert at["driver JVM up (its gateway answers)"] < at["session ready"] < at["outputs written"], marks
+    matching = float(text.split("\nmatching job ")[1].split()[0])
+    assert 0 < matching <= float(text.split("\nelapsed ")[1].split()[0]), text
 
 
 #: A stand-in for Spark's Python daemon: waits to be seen, forks three workers that each burn 0.3 CPU-s

@@ -54,6 +54,12 @@ class _HereContext:
 
     defaultParallelism = 1
 
+    def setJobDescription(self, text):
+        self.description = text
+
+    def setLocalProperty(self, key, value):
+        pass
+
     def parallelize(self, data, slices):
         return self
 

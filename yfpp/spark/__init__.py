@@ -12,7 +12,8 @@ Modules: ``cli`` (``yfpp spark``), ``starting`` (the JVM and session started whi
 job), ``line_scan`` and ``line_kernels`` (the scan plan's plain JSON lines routed unparsed by a compiled scan, numba), ``hot_keys`` (a keyed group's hot keys cut into time slices), ``shuffle_hot`` (the shuffle plan's hot key
 hashes, found by a Spark aggregation), ``ingest`` and ``stream`` (a directory
 stream), ``stream_hot`` (a stream's hot keys cut into time slices), ``stream_stats`` (a stream's stages for ``--stats``), ``shipped`` (the state function's query groups, unpickled once per Python worker), ``source`` (the socket source), ``live_sources`` (``tcp://``, ``mqtt://``: the data source's planning half; ``kafka://``), ``live_receiver`` (their receiver task on an executor), ``live_spool`` (the spool and its published offsets), ``live_parse`` (their spooled chunks parsed on the executors), ``costs`` (per-step
-costs for ``--stats``, JVM options, the class-data archive), ``errors`` (a failure of the JVM, the
+costs for ``--stats``, JVM options, the class-data archive), ``timeline`` (``--stats``' timeline: the run's
+milestones and Spark's jobs, seconds since the process started), ``errors`` (a failure of the JVM, the
 cluster manager, a source or a sink as one line naming Spark's cause), ``shipping`` (yfpp's packages sent to a
 cluster's executors, what they need checked at job start), ``table`` (``--table`` writes, appending across runs).
 """

@@ -244,13 +244,17 @@ def _spark_job(args: argparse.Namespace) -> int:
 
     started, cpu = time.perf_counter(), tree_cpu_by_kind()
     driver_start = ("driver: start, imports", process_age(), {"driver": time.process_time()})
+    from yfpp.spark.timeline import Timeline
+
+    args.timeline = timeline = Timeline()
+    timeline.mark("driver: imports done, the JVM starting")
     archive = ClassArchive(class_archive(args, new_jvm=SparkContext._gateway is None))
     builder = SparkSession.builder.appName("yfpp").config("spark.ui.showConsoleProgress", "false")  # counters on stderr
     # a JVM this command starts (not spark-submit's, nor a borrowed session's): cheap to start; --conf overrides
     builder = builder.config("spark.driver.extraJavaOptions", archive.options)
     quiet = owned and dict(confs).get("spark.log.level", "OFF").upper() == "OFF"
-    if owned:  # Spark's own log off (a failure is one line); --conf spark.log.level=WARN (Spark's default) shows it
-        builder = builder.config("spark.log.level", "OFF")
+    for key, value in own_session_settings().items() if owned else ():
+        builder = builder.config(key, value)
     if quiet:
         logging.getLogger("py4j").setLevel(logging.CRITICAL)  # (its report of a failed foreachBatch too)
         logging.getLogger().addFilter(_not_py4j)  # (py4j reports a connection the dead JVM dropped on the root logger)
@@ -293,6 +297,9 @@ def _spark_job(args: argparse.Namespace) -> int:
         first = next((ln.strip() for ln in error_text(e).splitlines() if ln.strip()), type(e).__name__)
         raise YfppError(f"cannot start Spark: {first} (Java 17 on PATH or JAVA_HOME? --master {args.master or 'local[*]'}?)") from None
     start_cpu = {k: v - cpu.get(k, 0.0) for k, v in tree_cpu_by_kind().items()}
+    if starting is not None and starting.jvm_up is not None:
+        timeline.mark("driver JVM up (its gateway answers)", starting.jvm_up)
+    timeline.mark("session ready")
     args.before_steps = [driver_start, (f"start JVM + session (queries {queries_wall:.2f} s alongside)",
                                         time.perf_counter() - started, start_cpu)] if owned else []
     interrupt = Interrupt(spark) if owned else None  # (a borrowed session's owner has its own Ctrl-C handling)
@@ -303,7 +310,7 @@ def _spark_job(args: argparse.Namespace) -> int:
             spark.conf.set("spark.sql.shuffle.partitions", str(2 * spark.sparkContext.defaultParallelism))
         from yfpp.spark.shipping import ship_packages
 
-        ship_packages(spark)  # a cluster's executors: yfpp's packages sent, what they need checked
+        ship_packages(spark, timeline.mark)  # a cluster's executors: yfpp's packages sent, what they need checked
         code = (stream if args.stream else batch)(spark, queries, args)
         failed = False
     except Exception as e:  # a failed Spark job: one line, not a Java and Python traceback
@@ -329,7 +336,8 @@ def _spark_job(args: argparse.Namespace) -> int:
                 what = "stop session, write the class archive" if archive.writing else "stop session"
                 total = tree_cpu_seconds()
                 print(f"{what:<34} {time.perf_counter() - stopping:6.2f}  (wall s, after the steps; "
-                      f"{total - stop_cpu:.1f} CPU s)\nprocess CPU s, the whole run  {total:.1f}", file=sys.stderr)
+                      f"{total - stop_cpu:.1f} CPU s; stopped {timeline.since(time.time()):.2f} s after the process "
+                      f"started)\nprocess CPU s, the whole run  {total:.1f}", file=sys.stderr)
         for k, v in saved.items():
             if v is None:
                 spark.conf.unset(k)
@@ -338,6 +346,17 @@ def _spark_job(args: argparse.Namespace) -> int:
     if args.interrupted.is_set():  # (Ctrl-C after the last job: its outputs are whole, but the user asked to stop)
         raise KeyboardInterrupt
     return code
+
+
+def own_session_settings() -> dict[str, str]:
+    """The settings of a session this command starts (``--conf`` overrides them): Spark's own log off (a
+    failure is one line; ``spark.log.level=WARN``, Spark's default, shows it) and, unless spark-submit
+    started the JVM with settings of its own, no web UI in the driver (an empty job's command 0.6–1.9 s
+    shorter: benchmarks/RESULTS.md; ``spark.ui.enabled=true`` serves it)."""
+    settings = {"spark.log.level": "OFF"}
+    if not os.environ.get("PYSPARK_GATEWAY_PORT"):
+        settings["spark.ui.enabled"] = "false"
+    return settings
 
 
 def _not_py4j(record: logging.LogRecord) -> bool:
@@ -434,7 +453,7 @@ def batch(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namespa
     from yfpp.spark.costs import Steps
     from yfpp.spark.inputs import choose_plan, default_fs
 
-    started = time.perf_counter()
+    started, started_at = time.perf_counter(), time.time()
     steps = Steps(spark, getattr(args, "before_steps", ()))
     plan = choose_plan(args.plan, [qualify(spark, p) for p in args.input], default_fs(spark))
     rows, dead_of, what, counted = (scan_rows if plan == "scan" else shuffle_rows)(spark, queries, args, steps)
@@ -474,9 +493,25 @@ def batch(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namespa
                   for t in tasks]
         lines += task_spread(tasks)
         lines += steps.report()
+        lines += spark_timeline(spark, args, f"{what}; write jsonl", since=started_at)
     print("\n".join(lines), file=sys.stderr)
     rows.unpersist()
     return 0
+
+
+def spark_timeline(spark: Any, args: argparse.Namespace, matching: str, since: float) -> list[str]:
+    """``--stats`` lines: the run's timeline (:mod:`yfpp.spark.timeline`; a borrowed session's: its jobs
+    before this run's too), and the Spark duration of the step ``matching`` (its jobs submitted from the
+    epoch second ``since`` on: the jobs of this run that read and match)."""
+    from yfpp.spark.timeline import Timeline, duration, spark_jobs
+
+    timeline = getattr(args, "timeline", None) or Timeline()
+    timeline.mark("outputs written")
+    took = duration([j for j in spark_jobs(spark.sparkContext)
+                     if j.group == matching and j.submitted is not None and j.submitted >= since])
+    return timeline.report(spark.sparkContext) + [
+        f"matching job      {'-' if took is None else f'{took:.3f}'} s  (Spark's duration of the step "
+        f"'{matching}': its first stage submitted to its last stage completed)"]
 
 
 def task_spread(tasks: list[dict]) -> list[str]:

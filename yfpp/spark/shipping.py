@@ -26,7 +26,7 @@ import re
 import sys
 import tempfile
 import zipfile
-from typing import Any
+from typing import Any, Callable
 
 from yfpp._version import __version__
 from yfpp.errors import YfppError
@@ -35,6 +35,8 @@ from yfpp.errors import YfppError
 PACKAGES = ("yfpp", "xpath_ext")
 #: What the executors' Python must have installed (import names: yfpp's dependencies, PySpark's Arrow and pandas).
 NEEDED = ("lxml", "orjson", "elementpath", "lark", "networkx", "pyarrow", "pandas")
+#: The check job's description (Spark's UI, ``--stats``' timeline).
+CHECK_JOB = "check the executors' Python"
 #: What speeds the executors up where installed, and what it is for.
 OPTIONAL = {"numba": "the scan plan's read tasks then parse every JSON line rather than ship plain ones unparsed"}
 
@@ -44,15 +46,18 @@ def ships(master: str) -> bool:
     return not re.fullmatch(r"local(\[[^\]]*\])?", master)
 
 
-def ship_packages(spark: Any) -> str | None:
+def ship_packages(spark: Any, mark: Callable[[str], None] = lambda _: None) -> str | None:
     """Add the packages' zip (:func:`package_zip`) to the session's Python path on every executor and
-    check the workers (:func:`check_workers`), unless the master is local; the zip's path, or None."""
+    check the workers (:func:`check_workers`), unless the master is local; the zip's path, or None.
+    ``mark``: told when the zip is added and when the workers are checked (``--stats``' timeline)."""
     sc = spark.sparkContext
     if not ships(sc.master):
         return None
     path = package_zip()
     sc.addPyFile(path)
+    mark("yfpp's zip added to the session")
     check_workers(spark)
+    mark("the executors' Python checked (check job done)")
     return path
 
 
@@ -148,12 +153,15 @@ def check_workers(spark: Any) -> None:
         return host, version, missing, broken, lacking
 
     n = max(sc.defaultParallelism, 1)
+    sc.setJobDescription(CHECK_JOB)
     try:
         reports = sc.parallelize(range(n), n).map(probe).collect()
         if any(missing or broken for _, _, missing, broken, _ in reports):  # (asked again: a worker that started
             reports = sc.parallelize(range(n), n).map(probe).collect()  # badly once is not the executors' Python)
     except Exception as e:
         raise YfppError(f"cannot run Python on the executors: {_why(str(e))}") from None
+    finally:
+        sc.setLocalProperty("spark.job.description", None)
     for host, version, missing, broken, _ in reports:
         if missing:
             raise YfppError(f"the executors' Python lacks {', '.join(missing)} (Python {version} on {host}): install "

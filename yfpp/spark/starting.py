@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
 from typing import IO, Any
 
@@ -44,6 +45,7 @@ class StartingSession:
         self.held: list[bytes] | None = []  # the JVM's stderr lines, until the queries are known good
         self.tail: deque[bytes] = deque(maxlen=KEPT_LINES)  # its last lines, for the cause of a failure
         self.reader: threading.Thread | None = None
+        self.jvm_up: float | None = None  # the epoch second the JVM's gateway answered (a JVM this started)
         self.builder_options: dict[str, str] = dict(getattr(builder, "_options", {}))
         self.interval = sys.getswitchinterval()
         sys.setswitchinterval(min(self.interval, 0.0005))
@@ -69,6 +71,7 @@ class StartingSession:
                     gateway = launch_gateway(conf, popen_kwargs={"stderr": write_end})
                 finally:
                     os.close(write_end)
+                self.jvm_up = time.time()
                 with self.lock:
                     self.proc = gateway.proc
                     cancelled = self.cancelled
