@@ -164,9 +164,29 @@ def test_the_tcp_receiver_spools_sends_its_key_and_a_batch_is_planned_again(tmp_
     producer.close()
 
 
+class SteppedReceiver(MqttReceiver):
+    """An MQTT receiver whose task loop (:meth:`step`: publication and acknowledgements) runs on a thread of its
+    own until :meth:`close`, as :func:`yfpp.spark.live_receiver.receive` runs it."""
+
+    def connect(self) -> None:
+        super().connect()
+        self.stepping = threading.Event()
+        self.loop = threading.Thread(target=self._loop, daemon=True)
+        self.loop.start()
+
+    def _loop(self) -> None:
+        while not self.stepping.is_set():
+            self.step()
+
+    def close(self) -> None:
+        self.stepping.set()
+        self.loop.join(TIMEOUT)
+        super().close()
+
+
 def mqtt_receiver(url: str, folder: str, **options: str) -> MqttReceiver:
-    """An MQTT receiver on ``folder``, connected and subscribed (its messages spooled on paho's thread)."""
-    receiver = MqttReceiver(Feed.of(url, folder, options), Spool(folder))
+    """An MQTT receiver on ``folder``, connected and subscribed, its task loop running."""
+    receiver = SteppedReceiver(Feed.of(url, folder, options), Spool(folder))
     receiver.connect()
     return receiver
 

@@ -76,11 +76,12 @@ class Broker:
     def address(self) -> str:
         return f"{'mqtts' if self.tls else 'mqtt'}://{self.host}:{self.port}"
 
-    def client(self, name: str) -> Any:
-        """A paho client for this broker, not yet connected (``name``: what its log lines and errors say)."""
+    def client(self, name: str, manual_ack: bool = False) -> Any:
+        """A paho client for this broker, not yet connected (``name``: what its log lines and errors say;
+        ``manual_ack``: a QoS 1 message is acknowledged by ``client.ack(mid, qos)``, not when its callback returns)."""
         mod = paho()
         c = mod.Client(mod.CallbackAPIVersion.VERSION2, client_id=self.client_id, clean_session=self.clean,
-                        protocol=mod.MQTTv311)
+                        protocol=mod.MQTTv311, manual_ack=manual_ack)
         if self.username is not None:
             c.username_pw_set(self.username, self.password)
         if self.tls:
@@ -254,14 +255,15 @@ def message_events(payload: bytes, topic: str, spec: Topic, number: int, dead_le
 
 class Subscriber:
     """Subscribes ``topics`` at ``broker``; each message goes to :meth:`on_message` (on paho's thread; a
-    QoS 1 message is acknowledged when it returns).
+    QoS 1 message is acknowledged when it returns — or, ``manual_ack`` True, when ``self.client.ack(msg.mid,
+    msg.qos)`` is called, from any thread, in the order the messages came).
 
     :meth:`start` returns once the broker has acknowledged the subscription, and raises YfppError when the
     first connection or the subscription fails (refused, unreachable, wrong password, a topic not allowed);
     later losses are reconnected with backoff, and the topics subscribed again (a persistent session,
     ``clean=0``, keeps them at the broker, which sends what came meanwhile)."""
 
-    def __init__(self, broker: Broker, topics: list[Topic], name: str):
+    def __init__(self, broker: Broker, topics: list[Topic], name: str, manual_ack: bool = False):
         if not topics:
             raise YfppError(f"{name}: no topic to subscribe to")
         self.broker, self.topics, self.name = broker, topics, name
@@ -270,7 +272,7 @@ class Subscriber:
         self.last_error: str | None = None
         self._first = threading.Event()
         self._refused: str | None = None
-        self.client = broker.client(self.name)
+        self.client = broker.client(self.name, manual_ack)
         self.client.on_connect = self._on_connect
         self.client.on_connect_fail = self._on_connect_fail
         self.client.on_disconnect = self._on_disconnect

@@ -7,10 +7,16 @@ for the stream's life, receives the feed and appends it to the spool (:mod:`yfpp
   :data:`BACKOFF` seconds doubling up to :data:`MAX_BACKOFF` while it fails (a last line without its newline
   is a record); only the first connection's failure is an error. While the spool holds ``max_spool`` bytes
   Spark has not committed it stops reading (TCP's flow control holds the producer back).
-* **mqtt://…** — subscribes with :class:`yfpp.input.mqtt.Subscriber`; each message is appended (as a frame)
-  and published before paho acknowledges it. While the spool is full a message is dropped and counted; the
-  count is spooled as one drop report (:data:`yfpp.spark.live_parse.DROPPED`) once there is room, ahead of any
-  later message.
+* **mqtt://…** — subscribes with :class:`yfpp.input.mqtt.Subscriber` (acknowledging by hand); each message is
+  appended (as a frame) as it comes; the task's loop then makes what came durable and publishes it at once
+  (one fsync of the segment, one of the end, for all the messages that came during the former batch's — or
+  paho's thread does, once :data:`ACK_MESSAGES` messages or :data:`ACK_BYTES` bytes wait), then acknowledges
+  them to the broker, in order. A crash loses no message the broker had acknowledged; the broker sends again
+  (a persistent session, QoS 1) the messages not acknowledged: those taken since the last publication and
+  those of the last publication whose acknowledgements had not reached it — at most the broker's window of
+  unacknowledged messages (mosquitto's ``max_inflight_messages``, 20 by default). While the
+  spool is full a message is dropped (and acknowledged) and counted; the count is spooled as one drop report
+  (:data:`yfpp.spark.live_parse.DROPPED`) once there is room, ahead of any later message.
 
 :class:`ReceiverJob` submits the task from a driver thread, in a job group of its own, and submits it again
 (at most :data:`RESTARTS` times) when it fails — its executor died: the new receiver opens the spool at its
@@ -60,6 +66,9 @@ FLUSH_SECONDS = 0.2  #: a TCP source appends what it read at least this often
 POLL = 0.1  #: seconds between looks at the ``stop`` file and, while the spool is full, at ``committed.json``
 #: The most a spool holds that Spark has not committed (option ``max_spool_bytes``, ``yfpp spark --max-spool``).
 MAX_SPOOL_BYTES = 1 << 30
+#: An MQTT receiver's task loop publishes and acknowledges what came as soon as it can (a batch: what came during
+#: the former batch's fsyncs); paho's thread does it itself once this many messages or bytes wait.
+ACK_MESSAGES, ACK_BYTES = 1000, 4 << 20
 RESTARTS = 10  #: the times a failed receiver is started again in a stream's life before the stream fails
 STOP_WAIT = 30.0  #: seconds the driver waits for a stopped receiver to end before cancelling its job
 
@@ -181,14 +190,18 @@ class TcpReceiver(_Receiver):
 
 
 class MqttReceiver(_Receiver):
-    """``mqtt://…/TOPIC``: each message appended and published before paho acknowledges it, or dropped and
-    counted while the spool is full."""
+    """``mqtt://…/TOPIC``: messages appended as they come and acknowledged in batches — each batch made durable
+    and published once (:meth:`flush`), then its messages acknowledged, in order — or dropped and counted while
+    the spool is full."""
 
     def __init__(self, feed: Feed, spool: Spool):
         super().__init__(feed, spool)
         self.subscriber: Subscriber | None = None
         self.dropped = 0  # messages dropped since the last drop report was spooled
-        self.guard = threading.Lock()  # paho's thread spools messages, the task's loop drop reports
+        self.unacked: list[tuple[int, int, int]] = []  # (mid, qos, connection) of messages taken since the last flush
+        self.unflushed = 0  # bytes appended since the last flush
+        self.guard = threading.Lock()  # paho's thread spools messages, the task's loop drop reports and flushes
+        self.came = threading.Event()  # a message was taken since the task's loop last flushed
 
     def connect(self) -> None:
         broker, topic, take = self.feed.broker, self.feed.topic, self.take
@@ -196,37 +209,69 @@ class MqttReceiver(_Receiver):
 
         class Spooling(Subscriber):
             def on_message(self, msg: Any) -> None:
-                take(frame(msg.topic, msg.payload))
+                take(frame(msg.topic, msg.payload), (msg.mid, msg.qos, self.connects))
 
-        self.subscriber = Spooling(broker, [topic], f"mqtt source {broker.address}")
+        self.subscriber = Spooling(broker, [topic], f"mqtt source {broker.address}", manual_ack=True)
         self.subscriber.start()
 
-    def take(self, message: bytes | None) -> None:
+    def take(self, message: bytes | None, ack: tuple[int, int, int] | None = None) -> None:
         """Spool ``message`` (a frame; None: none, a pending drop report only) if the spool has room, else drop
-        it and count it. The drops since the last report are spooled as one drop report once it fits, before
-        any later message: drops are reported in stream order."""
+        it and count it; ``ack``: its (mid, qos, connection), acknowledged once the batch it is in is published
+        (a dropped message's too: the acknowledgements keep the messages' order). The drops since the last report
+        are spooled as one drop report once it fits, before any later message: drops are reported in stream order."""
         with self.guard:
             if self.dropped:
                 report = frame(DROPPED, str(self.dropped).encode())
                 if self.room(len(report)):
-                    self.spool.append(report, 1, self.committed)
+                    self.append(report)
                     self.dropped = 0
             if message is None:
                 return
+            if ack is not None:
+                self.unacked.append(ack)
             if self.dropped or not self.room(len(message)):
                 if not self.dropped:
                     log.warning("the MQTT spool is full (max_spool_bytes %d not yet committed): dropping messages "
                                 "until Spark commits a micro-batch", self.feed.max_spool)
                 self.dropped += 1
+                self.flush()  # (acknowledged when dropped, as the messages before it are published)
             else:
-                self.spool.append(message, 1, self.committed)
+                self.append(message)
+                if len(self.unacked) >= ACK_MESSAGES or self.unflushed >= ACK_BYTES:
+                    self.flush()
+            self.came.set()
+
+    def append(self, data: bytes) -> None:
+        """Append one record, not yet durable (with :attr:`guard` held)."""
+        with self.spool.lock:
+            self.spool.write(data, 1, self.committed)
+        self.unflushed += len(data)
+
+    def flush(self) -> None:
+        """Make what was appended durable and publish it (one fsync of the segment, one of the end), then
+        acknowledge the messages taken before, in order (with :attr:`guard` held). A message taken on a former
+        connection is not acknowledged: the broker sends it again (a persistent session), a duplicate."""
+        with self.spool.lock:
+            self.spool.sync()
+        unacked, self.unacked, self.unflushed = self.unacked, [], 0
+        if self.subscriber is not None:
+            for mid, qos, connection in unacked:
+                if connection == self.subscriber.connects:
+                    self.subscriber.client.ack(mid, qos)
 
     def step(self) -> None:
-        time.sleep(POLL)
+        self.came.wait(POLL)
+        self.came.clear()  # (a message taken after this is in this flush or wakes the next)
         self.take(None)
+        with self.guard:
+            if self.unacked or self.unflushed:
+                self.flush()
 
     def close(self) -> None:
+        """Publish and acknowledge what was taken, then disconnect."""
         if self.subscriber is not None:
+            with self.guard:
+                self.flush()
             self.subscriber.stop()
 
 

@@ -8,9 +8,10 @@ executors share, and the files through which the receiver and the planning half 
 * ``published`` and ``marks.json`` (:class:`Published`, :func:`read_published`): the durable **end** — a
   byte position and the records before it — and the record-aligned **marks** (``[pos, records]``, about
   :data:`MARK_BYTES` apart) the planner cuts a micro-batch's chunks at without reading the bytes. After
-  every append is fsynced the receiver publishes the end: a record of two slots written in turn (a
-  publication number, the end, a CRC; written in place and fsynced — far cheaper than a new file and a
-  rename, which matters at one publication per MQTT message); the reader takes the valid slot with the
+  an append is fsynced (:meth:`Spool.append`; or several at once, :meth:`Spool.write` then :meth:`Spool.sync`)
+  the receiver publishes the end: a record of two slots written in turn (a publication number, the end, a
+  CRC; written in place and fsynced — far cheaper than a new file and a rename, which matters at one
+  publication per batch of MQTT messages); the reader takes the valid slot with the
   higher number. ``marks.json`` is rewritten (write, fsync, rename) only when a mark is added, before the end
   that passes it. Nothing past the end is ever planned, and a receiver started again truncates what lies
   past it (and drops the marks past it).
@@ -160,7 +161,7 @@ def cuts(start: Mark, end: Mark, marks: Sequence[Mark], chunk_bytes: int) -> lis
 class Spool:
     """The receiver's side of the spool in ``folder``: it opens at the published end — dropping what lies past
     it (a receiver that died between an append and its publication) — and :meth:`append` makes each append
-    durable, then publishes it. Appends go to the newest segment until it holds ``segment_bytes``."""
+    durable, then publishes it (:meth:`write` and :meth:`sync`: several appends, one fsync and publication). Appends go to the newest segment until it holds ``segment_bytes``."""
 
     def __init__(self, folder: str, segment_bytes: int = SEGMENT_BYTES):
         os.makedirs(folder, exist_ok=True)
@@ -170,6 +171,8 @@ class Spool:
             raise InputError(f"the spool {folder} has no {PUBLISHED}: it was made by a yfpp that received live "
                              "sources on the driver; start this stream with a fresh checkpoint folder")
         self.number, self.end = last or (0, Mark(0, 0))
+        self.durable = self.end  # the end last published
+        self.marks_written = True
         self.marks = [m for m in read_marks(folder) if m.pos <= self.end.pos]  # (past it: written, never passed)
         self.write_marks()
         self.last_mark = self.marks[-1].pos if self.marks else self.end.pos  # (marks are kept this far apart)
@@ -192,24 +195,43 @@ class Spool:
         """Append ``data`` (``records`` whole records; ``inner``: record boundaries inside it, relative to its
         start), make it durable, then publish it — and its marks, if it adds one (those after ``committed`` kept)."""
         with self.lock:
-            if self.end.pos - self.segment_start >= self.segment_bytes:
-                self.file.close()
-                self.segment_start = self.end.pos
-                self.file = open(segment_path(self.folder, *self.end), "ab")  # noqa: SIM115
-            self.file.write(data)
-            self.file.flush()
-            os.fsync(self.file.fileno())
-            base = self.end
-            self.end = Mark(base.pos + len(data), base.records + records)
-            added = []
-            for m in (*(Mark(base.pos + p, base.records + r) for p, r in inner), self.end):
-                if m.pos - self.last_mark >= MARK_BYTES:
-                    added.append(m)
-                    self.last_mark = m.pos
-            if added:
-                self.marks = [m for m in self.marks if m.pos > committed] + added
-                self.write_marks()
-            self.publish()
+            self.write(data, records, committed, inner)
+            self.sync()
+
+    def write(self, data: bytes, records: int, committed: int, inner: Iterable[Mark] = ()) -> None:
+        """Append ``data`` as :meth:`append` does, without making it durable or publishing it: :meth:`sync` does,
+        for all written since (with the lock held)."""
+        if self.end.pos - self.segment_start >= self.segment_bytes:
+            if self.end != self.durable:  # (the segment's last bytes, before the next segment's are written)
+                self.file.flush()
+                os.fsync(self.file.fileno())
+            self.file.close()
+            self.segment_start = self.end.pos
+            self.file = open(segment_path(self.folder, *self.end), "ab")  # noqa: SIM115
+        self.file.write(data)
+        base = self.end
+        self.end = Mark(base.pos + len(data), base.records + records)
+        added = []
+        for m in (*(Mark(base.pos + p, base.records + r) for p, r in inner), self.end):
+            if m.pos - self.last_mark >= MARK_BYTES:
+                added.append(m)
+                self.last_mark = m.pos
+        if added:
+            self.marks = [m for m in self.marks if m.pos > committed] + added
+            self.marks_written = False
+
+    def sync(self) -> None:
+        """Make what :meth:`write` appended durable (one fsync), write the marks if one was added, then publish
+        the end (with the lock held); nothing when nothing was written since."""
+        if self.end == self.durable:
+            return
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        if not self.marks_written:
+            self.write_marks()
+            self.marks_written = True
+        self.publish()
+        self.durable = self.end
 
     def write_marks(self) -> None:
         write_atomically(os.path.join(self.folder, MARKS), json.dumps([list(m) for m in self.marks]))
