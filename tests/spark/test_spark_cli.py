@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -166,6 +167,7 @@ class FakeQuery:
 
     def __init__(self, failed: Exception | None = None, stopped: Exception | None = None):
         self.isActive, self.error, self.stopped = failed is None, failed, stopped
+        self.id = str(uuid.uuid4())  # (as a StreamingQuery's: a stop looks up its live receiver by it)
 
     def processAllAvailable(self) -> None:
         pass
