@@ -196,6 +196,8 @@ def test_service_feed_to_mqtt_sink_round_trip(broker, tmp_path):
         wait_for(lambda: len(alerts) >= len(want), TIMEOUT, f"{len(want)} alerts (have {len(alerts)})")
         wait_for(lambda: svc.subs[sub["id"]].counters.delivered >= len(want), TIMEOUT, "the acknowledgements")
         info = client.subscription(sub["id"])
+        # (the events after the last match may still be on their way when its alert has come)
+        wait_for(lambda: client.health()["mqtt"][0]["events"] >= 300, TIMEOUT, "the feed's 300 events counted")
         health = client.health()
         pub.loop_stop()
     sink_client.loop_stop()
