@@ -76,17 +76,27 @@ def test_a_message_is_acknowledged_only_once_the_published_end_covers_it(tmp_pat
     receiver.spool.close()
 
 
-def test_a_dropped_message_is_acknowledged_after_those_before_it_are_published(tmp_path):
+def test_a_run_of_drops_is_acknowledged_in_one_flush_after_those_before_it_are_published(tmp_path, monkeypatch):
     folder = str(tmp_path)
     receiver = fake_receiver(folder, max_spool_bytes=str(2 * len(message(1))))
     acks = receiver.subscriber.client.acks
-    for mid in range(1, 5):
+    flushes, fsyncs = [], []
+    flush, fsync = receiver.flush, os.fsync
+    monkeypatch.setattr(receiver, "flush", lambda: flushes.append(1) or flush())
+    monkeypatch.setattr(os, "fsync", lambda fd: fsyncs.append(fd) or fsync(fd))
+    for mid in range(1, 41):
         receiver.take(message(mid), (mid, 1, 1))
-    assert acks == [(1, 2), (2, 2), (3, 2), (4, 2)] and receiver.dropped == 2  # in order, the two kept published
+    assert receiver.dropped == 38 and acks == [] and not flushes and not fsyncs  # the drops wait for the loop
+    receiver.step()  # the task's loop: one flush for the batch — the two kept published, then all acknowledged
+    assert acks == [(mid, 2) for mid in range(1, 41)]  # in order, each after the publication of those before it
+    assert len(flushes) == 1 and len(fsyncs) == 2  # one publication: the segment's fsync, the published end's
     receiver.committed = 2 * len(message(1))  # (what Spark committed, as committed.json would say)
+    receiver.take(message(41), (41, 1, 1))  # the drop report first, then the message: stream order
     receiver.step()
     end = read_published(folder).end
-    assert end.records == 3 and [t for t, _ in frames(spooled(folder, 0, end.pos))][-1] == DROPPED
+    assert end.records == 4 and [t for t, _ in frames(spooled(folder, 0, end.pos))][-2:] == [DROPPED, "t"]
+    assert [p for t, p in frames(spooled(folder, 0, end.pos)) if t == DROPPED] == [b"38"]
+    assert acks[-1] == (41, 4) and len(flushes) == 2
     receiver.spool.close()
 
 

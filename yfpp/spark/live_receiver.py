@@ -15,8 +15,9 @@ for the stream's life, receives the feed and appends it to the spool (:mod:`yfpp
   (a persistent session, QoS 1) the messages not acknowledged: those taken since the last publication and
   those of the last publication whose acknowledgements had not reached it — at most the broker's window of
   unacknowledged messages (mosquitto's ``max_inflight_messages``, 20 by default). While the
-  spool is full a message is dropped (and acknowledged) and counted; the count is spooled as one drop report
-  (:data:`yfpp.spark.live_parse.DROPPED`) once there is room, ahead of any later message.
+  spool is full a message is dropped and counted, and acknowledged with its batch (the messages spooled before
+  it published first); the count is spooled as one drop report (:data:`yfpp.spark.live_parse.DROPPED`) once
+  there is room, ahead of any later message.
 
 :class:`ReceiverJob` submits the task from a driver thread, in a job group of its own, and submits it again
 (at most :data:`RESTARTS` times) when it fails — its executor died: the new receiver opens the spool at its
@@ -217,8 +218,9 @@ class MqttReceiver(_Receiver):
     def take(self, message: bytes | None, ack: tuple[int, int, int] | None = None) -> None:
         """Spool ``message`` (a frame; None: none, a pending drop report only) if the spool has room, else drop
         it and count it; ``ack``: its (mid, qos, connection), acknowledged once the batch it is in is published
-        (a dropped message's too: the acknowledgements keep the messages' order). The drops since the last report
-        are spooled as one drop report once it fits, before any later message: drops are reported in stream order."""
+        (a dropped message's too, with the batch it came in: the acknowledgements keep the messages' order, and a
+        run of drops costs one flush a batch, as spooled messages do). The drops since the last report are spooled
+        as one drop report once it fits, before any later message: drops are reported in stream order."""
         with self.guard:
             if self.dropped:
                 report = frame(DROPPED, str(self.dropped).encode())
@@ -234,11 +236,10 @@ class MqttReceiver(_Receiver):
                     log.warning("the MQTT spool is full (max_spool_bytes %d not yet committed): dropping messages "
                                 "until Spark commits a micro-batch", self.feed.max_spool)
                 self.dropped += 1
-                self.flush()  # (acknowledged when dropped, as the messages before it are published)
             else:
                 self.append(message)
-                if len(self.unacked) >= ACK_MESSAGES or self.unflushed >= ACK_BYTES:
-                    self.flush()
+            if len(self.unacked) >= ACK_MESSAGES or self.unflushed >= ACK_BYTES:
+                self.flush()
             self.came.set()
 
     def append(self, data: bytes) -> None:
