@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from yfpp.spark.machine_cache import cache_folder
 
 #: The driver JVM's options when ``yfpp spark`` starts it: the C1 compiler only (C2's compile
 #: threads cost more CPU than they save in a job of seconds to minutes — in local mode the data
@@ -65,7 +66,7 @@ def default_class_archive(confs: dict[str, str]) -> str | None:
             parts.append("")
     parts += [f"{k}={confs.get(k, '')}" for k in _CLASS_PATH_CONFS]
     key = hashlib.blake2b("\0".join(parts).encode(), digest_size=8).hexdigest()
-    folder = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "yfpp")
+    folder = cache_folder()
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError:

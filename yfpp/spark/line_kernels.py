@@ -1,8 +1,10 @@
 """The compiled kernels of :mod:`yfpp.spark.line_scan` (numba; imported only where numba is installed).
 
 Each is compiled on its first call in a process, or loaded from numba's cache (``cache=True``: next to this
-file, or under ``NUMBA_CACHE_DIR``, or the user's cache folder when this file's folder cannot be written — a
-shipped zip's case).
+file, or under ``NUMBA_CACHE_DIR``, or the user's cache folder when this file's folder cannot be written). The
+line scan imports this file from a copy in the machine's cache (:mod:`yfpp.spark.machine_cache`), so its
+compiled kernels serve every application on the machine — of a shipped zip too. The file imports nothing of
+yfpp (the copy is imported alone).
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ import orjson
 from yfpp.input.events import Event
 from yfpp.input.jsonl_reader import plain_events
 from yfpp.input.record_fields import ISO_8601, READ_BLOCK, ReaderOptions
+from yfpp.spark.machine_cache import import_stable
 
 #: A blob's head: its line count (int32) and its first line's ts (float64).
 HEAD = 12
@@ -205,12 +206,13 @@ def _spec_arrays(spec: LineSpec) -> tuple[np.ndarray, ...]:
 
 @functools.cache
 def _kernels() -> ModuleType | None:
-    """:mod:`yfpp.spark.line_kernels` (imported once, each kernel compiled or loaded from numba's cache on
-    its first call), or None without numba (or with one that does not import)."""
+    """:mod:`yfpp.spark.line_kernels` imported once, from its copy in the machine's cache
+    (:func:`~yfpp.spark.machine_cache.import_stable`: numba's cache of it then serves every application), each
+    kernel compiled or loaded from numba's cache on its first call; None without numba (or with one that does
+    not import)."""
     try:
         if importlib.util.find_spec("numba") is None:
             return None
-        from yfpp.spark import line_kernels
+        return import_stable("yfpp.spark.line_kernels")
     except ImportError:
         return None
-    return line_kernels

@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 from yfpp._version import __version__
 from yfpp.errors import YfppError
+from yfpp.spark.machine_cache import cache_folder
 
 #: The packages shipped to the executors (pure Python).
 PACKAGES = ("yfpp", "xpath_ext")
@@ -87,7 +88,7 @@ def package_zip(cache: str | None = None) -> str:
         digest.update(arcname.encode() + b"\0" + len(data).to_bytes(8, "big") + data)
         contents.append((arcname, data))
     name = f"yfpp-{__version__}-{digest.hexdigest()[:16]}.zip"
-    folder = cache or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "yfpp", "pyfiles")
+    folder = cache or cache_folder("pyfiles")
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError:
