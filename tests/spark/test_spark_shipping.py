@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import site
+import socket
 import subprocess
 import sys
 import types
@@ -25,7 +26,7 @@ pytest.importorskip("pyspark", reason="pyspark is not installed (pip install '.[
 from tests.spark_jvm import EXECUTOR_CONF  # noqa: E402
 from yfpp.input.generate import generate_rfid, write_events  # noqa: E402
 from yfpp.errors import YfppError  # noqa: E402
-from yfpp.spark.shipping import _why, check_workers, package_zip, ships  # noqa: E402
+from yfpp.spark.shipping import _why, check_workers, package_zip, registered_executors, ships  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 QUERY = "[tag_id]&&//shelf//!register//exit&&(1 hour)"
@@ -71,10 +72,37 @@ class _HereContext:
         return [self.f(0)]
 
 
+class _HereSession:
+    """A SparkSession stand-in whose one "executor" is this process: ``range(...).mapInArrow(f, …).collect()``
+    runs ``f``."""
+
+    def __init__(self):
+        self.sparkContext = _HereContext()
+
+    def range(self, n, numPartitions):
+        return self
+
+    def mapInArrow(self, f, schema):
+        self.f = f
+        return self
+
+    def collect(self):
+        return [types.SimpleNamespace(**row) for batch in self.f(iter(())) for row in batch.to_pylist()]
+
+
+def test_the_check_loads_what_the_jobs_tasks_use_in_the_python_worker_it_runs_in():
+    from yfpp.spark import line_scan
+
+    warmed = check_workers(_HereSession())
+    assert [r["worker"] for r in warmed] == [f"{socket.gethostname()}:{os.getpid()}"]
+    assert "yfpp.spark.scan" in sys.modules and (line_scan._kernels() is not None) == line_scan.available()
+    assert line_scan._kernels.cache_info().currsize == 1
+
+
 def test_the_probe_names_a_deleted_working_directory(tmp_path, monkeypatch):
     """An executor's Python worker whose working directory is gone cannot import anything (Spark puts ``.`` on
     its ``sys.path``): the check says so and where, not which module failed first."""
-    spark = types.SimpleNamespace(sparkContext=_HereContext())
+    spark = _HereSession()
     check_workers(spark)  # (here everything imports)
     gone = tmp_path / "executor-0"
     gone.mkdir()
@@ -110,6 +138,26 @@ def test_an_executor_parses_queries_from_the_shipped_zip(tmp_path):
     assert out.stdout.split() == [os.path.join(path, "yfpp", "__init__.py"), "2", "<deserialized>"]
 
 
+def test_the_check_job_reaches_every_executor_in_the_python_workers_the_plans_use(spark):
+    """The check's tasks run on both executors of the shared session, in the Python workers of SQL jobs: those
+    a plan's ``mapInArrow`` tasks are given next are children of the same daemons."""
+    warmed = check_workers(spark)
+    assert len({r["executor"] for r in warmed}) == registered_executors(spark.sparkContext) == 2
+
+    def task(batches):
+        import os
+        import socket
+
+        import pyarrow as pa
+
+        for _ in batches:
+            pass
+        yield pa.RecordBatch.from_pydict({"executor": [f"{socket.gethostname()}:{os.getppid()}"]})
+
+    rows = spark.range(4, numPartitions=4).mapInArrow(task, "executor string").collect()
+    assert {r.executor for r in rows} <= {r["executor"] for r in warmed}
+
+
 def test_why_the_executors_python_did_not_run_is_one_line():
     mismatch = ("An error occurred while calling o41.collectAndServe.\n: org.apache.spark.SparkException: Job aborted\n"
                 "pyspark.errors.exceptions.base.PySparkRuntimeError: [PYTHON_VERSION_MISMATCH] Python in worker has "
@@ -137,14 +185,23 @@ def worker_python(tmp_path_factory) -> Path:
     return wrapper
 
 
-def spark_job(worker_python: Path, tmp_path: Path, feed: Path, out: Path, **env: str) -> subprocess.CompletedProcess:
-    """``yfpp spark`` on ``local-cluster[1,1,1024]`` with executors' Python ``worker_python``; bounded in time."""
+def spark_job(worker_python: Path, tmp_path: Path, feed: Path, out: Path, *args: str,
+              **env: str) -> subprocess.CompletedProcess:
+    """``yfpp spark`` on ``local-cluster[1,1,1024]`` with executors' Python ``worker_python`` (``args``: more of
+    its arguments); bounded in time."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYSPARK_PYTHON": str(worker_python),
            "XDG_CACHE_HOME": str(tmp_path / "cache"), **env}
     return subprocess.run([sys.executable, "-m", "yfpp", "spark", "-q", QUERY, "-i", str(feed), "-o", str(out),
                            "--master", "local-cluster[1,1,1024]", "--conf", "spark.executor.memory=512m",
-                           "--conf", "spark.task.maxFailures=1", *EXECUTOR_CONF], cwd=tmp_path, env=env, capture_output=True,
+                           "--conf", "spark.task.maxFailures=1", *EXECUTOR_CONF, *args], cwd=tmp_path, env=env,
+                          capture_output=True,
                           text=True, timeout=400)
+
+
+def kernel_cache(cache: Path) -> dict[str, int]:
+    """The files of numba's cache of the line scan's kernels under ``cache`` (``$XDG_CACHE_HOME``), and when each
+    was last written."""
+    return {str(p.relative_to(cache)): p.stat().st_mtime_ns for p in (cache / "yfpp" / "kernels").glob("*/__pycache__/*.nb*")}
 
 
 def test_a_worker_without_yfpp_gets_it_shipped(worker_python, tmp_path):
@@ -157,6 +214,15 @@ def test_a_worker_without_yfpp_gets_it_shipped(worker_python, tmp_path):
     got = Counter(ln for f in sorted((tmp_path / "out" / "matches.jsonl").glob("part-*")) for ln in f.read_text().splitlines())
     assert got == Counter(expected.splitlines()) and got
     assert len(list((tmp_path / "cache" / "yfpp" / "pyfiles").glob("yfpp-*.zip"))) == 1
+    compiled = kernel_cache(tmp_path / "cache")  # the line scan's kernels, compiled beside their copy in the cache
+    assert any(name.endswith(".nbc") for name in compiled) and not (tmp_path / "cache" / "numba").exists()
+
+    again = spark_job(worker_python, tmp_path, feed, tmp_path / "out4", "--stats")  # a second application
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "\nwarm workers      1 of 1\n" in again.stderr
+    assert kernel_cache(tmp_path / "cache") == compiled  # loaded from numba's cache: nothing compiled or written
+    assert Counter(ln for f in sorted((tmp_path / "out4" / "matches.jsonl").glob("part-*"))
+                   for ln in f.read_text().splitlines()) == got
 
     slower = spark_job(worker_python, tmp_path, feed, tmp_path / "out3", YFPP_TEST_HIDE="numba")
     assert slower.returncode == 0, slower.stderr[-3000:]

@@ -15,7 +15,8 @@ stream), ``stream_hot`` (a stream's hot keys cut into time slices), ``stream_sta
 costs for ``--stats``, JVM options, the class-data archive), ``timeline`` (``--stats``' timeline: the run's
 milestones and Spark's jobs, seconds since the process started), ``errors`` (a failure of the JVM, the
 cluster manager, a source or a sink as one line naming Spark's cause), ``shipping`` (yfpp's packages sent to a
-cluster's executors, what they need checked at job start), ``table`` (``--table`` writes, appending across runs).
+cluster's executors, what they need checked and their Python workers warmed at job start), ``machine_cache``
+(what a machine keeps between applications: the shipped zip, the line scan's kernels beside numba's cache), ``table`` (``--table`` writes, appending across runs).
 """
 
 from __future__ import annotations

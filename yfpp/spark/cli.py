@@ -310,7 +310,8 @@ def _spark_job(args: argparse.Namespace) -> int:
             spark.conf.set("spark.sql.shuffle.partitions", str(2 * spark.sparkContext.defaultParallelism))
         from yfpp.spark.shipping import ship_packages
 
-        ship_packages(spark, timeline.mark)  # a cluster's executors: yfpp's packages sent, what they need checked
+        # a cluster's executors: yfpp's packages sent, what they need checked, their Python workers warmed
+        args.warm = ship_packages(spark, timeline.mark)
         code = (stream if args.stream else batch)(spark, queries, args)
         failed = False
     except Exception as e:  # a failed Spark job: one line, not a Java and Python traceback
@@ -488,6 +489,7 @@ def batch(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namespa
     lines += [f"  {name:<24} {counts.get(str(name), 0):,}" for name in dict.fromkeys(n for n, _ in queries)]
     if args.stats:
         lines.append(f"plan              {plan} ({len(tasks)} matching tasks)")
+        lines += warm_line(args)
         lines.append("rows per task (matching):")
         lines += [f"  task {t['task']:<4} {t['rows']:>12,} rows {t['engines']:>6,} engines {t['seconds']:>9.3f} s"
                   for t in tasks]
@@ -512,6 +514,13 @@ def spark_timeline(spark: Any, args: argparse.Namespace, matching: str, since: f
     return timeline.report(spark.sparkContext) + [
         f"matching job      {'-' if took is None else f'{took:.3f}'} s  (Spark's duration of the step "
         f"'{matching}': its first stage submitted to its last stage completed)"]
+
+
+def warm_line(args: argparse.Namespace) -> list[str]:
+    """``--stats``' line of the executors the check job warmed (:class:`~yfpp.spark.shipping.Warm`); none where
+    nothing was shipped (a local master)."""
+    warm = getattr(args, "warm", None)
+    return [] if warm is None else [warm.line()]
 
 
 def task_spread(tasks: list[dict]) -> list[str]:
@@ -638,8 +647,8 @@ def stream(spark: Any, queries: list[tuple[str, Pattern]], args: argparse.Namesp
         receiver = receiver_of(running[0])
         if receiver is not None:
             groups.insert(0, ("receiver", receiver.group))
-        print("\n".join(report(spark, groups, {k: v - cpu.get(k, 0.0) for k, v in after.items()},
-                               read or None)), file=sys.stderr)
+        print("\n".join(warm_line(args) + report(spark, groups, {k: v - cpu.get(k, 0.0) for k, v in after.items()},
+                                                read or None)), file=sys.stderr)
     return 0
 
 

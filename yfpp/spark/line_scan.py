@@ -204,6 +204,21 @@ def _spec_arrays(spec: LineSpec) -> tuple[np.ndarray, ...]:
     return tuple(np.frombuffer(n, np.uint8) for n in (spec.type_field, spec.ts_field, spec.key))
 
 
+def warm() -> bool:
+    """Load the kernels into this process — from numba's cache, or compiled — by scanning and grouping two plain
+    lines, with the argument types of a job's calls (a Python worker that runs this before a job's tasks spares
+    them the load); False without numba."""
+    scanned = scan_range(_SAMPLE, _SAMPLE_SPEC, 2)
+    if scanned is None:
+        return False
+    group_lines(_SAMPLE, scanned, 0, len(scanned.ends), 0, 2)
+    return True
+
+
+_SAMPLE = b'{"type":"a","ts":1,"k":"x"}\n{"type":"a","ts":2,"k":7}\n'
+_SAMPLE_SPEC = LineSpec(b"type", b"ts", b"k", 1, 1)
+
+
 @functools.cache
 def _kernels() -> ModuleType | None:
     """:mod:`yfpp.spark.line_kernels` imported once, from its copy in the machine's cache

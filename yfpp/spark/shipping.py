@@ -12,7 +12,9 @@ What cannot be shipped — the compiled libraries (lxml, orjson, pyarrow…) and
 Python itself — must be on the workers already. A one-task-per-core job checks
 that before the real job starts (:func:`check_workers`), and a missing piece is
 one ``yfpp: error:`` line that names it; a missing optional one (:data:`OPTIONAL`)
-one ``yfpp: note:`` line, and the job runs without it. Local masters (``local``,
+one ``yfpp: note:`` line, and the job runs without it. The same tasks warm the
+executors' Python workers for the job: they import the plans' modules and load
+the line scan's kernels, in the workers the job's tasks then reuse. Local masters (``local``,
 ``local[N]``) run their Python workers on this machine, with the driver's
 packages: nothing is shipped or checked.
 """
@@ -21,11 +23,13 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import json
 import os
 import re
 import sys
 import tempfile
 import zipfile
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from yfpp._version import __version__
@@ -38,6 +42,8 @@ PACKAGES = ("yfpp", "xpath_ext")
 NEEDED = ("lxml", "orjson", "elementpath", "lark", "networkx", "pyarrow", "pandas")
 #: The check job's description (Spark's UI, ``--stats``' timeline).
 CHECK_JOB = "check the executors' Python"
+#: What the check's tasks import after :data:`PACKAGES`, for the job's tasks to find loaded: the plans' modules.
+WARM_MODULES = ("yfpp.spark.scan",)
 #: What speeds the executors up where installed, and what it is for.
 OPTIONAL = {"numba": "the scan plan's read tasks then parse every JSON line rather than ship plain ones unparsed"}
 
@@ -47,19 +53,23 @@ def ships(master: str) -> bool:
     return not re.fullmatch(r"local(\[[^\]]*\])?", master)
 
 
-def ship_packages(spark: Any, mark: Callable[[str], None] = lambda _: None) -> str | None:
+def ship_packages(spark: Any, mark: Callable[[str], None] = lambda _: None) -> Warm | None:
     """Add the packages' zip (:func:`package_zip`) to the session's Python path on every executor and
-    check the workers (:func:`check_workers`), unless the master is local; the zip's path, or None.
-    ``mark``: told when the zip is added and when the workers are checked (``--stats``' timeline)."""
+    check and warm the workers (:func:`check_workers`), unless the master is local; what the check reached,
+    or None. ``mark``: told when the zip is added and when the workers are checked (``--stats``' timeline)."""
     sc = spark.sparkContext
     if not ships(sc.master):
         return None
-    path = package_zip()
-    sc.addPyFile(path)
+    sc.addPyFile(package_zip())
     mark("yfpp's zip added to the session")
-    check_workers(spark)
+    warmed = check_workers(spark)
     mark("the executors' Python checked (check job done)")
-    return path
+    return Warm(len({r["executor"] for r in warmed}), registered_executors(sc))
+
+
+def registered_executors(sc: Any) -> int:
+    """The executors registered with the driver now (Spark's list of them holds the driver too)."""
+    return max(len(sc._jsc.sc().statusTracker().getExecutorInfos()) - 1, 0)
 
 
 def package_files() -> list[tuple[str, str]]:
@@ -104,22 +114,99 @@ def package_zip(cache: str | None = None) -> str:
     return target
 
 
-def check_workers(spark: Any) -> None:
+@dataclass(frozen=True)
+class Warm:
+    """What the check job reached: the executors whose Python workers ran it and loaded what the job's tasks
+    use, of those registered."""
+
+    reached: int
+    registered: int
+
+    def line(self) -> str:
+        """The ``--stats`` line."""
+        return f"warm workers      {self.reached} of {self.registered}"
+
+
+def check_workers(spark: Any) -> list[dict]:
     """Run a task per core that imports what the job needs on the executors (:data:`NEEDED`, then the
-    shipped :data:`PACKAGES`); raise :class:`YfppError` with one line naming what is missing, or why
-    the executors' Python did not run. A missing :data:`OPTIONAL` module is a note on stderr."""
+    shipped :data:`PACKAGES`) and loads what the job's tasks use (:data:`WARM_MODULES`, the line scan's
+    kernels); raise :class:`YfppError` with one line naming what is missing, or why the executors' Python
+    did not run. A missing :data:`OPTIONAL` module is a note on stderr. The reports of the Python workers
+    warmed (:func:`_probe`).
+
+    The tasks are a SQL job's, ``mapInArrow`` as the plans' are: a Python worker ends its task and waits,
+    loaded, for the next task of the same kind on its executor (Spark keeps a SQL job's Python workers apart
+    from a plain RDD job's), so the job's first tasks find it warm. Where that job fails (no pyarrow or pandas
+    there, no Python) or a worker reports a problem, a plain RDD job asks again and says which."""
     sc = spark.sparkContext
-    needed, packages, optional = NEEDED, PACKAGES, tuple(OPTIONAL)
+    probe = _probe(NEEDED, PACKAGES, tuple(OPTIONAL), WARM_MODULES)
+    n = max(sc.defaultParallelism, 1)
+    sc.setJobDescription(CHECK_JOB)
+    try:
+        try:
+            reports = _sql_job(spark, probe, n)
+        except Exception:  # (the plain job below says why)
+            reports = []
+        warmed = [r for r in reports if not (r["missing"] or r["broken"])]
+        if not reports or any(r["missing"] or r["broken"] for r in reports):
+            # (asked again: a worker that started badly once is not the executors' Python)
+            reports = [json.loads(r) for r in sc.parallelize(range(n), n).map(probe).collect()]
+    except Exception as e:
+        raise YfppError(f"cannot run Python on the executors: {_why(str(e))}") from None
+    finally:
+        sc.setLocalProperty("spark.job.description", None)
+    for r in reports:
+        where = f"Python {r['python']} on {r['host']}"
+        missing = r["missing"]
+        if missing:
+            raise YfppError(f"the executors' Python lacks {', '.join(missing)} ({where}): install "
+                            f"{'it' if len(missing) == 1 else 'them'} there (pip install {' '.join(missing)}), or set "
+                            f"spark.pyspark.python (PYSPARK_PYTHON) to a Python that has {'it' if len(missing) == 1 else 'them'}")
+        if r["broken"]:
+            raise YfppError(f"the executors {r['broken']} ({where})")
+    lacking = sorted({m for r in reports for m in r["lacking"]})
+    if lacking:
+        print(f"yfpp: note: the executors' Python lacks {', '.join(lacking)} (optional: "
+              f"{'; '.join(OPTIONAL[m] for m in lacking)}; pip install {' '.join(lacking)} there to speed them up)",
+              file=sys.stderr)
+    return warmed
+
+
+def _sql_job(spark: Any, probe: Callable[[Any], str], n: int) -> list[dict]:
+    """The reports of ``probe`` run by ``n`` tasks of a ``mapInArrow`` job."""
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    def task(batches: Any) -> Any:  # (pickled by value, as the probe)
+        import pyarrow as pa
+
+        for _ in batches:
+            pass
+        yield pa.RecordBatch.from_pydict({"report": [probe(None)]})
+
+    rows = spark.range(n, numPartitions=n).mapInArrow(task, StructType([StructField("report", StringType())])).collect()
+    return [json.loads(row.report) for row in rows]
+
+
+def _probe(needed: tuple[str, ...], packages: tuple[str, ...], optional: tuple[str, ...],
+           warm_modules: tuple[str, ...]) -> Callable[[Any], str]:
+    """The check's task: a report (JSON) of the Python worker that runs it — its host and Python, the
+    worker (host and process id) and its executor (the host and the parent process: an executor's Python
+    workers are children of its one daemon), the ``needed`` modules missing, what did not import (``broken``), the ``optional`` ones
+    lacking; where nothing is missing, ``packages`` and ``warm_modules`` imported and the line scan's
+    kernels loaded."""
 
     # (pickled by value: runs before yfpp is known there)
-    def probe(_: Any) -> tuple[str, str, list[str], str | None, list[str]]:
+    def probe(_: Any) -> str:
         import importlib
         import importlib.util
+        import json
         import os
         import platform
         import socket
 
-        host, version = socket.gethostname(), platform.python_version()
+        host = socket.gethostname()
+        report = {"host": host, "python": platform.python_version(), "worker": f"{host}:{os.getpid()}",
+                  "executor": f"{host}:{os.getppid()}", "missing": [], "broken": None, "lacking": []}
         try:
             os.getcwd()
         except FileNotFoundError:  # (every import would fail: Spark puts the worker's folder, ".", on sys.path)
@@ -127,54 +214,37 @@ def check_workers(spark: Any) -> None:
                 where = os.readlink("/proc/self/cwd").removesuffix(" (deleted)")
             except OSError:
                 where = "unknown"
-            return host, version, [], f"run Python in a deleted working directory ({where}): the executor's work " \
-                                      "folder was removed while the application ran", []
-        lacking = []
+            report["broken"] = f"run Python in a deleted working directory ({where}): the executor's work " \
+                               "folder was removed while the application ran"
+            return json.dumps(report)
         for module in optional:
             try:
                 if importlib.util.find_spec(module) is None:
-                    lacking.append(module)
+                    report["lacking"].append(module)
             except ImportError:
-                lacking.append(module)
-        missing, broken = [], None
+                report["lacking"].append(module)
         for module in needed:
             try:
                 importlib.import_module(module)
             except ModuleNotFoundError:
-                missing.append(module)
+                report["missing"].append(module)
             except Exception as e:  # (there, but it does not import: say why)
-                broken = broken or f"cannot import {module}: {type(e).__name__}: {e}"
-        if not missing and broken is None:
-            for module in packages:
+                report["broken"] = report["broken"] or f"cannot import {module}: {type(e).__name__}: {e}"
+        if not report["missing"] and report["broken"] is None:
+            for module in packages + warm_modules:
                 try:
                     importlib.import_module(module)
                 except Exception as e:
-                    broken = f"cannot import {module}: {type(e).__name__}: {e}"
+                    report["broken"] = f"cannot import {module}: {type(e).__name__}: {e}"
                     break
-        return host, version, missing, broken, lacking
+            else:
+                try:
+                    importlib.import_module("yfpp.spark.line_scan").warm()
+                except Exception as e:
+                    report["broken"] = f"cannot load the line scan's kernels: {type(e).__name__}: {e}"
+        return json.dumps(report)
 
-    n = max(sc.defaultParallelism, 1)
-    sc.setJobDescription(CHECK_JOB)
-    try:
-        reports = sc.parallelize(range(n), n).map(probe).collect()
-        if any(missing or broken for _, _, missing, broken, _ in reports):  # (asked again: a worker that started
-            reports = sc.parallelize(range(n), n).map(probe).collect()  # badly once is not the executors' Python)
-    except Exception as e:
-        raise YfppError(f"cannot run Python on the executors: {_why(str(e))}") from None
-    finally:
-        sc.setLocalProperty("spark.job.description", None)
-    for host, version, missing, broken, _ in reports:
-        if missing:
-            raise YfppError(f"the executors' Python lacks {', '.join(missing)} (Python {version} on {host}): install "
-                            f"{'it' if len(missing) == 1 else 'them'} there (pip install {' '.join(missing)}), or set "
-                            f"spark.pyspark.python (PYSPARK_PYTHON) to a Python that has {'it' if len(missing) == 1 else 'them'}")
-        if broken:
-            raise YfppError(f"the executors {broken} (Python {version} on {host})")
-    lacking = sorted({m for *_, ms in reports for m in ms})
-    if lacking:
-        print(f"yfpp: note: the executors' Python lacks {', '.join(lacking)} (optional: "
-              f"{'; '.join(OPTIONAL[m] for m in lacking)}; pip install {' '.join(lacking)} there to speed them up)",
-              file=sys.stderr)
+    return probe
 
 
 def _why(text: str) -> str:
