@@ -26,6 +26,7 @@ pytest.importorskip("pyspark", reason="pyspark is not installed (pip install '.[
 from tests.spark_jvm import EXECUTOR_CONF  # noqa: E402
 from yfpp.input.generate import generate_rfid, write_events  # noqa: E402
 from yfpp.errors import YfppError  # noqa: E402
+from yfpp.spark import shipping  # noqa: E402
 from yfpp.spark.shipping import _why, check_workers, package_zip, registered_executors, ships  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,10 +94,26 @@ class _HereSession:
 def test_the_check_loads_what_the_jobs_tasks_use_in_the_python_worker_it_runs_in():
     from yfpp.spark import line_scan
 
+    line_scan._kernels.cache_clear()
     warmed = check_workers(_HereSession())
     assert [r["worker"] for r in warmed] == [f"{socket.gethostname()}:{os.getpid()}"]
-    assert "yfpp.spark.scan" in sys.modules and (line_scan._kernels() is not None) == line_scan.available()
-    assert line_scan._kernels.cache_info().currsize == 1
+    assert "yfpp.spark.scan" in sys.modules and line_scan._kernels.cache_info().currsize == 1
+    kernels = line_scan._kernels()
+    assert kernels is None or (kernels.scan.signatures and kernels.group.signatures)  # (None: no numba here)
+
+
+def test_a_check_whose_sql_job_cannot_run_names_what_is_missing_from_a_plain_job(monkeypatch):
+    """A worker without pyarrow (or pandas) fails the SQL job before the probe runs: a plain RDD job then says
+    what is missing; where nothing is, the job goes on with no worker warmed."""
+
+    class NoArrow(_HereSession):
+        def collect(self):
+            raise RuntimeError("Python worker exited unexpectedly: No module named 'pyarrow'")
+
+    assert check_workers(NoArrow()) == []
+    monkeypatch.setattr(shipping, "NEEDED", (*shipping.NEEDED, "yfpp_no_such_module"))
+    with pytest.raises(YfppError, match=r"^the executors' Python lacks yfpp_no_such_module \(Python "):
+        check_workers(NoArrow())
 
 
 def test_the_probe_names_a_deleted_working_directory(tmp_path, monkeypatch):
