@@ -191,9 +191,9 @@ def _probe(needed: tuple[str, ...], packages: tuple[str, ...], optional: tuple[s
            warm_modules: tuple[str, ...]) -> Callable[[Any], str]:
     """The check's task: a report (JSON) of the Python worker that runs it — its host and Python, the
     worker (host and process id) and its executor (the host and the parent process: an executor's Python
-    workers are children of its one daemon), the ``needed`` modules missing, what did not import (``broken``), the ``optional`` ones
-    lacking; where nothing is missing, ``packages`` and ``warm_modules`` imported and the line scan's
-    kernels loaded."""
+    workers are children of its one daemon), the ``needed`` modules missing, what did not import
+    (``broken``), the ``optional`` ones lacking; where nothing is missing, ``packages`` and ``warm_modules``
+    imported and the line scan's kernels loaded."""
 
     # (pickled by value: runs before yfpp is known there)
     def probe(_: Any) -> str:
