@@ -132,8 +132,8 @@ def test_a_tcp_stream_survives_its_driver_then_the_executor_of_its_receiver_kill
             until(lambda: re.search(r"^batch \d+:", err_again.read_text(), re.M), driver, err_again, 240)
             until(lambda: (read_published(str(spool)) or EMPTY).end.pos >= two_thirds, driver, err_again, 60)
             os.kill(receiver_executor(driver.pid, spool), signal.SIGKILL)
-            until(lambda: read_published(str(spool)).end.pos >= len(data), driver, err_again, 240)  # the rest, from
-            assert driver.wait(300) == 0, err_again.read_text()  # the receiver started again
+            until(lambda: read_published(str(spool)).end.pos >= len(data), driver, err_again, 240)  # from the new receiver
+            assert driver.wait(300) == 0, err_again.read_text()
             deadline = time.monotonic() + 30
             while session_processes(driver.pid) and time.monotonic() < deadline:
                 time.sleep(0.2)
