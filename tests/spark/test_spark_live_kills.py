@@ -1,13 +1,15 @@
-"""A ``yfpp spark --stream -i tcp://…`` job survives its driver, or the executor running its receiver, killed by PID.
+"""A ``yfpp spark --stream -i tcp://…`` job survives its driver, then the executor running its receiver, killed by PID.
 
 The job runs as a user runs it (``python -m yfpp spark --stream`` in a session of its own, on the
 standalone ``local-cluster`` of :mod:`tests.spark.test_spark_stream_kills`). A producer on loopback sends the
-first half of a feed (late events, malformed lines) to the first connection; once it is all spooled and a
+first third of a feed (late events, malformed lines) to the first connection; once it is all spooled and a
 micro-batch is written, the driver is killed (SIGKILL), and the same command started again on the same
-checkpoint connects again and gets the second half — or the executor JVM whose Python worker runs the
-receiver is killed (SIGKILL), and the receiver started again on an executor connects again and gets the
-rest from the first byte the spool lacks. The outputs must be ``yfpp run``'s matches and dead letters over
-the whole feed: none lost, none twice. Every process is stopped by its PID; every wait is bounded.
+checkpoint connects again and gets the second third. Once that is published, the executor JVM whose Python
+worker runs the receiver is killed (SIGKILL), and the receiver started again on an executor connects again and
+gets the rest from the first byte the spool lacks. (In this order the restarted driver's ``--stats`` lists the
+receiver's job on both executors: a killed driver prints none.) The outputs must be ``yfpp run``'s matches and
+dead letters over the whole feed: none lost, none twice. Every process is stopped by its PID; every wait is
+bounded.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -29,7 +33,6 @@ from tests.spark.test_spark_live import close_server, order_feed  # noqa: E402
 from tests.spark.test_spark_stream_kills import (  # noqa: E402
     CONF,
     MASTER,
-    run_again,
     session_of,
     session_processes,
     start_driver,
@@ -44,11 +47,15 @@ ACCEPT_TIMEOUT = 600.0
 EMPTY = Published(Mark(0, 0))  #: the spool before its receiver first published
 
 
-class Halves:
-    """A TCP server on loopback: connection k gets ``parts[k]`` (nothing after the last) and is kept open."""
+class Producer:
+    """A TCP server on loopback with the feed ``data`` cut at ``cuts``; every connection is kept open. Connection
+    k < len(cuts) gets the bytes from cut k - 1 (the start for the first) to cut k: a producer that sends on from
+    where it was, never again. Each later one gets the feed from the first byte the spool in ``folder`` lacks (its
+    published end: the new receiver has truncated the spool to it before connecting)."""
 
-    def __init__(self, parts: list[bytes]):
-        self.parts: list[bytes] = parts
+    def __init__(self, data: bytes, cuts: list[int], folder: Path):
+        self.data, self.folder = data, folder
+        self.parts = [data[start:end] for start, end in zip([0, *cuts], cuts)]
         self.conns: list[socket.socket] = []
         self.server = socket.create_server(("127.0.0.1", 0))
         self.server.settimeout(ACCEPT_TIMEOUT)
@@ -67,55 +74,16 @@ class Halves:
 
     def part(self, k: int) -> bytes:
         """What connection ``k`` gets."""
-        return self.parts[k] if k < len(self.parts) else b""
+        if k < len(self.parts):
+            return self.parts[k]
+        published = read_published(str(self.folder))
+        return self.data[published.end.pos if published else 0:]
 
     def close(self) -> None:
         close_server(self.server)
         for c in self.conns:
             c.close()
         self.thread.join(30)
-
-
-def test_a_tcp_stream_survives_its_driver_killed(tmp_path, capsys):
-    lines, queries, expected = order_feed(tmp_path, 8, capsys)
-    assert expected
-    data = (tmp_path / "all.jsonl").read_bytes()
-    half = len("".join(ln + "\n" for ln in lines[:len(lines) // 2]).encode())
-    producer = Halves([data[:half], data[half:]])
-    out, ck = tmp_path / "out", tmp_path / "ck"
-    args = ["--stream", *queries, "-i", f"tcp://127.0.0.1:{producer.port}", "-o", str(out), "--checkpoint", str(ck),
-            "--master", MASTER, *CONF]
-    try:
-        err = tmp_path / "stderr.txt"
-        with session_of(start_driver(args, err)) as driver:
-            wait_for(driver, err, "batch 0:")
-            spool, deadline = ck / "live" / "spool", time.monotonic() + 60
-            while sum(f.stat().st_size for f in spool.iterdir()) < half:  # the first half, all spooled
-                assert time.monotonic() < deadline, err.read_text()
-                time.sleep(0.1)
-            os.kill(driver.pid, signal.SIGKILL)
-            driver.wait(30)
-        run_again([*args, "--idle-stop", "4"], tmp_path / "stderr-again.txt")  # the same command and checkpoint
-    finally:
-        producer.close()
-    assert len(producer.conns) >= 2  # the restarted driver connected again
-    assert output(out / "matches.jsonl") == expected  # none lost, none twice
-    assert dead_letters(out / "dead_letters.jsonl") == dead_letters(tmp_path / "dead.jsonl")
-
-
-class Resender(Halves):
-    """The first connection gets ``first``; each later one the feed ``data`` from the first byte the spool in
-    ``folder`` lacks (its published end: the new receiver has truncated the spool to it before connecting)."""
-
-    def __init__(self, data: bytes, first: int, folder: Path):
-        self.data, self.first, self.folder = data, first, folder
-        super().__init__([])
-
-    def part(self, k: int) -> bytes:
-        if not k:
-            return self.data[:self.first]
-        published = read_published(str(self.folder))
-        return self.data[published.end.pos if published else 0:]
 
 
 def receiver_executor(sid: int, folder: Path) -> int:
@@ -135,41 +103,47 @@ def receiver_executor(sid: int, folder: Path) -> int:
     return pid
 
 
-def test_a_tcp_stream_survives_the_executor_of_its_receiver_killed(tmp_path, capsys):
+def until(done: Callable[[], object], driver: subprocess.Popen, err: Path, timeout: float) -> None:
+    """Waits until ``done()``, the driver running all along (bounded: ``timeout`` seconds)."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline and driver.poll() is None, err.read_text()
+        time.sleep(0.1)
+
+
+def test_a_tcp_stream_survives_its_driver_then_the_executor_of_its_receiver_killed(tmp_path, capsys):
     lines, queries, expected = order_feed(tmp_path, 9, capsys)
     assert expected
     data = (tmp_path / "all.jsonl").read_bytes()
-    half = len("".join(ln + "\n" for ln in lines[:len(lines) // 2]).encode())
+    third, two_thirds = (len("".join(ln + "\n" for ln in lines[:len(lines) * k // 3]).encode()) for k in (1, 2))
     out, ck = tmp_path / "out", tmp_path / "ck"
     spool = ck / "live" / "spool"
-    producer = Resender(data, half, spool)
+    producer = Producer(data, [third, two_thirds], spool)
     args = ["--stream", "--stats", *queries, "-i", f"tcp://127.0.0.1:{producer.port}", "-o", str(out),
             "--checkpoint", str(ck), "--idle-stop", "30", "--master", MASTER, *CONF]  # (the receiver's restart fits)
-    err = tmp_path / "stderr.txt"
+    err, err_again = tmp_path / "stderr.txt", tmp_path / "stderr-again.txt"
     try:
         with session_of(start_driver(args, err)) as driver:
             wait_for(driver, err, "batch 0:")
-            deadline = time.monotonic() + 60
-            while (read_published(str(spool)) or EMPTY).end.pos < half:  # the first half, published
-                assert time.monotonic() < deadline, err.read_text()
-                time.sleep(0.1)
-            executor = receiver_executor(driver.pid, spool)
-            os.kill(executor, signal.SIGKILL)
-            deadline = time.monotonic() + 240
-            while read_published(str(spool)).end.pos < len(data):  # the rest, from the receiver started again
-                assert time.monotonic() < deadline and driver.poll() is None, err.read_text()
-                time.sleep(0.1)
-            assert driver.wait(300) == 0, err.read_text()
+            until(lambda: sum(f.stat().st_size for f in spool.iterdir()) >= third, driver, err, 60)  # all spooled
+            os.kill(driver.pid, signal.SIGKILL)
+            driver.wait(30)
+        with session_of(start_driver(args, err_again)) as driver:  # the same command and checkpoint
+            until(lambda: re.search(r"^batch \d+:", err_again.read_text(), re.M), driver, err_again, 240)
+            until(lambda: (read_published(str(spool)) or EMPTY).end.pos >= two_thirds, driver, err_again, 60)
+            os.kill(receiver_executor(driver.pid, spool), signal.SIGKILL)
+            until(lambda: read_published(str(spool)).end.pos >= len(data), driver, err_again, 240)  # from the new receiver
+            assert driver.wait(300) == 0, err_again.read_text()
             deadline = time.monotonic() + 30
             while session_processes(driver.pid) and time.monotonic() < deadline:
                 time.sleep(0.2)
             assert not session_processes(driver.pid)  # no executor, receiver or Python worker left behind
     finally:
         producer.close()
-    assert len(producer.conns) >= 2  # the receiver, started again, connected again
+    assert len(producer.conns) >= 3  # the restarted driver connected again, then the receiver started again did
     assert output(out / "matches.jsonl") == expected  # none lost, none twice
     assert dead_letters(out / "dead_letters.jsonl") == dead_letters(tmp_path / "dead.jsonl")
-    text = err.read_text()
+    text = err_again.read_text()
     stages = text[text.index(" receiver:"):text.index(" ingest:")]
     rows = [ln.split() for ln in stages.splitlines() if re.match(r"\s+\d+\s+\d+\s", ln)]
     executors = {e for r in rows for e in r[2].split(",")}
