@@ -293,6 +293,20 @@ def test_the_compiled_scan_is_chosen_where_the_head_is_plain_and_numba_is_there(
     assert compiled_spec(opts, keyed_groups(), head, large) is None
 
 
+def test_the_kernels_load_numba_without_scipy_which_imports_afterwards():
+    """Loading a kernel (numba, and its first load from the cache or compile) imports no scipy; scipy, where it is
+    installed, imports as usual afterwards."""
+    if not line_scan.available():
+        pytest.skip("numba is not installed")
+    code = ("import sys, importlib.util; from yfpp.input.readers import reading_options; "
+            "from yfpp.workers.compiled import plain_head_spec; "
+            "assert plain_head_spec(b'{\"type\": \"a\", \"ts\": 1, \"k\": 2}\\n', reading_options(), 'k') is not None; "
+            "assert not [m for m in sys.modules if m.split('.')[0] == 'scipy'], 'scipy loaded with numba'; "
+            "importlib.util.find_spec('scipy') is None or __import__('scipy.linalg')")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)
+
+
 def test_equal_key_values_go_to_one_worker():
     assert len({*workers_of([1, 1.0, True], 7)}) == 1 and len({*workers_of([0, 0.0, False], 7)}) == 1
 

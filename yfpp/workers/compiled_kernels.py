@@ -10,9 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from numba import njit
 
-from yfpp.spark.line_kernels import _CRC, _line
+from yfpp.spark.line_kernels import _CRC, _line, njit  # (numba as line_kernels loads it: without scipy)
 
 _NEWLINE = 10
 
