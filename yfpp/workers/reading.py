@@ -63,7 +63,8 @@ KEYED_CHUNK = 2  #: blocks a chunk when every group is keyed (:func:`chunk_block
 AHEAD = 2  #: rounds of chunks a worker scans ahead of the block it matches (so none waits on a busy peer)
 COMPILED = True  #: whether keyed plans over plain JSON lines use the compiled line scan where numba is installed
 #: the smallest file the compiled line scan reads: loading numba costs the parent, before it forks the workers, about
-#: as much CPU as the scan saves a worker over a million plain lines (benchmarks/RESULTS.md, "Workers")
+#: as much CPU (half a second) as the scan saves a worker over two million plain lines, about 128 MiB of a 66-byte
+#: line (benchmarks/RESULTS.md, "Workers")
 COMPILED_MIN_BYTES = 128 << 20
 Routed = dict[tuple[int, int], list[Event]]  #: a block's events per (group, slice) of this worker
 Owners = bytes | array  #: each line's worker (:func:`owner_array`)
