@@ -164,9 +164,13 @@ class Parts:
         from yfpp.workers.xml_reading import Scanner
 
         if self.spec is not None:
+            import inspect
+
             from yfpp.workers.reading import compiled_scan
 
-            return lambda body: compiled_scan(body, self.spec, self.opts, self.keys, self.n)
+            # (worker 0's: it gathers its own lines; a checkout before that scans for no worker)
+            me = (0,) if "me" in inspect.signature(compiled_scan).parameters else ()
+            return lambda body: compiled_scan(body, self.spec, self.opts, self.keys, self.n, *me)
         return Scanner(self.opts, self.keys, self.n) if self.xml else lambda body: scan(body, self.opts, self.keys, self.n)
 
     def scans(self, me: int) -> list[Any]:
@@ -229,7 +233,7 @@ def path_costs(path: Path, workload: str, n: int = 2) -> dict[str, float]:
         batches = clock("read", parts.read_all)
         one = parts.loaded()
         clock("match", lambda: [one.process_batch(b, []) for b in batches] + [one.flush()])
-        del batches
+        batches = []  # (the events freed before the next parts)
         clock("scan", lambda: parts.scans(0))
         share = parts.share()
         clock("share", lambda: collections.deque(share.blocks(), 0))  # (each block's events dropped, as a worker's

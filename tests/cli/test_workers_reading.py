@@ -239,17 +239,19 @@ def test_keyed_workers_are_one_engine_with_the_compiled_scan_and_without(keyed_r
 @given(plain_feeds(max_events=30, plain=100), st.sampled_from([2, 3, 300]))
 def test_the_compiled_scan_agrees_with_the_slow_scan(text, n):
     """Where the compiled scan takes a block whole: the slow scan's ts, last event and each line's worker by
-    value_hash; where it does not, the slow scan itself."""
+    value_hash, and the scanning worker's lines as one JSON array; where it does not, the slow scan itself."""
     if not line_scan.available():
         pytest.skip("numba is not installed")
-    body, opts = text.encode(), reading_options()
+    body, opts, me = text.encode(), reading_options(), n // 2
     if not body:
         return
-    got = compiled_scan(body, LineSpec.of(opts, "k"), opts, ["k"], n)
+    got = compiled_scan(body, LineSpec.of(opts, "k"), opts, ["k"], n, me)
     slow = scan(body, opts, ["k"], n, value_hash)
     if type(got.ts) is np.ndarray:  # (taken whole: every line a plain event, in ts order)
         assert slow.ts is not None and list(got.ts) == list(slow.ts) and got.last == slow.last
         assert list(got.owners[0]) == list(slow.owners[0]) and got.lines == slow.lines == len(body.splitlines())
+        assert got.own is not None and json.loads(got.own) == [
+            json.loads(line) for line, w in zip(body.splitlines(), got.owners[0]) if w == me]
     else:
         assert got == slow
 
@@ -265,7 +267,7 @@ def test_the_compiled_scan_takes_lines_up_to_the_readers_cap():
     body = b'{"type": "b", "ts": 0, "k": 1}\n' + line + b"\n"
     for cap, whole in ((len(line), True), (len(line) - 1, False)):
         opts = dataclasses.replace(reading_options(), max_record_bytes=cap)
-        got = compiled_scan(body, LineSpec.of(opts, "k"), opts, ["k"], 2)
+        got = compiled_scan(body, LineSpec.of(opts, "k"), opts, ["k"], 2, 0)
         assert (type(got.ts) is np.ndarray) == whole and (got.ts is not None and list(got.ts) == [0.0, 1.0])
 
 
@@ -291,6 +293,20 @@ def test_the_compiled_scan_is_chosen_where_the_head_is_plain_and_numba_is_there(
     monkeypatch.undo()
     monkeypatch.setattr(yfpp.workers.reading, "COMPILED", False)
     assert compiled_spec(opts, keyed_groups(), head, large) is None
+
+
+def test_the_kernels_load_numba_without_scipy_which_imports_afterwards():
+    """Loading a kernel (numba, and its first load from the cache or compile) imports no scipy; scipy, where it is
+    installed, imports as usual afterwards."""
+    if not line_scan.available():
+        pytest.skip("numba is not installed")
+    code = ("import sys, importlib.util; from yfpp.input.readers import reading_options; "
+            "from yfpp.workers.compiled import plain_head_spec; "
+            "assert plain_head_spec(b'{\"type\": \"a\", \"ts\": 1, \"k\": 2}\\n', reading_options(), 'k') is not None; "
+            "assert not [m for m in sys.modules if m.split('.')[0] == 'scipy'], 'scipy loaded with numba'; "
+            "importlib.util.find_spec('scipy') is None or __import__('scipy.linalg')")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)
 
 
 def test_equal_key_values_go_to_one_worker():

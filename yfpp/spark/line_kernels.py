@@ -9,10 +9,38 @@ yfpp (the copy is imported alone).
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+import importlib.abc
+import sys
+from typing import Any, Sequence
 
 import numpy as np
-from numba import njit
+
+
+class _Refused(importlib.abc.MetaPathFinder):
+    """An import finder that finds none of ``packages``' modules: each import of them raises ``ImportError``."""
+
+    def __init__(self, packages: Sequence[str]):
+        self.packages = packages
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> None:
+        if fullname.partition(".")[0] in self.packages:
+            raise ModuleNotFoundError(f"{fullname} is not loaded with numba here", name=fullname)
+        return None
+
+
+# numba imports scipy as it loads (a version check) and scipy.linalg at its first compile or cache load (a check
+# that np.linalg has a BLAS, in numba.np.arraymath): about 0.3 CPU s of the 0.9 that loading a kernel costs
+# (benchmarks/RESULTS.md, "Workers"), for functions the kernels never call. Both are made here, as this module
+# loads, with scipy refused: numba takes it as not installed, so compiled code of this process has no np.linalg
+# (none of yfpp's uses it); scipy itself imports as usual afterwards.
+_refused = _Refused(("scipy",))
+sys.meta_path.insert(0, _refused)
+try:
+    from numba import njit
+    importlib.import_module("numba.np.arraymath")  # (its BLAS check, run as it is imported)
+finally:
+    sys.meta_path.remove(_refused)
 
 _SPACE, _TAB, _QUOTE, _COMMA, _COLON, _OPEN, _CLOSE = 32, 9, 34, 44, 58, 123, 125
 _BACKSLASH, _MINUS, _ZERO, _NINE, _POINT, _BRACKET = 92, 45, 48, 57, 46, 91

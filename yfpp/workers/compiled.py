@@ -39,22 +39,24 @@ def plain_head_spec(head: bytes, opts: ReaderOptions, key: str) -> LineSpec | No
         return None
     lines = head.split(b"\n")[:-1][:HEAD_LINES]  # (complete lines only)
     first = b"".join(line + b"\n" for line in lines)
-    taken = owned(first or b'{"-": 0}\n', spec, 2, opts.max_record_bytes)  # (the kernel loaded, whatever the head)
+    taken = owned(first or b'{"-": 0}\n', spec, 2, opts.max_record_bytes, 0)  # (the kernel loaded, whatever the head)
     return spec if not first or taken is not None else None
 
 
-def owned(body: bytes, spec: LineSpec, n: int, cap: int) -> tuple[np.ndarray, bytes | array] | None:
-    """Each line's ts and worker of ``n`` (compact, as :func:`~yfpp.workers.reading.owner_array` makes them) where the
-    kernel takes every line of the block ``body`` — each plain, at most ``cap`` bytes, its ts not below the line's
-    before — else None."""
+def owned(body: bytes, spec: LineSpec, n: int, cap: int, me: int) -> tuple[np.ndarray, bytes | array, bytes] | None:
+    """Each line's ts and worker of ``n`` (compact, as :func:`~yfpp.workers.reading.owner_array` makes them), and the
+    lines of worker ``me`` as one JSON array (the text of a list of their records), where the kernel takes every line
+    of the block ``body`` — each plain, at most ``cap`` bytes, its ts not below the line's before — else None."""
     lines = body.count(b"\n")
     if not lines or body[-1] != 10 or b"\r" in body:  # (a \r ends a line of the reader's too)
         return None
     ts, owners = np.empty(lines, np.float64), np.empty(lines, np.uint8 if n <= 256 else np.uint32)
-    taken = owned_lines(np.frombuffer(body, np.uint8), *_names(spec), spec.mul, spec.div, n, cap, owners, ts)
+    own = np.empty(len(body) + 2, np.uint8)
+    taken, size = owned_lines(np.frombuffer(body, np.uint8), *_names(spec), spec.mul, spec.div, n, cap, owners, ts,
+                              me, own)
     if taken != lines:
         return None
-    return ts, owners.tobytes() if n <= 256 else array("I", owners.tobytes())
+    return ts, owners.tobytes() if n <= 256 else array("I", owners.tobytes()), own[:size].tobytes()
 
 
 @functools.cache

@@ -41,6 +41,8 @@ from itertools import compress, islice, repeat
 from operator import eq, itemgetter, mod
 from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Hashable, Iterable, Iterator, NamedTuple, Sequence
 
+import orjson
+
 from yfpp.engine import Engine
 from yfpp.errors import YfppError
 from yfpp.input.dead_letters import DeadLetters
@@ -61,7 +63,8 @@ KEYED_CHUNK = 2  #: blocks a chunk when every group is keyed (:func:`chunk_block
 AHEAD = 2  #: rounds of chunks a worker scans ahead of the block it matches (so none waits on a busy peer)
 COMPILED = True  #: whether keyed plans over plain JSON lines use the compiled line scan where numba is installed
 #: the smallest file the compiled line scan reads: loading numba costs the parent, before it forks the workers, about
-#: as much CPU as the scan saves a worker over a million plain lines (benchmarks/RESULTS.md, "Workers")
+#: as much CPU (half a second) as the scan saves a worker over two million plain lines, about 128 MiB of a 66-byte
+#: line (benchmarks/RESULTS.md, "Workers")
 COMPILED_MIN_BYTES = 128 << 20
 Routed = dict[tuple[int, int], list[Event]]  #: a block's events per (group, slice) of this worker
 Owners = bytes | array  #: each line's worker (:func:`owner_array`)
@@ -172,9 +175,10 @@ class Scan(NamedTuple):
     value, which makes the line no plain event); else ``ts`` is None.
     ``plain``: every line has the plain shape of :func:`~yfpp.input.jsonl_reader.plain_records` (any of them
     parsed without its checks); ``records``: the lines' records the scan parsed (kept by the scanning worker,
-    never sent: None in the peers' scans); ``lines``: the block's lines, where scanned. The peers get ``ts`` as a
-    compact array, and only its first where every group is keyed (:meth:`Relay.sent`: only a time slice looks at
-    the others)."""
+    never sent: None in the peers' scans); ``lines``: the block's lines, where scanned; ``own``: the scanning
+    worker's lines as one JSON array, where the compiled line scan took the block (:func:`compiled_scan`: every
+    worker scans the block itself). The peers get ``ts`` as a compact array, and only its first where every group
+    is keyed (:meth:`Relay.sent`: only a time slice looks at the others)."""
 
     size: int
     ts: Sequence[float] | None
@@ -184,6 +188,7 @@ class Scan(NamedTuple):
     plain: bool = False
     records: list[dict[str, Any]] | None = None
     lines: int = 0
+    own: bytes | None = None
 
 
 def scan(body: bytes, opts: ReaderOptions, keys: Sequence[str], n: int,
@@ -214,19 +219,19 @@ def scan(body: bytes, opts: ReaderOptions, keys: Sequence[str], n: int,
                 flat, lines=len(ts))
 
 
-def compiled_scan(body: bytes, spec: LineSpec, opts: ReaderOptions, keys: Sequence[str], n: int) -> Scan:
-    """The :class:`Scan` of a block of complete lines for ``n`` workers, where every group is keyed by ``keys[0]``
+def compiled_scan(body: bytes, spec: LineSpec, opts: ReaderOptions, keys: Sequence[str], n: int, me: int) -> Scan:
+    """Worker ``me`` of ``n``'s :class:`Scan` of a block of complete lines, where every group is keyed by ``keys[0]``
     (:func:`compiled_spec`): where every line is plain, none over the reader's ``max_record_bytes`` and the ts never go
     back, each line's ts and worker from the compiled scan (:func:`yfpp.workers.compiled.owned`; the lines left
-    unparsed, each a plain event: the block's last line its last event); else :func:`scan`'s, routed by
-    :func:`~yfpp.spark.plan.value_hash` as well."""
+    unparsed, each a plain event: the block's last line its last event) and the worker's own lines gathered by it;
+    else :func:`scan`'s, routed by :func:`~yfpp.spark.plan.value_hash` as well."""
     from yfpp.workers.compiled import owned  # (numpy and numba, loaded before the workers started: compiled_spec)
 
-    taken = owned(body, spec, n, opts.max_record_bytes)
+    taken = owned(body, spec, n, opts.max_record_bytes, me)
     if taken is None:
         return scan(body, opts, keys, n, value_hash)
-    ts, owners = taken
-    return Scan(len(body), ts, [owners], (float(ts[-1]), len(ts) - 1), True, True, None, len(ts))
+    ts, owners, own = taken
+    return Scan(len(body), ts, [owners], (float(ts[-1]), len(ts) - 1), True, True, None, len(ts), own)
 
 
 def _last_event(body: bytes, lines: int, opts: ReaderOptions,
@@ -435,7 +440,8 @@ class Share:
         opts, keys, n = self.opts, self.keys, self.n
         if self.spec is not None:
             spec = self.spec
-            scanner: Callable[[bytes], Scan] = lambda body: compiled_scan(body, spec, opts, keys, n)
+            me = self.me
+            scanner: Callable[[bytes], Scan] = lambda body: compiled_scan(body, spec, opts, keys, n, me)
         else:
             scanner = lambda body: scan(body, opts, keys, n)
         return Relay(iter(LineBlocks(f, opts.max_record_bytes, caught, BLOCK)), scanner, self.me, n, self.inboxes,
@@ -593,6 +599,8 @@ class Share:
         when one of them is no plain event."""
         if sc.records is not None:
             records = sc.records if union is None else compress(sc.records, union)
+        elif sc.own is not None:  # (the compiled scan's: the lines of this worker, which every group keys alike)
+            records = orjson.loads(sc.own)
         elif union is None:
             return None  # (every line: the reader's block parse, its checks included, costs the same)
         else:
