@@ -23,17 +23,18 @@ def free_port() -> int:
 
 class Mosquitto:
     """``mosquitto -c CONFIG`` in ``folder``: :meth:`start`, :meth:`stop` (SIGTERM: it saves its persistent
-    sessions and queued messages), :meth:`start` again on the same port."""
+    sessions and queued messages), :meth:`start` again on the same port. ``packets``: its log (:attr:`log_file`)
+    also names every packet it sends and receives (``log_type all``)."""
 
-    def __init__(self, folder: Path, users: dict[str, str] | None = None):
+    def __init__(self, folder: Path, users: dict[str, str] | None = None, packets: bool = False):
         if shutil.which("mosquitto") is None:
             raise FileNotFoundError("mosquitto is not installed (apt-get install -y mosquitto)")
-        self.folder = folder
+        self.folder, self.log_file = folder, folder / "mosquitto.log"
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
         lines = [f"listener {self.port} 127.0.0.1", "persistence true", f"persistence_location {folder}/",
-                 "max_queued_messages 1000000", "max_inflight_messages 100", f"log_dest file {folder}/mosquitto.log",
-                 "log_type error", "log_type warning", "log_type notice",
+                 "max_queued_messages 1000000", "max_inflight_messages 100", f"log_dest file {self.log_file}",
+                 *(["log_type all"] if packets else ["log_type error", "log_type warning", "log_type notice"]),
                  f"user {getpass.getuser()}"]  # (as root it would otherwise run as 'mosquitto', who cannot write here)
         if users:
             passwd = folder / "passwd"
@@ -77,5 +78,4 @@ class Mosquitto:
             proc.wait(STOP_TIMEOUT)
 
     def log(self) -> str:
-        path = self.folder / "mosquitto.log"
-        return path.read_text(errors="replace")[-2000:] if path.exists() else ""
+        return self.log_file.read_text(errors="replace")[-2000:] if self.log_file.exists() else ""

@@ -1,13 +1,14 @@
 """An MQTT live source's receiver acknowledges in batches (:class:`yfpp.spark.live_receiver.MqttReceiver`): no
 message is acknowledged before the published end covers it, and a receiver killed mid-stream (SIGKILL) and
-started again on its spool loses nothing the broker sent; the messages spooled twice are the last ones
-published before the kill whose acknowledgements had not reached the broker. No JVM: the receiver task runs
-in a process of its own against a real Mosquitto broker on loopback."""
+started again on its spool loses nothing the broker sent; the messages spooled twice are exactly the last ones
+published before the kill whose acknowledgements the broker had not read (its packet log says which). No JVM: the
+receiver task runs in a process of its own against a real Mosquitto broker on loopback."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -112,6 +113,23 @@ def spooled_ts(folder: str) -> list[int]:
     return [json.loads(payload)["ts"] for _, payload in frames(spooled(folder, 0, end.pos))]
 
 
+def connections(log: Path, client: str) -> list[list[str]]:
+    """The lines of a broker's packet log (``Mosquitto(packets=True)``) that name ``client``, one list per
+    connection of it, from its CONNECT on."""
+    conns: list[list[str]] = []
+    for line in log.read_text(errors="replace").splitlines():
+        if f" as {client} (" in line:
+            conns.append([])
+        if conns and client in line:
+            conns[-1].append(line)
+    return conns
+
+
+def ended(lines: list[str], client: str) -> bool:
+    """Has the broker dropped this connection of ``client`` (it disconnected, or its connection was lost)?"""
+    return any(re.search(rf": (Client {client} |Bad socket read/write on client {client}:)", line) for line in lines)
+
+
 def wait_for(what, seconds: float = TIMEOUT) -> None:
     deadline = time.monotonic() + seconds
     while not what():
@@ -121,9 +139,9 @@ def wait_for(what, seconds: float = TIMEOUT) -> None:
 
 @needs_broker
 def test_a_receiver_killed_mid_stream_loses_nothing_and_spools_again_only_unacknowledged_messages(tmp_path):
-    messages, inflight = 3000, 100  # (tests/mosquitto.py: max_inflight_messages 100)
-    broker = Mosquitto(tmp_path).start()
-    url = f"mqtt://127.0.0.1:{broker.port}/t?qos=1&client_id=acks-1&clean=0"
+    messages, client = 3000, "acks-1"
+    broker = Mosquitto(tmp_path, packets=True).start()
+    url = f"mqtt://127.0.0.1:{broker.port}/t?qos=1&client_id={client}&clean=0"
     folder = str(tmp_path / "spool")
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     procs: list[subprocess.Popen] = []
@@ -148,14 +166,22 @@ def test_a_receiver_killed_mid_stream_loses_nothing_and_spools_again_only_unackn
                  and read_published(folder).end.records >= messages // 4)
         os.kill(first.pid, signal.SIGKILL)
         first.wait(TIMEOUT)
+        wait_for(lambda: ended(connections(broker.log_file, client)[-1], client))
+        # the PUBACKs the broker read on the first receiver's connection (its first was the session's, made above)
+        acked = sum(f"Received PUBACK from {client} " in line for line in connections(broker.log_file, client)[1])
         before = spooled_ts(folder)  # the last publication before the kill
-        assert before == list(range(len(before))) and len(before) < messages  # (killed mid-stream)
+        assert before == list(range(len(before))) and acked <= len(before) < messages  # (killed mid-stream)
         again = start()
         wait_for(lambda: set(spooled_ts(folder)) == set(range(messages)))
         after = spooled_ts(folder)[len(before):]
         twice = [ts for ts in after if ts < len(before)]
-        assert twice == before[len(before) - len(twice):]  # a suffix of what was published: its acks were lost
-        assert len(twice) <= inflight and after[len(twice):] == list(range(len(before), messages))
+        # Spooled twice: exactly the published messages whose acknowledgements the broker had not read — not at
+        # most its window (max_inflight_messages 100): Mosquitto 2.0.0-2.0.12 does not hold a persistent
+        # session's backlog to it (each PUBACK of the oldest message in flight sends up to 100 more; fixed in
+        # 2.0.13 with eclipse/mosquitto#2306), so the receiver gets the backlog as fast as it reads, and the
+        # broker, which writes to a connection before it reads one packet from it, loses the PUBACKs still
+        # unread in its socket when the killed receiver's connection fails: on a loaded host, hundreds.
+        assert twice == before[acked:] and after[len(twice):] == list(range(len(before), messages))
         (Path(folder) / "stop").write_text("")
         again.wait(TIMEOUT)
     finally:

@@ -13,10 +13,13 @@ for the stream's life, receives the feed and appends it to the spool (:mod:`yfpp
   paho's thread does, once :data:`ACK_MESSAGES` messages or :data:`ACK_BYTES` bytes wait), then acknowledges
   them to the broker, in order. A crash loses no message the broker had acknowledged; the broker sends again
   (a persistent session, QoS 1) the messages not acknowledged: those taken since the last publication and
-  those of the last publication whose acknowledgements had not reached it — at most the broker's window of
-  unacknowledged messages (mosquitto's ``max_inflight_messages``, 20 by default). While the
-  spool is full a message is dropped and counted, and acknowledged with its batch (the messages spooled before
-  it published first); the count is spooled as one drop report (:data:`yfpp.spark.live_parse.DROPPED`) once
+  those published whose acknowledgements it had not read when the connection was lost — duplicates, at most the
+  broker's window of unacknowledged messages (mosquitto's ``max_inflight_messages``, 20 by default) where it
+  keeps to it. Mosquitto 2.0.0 to 2.0.12 does not for a backlog (each acknowledgement of the oldest message in
+  flight sends up to a window more; fixed in 2.0.13): then the acknowledgements still unread in its socket are
+  lost with the connection, hundreds on a loaded host. While the spool is full a message is dropped and
+  counted, and acknowledged with its batch (the messages spooled before it published first); the count is
+  spooled as one drop report (:data:`yfpp.spark.live_parse.DROPPED`) once
   there is room, ahead of any later message.
 
 :class:`ReceiverJob` submits the task from a driver thread, in a job group of its own, and submits it again
