@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 
 import yfpp.workers.compiled
 import yfpp.workers.reading
+from yfpp.workers import prebuilt
 from tests.cli.test_workers import Lines
 from tests.generators import events_within_reach, patterns, streams
 from yfpp.cli import main
@@ -209,6 +210,7 @@ def keyed_reading(request, monkeypatch):
     monkeypatch.setattr(yfpp.workers.reading, "COMPILED", request.param == "compiled line scan")
     monkeypatch.setattr(yfpp.workers.compiled, "HEAD_LINES", 0)
     monkeypatch.setattr(yfpp.workers.reading, "COMPILED_MIN_BYTES", 0)
+    monkeypatch.setattr(yfpp.workers.reading, "PREBUILT_MIN_BYTES", 0)
     monkeypatch.setattr(yfpp.workers.reading, "BLOCK", 331)
     monkeypatch.setattr(yfpp.workers.reading, "KEYED_CHUNK", 1)
     return request.param
@@ -235,13 +237,37 @@ def test_keyed_workers_are_one_engine_with_the_compiled_scan_and_without(keyed_r
     assert with_workers(queries, str(path), n, reading=keyed_reading) == one_engine(queries, str(path))
 
 
-@settings(max_examples=100, deadline=None)
-@given(plain_feeds(max_events=30, plain=100), st.sampled_from([2, 3, 300]))
-def test_the_compiled_scan_agrees_with_the_slow_scan(text, n):
-    """Where the compiled scan takes a block whole: the slow scan's ts, last event and each line's worker by
-    value_hash, and the scanning worker's lines as one JSON array; where it does not, the slow scan itself."""
+@pytest.fixture(params=["prebuilt", "jit"])
+def kernel(request, monkeypatch):
+    """The compiled scan's kernel in this process: the prebuilt module (built in the machine's cache the first time),
+    or numba's JIT kernel."""
     if not line_scan.available():
         pytest.skip("numba is not installed")
+    if request.param == "prebuilt":
+        module = prebuilt.build()
+        if module is None:
+            pytest.skip(f"the prebuilt kernel cannot be built here: {prebuilt_failure()}")
+        monkeypatch.setattr(yfpp.workers.compiled, "_loaded", [(module.owned_u8, module.owned_u32)])
+    else:
+        from yfpp.workers.compiled_kernels import owned_lines
+
+        monkeypatch.setattr(yfpp.workers.compiled, "_loaded", [(owned_lines, owned_lines)])
+    return request.param
+
+
+def prebuilt_failure() -> str:
+    """Why the prebuilt kernel failed to build on this machine (``failed.txt``)."""
+    name = prebuilt.module_name()
+    path = os.path.join(prebuilt.folder(name), prebuilt.FAILED) if name else ""
+    return open(path).read().strip() if path and os.path.exists(path) else "numba is not installed"
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(plain_feeds(max_events=30, plain=100), st.sampled_from([2, 3, 300]))
+def test_the_compiled_scan_agrees_with_the_slow_scan(kernel, text, n):
+    """Where the compiled scan takes a block whole: the slow scan's ts, last event and each line's worker by
+    value_hash, and the scanning worker's lines as one JSON array; where it does not, the slow scan itself — with the
+    prebuilt kernel and with numba's JIT kernel."""
     body, opts, me = text.encode(), reading_options(), n // 2
     if not body:
         return
@@ -256,11 +282,9 @@ def test_the_compiled_scan_agrees_with_the_slow_scan(text, n):
         assert got == slow
 
 
-def test_the_compiled_scan_takes_lines_up_to_the_readers_cap():
+def test_the_compiled_scan_takes_lines_up_to_the_readers_cap(kernel):
     """A block with a line of ``max_record_bytes`` is taken whole; one byte more, the line is the reader's dead letter
     (``too large``), and the block is left to the slow scan."""
-    if not line_scan.available():
-        pytest.skip("numba is not installed")
     import dataclasses
 
     line = json.dumps({"type": "a", "ts": 1, "k": 2, "pad": "x" * 40}).encode()
@@ -273,22 +297,32 @@ def test_the_compiled_scan_takes_lines_up_to_the_readers_cap():
 
 def test_the_compiled_scan_is_chosen_where_the_head_is_plain_and_numba_is_there(monkeypatch, tmp_path):
     """Every group keyed by one attribute over a large file of plain lines: the compiled line scan, its kernel loaded
-    before the workers start (none of them loads it); a line that is not plain among the first, two key attributes,
-    a smaller file, numba missing or the switch off: the scans relayed."""
+    before the workers start (none of them loads it); a file between the two sizes only where the prebuilt kernel is
+    built; a line that is not plain among the first, two key attributes, a smaller file, numba missing or the switch
+    off: the scans relayed."""
     if not line_scan.available():
         pytest.skip("numba is not installed")
-    from yfpp.workers.compiled_kernels import owned_lines
-
     path = tmp_path / "feed.jsonl"
     plain_file(path, 100)
     opts, head, large = reading_options(), path.read_bytes()[:4096], yfpp.workers.reading.COMPILED_MIN_BYTES
-    assert compiled_spec(opts, keyed_groups(), head, large) is not None and owned_lines.signatures
-    assert compiled_spec(opts, keyed_groups(), head, large - 1) is None
+    monkeypatch.setattr(yfpp.workers.compiled, "_loaded", [])
+    assert compiled_spec(opts, keyed_groups(), head, large) is not None and yfpp.workers.compiled._loaded
+    middle, small = large - 1, yfpp.workers.reading.PREBUILT_MIN_BYTES
+    monkeypatch.setattr(yfpp.workers.compiled, "_loaded", [])
+    built = prebuilt.load() is not None
+    assert (compiled_spec(opts, keyed_groups(), head, middle) is not None) == built  # (only the prebuilt kernel)
+    assert compiled_spec(opts, keyed_groups(), head, small - 1) is None
+    monkeypatch.setattr(yfpp.workers.compiled, "_loaded", [])
+    monkeypatch.setattr(prebuilt, "load", lambda: None)
+    assert compiled_spec(opts, keyed_groups(), head, middle) is None and not yfpp.workers.compiled._loaded
+    monkeypatch.undo()
     assert compiled_spec(opts, keyed_groups(), b'{"type": "a", "ts": 0, "k": 1.5}\n' + head, large) is None
     two = keyed_groups() + keyed_groups("PATTERN SEQ(a x, b y) WHERE [x] WITHIN 3")
     assert compiled_spec(opts, two, head, large) is None
     assert compiled_spec(opts, keyed_groups("PATTERN SEQ(a x, b y) WITHIN 3"), head, large) is None
-    monkeypatch.setattr(line_scan, "available", lambda: False)
+    monkeypatch.setattr(yfpp.workers.compiled, "_loaded", [])  # (numba missing: no module, no JIT kernel)
+    monkeypatch.setattr(prebuilt, "module_name", lambda: None)
+    monkeypatch.setattr(yfpp.workers.compiled.importlib.util, "find_spec", lambda name: None)
     assert compiled_spec(opts, keyed_groups(), head, large) is None
     monkeypatch.undo()
     monkeypatch.setattr(yfpp.workers.reading, "COMPILED", False)
@@ -301,8 +335,8 @@ def test_the_kernels_load_numba_without_scipy_which_imports_afterwards():
     if not line_scan.available():
         pytest.skip("numba is not installed")
     code = ("import sys, importlib.util; from yfpp.input.readers import reading_options; "
-            "from yfpp.workers.compiled import plain_head_spec; "
-            "assert plain_head_spec(b'{\"type\": \"a\", \"ts\": 1, \"k\": 2}\\n', reading_options(), 'k') is not None; "
+            "from yfpp.spark.line_scan import LineSpec, scan_range; "
+            "assert scan_range(b'{\"type\": \"a\", \"ts\": 1, \"k\": 2}\\n', LineSpec.of(reading_options(), 'k'), 2); "
             "assert not [m for m in sys.modules if m.split('.')[0] == 'scipy'], 'scipy loaded with numba'; "
             "importlib.util.find_spec('scipy') is None or __import__('scipy.linalg')")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}

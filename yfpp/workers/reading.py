@@ -62,10 +62,14 @@ CHUNK = 16  #: blocks a worker scans for all (chunk ``c`` of the file by worker 
 KEYED_CHUNK = 2  #: blocks a chunk when every group is keyed (:func:`chunk_blocks`)
 AHEAD = 2  #: rounds of chunks a worker scans ahead of the block it matches (so none waits on a busy peer)
 COMPILED = True  #: whether keyed plans over plain JSON lines use the compiled line scan where numba is installed
-#: the smallest file the compiled line scan reads: loading numba costs the parent, before it forks the workers, about
-#: as much CPU (half a second) as the scan saves a worker over two million plain lines, about 128 MiB of a 66-byte
-#: line (benchmarks/RESULTS.md, "Workers")
+#: the smallest file the compiled line scan reads with numba's JIT kernel, or first builds the prebuilt one for
+#: (:mod:`yfpp.workers.prebuilt`): loading numba costs the parent, before it forks the workers, about as much CPU (half
+#: a second) as the scan saves a worker over two million plain lines, about 128 MiB of a 66-byte line
+#: (benchmarks/RESULTS.md, "Workers")
 COMPILED_MIN_BYTES = 128 << 20
+#: the smallest file the compiled line scan reads where the prebuilt kernel is built (it loads in a millisecond, numpy
+#: in a tenth of a second)
+PREBUILT_MIN_BYTES = 16 << 20
 Routed = dict[tuple[int, int], list[Event]]  #: a block's events per (group, slice) of this worker
 Owners = bytes | array  #: each line's worker (:func:`owner_array`)
 
@@ -87,16 +91,17 @@ def reads_itself(path: str, fmt: str | None, opts: ReaderOptions, groups: list[G
 def compiled_spec(opts: ReaderOptions, groups: list[Group], head: bytes, size: int) -> LineSpec | None:
     """What the compiled line scan looks for where the workers reading a file (:func:`reads_itself`; ``head``: its
     first bytes, ``size``: its length) each scan every block themselves with it (:mod:`yfpp.workers.compiled`): every
-    group keyed by the same one attribute, numba installed (:data:`COMPILED`), a file of at least
-    :data:`COMPILED_MIN_BYTES` whose first lines are plain; else None (the scans relayed).
+    group keyed by the same one attribute, numba installed (:data:`COMPILED`), a file whose first lines are plain, of
+    at least :data:`COMPILED_MIN_BYTES` or, where the prebuilt kernel is built, :data:`PREBUILT_MIN_BYTES`; else None
+    (the scans relayed).
     Decided once, before the workers start (the kernel loaded here, so that none of them loads it), as the routing
     hash of the whole run (:func:`~yfpp.spark.plan.value_hash` where compiled, else Python's)."""
     keys = {g.key for g in groups}
-    if not COMPILED or len(keys) != 1 or () in keys or size < COMPILED_MIN_BYTES:
+    if not COMPILED or len(keys) != 1 or () in keys or size < PREBUILT_MIN_BYTES:
         return None
-    from yfpp.workers.compiled import plain_head_spec  # (numpy and numba: imported only where they may serve)
+    from yfpp.workers.compiled import plain_head_spec  # (numpy, and numba: imported only where they may serve)
 
-    return plain_head_spec(head, opts, next(iter(keys))[0])
+    return plain_head_spec(head, opts, next(iter(keys))[0], build=size >= COMPILED_MIN_BYTES)
 
 
 def file_head(path: str) -> bytes | None:
