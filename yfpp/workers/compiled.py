@@ -60,7 +60,8 @@ def owned(body: bytes, spec: LineSpec, n: int, cap: int, me: int) -> tuple[np.nd
         return None
     ts, owners = np.empty(lines, np.float64), np.empty(lines, np.uint8 if n <= 256 else np.uint32)
     own = np.empty(len(body) + 2, np.uint8)
-    taken, size = _loaded[0][n > 256](np.frombuffer(body, np.uint8), *_names(spec), spec.mul, spec.div, n, cap, owners, ts, me, own)
+    kernel = _loaded[0][n > 256]
+    taken, size = kernel(np.frombuffer(body, np.uint8), *_names(spec), spec.mul, spec.div, n, cap, owners, ts, me, own)
     if taken != lines:
         return None
     return ts, owners.tobytes() if n <= 256 else array("I", owners.tobytes()), own[:size].tobytes()

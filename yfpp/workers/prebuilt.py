@@ -48,7 +48,8 @@ def module_name() -> str | None:
     digest = hashlib.sha256()
     for package, filename in (("yfpp.workers", "compiled_kernels.py"), ("yfpp.spark", "line_kernels.py")):
         digest.update(pkgutil.get_data(package, filename) or b"")
-    for part in (numba_version, sys.implementation.cache_tag, platform.machine(), sysconfig.get_config_var("EXT_SUFFIX")):
+    abi = (sys.implementation.cache_tag, platform.machine(), sysconfig.get_config_var("EXT_SUFFIX"))
+    for part in (numba_version, *abi):
         digest.update(f"\0{part}".encode())
     return f"yfpp_owned_{digest.hexdigest()[:16]}"
 
