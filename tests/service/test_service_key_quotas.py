@@ -103,7 +103,9 @@ def test_a_key_quota_counts_the_buffered_events_of_its_isolated_queries_too(tmp_
         heavy = alice.subscribe(KLEENE, name="heavy")["id"]
         bobs = bob.subscribe("PATTERN SEQ(d x, e y)", name="bobs")["id"]
         admin.post_events(a_and_bs(0))
-        why = wait_for(lambda: alice.subscription(heavy)["suspended"], what="alice's isolated query suspended")
+        # (two usage samples a second apart, an isolation engine forked between them and its first report: on a
+        # loaded 2-core host more than TIMEOUT)
+        why = wait_for(lambda: alice.subscription(heavy)["suspended"], 3 * TIMEOUT, "alice's isolated query suspended")
         assert "key_max_buffered=100" in why and admin.health()["isolated"] == []
         assert [getattr(r, "query_name", None) for r in caplog.records
                 if r.getMessage() == "query moved to an isolation engine"] == ["heavy"]
@@ -177,7 +179,9 @@ def test_a_key_quota_counts_the_runs_of_its_isolated_queries_too(tmp_path):
         bobs = bob.subscribe("PATTERN SEQ(d x, a y)", name="bobs")["id"]
         assert alice.subscription(heavy)["usage"]["engine"] == "isolated"
         admin.post_events(jsonl([{"type": "a", "ts": i} for i in range(300)]))  # alice: 300 runs, all in the child
-        why = wait_for(lambda: alice.subscription(heavy)["suspended"], what="alice's isolated query suspended")
+        # (two usage samples a second apart, an isolation engine forked between them and its first report: on a
+        # loaded 2-core host more than TIMEOUT)
+        why = wait_for(lambda: alice.subscription(heavy)["suspended"], 3 * TIMEOUT, "alice's isolated query suspended")
         assert "key_max_runs=100" in why and admin.health()["isolated"] == []
         admin.post_events(jsonl([{"type": t, "ts": 300 + i} for i, t in enumerate("dac")]))
         wait_for(lambda: bob.subscription(bobs)["counters"]["matches"] == 1, what="bob's query matching on")
