@@ -62,8 +62,11 @@ def folder(name: str) -> str:
 def load() -> ModuleType | None:
     """The built module, imported (once a process); None where it is not built."""
     name = module_name()
-    if name is None:
-        return None
+    return None if name is None else _load(name)
+
+
+def _load(name: str) -> ModuleType | None:
+    """Module ``name`` (:func:`module_name`), imported from :func:`folder` where it is built; else None."""
     if name in sys.modules:
         return sys.modules[name]
     path = os.path.join(folder(name), name + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
@@ -87,7 +90,7 @@ def build() -> ModuleType | None:
     name = module_name()
     if name is None:
         return None
-    built = load()
+    built = _load(name)
     target = folder(name)
     if built is not None or os.path.exists(os.path.join(target, FAILED)):
         return built
@@ -105,7 +108,7 @@ def build() -> ModuleType | None:
         return None
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return load()
+    return _load(name)
 
 
 def _compile(name: str, work: str) -> str:
